@@ -1,0 +1,34 @@
+"""Kernel registration of bie-backend-cpu (loaded on first use)."""
+from __future__ import annotations
+
+from bie_core import Capability, hookimpl
+from bie_core.ops import all_ops
+
+from . import reference
+
+REFERENCE_PRIORITY = 0
+
+
+def _reference_fn(op_name: str):
+    for mod in (reference.binary, reference.integer, getattr(reference, "weight_only", None)):
+        if mod is not None and hasattr(mod, op_name):
+            return getattr(mod, op_name)
+    return None
+
+
+@hookimpl
+def bie_register_kernels(registry):
+    # The reference serves every op on every device (device-agnostic PyTorch),
+    # at the lowest priority: any specialised kernel that fits wins.
+    for op in all_ops():
+        fn = _reference_fn(op.name)
+        if fn is None:
+            raise NotImplementedError(f"bie-backend-cpu has no reference for op {op.name!r}")
+        registry.register(op.name, fn, capability=Capability(devices=("*",)),
+                          priority=REFERENCE_PRIORITY, name=f"reference.{op.name}", reference=True,
+                          description="plain PyTorch reference")
+
+
+@hookimpl
+def bie_report():
+    return ["reference kernels: plain PyTorch, every op, any device"]

@@ -1,0 +1,78 @@
+"""Reference binary ops: sign packing, binary GEMM/BMM/conv, packed embeddings."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_SHIFTS = torch.arange(8, dtype=torch.uint8)
+
+
+def _shifts(device):
+    return _SHIFTS.to(device)
+
+
+def signs(x: torch.Tensor) -> torch.Tensor:
+    """sgn with sgn(0) = +1 (and NaN -> -1), as float32 +1/-1."""
+    return torch.where(x >= 0, 1.0, -1.0).to(torch.float32)
+
+
+def pack_signs(x: torch.Tensor) -> torch.Tensor:
+    k = x.shape[-1]
+    kb = (k + 7) // 8
+    bits = (x >= 0).to(torch.uint8)
+    if kb * 8 != k:  # pad bits are 0
+        pad = bits.new_zeros(tuple(bits.shape[:-1]) + (kb * 8 - k,))
+        bits = torch.cat([bits, pad], dim=-1)
+    bits = bits.reshape(tuple(x.shape[:-1]) + (kb, 8))
+    return (bits << _shifts(x.device)).sum(dim=-1, dtype=torch.uint8).contiguous()
+
+
+def unpack_bits(bits: torch.Tensor, k: int) -> torch.Tensor:
+    """uint8 (..., ceil(k/8)) -> bool (..., k), bit j of byte b is element 8b + j."""
+    b = (bits.unsqueeze(-1) >> _shifts(bits.device)) & 1
+    return b.reshape(tuple(bits.shape[:-1]) + (bits.shape[-1] * 8,))[..., :k].bool()
+
+
+def unpack_signs(bits: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.where(unpack_bits(bits, k), 1, -1).to(dtype).contiguous()
+
+
+def binary_dot(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
+    """sgn(A) @ sgn(B)^T from packed rows, exact (float64)."""
+    sa = unpack_signs(a, k, torch.float64)
+    sb = unpack_signs(b, k, torch.float64)
+    return sa @ sb.transpose(-1, -2)
+
+
+def binary_gemm(a, b, k, scale, bias, out_dtype):
+    from ._epilogue import finish
+    return finish(binary_dot(a, b, k), scale, bias, out_dtype)
+
+
+def binary_bmm(a, b, k, scale, out_dtype):
+    from ._epilogue import finish
+    return finish(binary_dot(a, b, k), scale, None, out_dtype)
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+    from ._epilogue import finish
+    c = x.shape[1]
+    k = (c // groups) * kernel_size[0] * kernel_size[1]
+    sx = torch.where(x >= 0, 1.0, -1.0).to(torch.float64)
+    # pad AFTER taking signs: padded positions hold pad_value itself (-1, 0 or +1)
+    sx = F.pad(sx, (padding[1], padding[1], padding[0], padding[0]), value=float(pad_value))
+    sw = unpack_signs(w, k, torch.float64).reshape(w.shape[0], c // groups, kernel_size[0], kernel_size[1])
+    acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=groups)
+    return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
+
+
+def sign_embedding(indices, bits, scale, dim, dtype):
+    rows = unpack_signs(bits[indices.long()], dim, torch.float32)
+    return (rows * scale.reshape(-1)[indices.long()].to(torch.float32).unsqueeze(-1)).to(dtype).contiguous()
+
+
+def sign_embedding_bag(indices, bits, dim, dtype):
+    rows = unpack_bits(bits[indices.long()], dim)       # (B, L, D) bool
+    ones = rows.sum(dim=1)                              # (B, D)
+    length = indices.shape[1]
+    return torch.where(2 * ones >= length, 1.0, -1.0).to(dtype).contiguous()

@@ -1,0 +1,49 @@
+"""Reference integer ops: quantization, int4 packing, exact integer GEMM/BMM/conv."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._epilogue import finish
+
+
+def code_range(bits: int):
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def quantize_int(x, scale, bits):
+    lo, hi = code_range(bits)
+    q = torch.round(x.to(torch.float32) / scale.to(torch.float32))  # round half to even, true division
+    q = torch.nan_to_num(q, nan=0.0).clamp(lo, hi)
+    return q.to(torch.int8).contiguous()
+
+
+def pack_int4(codes):
+    k = codes.shape[-1]
+    c = codes.to(torch.int16) & 0xF
+    if k % 2:
+        c = torch.cat([c, c.new_zeros(tuple(c.shape[:-1]) + (1,))], dim=-1)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).to(torch.uint8).contiguous()
+
+
+def unpack_int4(packed, k):
+    p = packed.to(torch.int16)
+    nib = torch.stack([p & 0xF, p >> 4], dim=-1).reshape(tuple(p.shape[:-1]) + (p.shape[-1] * 2,))
+    nib = torch.where(nib >= 8, nib - 16, nib)  # two's complement nibble
+    return nib[..., :k].to(torch.int8).contiguous()
+
+
+def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype):
+    acc = a.to(torch.float64) @ b.to(torch.float64).t()   # exact: |acc| < 2**53
+    return finish(acc, scale, bias, out_dtype)
+
+
+def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
+    acc = a.to(torch.float64) @ b.to(torch.float64).transpose(1, 2)
+    return finish(acc, scale, None, out_dtype)
+
+
+def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+    acc = F.conv2d(x.to(torch.float64), w.to(torch.float64), stride=tuple(stride), padding=tuple(padding),
+                   dilation=tuple(dilation), groups=groups)
+    return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)

@@ -1,0 +1,41 @@
+"""bie: a plugin-based, multi-backend engine for low-bit (1/2/4/8-bit) PyTorch layers.
+
+``bie_core`` holds the layers, the op definitions, the dispatcher and the
+plugin interface; kernels come from backend distributions (``bie-backend-cpu``,
+``-cuda``, ``-cutlass``, ``-mlx``) found through the ``bie.backends`` entry
+points on first use. Importing bie_core never imports a backend.
+"""
+from __future__ import annotations
+
+from . import ops
+from .dispatch import get_backend, set_backend, use_backend
+from .errors import (BackendUnavailableError, BieError, BieFallbackWarning, NoKernelError,
+                     PluginValidationError, UnknownBackendError)
+from .explain import Explanation, explain
+from .kernels import Capability, Kernel, Problem
+from .plugins import BackendDescriptor, BackendRecord, hookimpl
+from .plugins.registry import get_registry
+from .version import API_VERSION, __version__
+
+
+def backends() -> list[BackendRecord]:
+    """Every discovered backend: name, distribution, version, status
+    (loaded / unavailable / broken / incompatible / disabled), cause, devices, kernels."""
+    return get_registry().records()
+
+
+def register_backend(descriptor: BackendDescriptor, plugin: object | None = None) -> BackendRecord:
+    """Register a backend from code, without packaging (tests, notebooks,
+    experiments). ``plugin`` is the object ``descriptor.load()`` would return."""
+    from . import dispatch
+    rec = get_registry().register_backend(descriptor, plugin)
+    dispatch.clear_caches()
+    return rec
+
+
+__all__ = [
+    "ops", "set_backend", "get_backend", "use_backend", "backends", "register_backend", "explain",
+    "Explanation", "Capability", "Kernel", "Problem", "BackendDescriptor", "BackendRecord", "hookimpl",
+    "BieError", "BackendUnavailableError", "NoKernelError", "UnknownBackendError",
+    "PluginValidationError", "BieFallbackWarning", "API_VERSION", "__version__",
+]

@@ -1,0 +1,447 @@
+"""The dispatcher: which kernel serves a call, and why the others do not.
+
+Precedence, most specific first (SPEC §1):
+
+1. per-layer ``backend=`` (passed to every op as its trailing ``backend`` argument)
+2. ``with bie_core.use_backend(...)`` (a ContextVar: thread- and task-local)
+3. ``bie_core.set_backend(...)`` (process-wide; ``None`` resets)
+4. environment ``BIE_BACKEND`` (ordered list such as ``cutlass,cuda,cpu``)
+5. automatic: the highest-priority kernel whose capability fits.
+
+Levels 1–4 are *explicit*: only the named backends are considered, in the
+given order, and if none can serve the call a :class:`NoKernelError` lists
+every kernel considered with all its reasons. Automatic selection may fall
+back to a slower kernel but warns once per (op, reason); ``BIE_STRICT=1``
+turns that fallback into an error.
+
+Decisions are cached per call site: (op, preference, argument signature:
+device, dtype, shape, requires_grad, contiguity of each tensor and the value
+of every other argument). The cached path is a few dictionary lookups.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+
+from .errors import BackendUnavailableError, BieFallbackWarning, NoKernelError, UnknownBackendError
+from .kernels import ANY_DEVICE, Kernel, Problem
+from .plugins.registry import LOADED, get_registry
+
+_REG = get_registry()
+
+# Where an accelerated kernel for a device type would come from (for messages only:
+# core never imports a backend by name).
+_INSTALL_HINTS = {
+    "cuda": "pip install bie-backend-cutlass (and/or bie-backend-cuda)",
+    "mps": "pip install bie-backend-mlx",
+}
+
+# ----------------------------------------------------------------- preferences
+# A preference is None (automatic) or a tuple (names, source).
+_context_pref: contextvars.ContextVar = contextvars.ContextVar("bie_backend", default=None)
+_global_pref: Optional[tuple] = None
+_env_pref: Optional[tuple] = None
+_env_read = False
+_parse_cache: dict = {}
+
+
+def _parse(spec: Union[str, Sequence[str]], source: str) -> tuple:
+    if isinstance(spec, str):
+        names = tuple(s.strip() for s in spec.split(",") if s.strip())
+    else:
+        names = tuple(str(s).strip() for s in spec)
+    if not names:
+        raise ValueError(f"empty backend choice {spec!r} ({source})")
+    return (names, source)
+
+
+def _read_env() -> Optional[tuple]:
+    global _env_pref, _env_read
+    raw = os.environ.get("BIE_BACKEND", "").strip()
+    _env_pref = _parse(raw, "env BIE_BACKEND") if raw else None
+    _env_read = True
+    if _env_pref is not None:
+        known = set(_REG.names())
+        unknown = [n for n in _env_pref[0] if n not in known]
+        if unknown:
+            warnings.warn(f"bie: BIE_BACKEND names {unknown} that no installed plugin provides "
+                          f"(installed: {sorted(known)})", BieFallbackWarning, stacklevel=3)
+    return _env_pref
+
+
+def _layer_pref(spec: str) -> tuple:
+    p = _parse_cache.get(spec)
+    if p is None:
+        p = _parse_cache[spec] = _parse(spec, "per-layer backend=")
+    return p
+
+
+def current_preference(layer_backend: str = "") -> Optional[tuple]:
+    """The effective ``(names, source)`` for a call, or None for automatic."""
+    if layer_backend:
+        return _layer_pref(layer_backend)
+    p = _context_pref.get()
+    if p is not None:
+        return p
+    if _global_pref is not None:
+        return _global_pref
+    if not _env_read:
+        _read_env()
+    return _env_pref
+
+
+def validate_choice(spec: Union[str, Sequence[str], None], source: str = "backend") -> Optional[tuple]:
+    """Check that every named backend exists and can run here; raise otherwise.
+
+    Unknown names raise :class:`UnknownBackendError` listing the known ones; a
+    known backend that is broken, incompatible or unavailable raises
+    :class:`BackendUnavailableError` chained with its original exception.
+    """
+    if spec is None:
+        return None
+    pref = _parse(spec, source)
+    for name in pref[0]:
+        rec = _REG.record(name)
+        if rec is None:
+            raise UnknownBackendError(
+                f"{source}: unknown backend {name!r}; installed backends: {sorted(_REG.names())}. "
+                f"Install it (e.g. pip install bie-backend-{name}) or pick one of those.")
+        if rec.status != LOADED:
+            msg = f"{source}: backend {name!r} cannot be used here: {rec.cause}"
+            if rec.install_hint:
+                msg += f" ({rec.install_hint})"
+            if rec.traceback:
+                msg += "\n--- original error ---\n" + rec.traceback
+            raise BackendUnavailableError(msg) from rec.exception
+    return pref
+
+
+def set_backend(spec: Union[str, Sequence[str], None]) -> None:
+    """Choose the backend(s) for the whole process (``None``: automatic again).
+
+    ``spec`` is a name (``"mlx"``), a comma-separated ordered list or a
+    sequence of names. Raises at once if a name is unknown or cannot run here.
+    """
+    global _global_pref
+    _global_pref = validate_choice(spec, "set_backend")
+
+
+def get_backend() -> Optional[tuple]:
+    """The process-wide choice as a tuple of names, or None (automatic)."""
+    return None if _global_pref is None else _global_pref[0]
+
+
+@contextlib.contextmanager
+def use_backend(spec: Union[str, Sequence[str], None]):
+    """Choose the backend(s) inside a ``with`` block (thread- and task-local).
+
+    ``use_backend(None)`` restores automatic selection inside the block.
+    """
+    pref = validate_choice(spec, "use_backend") if spec is not None else None
+    token = _context_pref.set(pref if spec is not None else _AUTO)
+    try:
+        yield
+    finally:
+        _context_pref.reset(token)
+
+
+# use_backend(None) must override an outer set_backend: a distinct marker that
+# current_preference() maps to automatic.
+class _Auto(tuple):
+    pass
+
+
+_AUTO = _Auto()
+
+
+# ------------------------------------------------------------------- decisions
+@dataclass
+class Rejection:
+    who: str            # "cuda:wq_gemv" or "backend mlx"
+    priority: Optional[int]
+    reasons: list
+
+    def __str__(self):
+        pr = f" (priority {self.priority})" if self.priority is not None else ""
+        return f"{self.who}{pr}: " + "; ".join(self.reasons)
+
+
+@dataclass
+class Decision:
+    op: str
+    problem: Problem
+    kernel: Kernel
+    source: str                 # "automatic" or where the explicit choice came from
+    rejections: list = field(default_factory=list)
+    also_ok: list = field(default_factory=list)   # lower-priority kernels that could serve
+    fallback: list = field(default_factory=list)  # reasons automatic selection fell back
+
+    def __str__(self):
+        lines = [f"{self.problem.describe()}",
+                 f"  -> {self.kernel.qualname} (priority {self.kernel.priority}; {self.source})"]
+        for k in self.also_ok:
+            lines.append(f"     also able: {k.qualname} (priority {k.priority})")
+        for r in self.rejections:
+            lines.append(f"     rejected: {r}")
+        for f_ in self.fallback:
+            lines.append(f"     fallback: {f_}")
+        return "\n".join(lines)
+
+
+_decisions: dict = {}
+_MAX_DECISIONS = 16384
+_warned: set = set()
+_warn_lock = threading.Lock()
+
+
+def _strict() -> bool:
+    return os.environ.get("BIE_STRICT", "").strip() not in ("", "0", "false", "False")
+
+
+def _backend_rejections(problem: Problem, only: Optional[Iterable[str]] = None) -> list:
+    """Backends that would serve this device but are not loaded."""
+    out = []
+    for rec in _REG.records():
+        if rec.status == LOADED or (only is not None and rec.name not in only):
+            continue
+        devs = rec.devices or ()
+        if only is None and devs and ANY_DEVICE not in devs and problem.device_type not in devs:
+            continue
+        reason = f"{rec.status}: {rec.cause}" if rec.cause else rec.status
+        if rec.install_hint:
+            reason += f" ({rec.install_hint})"
+        out.append(Rejection(f"backend {rec.name}", None, [reason]))
+    return out
+
+
+def decide(op, args: tuple, pref: Optional[tuple]) -> Decision:
+    """Choose a kernel for ``op`` called with ``args`` (uncached)."""
+    problem = op.problem(*args)
+    kernels = _REG.kernels(op.name)
+    if pref is None or isinstance(pref, _Auto):
+        return _decide_auto(op, problem, kernels)
+    return _decide_explicit(op, problem, kernels, pref)
+
+
+def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
+    chosen = None
+    rejections, also_ok = [], []
+    for k in kernels:
+        r = k.reasons(problem)
+        if r:
+            rejections.append((k, r))
+        elif chosen is None:
+            chosen = k
+        else:
+            also_ok.append(k)
+    backend_rej = _backend_rejections(problem)
+    rej = [Rejection(k.qualname, k.priority, r) for k, r in rejections] + backend_rej
+    if chosen is None:
+        msg = [f"no kernel can serve {problem.describe()} (automatic selection). Considered:"]
+        msg += [f"  - {r}" for r in rej] or ["  - (no kernel is registered for this op: is bie-backend-cpu installed?)"]
+        raise NoKernelError("\n".join(msg), rej)
+    # What made this a fallback: a better kernel for this device that said no,
+    # a backend for this device that is not loaded, or the reference running
+    # on an accelerator.
+    fallback = []
+    for k, r in rejections:
+        if k.priority > chosen.priority and k.capability.serves_device(problem.device_type):
+            fallback.append(f"{k.qualname} rejected: {'; '.join(r)}")
+    for b in backend_rej:
+        fallback.append(f"{b.who} {b.reasons[0]}")
+    if chosen.reference and problem.device_type not in ("cpu", "meta"):
+        hint = _INSTALL_HINTS.get(problem.device_type, "install a bie backend for this device")
+        fallback.append(f"only the plain-PyTorch reference serves {problem.device_type} tensors "
+                        f"for this op ({hint})")
+    d = Decision(op.name, problem, chosen, "automatic", rej, also_ok, fallback)
+    if fallback:
+        if _strict():
+            raise NoKernelError(
+                f"BIE_STRICT is set and {problem.describe()} would fall back to "
+                f"{chosen.qualname}:\n" + "\n".join(f"  - {f}" for f in fallback), rej)
+        for reason in fallback:
+            key = (op.name, reason)
+            with _warn_lock:
+                if key in _warned:
+                    continue
+                _warned.add(key)
+            warnings.warn(f"bie: {op.name} falls back to {chosen.qualname} because {reason}",
+                          BieFallbackWarning, stacklevel=4)
+    return d
+
+
+def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decision:
+    names, source = pref
+    rej, causes = [], []
+    chosen, also_ok = None, []
+    for name in names:
+        rec = _REG.record(name)
+        if rec is None:
+            rej.append(Rejection(f"backend {name}", None,
+                                 [f"not installed (installed: {sorted(_REG.names())})"]))
+            continue
+        if rec.status != LOADED:
+            rej.append(Rejection(f"backend {name}", None, [f"{rec.status}: {rec.cause}"]))
+            if rec.exception is not None:
+                causes.append(rec.exception)
+            continue
+        own = [k for k in kernels if k.backend == name]
+        if not own:
+            rej.append(Rejection(f"backend {name}", None, [f"has no kernel for op {op.name}"]))
+        for k in own:
+            r = k.reasons(problem)
+            if r:
+                rej.append(Rejection(k.qualname, k.priority, r))
+            elif chosen is None:
+                chosen = k
+            else:
+                also_ok.append(k)
+        if chosen is not None:
+            break
+    if chosen is None:
+        msg = [f"{source} chose {', '.join(names)}, which cannot serve {problem.describe()}. "
+               "Every kernel considered:"]
+        msg += [f"  - {r}" for r in rej]
+        others = sorted({k.backend for k in kernels if k.backend not in names and not k.reasons(problem)})
+        if others:
+            msg.append(f"  (backends that could serve it: {', '.join(others)})")
+        err = NoKernelError("\n".join(msg), rej)
+        if len(causes) == 1:
+            raise err from causes[0]
+        raise err
+    return Decision(op.name, problem, chosen, source, rej, also_ok, [])
+
+
+def _argkey(args: tuple) -> tuple:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((a.device, a.dtype, a.shape, a.requires_grad, a.is_contiguous()))
+        elif type(a) is list:
+            out.append(tuple(a))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+# ---------------------------------------------------------- recording (explain)
+_recorder: contextvars.ContextVar = contextvars.ContextVar("bie_recorder", default=None)
+_layer_name: contextvars.ContextVar = contextvars.ContextVar("bie_layer", default="")
+
+
+# ------------------------------------------------------------- prepared layouts
+class _PreparedCache:
+    """Backend layouts derived from canonical weights, per (kernel, weight tensors).
+
+    An entry is valid while the same tensor objects are alive, on the same
+    storage, at the same version counter: an in-place update
+    (``load_state_dict``, an optimizer step), a move to another device or a
+    new tensor re-prepares. Entries die with their tensors.
+    """
+
+    def __init__(self):
+        self._d: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, kernel: Kernel, weights: tuple):
+        key = (id(kernel),) + tuple(id(w) for w in weights)
+        state = tuple(_tensor_state(w) for w in weights)
+        e = self._d.get(key)
+        if e is not None and e[0] == state and all(r() is w for r, w in zip(e[2], weights)):
+            return e[1]
+        prepared = kernel.prepare(*weights)
+        refs = tuple(weakref.ref(w, self._make_cb(key)) for w in weights if isinstance(w, torch.Tensor))
+        with self._lock:
+            self._d[key] = (state, prepared, refs)
+        return prepared
+
+    def _make_cb(self, key):
+        d = self._d
+
+        def cb(_ref):
+            d.pop(key, None)
+        return cb
+
+    def clear(self):
+        with self._lock:
+            self._d.clear()
+
+    def __len__(self):
+        return len(self._d)
+
+
+def _tensor_state(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    try:
+        v = t._version
+    except RuntimeError:  # inference tensors have no version counter
+        v = -1
+    return (t.data_ptr(), v, t.device, t.dtype, t.shape)
+
+
+prepared_cache = _PreparedCache()
+
+
+# --------------------------------------------------------------------- router
+def make_router(op):
+    """The one implementation torch.library calls for ``op`` on every device."""
+    name = op.name
+    weight_idx = tuple(op.weight_args)
+    validate = op.validate
+    decisions = _decisions
+    nargs = len(op.arg_names)
+
+    def route(*args):
+        # torch.library drops a trailing argument equal to its default, so the
+        # backend string is present only when it is not "".
+        if len(args) > nargs:
+            layer = args[nargs]
+            args = args[:nargs]
+        else:
+            layer = ""
+        pref = _layer_pref(layer) if layer else current_preference()
+        key = (name, pref, _REG.generation, _argkey(args))
+        d = decisions.get(key)
+        if d is None:
+            _REG.ensure_discovered()
+            if validate is not None:
+                validate(*args)
+            d = decide(op, args, pref)
+            if len(decisions) >= _MAX_DECISIONS:
+                decisions.clear()
+            decisions[(name, pref, _REG.generation, key[3])] = d
+        rec = _recorder.get()
+        if rec is not None:
+            rec.append((_layer_name.get(), d))
+        k = d.kernel
+        if k.prepare is None:
+            return k.fn(*args)
+        return k.fn(*args, prepared=prepared_cache.get(k, tuple(args[i] for i in weight_idx)))
+
+    route.__name__ = f"bie_route_{name}"
+    return route
+
+
+def clear_caches() -> None:
+    """Forget cached decisions, prepared layouts and the BIE_BACKEND reading."""
+    global _env_read
+    _decisions.clear()
+    prepared_cache.clear()
+    _warned.clear()
+    _env_read = False
+
+
+def reset() -> None:
+    """Back to a fresh process state: automatic selection, caches cleared."""
+    global _global_pref
+    _global_pref = None
+    clear_caches()

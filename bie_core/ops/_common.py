@@ -1,0 +1,106 @@
+"""Helpers shared by the op definitions: validation messages, problem building,
+and random inputs for conformance cases."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..kernels import Problem
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: Tolerance for float32 epilogues (scale * count + bias): the integer count is
+#: checked exactly elsewhere; a kernel may fuse the multiply-add (one rounding
+#: instead of two), so float32 results may differ in the last bit.
+FP32_TOL = (1e-6, 1e-6)
+
+
+def check(cond: bool, op: str, msg: str, exc=ValueError) -> None:
+    if not cond:
+        raise exc(f"bie::{op}: {msg}")
+
+
+def check_tensor(t, op: str, name: str, *, dtypes=None, dim=None, min_dim=None) -> None:
+    check(isinstance(t, torch.Tensor), op, f"{name} must be a tensor, got {type(t).__name__}", TypeError)
+    if dtypes is not None:
+        check(t.dtype in dtypes, op,
+              f"{name} has dtype {str(t.dtype).replace('torch.', '')}; allowed: "
+              + ", ".join(str(d).replace("torch.", "") for d in dtypes), TypeError)
+    if dim is not None:
+        check(t.dim() == dim, op, f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if min_dim is not None:
+        check(t.dim() >= min_dim, op, f"{name} must have at least {min_dim} dims, got shape {tuple(t.shape)}")
+
+
+def check_same_device(op: str, **tensors) -> None:
+    devs = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    if len(set(devs.values())) > 1:
+        desc = ", ".join(f"{n} on {d}" for n, d in devs.items())
+        raise ValueError(f"bie::{op}: all tensors must be on one device, got {desc}")
+
+
+def check_scale_bias(op: str, scale, bias, n: int) -> None:
+    if scale is not None:
+        check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
+        check(scale.numel() in (1, n), op,
+              f"scale must have 1 or {n} (output channels) elements, got shape {tuple(scale.shape)}")
+    if bias is not None:
+        check_tensor(bias, op, "bias", dtypes=FLOAT_DTYPES)
+        check(bias.numel() == n, op, f"bias must have {n} elements, got shape {tuple(bias.shape)}")
+
+
+def check_out_dtype(op: str, out_dtype, scale) -> None:
+    if out_dtype is None:
+        check(scale is None, op, "a scale needs a floating out_dtype (integer output is the raw count)")
+    else:
+        check(out_dtype in FLOAT_DTYPES, op,
+              f"out_dtype must be one of float32, float16, bfloat16 or None (int32), got {out_dtype}")
+
+
+def problem(op: str, device: torch.device, dtype=None, training=False, contiguous=True, **kw) -> Problem:
+    dims = {k: v for k, v in kw.items() if k[:1].isupper()}
+    attrs = {k: v for k, v in kw.items() if not k[:1].isupper()}
+    return Problem(op=op, device_type=device.type, device_index=device.index, dtype=dtype,
+                   dims=dims, attrs=attrs, training=training, contiguous=contiguous)
+
+
+def any_requires_grad(*ts) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
+
+
+def all_contiguous(*ts) -> bool:
+    return all(t.is_contiguous() for t in ts if isinstance(t, torch.Tensor))
+
+
+# ------------------------------------------------------------ random inputs
+def randn(shape, *, device, dtype=torch.float32, gen: Optional[torch.Generator] = None,
+          noncontig: bool = False, zeros_frac: float = 0.0) -> torch.Tensor:
+    """Random normal values in ``dtype`` on ``device``; optionally a
+    non-contiguous view (every other element of a wider tensor) and a fraction
+    of exact zeros (so that sgn(0) = +1 is exercised)."""
+    shape = tuple(shape)
+    big_shape = shape[:-1] + (shape[-1] * 2,) if (noncontig and shape) else shape
+    t = torch.randn(big_shape, generator=gen, dtype=torch.float32)
+    if zeros_frac > 0:
+        t = t.masked_fill(torch.rand(t.shape, generator=gen) < zeros_frac, 0.0)
+    t = t.to(dtype).to(device)
+    return t[..., ::2] if (noncontig and shape) else t
+
+
+def randbits(shape, *, device, gen, k: int) -> torch.Tensor:
+    """Random packed sign bytes whose padding bits (beyond k) are zero."""
+    t = torch.randint(0, 256, tuple(shape), generator=gen, dtype=torch.int32).to(torch.uint8)
+    rem = k % 8
+    if rem:
+        t[..., -1] &= (1 << rem) - 1
+    return t.to(device)
+
+
+def randint_codes(shape, bits: int, *, device, gen, extremes: bool = True) -> torch.Tensor:
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    t = torch.randint(lo, hi + 1, tuple(shape), generator=gen, dtype=torch.int32)
+    if extremes and t.numel() >= 4:
+        flat = t.view(-1)
+        flat[0], flat[-1] = lo, hi  # the extremes stress int32 accumulation
+    return t.to(torch.int8).to(device)

@@ -1,0 +1,136 @@
+"""How an op is defined: once, in core, as a ``torch.library`` custom op.
+
+Each op is declared with :func:`define_op`. That
+
+* defines the schema ``bie::NAME(...)`` with a trailing ``str backend=""``
+  argument (the per-layer override, passed as a constant so it is
+  ``torch.compile`` friendly),
+* registers one *router* implementation on ``CompositeExplicitAutograd``
+  (every real device) that hands the call to the bie dispatcher, which picks
+  a kernel from the plugin registry (``torch.library`` alone keeps one kernel
+  per device key and cannot express several backends, priorities or reasons),
+* registers the fake (meta) implementation, so layers trace under
+  ``torch.compile(fullgraph=True)`` and ``torch.library.opcheck`` passes.
+
+The :class:`OpDef` also carries what the dispatcher and the conformance kit
+need: how to describe a call as a :class:`~bie_core.kernels.Problem`, which
+arguments are weights (prepared and cached per backend), how to generate
+test cases, and how to compare results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+from ..kernels import Problem
+
+LIB_NAME = "bie"
+_lib = torch.library.Library(LIB_NAME, "DEF")
+
+_OPS: dict[str, "OpDef"] = {}
+
+
+@dataclass
+class Case:
+    """One conformance test case: the op's arguments (without ``backend``)."""
+
+    args: tuple
+    label: str
+    #: Comparison: "exact" (bitwise equal) or (rtol, atol) for float outputs.
+    tol: Any = "exact"
+    #: Set when the reference computation itself should raise (bad input).
+    expect_error: Optional[type] = None
+
+
+@dataclass
+class OpDef:
+    name: str
+    schema: str
+    fake: Callable
+    problem: Callable[..., Problem]
+    doc: str = ""
+    #: Positions of the arguments that are weights: a kernel's ``prepare``
+    #: receives them and its result is cached per tensor version.
+    weight_args: Sequence[int] = ()
+    #: ``cases(device, generator) -> iterable of Case`` for the conformance kit.
+    cases: Optional[Callable[[torch.device, torch.Generator], Iterable[Case]]] = None
+    #: Extra checks done before dispatch (bad input gets a clear Python error
+    #: whichever backend is chosen). Raises ValueError/TypeError.
+    validate: Optional[Callable[..., None]] = None
+    #: Names of the arguments, in schema order (filled from the schema).
+    arg_names: tuple = field(default=(), init=False)
+    family: str = ""
+
+    @property
+    def qualname(self) -> str:
+        return f"{LIB_NAME}::{self.name}"
+
+    @property
+    def overload(self):
+        return getattr(getattr(torch.ops, LIB_NAME), self.name).default
+
+    def __call__(self, *args, backend: Optional[str] = None):
+        return self.overload(*args, backend or "")
+
+
+def _arg_names(schema: str) -> tuple:
+    inner = schema[schema.index("(") + 1: schema.rindex(")")]
+    names = []
+    depth = 0
+    cur = ""
+    for ch in inner:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            names.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        names.append(cur)
+    out = []
+    for a in names:
+        a = a.strip().split("=")[0].strip()
+        out.append(a.split()[-1])
+    return tuple(out)
+
+
+def define_op(op: OpDef) -> OpDef:
+    """Define ``bie::<op.name>`` and register router and fake implementations."""
+    from .. import dispatch  # late import: dispatch imports the op table
+
+    if op.name in _OPS:
+        raise ValueError(f"op {op.name!r} is defined twice")
+    schema = op.schema.strip()
+    args_part, ret = schema.rsplit("->", 1)
+    args_part = args_part.strip()
+    assert args_part.startswith("(") and args_part.endswith(")"), schema
+    full = f"{op.name}{args_part[:-1]}, str backend=\"\") -> {ret.strip()}"
+    _lib.define(full)
+    op.arg_names = _arg_names(args_part)
+    route = dispatch.make_router(op)
+    _lib.impl(op.name, route, "CompositeExplicitAutograd")
+    torch.library.register_fake(op.qualname, _strip_backend(op.fake, len(op.arg_names)), lib=_lib)
+    _OPS[op.name] = op
+    return op
+
+
+def _strip_backend(fake: Callable, nargs: int) -> Callable:
+    def fake_impl(*args):
+        return fake(*args[:nargs])
+    fake_impl.__name__ = getattr(fake, "__name__", "fake")
+    return fake_impl
+
+
+def get_op(name: str) -> OpDef:
+    if name.startswith(LIB_NAME + "::"):
+        name = name[len(LIB_NAME) + 2:]
+    return _OPS[name]
+
+
+def all_ops() -> list[OpDef]:
+    return list(_OPS.values())

@@ -1,0 +1,383 @@
+"""Binary (1-bit) ops: sign packing, binary GEMM / batched GEMM / conv2d, packed embeddings.
+
+Canonical sign bits (SPEC §2): ``sgn(v) = +1 if v >= 0 else -1``; bit 1 means
++1; packed along the reduction dimension K, least significant bit first, 8
+values per uint8 (byte ``b``, bit ``j`` holds element ``8b + j``); padding
+bits are 0 and the true K travels beside the bits. NaN packs as -1.
+
+A binary dot product of two packed rows is ``K - 2 * popcount(a XOR b)``:
+padding bits are 0 on both sides, so they never count.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, check, check_out_dtype,
+                      check_same_device, check_scale_bias, check_tensor, problem, randbits, randn)
+from ._opdef import Case, OpDef, define_op
+
+PACKABLE = FLOAT_DTYPES + (torch.int8,)
+
+
+def packed_len(k: int) -> int:
+    """Bytes per packed row of K signs."""
+    return (k + 7) // 8
+
+
+# ------------------------------------------------------------------ pack_signs
+def _pack_fake(x):
+    return x.new_empty(tuple(x.shape[:-1]) + (packed_len(x.shape[-1]),), dtype=torch.uint8)
+
+
+def _pack_validate(x):
+    check_tensor(x, "pack_signs", "x", dtypes=PACKABLE, min_dim=1)
+    check(x.shape[-1] > 0, "pack_signs", "x must have a non-empty last dimension")
+
+
+def _pack_problem(x):
+    return problem("pack_signs", x.device, x.dtype, contiguous=x.is_contiguous(),
+                   K=x.shape[-1], M=x.numel() // max(1, x.shape[-1]))
+
+
+def _pack_cases(device, gen):
+    for dtype in PACKABLE:
+        for shape in [(1, 1), (1, 7), (3, 8), (5, 13), (2, 3, 129), (64, 1024), (1, 4099)]:
+            for nc in (False, True):
+                if dtype is torch.int8:
+                    x = torch.randint(-3, 4, shape[:-1] + (shape[-1] * (2 if nc else 1),),
+                                      generator=gen, dtype=torch.int8).to(device)
+                    x = x[..., ::2] if nc else x
+                else:
+                    x = randn(shape, device=device, dtype=dtype, gen=gen, noncontig=nc, zeros_frac=0.1)
+                yield Case((x,), f"{str(dtype)[6:]} {shape}{' noncontig' if nc else ''}")
+
+
+pack_signs = define_op(OpDef(
+    name="pack_signs", family="binary",
+    schema="(Tensor x) -> Tensor",
+    doc="Pack sgn(x) along the last dim: (..., K) -> uint8 (..., ceil(K/8)), LSB first, pad bits 0.",
+    fake=_pack_fake, problem=_pack_problem, validate=_pack_validate, cases=_pack_cases))
+
+
+# ---------------------------------------------------------------- unpack_signs
+def _unpack_fake(bits, k, dtype):
+    return bits.new_empty(tuple(bits.shape[:-1]) + (k,), dtype=dtype)
+
+
+def _unpack_validate(bits, k, dtype):
+    check_tensor(bits, "unpack_signs", "bits", dtypes=(torch.uint8,), min_dim=1)
+    check(k > 0 and bits.shape[-1] == packed_len(k), "unpack_signs",
+          f"bits has {bits.shape[-1]} bytes per row but k={k} needs {packed_len(k) if k > 0 else '>0'}")
+    check(dtype in PACKABLE, "unpack_signs", f"dtype must be float32/float16/bfloat16/int8, got {dtype}")
+
+
+def _unpack_problem(bits, k, dtype):
+    return problem("unpack_signs", bits.device, dtype, contiguous=bits.is_contiguous(),
+                   K=k, M=bits.numel() // max(1, bits.shape[-1]))
+
+
+def _unpack_cases(device, gen):
+    for dtype in PACKABLE:
+        for shape, k in [((1, 1), 1), ((3, 1), 7), ((4, 2), 16), ((2, 3, 17), 129), ((8, 513), 4099)]:
+            yield Case((randbits(shape, device=device, gen=gen, k=k), k, dtype), f"{str(dtype)[6:]} {shape} k={k}")
+
+
+unpack_signs = define_op(OpDef(
+    name="unpack_signs", family="binary",
+    schema="(Tensor bits, int k, ScalarType dtype) -> Tensor",
+    doc="Inverse of pack_signs: uint8 (..., ceil(k/8)) -> (..., k) of +1/-1 in dtype.",
+    fake=_unpack_fake, problem=_unpack_problem, validate=_unpack_validate, cases=_unpack_cases))
+
+
+# ----------------------------------------------------------------- binary_gemm
+def _epilogue_dtype(out_dtype):
+    return torch.int32 if out_dtype is None else out_dtype
+
+
+def _gemm_fake(a, b, k, scale, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=_epilogue_dtype(out_dtype))
+
+
+def _gemm_validate(a, b, k, scale, bias, out_dtype):
+    op = "binary_gemm"
+    check_tensor(a, op, "a", dtypes=(torch.uint8,), dim=2)
+    check_tensor(b, op, "b", dtypes=(torch.uint8,), dim=2)
+    check(k > 0, op, f"k must be positive, got {k}")
+    check(a.shape[1] == packed_len(k) and b.shape[1] == packed_len(k), op,
+          f"packed rows must have ceil(k/8)={packed_len(k)} bytes for k={k}; "
+          f"a has {a.shape[1]}, b has {b.shape[1]}")
+    check_scale_bias(op, scale, bias, b.shape[0])
+    check_out_dtype(op, out_dtype, scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_same_device(op, a=a, b=b, scale=scale, bias=bias)
+
+
+def _gemm_problem(a, b, k, scale, bias, out_dtype):
+    return problem("binary_gemm", a.device, out_dtype, contiguous=all_contiguous(a, b),
+                   M=a.shape[0], N=b.shape[0], K=k,
+                   epilogue=("count" if out_dtype is None else
+                             "scale_per_channel" if scale is not None and scale.numel() > 1 else "scale"),
+                   bias=bias is not None)
+
+
+GEMM_SHAPES = [(1, 1, 1), (1, 64, 64), (1, 256, 4096), (3, 5, 7), (7, 33, 130), (16, 64, 128),
+               (33, 17, 1000), (128, 96, 512), (2, 8, 8191), (64, 128, 4096)]
+
+
+def _gemm_cases(device, gen):
+    for (m, n, k) in GEMM_SHAPES:
+        kb = packed_len(k)
+        a = randbits((m, kb), device=device, gen=gen, k=k)
+        b = randbits((n, kb), device=device, gen=gen, k=k)
+        yield Case((a, b, k, None, None, None), f"count M={m} N={n} K={k}")
+        for dtype in FLOAT_DTYPES:
+            per_ch = (m + n) % 2 == 0
+            scale = (torch.rand((n,) if per_ch else (), generator=gen) + 0.05).to(device)
+            bias = torch.randn(n, generator=gen).to(device=device, dtype=dtype) if n % 3 else None
+            tol = "exact" if dtype is torch.float32 else (1e-2, 1e-2)
+            yield Case((a, b, k, scale, bias, dtype),
+                       f"{str(dtype)[6:]} M={m} N={n} K={k}{' per-channel' if per_ch else ''}"
+                       f"{' bias' if bias is not None else ''}", tol=tol)
+    # non-contiguous packed operands: column slices of wider byte matrices
+    for (m, n, k) in [(6, 5, 64), (9, 4, 100)]:
+        kb = packed_len(k)
+        a = randbits((m, 2 * kb), device=device, gen=gen, k=8 * 2 * kb)[:, :kb]
+        b = randbits((n, 3 * kb), device=device, gen=gen, k=8 * 3 * kb)[:, kb:2 * kb]
+        if k % 8:
+            a, b = a.clone(), b.clone()
+            a[:, -1] &= (1 << (k % 8)) - 1
+            b[:, -1] &= (1 << (k % 8)) - 1
+            a, b = torch.cat([a, a], 1)[:, :kb], torch.cat([b, b], 1)[:, :kb]
+        yield Case((a, b, k, None, None, None), f"count noncontiguous M={m} N={n} K={k}")
+
+
+binary_gemm = define_op(OpDef(
+    name="binary_gemm", family="binary",
+    schema="(Tensor a, Tensor b, int k, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor",
+    doc=("Binary GEMM on packed signs: a (M, ceil(k/8)), b (N, ceil(k/8)) uint8 -> (M, N). "
+         "dot = k - 2*popcount(a ^ b). out_dtype None: int32 dot (scale and bias must be None); "
+         "else (float32(dot) * float32(scale) + float32(bias)).to(out_dtype), scale () or (N,)."),
+    fake=_gemm_fake, problem=_gemm_problem, validate=_gemm_validate, cases=_gemm_cases,
+    weight_args=(1,)))
+
+
+# ------------------------------------------------------------------ binary_bmm
+def _bmm_fake(a, b, k, scale, out_dtype):
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=_epilogue_dtype(out_dtype))
+
+
+def _bmm_validate(a, b, k, scale, out_dtype):
+    op = "binary_bmm"
+    check_tensor(a, op, "a", dtypes=(torch.uint8,), dim=3)
+    check_tensor(b, op, "b", dtypes=(torch.uint8,), dim=3)
+    check(a.shape[0] == b.shape[0], op, f"batch sizes differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    check(k > 0 and a.shape[2] == packed_len(k) and b.shape[2] == packed_len(k), op,
+          f"packed rows must have ceil(k/8) bytes for k={k}; a has {a.shape[2]}, b has {b.shape[2]}")
+    if scale is not None:
+        check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
+        check(scale.numel() == 1, op, f"scale must be a single value, got shape {tuple(scale.shape)}")
+    check_out_dtype(op, out_dtype, scale)
+    check_same_device(op, a=a, b=b, scale=scale)
+
+
+def _bmm_problem(a, b, k, scale, out_dtype):
+    return problem("binary_bmm", a.device, out_dtype, contiguous=all_contiguous(a, b),
+                   B=a.shape[0], M=a.shape[1], N=b.shape[1], K=k)
+
+
+def _bmm_cases(device, gen):
+    for (bs, m, n, k) in [(1, 1, 1, 1), (2, 3, 5, 7), (3, 16, 16, 64), (4, 9, 33, 200), (2, 64, 64, 1024)]:
+        a = randbits((bs, m, packed_len(k)), device=device, gen=gen, k=k)
+        b = randbits((bs, n, packed_len(k)), device=device, gen=gen, k=k)
+        yield Case((a, b, k, None, None), f"count B={bs} M={m} N={n} K={k}")
+        scale = (torch.rand((), generator=gen) + 0.1).to(device)
+        for dtype in FLOAT_DTYPES:
+            yield Case((a, b, k, scale, dtype), f"{str(dtype)[6:]} B={bs} M={m} N={n} K={k}",
+                       tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+
+
+binary_bmm = define_op(OpDef(
+    name="binary_bmm", family="binary",
+    schema="(Tensor a, Tensor b, int k, Tensor? scale, ScalarType? out_dtype) -> Tensor",
+    doc="Batched binary GEMM: a (B, M, ceil(k/8)), b (B, N, ceil(k/8)) -> (B, M, N); epilogue as binary_gemm.",
+    fake=_bmm_fake, problem=_bmm_problem, validate=_bmm_validate, cases=_bmm_cases))
+
+
+# --------------------------------------------------------------- binary_conv2d
+def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv_fake(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+    ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
+    wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
+    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=_epilogue_dtype(out_dtype))
+
+
+def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+    op = "binary_conv2d"
+    check_tensor(x, op, "x", dtypes=PACKABLE, dim=4)
+    check_tensor(w, op, "w", dtypes=(torch.uint8,), dim=2)
+    for nm, v in (("kernel_size", kernel_size), ("stride", stride), ("padding", padding), ("dilation", dilation)):
+        check(len(v) == 2, op, f"{nm} must have 2 values, got {list(v)}")
+    check(all(v > 0 for v in kernel_size) and all(v > 0 for v in stride) and all(v > 0 for v in dilation)
+          and all(v >= 0 for v in padding), op,
+          f"kernel_size, stride, dilation must be > 0 and padding >= 0; got {list(kernel_size)}, "
+          f"{list(stride)}, {list(dilation)}, {list(padding)}")
+    check(groups >= 1 and x.shape[1] % groups == 0 and w.shape[0] % groups == 0, op,
+          f"groups={groups} must divide in_channels={x.shape[1]} and out_channels={w.shape[0]}")
+    k = (x.shape[1] // groups) * kernel_size[0] * kernel_size[1]
+    check(w.shape[1] == packed_len(k), op,
+          f"w must be (out_channels, ceil(C/groups*kh*kw/8)) = (.., {packed_len(k)}) for C={x.shape[1]}, "
+          f"kernel {list(kernel_size)}; got {tuple(w.shape)}")
+    check(pad_value in (-1.0, 0.0, 1.0), op, f"pad_value must be -1, 0 or +1, got {pad_value}")
+    ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
+    wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
+    check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
+    check_scale_bias(op, scale, bias, w.shape[0])
+    check_out_dtype(op, out_dtype, scale)
+    check_same_device(op, x=x, w=w, scale=scale, bias=bias)
+
+
+def _conv_problem(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+    cl = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return problem("binary_conv2d", x.device, x.dtype, training=any_requires_grad(x),
+                   contiguous=x.is_contiguous() or cl,
+                   N=x.shape[0], C=x.shape[1], H=x.shape[2], W=x.shape[3], O=w.shape[0],
+                   KH=kernel_size[0], KW=kernel_size[1],
+                   K=(x.shape[1] // groups) * kernel_size[0] * kernel_size[1],
+                   stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+                   pad_value=float(pad_value), out_dtype=out_dtype, channels_last=cl)
+
+
+CONV_CASES = [
+    # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
+    (1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    (2, 3, 7, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (1, 8, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+    (2, 16, 8, 8, 8, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    (1, 5, 11, 6, 3, (3, 2), (2, 1), (2, 0), (1, 1), 1),
+    (1, 6, 12, 12, 6, (3, 3), (1, 1), (2, 2), (2, 2), 1),
+    (2, 8, 6, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    (1, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+]
+
+
+def _conv_cases(device, gen):
+    from ._common import randn as _randn
+    for i, (n, c, h, w_, o, ks, st, pd, dl, g) in enumerate(CONV_CASES):
+        k = (c // g) * ks[0] * ks[1]
+        wb = randbits((o, packed_len(k)), device=device, gen=gen, k=k)
+        for pad_value in (-1.0, 0.0, 1.0):
+            x = _randn((n, c, h, w_), device=device, gen=gen, zeros_frac=0.05)
+            yield Case((x, wb, list(ks), list(st), list(pd), list(dl), g, pad_value, None, None, None),
+                       f"count {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} d={dl} g={g} pad={pad_value}")
+        dtype = FLOAT_DTYPES[i % 3]
+        x = _randn((n, c, h, w_), device=device, gen=gen, dtype=dtype)
+        if i % 2:
+            x = x.contiguous(memory_format=torch.channels_last)
+        scale = (torch.rand((o,), generator=gen) + 0.05).to(device)
+        bias = torch.randn(o, generator=gen).to(device)
+        yield Case((x, wb, list(ks), list(st), list(pd), list(dl), g, -1.0, scale, bias, dtype),
+                   f"{str(dtype)[6:]} {'channels_last ' if i % 2 else ''}{n}x{c}x{h}x{w_} O={o} k={ks}",
+                   tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+
+
+binary_conv2d = define_op(OpDef(
+    name="binary_conv2d", family="binary",
+    schema=("(Tensor x, Tensor w, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, "
+            "int groups, float pad_value, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor"),
+    doc=("Binary conv2d: exactly conv2d(pad(sgn(x), padding, value=pad_value), sgn(W), stride, dilation, "
+         "groups) with W from w, the packed sign bits of the OIHW weight flattened per output channel "
+         "(K = C/groups*kh*kw). x is NCHW (channels_last accepted); output is contiguous NCHW int32 counts "
+         "or float32(count)*scale + bias cast to out_dtype."),
+    fake=_conv_fake, problem=_conv_problem, validate=_conv_validate, cases=_conv_cases,
+    weight_args=(1,)))
+
+
+# -------------------------------------------------------------- sign_embedding
+def _emb_fake(idx, bits, scale, dim, dtype):
+    return bits.new_empty(tuple(idx.shape) + (dim,), dtype=dtype)
+
+
+def _emb_validate(idx, bits, scale, dim, dtype):
+    op = "sign_embedding"
+    check_tensor(idx, op, "indices", dtypes=(torch.int64, torch.int32))
+    check_tensor(bits, op, "bits", dtypes=(torch.uint8,), dim=2)
+    check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
+    check(dim > 0 and bits.shape[1] == packed_len(dim), op,
+          f"bits must be (num_embeddings, ceil(dim/8)) = (.., {packed_len(dim)}), got {tuple(bits.shape)}")
+    check(scale.numel() == bits.shape[0], op,
+          f"scale must have one value per row ({bits.shape[0]}), got shape {tuple(scale.shape)}")
+    check(dtype in FLOAT_DTYPES, op, f"dtype must be floating, got {dtype}")
+    check_same_device(op, indices=idx, bits=bits, scale=scale)
+    if idx.device.type == "cpu" and idx.numel():
+        lo, hi = int(idx.min()), int(idx.max())
+        check(lo >= 0 and hi < bits.shape[0], op,
+              f"indices must be in [0, {bits.shape[0]}), got values in [{lo}, {hi}]", IndexError)
+
+
+def _emb_problem(idx, bits, scale, dim, dtype):
+    return problem("sign_embedding", bits.device, dtype, V=bits.shape[0], D=dim, L=idx.numel())
+
+
+def _emb_cases(device, gen):
+    for (v, d, ishape) in [(1, 1, (1,)), (10, 7, (3, 4)), (50, 64, (2, 9)), (100, 130, (17,)), (7, 8, (0,))]:
+        bits = randbits((v, packed_len(d)), device=device, gen=gen, k=d)
+        for dtype in FLOAT_DTYPES:
+            scale = torch.rand(v, generator=gen).to(device=device, dtype=dtype)
+            idx = torch.randint(0, v, ishape, generator=gen).to(device)
+            yield Case((idx, bits, scale, d, dtype), f"{str(dtype)[6:]} V={v} D={d} idx{ishape}")
+
+
+sign_embedding = define_op(OpDef(
+    name="sign_embedding", family="binary",
+    schema="(Tensor indices, Tensor bits, Tensor scale, int dim, ScalarType dtype) -> Tensor",
+    doc="Packed binary embedding gather: out[..., j] = scale[i] * (+1 if bit j of row i else -1), i = indices[...].",
+    fake=_emb_fake, problem=_emb_problem, validate=_emb_validate, cases=_emb_cases, weight_args=(1, 2)))
+
+
+# ---------------------------------------------------------- sign_embedding_bag
+def _bag_fake(idx, bits, dim, dtype):
+    return bits.new_empty((idx.shape[0], dim), dtype=dtype)
+
+
+def _bag_validate(idx, bits, dim, dtype):
+    op = "sign_embedding_bag"
+    check_tensor(idx, op, "indices", dtypes=(torch.int64, torch.int32), dim=2)
+    check(idx.shape[1] > 0, op, "each bag needs at least one index")
+    check_tensor(bits, op, "bits", dtypes=(torch.uint8,), dim=2)
+    check(dim > 0 and bits.shape[1] == packed_len(dim), op,
+          f"bits must be (num_embeddings, ceil(dim/8)) = (.., {packed_len(dim)}), got {tuple(bits.shape)}")
+    check(dtype in FLOAT_DTYPES, op, f"dtype must be floating, got {dtype}")
+    check_same_device(op, indices=idx, bits=bits)
+    if idx.device.type == "cpu" and idx.numel():
+        lo, hi = int(idx.min()), int(idx.max())
+        check(lo >= 0 and hi < bits.shape[0], op,
+              f"indices must be in [0, {bits.shape[0]}), got values in [{lo}, {hi}]", IndexError)
+
+
+def _bag_problem(idx, bits, dim, dtype):
+    return problem("sign_embedding_bag", bits.device, dtype, V=bits.shape[0], D=dim, B=idx.shape[0], L=idx.shape[1])
+
+
+def _bag_cases(device, gen):
+    for (v, d, b, l) in [(1, 1, 1, 1), (10, 9, 3, 2), (40, 64, 5, 7), (100, 33, 8, 4)]:
+        bits = randbits((v, packed_len(d)), device=device, gen=gen, k=d)
+        idx = torch.randint(0, v, (b, l), generator=gen).to(device)
+        for dtype in FLOAT_DTYPES:
+            yield Case((idx, bits, d, dtype), f"{str(dtype)[6:]} V={v} D={d} bags={b}x{l}")
+
+
+sign_embedding_bag = define_op(OpDef(
+    name="sign_embedding_bag", family="binary",
+    schema="(Tensor indices, Tensor bits, int dim, ScalarType dtype) -> Tensor",
+    doc=("Binary embedding bag by majority vote: indices (B, L) -> (B, dim) of +1/-1; +1 where at least "
+         "ceil(L/2) of the L rows have the bit set (ties go to +1, like sgn(0) = +1)."),
+    fake=_bag_fake, problem=_bag_problem, validate=_bag_validate, cases=_bag_cases, weight_args=(1,)))
+
+
+__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_bmm", "binary_conv2d",
+           "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size"]
+

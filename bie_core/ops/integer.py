@@ -1,0 +1,290 @@
+"""Integer (4/8-bit weight and activation) ops for QAT layers.
+
+Codes are signed two's complement in ``[-2^(b-1), 2^(b-1)-1]`` held in int8
+tensors; canonical 4-bit storage is two codes per byte, element ``2i`` in the
+low nibble and ``2i+1`` in the high nibble (the same LSB-first rule as sign
+bits), a trailing pad nibble is 0.
+
+Quantization is defined bit for bit: ``q = clamp(round_half_even(float32(x) /
+float32(scale)), lo, hi)`` with a true IEEE division (not a multiplication by
+the reciprocal, which rounds differently).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_out_dtype,
+                      check_same_device, check_scale_bias, check_tensor, problem, randint_codes, randn)
+from ._opdef import Case, OpDef, define_op
+from .binary import conv_out_size
+
+INT_BITS = (4, 8)
+
+
+def code_range(bits: int) -> tuple[int, int]:
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+# ---------------------------------------------------------------- quantize_int
+def _q_fake(x, scale, bits):
+    return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
+
+
+def _q_validate(x, scale, bits):
+    op = "quantize_int"
+    check_tensor(x, op, "x", dtypes=FLOAT_DTYPES)
+    check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
+    check(bits in INT_BITS, op, f"bits must be 4 or 8, got {bits}")
+    try:
+        torch.broadcast_shapes(x.shape, scale.shape)
+    except RuntimeError:
+        check(False, op, f"scale of shape {tuple(scale.shape)} does not broadcast to x {tuple(x.shape)}")
+    check(torch.broadcast_shapes(x.shape, scale.shape) == x.shape, op,
+          f"scale of shape {tuple(scale.shape)} must broadcast to x {tuple(x.shape)} without growing it")
+    check_same_device(op, x=x, scale=scale)
+
+
+def _q_problem(x, scale, bits):
+    return problem("quantize_int", x.device, x.dtype, contiguous=x.is_contiguous(), M=x.numel(),
+                   bits=bits, per_channel=scale.numel() > 1)
+
+
+def _q_cases(device, gen):
+    for bits in INT_BITS:
+        for dtype in FLOAT_DTYPES:
+            for shape in [(1,), (3, 7), (4, 5, 33), (64, 256)]:
+                x = randn(shape, device=device, dtype=dtype, gen=gen, noncontig=len(shape) == 3) * 3
+                scale = (torch.rand((), generator=gen) * 0.5 + 0.05).to(device)
+                yield Case((x, scale, bits), f"int{bits} {str(dtype)[6:]} {shape}")
+            # exact .5 ties round to even; values beyond the range clamp
+            ties = torch.tensor([0.5, 1.5, -0.5, -1.5, 2.5, -2.5, 6.5, -7.5, 100.0, -100.0, 0.0, -0.0])
+            scale = torch.tensor(0.25)
+            yield Case(((ties * scale).to(device=device, dtype=dtype), scale.to(device), bits),
+                       f"int{bits} {str(dtype)[6:]} ties and clamping")
+            x = randn((6, 10), device=device, dtype=dtype, gen=gen)
+            yield Case((x, (torch.rand((6, 1), generator=gen) + 0.1).to(device), bits),
+                       f"int{bits} {str(dtype)[6:]} per-row scale")
+
+
+quantize_int = define_op(OpDef(
+    name="quantize_int", family="integer",
+    schema="(Tensor x, Tensor scale, int bits) -> Tensor",
+    doc=("Signed integer codes: clamp(round_half_even(float32(x) / float32(scale)), -2^(b-1), 2^(b-1)-1) "
+         "as int8, same shape as x; scale broadcasts to x."),
+    fake=_q_fake, problem=_q_problem, validate=_q_validate, cases=_q_cases))
+
+
+# -------------------------------------------------------------- pack / unpack int4
+def _p4_fake(q):
+    return q.new_empty(tuple(q.shape[:-1]) + ((q.shape[-1] + 1) // 2,), dtype=torch.uint8)
+
+
+def _p4_validate(q):
+    check_tensor(q, "pack_int4", "codes", dtypes=(torch.int8,), min_dim=1)
+    check(q.shape[-1] > 0, "pack_int4", "codes must have a non-empty last dimension")
+
+
+def _p4_problem(q):
+    return problem("pack_int4", q.device, q.dtype, contiguous=q.is_contiguous(), K=q.shape[-1])
+
+
+def _p4_cases(device, gen):
+    for shape in [(1,), (1, 1), (3, 7), (4, 64), (2, 3, 33)]:
+        yield Case((randint_codes(shape, 4, device=device, gen=gen),), f"{shape}")
+
+
+pack_int4 = define_op(OpDef(
+    name="pack_int4", family="integer",
+    schema="(Tensor codes) -> Tensor",
+    doc="Pack int8 codes in [-8, 7] two per byte along the last dim (element 2i low nibble), pad nibble 0.",
+    fake=_p4_fake, problem=_p4_problem, validate=_p4_validate, cases=_p4_cases))
+
+
+def _u4_fake(packed, k):
+    return packed.new_empty(tuple(packed.shape[:-1]) + (k,), dtype=torch.int8)
+
+
+def _u4_validate(packed, k):
+    check_tensor(packed, "unpack_int4", "packed", dtypes=(torch.uint8,), min_dim=1)
+    check(k > 0 and packed.shape[-1] == (k + 1) // 2, "unpack_int4",
+          f"packed has {packed.shape[-1]} bytes per row but k={k} needs {(k + 1) // 2}")
+
+
+def _u4_problem(packed, k):
+    return problem("unpack_int4", packed.device, torch.int8, contiguous=packed.is_contiguous(), K=k)
+
+
+def _u4_cases(device, gen):
+    for shape, k in [((1,), 1), ((3, 4), 7), ((4, 32), 64), ((2, 3, 17), 33)]:
+        t = torch.randint(0, 256, shape, generator=gen, dtype=torch.int32).to(torch.uint8)
+        if k % 2:
+            t[..., -1] &= 0x0F
+        yield Case((t.to(device), k), f"{shape} k={k}")
+
+
+unpack_int4 = define_op(OpDef(
+    name="unpack_int4", family="integer",
+    schema="(Tensor packed, int k) -> Tensor",
+    doc="Inverse of pack_int4: uint8 (..., ceil(k/2)) -> int8 codes (..., k).",
+    fake=_u4_fake, problem=_u4_problem, validate=_u4_validate, cases=_u4_cases))
+
+
+# -------------------------------------------------------------------- int_gemm
+def _out(out_dtype):
+    return torch.int32 if out_dtype is None else out_dtype
+
+
+def _ig_fake(a, b, a_bits, b_bits, scale, bias, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=_out(out_dtype))
+
+
+def _ig_validate(a, b, a_bits, b_bits, scale, bias, out_dtype):
+    op = "int_gemm"
+    check_tensor(a, op, "a", dtypes=(torch.int8,), dim=2)
+    check_tensor(b, op, "b", dtypes=(torch.int8,), dim=2)
+    check(a.shape[1] == b.shape[1], op, f"inner sizes differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    check(a_bits in INT_BITS and b_bits in INT_BITS, op, f"bits must be 4 or 8, got a_bits={a_bits}, b_bits={b_bits}")
+    check_scale_bias(op, scale, bias, b.shape[0])
+    check_out_dtype(op, out_dtype, scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_same_device(op, a=a, b=b, scale=scale, bias=bias)
+
+
+def _ig_problem(a, b, a_bits, b_bits, scale, bias, out_dtype):
+    return problem("int_gemm", a.device, out_dtype, contiguous=all_contiguous(a, b),
+                   M=a.shape[0], N=b.shape[0], K=a.shape[1], bits=max(a_bits, b_bits),
+                   a_bits=a_bits, b_bits=b_bits)
+
+
+INT_GEMM_SHAPES = [(1, 1, 1), (1, 64, 64), (3, 5, 7), (7, 33, 130), (16, 64, 128), (33, 17, 1000),
+                   (128, 96, 512), (2, 8, 8191), (1, 256, 4096)]
+
+
+def _ig_cases(device, gen):
+    for a_bits, b_bits in [(8, 8), (4, 4), (8, 4)]:
+        for (m, n, k) in INT_GEMM_SHAPES:
+            a = randint_codes((m, k), a_bits, device=device, gen=gen)
+            b = randint_codes((n, k), b_bits, device=device, gen=gen)
+            yield Case((a, b, a_bits, b_bits, None, None, None), f"a{a_bits}w{b_bits} count M={m} N={n} K={k}")
+            dtype = FLOAT_DTYPES[(m + n) % 3]
+            per_ch = k % 2 == 0
+            scale = (torch.rand((n,) if per_ch else (), generator=gen) * 0.01 + 1e-4).to(device)
+            bias = torch.randn(n, generator=gen).to(device)
+            yield Case((a, b, a_bits, b_bits, scale, bias, dtype),
+                       f"a{a_bits}w{b_bits} {str(dtype)[6:]} M={m} N={n} K={k}",
+                       tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+    a = randint_codes((10, 80), 8, device=device, gen=gen)[:, ::2]
+    b = randint_codes((6, 40), 8, device=device, gen=gen)
+    yield Case((a, b, 8, 8, None, None, None), "a8w8 noncontiguous a M=10 N=6 K=40")
+
+
+int_gemm = define_op(OpDef(
+    name="int_gemm", family="integer",
+    schema="(Tensor a, Tensor b, int a_bits, int b_bits, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor",
+    doc=("Integer GEMM with exact int32 accumulation: a (M, K), b (N, K) int8 codes of a_bits/b_bits "
+         "-> acc = a @ b.T; out_dtype None: int32 acc; else (float32(acc)*float32(scale) + bias).to(out_dtype)."),
+    fake=_ig_fake, problem=_ig_problem, validate=_ig_validate, cases=_ig_cases, weight_args=(1,)))
+
+
+# --------------------------------------------------------------------- int_bmm
+def _ib_fake(a, b, a_bits, b_bits, scale, out_dtype):
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=_out(out_dtype))
+
+
+def _ib_validate(a, b, a_bits, b_bits, scale, out_dtype):
+    op = "int_bmm"
+    check_tensor(a, op, "a", dtypes=(torch.int8,), dim=3)
+    check_tensor(b, op, "b", dtypes=(torch.int8,), dim=3)
+    check(a.shape[0] == b.shape[0] and a.shape[2] == b.shape[2], op,
+          f"shapes must be (B, M, K) and (B, N, K), got {tuple(a.shape)} and {tuple(b.shape)}")
+    check(a_bits in INT_BITS and b_bits in INT_BITS, op, f"bits must be 4 or 8, got {a_bits}, {b_bits}")
+    if scale is not None:
+        check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
+        check(scale.numel() == 1, op, f"scale must be a single value, got shape {tuple(scale.shape)}")
+    check_out_dtype(op, out_dtype, scale)
+    check_same_device(op, a=a, b=b, scale=scale)
+
+
+def _ib_problem(a, b, a_bits, b_bits, scale, out_dtype):
+    return problem("int_bmm", a.device, out_dtype, contiguous=all_contiguous(a, b),
+                   B=a.shape[0], M=a.shape[1], N=b.shape[1], K=a.shape[2], bits=max(a_bits, b_bits))
+
+
+def _ib_cases(device, gen):
+    for bits in INT_BITS:
+        for (bs, m, n, k) in [(1, 1, 1, 1), (2, 3, 5, 7), (3, 16, 16, 64), (2, 9, 33, 130)]:
+            a = randint_codes((bs, m, k), bits, device=device, gen=gen)
+            b = randint_codes((bs, n, k), bits, device=device, gen=gen)
+            yield Case((a, b, bits, bits, None, None), f"int{bits} count B={bs} M={m} N={n} K={k}")
+            scale = (torch.rand((), generator=gen) * 0.01 + 1e-3).to(device)
+            yield Case((a, b, bits, bits, scale, torch.float32), f"int{bits} float32 B={bs} M={m} N={n} K={k}")
+
+
+int_bmm = define_op(OpDef(
+    name="int_bmm", family="integer",
+    schema="(Tensor a, Tensor b, int a_bits, int b_bits, Tensor? scale, ScalarType? out_dtype) -> Tensor",
+    doc="Batched integer GEMM: a (B, M, K), b (B, N, K) int8 codes -> (B, M, N); epilogue as int_gemm.",
+    fake=_ib_fake, problem=_ib_problem, validate=_ib_validate, cases=_ib_cases))
+
+
+# ------------------------------------------------------------------ int_conv2d
+def _ic_fake(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+    ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
+    wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
+    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=_out(out_dtype))
+
+
+def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+    op = "int_conv2d"
+    check_tensor(x, op, "x", dtypes=(torch.int8,), dim=4)
+    check_tensor(w, op, "w", dtypes=(torch.int8,), dim=4)
+    check(a_bits in INT_BITS and w_bits in INT_BITS, op, f"bits must be 4 or 8, got {a_bits}, {w_bits}")
+    for nm, v in (("stride", stride), ("padding", padding), ("dilation", dilation)):
+        check(len(v) == 2, op, f"{nm} must have 2 values, got {list(v)}")
+    check(all(v > 0 for v in stride) and all(v > 0 for v in dilation) and all(v >= 0 for v in padding), op,
+          f"stride and dilation must be > 0, padding >= 0; got {list(stride)}, {list(dilation)}, {list(padding)}")
+    check(groups >= 1 and x.shape[1] % groups == 0 and w.shape[0] % groups == 0
+          and w.shape[1] * groups == x.shape[1], op,
+          f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={groups}")
+    ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
+    wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
+    check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
+    check_scale_bias(op, scale, bias, w.shape[0])
+    check_out_dtype(op, out_dtype, scale)
+    check_same_device(op, x=x, w=w, scale=scale, bias=bias)
+
+
+def _ic_problem(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+    return problem("int_conv2d", x.device, out_dtype, contiguous=x.is_contiguous(),
+                   N=x.shape[0], C=x.shape[1], H=x.shape[2], W=x.shape[3], O=w.shape[0],
+                   KH=w.shape[2], KW=w.shape[3], K=w.shape[1] * w.shape[2] * w.shape[3],
+                   bits=max(a_bits, w_bits), stride=tuple(stride), padding=tuple(padding),
+                   dilation=tuple(dilation), groups=groups)
+
+
+def _ic_cases(device, gen):
+    from .binary import CONV_CASES
+    for bits in INT_BITS:
+        for i, (n, c, h, w_, o, ks, st, pd, dl, g) in enumerate(CONV_CASES):
+            x = randint_codes((n, c, h, w_), bits, device=device, gen=gen)
+            w = randint_codes((o, c // g) + tuple(ks), bits, device=device, gen=gen)
+            yield Case((x, w, bits, bits, list(st), list(pd), list(dl), g, None, None, None),
+                       f"int{bits} count {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} d={dl} g={g}")
+            if i % 2 == 0:
+                dtype = FLOAT_DTYPES[i % 3]
+                scale = (torch.rand((o,), generator=gen) * 0.01 + 1e-4).to(device)
+                yield Case((x, w, bits, bits, list(st), list(pd), list(dl), g, scale, None, dtype),
+                           f"int{bits} {str(dtype)[6:]} {n}x{c}x{h}x{w_} O={o} k={ks}",
+                           tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+
+
+int_conv2d = define_op(OpDef(
+    name="int_conv2d", family="integer",
+    schema=("(Tensor x, Tensor w, int a_bits, int w_bits, int[2] stride, int[2] padding, int[2] dilation, "
+            "int groups, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor"),
+    doc=("Integer conv2d with exact int32 accumulation on int8 codes (x NCHW, w OIHW, zero padding); "
+         "output contiguous NCHW int32, or float32(acc)*scale + bias cast to out_dtype."),
+    fake=_ic_fake, problem=_ic_problem, validate=_ic_validate, cases=_ic_cases, weight_args=(1,)))
+
+__all__ = ["quantize_int", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range"]
