@@ -135,7 +135,7 @@ def _gemm_cases(device, gen):
             per_ch = (m + n) % 2 == 0
             scale = (torch.rand((n,) if per_ch else (), generator=gen) + 0.05).to(device)
             bias = torch.randn(n, generator=gen).to(device=device, dtype=dtype) if n % 3 else None
-            tol = "exact" if dtype is torch.float32 else (1e-2, 1e-2)
+            tol = FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2)
             yield Case((a, b, k, scale, bias, dtype),
                        f"{str(dtype)[6:]} M={m} N={n} K={k}{' per-channel' if per_ch else ''}"
                        f"{' bias' if bias is not None else ''}", tol=tol)

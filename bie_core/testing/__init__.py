@@ -1,0 +1,1 @@
+"""The bie conformance kit (``pytest --bie-backend=NAME``) and its oracles."""

@@ -1,0 +1,168 @@
+"""Independent formulations of the ops, used to check the reference itself.
+
+The reference kernels (bie-backend-cpu) are the executable spec and every
+other kernel is compared with them. To keep that comparison from being
+circular for the reference, the conformance kit checks each reference kernel
+against a *different* formulation of the same math written here (popcounts
+instead of ±1 matmuls, unfold instead of conv2d, integer arithmetic instead of
+float64, bit loops instead of shifts-and-sums). Each oracle is slow and
+obvious on purpose.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64)
+
+
+def _bit(x, j):
+    return ((x.to(torch.int64) >> j) & 1)
+
+
+def pack_signs(x):
+    k = x.shape[-1]
+    kb = (k + 7) // 8
+    out = torch.zeros(tuple(x.shape[:-1]) + (kb,), dtype=torch.int64)
+    nonneg = (x.cpu() >= 0).to(torch.int64)
+    for e in range(k):
+        out[..., e // 8] |= nonneg[..., e] << (e % 8)
+    return out.to(torch.uint8)
+
+
+def unpack_signs(bits, k, dtype):
+    b = bits.cpu()
+    cols = [_bit(b[..., e // 8], e % 8) for e in range(k)]
+    v = torch.stack(cols, dim=-1) * 2 - 1
+    return v.to(dtype)
+
+
+def _popc_dot(a, b, k):
+    """k - 2 * popcount(a XOR b) summed over bytes, on int64 (the literal definition)."""
+    x = a.cpu().to(torch.int64).unsqueeze(-2) ^ b.cpu().to(torch.int64).unsqueeze(-3)
+    return k - 2 * _POPCOUNT[x].sum(-1)
+
+
+def _finish(acc, scale, bias, out_dtype, channel_dim=-1):
+    if out_dtype is None:
+        return acc.to(torch.int32)
+    y = acc.to(torch.float64)
+    shape = [1] * y.dim()
+    shape[channel_dim] = -1
+    if scale is not None:
+        s = scale.cpu().to(torch.float32).to(torch.float64)
+        y = y * (s.reshape(shape) if s.numel() > 1 else s.reshape(()))
+    if bias is not None:
+        y = y + bias.cpu().to(torch.float32).to(torch.float64).reshape(shape)
+    return y.to(out_dtype)
+
+
+def binary_gemm(a, b, k, scale, bias, out_dtype):
+    return _finish(_popc_dot(a, b, k), scale, bias, out_dtype)
+
+
+def binary_bmm(a, b, k, scale, out_dtype):
+    x = a.cpu().to(torch.int64).unsqueeze(2) ^ b.cpu().to(torch.int64).unsqueeze(1)  # (B, M, N, Kb)
+    return _finish(k - 2 * _POPCOUNT[x].sum(-1), scale, None, out_dtype)
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+    x = x.cpu()
+    n, c, h, wd = x.shape
+    kh, kw = kernel_size
+    o = w.shape[0]
+    cg, og = c // groups, o // groups
+    k = cg * kh * kw
+    sx = torch.where(x >= 0, 1, -1).to(torch.int64)
+    sx = F.pad(sx, (padding[1], padding[1], padding[0], padding[0]), value=int(pad_value))
+    sw = unpack_signs(w, k, torch.int64).reshape(o, cg, kh, kw)
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    acc = torch.zeros((n, o, ho, wo), dtype=torch.int64)
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dilation[0], j * dilation[1]
+            patch = sx[:, :, r0: r0 + stride[0] * (ho - 1) + 1: stride[0], c0: c0 + stride[1] * (wo - 1) + 1: stride[1]]
+            for g in range(groups):
+                xg = patch[:, g * cg:(g + 1) * cg]                     # (n, cg, ho, wo)
+                wg = sw[g * og:(g + 1) * og, :, i, j]                   # (og, cg)
+                acc[:, g * og:(g + 1) * og] += torch.einsum("nchw,oc->nohw", xg, wg)
+    return _finish(acc, scale, bias, out_dtype, channel_dim=1)
+
+
+def sign_embedding(indices, bits, scale, dim, dtype):
+    rows = unpack_signs(bits.cpu()[indices.cpu().long()], dim, torch.float64)
+    s = scale.cpu().reshape(-1)[indices.cpu().long()].to(torch.float64).unsqueeze(-1)
+    return (rows * s).to(dtype)
+
+
+def sign_embedding_bag(indices, bits, dim, dtype):
+    rows = unpack_signs(bits.cpu()[indices.cpu().long()], dim, torch.int64)  # (B, L, D) of ±1
+    total = rows.sum(dim=1)            # ones - zeros; ties (0) count as +1
+    return torch.where(total >= 0, 1, -1).to(dtype)
+
+
+def quantize_int(x, scale, bits):
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    v = (x.cpu().to(torch.float32) / scale.cpu().to(torch.float32)).to(torch.float64)
+    v = torch.nan_to_num(v, nan=0.0)
+    fl = torch.floor(v)
+    frac = v - fl
+    # round half to even, written out: below .5 down, above .5 up, exactly .5 to the even neighbour
+    up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(fl, 2) == 1))
+    r = torch.where(up, fl + 1, fl)
+    return r.clamp(lo, hi).to(torch.int8)
+
+
+def pack_int4(codes):
+    c = codes.cpu().to(torch.int64)
+    k = c.shape[-1]
+    out = torch.zeros(tuple(c.shape[:-1]) + ((k + 1) // 2,), dtype=torch.int64)
+    for e in range(k):
+        out[..., e // 2] |= (c[..., e] & 0xF) << (4 * (e % 2))
+    return out.to(torch.uint8)
+
+
+def unpack_int4(packed, k):
+    p = packed.cpu().to(torch.int64)
+    cols = []
+    for e in range(k):
+        nib = (p[..., e // 2] >> (4 * (e % 2))) & 0xF
+        cols.append(nib - 16 * (nib >= 8).to(torch.int64))
+    return torch.stack(cols, dim=-1).to(torch.int8)
+
+
+def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype):
+    acc = (a.cpu().to(torch.int64).unsqueeze(1) * b.cpu().to(torch.int64).unsqueeze(0)).sum(-1)
+    return _finish(acc, scale, bias, out_dtype)
+
+
+def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
+    acc = (a.cpu().to(torch.int64).unsqueeze(2) * b.cpu().to(torch.int64).unsqueeze(1)).sum(-1)
+    return _finish(acc, scale, None, out_dtype)
+
+
+def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+    x = x.cpu().to(torch.int64)
+    w = w.cpu().to(torch.int64)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]), value=0)
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    acc = torch.zeros((n, o, ho, wo), dtype=torch.int64)
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dilation[0], j * dilation[1]
+            patch = xp[:, :, r0: r0 + stride[0] * (ho - 1) + 1: stride[0], c0: c0 + stride[1] * (wo - 1) + 1: stride[1]]
+            for g in range(groups):
+                acc[:, g * og:(g + 1) * og] += torch.einsum(
+                    "nchw,oc->nohw", patch[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og, :, i, j])
+    return _finish(acc, scale, bias, out_dtype, channel_dim=1)
+
+
+def get(op_name: str):
+    """The oracle for an op, or None if this module has none."""
+    fn = globals().get(op_name)
+    return fn if callable(fn) and not op_name.startswith("_") and op_name != "get" else None
