@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import re
 import threading
 import warnings
 import weakref
@@ -268,19 +269,24 @@ def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
                 f"BIE_STRICT is set and {problem.describe()} would fall back to "
                 f"{chosen.qualname}:\n" + "\n".join(f"  - {f}" for f in fallback), rej)
         for reason in fallback:
-            key = (op.name, reason)
-            with _warn_lock:
-                if key in _warned:
-                    continue
-                _warned.add(key)
-            warnings.warn(f"bie: {op.name} falls back to {chosen.qualname} because {reason}",
-                          BieFallbackWarning, stacklevel=4)
+            _warn_once(op.name, f"{op.name} falls back to {chosen.qualname} because {reason}")
     return d
+
+
+def _warn_once(op_name: str, message: str) -> None:
+    # once per (op, reason): sizes inside a reason ("K=100 is not a multiple
+    # of 128") do not make it a new reason
+    key = (op_name, re.sub(r"\d+", "#", message))
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(f"bie: {message}", BieFallbackWarning, stacklevel=5)
 
 
 def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decision:
     names, source = pref
-    rej, causes = [], []
+    rej, causes, missing = [], [], []
     chosen, also_ok = None, []
     for name in names:
         rec = _REG.record(name)
@@ -296,6 +302,7 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
         own = [k for k in kernels if k.backend == name]
         if not own:
             rej.append(Rejection(f"backend {name}", None, [f"has no kernel for op {op.name}"]))
+            missing.append(name)
         for k in own:
             r = k.reasons(problem)
             if r:
@@ -306,6 +313,19 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
                 also_ok.append(k)
         if chosen is not None:
             break
+    if chosen is None and len(missing) == len(names):
+        # None of the chosen backends implements this op at all (say, a helper
+        # op such as pack_signs that MLX leaves to others): the choice says
+        # nothing about it, so automatic selection serves it, loudly.
+        d = _decide_auto(op, problem, kernels)
+        reason = (f"{source} chose {', '.join(names)}, which has no kernel for {op.name}; "
+                  f"{d.kernel.qualname} serves it")
+        if _strict():
+            raise NoKernelError(f"BIE_STRICT is set and {reason}", rej)
+        _warn_once(op.name, reason)
+        d.source = f"automatic ({reason})"
+        d.rejections = rej + d.rejections
+        return d
     if chosen is None:
         msg = [f"{source} chose {', '.join(names)}, which cannot serve {problem.describe()}. "
                "Every kernel considered:"]

@@ -111,7 +111,7 @@ def _explain_module(module: torch.nn.Module, inputs, kwargs, backward: bool) -> 
             h.remove()
     seen, entries = set(), []
     for layer, d in rec:
-        key = (layer, d.op, d.kernel.qualname, d.problem)
+        key = (layer, d.op, d.kernel.qualname, d.problem.describe())
         if key not in seen:
             seen.add(key)
             entries.append((layer, d))
