@@ -39,3 +39,10 @@ __all__ = [
     "BieError", "BackendUnavailableError", "NoKernelError", "UnknownBackendError",
     "PluginValidationError", "BieFallbackWarning", "API_VERSION", "__version__",
 ]
+
+# QAT layers (binary, 4/8-bit), packing for inference
+from .layers import (BinaryConv2d, BinaryEmbedding, BinaryEmbeddingBag, BinaryLinear,  # noqa: E402
+                     BinaryMatMul, BinaryMultiheadAttention, PackReport, QConv2d, QLinear, QMatMul, pack)
+
+__all__ += ["BinaryLinear", "BinaryConv2d", "BinaryEmbedding", "BinaryEmbeddingBag", "QLinear", "QConv2d",
+            "BinaryMatMul", "QMatMul", "BinaryMultiheadAttention", "PackReport", "pack"]

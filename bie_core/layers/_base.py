@@ -1,0 +1,276 @@
+"""What every QAT layer shares: backend choice, input checks that name the
+layer, scales initialised from the first batch, and the float <-> packed
+state switch used by ``pack()`` and ``load_state_dict``.
+
+Design notes (why it looks like this):
+
+* Scales initialised "from the first batch" must not cost a host sync on every
+  forward, so whether a scale is initialised is a *Python* flag on the module
+  (``_<name>_ready``), not a tensor test. The flag is set on the first forward
+  and by ``load_state_dict`` (a loaded non-zero scale counts as initialised;
+  zero is the "not yet initialised" placeholder, and a zero scale could never
+  be used anyway since activations are divided by it).
+* Non-finite scales are rejected at the only moments a scale changes outside
+  an optimizer step: initialisation, loading and packing (one sync each).
+* Layers run every forward op through the bie dispatcher
+  (``bie_core.ops.<op>(..., backend=self.backend)``); backward passes are plain
+  PyTorch on +-1 / integer-valued float tensors, which every device runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .. import dispatch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: Floor of every initialised scale: an all-zero first batch must not give a
+#: zero scale (activations are divided by it). Small enough never to matter for
+#: real data, large enough to stay normal in float32.
+SCALE_EPS = 1e-8
+
+
+def _dt(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+def backend_string(spec: Union[str, Sequence[str], None], source: str) -> Optional[str]:
+    """Validate a per-layer ``backend=`` at construction and return the
+    comma-joined string the ops take (None: no per-layer choice)."""
+    if spec is None or spec == "":
+        return None
+    pref = dispatch.validate_choice(spec, source)
+    return ",".join(pref[0])
+
+
+def sgn(t: torch.Tensor) -> torch.Tensor:
+    """SPEC sign: +1 where t >= 0 (so sgn(0) = +1), else -1 (NaN -> -1), float32."""
+    return torch.where(t >= 0, 1.0, -1.0)
+
+
+def pair(v, name: str, layer: str) -> tuple:
+    """nn.Conv2d-style int-or-pair argument -> (a, b) of ints."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v, v)
+    try:
+        a, b = v
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in (a, b)):
+            raise TypeError
+        return (a, b)
+    except (TypeError, ValueError):
+        raise TypeError(f"{layer}: {name} must be an int or a pair of ints, got {v!r}") from None
+
+
+@dataclass
+class PackReport:
+    """What ``pack()`` did: bytes of the layer's tensors before and after."""
+
+    layer: str
+    bytes_before: int
+    bytes_after: int
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def __add__(self, other: "PackReport") -> "PackReport":
+        return PackReport("total", self.bytes_before + other.bytes_before, self.bytes_after + other.bytes_after)
+
+    def __str__(self):
+        return (f"{self.layer}: {self.bytes_before} -> {self.bytes_after} bytes "
+                f"(saved {self.bytes_saved}, {self.bytes_before / max(1, self.bytes_after):.1f}x smaller)")
+
+
+def tensor_bytes(module: nn.Module) -> int:
+    """Bytes of the module's own parameters and buffers (no children)."""
+    n = 0
+    for t in list(module._parameters.values()) + list(module._buffers.values()):
+        if t is not None:
+            n += t.numel() * t.element_size()
+    return n
+
+
+class QATLayer(nn.Module):
+    """Base of the bie QAT layers (not used directly)."""
+
+    #: Parameters that are latent float weights of binary layers: DiodeMix
+    #: updates them by sign flips (tagged ``p.bie_binary = True``).
+    _binary_params: tuple = ()
+    #: Lazily initialised scale parameters.
+    _lazy_scales: tuple = ()
+    #: (packed key, allowed dtypes) of the packed form; empty if the layer has none.
+    _packed_keys: tuple = ()
+
+    def _setup(self, backend) -> None:
+        self.backend = backend_string(backend, f"{type(self).__name__}(backend=)")
+        for name in self._lazy_scales:
+            setattr(self, f"_{name}_ready", False)
+
+    # ------------------------------------------------------------------ naming
+    def layer_name(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def _fail(self, msg: str, exc=ValueError):
+        raise exc(f"{self.layer_name()}: {msg}")
+
+    # ------------------------------------------------------------ input checks
+    def _check_float_input(self, x, what: str = "input") -> None:
+        if not isinstance(x, torch.Tensor):
+            self._fail(f"{what} must be a tensor, got {type(x).__name__}", TypeError)
+        if x.dtype not in FLOAT_DTYPES:
+            self._fail(f"{what} has dtype {_dt(x.dtype)}; allowed: float32, float16, bfloat16", TypeError)
+        dev = self._device()
+        if dev is not None and x.device != dev:
+            self._fail(f"{what} is on {x.device} but the layer's tensors are on {dev}; "
+                       f"move one of them (layer.to({str(x.device)!r}) or {what}.to({str(dev)!r}))")
+
+    def _device(self) -> Optional[torch.device]:
+        for t in self._parameters.values():
+            if t is not None:
+                return t.device
+        for t in self._buffers.values():
+            if t is not None:
+                return t.device
+        return None
+
+    # ------------------------------------------------------------ lazy scales
+    def _init_scale(self, name: str, value: torch.Tensor, source: str) -> None:
+        """Set scale ``name`` to ``value`` (first forward only)."""
+        p = getattr(self, name)
+        with torch.no_grad():
+            v = value.detach().to(torch.float32)
+            if not torch.compiler.is_compiling() and not bool(torch.isfinite(v).all()):
+                self._fail(f"{name} initialised from {source} is not finite ({v.flatten()[:4].tolist()}); "
+                           "the input contains inf or NaN", ValueError)
+            p.copy_(v.clamp_min(SCALE_EPS).to(p.dtype).reshape(p.shape))
+        setattr(self, f"_{name}_ready", True)
+
+    def reset_scales(self) -> None:
+        """Forget the learned/initialised scales: the next forward initialises
+        them again from its batch (and, for weight scales, from the weight)."""
+        with torch.no_grad():
+            for name in self._lazy_scales:
+                getattr(self, name).zero_()
+                setattr(self, f"_{name}_ready", False)
+
+    def _check_scales_finite(self) -> None:
+        for name in self._lazy_scales + ("weight_scale",):
+            t = getattr(self, name, None)
+            if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all()):
+                self._fail(f"{name} is not finite ({t.flatten()[:4].tolist()}); scales must be finite and > 0")
+
+    # -------------------------------------------------------------- packing
+    @property
+    def packed(self) -> bool:
+        """True once the float weight has been replaced by its packed form."""
+        return bool(self._packed_keys) and self._packed_keys[0][0] in self._buffers
+
+    def pack(self) -> PackReport:
+        """Replace the latent float weight by the canonical packed form (SPEC §2).
+
+        Inference gives exactly the same outputs before and after; the layer can
+        no longer train its weight (activation scales/shifts stay parameters).
+        Idempotent: packing a packed layer changes nothing and saves 0 bytes.
+        """
+        name, before = self.layer_name(), tensor_bytes(self)
+        if self._packed_keys and not self.packed:  # layers without weights have nothing to pack
+            self._check_scales_finite()
+            self._do_pack()
+        return PackReport(name, before, tensor_bytes(self))
+
+    def packed_nbytes(self) -> int:
+        """Bytes this layer's tensors take once packed (without packing it)."""
+        if self.packed or not self._packed_keys:
+            return tensor_bytes(self)
+        return tensor_bytes(self) - self.weight.numel() * self.weight.element_size() + self._packed_weight_nbytes()
+
+    def _do_pack(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _packed_weight_nbytes(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _empty_packed(self, device) -> None:  # pragma: no cover - abstract
+        """Switch to the packed form with uninitialised buffers (for loading)."""
+        raise NotImplementedError
+
+    def _empty_float(self, device) -> None:  # pragma: no cover - abstract
+        """Switch back to the float form with an uninitialised weight (for loading)."""
+        raise NotImplementedError
+
+    def _drop_weight(self) -> None:
+        # Keep the attribute (as None, like nn.Linear(bias=False).bias) so code
+        # that reads layer.weight sees "no float weight" instead of AttributeError.
+        del self._parameters["weight"]
+        self.register_parameter("weight", None)
+
+    def _drop_packed(self) -> None:
+        for key, _ in self._packed_keys:
+            self._buffers.pop(key, None)
+
+    # --------------------------------------------------------------- loading
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # Order-free preparation: a checkpoint in packed form loads into a float
+        # layer (and the reverse) by switching this layer's form first.
+        if self._packed_keys:
+            first = prefix + self._packed_keys[0][0]
+            dev = self._device() or torch.device("cpu")
+            if first in state_dict and not self.packed:
+                self._empty_packed(dev)
+            elif prefix + "weight" in state_dict and first not in state_dict and self.packed:
+                self._empty_float(dev)
+            for key, dtypes in self._packed_keys:
+                t = state_dict.get(prefix + key)
+                if isinstance(t, torch.Tensor) and t.dtype not in dtypes:
+                    error_msgs.append(f"{self.layer_name()}: {prefix + key} has dtype {_dt(t.dtype)}, "
+                                      f"expected {' or '.join(_dt(d) for d in dtypes)}")
+                    return
+        for name in self._lazy_scales + ("weight_scale",):
+            t = state_dict.get(prefix + name)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                error_msgs.append(f"{self.layer_name()}: {prefix + name} is not finite "
+                                  f"({t.flatten()[:4].tolist()}); scales must be finite")
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        for name in self._lazy_scales:
+            t = state_dict.get(prefix + name)
+            if isinstance(t, torch.Tensor):
+                # zero is the "not initialised yet" placeholder (see module doc)
+                setattr(self, f"_{name}_ready", bool((t != 0).all()))
+
+    # ----------------------------------------------------------------- tags
+    def _tag_params(self) -> None:
+        for name in self._binary_params:
+            p = self._parameters.get(name)
+            if p is not None:
+                p.bie_binary = True
+
+    def __setstate__(self, state):
+        # copy.deepcopy and pickle rebuild Parameters without their attributes:
+        # put the binary tag back.
+        super().__setstate__(state)
+        self._tag_params()
+
+
+def lsq_init(mean_abs: torch.Tensor, bits: int) -> torch.Tensor:
+    """LSQ step-size initialisation ``2 * mean|v| / sqrt(Qp)``, ``Qp = 2^(b-1) - 1``
+    (Esser et al. 2020). For 8 bits: 2/sqrt(127) = 0.1775; 4 bits: 2/sqrt(7) = 0.7559."""
+    return 2.0 * mean_abs / math.sqrt((1 << (bits - 1)) - 1)
+
+
+def binary_init(mean_abs: torch.Tensor) -> torch.Tensor:
+    """Binary activation clip scale ``2 * mean|v|`` (SPEC §3)."""
+    return 2.0 * mean_abs
+
+
+def iter_qat_layers(model: nn.Module) -> Iterable[tuple[str, QATLayer]]:
+    for name, m in model.named_modules():
+        if isinstance(m, QATLayer):
+            yield name, m

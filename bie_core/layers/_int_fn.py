@@ -1,0 +1,164 @@
+"""Autograd rules of the 4/8-bit QAT layers (SPEC §3), around the dispatcher's ops.
+
+Forward (linear; conv and batched matmul are the same through their product):
+
+    xs = x + ba
+    Qa = clamp(round_half_even(xs / sa), -2^(a-1), 2^(a-1)-1)      ops.quantize_int
+    Qw = clamp(round_half_even(W / sw),  -2^(w-1), 2^(w-1)-1)
+    y  = sa * sw * (Qa @ Qw.T) + bias                               ops.int_gemm (exact int32)
+
+Backward: STE with clip masks and LSQ step-size gradients (Esser et al. 2020).
+With ``v`` the quantized tensor, ``s`` its scale, ``q = v / s``,
+``inside = lo <= q <= hi`` and ``G`` the gradient of the dequantized value
+``s * Q``:
+
+    d v = G * inside
+    d s = sum(G * (Q - q * inside)) / sqrt(n * Qp)     (round(q) - q inside, lo/hi outside)
+
+where ``Qp = 2^(b-1) - 1`` and ``n`` is the number of elements sharing that
+scale (the whole activation batch, all of W, or one row of W per channel).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import ops
+from ..ops.integer import code_range
+
+
+def _lsq(v, s, codes, bits, g_hat, per_row: bool = False):
+    """(d v, d s) of the LSQ quantizer ``s * clamp(round(v / s))``; all float32."""
+    lo, hi = code_range(bits)
+    q = v / s
+    inside = (q >= lo) & (q <= hi)
+    term = g_hat * (codes.to(torch.float32) - q * inside)
+    if per_row:
+        n = v[0].numel()
+        ds = term.flatten(1).sum(1) / math.sqrt(n * hi)
+    else:
+        ds = term.sum() / math.sqrt(v.numel() * hi)
+    return g_hat * inside, ds
+
+
+def _col(s, dim):
+    """A per-channel scale (N,) reshaped to broadcast over a dim-D weight; scalars unchanged."""
+    return s.reshape((-1,) + (1,) * (dim - 1)) if s.dim() else s
+
+
+def _scale(sa, sw):
+    return sa.detach().to(torch.float32) * sw.detach().to(torch.float32)
+
+
+def _weight_codes(weight, qw, sw, w_bits, backend):
+    if weight is None:
+        return qw
+    return ops.quantize_int(weight.detach(), _col(sw.detach(), weight.dim()), w_bits, backend=backend)
+
+
+class QLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
+        xs = x2d + ba.to(x2d.dtype)
+        qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
+        qw = _weight_codes(weight, qw, sw, w_bits, backend)
+        y = ops.int_gemm(qa, qw, a_bits, w_bits, _scale(sa, sw), bias, x2d.dtype, backend=backend)
+        ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
+        ctx.bits = (a_bits, w_bits)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        xs, qa, weight, qw, sw, sa = ctx.saved_tensors
+        a_bits, w_bits = ctx.bits
+        need = ctx.needs_input_grad
+        gf = g.to(torch.float32)
+        saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
+        grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
+        if need[0] or need[4] or need[5]:
+            w_hat = qw.to(torch.float32) * _col(swf, 2)
+            gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, gf @ w_hat)
+            grad_x = gxs.to(xs.dtype) if need[0] else None
+            grad_ba = gxs.sum(0) if need[4] else None
+            grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
+        if (need[1] or need[3]) and weight is not None:
+            x_hat = qa.to(torch.float32) * saf
+            grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 2), qw, w_bits, gf.t() @ x_hat,
+                                   per_row=sw.dim() > 0)
+            grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
+        if need[6]:
+            grad_bias = gf.sum(0)
+        return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None
+
+
+class QConv2dFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
+        a_bits, w_bits, stride, padding, dilation, groups = geom
+        xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
+        qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
+        qw = _weight_codes(weight, qw, sw, w_bits, backend)
+        y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
+                           _scale(sa, sw), bias, x.dtype, backend=backend)
+        ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
+        ctx.geom = geom
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        xs, qa, weight, qw, sw, sa = ctx.saved_tensors
+        a_bits, w_bits, stride, padding, dilation, groups = ctx.geom
+        need = ctx.needs_input_grad
+        gf = g.to(torch.float32)
+        saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
+        grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
+        if need[0] or need[4] or need[5]:
+            w_hat = qw.to(torch.float32) * _col(swf, 4)
+            g_hat = torch.nn.grad.conv2d_input(xs.shape, w_hat, gf, stride, padding, dilation, groups)
+            gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, g_hat)
+            grad_x = gxs.to(xs.dtype) if need[0] else None
+            grad_ba = gxs.sum((0, 2, 3)) if need[4] else None
+            grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
+        if (need[1] or need[3]) and weight is not None:
+            x_hat = qa.to(torch.float32) * saf
+            g_hat = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gf, stride, padding, dilation, groups)
+            grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 4), qw, w_bits, g_hat,
+                                   per_row=sw.dim() > 0)
+            grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
+        if need[6]:
+            grad_bias = gf.sum((0, 2, 3))
+        return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None
+
+
+class QMatMulFn(torch.autograd.Function):
+    """out = cx * cy * (Qx @ Qy) for x (B, M, K), y (B, K, N), both quantized to ``bits``."""
+
+    @staticmethod
+    def forward(ctx, x, y, cx, cy, bits: int, backend):
+        qx = ops.quantize_int(x, cx.detach(), bits, backend=backend)
+        qyt = ops.quantize_int(y.transpose(1, 2), cy.detach(), bits, backend=backend)
+        out = ops.int_bmm(qx, qyt, bits, bits, _scale(cx, cy), x.dtype, backend=backend)
+        ctx.save_for_backward(x, y, qx, qyt, cx, cy)
+        ctx.bits = bits
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, qx, qyt, cx, cy = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        gf = g.to(torch.float32)
+        cxf, cyf = cx.detach().to(torch.float32), cy.detach().to(torch.float32)
+        grad_x = grad_y = grad_cx = grad_cy = None
+        if need[0] or need[2]:
+            y_hat = qyt.to(torch.float32) * cyf          # (B, N, K)
+            gx, grad_cx = _lsq(x.to(torch.float32), cxf, qx, ctx.bits, gf @ y_hat)
+            grad_x = gx.to(x.dtype) if need[0] else None
+            grad_cx = grad_cx.reshape(cx.shape) if need[2] else None
+        if need[1] or need[3]:
+            x_hat = qx.to(torch.float32) * cxf           # (B, M, K)
+            gyt, grad_cy = _lsq(y.transpose(1, 2).to(torch.float32), cyf, qyt, ctx.bits,
+                                gf.transpose(1, 2) @ x_hat)
+            grad_y = gyt.transpose(1, 2).to(y.dtype) if need[1] else None
+            grad_cy = grad_cy.reshape(cy.shape) if need[3] else None
+        return grad_x, grad_y, grad_cx, grad_cy, None, None

@@ -1,0 +1,240 @@
+"""Binary (1-bit weight and activation) linear and conv2d layers (SPEC §3).
+
+``y = sa * sw * (sgn(x + ba) (*) sgn(W)) (+ bias)`` where ``(*)`` is a matrix
+product or a convolution.
+
+* ``ba`` (``act_shift``): learnable shift, shape ``(in,)``, starts at 0.
+* ``sa`` (``act_scale``): learnable, initialised on the first forward to
+  ``2 * mean|x|`` of that batch (SPEC §3); the STE passes gradients where
+  ``|x + ba| <= sa``.
+* ``sw``: ``mean|W|``, per tensor (default) or per output channel
+  (``per_channel=True``); derived from the latent weight, not learned.
+
+State dict: training form ``weight`` (the latent float weight, ``nn.Linear`` /
+``nn.Conv2d`` layout), ``act_shift``, ``act_scale``, ``bias``; packed form
+(after :meth:`pack`) ``weight_bits`` (uint8 ``(out, ceil(K/8))``, canonical sign
+bits, K = in_features or in_channels/groups*kh*kw) and ``weight_scale`` instead
+of ``weight``.
+"""
+from __future__ import annotations
+
+import math
+import torch
+from torch import nn
+
+from .. import ops
+from ..ops.binary import conv_out_size, packed_len
+from ._base import QATLayer, binary_init, pair
+from ._binary_fn import BinaryConv2dFn, BinaryLinearFn
+
+
+class _BinaryWeightMixin:
+    """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
+
+    def _sw(self, w: torch.Tensor) -> torch.Tensor:
+        a = w.detach().abs().to(torch.float32)
+        return a.flatten(1).mean(1) if self.per_channel else a.mean()
+
+    def _weight_operands(self):
+        if self.weight is None:
+            return None, self.weight_bits, self.weight_scale
+        w = self.weight
+        return w, ops.pack_signs(w.detach().flatten(1), backend=self.backend), self._sw(w)
+
+    def _do_pack(self):
+        with torch.no_grad():
+            bits = ops.pack_signs(self.weight.detach().flatten(1), backend=self.backend)
+            sw = self._sw(self.weight)
+        self._drop_weight()
+        self.register_buffer("weight_bits", bits)
+        self.register_buffer("weight_scale", sw)
+
+    def _packed_weight_nbytes(self) -> int:
+        rows = self.weight.shape[0]
+        return rows * packed_len(self._k) + (rows if self.per_channel else 1) * 4
+
+    def _empty_packed(self, device):
+        rows = self.out_features if hasattr(self, "out_features") else self.out_channels
+        self._drop_weight()
+        self.register_buffer("weight_bits", torch.zeros(rows, packed_len(self._k), dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.ones((rows,) if self.per_channel else (), device=device))
+
+    def _empty_float(self, device):
+        self._drop_packed()
+        self.weight = nn.Parameter(torch.empty(self._weight_shape, device=device, dtype=self.act_shift.dtype))
+        self._tag_params()
+
+
+class BinaryLinear(_BinaryWeightMixin, QATLayer):
+    """Binary linear layer: ``y = sa * sw * (sgn(x + ba) @ sgn(W).T) (+ bias)``.
+
+    Args:
+        in_features, out_features, bias: as ``nn.Linear`` (bias defaults to False).
+        per_channel: ``sw`` per output channel instead of per tensor.
+        backend: per-layer backend choice (name or ordered list), validated now.
+    """
+
+    _binary_params = ("weight",)
+    _lazy_scales = ("act_scale",)
+    _packed_keys = (("weight_bits", (torch.uint8,)), ("weight_scale", (torch.float32, torch.float16, torch.bfloat16)))
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, *, per_channel: bool = False,
+                 backend=None, device=None, dtype=None):
+        super().__init__()
+        for nm, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"BinaryLinear: {nm} must be a positive int, got {v!r}")
+        self.in_features, self.out_features, self.per_channel = in_features, out_features, bool(per_channel)
+        fk = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **fk))
+        self.bias = nn.Parameter(torch.empty(out_features, **fk)) if bias else None
+        self.act_shift = nn.Parameter(torch.zeros(in_features, **fk))
+        self.act_scale = nn.Parameter(torch.zeros((), **fk))
+        self._setup(backend)
+        self.reset_parameters()
+        self._tag_params()
+
+    @property
+    def _k(self) -> int:
+        return self.in_features
+
+    @property
+    def _weight_shape(self):
+        return (self.out_features, self.in_features)
+
+    def reset_parameters(self) -> None:
+        """Same initialisation as ``nn.Linear``; scales are re-initialised on the next forward."""
+        if self.weight is not None:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            self.act_shift.zero_()
+        self.reset_scales()
+
+    def extra_repr(self) -> str:
+        s = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        if self.per_channel:
+            s += ", per_channel=True"
+        if self.backend:
+            s += f", backend={self.backend!r}"
+        return s + (", packed" if self.packed else "")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_float_input(x)
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[-1] if x.dim() else 'no'} features in its "
+                       f"last dimension; expected {self.in_features}")
+        if not self._act_scale_ready:
+            self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
+        lead = x.shape[:-1]
+        w, bits, sw = self._weight_operands()
+        y = BinaryLinearFn.apply(x.reshape(-1, self.in_features), w, bits, sw, self.act_shift, self.act_scale,
+                                 self.bias, self.in_features, self.backend)
+        return y.reshape(lead + (self.out_features,))
+
+
+class BinaryConv2d(_BinaryWeightMixin, QATLayer):
+    """Binary conv2d: exactly ``conv2d(pad(sgn(x + ba), padding, value=pad_value), sgn(W), stride,
+    dilation, groups) * sa * sw (+ bias)``.
+
+    Arguments as ``nn.Conv2d`` (int or pair for kernel_size/stride/padding/dilation;
+    zero-size or string padding is not supported), plus ``pad_value`` in {-1, 0, +1}:
+    the value the *binarized* input is padded with. NCHW in and out;
+    channels_last input is accepted (the output is contiguous NCHW).
+    """
+
+    _binary_params = ("weight",)
+    _lazy_scales = ("act_scale",)
+    _packed_keys = BinaryLinear._packed_keys
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = False, pad_value: float = -1.0, *, per_channel: bool = False,
+                 backend=None, device=None, dtype=None):
+        super().__init__()
+        name = "BinaryConv2d"
+        for nm, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        self.kernel_size = pair(kernel_size, "kernel_size", name)
+        self.stride = pair(stride, "stride", name)
+        self.padding = pair(padding, "padding", name)
+        self.dilation = pair(dilation, "dilation", name)
+        if min(self.kernel_size + self.stride + self.dilation) <= 0 or min(self.padding) < 0:
+            raise ValueError(f"{name}: kernel_size, stride and dilation must be > 0 and padding >= 0; got "
+                             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                             f"dilation={self.dilation}")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"{name}: groups={groups} must divide in_channels={in_channels} and "
+                             f"out_channels={out_channels}")
+        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)) or float(pad_value) not in (-1.0, 0.0, 1.0):
+            raise ValueError(f"{name}: pad_value must be -1, 0 or +1 (the value the binarized input is "
+                             f"padded with), got {pad_value!r}")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.pad_value, self.per_channel = float(pad_value), bool(per_channel)
+        fk = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self._weight_shape, **fk))
+        self.bias = nn.Parameter(torch.empty(out_channels, **fk)) if bias else None
+        self.act_shift = nn.Parameter(torch.zeros(in_channels, **fk))
+        self.act_scale = nn.Parameter(torch.zeros((), **fk))
+        self._setup(backend)
+        self.reset_parameters()
+        self._tag_params()
+
+    @property
+    def _weight_shape(self):
+        return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+
+    @property
+    def _k(self) -> int:
+        return (self.in_channels // self.groups) * self.kernel_size[0] * self.kernel_size[1]
+
+    def reset_parameters(self) -> None:
+        """Same initialisation as ``nn.Conv2d``; scales are re-initialised on the next forward."""
+        if self.weight is not None:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self._k)
+            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            self.act_shift.zero_()
+        self.reset_scales()
+
+    def extra_repr(self) -> str:
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}")
+        if self.padding != (0, 0):
+            s += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        s += f", bias={self.bias is not None}, pad_value={self.pad_value:g}"
+        if self.per_channel:
+            s += ", per_channel=True"
+        if self.backend:
+            s += f", backend={self.backend!r}"
+        return s + (", packed" if self.packed else "")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_float_input(x)
+        unbatched = x.dim() == 3
+        if x.dim() not in (3, 4):
+            self._fail(f"input must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.shape[1] != self.in_channels:
+            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[1]} channels; expected {self.in_channels} "
+                       "(NCHW layout; channels_last memory format is accepted)")
+        ho = conv_out_size(x.shape[2], self.kernel_size[0], self.stride[0], self.padding[0], self.dilation[0])
+        wo = conv_out_size(x.shape[3], self.kernel_size[1], self.stride[1], self.padding[1], self.dilation[1])
+        if ho <= 0 or wo <= 0:
+            self._fail(f"input of spatial size {tuple(x.shape[2:])} is too small for the kernel "
+                       f"(output would be {ho}x{wo})")
+        if not self._act_scale_ready:
+            self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
+        w, bits, sw = self._weight_operands()
+        geom = (self.kernel_size, self.stride, self.padding, self.dilation, self.groups, self.pad_value,
+                self._weight_shape)
+        y = BinaryConv2dFn.apply(x, w, bits, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
+        return y.squeeze(0) if unbatched else y

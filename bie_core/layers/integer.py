@@ -1,0 +1,264 @@
+"""4/8-bit weight-and-activation QAT layers: QLinear, QConv2d (SPEC §3).
+
+``y = sa * sw * (Qa @ Qw.T) (+ bias)`` with ``Qa = clamp(round((x + ba) / sa))``
+and ``Qw = clamp(round(W / sw))`` in ``[-2^(b-1), 2^(b-1)-1]``, round half to
+even, exact int32 accumulation (the ``quantize_int`` / ``int_gemm`` /
+``int_conv2d`` ops). Gradients: STE with clip masks, LSQ for both scales.
+
+Scale initialisation (LSQ, ``Qp = 2^(b-1) - 1``), documented constants:
+
+* ``act_scale`` (``sa``) = ``2 * mean|x| / sqrt(Qp_a)`` of the first batch
+  (x8: ``0.1775 * mean|x|``, x4: ``0.7559 * mean|x|``);
+* ``weight_scale`` (``sw``) = ``2 * mean|W| / sqrt(Qp_w)`` of the weight at the
+  first forward (or at ``pack()``), per tensor or per output channel.
+
+``sw`` is learned (LSQ) unless ``learn_weight_scale=False``, in which case it
+stays at its initial value. State dict: training form ``weight`` (latent float),
+``weight_scale``, ``act_shift``, ``act_scale``, ``bias``; packed form has
+``qweight`` instead of ``weight``: int8 codes ``(out, K)`` for 8-bit, or
+two codes per byte ``uint8 (out, ceil(K/2))`` for 4-bit (element 2i in the low
+nibble), K = in_features or in_channels/groups*kh*kw.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .. import ops
+from ..ops.binary import conv_out_size
+from ._base import FLOAT_DTYPES, QATLayer, lsq_init, pair
+from ._int_fn import QConv2dFn, QLinearFn
+
+BITS = (4, 8)
+
+
+def _check_bits(name: str, w_bits, a_bits) -> None:
+    for nm, b in (("w_bits", w_bits), ("a_bits", a_bits)):
+        if b not in BITS or isinstance(b, bool):
+            raise ValueError(f"{name}: {nm} must be 4 or 8, got {b!r} (binary layers cover 1 bit; "
+                             "weight-only layers cover 2/3 bits)")
+
+
+class _IntWeightMixin:
+    _lazy_scales = ("act_scale", "weight_scale")
+
+    def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict):
+        self.w_bits, self.a_bits, self.per_channel = w_bits, a_bits, bool(per_channel)
+        rows = self._weight_shape[0]
+        self.weight_scale = nn.Parameter(torch.zeros((rows,) if per_channel else (), **fk),
+                                         requires_grad=bool(learn_weight_scale))
+        self._packed_keys = (("qweight", (torch.int8,) if w_bits == 8 else (torch.uint8,)),)
+        self._codes_cache = None
+
+    def _init_weight_scale(self) -> None:
+        a = self.weight.detach().abs().to(torch.float32)
+        m = a.flatten(1).mean(1) if self.per_channel else a.mean()
+        self._init_scale("weight_scale", lsq_init(m, self.w_bits), "the weight")
+
+    def _flat_k(self) -> int:
+        return math.prod(self._weight_shape[1:])
+
+    def _weight_operands(self):
+        if self.weight is not None:
+            if not self._weight_scale_ready:
+                self._init_weight_scale()
+            return self.weight, None, self.weight_scale
+        return None, self._packed_codes(), self.weight_scale
+
+    def _packed_codes(self) -> torch.Tensor:
+        q = self.qweight
+        if self.w_bits == 8:
+            return q.reshape(self._weight_shape)
+        # unpack 4-bit codes once per buffer version (a stable tensor also lets
+        # the backend cache its own prepared layout of it)
+        if torch.compiler.is_compiling():
+            return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
+        key = (q.data_ptr(), q._version, q.device)
+        if self._codes_cache is None or self._codes_cache[0] != key:
+            codes = ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
+            self._codes_cache = (key, codes)
+        return self._codes_cache[1]
+
+    def _do_pack(self) -> None:
+        if not self._weight_scale_ready:
+            self._init_weight_scale()
+        with torch.no_grad():
+            sw = self.weight_scale.detach()
+            sw = sw.reshape((-1,) + (1,) * (self.weight.dim() - 1)) if sw.dim() else sw
+            codes = ops.quantize_int(self.weight.detach(), sw, self.w_bits, backend=self.backend)
+            codes = codes.reshape(codes.shape[0], -1)
+            q = codes if self.w_bits == 8 else ops.pack_int4(codes, backend=self.backend)
+        self._drop_weight()
+        self.register_buffer("qweight", q.contiguous())
+        self._codes_cache = None
+
+    def _packed_weight_nbytes(self) -> int:
+        rows, k = self._weight_shape[0], self._flat_k()
+        return rows * (k if self.w_bits == 8 else (k + 1) // 2)
+
+    def _empty_packed(self, device) -> None:
+        rows, k = self._weight_shape[0], self._flat_k()
+        self._drop_weight()
+        if self.w_bits == 8:
+            q = torch.zeros(rows, k, dtype=torch.int8, device=device)
+        else:
+            q = torch.zeros(rows, (k + 1) // 2, dtype=torch.uint8, device=device)
+        self.register_buffer("qweight", q)
+        self._codes_cache = None
+
+    def _empty_float(self, device) -> None:
+        self._drop_packed()
+        self._codes_cache = None
+        self.weight = nn.Parameter(torch.empty(self._weight_shape, device=device, dtype=self.act_shift.dtype))
+
+    def _bits_repr(self) -> str:
+        s = f", w_bits={self.w_bits}, a_bits={self.a_bits}"
+        if self.per_channel:
+            s += ", per_channel=True"
+        if not self.weight_scale.requires_grad:
+            s += ", learn_weight_scale=False"
+        if self.backend:
+            s += f", backend={self.backend!r}"
+        return s + (", packed" if self.packed else "")
+
+    def _act_init(self, x: torch.Tensor) -> None:
+        if not self._act_scale_ready:
+            self._init_scale("act_scale", lsq_init(x.detach().abs().to(torch.float32).mean(), self.a_bits),
+                             "the first batch")
+
+
+class QLinear(_IntWeightMixin, QATLayer):
+    """Linear layer with ``w_bits``-bit weights and ``a_bits``-bit activations (4 or 8)."""
+
+    def __init__(self, in_features: int, out_features: int, w_bits: int = 8, a_bits: int = 8, bias: bool = False, *,
+                 per_channel: bool = False, learn_weight_scale: bool = True, backend=None, device=None, dtype=None):
+        super().__init__()
+        for nm, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"QLinear: {nm} must be a positive int, got {v!r}")
+        _check_bits("QLinear", w_bits, a_bits)
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise TypeError(f"QLinear: dtype must be float32, float16 or bfloat16, got {dtype}")
+        self.in_features, self.out_features = in_features, out_features
+        fk = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **fk))
+        self.bias = nn.Parameter(torch.empty(out_features, **fk)) if bias else None
+        self.act_shift = nn.Parameter(torch.zeros(in_features, **fk))
+        self.act_scale = nn.Parameter(torch.zeros((), **fk))
+        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk)
+        self._setup(backend)
+        self.reset_parameters()
+
+    @property
+    def _weight_shape(self):
+        return (self.out_features, self.in_features)
+
+    def reset_parameters(self) -> None:
+        """Same initialisation as ``nn.Linear``; scales are re-initialised on the next forward."""
+        if self.weight is not None:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            self.act_shift.zero_()
+        self.reset_scales()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}" + self._bits_repr())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_float_input(x)
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[-1] if x.dim() else 'no'} features in its "
+                       f"last dimension; expected {self.in_features}")
+        self._act_init(x)
+        w, qw, sw = self._weight_operands()
+        lead = x.shape[:-1]
+        y = QLinearFn.apply(x.reshape(-1, self.in_features), w, qw, sw, self.act_shift, self.act_scale, self.bias,
+                            self.a_bits, self.w_bits, self.backend)
+        return y.reshape(lead + (self.out_features,))
+
+
+class QConv2d(_IntWeightMixin, QATLayer):
+    """Conv2d with ``w_bits``-bit weights and ``a_bits``-bit activations (4 or 8), zero padding
+    (a padded zero is the exact code 0). Arguments as ``nn.Conv2d``; NCHW in and out,
+    channels_last input accepted."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = False, w_bits: int = 8, a_bits: int = 8, *, per_channel: bool = False,
+                 learn_weight_scale: bool = True, backend=None, device=None, dtype=None):
+        super().__init__()
+        name = "QConv2d"
+        for nm, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        _check_bits(name, w_bits, a_bits)
+        self.kernel_size = pair(kernel_size, "kernel_size", name)
+        self.stride = pair(stride, "stride", name)
+        self.padding = pair(padding, "padding", name)
+        self.dilation = pair(dilation, "dilation", name)
+        if min(self.kernel_size + self.stride + self.dilation) <= 0 or min(self.padding) < 0:
+            raise ValueError(f"{name}: kernel_size, stride and dilation must be > 0 and padding >= 0; got "
+                             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                             f"dilation={self.dilation}")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"{name}: groups={groups} must divide in_channels={in_channels} and "
+                             f"out_channels={out_channels}")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        fk = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self._weight_shape, **fk))
+        self.bias = nn.Parameter(torch.empty(out_channels, **fk)) if bias else None
+        self.act_shift = nn.Parameter(torch.zeros(in_channels, **fk))
+        self.act_scale = nn.Parameter(torch.zeros((), **fk))
+        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk)
+        self._setup(backend)
+        self.reset_parameters()
+
+    @property
+    def _weight_shape(self):
+        return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self._flat_k())
+            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            self.act_shift.zero_()
+        self.reset_scales()
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0, 0):
+            s += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        return s + f", bias={self.bias is not None}" + self._bits_repr()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_float_input(x)
+        if x.dim() not in (3, 4):
+            self._fail(f"input must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
+        unbatched = x.dim() == 3
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.shape[1] != self.in_channels:
+            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[1]} channels; expected {self.in_channels} "
+                       "(NCHW layout; channels_last memory format is accepted)")
+        ho = conv_out_size(x.shape[2], self.kernel_size[0], self.stride[0], self.padding[0], self.dilation[0])
+        wo = conv_out_size(x.shape[3], self.kernel_size[1], self.stride[1], self.padding[1], self.dilation[1])
+        if ho <= 0 or wo <= 0:
+            self._fail(f"input of spatial size {tuple(x.shape[2:])} is too small for the kernel "
+                       f"(output would be {ho}x{wo})")
+        self._act_init(x)
+        w, qw, sw = self._weight_operands()
+        geom = (self.a_bits, self.w_bits, self.stride, self.padding, self.dilation, self.groups)
+        y = QConv2dFn.apply(x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
+        return y.squeeze(0) if unbatched else y
