@@ -4,4 +4,4 @@ Written for clarity first: each function is the math of SPEC §2–3 with the
 fewest steps that are exact. Integer results are exact by construction
 (sums of small integers are computed in float64, exact below 2**53).
 """
-from . import binary, integer  # noqa: F401
+from . import binary, integer, weight_only  # noqa: F401
