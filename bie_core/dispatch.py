@@ -197,8 +197,9 @@ class Decision:
         return "\n".join(lines)
 
 
-_decisions: dict = {}
-_MAX_DECISIONS = 16384
+#: op name -> {(preference, argument signature): Decision}
+_tables: dict = {}
+_MAX_DECISIONS = 4096
 _warned: set = set()
 _warn_lock = threading.Lock()
 
@@ -412,34 +413,102 @@ prepared_cache = _PreparedCache()
 
 
 # --------------------------------------------------------------------- router
+def _needs(op_name: str) -> tuple[bool, bool]:
+    """Whether any kernel of the op can depend on requires_grad / contiguity
+    (if none can, those attributes stay out of the cache key: cheaper calls)."""
+    grad = contig = False
+    for k in _REG.kernels(op_name):
+        c = k.capability
+        if c.check is not None:
+            return True, True
+        grad = grad or (not c.training) or (not c.inference)
+        contig = contig or c.contiguous_only
+    return grad, contig
+
+
+def make_key_fn(op, with_grad: bool, with_contig: bool):
+    """Generate the cache-key function of an op from its schema.
+
+    The key holds everything validation and capabilities can depend on:
+    shape, dtype and device of every tensor (plus requires_grad and
+    contiguity when some kernel cares), and the value of every other argument.
+    It is generated as straight-line code because attribute reads dominate
+    the cost of a cached call.
+    """
+    parts, names = [], []
+    for i, arg in enumerate(op.overload._schema.arguments[:len(op.arg_names)]):
+        v = f"a{i}"
+        names.append(v)
+        t = str(arg.type)
+        if t == "Tensor":
+            fields = [f"{v}.shape", f"{v}.dtype", f"{v}.device"]
+            if with_grad:
+                fields.append(f"{v}.requires_grad")
+            if with_contig:
+                fields.append(f"{v}.is_contiguous()")
+            parts.append("(" + ", ".join(fields) + ")")
+        elif t == "Optional[Tensor]":
+            fields = [f"{v}.shape", f"{v}.dtype", f"{v}.device"]
+            if with_grad:
+                fields.append(f"{v}.requires_grad")
+            if with_contig:
+                fields.append(f"{v}.is_contiguous()")
+            parts.append(f"(None if {v} is None else (" + ", ".join(fields) + "))")
+        elif t.startswith("List[") and "Tensor" not in t:
+            parts.append(f"tuple({v})")
+        elif "Tensor" in t:  # lists of tensors: the generic (slower) path
+            parts.append(f"_argkey(({v},))")
+        else:
+            parts.append(v)
+    src = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
+    ns = {"_argkey": _argkey}
+    exec(compile(src, f"<bie key {op.name}>", "exec"), ns)  # noqa: S102 - generated from the op schema
+    return ns["key"]
+
+
 def make_router(op):
     """The one implementation torch.library calls for ``op`` on every device."""
     name = op.name
     weight_idx = tuple(op.weight_args)
     validate = op.validate
-    decisions = _decisions
     nargs = len(op.arg_names)
+    reg = _REG
+    ctx_get = _context_pref.get
+    rec_get = _recorder.get
+    # Per-op decision table, rebuilt when the set of kernels changes
+    # (a backend registered, the registry reset, caches cleared).
+    gen = -1
+    key_fn = None
+    table: dict = {}
 
     def route(*args):
+        nonlocal gen, key_fn, table
         # torch.library drops a trailing argument equal to its default, so the
         # backend string is present only when it is not "".
         if len(args) > nargs:
-            layer = args[nargs]
+            pref = _layer_pref(args[nargs])
             args = args[:nargs]
         else:
-            layer = ""
-        pref = _layer_pref(layer) if layer else current_preference()
-        key = (name, pref, _REG.generation, _argkey(args))
-        d = decisions.get(key)
+            pref = ctx_get()
+            if pref is None:
+                pref = _global_pref
+                if pref is None:
+                    pref = _env_pref if _env_read else _read_env()
+        if gen != reg.generation or table is not _tables.get(name):
+            reg.ensure_discovered()
+            gen = reg.generation
+            key_fn = make_key_fn(op, *_needs(name))
+            table = _tables[name] = {}
+        key = (pref, key_fn(*args))
+        d = table.get(key)
         if d is None:
-            _REG.ensure_discovered()
             if validate is not None:
                 validate(*args)
             d = decide(op, args, pref)
-            if len(decisions) >= _MAX_DECISIONS:
-                decisions.clear()
-            decisions[(name, pref, _REG.generation, key[3])] = d
-        rec = _recorder.get()
+            if len(table) >= _MAX_DECISIONS:
+                table.clear()
+            table[key] = d
+        rec = rec_get()
         if rec is not None:
             rec.append((_layer_name.get(), d))
         k = d.kernel
@@ -454,7 +523,7 @@ def make_router(op):
 def clear_caches() -> None:
     """Forget cached decisions, prepared layouts and the BIE_BACKEND reading."""
     global _env_read
-    _decisions.clear()
+    _tables.clear()
     prepared_cache.clear()
     _warned.clear()
     _env_read = False
