@@ -46,3 +46,11 @@ from .layers import (BinaryConv2d, BinaryEmbedding, BinaryEmbeddingBag, BinaryLi
 
 __all__ += ["BinaryLinear", "BinaryConv2d", "BinaryEmbedding", "BinaryEmbeddingBag", "QLinear", "QConv2d",
             "BinaryMatMul", "QMatMul", "BinaryMultiheadAttention", "PackReport", "pack"]
+
+# model conversion, checkpoints, optimizers
+from . import optim  # noqa: E402
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+from .convert import ConversionReport, LayerSpec, Policy, convert  # noqa: E402
+
+__all__ += ["convert", "Policy", "LayerSpec", "ConversionReport", "save_checkpoint", "load_checkpoint",
+            "CheckpointError", "optim"]

@@ -214,23 +214,34 @@ class QATLayer(nn.Module):
             self._buffers.pop(key, None)
 
     # --------------------------------------------------------------- loading
+    def adopt_format(self, state_dict, prefix: str = "") -> list:
+        """Switch this layer to the form (float or packed) that ``state_dict``
+        holds for it, so loading works whichever form either side is in.
+        Returns problems found (dtype of packed tensors), as messages."""
+        if not self._packed_keys:
+            return []
+        first = prefix + self._packed_keys[0][0]
+        dev = self._device() or torch.device("cpu")
+        if first in state_dict and not self.packed:
+            self._empty_packed(dev)
+        elif prefix + "weight" in state_dict and first not in state_dict and self.packed:
+            self._empty_float(dev)
+        errors = []
+        for key, dtypes in self._packed_keys:
+            t = state_dict.get(prefix + key)
+            if isinstance(t, torch.Tensor) and t.dtype not in dtypes:
+                errors.append(f"{self.layer_name()}: {prefix + key} has dtype {_dt(t.dtype)}, "
+                              f"expected {' or '.join(_dt(d) for d in dtypes)}")
+        return errors
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Order-free preparation: a checkpoint in packed form loads into a float
         # layer (and the reverse) by switching this layer's form first.
-        if self._packed_keys:
-            first = prefix + self._packed_keys[0][0]
-            dev = self._device() or torch.device("cpu")
-            if first in state_dict and not self.packed:
-                self._empty_packed(dev)
-            elif prefix + "weight" in state_dict and first not in state_dict and self.packed:
-                self._empty_float(dev)
-            for key, dtypes in self._packed_keys:
-                t = state_dict.get(prefix + key)
-                if isinstance(t, torch.Tensor) and t.dtype not in dtypes:
-                    error_msgs.append(f"{self.layer_name()}: {prefix + key} has dtype {_dt(t.dtype)}, "
-                                      f"expected {' or '.join(_dt(d) for d in dtypes)}")
-                    return
+        errors = self.adopt_format(state_dict, prefix)
+        if errors:
+            error_msgs.extend(errors)
+            return
         for name in self._lazy_scales + ("weight_scale",):
             t = state_dict.get(prefix + name)
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):

@@ -1,0 +1,185 @@
+"""DiodeMix: sign descent with hysteresis for binary latent weights, AdamW for
+everything else, optional GaLore projection of the AdamW states per group.
+
+Binary weights (parameters tagged ``p.bie_binary = True`` by the bie binary
+layers, or every parameter of a group with ``binary=True``) only matter
+through their sign (and a scale derived from magnitudes that this rule keeps).
+For each such weight, with gradient ``g``:
+
+    m   <- b1 * m + (1 - b1) * g                  momentum         (binary_betas[0])
+    acc <- b2 * acc + lr * sign(m)                leaky sign-descent accumulator (binary_betas[1])
+    flip where sgn(p) * acc > flip_threshold      the accumulated steps push p across zero
+    p   <- -p at flipped entries; acc <- 0 there  magnitude kept; hysteresis restarts
+
+``acc`` is the sign-descent trajectory of a hidden weight; the binary weight
+changes only once that trajectory has moved ``flip_threshold`` against its
+sign, and must then move as far back to flip again (the hysteresis that keeps
+weights from oscillating on noisy gradients). With a consistent gradient a
+weight flips after about ``flip_threshold / lr`` steps, and never once
+``lr / (1 - b2) <= flip_threshold``, so decaying ``lr`` anneals flipping. Weight
+decay does not apply to binary weights (it would not change a sign).
+
+Everything else gets AdamW (decoupled weight decay, bias-corrected moments,
+float32 states). With ``galore_rank`` set in a group, the moments of its
+parameters with 2 or more dims live in a rank-``galore_rank`` subspace
+(:class:`~bie_core.optim.galore.GaLoreProjector`).
+
+**Protocol for layers with their own update rule** (e.g. weight-only layers
+that train packed codes): a parameter ``p`` with a callable attribute
+``bie_optimizer_hook`` is never updated by the rules above; ``step()`` calls
+``p.bie_optimizer_hook(p, state, group)`` once per step (whether or not
+``p.grad`` is set: such layers may deliver their gradient elsewhere), where
+``state`` is this optimizer's per-parameter state dict (saved and restored with
+``state_dict()``) and ``group`` the parameter's group dict (``lr``, ``betas``,
+``eps``, ``weight_decay``, the ``galore_*`` keys; :meth:`DiodeMix.projector`
+builds the group's projector).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+from torch.optim import Optimizer
+
+from .galore import PROJ_TYPES, GaLoreProjector
+
+
+def is_binary(p: torch.Tensor, group: dict) -> bool:
+    return bool(group.get("binary")) or bool(getattr(p, "bie_binary", False))
+
+
+class DiodeMix(Optimizer):
+    """Drop-in torch optimizer (see module docstring for the rules).
+
+    Args:
+        params: parameters or param-group dicts (any key below may be set per group).
+        lr: step size for AdamW, and the sign-descent step of binary weights.
+        betas, eps, weight_decay: AdamW.
+        binary_betas: (momentum, accumulator leak) of the binary rule.
+        flip_threshold: hysteresis of the binary rule (see above).
+        galore_rank: None (off) or the rank of the GaLore subspace for this group's
+            >=2-D non-binary parameters; ``galore_update_proj_gap``, ``galore_scale``,
+            ``galore_proj_type`` as :class:`GaLoreProjector`.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 *, binary_betas=(0.9, 0.99), flip_threshold: float = 1e-2, galore_rank: Optional[int] = None,
+                 galore_update_proj_gap: int = 200, galore_scale: float = 0.25, galore_proj_type: str = "std"):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, binary_betas=tuple(binary_betas),
+                        flip_threshold=flip_threshold, galore_rank=galore_rank,
+                        galore_update_proj_gap=galore_update_proj_gap, galore_scale=galore_scale,
+                        galore_proj_type=galore_proj_type, binary=False)
+        self._check_group(defaults)
+        super().__init__(params, defaults)
+        for g in self.param_groups:
+            self._check_group(g)
+
+    @staticmethod
+    def _check_group(g: dict) -> None:
+        def bad(msg):
+            raise ValueError(f"DiodeMix: {msg}")
+        if not (isinstance(g["lr"], (int, float)) and g["lr"] >= 0):
+            bad(f"lr must be a number >= 0, got {g['lr']!r}")
+        for key in ("betas", "binary_betas"):
+            b = g[key]
+            if len(b) != 2 or not all(0.0 <= v < 1.0 for v in b):
+                bad(f"{key} must be two values in [0, 1), got {b!r}")
+        if g["eps"] < 0 or g["weight_decay"] < 0 or g["flip_threshold"] < 0:
+            bad(f"eps, weight_decay and flip_threshold must be >= 0, got {g['eps']!r}, {g['weight_decay']!r}, "
+                f"{g['flip_threshold']!r}")
+        r = g["galore_rank"]
+        if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r <= 0):
+            bad(f"galore_rank must be None or a positive int, got {r!r}")
+        if g["galore_proj_type"] not in PROJ_TYPES:
+            bad(f"galore_proj_type must be one of {PROJ_TYPES}, got {g['galore_proj_type']!r}")
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        self._check_group(self.param_groups[-1])
+
+    @staticmethod
+    def projector(group: dict) -> Optional[GaLoreProjector]:
+        """The group's GaLore projector, or None when ``galore_rank`` is not set."""
+        if group.get("galore_rank") is None:
+            return None
+        return GaLoreProjector(group["galore_rank"], group["galore_update_proj_gap"], group["galore_scale"],
+                               group["galore_proj_type"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            proj = self.projector(group)
+            for p in group["params"]:
+                hook = getattr(p, "bie_optimizer_hook", None)
+                if callable(hook):
+                    hook(p, self.state[p], group)
+                    continue
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("DiodeMix does not support sparse gradients")
+                if is_binary(p, group):
+                    self._binary_step(p, self.state[p], group)
+                else:
+                    self._adamw_step(p, self.state[p], group, proj if p.dim() >= 2 else None)
+        return loss
+
+    @staticmethod
+    def _binary_step(p, state, group):
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            state["flip_acc"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        b1, b2 = group["binary_betas"]
+        state["step"] += 1
+        m, acc = state["exp_avg"], state["flip_acc"]
+        m.lerp_(p.grad.to(torch.float32), 1 - b1)
+        acc.mul_(b2).add_(torch.sign(m), alpha=group["lr"])
+        pos = p >= 0
+        flip = torch.where(pos, acc, -acc) > group["flip_threshold"]
+        # a zero weight counts as +1 (sgn(0) = +1); flipping it needs a negative value
+        tiny = torch.finfo(p.dtype).tiny
+        p.copy_(torch.where(flip, torch.where(p == 0, torch.full_like(p, -tiny), -p), p))
+        acc.masked_fill_(flip, 0.0)
+
+    @staticmethod
+    def _adamw_step(p, state, group, proj: Optional[GaLoreProjector]):
+        grad = p.grad.to(torch.float32)
+        if not state:
+            state["step"] = 0
+        if proj is not None:
+            grad = proj.project(grad, state["step"], state)
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+        b1, b2 = group["betas"]
+        state["step"] += 1
+        t = state["step"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.lerp_(grad, 1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        update = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt_().add_(group["eps"]))
+        if proj is not None:
+            update = proj.project_back(update, state, p.shape)
+        lr, wd = group["lr"], group["weight_decay"]
+        if wd:
+            p.mul_(1 - lr * wd)
+        p.add_(update.to(p.dtype), alpha=-lr)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch casts floating state to each parameter's dtype on load; our
+        # states are float32 on purpose (bf16/fp16 parameters too), so put the
+        # float32 values back after the standard load.
+        keep = {pid: {k: v for k, v in st.items() if isinstance(v, torch.Tensor) and v.dtype == torch.float32}
+                for pid, st in state_dict["state"].items()}
+        super().load_state_dict(state_dict)
+        ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        for pid, p in zip(ids, params):
+            for k, v in keep.get(pid, {}).items():
+                self.state[p][k] = v.detach().clone().to(p.device)
