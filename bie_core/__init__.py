@@ -49,7 +49,7 @@ __all__ += ["BinaryLinear", "BinaryConv2d", "BinaryEmbedding", "BinaryEmbeddingB
 
 # model conversion, checkpoints, optimizers
 from . import optim  # noqa: E402
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+from .serialize import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 from .convert import ConversionReport, LayerSpec, Policy, convert  # noqa: E402
 
 __all__ += ["convert", "Policy", "LayerSpec", "ConversionReport", "save_checkpoint", "load_checkpoint",
