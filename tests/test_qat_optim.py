@@ -1,0 +1,219 @@
+"""DiodeMix (binary sign descent with hysteresis, AdamW, GaLore, hook protocol,
+state_dict round trip) and GaLoreProjector."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from bie_core import BinaryLinear, QLinear
+from bie_core.optim import DiodeMix, GaLoreProjector
+
+
+def test_adamw_path_equals_torch_adamw():
+    torch.manual_seed(0)
+    a = torch.nn.Linear(6, 4)
+    b = torch.nn.Linear(6, 4)
+    b.load_state_dict(a.state_dict())
+    oa = DiodeMix(a.parameters(), lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    ob = torch.optim.AdamW(b.parameters(), lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    for _ in range(5):
+        x = torch.randn(3, 6)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+
+
+def _flip_rule_reference(w, grads, lr, b1, b2, thr):
+    """Straight re-statement of the documented rule, step by step."""
+    w = w.clone()
+    m = torch.zeros_like(w)
+    acc = torch.zeros_like(w)
+    for g in grads:
+        m = b1 * m + (1 - b1) * g
+        acc = b2 * acc + lr * torch.sign(m)
+        s = torch.where(w >= 0, 1.0, -1.0)
+        flip = s * acc > thr
+        w = torch.where(flip, -w, w)
+        acc = torch.where(flip, torch.zeros_like(acc), acc)
+    return w
+
+
+def test_binary_rule_flips_with_hysteresis_and_keeps_magnitudes():
+    torch.manual_seed(1)
+    layer = BinaryLinear(8, 4)
+    w0 = layer.weight.detach().clone()
+    opt = DiodeMix(layer.parameters(), lr=0.01, binary_betas=(0.5, 0.9), flip_threshold=0.025)
+    grads = [torch.randn_like(w0) + 0.5 for _ in range(12)]   # mostly positive: push weights negative
+    for g in grads:
+        opt.zero_grad()
+        layer.weight.grad = g.clone()
+        opt.step()
+    expect = _flip_rule_reference(w0, grads, 0.01, 0.5, 0.9, 0.025)
+    torch.testing.assert_close(layer.weight.detach(), expect)
+    assert torch.equal(layer.weight.detach().abs(), w0.abs())          # only signs change
+    assert (layer.weight < 0).sum() > (w0 < 0).sum()                   # drifted towards the gradient sign
+
+
+def test_binary_rule_needs_evidence_before_flipping():
+    layer = BinaryLinear(4, 1)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, -1.0, 2.0, -2.0]]))
+    opt = DiodeMix(layer.parameters(), lr=0.01, binary_betas=(0.0, 1.0 - 1e-9), flip_threshold=0.035)
+    g = torch.tensor([[1.0, -1.0, -1.0, 1.0]])   # entries 0 and 1 are pushed across zero
+    for step in range(1, 6):
+        layer.weight.grad = g.clone()
+        opt.step()
+        flipped = torch.sign(layer.weight.detach()) != torch.tensor([[1.0, -1.0, 2.0, -2.0]]).sign()
+        # threshold 0.035 with lr 0.01: the 4th consistent step flips, not earlier
+        assert flipped[0, :2].all() == (step >= 4)
+        assert not flipped[0, 2:].any()
+
+
+def test_binary_group_flag_and_scale_params_use_adamw():
+    torch.manual_seed(2)
+    layer = BinaryLinear(16, 8)
+    layer(torch.randn(3, 16))
+    opt = DiodeMix([{"params": [layer.weight]}, {"params": [layer.act_scale, layer.act_shift]}], lr=0.1)
+    (layer(torch.randn(3, 16)) * torch.randn(3, 8)).sum().backward()
+    w0, s0 = layer.weight.detach().clone(), layer.act_scale.detach().clone()
+    opt.step()
+    assert "flip_acc" in opt.state[layer.weight] and "exp_avg_sq" in opt.state[layer.act_scale]
+    assert torch.equal(layer.weight.abs(), w0.abs()) and not torch.equal(layer.act_scale, s0)
+    p = torch.nn.Parameter(torch.randn(3))
+    o2 = DiodeMix([{"params": [p], "binary": True}])
+    p.grad = torch.ones(3)
+    o2.step()
+    assert "flip_acc" in o2.state[p]
+
+
+def test_hook_protocol():
+    calls = []
+    w = torch.nn.Parameter(torch.zeros(4, dtype=torch.float32), requires_grad=False)   # e.g. packed codes
+    other = torch.nn.Parameter(torch.ones(2))
+
+    def hook(p, state, group):
+        calls.append((p is w, group["lr"]))
+        state["n"] = state.get("n", 0) + 1
+        state["m"] = torch.full((2,), float(state["n"]))
+        with torch.no_grad():
+            p.add_(1.0)
+
+    w.bie_optimizer_hook = hook
+    opt = DiodeMix([w, other], lr=0.5, galore_rank=2)
+    other.grad = torch.ones(2)
+    opt.step()
+    opt.step()
+    assert calls == [(True, 0.5), (True, 0.5)]        # called without a .grad, once per step
+    assert torch.equal(w, torch.full((4,), 2.0))       # only the hook updated it
+    assert opt.state[w]["n"] == 2
+    sd = opt.state_dict()
+    assert sd["state"][0]["n"] == 2 and torch.equal(sd["state"][0]["m"], torch.full((2,), 2.0))
+    assert isinstance(DiodeMix.projector(opt.param_groups[0]), GaLoreProjector)
+
+
+def _train(model, opt, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=g)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+
+def _model():
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), BinaryLinear(16, 16, bias=True), QLinear(16, 16, 4, 4),
+                               torch.nn.Linear(16, 4).to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("galore", [None, dict(galore_rank=3, galore_update_proj_gap=2, galore_proj_type="std")])
+def test_state_dict_round_trip_continues_identically(galore):
+    kw = dict(lr=1e-2, flip_threshold=5e-3, **(galore or {}))
+    a = _model()
+    oa = DiodeMix(a.parameters(), **kw)
+    _train(a, oa, 4, seed=0)
+    buf = io.BytesIO()
+    torch.save({"model": a.state_dict(), "opt": oa.state_dict()}, buf)
+    buf.seek(0)
+    ck = torch.load(buf, weights_only=True)
+    b = _model()
+    b.load_state_dict(ck["model"])
+    ob = DiodeMix(b.parameters(), **kw)
+    ob.load_state_dict(ck["opt"])
+    _train(a, oa, 4, seed=1)
+    _train(b, ob, 4, seed=1)
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(va, vb), k
+
+
+def test_float32_states_kept_for_bf16_params_on_load():
+    p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
+    o = DiodeMix([p])
+    p.grad = torch.randn(4, 4, dtype=torch.bfloat16)
+    o.step()
+    o2 = DiodeMix([p])
+    o2.load_state_dict(o.state_dict())
+    assert o2.state[p]["exp_avg"].dtype == torch.float32
+    torch.testing.assert_close(o2.state[p]["exp_avg"], o.state[p]["exp_avg"], rtol=0, atol=0)
+
+
+def test_galore_projector_math():
+    torch.manual_seed(4)
+    g = torch.randn(12, 5) @ torch.randn(5, 7)     # rank 5
+    for proj_type, low_shape in (("std", (12, 3)), ("reverse_std", (3, 7)), ("left", (3, 7)),
+                                 ("right", (12, 3)), ("full", (3, 3))):
+        pj = GaLoreProjector(3, update_proj_gap=10, scale=2.0, proj_type=proj_type)
+        st = {}
+        low = pj.project(g, 0, st)
+        assert low.shape == low_shape
+        back = pj.project_back(low, st)
+        u, s, vh = torch.linalg.svd(g)
+        best = (u[:, :3] * s[:3]) @ vh[:3]           # the rank-3 truncation
+        torch.testing.assert_close(back, 2.0 * best, rtol=1e-4, atol=1e-4)
+    # full rank: project_back(project(g)) == g * scale
+    pj = GaLoreProjector(7)
+    torch.testing.assert_close(pj.project_back(pj.project(g, 0)), g, rtol=1e-4, atol=1e-4)
+    # >2-D tensors are (shape[0], -1) matrices
+    w = torch.randn(4, 2, 3, 3)
+    pj = GaLoreProjector(2)
+    assert pj.project_back(pj.project(w, 0), shape=w.shape).shape == w.shape
+    # the subspace is recomputed every update_proj_gap steps only
+    pj, st = GaLoreProjector(2, update_proj_gap=3), {}
+    pj.project(g, 0, st)
+    first = st["galore_right"].clone()
+    pj.project(torch.randn(12, 7), 1, st)
+    assert torch.equal(st["galore_right"], first)
+    pj.project(torch.randn(12, 7), 3, st)
+    assert not torch.equal(st["galore_right"], first)
+
+
+def test_diode_mix_bad_arguments():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    for kw in (dict(lr=-1), dict(betas=(1.0, 0.9)), dict(binary_betas=(0.9,)), dict(galore_rank=0),
+               dict(galore_proj_type="diag"), dict(flip_threshold=-1)):
+        with pytest.raises(ValueError, match="DiodeMix"):
+            DiodeMix(p, **kw)
+    with pytest.raises(ValueError, match="rank"):
+        GaLoreProjector(0)
+    with pytest.raises(ValueError, match="proj_type"):
+        GaLoreProjector(2, proj_type="x")
+
+
+def test_diode_mix_trains_binary_model():
+    torch.manual_seed(5)
+    x = torch.randn(256, 16)
+    y = (x @ torch.randn(16, 3)).argmax(1)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), BinaryLinear(32, 32),
+                            torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 3))
+    opt = DiodeMix(m.parameters(), lr=1e-2)
+    for _ in range(60):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+    assert (m(x).argmax(1) == y).float().mean() > 0.9
