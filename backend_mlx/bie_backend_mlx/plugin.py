@@ -1,0 +1,86 @@
+"""Kernel registration of bie-backend-mlx (loaded on first use; imports MLX).
+
+Every kernel is registered twice, with the same function:
+
+* for ``mps`` tensors at priority 100 (MLX on the Metal GPU of Apple silicon:
+  the point of this backend, chosen automatically);
+* for ``cpu`` tensors at priority :data:`CPU_PRIORITY` = -10, below the
+  reference (0): the MLX CPU backend was measured slower than the reference
+  and the native CPU kernels for every op on the CI machine
+  (``benchmarks/results/mlx_cpu.md``), so automatic selection never picks it
+  for cpu tensors, and its absence never makes a cpu call warn. It runs when
+  chosen explicitly (``bie_core.set_backend("mlx")``, ``use_backend``,
+  ``BIE_BACKEND=mlx`` or a layer's ``backend="mlx"``): that is how Linux CI
+  tests the MLX code paths.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import torch
+
+from bie_core import Capability, hookimpl
+from bie_core.ops import all_ops
+
+from . import __version__, binary, integer
+from ._interop import has_gpu
+
+MPS_PRIORITY = 100
+CPU_PRIORITY = -10
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _k_bound(p):
+    k = p.dims.get("K")
+    if k is not None and k > binary.MAX_EXACT_K:
+        return f"K={k} > {binary.MAX_EXACT_K}: float32 +/-1 sums are exact only up to 2**24"
+    return None
+
+
+# op name -> (fn, prepare, capability keyword arguments)
+def _table():
+    t = {
+        "pack_signs": (binary.pack_signs, None, {}),
+        "unpack_signs": (binary.unpack_signs, None, {}),
+        "binary_gemm": (binary.binary_gemm, binary.prepare_signs, {"check": _k_bound}),
+        "binary_bmm": (binary.binary_bmm, None, {"check": _k_bound}),
+        "binary_conv2d": (binary.binary_conv2d, binary.prepare_signs, {"check": _k_bound}),
+        "sign_embedding": (binary.sign_embedding, binary.prepare_embedding, {}),
+        "sign_embedding_bag": (binary.sign_embedding_bag, binary.prepare_bits, {}),
+        "quantize_int": (integer.quantize_int, None, {"attrs": {"bits": (4, 8)}}),
+        "pack_int4": (integer.pack_int4, None, {}),
+        "unpack_int4": (integer.unpack_int4, None, {}),
+        "int_gemm": (integer.int_gemm, integer.prepare_codes_t, {"attrs": {"bits": (4, 8)}}),
+        "int_bmm": (integer.int_bmm, None, {"attrs": {"bits": (4, 8)}}),
+        "int_conv2d": (integer.int_conv2d, integer.prepare_conv_weight, {"attrs": {"bits": (4, 8)}}),
+    }
+    try:
+        from . import weight_only
+    except ImportError as exc:  # the core op family is not there (older bie-core)
+        if "weight_only" not in str(exc):
+            raise
+    else:
+        t.update(weight_only.kernels())
+    return t
+
+
+@hookimpl
+def bie_register_kernels(registry):
+    known = {op.name for op in all_ops()}
+    for name, (fn, prepare, cap) in _table().items():
+        if name not in known:
+            continue
+        devices = [("cpu", CPU_PRIORITY, "MLX CPU backend (explicit choice only)")]
+        if has_gpu():
+            devices.insert(0, ("mps", MPS_PRIORITY, "MLX on the Metal GPU"))
+        for dev, prio, desc in devices:
+            registry.register(name, fn, capability=Capability(devices=(dev,), **cap), priority=prio,
+                              prepare=prepare, name=f"{name}[{dev}]", description=desc)
+
+
+@hookimpl
+def bie_report():
+    lines = [f"mlx {mx.__version__}; bie-backend-mlx {__version__}",
+             f"Metal GPU: {'yes (mps tensors, priority 100)' if has_gpu() else 'no'}; "
+             f"cpu tensors: MLX CPU at priority {CPU_PRIORITY} (explicit choice only)"]
+    return lines
