@@ -54,3 +54,9 @@ from .convert import ConversionReport, LayerSpec, Policy, convert  # noqa: E402
 
 __all__ += ["convert", "Policy", "LayerSpec", "ConversionReport", "save_checkpoint", "load_checkpoint",
             "CheckpointError", "optim"]
+
+# weight-only layers (GPTQ / GBA / mixed widths) and their checkpoints
+from .checkpoint import load_quantized, quantize_model, save_quantized  # noqa: E402
+from .layers.weight_only import MBWQLinear, MPQLinear  # noqa: E402
+
+__all__ += ["MPQLinear", "MBWQLinear", "load_quantized", "save_quantized", "quantize_model"]

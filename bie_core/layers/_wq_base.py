@@ -1,0 +1,169 @@
+"""What the weight-only layers (MPQLinear, MBWQLinear) share: the gradient
+handle (see ``_wq_fn``), keeping it out of ``state_dict`` and off the memory
+bill across ``.to()`` / ``deepcopy``, input checks that name the layer, and
+the memory report.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ._base import FLOAT_DTYPES, _dt, backend_string
+
+HANDLE = "weight_handle"
+
+
+def _handle_tensor(k: int, n: int, device) -> torch.Tensor:
+    # one float32 scalar seen as (K, N): the gradient it receives is a real
+    # (K, N) float32 tensor, the value itself is never used
+    return torch.zeros((), dtype=torch.float32, device=device).expand(k, n)
+
+
+class WeightOnlyLinear(nn.Module):
+    """Base of MPQLinear and MBWQLinear (not used directly)."""
+
+    #: buffers that make up the canonical packed weight (state_dict keys)
+    _weight_keys: tuple = ()
+
+    def _setup_common(self, in_features, out_features, dtype, bias, device, backend, trainable):
+        name = type(self).__name__
+        for nm, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32 (the dtype of scales, zeros and "
+                            f"bias), got {dtype}")
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.backend = backend_string(backend, f"{name}(backend=)")
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        handle = nn.Parameter(_handle_tensor(in_features, out_features, device), requires_grad=bool(trainable))
+        self.register_parameter(HANDLE, handle)
+        self._attach_hook()
+
+    # ------------------------------------------------------------- the handle
+    def _attach_hook(self) -> None:
+        from ..optim.packed import PackedWeightHook  # late: optim imports nothing from layers
+        h = self._parameters[HANDLE]
+        h.bie_optimizer_hook = PackedWeightHook(weakref.ref(self))
+        h.bie_packed_layer = weakref.ref(self)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the packed weight is fine-tuned (its handle requires grad)."""
+        return self._parameters[HANDLE].requires_grad
+
+    @trainable.setter
+    def trainable(self, value: bool) -> None:
+        self._parameters[HANDLE].requires_grad_(bool(value))
+
+    def _apply(self, fn, recurse=True):
+        # .to()/.cuda()/.half() would materialise the expanded handle as a dense
+        # (K, N) tensor (and cast it): take it out, convert the rest, put back a
+        # fresh float32 scalar view on the new device (same Parameter object, so
+        # optimizers that hold it keep working).
+        h = self._parameters.pop(HANDLE)
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            self._parameters[HANDLE] = h
+        dev = self.qweight.device
+        if h.device != dev or h.stride() != (0, 0):
+            h.data = _handle_tensor(self.in_features, self.out_features, dev)
+            h.grad = None
+        return self
+
+    def __setstate__(self, state):
+        # deepcopy/pickle rebuild Parameters densely and without attributes
+        super().__setstate__(state)
+        h = self._parameters.get(HANDLE)
+        if h is not None:
+            h.data = _handle_tensor(self.in_features, self.out_features, self.qweight.device)
+            self._attach_hook()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + HANDLE, None)   # not part of the canonical format
+
+    def _finish_load(self, prefix, missing_keys, unexpected_keys):
+        if prefix + HANDLE in missing_keys:
+            missing_keys.remove(prefix + HANDLE)
+
+    def requires_grad_(self, requires_grad: bool = True):
+        # nn.Module.requires_grad_ reaches the handle too: that is what makes
+        # model.requires_grad_(False) freeze packed weights.
+        return super().requires_grad_(requires_grad)
+
+    # ---------------------------------------------------------------- checks
+    def layer_name(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def _fail(self, msg: str, exc=ValueError):
+        raise exc(f"{self.layer_name()}: {msg}")
+
+    def _check_input(self, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            self._fail(f"input must be a tensor, got {type(x).__name__}", TypeError)
+        if x.dtype not in FLOAT_DTYPES:
+            self._fail(f"input has dtype {_dt(x.dtype)}; allowed: float32, float16, bfloat16", TypeError)
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            self._fail(f"input must have shape (..., {self.in_features}), got {tuple(x.shape)}")
+        dev = self.qweight.device
+        if x.device != dev:
+            self._fail(f"input is on {x.device} but the layer's tensors are on {dev}; move one of them "
+                       f"(layer.to({str(x.device)!r}) or input.to({str(dev)!r}))")
+
+    def _grad_path(self, x) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        b = self.bias
+        return x.requires_grad or self.trainable or (b is not None and b.requires_grad)
+
+    # ---------------------------------------------------------------- memory
+    def nbytes(self) -> int:
+        """Bytes held by the layer between steps: packed weight, statistics,
+        indices, bias and the 4-byte gradient handle (its storage)."""
+        n = 0
+        for t in list(self._buffers.values()) + list(self._parameters.values()):
+            if t is not None:
+                n += t.untyped_storage().nbytes() if t.stride() == (0, 0) and t.dim() == 2 else \
+                    t.numel() * t.element_size()
+        return n
+
+    def bits_per_weight(self, include_bias: bool = True) -> float:
+        """Average storage per weight, in bits (what ``nbytes`` counts)."""
+        n = self.nbytes()
+        if not include_bias and self.bias is not None:
+            n -= self.bias.numel() * self.bias.element_size()
+        return 8.0 * n / (self.in_features * self.out_features)
+
+    def _check_weight_state(self, state_dict, prefix, error_msgs, expected: dict) -> bool:
+        """Shape/dtype checks of incoming canonical tensors, with messages that
+        name the layer, the key, what came and what is expected."""
+        ok = True
+        for key, (shape, dtypes) in expected.items():
+            t = state_dict.get(prefix + key)
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                error_msgs.append(f"{self.layer_name()}: {prefix + key} is a {type(t).__name__}, not a tensor")
+                ok = False
+                continue
+            if dtypes is not None and t.dtype not in dtypes:
+                error_msgs.append(f"{self.layer_name()}: {prefix + key} has dtype {_dt(t.dtype)}, expected "
+                                  f"{' or '.join(_dt(d) for d in dtypes)}")
+                ok = False
+            if shape is not None and tuple(t.shape) != tuple(shape):
+                error_msgs.append(f"{self.layer_name()}: {prefix + key} has shape {tuple(t.shape)}, expected "
+                                  f"{tuple(shape)}")
+                ok = False
+        return ok
+
+
+def check_finite(layer: WeightOnlyLinear, name: str, t: Optional[torch.Tensor]) -> Optional[str]:
+    if t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = t[~torch.isfinite(t)].flatten()[:4].tolist()
+        return f"{layer.layer_name()}: {name} has non-finite values (e.g. {bad}); scales and zeros must be finite"
+    return None
