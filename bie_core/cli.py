@@ -80,8 +80,10 @@ def _example_calls(device):
 def _cmd_explain(args) -> int:
     from . import explain
     from .errors import BieError
+    from .dispatch import validate_choice
     device = torch.device(args.device)
     pref = args.backend
+    validate_choice(pref, "bie explain --backend")  # unknown or unusable: exit 2 with the reason
     print(f"bie explain on {device}" + (f" with backend={pref}" if pref else " (automatic selection)"))
     status = 0
     for title, op, a in _example_calls(device):
