@@ -48,6 +48,12 @@ def backend_string(spec: Union[str, Sequence[str], None], source: str) -> Option
     return ",".join(pref[0])
 
 
+def check_dtype(layer: str, dtype) -> None:
+    """Layer parameters are floating (latent weights, scales, shifts)."""
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{layer}: dtype must be float32, float16 or bfloat16, got {dtype}")
+
+
 def sgn(t: torch.Tensor) -> torch.Tensor:
     """SPEC sign: +1 where t >= 0 (so sgn(0) = +1), else -1 (NaN -> -1), float32."""
     return torch.where(t >= 0, 1.0, -1.0)

@@ -24,7 +24,7 @@ from torch import nn
 
 from .. import ops
 from ..ops.binary import conv_out_size, packed_len
-from ._base import QATLayer, binary_init, pair
+from ._base import QATLayer, binary_init, check_dtype, pair
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn
 
 
@@ -84,6 +84,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         for nm, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"BinaryLinear: {nm} must be a positive int, got {v!r}")
+        check_dtype("BinaryLinear", dtype)
         self.in_features, self.out_features, self.per_channel = in_features, out_features, bool(per_channel)
         fk = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **fk))
@@ -157,6 +158,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         for nm, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        check_dtype(name, dtype)
         self.kernel_size = pair(kernel_size, "kernel_size", name)
         self.stride = pair(stride, "stride", name)
         self.padding = pair(padding, "padding", name)

@@ -28,7 +28,7 @@ from torch import nn
 
 from .. import ops
 from ..ops.binary import conv_out_size
-from ._base import FLOAT_DTYPES, QATLayer, lsq_init, pair
+from ._base import QATLayer, check_dtype, lsq_init, pair
 from ._int_fn import QConv2dFn, QLinearFn
 
 BITS = (4, 8)
@@ -139,8 +139,7 @@ class QLinear(_IntWeightMixin, QATLayer):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"QLinear: {nm} must be a positive int, got {v!r}")
         _check_bits("QLinear", w_bits, a_bits)
-        if dtype is not None and dtype not in FLOAT_DTYPES:
-            raise TypeError(f"QLinear: dtype must be float32, float16 or bfloat16, got {dtype}")
+        check_dtype("QLinear", dtype)
         self.in_features, self.out_features = in_features, out_features
         fk = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **fk))
@@ -197,6 +196,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
         _check_bits(name, w_bits, a_bits)
+        check_dtype(name, dtype)
         self.kernel_size = pair(kernel_size, "kernel_size", name)
         self.stride = pair(stride, "stride", name)
         self.padding = pair(padding, "padding", name)

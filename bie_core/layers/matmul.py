@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._base import QATLayer, binary_init, lsq_init
+from ._base import QATLayer, binary_init, check_dtype, lsq_init
 from ._binary_fn import BinaryMatMulFn
 from ._int_fn import QMatMulFn
 
@@ -24,6 +24,7 @@ class _MatMulBase(QATLayer):
     _lazy_scales = ("x_scale", "y_scale")
 
     def _init_common(self, backend, device, dtype):
+        check_dtype(type(self).__name__, dtype)
         fk = {"device": device, "dtype": dtype}
         self.x_scale = nn.Parameter(torch.zeros((), **fk))
         self.y_scale = nn.Parameter(torch.zeros((), **fk))
