@@ -1,0 +1,216 @@
+"""Native C++ CPU kernels of bie-backend-cpu (optional, compiled on first use).
+
+``register_kernels(registry)`` builds (once, cached) and loads the library and
+registers its kernels at priority 50, above the plain-PyTorch reference. If
+anything stands in the way (no compiler, no ninja, a failed build, a
+non-x86/-64-bit oddity, ``BIE_CPU_NATIVE=0``), nothing is registered, the
+reason is kept and shown by ``bie backends`` (``report_lines``), and the
+reference kernels serve every op: the backend itself never breaks.
+
+Environment:
+
+``BIE_CPU_NATIVE=0``         do not build or use the native kernels
+``BIE_CPU_ISA=LEVEL``        cap the instruction set: portable, avx2, avx512, avx512icl
+``BIE_CPU_NATIVE_REBUILD=1`` rebuild even if a cached build exists (or an earlier one failed)
+``TORCH_EXTENSIONS_DIR``     where builds are cached (default ``~/.cache/bie/torch_extensions``)
+"""
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Optional
+
+PRIORITY = 50
+
+#: int_gemm is exact while |a @ b.T| fits int32 for every int8 input:
+#: K * 128 * 128 <= 2**31 - 1.
+INT_GEMM_MAX_K = (2 ** 31 - 1) // (128 * 128)
+
+
+@dataclass
+class NativeStatus:
+    state: str = "not loaded"        # active | disabled | unavailable | not loaded
+    reason: str = ""
+    level: str = ""
+    max_level: str = ""
+    features: list = field(default_factory=list)
+    build_dir: str = ""
+    build_seconds: Optional[float] = None
+    traceback: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+
+_status = NativeStatus()
+_lib = None
+_lock = threading.Lock()
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get("BIE_CPU_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _apply_isa_env(lib) -> None:
+    from ._build import LEVEL_NAMES
+    want = os.environ.get("BIE_CPU_ISA", "").strip().lower()
+    if want:
+        if want not in LEVEL_NAMES:
+            raise ValueError(f"BIE_CPU_ISA={want!r}; allowed: {', '.join(LEVEL_NAMES)}")
+        lib.bie_set_level(LEVEL_NAMES.index(want))
+
+
+def _self_test() -> Optional[str]:
+    """A few tiny exact checks against the reference before registering."""
+    import torch
+
+    from ..reference import binary as rb
+    from ..reference import integer as ri
+    from . import kernels as nk
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 37, generator=g)
+    if not torch.equal(nk.pack_signs(x), rb.pack_signs(x)):
+        return "self-test failed: pack_signs"
+    a, b = rb.pack_signs(torch.randn(5, 100, generator=g)), rb.pack_signs(torch.randn(9, 100, generator=g))
+    if not torch.equal(nk.binary_gemm(a, b, 100, None, None, None), rb.binary_gemm(a, b, 100, None, None, None)):
+        return "self-test failed: binary_gemm"
+    qa = torch.randint(-128, 128, (3, 21), generator=g, dtype=torch.int32).to(torch.int8)
+    qb = torch.randint(-128, 128, (17, 21), generator=g, dtype=torch.int32).to(torch.int8)
+    if not torch.equal(nk.int_gemm(qa, qb, 8, 8, None, None, None), ri.int_gemm(qa, qb, 8, 8, None, None, None)):
+        return "self-test failed: int_gemm"
+    return None
+
+
+def load(force_rebuild: bool = False, verbose: bool = False) -> NativeStatus:
+    """Build if needed and load; never raises (the status says what happened)."""
+    global _lib, _status
+    with _lock:
+        if _status.state != "not loaded" and not force_rebuild:
+            return _status
+        st = NativeStatus()
+        if not enabled_by_env():
+            st.state, st.reason = "disabled", "BIE_CPU_NATIVE=0"
+            _status = st
+            return st
+        try:
+            from . import _build
+            from . import kernels as nk
+            lib, d, secs = _build.load(force_rebuild=force_rebuild, verbose=verbose)
+            st.build_dir, st.build_seconds = str(d), secs
+            _apply_isa_env(lib)
+            nk.set_library(lib)
+            st.level = _build.LEVEL_NAMES[lib.bie_get_level()]
+            st.max_level = _build.LEVEL_NAMES[lib.bie_max_level()]
+            st.features = _build.feature_names(lib.bie_cpu_features())
+            bad = _self_test()
+            if bad:
+                nk.set_library(None)
+                st.state, st.reason = "unavailable", bad
+            else:
+                _lib = lib
+                st.state = "active"
+        except Exception as exc:  # noqa: BLE001 - isolation: record, never break the backend
+            st.state = "unavailable"
+            st.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            st.traceback = traceback.format_exc()
+        _status = st
+        return st
+
+
+def status() -> NativeStatus:
+    return _status if _status.state != "not loaded" else load()
+
+
+def library():
+    """The loaded ctypes library, or None."""
+    return _lib if status().active else None
+
+
+def set_level(name: Optional[str]) -> str:
+    """Switch the instruction-set level at run time (tests, benchmarks);
+    ``None`` restores the best one this CPU supports. Returns the level in use."""
+    from ._build import LEVEL_NAMES
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"native CPU kernels are not active: {status().reason}")
+    lvl = lib.bie_set_level(-1 if name is None else LEVEL_NAMES.index(name))
+    _status.level = LEVEL_NAMES[lvl]
+    return _status.level
+
+
+def available_levels() -> list:
+    from ._build import LEVEL_NAMES
+    lib = library()
+    return [] if lib is None else list(LEVEL_NAMES[: lib.bie_max_level() + 1])
+
+
+def register_kernels(registry) -> NativeStatus:
+    """Register the native kernels (if they can be had) at priority 50."""
+    if not enabled_by_env():          # re-read at every registration (registry resets, tests)
+        return NativeStatus(state="disabled", reason="BIE_CPU_NATIVE=0")
+    st = status()
+    if not st.active:
+        return st
+    import torch
+
+    from bie_core import Capability
+    from bie_core.ops._common import FLOAT_DTYPES
+    from bie_core.ops.binary import PACKABLE
+
+    from . import kernels as nk
+    cpu = ("cpu",)
+    max_k = 2 ** 31 - 1
+    tag = f"native C++ ({st.level})"
+    registry.register("pack_signs", nk.pack_signs, priority=PRIORITY, name="native.pack_signs",
+                      capability=Capability(devices=cpu, dtypes=PACKABLE),
+                      description=f"{tag}: vector compare to bit masks")
+    registry.register("binary_gemm", nk.binary_gemm, priority=PRIORITY, name="native.binary_gemm",
+                      prepare=nk.prepare,
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
+                      description=f"{tag}: XOR-popcount GEMM, fused scale/bias epilogue")
+    registry.register("binary_conv2d", nk.binary_conv2d, priority=PRIORITY, name="native.binary_conv2d",
+                      prepare=nk.prepare,
+                      capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}),
+                      description=f"{tag}: bit-packed im2col + XOR-popcount GEMM, any pad value")
+    registry.register("int_gemm", nk.int_gemm, priority=PRIORITY, name="native.int_gemm", prepare=nk.prepare,
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES,
+                                            attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
+                                            max_dims={"K": INT_GEMM_MAX_K}),
+                      description=f"{tag}: int8 GEMM, exact int32 accumulation")
+    registry.register("quantize_int", nk.quantize_int, priority=PRIORITY, name="native.quantize_int",
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES,
+                                            attrs={"bits": (4, 8), "per_channel": (False,)}),
+                      description=f"{tag}: true division, round half to even, clamp")
+    del torch
+    return st
+
+
+def report_lines() -> list:
+    st = _status if enabled_by_env() else NativeStatus(state="disabled")
+    if st.state == "active":
+        line = (f"native kernels: active, ISA {st.level} (CPU supports up to {st.max_level}: "
+                f"{', '.join(st.features) or '-'}), priority {PRIORITY}")
+        out = [line]
+        lib = _lib
+        if lib is not None:
+            out.append(f"native kernels: {lib.bie_num_threads()} threads (torch.set_num_threads); "
+                       f"build cache {st.build_dir}")
+        return out
+    if st.state == "disabled":
+        return ["native kernels: disabled (BIE_CPU_NATIVE=0); the plain PyTorch kernels serve every op"]
+    if st.state == "not loaded":
+        return ["native kernels: not loaded yet"]
+    return [f"native kernels: unavailable: {st.reason}; the plain PyTorch kernels serve every op"]
+
+
+def build(verbose: bool = False) -> str:
+    """``bie build cpu``: build (or rebuild) now; raise with the reason on failure."""
+    st = load(force_rebuild=True, verbose=verbose)
+    if st.state == "disabled":
+        return "native kernels disabled by BIE_CPU_NATIVE=0 (nothing built)"
+    if not st.active:
+        raise RuntimeError(f"bie-backend-cpu native build failed: {st.reason}")
+    return f"native kernels built in {st.build_dir} (ISA {st.level})"

@@ -1,0 +1,105 @@
+// bie-backend-cpu native kernels: argument blocks shared by the ISA variants
+// and the C entry points (called from Python through ctypes).
+//
+// Every struct holds only 64-bit integers and pointers, so the Python mirror
+// (ctypes.Structure) has the same layout on every 64-bit ABI. Python
+// validates every size before a call; the kernels trust these fields and
+// never touch memory outside the extents they describe.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define BIE_NATIVE_ABI 1
+
+enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
+
+// epilogue flags: y = float(acc) [* scale] [+ bias], scale/bias per column
+// (GEMM) or per row (conv: one value per output channel).
+enum { BIE_EPI_SCALE = 1, BIE_EPI_SCALE_VEC = 2, BIE_EPI_BIAS = 4, BIE_EPI_BIAS_VEC = 8 };
+
+// error codes (0 = ok)
+enum { BIE_OK = 0, BIE_ENOMEM = 1, BIE_EEXCEPTION = 2, BIE_EBADARG = 3 };
+
+// int GEMM weight layouts (which one a level uses: bie_int_layout())
+enum { BIE_INT_ROWS = 0,      // b as given: (N, K) int8 row-major
+       BIE_INT_MADD8 = 1,     // (P, K2/2, 8, 2) int16, P = ceil(N/8)   [AVX2]
+       BIE_INT_MADD16 = 2,    // (P, K2/2, 16, 2) int16, P = ceil(N/16) [AVX-512]
+       BIE_INT_VNNI16 = 3 };  // (P, K4/4, 16, 4) int8 + colsum          [AVX-512 VNNI]
+
+typedef struct {
+  const void* x;      // rows of k elements of dtype; element stride 1
+  int64_t dtype;
+  int64_t rows, k;
+  int64_t ldx;        // row stride in elements
+  uint8_t* out;       // (rows, ceil(k/8)) contiguous
+} bie_pack_args;
+
+typedef struct {
+  const uint8_t* a;   // (M, KB) packed rows, byte stride 1
+  int64_t lda;        // row stride in bytes
+  const uint64_t* bp; // (P, KW, 8) panels of 8 columns, zero padded
+  int64_t M, N, K, KB, KW, P;
+  int64_t mb, pb;     // rows / panels per task
+  const float* scale; // float32: 1 value or N values (flags say which)
+  const float* bias;  // float32: N values
+  int64_t flags, out_type;
+  void* out;          // (M, N) contiguous of out_type
+} bie_bgemm_args;
+
+typedef struct {
+  const void* x;      // (N, C, H, W) with element strides sN, sC, sH, sW
+  int64_t dtype;
+  int64_t N, C, H, W;
+  int64_t sN, sC, sH, sW;
+  int64_t G, Cg, CW;  // groups, channels per group, 64-bit words per group
+  int64_t ph, pw, Hp, Wp;
+  uint64_t* xs;       // (N, Hp, Wp, G*CW) sign bits, zero initialised
+} bie_bconv_pack_args;
+
+typedef struct {
+  const uint64_t* xs; // as produced by bie_bconv_pack_args
+  int64_t N, H, W, Hp, Wp, G, CW;
+  const uint64_t* w;  // (O, KH*KW*CW) weight bits, tap-major, channel bits in the words
+  const int32_t* taps;// (O, KH*KW): sum over the channels of sgn(W) per tap
+  int64_t O, Og, KH, KWk, sh, sw, ph, pw, dh, dw, Ho, Wo, K;
+  int64_t padmul;     // pad_value + 1 (0, 1 or 2)
+  int64_t pix;        // output pixels per task (multiple of 8)
+  const float* scale; const float* bias;  // per output channel (or one value)
+  int64_t flags, out_type;
+  void* out;          // (N, O, Ho, Wo) contiguous
+} bie_bconv_args;
+
+typedef struct {
+  const int8_t* a;    // (M, K), byte stride 1
+  int64_t lda;
+  const void* bl;     // weight layout (see BIE_INT_*)
+  const int32_t* colsum;  // VNNI: per column sum of b (P*16 entries)
+  int64_t layout, M, N, K, Kp, P, PW;
+  int64_t mb, pb;
+  const float* scale; const float* bias;
+  int64_t flags, out_type;
+  void* out;          // (M, N) contiguous
+} bie_igemm_args;
+
+typedef struct {
+  const void* x;      // n contiguous elements of dtype (float types)
+  int64_t dtype, n;
+  double scale;       // float32 value, carried as double
+  int64_t lo, hi;
+  int8_t* out;
+} bie_quant_args;
+
+// per-ISA range functions: process tasks [t0, t1); return 0 or an error code
+typedef int (*bie_range_fn)(const void* args, int64_t t0, int64_t t1);
+
+#define BIE_DECLARE_ISA(ns)                                                        \
+  extern "C" int bie_##ns##_pack(const void*, int64_t, int64_t);                   \
+  extern "C" int bie_##ns##_bconv_pack(const void*, int64_t, int64_t);             \
+  extern "C" int bie_##ns##_quant(const void*, int64_t, int64_t);                  \
+  extern "C" int bie_##ns##_bgemm(const void*, int64_t, int64_t);                  \
+  extern "C" int bie_##ns##_bconv(const void*, int64_t, int64_t);                  \
+  extern "C" int bie_##ns##_igemm(const void*, int64_t, int64_t);
+
+// a variant's driver drv_<op> (internal linkage) exported as bie_<variant>_<op>
+#define BIE_EXPORT(ns, op) \
+  extern "C" int bie_##ns##_##op(const void* a, int64_t t0, int64_t t1) { return drv_##op(a, t0, t1); }

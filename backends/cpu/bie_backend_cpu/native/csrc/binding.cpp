@@ -1,0 +1,226 @@
+// C entry points of the bie native CPU kernels (called through ctypes).
+//
+// Picks the ISA variant at run time from CPUID (and the OS's saved vector
+// state), runs the variant's range functions on torch's intra-op thread pool
+// (at::parallel_for, so torch.set_num_threads applies), and turns every C++
+// exception into an error code: nothing here throws across the C boundary or
+// terminates the process.
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <exception>
+
+#include "bie_native.h"
+
+extern "C" {
+int bie_portable_pack(const void*, int64_t, int64_t);
+int bie_portable_bconv_pack(const void*, int64_t, int64_t);
+int bie_portable_quant(const void*, int64_t, int64_t);
+int bie_portable_bgemm(const void*, int64_t, int64_t);
+int bie_portable_bconv(const void*, int64_t, int64_t);
+int bie_portable_igemm(const void*, int64_t, int64_t);
+#if defined(__x86_64__) || defined(_M_X64)
+int bie_avx2_pack(const void*, int64_t, int64_t);
+int bie_avx2_bconv_pack(const void*, int64_t, int64_t);
+int bie_avx2_quant(const void*, int64_t, int64_t);
+int bie_avx2_bgemm(const void*, int64_t, int64_t);
+int bie_avx2_bconv(const void*, int64_t, int64_t);
+int bie_avx2_igemm(const void*, int64_t, int64_t);
+int bie_avx512_pack(const void*, int64_t, int64_t);
+int bie_avx512_bconv_pack(const void*, int64_t, int64_t);
+int bie_avx512_quant(const void*, int64_t, int64_t);
+int bie_avx512_igemm(const void*, int64_t, int64_t);
+int bie_avx512icl_bgemm(const void*, int64_t, int64_t);
+int bie_avx512icl_bconv(const void*, int64_t, int64_t);
+int bie_avx512icl_igemm(const void*, int64_t, int64_t);
+#endif
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#define BIE_X86 1
+#else
+#define BIE_X86 0
+#endif
+
+namespace {
+
+enum { L_PORTABLE = 0, L_AVX2 = 1, L_AVX512 = 2, L_AVX512ICL = 3 };
+
+// feature bits reported to Python
+enum { F_AVX2 = 1, F_FMA = 2, F_F16C = 4, F_POPCNT = 8, F_AVX512 = 16, F_VPOPCNTDQ = 32, F_VNNI = 64,
+       F_OS_AVX = 128, F_OS_AVX512 = 256, F_BMI2 = 512 };
+
+uint32_t detect_features() {
+  uint32_t f = 0;
+#if BIE_X86
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  if ((c >> 12) & 1) f |= F_FMA;
+  if ((c >> 29) & 1) f |= F_F16C;
+  if ((c >> 23) & 1) f |= F_POPCNT;
+  uint64_t xcr0 = 0;
+  if (osxsave) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = ((uint64_t)hi << 32) | lo;
+  }
+  const bool os_avx = osxsave && avx && (xcr0 & 0x6) == 0x6;
+  const bool os_avx512 = os_avx && (xcr0 & 0xe6) == 0xe6;
+  if (os_avx) f |= F_OS_AVX;
+  if (os_avx512) f |= F_OS_AVX512;
+  unsigned maxleaf = __get_cpuid_max(0, nullptr);
+  if (maxleaf >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    if ((b >> 5) & 1) f |= F_AVX2;
+    if ((b >> 8) & 1) f |= F_BMI2;
+    const bool f512 = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    if (f512 && dq && bw && vl) f |= F_AVX512;
+    if ((c >> 14) & 1) f |= F_VPOPCNTDQ;
+    if ((c >> 11) & 1) f |= F_VNNI;
+  }
+#endif
+  return f;
+}
+
+int detect_level(uint32_t f) {
+  int l = L_PORTABLE;
+  const uint32_t need2 = F_AVX2 | F_FMA | F_F16C | F_POPCNT | F_BMI2 | F_OS_AVX;
+  if ((f & need2) == need2) l = L_AVX2;
+  if (l == L_AVX2 && (f & F_AVX512) && (f & F_OS_AVX512)) l = L_AVX512;
+  if (l == L_AVX512 && (f & F_VPOPCNTDQ) && (f & F_VNNI)) l = L_AVX512ICL;
+  return l;
+}
+
+const uint32_t g_features = detect_features();
+const int g_max_level = detect_level(g_features);
+std::atomic<int> g_level{g_max_level};
+
+int run(bie_range_fn fn, const void* args, int64_t n, int64_t grain) {
+  if (n <= 0) return BIE_OK;
+  std::atomic<int> err{BIE_OK};
+  try {
+    at::parallel_for(0, n, grain < 1 ? 1 : grain, [&](int64_t b, int64_t e) {
+      int r;
+      try {
+        r = fn(args, b, e);
+      } catch (...) {
+        r = BIE_EEXCEPTION;
+      }
+      if (r != BIE_OK) err.store(r);
+    });
+  } catch (...) {
+    return BIE_EEXCEPTION;
+  }
+  return err.load();
+}
+
+bie_range_fn pick_pack(int l) {
+#if BIE_X86
+  if (l >= L_AVX512) return bie_avx512_pack;
+  if (l >= L_AVX2) return bie_avx2_pack;
+#endif
+  (void)l;
+  return bie_portable_pack;
+}
+bie_range_fn pick_conv_pack(int l) {
+#if BIE_X86
+  if (l >= L_AVX512) return bie_avx512_bconv_pack;
+  if (l >= L_AVX2) return bie_avx2_bconv_pack;
+#endif
+  (void)l;
+  return bie_portable_bconv_pack;
+}
+bie_range_fn pick_quant(int l) {
+#if BIE_X86
+  if (l >= L_AVX512) return bie_avx512_quant;
+  if (l >= L_AVX2) return bie_avx2_quant;
+#endif
+  (void)l;
+  return bie_portable_quant;
+}
+bie_range_fn pick_bgemm(int l) {
+#if BIE_X86
+  if (l >= L_AVX512ICL) return bie_avx512icl_bgemm;
+  if (l >= L_AVX2) return bie_avx2_bgemm;
+#endif
+  (void)l;
+  return bie_portable_bgemm;
+}
+bie_range_fn pick_bconv(int l) {
+#if BIE_X86
+  if (l >= L_AVX512ICL) return bie_avx512icl_bconv;
+  if (l >= L_AVX2) return bie_avx2_bconv;
+#endif
+  (void)l;
+  return bie_portable_bconv;
+}
+bie_range_fn pick_igemm(int l) {
+#if BIE_X86
+  if (l >= L_AVX512ICL) return bie_avx512icl_igemm;
+  if (l >= L_AVX512) return bie_avx512_igemm;
+  if (l >= L_AVX2) return bie_avx2_igemm;
+#endif
+  (void)l;
+  return bie_portable_igemm;
+}
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int layout_for(int l) {
+  return l >= L_AVX512ICL ? BIE_INT_VNNI16 : l >= L_AVX512 ? BIE_INT_MADD16 : l >= L_AVX2 ? BIE_INT_MADD8 : BIE_INT_ROWS;
+}
+
+}  // namespace
+
+extern "C" {
+
+int bie_abi_version() { return BIE_NATIVE_ABI; }
+int bie_max_level() { return g_max_level; }
+int bie_get_level() { return g_level.load(); }
+int bie_set_level(int l) {
+  if (l < 0 || l > g_max_level) l = g_max_level;
+  g_level.store(l);
+  return l;
+}
+unsigned bie_cpu_features() { return g_features; }
+int bie_num_threads() {
+  try {
+    return at::get_num_threads();
+  } catch (...) {
+    return -1;
+  }
+}
+
+int bie_int_layout() { return layout_for(g_level.load()); }
+
+int bie_pack(const bie_pack_args* a) {
+  const int64_t grain = 32768 / (a->k > 0 ? a->k : 1) + 1;
+  return run(pick_pack(g_level.load()), a, a->rows, grain);
+}
+
+int bie_quant(const bie_quant_args* a) {
+  return run(pick_quant(g_level.load()), a, cdiv(a->n, 8192), 1);
+}
+
+int bie_bgemm(const bie_bgemm_args* a) {
+  if (a->mb < 1 || a->pb < 1) return BIE_EBADARG;
+  return run(pick_bgemm(g_level.load()), a, cdiv(a->M, a->mb) * cdiv(a->P, a->pb), 1);
+}
+
+int bie_bconv(const bie_bconv_pack_args* pa, const bie_bconv_args* ca) {
+  if (ca->pix < 8 || ca->pix % 8) return BIE_EBADARG;
+  const int l = g_level.load();
+  int r = run(pick_conv_pack(l), pa, pa->N * pa->H, 1);
+  if (r != BIE_OK) return r;
+  return run(pick_bconv(l), ca, ca->N * cdiv(ca->Ho * ca->Wo, ca->pix), 1);
+}
+
+int bie_igemm(const bie_igemm_args* a) {
+  const int l = g_level.load();
+  if (a->layout != layout_for(l) || a->mb < 1 || a->pb < 1) return BIE_EBADARG;
+  return run(pick_igemm(l), a, cdiv(a->M, a->mb) * cdiv(a->P, a->pb), 1);
+}
+
+}  // extern "C"

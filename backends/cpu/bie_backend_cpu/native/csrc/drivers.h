@@ -1,0 +1,375 @@
+// Generic drivers, included once per ISA variant (inside that variant's
+// anonymous namespace, after its primitives; the variant exports the drv_*
+// functions it provides as bie_<variant>_<op>, see BIE_EXPORT). It defines:
+//
+//   BIE_WITH_PACK / _BINARY / _INT   which drivers it provides
+//   sgn_mask16<DT>(p)            sign bits of 16 elements (bit i = element i >= 0)
+//   or_bit_lanes16(dst, m, bit)  dst[i] |= bit for every set bit i of m (i < 16;
+//                                may rewrite all 16 lanes of dst)
+//   finish_row(...)              the epilogue of one output row segment
+//   quant_block<DT>(...)         quantize n contiguous elements
+//   binary: BMR, BNR, btile<MR, NR>(A, lda, B, pstride, KW, tile)
+//           tile[r * BNR * 8 + c] = popcount over KW words of A[r] ^ column c
+//   int:    IMR, INR, IPW (columns per panel), IKSTEP (k per step), IBSIZE (bytes per
+//           weight element), IVNNI, iscalar_t, iprep_row(), itile<MR, NR>()
+//
+// Bounds: every loop below is limited by the sizes in the argument block;
+// partial vectors are staged through small local buffers, never read past
+// the end of a row.
+
+template <int DT>
+static inline uint32_t sgn_mask_n(const void* p, int64_t n) {   // 0 < n <= 16
+  alignas(64) unsigned char buf[64] = {0};
+  __builtin_memcpy(buf, p, (size_t)(n * bie_esize(DT)));
+  return sgn_mask16<DT>(buf) & ((n >= 16) ? 0xffffu : ((1u << n) - 1u));
+}
+
+static inline int64_t bie_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t bie_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#if BIE_WITH_PACK
+// ------------------------------------------------------------- pack_signs
+template <int DT>
+static int pack_rows(const bie_pack_args* p, int64_t r0, int64_t r1) {
+  const int es = bie_esize(DT);
+  const int64_t k = p->k, kb = (k + 7) / 8;
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* x = (const char*)p->x + r * p->ldx * es;
+    uint8_t* o = p->out + r * kb;
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16) {
+      uint32_t m = sgn_mask16<DT>(x + j * es);
+      o[j / 8] = (uint8_t)(m & 0xffu);
+      o[j / 8 + 1] = (uint8_t)(m >> 8);
+    }
+    if (j < k) {
+      int64_t n = k - j;
+      uint32_t m = sgn_mask_n<DT>(x + j * es, n);
+      o[j / 8] = (uint8_t)(m & 0xffu);
+      if (n > 8) o[j / 8 + 1] = (uint8_t)(m >> 8);
+    }
+  }
+  return BIE_OK;
+}
+
+static int drv_pack(const void* args, int64_t t0, int64_t t1) {
+  const bie_pack_args* p = (const bie_pack_args*)args;
+  switch (p->dtype) {
+    case BIE_F32: return pack_rows<BIE_F32>(p, t0, t1);
+    case BIE_F16: return pack_rows<BIE_F16>(p, t0, t1);
+    case BIE_BF16: return pack_rows<BIE_BF16>(p, t0, t1);
+    case BIE_I8: return pack_rows<BIE_I8>(p, t0, t1);
+  }
+  return BIE_EBADARG;
+}
+
+// ------------------------------------------- binary conv: signs -> bit map
+// task t = (n, h): writes xs[n, h + ph, pw + w, g*CW + cw] for every w, g, cw
+template <int DT>
+static int conv_pack_tasks(const bie_bconv_pack_args* p, int64_t t0, int64_t t1) {
+  const int es = bie_esize(DT);
+  const int64_t W = p->W, GCW = p->G * p->CW;
+  const char* x = (const char*)p->x;
+  if (p->sW == 1) {                 // rows contiguous along W (NCHW-like)
+    const int64_t W16 = (W + 15) / 16 * 16;
+    uint64_t* tmp = (uint64_t*)__builtin_malloc((size_t)W16 * 8 + 64);
+    if (!tmp) return BIE_ENOMEM;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / p->H, h = t % p->H;
+      for (int64_t g = 0; g < p->G; ++g) {
+        for (int64_t cw = 0; cw < p->CW; ++cw) {
+          for (int64_t w = 0; w < W16; ++w) tmp[w] = 0;
+          const int64_t c_lo = cw * 64, c_hi = bie_min(p->Cg, c_lo + 64);
+          for (int64_t c = c_lo; c < c_hi; ++c) {
+            const char* row = x + (n * p->sN + (g * p->Cg + c) * p->sC + h * p->sH) * es;
+            const uint64_t bit = 1ull << (c - c_lo);
+            int64_t w = 0;
+            for (; w + 16 <= W; w += 16) or_bit_lanes16(tmp + w, sgn_mask16<DT>(row + w * es), bit);
+            if (w < W) or_bit_lanes16(tmp + w, sgn_mask_n<DT>(row + w * es, W - w), bit);
+          }
+          uint64_t* dst = p->xs + ((n * p->Hp + h + p->ph) * p->Wp + p->pw) * GCW + g * p->CW + cw;
+          for (int64_t w = 0; w < W; ++w) dst[w * GCW] = tmp[w];
+        }
+      }
+    }
+    __builtin_free(tmp);
+  } else {                          // any other layout (channels_last: sC == 1)
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / p->H, h = t % p->H;
+      for (int64_t w = 0; w < W; ++w) {
+        const char* base = x + (n * p->sN + h * p->sH + w * p->sW) * es;
+        uint64_t* dst = p->xs + ((n * p->Hp + h + p->ph) * p->Wp + w + p->pw) * GCW;
+        for (int64_t g = 0; g < p->G; ++g) {
+          for (int64_t cw = 0; cw < p->CW; ++cw) {
+            const int64_t c0 = g * p->Cg + cw * 64, nb = bie_min(64, p->Cg - cw * 64);
+            uint64_t word = 0;
+            if (p->sC == 1) {
+              int64_t q = 0;
+              for (; q + 16 <= nb; q += 16) word |= (uint64_t)sgn_mask16<DT>(base + (c0 + q) * es) << q;
+              if (q < nb) word |= (uint64_t)sgn_mask_n<DT>(base + (c0 + q) * es, nb - q) << q;
+            } else {
+              for (int64_t q = 0; q < nb; ++q)
+                word |= (uint64_t)bie_sign1<DT>(base + (c0 + q) * p->sC * es, 0) << q;
+            }
+            dst[g * p->CW + cw] = word;
+          }
+        }
+      }
+    }
+  }
+  return BIE_OK;
+}
+
+static int drv_bconv_pack(const void* args, int64_t t0, int64_t t1) {
+  const bie_bconv_pack_args* p = (const bie_bconv_pack_args*)args;
+  switch (p->dtype) {
+    case BIE_F32: return conv_pack_tasks<BIE_F32>(p, t0, t1);
+    case BIE_F16: return conv_pack_tasks<BIE_F16>(p, t0, t1);
+    case BIE_BF16: return conv_pack_tasks<BIE_BF16>(p, t0, t1);
+    case BIE_I8: return conv_pack_tasks<BIE_I8>(p, t0, t1);
+  }
+  return BIE_EBADARG;
+}
+
+// ------------------------------------------------------------- quantize_int
+#define BIE_QCHUNK 8192
+static int drv_quant(const void* args, int64_t t0, int64_t t1) {
+  const bie_quant_args* p = (const bie_quant_args*)args;
+  const int64_t e0 = t0 * BIE_QCHUNK, e1 = bie_min(p->n, t1 * BIE_QCHUNK);
+  if (e0 >= e1) return BIE_OK;
+  const float s = (float)p->scale, lo = (float)p->lo, hi = (float)p->hi;
+  const int es = bie_esize((int)p->dtype);
+  const char* x = (const char*)p->x + e0 * es;
+  switch (p->dtype) {
+    case BIE_F32: quant_block<BIE_F32>(x, e1 - e0, s, lo, hi, p->out + e0); return BIE_OK;
+    case BIE_F16: quant_block<BIE_F16>(x, e1 - e0, s, lo, hi, p->out + e0); return BIE_OK;
+    case BIE_BF16: quant_block<BIE_BF16>(x, e1 - e0, s, lo, hi, p->out + e0); return BIE_OK;
+  }
+  return BIE_EBADARG;
+}
+#endif  // BIE_WITH_PACK
+
+static inline int out_size(int64_t t) { return t == BIE_F16 || t == BIE_BF16 ? 2 : 4; }
+
+#if BIE_WITH_BINARY
+// ------------------------------------------------------------- binary GEMM
+template <int NR>
+static inline void btile_rows(int64_t mr, const uint64_t* A, int64_t lda, const uint64_t* B,
+                              int64_t pstride, int64_t KW, int32_t* tile) {
+  switch (mr) {
+    case 1: btile<1, NR>(A, lda, B, pstride, KW, tile); break;
+    case 2: if constexpr (BMR >= 2) btile<2, NR>(A, lda, B, pstride, KW, tile); break;
+    case 3: if constexpr (BMR >= 3) btile<3, NR>(A, lda, B, pstride, KW, tile); break;
+    case 4: if constexpr (BMR >= 4) btile<4, NR>(A, lda, B, pstride, KW, tile); break;
+    case 5: if constexpr (BMR >= 5) btile<5, NR>(A, lda, B, pstride, KW, tile); break;
+    case 6: if constexpr (BMR >= 6) btile<6, NR>(A, lda, B, pstride, KW, tile); break;
+  }
+}
+
+// tile of mr rows x nr panels (nr <= BNR): full panel groups at once, the
+// remainder one panel at a time
+static inline void btile_any(int64_t mr, int64_t nr, const uint64_t* A, int64_t lda, const uint64_t* B,
+                             int64_t pstride, int64_t KW, int32_t* tile) {
+  if (nr == BNR) { btile_rows<BNR>(mr, A, lda, B, pstride, KW, tile); return; }
+  alignas(64) int32_t t1[BMR * BNR * 8];
+  for (int64_t q = 0; q < nr; ++q) {
+    btile_rows<1>(mr, A, lda, B + q * pstride, pstride, KW, t1);
+    for (int64_t r = 0; r < mr; ++r)
+      for (int c = 0; c < 8; ++c) tile[r * BNR * 8 + q * 8 + c] = t1[r * BNR * 8 + c];
+  }
+}
+
+static int drv_bgemm(const void* args, int64_t t0, int64_t t1) {
+  const bie_bgemm_args* p = (const bie_bgemm_args*)args;
+  const int64_t KW = p->KW, KB = p->KB, ntn = (p->P + p->pb - 1) / p->pb;
+  const uint8_t lastmask = (p->K % 8) ? (uint8_t)((1u << (p->K % 8)) - 1u) : (uint8_t)0xffu;
+  uint64_t* As = (uint64_t*)__builtin_malloc((size_t)(p->mb * KW * 8) + 64);
+  if (!As) return BIE_ENOMEM;
+  alignas(64) int32_t tile[BMR * BNR * 8];
+  alignas(64) int32_t dots[BNR * 8];
+  const int osz = out_size(p->out_type);
+  const int fl = (int)p->flags;
+  const float ss = (fl & BIE_EPI_SCALE) ? p->scale[0] : 1.0f;
+  int64_t have_ti = -1;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t ti = t / ntn, tj = t % ntn;
+    const int64_t i0 = ti * p->mb, i1 = bie_min(p->M, i0 + p->mb);
+    const int64_t q0 = tj * p->pb, q1 = bie_min(p->P, q0 + p->pb);
+    if (ti != have_ti) {            // stage the rows as zero-padded words, pad bits cleared
+      for (int64_t r = i0; r < i1; ++r) {
+        uint8_t* d = (uint8_t*)(As + (r - i0) * KW);
+        __builtin_memcpy(d, p->a + r * p->lda, (size_t)KB);
+        d[KB - 1] &= lastmask;
+        for (int64_t b = KB; b < KW * 8; ++b) d[b] = 0;
+      }
+      have_ti = ti;
+    }
+    for (int64_t q = q0; q < q1; q += BNR) {
+      const int64_t nr = bie_min(BNR, q1 - q);
+      const int64_t j0 = q * 8, nc = bie_min(nr * 8, p->N - j0);
+      for (int64_t i = i0; i < i1; i += BMR) {
+        const int64_t mr = bie_min(BMR, i1 - i);
+        btile_any(mr, nr, As + (i - i0) * KW, KW, p->bp + q * KW * 8, KW * 8, KW, tile);
+        for (int64_t r = 0; r < mr; ++r) {
+          for (int64_t c = 0; c < nc; ++c) dots[c] = (int32_t)(p->K - 2 * (int64_t)tile[r * BNR * 8 + c]);
+          finish_row(dots, nc, (int)p->out_type, fl,
+                     (fl & BIE_EPI_SCALE_VEC) ? p->scale + j0 : nullptr, ss,
+                     (fl & BIE_EPI_BIAS) ? p->bias + j0 : nullptr, 0.0f,
+                     (char*)p->out + ((i + r) * p->N + j0) * osz);
+        }
+      }
+    }
+  }
+  __builtin_free(As);
+  return BIE_OK;
+}
+
+// ------------------------------------------------------------- binary conv
+// task t = (n, block of p->pix output pixels); A = weight rows of a group,
+// B = im2col panels of 8 pixels built from the bit map.
+static int drv_bconv(const void* args, int64_t t0, int64_t t1) {
+  const bie_bconv_args* p = (const bie_bconv_args*)args;
+  const int64_t HoWo = p->Ho * p->Wo, tpi = (HoWo + p->pix - 1) / p->pix;
+  const int64_t CW = p->CW, GCW = p->G * CW, taps = p->KH * p->KWk, KWc = taps * CW;
+  const int64_t maxpan = p->pix / 8;
+  uint64_t* pan = (uint64_t*)__builtin_malloc((size_t)(maxpan * KWc * 8 * 8) + 64);
+  if (!pan) return BIE_ENOMEM;
+  alignas(64) int32_t tile[BMR * BNR * 8];
+  alignas(64) int32_t dots[BNR * 8];
+  const int osz = out_size(p->out_type);
+  const int fl = (int)p->flags;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t / tpi, blk = t % tpi;
+    const int64_t p0 = blk * p->pix, p1 = bie_min(HoWo, p0 + p->pix), np = p1 - p0;
+    const int64_t npan = (np + 7) / 8;
+    for (int64_t g = 0; g < p->G; ++g) {
+      // im2col into panels (lanes past the last pixel are zero)
+      if (np % 8) {
+        uint64_t* lastp = pan + (npan - 1) * KWc * 8;
+        for (int64_t e = 0; e < KWc * 8; ++e) lastp[e] = 0;
+      }
+      for (int64_t pl = p0; pl < p1; ++pl) {
+        const int64_t oh = pl / p->Wo, ow = pl % p->Wo;
+        uint64_t* dst = pan + ((pl - p0) >> 3) * KWc * 8 + ((pl - p0) & 7);
+        for (int64_t i = 0; i < p->KH; ++i) {
+          const uint64_t* rowp = p->xs + ((n * p->Hp + oh * p->sh + i * p->dh) * p->Wp + ow * p->sw) * GCW + g * CW;
+          for (int64_t j = 0; j < p->KWk; ++j) {
+            const uint64_t* src = rowp + j * p->dw * GCW;
+            uint64_t* d = dst + (i * p->KWk + j) * CW * 8;
+            for (int64_t cw = 0; cw < CW; ++cw) d[cw * 8] = src[cw];
+          }
+        }
+      }
+      const int64_t o0 = g * p->Og, o1 = o0 + p->Og;
+      for (int64_t q = 0; q < npan; q += BNR) {
+        const int64_t nr = bie_min(BNR, npan - q);
+        const int64_t j0 = q * 8, nc = bie_min(nr * 8, np - j0);
+        for (int64_t o = o0; o < o1; o += BMR) {
+          const int64_t mr = bie_min(BMR, o1 - o);
+          btile_any(mr, nr, p->w + o * KWc, KWc, pan + q * KWc * 8, KWc * 8, KWc, tile);
+          for (int64_t r = 0; r < mr; ++r) {
+            const int64_t oo = o + r;
+            for (int64_t c = 0; c < nc; ++c) dots[c] = (int32_t)(p->K - 2 * (int64_t)tile[r * BNR * 8 + c]);
+            if (p->padmul) {          // padded taps: add (pad_value + 1) * sum of sgn(W) there
+              const int32_t* T = p->taps + oo * taps;
+              for (int64_t c = 0; c < nc; ++c) {
+                const int64_t pl = p0 + j0 + c, oh = pl / p->Wo, ow = pl % p->Wo;
+                const int64_t ih0 = oh * p->sh - p->ph, iw0 = ow * p->sw - p->pw;
+                const int64_t ihl = ih0 + (p->KH - 1) * p->dh, iwl = iw0 + (p->KWk - 1) * p->dw;
+                if (ih0 >= 0 && iw0 >= 0 && ihl < p->H && iwl < p->W) continue;
+                int64_t corr = 0;
+                for (int64_t i = 0; i < p->KH; ++i) {
+                  const int64_t ih = ih0 + i * p->dh;
+                  const bool row_out = ih < 0 || ih >= p->H;
+                  for (int64_t j = 0; j < p->KWk; ++j) {
+                    const int64_t iw = iw0 + j * p->dw;
+                    if (row_out || iw < 0 || iw >= p->W) corr += T[i * p->KWk + j];
+                  }
+                }
+                dots[c] += (int32_t)(p->padmul * corr);
+              }
+            }
+            const float so = (fl & BIE_EPI_SCALE) ? p->scale[(fl & BIE_EPI_SCALE_VEC) ? oo : 0] : 1.0f;
+            const float bo = (fl & BIE_EPI_BIAS) ? p->bias[oo] : 0.0f;
+            finish_row(dots, nc, (int)p->out_type, fl & (BIE_EPI_SCALE | BIE_EPI_BIAS), nullptr, so, nullptr, bo,
+                       (char*)p->out + ((n * p->O + oo) * HoWo + p0 + j0) * osz);
+          }
+        }
+      }
+    }
+  }
+  __builtin_free(pan);
+  return BIE_OK;
+}
+#endif  // BIE_WITH_BINARY
+
+#if BIE_WITH_INT
+// ------------------------------------------------------------- int GEMM
+template <int NR>
+static inline void itile_rows(int64_t mr, const iscalar_t* A, int64_t lda, const void* B,
+                              int64_t pstride, int64_t steps, int32_t* tile) {
+  switch (mr) {
+    case 1: itile<1, NR>(A, lda, B, pstride, steps, tile); break;
+    case 2: if constexpr (IMR >= 2) itile<2, NR>(A, lda, B, pstride, steps, tile); break;
+    case 3: if constexpr (IMR >= 3) itile<3, NR>(A, lda, B, pstride, steps, tile); break;
+    case 4: if constexpr (IMR >= 4) itile<4, NR>(A, lda, B, pstride, steps, tile); break;
+    case 5: if constexpr (IMR >= 5) itile<5, NR>(A, lda, B, pstride, steps, tile); break;
+    case 6: if constexpr (IMR >= 6) itile<6, NR>(A, lda, B, pstride, steps, tile); break;
+  }
+}
+
+static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
+  const bie_igemm_args* p = (const bie_igemm_args*)args;
+  const int64_t Kp = p->Kp, ntn = (p->P + p->pb - 1) / p->pb, steps = Kp / IKSTEP;
+  const int64_t pstride = steps * IPW * IKSTEP * IBSIZE;  // bytes per panel
+  iscalar_t* As = (iscalar_t*)__builtin_malloc((size_t)(p->mb * Kp) * sizeof(iscalar_t) + 64);
+  if (!As) return BIE_ENOMEM;
+  alignas(64) int32_t tile[IMR * INR * IPW];
+  alignas(64) int32_t dots[INR * IPW];
+  const int osz = out_size(p->out_type);
+  const int fl = (int)p->flags;
+  const float ss = (fl & BIE_EPI_SCALE) ? p->scale[0] : 1.0f;
+  int64_t have_ti = -1;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t ti = t / ntn, tj = t % ntn;
+    const int64_t i0 = ti * p->mb, i1 = bie_min(p->M, i0 + p->mb);
+    const int64_t q0 = tj * p->pb, q1 = bie_min(p->P, q0 + p->pb);
+    if (ti != have_ti) {
+      for (int64_t r = i0; r < i1; ++r) iprep_row(p->a + r * p->lda, p->K, Kp, As + (r - i0) * Kp);
+      have_ti = ti;
+    }
+    for (int64_t q = q0; q < q1; q += INR) {
+      const int64_t nr = bie_min(INR, q1 - q);
+      const int64_t j0 = q * IPW, nc = bie_min(nr * IPW, p->N - j0);
+      for (int64_t i = i0; i < i1; i += IMR) {
+        const int64_t mr = bie_min(IMR, i1 - i);
+        const iscalar_t* A = As + (i - i0) * Kp;
+        const char* B = (const char*)p->bl + q * pstride;
+        if (nr == INR) {
+          itile_rows<INR>(mr, A, Kp, B, pstride, steps, tile);
+        } else {
+          alignas(64) int32_t t1b[IMR * INR * IPW];
+          for (int64_t qq = 0; qq < nr; ++qq) {
+            itile_rows<1>(mr, A, Kp, B + qq * pstride, pstride, steps, t1b);
+            for (int64_t r = 0; r < mr; ++r)
+              for (int c = 0; c < IPW; ++c) tile[r * INR * IPW + qq * IPW + c] = t1b[r * INR * IPW + c];
+          }
+        }
+        for (int64_t r = 0; r < mr; ++r) {
+          for (int64_t c = 0; c < nc; ++c) {
+            int32_t v = tile[r * INR * IPW + c];
+            if (IVNNI) v = (int32_t)((uint32_t)v - 128u * (uint32_t)p->colsum[j0 + c]);  // wraps exactly
+            dots[c] = v;
+          }
+          finish_row(dots, nc, (int)p->out_type, fl,
+                     (fl & BIE_EPI_SCALE_VEC) ? p->scale + j0 : nullptr, ss,
+                     (fl & BIE_EPI_BIAS) ? p->bias + j0 : nullptr, 0.0f,
+                     (char*)p->out + ((i + r) * p->N + j0) * osz);
+        }
+      }
+    }
+  }
+  __builtin_free(As);
+  return BIE_OK;
+}
+#endif  // BIE_WITH_INT

@@ -1,0 +1,299 @@
+"""Python side of the native CPU kernels: argument checks, output allocation,
+prepared weight layouts, and the calls into the library.
+
+Every size the C code relies on is derived here from the tensors themselves
+(after the op's own validation), and every tensor handed over is contiguous
+where the C code assumes it; nothing is passed that the kernel could read or
+write past.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from bie_core.ops.binary import conv_out_size, packed_len
+
+I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
+OUT_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, None: 4}
+EPI_SCALE, EPI_SCALE_VEC, EPI_BIAS, EPI_BIAS_VEC = 1, 2, 4, 8
+INT_ROWS, INT_MADD8, INT_MADD16, INT_VNNI16 = 0, 1, 2, 3
+ERRORS = {1: "out of memory", 2: "C++ exception", 3: "bad argument block"}
+
+_lib = None  # set by bie_backend_cpu.native once loaded
+
+
+def set_library(lib) -> None:
+    global _lib
+    _lib = lib
+
+
+class PackArgs(ctypes.Structure):
+    _fields_ = [("x", VP), ("dtype", I64), ("rows", I64), ("k", I64), ("ldx", I64), ("out", VP)]
+
+
+class BGemmArgs(ctypes.Structure):
+    _fields_ = [("a", VP), ("lda", I64), ("bp", VP), ("M", I64), ("N", I64), ("K", I64), ("KB", I64),
+                ("KW", I64), ("P", I64), ("mb", I64), ("pb", I64), ("scale", VP), ("bias", VP),
+                ("flags", I64), ("out_type", I64), ("out", VP)]
+
+
+class BConvPackArgs(ctypes.Structure):
+    _fields_ = [("x", VP), ("dtype", I64), ("N", I64), ("C", I64), ("H", I64), ("W", I64),
+                ("sN", I64), ("sC", I64), ("sH", I64), ("sW", I64), ("G", I64), ("Cg", I64), ("CW", I64),
+                ("ph", I64), ("pw", I64), ("Hp", I64), ("Wp", I64), ("xs", VP)]
+
+
+class BConvArgs(ctypes.Structure):
+    _fields_ = [("xs", VP), ("N", I64), ("H", I64), ("W", I64), ("Hp", I64), ("Wp", I64), ("G", I64),
+                ("CW", I64), ("w", VP), ("taps", VP), ("O", I64), ("Og", I64), ("KH", I64), ("KWk", I64),
+                ("sh", I64), ("sw", I64), ("ph", I64), ("pw", I64), ("dh", I64), ("dw", I64), ("Ho", I64),
+                ("Wo", I64), ("K", I64), ("padmul", I64), ("pix", I64), ("scale", VP), ("bias", VP),
+                ("flags", I64), ("out_type", I64), ("out", VP)]
+
+
+class IGemmArgs(ctypes.Structure):
+    _fields_ = [("a", VP), ("lda", I64), ("bl", VP), ("colsum", VP), ("layout", I64), ("M", I64), ("N", I64),
+                ("K", I64), ("Kp", I64), ("P", I64), ("PW", I64), ("mb", I64), ("pb", I64), ("scale", VP),
+                ("bias", VP), ("flags", I64), ("out_type", I64), ("out", VP)]
+
+
+class QuantArgs(ctypes.Structure):
+    _fields_ = [("x", VP), ("dtype", I64), ("n", I64), ("scale", F64), ("lo", I64), ("hi", I64), ("out", VP)]
+
+
+def _check(rc: int, op: str) -> None:
+    if rc:
+        msg = f"bie native {op} failed: {ERRORS.get(rc, f'error {rc}')}"
+        raise MemoryError(msg) if rc == 1 else RuntimeError(msg)
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _epilogue(scale, bias, n: int):
+    """float32 contiguous copies of scale and bias (kept alive by the caller) and the flags."""
+    flags, s32, b32 = 0, None, None
+    if scale is not None:
+        s32 = scale.detach().to(torch.float32).contiguous().reshape(-1)
+        flags |= EPI_SCALE | (EPI_SCALE_VEC if s32.numel() > 1 else 0)
+    if bias is not None:
+        b32 = bias.detach().to(torch.float32).contiguous().reshape(-1)
+        flags |= EPI_BIAS | EPI_BIAS_VEC
+    return flags, s32, b32
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+# ------------------------------------------------------------ prepared layouts
+class Prepared:
+    """Layouts derived from one weight tensor version (the dispatcher caches
+    this object per weight version). Built lazily, because the layout depends
+    on call arguments that ``prepare`` does not see (k, the conv geometry, the
+    ISA level): each is built once from the weight passed to that call."""
+
+    __slots__ = ("_d", "_lock")
+
+    def __init__(self):
+        self._d = {}
+        self._lock = threading.Lock()
+
+    def get(self, key, build):
+        v = self._d.get(key)
+        if v is None:
+            with self._lock:
+                v = self._d.get(key)
+                if v is None:
+                    v = self._d[key] = build()
+        return v
+
+
+def prepare(*weights) -> Prepared:
+    return Prepared()
+
+
+def _layouts(prepared):
+    return prepared if prepared is not None else Prepared()
+
+
+# ------------------------------------------------------------------ pack_signs
+def pack_signs(x):
+    k = x.shape[-1]
+    kb = packed_len(k)
+    lead = tuple(x.shape[:-1])
+    x2 = x.detach().reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, kb), dtype=torch.uint8)
+    if rows:
+        args = PackArgs(x2.data_ptr(), DTYPE_CODE[x2.dtype], rows, k, x2.stride(0), out.data_ptr())
+        _check(_lib.bie_pack(ctypes.byref(args)), "pack_signs")
+    return out.reshape(lead + (kb,))
+
+
+# ----------------------------------------------------------------- binary_gemm
+def _binary_panels(b: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, KB) packed rows -> (P, KW, 8) int64: panels of 8 columns, K in
+    64-bit words, zero padded, bits beyond k cleared."""
+    n, kb = b.shape
+    kw, p = (kb + 7) // 8, (n + 7) // 8
+    buf = torch.zeros((p * 8, kw * 8), dtype=torch.uint8)
+    buf[:n, :kb] = b.detach()
+    if k % 8:
+        buf[:n, kb - 1] &= (1 << (k % 8)) - 1
+    return buf.view(torch.int64).reshape(p, 8, kw).transpose(1, 2).contiguous()
+
+
+def _blocks(m: int, p: int, mb: int, pb: int, min_tasks: int):
+    """Shrink the row and panel blocks until there is work for every thread."""
+    def tasks():
+        return -(-m // mb) * -(-p // pb)
+    while tasks() < min_tasks and pb > 1:
+        pb = max(1, pb // 2)
+    while tasks() < min_tasks and mb > 4:
+        mb = max(4, mb // 2)
+    return mb, pb
+
+
+def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
+    m, kb = a.shape
+    n = b.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype or torch.int32)
+    if m == 0 or n == 0:
+        return out
+    panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(b, k))
+    if a.stride(1) != 1:
+        a = a.contiguous()
+    a = a.detach()
+    flags, s32, b32 = _epilogue(scale, bias, n)
+    kw, p = panels.shape[1], panels.shape[0]
+    mb, pb = _blocks(m, p, 64, 16, 4 * _threads())
+    args = BGemmArgs(a.data_ptr(), a.stride(0), panels.data_ptr(), m, n, k, kb, kw, p, mb, pb,
+                     _ptr(s32), _ptr(b32), flags, OUT_CODE[out_dtype], out.data_ptr())
+    _check(_lib.bie_bgemm(ctypes.byref(args)), "binary_gemm")
+    return out
+
+
+# --------------------------------------------------------------- binary_conv2d
+_SHIFTS = torch.arange(8, dtype=torch.uint8)
+
+
+def _conv_weights(w: torch.Tensor, cg: int, kh: int, kw: int):
+    """OIHW sign bits (flattened per output channel, k = c*kh*kw + i*kw + j)
+    -> tap-major words (O, kh*kw*CW) with the channel bits of one tap in CW
+    64-bit words (zero padded), and per tap the sum over channels of sgn(W)."""
+    o = w.shape[0]
+    k = cg * kh * kw
+    cw = (cg + 63) // 64
+    bits = ((w.detach().unsqueeze(-1) >> _SHIFTS) & 1).reshape(o, -1)[:, :k]
+    bits = bits.reshape(o, cg, kh, kw).permute(0, 2, 3, 1)                      # (O, kh, kw, Cg)
+    taps = (2 * bits.sum(-1, dtype=torch.int32) - cg).reshape(o, kh * kw).contiguous()
+    padded = torch.zeros((o, kh, kw, cw * 64), dtype=torch.uint8)
+    padded[..., :cg] = bits
+    packed = (padded.reshape(o, kh * kw * cw * 8, 8) << _SHIFTS).sum(-1, dtype=torch.uint8)
+    words = packed.reshape(o, kh * kw * cw * 8).contiguous().view(torch.int64)   # (O, kh*kw*CW)
+    return words.contiguous(), taps
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  prepared=None):
+    n, c, h, wd = x.shape
+    o = w.shape[0]
+    kh, kw = int(kernel_size[0]), int(kernel_size[1])
+    sh, sw = int(stride[0]), int(stride[1])
+    ph, pw = int(padding[0]), int(padding[1])
+    dh, dw = int(dilation[0]), int(dilation[1])
+    g = int(groups)
+    cg, og = c // g, o // g
+    k = cg * kh * kw
+    ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
+    out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
+    if n == 0 or o == 0:
+        return out
+    wbits, taps = _layouts(prepared).get(("conv", cg, kh, kw), lambda: _conv_weights(w, cg, kh, kw))
+    x = x.detach()
+    if not (x.stride(3) == 1 or x.stride(1) == 1):
+        x = x.contiguous()
+    cw = (cg + 63) // 64
+    hp, wp = h + 2 * ph, wd + 2 * pw
+    xs = torch.zeros((n, hp, wp, g * cw), dtype=torch.int64)
+    pa = BConvPackArgs(x.data_ptr(), DTYPE_CODE[x.dtype], n, c, h, wd, *x.stride(), g, cg, cw, ph, pw, hp, wp,
+                       xs.data_ptr())
+    pix = 64
+    while n * -(-(ho * wo) // pix) < 4 * _threads() and pix > 8:
+        pix //= 2
+    flags, s32, b32 = _epilogue(scale, bias, o)
+    ca = BConvArgs(xs.data_ptr(), n, h, wd, hp, wp, g, cw, wbits.data_ptr(), taps.data_ptr(), o, og, kh, kw,
+                   sh, sw, ph, pw, dh, dw, ho, wo, k, int(pad_value) + 1, pix, _ptr(s32), _ptr(b32),
+                   flags & ~EPI_BIAS_VEC, OUT_CODE[out_dtype], out.data_ptr())
+    _check(_lib.bie_bconv(ctypes.byref(pa), ctypes.byref(ca)), "binary_conv2d")
+    return out
+
+
+# -------------------------------------------------------------------- int_gemm
+class IntLayout:
+    __slots__ = ("kind", "data", "colsum", "kp", "p", "pw")
+
+    def __init__(self, kind, data, colsum, kp, p, pw):
+        self.kind, self.data, self.colsum, self.kp, self.p, self.pw = kind, data, colsum, kp, p, pw
+
+
+def _int_layout(b: torch.Tensor, kind: int) -> IntLayout:
+    n, k = b.shape
+    b = b.detach()
+    if kind == INT_ROWS:
+        return IntLayout(kind, b.contiguous(), None, k, -(-n // 8), 8)
+    if kind in (INT_MADD8, INT_MADD16):
+        pw = 8 if kind == INT_MADD8 else 16
+        kp, p = -(-k // 2) * 2, -(-n // pw)
+        buf = torch.zeros((p * pw, kp), dtype=torch.int16)
+        buf[:n, :k] = b
+        return IntLayout(kind, buf.reshape(p, pw, kp // 2, 2).permute(0, 2, 1, 3).contiguous(), None, kp, p, pw)
+    if kind == INT_VNNI16:
+        kp, p = -(-k // 4) * 4, -(-n // 16)
+        buf = torch.zeros((p * 16, kp), dtype=torch.int8)
+        buf[:n, :k] = b
+        colsum = torch.zeros(p * 16, dtype=torch.int32)
+        colsum[:n] = b.sum(1, dtype=torch.int32)
+        return IntLayout(kind, buf.reshape(p, 16, kp // 4, 4).permute(0, 2, 1, 3).contiguous(), colsum, kp, p, 16)
+    raise ValueError(f"unknown int layout {kind}")
+
+
+def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    m, k = a.shape
+    n = b.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype or torch.int32)
+    if m == 0 or n == 0:
+        return out
+    kind = _lib.bie_int_layout()
+    lay = _layouts(prepared).get(("int", kind), lambda: _int_layout(b, kind))
+    if a.stride(1) != 1:
+        a = a.contiguous()
+    a = a.detach()
+    flags, s32, b32 = _epilogue(scale, bias, n)
+    mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, 4 * _threads())
+    args = IGemmArgs(a.data_ptr(), a.stride(0), lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k, lay.kp,
+                     lay.p, lay.pw, mb, pb, _ptr(s32), _ptr(b32), flags, OUT_CODE[out_dtype], out.data_ptr())
+    _check(_lib.bie_igemm(ctypes.byref(args)), "int_gemm")
+    return out
+
+
+# ---------------------------------------------------------------- quantize_int
+def quantize_int(x, scale, bits):
+    xc = x.detach().contiguous()
+    out = torch.empty(tuple(x.shape), dtype=torch.int8)
+    nel = xc.numel()
+    if nel == 0:
+        return out
+    s = float(scale.detach().to(torch.float32).reshape(()).item())
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, s, lo, hi, out.data_ptr())
+    _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
+    return out
