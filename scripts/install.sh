@@ -20,4 +20,4 @@ for d in backends/cpu backend_cuda backend_cutlass backend_mlx; do
   if [ -f "$d/pyproject.toml" ]; then pkgs+=(-e "$d"); fi
 done
 $PIP --no-build-isolation --no-deps "${pkgs[@]}"
-$PY -m bie_core backends | head -40
+$PY -m bie_core backends
