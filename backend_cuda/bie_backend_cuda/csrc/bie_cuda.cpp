@@ -1,0 +1,305 @@
+// Torch bindings of bie-backend-cuda: argument checks (TORCH_CHECK raises a
+// Python RuntimeError; nothing here exits or aborts), output allocation, the
+// current stream, and the calls into the launchers of the .cu files.
+// Registered as torch.ops.bie_cuda.* (loaded with torch.ops.load_library).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cuda_runtime.h>
+#include <optional>
+
+#include "launchers.h"
+
+namespace {
+
+using at::Tensor;
+
+int dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return bie::kF32;
+    case at::kHalf: return bie::kF16;
+    case at::kBFloat16: return bie::kBF16;
+    case at::kChar: return bie::kI8;
+    case at::kInt: return bie::kI32;
+    default: TORCH_CHECK(false, "bie_cuda: unsupported dtype ", t);
+  }
+  return -1;
+}
+
+void check_cuda(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), "bie_cuda: ", name, " must be a CUDA tensor, got ", t.device());
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, "bie_cuda: ", what, " failed: ", cudaGetErrorString(e));
+}
+
+cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+int num_sms() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n > 0 ? n : 1;
+}
+
+// ------------------------------------------------------------------- binary
+Tensor pack_signs(const Tensor& x) {
+  check_cuda(x, "x");
+  TORCH_CHECK(x.dim() == 2, "bie_cuda.pack_signs: x must be 2-D (rows, K), got ", x.sizes());
+  const int64_t rows = x.size(0), K = x.size(1);
+  TORCH_CHECK(K > 0, "bie_cuda.pack_signs: K must be positive");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({rows, (K + 7) / 8}, x.options().dtype(at::kByte));
+  check_launch(bie::launch_pack_signs(x.data_ptr(), dtype_code(x.scalar_type()), out.data_ptr<uint8_t>(), rows, K,
+                                      x.stride(0), x.stride(1), stream()),
+               "pack_signs");
+  return out;
+}
+
+Tensor unpack_signs(const Tensor& bits, int64_t k, at::ScalarType dtype) {
+  check_cuda(bits, "bits");
+  TORCH_CHECK(bits.dim() == 2 && bits.scalar_type() == at::kByte, "bie_cuda.unpack_signs: bits must be 2-D uint8");
+  TORCH_CHECK(k > 0 && bits.size(1) == (k + 7) / 8, "bie_cuda.unpack_signs: bits has ", bits.size(1),
+              " bytes per row, k=", k, " needs ", (k + 7) / 8);
+  TORCH_CHECK(bits.size(1) <= 1 || bits.stride(1) == 1, "bie_cuda.unpack_signs: bits rows must be contiguous");
+  c10::cuda::CUDAGuard guard(bits.device());
+  auto out = at::empty({bits.size(0), k}, bits.options().dtype(dtype));
+  check_launch(bie::launch_unpack_signs(bits.data_ptr<uint8_t>(), bits.size(0), k, bits.stride(0), out.data_ptr(),
+                                        dtype_code(dtype), stream()),
+               "unpack_signs");
+  return out;
+}
+
+Tensor row_popc(const Tensor& b) {
+  check_cuda(b, "b");
+  TORCH_CHECK(b.dim() == 2 && b.scalar_type() == at::kByte && (b.size(1) <= 1 || b.stride(1) == 1),
+              "bie_cuda.row_popc: b must be 2-D uint8 with contiguous rows");
+  c10::cuda::CUDAGuard guard(b.device());
+  auto out = at::empty({b.size(0)}, b.options().dtype(at::kInt));
+  check_launch(bie::launch_row_popc(b.data_ptr<uint8_t>(), b.stride(0), b.size(0), b.size(1), out.data_ptr<int32_t>(),
+                                    stream()),
+               "row_popc");
+  return out;
+}
+
+// a (B, M, >=ceil(k/8)), b (B, N, >=ceil(k/8)) uint8 with contiguous rows; only
+// the first ceil(k/8) bytes of each row are read. impl 0: tensor cores (needs
+// 16-byte aligned rows), 1: SIMT. tile: 0 automatic, else a fixed tile (tests).
+Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optional<Tensor>& pw,
+                 const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
+                 std::optional<at::ScalarType> out_dtype, int64_t impl, int64_t tile) {
+  check_cuda(a, "a");
+  check_cuda(b, "b");
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.scalar_type() == at::kByte && b.scalar_type() == at::kByte,
+              "bie_cuda.binary_mm: a and b must be 3-D uint8");
+  TORCH_CHECK(a.size(0) == b.size(0), "bie_cuda.binary_mm: batch sizes differ");
+  const int64_t KB = (k + 7) / 8;
+  TORCH_CHECK(k > 0 && a.size(2) >= KB && b.size(2) >= KB, "bie_cuda.binary_mm: rows shorter than ceil(k/8)");
+  TORCH_CHECK((a.size(2) <= 1 || a.stride(2) == 1) && (b.size(2) <= 1 || b.stride(2) == 1),
+              "bie_cuda.binary_mm: packed rows must be contiguous");
+  const int64_t M = a.size(1), N = b.size(1), batch = a.size(0);
+  TORCH_CHECK(M < (1ll << 31) && N < (1ll << 31) && k < (1ll << 31) && batch < 65536,
+              "bie_cuda.binary_mm: problem too large");
+  if (impl == 0) {
+    auto aligned = [](const Tensor& t) {
+      return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.size(1) <= 1 || t.stride(1) % 16 == 0) &&
+             (t.size(0) <= 1 || t.stride(0) % 16 == 0);
+    };
+    TORCH_CHECK(aligned(a) && aligned(b), "bie_cuda.binary_mm: tensor-core path needs 16-byte aligned rows");
+  }
+  c10::cuda::CUDAGuard guard(a.device());
+  const at::ScalarType odt = out_dtype.has_value() ? *out_dtype : at::kInt;
+  TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16,
+              "bie_cuda.binary_mm: out_dtype must be int32 (None), float32, float16 or bfloat16");
+  auto out = at::empty({batch, M, N}, a.options().dtype(odt));
+  bie::BinGemmArgs p{};
+  p.a = a.data_ptr<uint8_t>();
+  p.b = b.data_ptr<uint8_t>();
+  p.lda = M > 1 ? a.stride(1) : KB;
+  p.a_bs = a.stride(0);
+  p.ldb = N > 1 ? b.stride(1) : KB;
+  p.b_bs = b.stride(0);
+  p.M = (int)M;
+  p.N = (int)N;
+  p.K = (int)k;
+  p.KB = (int)KB;
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(odt);
+  Tensor pw_c, scale_c, bias_c;  // keep alive
+  if (pw.has_value() && pw->defined()) {
+    pw_c = pw->contiguous();
+    TORCH_CHECK(pw_c.scalar_type() == at::kInt && pw_c.numel() == batch * N && pw_c.device() == a.device(),
+                "bie_cuda.binary_mm: pw must be int32 (B*N) on a's device");
+    p.pw = pw_c.data_ptr<int32_t>();
+  }
+  if (scale.has_value() && scale->defined()) {
+    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a scale needs a floating out_dtype");
+    scale_c = scale->reshape({-1}).contiguous();
+    TORCH_CHECK(scale_c.numel() == 1 || scale_c.numel() == N, "bie_cuda.binary_mm: scale must have 1 or N values");
+    TORCH_CHECK(scale_c.device() == a.device(), "bie_cuda.binary_mm: scale on another device");
+    p.scale = scale_c.data_ptr();
+    p.scale_dtype = dtype_code(scale_c.scalar_type());
+    p.scale_stride = scale_c.numel() == 1 ? 0 : 1;
+  }
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a bias needs a floating out_dtype");
+    bias_c = bias->reshape({-1}).contiguous();
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == a.device(), "bie_cuda.binary_mm: bias must have N values");
+    p.bias = bias_c.data_ptr();
+    p.bias_dtype = dtype_code(bias_c.scalar_type());
+  }
+  for (int code : {p.scale ? p.scale_dtype : bie::kF32, p.bias ? p.bias_dtype : bie::kF32})
+    TORCH_CHECK(code == bie::kF32 || code == bie::kF16 || code == bie::kBF16,
+                "bie_cuda.binary_mm: scale and bias must be floating");
+  if (impl == 0) {
+    const int sms = num_sms();
+    check_launch(bie::launch_binary_gemm_tc(p, (int)batch, (int)tile, sms, stream()), "binary_mm (tensor cores)");
+  } else {
+    check_launch(bie::launch_binary_gemm_simt(p, (int)batch, stream()), "binary_mm (SIMT)");
+  }
+  return out;
+}
+
+Tensor sign_embedding(const Tensor& idx, const Tensor& bits, const Tensor& scale, int64_t dim, at::ScalarType dtype) {
+  check_cuda(idx, "indices");
+  check_cuda(bits, "bits");
+  check_cuda(scale, "scale");
+  TORCH_CHECK(idx.scalar_type() == at::kLong || idx.scalar_type() == at::kInt, "bie_cuda.sign_embedding: int indices");
+  TORCH_CHECK(bits.dim() == 2 && bits.scalar_type() == at::kByte && (bits.size(1) <= 1 || bits.stride(1) == 1) &&
+                  bits.size(1) == (dim + 7) / 8,
+              "bie_cuda.sign_embedding: bits must be (V, ceil(dim/8)) uint8 with contiguous rows");
+  auto ix = idx.contiguous();
+  auto sc = scale.reshape({-1}).contiguous();
+  TORCH_CHECK(sc.numel() == bits.size(0), "bie_cuda.sign_embedding: one scale per row");
+  c10::cuda::CUDAGuard guard(bits.device());
+  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
+  shape.push_back(dim);
+  auto out = at::empty(shape, bits.options().dtype(dtype));
+  check_launch(bie::launch_sign_embedding(ix.data_ptr(), ix.scalar_type() == at::kLong, bits.data_ptr<uint8_t>(),
+                                          bits.stride(0), sc.data_ptr(), dtype_code(sc.scalar_type()), bits.size(0),
+                                          ix.numel(), dim, out.data_ptr(), dtype_code(dtype), stream()),
+               "sign_embedding");
+  return out;
+}
+
+Tensor sign_embedding_bag(const Tensor& idx, const Tensor& bits, int64_t dim, at::ScalarType dtype) {
+  check_cuda(idx, "indices");
+  check_cuda(bits, "bits");
+  TORCH_CHECK(idx.dim() == 2 && (idx.scalar_type() == at::kLong || idx.scalar_type() == at::kInt),
+              "bie_cuda.sign_embedding_bag: indices must be 2-D int");
+  TORCH_CHECK(bits.dim() == 2 && bits.scalar_type() == at::kByte && (bits.size(1) <= 1 || bits.stride(1) == 1) &&
+                  bits.size(1) == (dim + 7) / 8,
+              "bie_cuda.sign_embedding_bag: bits must be (V, ceil(dim/8)) uint8 with contiguous rows");
+  auto ix = idx.contiguous();
+  c10::cuda::CUDAGuard guard(bits.device());
+  auto out = at::empty({idx.size(0), dim}, bits.options().dtype(dtype));
+  check_launch(bie::launch_sign_embedding_bag(ix.data_ptr(), ix.scalar_type() == at::kLong, bits.data_ptr<uint8_t>(),
+                                              bits.stride(0), bits.size(0), idx.size(0), idx.size(1), dim,
+                                              out.data_ptr(), dtype_code(dtype), stream()),
+               "sign_embedding_bag");
+  return out;
+}
+
+// -------------------------------------------------------------- weight-only
+// x (M, K) in the compute dtype (fp16/bf16), contiguous; qw/s/zp the prepared
+// layout (bie_backend_cuda/weight_only.py); counters: int32 zeros, at least
+// ceil(Np/128) * ceil(M/16) of them, left zero by every launch.
+Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor& zp, const std::optional<Tensor>& bias,
+               int64_t bits, int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq,
+               at::ScalarType out_dtype, const Tensor& counters) {
+  for (const Tensor* t : {&x, &qw, &s, &zp, &counters}) check_cuda(*t, "wq_gemm operand");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wq_gemm: x must be contiguous (M, K)");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wq_gemm: x must be fp16/bf16");
+  TORCH_CHECK(s.scalar_type() == x.scalar_type() && zp.scalar_type() == x.scalar_type() && s.dim() == 2 &&
+                  s.sizes() == zp.sizes() && s.is_contiguous() && zp.is_contiguous(),
+              "bie_cuda.wq_gemm: prepared statistics must be contiguous (G, Np) in x's dtype");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_gemm: bits must be 2, 4 or 8");
+  const int64_t Np = s.size(1), G = s.size(0), M = x.size(0);
+  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
+  TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K, "bie_cuda.wq_gemm: inconsistent prepared shapes");
+  TORCH_CHECK(qw.scalar_type() == at::kInt && qw.is_contiguous() && qw.numel() == (Np / 16) * kblocks * 128,
+              "bie_cuda.wq_gemm: prepared qweight has ", qw.numel(), " words, expected ", (Np / 16) * kblocks * 128);
+  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= ((Np + 127) / 128) * ((M + 15) / 16),
+              "bie_cuda.wq_gemm: counters too small");
+  TORCH_CHECK(M < (1ll << 31) && K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_gemm: problem too large");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0 || N == 0) return out;
+  bie::WqArgs p{};
+  p.x = x.data_ptr();
+  p.qw = reinterpret_cast<const uint4*>(qw.data_ptr<int32_t>());
+  p.s = s.data_ptr();
+  p.zp = zp.data_ptr();
+  Tensor bias_c;
+  if (bias.has_value() && bias->defined()) {
+    bias_c = bias->reshape({-1}).contiguous();
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.wq_gemm: bias must have N values");
+    p.bias = bias_c.data_ptr();
+    p.bias_dtype = dtype_code(bias_c.scalar_type());
+  }
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(out_dtype);
+  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16,
+              "bie_cuda.wq_gemm: floating out_dtype");
+  p.M = (int)M;
+  p.N = (int)N;
+  p.Np = (int)Np;
+  p.K = (int)K;
+  p.G = (int)G;
+  p.gs_shift = (int)gs_shift;
+  p.kblocks = (int)kblocks;
+  p.counters = counters.data_ptr<int32_t>();
+  const int sms = num_sms();
+  bie::wq_plan(p.M, p.Np, p.kblocks, sms, &p.splits, &p.kb_per_split);
+  Tensor ws;
+  if (p.splits > 1) {
+    ws = at::empty({p.splits, M, Np}, x.options().dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
+  check_launch(bie::launch_wq_gemm(p, (int)bits, dtype_code(x.scalar_type()), gptq, sms, stream()), "wq_gemm");
+  return out;
+}
+
+Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std::optional<Tensor>& perm, int64_t bits,
+                  int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq) {
+  for (const Tensor* t : {&qw, &s, &zp}) check_cuda(*t, "wq_dequant operand");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_dequant: bits must be 2, 4 or 8");
+  TORCH_CHECK(s.dim() == 2 && s.sizes() == zp.sizes() && s.is_contiguous() && zp.is_contiguous() &&
+                  s.scalar_type() == zp.scalar_type(),
+              "bie_cuda.wq_dequant: statistics must be contiguous (G, Np)");
+  const int64_t Np = s.size(1);
+  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
+  TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K && qw.is_contiguous() &&
+                  qw.numel() == (Np / 16) * kblocks * 128,
+              "bie_cuda.wq_dequant: inconsistent prepared shapes");
+  const int64_t* pp = nullptr;
+  Tensor perm_c;
+  if (perm.has_value() && perm->defined()) {
+    perm_c = perm->to(at::kLong).contiguous();
+    TORCH_CHECK(perm_c.numel() == K && perm_c.device() == qw.device(), "bie_cuda.wq_dequant: perm must have K values");
+    pp = perm_c.data_ptr<int64_t>();
+  }
+  c10::cuda::CUDAGuard guard(qw.device());
+  auto out = at::empty({K, N}, s.options());
+  check_launch(bie::launch_wq_dequant(reinterpret_cast<const uint4*>(qw.data_ptr<int32_t>()), s.data_ptr(),
+                                      zp.data_ptr(), pp, (int)bits, dtype_code(s.scalar_type()), gptq, (int)N, (int)Np,
+                                      (int)K, (int)s.size(0), (int)gs_shift, (int)kblocks, out.data_ptr(), stream()),
+               "wq_dequant");
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(bie_cuda, m) {
+  m.def("pack_signs", &pack_signs);
+  m.def("unpack_signs", &unpack_signs);
+  m.def("row_popc", &row_popc);
+  m.def("binary_mm", &binary_mm);
+  m.def("sign_embedding", &sign_embedding);
+  m.def("sign_embedding_bag", &sign_embedding_bag);
+  m.def("wq_gemm", &wq_gemm);
+  m.def("wq_dequant", &wq_dequant);
+}

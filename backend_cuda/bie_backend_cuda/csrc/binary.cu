@@ -1,0 +1,594 @@
+// Binary (1-bit) kernels: sign packing, binary GEMM (1-bit tensor cores with
+// AND+popc, and a SIMT popcount path), packed-row embedding gathers.
+//
+// Canonical sign bits: bit 1 = +1 (v >= 0, NaN packs as -1), packed along K,
+// LSB first, 8 per byte, pad bits 0.
+//
+// Binary dot product via AND (XOR+popc is emulated on sm_90, 6.5x slower):
+//   dot = K - 2 popc(a ^ w) = 4 popc(a & w) - 2 popc(a) - 2 popc(w) + K
+// valid because pad bits are zero on both sides. popc(a) is summed by the
+// GEMM kernel from its shared-memory tiles; popc(w) is precomputed at prepare
+// time for weights (or also summed in the kernel, for batched products).
+#include "common.cuh"
+
+namespace bie {
+
+// ----------------------------------------------------------------- pack_signs
+template <typename T> __device__ __forceinline__ bool nonneg(T v) { return to_f32(v) >= 0.f; }
+template <> __device__ __forceinline__ bool nonneg<int8_t>(int8_t v) { return v >= 0; }
+template <> __device__ __forceinline__ bool nonneg<float>(float v) { return v >= 0.f; }
+
+// One thread per output byte. x is (rows, K) with element strides (sr, sk).
+template <typename T, bool VEC>
+__global__ void pack_signs_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t rows, int64_t K,
+                                  int64_t KB, int64_t sr, int64_t sk) {
+  const int64_t total = rows * KB;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / KB, b = i - r * KB;
+    const T* row = x + r * sr;
+    uint32_t byte = 0;
+    if (VEC) {  // sk == 1, K % 8 == 0 and 8 elements aligned to 8*sizeof(T)
+      if (sizeof(T) == 4) {
+        const float4* p = reinterpret_cast<const float4*>(row + 8 * b);
+        float4 u = p[0], v = p[1];
+        float e[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) byte |= (uint32_t)(e[j] >= 0.f) << j;
+      } else if (sizeof(T) == 2) {
+        uint4 u = *reinterpret_cast<const uint4*>(row + 8 * b);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) byte |= (uint32_t)nonneg<T>(e[j]) << j;
+      } else {
+        uint2 u = *reinterpret_cast<const uint2*>(row + 8 * b);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) byte |= (uint32_t)nonneg<T>(e[j]) << j;
+      }
+    } else {
+      const int64_t k0 = 8 * b;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (k0 + j < K) byte |= (uint32_t)nonneg<T>(row[(k0 + j) * sk]) << j;
+    }
+    out[i] = (uint8_t)byte;
+  }
+}
+
+template <typename T>
+static cudaError_t launch_pack_t(const void* x, uint8_t* out, int64_t rows, int64_t K, int64_t sr, int64_t sk,
+                                 cudaStream_t st) {
+  const int64_t KB = (K + 7) / 8, total = rows * KB;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65536);
+  const bool vec = sk == 1 && K % 8 == 0 && sr % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(x) % (8 * sizeof(T)) == 0;
+  if (vec)
+    pack_signs_kernel<T, true><<<(unsigned)blocks, threads, 0, st>>>(static_cast<const T*>(x), out, rows, K, KB, sr, sk);
+  else
+    pack_signs_kernel<T, false><<<(unsigned)blocks, threads, 0, st>>>(static_cast<const T*>(x), out, rows, K, KB, sr, sk);
+  BIE_LAUNCH_CHECK();
+}
+
+cudaError_t launch_pack_signs(const void* x, int dtype, uint8_t* out, int64_t rows, int64_t K, int64_t sr, int64_t sk,
+                              cudaStream_t st) {
+  switch (dtype) {
+    case kF32: return launch_pack_t<float>(x, out, rows, K, sr, sk, st);
+    case kF16: return launch_pack_t<__half>(x, out, rows, K, sr, sk, st);
+    case kBF16: return launch_pack_t<__nv_bfloat16>(x, out, rows, K, sr, sk, st);
+    case kI8: return launch_pack_t<int8_t>(x, out, rows, K, sr, sk, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// --------------------------------------------------------------- unpack_signs
+template <typename T>
+__global__ void unpack_signs_kernel(const uint8_t* __restrict__ bits, T* __restrict__ out, int64_t rows, int64_t k,
+                                    int64_t ldb) {
+  const int64_t total = rows * k;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / k, j = i - r * k;
+    const bool bit = (bits[r * ldb + (j >> 3)] >> (j & 7)) & 1;
+    out[i] = from_f32<T>(bit ? 1.f : -1.f);
+  }
+}
+__global__ void unpack_signs_i8_kernel(const uint8_t* __restrict__ bits, int8_t* __restrict__ out, int64_t rows,
+                                       int64_t k, int64_t ldb) {
+  const int64_t total = rows * k;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / k, j = i - r * k;
+    out[i] = ((bits[r * ldb + (j >> 3)] >> (j & 7)) & 1) ? 1 : -1;
+  }
+}
+
+cudaError_t launch_unpack_signs(const uint8_t* bits, int64_t rows, int64_t k, int64_t ldb, void* out, int dtype,
+                                cudaStream_t st) {
+  const int64_t total = rows * k;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const unsigned blocks = (unsigned)std::min<int64_t>((total + threads - 1) / threads, 65536);
+  switch (dtype) {
+    case kF32: unpack_signs_kernel<float><<<blocks, threads, 0, st>>>(bits, (float*)out, rows, k, ldb); break;
+    case kF16: unpack_signs_kernel<__half><<<blocks, threads, 0, st>>>(bits, (__half*)out, rows, k, ldb); break;
+    case kBF16:
+      unpack_signs_kernel<__nv_bfloat16><<<blocks, threads, 0, st>>>(bits, (__nv_bfloat16*)out, rows, k, ldb);
+      break;
+    case kI8: unpack_signs_i8_kernel<<<blocks, threads, 0, st>>>(bits, (int8_t*)out, rows, k, ldb); break;
+    default: return cudaErrorInvalidValue;
+  }
+  BIE_LAUNCH_CHECK();
+}
+
+// dot -> output element (float32(dot) * float32(scale) + float32(bias), two
+// roundings like the reference: no fused multiply-add).
+__device__ __forceinline__ void store_out(const BinGemmArgs& p, int64_t off, int n, int dot) {
+  if (p.out_dtype == kI32) {
+    static_cast<int32_t*>(p.out)[off] = dot;
+    return;
+  }
+  float y = (float)dot;
+  if (p.scale) y = __fmul_rn(y, load_f32(p.scale, p.scale_dtype, p.scale_stride * n));
+  if (p.bias) y = __fadd_rn(y, load_f32(p.bias, p.bias_dtype, n));
+  switch (p.out_dtype) {
+    case kF32: static_cast<float*>(p.out)[off] = y; break;
+    case kF16: static_cast<__half*>(p.out)[off] = __float2half_rn(y); break;
+    default: static_cast<__nv_bfloat16*>(p.out)[off] = __float2bfloat16_rn(y); break;
+  }
+}
+
+// Two adjacent columns (n, n+1) of one row; vector store when both exist and
+// the row length is even (then off is even and the pair is aligned).
+__device__ __forceinline__ void store_pair(const BinGemmArgs& p, int64_t off, int n, int d0, int d1) {
+  if (n + 1 < p.N && (p.N & 1) == 0) {
+    if (p.out_dtype == kI32) {
+      *reinterpret_cast<int2*>(static_cast<int32_t*>(p.out) + off) = make_int2(d0, d1);
+      return;
+    }
+    float y0 = (float)d0, y1 = (float)d1;
+    if (p.scale) {
+      y0 = __fmul_rn(y0, load_f32(p.scale, p.scale_dtype, p.scale_stride * n));
+      y1 = __fmul_rn(y1, load_f32(p.scale, p.scale_dtype, p.scale_stride * (n + 1)));
+    }
+    if (p.bias) {
+      y0 = __fadd_rn(y0, load_f32(p.bias, p.bias_dtype, n));
+      y1 = __fadd_rn(y1, load_f32(p.bias, p.bias_dtype, n + 1));
+    }
+    switch (p.out_dtype) {
+      case kF32: *reinterpret_cast<float2*>(static_cast<float*>(p.out) + off) = make_float2(y0, y1); break;
+      case kF16: *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + off) = __floats2half2_rn(y0, y1); break;
+      default:
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + off) = __floats2bfloat162_rn(y0, y1);
+        break;
+    }
+    return;
+  }
+  if (n < p.N) store_out(p, off, n, d0);
+  if (n + 1 < p.N) store_out(p, off + 1, n + 1, d1);
+}
+
+// ------------------------------------------------- tensor-core GEMM (sm_80+)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+// 16-byte async copy; bytes beyond nbytes (0..16) are zero-filled, so rows past
+// M/N and bytes past KB are read as zero bits without touching global memory.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int nbytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(nbytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_b1_and(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Shared-memory tile: rows of CK = 64 bytes (512 signs) = four 16-byte chunks;
+// chunk c of row r lives at chunk c ^ ((r >> 1) & 3), which makes both the
+// cp.async stores and the 8-row ldmatrix reads bank-conflict free.
+constexpr int CK = 64;
+__device__ __forceinline__ int swz(int r, int c) { return r * CK + ((c ^ ((r >> 1) & 3)) << 4); }
+
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(uint8_t* s, const uint8_t* g, int64_t ld, int row0, int nrows, int KB,
+                                          int kbyte0, int tid) {
+#pragma unroll
+  for (int q0 = 0; q0 < ROWS * 4; q0 += THREADS) {
+    const int q = q0 + tid;
+    if (ROWS * 4 % THREADS == 0 || q < ROWS * 4) {
+      const int r = q >> 2, c = q & 3;
+      const int off = kbyte0 + c * 16;
+      const int gr = row0 + r;
+      const int nb = gr < nrows ? max(0, min(16, KB - off)) : 0;
+      const uint8_t* src = nb > 0 ? g + (int64_t)gr * ld + off : g;
+      cp_async16(smem_u32(s + swz(r, c)), src, nb);
+    }
+  }
+}
+
+// Adds the popcount of each tile row to acc (the thread's share of rows).
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void popc_tile(const uint8_t* s, int tid, int (&acc)[(ROWS * 4 + THREADS - 1) / THREADS]) {
+#pragma unroll
+  for (int j = 0; j < (ROWS * 4 + THREADS - 1) / THREADS; ++j) {
+    const int q = j * THREADS + tid;
+    if (ROWS * 4 % THREADS == 0 || q < ROWS * 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(s + q * 16);  // the 4 chunks of row q/4, any order
+      acc[j] += __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w);
+    }
+  }
+}
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void popc_finish(int* dst, int tid, int (&acc)[(ROWS * 4 + THREADS - 1) / THREADS]) {
+#pragma unroll
+  for (int j = 0; j < (ROWS * 4 + THREADS - 1) / THREADS; ++j) {
+    int v = acc[j];
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    const int q = j * THREADS + tid;
+    if ((ROWS * 4 % THREADS == 0 || q < ROWS * 4) && (q & 3) == 0) dst[q >> 2] = v;
+  }
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES, bool PW>
+__global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int THREADS = WM * WN * 32;
+  constexpr int TM = BM / WM, TN = BN / WN;
+  constexpr int MT = TM / 16, NT = TN / 8;
+  static_assert(TM % 16 == 0 && TN % 16 == 0, "warp tile must be a multiple of 16x16");
+  constexpr int A_ST = BM * CK, B_ST = BN * CK;
+  constexpr int PA_N = (BM * 4 + THREADS - 1) / THREADS, PB_N = (BN * 4 + THREADS - 1) / THREADS;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sA = smem;
+  uint8_t* sB = smem + STAGES * A_ST;
+  __shared__ int s_pa[BM];
+  __shared__ int s_pb[BN];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WN, wn = warp % WN;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int bz = blockIdx.z;
+  const uint8_t* A = p.a + bz * p.a_bs;
+  const uint8_t* B = p.b + bz * p.b_bs;
+  const int nchunks = (p.KB + CK - 1) / CK;
+
+  int acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
+  int pa[PA_N], pb[PB_N];
+#pragma unroll
+  for (int j = 0; j < PA_N; ++j) pa[j] = 0;
+#pragma unroll
+  for (int j = 0; j < PB_N; ++j) pb[j] = 0;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nchunks) {
+      load_tile<BM, THREADS>(sA + s * A_ST, A, p.lda, m0, p.M, p.KB, s * CK, tid);
+      load_tile<BN, THREADS>(sB + s * B_ST, B, p.ldb, n0, p.N, p.KB, s * CK, tid);
+    }
+    cp_async_commit();
+  }
+
+  for (int kc = 0; kc < nchunks; ++kc) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    {
+      const int nk = kc + STAGES - 1;
+      if (nk < nchunks) {
+        const int st = nk % STAGES;
+        load_tile<BM, THREADS>(sA + st * A_ST, A, p.lda, m0, p.M, p.KB, nk * CK, tid);
+        load_tile<BN, THREADS>(sB + st * B_ST, B, p.ldb, n0, p.N, p.KB, nk * CK, tid);
+      }
+      cp_async_commit();
+    }
+    const uint8_t* cA = sA + (kc % STAGES) * A_ST;
+    const uint8_t* cB = sB + (kc % STAGES) * B_ST;
+    popc_tile<BM, THREADS>(cA, tid, pa);
+    if (!PW) popc_tile<BN, THREADS>(cB, tid, pb);
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t af[MT][4];
+      uint32_t bf[NT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = wm * TM + i * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int c = ks * 2 + (lane >> 4);
+        ldmatrix_x4(af[i], smem_u32(cA + swz(r, c)));
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 2; ++j) {
+        const int r = wn * TN + j * 16 + (lane & 7) + (lane >> 4) * 8;
+        const int c = ks * 2 + ((lane >> 3) & 1);
+        uint32_t t[4];
+        ldmatrix_x4(t, smem_u32(cB + swz(r, c)));
+        bf[2 * j][0] = t[0];
+        bf[2 * j][1] = t[1];
+        bf[2 * j + 1][0] = t[2];
+        bf[2 * j + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mma_b1_and(acc[i][j], af[i], bf[j][0], bf[j][1]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  popc_finish<BM, THREADS>(s_pa, tid, pa);
+  if (PW) {
+    const int32_t* pw = p.pw + (int64_t)bz * p.N;
+    for (int q = tid; q < BN; q += THREADS) s_pb[q] = (n0 + q < p.N) ? pw[n0 + q] : 0;
+  } else {
+    popc_finish<BN, THREADS>(s_pb, tid, pb);
+  }
+  __syncthreads();
+
+  // Epilogue: dot = K - 2 popc(a) - 2 popc(w) + 4 popc(a & w). Each warp
+  // stages 16 rows of its tile as int32 in (now idle) pipeline shared memory
+  // and stores them row-contiguously with one runtime loop (one copy of the
+  // dtype-generic store code instead of one per fragment).
+  const int g = lane >> 2, tig = lane & 3;
+  const int64_t obase = (int64_t)bz * p.M * p.N;
+  constexpr int LDT = TN + 4;
+  static_assert(WM * WN * 16 * LDT * 4 <= STAGES * (BM + BN) * CK, "epilogue tile does not fit");
+  int* stile = reinterpret_cast<int*>(smem) + warp * 16 * LDT;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rl = wm * TM + i * 16 + g + h * 8;
+      const int ka = p.K - 2 * s_pa[rl];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int cl = wn * TN + j * 8 + tig * 2;
+        *reinterpret_cast<int2*>(stile + (g + h * 8) * LDT + j * 8 + tig * 2) =
+            make_int2(ka - 2 * s_pb[cl] + 4 * acc[i][j][2 * h], ka - 2 * s_pb[cl + 1] + 4 * acc[i][j][2 * h + 1]);
+      }
+    }
+    __syncwarp();
+    const int rbase = m0 + wm * TM + i * 16, cbase = n0 + wn * TN;
+#pragma unroll 1
+    for (int e = lane * 2; e < 16 * TN; e += 64) {
+      const int r = e / TN, c = e - r * TN;
+      const int row = rbase + r, col = cbase + c;
+      if (row < p.M && col < p.N)
+        store_pair(p, obase + (int64_t)row * p.N + col, col, stile[r * LDT + c], stile[r * LDT + c + 1]);
+    }
+    __syncwarp();
+  }
+#endif
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+static cudaError_t launch_tc(const BinGemmArgs& p, int batch, cudaStream_t st) {
+  constexpr int THREADS = WM * WN * 32;
+  constexpr int SMEM = STAGES * (BM + BN) * CK;
+  dim3 grid((unsigned)ceil_div(p.M, BM), (unsigned)ceil_div(p.N, BN), (unsigned)batch);
+  if (grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
+  if (p.pw) {
+    auto k = bgemm_tc_kernel<BM, BN, WM, WN, STAGES, true>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    if (e != cudaSuccess) return e;
+    k<<<grid, THREADS, SMEM, st>>>(p);
+  } else {
+    auto k = bgemm_tc_kernel<BM, BN, WM, WN, STAGES, false>;
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    if (e != cudaSuccess) return e;
+    k<<<grid, THREADS, SMEM, st>>>(p);
+  }
+  BIE_LAUNCH_CHECK();
+}
+
+// tile: 0 = choose by shape, 1 = 16x64, 2 = 64x128, 3 = 128x256 (benchmarks/tests force one)
+cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st) {
+  if (p.M == 0 || p.N == 0 || batch == 0) return cudaSuccess;
+  if (tile == 0) {
+    const int64_t big = (int64_t)ceil_div(p.M, 128) * ceil_div(p.N, 256) * batch;
+    if (p.M <= 16) tile = 1;
+    else if (p.M >= 256 && big >= num_sms) tile = 3;
+    else tile = 2;
+  }
+  switch (tile) {
+    case 1: return launch_tc<16, 64, 1, 4, 4>(p, batch, st);
+    case 2: return launch_tc<64, 128, 2, 2, 4>(p, batch, st);
+    case 3: return launch_tc<128, 256, 2, 4, 4>(p, batch, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ------------------------------------------------ SIMT popcount GEMM (any sm)
+// For GPUs without 1-bit MMA. Tile 32x32 outputs, 256 threads (4 outputs each);
+// rows staged in shared memory 32 bits at a time, bytes past KB read as 0.
+__device__ __forceinline__ uint32_t load_word(const uint8_t* row, int w, int KB) {
+  uint32_t v = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int o = w * 4 + j;
+    if (o < KB) v |= (uint32_t)row[o] << (8 * j);
+  }
+  return v;
+}
+
+__global__ void __launch_bounds__(256) bgemm_simt_kernel(const BinGemmArgs p) {
+  constexpr int T = 32, KW = 16;  // 16 words = 512 signs per step
+  __shared__ uint32_t sa[T][KW + 1], sb[T][KW + 1];
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.x * T, n0 = blockIdx.y * T, bz = blockIdx.z;
+  const uint8_t* A = p.a + bz * p.a_bs;
+  const uint8_t* B = p.b + bz * p.b_bs;
+  const int tr = tid / 8, tc = (tid % 8) * 4;  // row tr, cols tc..tc+3
+  int acc[4] = {0, 0, 0, 0};
+  const int nw = (p.KB + 3) / 4;
+  for (int w0 = 0; w0 < nw; w0 += KW) {
+    for (int q = tid; q < T * KW; q += 256) {
+      const int r = q / KW, w = w0 + q % KW;
+      sa[r][q % KW] = (m0 + r < p.M && w < nw) ? load_word(A + (int64_t)(m0 + r) * p.lda, w, p.KB) : 0u;
+      sb[r][q % KW] = (n0 + r < p.N && w < nw) ? load_word(B + (int64_t)(n0 + r) * p.ldb, w, p.KB) : 0u;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < KW; ++w) {
+      const uint32_t a = sa[tr][w];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[c] += __popc(a ^ sb[tc + c][w]);
+    }
+    __syncthreads();
+  }
+  // pad words/bytes are zero in both operands: XOR counts only true positions
+  const int row = m0 + tr;
+  if (row >= p.M) return;
+  const int64_t obase = (int64_t)bz * p.M * p.N + (int64_t)row * p.N;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int col = n0 + tc + c;
+    if (col < p.N) store_out(p, obase + col, col, p.K - 2 * acc[c]);
+  }
+}
+
+cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_t st) {
+  if (p.M == 0 || p.N == 0 || batch == 0) return cudaSuccess;
+  dim3 grid((unsigned)ceil_div(p.M, 32), (unsigned)ceil_div(p.N, 32), (unsigned)batch);
+  if (grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
+  bgemm_simt_kernel<<<grid, 256, 0, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+// ------------------------------------------------------------ sign embedding
+// out[l, j] = scale[i] * (bit j of row i ? +1 : -1), i = idx[l]. An index
+// outside [0, V) cannot be checked without a host sync: its row is written as
+// NaN and nothing outside the tables is read.
+template <typename T, typename I>
+__global__ void sign_embedding_kernel(const I* __restrict__ idx, const uint8_t* __restrict__ bits, int64_t ldb,
+                                      const void* scale, int scale_dtype, int64_t V, int64_t L, int64_t dim,
+                                      T* __restrict__ out) {
+  const int64_t total = L * dim;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t l = t / dim, j = t - l * dim;
+    const int64_t i = (int64_t)idx[l];
+    float v;
+    if (i < 0 || i >= V) {
+      v = __int_as_float(0x7fc00000);
+    } else {
+      const float s = load_f32(scale, scale_dtype, i);
+      v = ((bits[i * ldb + (j >> 3)] >> (j & 7)) & 1) ? s : -s;
+    }
+    out[t] = from_f32<T>(v);
+  }
+}
+
+template <typename I>
+static cudaError_t launch_emb_i(const void* idx, const uint8_t* bits, int64_t ldb, const void* scale, int scale_dtype,
+                                int64_t V, int64_t L, int64_t dim, void* out, int dtype, cudaStream_t st) {
+  const int64_t total = L * dim;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const unsigned blocks = (unsigned)std::min<int64_t>((total + threads - 1) / threads, 65536);
+  const I* ix = static_cast<const I*>(idx);
+  switch (dtype) {
+    case kF32:
+      sign_embedding_kernel<float, I><<<blocks, threads, 0, st>>>(ix, bits, ldb, scale, scale_dtype, V, L, dim, (float*)out);
+      break;
+    case kF16:
+      sign_embedding_kernel<__half, I><<<blocks, threads, 0, st>>>(ix, bits, ldb, scale, scale_dtype, V, L, dim, (__half*)out);
+      break;
+    case kBF16:
+      sign_embedding_kernel<__nv_bfloat16, I>
+          <<<blocks, threads, 0, st>>>(ix, bits, ldb, scale, scale_dtype, V, L, dim, (__nv_bfloat16*)out);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  BIE_LAUNCH_CHECK();
+}
+
+cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
+                                  int scale_dtype, int64_t V, int64_t L, int64_t dim, void* out, int dtype,
+                                  cudaStream_t st) {
+  return idx64 ? launch_emb_i<int64_t>(idx, bits, ldb, scale, scale_dtype, V, L, dim, out, dtype, st)
+               : launch_emb_i<int32_t>(idx, bits, ldb, scale, scale_dtype, V, L, dim, out, dtype, st);
+}
+
+// Majority vote over the L rows of each bag: +1 where 2 * ones >= L. A bag
+// with an index outside [0, V) gets NaN (see above).
+template <typename T, typename I>
+__global__ void sign_bag_kernel(const I* __restrict__ idx, const uint8_t* __restrict__ bits, int64_t ldb, int64_t V,
+                                int64_t nbags, int64_t L, int64_t dim, T* __restrict__ out) {
+  const int64_t total = nbags * dim;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t bag = t / dim, j = t - bag * dim;
+    int64_t ones = 0;
+    bool bad = false;
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t i = (int64_t)idx[bag * L + l];
+      if (i < 0 || i >= V) { bad = true; break; }
+      ones += (bits[i * ldb + (j >> 3)] >> (j & 7)) & 1;
+    }
+    const float v = bad ? __int_as_float(0x7fc00000) : (2 * ones >= L ? 1.f : -1.f);
+    out[t] = from_f32<T>(v);
+  }
+}
+
+template <typename I>
+static cudaError_t launch_bag_i(const void* idx, const uint8_t* bits, int64_t ldb, int64_t V, int64_t nbags, int64_t L,
+                                int64_t dim, void* out, int dtype, cudaStream_t st) {
+  const int64_t total = nbags * dim;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const unsigned blocks = (unsigned)std::min<int64_t>((total + threads - 1) / threads, 65536);
+  const I* ix = static_cast<const I*>(idx);
+  switch (dtype) {
+    case kF32: sign_bag_kernel<float, I><<<blocks, threads, 0, st>>>(ix, bits, ldb, V, nbags, L, dim, (float*)out); break;
+    case kF16: sign_bag_kernel<__half, I><<<blocks, threads, 0, st>>>(ix, bits, ldb, V, nbags, L, dim, (__half*)out); break;
+    case kBF16:
+      sign_bag_kernel<__nv_bfloat16, I><<<blocks, threads, 0, st>>>(ix, bits, ldb, V, nbags, L, dim, (__nv_bfloat16*)out);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  BIE_LAUNCH_CHECK();
+}
+
+cudaError_t launch_sign_embedding_bag(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, int64_t V,
+                                      int64_t nbags, int64_t L, int64_t dim, void* out, int dtype, cudaStream_t st) {
+  return idx64 ? launch_bag_i<int64_t>(idx, bits, ldb, V, nbags, L, dim, out, dtype, st)
+               : launch_bag_i<int32_t>(idx, bits, ldb, V, nbags, L, dim, out, dtype, st);
+}
+
+// popcount of each row (prepare-time helper for weights): rows x KB bytes.
+__global__ void row_popc_kernel(const uint8_t* __restrict__ b, int64_t ldb, int64_t rows, int64_t KB,
+                                int32_t* __restrict__ out) {
+  const int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  int s = 0;
+  for (int64_t o = lane; o < KB; o += 32) s += __popc((uint32_t)b[r * ldb + o]);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+  if (lane == 0) out[r] = s;
+}
+
+cudaError_t launch_row_popc(const uint8_t* b, int64_t ldb, int64_t rows, int64_t KB, int32_t* out, cudaStream_t st) {
+  if (rows == 0) return cudaSuccess;
+  const unsigned blocks = (unsigned)((rows + 7) / 8);
+  row_popc_kernel<<<blocks, 256, 0, st>>>(b, ldb, rows, KB, out);
+  BIE_LAUNCH_CHECK();
+}
+
+}  // namespace bie

@@ -1,0 +1,44 @@
+// Shared helpers of the bie-backend-cuda kernels.
+//
+// The .cu files hold kernels and host launchers that take raw pointers and a
+// stream; they include no torch header (fast to compile, and checkable with a
+// bare nvcc). All argument checking happens in bie_cuda.cpp (TORCH_CHECK):
+// a launcher is only reached with arguments it can serve.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <algorithm>
+
+#include "launchers.h"
+
+namespace bie {
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(int8_t v) { return (float)v; }
+
+// Load element i of a float tensor whose dtype is only known at run time
+// (scales, biases: tiny, read in epilogues).
+__device__ __forceinline__ float load_f32(const void* p, int dtype, int64_t i) {
+  switch (dtype) {
+    case kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+}  // namespace bie
+
+// Every launcher returns the launch status; bie_cuda.cpp turns it into a
+// Python exception (never exit(), never abort()).
+#define BIE_LAUNCH_CHECK() return cudaGetLastError()

@@ -1,0 +1,61 @@
+// Host launchers implemented in the .cu files (raw pointers + stream; each
+// returns the CUDA launch status).
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace bie {
+
+enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3, kI32 = 4 };
+
+struct BinGemmArgs {
+  const uint8_t* a;
+  const uint8_t* b;
+  const int32_t* pw;
+  int64_t lda, a_bs, ldb, b_bs;
+  int M, N, K, KB;
+  void* out;
+  int out_dtype;
+  const void* scale;
+  int scale_dtype;
+  int64_t scale_stride;
+  const void* bias;
+  int bias_dtype;
+};
+
+cudaError_t launch_pack_signs(const void* x, int dtype, uint8_t* out, int64_t rows, int64_t K, int64_t sr, int64_t sk,
+                              cudaStream_t st);
+cudaError_t launch_unpack_signs(const uint8_t* bits, int64_t rows, int64_t k, int64_t ldb, void* out, int dtype,
+                                cudaStream_t st);
+cudaError_t launch_row_popc(const uint8_t* b, int64_t ldb, int64_t rows, int64_t KB, int32_t* out, cudaStream_t st);
+cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st);
+cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_t st);
+cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
+                                  int scale_dtype, int64_t V, int64_t L, int64_t dim, void* out, int dtype,
+                                  cudaStream_t st);
+cudaError_t launch_sign_embedding_bag(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, int64_t V,
+                                      int64_t nbags, int64_t L, int64_t dim, void* out, int dtype, cudaStream_t st);
+
+struct WqArgs {
+  const void* x;
+  const uint4* qw;
+  const void* s;
+  const void* zp;
+  const void* bias;
+  int bias_dtype;
+  void* out;
+  int out_dtype;
+  float* ws;
+  int* counters;
+  int M, N, Np, K, G, gs_shift;
+  int kblocks;
+  int kb_per_split, splits;
+};
+
+void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split);
+cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st);
+cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, const int64_t* perm, int bits, int cdtype,
+                              bool gptq, int N, int Np, int K, int G, int gs_shift, int kblocks, void* out,
+                              cudaStream_t st);
+
+}  // namespace bie

@@ -1,0 +1,419 @@
+// Weight-only (GPTQ / GBA) GEMM for small and medium M on fp16/bf16 tensor
+// cores, and the dequantization kernel used for large M and the input grad.
+//
+// Prepared weight layout (built once per weight version by the Python side,
+// see bie_backend_cuda/weight_only.py): codes are stored in the exact order in
+// which mma.m16n8k16's B fragments need them, so each thread streams one
+// 16-byte vector per step and no shared memory is used for weights.
+//   qw: [N/16 blocks][K/KS blocks][32 lanes][4 words] (uint32)
+//   KS = 16 * J k-rows per vector, J = 4 (4-bit), 8 (2-bit), 2 (8-bit).
+// Lane (g = lane/4, t = lane%4) of step j, tile u (0/1 -> columns 8u + g of the
+// 16-column block) holds rows k = 16j + {2t, 2t+1, 2t+8, 2t+9} (entries e=0..3):
+//   4-bit: word j,        nibble (e&1)*4 + 2u + (e>>1)
+//   2-bit: word j/2,      2-bit slot (e&1)*8 + (j%2)*4 + 2u + (e>>1)
+//   8-bit: word 2j + u,   byte e
+// so that one mask/permute yields a half2 (k pair) ready for the fragment.
+// Statistics: s (G, Np) and zp (G, Np) in the compute dtype T; the dequantized
+// weight is  gptq: (qm - zp) * s   (zp = zero + MAGIC)
+//            gba:  (qm - MAGIC) * s + zp   (zp = -zero)
+// where qm = code + MAGIC is what the bit trick produces (MAGIC = 1024 for
+// fp16, 128 for bf16 with 2/4-bit codes, 0 for bf16 8-bit codes, which go
+// through float32).
+#include "common.cuh"
+
+namespace bie {
+
+template <typename T> struct V2;
+template <> struct V2<__half> {
+  using t = __half2;
+  static __device__ __forceinline__ t from_bits(uint32_t u) { return *reinterpret_cast<t*>(&u); }
+  static __device__ __forceinline__ t dup(__half v) { return __half2half2(v); }
+};
+template <> struct V2<__nv_bfloat16> {
+  using t = __nv_bfloat162;
+  static __device__ __forceinline__ t from_bits(uint32_t u) { return *reinterpret_cast<t*>(&u); }
+  static __device__ __forceinline__ t dup(__nv_bfloat16 v) { return __bfloat162bfloat162(v); }
+};
+
+template <typename T> struct Magic;  // bits of the pair {MAGIC, MAGIC}
+template <> struct Magic<__half> { static constexpr uint32_t v = 0x64006400u; };
+template <> struct Magic<__nv_bfloat16> { static constexpr uint32_t v = 0x43004300u; };
+
+template <int BITS> struct Layout;
+template <> struct Layout<4> { static constexpr int J = 4; };
+template <> struct Layout<2> { static constexpr int J = 8; };
+template <> struct Layout<8> { static constexpr int J = 2; };
+
+// The two k-pairs (b0, b1) of tile u at step j, as qm = code + MAGIC.
+template <int BITS, typename T>
+__device__ __forceinline__ void extract(const uint4& v, int j, int u, uint32_t& b0, uint32_t& b1) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  if (BITS == 4) {
+    const uint32_t x = w[j];
+    b0 = ((x >> (8 * u)) & 0x000F000Fu) | Magic<T>::v;
+    b1 = ((x >> (8 * u + 4)) & 0x000F000Fu) | Magic<T>::v;
+  } else if (BITS == 2) {
+    const uint32_t x = w[j >> 1];
+    const int s = (j & 1) * 8 + 4 * u;
+    b0 = ((x >> s) & 0x00030003u) | Magic<T>::v;
+    b1 = ((x >> (s + 2)) & 0x00030003u) | Magic<T>::v;
+  } else {
+    const uint32_t x = w[2 * j + u];
+    if (sizeof(T) == 2 && Magic<T>::v == 0x64006400u) {
+      b0 = __byte_perm(x, 0x64646464u, 0x4140);
+      b1 = __byte_perm(x, 0x64646464u, 0x4342);
+    } else {  // bf16: 8-bit codes do not fit its 8-bit significand above 128; go through float32
+      const float f0 = __uint_as_float(__byte_perm(x, 0x00004B00u, 0x5440)) - 8388608.f;
+      const float f1 = __uint_as_float(__byte_perm(x, 0x00004B00u, 0x5441)) - 8388608.f;
+      const float f2 = __uint_as_float(__byte_perm(x, 0x00004B00u, 0x5442)) - 8388608.f;
+      const float f3 = __uint_as_float(__byte_perm(x, 0x00004B00u, 0x5443)) - 8388608.f;
+      __nv_bfloat162 p0 = __floats2bfloat162_rn(f0, f1), p1 = __floats2bfloat162_rn(f2, f3);
+      b0 = *reinterpret_cast<uint32_t*>(&p0);
+      b1 = *reinterpret_cast<uint32_t*>(&p1);
+    }
+  }
+}
+
+template <int BITS, typename T> __device__ __forceinline__ uint32_t magic_pair() {
+  return (BITS == 8 && Magic<T>::v == 0x43004300u) ? 0u : Magic<T>::v;
+}
+
+// qm pair -> dequantized weight pair.
+template <int BITS, typename T, bool GPTQ>
+__device__ __forceinline__ uint32_t dequant(uint32_t qm, typename V2<T>::t s2, typename V2<T>::t z2) {
+  using H2 = typename V2<T>::t;
+  H2 q = V2<T>::from_bits(qm);
+  H2 r;
+  if (GPTQ) {
+    r = __hmul2(__hsub2(q, z2), s2);
+  } else {
+    r = __hfma2(__hsub2(q, V2<T>::from_bits(magic_pair<BITS, T>())), s2, z2);
+  }
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+constexpr int WQ_WARPS = 8;
+
+// Block: 8 warps = 8 column blocks of 16; all warps share the block's K slice
+// of x, staged in shared memory XC columns at a time. blockIdx.y = K split,
+// blockIdx.z = chunk of MB*16 rows of x.
+template <int BITS, typename T, bool GPTQ, int MB>
+__global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using H2 = typename V2<T>::t;
+  constexpr int J = Layout<BITS>::J, KS = 16 * J;
+  constexpr int XC = 1024 / MB;  // x columns per shared-memory chunk
+  constexpr int XLD = XC + 8;    // padded row (bank-conflict-free fragment loads)
+  constexpr int ROWS = MB * 16;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  T* xs = reinterpret_cast<T*>(smem_raw);
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x * WQ_WARPS + warp;  // 16-column block of this warp
+  const bool active = nb * 16 < p.Np;
+  const int m0 = blockIdx.z * ROWS;
+  const int mrows = min(ROWS, p.M - m0);
+  const int kb0 = blockIdx.y * p.kb_per_split;
+  const int kb1 = min(p.kblocks, kb0 + p.kb_per_split);
+  const T* X = static_cast<const T*>(p.x) + (int64_t)m0 * p.K;
+  const T* S = static_cast<const T*>(p.s);
+  const T* Z = static_cast<const T*>(p.zp);
+  const uint4* W = p.qw + ((int64_t)(active ? nb : 0) * p.kblocks) * 32 + lane;
+
+  float acc[MB][2][4];
+#pragma unroll
+  for (int a = 0; a < MB; ++a)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[a][u][e] = 0.f;
+
+  int cur_grp = -1;
+  H2 s2[2], z2[2];
+  const int ncol0 = nb * 16 + g;
+
+  constexpr int PF = 4;  // vectors in flight per thread
+  uint4 buf[PF];
+#pragma unroll
+  for (int i = 0; i < PF; ++i)
+    buf[i] = (active && kb0 + i < kb1) ? ld_stream(W + (int64_t)(kb0 + i) * 32) : make_uint4(0, 0, 0, 0);
+
+  const int k_begin = kb0 * KS, k_end = kb1 * KS;
+  int kb = kb0;
+  for (int xc0 = k_begin; xc0 < k_end; xc0 += XC) {
+    const int xcn = min(XC, k_end - xc0);
+    __syncthreads();
+    // stage x[m0 : m0+mrows, xc0 : xc0+xcn] (zero beyond K)
+    for (int q = tid; q < mrows * (XC / 2); q += WQ_WARPS * 32) {
+      const int r = q / (XC / 2), c = (q % (XC / 2)) * 2;
+      const int k = xc0 + c;
+      uint32_t v = 0;
+      if (c < xcn) {
+        if (k + 1 < p.K && (p.K & 1) == 0) {
+          v = *reinterpret_cast<const uint32_t*>(X + (int64_t)r * p.K + k);
+        } else {
+          T lo = k < p.K ? X[(int64_t)r * p.K + k] : from_f32<T>(0.f);
+          T hi = k + 1 < p.K ? X[(int64_t)r * p.K + k + 1] : from_f32<T>(0.f);
+          v = (uint32_t)(*reinterpret_cast<uint16_t*>(&lo)) | ((uint32_t)(*reinterpret_cast<uint16_t*>(&hi)) << 16);
+        }
+      }
+      *reinterpret_cast<uint32_t*>(xs + r * XLD + c) = v;
+    }
+    __syncthreads();
+    const int kb_end = min(kb1, (xc0 + xcn) / KS);
+    for (; kb < kb_end; kb += PF) {
+#pragma unroll
+      for (int i = 0; i < PF; ++i) {
+        const int kbi = kb + i;
+        if (kbi >= kb_end) break;
+        const uint4 v = buf[i];
+        buf[i] = (active && kbi + PF < kb1) ? ld_stream(W + (int64_t)(kbi + PF) * 32) : make_uint4(0, 0, 0, 0);
+        if (!active) continue;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int k16 = kbi * KS + j * 16;
+          const int grp = p.gs_shift >= 0 ? min(k16 >> p.gs_shift, p.G - 1) : 0;
+          if (grp != cur_grp) {
+            cur_grp = grp;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              s2[u] = V2<T>::dup(S[(int64_t)grp * p.Np + ncol0 + 8 * u]);
+              z2[u] = V2<T>::dup(Z[(int64_t)grp * p.Np + ncol0 + 8 * u]);
+            }
+          }
+          uint32_t bf[2][2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            uint32_t q0, q1;
+            extract<BITS, T>(v, j, u, q0, q1);
+            bf[u][0] = dequant<BITS, T, GPTQ>(q0, s2[u], z2[u]);
+            bf[u][1] = dequant<BITS, T, GPTQ>(q1, s2[u], z2[u]);
+          }
+          const int kk = k16 - xc0;
+#pragma unroll
+          for (int a = 0; a < MB; ++a) {
+            const int r0 = a * 16 + g;
+            if (a * 16 >= mrows) break;
+            uint32_t af[4];
+            af[0] = r0 < mrows ? *reinterpret_cast<const uint32_t*>(xs + r0 * XLD + kk + 2 * t) : 0u;
+            af[1] = r0 + 8 < mrows ? *reinterpret_cast<const uint32_t*>(xs + (r0 + 8) * XLD + kk + 2 * t) : 0u;
+            af[2] = r0 < mrows ? *reinterpret_cast<const uint32_t*>(xs + r0 * XLD + kk + 2 * t + 8) : 0u;
+            af[3] = r0 + 8 < mrows ? *reinterpret_cast<const uint32_t*>(xs + (r0 + 8) * XLD + kk + 2 * t + 8) : 0u;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) mma16816<T>(acc[a][u], af, bf[u][0], bf[u][1]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: direct store (one split) or deterministic split-K reduction
+  auto finish = [&](int row, int col, float vsum) {
+    if (p.bias) vsum += load_f32(p.bias, p.bias_dtype, col);
+    const int64_t o = (int64_t)row * p.N + col;
+    switch (p.out_dtype) {
+      case kF32: static_cast<float*>(p.out)[o] = vsum; break;
+      case kF16: static_cast<__half*>(p.out)[o] = __float2half_rn(vsum); break;
+      default: static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(vsum); break;
+    }
+  };
+  if (p.splits == 1) {
+    if (!active) return;
+#pragma unroll
+    for (int a = 0; a < MB; ++a)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = a * 16 + g + (e >> 1) * 8, c = nb * 16 + u * 8 + 2 * t + (e & 1);
+          if (r < mrows && c < p.N) finish(m0 + r, c, acc[a][u][e]);
+        }
+    return;
+  }
+  float* wsp = p.ws + ((int64_t)blockIdx.y * p.M + m0) * p.Np;
+  if (active) {
+#pragma unroll
+    for (int a = 0; a < MB; ++a)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = a * 16 + g + (e >> 1) * 8, c = nb * 16 + u * 8 + 2 * t + (e & 1);
+          if (r < mrows) wsp[(int64_t)r * p.Np + c] = acc[a][u][e];
+        }
+  }
+  __threadfence();
+  __syncthreads();
+  int* cnt = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
+  if (tid == 0) s_last = atomicAdd(cnt, 1) == p.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // the last block of this tile sums the splits in a fixed order
+  const int ncols = min(WQ_WARPS * 16, p.Np - blockIdx.x * WQ_WARPS * 16);
+  for (int q = tid; q < mrows * ncols; q += WQ_WARPS * 32) {
+    const int r = q / ncols, c = blockIdx.x * WQ_WARPS * 16 + q % ncols;
+    if (c >= p.N) continue;
+    float sum = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.ws + ((int64_t)sp * p.M + m0 + r) * p.Np + c);
+    finish(m0 + r, c, sum);
+  }
+  if (tid == 0) *cnt = 0;  // ready for the next launch (also under graph replay)
+#endif
+}
+
+template <int BITS, typename T, bool GPTQ, int MB>
+static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
+  WqArgs p = p0;
+  constexpr int ROWS = MB * 16, XC = 1024 / MB;
+  const int nbx = ceil_div(p.Np / 16, WQ_WARPS);
+  const int mchunks = ceil_div(p.M, ROWS);
+  const int smem = min(ROWS, p.M) * (XC + 8) * (int)sizeof(T);
+  auto k = wq_gemm_kernel<BITS, T, GPTQ, MB>;
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  dim3 grid((unsigned)nbx, (unsigned)p.splits, (unsigned)mchunks);
+  if (grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
+  k<<<grid, WQ_WARPS * 32, smem, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+// Split-K plan (host side, no device sync): enough blocks to fill the GPU.
+void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split) {
+  const int mb = M <= 16 ? 1 : 4;
+  const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, mb * 16);
+  int s = std::max(1, std::min(kblocks, ceil_div(3 * num_sms, base)));
+  const int kbps = ceil_div(kblocks, s);
+  *kb_per_split = kbps;
+  *splits = ceil_div(kblocks, kbps);
+}
+
+template <int BITS, typename T>
+static cudaError_t launch_wq_bt(const WqArgs& p, bool gptq, int num_sms, cudaStream_t st) {
+  if (p.M <= 16) return gptq ? launch_wq_t<BITS, T, true, 1>(p, num_sms, st) : launch_wq_t<BITS, T, false, 1>(p, num_sms, st);
+  return gptq ? launch_wq_t<BITS, T, true, 4>(p, num_sms, st) : launch_wq_t<BITS, T, false, 4>(p, num_sms, st);
+}
+
+cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+  if (cdtype == kF16) {
+    switch (bits) {
+      case 2: return launch_wq_bt<2, __half>(p, gptq, num_sms, st);
+      case 4: return launch_wq_bt<4, __half>(p, gptq, num_sms, st);
+      case 8: return launch_wq_bt<8, __half>(p, gptq, num_sms, st);
+    }
+  } else if (cdtype == kBF16) {
+    switch (bits) {
+      case 2: return launch_wq_bt<2, __nv_bfloat16>(p, gptq, num_sms, st);
+      case 4: return launch_wq_bt<4, __nv_bfloat16>(p, gptq, num_sms, st);
+      case 8: return launch_wq_bt<8, __nv_bfloat16>(p, gptq, num_sms, st);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ------------------------------------------------------------- dequantize
+// One thread per 16-byte vector: writes its 16j x 2 tiles of W (K, N) in T,
+// row k of the prepared (sorted) order going to row perm[k] when given.
+template <int BITS, typename T, bool GPTQ>
+__global__ void wq_dequant_kernel(const uint4* __restrict__ qw, const T* __restrict__ S, const T* __restrict__ Z,
+                                  const int64_t* __restrict__ perm, int N, int Np, int K, int G, int gs_shift,
+                                  int kblocks, T* __restrict__ out) {
+  using H2 = typename V2<T>::t;
+  constexpr int J = Layout<BITS>::J, KS = 16 * J;
+  const int64_t total = (int64_t)(Np / 16) * kblocks * 32;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int lane = (int)(i & 31);
+    const int64_t blk = i >> 5;
+    const int nb = (int)(blk / kblocks), kb = (int)(blk % kblocks);
+    const int g = lane >> 2, t = lane & 3;
+    const uint4 v = qw[i];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int k16 = kb * KS + j * 16;
+      if (k16 >= K) break;
+      const int grp = gs_shift >= 0 ? min(k16 >> gs_shift, G - 1) : 0;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int n = nb * 16 + u * 8 + g;
+        const H2 s2 = V2<T>::dup(S[(int64_t)grp * Np + n]);
+        const H2 z2 = V2<T>::dup(Z[(int64_t)grp * Np + n]);
+        uint32_t q0, q1;
+        extract<BITS, T>(v, j, u, q0, q1);
+        const uint32_t w0 = dequant<BITS, T, GPTQ>(q0, s2, z2), w1 = dequant<BITS, T, GPTQ>(q1, s2, z2);
+        if (n >= N) continue;
+        const T* e0 = reinterpret_cast<const T*>(&w0);
+        const T* e1 = reinterpret_cast<const T*>(&w1);
+        const int ks[4] = {k16 + 2 * t, k16 + 2 * t + 1, k16 + 2 * t + 8, k16 + 2 * t + 9};
+        const T vals[4] = {e0[0], e0[1], e1[0], e1[1]};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (ks[e] < K) {
+            const int64_t row = perm ? perm[ks[e]] : ks[e];
+            out[row * N + n] = vals[e];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int BITS, typename T>
+static cudaError_t launch_deq_bt(const uint4* qw, const void* s, const void* z, const int64_t* perm, int N, int Np,
+                                 int K, int G, int gs_shift, int kblocks, bool gptq, void* out, cudaStream_t st) {
+  const int64_t total = (int64_t)(Np / 16) * kblocks * 32;
+  if (total == 0) return cudaSuccess;
+  const unsigned blocks = (unsigned)std::min<int64_t>((total + 255) / 256, 1 << 20);
+  if (gptq)
+    wq_dequant_kernel<BITS, T, true><<<blocks, 256, 0, st>>>(qw, (const T*)s, (const T*)z, perm, N, Np, K, G, gs_shift,
+                                                              kblocks, (T*)out);
+  else
+    wq_dequant_kernel<BITS, T, false><<<blocks, 256, 0, st>>>(qw, (const T*)s, (const T*)z, perm, N, Np, K, G,
+                                                               gs_shift, kblocks, (T*)out);
+  BIE_LAUNCH_CHECK();
+}
+
+cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, const int64_t* perm, int bits, int cdtype,
+                              bool gptq, int N, int Np, int K, int G, int gs_shift, int kblocks, void* out,
+                              cudaStream_t st) {
+  if (cdtype == kF16) {
+    switch (bits) {
+      case 2: return launch_deq_bt<2, __half>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
+      case 4: return launch_deq_bt<4, __half>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
+      case 8: return launch_deq_bt<8, __half>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
+    }
+  } else if (cdtype == kBF16) {
+    switch (bits) {
+      case 2: return launch_deq_bt<2, __nv_bfloat16>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
+      case 4: return launch_deq_bt<4, __nv_bfloat16>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
+      case 8: return launch_deq_bt<8, __nv_bfloat16>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace bie

@@ -1,0 +1,81 @@
+"""Kernel registration of bie-backend-cuda (loaded on first use).
+
+Importing this module compiles nothing: the extension is built or loaded the
+first time a kernel runs (or by ``bie build cuda``).
+"""
+from __future__ import annotations
+
+import torch
+
+from bie_core import Capability, hookimpl
+
+from . import _build, binary, weight_only
+
+PRIORITY = 100
+SIMT_PRIORITY = 90
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+PACKABLE = FLOATS + (torch.int8,)
+SM80 = ((8, 0), None)
+
+
+def _wq_check(p):
+    gs = p.attrs.get("group_size")
+    if gs is not None and not weight_only.group_size_ok(gs):
+        return f"group_size={gs} not served (needs -1 or a power of two >= 16)"
+    return None
+
+
+@hookimpl
+def bie_register_kernels(registry):
+    cuda = ("cuda",)
+    registry.register("pack_signs", binary.pack_signs, priority=PRIORITY, name="pack_signs",
+                      capability=Capability(devices=cuda, dtypes=PACKABLE),
+                      description="one thread per packed byte, 16/32-byte vector loads when aligned")
+    registry.register("unpack_signs", binary.unpack_signs, priority=PRIORITY, name="unpack_signs",
+                      capability=Capability(devices=cuda, dtypes=PACKABLE))
+    registry.register("binary_gemm", binary.binary_gemm, priority=PRIORITY, name="binary_gemm_tc",
+                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
+                      prepare=binary.prepare_weight,
+                      description="1-bit tensor cores (mma m16n8k256 AND+popc, popcount correction), "
+                                  "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K")
+    registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
+                      capability=Capability(devices=cuda, dtypes=FLOATS),
+                      description="SIMT XOR+popcount for GPUs without 1-bit MMA")
+    registry.register("binary_bmm", binary.binary_bmm, priority=PRIORITY, name="binary_bmm_tc",
+                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80))
+    registry.register("binary_bmm", binary.binary_bmm_simt, priority=SIMT_PRIORITY, name="binary_bmm_simt",
+                      capability=Capability(devices=cuda, dtypes=FLOATS))
+    registry.register("sign_embedding", binary.sign_embedding, priority=PRIORITY, name="sign_embedding",
+                      capability=Capability(devices=cuda, dtypes=FLOATS))
+    registry.register("sign_embedding_bag", binary.sign_embedding_bag, priority=PRIORITY,
+                      name="sign_embedding_bag", capability=Capability(devices=cuda, dtypes=FLOATS))
+    wq_cap = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
+                        attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
+    registry.register("wq_gemm", weight_only.wq_gemm, priority=PRIORITY, name="wq_gemm",
+                      capability=wq_cap, prepare=weight_only.prepare,
+                      description="fp16/bf16 tensor-core GEMV/GEMM on fragment-ordered repacked codes, "
+                                  "split-K with deterministic reduction; dequantize + cuBLAS above M=256")
+    registry.register("wq_gemm_grad_input", weight_only.wq_gemm_grad_input, priority=PRIORITY,
+                      name="wq_gemm_grad_input", capability=wq_cap, prepare=weight_only.prepare,
+                      description="dequantize (fused kernel) + cuBLAS")
+    registry.register("wq_dequantize", weight_only.wq_dequantize, priority=PRIORITY, name="wq_dequantize",
+                      capability=wq_cap, prepare=weight_only.prepare)
+
+
+@hookimpl
+def bie_build(verbose):
+    path = _build.load(verbose=bool(verbose))
+    return f"CUDA kernels ready: {path}"
+
+
+@hookimpl
+def bie_report():
+    try:
+        name = torch.cuda.get_device_name()
+        cc = torch.cuda.get_device_capability()
+        built = _build.is_built()
+        d = _build.build_dir()
+    except Exception as exc:  # noqa: BLE001 - a report line, never an error
+        return [f"cuda: {exc}"]
+    state = f"built ({d})" if built else "not built yet: compiled on first use, or run `bie build cuda`"
+    return [f"device: {name} (sm_{cc[0]}{cc[1]})", f"kernels: {state}"]

@@ -1,0 +1,239 @@
+"""Weight-only (GPTQ / GBA) ops on CUDA tensors.
+
+``prepare`` (called by the dispatcher once per weight version) returns a
+:class:`WqPrepared` holder; the repacked layout depends on the call's
+``bits``, ``group_size``, ``K``, format and compute dtype, which ``prepare``
+does not see, so it is built on the first call with a given configuration
+and kept in the holder (never in ``state_dict``). Building it runs device ops
+and one host synchronisation (to check whether an act-order ``g_idx`` gives
+uniform groups once sorted); forward and backward calls never synchronise.
+
+Layout and arithmetic: see ``csrc/weight_only.cu``. 3-bit codes are served by
+the 4-bit kernels and 1-bit codes by the 2-bit kernels (repacked wider).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _build
+
+#: Above this many rows, dequantize into a temporary and use cuBLAS.
+LARGE_M = 256
+_J = {2: 8, 4: 4, 8: 2}
+_KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 8: 8}
+
+
+def group_size_ok(group_size: int) -> bool:
+    return group_size == -1 or (group_size >= 16 and group_size & (group_size - 1) == 0)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp16 tensor cores for fp16 and fp32 activations (SPEC: fp16 accuracy), bf16 for bf16."""
+    return torch.bfloat16 if dtype is torch.bfloat16 else torch.float16
+
+
+class WqPrepared:
+    """Per weight version: repacked layouts keyed by (bits, group_size, K, format, compute dtype)."""
+
+    def __init__(self):
+        self.layouts: dict = {}
+        self.lock = threading.Lock()
+
+    def get(self, key, build):
+        lay = self.layouts.get(key)
+        if lay is None:
+            with self.lock:
+                lay = self.layouts.get(key)
+                if lay is None:
+                    lay = self.layouts[key] = build()
+        return lay
+
+
+def prepare(qweight, scales, zeros, g_idx):
+    return WqPrepared()
+
+
+@dataclass
+class Layout:
+    generic: bool
+    bits: int = 0            # kernel width (2, 4, 8)
+    n: int = 0
+    k: int = 0
+    kblocks: int = 0
+    gs_shift: int = -1
+    gptq: bool = True
+    cdtype: torch.dtype = torch.float16
+    qw: Optional[torch.Tensor] = None
+    s: Optional[torch.Tensor] = None
+    zp: Optional[torch.Tensor] = None
+    perm: Optional[torch.Tensor] = None     # int64 (K,): prepared row j is input row perm[j]
+    # generic path (non-uniform act-order groups): float32 dequantized weight
+    w32: Optional[torch.Tensor] = None
+
+
+# ------------------------------------------------------------ unpacking
+def unpack_stream(packed: torch.Tensor, bits: int, length: int) -> torch.Tensor:
+    """(ceil(L*b/32), C) int32 words (bit stream along dim 0) -> (L, C) int64 codes."""
+    w = packed.to(torch.int64) & 0xFFFFFFFF
+    j = torch.arange(length, device=packed.device, dtype=torch.int64)
+    pos = j * bits
+    word, off = pos // 32, (pos % 32)
+    lo = w.index_select(0, word) >> off.unsqueeze(1)
+    spill = (off + bits) > 32
+    mask = (1 << bits) - 1
+    if bool(bits in (3, 5, 6)):
+        nxt = w.index_select(0, torch.clamp(word + 1, max=w.shape[0] - 1))
+        hi = (nxt << (32 - off).unsqueeze(1)) * spill.unsqueeze(1).to(torch.int64)
+        lo = lo | hi
+    return lo & mask
+
+
+def _repack(codes: torch.Tensor, kbits: int, kp: int, np_: int) -> torch.Tensor:
+    """(K, N) codes -> the fragment-ordered int32 layout of csrc/weight_only.cu."""
+    k, n = codes.shape
+    c = torch.zeros((kp, np_), dtype=torch.int64, device=codes.device)
+    c[:k, :n] = codes
+    J = _J[kbits]
+    kb, nb = kp // (16 * J), np_ // 16
+    # row k = kblk*16J + j*16 + eh*8 + t*2 + el ; col n = nblk*16 + u*8 + g
+    c = c.reshape(kb, J, 2, 4, 2, nb, 2, 8)          # kblk, j, eh, t, el, nblk, u, g
+    e_lo = torch.arange(2, device=c.device).view(1, 1, 1, 1, 2, 1, 1, 1)
+    e_hi = torch.arange(2, device=c.device).view(1, 1, 2, 1, 1, 1, 1, 1)
+    u = torch.arange(2, device=c.device).view(1, 1, 1, 1, 1, 1, 2, 1)
+    jj = torch.arange(J, device=c.device).view(1, J, 1, 1, 1, 1, 1, 1)
+    if kbits == 4:
+        shift = 4 * (e_lo * 4 + u * 2 + e_hi)
+        v = (c << shift).sum(dim=(2, 4, 6))                  # kblk, j(=word), t, nblk, g
+        words = v                                            # word index = j
+    elif kbits == 2:
+        shift = 2 * (e_lo * 8 + (jj % 2) * 4 + u * 2 + e_hi)
+        v = (c << shift).sum(dim=(2, 4, 6))                  # kblk, j, t, nblk, g
+        words = v.reshape(kb, 4, 2, 4, nb, 8).sum(dim=2)     # word = j // 2
+    else:
+        shift = 8 * (e_hi * 2 + e_lo)
+        v = (c << shift).sum(dim=(2, 4))                     # kblk, j, t, nblk, u, g
+        words = v.permute(0, 1, 4, 2, 3, 5).reshape(kb, 4, 4, nb, 8)  # word = 2j + u
+    # -> [nblk][kblk][lane = g*4 + t][word]
+    words = words.permute(3, 0, 4, 2, 1).contiguous()        # nblk, kblk, g, t, word
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words.reshape(-1)
+
+
+def build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdtype) -> Layout:
+    n = qweight.shape[1]
+    dev = qweight.device
+    codes = unpack_stream(qweight, bits, k)
+    g = scales.shape[0]
+    gs = k if group_size == -1 else group_size
+    perm = None
+    if g_idx is not None:
+        gi = g_idx.to(torch.int64)
+        perm = torch.argsort(gi, stable=True)
+        expected = torch.clamp(torch.arange(k, device=dev) // gs, max=g - 1)
+        if not torch.equal(gi.index_select(0, perm), expected):  # one host sync, at prepare time only
+            return _generic_layout(codes, scales, zeros, gi, bits, fmt, n, k)
+        codes = codes.index_select(0, perm)
+    kbits = _KERNEL_BITS[bits]
+    ks = 16 * _J[kbits]
+    kp = -(-k // ks) * ks
+    np_ = -(-n // 16) * 16
+    qw = _repack(codes, kbits, kp, np_)
+    s = torch.zeros((g, np_), dtype=cdtype, device=dev)
+    s[:, :n] = scales.to(cdtype)
+    zp = torch.zeros((g, np_), dtype=cdtype, device=dev)
+    if fmt == "gptq":
+        z = unpack_stream(zeros.t().contiguous(), bits, n).t()            # (G, N)
+        magic = 1024 if cdtype is torch.float16 else (0 if kbits == 8 else 128)
+        zp[:, :n] = (z + magic).to(cdtype)
+    else:
+        zp[:, :n] = (-zeros.to(torch.float32)).to(cdtype)
+    gs_shift = -1 if group_size == -1 else group_size.bit_length() - 1
+    return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw, s, zp, perm)
+
+
+def _generic_layout(codes, scales, zeros, gi, bits, fmt, n, k) -> Layout:
+    s = scales.to(torch.float32).index_select(0, gi)
+    if fmt == "gptq":
+        z = unpack_stream(zeros.t().contiguous(), bits, n).t().to(torch.float32).index_select(0, gi)
+        w = s * (codes.to(torch.float32) - z)
+    else:
+        w = codes.to(torch.float32) * s - zeros.to(torch.float32).index_select(0, gi)
+    return Layout(True, n=n, k=k, w32=w.contiguous())
+
+
+def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype) -> Layout:
+    cd = compute_dtype(dtype)
+    if prepared is None:
+        prepared = WqPrepared()
+    return prepared.get((bits, group_size, k, fmt, cd),
+                        lambda: build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd))
+
+
+_counters: dict = {}
+_counters_lock = threading.Lock()
+
+
+def _counters_for(device, need: int) -> torch.Tensor:
+    """Zeroed int32 semaphores for the split-K reduction, one set per (device, stream);
+    every launch leaves them zero again."""
+    key = (device, torch.cuda.current_stream(device).stream_id)
+    t = _counters.get(key)
+    if t is None or t.numel() < need:
+        with _counters_lock:
+            t = _counters.get(key)
+            if t is None or t.numel() < need:
+                t = torch.zeros(max(need, 4096), dtype=torch.int32, device=device)
+                _counters[key] = t
+    return t
+
+
+def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
+    return _build.ops().wq_dequant(lay.qw, lay.s, lay.zp, lay.perm if original_order else None, lay.bits, lay.n,
+                                   lay.k, lay.gs_shift, lay.kblocks, lay.gptq)
+
+
+# ------------------------------------------------------------------ the ops
+def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    k = x.shape[1]
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
+    m = x.shape[0]
+    if lay.generic:
+        y = x.to(torch.float32) @ lay.w32
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+        return y.to(x.dtype)
+    xs = x if lay.perm is None else x.index_select(1, lay.perm)
+    if m > LARGE_M:
+        w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
+        if x.dtype is torch.float32:
+            y = xs @ w.to(torch.float32)
+        else:
+            y = xs.to(lay.cdtype) @ w
+        if bias is not None:
+            y = y.to(torch.float32) + bias.to(torch.float32)
+        return y.to(x.dtype)
+    xc = xs.to(lay.cdtype).contiguous()
+    need = (-(-qweight.shape[1] // 128) + 1) * (-(-max(m, 1) // 16))
+    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
+                                lay.gptq, x.dtype, _counters_for(x.device, need))
+
+
+def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, grad.dtype)
+    if lay.generic:
+        return (grad.to(torch.float32) @ lay.w32.t()).to(grad.dtype)
+    w = _dequant(lay, original_order=True)              # (K, N) in input-row order
+    if grad.dtype is torch.float32:
+        return grad @ w.to(torch.float32).t()
+    return (grad.to(lay.cdtype) @ w.t()).to(grad.dtype)
+
+
+def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype)
+    if lay.generic:
+        return lay.w32.to(dtype)
+    return _dequant(lay, original_order=True).to(dtype)

@@ -1,0 +1,227 @@
+"""Benchmarks of bie-backend-cuda on the GPU in use (H100 figures in results/cuda_h100.md).
+
+Timing: each measured call is captured in a CUDA graph together with 31 more
+calls that rotate over a pool of distinct weight sets (more than 5x the L2
+size in total, so weights stream from HBM), then the graph is replayed and
+timed with CUDA events; the figure is the median over repeats divided by the
+calls per graph. Speedups are against bf16 ``torch.nn.functional.linear``
+(cuBLAS) timed the same way; ``torch._weight_int4pack_mm`` (tinygemm) runs as
+a peer where this torch provides it. Roofline floors use the measured H100
+ceilings of ../shared/reference/performance-anchors.md §5 (3.0 TB/s, bf16
+798 TFLOP/s, 1-bit 15.9 POPS wgmma / 10.7 POPS mma.sync).
+
+    python benchmarks/bench_cuda.py [--quick] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+BW = 3.0e12
+BF16_FLOPS = 798e12
+B1_WGMMA = 15.9e15
+B1_MMA = 10.7e15
+L2_BYTES = 50 * 2 ** 20
+POOL_BYTES = 256 * 2 ** 20
+CALLS = 32
+
+
+def pool_size(bytes_per_set: int) -> int:
+    return max(2, min(64, math.ceil(POOL_BYTES / max(1, bytes_per_set))))
+
+
+def time_graph(fns, repeats: int = 7) -> float:
+    """µs per call: fns is a list of zero-arg callables (one per weight set)."""
+    for f in fns:  # warm-up (builds, prepares, allocates)
+        f()
+    torch.cuda.synchronize()
+    seq = [fns[i % len(fns)] for i in range(CALLS)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in seq:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in seq:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / CALLS)
+    del g
+    return statistics.median(times)
+
+
+def time_eager(fn, iters: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1000.0 / iters
+
+
+_bf16_cache: dict = {}
+
+
+def bf16_linear_us(m, n, k) -> float:
+    key = (m, n, k)
+    if key not in _bf16_cache:
+        nset = pool_size(n * k * 2)
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(nset)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        _bf16_cache[key] = time_graph([lambda w=w: F.linear(x, w) for w in ws])
+        del ws
+        torch.cuda.empty_cache()
+    return _bf16_cache[key]
+
+
+# ------------------------------------------------------------------- binary
+def bench_binary(rows, quick):
+    from bie_backend_cuda import binary as cb
+    shapes = [(4096, 4096, 4096), (1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (1024, 4096, 4096)]
+    if not quick:
+        shapes += [(8192, 8192, 8192), (4096, 28672, 8192), (1, 28672, 8192)]
+    for m, n, k in shapes:
+        kb = k // 8
+        nset = pool_size(n * kb)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        ws = [torch.randint(0, 256, (n, kb), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(nset)]
+        preps = [cb.prepare_weight(w) for w in ws]
+        a = torch.randint(0, 256, (m, kb), device="cuda", dtype=torch.uint8, generator=gen)
+        scale = torch.rand(n, device="cuda") + 0.1
+        t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p)
+                        for w, p in zip(ws, preps)])
+        t32 = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, None, prepared=p)
+                          for w, p in zip(ws[:4], preps[:4])]) if m * n >= 2 ** 22 else float("nan")
+        base = bf16_linear_us(m, n, k)
+        ops = 2.0 * m * n * k
+        floor = max(ops / B1_WGMMA, ((m + n) * kb + m * n * 2) / BW) * 1e6
+        rows.append(dict(family="binary_gemm", shape=f"M={m} N={n} K={k}", out="bf16", us=t, int32_us=t32,
+                         bf16_us=base, speedup=base / t, TOPS=ops / t / 1e6, floor_us=floor,
+                         frac_roof=floor / t, frac_mma_sync=ops / t / 1e6 / (B1_MMA / 1e12)))
+        del ws, preps
+        torch.cuda.empty_cache()
+    # pack_signs (activations, bf16 -> bits)
+    for m, k in [(4096, 4096), (1, 4096)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        t = time_graph([lambda: cb.pack_signs(x)])
+        rows.append(dict(family="pack_signs", shape=f"M={m} K={k}", out="uint8", us=t,
+                         GBps=(m * k * 2 + m * k / 8) / t / 1e3))
+
+
+# -------------------------------------------------------------- weight-only
+def _rand_wq(k, n, bits, gs, gen):
+    from bie_core.ops.weight_only import num_groups, packed_rows
+    g = num_groups(k, gs)
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (packed_rows(k, bits), n), device="cuda", dtype=torch.int32,
+                       generator=gen)
+    s = (torch.rand((g, n), device="cuda", generator=gen) + 0.5).half() / (1 << bits)
+    z = torch.randint(-2 ** 31, 2 ** 31 - 1, (g, packed_rows(n, bits)), device="cuda", dtype=torch.int32,
+                      generator=gen)
+    return qw, s, z
+
+
+def bench_wq(rows, quick):
+    from bie_backend_cuda import weight_only as cw
+    cases = []
+    ms = (1, 16, 32, 128, 1024) if not quick else (1, 16, 128)
+    for n, k in [(4096, 4096), (28672, 8192), (8192, 28672)]:
+        for m in ms:
+            cases.append((m, n, k, 4, 128))
+    cases += [(1, 28672, 8192, 2, 64), (1, 8192, 28672, 2, 64), (1, 28672, 8192, 8, -1), (16, 28672, 8192, 8, -1),
+              (1, 4096, 4096, 2, 64), (1, 4096, 4096, 8, -1)]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for m, n, k, bits, gs in cases:
+        gsz = k if gs == -1 else gs
+        wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
+        nset = pool_size(wbytes)
+        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(nset)]
+        preps = [cw.prepare(*s_, None) for s_ in sets]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
+               for s_, p in zip(sets, preps)]
+        t = time_graph(fns)
+        # accuracy vs bf16 matmul of the dequantized weight (first set)
+        w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
+        ref = x.float() @ w
+        got = fns[0]().float()
+        rel = float((got - ref).norm() / ref.norm())
+        base = bf16_linear_us(m, n, k)
+        byts = wbytes + m * k * 2 + m * n * 2
+        floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
+        row = dict(family=f"W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, bf16_us=base, speedup=base / t,
+                   TBps=byts / t / 1e6, floor_us=floor, frac_roof=floor / t, rel_err=rel)
+        if bits == 4 and hasattr(torch, "_weight_int4pack_mm") and m <= 128:
+            try:
+                row["tinygemm_us"] = _tinygemm(m, n, k, gs, nset)
+            except Exception as exc:  # noqa: BLE001 - a peer, reported as missing
+                row["tinygemm_us"] = float("nan")
+                row["tinygemm_err"] = str(exc)[:120]
+        rows.append(row)
+        del sets, preps
+        torch.cuda.empty_cache()
+
+
+def _tinygemm(m, n, k, gs, nset):
+    packs = []
+    for _ in range(nset):
+        wq = torch.randint(0, 16, (n, k), dtype=torch.int32, device="cuda")
+        wu8 = (wq[:, ::2] << 4 | wq[:, 1::2]).to(torch.uint8)
+        try:
+            packed = torch._convert_weight_to_int4pack(wu8, 8)
+        except Exception:  # older signature: int32 (N, K)
+            packed = torch._convert_weight_to_int4pack(wq, 8)
+        sz = torch.rand(k // gs, n, 2, device="cuda", dtype=torch.bfloat16)
+        packs.append((packed, sz))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    return time_graph([lambda p=p: torch._weight_int4pack_mm(x, p[0], gs, p[1]) for p in packs])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default="binary,wq")
+    args = ap.parse_args()
+    from bie_backend_cuda import _build
+    _build.load()
+    rows: list = []
+    only = set(args.only.split(","))
+    if "binary" in only:
+        bench_binary(rows, args.quick)
+    if "wq" in only:
+        bench_wq(rows, args.quick)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                commit=os.environ.get("BIE_COMMIT", "?"), calls_per_graph=CALLS)
+    print(json.dumps(meta))
+    for r in rows:
+        print(" | ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""bie-backend-cuda: kernels against the plain-PyTorch reference on fresh random inputs.
+
+Without a CUDA device only the packaging checks run (the backend must show as
+unavailable, and importing it must not compile anything); the kernel checks
+skip.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
+                                reason="bie-backend-cuda is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def test_descriptor_is_light_and_honest():
+    from bie_backend_cuda import descriptor
+    d = descriptor.backend
+    assert d.name == "cuda" and tuple(d.device_types) == ("cuda",)
+    reason = d.probe()
+    if not torch.cuda.is_available():
+        assert reason == "no CUDA device"
+
+
+def test_listed_without_breaking_core():
+    import bie_core
+    recs = {r.name: r for r in bie_core.backends()}
+    assert "cuda" in recs
+    if not torch.cuda.is_available():
+        assert recs["cuda"].status == "unavailable" and recs["cuda"].cause == "no CUDA device"
+
+
+# ------------------------------------------------------------------ kernels
+def _ref():
+    from bie_backend_cpu.reference import binary, weight_only
+    return binary, weight_only
+
+
+def _bits(shape, k, gen, device="cuda"):
+    from bie_core.ops._common import randbits
+    return randbits(shape, device=device, gen=gen, k=k)
+
+
+def _cpu(t):
+    return None if t is None else t.detach().cpu()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 5, 129), (64, 1024), (1, 4099), (17, 8)])
+def test_pack_unpack(dtype, shape):
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape[:-1] + (2 * shape[-1],), generator=gen)
+    x[torch.rand(x.shape, generator=gen) < 0.1] = 0.0
+    if dtype is torch.int8:
+        x = (x * 3).round()
+    x = x.to(dtype).cuda()
+    for xx in (x[..., : shape[-1]].contiguous(), x[..., ::2]):
+        got = cb.pack_signs(xx)
+        assert torch.equal(got.cpu(), rb.pack_signs(xx.cpu()))
+        for odt in (torch.float32, torch.bfloat16, torch.int8):
+            assert torch.equal(cb.unpack_signs(got, shape[-1], odt).cpu(), rb.unpack_signs(got.cpu(), shape[-1], odt))
+
+
+GEMM = [(1, 1, 1), (1, 64, 64), (1, 256, 4096), (3, 5, 7), (7, 33, 130), (16, 64, 128), (33, 17, 1000),
+        (128, 96, 512), (2, 8, 8191), (64, 128, 4096), (300, 520, 777), (257, 1000, 2048)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("m,n,k", GEMM)
+@pytest.mark.parametrize("tile", [0, 1, 2, 3, "simt"])
+def test_binary_gemm(m, n, k, tile):
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(m * 7 + n * 13 + k)
+    kb = (k + 7) // 8
+    a, b = _bits((m, kb), k, gen), _bits((n, kb), k, gen)
+    exp = rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None)
+    run = (lambda *args: cb.binary_gemm_simt(*args)) if tile == "simt" else \
+        (lambda *args: cb.binary_gemm(*args, tile=tile))
+    assert torch.equal(run(a, b, k, None, None, None).cpu(), exp)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        scale = (torch.rand((n,) if (m + n) % 2 == 0 else (), generator=gen) + 0.05).cuda()
+        bias = torch.randn(n, generator=gen).to(dt).cuda()
+        got = run(a, b, k, scale, bias, dt).cpu()
+        ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), bias.cpu(), dt)
+        assert torch.equal(got, ref), f"{dt}: max diff {(got.double() - ref.double()).abs().max()}"
+
+
+@needs_cuda
+def test_binary_gemm_unaligned_views_and_bmm():
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(3)
+    k = 200
+    kb = (k + 7) // 8
+    big_a, big_b = _bits((9, 3 * kb), 3 * kb * 8, gen), _bits((11, 3 * kb), 3 * kb * 8, gen)
+    a, b = big_a[:, 1:kb + 1].clone(), big_b[:, 2:kb + 2].clone()
+    a[:, -1] &= 0xFF; b[:, -1] &= 0xFF
+    a_v = torch.cat([torch.zeros_like(a[:, :1]), a], 1)[:, 1:]      # misaligned view
+    exp = rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None)
+    assert torch.equal(cb.binary_gemm(a_v, b, k, None, None, None).cpu(), exp)
+    A, B = _bits((3, 17, kb), k, gen), _bits((3, 29, kb), k, gen)
+    scale = torch.tensor(0.37).cuda()
+    for fn in (cb.binary_bmm, cb.binary_bmm_simt):
+        assert torch.equal(fn(A, B, k, None, None).cpu(), rb.binary_bmm(A.cpu(), B.cpu(), k, None, None))
+        got = fn(A, B, k, scale, torch.float32).cpu()
+        torch.testing.assert_close(got, rb.binary_bmm(A.cpu(), B.cpu(), k, scale.cpu(), torch.float32))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_embeddings(dtype):
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(5)
+    for v, d, ishape in [(1, 1, (1,)), (10, 7, (3, 4)), (100, 130, (17,)), (7, 8, (0,))]:
+        bits = _bits((v, (d + 7) // 8), d, gen)
+        scale = torch.rand(v, generator=gen).to(dtype).cuda()
+        for idt in (torch.int64, torch.int32):
+            idx = torch.randint(0, v, ishape, generator=gen).to(idt).cuda()
+            assert torch.equal(cb.sign_embedding(idx, bits, scale, d, dtype).cpu(),
+                               rb.sign_embedding(idx.cpu(), bits.cpu(), scale.cpu(), d, dtype))
+    bits = _bits((40, 9), 65, gen)
+    idx = torch.randint(0, 40, (6, 5), generator=gen).cuda()
+    assert torch.equal(cb.sign_embedding_bag(idx, bits, 65, dtype).cpu(),
+                       rb.sign_embedding_bag(idx.cpu(), bits.cpu(), 65, dtype))
+    bad = torch.tensor([0, 40, -1]).cuda()   # out of range: NaN rows, nothing read out of bounds
+    out = cb.sign_embedding(bad, bits, torch.ones(40, dtype=dtype).cuda(), 65, dtype).cpu()
+    assert not torch.isnan(out[0]).any() and torch.isnan(out[1:]).all()
+
+
+WQ = [(bits, gs, act, fmt) for bits in (1, 2, 3, 4, 8) for gs in (32, 64, 128, -1) for act in (False, True)
+      for fmt in ("gptq", "gba")]
+
+
+def _wq_case(k, n, bits, gs, fmt, act, seed, sdtype=torch.float16):
+    from bie_core.ops.weight_only import make_wq_case
+    gen = torch.Generator().manual_seed(seed)
+    return make_wq_case(k, n, bits, gs, fmt, act, gen, "cuda", sdtype=sdtype)
+
+
+def _close(got, w64, x, dtype, k, what, bias=None):
+    from bie_core.ops.weight_only import wq_tolerance
+    exp = x.double().cpu() @ w64
+    if bias is not None:
+        exp = exp + bias.double().cpu()
+    rms = lambda t: float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0  # noqa: E731
+    rtol, atol = wq_tolerance(dtype, k, rms(x.cpu()), rms(w64))
+    assert got.dtype == dtype, what
+    torch.testing.assert_close(got.double().cpu(), exp, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits,gs,act,fmt", WQ)
+def test_wq_gemm(bits, gs, act, fmt):
+    from bie_backend_cuda import weight_only as cw
+    k, n = (256, 72) if gs != 32 else (200, 40)
+    qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, act, bits * 100 + (gs % 97) + act * 7)
+    gen = torch.Generator().manual_seed(11)
+    prepared = cw.prepare(qw, s, z, gi)
+    for i, m in enumerate((1, 3, 16, 17, 64, 65, 300)):
+        dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
+        x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
+        got = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
+        _close(got, w64, x, dtype, k, f"M={m} {dtype}", bias)
+    g = torch.randn((5, n), generator=gen).to(torch.bfloat16).cuda()
+    got = cw.wq_gemm_grad_input(g, qw, s, z, gi, bits, gs, k, fmt, prepared=prepared)
+    _close(got, w64.t(), g, torch.bfloat16, n, "grad_input")
+    w = cw.wq_dequantize(qw, s, z, gi, bits, gs, k, fmt, torch.float32, prepared=prepared)
+    torch.testing.assert_close(w.double().cpu(), w64, rtol=2 ** -10, atol=2 ** -10 * float(w64.pow(2).mean().sqrt()))
+
+
+@needs_cuda
+def test_wq_large_shapes_split_k_deterministic_and_graphs():
+    from bie_backend_cuda import weight_only as cw
+    k, n = 4096, 1000
+    qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 7)
+    prepared = cw.prepare(qw, s, z, gi)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn((1, k), generator=gen).half().cuda()
+    y1 = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    y2 = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    assert torch.equal(y1, y2)
+    _close(y1, w64, x, torch.float16, k, "K=4096")
+    # CUDA graph capture and replay (no host sync inside, counters reset)
+    static_x = x.clone()
+    s_ = torch.cuda.Stream()
+    with torch.cuda.stream(s_):
+        cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    for _ in range(3):
+        static_x.copy_(torch.randn((1, k), generator=gen).half().cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out.clone(), w64, static_x, torch.float16, k, "graph replay")
+
+
+@needs_cuda
+def test_wq_nonuniform_act_order_falls_back_correctly():
+    from bie_backend_cuda import weight_only as cw
+    k, n = 128, 24
+    qw, s, z, _, w64 = _wq_case(k, n, 4, 32, "gba", False, 9)
+    gi = torch.randint(0, 4, (k,), generator=torch.Generator().manual_seed(1)).to(torch.int32)
+    gi[:4] = torch.arange(4, dtype=torch.int32)
+    sf, zf = s.double().cpu(), z.double().cpu()
+    from bie_backend_cpu.reference import weight_only as rw
+    q = rw._unpack_rows(qw.cpu(), 4, k).double()
+    w = q * sf[gi.long()] - zf[gi.long()]
+    x = torch.randn(3, k).half().cuda()
+    got = cw.wq_gemm(x, qw, s, z, gi.cuda(), None, 4, 32, "gba")
+    _close(got, w, x, torch.float16, k, "non-uniform g_idx")
+
+
+@needs_cuda
+def test_dispatch_picks_cuda_kernels():
+    import bie_core
+    from bie_core import ops
+    gen = torch.Generator().manual_seed(0)
+    a, b = _bits((4, 16), 128, gen), _bits((8, 16), 128, gen)
+    e = bie_core.explain(ops.binary_gemm, a, b, 128, None, None, None)
+    assert "cuda:binary_gemm_tc" in str(e)
+    with pytest.raises(bie_core.NoKernelError) as err:     # honest: rejected by capability, never run
+        qw, s, z, gi, _ = _wq_case(96, 16, 4, 48, "gptq", False, 1)
+        ops.wq_gemm(torch.randn(1, 96).half().cuda(), qw, s, z, gi, None, 4, 48, "gptq", backend="cuda")
+    assert "group_size=48" in str(err.value)
