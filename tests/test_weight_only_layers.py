@@ -14,6 +14,7 @@ from bie_core import MBWQLinear, MPQLinear, ops
 from bie_core.layers.weight_only import v1_to_v2_zeros
 from bie_core.ops import weight_only as wo
 from bie_core.quantize import HessianAccumulator, gptq_quantize, layer_error
+from _wq_util import one_thread  # noqa: F401  (autouse fixture)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -9,6 +9,7 @@ import torch
 
 from bie_core import ops
 from bie_core.ops import weight_only as wo
+from _wq_util import one_thread  # noqa: F401  (autouse fixture)
 
 CPU = torch.device("cpu")
 

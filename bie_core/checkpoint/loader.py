@@ -31,6 +31,7 @@ from .io import CheckpointError, as_state_dict, read_quant_config, write_safeten
 GPTQ_KEYS = ("qweight", "qzeros", "scales", "g_idx", "bias")
 GBA_KEYS = ("qweight", "scales", "zeros", "qstatistic", "qscales_scales", "qscales_zeros", "qzeros_scales",
             "qzeros_zeros", "g_idx", "bias", "wf")
+LAYER_KEYS = tuple(dict.fromkeys(GPTQ_KEYS + GBA_KEYS))
 _FORMATS = {"gptq": "v1", "v1": "v1", "gptq_v1": "v1", "gptq_v2": "v2", "v2": "v2"}
 
 
@@ -130,7 +131,7 @@ def load_quantized(model: nn.Module, source: Union[str, os.PathLike, Mapping[str
         if not isinstance(mod, (nn.Linear, MPQLinear)):
             raise CheckpointError(f"'{prefix}' is a {type(mod).__name__} in the model; quantized checkpoints "
                                   "replace nn.Linear layers only")
-        t = {k: sd[f"{prefix}.{k}"] for k in GBA_KEYS if f"{prefix}.{k}" in sd}
+        t = {k: sd[f"{prefix}.{k}"] for k in LAYER_KEYS if f"{prefix}.{k}" in sd}
         used.update(f"{prefix}.{k}" for k in t)
         k_in, n_out = mod.in_features, mod.out_features
         has_bias = (mod.bias is not None)
