@@ -91,6 +91,20 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
+def _require(cond: bool, op: str, msg: str) -> None:
+    """The invariants the C code relies on. The op's validation already
+    guarantees them for dispatched calls; these checks keep a direct call of a
+    kernel with bad sizes from ever reaching native code."""
+    if not cond:
+        raise ValueError(f"bie native {op}: {msg}")
+
+
+def _cpu(op: str, *ts) -> None:
+    for t in ts:
+        if t is not None:
+            _require(t.device.type == "cpu", op, f"tensor on {t.device}, expected cpu")
+
+
 # ------------------------------------------------------------ prepared layouts
 class Prepared:
     """Layouts derived from one weight tensor version (the dispatcher caches
@@ -124,6 +138,9 @@ def _layouts(prepared):
 
 # ------------------------------------------------------------------ pack_signs
 def pack_signs(x):
+    _cpu("pack_signs", x)
+    _require(x.dtype in DTYPE_CODE and x.dim() >= 1 and x.shape[-1] > 0, "pack_signs",
+             f"x must be float32/float16/bfloat16/int8 with a non-empty last dim, got {x.dtype} {tuple(x.shape)}")
     k = x.shape[-1]
     kb = packed_len(k)
     lead = tuple(x.shape[:-1])
@@ -163,8 +180,14 @@ def _blocks(m: int, p: int, mb: int, pb: int, min_tasks: int):
 
 
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
+    _cpu("binary_gemm", a, b, scale, bias)
+    _require(a.dtype == torch.uint8 and b.dtype == torch.uint8 and a.dim() == 2 and b.dim() == 2
+             and k > 0 and a.shape[1] == packed_len(k) == b.shape[1] and out_dtype in OUT_CODE, "binary_gemm",
+             f"a {tuple(a.shape)} and b {tuple(b.shape)} must be uint8 (rows, ceil(k/8)) for k={k}")
     m, kb = a.shape
     n = b.shape[0]
+    _require((scale is None or scale.numel() in (1, n)) and (bias is None or bias.numel() == n)
+             and (out_dtype is not None or (scale is None and bias is None)), "binary_gemm", "bad scale/bias")
     out = torch.empty((m, n), dtype=out_dtype or torch.int32)
     if m == 0 or n == 0:
         return out
@@ -204,6 +227,9 @@ def _conv_weights(w: torch.Tensor, cg: int, kh: int, kw: int):
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
                   prepared=None):
+    _cpu("binary_conv2d", x, w, scale, bias)
+    _require(x.dim() == 4 and x.dtype in DTYPE_CODE and w.dim() == 2 and w.dtype == torch.uint8
+             and out_dtype in OUT_CODE and pad_value in (-1.0, 0.0, 1.0), "binary_conv2d", "bad x, w or pad_value")
     n, c, h, wd = x.shape
     o = w.shape[0]
     kh, kw = int(kernel_size[0]), int(kernel_size[1])
@@ -211,9 +237,15 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     ph, pw = int(padding[0]), int(padding[1])
     dh, dw = int(dilation[0]), int(dilation[1])
     g = int(groups)
+    _require(min(kh, kw, sh, sw, dh, dw, g) >= 1 and min(ph, pw) >= 0 and c % g == 0 and o % g == 0,
+             "binary_conv2d", "bad geometry")
     cg, og = c // g, o // g
     k = cg * kh * kw
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
+    _require(k > 0 and w.shape[1] == packed_len(k) and ho > 0 and wo > 0, "binary_conv2d",
+             f"w {tuple(w.shape)} does not fit K={k}, or empty output {ho}x{wo}")
+    _require((scale is None or scale.numel() in (1, o)) and (bias is None or bias.numel() == o)
+             and (out_dtype is not None or (scale is None and bias is None)), "binary_conv2d", "bad scale/bias")
     out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
     if n == 0 or o == 0:
         return out
@@ -267,8 +299,14 @@ def _int_layout(b: torch.Tensor, kind: int) -> IntLayout:
 
 
 def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    _cpu("int_gemm", a, b, scale, bias)
+    _require(a.dtype == torch.int8 and b.dtype == torch.int8 and a.dim() == 2 and b.dim() == 2
+             and a.shape[1] == b.shape[1] and out_dtype in OUT_CODE, "int_gemm",
+             f"a {tuple(a.shape)} and b {tuple(b.shape)} must be int8 (M, K) and (N, K)")
     m, k = a.shape
     n = b.shape[0]
+    _require((scale is None or scale.numel() in (1, n)) and (bias is None or bias.numel() == n)
+             and (out_dtype is not None or (scale is None and bias is None)), "int_gemm", "bad scale/bias")
     out = torch.empty((m, n), dtype=out_dtype or torch.int32)
     if m == 0 or n == 0:
         return out
@@ -287,6 +325,9 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
 
 # ---------------------------------------------------------------- quantize_int
 def quantize_int(x, scale, bits):
+    _cpu("quantize_int", x, scale)
+    _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and scale.numel() == 1 and bits in (4, 8),
+             "quantize_int", "x must be floating, scale a single value, bits 4 or 8")
     xc = x.detach().contiguous()
     out = torch.empty(tuple(x.shape), dtype=torch.int8)
     nel = xc.numel()
