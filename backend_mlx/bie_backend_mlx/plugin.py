@@ -1,17 +1,26 @@
 """Kernel registration of bie-backend-mlx (loaded on first use; imports MLX).
 
-Every kernel is registered twice, with the same function:
+Every kernel is registered for two device types, with the same function:
 
-* for ``mps`` tensors at priority 100 (MLX on the Metal GPU of Apple silicon:
-  the point of this backend, chosen automatically);
-* for ``cpu`` tensors at priority :data:`CPU_PRIORITY` = -10, below the
-  reference (0): the MLX CPU backend was measured slower than the reference
-  and the native CPU kernels for every op on the CI machine
-  (``benchmarks/results/mlx_cpu.md``), so automatic selection never picks it
-  for cpu tensors, and its absence never makes a cpu call warn. It runs when
-  chosen explicitly (``bie_core.set_backend("mlx")``, ``use_backend``,
-  ``BIE_BACKEND=mlx`` or a layer's ``backend="mlx"``): that is how Linux CI
-  tests the MLX code paths.
+* ``mps`` tensors at priority :data:`MPS_PRIORITY` = 100 (MLX on the Metal GPU
+  of Apple silicon: the point of this backend, chosen automatically); only
+  where MLX sees a Metal device;
+* ``cpu`` tensors at priority :data:`CPU_PRIORITY` = -10, below the reference
+  (0), so automatic selection never picks MLX for cpu tensors: the MLX CPU
+  backend (Linux wheels) was measured slower than the plain-PyTorch reference
+  or the native CPU kernels for these ops (``benchmarks/results/mlx_cpu.md``).
+  It runs when chosen explicitly (``bie_core.set_backend("mlx")``,
+  ``use_backend``, ``BIE_BACKEND=mlx``, a layer's ``backend="mlx"``): that
+  is how Linux CI tests the MLX code paths.
+* Measured but not used: weight-only GEMMs (and their input gradients) with
+  at most 16 rows run several times faster on MLX CPU than on the reference
+  (which dequantizes the whole weight on every call; MLX keeps the prepared
+  affine layout); above 16 to 32 rows MLX loses. Registering a second,
+  small-M cpu kernel at priority 10 with ``max_dims={"M": 16}`` would make
+  the dispatcher warn "falls back ... M=17 > maximum 16" for every larger
+  batch (a rejected higher-priority kernel counts as a fallback), so MLX
+  stays explicit-only on cpu; a native CPU weight-only kernel (priority 50)
+  is the right fix for the reference's cost.
 """
 from __future__ import annotations
 

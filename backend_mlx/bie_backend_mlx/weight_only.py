@@ -288,8 +288,37 @@ class Prepared:
         self.layouts: dict = {}
 
 
+_SHARED: dict = {}
+
+
+def _state(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    try:
+        v = t._version
+    except RuntimeError:  # inference tensors have no version counter
+        v = -1
+    return (t.data_ptr(), v, t.device, t.dtype, tuple(t.shape))
+
+
 def prepare(*weights):
-    return Prepared()
+    """The memo for these weights: one per weight version, shared by every
+    kernel of this backend that prepares them (the GEMM and its input
+    gradient, say), so a layer's MLX layout exists once."""
+    key = tuple(id(w) for w in weights)
+    state = tuple(_state(w) for w in weights)
+    tensors = [w for w in weights if isinstance(w, torch.Tensor)]
+    with LOCK:
+        e = _SHARED.get(key)
+        if e is not None and e[0] == state and all(r() is w for r, w in zip(e[2], tensors)):
+            return e[1]
+        memo = Prepared()
+
+        def drop(_ref, key=key):
+            _SHARED.pop(key, None)
+        import weakref
+        _SHARED[key] = (state, memo, tuple(weakref.ref(w, drop) for w in tensors))
+        return memo
 
 
 class Part:

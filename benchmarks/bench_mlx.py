@@ -1,0 +1,232 @@
+"""bie's MLX backend: overhead over MLX itself, and MLX against the CPU backends (issue 5).
+
+Part 1 -- weight-only GEMM overhead, at M x K x N = 1x4096x4096 and
+32x4096x11008 (4-bit GPTQ, group 128, float32 activations), each timed as
+
+* ``mlx direct``    -- ``mx.quantized_matmul`` on MLX arrays already in
+  place: the *same* prepared data bie uses (taken from the dispatcher's
+  prepared-layout cache), plus ``mx.eval``: MLX's own cost, the floor;
+* ``mlx direct+io`` -- the same plus what any torch-facing caller must pay:
+  the torch -> MLX copy of x (MLX 0.32 cannot alias CPU memory) and the
+  zero-copy DLPack hand-back of y;
+* ``bie mlx``       -- ``torch.ops.bie.wq_gemm`` with ``backend="mlx"``: the
+  router, the cached decision, the prepared-layout cache lookup, the kernel;
+
+overhead = bie / direct - 1 (target: at most 10%).
+
+Part 2 -- the same calls and a few other ops through ``backend="cpu"`` (the
+best CPU kernel: native where there is one, else the reference) and through
+the reference kernel itself, to justify the MLX backend's priority for cpu
+tensors (see docs/mlx-backend.md).
+
+    python benchmarks/bench_mlx.py [--quick] [--out benchmarks/results/mlx_cpu.md]
+
+``--quick`` shrinks shapes and repetitions (a CI smoke run; figures not comparable).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import bie_core
+from bie_core import dispatch, ops
+from bie_core.ops.weight_only import make_wq_case
+
+try:
+    import mlx.core as mx
+except ImportError:  # pragma: no cover
+    raise SystemExit("bench_mlx.py needs MLX: pip install 'bie-backend-mlx[cpu]'")
+
+from bie_backend_mlx import _interop
+from bie_backend_mlx.plugin import CPU_PRIORITY
+
+
+def timeit(fn, reps: int, warmup: int = 1) -> float:
+    """Median wall time of one call, in ms."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(samples)
+
+
+def _kernel(op_name: str, backend: str, args):
+    return dispatch.decide(ops.get_op(op_name), tuple(args), dispatch._parse(backend, "bench")).kernel
+
+
+def _reference(op_name: str):
+    return bie_core.get_registry().reference_kernel(op_name)
+
+
+def gemm_overhead(m, k, n, reps, gen):
+    qw, s, z, gi, _ = make_wq_case(k, n, 4, 128, "gptq", False, gen, torch.device("cpu"))
+    x = torch.randn(m, k, generator=gen)
+    args = (x, qw, s, z, gi, None, 4, 128, "gptq")
+    op = torch.ops.bie.wq_gemm.default
+    y_bie = op(*args, "mlx")                       # decides, prepares, converts once
+    kern = _kernel("wq_gemm", "mlx", args)
+    prepared = dispatch.prepared_cache.get(kern, (qw, s, z, gi))
+    (lay,) = prepared.layouts.values()
+    assert lay.gather is None and len(lay.parts) == 1, "expected the plain layout (no act-order, K % 128 == 0)"
+    p = lay.parts[0]
+    with _interop.LOCK, mx.stream(mx.cpu):
+        xm = mx.array(x.numpy())
+        mx.eval(xm)
+
+        def direct():
+            mx.eval(mx.quantized_matmul(xm, p.w, p.scales, p.biases, transpose=True, group_size=p.gm,
+                                        bits=p.bits))
+
+        def direct_io():
+            a = _interop.to_mlx(x)
+            return _interop.to_torch(mx.quantized_matmul(a, p.w, p.scales, p.biases, transpose=True,
+                                                         group_size=p.gm, bits=p.bits), x.device)
+
+        y_direct = direct_io()
+        t_direct = timeit(direct, reps)
+        t_io = timeit(direct_io, reps)
+    assert torch.equal(y_bie, y_direct), "bie's MLX path and the direct call disagree"
+    t_bie = timeit(lambda: op(*args, "mlx"), reps)
+    t_cpu = timeit(lambda: op(*args, "cpu"), reps)
+    ref = _reference("wq_gemm")
+    t_ref = timeit(lambda: ref.fn(*args), reps)
+    cpu_kernel = _kernel("wq_gemm", "cpu", args).qualname
+    return dict(shape=f"{m}x{k}x{n}", direct=t_direct, io=t_io, bie=t_bie, cpu=t_cpu, ref=t_ref,
+                cpu_kernel=cpu_kernel)
+
+
+def op_rows(reps, gen, quick):
+    """(label, op, args) for part 2: typical layer sizes of each op family."""
+    from bie_core.ops.weight_only import make_mbwq_case
+    m, k, n = (8, 512, 512) if quick else (32, 4096, 4096)
+    rows = []
+    x = torch.randn(m, k, generator=gen)
+    a = ops.pack_signs(x, backend="cpu")
+    b = ops.pack_signs(torch.randn(n, k, generator=gen), backend="cpu")
+    rows.append((f"pack_signs {m}x{k}", "pack_signs", (x,)))
+    rows.append((f"binary_gemm {m}x{k}x{n} fp32 out", "binary_gemm",
+                 (a, b, k, torch.tensor(0.5), None, torch.float32)))
+    qa = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int32).to(torch.int8)
+    qb = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int32).to(torch.int8)
+    rows.append((f"quantize_int {m}x{k} 8-bit", "quantize_int", (x, torch.tensor(0.05), 8)))
+    rows.append((f"int_gemm {m}x{k}x{n} 8-bit", "int_gemm", (qa, qb, 8, 8, None, None, None)))
+    c, hw = (16, 16) if quick else (64, 56)
+    xc = torch.randn(1, c, hw, hw, generator=gen)
+    wc = ops.pack_signs(torch.randn(c, c * 9, generator=gen), backend="cpu")
+    rows.append((f"binary_conv2d 1x{c}x{hw}x{hw} 3x3", "binary_conv2d",
+                 (xc, wc, [3, 3], [1, 1], [1, 1], [1, 1], 1, -1.0, None, None, None)))
+    gr = [128] * (k // 128)
+    gb = [4 if i % 2 == 0 else 2 for i in range(len(gr))]
+    mq = make_mbwq_case(gb, gr, n, gen, torch.device("cpu"))
+    xm = torch.randn(m, k, generator=gen)
+    rows.append((f"mbwq_gemm {m}x{k}x{n} {{4,2}}-bit", "mbwq_gemm",
+                 (xm, mq[0], mq[1], mq[2], mq[3], None, None, gb, gr)))
+    return rows
+
+
+def bench_ops(reps, gen, quick):
+    out = []
+    for label, name, args in op_rows(reps, gen, quick):
+        op = ops.get_op(name).overload
+        ref = _reference(name)
+        op(*args, "mlx")
+        op(*args, "cpu")
+        t_mlx = timeit(lambda: op(*args, "mlx"), reps)
+        t_cpu = timeit(lambda: op(*args, "cpu"), reps)
+        t_ref = timeit(lambda: ref.fn(*args), reps)
+        out.append(dict(label=label, mlx=t_mlx, cpu=t_cpu, ref=t_ref,
+                        cpu_kernel=_kernel(name, "cpu", args).qualname))
+    return out
+
+
+def _machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return cpu
+
+
+def _commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       cwd=Path(__file__).parent).strip()
+    except Exception:
+        return "unknown"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "mlx_cpu.md"))
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(1, 512, 512), (8, 512, 1024)] if args.quick else [(1, 4096, 4096), (32, 4096, 11008)]
+    reps_for = lambda m: 3 if (args.quick or m == 1) else 3  # noqa: E731
+    gem = [gemm_overhead(m, k, n, 9 if (m == 1 or args.quick) else reps_for(m), gen) for (m, k, n) in shapes]
+    rows = bench_ops(3 if args.quick else 5, gen, args.quick)
+
+    lines = ["# bie-backend-mlx on the MLX CPU backend (Linux)", ""]
+    lines.append(f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    lines.append(f"- commit: {_commit()}")
+    lines.append(f"- machine: {_machine()}, {os.cpu_count()} logical CPUs, {platform.system()} "
+                 f"{platform.release()}")
+    lines.append(f"- software: python {platform.python_version()}, torch {torch.__version__} "
+                 f"({torch.get_num_threads()} threads), mlx {mx.__version__}")
+    lines.append("- command: `python benchmarks/bench_mlx.py" + (" --quick" if args.quick else "") + "`")
+    lines.append("- times: median wall time of one call in ms (float32 activations)")
+    lines.append("")
+    lines.append("## Weight-only GEMM: bie's MLX path against MLX itself (4-bit GPTQ, group 128)")
+    lines.append("")
+    lines.append("| M x K x N | mlx direct | mlx direct+io | bie mlx | overhead vs direct | overhead vs direct+io |")
+    lines.append("|---|---:|---:|---:|---:|---:|")
+    for g in gem:
+        lines.append(f"| {g['shape']} | {g['direct']:.2f} | {g['io']:.2f} | {g['bie']:.2f} | "
+                     f"{(g['bie'] / g['direct'] - 1) * 100:+.1f}% | {(g['bie'] / g['io'] - 1) * 100:+.1f}% |")
+    lines.append("")
+    lines.append("## Weight-only GEMM: MLX against the CPU backends on the same machine")
+    lines.append("")
+    lines.append("| M x K x N | bie mlx | bie cpu (kernel) | cpu reference | mlx / cpu |")
+    lines.append("|---|---:|---:|---:|---:|")
+    for g in gem:
+        lines.append(f"| {g['shape']} | {g['bie']:.2f} | {g['cpu']:.2f} ({g['cpu_kernel']}) | {g['ref']:.2f} | "
+                     f"{g['bie'] / g['cpu']:.1f}x |")
+    lines.append("")
+    lines.append("## Other ops: MLX against the CPU backends")
+    lines.append("")
+    lines.append("| op | bie mlx | bie cpu (kernel) | cpu reference | mlx / reference |")
+    lines.append("|---|---:|---:|---:|---:|")
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['mlx']:.2f} | {r['cpu']:.2f} ({r['cpu_kernel']}) | {r['ref']:.2f} | "
+                     f"{r['mlx'] / r['ref']:.1f}x |")
+    lines.append("")
+    slower = all(r["mlx"] > r["ref"] for r in rows) and all(g["bie"] > g["ref"] for g in gem)
+    lines.append(f"MLX's cpu kernels are registered at priority {CPU_PRIORITY} (below the reference): "
+                 + ("every op above is slower on MLX CPU than the plain-PyTorch reference, so automatic "
+                    "selection must never pick MLX for cpu tensors." if slower else
+                    "NOTE: some op was faster on MLX CPU than the reference in this run; revisit the priority."))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
