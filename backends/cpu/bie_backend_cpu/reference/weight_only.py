@@ -47,6 +47,12 @@ def _pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def _unpack_rows(packed: torch.Tensor, bits: int, length: int) -> torch.Tensor:
     """(ceil(L*b/32), N) int32 -> (L, N) int32 codes, inverse of _pack_rows."""
     nw, n = packed.shape
+    if 32 % bits == 0:
+        # codes never straddle words: shift each word by 0, b, 2b, ... (an
+        # arithmetic shift of a negative word is harmless: the mask keeps b bits)
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device).view(1, -1, 1)
+        v = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+        return v.reshape(nw * (32 // bits), n)[:length].contiguous()
     nblk = (length + 31) // 32
     w = packed.to(torch.int64) & _MASK32
     if nblk * bits != nw:
