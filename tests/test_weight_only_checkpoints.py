@@ -222,3 +222,14 @@ def test_tiny_llama_end_to_end(tmp_path):
         torch.testing.assert_close(got, q(ids).logits, rtol=0, atol=0)
         deq = _dequantized_float_copy(q, lambda: transformers.LlamaForCausalLM(cfg).eval())
         torch.testing.assert_close(got, deq(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_model_built_on_meta_device_loads_without_float_weights(tmp_path):
+    q = _saved(tmp_path)
+    with torch.device("meta"):
+        fresh = Tiny()                 # no memory for the float weights
+    load_quantized(fresh, tmp_path)
+    assert not any(t.is_meta for t in list(fresh.parameters()) + list(fresh.buffers()))
+    assert fresh.lm_head.weight is fresh.emb.weight           # tie restored
+    ids = torch.randint(0, 50, (2, 5))
+    torch.testing.assert_close(fresh(ids), q(ids), rtol=0, atol=0)

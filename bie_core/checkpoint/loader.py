@@ -75,19 +75,36 @@ def _parent(model: nn.Module, name: str) -> tuple:
     return model, name
 
 
-def _tied_ok(model: nn.Module, missing: list, present: set) -> list:
-    """Missing keys whose tensor is shared with a loaded one (tied weights)."""
-    by_ptr: dict = {}
-    for name, t in list(model.state_dict(keep_vars=True).items()):
-        if isinstance(t, torch.Tensor) and t.numel():
-            by_ptr.setdefault((t.data_ptr(), tuple(t.shape)), []).append(name)
-    ok = []
-    for key in missing:
-        t = model.state_dict(keep_vars=True).get(key)
-        if isinstance(t, torch.Tensor) and t.numel():
-            if any(other in present for other in by_ptr.get((t.data_ptr(), tuple(t.shape)), []) if other != key):
-                ok.append(key)
-    return ok
+def _tied_groups(model: nn.Module) -> list:
+    """Names that refer to one Parameter object (tied weights, e.g. an LM head
+    sharing the embedding), as lists of 2 or more names."""
+    names_of: dict = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    return [g for g in names_of.values() if len(g) > 1]
+
+
+def _retie(model: nn.Module, groups: list, present: set) -> list:
+    """Point every tied name the checkpoint lacks at the loaded member of its
+    group (``load_state_dict(assign=True)`` replaces objects one name at a
+    time, which unties them); returns the names so covered."""
+    covered = []
+    for g in groups:
+        src = next((n for n in g if n in present), None)
+        if src is None:
+            continue
+        p = model.get_parameter(src)
+        for n in g:
+            if n not in present:
+                parent, attr = _parent(model, n)
+                if getattr(parent, attr) is not p:
+                    setattr(parent, attr, p)
+                covered.append(n)
+    return covered
+
+
+def _still_meta(model: nn.Module) -> list:
+    return [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
 
 
 def load_quantized(model: nn.Module, source: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
@@ -170,19 +187,27 @@ def load_quantized(model: nn.Module, source: Union[str, os.PathLike, Mapping[str
                                   f"{tuple(t['qweight'].shape)}) but the model's layer has {n_out}")
         dev = mod.qweight.device if isinstance(mod, MPQLinear) else mod.weight.device
         parent, attr = _parent(model, prefix)
-        setattr(parent, attr, new.to(dev))
+        # a model built on the meta device (no memory for float weights) gets
+        # its quantized layers on the CPU, where the checkpoint was read
+        setattr(parent, attr, new if dev.type == "meta" else new.to(dev))
         report.replaced.append(prefix)
         report.bits[prefix] = new.bits
     rest = {k: v for k, v in sd.items() if k not in used}
-    result = model.load_state_dict(rest, strict=False)
+    on_meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    groups = _tied_groups(model)
+    result = model.load_state_dict(rest, strict=False, assign=on_meta)
     quant_keys = {f"{p}.{k}" for p in prefixes for k in ("qweight", "scales", "zeros", "g_idx", "bias")}
     missing = [k for k in result.missing_keys if k not in quant_keys]
     unexpected = [k for k in result.unexpected_keys if not k.endswith(".wf")]
-    tied = _tied_ok(model, missing, set(rest))
+    tied = _retie(model, groups, set(rest))
     report.ignored_missing = tied
     missing = [k for k in missing if k not in tied]
-    if strict and (missing or unexpected):
+    meta = _still_meta(model) if on_meta else []
+    if strict and (missing or unexpected or meta):
         parts = []
+        if meta:
+            parts.append(f"still on the meta device (no value in the checkpoint): {meta[:8]}"
+                         f"{' ...' if len(meta) > 8 else ''}")
         if missing:
             parts.append(f"missing from the checkpoint (truncated?): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
         if unexpected:
