@@ -494,7 +494,7 @@ def make_router(op):
                 pref = _global_pref
                 if pref is None:
                     pref = _env_pref if _env_read else _read_env()
-        if gen != reg.generation or table is not _tables.get(name):
+        if gen != reg.generation:  # kernels changed or caches were cleared
             reg.ensure_discovered()
             gen = reg.generation
             key_fn = make_key_fn(op, *_needs(name))
@@ -524,6 +524,7 @@ def clear_caches() -> None:
     """Forget cached decisions, prepared layouts and the BIE_BACKEND reading."""
     global _env_read
     _tables.clear()
+    _REG.generation += 1  # every router rebuilds its table on its next call
     prepared_cache.clear()
     _warned.clear()
     _env_read = False

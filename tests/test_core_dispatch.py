@@ -240,7 +240,8 @@ def test_explain_module_and_op(fresh_bie):
             return ops.binary_gemm(ops.pack_signs(x), b, k, None, None, None)
 
     ex = bie_core.explain(Tiny(), torch.randn(3, 64))
-    assert ex.chosen() == {"pack_signs": "cpu:reference.pack_signs", "binary_gemm": "alpha:alpha_k"}
+    chosen = ex.chosen()
+    assert chosen["binary_gemm"] == "alpha:alpha_k" and chosen["pack_signs"].startswith("cpu:")
     assert "[Tiny]" in str(ex)
     ex2 = bie_core.explain("binary_gemm", a, b, k, None, None, None, backend="cpu")
     assert ex2.chosen() == {"binary_gemm": "cpu:reference.binary_gemm"}
