@@ -233,7 +233,9 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
 
 
 def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype)
+    # fp16 arithmetic (11-bit significand) then one rounding to the target dtype:
+    # bf16 arithmetic would round the statistics and the result twice at 8 bits.
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, torch.float16)
     if lay.generic:
         return lay.w32.to(dtype)
     return _dequant(lay, original_order=True).to(dtype)

@@ -9,6 +9,8 @@
 // valid because pad bits are zero on both sides. popc(a) is summed by the
 // GEMM kernel from its shared-memory tiles; popc(w) is precomputed at prepare
 // time for weights (or also summed in the kernel, for batched products).
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace bie {
@@ -242,7 +244,7 @@ __device__ __forceinline__ void popc_finish(int* dst, int tid, int (&acc)[(ROWS 
   }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool PW>
+template <int BM, int BN, int WM, int WN, int STAGES, bool PW, typename OT>
 __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int THREADS = WM * WN * 32;
@@ -342,15 +344,25 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
   }
   __syncthreads();
 
-  // Epilogue: dot = K - 2 popc(a) - 2 popc(w) + 4 popc(a & w). Each warp
-  // stages 16 rows of its tile as int32 in (now idle) pipeline shared memory
-  // and stores them row-contiguously with one runtime loop (one copy of the
-  // dtype-generic store code instead of one per fragment).
+  // Epilogue: dot = K - 2 popc(a) - 2 popc(w) + 4 popc(a & w). Scale and
+  // bias of the block's columns are staged as float32; each warp stages 16
+  // rows of its tile as int32 in (now idle) pipeline shared memory, then
+  // writes 8 consecutive outputs per lane (16-byte stores).
+  __shared__ float s_scale[BN], s_bias[BN];
+  for (int q = tid; q < BN; q += THREADS) {
+    const int n = n0 + q;
+    s_scale[q] = (p.scale && n < p.N) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f;
+    s_bias[q] = (p.bias && n < p.N) ? load_f32(p.bias, p.bias_dtype, n) : 0.f;
+  }
+  __syncthreads();
   const int g = lane >> 2, tig = lane & 3;
-  const int64_t obase = (int64_t)bz * p.M * p.N;
+  OT* out = static_cast<OT*>(p.out) + (int64_t)bz * p.M * p.N;
   constexpr int LDT = TN + 4;
   static_assert(WM * WN * 16 * LDT * 4 <= STAGES * (BM + BN) * CK, "epilogue tile does not fit");
   int* stile = reinterpret_cast<int*>(smem) + warp * 16 * LDT;
+  constexpr int LPR = TN / 8;          // lanes per row (8 outputs each)
+  constexpr int RPI = 32 / LPR;        // rows per iteration
+  const bool vec_ok = (p.N % 8) == 0;
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
 #pragma unroll
@@ -365,37 +377,66 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
       }
     }
     __syncwarp();
-    const int rbase = m0 + wm * TM + i * 16, cbase = n0 + wn * TN;
-#pragma unroll 1
-    for (int e = lane * 2; e < 16 * TN; e += 64) {
-      const int r = e / TN, c = e - r * TN;
-      const int row = rbase + r, col = cbase + c;
-      if (row < p.M && col < p.N)
-        store_pair(p, obase + (int64_t)row * p.N + col, col, stile[r * LDT + c], stile[r * LDT + c + 1]);
+    const int rbase = m0 + wm * TM + i * 16;
+    const int cl0 = wn * TN + (lane % LPR) * 8;
+    const int col = n0 + cl0;
+#pragma unroll
+    for (int r0 = 0; r0 < 16; r0 += RPI) {
+      const int r = r0 + lane / LPR;
+      const int row = rbase + r;
+      if (row < p.M && col < p.N) {
+        const int* src = stile + r * LDT + (lane % LPR) * 8;
+        OT v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if constexpr (std::is_same<OT, int32_t>::value) {  // the raw dot
+            v[e] = src[e];
+          } else {
+            const float y = __fadd_rn(__fmul_rn((float)src[e], s_scale[cl0 + e]), s_bias[cl0 + e]);
+            v[e] = from_f32<OT>(y);
+          }
+        }
+        OT* dst = out + (int64_t)row * p.N + col;
+        if (vec_ok && col + 8 <= p.N) {
+#pragma unroll
+          for (int q = 0; q < (int)(8 * sizeof(OT)) / 16; ++q)
+            reinterpret_cast<uint4*>(dst)[q] = reinterpret_cast<const uint4*>(v)[q];
+        } else {
+          for (int e = 0; e < 8 && col + e < p.N; ++e) dst[e] = v[e];
+        }
+      }
     }
     __syncwarp();
   }
 #endif
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES>
+template <void (*KERNEL)(const BinGemmArgs), int THREADS, int SMEM>
+static cudaError_t launch_tc_k(const BinGemmArgs& p, dim3 grid, cudaStream_t st) {
+  cudaError_t e = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  if (e != cudaSuccess) return e;
+  KERNEL<<<grid, THREADS, SMEM, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES, typename OT>
 static cudaError_t launch_tc(const BinGemmArgs& p, int batch, cudaStream_t st) {
   constexpr int THREADS = WM * WN * 32;
   constexpr int SMEM = STAGES * (BM + BN) * CK;
   dim3 grid((unsigned)ceil_div(p.M, BM), (unsigned)ceil_div(p.N, BN), (unsigned)batch);
   if (grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
-  if (p.pw) {
-    auto k = bgemm_tc_kernel<BM, BN, WM, WN, STAGES, true>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    if (e != cudaSuccess) return e;
-    k<<<grid, THREADS, SMEM, st>>>(p);
-  } else {
-    auto k = bgemm_tc_kernel<BM, BN, WM, WN, STAGES, false>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
-    if (e != cudaSuccess) return e;
-    k<<<grid, THREADS, SMEM, st>>>(p);
+  if (p.pw) return launch_tc_k<bgemm_tc_kernel<BM, BN, WM, WN, STAGES, true, OT>, THREADS, SMEM>(p, grid, st);
+  return launch_tc_k<bgemm_tc_kernel<BM, BN, WM, WN, STAGES, false, OT>, THREADS, SMEM>(p, grid, st);
+}
+
+template <typename OT>
+static cudaError_t launch_tile(const BinGemmArgs& p, int batch, int tile, cudaStream_t st) {
+  switch (tile) {
+    case 1: return launch_tc<16, 64, 1, 4, 4, OT>(p, batch, st);
+    case 2: return launch_tc<64, 128, 2, 2, 4, OT>(p, batch, st);
+    case 3: return launch_tc<128, 256, 2, 4, 4, OT>(p, batch, st);
   }
-  BIE_LAUNCH_CHECK();
+  return cudaErrorInvalidValue;
 }
 
 // tile: 0 = choose by shape, 1 = 16x64, 2 = 64x128, 3 = 128x256 (benchmarks/tests force one)
@@ -407,10 +448,11 @@ cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int
     else if (p.M >= 256 && big >= num_sms) tile = 3;
     else tile = 2;
   }
-  switch (tile) {
-    case 1: return launch_tc<16, 64, 1, 4, 4>(p, batch, st);
-    case 2: return launch_tc<64, 128, 2, 2, 4>(p, batch, st);
-    case 3: return launch_tc<128, 256, 2, 4, 4>(p, batch, st);
+  switch (p.out_dtype) {
+    case kI32: return launch_tile<int32_t>(p, batch, tile, st);
+    case kF32: return launch_tile<float>(p, batch, tile, st);
+    case kF16: return launch_tile<__half>(p, batch, tile, st);
+    case kBF16: return launch_tile<__nv_bfloat16>(p, batch, tile, st);
   }
   return cudaErrorInvalidValue;
 }

@@ -44,19 +44,27 @@ template <> struct Layout<4> { static constexpr int J = 4; };
 template <> struct Layout<2> { static constexpr int J = 8; };
 template <> struct Layout<8> { static constexpr int J = 2; };
 
+// (x & mask) | magic in one LOP3.
+template <uint32_t MASK, uint32_t MAGIC>
+__device__ __forceinline__ uint32_t and_or(uint32_t x) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "n"(MASK), "n"(MAGIC));
+  return r;
+}
+
 // The two k-pairs (b0, b1) of tile u at step j, as qm = code + MAGIC.
 template <int BITS, typename T>
 __device__ __forceinline__ void extract(const uint4& v, int j, int u, uint32_t& b0, uint32_t& b1) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   if (BITS == 4) {
     const uint32_t x = w[j];
-    b0 = ((x >> (8 * u)) & 0x000F000Fu) | Magic<T>::v;
-    b1 = ((x >> (8 * u + 4)) & 0x000F000Fu) | Magic<T>::v;
+    b0 = and_or<0x000F000Fu, Magic<T>::v>(x >> (8 * u));
+    b1 = and_or<0x000F000Fu, Magic<T>::v>(x >> (8 * u + 4));
   } else if (BITS == 2) {
     const uint32_t x = w[j >> 1];
     const int s = (j & 1) * 8 + 4 * u;
-    b0 = ((x >> s) & 0x00030003u) | Magic<T>::v;
-    b1 = ((x >> (s + 2)) & 0x00030003u) | Magic<T>::v;
+    b0 = and_or<0x00030003u, Magic<T>::v>(x >> s);
+    b1 = and_or<0x00030003u, Magic<T>::v>(x >> (s + 2));
   } else {
     const uint32_t x = w[2 * j + u];
     if (sizeof(T) == 2 && Magic<T>::v == 0x64006400u) {
@@ -114,58 +122,121 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 
 constexpr int WQ_WARPS = 8;
 
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 // Block: 8 warps = 8 column blocks of 16; all warps share the block's K slice
 // of x, staged in shared memory XC columns at a time. blockIdx.y = K split,
-// blockIdx.z = chunk of MB*16 rows of x.
+// blockIdx.z = chunk of rows of x. MB = 0: at most 8 rows (one m16 block
+// whose rows 8..15 are known zero), else MB m16 blocks.
 template <int BITS, typename T, bool GPTQ, int MB>
 __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using H2 = typename V2<T>::t;
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
-  constexpr int XC = 1024 / MB;  // x columns per shared-memory chunk
-  constexpr int XLD = XC + 8;    // padded row (bank-conflict-free fragment loads)
-  constexpr int ROWS = MB * 16;
+  constexpr int NMB = MB == 0 ? 1 : MB;
+  constexpr int XR = MB == 0 ? 8 : MB * 16;   // rows of x per launch chunk
+  constexpr int XC = MB <= 1 ? 1024 : 256;    // x columns per shared-memory chunk
+  constexpr int XLD = XC + 8;                 // padded row (bank-conflict-free fragment loads)
+  constexpr int PF = 4;                       // 16-byte vectors in flight per thread
   extern __shared__ __align__(16) uint8_t smem_raw[];
   T* xs = reinterpret_cast<T*>(smem_raw);
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nb = blockIdx.x * WQ_WARPS + warp;  // 16-column block of this warp
-  const bool active = nb * 16 < p.Np;
-  const int m0 = blockIdx.z * ROWS;
-  const int mrows = min(ROWS, p.M - m0);
+  const int nblocks = p.Np >> 4;
+  const int nb_raw = blockIdx.x * WQ_WARPS + warp;
+  const bool active = nb_raw < nblocks;
+  const int nb = active ? nb_raw : nblocks - 1;  // inactive warps recompute the last block, store nothing
+  const int m0 = blockIdx.z * XR;
+  const int mrows = min(XR, p.M - m0);
   const int kb0 = blockIdx.y * p.kb_per_split;
   const int kb1 = min(p.kblocks, kb0 + p.kb_per_split);
   const T* X = static_cast<const T*>(p.x) + (int64_t)m0 * p.K;
-  const T* S = static_cast<const T*>(p.s);
-  const T* Z = static_cast<const T*>(p.zp);
-  const uint4* W = p.qw + ((int64_t)(active ? nb : 0) * p.kblocks) * 32 + lane;
 
-  float acc[MB][2][4];
+  // rows >= mrows stay zero for the whole kernel
+  for (int q = mrows * (XLD / 2) + tid; q < XR * (XLD / 2); q += WQ_WARPS * 32)
+    reinterpret_cast<uint32_t*>(xs)[q] = 0u;
+
+  float acc[NMB][2][4];
 #pragma unroll
-  for (int a = 0; a < MB; ++a)
+  for (int a = 0; a < NMB; ++a)
 #pragma unroll
     for (int u = 0; u < 2; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[a][u][e] = 0.f;
 
-  int cur_grp = -1;
+  // statistics: reloaded every SPG k16-steps (a group), counted down
+  const int spg = p.gs_shift >= 0 ? (1 << (p.gs_shift - 4)) : (1 << 30);
+  int grp = p.gs_shift >= 0 ? ((kb0 * KS) >> p.gs_shift) : 0;
+  int steps = p.gs_shift >= 0 ? 0 : 0;
+  const int skip = p.gs_shift >= 0 ? (((kb0 * KS) >> 4) & (spg - 1)) : 0;  // slice may start mid-group
+  const T* sp = static_cast<const T*>(p.s) + nb * 16 + g;
+  const T* zpp = static_cast<const T*>(p.zp) + nb * 16 + g;
   H2 s2[2], z2[2];
-  const int ncol0 = nb * 16 + g;
+  {
+    const int off = min(grp, p.G - 1) * p.Np;
+    s2[0] = V2<T>::dup(sp[off]); s2[1] = V2<T>::dup(sp[off + 8]);
+    z2[0] = V2<T>::dup(zpp[off]); z2[1] = V2<T>::dup(zpp[off + 8]);
+    steps = spg - skip;
+    ++grp;
+  }
 
-  constexpr int PF = 4;  // vectors in flight per thread
+  const uint4* wp = p.qw + ((int64_t)nb * p.kblocks + kb0) * 32 + lane;
   uint4 buf[PF];
 #pragma unroll
-  for (int i = 0; i < PF; ++i)
-    buf[i] = (active && kb0 + i < kb1) ? ld_stream(W + (int64_t)(kb0 + i) * 32) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < PF; ++i) buf[i] = (kb0 + i < kb1) ? ld_stream(wp + i * 32) : make_uint4(0, 0, 0, 0);
+
+  const uint32_t xs_base = (uint32_t)__cvta_generic_to_shared(xs) + (uint32_t)((g * XLD + 2 * t) * sizeof(T));
+
+  auto step = [&](const uint4& v, uint32_t xaddr) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      if (steps == 0) {  // next group (warp-uniform)
+        const int off = min(grp, p.G - 1) * p.Np;
+        s2[0] = V2<T>::dup(sp[off]); s2[1] = V2<T>::dup(sp[off + 8]);
+        z2[0] = V2<T>::dup(zpp[off]); z2[1] = V2<T>::dup(zpp[off + 8]);
+        steps = spg;
+        ++grp;
+      }
+      --steps;
+      uint32_t bf[2][2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        uint32_t q0, q1;
+        extract<BITS, T>(v, j, u, q0, q1);
+        bf[u][0] = dequant<BITS, T, GPTQ>(q0, s2[u], z2[u]);
+        bf[u][1] = dequant<BITS, T, GPTQ>(q1, s2[u], z2[u]);
+      }
+#pragma unroll
+      for (int a = 0; a < NMB; ++a) {
+        if (NMB > 1 && a * 16 >= mrows) break;
+        const uint32_t ad = xaddr + (uint32_t)((a * 16 * XLD + j * 16) * sizeof(T));
+        uint32_t af[4];
+        af[0] = lds32(ad);
+        af[2] = lds32(ad + 16);
+        if (MB == 0) {
+          af[1] = 0u;
+          af[3] = 0u;
+        } else {
+          af[1] = lds32(ad + 8 * XLD * sizeof(T));
+          af[3] = lds32(ad + 8 * XLD * sizeof(T) + 16);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) mma16816<T>(acc[a][u], af, bf[u][0], bf[u][1]);
+      }
+    }
+  };
 
   const int k_begin = kb0 * KS, k_end = kb1 * KS;
   int kb = kb0;
   for (int xc0 = k_begin; xc0 < k_end; xc0 += XC) {
     const int xcn = min(XC, k_end - xc0);
     __syncthreads();
-    // stage x[m0 : m0+mrows, xc0 : xc0+xcn] (zero beyond K)
     for (int q = tid; q < mrows * (XC / 2); q += WQ_WARPS * 32) {
       const int r = q / (XC / 2), c = (q % (XC / 2)) * 2;
       const int k = xc0 + c;
@@ -183,49 +254,23 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
     }
     __syncthreads();
     const int kb_end = min(kb1, (xc0 + xcn) / KS);
-    for (; kb < kb_end; kb += PF) {
+    uint32_t xaddr = xs_base + (uint32_t)((kb * KS - xc0) * sizeof(T));
+    for (; kb + PF <= kb_end; kb += PF) {
 #pragma unroll
       for (int i = 0; i < PF; ++i) {
-        const int kbi = kb + i;
-        if (kbi >= kb_end) break;
         const uint4 v = buf[i];
-        buf[i] = (active && kbi + PF < kb1) ? ld_stream(W + (int64_t)(kbi + PF) * 32) : make_uint4(0, 0, 0, 0);
-        if (!active) continue;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-          const int k16 = kbi * KS + j * 16;
-          const int grp = p.gs_shift >= 0 ? min(k16 >> p.gs_shift, p.G - 1) : 0;
-          if (grp != cur_grp) {
-            cur_grp = grp;
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-              s2[u] = V2<T>::dup(S[(int64_t)grp * p.Np + ncol0 + 8 * u]);
-              z2[u] = V2<T>::dup(Z[(int64_t)grp * p.Np + ncol0 + 8 * u]);
-            }
-          }
-          uint32_t bf[2][2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            uint32_t q0, q1;
-            extract<BITS, T>(v, j, u, q0, q1);
-            bf[u][0] = dequant<BITS, T, GPTQ>(q0, s2[u], z2[u]);
-            bf[u][1] = dequant<BITS, T, GPTQ>(q1, s2[u], z2[u]);
-          }
-          const int kk = k16 - xc0;
-#pragma unroll
-          for (int a = 0; a < MB; ++a) {
-            const int r0 = a * 16 + g;
-            if (a * 16 >= mrows) break;
-            uint32_t af[4];
-            af[0] = r0 < mrows ? *reinterpret_cast<const uint32_t*>(xs + r0 * XLD + kk + 2 * t) : 0u;
-            af[1] = r0 + 8 < mrows ? *reinterpret_cast<const uint32_t*>(xs + (r0 + 8) * XLD + kk + 2 * t) : 0u;
-            af[2] = r0 < mrows ? *reinterpret_cast<const uint32_t*>(xs + r0 * XLD + kk + 2 * t + 8) : 0u;
-            af[3] = r0 + 8 < mrows ? *reinterpret_cast<const uint32_t*>(xs + (r0 + 8) * XLD + kk + 2 * t + 8) : 0u;
-#pragma unroll
-            for (int u = 0; u < 2; ++u) mma16816<T>(acc[a][u], af, bf[u][0], bf[u][1]);
-          }
-        }
+        buf[i] = (kb + i + PF < kb1) ? ld_stream(wp + (kb + i + PF - kb0) * 32) : make_uint4(0, 0, 0, 0);
+        step(v, xaddr);
+        xaddr += KS * sizeof(T);
       }
+    }
+    for (; kb < kb_end; ++kb) {  // tail: consume buf[0] and slide
+      const uint4 v = buf[0];
+#pragma unroll
+      for (int i = 0; i < PF - 1; ++i) buf[i] = buf[i + 1];
+      buf[PF - 1] = (kb + PF < kb1) ? ld_stream(wp + (kb + PF - kb0) * 32) : make_uint4(0, 0, 0, 0);
+      step(v, xaddr);
+      xaddr += KS * sizeof(T);
     }
   }
 
@@ -242,7 +287,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   if (p.splits == 1) {
     if (!active) return;
 #pragma unroll
-    for (int a = 0; a < MB; ++a)
+    for (int a = 0; a < NMB; ++a)
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -255,7 +300,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   float* wsp = p.ws + ((int64_t)blockIdx.y * p.M + m0) * p.Np;
   if (active) {
 #pragma unroll
-    for (int a = 0; a < MB; ++a)
+    for (int a = 0; a < NMB; ++a)
 #pragma unroll
       for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -277,7 +322,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
     const int r = q / ncols, c = blockIdx.x * WQ_WARPS * 16 + q % ncols;
     if (c >= p.N) continue;
     float sum = 0.f;
-    for (int sp = 0; sp < p.splits; ++sp) sum += __ldcg(p.ws + ((int64_t)sp * p.M + m0 + r) * p.Np + c);
+    for (int sp2 = 0; sp2 < p.splits; ++sp2) sum += __ldcg(p.ws + ((int64_t)sp2 * p.M + m0 + r) * p.Np + c);
     finish(m0 + r, c, sum);
   }
   if (tid == 0) *cnt = 0;  // ready for the next launch (also under graph replay)
@@ -287,10 +332,10 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
 template <int BITS, typename T, bool GPTQ, int MB>
 static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
   WqArgs p = p0;
-  constexpr int ROWS = MB * 16, XC = 1024 / MB;
+  constexpr int XR = MB == 0 ? 8 : MB * 16, XC = MB <= 1 ? 1024 : 256;
   const int nbx = ceil_div(p.Np / 16, WQ_WARPS);
-  const int mchunks = ceil_div(p.M, ROWS);
-  const int smem = min(ROWS, p.M) * (XC + 8) * (int)sizeof(T);
+  const int mchunks = ceil_div(p.M, XR);
+  const int smem = XR * (XC + 8) * (int)sizeof(T);
   auto k = wq_gemm_kernel<BITS, T, GPTQ, MB>;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -304,8 +349,8 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
 
 // Split-K plan (host side, no device sync): enough blocks to fill the GPU.
 void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split) {
-  const int mb = M <= 16 ? 1 : 4;
-  const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, mb * 16);
+  const int rows = M <= 8 ? 8 : (M <= 16 ? 16 : 64);
+  const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, rows);
   int s = std::max(1, std::min(kblocks, ceil_div(3 * num_sms, base)));
   const int kbps = ceil_div(kblocks, s);
   *kb_per_split = kbps;
@@ -314,6 +359,7 @@ void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_s
 
 template <int BITS, typename T>
 static cudaError_t launch_wq_bt(const WqArgs& p, bool gptq, int num_sms, cudaStream_t st) {
+  if (p.M <= 8) return gptq ? launch_wq_t<BITS, T, true, 0>(p, num_sms, st) : launch_wq_t<BITS, T, false, 0>(p, num_sms, st);
   if (p.M <= 16) return gptq ? launch_wq_t<BITS, T, true, 1>(p, num_sms, st) : launch_wq_t<BITS, T, false, 1>(p, num_sms, st);
   return gptq ? launch_wq_t<BITS, T, true, 4>(p, num_sms, st) : launch_wq_t<BITS, T, false, 4>(p, num_sms, st);
 }
