@@ -244,7 +244,7 @@ def test_explain_module_and_op(fresh_bie):
     assert chosen["binary_gemm"] == "alpha:alpha_k" and chosen["pack_signs"].startswith("cpu:")
     assert "[Tiny]" in str(ex)
     ex2 = bie_core.explain("binary_gemm", a, b, k, None, None, None, backend="cpu")
-    assert ex2.chosen() == {"binary_gemm": "cpu:reference.binary_gemm"}
+    assert ex2.chosen()["binary_gemm"].startswith("cpu:")
     assert "use_backend" not in str(ex2)
 
 
