@@ -44,7 +44,7 @@ class BGemmArgs(ctypes.Structure):
 class BConvPackArgs(ctypes.Structure):
     _fields_ = [("x", VP), ("dtype", I64), ("N", I64), ("C", I64), ("H", I64), ("W", I64),
                 ("sN", I64), ("sC", I64), ("sH", I64), ("sW", I64), ("G", I64), ("Cg", I64), ("CW", I64),
-                ("ph", I64), ("pw", I64), ("Hp", I64), ("Wp", I64), ("xs", VP)]
+                ("ph", I64), ("pw", I64), ("Hp", I64), ("Wp", I64), ("xs", VP), ("hrows", I64)]
 
 
 class BConvArgs(ctypes.Structure):
@@ -256,8 +256,9 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     cw = (cg + 63) // 64
     hp, wp = h + 2 * ph, wd + 2 * pw
     xs = torch.zeros((n, hp, wp, g * cw), dtype=torch.int64)
+    hrows = min(h, -(-256 // wd))      # input rows per packing task: runs of >= 256 pixels
     pa = BConvPackArgs(x.data_ptr(), DTYPE_CODE[x.dtype], n, c, h, wd, *x.stride(), g, cg, cw, ph, pw, hp, wp,
-                       xs.data_ptr())
+                       xs.data_ptr(), hrows)
     pix = 64
     while n * -(-(ho * wo) // pix) < 4 * _threads() and pix > 8:
         pix //= 2

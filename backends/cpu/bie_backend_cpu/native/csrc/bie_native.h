@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_NATIVE_ABI 1
+#define BIE_NATIVE_ABI 2
 
 enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
 
@@ -54,6 +54,7 @@ typedef struct {
   int64_t G, Cg, CW;  // groups, channels per group, 64-bit words per group
   int64_t ph, pw, Hp, Wp;
   uint64_t* xs;       // (N, Hp, Wp, G*CW) sign bits, zero initialised
+  int64_t hrows;      // input rows per task
 } bie_bconv_pack_args;
 
 typedef struct {

@@ -97,18 +97,40 @@ const uint32_t g_features = detect_features();
 const int g_max_level = detect_level(g_features);
 std::atomic<int> g_level{g_max_level};
 
+// Tasks are handed out dynamically: each of torch's intra-op threads pulls
+// chunks from a shared counter. On a busy machine a thread that is preempted
+// holds up one chunk, not a static half of the work.
 int run(bie_range_fn fn, const void* args, int64_t n, int64_t grain) {
   if (n <= 0) return BIE_OK;
+  if (grain < 1) grain = 1;
   std::atomic<int> err{BIE_OK};
   try {
-    at::parallel_for(0, n, grain < 1 ? 1 : grain, [&](int64_t b, int64_t e) {
-      int r;
+    const int64_t nt = at::get_num_threads();
+    if (nt <= 1 || n <= grain || at::in_parallel_region()) {
       try {
-        r = fn(args, b, e);
+        return fn(args, 0, n);
       } catch (...) {
-        r = BIE_EEXCEPTION;
+        return BIE_EEXCEPTION;
       }
-      if (r != BIE_OK) err.store(r);
+    }
+    int64_t chunk = n / (nt * 8);
+    if (chunk < grain) chunk = grain;
+    std::atomic<int64_t> next{0};
+    const int64_t workers = nt < (n + chunk - 1) / chunk ? nt : (n + chunk - 1) / chunk;
+    at::parallel_for(0, workers, 1, [&](int64_t wb, int64_t we) {
+      for (int64_t w = wb; w < we; ++w) {
+        for (;;) {
+          const int64_t t0 = next.fetch_add(chunk);
+          if (t0 >= n || err.load(std::memory_order_relaxed) != BIE_OK) break;
+          int r;
+          try {
+            r = fn(args, t0, t0 + chunk < n ? t0 + chunk : n);
+          } catch (...) {
+            r = BIE_EEXCEPTION;
+          }
+          if (r != BIE_OK) err.store(r);
+        }
+      }
     });
   } catch (...) {
     return BIE_EEXCEPTION;
@@ -204,22 +226,37 @@ int bie_quant(const bie_quant_args* a) {
   return run(pick_quant(g_level.load()), a, cdiv(a->n, 8192), 1);
 }
 
+// Extent checks repeated here (Python validated them already): arguments
+// that would make a kernel step outside its buffers are refused.
 int bie_bgemm(const bie_bgemm_args* a) {
-  if (a->mb < 1 || a->pb < 1) return BIE_EBADARG;
+  if (a->mb < 1 || a->pb < 1 || a->M < 0 || a->N < 0 || a->K < 1 || a->KB != (a->K + 7) / 8 ||
+      a->KW * 8 < a->KB || a->P * 8 < a->N || a->lda < a->KB)
+    return BIE_EBADARG;
   return run(pick_bgemm(g_level.load()), a, cdiv(a->M, a->mb) * cdiv(a->P, a->pb), 1);
 }
 
 int bie_bconv(const bie_bconv_pack_args* pa, const bie_bconv_args* ca) {
   if (ca->pix < 8 || ca->pix % 8) return BIE_EBADARG;
+  if (ca->Ho < 1 || ca->Wo < 1 || ca->KH < 1 || ca->KWk < 1 || ca->sh < 1 || ca->sw < 1 || ca->dh < 1 ||
+      ca->dw < 1 || ca->ph < 0 || ca->pw < 0 || ca->G < 1 || ca->O != ca->G * ca->Og ||
+      (ca->Ho - 1) * ca->sh + (ca->KH - 1) * ca->dh >= ca->Hp ||      // im2col stays inside the padded map
+      (ca->Wo - 1) * ca->sw + (ca->KWk - 1) * ca->dw >= ca->Wp ||
+      ca->Hp != pa->H + 2 * pa->ph || ca->Wp != pa->W + 2 * pa->pw || pa->Hp != ca->Hp || pa->Wp != ca->Wp ||
+      pa->C != pa->G * pa->Cg || pa->CW * 64 < pa->Cg || ca->CW != pa->CW || ca->G != pa->G || ca->N != pa->N ||
+      ca->H != pa->H || ca->W != pa->W || pa->hrows < 1)
+    return BIE_EBADARG;
   const int l = g_level.load();
-  int r = run(pick_conv_pack(l), pa, pa->N * pa->H, 1);
+  if (pa->hrows < 1) return BIE_EBADARG;
+  int r = run(pick_conv_pack(l), pa, pa->N * cdiv(pa->H, pa->hrows), 1);
   if (r != BIE_OK) return r;
   return run(pick_bconv(l), ca, ca->N * cdiv(ca->Ho * ca->Wo, ca->pix), 1);
 }
 
 int bie_igemm(const bie_igemm_args* a) {
   const int l = g_level.load();
-  if (a->layout != layout_for(l) || a->mb < 1 || a->pb < 1) return BIE_EBADARG;
+  if (a->layout != layout_for(l) || a->mb < 1 || a->pb < 1 || a->K < 0 || a->Kp < a->K || a->P * a->PW < a->N ||
+      a->lda < a->K)
+    return BIE_EBADARG;
   return run(pick_igemm(l), a, cdiv(a->M, a->mb) * cdiv(a->P, a->pb), 1);
 }
 

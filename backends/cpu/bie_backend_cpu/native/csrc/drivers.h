@@ -64,54 +64,68 @@ static int drv_pack(const void* args, int64_t t0, int64_t t1) {
 }
 
 // ------------------------------------------- binary conv: signs -> bit map
-// task t = (n, h): writes xs[n, h + ph, pw + w, g*CW + cw] for every w, g, cw
+// task t = (n, block of hrows input rows): writes xs[n, h + ph, pw + w, g*CW + cw]
+// for those rows and every w, g, cw
 template <int DT>
 static int conv_pack_tasks(const bie_bconv_pack_args* p, int64_t t0, int64_t t1) {
   const int es = bie_esize(DT);
-  const int64_t W = p->W, GCW = p->G * p->CW;
+  const int64_t W = p->W, GCW = p->G * p->CW, nhb = (p->H + p->hrows - 1) / p->hrows;
   const char* x = (const char*)p->x;
   if (p->sW == 1) {                 // rows contiguous along W (NCHW-like)
-    const int64_t W16 = (W + 15) / 16 * 16;
-    uint64_t* tmp = (uint64_t*)__builtin_malloc((size_t)W16 * 8 + 64);
+    const bool merged = p->sH == W;  // and the rows of a channel one contiguous run
+    const int64_t L16 = (p->hrows * W + 15) / 16 * 16;
+    uint64_t* tmp = (uint64_t*)__builtin_malloc((size_t)(L16 + 16) * 8 + 64);
     if (!tmp) return BIE_ENOMEM;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t / p->H, h = t % p->H;
+      const int64_t n = t / nhb, h0 = (t % nhb) * p->hrows, h1 = bie_min(p->H, h0 + p->hrows);
+      const int64_t L = (h1 - h0) * W;
       for (int64_t g = 0; g < p->G; ++g) {
         for (int64_t cw = 0; cw < p->CW; ++cw) {
-          for (int64_t w = 0; w < W16; ++w) tmp[w] = 0;
+          for (int64_t e = 0; e < L16 + 16; ++e) tmp[e] = 0;
           const int64_t c_lo = cw * 64, c_hi = bie_min(p->Cg, c_lo + 64);
           for (int64_t c = c_lo; c < c_hi; ++c) {
-            const char* row = x + (n * p->sN + (g * p->Cg + c) * p->sC + h * p->sH) * es;
             const uint64_t bit = 1ull << (c - c_lo);
-            int64_t w = 0;
-            for (; w + 16 <= W; w += 16) or_bit_lanes16(tmp + w, sgn_mask16<DT>(row + w * es), bit);
-            if (w < W) or_bit_lanes16(tmp + w, sgn_mask_n<DT>(row + w * es, W - w), bit);
+            const char* chan = x + (n * p->sN + (g * p->Cg + c) * p->sC) * es;
+            const int64_t hend = merged ? h0 + 1 : h1;   // one merged run, or row by row
+            for (int64_t h = h0; h < hend; ++h) {
+              const int64_t len = merged ? L : W;
+              const char* run = chan + h * p->sH * es;
+              uint64_t* tt = tmp + (h - h0) * W;    // lanes past len are left unchanged
+              int64_t e = 0;
+              for (; e + 16 <= len; e += 16) or_bit_lanes16(tt + e, sgn_mask16<DT>(run + e * es), bit);
+              if (e < len) or_bit_lanes16(tt + e, sgn_mask_n<DT>(run + e * es, len - e), bit);
+            }
           }
-          uint64_t* dst = p->xs + ((n * p->Hp + h + p->ph) * p->Wp + p->pw) * GCW + g * p->CW + cw;
-          for (int64_t w = 0; w < W; ++w) dst[w * GCW] = tmp[w];
+          for (int64_t h = h0; h < h1; ++h) {
+            uint64_t* dst = p->xs + ((n * p->Hp + h + p->ph) * p->Wp + p->pw) * GCW + g * p->CW + cw;
+            const uint64_t* src = tmp + (h - h0) * W;
+            for (int64_t w = 0; w < W; ++w) dst[w * GCW] = src[w];
+          }
         }
       }
     }
     __builtin_free(tmp);
   } else {                          // any other layout (channels_last: sC == 1)
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t / p->H, h = t % p->H;
-      for (int64_t w = 0; w < W; ++w) {
-        const char* base = x + (n * p->sN + h * p->sH + w * p->sW) * es;
-        uint64_t* dst = p->xs + ((n * p->Hp + h + p->ph) * p->Wp + w + p->pw) * GCW;
-        for (int64_t g = 0; g < p->G; ++g) {
-          for (int64_t cw = 0; cw < p->CW; ++cw) {
-            const int64_t c0 = g * p->Cg + cw * 64, nb = bie_min(64, p->Cg - cw * 64);
-            uint64_t word = 0;
-            if (p->sC == 1) {
-              int64_t q = 0;
-              for (; q + 16 <= nb; q += 16) word |= (uint64_t)sgn_mask16<DT>(base + (c0 + q) * es) << q;
-              if (q < nb) word |= (uint64_t)sgn_mask_n<DT>(base + (c0 + q) * es, nb - q) << q;
-            } else {
-              for (int64_t q = 0; q < nb; ++q)
-                word |= (uint64_t)bie_sign1<DT>(base + (c0 + q) * p->sC * es, 0) << q;
+      const int64_t n = t / nhb, h0 = (t % nhb) * p->hrows, h1 = bie_min(p->H, h0 + p->hrows);
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t w = 0; w < W; ++w) {
+          const char* base = x + (n * p->sN + h * p->sH + w * p->sW) * es;
+          uint64_t* dst = p->xs + ((n * p->Hp + h + p->ph) * p->Wp + w + p->pw) * GCW;
+          for (int64_t g = 0; g < p->G; ++g) {
+            for (int64_t cw = 0; cw < p->CW; ++cw) {
+              const int64_t c0 = g * p->Cg + cw * 64, nb = bie_min(64, p->Cg - cw * 64);
+              uint64_t word = 0;
+              if (p->sC == 1) {
+                int64_t q = 0;
+                for (; q + 16 <= nb; q += 16) word |= (uint64_t)sgn_mask16<DT>(base + (c0 + q) * es) << q;
+                if (q < nb) word |= (uint64_t)sgn_mask_n<DT>(base + (c0 + q) * es, nb - q) << q;
+              } else {
+                for (int64_t q = 0; q < nb; ++q)
+                  word |= (uint64_t)bie_sign1<DT>(base + (c0 + q) * p->sC * es, 0) << q;
+              }
+              dst[g * p->CW + cw] = word;
             }
-            dst[g * p->CW + cw] = word;
           }
         }
       }
