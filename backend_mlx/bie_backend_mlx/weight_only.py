@@ -84,43 +84,65 @@ def _block_plan(bits: int):
     return [((bits * t) // 32, (bits * t) % 32, (bits * t) % 32 + bits > 32) for t in range(32)]
 
 
-def unpack_stream(words: "mx.array", bits: int, length: int) -> "mx.array":
-    """(R, W) uint32 words -> (R, length) uint32 codes, stream along the last axis."""
-    r, nw = words.shape
+def unpack_rows(words: "mx.array", bits: int, length: int) -> "mx.array":
+    """(W, R) uint32 words -> (length, R) uint32 codes; one bit stream per
+    column, along the rows (the canonical qweight orientation: every step
+    reads whole contiguous rows, which is what makes it fast)."""
+    nw, r = words.shape
     nblk = -(-length // 32)
     if nblk * bits != nw:
         if nblk * bits > nw:
-            words = mx.pad(words, [(0, 0), (0, nblk * bits - nw)])
+            words = mx.pad(words, [(0, nblk * bits - nw), (0, 0)])
         else:
-            words = words[:, :nblk * bits]
-    w = words.reshape(r, nblk, bits)
+            words = words[:nblk * bits]
     mask = mx.array((1 << bits) - 1, mx.uint32)
-    cols = []
+    if 32 % bits == 0:  # no code straddles a word: one broadcast shift
+        per = 32 // bits
+        shifts = (mx.arange(per, dtype=mx.uint32) * bits).reshape(1, per, 1)
+        codes = mx.right_shift(mx.expand_dims(words, 1), shifts) & mask
+        return codes.reshape(nblk * 32, r)[:length]
+    w = words.reshape(nblk, bits, r)
+    rows = []
     for i, off, spill in _block_plan(bits):
-        v = mx.right_shift(w[:, :, i], mx.array(off, mx.uint32))
+        v = mx.right_shift(w[:, i], mx.array(off, mx.uint32))
         if spill:
-            v = v | mx.left_shift(w[:, :, i + 1], mx.array(32 - off, mx.uint32))
-        cols.append(v & mask)
-    return mx.stack(cols, axis=-1).reshape(r, nblk * 32)[:, :length]
+            v = v | mx.left_shift(w[:, i + 1], mx.array(32 - off, mx.uint32))
+        rows.append(v & mask)
+    return mx.stack(rows, axis=1).reshape(nblk * 32, r)[:length]
 
 
-def pack_stream(codes: "mx.array", bits: int) -> "mx.array":
-    """(R, L) codes (any int dtype, values < 2^bits) -> (R, ceil(L*b/32)) uint32."""
-    r, length = codes.shape
+def pack_rows(codes: "mx.array", bits: int) -> "mx.array":
+    """(L, R) codes (values < 2^bits) -> (ceil(L*b/32), R) uint32, inverse of unpack_rows."""
+    length, r = codes.shape
     nblk = -(-length // 32)
     c = codes.astype(mx.uint32) & mx.array((1 << bits) - 1, mx.uint32)
     if nblk * 32 != length:
-        c = mx.pad(c, [(0, 0), (0, nblk * 32 - length)])
-    c = c.reshape(r, nblk, 32)
+        c = mx.pad(c, [(0, nblk * 32 - length), (0, 0)])
+    nw = (length * bits + 31) // 32
+    if 32 % bits == 0:  # distinct bit positions: their sum is their OR
+        per = 32 // bits
+        shifts = (mx.arange(per, dtype=mx.uint32) * bits).reshape(1, per, 1)
+        words = mx.sum(mx.left_shift(c.reshape(-1, per, r), shifts), axis=1)
+        return words[:nw]
+    c = c.reshape(nblk, 32, r)
     words = [None] * bits
     for t, (i, off, spill) in enumerate(_block_plan(bits)):
-        v = mx.left_shift(c[:, :, t], mx.array(off, mx.uint32))
+        v = mx.left_shift(c[:, t], mx.array(off, mx.uint32))
         words[i] = v if words[i] is None else words[i] | v
         if spill:
-            v = mx.right_shift(c[:, :, t], mx.array(32 - off, mx.uint32))
+            v = mx.right_shift(c[:, t], mx.array(32 - off, mx.uint32))
             words[i + 1] = v if words[i + 1] is None else words[i + 1] | v
-    out = mx.stack(words, axis=-1).reshape(r, nblk * bits)
-    return out[:, :(length * bits + 31) // 32]
+    return mx.stack(words, axis=1).reshape(nblk * bits, r)[:nw]
+
+
+def unpack_stream(words: "mx.array", bits: int, length: int) -> "mx.array":
+    """As unpack_rows along the last axis: (R, W) -> (R, length) (small arrays: qzeros)."""
+    return unpack_rows(words.T, bits, length).T
+
+
+def pack_stream(codes: "mx.array", bits: int) -> "mx.array":
+    """As pack_rows along the last axis: (R, L) -> (R, ceil(L*b/32))."""
+    return pack_rows(codes.T, bits).T
 
 
 def _words(t: torch.Tensor) -> "mx.array":
@@ -128,8 +150,7 @@ def _words(t: torch.Tensor) -> "mx.array":
 
 
 def _unpack_rows(qw: "mx.array", bits: int, length: int) -> "mx.array":
-    """(words, N) packed along rows -> (length, N) uint32 codes."""
-    return unpack_stream(qw.T, bits, length).T
+    return unpack_rows(qw, bits, length)
 
 
 def _group_index(g_idx: "mx.array | None", k: int, group_size: int) -> "mx.array":
@@ -148,20 +169,14 @@ def _gptq_zeros(zeros: torch.Tensor, bits: int, n: int) -> "mx.array":
 @kernel
 def wq_pack(codes, bits, dim):
     c = to_mlx(codes).astype(mx.uint32)
-    if dim == 0:
-        out = pack_stream(c.T, bits).T
-    else:
-        out = pack_stream(c, bits)
+    out = pack_rows(c, bits) if dim == 0 else pack_stream(c, bits)
     return to_torch(out.view(mx.int32), codes.device)
 
 
 @kernel
 def wq_unpack(packed, bits, length, dim):
     w = _words(packed)
-    if dim == 0:
-        out = unpack_stream(w.T, bits, length).T
-    else:
-        out = unpack_stream(w, bits, length)
+    out = unpack_rows(w, bits, length) if dim == 0 else unpack_stream(w, bits, length)
     return to_torch(out.astype(mx.int32), packed.device)
 
 
@@ -215,8 +230,7 @@ def wq_quantize(w, scales, zeros, g_idx, bits, group_size, format):
         zf = mx.take(to_mlx(zeros).astype(mx.float32), gi, axis=0)
         t = _nan_to_num(mx.round(mx.divide(wf + zf, s)))
         q = mx.clip(t, 0.0, maxq)
-    packed = pack_stream(q.astype(mx.uint32).T, bits).T
-    return to_torch(packed.view(mx.int32), w.device)
+    return to_torch(pack_rows(q.astype(mx.uint32), bits).view(mx.int32), w.device)
 
 
 # ------------------------------------------------------------ mixed widths
@@ -234,7 +248,7 @@ def _segments(group_bits, group_rows):
 @kernel
 def mbwq_pack(codes, group_bits, group_rows):
     c = to_mlx(codes).astype(mx.uint32)
-    parts = [pack_stream(c[r0:r0 + r].T, b).T for b, r0, r, _, _ in _segments(group_bits, group_rows)]
+    parts = [pack_rows(c[r0:r0 + r], b) for b, r0, r, _, _ in _segments(group_bits, group_rows)]
     return to_torch(mx.concatenate(parts, axis=0).view(mx.int32), codes.device)
 
 
@@ -273,7 +287,7 @@ def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
     s = mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0)
     t = _nan_to_num(mx.round(mx.divide(wp + z, s)))
     q = mx.minimum(mx.maximum(t, 0.0), mx.expand_dims(maxq, 1)).astype(mx.uint32)
-    parts = [pack_stream(q[r0:r0 + r].T, b).T for b, r0, r, _, _ in _segments(group_bits, group_rows)]
+    parts = [pack_rows(q[r0:r0 + r], b) for b, r0, r, _, _ in _segments(group_bits, group_rows)]
     return to_torch(mx.concatenate(parts, axis=0).view(mx.int32), w.device)
 
 
@@ -424,10 +438,14 @@ def build_wq_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdt
             wt = mx.pad(wt, [(0, 0), (0, need - wt.shape[1])])
         w = mx.contiguous(wt)
     else:
-        codes = _unpack_rows(words, bits, k)                    # (K, N)
-        codes = mx.concatenate([codes, mx.zeros((1, n), mx.uint32)], axis=0)
+        # act-order: rows change places, so codes are unpacked, gathered into
+        # slot order and packed again -- in the canonical (rows) orientation,
+        # where every step reads contiguous rows; only the packed words are
+        # transposed (b/32 of the codes' size)
+        codes = unpack_rows(words, bits, k).astype(mx.uint8)    # (K, N)
+        codes = mx.concatenate([codes, mx.zeros((1, n), mx.uint8)], axis=0)
         codes = mx.take(codes, gather[1], axis=0)               # (S, N), padding rows -> code 0
-        w = mx.contiguous(pack_stream(codes.T, bits))
+        w = mx.contiguous(pack_rows(codes, bits).T)
     sm, bm = _affine_stats(s32, b32, gmap, cdtype)
     return Layout([Part(w, sm, bm, bits, gm, slots)], gather, scatter, k, n, cdtype)
 
