@@ -43,12 +43,24 @@ def _scale(sa, sw):
     return sa.detach().to(torch.float32) * sw.detach().to(torch.float32)
 
 
+def binary_linear(x2d, wbits, sw, ba, sa, bias, k: int, backend):
+    """The forward alone (used directly when no gradient is needed): (y, x + ba)."""
+    xs = x2d + ba.to(x2d.dtype)
+    a = ops.pack_signs(xs, backend=backend)
+    return ops.binary_gemm(a, wbits, k, _scale(sa, sw), bias, x2d.dtype, backend=backend), xs
+
+
+def binary_conv2d(x, wbits, sw, ba, sa, bias, geom: tuple, backend):
+    ks, stride, padding, dilation, groups, pad_value, wshape = geom
+    xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
+    return ops.binary_conv2d(xs, wbits, list(ks), list(stride), list(padding), list(dilation), groups,
+                             pad_value, _scale(sa, sw), bias, x.dtype, backend=backend), xs
+
+
 class BinaryLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, wbits, sw, ba, sa, bias, k: int, backend):
-        xs = x2d + ba.to(x2d.dtype)
-        a = ops.pack_signs(xs, backend=backend)
-        y = ops.binary_gemm(a, wbits, k, _scale(sa, sw), bias, x2d.dtype, backend=backend)
+        y, xs = binary_linear(x2d, wbits, sw, ba, sa, bias, k, backend)
         ctx.save_for_backward(xs, weight, wbits, sw, sa)
         ctx.k, ctx.backend = k, backend
         return y
@@ -84,10 +96,7 @@ class BinaryLinearFn(torch.autograd.Function):
 class BinaryConv2dFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, wbits, sw, ba, sa, bias, geom: tuple, backend):
-        ks, stride, padding, dilation, groups, pad_value, wshape = geom
-        xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
-        y = ops.binary_conv2d(xs, wbits, list(ks), list(stride), list(padding), list(dilation), groups,
-                              pad_value, _scale(sa, sw), bias, x.dtype, backend=backend)
+        y, xs = binary_conv2d(x, wbits, sw, ba, sa, bias, geom, backend)
         ctx.save_for_backward(xs, weight, wbits, sw, sa)
         ctx.geom, ctx.backend = geom, backend
         return y

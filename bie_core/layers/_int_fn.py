@@ -57,13 +57,28 @@ def _weight_codes(weight, qw, sw, w_bits, backend):
     return ops.quantize_int(weight.detach(), _col(sw.detach(), weight.dim()), w_bits, backend=backend)
 
 
+def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
+    """The forward alone (used directly when no gradient is needed): (y, x + ba, Qa, Qw)."""
+    xs = x2d + ba.to(x2d.dtype)
+    qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
+    qw = _weight_codes(weight, qw, sw, w_bits, backend)
+    return ops.int_gemm(qa, qw, a_bits, w_bits, _scale(sa, sw), bias, x2d.dtype, backend=backend), xs, qa, qw
+
+
+def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
+    a_bits, w_bits, stride, padding, dilation, groups = geom
+    xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
+    qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
+    qw = _weight_codes(weight, qw, sw, w_bits, backend)
+    y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
+                       _scale(sa, sw), bias, x.dtype, backend=backend)
+    return y, xs, qa, qw
+
+
 class QLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
-        xs = x2d + ba.to(x2d.dtype)
-        qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
-        qw = _weight_codes(weight, qw, sw, w_bits, backend)
-        y = ops.int_gemm(qa, qw, a_bits, w_bits, _scale(sa, sw), bias, x2d.dtype, backend=backend)
+        y, xs, qa, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend)
         ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
         ctx.bits = (a_bits, w_bits)
         return y
@@ -95,12 +110,7 @@ class QLinearFn(torch.autograd.Function):
 class QConv2dFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
-        a_bits, w_bits, stride, padding, dilation, groups = geom
-        xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
-        qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
-        qw = _weight_codes(weight, qw, sw, w_bits, backend)
-        y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
-                           _scale(sa, sw), bias, x.dtype, backend=backend)
+        y, xs, qa, qw = q_conv2d(x, weight, qw, sw, ba, sa, bias, geom, backend)
         ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
         ctx.geom = geom
         return y

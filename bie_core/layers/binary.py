@@ -25,7 +25,7 @@ from torch import nn
 from .. import ops
 from ..ops.binary import conv_out_size, packed_len
 from ._base import QATLayer, binary_init, check_dtype, pair
-from ._binary_fn import BinaryConv2dFn, BinaryLinearFn
+from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d, binary_linear
 
 
 class _BinaryWeightMixin:
@@ -131,8 +131,10 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
         lead = x.shape[:-1]
         w, bits, sw = self._weight_operands()
-        y = BinaryLinearFn.apply(x.reshape(-1, self.in_features), w, bits, sw, self.act_shift, self.act_scale,
-                                 self.bias, self.in_features, self.backend)
+        args = (x.reshape(-1, self.in_features), bits, sw, self.act_shift, self.act_scale, self.bias,
+                self.in_features, self.backend)
+        # without autograd, skip the Function machinery (it is per-call overhead at small sizes)
+        y = BinaryLinearFn.apply(args[0], w, *args[1:]) if torch.is_grad_enabled() else binary_linear(*args)[0]
         return y.reshape(lead + (self.out_features,))
 
 
@@ -238,5 +240,6 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         w, bits, sw = self._weight_operands()
         geom = (self.kernel_size, self.stride, self.padding, self.dilation, self.groups, self.pad_value,
                 self._weight_shape)
-        y = BinaryConv2dFn.apply(x, w, bits, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
+        args = (bits, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
+        y = BinaryConv2dFn.apply(x, w, *args) if torch.is_grad_enabled() else binary_conv2d(x, *args)[0]
         return y.squeeze(0) if unbatched else y

@@ -29,7 +29,7 @@ from torch import nn
 from .. import ops
 from ..ops.binary import conv_out_size
 from ._base import QATLayer, check_dtype, lsq_init, pair
-from ._int_fn import QConv2dFn, QLinearFn
+from ._int_fn import QConv2dFn, QLinearFn, q_conv2d, q_linear
 
 BITS = (4, 8)
 
@@ -177,8 +177,10 @@ class QLinear(_IntWeightMixin, QATLayer):
         self._act_init(x)
         w, qw, sw = self._weight_operands()
         lead = x.shape[:-1]
-        y = QLinearFn.apply(x.reshape(-1, self.in_features), w, qw, sw, self.act_shift, self.act_scale, self.bias,
-                            self.a_bits, self.w_bits, self.backend)
+        args = (x.reshape(-1, self.in_features), w, qw, sw, self.act_shift, self.act_scale, self.bias,
+                self.a_bits, self.w_bits, self.backend)
+        # without autograd, skip the Function machinery (it is per-call overhead at small sizes)
+        y = QLinearFn.apply(*args) if torch.is_grad_enabled() else q_linear(*args)[0]
         return y.reshape(lead + (self.out_features,))
 
 
@@ -260,5 +262,6 @@ class QConv2d(_IntWeightMixin, QATLayer):
         self._act_init(x)
         w, qw, sw = self._weight_operands()
         geom = (self.a_bits, self.w_bits, self.stride, self.padding, self.dilation, self.groups)
-        y = QConv2dFn.apply(x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
+        args = (x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
+        y = QConv2dFn.apply(*args) if torch.is_grad_enabled() else q_conv2d(*args)[0]
         return y.squeeze(0) if unbatched else y

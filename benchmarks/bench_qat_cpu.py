@@ -1,0 +1,179 @@
+"""QAT layers on the CPU: forward+backward time of each layer family against
+its float counterpart, and the eager per-call time of a tiny inference
+``BinaryLinear(64, 64)`` at batch 1 against ``nn.Linear(64, 64)`` (target:
+within 2x).
+
+Every bie layer runs through the dispatcher on whatever kernels are installed
+(the table says which one served each op). Times are medians of
+``torch.utils.benchmark`` blocked runs. Writes benchmarks/results/qat_cpu.md.
+
+    python benchmarks/bench_qat_cpu.py [--threads 2] [--quick] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.utils.benchmark as tb
+from torch import nn
+
+import bie_core
+from bie_core import (BinaryConv2d, BinaryEmbedding, BinaryLinear, BinaryMatMul, QConv2d, QLinear, QMatMul)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def median_us(fn, min_run_time=0.3) -> float:
+    fn()  # warm-up: first-batch scale init, native build, dispatch decisions
+    fn()
+    t = tb.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+    return t.median * 1e6
+
+
+def fwd_bwd(layer, *inputs):
+    ins = [x.clone().requires_grad_(x.is_floating_point()) for x in inputs]
+
+    def step():
+        out = layer(*ins)
+        out.sum().backward()
+    return step
+
+
+def kernels_of(layer, *inputs) -> str:
+    ex = bie_core.explain(layer, *inputs)
+    names = []
+    for _, d in ex.entries:
+        k = d.kernel.qualname.split(":", 1)
+        s = f"{d.op}: {k[0]}:{k[1].split('.')[0]}"
+        if s not in names:
+            names.append(s)
+    return "; ".join(names)
+
+
+def family_rows(quick: bool):
+    torch.manual_seed(0)
+    lin_shapes = [(64, 512, 512), (256, 1024, 1024), (2048, 768, 768)]
+    conv_shapes = [(32, 64, 32, 3), (16, 128, 16, 3), (8, 256, 14, 3)]
+    if quick:
+        lin_shapes, conv_shapes = lin_shapes[:1], conv_shapes[:1]
+    rows = []
+    for m, k, n in lin_shapes:
+        x = torch.randn(m, k)
+        base = median_us(fwd_bwd(nn.Linear(k, n, bias=False), x))
+        for name, layer in (("BinaryLinear", BinaryLinear(k, n)), ("QLinear w8a8", QLinear(k, n, 8, 8)),
+                            ("QLinear w4a4", QLinear(k, n, 4, 4))):
+            t = median_us(fwd_bwd(layer, x))
+            rows.append((name, f"x ({m}, {k}) -> {n}", "nn.Linear", base, t, kernels_of(layer, x)))
+    for b, c, hw, ks in conv_shapes:
+        x = torch.randn(b, c, hw, hw)
+        base = median_us(fwd_bwd(nn.Conv2d(c, c, ks, padding=1, bias=False), x))
+        for name, layer in (("BinaryConv2d", BinaryConv2d(c, c, ks, padding=1)),
+                            ("QConv2d w8a8", QConv2d(c, c, ks, padding=1, w_bits=8, a_bits=8)),
+                            ("QConv2d w4a4", QConv2d(c, c, ks, padding=1, w_bits=4, a_bits=4))):
+            t = median_us(fwd_bwd(layer, x))
+            rows.append((name, f"x ({b}, {c}, {hw}, {hw}), {c} out, {ks}x{ks}", "nn.Conv2d", base, t,
+                         kernels_of(layer, x)))
+    # activation x activation products (attention scores: batch*heads, L, head_dim)
+    for bh, length, d in ([(32, 128, 64)] if quick else [(32, 128, 64), (96, 256, 64)]):
+        q, kt = torch.randn(bh, length, d), torch.randn(bh, d, length)
+
+        def plain(a, b):
+            return a @ b
+        base = median_us(fwd_bwd(plain, q, kt))
+        for name, layer in (("BinaryMatMul", BinaryMatMul()), ("QMatMul 8-bit", QMatMul(8))):
+            t = median_us(fwd_bwd(layer, q, kt))
+            rows.append((name, f"({bh}, {length}, {d}) @ ({bh}, {d}, {length})", "torch.matmul", base, t,
+                         kernels_of(layer, q, kt)))
+    idx = torch.randint(0, 32000, (64, 128))
+    base = median_us(fwd_bwd(nn.Embedding(32000, 256), idx))
+    emb = BinaryEmbedding(32000, 256)
+    rows.append(("BinaryEmbedding", "32000 x 256, idx (64, 128)", "nn.Embedding", base,
+                 median_us(fwd_bwd(emb, idx)), kernels_of(emb, idx)))
+    return rows
+
+
+def tiny_inference():
+    torch.manual_seed(0)
+    x = torch.randn(1, 64)
+    lin = nn.Linear(64, 64, bias=False).eval()
+    bl = BinaryLinear(64, 64).eval()
+    bl(x)
+    bl.pack()
+    out = {}
+    with torch.inference_mode():
+        out["nn.Linear(64, 64)"] = median_us(lambda: lin(x), 0.5)
+        out["BinaryLinear(64, 64), packed"] = median_us(lambda: bl(x), 0.5)
+        # what the layer is made of: its two op calls, each through the dispatcher
+        xs = x + bl.act_shift
+        a = bie_core.ops.pack_signs(xs)
+        scale = bl.act_scale.detach() * bl.weight_scale
+        out["  op pack_signs (1, 64)"] = median_us(lambda: bie_core.ops.pack_signs(xs), 0.5)
+        out["  op binary_gemm (1, 64) x (64, 64)"] = median_us(
+            lambda: bie_core.ops.binary_gemm(a, bl.weight_bits, 64, scale, None, torch.float32), 0.5)
+        out["  x + act_shift"] = median_us(lambda: x + bl.act_shift, 0.5)
+    return out, kernels_of(bl, x)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return cpu
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--quick", action="store_true", help="one shape per family")
+    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "qat_cpu.md"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = family_rows(args.quick)
+    tiny, tiny_kernels = tiny_inference()
+    lines = ["# QAT layers on the CPU: forward + backward, and tiny-inference overhead", "",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
+             f"- commit: {args.commit or commit()}",
+             f"- machine: {machine()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}, "
+             f"python {platform.python_version()}",
+             "- method: `python benchmarks/bench_qat_cpu.py` (median of torch.utils.benchmark blocked runs; "
+             "inputs require grad; `out.sum().backward()`)", "",
+             "## Forward + backward per call", "",
+             "| layer | shape | baseline | baseline (ms) | bie (ms) | bie / baseline | kernels that served it |",
+             "|---|---|---|---|---|---|---|"]
+    for name, shape, base_name, base, t, kern in rows:
+        lines.append(f"| {name} | {shape} | {base_name} | {base / 1e3:.2f} | {t / 1e3:.2f} | {t / base:.1f}x | "
+                     f"{kern} |")
+    lines += ["", "## Tiny inference, eager, batch 1 (`torch.inference_mode`)", "",
+              "| call | µs per call |", "|---|---|"]
+    for k, v in tiny.items():
+        lines.append(f"| {k} | {v:.1f} |")
+    ratio = tiny["BinaryLinear(64, 64), packed"] / tiny["nn.Linear(64, 64)"]
+    lines += ["", f"BinaryLinear(64, 64) / nn.Linear(64, 64) = **{ratio:.2f}x** (target: within 2x). "
+              f"Kernels: {tiny_kernels}.", ""]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
