@@ -124,7 +124,8 @@ def run(quick: bool) -> str:
         "4-byte gradient handle; at group 128 the statistics add 16/128 (scales) + b/128 (packed zeros).",
         f"GBA 4-bit g128 (fp16 float zeros) at 4096x4096: {gba.bits_per_weight(include_bias=False):.3f} bits/weight.",
         "",
-        "The reference unpacks every code with integer shifts in int64 and dequantizes in float32 before a "
+        "The reference unpacks codes with integer shifts (int32 words for 1/2/4/8 bits, an int64 bit stream "
+        "for 3 bits, hence its higher cost) and dequantizes in float32 before a "
         "float32 matmul: it is the executable definition, not a fast path (a native CPU kernel or the CUDA / "
         "CUTLASS backends serve these ops faster; their figures come with their issues).",
     ]

@@ -363,3 +363,21 @@ def test_bad_state_dicts():
     mb = MBWQLinear.from_float(_lin(64, 16, bias=False), bits=4, group_size=32).state_dict()
     with pytest.raises(RuntimeError, match=r"q_perm must be a permutation of 0..63"):
         MBWQLinear(64, 16, bits=4).load_state_dict(dict(mb, q_perm=torch.zeros(64, dtype=torch.int32)))
+
+
+def test_torch_compile_fullgraph_traces_inference_and_training():
+    # backend="eager" checks that dynamo traces the whole forward (ops have fake
+    # kernels, no graph breaks) without paying for inductor code generation
+    lin = _lin(64, 32)
+    for m in (MPQLinear.from_float(lin, bits=4, group_size=32), MBWQLinear.from_float(lin, bits={4: .5, 2: .5})):
+        torch._dynamo.reset()
+        x = torch.randn(3, 5, 64)
+        with torch.no_grad():
+            ref = m(x)
+            torch.testing.assert_close(torch.compile(m, backend="eager", fullgraph=True)(x), ref, rtol=0, atol=0)
+        if isinstance(m, MBWQLinear):
+            continue                   # same autograd path as MPQLinear; keep the test short
+        m.trainable = True
+        xx = x.clone().requires_grad_(True)
+        torch.compile(m, backend="eager", fullgraph=True)(xx).sum().backward()
+        assert m.weight_handle.grad.shape == (64, 32) and xx.grad.shape == x.shape
