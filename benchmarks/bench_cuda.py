@@ -122,6 +122,18 @@ def bench_binary(rows, quick):
                          frac_roof=floor / t, frac_mma_sync=ops / t / 1e6 / (B1_MMA / 1e12)))
         del ws, preps
         torch.cuda.empty_cache()
+    # tile shapes at 4096^3 (bf16 out)
+    m = n = k = 4096
+    kb = k // 8
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ws = [torch.randint(0, 256, (n, kb), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(pool_size(n * kb))]
+    preps = [cb.prepare_weight(w) for w in ws]
+    a = torch.randint(0, 256, (m, kb), device="cuda", dtype=torch.uint8, generator=gen)
+    for tile in (2, 3, 4, 5):
+        t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, torch.bfloat16, prepared=p, tile=tile)
+                        for w, p in zip(ws, preps)])
+        rows.append(dict(family="binary_gemm tile", shape=f"tile={tile} 4096^3", out="bf16", us=t))
+    del ws, preps
     # pack_signs (activations, bf16 -> bits)
     for m, k in [(4096, 4096), (1, 4096)]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

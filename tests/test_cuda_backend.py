@@ -74,7 +74,7 @@ GEMM = [(1, 1, 1), (1, 64, 64), (1, 256, 4096), (3, 5, 7), (7, 33, 130), (16, 64
 
 @needs_cuda
 @pytest.mark.parametrize("m,n,k", GEMM)
-@pytest.mark.parametrize("tile", [0, 1, 2, 3, "simt"])
+@pytest.mark.parametrize("tile", [0, 1, 2, 3, 4, 5, "simt"])
 def test_binary_gemm(m, n, k, tile):
     from bie_backend_cuda import binary as cb
     rb, _ = _ref()

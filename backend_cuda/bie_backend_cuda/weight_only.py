@@ -70,6 +70,8 @@ class Layout:
     qw: Optional[torch.Tensor] = None
     s: Optional[torch.Tensor] = None
     zp: Optional[torch.Tensor] = None
+    s32: Optional[torch.Tensor] = None     # float32 scales (G, Np) for the GEMM
+    c32: Optional[torch.Tensor] = None     # float32 MAGIC/zero term (G, Np): y += s*sum(x*qm) - c*sum(x)
     perm: Optional[torch.Tensor] = None     # int64 (K,): prepared row j is input row perm[j]
     # generic path (non-uniform act-order groups): float32 dequantized weight
     w32: Optional[torch.Tensor] = None
@@ -145,14 +147,19 @@ def build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdtype
     s = torch.zeros((g, np_), dtype=cdtype, device=dev)
     s[:, :n] = scales.to(cdtype)
     zp = torch.zeros((g, np_), dtype=cdtype, device=dev)
+    s32 = torch.zeros((g, np_), dtype=torch.float32, device=dev)
+    c32 = torch.zeros((g, np_), dtype=torch.float32, device=dev)
+    s32[:, :n] = scales.to(torch.float32)
+    magic = 1024 if cdtype is torch.float16 else (0 if kbits == 8 else 128)
     if fmt == "gptq":
         z = unpack_stream(zeros.t().contiguous(), bits, n).t()            # (G, N)
-        magic = 1024 if cdtype is torch.float16 else (0 if kbits == 8 else 128)
         zp[:, :n] = (z + magic).to(cdtype)
+        c32[:, :n] = s32[:, :n] * (z.to(torch.float32) + magic)
     else:
         zp[:, :n] = (-zeros.to(torch.float32)).to(cdtype)
+        c32[:, :n] = s32[:, :n] * magic + zeros.to(torch.float32)
     gs_shift = -1 if group_size == -1 else group_size.bit_length() - 1
-    return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw, s, zp, perm)
+    return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw, s, zp, s32, c32, perm)
 
 
 def _generic_layout(codes, scales, zeros, gi, bits, fmt, n, k) -> Layout:
@@ -218,7 +225,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         return y.to(x.dtype)
     xc = xs.to(lay.cdtype).contiguous()
     need = (-(-qweight.shape[1] // 128) + 1) * (-(-max(m, 1) // 16))
-    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
+    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
                                 lay.gptq, x.dtype, _counters_for(x.device, need))
 
 

@@ -207,7 +207,8 @@ Tensor sign_embedding_bag(const Tensor& idx, const Tensor& bits, int64_t dim, at
 // x (M, K) in the compute dtype (fp16/bf16), contiguous; qw/s/zp the prepared
 // layout (bie_backend_cuda/weight_only.py); counters: int32 zeros, at least
 // ceil(Np/128) * ceil(M/16) of them, left zero by every launch.
-Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor& zp, const std::optional<Tensor>& bias,
+Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor& zp, const Tensor& s32,
+               const Tensor& c32, const std::optional<Tensor>& bias,
                int64_t bits, int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq,
                at::ScalarType out_dtype, const Tensor& counters) {
   for (const Tensor* t : {&x, &qw, &s, &zp, &counters}) check_cuda(*t, "wq_gemm operand");
@@ -217,6 +218,10 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
                   s.sizes() == zp.sizes() && s.is_contiguous() && zp.is_contiguous(),
               "bie_cuda.wq_gemm: prepared statistics must be contiguous (G, Np) in x's dtype");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_gemm: bits must be 2, 4 or 8");
+  TORCH_CHECK(s32.scalar_type() == at::kFloat && c32.scalar_type() == at::kFloat && s32.sizes() == s.sizes() &&
+                  c32.sizes() == s.sizes() && s32.is_contiguous() && c32.is_contiguous() && s32.is_cuda() &&
+                  c32.is_cuda(),
+              "bie_cuda.wq_gemm: float32 statistics must be contiguous (G, Np)");
   const int64_t Np = s.size(1), G = s.size(0), M = x.size(0);
   const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
   TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K, "bie_cuda.wq_gemm: inconsistent prepared shapes");
@@ -233,6 +238,8 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
   p.qw = reinterpret_cast<const uint4*>(qw.data_ptr<int32_t>());
   p.s = s.data_ptr();
   p.zp = zp.data_ptr();
+  p.s32 = s32.data_ptr<float>();
+  p.c32 = c32.data_ptr<float>();
   Tensor bias_c;
   if (bias.has_value() && bias->defined()) {
     bias_c = bias->reshape({-1}).contiguous();

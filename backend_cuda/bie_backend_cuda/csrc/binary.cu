@@ -435,11 +435,14 @@ static cudaError_t launch_tile(const BinGemmArgs& p, int batch, int tile, cudaSt
     case 1: return launch_tc<16, 64, 1, 4, 4, OT>(p, batch, st);
     case 2: return launch_tc<64, 128, 2, 2, 4, OT>(p, batch, st);
     case 3: return launch_tc<128, 256, 2, 4, 4, OT>(p, batch, st);
+    case 4: return launch_tc<128, 256, 4, 4, 4, OT>(p, batch, st);
+    case 5: return launch_tc<128, 128, 2, 4, 4, OT>(p, batch, st);
   }
   return cudaErrorInvalidValue;
 }
 
-// tile: 0 = choose by shape, 1 = 16x64, 2 = 64x128, 3 = 128x256 (benchmarks/tests force one)
+// tile: 0 = choose by shape, 1 = 16x64, 2 = 64x128, 3 = 128x256 (8 warps), 4 = 128x256 (16 warps),
+// 5 = 128x128 (8 warps); benchmarks and tests force one
 cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0 || batch == 0) return cudaSuccess;
   if (tile == 0) {

@@ -41,6 +41,8 @@ struct WqArgs {
   const uint4* qw;
   const void* s;
   const void* zp;
+  const float* s32;     // (G, Np) scales, float32
+  const float* c32;     // (G, Np) MAGIC*s + zero terms, float32
   const void* bias;
   int bias_dtype;
   void* out;

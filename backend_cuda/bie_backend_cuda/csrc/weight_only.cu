@@ -28,11 +28,13 @@ template <> struct V2<__half> {
   using t = __half2;
   static __device__ __forceinline__ t from_bits(uint32_t u) { return *reinterpret_cast<t*>(&u); }
   static __device__ __forceinline__ t dup(__half v) { return __half2half2(v); }
+  static constexpr uint32_t one_bits = 0x3C003C00u;
 };
 template <> struct V2<__nv_bfloat16> {
   using t = __nv_bfloat162;
   static __device__ __forceinline__ t from_bits(uint32_t u) { return *reinterpret_cast<t*>(&u); }
   static __device__ __forceinline__ t dup(__nv_bfloat16 v) { return __bfloat162bfloat162(v); }
+  static constexpr uint32_t one_bits = 0x3F803F80u;
 };
 
 template <typename T> struct Magic;  // bits of the pair {MAGIC, MAGIC}
@@ -170,21 +172,46 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[a][u][e] = 0.f;
 
-  // statistics: reloaded every SPG k16-steps (a group), counted down
+  // Per group the tensor cores accumulate sum_k x*qm (qm = code + MAGIC, exact
+  // in T) and sum_k x (an all-ones B fragment); at the group's end
+  //   tot += s * acc - C * xsum     (float32; C folds MAGIC and the zero)
+  // so the inner loop only extracts codes. Groups are counted down in k16 steps.
   const int spg = p.gs_shift >= 0 ? (1 << (p.gs_shift - 4)) : (1 << 30);
   int grp = p.gs_shift >= 0 ? ((kb0 * KS) >> p.gs_shift) : 0;
-  int steps = p.gs_shift >= 0 ? 0 : 0;
   const int skip = p.gs_shift >= 0 ? (((kb0 * KS) >> 4) & (spg - 1)) : 0;  // slice may start mid-group
-  const T* sp = static_cast<const T*>(p.s) + nb * 16 + g;
-  const T* zpp = static_cast<const T*>(p.zp) + nb * 16 + g;
-  H2 s2[2], z2[2];
-  {
+  int steps = spg - skip;
+  const float* s32p = p.s32 + nb * 16 + 2 * t;
+  const float* c32p = p.c32 + nb * 16 + 2 * t;
+  float tot[NMB][2][4], accx[NMB][4];
+#pragma unroll
+  for (int a = 0; a < NMB; ++a)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      accx[a][e] = 0.f;
+      tot[a][0][e] = tot[a][1][e] = 0.f;
+    }
+  const uint32_t ones = V2<T>::one_bits;
+  auto flush = [&]() {
     const int off = min(grp, p.G - 1) * p.Np;
-    s2[0] = V2<T>::dup(sp[off]); s2[1] = V2<T>::dup(sp[off + 8]);
-    z2[0] = V2<T>::dup(zpp[off]); z2[1] = V2<T>::dup(zpp[off + 8]);
-    steps = spg - skip;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float2 sv = *reinterpret_cast<const float2*>(s32p + off + 8 * u);
+      const float2 cv = *reinterpret_cast<const float2*>(c32p + off + 8 * u);
+#pragma unroll
+      for (int a = 0; a < NMB; ++a)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float s_ = (e & 1) ? sv.y : sv.x, c_ = (e & 1) ? cv.y : cv.x;
+          tot[a][u][e] = fmaf(s_, acc[a][u][e], fmaf(-c_, accx[a][e], tot[a][u][e]));
+          acc[a][u][e] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < NMB; ++a)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) accx[a][e] = 0.f;
     ++grp;
-  }
+  };
 
   const uint4* wp = p.qw + ((int64_t)nb * p.kblocks + kb0) * 32 + lane;
   uint4 buf[PF];
@@ -196,22 +223,9 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   auto step = [&](const uint4& v, uint32_t xaddr) {
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      if (steps == 0) {  // next group (warp-uniform)
-        const int off = min(grp, p.G - 1) * p.Np;
-        s2[0] = V2<T>::dup(sp[off]); s2[1] = V2<T>::dup(sp[off + 8]);
-        z2[0] = V2<T>::dup(zpp[off]); z2[1] = V2<T>::dup(zpp[off + 8]);
-        steps = spg;
-        ++grp;
-      }
-      --steps;
       uint32_t bf[2][2];
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        uint32_t q0, q1;
-        extract<BITS, T>(v, j, u, q0, q1);
-        bf[u][0] = dequant<BITS, T, GPTQ>(q0, s2[u], z2[u]);
-        bf[u][1] = dequant<BITS, T, GPTQ>(q1, s2[u], z2[u]);
-      }
+      for (int u = 0; u < 2; ++u) extract<BITS, T>(v, j, u, bf[u][0], bf[u][1]);
 #pragma unroll
       for (int a = 0; a < NMB; ++a) {
         if (NMB > 1 && a * 16 >= mrows) break;
@@ -228,6 +242,11 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
         }
 #pragma unroll
         for (int u = 0; u < 2; ++u) mma16816<T>(acc[a][u], af, bf[u][0], bf[u][1]);
+        mma16816<T>(accx[a], af, ones, ones);
+      }
+      if (--steps == 0) {  // end of a group (warp-uniform)
+        flush();
+        steps = spg;
       }
     }
   };
@@ -273,6 +292,14 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
       xaddr += KS * sizeof(T);
     }
   }
+
+  if (steps != spg) flush();
+#pragma unroll
+  for (int a = 0; a < NMB; ++a)
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[a][u][e] = tot[a][u][e];
 
   // ---- epilogue: direct store (one split) or deterministic split-K reduction
   auto finish = [&](int row, int col, float vsum) {
