@@ -283,19 +283,26 @@ def test_weight_only_layers_train_through_mlx():
 
 
 def test_qat_layers_bit_exact_through_mlx():
-    from bie_core.layers import BinaryLinear, QLinear
-    for cls, kw in ((BinaryLinear, {}), (QLinear, dict(w_bits=4, a_bits=8))):
+    from bie_core.layers import BinaryConv2d, BinaryLinear, QConv2d, QLinear
+    cases = ((BinaryLinear, (70, 12), {}, (9, 70)),
+             (QLinear, (70, 12), dict(w_bits=4, a_bits=8), (9, 70)),
+             (BinaryConv2d, (6, 8, 3), dict(padding=1, stride=2), (2, 6, 9, 7)),
+             (QConv2d, (6, 8, 3), dict(padding=1, groups=2, w_bits=8, a_bits=4), (2, 6, 9, 7)))
+    for cls, args, kw, xshape in cases:
         torch.manual_seed(0)
-        ref = cls(70, 12, **kw)
-        mlxl = cls(70, 12, backend="mlx", **kw)
+        ref = cls(*args, **kw)
+        mlxl = cls(*args, backend="mlx", **kw)
         mlxl.load_state_dict(ref.state_dict())
-        x = torch.randn(9, 70)
+        x = torch.randn(*xshape)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = ref(xa), mlxl(xb)
-        assert torch.equal(ya, yb)
-        ya.sum().backward()
-        yb.sum().backward()
-        assert torch.equal(xa.grad, xb.grad)
+        assert torch.equal(ya, yb), cls.__name__
+        ya.square().sum().backward()
+        yb.square().sum().backward()
+        assert torch.equal(xa.grad, xb.grad), cls.__name__
+        for (na, pa), (_, pb) in zip(ref.named_parameters(), mlxl.named_parameters()):
+            if pa.grad is not None:
+                assert torch.equal(pa.grad, pb.grad), (cls.__name__, na)
 
 
 def test_prepared_layout_follows_in_place_updates():
