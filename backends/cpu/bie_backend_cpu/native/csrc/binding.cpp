@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <exception>
+#include <memory>
+#include <thread>
 
 #include "bie_native.h"
 
@@ -138,6 +140,56 @@ int run(bie_range_fn fn, const void* args, int64_t n, int64_t grain) {
   return err.load();
 }
 
+// Two dependent phases in one parallel region (one wake-up and one join
+// instead of two): phase-1 tasks are grouped per item (per1 consecutive tasks
+// per item), phase-2 tasks likewise (per2); a phase-2 task of item i starts
+// once every phase-1 task of item i is done.
+int run2(bie_range_fn fn1, const void* a1, int64_t items, int64_t per1, bie_range_fn fn2, const void* a2,
+         int64_t per2) {
+  const int64_t n1 = items * per1, n2 = items * per2;
+  if (n1 <= 0 || n2 <= 0) return BIE_OK;
+  std::atomic<int> err{BIE_OK};
+  try {
+    const int64_t nt = at::get_num_threads();
+    if (nt <= 1 || at::in_parallel_region() || n2 <= 1) {
+      int r = fn1(a1, 0, n1);
+      return r != BIE_OK ? r : fn2(a2, 0, n2);
+    }
+    std::unique_ptr<std::atomic<int64_t>[]> done(new std::atomic<int64_t>[items]);
+    for (int64_t i = 0; i < items; ++i) done[i].store(0);
+    const int64_t c1 = n1 / (nt * 8) > 1 ? n1 / (nt * 8) : 1;
+    const int64_t c2 = n2 / (nt * 8) > 1 ? n2 / (nt * 8) : 1;
+    std::atomic<int64_t> next1{0}, next2{0};
+    at::parallel_for(0, nt, 1, [&](int64_t wb, int64_t we) {
+      for (int64_t w = wb; w < we; ++w) {
+        for (;;) {
+          const int64_t t0 = next1.fetch_add(c1);
+          if (t0 >= n1) break;
+          const int64_t t1 = t0 + c1 < n1 ? t0 + c1 : n1;
+          int r;
+          try { r = fn1(a1, t0, t1); } catch (...) { r = BIE_EEXCEPTION; }
+          if (r != BIE_OK) err.store(r);
+          for (int64_t t = t0; t < t1; ++t) done[t / per1].fetch_add(1, std::memory_order_release);
+        }
+        for (;;) {
+          const int64_t t0 = next2.fetch_add(c2);
+          if (t0 >= n2) break;
+          const int64_t t1 = t0 + c2 < n2 ? t0 + c2 : n2;
+          for (int64_t i = t0 / per2; i <= (t1 - 1) / per2; ++i)
+            while (done[i].load(std::memory_order_acquire) < per1) std::this_thread::yield();
+          if (err.load(std::memory_order_relaxed) != BIE_OK) continue;  // drain without working
+          int r;
+          try { r = fn2(a2, t0, t1); } catch (...) { r = BIE_EEXCEPTION; }
+          if (r != BIE_OK) err.store(r);
+        }
+      }
+    });
+  } catch (...) {
+    return BIE_EEXCEPTION;
+  }
+  return err.load();
+}
+
 bie_range_fn pick_pack(int l) {
 #if BIE_X86
   if (l >= L_AVX512) return bie_avx512_pack;
@@ -218,12 +270,13 @@ int bie_num_threads() {
 int bie_int_layout() { return layout_for(g_level.load()); }
 
 int bie_pack(const bie_pack_args* a) {
-  const int64_t grain = 32768 / (a->k > 0 ? a->k : 1) + 1;
+  // memory-bound and light: threads only pay off beyond ~1M elements
+  const int64_t grain = (int64_t{1} << 20) / (a->k > 0 ? a->k : 1) + 1;
   return run(pick_pack(g_level.load()), a, a->rows, grain);
 }
 
 int bie_quant(const bie_quant_args* a) {
-  return run(pick_quant(g_level.load()), a, cdiv(a->n, 8192), 1);
+  return run(pick_quant(g_level.load()), a, cdiv(a->n, 8192), 128);   // 128 x 8192 elements per chunk
 }
 
 // Extent checks repeated here (Python validated them already): arguments
@@ -246,10 +299,7 @@ int bie_bconv(const bie_bconv_pack_args* pa, const bie_bconv_args* ca) {
       ca->H != pa->H || ca->W != pa->W || pa->hrows < 1)
     return BIE_EBADARG;
   const int l = g_level.load();
-  if (pa->hrows < 1) return BIE_EBADARG;
-  int r = run(pick_conv_pack(l), pa, pa->N * cdiv(pa->H, pa->hrows), 1);
-  if (r != BIE_OK) return r;
-  return run(pick_bconv(l), ca, ca->N * cdiv(ca->Ho * ca->Wo, ca->pix), 1);
+  return run2(pick_conv_pack(l), pa, pa->N, cdiv(pa->H, pa->hrows), pick_bconv(l), ca, cdiv(ca->Ho * ca->Wo, ca->pix));
 }
 
 int bie_igemm(const bie_igemm_args* a) {
