@@ -87,14 +87,12 @@ class WeightOnlyLinear(nn.Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         destination.pop(prefix + HANDLE, None)   # not part of the canonical format
 
+    # (nn.Module.requires_grad_ reaches the handle like any parameter: that is
+    # what makes model.requires_grad_(False) freeze packed weights.)
+
     def _finish_load(self, prefix, missing_keys, unexpected_keys):
         if prefix + HANDLE in missing_keys:
             missing_keys.remove(prefix + HANDLE)
-
-    def requires_grad_(self, requires_grad: bool = True):
-        # nn.Module.requires_grad_ reaches the handle too: that is what makes
-        # model.requires_grad_(False) freeze packed weights.
-        return super().requires_grad_(requires_grad)
 
     # ---------------------------------------------------------------- checks
     def layer_name(self) -> str:
