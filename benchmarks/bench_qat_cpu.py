@@ -115,7 +115,28 @@ def tiny_inference():
         out["  op binary_gemm (1, 64) x (64, 64)"] = median_us(
             lambda: bie_core.ops.binary_gemm(a, bl.weight_bits, 64, scale, None, torch.float32), 0.5)
         out["  x + act_shift"] = median_us(lambda: x + bl.act_shift, 0.5)
+        out["  act_scale * weight_scale"] = median_us(lambda: bl.act_scale * bl.weight_scale, 0.5)
+        # the floor of layer + dispatcher: the same layer served by kernels that do no work
+        _register_zero_backend(bl.out_features)
+        with bie_core.use_backend("zero"):
+            out["BinaryLinear(64, 64), packed, zero-work kernels (layer + dispatch floor)"] = median_us(
+                lambda: bl(x), 0.5)
+            out["  op pack_signs, zero-work kernel (dispatch floor)"] = median_us(
+                lambda: bie_core.ops.pack_signs(xs), 0.5)
     return out, kernels_of(bl, x)
+
+
+def _register_zero_backend(n: int) -> None:
+    from bie_core.plugins import BackendDescriptor, hookimpl
+    out, bits = torch.zeros(1, n), torch.zeros(1, 8, dtype=torch.uint8)
+
+    class Zero:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            cap = bie_core.Capability(devices=("cpu",))
+            registry.register("pack_signs", lambda x: bits, capability=cap, name="zero")
+            registry.register("binary_gemm", lambda a, b, k, s, bi, od: out, capability=cap, name="zero")
+    bie_core.register_backend(BackendDescriptor("zero", "1.0", ("cpu",), load=Zero), Zero())
 
 
 def machine() -> str:

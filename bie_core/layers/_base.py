@@ -136,6 +136,9 @@ class QATLayer(nn.Module):
                        f"move one of them (layer.to({str(x.device)!r}) or {what}.to({str(dev)!r}))")
 
     def _device(self) -> Optional[torch.device]:
+        t = self._parameters.get("act_shift")  # every layer with an input shift: one lookup on the hot path
+        if t is not None:
+            return t.device
         for t in self._parameters.values():
             if t is not None:
                 return t.device

@@ -39,13 +39,19 @@ def _weight_signs(weight, wbits, k, backend, shape=None):
     return s if shape is None else s.reshape(shape)
 
 
+def _f32(t):
+    # .to() is a no-op for float32 but still a call: skip it on the hot path
+    t = t.detach()
+    return t if t.dtype == torch.float32 else t.to(torch.float32)
+
+
 def _scale(sa, sw):
-    return sa.detach().to(torch.float32) * sw.detach().to(torch.float32)
+    return _f32(sa) * _f32(sw)
 
 
 def binary_linear(x2d, wbits, sw, ba, sa, bias, k: int, backend):
     """The forward alone (used directly when no gradient is needed): (y, x + ba)."""
-    xs = x2d + ba.to(x2d.dtype)
+    xs = x2d + (ba if ba.dtype == x2d.dtype else ba.to(x2d.dtype))
     a = ops.pack_signs(xs, backend=backend)
     return ops.binary_gemm(a, wbits, k, _scale(sa, sw), bias, x2d.dtype, backend=backend), xs
 

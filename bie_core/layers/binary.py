@@ -129,13 +129,12 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
                        f"last dimension; expected {self.in_features}")
         if not self._act_scale_ready:
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
-        lead = x.shape[:-1]
         w, bits, sw = self._weight_operands()
-        args = (x.reshape(-1, self.in_features), bits, sw, self.act_shift, self.act_scale, self.bias,
-                self.in_features, self.backend)
+        x2d = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        args = (x2d, bits, sw, self.act_shift, self.act_scale, self.bias, self.in_features, self.backend)
         # without autograd, skip the Function machinery (it is per-call overhead at small sizes)
-        y = BinaryLinearFn.apply(args[0], w, *args[1:]) if torch.is_grad_enabled() else binary_linear(*args)[0]
-        return y.reshape(lead + (self.out_features,))
+        y = BinaryLinearFn.apply(x2d, w, *args[1:]) if torch.is_grad_enabled() else binary_linear(*args)[0]
+        return y if x.dim() == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
 
 
 class BinaryConv2d(_BinaryWeightMixin, QATLayer):
