@@ -224,3 +224,8 @@ def test_saved_under_one_backend_loads_and_matches_under_another(tmp_path, fresh
         assert fake.calls, "the fake backend served nothing"
         assert all(k.startswith("fakeref:") for k in expl.chosen().values())
         torch.testing.assert_close(y2, y, rtol=0, atol=0)
+    # a per-layer backend= wins over the automatic choice
+    layer = BinaryLinear(16, 4, backend="fakeref") if policy == "binary" else QLinear(16, 4, 4, 4, backend="fakeref")
+    fake.calls.clear()
+    layer(torch.randn(2, 16)).sum().backward()
+    assert fake.calls and all(k.startswith("fakeref:") for k in bie_core.explain(layer, torch.randn(2, 16)).chosen().values())

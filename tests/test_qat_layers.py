@@ -345,3 +345,22 @@ def test_binary_attention_block():
         mha.eval()
         with torch.no_grad():
             torch.testing.assert_close(mha(x, attn_mask=mask), out)
+
+
+@pytest.mark.parametrize("make", [lambda dt: BinaryLinear(16, 8, bias=True, dtype=dt),
+                                  lambda dt: QLinear(16, 8, 4, 8, dtype=dt),
+                                  lambda dt: BinaryConv2d(2, 3, 3, padding=1, dtype=dt),
+                                  lambda dt: QConv2d(2, 3, 3, padding=1, dtype=dt)])
+def test_half_precision_layers_match_float32(make):
+    torch.manual_seed(12)
+    layer = make(torch.bfloat16)
+    x = (torch.randn(2, 16) if isinstance(layer, (BinaryLinear, QLinear)) else torch.randn(2, 2, 5, 5))
+    x = x.to(torch.bfloat16)
+    xl = x.clone().requires_grad_()
+    y = layer(xl)                              # initialises the (bf16) scales
+    ref_layer = make(torch.float32)
+    ref_layer.load_state_dict(layer.state_dict())   # same bf16-representable weights and scales
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.bfloat16 and xl.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref_layer(x.float()), rtol=2e-2, atol=2e-2)
