@@ -157,8 +157,8 @@ def _rand_wq(k, n, bits, gs, gen):
 def bench_wq(rows, quick):
     from bie_backend_cuda import weight_only as cw
     cases = []
-    ms = (1, 16, 32, 128, 1024) if not quick else (1, 16, 128)
     for n, k in [(4096, 4096), (28672, 8192), (8192, 28672)]:
+        ms = (1, 16, 32, 64, 128, 1024) if (n == 28672 or not quick) else (1, 16)
         for m in ms:
             cases.append((m, n, k, 4, 128))
     cases += [(1, 28672, 8192, 2, 64), (1, 8192, 28672, 2, 64), (1, 28672, 8192, 8, -1), (16, 28672, 8192, 8, -1),

@@ -22,7 +22,7 @@ import torch
 from . import _build
 
 #: Above this many rows, dequantize into a temporary and use cuBLAS.
-LARGE_M = 256
+LARGE_M = 64
 _J = {2: 8, 4: 4, 8: 2}
 _KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 8: 8}
 

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
   constexpr int NMB = MB == 0 ? 1 : MB;
   constexpr int XR = MB == 0 ? 8 : MB * 16;   // rows of x per launch chunk
-  constexpr int XC = MB <= 1 ? 1024 : 256;    // x columns per shared-memory chunk
+  constexpr int XC = MB <= 1 ? 1024 : 512;    // x columns per shared-memory chunk
   constexpr int XLD = XC + 8;                 // padded row (bank-conflict-free fragment loads)
   constexpr int PF = 4;                       // 16-byte vectors in flight per thread
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -256,20 +256,26 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   for (int xc0 = k_begin; xc0 < k_end; xc0 += XC) {
     const int xcn = min(XC, k_end - xc0);
     __syncthreads();
-    for (int q = tid; q < mrows * (XC / 2); q += WQ_WARPS * 32) {
-      const int r = q / (XC / 2), c = (q % (XC / 2)) * 2;
-      const int k = xc0 + c;
-      uint32_t v = 0;
-      if (c < xcn) {
-        if (k + 1 < p.K && (p.K & 1) == 0) {
-          v = *reinterpret_cast<const uint32_t*>(X + (int64_t)r * p.K + k);
-        } else {
+    if ((p.K & 7) == 0) {  // 16-byte loads: 8 columns, all inside K or all outside
+      for (int q = tid; q < mrows * (XC / 8); q += WQ_WARPS * 32) {
+        const int r = q / (XC / 8), c = (q % (XC / 8)) * 8;
+        const int k = xc0 + c;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (c < xcn && k < p.K) v = *reinterpret_cast<const uint4*>(X + (int64_t)r * p.K + k);
+        *reinterpret_cast<uint4*>(xs + r * XLD + c) = v;
+      }
+    } else {
+      for (int q = tid; q < mrows * (XC / 2); q += WQ_WARPS * 32) {
+        const int r = q / (XC / 2), c = (q % (XC / 2)) * 2;
+        const int k = xc0 + c;
+        uint32_t v = 0;
+        if (c < xcn) {
           T lo = k < p.K ? X[(int64_t)r * p.K + k] : from_f32<T>(0.f);
           T hi = k + 1 < p.K ? X[(int64_t)r * p.K + k + 1] : from_f32<T>(0.f);
           v = (uint32_t)(*reinterpret_cast<uint16_t*>(&lo)) | ((uint32_t)(*reinterpret_cast<uint16_t*>(&hi)) << 16);
         }
+        *reinterpret_cast<uint32_t*>(xs + r * XLD + c) = v;
       }
-      *reinterpret_cast<uint32_t*>(xs + r * XLD + c) = v;
     }
     __syncthreads();
     const int kb_end = min(kb1, (xc0 + xcn) / KS);
@@ -359,7 +365,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
 template <int BITS, typename T, bool GPTQ, int MB>
 static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
   WqArgs p = p0;
-  constexpr int XR = MB == 0 ? 8 : MB * 16, XC = MB <= 1 ? 1024 : 256;
+  constexpr int XR = MB == 0 ? 8 : MB * 16, XC = MB <= 1 ? 1024 : 512;
   const int nbx = ceil_div(p.Np / 16, WQ_WARPS);
   const int mchunks = ceil_div(p.M, XR);
   const int smem = XR * (XC + 8) * (int)sizeof(T);
@@ -376,10 +382,12 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
 
 // Split-K plan (host side, no device sync): enough blocks to fill the GPU.
 void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split) {
+  // Enough blocks (about 8 per SM) that the last partial wave is short, but
+  // at least 4 vectors per thread per split so the loads stay pipelined.
   const int rows = M <= 8 ? 8 : (M <= 16 ? 16 : 64);
   const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, rows);
-  int s = std::max(1, std::min(kblocks, ceil_div(3 * num_sms, base)));
-  const int kbps = ceil_div(kblocks, s);
+  int s = std::max(1, ceil_div(8 * num_sms, base));
+  int kbps = std::max(std::min(4, kblocks), ceil_div(kblocks, s));
   *kb_per_split = kbps;
   *splits = ceil_div(kblocks, kbps);
 }
