@@ -439,3 +439,20 @@ def test_failed_build_is_reported_and_not_retried(tmp_path):
     info2, _, err2 = _run(tmp_path, env)          # second process: no second attempt, same clear reason
     assert any("an earlier build failed" in ln for ln in info2["report"]), info2["report"]
     assert "compiling" not in err2
+
+
+def test_compiler_without_openmp_builds_single_threaded_kernels(tmp_path, nk):
+    import shutil
+    from bie_backend_cpu.native import _build
+    real = os.environ.get("CXX", "c++")
+    if shutil.which(real) is None or not _build._uses_openmp():
+        pytest.skip("needs a compiler and torch's OpenMP backend")
+    fake = tmp_path / "cxx-no-openmp"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = \"-fopenmp\" ] && "
+                    "{ echo \"cxx-no-openmp: error: unsupported option '-fopenmp'\" >&2; exit 1; }; done\n"
+                    f"exec {shutil.which(real)} \"$@\"\n")
+    fake.chmod(0o755)
+    info, outs, err = _run(tmp_path, {"CXX": str(fake), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")})
+    assert info["chosen"] == {"binary_gemm": "cpu:native.binary_gemm"}, (info, err)
+    assert any("single-threaded (built without OpenMP" in ln for ln in info["report"]), info["report"]
+    assert "without OpenMP" in err

@@ -38,6 +38,7 @@ class NativeStatus:
     features: list = field(default_factory=list)
     build_dir: str = ""
     build_seconds: Optional[float] = None
+    threaded: bool = True
     traceback: str = ""
 
     @property
@@ -98,8 +99,8 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> NativeStatus:
         try:
             from . import _build
             from . import kernels as nk
-            lib, d, secs = _build.load(force_rebuild=force_rebuild, verbose=verbose)
-            st.build_dir, st.build_seconds = str(d), secs
+            lib, d, secs, threaded = _build.load(force_rebuild=force_rebuild, verbose=verbose)
+            st.build_dir, st.build_seconds, st.threaded = str(d), secs, threaded
             _apply_isa_env(lib)
             nk.set_library(lib)
             st.level = _build.LEVEL_NAMES[lib.bie_get_level()]
@@ -196,8 +197,9 @@ def report_lines() -> list:
         out = [line]
         lib = _lib
         if lib is not None:
-            out.append(f"native kernels: {lib.bie_num_threads()} threads (torch.set_num_threads); "
-                       f"build cache {st.build_dir}")
+            threads = (f"{lib.bie_num_threads()} threads (torch.set_num_threads)" if st.threaded else
+                       "single-threaded (built without OpenMP: the compiler does not support -fopenmp)")
+            out.append(f"native kernels: {threads}; build cache {st.build_dir}")
         return out
     if st.state == "disabled":
         return ["native kernels: disabled (BIE_CPU_NATIVE=0); the plain PyTorch kernels serve every op"]

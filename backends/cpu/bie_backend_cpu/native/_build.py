@@ -55,8 +55,17 @@ def _uses_openmp() -> bool:
         return False
 
 
+def variants() -> list:
+    """Flag sets to try, best first. With torch's OpenMP backend the first one
+    adds -fopenmp; the second, without it, is the fallback for a compiler
+    without OpenMP support (the kernels then run on the calling thread)."""
+    if _uses_openmp():
+        return [BASE_CFLAGS + ["-fopenmp"], list(BASE_CFLAGS)]
+    return [list(BASE_CFLAGS)]
+
+
 def cflags() -> list:
-    return BASE_CFLAGS + (["-fopenmp"] if _uses_openmp() else [])
+    return variants()[0]
 
 
 def _compiler() -> str:
@@ -68,25 +77,31 @@ def build_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "bie" / "torch_extensions"
 
 
-def source_hash() -> str:
+def source_hash(flags=None) -> str:
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
-    h.update(" ".join(cflags()).encode())
+    h.update(" ".join(cflags() if flags is None else flags).encode())
     h.update(_compiler().encode())
     return h.hexdigest()[:16]
 
 
-def build_dir() -> Path:
+def build_dir(flags=None) -> Path:
     import torch
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
-    return build_root() / tag / f"{NAME}-{source_hash()}"
+    return build_root() / tag / f"{NAME}-{source_hash(flags)}"
+
+
+def _ext_name(d: Path) -> str:
+    # one extension name per build directory: torch's in-process versioning
+    # renames a second build of the same name (name_v1), which would not be found
+    return d.name.replace("-", "_")
 
 
 def _lib_path(d: Path) -> Path:
     suffix = ".pyd" if sys.platform == "win32" else ".so"
-    return d / f"{NAME}{suffix}"
+    return d / f"{_ext_name(d)}{suffix}"
 
 
 def precheck() -> Optional[str]:
@@ -123,42 +138,63 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def load(force_rebuild: bool = False, verbose: bool = False) -> tuple:
     """Build if needed and load. Returns ``(ctypes library, build dir, seconds
-    spent building or None)``; raises :class:`BuildError` with a clear message."""
+    spent building or None, threaded)``; raises :class:`BuildError` with a clear message."""
     reason = precheck()
     if reason:
         raise BuildError(reason)
-    d = build_dir()
-    ok_stamp, fail_stamp = d / "bie_build_ok", d / "bie_build_failed"
-    so = _lib_path(d)
     force_rebuild = force_rebuild or os.environ.get("BIE_CPU_NATIVE_REBUILD", "") not in ("", "0")
-    seconds = None
-    if force_rebuild or not (ok_stamp.exists() and so.exists()):
+    vs = variants()
+    if not force_rebuild:
+        for flags in vs:                       # a finished build: load it, no compiler involved
+            d = build_dir(flags)
+            if (d / "bie_build_ok").exists() and _lib_path(d).exists():
+                return _open(d) + (None, "-fopenmp" in flags or len(vs) == 1)
+    errors = []
+    for flags in vs:
+        d = build_dir(flags)
+        fail_stamp = d / "bie_build_failed"
         if fail_stamp.exists() and not force_rebuild:
-            raise BuildError(f"an earlier build failed (log: {fail_stamp}); run `bie build cpu` "
-                             "or set BIE_CPU_NATIVE_REBUILD=1 to retry")
-        seconds = _compile(d, verbose)
+            errors.append(f"an earlier build failed (log: {fail_stamp})")
+            continue
+        try:
+            seconds = _compile(d, flags, verbose)
+        except BuildError as exc:
+            errors.append(str(exc))
+            continue
+        return _open(d) + (seconds, "-fopenmp" in flags or len(vs) == 1)
+    msg = errors[0]
+    if len(errors) > 1:
+        msg += f"; without OpenMP too: {errors[1]}"
+    if all(e.startswith("an earlier build failed") for e in errors):
+        msg += "; run `bie build cpu` or set BIE_CPU_NATIVE_REBUILD=1 to retry"
+    raise BuildError(msg)
+
+
+def _open(d: Path) -> tuple:
+    so = _lib_path(d)
     try:
         lib = _declare(ctypes.CDLL(str(so)))
     except OSError as exc:
         raise BuildError(f"cannot load {so}: {exc}") from exc
     if lib.bie_abi_version() != ABI_VERSION:
         raise BuildError(f"{so} has ABI {lib.bie_abi_version()}, expected {ABI_VERSION}")
-    return lib, d, seconds
+    return lib, d
 
 
-def _compile(d: Path, verbose: bool) -> float:
+def _compile(d: Path, flags: list, verbose: bool) -> float:
     from torch.utils import cpp_extension
     d.mkdir(parents=True, exist_ok=True)
     fail_stamp = d / "bie_build_failed"
-    sys.stderr.write(f"bie-backend-cpu: compiling the native CPU kernels (first use, once per torch "
+    omp = "" if "-fopenmp" in flags or not _uses_openmp() else " without OpenMP"
+    sys.stderr.write(f"bie-backend-cpu: compiling the native CPU kernels{omp} (first use, once per torch "
                      f"version; ~20 s on 2 cores) into {d} ...\n")
     sys.stderr.flush()
     t0 = time.perf_counter()
     try:
-        cpp_extension.load(
-            name=NAME,
+        built = cpp_extension.load(
+            name=_ext_name(d),
             sources=[str(CSRC / s) for s in SOURCES],
-            extra_cflags=cflags(),
+            extra_cflags=flags,
             extra_include_paths=[str(CSRC)],
             build_directory=str(d),
             is_python_module=False,
@@ -176,6 +212,8 @@ def _compile(d: Path, verbose: bool) -> float:
         raise BuildError(f"native build failed ({type(exc).__name__}): {first[:300]} "
                          f"(full log: {fail_stamp})") from exc
     seconds = time.perf_counter() - t0
+    if not isinstance(built, str) or Path(built).resolve() != _lib_path(d).resolve():
+        raise BuildError(f"the build produced {built!r}, expected {_lib_path(d)}")
     try:
         fail_stamp.unlink(missing_ok=True)
         (d / "bie_build_ok").write_text(f"built in {seconds:.1f} s\n")
