@@ -13,14 +13,14 @@ Every kernel is registered for two device types, with the same function:
   ``use_backend``, ``BIE_BACKEND=mlx``, a layer's ``backend="mlx"``): that
   is how Linux CI tests the MLX code paths.
 * Measured but not used: weight-only GEMMs (and their input gradients) with
-  at most 16 rows run several times faster on MLX CPU than on the reference
-  (which dequantizes the whole weight on every call; MLX keeps the prepared
-  affine layout); above 16 to 32 rows MLX loses. Registering a second,
-  small-M cpu kernel at priority 10 with ``max_dims={"M": 16}`` would make
-  the dispatcher warn "falls back ... M=17 > maximum 16" for every larger
-  batch (a rejected higher-priority kernel counts as a fallback), so MLX
-  stays explicit-only on cpu; a native CPU weight-only kernel (priority 50)
-  is the right fix for the reference's cost.
+  a few rows run faster on MLX CPU than on the reference (12x at M = 1; the
+  reference dequantizes the whole weight on every call, MLX keeps the
+  prepared affine layout); from 8 to 16 rows on MLX loses (K = N = 4096).
+  Registering a second, small-M cpu kernel at priority 10 with
+  ``max_dims={"M": 8}`` would make the dispatcher warn "falls back ...
+  M=9 > maximum 8" for every larger batch (a rejected higher-priority kernel
+  counts as a fallback), so MLX stays explicit-only on cpu; a native CPU
+  weight-only kernel (priority 50) is the right fix for the reference's cost.
 """
 from __future__ import annotations
 
