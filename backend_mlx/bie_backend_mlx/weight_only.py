@@ -540,6 +540,10 @@ def _layout(prepared, key, build):
     return lay
 
 
+def _as(a: "mx.array", dtype) -> "mx.array":
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
 def _empty(shape, dtype, device):
     return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -552,10 +556,10 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
                   lambda: build_wq_layout(qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, cd))
     if x.shape[0] == 0:
         return _empty((0, lay.n), x.dtype, x.device)
-    y = forward(lay, to_mlx(x).astype(cd))
+    y = forward(lay, _as(to_mlx(x), cd))
     if bias is not None:
-        y = y + to_mlx(bias).astype(cd)
-    return to_torch(y.astype(mx_dtype(x.dtype)), x.device)
+        y = y + _as(to_mlx(bias), cd)
+    return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
 
 
 @kernel
@@ -565,8 +569,8 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
                   lambda: build_wq_layout(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd))
     if grad.shape[0] == 0:
         return _empty((0, k), grad.dtype, grad.device)
-    gx = backward_input(lay, to_mlx(grad).astype(cd))
-    return to_torch(gx.astype(mx_dtype(grad.dtype)), grad.device)
+    gx = backward_input(lay, _as(to_mlx(grad), cd))
+    return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 
 def _mb_key(group_bits, group_rows, cd):
@@ -580,13 +584,13 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
                   lambda: build_mbwq_layout(qweight, scales, zeros, q_perm, group_bits, group_rows, cd))
     if x.shape[0] == 0:
         return _empty((0, lay.n), x.dtype, x.device)
-    xm = to_mlx(x).astype(cd)
+    xm = _as(to_mlx(x), cd)
     if channel_scale is not None:
-        xm = xm * to_mlx(channel_scale).astype(cd)
+        xm = xm * _as(to_mlx(channel_scale), cd)
     y = forward(lay, xm)
     if bias is not None:
-        y = y + to_mlx(bias).astype(cd)
-    return to_torch(y.astype(mx_dtype(x.dtype)), x.device)
+        y = y + _as(to_mlx(bias), cd)
+    return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
 
 
 @kernel
@@ -597,10 +601,10 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
                   lambda: build_mbwq_layout(qweight, scales, zeros, q_perm, group_bits, group_rows, cd))
     if grad.shape[0] == 0:
         return _empty((0, lay.k), grad.dtype, grad.device)
-    gx = backward_input(lay, to_mlx(grad).astype(cd))
+    gx = backward_input(lay, _as(to_mlx(grad), cd))
     if channel_scale is not None:
-        gx = gx * to_mlx(channel_scale).astype(cd)
-    return to_torch(gx.astype(mx_dtype(grad.dtype)), grad.device)
+        gx = gx * _as(to_mlx(channel_scale), cd)
+    return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 
 # ------------------------------------------------------------ registration
