@@ -204,10 +204,27 @@ def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ the ops
+def _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, lay=None):
+    """W (K, N) in dtype, input-row order: straight from the canonical tensors
+    (float32 math as the reference) for 1/2/4/8 bits, else from the layout."""
+    if bits in (1, 2, 4, 8):
+        return _build.ops().wq_dequant_canonical(qweight, scales, zeros, g_idx, bits, group_size, k, fmt == "gptq",
+                                                  dtype)
+    return _dequant(lay, original_order=True).to(dtype)
+
+
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     m = x.shape[0]
+    if m > LARGE_M and bits in (1, 2, 4, 8):
+        # dequantize (one coalesced pass over the canonical weight) + cuBLAS
+        cd = torch.float32 if x.dtype is torch.float32 else x.dtype
+        w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
+        y = x.to(cd) @ w
+        if bias is not None:
+            y = y.to(torch.float32) + bias.to(torch.float32)
+        return y.to(x.dtype)
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     if lay.generic:
         y = x.to(torch.float32) @ lay.w32
         if bias is not None:
@@ -216,32 +233,31 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     if m > LARGE_M:
         w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
-        if x.dtype is torch.float32:
-            y = xs @ w.to(torch.float32)
-        else:
-            y = xs.to(lay.cdtype) @ w
+        y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         return y.to(x.dtype)
     xc = xs.to(lay.cdtype).contiguous()
-    need = (-(-qweight.shape[1] // 128) + 1) * (-(-max(m, 1) // 16))
-    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
-                                lay.gptq, x.dtype, _counters_for(x.device, need))
+    need = (-(-qweight.shape[1] // 128) + 1) * (-(-max(m, 1) // 8))
+    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, k, lay.gs_shift,
+                                lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need))
 
 
 def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, grad.dtype)
-    if lay.generic:
-        return (grad.to(torch.float32) @ lay.w32.t()).to(grad.dtype)
-    w = _dequant(lay, original_order=True)              # (K, N) in input-row order
-    if grad.dtype is torch.float32:
-        return grad @ w.to(torch.float32).t()
-    return (grad.to(lay.cdtype) @ w.t()).to(grad.dtype)
+    cd = torch.float32 if grad.dtype is torch.float32 else grad.dtype
+    lay = None
+    if bits not in (1, 2, 4, 8):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, grad.dtype)
+        if lay.generic:
+            return (grad.to(torch.float32) @ lay.w32.t()).to(grad.dtype)
+    w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd, lay)
+    return (grad.to(cd) @ w.t()).to(grad.dtype)
 
 
 def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype, prepared=None):
-    # fp16 arithmetic (11-bit significand) then one rounding to the target dtype:
-    # bf16 arithmetic would round the statistics and the result twice at 8 bits.
+    if bits in (1, 2, 4, 8):
+        return _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype)
+    # fp16 arithmetic (11-bit significand) then one rounding to the target dtype
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, torch.float16)
     if lay.generic:
         return lay.w32.to(dtype)

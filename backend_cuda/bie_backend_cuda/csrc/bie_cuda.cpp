@@ -298,6 +298,43 @@ Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std
   return out;
 }
 
+// Dequantize straight from the canonical tensors (bits 1, 2, 4, 8): W (K, N).
+Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const Tensor& zeros,
+                            const std::optional<Tensor>& g_idx, int64_t bits, int64_t group_size, int64_t K,
+                            bool gptq, at::ScalarType out_dtype) {
+  for (const Tensor* t : {&qweight, &scales, &zeros}) check_cuda(*t, "wq_dequant_canonical operand");
+  TORCH_CHECK(bits == 1 || bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_dequant_canonical: bits 1/2/4/8");
+  const int64_t N = qweight.size(1), G = scales.size(0);
+  auto qw = qweight.contiguous();
+  auto sc = scales.contiguous();
+  auto zr = zeros.contiguous();
+  TORCH_CHECK(qw.scalar_type() == at::kInt && qw.dim() == 2 && qw.size(0) == (K * bits + 31) / 32,
+              "bie_cuda.wq_dequant_canonical: qweight must be int32 (ceil(K*bits/32), N)");
+  TORCH_CHECK(sc.dim() == 2 && sc.size(1) == N, "bie_cuda.wq_dequant_canonical: scales must be (G, N)");
+  if (gptq) {
+    TORCH_CHECK(zr.scalar_type() == at::kInt && zr.dim() == 2 && zr.size(0) == G && zr.size(1) == (N * bits + 31) / 32,
+                "bie_cuda.wq_dequant_canonical: qzeros must be int32 (G, ceil(N*bits/32))");
+  } else {
+    TORCH_CHECK(zr.dim() == 2 && zr.size(0) == G && zr.size(1) == N, "bie_cuda.wq_dequant_canonical: zeros (G, N)");
+  }
+  Tensor gi;
+  const int32_t* gp = nullptr;
+  if (g_idx.has_value() && g_idx->defined()) {
+    gi = g_idx->to(at::kInt).contiguous();
+    TORCH_CHECK(gi.numel() == K && gi.device() == qweight.device(), "bie_cuda.wq_dequant_canonical: g_idx (K,)");
+    gp = gi.data_ptr<int32_t>();
+  }
+  TORCH_CHECK(K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_dequant_canonical: problem too large");
+  c10::cuda::CUDAGuard guard(qweight.device());
+  auto out = at::empty({K, N}, qweight.options().dtype(out_dtype));
+  check_launch(bie::launch_wq_dequant_canonical(qw.data_ptr<int32_t>(), sc.data_ptr(), dtype_code(sc.scalar_type()),
+                                                zr.data_ptr(), gptq ? bie::kI32 : dtype_code(zr.scalar_type()), gptq,
+                                                gp, group_size > 0 ? (int)group_size : -1, (int)G, (int)bits, (int)K,
+                                                (int)N, out.data_ptr(), dtype_code(out_dtype), stream()),
+               "wq_dequant_canonical");
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(bie_cuda, m) {
@@ -309,4 +346,5 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("sign_embedding_bag", &sign_embedding_bag);
   m.def("wq_gemm", &wq_gemm);
   m.def("wq_dequant", &wq_dequant);
+  m.def("wq_dequant_canonical", &wq_dequant_canonical);
 }

@@ -60,4 +60,8 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
                               bool gptq, int N, int Np, int K, int G, int gs_shift, int kblocks, void* out,
                               cudaStream_t st);
 
+cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
+                                        bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N,
+                                        void* out, int odt, cudaStream_t st);
+
 }  // namespace bie

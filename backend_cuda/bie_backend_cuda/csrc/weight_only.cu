@@ -19,6 +19,8 @@
 // where qm = code + MAGIC is what the bit trick produces (MAGIC = 1024 for
 // fp16, 128 for bf16 with 2/4-bit codes, 0 for bf16 8-bit codes, which go
 // through float32).
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace bie {
@@ -151,10 +153,11 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nblocks = p.Np >> 4;
-  const int nb_raw = blockIdx.x * WQ_WARPS + warp;
+  const int bx = blockIdx.z;  // column group (slowest); blockIdx.x = chunk of rows (fastest: shares weights in L2)
+  const int nb_raw = bx * WQ_WARPS + warp;
   const bool active = nb_raw < nblocks;
   const int nb = active ? nb_raw : nblocks - 1;  // inactive warps recompute the last block, store nothing
-  const int m0 = blockIdx.z * XR;
+  const int m0 = blockIdx.x * XR;
   const int mrows = min(XR, p.M - m0);
   const int kb0 = blockIdx.y * p.kb_per_split;
   const int kb1 = min(p.kblocks, kb0 + p.kb_per_split);
@@ -344,15 +347,15 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   }
   __threadfence();
   __syncthreads();
-  int* cnt = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
+  int* cnt = p.counters + bx * gridDim.x + blockIdx.x;
   if (tid == 0) s_last = atomicAdd(cnt, 1) == p.splits - 1;
   __syncthreads();
   if (!s_last) return;
   __threadfence();
   // the last block of this tile sums the splits in a fixed order
-  const int ncols = min(WQ_WARPS * 16, p.Np - blockIdx.x * WQ_WARPS * 16);
+  const int ncols = min(WQ_WARPS * 16, p.Np - bx * WQ_WARPS * 16);
   for (int q = tid; q < mrows * ncols; q += WQ_WARPS * 32) {
-    const int r = q / ncols, c = blockIdx.x * WQ_WARPS * 16 + q % ncols;
+    const int r = q / ncols, c = bx * WQ_WARPS * 16 + q % ncols;
     if (c >= p.N) continue;
     float sum = 0.f;
     for (int sp2 = 0; sp2 < p.splits; ++sp2) sum += __ldcg(p.ws + ((int64_t)sp2 * p.M + m0 + r) * p.Np + c);
@@ -374,7 +377,7 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
   }
-  dim3 grid((unsigned)nbx, (unsigned)p.splits, (unsigned)mchunks);
+  dim3 grid((unsigned)mchunks, (unsigned)p.splits, (unsigned)nbx);
   if (grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
   k<<<grid, WQ_WARPS * 32, smem, st>>>(p);
   BIE_LAUNCH_CHECK();
@@ -382,11 +385,11 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
 
 // Split-K plan (host side, no device sync): enough blocks to fill the GPU.
 void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split) {
-  // Enough blocks (about 8 per SM) that the last partial wave is short, but
-  // at least 4 vectors per thread per split so the loads stay pipelined.
-  const int rows = M <= 8 ? 8 : (M <= 16 ? 16 : 64);
+  // About 3 blocks per SM (what fits at once); longer K slices beat more,
+  // shorter blocks (measured on H100), at least 4 vectors per thread.
+  const int rows = M <= 8 ? 8 : (M <= 64 ? 16 : 64);
   const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, rows);
-  int s = std::max(1, ceil_div(8 * num_sms, base));
+  int s = std::max(1, ceil_div(3 * num_sms, base));
   int kbps = std::max(std::min(4, kblocks), ceil_div(kblocks, s));
   *kb_per_split = kbps;
   *splits = ceil_div(kblocks, kbps);
@@ -395,7 +398,7 @@ void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_s
 template <int BITS, typename T>
 static cudaError_t launch_wq_bt(const WqArgs& p, bool gptq, int num_sms, cudaStream_t st) {
   if (p.M <= 8) return gptq ? launch_wq_t<BITS, T, true, 0>(p, num_sms, st) : launch_wq_t<BITS, T, false, 0>(p, num_sms, st);
-  if (p.M <= 16) return gptq ? launch_wq_t<BITS, T, true, 1>(p, num_sms, st) : launch_wq_t<BITS, T, false, 1>(p, num_sms, st);
+  if (p.M <= 64) return gptq ? launch_wq_t<BITS, T, true, 1>(p, num_sms, st) : launch_wq_t<BITS, T, false, 1>(p, num_sms, st);
   return gptq ? launch_wq_t<BITS, T, true, 4>(p, num_sms, st) : launch_wq_t<BITS, T, false, 4>(p, num_sms, st);
 }
 
@@ -493,6 +496,84 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
       case 4: return launch_deq_bt<4, __nv_bfloat16>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
       case 8: return launch_deq_bt<8, __nv_bfloat16>(qw, s, z, perm, N, Np, K, G, gs_shift, kblocks, gptq, out, st);
     }
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---------------------------------------------- dequantize (canonical format)
+// Straight from the checkpoint tensors, float32 math exactly as the reference
+// (gptq s*(q - z), gba q*s - z, no fused multiply-add): one thread per
+// (packed word, column), 32/BITS rows each; stores coalesced along N.
+template <int BITS, typename OT>
+__global__ void wq_dequant_canon_kernel(const int32_t* __restrict__ qw, const void* __restrict__ scales, int sdt,
+                                        const void* __restrict__ zeros, int zdt, bool gptq,
+                                        const int32_t* __restrict__ gidx, int gs, int G, int K, int N,
+                                        OT* __restrict__ out) {
+  constexpr int PER = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  const int nw = (N * BITS + 31) / 32;
+  const int64_t total = (int64_t)((K + PER - 1) / PER) * N;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int wr = (int)(i / N), n = (int)(i - (int64_t)wr * N);
+    const uint32_t word = (uint32_t)qw[(int64_t)wr * N + n];
+    int last_g = -1;
+    float s = 0.f, z = 0.f;
+#pragma unroll 4
+    for (int e = 0; e < PER; ++e) {
+      const int k = wr * PER + e;
+      if (k >= K) break;
+      int g = gidx ? gidx[k] : (gs > 0 ? k / gs : 0);
+      g = min(max(g, 0), G - 1);
+      if (g != last_g) {
+        last_g = g;
+        s = load_f32(scales, sdt, (int64_t)g * N + n);
+        if (gptq) {
+          const uint32_t zw = (uint32_t)static_cast<const int32_t*>(zeros)[(int64_t)g * nw + (n * BITS) / 32];
+          z = (float)((zw >> ((n * BITS) % 32)) & MASK);
+        } else {
+          z = load_f32(zeros, zdt, (int64_t)g * N + n);
+        }
+      }
+      const float q = (float)((word >> (BITS * e)) & MASK);
+      const float v = gptq ? __fmul_rn(s, __fsub_rn(q, z)) : __fsub_rn(__fmul_rn(q, s), z);
+      if constexpr (std::is_same<OT, float>::value) out[(int64_t)k * N + n] = v;
+      else out[(int64_t)k * N + n] = from_f32<OT>(v);
+    }
+  }
+}
+
+template <int BITS>
+static cudaError_t launch_canon_b(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt, bool gptq,
+                                  const int32_t* gidx, int gs, int G, int K, int N, void* out, int odt,
+                                  cudaStream_t st) {
+  constexpr int PER = 32 / BITS;
+  const int64_t total = (int64_t)((K + PER - 1) / PER) * N;
+  if (total == 0) return cudaSuccess;
+  const unsigned blocks = (unsigned)std::min<int64_t>((total + 255) / 256, 1 << 20);
+  switch (odt) {
+    case kF32:
+      wq_dequant_canon_kernel<BITS, float><<<blocks, 256, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, (float*)out);
+      break;
+    case kF16:
+      wq_dequant_canon_kernel<BITS, __half><<<blocks, 256, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, (__half*)out);
+      break;
+    case kBF16:
+      wq_dequant_canon_kernel<BITS, __nv_bfloat16>
+          <<<blocks, 256, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, (__nv_bfloat16*)out);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  BIE_LAUNCH_CHECK();
+}
+
+cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
+                                        bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N,
+                                        void* out, int odt, cudaStream_t st) {
+  switch (bits) {
+    case 1: return launch_canon_b<1>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
+    case 2: return launch_canon_b<2>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
+    case 4: return launch_canon_b<4>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
+    case 8: return launch_canon_b<8>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
   }
   return cudaErrorInvalidValue;
 }
