@@ -13,9 +13,10 @@ Every kernel is registered for two device types, with the same function:
   ``use_backend``, ``BIE_BACKEND=mlx``, a layer's ``backend="mlx"``): that
   is how Linux CI tests the MLX code paths.
 * Measured but not used: weight-only GEMMs (and their input gradients) with
-  a few rows run faster on MLX CPU than on the reference (12x at M = 1; the
-  reference dequantizes the whole weight on every call, MLX keeps the
-  prepared affine layout); from 8 to 16 rows on MLX loses (K = N = 4096).
+  a few rows run faster on MLX CPU than on the reference (10-20x at M = 1;
+  the reference dequantizes the whole weight on every call, MLX keeps the
+  prepared affine layout); somewhere between 16 and 32 rows MLX starts to
+  lose (K = N = 4096).
   Registering a second, small-M cpu kernel at priority 10 with
   ``max_dims={"M": 8}`` would make the dispatcher warn "falls back ...
   M=9 > maximum 8" for every larger batch (a rejected higher-priority kernel
