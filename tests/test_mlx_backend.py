@@ -72,7 +72,8 @@ def test_probe_reasons_when_mlx_is_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlx" else real(name, *a))
     reason = descriptor._probe()
-    assert reason.startswith("mlx is not installed") and "bie-backend-mlx" in reason
+    assert reason == "mlx is not installed"
+    assert "bie-backend-mlx" in descriptor._install_hint()
     # a registry given that descriptor reports it unavailable, with the reason and the hint
     from bie_core.plugins import BackendDescriptor
     from bie_core.plugins.registry import Registry
@@ -82,7 +83,31 @@ def test_probe_reasons_when_mlx_is_missing(monkeypatch):
                           probe=descriptor._probe, install_hint=descriptor._install_hint())
     reg.register_backend(d)
     rec = reg.record("mlx")
-    assert rec.status == "unavailable" and rec.cause.startswith("mlx is not installed"), rec
+    assert rec.status == "unavailable" and rec.cause == "mlx is not installed", rec
+    assert rec.install_hint == descriptor._install_hint()
+
+
+def test_without_mlx_bie_backends_explains_and_cpu_calls_stay_quiet():
+    import subprocess
+    import sys
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['mlx'] = None  # find_spec('mlx') -> None: as if not installed\n"
+        "warnings.simplefilter('error')\n"
+        "import torch, bie_core\n"
+        "from bie_core import cli, ops\n"
+        "cli.main(['backends'])\n"
+        "ops.pack_signs(torch.randn(3, 20))  # automatic cpu call: no warning about mlx\n"
+        "try:\n"
+        "    bie_core.set_backend('mlx')\n"
+        "except bie_core.BackendUnavailableError as e:\n"
+        "    print('EXPLICIT:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("mlx"))
+    assert "UNAVAILABLE" in line.upper()
+    assert "mlx is not installed" in r.stdout and "pip install" in r.stdout
+    assert "EXPLICIT:" in r.stdout and "mlx is not installed" in r.stdout.split("EXPLICIT:")[1]
 
 
 def test_mlx_without_compute_backend_is_explained(monkeypatch):
@@ -99,7 +124,7 @@ def test_mlx_without_compute_backend_is_explained(monkeypatch):
         return real_import(name, *a, **kw)
     monkeypatch.setattr(builtins, "__import__", fake_import)
     reason = descriptor._probe()
-    assert "without a compute backend" in reason and "[cpu]" in reason
+    assert "without a compute backend" in reason and "libmlx" in reason
 
 
 # ---------------------------------------------------------------- selection

@@ -38,7 +38,8 @@ _PROBED = []
 
 def probe():
     """Cheap check (metadata and module lookup only; MLX is imported by load()).
-    Evaluated once per process."""
+    Evaluated once per process. The reason says what is wrong; the fix is the
+    descriptor's ``install_hint``, which bie prints beside it."""
     if not _PROBED:
         _PROBED.append(_probe())
     return _PROBED[0]
@@ -46,7 +47,7 @@ def probe():
 
 def _probe():
     if importlib.util.find_spec("mlx") is None:
-        return f"mlx is not installed ({_install_hint()})"
+        return "mlx is not installed"
     ver = _dist_version("mlx")
     if ver is not None and _parse(ver) < MIN_MLX:
         return (f"mlx {ver} is too old: bie-backend-mlx needs mlx >= {MIN_MLX[0]}.{MIN_MLX[1]} "
@@ -62,7 +63,7 @@ def _probe():
         try:
             import mlx.core  # noqa: F401
         except ImportError as exc:
-            return f"mlx is installed without a compute backend: {exc} ({_install_hint()})"
+            return f"mlx is installed without a compute backend ({exc})"
     return None
 
 
