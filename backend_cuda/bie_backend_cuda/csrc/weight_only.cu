@@ -137,7 +137,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // blockIdx.z = chunk of rows of x. MB = 0: at most 8 rows (one m16 block
 // whose rows 8..15 are known zero), else MB m16 blocks.
 template <int BITS, typename T, bool GPTQ, int MB>
-__global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) {
+__global__ void __launch_bounds__(WQ_WARPS * 32, BITS == 2 ? 2 : 3) wq_gemm_kernel(const WqArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using H2 = typename V2<T>::t;
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
@@ -153,11 +153,15 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nblocks = p.Np >> 4;
-  const int bx = blockIdx.z;  // column group (slowest); blockIdx.x = chunk of rows (fastest: shares weights in L2)
+  // blockIdx.x = column group * row chunks + row chunk: the row chunks of one
+  // column group are adjacent (their weights are shared through L2) and
+  // column groups vary fastest after them (measured faster than split-K first).
+  const int mchunks = (p.M + XR - 1) / XR;
+  const int bx = blockIdx.x / mchunks, mz = blockIdx.x - bx * mchunks;
   const int nb_raw = bx * WQ_WARPS + warp;
   const bool active = nb_raw < nblocks;
   const int nb = active ? nb_raw : nblocks - 1;  // inactive warps recompute the last block, store nothing
-  const int m0 = blockIdx.x * XR;
+  const int m0 = mz * XR;
   const int mrows = min(XR, p.M - m0);
   const int kb0 = blockIdx.y * p.kb_per_split;
   const int kb1 = min(p.kblocks, kb0 + p.kb_per_split);
@@ -347,7 +351,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
   }
   __threadfence();
   __syncthreads();
-  int* cnt = p.counters + bx * gridDim.x + blockIdx.x;
+  int* cnt = p.counters + blockIdx.x;
   if (tid == 0) s_last = atomicAdd(cnt, 1) == p.splits - 1;
   __syncthreads();
   if (!s_last) return;
@@ -377,8 +381,8 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
   }
-  dim3 grid((unsigned)mchunks, (unsigned)p.splits, (unsigned)nbx);
-  if (grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
+  dim3 grid((unsigned)(nbx * mchunks), (unsigned)p.splits, 1u);
+  if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
   k<<<grid, WQ_WARPS * 32, smem, st>>>(p);
   BIE_LAUNCH_CHECK();
 }
@@ -387,7 +391,7 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
 void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split) {
   // About 3 blocks per SM (what fits at once); longer K slices beat more,
   // shorter blocks (measured on H100), at least 4 vectors per thread.
-  const int rows = M <= 8 ? 8 : (M <= 64 ? 16 : 64);
+  const int rows = M <= 8 ? 8 : 16;
   const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, rows);
   int s = std::max(1, ceil_div(3 * num_sms, base));
   int kbps = std::max(std::min(4, kblocks), ceil_div(kblocks, s));
@@ -398,8 +402,9 @@ void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_s
 template <int BITS, typename T>
 static cudaError_t launch_wq_bt(const WqArgs& p, bool gptq, int num_sms, cudaStream_t st) {
   if (p.M <= 8) return gptq ? launch_wq_t<BITS, T, true, 0>(p, num_sms, st) : launch_wq_t<BITS, T, false, 0>(p, num_sms, st);
-  if (p.M <= 64) return gptq ? launch_wq_t<BITS, T, true, 1>(p, num_sms, st) : launch_wq_t<BITS, T, false, 1>(p, num_sms, st);
-  return gptq ? launch_wq_t<BITS, T, true, 4>(p, num_sms, st) : launch_wq_t<BITS, T, false, 4>(p, num_sms, st);
+  // larger M: 16-row chunks (adjacent blocks share the weights through L2);
+  // the Python side sends M > 64 to dequantize + cuBLAS
+  return gptq ? launch_wq_t<BITS, T, true, 1>(p, num_sms, st) : launch_wq_t<BITS, T, false, 1>(p, num_sms, st);
 }
 
 cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st) {
