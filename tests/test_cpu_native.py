@@ -288,7 +288,8 @@ def test_quantize_int(nk, levels, dtype, bits):
     ties = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5, -7.5, 126.5, -127.5, 1e30, -1e30])
     scale = torch.tensor(0.25)
     x = torch.cat([x.flatten(), ties * scale]).to(dtype)
-    for s in (scale, torch.tensor(0.0731), torch.tensor(3.0, dtype=torch.float16)):
+    for s in (scale, torch.tensor(0.0731), torch.tensor(3.0, dtype=torch.float16), torch.tensor(-0.5),
+              torch.tensor(0.0), torch.tensor([1e-30]), torch.tensor(float("nan"))):
         exp = ri.quantize_int(x, s, bits)
         assert_same(at_levels(levels, lambda: nk.quantize_int(x, s, bits)), exp, f"quantize_int {dtype} s={s}")
 
