@@ -368,6 +368,22 @@ def test_results_own_their_memory_and_inputs_are_untouched():
     assert y2.data_ptr() != y1.data_ptr()
 
 
+def test_keep_alive_stack_is_balanced_even_on_errors():
+    from bie_backend_mlx import _interop
+
+    @_interop.kernel
+    def boom(x):
+        _interop.to_mlx(x)
+        assert len(_interop._KEEP[-1]) == 1      # the import is referenced until the kernel returns
+        raise RuntimeError("boom")
+    with pytest.raises(RuntimeError):
+        boom(torch.ones(3))
+    assert _interop._KEEP == [] and _interop._OWNED == [0]
+    ops.wq_gemm(torch.randn(2, 64), *wo.make_wq_case(64, 8, 4, 32, "gba", True, torch.Generator().manual_seed(0),
+                                                      CPU)[:4], None, 4, 32, "gba", backend="mlx")
+    assert _interop._KEEP == [] and _interop._OWNED == [0]
+
+
 def test_concurrent_calls_from_threads():
     g = torch.Generator().manual_seed(7)
     qw, s, z, gi, _ = wo.make_wq_case(256, 64, 4, 128, "gptq", True, g, CPU)

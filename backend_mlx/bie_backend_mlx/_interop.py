@@ -25,13 +25,17 @@ MLX -> torch
 
 Rules the kernels follow so that sharing stays safe:
 
-* an array that aliases torch memory (``mps`` zero-copy import) is kept bound
-  to a local name until the result is evaluated, so it is never a donation
-  candidate (MLX reuses the buffer of an input whose only reference is the
-  graph) and MLX never writes into a torch tensor;
+* every imported array is referenced from a keep-alive list until the
+  kernel returns (after its result is evaluated), so an array that aliases
+  torch memory (``mps`` zero-copy import) is never a donation candidate (MLX
+  reuses the buffer of an input whose only reference is the graph, e.g. a
+  per-channel scale of the output's size) and MLX never writes into a torch
+  tensor;
 * a result handed to torch is always a freshly computed array, never a
   prepared (cached) weight or a view of one, so writing into the torch result
-  cannot corrupt the cache.
+  cannot corrupt the cache;
+* prepared (cached) layouts are built from copies (:class:`owned_copies`),
+  never from zero-copy imports, so no cached array aliases a torch buffer.
 
 MLX graph building and evaluation happen under one process-wide lock: MLX does
 not document its Python API as thread-safe, and torch may call kernels from
@@ -46,6 +50,23 @@ import mlx.core as mx
 import torch
 
 LOCK = threading.RLock()
+
+# Imported arrays of the kernel calls in progress (see the module docstring:
+# an extra reference makes them non-donatable). Guarded by LOCK.
+_KEEP: list = []
+# > 0 while building a prepared (cached) layout: imports are always copies,
+# so that no cached array aliases a torch buffer. Guarded by LOCK.
+_OWNED = [0]
+
+
+class owned_copies:
+    """Within this block (under LOCK) every ``to_mlx`` import is a copy."""
+
+    def __enter__(self):
+        _OWNED[0] += 1
+
+    def __exit__(self, *exc):
+        _OWNED[0] -= 1
 
 TORCH_TO_MX = {
     torch.float32: mx.float32, torch.float16: mx.float16, torch.bfloat16: mx.bfloat16,
@@ -85,17 +106,21 @@ def to_mlx(t: torch.Tensor) -> "mx.array":
     until the calling kernel has evaluated its result."""
     t = t.detach()
     if t.device.type == "cpu":
-        return mx.from_dlpack(t, copy=True)
-    if t.device.type == "mps":  # pragma: no cover - Apple silicon only
+        a = mx.from_dlpack(t, copy=True)
+    elif t.device.type == "mps":  # pragma: no cover - Apple silicon only
         torch.mps.synchronize()  # PyTorch's pending writes must land before MLX reads
         if not t.is_contiguous():
             t = t.contiguous()
             torch.mps.synchronize()
         try:
-            return mx.from_dlpack(t)
+            a = mx.from_dlpack(t, copy=True) if _OWNED[0] else mx.from_dlpack(t)
         except Exception:  # MLX without Metal DLPack import: through host memory
-            return mx.from_dlpack(t.cpu(), copy=True)
-    raise ValueError(f"bie-backend-mlx cannot read tensors on {t.device}")
+            a = mx.from_dlpack(t.cpu(), copy=True)
+    else:
+        raise ValueError(f"bie-backend-mlx cannot read tensors on {t.device}")
+    if _KEEP:
+        _KEEP[-1].append(a)
+    return a
 
 
 def maybe_mlx(t):
@@ -145,7 +170,11 @@ def kernel(fn):
     def wrapper(*args, **kw):
         dev = first_device(args)
         with LOCK, mx.stream(device_for(dev)):
-            return fn(*args, **kw)
+            _KEEP.append([])
+            try:
+                return fn(*args, **kw)   # evaluates its result before returning
+            finally:
+                _KEEP.pop()
     return wrapper
 
 
@@ -156,11 +185,16 @@ def preparer(fn):
     def wrapper(*args, **kw):
         dev = first_device(args)
         with LOCK, mx.stream(device_for(dev)):
-            out = fn(*args, **kw)
-            arrays = [v for v in _walk(out) if isinstance(v, mx.array)]
-            if arrays:
-                mx.eval(*arrays)
-            return out
+            _KEEP.append([])
+            try:
+                with owned_copies():
+                    out = fn(*args, **kw)
+                arrays = [v for v in _walk(out) if isinstance(v, mx.array)]
+                if arrays:
+                    mx.eval(*arrays)
+                return out
+            finally:
+                _KEEP.pop()
     return wrapper
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, to_mlx, to_torch
+from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
 
 MLX_GROUPS = (128, 64, 32)
 _BITS_CANDIDATES = (1, 2, 3, 4, 5, 6, 8)
@@ -532,7 +532,8 @@ def _layout(prepared, key, build):
         prepared = Prepared()
     lay = prepared.layouts.get(key)
     if lay is None:
-        lay = build()
+        with owned_copies():
+            lay = build()
         arrays = [a for p in lay.parts for a in (p.w, p.scales, p.biases)]
         arrays += [m[1] for m in (lay.gather, lay.scatter) if m is not None and m[0] == "take"]
         mx.eval(*arrays)
