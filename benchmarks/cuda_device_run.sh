@@ -36,5 +36,6 @@ if [ "$MODE" = "prof" ] || [ "$MODE" = "all+prof" ]; then
   grep -E "bgemm|wq_gemm|Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Stall|Registers|Waves|Block Limit|Warp Cycles|Issue" $OUT/ncu.txt | head -90
 fi
 if [ "$MODE" != "tests" ] && [ "$MODE" != "prof" ]; then
+  if [ -n "$SWEEP" ]; then (cd benchmarks && timeout 300 python3 sweep_wq.py 2>&1 | tee $OUT/sweep.log); fi
   timeout 400 python3 benchmarks/bench_cuda.py ${BENCH_ARGS:---quick} --json $OUT/bench.json 2>&1 | tee $OUT/bench.log
 fi

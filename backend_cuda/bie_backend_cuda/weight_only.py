@@ -213,6 +213,10 @@ def _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, lay=N
     return _dequant(lay, original_order=True).to(dtype)
 
 
+#: launch tuning of the small-M kernel (see csrc/bie_cuda.cpp wq_gemm); 0 = defaults
+TUNE = 0
+
+
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
@@ -240,7 +244,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     xc = xs.to(lay.cdtype).contiguous()
     need = (-(-qweight.shape[1] // 128) + 1) * (-(-max(m, 1) // 8))
     return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, k, lay.gs_shift,
-                                lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need))
+                                lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need), TUNE)
 
 
 def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):

@@ -210,7 +210,7 @@ Tensor sign_embedding_bag(const Tensor& idx, const Tensor& bits, int64_t dim, at
 Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor& zp, const Tensor& s32,
                const Tensor& c32, const std::optional<Tensor>& bias,
                int64_t bits, int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq,
-               at::ScalarType out_dtype, const Tensor& counters) {
+               at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
   for (const Tensor* t : {&x, &qw, &s, &zp, &counters}) check_cuda(*t, "wq_gemm operand");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wq_gemm: x must be contiguous (M, K)");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wq_gemm: x must be fp16/bf16");
@@ -260,7 +260,11 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
   p.kblocks = (int)kblocks;
   p.counters = counters.data_ptr<int32_t>();
   const int sms = num_sms();
-  bie::wq_plan(p.M, p.Np, p.kblocks, sms, &p.splits, &p.kb_per_split);
+  // tune (benchmarks): bit 0 grid order, bit 1 scalar x staging, bits 4.. blocks per SM to aim for (0: 3)
+  p.order = (int)(tune & 1);
+  p.vec_stage = (tune & 2) ? 0 : 1;
+  const int mult = (int)(tune >> 4) > 0 ? (int)(tune >> 4) : 3;
+  bie::wq_plan(p.M, p.Np, p.kblocks, sms, mult, &p.splits, &p.kb_per_split);
   Tensor ws;
   if (p.splits > 1) {
     ws = at::empty({p.splits, M, Np}, x.options().dtype(at::kFloat));

@@ -52,9 +52,11 @@ struct WqArgs {
   int M, N, Np, K, G, gs_shift;
   int kblocks;
   int kb_per_split, splits;
+  int order;            // grid order (0: column groups fastest, 1: K split fastest)
+  int vec_stage;        // 16-byte x staging when K % 8 == 0
 };
 
-void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split);
+void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);
 cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st);
 cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, const int64_t* perm, int bits, int cdtype,
                               bool gptq, int N, int Np, int K, int G, int gs_shift, int kblocks, void* out,

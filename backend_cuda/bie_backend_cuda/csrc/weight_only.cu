@@ -157,13 +157,15 @@ __global__ void __launch_bounds__(WQ_WARPS * 32, BITS == 2 ? 1 : 3) wq_gemm_kern
   // column group are adjacent (their weights are shared through L2) and
   // column groups vary fastest after them (measured faster than split-K first).
   const int mchunks = (p.M + XR - 1) / XR;
-  const int bx = blockIdx.x / mchunks, mz = blockIdx.x - bx * mchunks;
+  const int tile = p.order == 0 ? blockIdx.x : blockIdx.y;    // order 1: the K split varies fastest
+  const int split = p.order == 0 ? blockIdx.y : blockIdx.x;
+  const int bx = tile / mchunks, mz = tile - bx * mchunks;
   const int nb_raw = bx * WQ_WARPS + warp;
   const bool active = nb_raw < nblocks;
   const int nb = active ? nb_raw : nblocks - 1;  // inactive warps recompute the last block, store nothing
   const int m0 = mz * XR;
   const int mrows = min(XR, p.M - m0);
-  const int kb0 = blockIdx.y * p.kb_per_split;
+  const int kb0 = split * p.kb_per_split;
   const int kb1 = min(p.kblocks, kb0 + p.kb_per_split);
   const T* X = static_cast<const T*>(p.x) + (int64_t)m0 * p.K;
 
@@ -263,7 +265,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32, BITS == 2 ? 1 : 3) wq_gemm_kern
   for (int xc0 = k_begin; xc0 < k_end; xc0 += XC) {
     const int xcn = min(XC, k_end - xc0);
     __syncthreads();
-    if ((p.K & 7) == 0) {  // 16-byte loads: 8 columns, all inside K or all outside
+    if ((p.K & 7) == 0 && p.vec_stage) {  // 16-byte loads: 8 columns, all inside K or all outside
       for (int q = tid; q < mrows * (XC / 8); q += WQ_WARPS * 32) {
         const int r = q / (XC / 8), c = (q % (XC / 8)) * 8;
         const int k = xc0 + c;
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32, BITS == 2 ? 1 : 3) wq_gemm_kern
         }
     return;
   }
-  float* wsp = p.ws + ((int64_t)blockIdx.y * p.M + m0) * p.Np;
+  float* wsp = p.ws + ((int64_t)split * p.M + m0) * p.Np;
   if (active) {
 #pragma unroll
     for (int a = 0; a < NMB; ++a)
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(WQ_WARPS * 32, BITS == 2 ? 1 : 3) wq_gemm_kern
   }
   __threadfence();
   __syncthreads();
-  int* cnt = p.counters + blockIdx.x;
+  int* cnt = p.counters + tile;
   if (tid == 0) s_last = atomicAdd(cnt, 1) == p.splits - 1;
   __syncthreads();
   if (!s_last) return;
@@ -381,19 +383,20 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
   }
-  dim3 grid((unsigned)(nbx * mchunks), (unsigned)p.splits, 1u);
+  dim3 grid = p.order == 0 ? dim3((unsigned)(nbx * mchunks), (unsigned)p.splits, 1u)
+                           : dim3((unsigned)p.splits, (unsigned)(nbx * mchunks), 1u);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
   k<<<grid, WQ_WARPS * 32, smem, st>>>(p);
   BIE_LAUNCH_CHECK();
 }
 
 // Split-K plan (host side, no device sync): enough blocks to fill the GPU.
-void wq_plan(int M, int Np, int kblocks, int num_sms, int* splits, int* kb_per_split) {
+void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split) {
   // About 3 blocks per SM (what fits at once); longer K slices beat more,
   // shorter blocks (measured on H100), at least 4 vectors per thread.
   const int rows = M <= 8 ? 8 : 16;
   const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, rows);
-  int s = std::max(1, ceil_div(3 * num_sms, base));
+  int s = std::max(1, ceil_div(mult * num_sms, base));
   int kbps = std::max(std::min(4, kblocks), ceil_div(kblocks, s));
   *kb_per_split = kbps;
   *splits = ceil_div(kblocks, kbps);
