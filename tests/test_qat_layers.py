@@ -364,3 +364,17 @@ def test_half_precision_layers_match_float32(make):
     y.float().sum().backward()
     assert layer.weight.grad.dtype == torch.bfloat16 and xl.grad.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), ref_layer(x.float()), rtol=2e-2, atol=2e-2)
+
+
+def test_first_batch_scale_is_averaged_across_ranks(tmp_path):
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip("torch.distributed not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        layer = QLinear(8, 4)
+        x = torch.randn(3, 8)
+        layer(x)
+        assert layer.act_scale.item() == pytest.approx(2 * x.abs().mean().item() / 127 ** 0.5, rel=1e-6)
+    finally:
+        dist.destroy_process_group()

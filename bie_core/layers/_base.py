@@ -48,6 +48,10 @@ def backend_string(spec: Union[str, Sequence[str], None], source: str) -> Option
     return ",".join(pref[0])
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def check_dtype(layer: str, dtype) -> None:
     """Layer parameters are floating (latent weights, scales, shifts)."""
     if dtype is not None and dtype not in FLOAT_DTYPES:
@@ -159,6 +163,13 @@ class QATLayer(nn.Module):
         p = getattr(self, name)
         with torch.no_grad():
             v = value.detach().to(torch.float32)
+            if not torch.compiler.is_compiling() and _distributed():
+                # Under DDP every rank sees a different first batch, and DDP only
+                # broadcasts parameters at wrap time: average the initial scale so
+                # that the replicas stay identical (one collective, first forward only).
+                v = v.clone()
+                torch.distributed.all_reduce(v)
+                v /= torch.distributed.get_world_size()
             if not torch.compiler.is_compiling() and not bool(torch.isfinite(v).all()):
                 self._fail(f"{name} initialised from {source} is not finite ({v.flatten()[:4].tolist()}); "
                            "the input contains inf or NaN", ValueError)
