@@ -253,9 +253,12 @@ def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
     # What made this a fallback: a better kernel for this device that said no,
     # a backend for this device that is not loaded, or the reference running
     # on an accelerator.
+    # A kernel of the *same* backend taking over (a GEMV limited to small M
+    # handing larger M to the backend's GEMM) is specialisation, not fallback.
     fallback = []
     for k, r in rejections:
-        if k.priority > chosen.priority and k.capability.serves_device(problem.device_type):
+        if (k.priority > chosen.priority and k.backend != chosen.backend
+                and k.capability.serves_device(problem.device_type)):
             fallback.append(f"{k.qualname} rejected: {'; '.join(r)}")
     for b in backend_rej:
         fallback.append(f"{b.who} {b.reasons[0]}")

@@ -181,6 +181,27 @@ def test_fallback_warns_once_per_reason(fresh_bie):
     assert [n for n, _ in log] == ["fastk"]   # only K=256 reached it
 
 
+def test_same_backend_specialisation_is_not_a_fallback(fresh_bie):
+    from bie_backend_cpu.reference.binary import binary_gemm as ref
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            registry.register("binary_gemm", ref, name="gemv", priority=400,
+                              capability=Capability(devices=("cpu",), max_dims={"M": 8}))
+            registry.register("binary_gemm", ref, name="gemm", priority=300,
+                              capability=Capability(devices=("cpu",)))
+
+    bie_core.register_backend(BackendDescriptor("spec", "1.0", ("cpu",), load=P))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BieFallbackWarning)
+        for m in (1, 9, 64):
+            a, b, k = bits(m=m)
+            call(a, b, k)
+    a, b, k = bits(m=9)
+    assert bie_core.explain("binary_gemm", a, b, k, None, None, None).chosen()["binary_gemm"] == "spec:gemm"
+
+
 def test_strict_mode_turns_fallback_into_error(fresh_bie, monkeypatch):
     make_backend("fastk", 300, capability=Capability(devices=("cpu",), divisibility={"K": 128}))
     monkeypatch.setenv("BIE_STRICT", "1")
