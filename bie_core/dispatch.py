@@ -375,14 +375,20 @@ class _PreparedCache:
         self._d: dict = {}
         self._lock = threading.Lock()
 
-    def get(self, kernel: Kernel, weights: tuple):
+    def get(self, kernel: Kernel, weights: tuple, static: dict | None = None):
         key = (id(kernel),) + tuple(id(w) for w in weights)
+        if static:
+            key += tuple(sorted((k, _hashable(v)) for k, v in static.items()))
         state = tuple(_tensor_state(w) for w in weights)
         e = self._d.get(key)
-        if e is not None and e[0] == state and all(r() is w for r, w in zip(e[2], weights)):
+        # The key holds the weights' ids; an entry is dropped (weakref callback)
+        # the moment one of its tensors dies, before its id can be reused, so a
+        # hit is always for these very tensors.
+        if e is not None and e[0] == state:
             return e[1]
-        prepared = kernel.prepare(*weights)
-        refs = tuple(weakref.ref(w, self._make_cb(key)) for w in weights if isinstance(w, torch.Tensor))
+        prepared = kernel.prepare(*weights, **(static or {}))
+        tensors = tuple(w for w in weights if isinstance(w, torch.Tensor))
+        refs = tuple(weakref.ref(w, self._make_cb(key)) for w in tensors)
         with self._lock:
             self._d[key] = (state, prepared, refs)
         return prepared
@@ -400,6 +406,10 @@ class _PreparedCache:
 
     def __len__(self):
         return len(self._d)
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
 
 
 def _tensor_state(t):
@@ -517,7 +527,10 @@ def make_router(op):
         k = d.kernel
         if k.prepare is None:
             return k.fn(*args)
-        return k.fn(*args, prepared=prepared_cache.get(k, tuple(args[i] for i in weight_idx)))
+        if not k.prepare_static:
+            return k.fn(*args, prepared=prepared_cache.get(k, tuple(args[i] for i in weight_idx)))
+        w, static = k.prepare_inputs(op, args)
+        return k.fn(*args, prepared=prepared_cache.get(k, w, static))
 
     route.__name__ = f"bie_route_{name}"
     return route

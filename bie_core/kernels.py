@@ -159,7 +159,8 @@ class Kernel:
     ``fn`` is called with the op's arguments (same order and names as the op
     schema, without the trailing ``backend`` argument). If ``prepare`` is
     given, the op's weight arguments are first turned into a backend layout by
-    ``prepare(*weights)`` (cached by the dispatcher per weight tensor version,
+    ``prepare(*weights, **static)`` (``static``: the op arguments named in
+    ``prepare_static``; cached by the dispatcher per weight tensor version,
     never stored in ``state_dict``) and ``fn`` receives that object as the
     keyword argument ``prepared``.
     """
@@ -172,6 +173,10 @@ class Kernel:
     name: str = ""
     prepare: Optional[Callable] = None
     unprepare: Optional[Callable] = None
+    #: Names of non-weight op arguments that ``prepare`` also needs (``bits``,
+    #: ``group_size``...): passed to it as keyword arguments and part of the
+    #: cache key.
+    prepare_static: Sequence[str] = ()
     description: str = ""
     #: The reference kernel of an op is the executable definition that the
     #: conformance kit compares every other kernel with.
@@ -184,6 +189,13 @@ class Kernel:
     @property
     def qualname(self) -> str:
         return f"{self.backend}:{self.name}"
+
+    def prepare_inputs(self, op, args: tuple) -> tuple:
+        """(weights, static kwargs) that ``prepare`` receives for a call of ``op``."""
+        weights = tuple(args[i] for i in op.weight_args)
+        if not self.prepare_static:
+            return weights, {}
+        return weights, {n: args[op.arg_names.index(n)] for n in self.prepare_static}
 
     def reasons(self, problem: Problem) -> list[str]:
         return self.capability.reasons(problem)

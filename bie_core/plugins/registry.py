@@ -106,7 +106,7 @@ class KernelRegistrar:
     def register(self, op: str, fn: Callable, *, capability: Capability | None = None,
                  priority: int = 0, name: str = "", prepare: Callable | None = None,
                  unprepare: Callable | None = None, description: str = "",
-                 reference: bool = False) -> Kernel:
+                 reference: bool = False, prepare_static=()) -> Kernel:
         from ..ops import get_op  # late: the op table lives in bie_core.ops
 
         try:
@@ -116,9 +116,13 @@ class KernelRegistrar:
                 f"backend {self.backend!r} registers a kernel for unknown op {op!r}") from None
         if not callable(fn):
             raise PluginValidationError(f"backend {self.backend!r}: kernel for {op!r} is not callable")
+        unknown = [n for n in prepare_static if n not in get_op(op).arg_names]
+        if unknown:
+            raise PluginValidationError(f"backend {self.backend!r}: prepare_static names {unknown} "
+                                        f"that are not arguments of {op} {get_op(op).arg_names}")
         k = Kernel(backend=self.backend, op=op, fn=fn, capability=capability or Capability(),
                    priority=int(priority), name=name, prepare=prepare, unprepare=unprepare,
-                   description=description, reference=reference)
+                   description=description, reference=reference, prepare_static=tuple(prepare_static))
         self.kernels.append(k)
         return k
 

@@ -61,8 +61,8 @@ def _to_cpu(a):
 def call_kernel(kernel: Kernel, op: OpDef, args: tuple):
     if kernel.prepare is None:
         return kernel.fn(*args)
-    prepared = kernel.prepare(*(args[i] for i in op.weight_args))
-    return kernel.fn(*args, prepared=prepared)
+    weights, static = kernel.prepare_inputs(op, args)
+    return kernel.fn(*args, prepared=kernel.prepare(*weights, **static))
 
 
 def expected(kernel: Kernel, op: OpDef, args: tuple):
@@ -151,8 +151,8 @@ def check_honesty(kc: KernelCase) -> None:
 
 
 def check_prepared(kernel: Kernel, op: OpDef, case: Case) -> None:
-    weights = tuple(case.args[i] for i in op.weight_args)
-    p1, p2 = kernel.prepare(*weights), kernel.prepare(*weights)
+    weights, static = kernel.prepare_inputs(op, case.args)
+    p1, p2 = kernel.prepare(*weights, **static), kernel.prepare(*weights, **static)
     o1 = kernel.fn(*case.args, prepared=p1)
     o2 = kernel.fn(*case.args, prepared=p2)
     compare(o2, o1.detach().cpu(), "exact" if case.tol == "exact" else case.tol,
@@ -180,11 +180,13 @@ def check_cache_invalidation(kernel: Kernel, op: OpDef, case: Case, gen: torch.G
             new[i] = w[perm].clone()
     if not new:
         return
-    weights = lambda: tuple(args[i] for i in op.weight_args)  # noqa: E731
-    kernel.fn(*args, prepared=dispatch.prepared_cache.get(kernel, weights()))  # caches the old layout
+
+    def cached():
+        return dispatch.prepared_cache.get(kernel, *kernel.prepare_inputs(op, tuple(args)))
+    kernel.fn(*args, prepared=cached())  # caches the old layout
     for i, w in new.items():
         args[i].copy_(w)
-    out = kernel.fn(*args, prepared=dispatch.prepared_cache.get(kernel, weights()))
+    out = kernel.fn(*args, prepared=cached())
     exp = call_kernel(kernel, op, tuple(args))
     compare(out, exp.detach().cpu(), "exact" if case.tol == "exact" else case.tol,
             f"{kernel.qualname}: stale prepared layout after an in-place weight update")
