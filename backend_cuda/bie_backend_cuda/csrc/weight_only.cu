@@ -137,7 +137,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // blockIdx.z = chunk of rows of x. MB = 0: at most 8 rows (one m16 block
 // whose rows 8..15 are known zero), else MB m16 blocks.
 template <int BITS, typename T, bool GPTQ, int MB>
-__global__ void __launch_bounds__(WQ_WARPS * 32, BITS == 2 ? 1 : 3) wq_gemm_kernel(const WqArgs p) {
+__global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using H2 = typename V2<T>::t;
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
