@@ -294,6 +294,19 @@ def test_quantize_int(nk, levels, dtype, bits):
         assert_same(at_levels(levels, lambda: nk.quantize_int(x, s, bits)), exp, f"quantize_int {dtype} s={s}")
 
 
+@pytest.mark.parametrize("xshape,sshape", [((6, 10), (6, 1)), ((6, 10), (10,)), ((6, 10), (1, 10)),
+                                           ((5, 3, 3, 3), (5, 1, 1, 1)), ((3, 4, 5), (3, 1, 5)),
+                                           ((3, 4, 5), (4, 1)), ((2, 3, 40), (2, 3, 1)), ((7, 9), (7, 9))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_int_broadcast_scales(nk, levels, xshape, sshape, dtype):
+    g = gen("quant-bc", xshape, sshape, dtype)
+    x = (torch.randn(xshape, generator=g) * 5).to(dtype)
+    s = torch.rand(sshape, generator=g) * 0.2 + 0.01
+    s.view(-1)[0] = 0.0                                  # a zero scale: +-inf / nan codes
+    exp = ri.quantize_int(x, s, 4)
+    assert_same(at_levels(levels, lambda: nk.quantize_int(x, s, 4)), exp, f"quantize_int {xshape} / {sshape}")
+
+
 # -------------------------------------------------------------- dispatch & layers
 def test_dispatch_picks_native_and_falls_back_honestly(nk):
     from bie_core import explain, ops
@@ -311,9 +324,9 @@ def test_dispatch_picks_native_and_falls_back_honestly(nk):
     d = explain(ops.int_gemm, qa, qb, 8, 8, None, None, None)
     assert d.chosen() == {"int_gemm": "cpu:reference.int_gemm"}
     assert "native.int_gemm" in str(d) and "maximum" in str(d)
-    # per-channel quantization scales are not served natively
+    # per-channel quantization scales are served natively too
     d = explain(ops.quantize_int, torch.randn(3, 4), torch.rand(3, 1) + 0.1, 8)
-    assert d.chosen() == {"quantize_int": "cpu:reference.quantize_int"}
+    assert d.chosen() == {"quantize_int": "cpu:native.quantize_int"}
 
 
 def test_ops_route_to_native_and_match(nk):

@@ -271,15 +271,24 @@ void test_quant(const Isa& isa) {
     float* x = alloc<float>((size_t)n);
     for (int64_t i = 0; i < n; ++i) x[i] = rf() * 40.f;
     int8_t* out = alloc<int8_t>((size_t)n);
-    bie_quant_args q{x, BIE_F32, n, 0.25, -128, 127, out};
+    // mode 0: one scale; mode 1: one per element; mode 2: one per run of `inner` elements
+    const int mode = (int)ri(0, 2);
+    int64_t inner = mode == 1 ? 1 : ri(1, 300);
+    while (mode == 2 && n % inner) --inner;
+    const int64_t ns = mode == 0 ? 0 : n / inner;
+    float* sv = mode == 0 ? nullptr : alloc<float>((size_t)ns);
+    for (int64_t i = 0; i < ns; ++i) sv[i] = 0.01f + (float)ri(1, 100) / 50.f;
+    bie_quant_args q{x, BIE_F32, n, 0.25, -128, 127, out, sv, mode == 0 ? 0 : inner};
     CHECK(isa.quant(&q, 0, (n + 8191) / 8192) == 0, "%s quant rc", isa.name);
     for (int64_t i = 0; i < n; ++i) {
-      float r = std::nearbyint(x[i] / 0.25f);
+      const float s = mode == 0 ? 0.25f : sv[i / inner];
+      float r = std::nearbyint(x[i] / s);
       if (std::isnan(r)) r = 0.f;
       r = r < -128.f ? -128.f : r > 127.f ? 127.f : r;
-      CHECK(out[i] == (int8_t)r, "%s quant %g -> %d", isa.name, (double)x[i], out[i]);
+      CHECK(out[i] == (int8_t)r, "%s quant %g -> %d (mode %d)", isa.name, (double)x[i], out[i], mode);
     }
     std::free(x);
+    std::free(sv);
     std::free(out);
   }
 }

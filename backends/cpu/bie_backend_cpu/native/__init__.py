@@ -182,9 +182,8 @@ def register_kernels(registry) -> NativeStatus:
                                             max_dims={"K": INT_GEMM_MAX_K}),
                       description=f"{tag}: int8 GEMM, exact int32 accumulation")
     registry.register("quantize_int", nk.quantize_int, priority=PRIORITY, name="native.quantize_int",
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES,
-                                            attrs={"bits": (4, 8), "per_channel": (False,)}),
-                      description=f"{tag}: true division, round half to even, clamp")
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}),
+                      description=f"{tag}: true division, round half to even, clamp; any broadcast scale")
     del torch
     return st
 

@@ -28,7 +28,7 @@ NAME = "bie_cpu_native"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp")
 HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h")
-ABI_VERSION = 2  # BIE_NATIVE_ABI in bie_native.h
+ABI_VERSION = 3  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias
 #: separately, exactly as the reference does (no fused multiply-add).

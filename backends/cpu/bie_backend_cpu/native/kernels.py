@@ -62,7 +62,8 @@ class IGemmArgs(ctypes.Structure):
 
 
 class QuantArgs(ctypes.Structure):
-    _fields_ = [("x", VP), ("dtype", I64), ("n", I64), ("scale", F64), ("lo", I64), ("hi", I64), ("out", VP)]
+    _fields_ = [("x", VP), ("dtype", I64), ("n", I64), ("scale", F64), ("lo", I64), ("hi", I64), ("out", VP),
+                ("svec", VP), ("inner", I64)]
 
 
 def _check(rc: int, op: str) -> None:
@@ -325,17 +326,46 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
 
 
 # ---------------------------------------------------------------- quantize_int
+def _scale_runs(x_shape, scale: torch.Tensor):
+    """A scale that broadcasts to x as float32 values and a run length: element
+    e (row-major) uses values[e // inner]. Scales constant over the trailing
+    dims (per tensor, per row, per output channel) stay short; anything else is
+    expanded to one value per element."""
+    s = scale.detach().to(torch.float32)
+    nd = len(x_shape)
+    sb = s.reshape((1,) * (nd - s.dim()) + tuple(s.shape))
+    d = nd
+    while d > 0 and sb.shape[d - 1] == 1:
+        d -= 1
+    if tuple(sb.shape[:d]) == tuple(x_shape[:d]):
+        inner = 1
+        for v in x_shape[d:]:
+            inner *= int(v)
+        return sb.reshape(-1).contiguous(), inner
+    return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
+
+
 def quantize_int(x, scale, bits):
     _cpu("quantize_int", x, scale)
-    _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and scale.numel() == 1 and bits in (4, 8),
-             "quantize_int", "x must be floating, scale a single value, bits 4 or 8")
+    _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and bits in (4, 8), "quantize_int",
+             "x must be floating, bits 4 or 8")
+    try:
+        _require(torch.broadcast_shapes(x.shape, scale.shape) == x.shape, "quantize_int",
+                 "scale must broadcast to x")
+    except RuntimeError:
+        _require(False, "quantize_int", "scale must broadcast to x")
     xc = x.detach().contiguous()
     out = torch.empty(tuple(x.shape), dtype=torch.int8)
     nel = xc.numel()
     if nel == 0:
         return out
-    s = float(scale.detach().to(torch.float32).reshape(()).item())
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, s, lo, hi, out.data_ptr())
+    if scale.numel() == 1:
+        s = float(scale.detach().to(torch.float32).reshape(()).item())
+        args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, s, lo, hi, out.data_ptr(), None, 0)
+    else:
+        sv, inner = _scale_runs(tuple(x.shape), scale)
+        _require(sv.numel() * inner == nel, "quantize_int", "scale layout")
+        args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, 0.0, lo, hi, out.data_ptr(), sv.data_ptr(), inner)
     _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
     return out

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_NATIVE_ABI 2
+#define BIE_NATIVE_ABI 3
 
 enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
 
@@ -85,9 +85,11 @@ typedef struct {
 typedef struct {
   const void* x;      // n contiguous elements of dtype (float types)
   int64_t dtype, n;
-  double scale;       // float32 value, carried as double
+  double scale;       // float32 value, carried as double (when svec is null)
   int64_t lo, hi;
   int8_t* out;
+  const float* svec;  // or: scale of element e is svec[e / inner] (n / inner values)
+  int64_t inner;
 } bie_quant_args;
 
 // per-ISA range functions: process tasks [t0, t1); return 0 or an error code

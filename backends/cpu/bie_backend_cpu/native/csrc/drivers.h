@@ -7,7 +7,8 @@
 //   or_bit_lanes16(dst, m, bit)  dst[i] |= bit for every set bit i of m (i < 16;
 //                                may rewrite all 16 lanes of dst)
 //   finish_row(...)              the epilogue of one output row segment
-//   quant_block<DT>(...)         quantize n contiguous elements
+//   quant_block<DT>(x, n, s, lo, hi, out, sv)  quantize n contiguous elements with the
+//                                scale s, or sv[i] per element when sv is not null
 //   binary: BMR, BNR, btile<MR, NR>(A, lda, B, pstride, KW, tile)
 //           tile[r * BNR * 8 + c] = popcount over KW words of A[r] ^ column c
 //   int:    IMR, INR, IPW (columns per panel), IKSTEP (k per step), IBSIZE (bytes per
@@ -147,17 +148,33 @@ static int drv_bconv_pack(const void* args, int64_t t0, int64_t t1) {
 
 // ------------------------------------------------------------- quantize_int
 #define BIE_QCHUNK 8192
+template <int DT>
+static void quant_range(const bie_quant_args* p, const char* x, int64_t e0, int64_t e1, float lo, float hi) {
+  const int es = bie_esize(DT);
+  if (!p->svec) {
+    quant_block<DT>(x + e0 * es, e1 - e0, (float)p->scale, lo, hi, p->out + e0, nullptr);
+  } else if (p->inner == 1) {                     // one scale per element
+    quant_block<DT>(x + e0 * es, e1 - e0, 0.0f, lo, hi, p->out + e0, p->svec + e0);
+  } else {                                        // runs of `inner` elements share a scale
+    for (int64_t e = e0; e < e1;) {
+      const int64_t end = bie_min(e1, (e / p->inner + 1) * p->inner);
+      quant_block<DT>(x + e * es, end - e, p->svec[e / p->inner], lo, hi, p->out + e, nullptr);
+      e = end;
+    }
+  }
+}
+
 static int drv_quant(const void* args, int64_t t0, int64_t t1) {
   const bie_quant_args* p = (const bie_quant_args*)args;
   const int64_t e0 = t0 * BIE_QCHUNK, e1 = bie_min(p->n, t1 * BIE_QCHUNK);
   if (e0 >= e1) return BIE_OK;
-  const float s = (float)p->scale, lo = (float)p->lo, hi = (float)p->hi;
-  const int es = bie_esize((int)p->dtype);
-  const char* x = (const char*)p->x + e0 * es;
+  if (p->svec && p->inner < 1) return BIE_EBADARG;
+  const float lo = (float)p->lo, hi = (float)p->hi;
+  const char* x = (const char*)p->x;
   switch (p->dtype) {
-    case BIE_F32: quant_block<BIE_F32>(x, e1 - e0, s, lo, hi, p->out + e0); return BIE_OK;
-    case BIE_F16: quant_block<BIE_F16>(x, e1 - e0, s, lo, hi, p->out + e0); return BIE_OK;
-    case BIE_BF16: quant_block<BIE_BF16>(x, e1 - e0, s, lo, hi, p->out + e0); return BIE_OK;
+    case BIE_F32: quant_range<BIE_F32>(p, x, e0, e1, lo, hi); return BIE_OK;
+    case BIE_F16: quant_range<BIE_F16>(p, x, e0, e1, lo, hi); return BIE_OK;
+    case BIE_BF16: quant_range<BIE_BF16>(p, x, e0, e1, lo, hi); return BIE_OK;
   }
   return BIE_EBADARG;
 }

@@ -90,12 +90,12 @@ static inline void finish_row(const int32_t* v, int64_t n, int out_type, int fla
 }
 
 template <int DT>
-static inline void quant_block(const void* x, int64_t n, float s, float lo, float hi, int8_t* out) {
+static inline void quant_block(const void* x, int64_t n, float s, float lo, float hi, int8_t* out, const float* sv) {
   const __m256 vs = _mm256_set1_ps(s), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi), z = _mm256_setzero_ps();
   const int es = bie_esize(DT);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 q = _mm256_round_ps(_mm256_div_ps(ld8<DT>((const char*)x + i * es), vs),
+    __m256 q = _mm256_round_ps(_mm256_div_ps(ld8<DT>((const char*)x + i * es), sv ? _mm256_loadu_ps(sv + i) : vs),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     q = _mm256_blendv_ps(q, z, _mm256_cmp_ps(q, q, _CMP_UNORD_Q));
     q = _mm256_min_ps(_mm256_max_ps(q, vlo), vhi);
@@ -106,7 +106,7 @@ static inline void quant_block(const void* x, int64_t n, float s, float lo, floa
     __builtin_memcpy(out + i, &lo4, 4);
     __builtin_memcpy(out + i + 4, &hi4, 4);
   }
-  for (; i < n; ++i) out[i] = bie_quant1(bie_load_f32<DT>(x, i), s, lo, hi);
+  for (; i < n; ++i) out[i] = bie_quant1(bie_load_f32<DT>(x, i), sv ? sv[i] : s, lo, hi);
 }
 
 // ---- binary tile: popcount of 8 columns (two ymm of 4 words) per row

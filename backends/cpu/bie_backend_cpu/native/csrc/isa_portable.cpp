@@ -28,8 +28,8 @@ static inline void finish_row(const int32_t* v, int64_t n, int out_type, int fla
 }
 
 template <int DT>
-static inline void quant_block(const void* x, int64_t n, float s, float lo, float hi, int8_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = bie_quant1(bie_load_f32<DT>(x, i), s, lo, hi);
+static inline void quant_block(const void* x, int64_t n, float s, float lo, float hi, int8_t* out, const float* sv) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bie_quant1(bie_load_f32<DT>(x, i), sv ? sv[i] : s, lo, hi);
 }
 
 static inline uint64_t popc64(uint64_t v) {   // no popcnt instruction assumed

@@ -72,12 +72,14 @@ static inline void finish_row(const int32_t* v, int64_t n, int out_type, int fla
 }
 
 template <int DT>
-static inline void quant_block(const void* x, int64_t n, float s, float lo, float hi, int8_t* out) {
+static inline void quant_block(const void* x, int64_t n, float s, float lo, float hi, int8_t* out, const float* sv) {
   const __m512 vs = _mm512_set1_ps(s), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
   const int es = bie_esize(DT);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = (n - i >= 16) ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-    __m512 q = _mm512_div_ps(ld16m<DT>((const char*)x + i * es, k), vs);
+    // masked-off lanes divide 0 by 1: no spurious NaN work, nothing stored
+    const __m512 sc = sv ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, sv + i) : vs;
+    __m512 q = _mm512_div_ps(ld16m<DT>((const char*)x + i * es, k), sc);
     q = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     q = _mm512_mask_mov_ps(q, _mm512_cmp_ps_mask(q, q, _CMP_UNORD_Q), _mm512_setzero_ps());
     q = _mm512_min_ps(_mm512_max_ps(q, vlo), vhi);
