@@ -263,7 +263,9 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
   // tune (benchmarks): bit 0 grid order, bit 1 scalar x staging, bits 4.. blocks per SM to aim for (0: 3)
   p.order = (int)(tune & 1);
   p.vec_stage = (tune & 2) ? 0 : 1;
-  const int mult = (int)(tune >> 4) > 0 ? (int)(tune >> 4) : 3;
+  // default split target (H100 sweep): big layers 6 blocks/SM (2-bit: 1), small layers 2
+  const bool big = (Np / 16) * kblocks * 512 >= (32ll << 20);
+  const int mult = (int)(tune >> 4) > 0 ? (int)(tune >> 4) : (big ? (bits == 2 ? 1 : 6) : 2);
   bie::wq_plan(p.M, p.Np, p.kblocks, sms, mult, &p.splits, &p.kb_per_split);
   Tensor ws;
   if (p.splits > 1) {

@@ -137,7 +137,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // blockIdx.z = chunk of rows of x. MB = 0: at most 8 rows (one m16 block
 // whose rows 8..15 are known zero), else MB m16 blocks.
 template <int BITS, typename T, bool GPTQ, int MB>
-__global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) {
+__device__ __forceinline__ void wq_gemm_body(const WqArgs& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using H2 = typename V2<T>::t;
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
@@ -371,6 +371,17 @@ __global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) 
 #endif
 }
 
+// Two register budgets (measured on H100): 4- and 8-bit run best capped for 3
+// blocks per SM; the 2-bit kernel spills under a cap and runs uncapped.
+template <int BITS, typename T, bool GPTQ, int MB>
+__global__ void __launch_bounds__(WQ_WARPS * 32, 3) wq_gemm_kernel_capped(const WqArgs p) {
+  wq_gemm_body<BITS, T, GPTQ, MB>(p);
+}
+template <int BITS, typename T, bool GPTQ, int MB>
+__global__ void __launch_bounds__(WQ_WARPS * 32) wq_gemm_kernel(const WqArgs p) {
+  wq_gemm_body<BITS, T, GPTQ, MB>(p);
+}
+
 template <int BITS, typename T, bool GPTQ, int MB>
 static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
   WqArgs p = p0;
@@ -378,7 +389,7 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
   const int nbx = ceil_div(p.Np / 16, WQ_WARPS);
   const int mchunks = ceil_div(p.M, XR);
   const int smem = XR * (XC + 8) * (int)sizeof(T);
-  auto k = wq_gemm_kernel<BITS, T, GPTQ, MB>;
+  auto k = BITS == 2 ? wq_gemm_kernel<BITS, T, GPTQ, MB> : wq_gemm_kernel_capped<BITS, T, GPTQ, MB>;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
@@ -392,8 +403,8 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
 
 // Split-K plan (host side, no device sync): enough blocks to fill the GPU.
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split) {
-  // About 3 blocks per SM (what fits at once); longer K slices beat more,
-  // shorter blocks (measured on H100), at least 4 vectors per thread.
+  // Aim for mult blocks per SM (chosen per width and size by the caller, from
+  // an H100 sweep: benchmarks/sweep_wq.py), at least 4 vectors per thread.
   const int rows = M <= 8 ? 8 : 16;
   const int base = ceil_div(Np / 16, WQ_WARPS) * ceil_div(M, rows);
   int s = std::max(1, ceil_div(mult * num_sms, base));
