@@ -415,7 +415,8 @@ def _run(tmp_path, env_extra):
     script = tmp_path / "layers.py"
     script.write_text(_LAYER_SCRIPT)
     out = tmp_path / f"outs{len(env_extra)}.pt"
-    env = dict(os.environ, **env_extra)
+    env = dict(os.environ, BIE_CPU_NATIVE="1")      # each test says what it wants, whatever the outer run set
+    env.update(env_extra)
     r = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
