@@ -446,9 +446,10 @@ static cudaError_t launch_tile(const BinGemmArgs& p, int batch, int tile, cudaSt
 cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0 || batch == 0) return cudaSuccess;
   if (tile == 0) {
-    const int64_t big = (int64_t)ceil_div(p.M, 128) * ceil_div(p.N, 256) * batch;
+    // 128x128 measured fastest at 4096^3 on H100 (52 us vs 55-58 for the others)
+    const int64_t big = (int64_t)ceil_div(p.M, 128) * ceil_div(p.N, 128) * batch;
     if (p.M <= 16) tile = 1;
-    else if (p.M >= 256 && big >= num_sms) tile = 3;
+    else if (p.M >= 256 && big >= num_sms) tile = 5;
     else tile = 2;
   }
   switch (p.out_dtype) {

@@ -535,28 +535,41 @@ __global__ void wq_dequant_canon_kernel(const int32_t* __restrict__ qw, const vo
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int wr = (int)(i / N), n = (int)(i - (int64_t)wr * N);
     const uint32_t word = (uint32_t)qw[(int64_t)wr * N + n];
-    int last_g = -1;
-    float s = 0.f, z = 0.f;
-#pragma unroll 4
-    for (int e = 0; e < PER; ++e) {
-      const int k = wr * PER + e;
-      if (k >= K) break;
-      int g = gidx ? gidx[k] : (gs > 0 ? k / gs : 0);
+    auto stats = [&](int g, float& s, float& z) {
       g = min(max(g, 0), G - 1);
-      if (g != last_g) {
-        last_g = g;
-        s = load_f32(scales, sdt, (int64_t)g * N + n);
-        if (gptq) {
-          const uint32_t zw = (uint32_t)static_cast<const int32_t*>(zeros)[(int64_t)g * nw + (n * BITS) / 32];
-          z = (float)((zw >> ((n * BITS) % 32)) & MASK);
-        } else {
-          z = load_f32(zeros, zdt, (int64_t)g * N + n);
-        }
+      s = load_f32(scales, sdt, (int64_t)g * N + n);
+      if (gptq) {
+        const uint32_t zw = (uint32_t)static_cast<const int32_t*>(zeros)[(int64_t)g * nw + (n * BITS) / 32];
+        z = (float)((zw >> ((n * BITS) % 32)) & MASK);
+      } else {
+        z = load_f32(zeros, zdt, (int64_t)g * N + n);
       }
-      const float q = (float)((word >> (BITS * e)) & MASK);
+    };
+    auto put = [&](int k, float q, float s, float z) {
       const float v = gptq ? __fmul_rn(s, __fsub_rn(q, z)) : __fsub_rn(__fmul_rn(q, s), z);
       if constexpr (std::is_same<OT, float>::value) out[(int64_t)k * N + n] = v;
       else out[(int64_t)k * N + n] = from_f32<OT>(v);
+    };
+    const int k0 = wr * PER;
+    if (!gidx && (gs <= 0 || gs % PER == 0) && k0 + PER <= K) {
+      // the word's rows share one group: statistics once, branch-free rows
+      float s, z;
+      stats(gs > 0 ? k0 / gs : 0, s, z);
+#pragma unroll
+      for (int e = 0; e < PER; ++e) put(k0 + e, (float)((word >> (BITS * e)) & MASK), s, z);
+    } else {
+      int last_g = -1;
+      float s = 0.f, z = 0.f;
+      for (int e = 0; e < PER; ++e) {
+        const int k = k0 + e;
+        if (k >= K) break;
+        const int g = gidx ? gidx[k] : (gs > 0 ? k / gs : 0);
+        if (g != last_g) {
+          last_g = g;
+          stats(g, s, z);
+        }
+        put(k, (float)((word >> (BITS * e)) & MASK), s, z);
+      }
     }
   }
 }
