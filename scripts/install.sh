@@ -20,4 +20,7 @@ for d in backends/cpu backend_cuda backend_cutlass backend_mlx; do
   if [ -f "$d/pyproject.toml" ]; then pkgs+=(-e "$d"); fi
 done
 $PIP --no-build-isolation --no-deps "${pkgs[@]}"
+# build the native CPU kernels once, up front (a failure shows here, and the
+# backend then serves the plain-PyTorch kernels)
+$PY -m bie_core build cpu || echo "install.sh: native CPU kernels not built; the reference kernels serve"
 $PY -m bie_core backends

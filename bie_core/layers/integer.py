@@ -69,15 +69,22 @@ class _IntWeightMixin:
 
     def _packed_codes(self) -> torch.Tensor:
         q = self.qweight
-        if self.w_bits == 8:
-            return q.reshape(self._weight_shape)
-        # unpack 4-bit codes once per buffer version (a stable tensor also lets
-        # the backend cache its own prepared layout of it)
+        if self.w_bits == 8 and tuple(q.shape) == tuple(self._weight_shape):
+            return q
         if torch.compiler.is_compiling():
+            if self.w_bits == 8:
+                return q.reshape(self._weight_shape)
             return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
-        key = (q.data_ptr(), q._version, q.device)
+        # Hand the kernel the *same* tensor object on every call while the buffer
+        # is unchanged (8-bit: one reshaped view; 4-bit: codes unpacked once per
+        # buffer version): the dispatcher caches backend-prepared layouts per
+        # tensor object, so a fresh view per call would re-prepare every time.
+        key = (id(q), q.data_ptr(), q._version, q.device)
         if self._codes_cache is None or self._codes_cache[0] != key:
-            codes = ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
+            if self.w_bits == 8:
+                codes = q.reshape(self._weight_shape)
+            else:
+                codes = ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
             self._codes_cache = (key, codes)
         return self._codes_cache[1]
 

@@ -12,7 +12,9 @@ from bie_core.testing import conformance as C
 
 def test_backend_is_loaded(bie_backend_record):
     """An explicitly named backend must load here (explicit means strict)."""
-    rec = bie_backend_record
+    from bie_core.plugins.registry import get_registry
+    rec = get_registry().record(bie_backend_record)
+    assert rec is not None, f"backend {bie_backend_record} disappeared from the registry"
     assert rec.ok, f"backend {rec.name} is {rec.status}: {rec.cause}\n{rec.traceback or ''}"
     assert rec.kernels, f"backend {rec.name} registers no kernel"
 

@@ -123,7 +123,9 @@ def pytest_generate_tests(metafunc):
     if "bie_prepared_case" in metafunc.fixturenames:
         metafunc.parametrize("bie_prepared_case", prep, ids=[kc.id for kc in prep])
     if "bie_backend_record" in metafunc.fixturenames:
-        metafunc.parametrize("bie_backend_record", recs, ids=[r.name for r in recs])
+        # by name: the record is looked up when the test runs (a registry reset
+        # between collection and run must not leave a stale record behind)
+        metafunc.parametrize("bie_backend_record", [r.name for r in recs], ids=[r.name for r in recs])
 
 
 @pytest.fixture
