@@ -234,3 +234,25 @@ def test_dispatch_picks_cuda_kernels():
         qw, s, z, gi, _ = _wq_case(96, 16, 4, 48, "gptq", False, 1)
         ops.wq_gemm(torch.randn(1, 96).half().cuda(), qw, s, z, gi, None, 4, 48, "gptq", backend="cuda")
     assert "group_size=48" in str(err.value)
+
+
+@needs_cuda
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (7, 33, 130), (300, 520, 777)])
+def test_binary_linear_fused(m, n, k):
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    if not hasattr(rb, "binary_linear"):
+        pytest.skip("binary_linear is not defined by this bie-core")
+    gen = torch.Generator().manual_seed(m + n + k)
+    w = _bits((n, (k + 7) // 8), k, gen)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn((m, k), generator=gen).to(dt).cuda()
+        shift = (torch.randn(k, generator=gen) * 0.3).to(dt).cuda()
+        sa = torch.tensor(0.7).to(dt).cuda()
+        sw = (torch.rand(n, generator=gen) + 0.1).cuda()
+        bias = torch.randn(n, generator=gen).to(dt).cuda()
+        got = cb.binary_linear(x, shift, w, k, sa, sw, bias, dt).cpu()
+        ref = rb.binary_linear(x.cpu(), shift.cpu(), w.cpu(), k, sa.cpu(), sw.cpu(), bias.cpu(), dt)
+        assert torch.equal(got, ref)
+    assert torch.equal(cb.binary_linear(x, None, w, k, None, None, None, None).cpu(),
+                       rb.binary_linear(x.cpu(), None, w.cpu(), k, None, None, None, None))

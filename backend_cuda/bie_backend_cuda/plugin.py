@@ -18,6 +18,15 @@ PACKABLE = FLOATS + (torch.int8,)
 SM80 = ((8, 0), None)
 
 
+def _has_op(name: str) -> bool:
+    from bie_core.ops import get_op
+    try:
+        get_op(name)
+        return True
+    except KeyError:
+        return False
+
+
 def _wq_check(p):
     gs = p.attrs.get("group_size")
     if gs is not None and not weight_only.group_size_ok(gs):
@@ -41,6 +50,11 @@ def bie_register_kernels(registry):
     registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
                       capability=Capability(devices=cuda, dtypes=FLOATS),
                       description="SIMT XOR+popcount for GPUs without 1-bit MMA")
+    if _has_op("binary_linear"):
+        registry.register("binary_linear", binary.binary_linear, priority=PRIORITY, name="binary_linear_tc",
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
+                          prepare=binary.prepare_weight,
+                          description="pack_signs(x + shift) kernel, then the 1-bit tensor-core GEMM")
     registry.register("binary_bmm", binary.binary_bmm, priority=PRIORITY, name="binary_bmm_tc",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80))
     registry.register("binary_bmm", binary.binary_bmm_simt, priority=SIMT_PRIORITY, name="binary_bmm_simt",
