@@ -224,10 +224,27 @@ def _backend_rejections(problem: Problem, only: Optional[Iterable[str]] = None) 
     return out
 
 
+DECOMPOSITION_PRIORITY = 1  # above the reference (0), below every real kernel
+
+
+def _decomposition(op, backend: str) -> Kernel:
+    """A kernel that computes a fused op through its parts (``op.decompose``),
+    each part dispatched with ``backend`` as its per-call choice."""
+    fn = op.decompose
+
+    def run(*args):
+        return fn(*args, backend=backend)
+    return Kernel(backend="bie", op=op.name, fn=run, priority=DECOMPOSITION_PRIORITY,
+                  name=f"decomposition[{backend or 'automatic'}]",
+                  description="the fused op computed with its parts, each dispatched on its own")
+
+
 def decide(op, args: tuple, pref: Optional[tuple]) -> Decision:
     """Choose a kernel for ``op`` called with ``args`` (uncached)."""
     problem = op.problem(*args)
     kernels = _REG.kernels(op.name)
+    if op.decompose is not None and kernels:
+        kernels = sorted(list(kernels) + [_decomposition(op, "")], key=lambda k: -k.priority)
     if pref is None or isinstance(pref, _Auto):
         return _decide_auto(op, problem, kernels)
     return _decide_explicit(op, problem, kernels, pref)
@@ -317,10 +334,16 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
                 also_ok.append(k)
         if chosen is not None:
             break
+    if chosen is None and len(missing) == len(names) and op.decompose is not None:
+        # a fused op the chosen backends do not implement: run its parts, each
+        # under the same explicit choice (strict again for every part)
+        k = _decomposition(op, ",".join(names))
+        return Decision(op.name, problem, k, source, rej, [], [])
     if chosen is None and len(missing) == len(names):
         # None of the chosen backends implements this op at all (say, a helper
         # op such as pack_signs that MLX leaves to others): the choice says
         # nothing about it, so automatic selection serves it, loudly.
+        kernels = [k for k in kernels if k.backend != "bie"]
         d = _decide_auto(op, problem, kernels)
         reason = (f"{source} chose {', '.join(names)}, which has no kernel for {op.name}; "
                   f"{d.kernel.qualname} serves it")

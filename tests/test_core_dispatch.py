@@ -300,3 +300,53 @@ def test_torch_compile_fullgraph(fresh_bie):
     g = torch.compile(f, fullgraph=True, backend=cnt)
     g(x, b, scale)
     assert cnt.frame_count == 1
+
+
+def test_fused_op_decomposes_onto_a_backend_that_has_only_the_parts(fresh_bie):
+    """set_backend(X) where X implements pack_signs and binary_gemm but not the
+    fused binary_linear: the fused op runs as its parts, each on X (strictly)."""
+    from bie_backend_cpu.reference import binary as ref
+    log = []
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            registry.register("pack_signs", lambda x: log.append("pack") or ref.pack_signs(x),
+                              name="pack", capability=Capability(devices=("cpu",)))
+            registry.register("binary_gemm", lambda *a: log.append("gemm") or ref.binary_gemm(*a),
+                              name="gemm", capability=Capability(devices=("cpu",), divisibility={"K": 8}))
+
+    bie_core.register_backend(BackendDescriptor("parts", "1.0", ("cpu",), load=P))
+    g = torch.Generator().manual_seed(1)
+    x, shift = torch.randn(3, 64, generator=g), torch.randn(64, generator=g)
+    w = ops.pack_signs(torch.randn(5, 64, generator=g))
+    sa, sw = torch.tensor(0.7), torch.rand(5, generator=g)
+    expect = ref.binary_linear(x, shift, w, 64, sa, sw, None, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BieFallbackWarning)
+        with bie_core.use_backend("parts"):
+            y = ops.binary_linear(x, shift, w, 64, sa, sw, None, torch.float32)
+            ex = bie_core.explain("binary_linear", x, shift, w, 64, sa, sw, None, torch.float32)
+    assert torch.equal(y, expect) and log == ["pack", "gemm"]
+    assert ex.chosen()["binary_linear"] == "bie:decomposition[parts]"
+    # the parts stay strict: K=60 is not served by "parts" gemm -> error naming it
+    x2, w2 = torch.randn(2, 60), ops.pack_signs(torch.randn(4, 60))
+    with bie_core.use_backend("parts"):
+        with pytest.raises(NoKernelError, match="K=60 is not a multiple of 8"):
+            ops.binary_linear(x2, None, w2, 60, None, None, None, None)
+
+
+def test_decompositions_equal_the_reference(fresh_bie):
+    ref = fresh_bie.reference_kernel
+    gen = torch.Generator().manual_seed(3)
+    n = 0
+    for op in ops.all_ops():
+        if op.decompose is None:
+            continue
+        for case in op.cases(torch.device("cpu"), gen):
+            with bie_core.use_backend("cpu"):
+                out = op.decompose(*case.args)
+            exp = ref(op.name).fn(*case.args)
+            assert out.dtype == exp.dtype and torch.equal(out, exp), case.label
+            n += 1
+    assert n > 10

@@ -131,9 +131,14 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
         w, bits, sw = self._weight_operands()
         x2d = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        args = (x2d, bits, sw, self.act_shift, self.act_scale, self.bias, self.in_features, self.backend)
-        # without autograd, skip the Function machinery (it is per-call overhead at small sizes)
-        y = BinaryLinearFn.apply(x2d, w, *args[1:]) if torch.is_grad_enabled() else binary_linear(*args)[0]
+        if torch.is_grad_enabled():
+            y = BinaryLinearFn.apply(x2d, w, bits, sw, self.act_shift, self.act_scale, self.bias,
+                                     self.in_features, self.backend)
+        else:
+            # inference: one fused op (shift, sign, pack, GEMM, scales, bias), the
+            # same function as the training path, with the least per-call overhead
+            y = ops.binary_linear(x2d, self.act_shift, bits, self.in_features, self.act_scale, sw, self.bias,
+                                  x2d.dtype, backend=self.backend)
         return y if x.dim() == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
 
 

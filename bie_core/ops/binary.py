@@ -162,6 +162,83 @@ binary_gemm = define_op(OpDef(
     weight_args=(1,)))
 
 
+# --------------------------------------------------------------- binary_linear
+def _bl_fake(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
+    return x.new_empty((x.shape[0], w.shape[0]), dtype=_epilogue_dtype(out_dtype))
+
+
+def _bl_validate(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
+    op = "binary_linear"
+    check_tensor(x, op, "x", dtypes=FLOAT_DTYPES, dim=2)
+    check_tensor(w, op, "w", dtypes=(torch.uint8,), dim=2)
+    check(k > 0 and x.shape[1] == k, op, f"x has {x.shape[1]} features but k={k}")
+    check(w.shape[1] == packed_len(k), op,
+          f"w must be (out_features, ceil(k/8)) = (.., {packed_len(k)}) for k={k}, got {tuple(w.shape)}")
+    if shift is not None:
+        check_tensor(shift, op, "shift", dtypes=FLOAT_DTYPES)
+        check(shift.numel() == k, op, f"shift must have k={k} elements, got shape {tuple(shift.shape)}")
+    if act_scale is not None:
+        check_tensor(act_scale, op, "act_scale", dtypes=FLOAT_DTYPES)
+        check(act_scale.numel() == 1, op, f"act_scale must be one value, got shape {tuple(act_scale.shape)}")
+    if w_scale is not None:
+        check_tensor(w_scale, op, "w_scale", dtypes=FLOAT_DTYPES)
+        check(w_scale.numel() in (1, w.shape[0]), op,
+              f"w_scale must have 1 or {w.shape[0]} elements, got shape {tuple(w_scale.shape)}")
+    check_scale_bias(op, None, bias, w.shape[0])
+    check_out_dtype(op, out_dtype, act_scale if act_scale is not None else w_scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_same_device(op, x=x, shift=shift, w=w, act_scale=act_scale, w_scale=w_scale, bias=bias)
+
+
+def _bl_problem(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
+    return problem("binary_linear", x.device, x.dtype, contiguous=all_contiguous(x, w),
+                   M=x.shape[0], N=w.shape[0], K=k, shift=shift is not None,
+                   epilogue=("count" if out_dtype is None else "scale"), bias=bias is not None,
+                   out_dtype=out_dtype)
+
+
+def _bl_cases(device, gen):
+    for i, (m, n, k) in enumerate(GEMM_SHAPES):
+        w = randbits((n, packed_len(k)), device=device, gen=gen, k=k)
+        x = randn((m, k), device=device, gen=gen, zeros_frac=0.05)
+        yield Case((x, None, w, k, None, None, None, None), f"count M={m} N={n} K={k}")
+        dtype = FLOAT_DTYPES[i % 3]
+        x = randn((m, k), device=device, dtype=dtype, gen=gen, noncontig=i % 2 == 1, zeros_frac=0.05)
+        shift = (torch.randn(k, generator=gen) * 0.3).to(device=device, dtype=dtype)
+        # shift = -x on some columns: x + shift is exactly 0 there (sgn(0) = +1)
+        if k >= 4 and m >= 1:
+            shift[:2] = -x[0, :2]
+        sa = (torch.rand((), generator=gen) + 0.1).to(device=device, dtype=dtype)
+        sw = (torch.rand((n,) if i % 3 == 0 else (), generator=gen) + 0.1).to(device)
+        bias = torch.randn(n, generator=gen).to(device=device, dtype=dtype) if i % 2 else None
+        yield Case((x, shift, w, k, sa, sw, bias, dtype),
+                   f"{str(dtype)[6:]} M={m} N={n} K={k}{' noncontig' if i % 2 else ''}"
+                   f"{' per-channel' if i % 3 == 0 else ''}{' bias' if bias is not None else ''}",
+                   tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+
+
+def _bl_decompose(x, shift, w, k, act_scale, w_scale, bias, out_dtype, backend=""):
+    xs = x if shift is None else x + shift.to(x.dtype)
+    scale = None
+    for s in (act_scale, w_scale):
+        if s is not None:
+            s = s.to(torch.float32).reshape(-1)
+            scale = s if scale is None else scale * s
+    return binary_gemm(pack_signs(xs, backend=backend), w, k, scale, bias, out_dtype, backend=backend)
+
+
+binary_linear = define_op(OpDef(
+    name="binary_linear", family="binary", decompose=_bl_decompose,
+    schema=("(Tensor x, Tensor? shift, Tensor w, int k, Tensor? act_scale, Tensor? w_scale, Tensor? bias, "
+            "ScalarType? out_dtype) -> Tensor"),
+    doc=("Fused binary linear (the inference path of BinaryLinear): xs = x + shift.to(x.dtype) (in x's "
+         "dtype), dot = sgn(xs) @ sgn(W).T from w, the packed sign rows (N, ceil(k/8)); out_dtype None: "
+         "int32 dot; else (float32(dot) * (float32(act_scale) * float32(w_scale)) + float32(bias))"
+         ".to(out_dtype). Equals pack_signs(xs) followed by binary_gemm."),
+    fake=_bl_fake, problem=_bl_problem, validate=_bl_validate, cases=_bl_cases, weight_args=(2,)))
+
+
 # ------------------------------------------------------------------ binary_bmm
 def _bmm_fake(a, b, k, scale, out_dtype):
     return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=_epilogue_dtype(out_dtype))
@@ -378,6 +455,6 @@ sign_embedding_bag = define_op(OpDef(
     fake=_bag_fake, problem=_bag_problem, validate=_bag_validate, cases=_bag_cases, weight_args=(1,)))
 
 
-__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_bmm", "binary_conv2d",
+__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "binary_bmm", "binary_conv2d",
            "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size"]
 

@@ -61,6 +61,17 @@ def binary_gemm(a, b, k, scale, bias, out_dtype):
     return _finish(_popc_dot(a, b, k), scale, bias, out_dtype)
 
 
+def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
+    x = x.cpu()
+    xs = x if shift is None else x + shift.cpu().to(x.dtype)   # the sum is rounded in x's dtype
+    scale = None
+    for s in (act_scale, w_scale):
+        if s is not None:
+            s = s.cpu().to(torch.float32).reshape(-1)
+            scale = s if scale is None else scale * s
+    return binary_gemm(pack_signs(xs), w, k, scale, bias, out_dtype)
+
+
 def binary_bmm(a, b, k, scale, out_dtype):
     x = a.cpu().to(torch.int64).unsqueeze(2) ^ b.cpu().to(torch.int64).unsqueeze(1)  # (B, M, N, Kb)
     return _finish(k - 2 * _POPCOUNT[x].sum(-1), scale, None, out_dtype)

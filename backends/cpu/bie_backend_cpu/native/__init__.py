@@ -172,6 +172,10 @@ def register_kernels(registry) -> NativeStatus:
                       prepare=nk.prepare,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
                       description=f"{tag}: XOR-popcount GEMM, fused scale/bias epilogue")
+    registry.register("binary_linear", nk.binary_linear, priority=PRIORITY, name="native.binary_linear",
+                      prepare=nk.prepare,
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
+                      description=f"{tag}: fused shift + sign + pack + XOR-popcount GEMM + epilogue")
     registry.register("binary_conv2d", nk.binary_conv2d, priority=PRIORITY, name="native.binary_conv2d",
                       prepare=nk.prepare,
                       capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}),

@@ -9,6 +9,7 @@ write past.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import torch
@@ -202,6 +203,83 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     args = BGemmArgs(a.data_ptr(), a.stride(0), panels.data_ptr(), m, n, k, kb, kw, p, mb, pb,
                      _ptr(s32), _ptr(b32), flags, OUT_CODE[out_dtype], out.data_ptr())
     _check(_lib.bie_bgemm(ctypes.byref(args)), "binary_gemm")
+    return out
+
+
+# --------------------------------------------------------------- binary_linear
+_U8 = torch.uint8
+_F32 = torch.float32
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm_blocks(m: int, p: int, threads: int):
+    return _blocks(m, p, 64, 16, 4 * threads)
+
+
+_scratch = threading.local()
+
+
+def _bits_buffer(m: int, kb: int) -> torch.Tensor:
+    """A per-thread scratch buffer for the packed activations (consumed within
+    the call that fills it, so reusing it across calls is safe)."""
+    buf = getattr(_scratch, "bits", None)
+    if buf is None or buf.numel() < m * kb:
+        buf = _scratch.bits = torch.empty(max(m * kb, 4096), dtype=_U8)
+    return buf
+
+
+def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """Fused shift + sign + pack + binary GEMM + epilogue (the inference path of
+    BinaryLinear). Written for the smallest layers, where the Python wrapper,
+    not the arithmetic, is the cost: few tensor operations, no copies when the
+    inputs are already in place, a reused scratch buffer for the packed
+    activations, and the epilogue scale passed as one C float."""
+    m, n = x.shape[0], w.shape[0]
+    kb = (k + 7) >> 3
+    if not (x.device.type == "cpu" and w.device.type == "cpu" and x.dim() == 2 and x.shape[1] == k > 0
+            and w.dim() == 2 and w.shape[1] == kb and w.dtype == _U8 and x.dtype in DTYPE_CODE
+            and out_dtype in OUT_CODE):
+        _require(False, "binary_linear", f"x {tuple(x.shape)} on {x.device}, w {tuple(w.shape)} {w.dtype} "
+                                         f"on {w.device} do not match k={k}")
+    if shift is not None:
+        xs = x + (shift if shift.dtype == x.dtype else shift.to(x.dtype))
+    else:
+        xs = x
+    if xs.stride(1) != 1:
+        xs = xs.contiguous()
+    out = torch.empty((m, n), dtype=out_dtype or torch.int32)
+    if m == 0 or n == 0:
+        return out
+    bits = _bits_buffer(m, kb)
+    _check(_lib.bie_pack(ctypes.byref(PackArgs(xs.data_ptr(), DTYPE_CODE[xs.dtype], m, k, xs.stride(0),
+                                               bits.data_ptr()))), "binary_linear")
+    panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(w, k))
+    flags, sptr, b32, keep = 0, None, None, None
+    if out_dtype is not None:
+        if w_scale is not None and w_scale.numel() > 1:
+            keep = w_scale.to(_F32).reshape(-1)
+            if act_scale is not None:
+                keep = keep * act_scale.to(_F32).reshape(())
+            keep = keep.contiguous()
+            sptr, flags = keep.data_ptr(), EPI_SCALE | EPI_SCALE_VEC
+        elif act_scale is not None or w_scale is not None:
+            # float32(sa) * float32(sw): the double product of two floats is exact,
+            # and its conversion to a C float rounds it once, like a float32 multiply
+            sval = 1.0
+            for t in (act_scale, w_scale):
+                if t is not None:
+                    sval *= float(t if t.dtype == _F32 else t.to(_F32))
+            keep = ctypes.c_float(sval)
+            sptr, flags = ctypes.addressof(keep), EPI_SCALE
+        if bias is not None:
+            b32 = bias if (bias.dtype == _F32 and bias.is_contiguous()) else bias.to(_F32).contiguous()
+            flags |= EPI_BIAS | EPI_BIAS_VEC
+    p, kw = panels.shape[0], panels.shape[1]
+    mb, pb = _gemm_blocks(m, p, _threads())
+    args = BGemmArgs(bits.data_ptr(), kb, panels.data_ptr(), m, n, k, kb, kw, p, mb, pb,
+                     sptr, None if b32 is None else b32.data_ptr(), flags, OUT_CODE[out_dtype], out.data_ptr())
+    _check(_lib.bie_bgemm(ctypes.byref(args)), "binary_linear")
+    del keep
     return out
 
 
