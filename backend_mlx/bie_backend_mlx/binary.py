@@ -118,6 +118,25 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
 
 
 @kernel
+def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """The fused inference op: sgn(x + shift) against the prepared weight,
+    scale float32(sa) * float32(sw) (one float32 multiply, as the reference)."""
+    if prepared is None:
+        prepared = prepare_signs(w)
+    xm = to_mlx(x)
+    if shift is not None:
+        xm = xm + to_mlx(shift.to(x.dtype))   # the sum rounded in x's dtype, as the reference
+    am = pm1(pack_bool(xm >= 0))               # padded like the prepared weight
+    acc = _dot(am, prepared.w.T, k, prepared.padded_k)
+    scale = None
+    for t in (act_scale, w_scale):
+        if t is not None:
+            t = t.to(torch.float32).reshape(-1)
+            scale = t if scale is None else scale * t
+    return to_torch(finish(acc, scale, bias, out_dtype), x.device)
+
+
+@kernel
 def binary_bmm(a, b, k, scale, out_dtype):
     am = pm1(to_mlx(a))
     bm = pm1(to_mlx(b))

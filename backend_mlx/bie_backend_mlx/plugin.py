@@ -53,6 +53,7 @@ def _table():
         "pack_signs": (binary.pack_signs, None, {}),
         "unpack_signs": (binary.unpack_signs, None, {}),
         "binary_gemm": (binary.binary_gemm, binary.prepare_signs, {"check": _k_bound}),
+        "binary_linear": (binary.binary_linear, binary.prepare_signs, {"check": _k_bound}),
         "binary_bmm": (binary.binary_bmm, None, {"check": _k_bound}),
         "binary_conv2d": (binary.binary_conv2d, binary.prepare_signs, {"check": _k_bound}),
         "sign_embedding": (binary.sign_embedding, binary.prepare_embedding, {}),
