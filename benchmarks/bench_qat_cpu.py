@@ -107,7 +107,11 @@ def tiny_inference():
     with torch.inference_mode():
         out["nn.Linear(64, 64)"] = median_us(lambda: lin(x), 0.5)
         out["BinaryLinear(64, 64), packed"] = median_us(lambda: bl(x), 0.5)
-        # what the layer is made of: its two op calls, each through the dispatcher
+        # what the layer is made of: one fused op call (shift, sign, pack, GEMM,
+        # scales) through the dispatcher, and the unfused parts for comparison
+        out["  op binary_linear (1, 64) x (64, 64), fused"] = median_us(
+            lambda: bie_core.ops.binary_linear(x, bl.act_shift, bl.weight_bits, 64, bl.act_scale, bl.weight_scale,
+                                               None, torch.float32), 0.5)
         xs = x + bl.act_shift
         a = bie_core.ops.pack_signs(xs)
         scale = bl.act_scale.detach() * bl.weight_scale
@@ -136,6 +140,7 @@ def _register_zero_backend(n: int) -> None:
             cap = bie_core.Capability(devices=("cpu",))
             registry.register("pack_signs", lambda x: bits, capability=cap, name="zero")
             registry.register("binary_gemm", lambda a, b, k, s, bi, od: out, capability=cap, name="zero")
+            registry.register("binary_linear", lambda *args: out, capability=cap, name="zero")
     bie_core.register_backend(BackendDescriptor("zero", "1.0", ("cpu",), load=Zero), Zero())
 
 
