@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import re
 import threading
@@ -37,6 +38,8 @@ from .kernels import ANY_DEVICE, Kernel, Problem
 from .plugins.registry import LOADED, get_registry
 
 _REG = get_registry()
+#: ``logging.getLogger("bie.dispatch").setLevel(logging.INFO)`` logs every new decision
+_log = logging.getLogger("bie.dispatch")
 
 # Where an accelerated kernel for a device type would come from (for messages only:
 # core never imports a backend by name).
@@ -246,8 +249,14 @@ def decide(op, args: tuple, pref: Optional[tuple]) -> Decision:
     if op.decompose is not None and kernels:
         kernels = sorted(list(kernels) + [_decomposition(op, "")], key=lambda k: -k.priority)
     if pref is None or isinstance(pref, _Auto):
-        return _decide_auto(op, problem, kernels)
-    return _decide_explicit(op, problem, kernels, pref)
+        d = _decide_auto(op, problem, kernels)
+    else:
+        d = _decide_explicit(op, problem, kernels, pref)
+    # once per new call site class (decisions are cached): which kernel, and why
+    if _log.isEnabledFor(logging.INFO):
+        _log.info("%s -> %s (priority %d; %s)%s", problem.describe(), d.kernel.qualname, d.kernel.priority,
+                  d.source, "".join(f"\n  rejected {r}" for r in d.rejections))
+    return d
 
 
 def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
