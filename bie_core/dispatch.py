@@ -525,6 +525,7 @@ def make_router(op):
     gen = -1
     key_fn = None
     table: dict = {}
+    value_idx = tuple(op.value_args) if validate is not None else ()
 
     def route(*args):
         nonlocal gen, key_fn, table
@@ -553,6 +554,13 @@ def make_router(op):
             if len(table) >= _MAX_DECISIONS:
                 table.clear()
             table[key] = d
+            if value_idx:
+                _mark_validated(args, value_idx)
+        elif value_idx and not _values_validated(args, value_idx):
+            # same shapes as a cached decision, but index/code values not seen
+            # yet: check them (never hand a kernel an out-of-range index)
+            validate(*args)
+            _mark_validated(args, value_idx)
         rec = rec_get()
         if rec is not None:
             rec.append((_layer_name.get(), d))
@@ -566,6 +574,41 @@ def make_router(op):
 
     route.__name__ = f"bie_route_{name}"
     return route
+
+
+#: CPU index/code tensors whose values passed validation: id -> (storage,
+#: version, weak ref). An entry is dropped by the weak reference's callback the
+#: moment its tensor dies, so a new tensor that reuses the id and address is
+#: never taken for a validated one.
+_validated: dict = {}
+
+
+def _value_state(t):
+    try:
+        return (t.data_ptr(), t._version)
+    except RuntimeError:  # inference tensors have no version counter: never trusted
+        return None
+
+
+def _values_validated(args, idx) -> bool:
+    for i in idx:
+        t = args[i]
+        if t is None or t.device.type != "cpu":
+            continue  # accelerator kernels bound-check themselves (no host sync)
+        e = _validated.get(id(t))
+        if e is None or e[0] != _value_state(t):
+            return False
+    return True
+
+
+def _mark_validated(args, idx) -> None:
+    for i in idx:
+        t = args[i]
+        if t is not None and t.device.type == "cpu":
+            st = _value_state(t)
+            if st is not None:
+                key = id(t)
+                _validated[key] = (st, weakref.ref(t, lambda _r, key=key: _validated.pop(key, None)))
 
 
 def clear_caches() -> None:

@@ -32,12 +32,16 @@ def broadcast_module_state(module: nn.Module, src: int = 0, group=None) -> None:
     for t in list(module.parameters()) + list(module.buffers()):
         if _is_handle(t) or t.numel() == 0:
             continue
-        if t.is_contiguous():
-            dist.broadcast(t.data, src, group=group)
+        # write through the tensor itself (not ``.data``), under no_grad: that
+        # bumps its version counter, so backend layouts prepared from the old
+        # values (the dispatcher's prepared-weight cache) are rebuilt
+        tmp = t.detach().contiguous().clone() if not t.is_contiguous() else None
+        if tmp is None:
+            dist.broadcast(t, src, group=group)
+            t.mul_(1) if t.is_floating_point() else t.bitwise_or_(0)  # a no-op write: version += 1
         else:
-            tmp = t.data.contiguous()
             dist.broadcast(tmp, src, group=group)
-            t.data.copy_(tmp)
+            t.copy_(tmp)
 
 
 def ddp(module: nn.Module, **kwargs) -> nn.parallel.DistributedDataParallel:

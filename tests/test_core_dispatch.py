@@ -350,3 +350,18 @@ def test_decompositions_equal_the_reference(fresh_bie):
             assert out.dtype == exp.dtype and torch.equal(out, exp), case.label
             n += 1
     assert n > 10
+
+
+def test_value_checks_run_on_every_new_index_tensor(fresh_bie):
+    """Decisions are cached by shape; index values must still be checked on
+    every new tensor, or a kernel could read out of bounds."""
+    bits = torch.randint(0, 256, (10, 2), dtype=torch.uint8)
+    scale = torch.rand(10)
+    ops.sign_embedding(torch.tensor([1, 2, 3]), bits, scale, 16, torch.float32)      # caches the decision
+    with pytest.raises(IndexError, match=r"indices must be in \[0, 10\)"):
+        ops.sign_embedding(torch.tensor([1, 2, 123456]), bits, scale, 16, torch.float32)
+    idx = torch.tensor([[1, 2]])
+    ops.sign_embedding_bag(idx, bits, 16, torch.float32)
+    idx[0, 1] = -5                                                                   # in place: new version
+    with pytest.raises(IndexError):
+        ops.sign_embedding_bag(idx, bits, 16, torch.float32)

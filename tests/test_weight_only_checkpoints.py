@@ -233,3 +233,16 @@ def test_model_built_on_meta_device_loads_without_float_weights(tmp_path):
     assert fresh.lm_head.weight is fresh.emb.weight           # tie restored
     ids = torch.randint(0, 50, (2, 5))
     torch.testing.assert_close(fresh(ids), q(ids), rtol=0, atol=0)
+
+
+def test_missing_group_size_is_inferred_only_when_unambiguous():
+    """K=100 in 4 groups fits every group size from 25 to 33: refuse to guess."""
+    import pytest
+    import torch
+    from bie_core.checkpoint.gptq_layout import infer_gptq_geometry
+    qw, qz, s = torch.zeros(13, 64, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.int32), torch.ones(4, 64)
+    with pytest.raises(ValueError, match="ambiguous"):
+        infer_gptq_geometry(qw, qz, s, None, None, None, 100, "layer")
+    assert infer_gptq_geometry(qw, qz, s, None, None, 32, 100, "layer")[3] == 32
+    qw, qz, s = torch.zeros(512, 64, dtype=torch.int32), torch.zeros(32, 8, dtype=torch.int32), torch.ones(32, 64)
+    assert infer_gptq_geometry(qw, qz, s, None, 4, None, 4096, "layer")[3] == 128

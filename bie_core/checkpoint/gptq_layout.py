@@ -72,6 +72,15 @@ def infer_gptq_geometry(qweight, qzeros, scales, g_idx, bits: Optional[int], gro
     if g_idx is not None:
         _need(g_idx.shape[0] == k, f"{what}: g_idx has shape {tuple(g_idx.shape)}, expected ({k},)")
     if group_size is None:
+        # Without g_idx the group size decides which rows share scales, and a
+        # group count alone rarely pins it down (K=100 in 4 groups fits any
+        # size from 25 to 33). Accept only the standard case: groups that tile
+        # K exactly with a power-of-two size (128 for K=4096 in 32 groups).
+        s0 = k // g if g > 0 else 0
+        _need(g == 1 or g_idx is not None or (k % g == 0 and s0 > 0 and s0 & (s0 - 1) == 0),
+              f"{what}: the checkpoint does not say its group size, and K={k} in {g} groups is ambiguous "
+              f"(sizes {-(-k // g)} to {(-(-k // (g - 1)) - 1) if g > 1 else k} all give {g} groups); "
+              f"pass group_size=")
         group_size = -1 if g == 1 else k // g
     if group_size == k:
         group_size = -1

@@ -31,6 +31,9 @@ _lib = torch.library.Library(LIB_NAME, "DEF")
 
 _OPS: dict[str, "OpDef"] = {}
 
+#: Argument names that carry indices or codes whose values validation checks.
+VALUE_ARG_NAMES = ("indices", "g_idx", "q_perm", "codes")
+
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
@@ -68,8 +71,14 @@ class OpDef:
     #: ``decompose(*args, backend="")``. A backend that implements the parts
     #: but not the fused op then still serves it (see bie_core.dispatch).
     decompose: Optional[Callable] = None
+    #: Arguments whose *values* ``validate`` checks (index ranges,
+    #: permutations, code ranges). Decisions are cached by shapes, so these are
+    #: re-validated whenever a new tensor (or a new version of one) arrives on
+    #: the CPU. Default: the arguments named like the index/code tensors below.
+    value_arg_names: Optional[Sequence[str]] = None
     #: Names of the arguments, in schema order (filled from the schema).
     arg_names: tuple = field(default=(), init=False)
+    value_args: tuple = field(default=(), init=False)
     _route: Optional[Callable] = field(default=None, init=False, repr=False)
     family: str = ""
 
@@ -132,6 +141,8 @@ def define_op(op: OpDef) -> OpDef:
     full = f"{op.name}{args_part[:-1]}, str backend=\"\") -> {ret.strip()}"
     _lib.define(full)
     op.arg_names = _arg_names(args_part)
+    names = VALUE_ARG_NAMES if op.value_arg_names is None else op.value_arg_names
+    op.value_args = tuple(i for i, n in enumerate(op.arg_names) if n in names)
     route = dispatch.make_router(op)
     op._route = route
     _lib.impl(op.name, route, "CompositeExplicitAutograd")
