@@ -133,3 +133,24 @@ def test_plain_ddp_init_sync_refuses_handles_with_a_clear_path():
     from bie_core.parallel import ddp
     with pytest.raises(ValueError, match="init_sync=True cannot broadcast"):
         ddp(_model(), init_sync=True)
+
+
+def test_state_broadcast_bumps_versions_so_prepared_layouts_are_rebuilt(tmp_path):
+    """Writing through ``.data`` would not bump the version counter, and the
+    dispatcher would keep serving a layout prepared from the old values."""
+    import torch
+    import torch.distributed as dist
+    import bie_core
+    from bie_core.parallel import broadcast_module_state
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        layer = bie_core.BinaryLinear(16, 8).eval()
+        with torch.no_grad():
+            layer(torch.randn(2, 16))
+        layer.pack()
+        before = {n: t._version for n, t in list(layer.named_parameters()) + list(layer.named_buffers())}
+        broadcast_module_state(layer)
+        after = {n: t._version for n, t in list(layer.named_parameters()) + list(layer.named_buffers())}
+        assert all(after[n] > before[n] for n in before if getattr(layer, n.split(".")[-1]).numel()), (before, after)
+    finally:
+        dist.destroy_process_group()
