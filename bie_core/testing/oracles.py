@@ -173,6 +173,190 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     return _finish(acc, scale, bias, out_dtype, channel_dim=1)
 
 
+# ------------------------------------------------------------------ weight-only
+_M32 = 0xFFFFFFFF
+
+
+def _stream_pack(codes, bits):
+    """(L, N) codes -> (ceil(L*b/32), N) int32: code j at stream bits b*j.., one code at a time."""
+    c = codes.cpu().to(torch.int64) & ((1 << bits) - 1)
+    length, n = c.shape
+    words = torch.zeros(((length * bits + 31) // 32, n), dtype=torch.int64)
+    for j in range(length):
+        wi, off = divmod(bits * j, 32)
+        words[wi] |= (c[j] << off) & _M32
+        if off + bits > 32:
+            words[wi + 1] |= c[j] >> (32 - off)
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+
+
+def _stream_unpack(packed, bits, length):
+    w = packed.cpu().to(torch.int64) & _M32
+    out = torch.zeros((length, w.shape[1]), dtype=torch.int64)
+    for j in range(length):
+        wi, off = divmod(bits * j, 32)
+        v = w[wi] >> off
+        if off + bits > 32:
+            v = v | (w[wi + 1] << (32 - off))
+        out[j] = v & ((1 << bits) - 1)
+    return out
+
+
+def wq_pack(codes, bits, dim):
+    return _stream_pack(codes, bits) if dim == 0 else _stream_pack(codes.t(), bits).t().contiguous()
+
+
+def wq_unpack(packed, bits, length, dim):
+    if dim == 0:
+        return _stream_unpack(packed, bits, length).to(torch.int32)
+    return _stream_unpack(packed.t(), bits, length).t().contiguous().to(torch.int32)
+
+
+def _wq_weight64(qweight, scales, zeros, g_idx, bits, group_size, k, format):
+    """(K, N) float64: gptq s[g] * (q - z[g]) with z unpacked from qzeros (v2); gba q * s[g] - z[g]."""
+    q = _stream_unpack(qweight, bits, k).to(torch.float64)
+    n = q.shape[1]
+    if g_idx is not None:
+        g = g_idx.cpu().long()
+    elif group_size == -1:
+        g = torch.zeros(k, dtype=torch.long)
+    else:
+        g = torch.arange(k) // group_size
+    s = scales.cpu().to(torch.float64)[g]
+    if format == "gptq":
+        z = _stream_unpack(zeros.cpu().t(), bits, n).t().to(torch.float64)[g]
+        return s * (q - z)
+    return q * s - zeros.cpu().to(torch.float64)[g]
+
+
+def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype):
+    return _wq_weight64(qweight, scales, zeros, g_idx, bits, group_size, k, format).to(dtype)
+
+
+def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
+    w = _wq_weight64(qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format)
+    y = x.cpu().to(torch.float64) @ w
+    if bias is not None:
+        y = y + bias.cpu().to(torch.float64)
+    return y.to(x.dtype)
+
+
+def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format):
+    w = _wq_weight64(qweight, scales, zeros, g_idx, bits, group_size, k, format)
+    return (grad.cpu().to(torch.float64) @ w.t()).to(grad.dtype)
+
+
+def _rne(v):
+    """Round half to even, written out (float64 input holding a float32 value)."""
+    fl = torch.floor(v)
+    frac = v - fl
+    up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(fl, 2) == 1))
+    return torch.where(up, fl + 1, fl)
+
+
+def _groups_of(k, g_idx, group_size):
+    if g_idx is not None:
+        return g_idx.cpu().long()
+    if group_size == -1:
+        return torch.zeros(k, dtype=torch.long)
+    return torch.arange(k) // group_size
+
+
+def wq_decode_statistics(qstatistic, qscales_scales, qscales_zeros, qzeros_scales, qzeros_zeros, n, dtype):
+    q = qstatistic.cpu().to(torch.int64)
+    qs, qz = (q // 16).to(torch.float32), (q % 16).to(torch.float32)   # high / low nibble
+    f = lambda t: t.cpu().to(torch.float32)  # noqa: E731
+    scales = (qs - f(qscales_zeros)) * f(qscales_scales)
+    zeros = (qz - f(qzeros_zeros)) * f(qzeros_scales)
+    g = q.shape[0]
+    return scales.reshape(g, -1)[:, :n].to(dtype), zeros.reshape(g, -1)[:, :n].to(dtype)
+
+
+def wq_quantize(w, scales, zeros, g_idx, bits, group_size, format):
+    k, n = w.shape
+    maxq = (1 << bits) - 1
+    g = _groups_of(k, g_idx, group_size)
+    wf = w.cpu().to(torch.float32)
+    s = scales.cpu().to(torch.float32)[g]
+    if format == "gptq":
+        z = _stream_unpack(zeros.cpu().t(), bits, n).t().to(torch.float64)[g]
+        r = _rne((wf / s).to(torch.float64))                 # true float32 division, then rounding
+        r = torch.where(torch.isnan(r), torch.zeros_like(r), r)
+        codes = torch.minimum(torch.maximum(r, -z), maxq - z) + z
+    else:
+        zf = zeros.cpu().to(torch.float32)[g]
+        r = _rne(((wf + zf) / s).to(torch.float64))
+        r = torch.where(torch.isnan(r), torch.zeros_like(r), r)
+        codes = r.clamp(0, maxq)
+    return _stream_pack(codes.to(torch.int64), bits)
+
+
+def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
+    wp = w.cpu().to(torch.float32)[q_perm.cpu().long()]       # packed row j is original row q_perm[j]
+    parts, row = [], 0
+    for i, (b, r) in enumerate(zip(group_bits, group_rows)):
+        s = scales.cpu().to(torch.float32)[i]
+        z = zeros.cpu().to(torch.float32)[i]
+        v = _rne(((wp[row:row + r] + z) / s).to(torch.float64))
+        v = torch.where(torch.isnan(v), torch.zeros_like(v), v).clamp(0, (1 << b) - 1)
+        parts.append(_stream_pack(v.to(torch.int64), b))
+        row += r
+    return torch.cat(parts)
+
+
+def _mbw_codes(qweight, group_bits, group_rows):
+    parts, word = [], 0
+    for b, r in zip(group_bits, group_rows):
+        nw = (r * b + 31) // 32
+        parts.append(_stream_unpack(qweight.cpu()[word:word + nw], b, r))
+        word += nw
+    return torch.cat(parts)
+
+
+def mbwq_pack(codes, group_bits, group_rows):
+    parts, row = [], 0
+    for b, r in zip(group_bits, group_rows):
+        parts.append(_stream_pack(codes.cpu()[row:row + r], b))
+        row += r
+    return torch.cat(parts)
+
+
+def mbwq_unpack(qweight, group_bits, group_rows):
+    return _mbw_codes(qweight, group_bits, group_rows).to(torch.int32)
+
+
+def _mbw_weight64(qweight, scales, zeros, q_perm, group_bits, group_rows):
+    q = _mbw_codes(qweight, group_bits, group_rows).to(torch.float64)
+    g = torch.cat([torch.full((r,), i, dtype=torch.long) for i, r in enumerate(group_rows)])
+    wp = q * scales.cpu().to(torch.float64)[g] - zeros.cpu().to(torch.float64)[g]
+    w = torch.empty_like(wp)
+    w[q_perm.cpu().long()] = wp          # packed row j is original row q_perm[j]
+    return w
+
+
+def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype):
+    return _mbw_weight64(qweight, scales, zeros, q_perm, group_bits, group_rows).to(dtype)
+
+
+def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows):
+    w = _mbw_weight64(qweight, scales, zeros, q_perm, group_bits, group_rows)
+    xs = x.cpu().to(torch.float64)
+    if channel_scale is not None:
+        xs = xs * channel_scale.cpu().to(torch.float64).reshape(-1)
+    y = xs @ w
+    if bias is not None:
+        y = y + bias.cpu().to(torch.float64)
+    return y.to(x.dtype)
+
+
+def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows):
+    w = _mbw_weight64(qweight, scales, zeros, q_perm, group_bits, group_rows)
+    gx = grad.cpu().to(torch.float64) @ w.t()
+    if channel_scale is not None:
+        gx = gx * channel_scale.cpu().to(torch.float64).reshape(-1)
+    return gx.to(grad.dtype)
+
+
 def get(op_name: str):
     """The oracle for an op, or None if this module has none."""
     fn = globals().get(op_name)

@@ -161,7 +161,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not names:
         return
     from bie_core.ops import all_ops
-    from bie_core.testing.conformance import COVERAGE
+    from bie_core.testing.conformance import COVERAGE, SHAPE_ONLY
     from bie_core.plugins.registry import get_registry
 
     tr = terminalreporter
@@ -180,6 +180,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             total_run += run + hr
             cell = "-" if not run and not hr else f"{m.get('pass', 0)}/{run}" + (f" [{h.get('pass', 0)}/{hr}]" if hr else "")
             row += cell.ljust(26)
+        if op.name in SHAPE_ONLY:
+            row += "(reference: no oracle, shape/dtype only)"
         tr.write_line(row)
     for n in names:
         rec = get_registry().record(n)
