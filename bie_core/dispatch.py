@@ -352,7 +352,6 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
         # None of the chosen backends implements this op at all (say, a helper
         # op such as pack_signs that MLX leaves to others): the choice says
         # nothing about it, so automatic selection serves it, loudly.
-        kernels = [k for k in kernels if k.backend != "bie"]
         d = _decide_auto(op, problem, kernels)
         reason = (f"{source} chose {', '.join(names)}, which has no kernel for {op.name}; "
                   f"{d.kernel.qualname} serves it")

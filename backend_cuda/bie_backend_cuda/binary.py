@@ -97,13 +97,9 @@ def binary_bmm_simt(a, b, k, scale, out_dtype):
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
     """pack_signs(x + shift) then the tensor-core GEMM; scale = float32(sa) * float32(sw)
     (the same float32 product as the reference, so results are bit-exact)."""
+    from bie_core.ops.binary import linear_scale
     xs = x if shift is None else x + shift.to(x.dtype)
-    scale = None
-    for s in (act_scale, w_scale):
-        if s is not None:
-            s = s.to(torch.float32).reshape(-1)
-            scale = s if scale is None else scale * s
-    return binary_gemm(pack_signs(xs), w, k, scale, bias, out_dtype, prepared=prepared)
+    return binary_gemm(pack_signs(xs), w, k, linear_scale(act_scale, w_scale), bias, out_dtype, prepared=prepared)
 
 
 # --------------------------------------------------------------- embeddings

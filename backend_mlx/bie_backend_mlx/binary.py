@@ -10,9 +10,8 @@ weights are unpacked once for the padded width and never sliced per call.
 from __future__ import annotations
 
 import mlx.core as mx
-import torch
 
-from ._interop import kernel, maybe_mlx, mx_dtype, preparer, to_mlx, to_torch
+from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
 
 #: Largest K for which float32 +/-1 sums are exact.
 MAX_EXACT_K = 1 << 24
@@ -128,12 +127,8 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
         xm = xm + to_mlx(shift.to(x.dtype))   # the sum rounded in x's dtype, as the reference
     am = pm1(pack_bool(xm >= 0))               # padded like the prepared weight
     acc = _dot(am, prepared.w.T, k, prepared.padded_k)
-    scale = None
-    for t in (act_scale, w_scale):
-        if t is not None:
-            t = t.to(torch.float32).reshape(-1)
-            scale = t if scale is None else scale * t
-    return to_torch(finish(acc, scale, bias, out_dtype), x.device)
+    from bie_core.ops.binary import linear_scale
+    return to_torch(finish(acc, linear_scale(act_scale, w_scale), bias, out_dtype), x.device)
 
 
 @kernel

@@ -25,7 +25,7 @@ from torch import nn
 from .. import ops
 from ..ops.binary import conv_out_size, packed_len
 from ._base import QATLayer, binary_init, check_dtype, pair
-from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d, binary_linear
+from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
 
 
 class _BinaryWeightMixin:

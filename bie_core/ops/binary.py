@@ -218,14 +218,22 @@ def _bl_cases(device, gen):
                    tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
 
 
-def _bl_decompose(x, shift, w, k, act_scale, w_scale, bias, out_dtype, backend=""):
-    xs = x if shift is None else x + shift.to(x.dtype)
+def linear_scale(act_scale, w_scale):
+    """The epilogue scale of binary_linear: float32(act_scale) * float32(w_scale),
+    one float32 multiply, as a (1,) or (N,) tensor (None when both are None).
+    Every backend that composes binary_linear from binary_gemm uses this."""
     scale = None
     for s in (act_scale, w_scale):
         if s is not None:
             s = s.to(torch.float32).reshape(-1)
             scale = s if scale is None else scale * s
-    return binary_gemm(pack_signs(xs, backend=backend), w, k, scale, bias, out_dtype, backend=backend)
+    return scale
+
+
+def _bl_decompose(x, shift, w, k, act_scale, w_scale, bias, out_dtype, backend=""):
+    xs = x if shift is None else x + shift.to(x.dtype)
+    return binary_gemm(pack_signs(xs, backend=backend), w, k, linear_scale(act_scale, w_scale), bias, out_dtype,
+                       backend=backend)
 
 
 binary_linear = define_op(OpDef(
@@ -455,6 +463,6 @@ sign_embedding_bag = define_op(OpDef(
     fake=_bag_fake, problem=_bag_problem, validate=_bag_validate, cases=_bag_cases, weight_args=(1,)))
 
 
-__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "binary_bmm", "binary_conv2d",
+__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "linear_scale", "binary_bmm", "binary_conv2d",
            "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size"]
 

@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from bie_core.ops.binary import conv_out_size, packed_len
+from bie_core.ops.binary import conv_out_size, linear_scale, packed_len
 
 I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
@@ -181,6 +181,12 @@ def _blocks(m: int, p: int, mb: int, pb: int, min_tasks: int):
     return mb, pb
 
 
+@functools.lru_cache(maxsize=4096)
+def _gemm_blocks(m: int, p: int, threads: int):
+    """The binary GEMM's blocking for (m, panels, threads), memoised: it is per-call work otherwise."""
+    return _blocks(m, p, 64, 16, 4 * threads)
+
+
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     _cpu("binary_gemm", a, b, scale, bias)
     _require(a.dtype == torch.uint8 and b.dtype == torch.uint8 and a.dim() == 2 and b.dim() == 2
@@ -199,7 +205,7 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     a = a.detach()
     flags, s32, b32 = _epilogue(scale, bias, n)
     kw, p = panels.shape[1], panels.shape[0]
-    mb, pb = _blocks(m, p, 64, 16, 4 * _threads())
+    mb, pb = _gemm_blocks(m, p, _threads())
     args = BGemmArgs(a.data_ptr(), a.stride(0), panels.data_ptr(), m, n, k, kb, kw, p, mb, pb,
                      _ptr(s32), _ptr(b32), flags, OUT_CODE[out_dtype], out.data_ptr())
     _check(_lib.bie_bgemm(ctypes.byref(args)), "binary_gemm")
@@ -209,11 +215,6 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
 # --------------------------------------------------------------- binary_linear
 _U8 = torch.uint8
 _F32 = torch.float32
-
-
-@functools.lru_cache(maxsize=4096)
-def _gemm_blocks(m: int, p: int, threads: int):
-    return _blocks(m, p, 64, 16, 4 * threads)
 
 
 _scratch = threading.local()
@@ -257,23 +258,21 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
     flags, sptr, b32, keep = 0, None, None, None
     if out_dtype is not None:
         if w_scale is not None and w_scale.numel() > 1:
-            keep = w_scale.to(_F32).reshape(-1)
-            if act_scale is not None:
-                keep = keep * act_scale.to(_F32).reshape(())
-            keep = keep.contiguous()
-            sptr, flags = keep.data_ptr(), EPI_SCALE | EPI_SCALE_VEC
-        elif act_scale is not None or w_scale is not None:
-            # float32(sa) * float32(sw): the double product of two floats is exact,
-            # and its conversion to a C float rounds it once, like a float32 multiply
-            sval = 1.0
-            for t in (act_scale, w_scale):
-                if t is not None:
-                    sval *= float(t if t.dtype == _F32 else t.to(_F32))
-            keep = ctypes.c_float(sval)
-            sptr, flags = ctypes.addressof(keep), EPI_SCALE
-        if bias is not None:
-            b32 = bias if (bias.dtype == _F32 and bias.is_contiguous()) else bias.to(_F32).contiguous()
-            flags |= EPI_BIAS | EPI_BIAS_VEC
+            flags, keep, b32 = _epilogue(linear_scale(act_scale, w_scale), bias, n)
+            sptr = keep.data_ptr()
+        else:
+            flags, _, b32 = _epilogue(None, bias, n)
+            if act_scale is not None or w_scale is not None:
+                # per-tensor scale as one C float, without tensor ops (this path is
+                # for tiny layers): float32(sa) * float32(sw) as a double product of
+                # two floats is exact and rounds once on conversion, like a float32
+                # multiply (CPU tensors only, so float() is no device sync)
+                sval = 1.0
+                for t in (act_scale, w_scale):
+                    if t is not None:
+                        sval *= float(t if t.dtype == _F32 else t.to(_F32))
+                keep = ctypes.c_float(sval)
+                sptr, flags = ctypes.addressof(keep), flags | EPI_SCALE
     p, kw = panels.shape[0], panels.shape[1]
     mb, pb = _gemm_blocks(m, p, _threads())
     args = BGemmArgs(bits.data_ptr(), kb, panels.data_ptr(), m, n, k, kb, kw, p, mb, pb,

@@ -51,13 +51,9 @@ def binary_gemm(a, b, k, scale, bias, out_dtype):
 
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
     """pack_signs(x + shift) then binary_gemm, with scale = float32(sa) * float32(sw)."""
+    from bie_core.ops.binary import linear_scale
     xs = x if shift is None else x + shift.to(x.dtype)
-    scale = None
-    for s in (act_scale, w_scale):
-        if s is not None:
-            s = s.to(torch.float32).reshape(-1)
-            scale = s if scale is None else scale * s
-    return binary_gemm(pack_signs(xs), w, k, scale, bias, out_dtype)
+    return binary_gemm(pack_signs(xs), w, k, linear_scale(act_scale, w_scale), bias, out_dtype)
 
 
 def binary_bmm(a, b, k, scale, out_dtype):
