@@ -1,0 +1,142 @@
+"""Per-GPU choice of kernel configuration, timed once and cached on disk.
+
+No GPU tables are hard-coded: for a (op, problem bucket) the family module
+offers its candidate configurations, each as a callable that runs the kernel on
+the real arguments. The first time a bucket is seen on a GPU, every candidate
+is timed with CUDA events (a candidate that raises is skipped) and the fastest
+is stored in ``<cache>/tuning/<gpu key>.json``; later calls and later processes
+read it. The GPU key is the device name, compute capability, SM count and this
+backend's version, so a different GPU (or driver-visible variant) tunes afresh.
+
+Tuning synchronises the device, so it never runs where that would be wrong or
+surprising: while a CUDA graph is being captured, or when ``BIE_CUTLASS_TUNE=0``.
+There the default candidate (the first one) is used, and nothing is stored.
+``python -m bie_backend_cutlass.tuning --show`` prints the cache.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from . import __version__, _build
+
+_lock = threading.Lock()
+_tables: dict[str, dict] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("BIE_CUTLASS_TUNE", "1") != "0"
+
+
+def gpu_key(device=None) -> str:
+    p = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    name = re.sub(r"[^A-Za-z0-9]+", "_", p.name).strip("_")
+    return f"{name}-sm{p.major}{p.minor}-{p.multi_processor_count}sm-v{__version__}"
+
+
+def table_path(device=None) -> Path:
+    return _build.cache_root() / "tuning" / f"{gpu_key(device)}.json"
+
+
+def _table(device) -> tuple[dict, Path]:
+    path = table_path(device)
+    key = str(path)
+    if key not in _tables:
+        try:
+            _tables[key] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            _tables[key] = {}
+    return _tables[key], path
+
+
+def _save(table: dict, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: concurrent processes never read half a file
+    except OSError:
+        pass  # a read-only cache only costs re-tuning in the next process
+
+
+def _time(fn: Callable[[], object], reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()  # warm-up (and first-launch costs)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def choose(op: str, bucket: str, candidates: Sequence[tuple[str, Callable[[], object]]],
+           device=None, reps: int = 5) -> str:
+    """Name of the fastest candidate for (op, bucket) on this GPU.
+
+    ``candidates``: (config name, zero-argument callable running it). The first
+    is the default, used untimed when tuning is off or impossible. Returns a
+    name that is in ``candidates`` (a stale cached name is re-tuned).
+    """
+    names = [n for n, _ in candidates]
+    if not names:
+        raise ValueError(f"tuning {op}: no candidate configurations")
+    if len(names) == 1:
+        return names[0]
+    table, path = _table(device)
+    entry = f"{op}/{bucket}"
+    hit = table.get(entry)
+    if hit in names:
+        return hit
+    if not enabled() or torch.cuda.is_current_stream_capturing():
+        return names[0]
+    with _lock:
+        hit = table.get(entry)
+        if hit in names:
+            return hit
+        best, best_t = names[0], float("inf")
+        for name, fn in candidates:
+            try:
+                t = _time(fn, reps)
+            except Exception:  # noqa: BLE001 - a config that cannot run this shape is skipped
+                continue
+            if t < best_t:
+                best, best_t = name, t
+        table[entry] = best
+        _save(table, path)
+        return best
+
+
+def clear(device=None) -> None:
+    """Forget the tuning results of this GPU (memory and disk)."""
+    path = table_path(device)
+    _tables.pop(str(path), None)
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description="bie-backend-cutlass tuning cache")
+    ap.add_argument("--show", action="store_true", help="print this GPU's tuning table")
+    ap.add_argument("--clear", action="store_true", help="forget this GPU's tuning table")
+    args = ap.parse_args(argv)
+    if args.clear:
+        clear()
+    table, path = _table(None)
+    print(f"{path}:")
+    for k, v in sorted(table.items()):
+        print(f"  {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
