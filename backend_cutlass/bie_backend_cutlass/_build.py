@@ -1,6 +1,6 @@
 """Finding the CUTLASS headers, and building/loading the kernel extensions.
 
-Each kernel family (``gemm``, ``conv``) is its own extension: a family that
+Each kernel family (``binary``, ``integer``) is its own extension: a family that
 fails to build leaves the others usable, and a change to one source rebuilds
 only its family. An extension registers its ops with ``TORCH_LIBRARY`` under
 its own namespace (``bie_cutlass_<family>``) and is loaded with

@@ -11,7 +11,7 @@ import torch
 
 from bie_core import hookimpl
 
-from . import _build, conv, gemm, tuning
+from . import _build, binary, integer, tuning
 from .plugin_extensions import EXTENSIONS
 
 PRIORITY = 200
@@ -19,8 +19,8 @@ PRIORITY = 200
 
 @hookimpl
 def bie_register_kernels(registry):
-    gemm.register(registry, PRIORITY)
-    conv.register(registry, PRIORITY)
+    binary.register(registry, PRIORITY)
+    integer.register(registry, PRIORITY)
 
 
 @hookimpl

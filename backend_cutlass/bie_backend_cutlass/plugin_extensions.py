@@ -1,10 +1,10 @@
 """The kernel families of this backend, one extension each (see ``_build``).
 
-Each family module (``gemm``, ``conv``) declares its ``EXTENSION``; this list
+Each family module (``binary``, ``integer``) declares its ``EXTENSION``; this list
 is what ``bie build cutlass`` builds and what the probe checks.
 """
 from __future__ import annotations
 
-from . import conv, gemm
+from . import binary, integer
 
-EXTENSIONS = (gemm.EXTENSION, conv.EXTENSION)
+EXTENSIONS = (binary.EXTENSION, integer.EXTENSION)
