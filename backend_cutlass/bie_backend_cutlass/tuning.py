@@ -65,6 +65,13 @@ def _save(table: dict, path: Path) -> None:
         pass  # a read-only cache only costs re-tuning in the next process
 
 
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a torch without CUDA
+        return False
+
+
 def _time(fn: Callable[[], object], reps: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()  # warm-up (and first-launch costs)
@@ -94,7 +101,7 @@ def choose(op: str, bucket: str, candidates: Sequence[tuple[str, Callable[[], ob
     hit = table.get(entry)
     if hit in names:
         return hit
-    if not enabled() or torch.cuda.is_current_stream_capturing():
+    if not enabled() or _capturing():
         return names[0]
     with _lock:
         hit = table.get(entry)

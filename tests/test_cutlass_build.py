@@ -1,0 +1,159 @@
+"""bie-backend-cutlass packaging, header discovery and the tuning cache.
+
+These run on any machine (no GPU, no nvcc): the backend must show as
+unavailable with a reason, importing it must compile nothing, the CUTLASS
+headers are found from the nvidia-cutlass wheel or BIE_CUTLASS_INCLUDE with a
+clear error otherwise, and the tuning step picks the fastest candidate once,
+caches it on disk per GPU, skips failing candidates and stays off where it
+must. The kernels themselves are tested in test_cutlass_binary.py and
+test_cutlass_integer.py (GPU only).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
+                                reason="bie-backend-cutlass is not installed")
+
+
+def test_descriptor_is_light_and_honest():
+    before = set(sys.modules)
+    from bie_backend_cutlass import descriptor
+    d = descriptor.backend
+    assert d.name == "cutlass" and tuple(d.device_types) == ("cuda",)
+    # the descriptor imports no kernel module
+    assert not any(m.startswith("bie_backend_cutlass.plugin") for m in set(sys.modules) - before)
+    if not torch.cuda.is_available():
+        assert d.probe() == "no CUDA device"
+
+
+def test_listed_without_breaking_core():
+    import bie_core
+    recs = {r.name: r for r in bie_core.backends()}
+    assert "cutlass" in recs
+    if not torch.cuda.is_available():
+        assert recs["cutlass"].status == "unavailable" and recs["cutlass"].cause == "no CUDA device"
+
+
+def test_explicit_choice_names_the_reason():
+    import bie_core
+    if torch.cuda.is_available():
+        pytest.skip("this checks the no-CUDA message")
+    with pytest.raises(Exception, match="cutlass"):
+        bie_core.ops.binary_gemm(torch.zeros(1, 1, dtype=torch.uint8), torch.zeros(1, 1, dtype=torch.uint8), 8,
+                                 None, None, None, backend="cutlass")
+
+
+def test_headers_from_env(tmp_path, monkeypatch):
+    from bie_backend_cutlass import _build
+    inc = tmp_path / "include"
+    (inc / "cutlass").mkdir(parents=True)
+    (inc / "cutlass" / "cutlass.h").write_text("// test\n")
+    (inc / "cutlass" / "version.h").write_text(
+        "#define CUTLASS_MAJOR 9\n#define CUTLASS_MINOR 8\n#define CUTLASS_PATCH 7\n")
+    monkeypatch.setenv("BIE_CUTLASS_INCLUDE", str(inc))
+    assert _build.cutlass_root() == tmp_path
+    assert _build.cutlass_version() == "9.8.7"
+    assert str(inc) in _build.include_dirs()
+
+
+def test_missing_headers_say_how_to_fix(tmp_path, monkeypatch):
+    from bie_backend_cutlass import _build
+    monkeypatch.setenv("BIE_CUTLASS_INCLUDE", str(tmp_path))
+    with pytest.raises(_build.CutlassHeadersNotFound, match="cutlass.h"):
+        _build.cutlass_root()
+    monkeypatch.delenv("BIE_CUTLASS_INCLUDE")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(_build.CutlassHeadersNotFound, match="pip install nvidia-cutlass"):
+        _build.cutlass_root()
+    assert "nvidia-cutlass" in _build.probe_reason()
+
+
+def test_cache_keys_follow_sources_and_arch(tmp_path, monkeypatch):
+    from bie_backend_cutlass import _build
+    monkeypatch.setenv("BIE_CUTLASS_CACHE", str(tmp_path))
+    e1 = _build.Extension(family="binary", sources=("binary_bindings.cpp",))
+    e2 = _build.Extension(family="integer", sources=("integer_bindings.cpp",))
+    assert _build.build_dir(e1, (9, 0)) != _build.build_dir(e2, (9, 0))
+    assert _build.build_dir(e1, (9, 0)) != _build.build_dir(e1, (8, 0))
+    assert _build.build_dir(e1, (9, 0)).parent == tmp_path
+    assert "sm_90a" in _build.gencode((9, 0)) and "sm_80" in _build.gencode((8, 0))
+
+
+@pytest.fixture
+def tuner(tmp_path, monkeypatch):
+    from bie_backend_cutlass import tuning
+    monkeypatch.setenv("BIE_CUTLASS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "gpu_key", lambda device=None: "TestGPU-sm90-132sm-v0")
+    monkeypatch.setattr(tuning, "_tables", {})
+    timings = {}
+    monkeypatch.setattr(tuning, "_time", lambda fn, reps: timings[fn()])
+    return tuning, timings
+
+
+def test_tuning_picks_fastest_and_caches(tuner):
+    tuning, timings = tuner
+    timings.update(a=3.0, b=1.0, c=2.0)
+    calls = []
+
+    def cand(name):
+        def run():
+            calls.append(name)
+            return name
+        return run
+
+    cands = [(n, cand(n)) for n in "abc"]
+    assert tuning.choose("int_gemm", "M8192", cands) == "b"
+    assert sorted(calls) == ["a", "b", "c"]
+    calls.clear()
+    assert tuning.choose("int_gemm", "M8192", cands) == "b" and calls == []   # cached in memory
+    table = json.loads(tuning.table_path().read_text())
+    assert table == {"int_gemm/M8192": "b"}                                # and on disk
+    tuning._tables.clear()
+    assert tuning.choose("int_gemm", "M8192", cands) == "b" and calls == []   # a new process reads it
+    # another bucket is tuned on its own
+    timings.update(a=0.5)
+    assert tuning.choose("int_gemm", "M1", cands) == "a"
+
+
+def test_tuning_skips_failing_candidates_and_stale_entries(tuner):
+    tuning, timings = tuner
+    timings.update(ok=5.0)
+
+    def broken():
+        raise RuntimeError("this tile needs K % 256 == 0")
+
+    assert tuning.choose("binary_gemm", "b", [("fast_but_broken", broken), ("ok", lambda: "ok")]) == "ok"
+    # a cached name that no longer exists (e.g. after an upgrade) is re-tuned, not trusted
+    tuning._tables.clear()
+    path = tuning.table_path()
+    path.write_text(json.dumps({"binary_gemm/b": "gone"}))
+    assert tuning.choose("binary_gemm", "b", [("x", lambda: "ok"), ("ok", lambda: "ok")]) in {"x", "ok"}
+
+
+def test_tuning_off_uses_default_untimed(tuner, monkeypatch):
+    tuning, timings = tuner
+    monkeypatch.setenv("BIE_CUTLASS_TUNE", "0")
+
+    def never():
+        raise AssertionError("must not run while tuning is off")
+
+    assert tuning.choose("int_gemm", "x", [("default", never), ("other", never)]) == "default"
+    assert not tuning.table_path().exists()
+    with pytest.raises(ValueError):
+        tuning.choose("int_gemm", "x", [])
+
+
+def test_tuning_off_while_capturing(tuner, monkeypatch):
+    tuning, timings = tuner
+    monkeypatch.setattr(tuning, "_capturing", lambda: True)
+
+    def never():
+        raise AssertionError("must not run during graph capture")
+
+    assert tuning.choose("int_gemm", "y", [("default", never), ("other", never)]) == "default"
