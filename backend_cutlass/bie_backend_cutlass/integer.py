@@ -1,10 +1,237 @@
-"""4/8-bit integer kernels (int_gemm, int_bmm, int_conv2d) — IN PROGRESS."""
+"""4/8-bit integer kernels: int_gemm, int_bmm, int_conv2d (and quantize_int) on sm_90.
+
+One GEMM serves all three ops: CUTLASS 3.x int8 x int8 -> int32 wgmma (TMA,
+warp-specialized persistent kernels), with the op's whole epilogue fused into
+the TMA store through an epilogue visitor tree: ``int32(acc)``, or
+``cvt(fma(float(acc), scale, bias))`` with a per-tensor or per-output-channel
+scale and a per-channel bias, written as float32, bfloat16 or float16
+(``csrc/integer_gemm_sm90.cuh``). 4-bit codes arrive as int8 codes and run on
+the same int8 tensor cores: Hopper has no int4 MMA (``mma.sync .s4`` is
+emulated there, about 40x slower than wgmma s8).
+
+* ``int_gemm``: ``C = A B^T`` with A the activation codes (M, K) and B the weight
+  codes (N, K); the per-output-channel vector runs along the columns of C.
+* ``int_bmm``: the same kernel with a batch mode (L = B).
+* ``int_conv2d``: an int8 im2col kernel (NCHW input read as NCHW: zero padding,
+  stride, dilation, groups) writes the (G, N*Ho*Wo, K) patch matrix, the GEMM
+  runs batched over groups against the (G, O/G, K) weight, the result is
+  permuted to contiguous NCHW.
+* K is padded with zero codes to a multiple of 16 (TMA moves 16-byte rows); the
+  weight's padded copy is a prepared layout (cached per weight version),
+  activations are padded per call only when K % 16 != 0. An output row that is
+  not 16-byte aligned is written into a padded buffer and copied out.
+
+Kernel configurations (tile shape, cluster, schedule) are chosen per GPU and
+problem bucket by ``tuning.choose`` (timed once, cached on disk).
+
+The extension is built for sm_90 (the wgmma path); the capabilities say so, and
+other GPUs fall through to the next kernel (bie-backend-cuda, then the
+reference).
+"""
 from __future__ import annotations
 
+import torch
+
+from . import _build, tuning
 from ._build import Extension
 
-EXTENSION = Extension(family="integer", sources=("integer_bindings.cpp",))
+_GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128")
+                      for out in ("i32", "f32", "bf16", "f16"))
+EXTENSION = Extension(family="integer",
+                      sources=("integer_bindings.cpp", "integer_kernels.cu") + _GEMM_SOURCES,
+                      headers=("integer_launch.h", "integer_gemm_sm90.cuh"))
+
+#: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
+#: c128x256: 128x256x128 tile, 2x1 cluster, cooperative (two consumer warpgroups on one tile);
+#: p64x128: 64x128x128 tile, no cluster, ping-pong (two consumer warpgroups alternate tiles).
+CONFIGS = ("c128x256", "p64x128")
+SM90 = ((9, 0), (9, 0))
+#: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
+MAX_K = (2 ** 31 - 1) // (128 * 128)
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_OUT_ALIGN = {None: 4, torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}
 
 
+def _ops():
+    return _build.ops(EXTENSION)
+
+
+def _k16(k: int) -> int:
+    return -(-k // 16) * 16
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def _pad_k(t: torch.Tensor, kp: int) -> torch.Tensor:
+    """``t`` (..., K) int8 as a contiguous, 16-byte aligned (..., kp) tensor, zero codes beyond K."""
+    k = t.shape[-1]
+    if k == kp and _aligned(t):
+        return t
+    out = torch.zeros(tuple(t.shape[:-1]) + (kp,), dtype=torch.int8, device=t.device)
+    out[..., :k] = t
+    return out
+
+
+def _bucket(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _f32(t):
+    return None if t is None else t.detach().reshape(-1).to(torch.float32).contiguous()
+
+
+def _gemm(a3, b3, scale, scale_batch, bias, bias_batch, out_dtype, n):
+    """a3 (L, M, Kp), b3 (L, N, Kp) int8 -> (L, M, N) contiguous, epilogue fused."""
+    ops = _ops()
+    align = _OUT_ALIGN[out_dtype]
+    n_pad = -(-n // align) * align
+    s, bb = _f32(scale), _f32(bias)
+    sb = scale_batch if (s is not None and s.numel() > 1) else 0
+    L, M, Kp = a3.shape
+    names = list(CONFIGS) if M > 64 else list(reversed(CONFIGS))   # the default first: small M, small tile
+    cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bias_batch, out_dtype, n_pad, c)))
+             for nm in names]
+    bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n)}/K{_bucket(Kp)}"
+              f"/s{int(s is not None and s.numel() > 1)}")
+    cfg = tuning.choose("int_gemm_sm90", bucket, cands, device=a3.device)
+    out = ops.gemm(a3, b3, s, sb, bb, bias_batch, out_dtype, n_pad, CONFIGS.index(cfg))
+    if n_pad != n:
+        out = out[..., :n].contiguous()
+    return out
+
+
+def _finish_empty(shape, device, scale, bias, out_dtype, channel_dim):
+    """The op's epilogue on an all-zero accumulator (K == 0): used for degenerate shapes only."""
+    acc = torch.zeros(shape, dtype=torch.float32, device=device)
+    if out_dtype is None:
+        return acc.to(torch.int32)
+    view = [1] * len(shape)
+    view[channel_dim] = -1
+    if scale is not None:
+        s = scale.to(torch.float32)
+        acc = acc * (s.reshape(view) if s.numel() > 1 else s.reshape(()))
+    if bias is not None:
+        acc = acc + bias.to(torch.float32).reshape(view)
+    return acc.to(out_dtype).contiguous()
+
+
+# ------------------------------------------------------------------ int_gemm
+def prepare_gemm(b):
+    """The weight codes (N, K) padded to K % 16 == 0; None when ``b`` is usable as it is.
+
+    (Never a view of ``b``: a prepared object that keeps the weight alive would
+    keep its cache entry alive.)"""
+    kp = _k16(b.shape[1])
+    if kp == b.shape[1] and _aligned(b):
+        return None
+    return _pad_k(b.detach(), kp)
+
+
+def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0 or k == 0:
+        return _finish_empty((m, n), a.device, scale, bias, out_dtype, -1)
+    kp = _k16(k)
+    bw = prepared if prepared is not None else _pad_k(b.detach(), kp)
+    if bw.shape != (n, kp):
+        raise ValueError(f"bie-backend-cutlass int_gemm: prepared weight {tuple(bw.shape)} does not fit b {tuple(b.shape)}")
+    a2 = _pad_k(a.detach(), kp)
+    return _gemm(a2.unsqueeze(0), bw.unsqueeze(0), scale, 0, bias, 0, out_dtype, n)[0]
+
+
+# ------------------------------------------------------------------- int_bmm
+def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
+    bs, m, k = a.shape
+    n = b.shape[1]
+    if bs == 0 or m == 0 or n == 0 or k == 0:
+        return _finish_empty((bs, m, n), a.device, scale, None, out_dtype, -1)
+    kp = _k16(k)
+    return _gemm(_pad_k(a.detach(), kp), _pad_k(b.detach(), kp), scale, 0, None, 0, out_dtype, n)
+
+
+# ---------------------------------------------------------------- int_conv2d
+def _conv_out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv_weight(w, groups):
+    o, cg, kh, kw = w.shape
+    kg = cg * kh * kw
+    return _pad_k(w.detach().reshape(groups, o // groups, kg), _k16(kg))
+
+
+def prepare_conv(w, groups=1):
+    """OIHW codes as (G, O/G, Kg) rows padded to Kg % 16 == 0 (k = (c, kh, kw), as the flattened weight)."""
+    # a view of w.detach() when no padding is needed: it shares storage, not the tensor object, so the
+    # dispatcher's weak reference to w (and with it the cache entry) still dies with w
+    return _conv_weight(w, groups)
+
+
+def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype, prepared=None):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho = _conv_out(h, kh, stride[0], padding[0], dilation[0])
+    wo = _conv_out(wd, kw, stride[1], padding[1], dilation[1])
+    g = groups
+    og, kg = o // g, cg * kh * kw
+    if n == 0 or o == 0 or kg == 0:
+        return _finish_empty((n, o, ho, wo), x.device, scale, bias, out_dtype, 1)
+    kp = _k16(kg)
+    wp = prepared if prepared is not None else _conv_weight(w, g)
+    if wp.shape != (g, og, kp):
+        raise ValueError(f"bie-backend-cutlass int_conv2d: prepared weight {tuple(wp.shape)} does not fit w {tuple(w.shape)}")
+    cols = _ops().im2col(x.detach().contiguous(), g, kh, kw, stride[0], stride[1], padding[0], padding[1],
+                         dilation[0], dilation[1], ho, wo, kp)                       # (G, N*Ho*Wo, Kp)
+    d = _gemm(cols, wp, scale, og, bias, og, out_dtype, og)                            # (G, N*Ho*Wo, O/G)
+    return d.view(g, n, ho * wo, og).permute(1, 0, 3, 2).reshape(n, o, ho, wo).contiguous()
+
+
+# --------------------------------------------------------------- quantize_int
+def quantize_int(x, scale, bits):
+    """Scalar scale, or one scale per leading row (shape (x.shape[0], 1, ..., 1)): one fused kernel;
+    any other broadcast: the same arithmetic in plain PyTorch (still exact)."""
+    s = scale.detach()
+    xc = x.detach().contiguous()
+    if xc.numel() == 0:
+        return torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    if s.numel() == 1:
+        return _ops().quantize(xc, s.reshape(1).to(torch.float32).contiguous(), 1, bits)
+    if (x.dim() >= 1 and s.dim() == x.dim() and s.shape[0] == x.shape[0]
+            and all(d == 1 for d in s.shape[1:])):
+        return _ops().quantize(xc, s.reshape(-1).to(torch.float32).contiguous(), x.shape[0], bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    q = torch.round(xc.to(torch.float32) / s.to(torch.float32))
+    return torch.nan_to_num(q, nan=0.0).clamp(lo, hi).to(torch.int8).contiguous()
+
+
+# ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
-    pass
+    from bie_core import Capability
+
+    cuda = ("cuda",)
+    bits = {"a_bits": (4, 8), "b_bits": (4, 8), "bits": (4, 8)}
+    registry.register(
+        "int_gemm", int_gemm, priority=priority, name="int_gemm_sm90", prepare=prepare_gemm,
+        capability=Capability(devices=cuda, dtypes=FLOATS, attrs=bits, compute_capability=SM90,
+                              max_dims={"K": MAX_K}),
+        description="CUTLASS 3 int8 wgmma (TMA, warp-specialized), fused scale/bias/dtype epilogue; "
+                    "4-bit codes on int8 tensor cores; K padded to 16")
+    registry.register(
+        "int_bmm", int_bmm, priority=priority, name="int_bmm_sm90",
+        capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90,
+                              max_dims={"K": MAX_K}),
+        description="the int_gemm kernel with a batch mode")
+    registry.register(
+        "int_conv2d", int_conv2d, priority=priority, name="int_conv2d_sm90", prepare=prepare_conv,
+        prepare_static=("groups",),
+        capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90,
+                              max_dims={"K": MAX_K}),
+        description="int8 im2col (NCHW, zero padding, stride/dilation/groups) + the int_gemm kernel batched "
+                    "over groups, output permuted to NCHW")
+    registry.register(
+        "quantize_int", quantize_int, priority=priority, name="quantize_int_cuda",
+        capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),
+        description="one pass: true division, round half to even, clamp (scalar or per-row scale)")

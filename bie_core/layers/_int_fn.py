@@ -47,6 +47,31 @@ def _col(s, dim):
     return s.reshape((-1,) + (1,) * (dim - 1)) if s.dim() else s
 
 
+def _operand(codes, s, dim, gd):
+    """Dequantized operand for a backward product in the gradient's precision, and the factor left over.
+
+    float32 gradients: ``float32(codes) * s`` (factor None), as the definition.
+    bf16/fp16 gradients: the codes themselves in that dtype (4/8-bit codes are exact in it) and the
+    per-tensor scale applied to the float32 product afterwards, so the product runs on the tensor
+    cores at half precision and only the gradient's own rounding differs from float32; a
+    per-channel scale is folded into the operand (one rounding of ``code * s``).
+    """
+    if gd == torch.float32:
+        return codes.to(torch.float32) * _col(s, dim), None
+    if s.dim() == 0:
+        return codes.to(gd), s
+    return (codes.to(torch.float32) * _col(s, dim)).to(gd), None
+
+
+def _gdtype(g):
+    return g.dtype if g.dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def _f32(prod, factor):
+    prod = prod.to(torch.float32)
+    return prod if factor is None else prod * factor
+
+
 def _scale(sa, sw):
     return sa.detach().to(torch.float32) * sw.detach().to(torch.float32)
 
@@ -88,22 +113,23 @@ class QLinearFn(torch.autograd.Function):
         xs, qa, weight, qw, sw, sa = ctx.saved_tensors
         a_bits, w_bits = ctx.bits
         need = ctx.needs_input_grad
-        gf = g.to(torch.float32)
+        gd = _gdtype(g)
+        gm = g.to(gd)
         saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         if need[0] or need[4] or need[5]:
-            w_hat = qw.to(torch.float32) * _col(swf, 2)
-            gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, gf @ w_hat)
+            w_hat, f = _operand(qw, swf, 2, gd)
+            gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, _f32(gm @ w_hat, f))
             grad_x = gxs.to(xs.dtype) if need[0] else None
             grad_ba = gxs.sum(0) if need[4] else None
             grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
         if (need[1] or need[3]) and weight is not None:
-            x_hat = qa.to(torch.float32) * saf
-            grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 2), qw, w_bits, gf.t() @ x_hat,
-                                   per_row=sw.dim() > 0)
+            x_hat, f = _operand(qa, saf, 2, gd)
+            grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 2), qw, w_bits,
+                                   _f32(gm.t() @ x_hat, f), per_row=sw.dim() > 0)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
-            grad_bias = gf.sum(0)
+            grad_bias = g.sum(0, dtype=torch.float32)
         return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None
 
 
@@ -120,24 +146,25 @@ class QConv2dFn(torch.autograd.Function):
         xs, qa, weight, qw, sw, sa = ctx.saved_tensors
         a_bits, w_bits, stride, padding, dilation, groups = ctx.geom
         need = ctx.needs_input_grad
-        gf = g.to(torch.float32)
+        gd = _gdtype(g)
+        gm = g.to(gd)
         saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         if need[0] or need[4] or need[5]:
-            w_hat = qw.to(torch.float32) * _col(swf, 4)
-            g_hat = torch.nn.grad.conv2d_input(xs.shape, w_hat, gf, stride, padding, dilation, groups)
+            w_hat, f = _operand(qw, swf, 4, gd)
+            g_hat = _f32(torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups), f)
             gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, g_hat)
             grad_x = gxs.to(xs.dtype) if need[0] else None
             grad_ba = gxs.sum((0, 2, 3)) if need[4] else None
             grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
         if (need[1] or need[3]) and weight is not None:
-            x_hat = qa.to(torch.float32) * saf
-            g_hat = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gf, stride, padding, dilation, groups)
+            x_hat, f = _operand(qa, saf, 4, gd)
+            g_hat = _f32(torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups), f)
             grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 4), qw, w_bits, g_hat,
                                    per_row=sw.dim() > 0)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
-            grad_bias = gf.sum((0, 2, 3))
+            grad_bias = g.sum((0, 2, 3), dtype=torch.float32)
         return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None
 
 
@@ -157,18 +184,19 @@ class QMatMulFn(torch.autograd.Function):
     def backward(ctx, g):
         x, y, qx, qyt, cx, cy = ctx.saved_tensors
         need = ctx.needs_input_grad
-        gf = g.to(torch.float32)
+        gd = _gdtype(g)
+        gm = g.to(gd)
         cxf, cyf = cx.detach().to(torch.float32), cy.detach().to(torch.float32)
         grad_x = grad_y = grad_cx = grad_cy = None
         if need[0] or need[2]:
-            y_hat = qyt.to(torch.float32) * cyf          # (B, N, K)
-            gx, grad_cx = _lsq(x.to(torch.float32), cxf, qx, ctx.bits, gf @ y_hat)
+            y_hat, f = _operand(qyt, cyf, 3, gd)          # (B, N, K)
+            gx, grad_cx = _lsq(x.to(torch.float32), cxf, qx, ctx.bits, _f32(gm @ y_hat, f))
             grad_x = gx.to(x.dtype) if need[0] else None
             grad_cx = grad_cx.reshape(cx.shape) if need[2] else None
         if need[1] or need[3]:
-            x_hat = qx.to(torch.float32) * cxf           # (B, M, K)
+            x_hat, f = _operand(qx, cxf, 3, gd)           # (B, M, K)
             gyt, grad_cy = _lsq(y.transpose(1, 2).to(torch.float32), cyf, qyt, ctx.bits,
-                                gf.transpose(1, 2) @ x_hat)
+                                _f32(gm.transpose(1, 2) @ x_hat, f))
             grad_y = gyt.transpose(1, 2).to(y.dtype) if need[1] else None
             grad_cy = grad_cy.reshape(cy.shape) if need[3] else None
         return grad_x, grad_y, grad_cx, grad_cy, None, None

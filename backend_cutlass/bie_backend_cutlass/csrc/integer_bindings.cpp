@@ -1,0 +1,199 @@
+// bie-backend-cutlass, integer family: torch ops under torch.ops.bie_cutlass_integer.
+// Every argument is checked here (TORCH_CHECK raises a Python error); the
+// kernels never see a case they cannot serve.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <mutex>
+#include <vector>
+
+#include "integer_launch.h"
+
+namespace bie_int {
+
+static int sm_count(int device) {
+  static std::mutex mu;
+  static std::vector<int> counts;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device >= static_cast<int>(counts.size())) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    int v = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    counts[device] = v;
+  }
+  return counts[device];
+}
+
+static void check_sm90(const at::Tensor& t) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
+  TORCH_CHECK(major == 9 && minor == 0, "bie_cutlass_integer: the int8 GEMM kernels are built for sm_90 (Hopper); "
+              "this device is sm_", major, minor);
+}
+
+static int out_code_of(const c10::optional<at::ScalarType>& dt) {
+  if (!dt.has_value()) return 0;
+  switch (*dt) {
+    case at::kFloat: return 1;
+    case at::kBFloat16: return 2;
+    case at::kHalf: return 3;
+    default: TORCH_CHECK(false, "bie_cutlass_integer.gemm: out dtype must be float32, bfloat16, float16 or None");
+  }
+  return -1;
+}
+
+static void check_vec(const c10::optional<at::Tensor>& v, const char* name, const at::Tensor& a, int64_t n, int64_t l,
+                      int64_t batch, bool allow_scalar) {
+  if (!v.has_value()) return;
+  const at::Tensor& t = *v;
+  TORCH_CHECK(t.device() == a.device(), "bie_cutlass_integer.gemm: ", name, " must be on the device of a");
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "bie_cutlass_integer.gemm: ", name,
+              " must be a contiguous float32 tensor");
+  TORCH_CHECK(batch >= 0, "bie_cutlass_integer.gemm: negative ", name, " batch stride");
+  if (allow_scalar && t.numel() == 1) {
+    TORCH_CHECK(batch == 0, "bie_cutlass_integer.gemm: a single-value ", name, " needs batch stride 0");
+    return;
+  }
+  TORCH_CHECK(t.numel() >= (l - 1) * batch + n, "bie_cutlass_integer.gemm: ", name, " has ", t.numel(),
+              " elements, the problem reads ", (l - 1) * batch + n);
+}
+
+// a (L, M, K), b (L, N, K) int8, K % 16 == 0 -> (L, M, n_pad) with columns [0, N) written.
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& scale,
+                int64_t scale_batch, const c10::optional<at::Tensor>& bias, int64_t bias_batch,
+                c10::optional<at::ScalarType> out_dtype, int64_t n_pad, int64_t config) {
+  TORCH_CHECK(a.is_cuda() && b.is_cuda() && a.device() == b.device(), "bie_cutlass_integer.gemm: a and b must be on one CUDA device");
+  TORCH_CHECK(a.scalar_type() == at::kChar && b.scalar_type() == at::kChar, "bie_cutlass_integer.gemm: a and b must be int8");
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "bie_cutlass_integer.gemm: a and b must be 3-D (L, M, K) / (L, N, K)");
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), "bie_cutlass_integer.gemm: a and b must be contiguous");
+  const int64_t L = a.size(0), M = a.size(1), K = a.size(2), N = b.size(1);
+  TORCH_CHECK(b.size(0) == L && b.size(2) == K, "bie_cutlass_integer.gemm: shapes ", a.sizes(), " and ", b.sizes(),
+              " do not match");
+  TORCH_CHECK(L > 0 && M > 0 && N > 0 && K > 0, "bie_cutlass_integer.gemm: empty problem");
+  TORCH_CHECK(K % 16 == 0, "bie_cutlass_integer.gemm: K=", K, " must be a multiple of 16 (TMA rows of 16 bytes)");
+  TORCH_CHECK(L < INT_MAX && M < INT_MAX && N < INT_MAX && K < INT_MAX, "bie_cutlass_integer.gemm: dimension too large");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0,
+              "bie_cutlass_integer.gemm: a and b must be 16-byte aligned");
+  TORCH_CHECK(config >= 0 && config < kNumConfigs, "bie_cutlass_integer.gemm: unknown config ", config);
+  const int code = out_code_of(out_dtype);
+  const int64_t align = (code <= 1) ? 4 : 8;
+  TORCH_CHECK(n_pad >= N && n_pad % align == 0, "bie_cutlass_integer.gemm: n_pad=", n_pad, " must be >= N=", N,
+              " and a multiple of ", align);
+  if (code == 0) {
+    TORCH_CHECK(!scale.has_value() && !bias.has_value(), "bie_cutlass_integer.gemm: int32 output takes no scale/bias");
+  }
+  check_vec(scale, "scale", a, N, L, scale_batch, true);
+  check_vec(bias, "bias", a, N, L, bias_batch, false);
+  check_sm90(a);
+  c10::cuda::CUDAGuard guard(a.device());
+
+  const at::ScalarType odt = code == 0 ? at::kInt : *out_dtype;
+  at::Tensor out = at::empty({L, M, n_pad}, a.options().dtype(odt));
+  GemmArgs p;
+  p.a = static_cast<const int8_t*>(a.data_ptr());
+  p.b = static_cast<const int8_t*>(b.data_ptr());
+  p.d = out.data_ptr();
+  p.m = static_cast<int>(M);
+  p.n = static_cast<int>(N);
+  p.k = static_cast<int>(K);
+  p.l = static_cast<int>(L);
+  p.lda = K;
+  p.ldb = K;
+  p.ldd = n_pad;
+  p.batch_a = M * K;
+  p.batch_b = N * K;
+  p.batch_d = M * n_pad;
+  if (scale.has_value()) {
+    p.scale = scale->data_ptr<float>();
+    p.scale_vec = scale->numel() > 1;
+    p.scale_batch = p.scale_vec ? scale_batch : 0;
+  }
+  if (bias.has_value()) {
+    p.bias = bias->data_ptr<float>();
+    p.bias_batch = bias_batch;
+  }
+  p.device = a.get_device();
+  p.sm_count = sm_count(p.device);
+  p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
+  GemmFn fn = gemm_fn(static_cast<int>(config), code);
+  TORCH_CHECK(fn != nullptr, "bie_cutlass_integer.gemm: no instantiation for config ", config, " out ", code);
+  size_t ws = 0;
+  std::string err = fn(p, &ws);
+  TORCH_CHECK(err.empty(), "bie_cutlass_integer.gemm: ", err);
+  at::Tensor workspace;
+  if (ws > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws)}, a.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  err = fn(p, nullptr);
+  TORCH_CHECK(err.empty(), "bie_cutlass_integer.gemm: ", err);
+  return out;
+}
+
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, int64_t bits) {
+  TORCH_CHECK(x.is_cuda() && scale.device() == x.device(), "bie_cutlass_integer.quantize: x and scale on one CUDA device");
+  TORCH_CHECK(x.is_contiguous(), "bie_cutlass_integer.quantize: x must be contiguous");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "bie_cutlass_integer.quantize: scale must be contiguous float32");
+  TORCH_CHECK(bits == 4 || bits == 8, "bie_cutlass_integer.quantize: bits must be 4 or 8");
+  int dt = 0;
+  switch (x.scalar_type()) {
+    case at::kFloat: dt = 1; break;
+    case at::kBFloat16: dt = 2; break;
+    case at::kHalf: dt = 3; break;
+    default: TORCH_CHECK(false, "bie_cutlass_integer.quantize: x must be float32, bfloat16 or float16");
+  }
+  const int64_t n = x.numel();
+  const bool per_row = rows > 1;
+  TORCH_CHECK(rows >= 1, "bie_cutlass_integer.quantize: rows must be >= 1");
+  TORCH_CHECK(per_row ? scale.numel() == rows && n % rows == 0 : scale.numel() == 1,
+              "bie_cutlass_integer.quantize: scale has ", scale.numel(), " elements for rows=", rows);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  if (n == 0) return out;
+  std::string err = launch_quantize(x.data_ptr(), dt, n, scale.data_ptr<float>(), per_row, per_row ? n / rows : 1,
+                                    static_cast<int>(bits), static_cast<int8_t*>(out.data_ptr()),
+                                    c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err.empty(), "bie_cutlass_integer.quantize: ", err);
+  return out;
+}
+
+at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                  int64_t pw, int64_t dh, int64_t dw, int64_t ho, int64_t wo, int64_t kgp) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kChar && x.dim() == 4 && x.is_contiguous(),
+              "bie_cutlass_integer.im2col: x must be a contiguous 4-D int8 CUDA tensor");
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  TORCH_CHECK(groups >= 1 && C % groups == 0, "bie_cutlass_integer.im2col: groups must divide C");
+  TORCH_CHECK(kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0,
+              "bie_cutlass_integer.im2col: bad geometry");
+  TORCH_CHECK(ho >= 1 && wo >= 1 && (ho - 1) * sh + (kh - 1) * dh < H + 2 * ph && (wo - 1) * sw + (kw - 1) * dw < W + 2 * pw,
+              "bie_cutlass_integer.im2col: output size does not match the geometry");
+  TORCH_CHECK(kgp >= (C / groups) * kh * kw, "bie_cutlass_integer.im2col: kgp too small");
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({groups, N * ho * wo, kgp}, x.options());
+  std::string err = launch_im2col(static_cast<const int8_t*>(x.data_ptr()), static_cast<int8_t*>(out.data_ptr()), N, C,
+                                  H, W, groups, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, kgp,
+                                  c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err.empty(), "bie_cutlass_integer.im2col: ", err);
+  return out;
+}
+
+}  // namespace bie_int
+
+TORCH_LIBRARY(bie_cutlass_integer, m) {
+  m.def("gemm(Tensor a, Tensor b, Tensor? scale, int scale_batch, Tensor? bias, int bias_batch, "
+        "ScalarType? out_dtype, int n_pad, int config) -> Tensor");
+  m.def("quantize(Tensor x, Tensor scale, int rows, int bits) -> Tensor");
+  m.def("im2col(Tensor x, int groups, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int ho, "
+        "int wo, int kgp) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
+  m.impl("gemm", &bie_int::gemm);
+  m.impl("quantize", &bie_int::quantize);
+  m.impl("im2col", &bie_int::im2col);
+}

@@ -1,0 +1,127 @@
+// bie-backend-cutlass, integer family: the sm_90 (Hopper) int8 GEMM.
+//
+// CUTLASS 3.x CollectiveBuilder: TMA loads, warp-specialized persistent kernels
+// (cooperative or ping-pong), int8 x int8 -> int32 wgmma (IGMMA in SASS), and an
+// epilogue visitor tree that fuses the whole op epilogue into the TMA store:
+//   int32 out:  D = acc
+//   float out:  D = cvt(fma(float(acc), scale[n], bias[n]))     (scale scalar or per column)
+// 4-bit codes (held in int8) run on the same int8 tensor cores: Hopper has no int4 MMA.
+#pragma once
+#include <type_traits>
+
+#include "integer_launch.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/functional.h>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+namespace bie_int {
+using namespace cute;
+
+template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD>
+struct IGemmSm90 {
+  static constexpr bool kInt = std::is_same_v<ElementD, int32_t>;
+  using LayoutA = cutlass::layout::RowMajor;     // A (M, K), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // B (N, K), K contiguous
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16;
+  static constexpr int kAlignD = 16 / int(sizeof(ElementD));
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  using VecStride = Stride<_0, bool, int64_t>;   // (row: broadcast, column: vector or scalar, batch)
+  using Vec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, VecStride>;
+  using ScaledEVT = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>,
+      cutlass::epilogue::fusion::Sm90AccFetch, Vec, Vec>;
+  using IntEVT = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, int32_t, int32_t, kRound>,
+      cutlass::epilogue::fusion::Sm90AccFetch>;
+  using EVT = std::conditional_t<kInt, IntEVT, ScaledEVT>;
+  using ElementCompute = std::conditional_t<kInt, int32_t, float>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, ElementCompute,
+      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, LayoutA, kAlignAB, int8_t, LayoutB, kAlignAB,
+      int32_t, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      MainSched>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments arguments(const GemmArgs& p) {
+    using StrideA = typename Gemm::GemmKernel::StrideA;
+    using StrideB = typename Gemm::GemmKernel::StrideB;
+    using StrideD = typename Gemm::GemmKernel::StrideD;
+    StrideA sA = make_stride(p.lda, _1{}, p.batch_a);
+    StrideB sB = make_stride(p.ldb, _1{}, p.batch_b);
+    StrideD sD = make_stride(p.ldd, _1{}, p.batch_d);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = p.device;
+    hw.sm_count = p.sm_count;
+    typename Gemm::Arguments args{
+        p.l > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.m, p.n, p.k, p.l},
+        {p.a, sA, p.b, sB},
+        {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD},
+        hw};
+    if constexpr (!kInt) {
+      args.epilogue.thread = {
+          {},                                                                     // acc
+          {p.scale, 1.0f, VecStride{_0{}, p.scale_vec, p.scale_batch}},          // scale (nullptr: 1)
+          {p.bias, 0.0f, VecStride{_0{}, true, p.bias_batch}},                   // bias (nullptr: 0)
+          {}};                                                                    // fma
+    }
+    return args;
+  }
+
+  static std::string run(const GemmArgs& p, size_t* ws) {
+    typename Gemm::Arguments args = arguments(p);
+    if (ws != nullptr) {
+      *ws = Gemm::get_workspace_size(args);
+      return "";
+    }
+    Gemm gemm;
+    cutlass::Status st = gemm.can_implement(args);
+    if (st != cutlass::Status::kSuccess)
+      return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(st);
+    st = gemm.initialize(args, p.workspace, p.stream);
+    if (st != cutlass::Status::kSuccess)
+      return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(st);
+    st = gemm.run(p.stream);
+    if (st != cutlass::Status::kSuccess)
+      return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(st);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return std::string("CUDA error after the GEMM launch: ") + cudaGetErrorString(e);
+    return "";
+  }
+};
+
+// The configurations (ids as in integer.py's CONFIGS).
+#define BIE_INT_CFG_c128x256                                                                       \
+  Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative
+#define BIE_INT_CFG_p64x128                                                                      \
+  Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
+      cutlass::epilogue::TmaWarpSpecialized
+
+#define BIE_INT_DEFINE(cfg, out, T)                                            \
+  std::string igemm_##cfg##_##out(const GemmArgs& p, size_t* ws) {             \
+    return IGemmSm90<BIE_INT_CFG_##cfg, T>::run(p, ws);                         \
+  }
+
+}  // namespace bie_int

@@ -1,0 +1,236 @@
+"""bie-backend-cutlass integer kernels (int_gemm, int_bmm, int_conv2d, quantize_int) against the
+plain-PyTorch reference on fresh random inputs.
+
+Without CUDA, an sm_90 GPU or the CUTLASS headers and nvcc, only the packaging
+checks run; the kernel checks skip.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
+                                reason="bie-backend-cutlass is not installed")
+
+
+def _gpu_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "the integer kernels are built for sm_90"
+    from bie_backend_cutlass import descriptor
+    return descriptor.backend.probe()
+
+
+_REASON = _gpu_reason() if importlib.util.find_spec("bie_backend_cutlass") else "not installed"
+needs_sm90 = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+OUTS = [None, torch.float32, torch.bfloat16, torch.float16]
+
+
+def _ref():
+    from bie_backend_cpu.reference import integer
+    return integer
+
+
+def _codes(shape, bits, gen):
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    t = torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int32)
+    if t.numel() >= 2:
+        t.view(-1)[0], t.view(-1)[-1] = lo, hi
+    return t.to(torch.int8)
+
+
+def _cpu(t):
+    return None if t is None else t.detach().cpu()
+
+
+def _check(out, exp, out_dtype):
+    assert out.dtype == exp.dtype and tuple(out.shape) == tuple(exp.shape) and out.is_contiguous()
+    if out_dtype is None:
+        assert torch.equal(out.cpu(), exp), (out.cpu() - exp).abs().max()
+    else:
+        tol = (1e-6, 1e-6) if out_dtype is torch.float32 else (1e-2, 1e-2)
+        torch.testing.assert_close(out.cpu().double(), exp.double(), rtol=tol[0], atol=tol[1])
+
+
+# ------------------------------------------------------------- packaging (CPU)
+def test_import_compiles_nothing_and_sources_exist():
+    from bie_backend_cutlass import _build, integer
+    assert integer.EXTENSION.family == "integer"
+    for name in integer.EXTENSION.sources + integer.EXTENSION.headers:
+        assert (_build.CSRC / name).exists(), name
+    assert "integer" not in _build._loaded
+
+
+def test_capabilities_are_honest():
+    from bie_backend_cutlass import integer
+    regs = {}
+
+    class Reg:
+        def register(self, op, fn, **kw):
+            regs[op] = kw
+    integer.register(Reg(), 200)
+    assert set(regs) == {"int_gemm", "int_bmm", "int_conv2d", "quantize_int"}
+    for op, kw in regs.items():
+        cap = kw["capability"]
+        assert cap.devices == ("cuda",) and cap.compute_capability == ((9, 0), (9, 0)), op
+        if op != "quantize_int":
+            assert cap.max_dims["K"] == (2 ** 31 - 1) // (128 * 128), op  # exact int32 accumulation
+
+
+# ------------------------------------------------------------------ kernels
+GEMM_SHAPES = [(1, 1, 1), (1, 64, 64), (1, 33, 7), (3, 5, 7), (7, 33, 130), (16, 64, 128), (65, 17, 1000),
+               (128, 96, 512), (2, 8, 8191), (1, 256, 4096), (300, 257, 272), (257, 520, 1040), (512, 384, 4096)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (8, 4)])
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
+def test_int_gemm_int32_bit_exact(bits, shape):
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(hash((bits, shape)) % 2 ** 31)
+    m, n, k = shape
+    a, b = _codes((m, k), bits[0], gen), _codes((n, k), bits[1], gen)
+    out = integer.int_gemm(a.cuda(), b.cuda(), *bits, None, None, None, prepared=integer.prepare_gemm(b.cuda()))
+    _check(out, ref.int_gemm(a, b, *bits, None, None, None), None)
+
+
+@needs_sm90
+@pytest.mark.parametrize("out_dtype", OUTS[1:])
+@pytest.mark.parametrize("per_channel,with_bias", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("shape", [(1, 33, 7), (5, 17, 100), (129, 257, 4096), (64, 1, 16)])
+def test_int_gemm_fused_epilogue(out_dtype, per_channel, with_bias, shape):
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(7)
+    m, n, k = shape
+    a, b = _codes((m, k), 8, gen), _codes((n, k), 4, gen)
+    scale = torch.rand((n,) if per_channel else (), generator=gen) * 0.01 + 1e-4
+    bias = torch.randn(n, generator=gen) if with_bias else None
+    out = integer.int_gemm(a.cuda(), b.cuda(), 8, 4, scale.cuda(), None if bias is None else bias.cuda(), out_dtype)
+    _check(out, ref.int_gemm(a, b, 8, 4, scale, bias, out_dtype), out_dtype)
+
+
+@needs_sm90
+def test_int_gemm_noncontiguous_and_misaligned_inputs():
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(3)
+    a = _codes((40, 161), 8, gen)
+    b = _codes((24, 161), 8, gen)
+    ag = a.cuda()[:, 1:]            # data pointer off by one byte, row stride 161
+    bg = b.cuda()[::2, :]           # every other row
+    out = integer.int_gemm(ag, bg, 8, 8, None, None, None)
+    _check(out, ref.int_gemm(a[:, 1:], b[::2, :], 8, 8, None, None, None), None)
+
+
+@needs_sm90
+@pytest.mark.parametrize("out_dtype", OUTS)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 5, 7), (3, 16, 16, 64), (4, 65, 33, 130), (2, 128, 256, 512)])
+def test_int_bmm(out_dtype, shape):
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(11)
+    bs, m, n, k = shape
+    a, b = _codes((bs, m, k), 4, gen), _codes((bs, n, k), 4, gen)
+    scale = None if out_dtype is None else torch.rand((), generator=gen) * 0.01 + 1e-3
+    out = integer.int_bmm(a.cuda(), b.cuda(), 4, 4, _cuda(scale), out_dtype)
+    _check(out, ref.int_bmm(a, b, 4, 4, scale, out_dtype), out_dtype)
+
+
+def _cuda(t):
+    return None if t is None else t.cuda()
+
+
+CONV = [  # n, c, h, w, o, k, stride, padding, dilation, groups
+    (1, 1, 5, 5, 1, (3, 3), (1, 1), (0, 0), (1, 1), 1),
+    (2, 3, 7, 6, 5, (3, 2), (1, 2), (1, 1), (1, 1), 1),
+    (2, 4, 9, 9, 6, (3, 3), (2, 2), (2, 1), (2, 1), 2),
+    (1, 8, 6, 6, 8, (3, 3), (1, 1), (1, 1), (1, 1), 8),      # depthwise
+    (3, 16, 8, 8, 32, (1, 1), (2, 2), (0, 0), (1, 1), 1),    # 1x1 shortcut, stride 2
+    (4, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),  # ResNet block
+    (2, 6, 5, 9, 9, (5, 3), (1, 1), (2, 0), (1, 3), 3),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("geom", CONV)
+def test_int_conv2d(bits, geom):
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    n, c, h, w_, o, ks, st, pd, dl, g = geom
+    gen = torch.Generator().manual_seed(5)
+    x = _codes((n, c, h, w_), bits, gen)
+    w = _codes((o, c // g) + ks, bits, gen)
+    args = (bits, bits, list(st), list(pd), list(dl), g)
+    out = integer.int_conv2d(x.cuda(), w.cuda(), *args, None, None, None,
+                             prepared=integer.prepare_conv(w.cuda(), groups=g))
+    _check(out, ref.int_conv2d(x, w, *args, None, None, None), None)
+    scale = torch.rand(o, generator=gen) * 0.01 + 1e-4
+    bias = torch.randn(o, generator=gen)
+    for dt in OUTS[1:]:
+        out = integer.int_conv2d(x.cuda(), w.cuda(), *args, scale.cuda(), bias.cuda(), dt)
+        _check(out, ref.int_conv2d(x, w, *args, scale, bias, dt), dt)
+    # channels_last input is read as the NCHW tensor it is
+    xl = x.cuda().to(memory_format=torch.channels_last)
+    _check(integer.int_conv2d(xl, w.cuda(), *args, None, None, None), ref.int_conv2d(x, w, *args, None, None, None),
+           None)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantize_int_bit_exact(dtype, bits):
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(13)
+    x = (torch.randn(33, 70, generator=gen) * 40).to(dtype)
+    x.view(-1)[:6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5, 1.5, -2.5]).to(dtype)
+    for scale in (torch.tensor(0.37), torch.rand(33, 1, generator=gen) + 0.1, torch.tensor([[0.5]])):
+        out = integer.quantize_int(x.cuda(), scale.cuda(), bits)
+        assert torch.equal(out.cpu(), ref.quantize_int(x, scale, bits))
+    s = torch.rand(70, generator=gen) + 0.1     # a broadcast the kernel does not fuse: still exact
+    assert torch.equal(integer.quantize_int(x.cuda(), s.cuda(), bits).cpu(), ref.quantize_int(x, s, bits))
+
+
+@needs_sm90
+def test_dispatcher_routes_to_cutlass_and_tunes():
+    import bie_core
+    from bie_backend_cutlass import tuning
+    gen = torch.Generator().manual_seed(17)
+    a, b = _codes((256, 512), 8, gen).cuda(), _codes((128, 512), 8, gen).cuda()
+    with bie_core.use_backend("cutlass"):    # explicit means strict: served by cutlass or an error
+        y = bie_core.ops.int_gemm(a, b, 8, 8, None, None, None)
+    assert torch.equal(y.cpu(), _ref().int_gemm(a.cpu(), b.cpu(), 8, 8, None, None, None))
+    table, _ = tuning._table(None)
+    assert any(k.startswith("int_gemm_sm90/") for k in table)
+
+
+@needs_sm90
+@pytest.mark.parametrize("w_bits,a_bits,per_channel", [(8, 8, False), (4, 4, True)])
+def test_qlinear_trains_on_cutlass_bf16(w_bits, a_bits, per_channel):
+    """A bf16 QLinear step on the GPU against the float32 STE reference of the same quantized math."""
+    import _qat_ref as ref
+    from bie_core import QLinear
+    torch.manual_seed(0)
+    layer = QLinear(256, 192, w_bits=w_bits, a_bits=a_bits, bias=True, per_channel=per_channel,
+                    backend="cutlass", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    xl = x.clone().requires_grad_()
+    y = layer(xl)
+    g = torch.randn_like(y)
+    (y.float() * g.float()).sum().backward()
+    rp = ref.leaves(x.float(), layer.weight.float(), layer.act_shift.float(), layer.act_scale.float(),
+                    layer.weight_scale.float(), layer.bias.float())
+    yr = ref.q_linear(*rp, w_bits=w_bits, a_bits=a_bits, per_channel=per_channel)
+    torch.testing.assert_close(y.float(), yr, rtol=2e-2, atol=2e-2)
+    (yr * g.float()).sum().backward()
+    for mine, theirs in zip([xl, layer.weight, layer.act_shift, layer.bias], [rp[0], rp[1], rp[2], rp[5]]):
+        d = (mine.grad.float() - theirs.grad).norm() / theirs.grad.norm().clamp_min(1e-12)
+        assert d < 2e-2, d
+    for mine, theirs in zip([layer.act_scale, layer.weight_scale], [rp[3], rp[4]]):
+        torch.testing.assert_close(mine.grad.float(), theirs.grad, rtol=5e-2, atol=5e-2 * theirs.grad.abs().max())
