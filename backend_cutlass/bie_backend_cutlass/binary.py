@@ -1,10 +1,323 @@
-"""Binary kernels (binary_gemm, binary_linear, binary_bmm, binary_conv2d) — IN PROGRESS."""
+"""Binary kernels of bie-backend-cutlass: binary_gemm, binary_linear, binary_bmm, binary_conv2d.
+
+One CUTLASS 2.x ``GemmUniversal`` (``cutlass::uint1b_t``, A row-major / B column-major,
+``arch::OpAndPopc`` = mma.sync m16n8k256 ``.and.popc``, int32 accumulation) serves every op.
+XOR+popc is emulated on sm_90 (6.5x slower), so the +-1 dot product comes from AND counts:
+
+    dot = 4 popc(a & w) - 2 popc(a) - 2 popc(w) + K
+
+Bits past the true K are zero on both operands (K is padded to a multiple of 128 bits), so the
+padding never counts. The correction, the scale(s), the bias and the output dtype are one fused
+epilogue visitor (``csrc/binary_gemm.cuh``) fed with a per-row and a per-column int32 term:
+``popc(w)`` is computed once per weight version (prepare), ``popc(a)`` by the kernel that packs
+the activations (or, for already packed operands, by a small popcount pass).
+
+binary_conv2d: the input is packed once along channels (sign bits, NCHW or channels_last, any
+strides), an im2col kernel writes each output pixel's window as one row of bits in (tap, channel)
+order with the padding bits of pad_value (0 bits = -1, 1 bits = +1; pad_value 0 = the average of
+both, as a doubled K), and the same GEMM runs with A = the weights (reordered at prepare to the
+same K order), B = the windows, and the epilogue writes NCHW directly (no transpose pass).
+
+No host synchronisation anywhere: only shapes, strides and pointers are inspected on the host.
+"""
 from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
 
 from ._build import Extension
 
-EXTENSION = Extension(family="binary", sources=("binary_bindings.cpp",))
+_GEMM_SOURCES = tuple(f"binary_gemm_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
+EXTENSION = Extension(family="binary", sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES,
+                      headers=("binary_common.h", "binary_gemm.cuh"))
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+PACKABLE = FLOATS + (torch.int8,)
+# 1-bit AND+popc MMA: sm_80 .. sm_90 (CUTLASS enables it up to sm_90; later GPUs have no b1 MMA)
+CC = ((8, 0), (9, 0))
+# tile configurations (binary_common.h): threadblock M x N (x 512 bits of K)
+CONFIGS = ("128x256", "128x128", "64x128")
+_MAX_ROWS = 2 ** 31 - 1
+
+
+def _ops():
+    from . import _build
+    return _build.ops(EXTENSION)
+
+
+def kpad(k: int) -> int:
+    """K rounded up to the 128-bit alignment of the 1-bit GEMM."""
+    return (k + 127) // 128 * 128
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def _vec(t):
+    if t is None:
+        return None
+    t = t.reshape(-1)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# ------------------------------------------------------------------ tile choice
+def _p2(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _default_order(m: int, n: int, batch: int, device) -> list[int]:
+    sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
+    big = -(-m // 128) * -(-n // 256) * batch
+    if m <= 64:
+        first = 2
+    elif big >= sms:
+        first = 0
+    else:
+        first = 1
+    return [first] + [c for c in range(len(CONFIGS)) if c != first]
+
+
+def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
+    """Runs the GEMM with the tile configuration tuning.choose picks for this shape bucket."""
+    forced = os.environ.get("BIE_CUTLASS_BINARY_TILE")
+    if forced:
+        _ops().gemm(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(forced))
+        return
+    from . import tuning
+    m, n, k, batch = geo[0], geo[1], geo[2], geo[3]
+    bucket = f"{str(out.dtype)[6:]}/M{_p2(m)}/N{_p2(n)}/K{_p2(k)}/B{_p2(batch)}"
+    g = _ops().gemm
+    cands = [(CONFIGS[c], (lambda c=c: g(a, b, row_term, col_term, s1, s2, bias, out, geo, c)))
+             for c in _default_order(m, n, batch, out.device)]
+    name = tuning.choose(op, bucket, cands, device=out.device)
+    g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
+
+
+# ------------------------------------------------------------------ packed operands
+def _rows(t: torch.Tensor, k: int, c0: int, c1: int, copies: int = 1):
+    """Packed rows t (B, R, KB) -> (bits, term, ld bits, batch stride bytes) for the GEMM.
+
+    The rows are used in place when the GEMM can read them (16-byte aligned rows, K % 8 == 0 so
+    there are no pad bits to mask, KB % 16 == 0); otherwise they are copied (masked, zero-padded
+    to kpad(k) bits). term[r] = c0 + c1 * popc(row r)."""
+    nb, r, kb = t.shape
+    kp = kpad(k)
+    term = torch.empty(nb * r, dtype=torch.int32, device=t.device)
+    ld = t.stride(1) * 8 if r > 1 else kp
+    bs = t.stride(0) if nb > 1 else 0
+    direct = (copies == 1 and k % 8 == 0 and kb % 16 == 0 and (t.stride(2) == 1 or kb == 1) and ld % 128 == 0
+              and (r == 1 or t.stride(1) >= kb)
+              and bs % 16 == 0 and _aligned(t))
+    if direct:
+        _ops().rows(t, None, term, k, kb, 1, c0, c1)
+        return t, term, ld, bs
+    out = torch.empty((nb * r, copies * kp // 8), dtype=torch.uint8, device=t.device)
+    _ops().rows(t, out, term, k, kp // 8, copies, c0, c1)
+    return out, term, copies * kp, r * copies * kp // 8
+
+
+class PreparedSigns:
+    """Holder of one packed weight (rows of sign bits, canonical layout) and the layouts derived
+    from it, built on first use for each K / conv geometry (prepare only sees the weight)."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w
+        self._cache: dict = {}
+
+    def gemm(self, k: int):
+        """(bits, -2 popc(w) per row, ld bits) for binary_gemm / binary_linear."""
+        hit = self._cache.get(("gemm", k))
+        if hit is None:
+            bits, term, ld, _ = _rows(self.w.unsqueeze(0), k, 0, -2)
+            hit = self._cache[("gemm", k)] = (bits, term, ld)
+        return hit
+
+    def conv(self, cg: int, kh: int, kw: int, copies: int):
+        """Weights reordered to (tap, channel word) K order, padded to kpad, `copies` times."""
+        key = ("conv", cg, kh, kw, copies)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = _conv_weight(self.w, cg, kh, kw, copies)
+        return hit
+
+
+def prepare_weight(w: torch.Tensor) -> PreparedSigns:
+    return PreparedSigns(w)
+
+
+def unprepare_weight(p: PreparedSigns):
+    return (p.w,)
+
+
+def _conv_weight(w: torch.Tensor, cg: int, kh: int, kw: int, copies: int):
+    o, kb = w.shape
+    k = cg * kh * kw
+    cgw = -(-cg // 32)
+    words = -(-(kh * kw * cgw) // 4) * 4  # per copy, a multiple of 128 bits
+    shifts = torch.arange(8, device=w.device, dtype=torch.uint8)
+    bits = ((w.unsqueeze(-1) >> shifts) & 1).reshape(o, kb * 8)[:, :k]
+    t = bits.reshape(o, cg, kh, kw).permute(0, 2, 3, 1)                       # (O, kh, kw, Cg)
+    t = F.pad(t, (0, cgw * 32 - cg)).reshape(o, kh * kw * cgw * 32)
+    t = F.pad(t, (0, words * 32 - t.shape[1]))
+    packed = (t.reshape(o, words * 4, 8) << shifts).sum(-1, dtype=torch.uint8)
+    term = (t.sum(1, dtype=torch.int32) * (-2 * copies)).to(torch.int32).contiguous()
+    if copies == 2:
+        packed = torch.cat([packed, packed], 1)
+    return packed.contiguous(), term, words
+
+
+# ------------------------------------------------------------------ ops
+def _empty_out(shape, out_dtype, device):
+    return torch.empty(shape, dtype=torch.int32 if out_dtype is None else out_dtype, device=device)
+
+
+def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
+    p = prepared if prepared is not None else prepare_weight(b)
+    m, n = a.shape[0], b.shape[0]
+    out = _empty_out((m, n), out_dtype, a.device)
+    if m == 0 or n == 0:
+        return out
+    wb, wterm, ldb = p.gemm(k)
+    ab, aterm, lda, _ = _rows(a.unsqueeze(0), k, k, -2)
+    geo = [m, n, kpad(k), 1, lda, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
+    _run_gemm("binary_gemm", ab, wb, aterm, wterm, _vec(scale), None, _vec(bias), out, geo)
+    return out
+
+
+def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """sgn(x + shift) packed with popc per row in one kernel, then the GEMM with
+    scale = float32(act_scale) * float32(w_scale) in the epilogue (as linear_scale)."""
+    p = prepared if prepared is not None else prepare_weight(w)
+    m, n = x.shape[0], w.shape[0]
+    out = _empty_out((m, n), out_dtype, x.device)
+    if m == 0 or n == 0:
+        return out
+    wb, wterm, ldb = p.gemm(k)
+    kp = kpad(k)
+    words = torch.empty((m, kp // 32), dtype=torch.int32, device=x.device)
+    aterm = torch.empty(m, dtype=torch.int32, device=x.device)
+    sh = None if shift is None else shift.reshape(-1).to(x.dtype)
+    _ops().pack_act(x, sh, words, aterm, k)
+    geo = [m, n, kp, 1, kp, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
+    _run_gemm("binary_linear", words, wb, aterm, wterm, _vec(act_scale), _vec(w_scale), _vec(bias), out, geo)
+    return out
+
+
+def binary_bmm(a, b, k, scale, out_dtype):
+    bs, m, _ = a.shape
+    n = b.shape[1]
+    out = _empty_out((bs, m, n), out_dtype, a.device)
+    if bs == 0 or m == 0 or n == 0:
+        return out
+    ab, aterm, lda, a_bs = _rows(a, k, k, -2)
+    bb, bterm, ldb, b_bs = _rows(b, k, 0, -2)
+    geo = [m, n, kpad(k), bs, lda, ldb, a_bs, b_bs, m, n, 0, 0, 0, m * n, n, 0, 0]
+    _run_gemm("binary_bmm", ab, bb, aterm, bterm, _vec(scale), None, None, out, geo)
+    return out
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  prepared=None):
+    from bie_core.ops.binary import conv_out_size
+    p = prepared if prepared is not None else prepare_weight(w)
+    nimg, c, h, wd = x.shape
+    o = w.shape[0]
+    kh, kw = kernel_size
+    g = groups
+    cg, og = c // g, o // g
+    ho = conv_out_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = conv_out_size(wd, kw, stride[1], padding[1], dilation[1])
+    out = _empty_out((nimg, o, ho, wo), out_dtype, x.device)
+    if nimg == 0 or o == 0:
+        return out
+    copies = 2 if pad_value == 0 else 1
+    pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
+    k = cg * kh * kw
+    cgw = -(-cg // 32)
+    wb, wterm, words = p.conv(cg, kh, kw, copies)
+    xb = torch.empty((nimg * h * wd, g * cgw), dtype=torch.int32, device=x.device)
+    _ops().pack_channels(x, xb, g, cgw)
+    P = ho * wo
+    np_ = nimg * P
+    cols = torch.empty((g * np_, copies * words), dtype=torch.int32, device=x.device)
+    cterm = torch.empty(g * np_, dtype=torch.int32, device=x.device)
+    _ops().gather(xb, cols, cterm, [nimg, h, wd, g, cg, cgw, kh, kw, stride[0], stride[1], padding[0], padding[1],
+                                    dilation[0], dilation[1], ho, wo, words, copies, pad_mode, copies * k])
+    kbits = copies * words * 32
+    row_bytes = kbits // 8
+    geo = [og, np_, kbits, g, kbits, kbits, og * row_bytes, np_ * row_bytes, og, np_, 1, og, int(copies == 2),
+           og * P, P, P, o * P]
+    _run_gemm("binary_conv2d", wb, cols, wterm, cterm, _vec(scale), None, _vec(bias), out, geo)
+    return out
+
+
+# ------------------------------------------------------------------ capabilities
+def _gemm_check(p):
+    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
+    if kpad(k) >= 2 ** 31 or m > _MAX_ROWS or n > 2 ** 24:
+        return f"M={m} N={n} K={k} outside the 32-bit GEMM index range served"
+    b = p.dims.get("B")
+    if b is not None and b > 65535:
+        return f"B={b} > 65535 (grid z limit)"
+    return None
+
+
+def _conv_check(p):
+    d = p.dims
+    n, c, h, w, o = d["N"], d["C"], d["H"], d["W"], d["O"]
+    g = p.attrs.get("groups", 1)
+    kh, kw = d["KH"], d["KW"]
+    st, pd, dl = p.attrs["stride"], p.attrs["padding"], p.attrs["dilation"]
+    ho = (h + 2 * pd[0] - dl[0] * (kh - 1) - 1) // st[0] + 1
+    wo = (w + 2 * pd[1] - dl[1] * (kw - 1) - 1) // st[1] + 1
+    cgw = -(-(c // g) // 32)
+    words = -(-(kh * kw * cgw) // 4) * 4
+    if g > 65535:
+        return f"groups={g} > 65535"
+    if n * ho * wo > 2 ** 24 or n * h * w * g * cgw >= 2 ** 31 or words * 64 >= 2 ** 31:
+        return f"conv of {n}x{c}x{h}x{w} (output {ho}x{wo}) outside the 32-bit index range served"
+    if o > _MAX_ROWS:
+        return f"O={o} too large"
+    return None
 
 
 def register(registry, priority: int) -> None:
-    pass
+    from bie_core import Capability
+    from bie_core.ops import get_op
+
+    cuda = ("cuda",)
+    registry.register("binary_gemm", binary_gemm, priority=priority, name="binary_gemm",
+                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
+                      prepare=prepare_weight, unprepare=unprepare_weight,
+                      description="CUTLASS GemmUniversal uint1b AND+popc (mma m16n8k256), popcount correction + "
+                                  "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU")
+    try:
+        get_op("binary_linear")
+        has_linear = True
+    except KeyError:
+        has_linear = False
+    if has_linear:
+        registry.register("binary_linear", binary_linear, priority=priority, name="binary_linear",
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC,
+                                                check=_gemm_check),
+                          prepare=prepare_weight, unprepare=unprepare_weight,
+                          description="one kernel packs sgn(x + shift) and popc(x) per row, then the CUTLASS "
+                                      "1-bit GEMM with scale = sa*sw, bias and dtype in the epilogue")
+    registry.register("binary_bmm", binary_bmm, priority=priority, name="binary_bmm",
+                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
+                      description="batched CUTLASS 1-bit GEMM (AND+popc), per-batch popcount terms")
+    registry.register("binary_conv2d", binary_conv2d, priority=priority, name="binary_conv2d",
+                      capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=CC, check=_conv_check),
+                      prepare=prepare_weight, unprepare=unprepare_weight,
+                      description="channel packing + im2col of sign bits (pad -1/+1 as 0/1 bits, pad 0 as the "
+                                  "average via a doubled K), CUTLASS 1-bit GEMM writing NCHW from its epilogue; "
+                                  "any kernel/stride/padding/dilation/groups, NCHW or channels_last input")

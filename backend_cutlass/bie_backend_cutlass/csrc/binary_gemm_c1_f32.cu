@@ -1,0 +1,3 @@
+// Binary GEMM instantiation: tile configuration 1, output f32 (see binary_gemm.cuh).
+#include "binary_gemm.cuh"
+BIE_BGEMM_DEFINE(bgemm_c1_f32, BIE_BGEMM_CFG1, float)

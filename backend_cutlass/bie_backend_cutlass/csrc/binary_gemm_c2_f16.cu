@@ -1,0 +1,3 @@
+// Binary GEMM instantiation: tile configuration 2, output f16 (see binary_gemm.cuh).
+#include "binary_gemm.cuh"
+BIE_BGEMM_DEFINE(bgemm_c2_f16, BIE_BGEMM_CFG2, cutlass::half_t)

@@ -1,0 +1,248 @@
+"""bie-backend-cutlass, binary family: kernels against the plain-PyTorch reference.
+
+Fresh random inputs each run; odd shapes (M=1, K not a multiple of 128, N odd), every output
+dtype, scalar and per-channel scales, bias, every conv pad value, channels_last and int8 inputs,
+groups, stride and dilation. Integer counts must be bit-exact, and so must the float outputs
+(the epilogue rounds exactly as the reference: float32(dot) * scale, then + bias, then the cast).
+
+Without CUDA, or without the CUTLASS headers / compiler, only the light checks run.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
+                                reason="bie-backend-cutlass is not installed")
+
+
+def _usable() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    from bie_backend_cutlass import descriptor
+    reason = descriptor.backend.probe()
+    if reason:
+        return reason
+    if not ((8, 0) <= torch.cuda.get_device_capability() <= (9, 0)):
+        return "no 1-bit AND+popc MMA on this GPU"
+    return None
+
+
+needs_kernels = pytest.mark.skipif(_usable() is not None, reason=str(_usable()))
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def test_import_is_light():
+    import bie_backend_cutlass.binary as b  # noqa: F401 - importing compiles nothing
+    from bie_backend_cutlass import _build
+    assert "binary" not in _build._loaded
+    assert b.kpad(1) == 128 and b.kpad(128) == 128 and b.kpad(129) == 256
+
+
+def _ref():
+    from bie_backend_cpu.reference import binary
+    return binary
+
+
+def _bits(shape, k, gen):
+    from bie_core.ops._common import randbits
+    return randbits(shape, device="cuda", gen=gen, k=k)
+
+
+def _same(out, ref, what):
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (what, out.dtype, ref.dtype, out.shape, ref.shape)
+    assert out.is_contiguous(), what
+    if not torch.equal(out, ref):
+        diff = (out.double() - ref.double()).abs()
+        raise AssertionError(f"{what}: {int((diff > 0).sum())} of {diff.numel()} elements differ, "
+                             f"max |diff| {float(diff.max())}")
+
+
+GEMM_SHAPES = [(1, 1, 1), (1, 64, 4096), (1, 257, 300), (3, 5, 7), (7, 33, 130), (33, 17, 1000), (64, 96, 512),
+               (129, 255, 1023), (200, 64, 2048), (300, 130, 4100), (2, 8, 8191)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n,k", GEMM_SHAPES)
+def test_binary_gemm(m, n, k):
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    gen = torch.Generator().manual_seed(m * 7919 + n * 31 + k)
+    a, b = _bits((m, (k + 7) // 8), k, gen), _bits((n, (k + 7) // 8), k, gen)
+    _same(cb.binary_gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), "count")
+    for i, dt in enumerate(FLOATS):
+        per = (i + m) % 2 == 0
+        scale = (torch.rand((n,) if per else (), generator=gen) + 0.05).to("cuda", FLOATS[(i + 1) % 3])
+        bias = torch.randn(n, generator=gen).to("cuda", FLOATS[(i + 2) % 3]) if i != 1 else None
+        p = cb.prepare_weight(b)
+        _same(cb.binary_gemm(a, b, k, scale, bias, dt, prepared=p), rb.binary_gemm(a, b, k, scale, bias, dt),
+              f"{dt} per_channel={per}")
+        _same(cb.binary_gemm(a, b, k, None, None, dt, prepared=p), rb.binary_gemm(a, b, k, None, None, dt),
+              f"{dt} no scale")
+
+
+@needs_kernels
+@pytest.mark.parametrize("tile", ["128x256", "128x128", "64x128"])
+def test_every_tile_config(tile, monkeypatch):
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    gen = torch.Generator().manual_seed(5)
+    for (m, n, k) in [(1, 3, 5), (130, 260, 1500), (257, 129, 4096)]:
+        a, b = _bits((m, (k + 7) // 8), k, gen), _bits((n, (k + 7) // 8), k, gen)
+        for dt in (None,) + FLOATS:
+            s = None if dt is None else torch.rand(n, generator=gen).cuda()
+            _same(cb.binary_gemm(a, b, k, s, None, dt), rb.binary_gemm(a, b, k, s, None, dt), f"{tile} {dt}")
+
+
+@needs_kernels
+def test_binary_gemm_views_and_garbage_pad_bits():
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    gen = torch.Generator().manual_seed(3)
+    k = 1001
+    kb = (k + 7) // 8
+    a = _bits((9, 3 * kb), 3 * kb * 8, gen)[:, kb:2 * kb]          # unaligned view
+    b = _bits((5, kb), k, gen)
+    a2 = a.clone()
+    a2[:, -1] |= 0xF0                                                 # non-zero pad bits must not count
+    _same(cb.binary_gemm(a2, b, k, None, None, None), rb.binary_gemm(a2, b, k, None, None, None), "pad bits")
+    _same(cb.binary_gemm(a, b.t().contiguous().t(), k, None, None, None),
+          rb.binary_gemm(a, b, k, None, None, None), "column-major weight view")
+
+
+@needs_kernels
+@pytest.mark.parametrize("m,n,k", [(1, 64, 4096), (3, 5, 7), (17, 33, 100), (64, 129, 1024), (256, 96, 640)])
+def test_binary_linear(m, n, k):
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    gen = torch.Generator().manual_seed(m + n + k)
+    w = _bits((n, (k + 7) // 8), k, gen)
+    for i, dt in enumerate(FLOATS):
+        x = torch.randn((m, 2 * k), generator=gen).to("cuda", dt)[:, ::2] if i == 1 else \
+            torch.randn((m, k), generator=gen).to("cuda", dt)
+        x[torch.rand(x.shape, generator=gen).cuda() < 0.05] = 0
+        shift = (torch.randn(k, generator=gen) * 0.3).to("cuda", FLOATS[(i + 1) % 3])
+        shift[:2] = -x[0, :2].to(shift.dtype)
+        sa = (torch.rand((), generator=gen) + 0.1).to("cuda", dt)
+        sw = (torch.rand((n,) if i != 2 else (), generator=gen) + 0.1).cuda()
+        bias = torch.randn(n, generator=gen).to("cuda", dt) if i != 0 else None
+        _same(cb.binary_linear(x, shift, w, k, sa, sw, bias, dt), rb.binary_linear(x, shift, w, k, sa, sw, bias, dt),
+              f"{dt}")
+        _same(cb.binary_linear(x, None, w, k, None, None, None, None),
+              rb.binary_linear(x, None, w, k, None, None, None, None), f"{dt} count")
+
+
+@needs_kernels
+@pytest.mark.parametrize("bs,m,n,k", [(1, 1, 1, 1), (2, 3, 5, 7), (3, 16, 16, 64), (4, 9, 33, 200),
+                                      (2, 64, 64, 1024), (5, 130, 70, 2048)])
+def test_binary_bmm(bs, m, n, k):
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    gen = torch.Generator().manual_seed(bs + m + n + k)
+    a = _bits((bs, m, (k + 7) // 8), k, gen)
+    b = _bits((bs, n, (k + 7) // 8), k, gen)
+    _same(cb.binary_bmm(a, b, k, None, None), rb.binary_bmm(a, b, k, None, None), "count")
+    s = (torch.rand((), generator=gen) + 0.1).cuda()
+    for dt in FLOATS:
+        _same(cb.binary_bmm(a, b, k, s, dt), rb.binary_bmm(a, b, k, s, dt), str(dt))
+
+
+CONV = [
+    # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
+    (1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    (2, 3, 7, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (1, 8, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+    (2, 16, 8, 8, 8, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    (1, 5, 11, 6, 3, (3, 2), (2, 1), (2, 0), (1, 1), 1),
+    (1, 6, 12, 12, 6, (3, 3), (1, 1), (2, 2), (2, 2), 1),
+    (2, 8, 6, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    (2, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (2, 96, 7, 7, 40, (3, 3), (2, 2), (1, 1), (1, 1), 4),
+    (1, 130, 9, 10, 33, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (3, 64, 8, 8, 128, (1, 1), (2, 2), (0, 0), (1, 1), 1),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", CONV, ids=[str(i) for i in range(len(CONV))])
+def test_binary_conv2d(case):
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    n, c, h, w_, o, ks, st, pd, dl, g = case
+    gen = torch.Generator().manual_seed(sum(case[:5]))
+    k = (c // g) * ks[0] * ks[1]
+    wb = _bits((o, (k + 7) // 8), k, gen)
+    p = cb.prepare_weight(wb)
+    for i, pad_value in enumerate((-1.0, 0.0, 1.0)):
+        for dt in (torch.float32, torch.bfloat16, torch.int8):
+            if dt is torch.int8:
+                x = torch.randint(-3, 4, (n, c, h, w_), generator=gen, dtype=torch.int8).cuda()
+            else:
+                x = torch.randn((n, c, h, w_), generator=gen).to("cuda", dt)
+                x[torch.rand(x.shape, generator=gen).cuda() < 0.05] = 0
+            if (i + c) % 2:
+                x = x.contiguous(memory_format=torch.channels_last)
+            args = (list(ks), list(st), list(pd), list(dl), g, pad_value)
+            _same(cb.binary_conv2d(x, wb, *args, None, None, None, prepared=p),
+                  rb.binary_conv2d(x, wb, *args, None, None, None), f"count pad={pad_value} {dt}")
+        for odt in FLOATS:
+            x = torch.randn((n, c, h, w_), generator=gen).to("cuda", odt)
+            scale = (torch.rand((o,) if i != 1 else (), generator=gen) + 0.05).cuda()
+            bias = torch.randn(o, generator=gen).to("cuda", odt) if i != 2 else None
+            args = (list(ks), list(st), list(pd), list(dl), g, pad_value)
+            _same(cb.binary_conv2d(x, wb, *args, scale, bias, odt, prepared=p),
+                  rb.binary_conv2d(x, wb, *args, scale, bias, odt), f"{odt} pad={pad_value}")
+
+
+@needs_kernels
+def test_resnet_shapes_and_graph_replay():
+    """A ResNet-18 stage shape at batch 8, through the dispatcher, captured in a CUDA graph."""
+    import bie_core
+    from bie_core import ops
+    rb = _ref()
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn((8, 256, 14, 14), generator=gen).to("cuda", torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    wb = _bits((256, 256 * 9 // 8), 256 * 9, gen)
+    scale = torch.rand(256, generator=gen).cuda()
+    args = (x, wb, [3, 3], [1, 1], [1, 1], [1, 1], 1, -1.0, scale, None, torch.bfloat16)
+    with bie_core.use_backend("cutlass"):
+        y = ops.binary_conv2d(*args)
+        torch.cuda.synchronize()
+        _same(y, rb.binary_conv2d(*args), "dispatch")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ops.binary_conv2d(*args)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg = ops.binary_conv2d(*args)
+        x.copy_(torch.randn(x.shape, generator=gen).to("cuda", torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _same(yg, rb.binary_conv2d(*args), "graph replay")
+
+
+@needs_kernels
+def test_dispatch_picks_cutlass_and_bad_input_raises():
+    import bie_core
+    from bie_core import ops
+    gen = torch.Generator().manual_seed(2)
+    a, b = _bits((4, 16), 128, gen), _bits((8, 16), 128, gen)
+    text = bie_core.explain("binary_gemm", a, b, 128, None, None, None)
+    assert "cutlass" in str(text)
+    with bie_core.use_backend("cutlass"):
+        with pytest.raises(Exception):
+            ops.binary_gemm(a, b[:, :8], 128, None, None, None)       # wrong packed width
+        with pytest.raises(Exception):
+            ops.binary_gemm(a, b, 128, torch.ones(3, device="cuda"), None, torch.float32)  # bad scale size
+    from bie_backend_cutlass import binary as cb
+    with pytest.raises(RuntimeError):   # the C++ layer checks geometry too
+        cb._ops().gemm(a, b, torch.zeros(1, dtype=torch.int32, device="cuda"),
+                       torch.zeros(8, dtype=torch.int32, device="cuda"), None, None, None,
+                       torch.empty(4, 8, dtype=torch.int32, device="cuda"),
+                       [4, 8, 128, 1, 128, 128, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], 0)
