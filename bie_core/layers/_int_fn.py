@@ -21,6 +21,7 @@ scale (the whole activation batch, all of W, or one row of W per channel).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -40,6 +41,46 @@ def _lsq(v, s, codes, bits, g_hat, per_row: bool = False):
     else:
         ds = term.sum() / math.sqrt(v.numel() * hi)
     return g_hat * inside, ds
+
+
+#: Large CUDA tensors run the LSQ backward through one torch.compile'd (Inductor) kernel instead of
+#: about fifteen eager element-wise passes; BIE_QAT_FUSED=0 turns this off.
+_FUSED = os.environ.get("BIE_QAT_FUSED", "1") != "0"
+_FUSED_MIN = 1 << 18
+_fused_state: dict = {}
+
+
+def _lsq_math(v, s, codes, prod, f, lo: int, hi: int, per_row: bool, denom: float):
+    """The LSQ backward written once for the compiler: (d v in v's dtype, d s)."""
+    q = v.to(torch.float32) / s
+    inside = (q >= lo) & (q <= hi)
+    g_hat = prod.to(torch.float32)
+    if f is not None:
+        g_hat = g_hat * f
+    term = g_hat * (codes.to(torch.float32) - torch.where(inside, q, 0.0))
+    ds = (term.flatten(1).sum(1) if per_row else term.sum()) / denom
+    return torch.where(inside, g_hat, 0.0).to(v.dtype), ds
+
+
+def _fused():
+    if "fn" not in _fused_state:
+        _fused_state["fn"] = torch.compile(_lsq_math, dynamic=True, fullgraph=True)
+    return _fused_state["fn"]
+
+
+def _lsq_grad(v, s, codes, bits, prod, f=None, per_row: bool = False):
+    """(d v in v's dtype, d s) for ``g_hat = float32(prod) * f``; eager float32 math (``_lsq``) unless the
+    tensor is a large CUDA one, where the same arithmetic runs fused."""
+    if (_FUSED and v.is_cuda and v.numel() >= _FUSED_MIN and not _fused_state.get("failed")
+            and not torch.compiler.is_compiling()):
+        lo, hi = code_range(bits)
+        n = v[0].numel() if per_row else v.numel()
+        try:
+            return _fused()(v, s, codes, prod, f, lo, hi, per_row, math.sqrt(n * hi))
+        except Exception as exc:  # noqa: BLE001 - no compiler/Triton here: the eager math is the definition
+            _fused_state["failed"] = repr(exc)
+    gv, ds = _lsq(v.to(torch.float32), s, codes, bits, _f32(prod, f), per_row)
+    return gv.to(v.dtype), ds
 
 
 def _col(s, dim):
@@ -119,14 +160,14 @@ class QLinearFn(torch.autograd.Function):
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         if need[0] or need[4] or need[5]:
             w_hat, f = _operand(qw, swf, 2, gd)
-            gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, _f32(gm @ w_hat, f))
-            grad_x = gxs.to(xs.dtype) if need[0] else None
-            grad_ba = gxs.sum(0) if need[4] else None
+            gxs, grad_sa = _lsq_grad(xs, saf, qa, a_bits, gm @ w_hat, f)
+            grad_x = gxs if need[0] else None
+            grad_ba = gxs.sum(0, dtype=torch.float32) if need[4] else None
             grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
         if (need[1] or need[3]) and weight is not None:
             x_hat, f = _operand(qa, saf, 2, gd)
-            grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 2), qw, w_bits,
-                                   _f32(gm.t() @ x_hat, f), per_row=sw.dim() > 0)
+            grad_w, grad_sw = _lsq_grad(weight.detach(), _col(swf, 2), qw, w_bits, gm.t() @ x_hat, f,
+                                        per_row=sw.dim() > 0)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum(0, dtype=torch.float32)
@@ -152,16 +193,15 @@ class QConv2dFn(torch.autograd.Function):
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         if need[0] or need[4] or need[5]:
             w_hat, f = _operand(qw, swf, 4, gd)
-            g_hat = _f32(torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups), f)
-            gxs, grad_sa = _lsq(xs.to(torch.float32), saf, qa, a_bits, g_hat)
-            grad_x = gxs.to(xs.dtype) if need[0] else None
-            grad_ba = gxs.sum((0, 2, 3)) if need[4] else None
+            prod = torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups)
+            gxs, grad_sa = _lsq_grad(xs, saf, qa, a_bits, prod, f)
+            grad_x = gxs if need[0] else None
+            grad_ba = gxs.sum((0, 2, 3), dtype=torch.float32) if need[4] else None
             grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
         if (need[1] or need[3]) and weight is not None:
             x_hat, f = _operand(qa, saf, 4, gd)
-            g_hat = _f32(torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups), f)
-            grad_w, grad_sw = _lsq(weight.detach().to(torch.float32), _col(swf, 4), qw, w_bits, g_hat,
-                                   per_row=sw.dim() > 0)
+            prod = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups)
+            grad_w, grad_sw = _lsq_grad(weight.detach(), _col(swf, 4), qw, w_bits, prod, f, per_row=sw.dim() > 0)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum((0, 2, 3), dtype=torch.float32)
@@ -190,13 +230,12 @@ class QMatMulFn(torch.autograd.Function):
         grad_x = grad_y = grad_cx = grad_cy = None
         if need[0] or need[2]:
             y_hat, f = _operand(qyt, cyf, 3, gd)          # (B, N, K)
-            gx, grad_cx = _lsq(x.to(torch.float32), cxf, qx, ctx.bits, _f32(gm @ y_hat, f))
-            grad_x = gx.to(x.dtype) if need[0] else None
+            gx, grad_cx = _lsq_grad(x, cxf, qx, ctx.bits, gm @ y_hat, f)
+            grad_x = gx if need[0] else None
             grad_cx = grad_cx.reshape(cx.shape) if need[2] else None
         if need[1] or need[3]:
             x_hat, f = _operand(qx, cxf, 3, gd)           # (B, M, K)
-            gyt, grad_cy = _lsq(y.transpose(1, 2).to(torch.float32), cyf, qyt, ctx.bits,
-                                _f32(gm.transpose(1, 2) @ x_hat, f))
-            grad_y = gyt.transpose(1, 2).to(y.dtype) if need[1] else None
+            gyt, grad_cy = _lsq_grad(y.transpose(1, 2), cyf, qyt, ctx.bits, gm.transpose(1, 2) @ x_hat, f)
+            grad_y = gyt.transpose(1, 2) if need[1] else None
             grad_cy = grad_cy.reshape(cy.shape) if need[3] else None
         return grad_x, grad_y, grad_cx, grad_cy, None, None
