@@ -180,6 +180,119 @@ def test_binary_gemm_threads_agree(nk):
     assert torch.equal(one, many) and torch.equal(one, rb.binary_gemm(a, b, k, None, None, None))
 
 
+# --------------------------------------------------------------- binary_linear
+# (m, n, k): M=1, N=1, K=1, K around multiples of 8 and 64, and sizes past the
+# fused entry's thresholds (x + shift by at::add beyond 65536 elements; a
+# threaded GEMM beyond 16384 row-panel-words)
+LINEAR = [(1, 64, 64), (1, 1, 1), (1, 5, 7), (2, 1, 63), (3, 9, 65), (4, 33, 100), (1, 17, 130), (6, 40, 4099),
+          (300, 20, 300), (520, 96, 1000)]
+LINEAR_PATHS = ["fused", "ctypes"]
+
+
+def _linear_fn(nk, path):
+    if path == "fused":
+        if nk._fused is None:
+            pytest.skip(f"fused binary_linear entry not active: {native.status().fused_reason}")
+        return nk.binary_linear
+    return nk._binary_linear_ctypes
+
+
+@pytest.mark.parametrize("path", LINEAR_PATHS)
+@pytest.mark.parametrize("m,n,k", LINEAR)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_binary_linear_matches_reference(nk, levels, path, m, n, k, dtype):
+    fn = _linear_fn(nk, path)
+    g = gen("blinear", path, m, n, k, dtype)
+    x = special_floats((m, k), g, dtype)
+    w = randbits((n, (k + 7) // 8), g, k)
+    shift = (torch.randn(k, generator=g) * 0.5).to(dtype)
+    if m >= 1 and k >= 3:
+        shift[:3] = -x[0, :3].nan_to_num(0.0)             # x + shift exactly 0 (sgn(0) = +1), or -0.0 + 0
+    sa = (torch.rand((), generator=g) + 0.1).to(dtype)
+    sw_t, sw_c = torch.rand((), generator=g) + 0.1, torch.rand(n, generator=g) + 0.1
+    bias = torch.randn(n, generator=g).to(dtype)
+    shift32 = torch.randn(k, generator=g) * 0.5               # float32 shift: rounded to x's dtype first
+    cases = [(x, None, w, k, None, None, None, None), (x, shift, w, k, sa, sw_t, None, dtype),
+             (x, shift, w, k, sa, sw_c, bias, dtype), (x, shift32, w, k, None, sw_c, None, torch.float32),
+             (x, None, w, k, sa, None, bias, torch.bfloat16)]
+    prep = nk.prepare(w)
+    for i, args in enumerate(cases):
+        exp = rb.binary_linear(*args)
+        assert_same(at_levels(levels, lambda: fn(*args, prepared=prep)), exp,
+                    f"binary_linear[{path}] case {i} {dtype} {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("path", LINEAR_PATHS)
+def test_binary_linear_strided_inputs_and_empty(nk, levels, path):
+    fn = _linear_fn(nk, path)
+    g = gen("blinear-strided", path)
+    k, n = 77, 19
+    w = randbits((n, (k + 7) // 8), g, k, dirty=True)         # pad bits set: must be ignored
+    base = torch.randn(6, 2 * k, generator=g)
+    shift_base = torch.randn(2 * k, generator=g)
+    for x in (base[:, ::2], base[:, k:], base[:, :k].t().contiguous().t(), base[:1, :k].expand(4, k)):
+        for shift in (None, shift_base[::2]):
+            args = (x, shift, w, k, torch.tensor(0.5), None, None, torch.float32)
+            assert_same(at_levels(levels, lambda: fn(*args)), rb.binary_linear(*args),
+                        f"binary_linear[{path}] strides {x.stride()}")
+    empty = torch.zeros(0, k)
+    assert fn(empty, None, w, k, None, None, None, torch.float32).shape == (0, n)
+
+
+def test_binary_linear_threads_agree(nk):
+    if nk._fused is None:
+        pytest.skip("fused binary_linear entry not active")
+    g = gen("blinear-threads")
+    m, n, k = 700, 130, 900
+    x, w = torch.randn(m, k, generator=g), randbits((n, (k + 7) // 8), g, k)
+    args = (x, torch.randn(k, generator=g), w, k, torch.tensor(0.3), torch.rand(n, generator=g), None, torch.float32)
+    exp = rb.binary_linear(*args)
+    old = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(nk.binary_linear(*args), exp), f"{t} threads"
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_fused_binary_linear_rejects_bad_arguments(nk):
+    f = nk._fused
+    if f is None:
+        pytest.skip("fused binary_linear entry not active")
+    k, n = 70, 12
+    x, w = torch.randn(3, k), torch.zeros(n, 9, dtype=torch.uint8)
+    panels = nk._checked_panels(w, k)
+    ok = (x, None, w, panels, k, None, None, None, 0)
+    f.binary_linear(*ok)
+
+    def bad(i, v, match):
+        args = list(ok)
+        args[i] = v
+        with pytest.raises(ValueError, match=match):
+            f.binary_linear(*args)
+    bad(0, torch.randn(3, k + 1), "x must be")
+    bad(0, torch.randn(3, k).to(torch.int32), "x must be float")
+    bad(0, torch.randn(k), "x must be")
+    bad(4, 0, "x must be")
+    bad(2, torch.zeros(n, 10, dtype=torch.uint8), "w must be")
+    bad(2, torch.zeros(n + 8, 9, dtype=torch.uint8), "panels")      # panels prepared for another weight
+    bad(3, panels[:, :1], "panels")
+    bad(3, panels.to(torch.int32), "panels")
+    bad(1, torch.zeros(k - 1), "shift")
+    bad(5, torch.ones(2), "act_scale")
+    bad(6, torch.ones(n + 1), "w_scale")
+    bad(7, torch.ones(n - 1), "bias")
+    bad(8, 3, "out_dtype")
+    bad(8, 99, "out_dtype")
+    args = list(ok)
+    args[5], args[8] = torch.ones(()), 4
+    with pytest.raises(ValueError, match="counts take no scale"):
+        f.binary_linear(*args)
+    with pytest.raises(ValueError, match="bie native binary_linear"):   # the Python side checks w too
+        nk.binary_linear(x, None, torch.zeros(n, 8, dtype=torch.uint8), k, None, None, None, None)
+
+
 # --------------------------------------------------------------- binary_conv2d
 CONV = [
     # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
@@ -433,6 +546,18 @@ def test_backend_works_with_native_disabled_and_matches(tmp_path):
         assert info2["chosen"] == {"binary_gemm": "cpu:native.binary_gemm"}
         for i, (r, n) in enumerate(zip(outs_ref, outs_nat)):
             assert torch.equal(r, n), f"layer output {i} differs between the reference and the native kernels"
+
+
+def test_fused_entry_can_be_turned_off_and_matches(tmp_path):
+    if not native.status().active:
+        pytest.skip("native kernels not active")
+    info, outs_off, _ = _run(tmp_path, {"BIE_CPU_FUSED": "0"})
+    assert any("fused binary_linear entry (pybind11): disabled" in ln for ln in info["report"]), info["report"]
+    info2, outs_on, _ = _run(tmp_path, {})
+    if native.status().fused == "active":
+        assert any("fused binary_linear entry (pybind11): active" in ln for ln in info2["report"]), info2["report"]
+    for i, (a, b) in enumerate(zip(outs_off, outs_on)):
+        assert torch.equal(a, b), f"layer output {i} differs with and without the fused entry"
 
 
 def test_backend_works_without_a_compiler(tmp_path):

@@ -11,6 +11,7 @@ Environment:
 
 ``BIE_CPU_NATIVE=0``         do not build or use the native kernels
 ``BIE_CPU_ISA=LEVEL``        cap the instruction set: portable, avx2, avx512, avx512icl
+``BIE_CPU_FUSED=0``          keep the kernels but not the fused binary_linear entry (pybind11)
 ``BIE_CPU_NATIVE_REBUILD=1`` rebuild even if a cached build exists (or an earlier one failed)
 ``TORCH_EXTENSIONS_DIR``     where builds are cached (default ``~/.cache/bie/torch_extensions``)
 """
@@ -40,6 +41,9 @@ class NativeStatus:
     build_seconds: Optional[float] = None
     threaded: bool = True
     traceback: str = ""
+    #: the fused binary_linear entry (csrc/fused.cpp): active | disabled | unavailable
+    fused: str = "not loaded"
+    fused_reason: str = ""
 
     @property
     def active(self) -> bool:
@@ -53,6 +57,58 @@ _lock = threading.Lock()
 
 def enabled_by_env() -> bool:
     return os.environ.get("BIE_CPU_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def fused_enabled_by_env() -> bool:
+    return os.environ.get("BIE_CPU_FUSED", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _fused_self_test() -> Optional[str]:
+    """The fused entry against the reference, every epilogue form, before it is used."""
+    import torch
+
+    from bie_backend_cpu.reference import binary as rb
+    from . import kernels as nk
+    g = torch.Generator().manual_seed(2)
+    for dtype, m, n, k in ((torch.float32, 3, 11, 77), (torch.float16, 1, 8, 64), (torch.bfloat16, 2, 5, 9)):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        w = rb.pack_signs(torch.randn(n, k, generator=g))
+        shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
+        sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.5
+        bias = torch.randn(n, generator=g).to(dtype)
+        for args in ((x, None, w, k, None, None, None, None), (x, shift, w, k, sa, sw, bias, dtype),
+                     (x, shift, w, k, sa, None, None, torch.float32)):
+            if not torch.equal(nk.binary_linear(*args), rb.binary_linear(*args)):
+                return f"self-test failed: fused binary_linear {dtype} M={m} N={n} K={k}"
+    return None
+
+
+def _load_fused(lib, st: NativeStatus, force_rebuild: bool, verbose: bool) -> None:
+    """Build/import the fused binary_linear entry and hand it the library's
+    entry points; on any failure binary_linear keeps the ctypes path."""
+    import ctypes
+
+    from . import _build
+    from . import kernels as nk
+    nk.set_fused(None)
+    if not fused_enabled_by_env():
+        st.fused, st.fused_reason = "disabled", "BIE_CPU_FUSED=0"
+        return
+    try:
+        mod, _, _ = _build.load_fused(force_rebuild=force_rebuild, verbose=verbose)
+        mod.init(ctypes.cast(lib.bie_pack, ctypes.c_void_p).value, ctypes.cast(lib.bie_bgemm, ctypes.c_void_p).value,
+                 _build.ABI_VERSION)
+        nk.set_fused(mod)
+        bad = _fused_self_test()
+        if bad:
+            nk.set_fused(None)
+            st.fused, st.fused_reason = "unavailable", bad
+        else:
+            st.fused = "active"
+    except Exception as exc:  # noqa: BLE001 - isolation: the ctypes path still serves
+        nk.set_fused(None)
+        st.fused = "unavailable"
+        st.fused_reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _apply_isa_env(lib) -> None:
@@ -113,6 +169,7 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> NativeStatus:
             else:
                 _lib = lib
                 st.state = "active"
+                _load_fused(lib, st, force_rebuild, verbose)
         except Exception as exc:  # noqa: BLE001 - isolation: record, never break the backend
             st.state = "unavailable"
             st.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -203,6 +260,11 @@ def report_lines() -> list:
             threads = (f"{lib.bie_num_threads()} threads (torch.set_num_threads)" if st.threaded else
                        "single-threaded (built without OpenMP: the compiler does not support -fopenmp)")
             out.append(f"native kernels: {threads}; build cache {st.build_dir}")
+        if st.fused == "active":
+            out.append("native kernels: fused binary_linear entry (pybind11): active")
+        else:
+            out.append(f"native kernels: fused binary_linear entry (pybind11): {st.fused}"
+                       f"{': ' + st.fused_reason if st.fused_reason else ''}; binary_linear uses the ctypes entry points")
         return out
     if st.state == "disabled":
         return ["native kernels: disabled (BIE_CPU_NATIVE=0); the plain PyTorch kernels serve every op"]
@@ -218,4 +280,5 @@ def build(verbose: bool = False) -> str:
         return "native kernels disabled by BIE_CPU_NATIVE=0 (nothing built)"
     if not st.active:
         raise RuntimeError(f"bie-backend-cpu native build failed: {st.reason}")
-    return f"native kernels built in {st.build_dir} (ISA {st.level})"
+    fused = "active" if st.fused == "active" else f"{st.fused}: {st.fused_reason}"
+    return f"native kernels built in {st.build_dir} (ISA {st.level}); fused binary_linear entry: {fused}"

@@ -12,6 +12,11 @@ the same failing build again: ``bie build cpu`` (or
 The library exposes plain C functions (``csrc/binding.cpp``) called through
 ctypes, which releases the GIL during each call. Only ``ATen/Parallel.h`` is
 included from torch, which keeps the whole build to a few seconds per file.
+
+A second, small extension (``csrc/fused.cpp``, :func:`load_fused`) is a
+pybind11 module taking tensors directly: the fused ``binary_linear`` in one
+C++ call, using the library's packing and GEMM entry points. It is built and
+cached the same way, in its own directory; its failure only costs speed.
 """
 from __future__ import annotations
 
@@ -28,6 +33,10 @@ NAME = "bie_cpu_native"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp")
 HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h")
+#: the fused binary_linear entry (a pybind11 module; kernels from the library above)
+FUSED_NAME = "bie_cpu_fused"
+FUSED_SOURCES = ("fused.cpp",)
+FUSED_HEADERS = ("bie_native.h", "scalar_util.h")
 ABI_VERSION = 3  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias
@@ -77,9 +86,9 @@ def build_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "bie" / "torch_extensions"
 
 
-def source_hash(flags=None) -> str:
+def source_hash(flags=None, files=SOURCES + HEADERS) -> str:
     h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
+    for name in files:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(" ".join(cflags() if flags is None else flags).encode())
@@ -91,6 +100,12 @@ def build_dir(flags=None) -> Path:
     import torch
     tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
     return build_root() / tag / f"{NAME}-{source_hash(flags)}"
+
+
+def fused_build_dir() -> Path:
+    import torch
+    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return build_root() / tag / f"{FUSED_NAME}-{source_hash(BASE_CFLAGS, FUSED_SOURCES + FUSED_HEADERS)}"
 
 
 def _ext_name(d: Path) -> str:
@@ -181,23 +196,24 @@ def _open(d: Path) -> tuple:
     return lib, d
 
 
-def _compile(d: Path, flags: list, verbose: bool) -> float:
+def _compile(d: Path, flags: list, verbose: bool, sources=SOURCES, what: str = "the native CPU kernels",
+             python_module: bool = False) -> float:
     from torch.utils import cpp_extension
     d.mkdir(parents=True, exist_ok=True)
     fail_stamp = d / "bie_build_failed"
-    omp = "" if "-fopenmp" in flags or not _uses_openmp() else " without OpenMP"
-    sys.stderr.write(f"bie-backend-cpu: compiling the native CPU kernels{omp} (first use, once per torch "
-                     f"version; ~20 s on 2 cores) into {d} ...\n")
+    omp = "" if "-fopenmp" in flags or not _uses_openmp() or python_module else " without OpenMP"
+    sys.stderr.write(f"bie-backend-cpu: compiling {what}{omp} (first use, once per torch "
+                     f"version; ~{15 if python_module else 20} s on 2 cores) into {d} ...\n")
     sys.stderr.flush()
     t0 = time.perf_counter()
     try:
         built = cpp_extension.load(
             name=_ext_name(d),
-            sources=[str(CSRC / s) for s in SOURCES],
+            sources=[str(CSRC / s) for s in sources],
             extra_cflags=flags,
             extra_include_paths=[str(CSRC)],
             build_directory=str(d),
-            is_python_module=False,
+            is_python_module=python_module,
             verbose=verbose,
         )
     except BaseException as exc:  # noqa: BLE001 - a build failure must never escape as anything else
@@ -212,15 +228,58 @@ def _compile(d: Path, flags: list, verbose: bool) -> float:
         raise BuildError(f"native build failed ({type(exc).__name__}): {first[:300]} "
                          f"(full log: {fail_stamp})") from exc
     seconds = time.perf_counter() - t0
-    if not isinstance(built, str) or Path(built).resolve() != _lib_path(d).resolve():
+    if python_module:
+        if not _lib_path(d).exists():
+            raise BuildError(f"the build did not produce {_lib_path(d)}")
+    elif not isinstance(built, str) or Path(built).resolve() != _lib_path(d).resolve():
         raise BuildError(f"the build produced {built!r}, expected {_lib_path(d)}")
     try:
         fail_stamp.unlink(missing_ok=True)
         (d / "bie_build_ok").write_text(f"built in {seconds:.1f} s\n")
     except OSError:
         pass
-    sys.stderr.write(f"bie-backend-cpu: native CPU kernels built in {seconds:.1f} s\n")
+    sys.stderr.write(f"bie-backend-cpu: {what} built in {seconds:.1f} s\n")
     return seconds
+
+
+def load_fused(force_rebuild: bool = False, verbose: bool = False) -> tuple:
+    """Build if needed and import the fused binary_linear module (``csrc/fused.cpp``).
+    Returns ``(module, build dir, seconds spent building or None)``; raises
+    :class:`BuildError`. Called only once the library of :func:`load` is loaded
+    (the module calls its entry points)."""
+    reason = precheck()
+    if reason:
+        raise BuildError(reason)
+    force_rebuild = force_rebuild or os.environ.get("BIE_CPU_NATIVE_REBUILD", "") not in ("", "0")
+    d = fused_build_dir()
+    seconds = None
+    if force_rebuild or not ((d / "bie_build_ok").exists() and _lib_path(d).exists()):
+        fail_stamp = d / "bie_build_failed"
+        if fail_stamp.exists() and not force_rebuild:
+            raise BuildError(f"an earlier build failed (log: {fail_stamp}); run `bie build cpu` or set "
+                             "BIE_CPU_NATIVE_REBUILD=1 to retry")
+        seconds = _compile(d, list(BASE_CFLAGS), verbose, FUSED_SOURCES,
+                           "the fused binary_linear entry (pybind11)", python_module=True)
+    return _import(d), d, seconds
+
+
+def _import(d: Path):
+    """Import the built module straight from its file (no compiler or ninja run)."""
+    import importlib.util
+    name, so = _ext_name(d), _lib_path(d)
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    try:
+        spec = importlib.util.spec_from_file_location(name, str(so))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a reason, not a crash
+        raise BuildError(f"cannot import {so}: {exc}") from exc
+    sys.modules[name] = mod
+    if getattr(mod, "abi", None) != ABI_VERSION:
+        raise BuildError(f"{so} has ABI {getattr(mod, 'abi', None)}, expected {ABI_VERSION}")
+    return mod
 
 
 def feature_names(bits: int) -> list:

@@ -25,11 +25,17 @@ INT_ROWS, INT_MADD8, INT_MADD16, INT_VNNI16 = 0, 1, 2, 3
 ERRORS = {1: "out of memory", 2: "C++ exception", 3: "bad argument block"}
 
 _lib = None  # set by bie_backend_cpu.native once loaded
+_fused = None  # the pybind11 module of csrc/fused.cpp, when it could be built (else binary_linear uses ctypes)
 
 
 def set_library(lib) -> None:
     global _lib
     _lib = lib
+
+
+def set_fused(mod) -> None:
+    global _fused
+    _fused = mod
 
 
 class PackArgs(ctypes.Structure):
@@ -229,12 +235,33 @@ def _bits_buffer(m: int, kb: int) -> torch.Tensor:
     return buf
 
 
+def _checked_panels(w, k):
+    """The panel layout of w, built once per weight version (sizes checked
+    here, where it is built; the fused entry re-checks them on every call)."""
+    _require(w.device.type == "cpu" and w.dtype == _U8 and w.dim() == 2 and k > 0 and w.shape[1] == (k + 7) >> 3,
+             "binary_linear", f"w {tuple(w.shape)} {w.dtype} on {w.device} is not (N, ceil(k/8)) uint8 for k={k}")
+    return _binary_panels(w, k)
+
+
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
     """Fused shift + sign + pack + binary GEMM + epilogue (the inference path of
-    BinaryLinear). Written for the smallest layers, where the Python wrapper,
-    not the arithmetic, is the cost: few tensor operations, no copies when the
-    inputs are already in place, a reused scratch buffer for the packed
-    activations, and the epilogue scale passed as one C float."""
+    BinaryLinear). With the fused entry (csrc/fused.cpp) this is one C++ call
+    taking the tensors themselves: it checks every size, forms x + shift,
+    packs, multiplies and scales in one go (the tiny-layer path: the wrapper,
+    not the arithmetic, is the cost there). Without it, the ctypes path below."""
+    fused = _fused
+    if fused is not None:
+        panels = prepared._d.get(k) if prepared is not None else None   # (Prepared.get, inlined: hot path)
+        if panels is None:
+            panels = _layouts(prepared).get(k, lambda: _checked_panels(w, k))
+        return fused.binary_linear(x, shift, w, panels, k, act_scale, w_scale, bias, OUT_CODE[out_dtype])
+    return _binary_linear_ctypes(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared)
+
+
+def _binary_linear_ctypes(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """The same with the ctypes entry points: few tensor operations, no copies
+    when the inputs are already in place, a reused scratch buffer for the
+    packed activations, and the epilogue scale passed as one C float."""
     m, n = x.shape[0], w.shape[0]
     kb = (k + 7) >> 3
     if not (x.device.type == "cpu" and w.device.type == "cpu" and x.dim() == 2 and x.shape[1] == k > 0
@@ -254,7 +281,7 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
     bits = _bits_buffer(m, kb)
     _check(_lib.bie_pack(ctypes.byref(PackArgs(xs.data_ptr(), DTYPE_CODE[xs.dtype], m, k, xs.stride(0),
                                                bits.data_ptr()))), "binary_linear")
-    panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(w, k))
+    panels = _layouts(prepared).get(k, lambda: _binary_panels(w, k))
     flags, sptr, b32, keep = 0, None, None, None
     if out_dtype is not None:
         if w_scale is not None and w_scale.numel() > 1:
