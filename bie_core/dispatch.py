@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import re
@@ -511,7 +512,8 @@ def make_key_fn(op, with_grad: bool, with_contig: bool):
 
 
 def make_router(op):
-    """The one implementation torch.library calls for ``op`` on every device."""
+    """The one implementation torch.library calls for ``op`` on every device
+    (and, as ``route.resolve``, the lookup behind :func:`resolve`)."""
     name = op.name
     weight_idx = tuple(op.weight_args)
     validate = op.validate
@@ -526,8 +528,14 @@ def make_router(op):
     table: dict = {}
     value_idx = tuple(op.value_args) if validate is not None else ()
 
-    def route(*args):
+    def refresh():
         nonlocal gen, key_fn, table
+        reg.ensure_discovered()
+        gen = reg.generation
+        key_fn = make_key_fn(op, *_needs(name))
+        table = _tables[name] = {}
+
+    def route(*args):
         # torch.library drops a trailing argument equal to its default, so the
         # backend string is present only when it is not "".
         if len(args) > nargs:
@@ -540,10 +548,7 @@ def make_router(op):
                 if pref is None:
                     pref = _env_pref if _env_read else _read_env()
         if gen != reg.generation:  # kernels changed or caches were cleared
-            reg.ensure_discovered()
-            gen = reg.generation
-            key_fn = make_key_fn(op, *_needs(name))
-            table = _tables[name] = {}
+            refresh()
         key = (pref, key_fn(*args))
         d = table.get(key)
         if d is None:
@@ -571,8 +576,133 @@ def make_router(op):
         w, static = k.prepare_inputs(op, args)
         return k.fn(*args, prepared=prepared_cache.get(k, w, static))
 
+    def resolve(args: tuple, backend: str = "") -> "Resolved":
+        pref = _layer_pref(backend) if backend else current_preference()
+        if gen != reg.generation:
+            refresh()
+        akey = key_fn(*args)
+        key = (pref, akey)
+        d = table.get(key)
+        if d is None:
+            if validate is not None:
+                validate(*args)
+            d = decide(op, args, pref)
+            if len(table) >= _MAX_DECISIONS:
+                table.clear()
+            table[key] = d
+            if value_idx:
+                _mark_validated(args, value_idx)
+        elif value_idx and not _values_validated(args, value_idx):
+            validate(*args)
+            _mark_validated(args, value_idx)
+        rec = rec_get()
+        if rec is not None:
+            rec.append((_layer_name.get(), d))
+        k = d.kernel
+        weights = ()
+        call = k.fn
+        if k.prepare is not None:
+            weights, static = k.prepare_inputs(op, args)
+            call = functools.partial(k.fn, prepared=prepared_cache.get(k, weights, static or None))
+        return Resolved(op, d, call, gen, pref, akey, key_fn, weight_idx if weights else (), weights, value_idx)
+
     route.__name__ = f"bie_route_{name}"
+    route.resolve = resolve
     return route
+
+
+class Resolved:
+    """The kernel the dispatcher chose for one call signature, bound to its
+    prepared weight layout: ``r(*args)`` calls it with no dispatch work.
+
+    For callers that make the same call many times (a layer's inference path):
+    check :meth:`valid` before each call and :func:`resolve` again when it says
+    no. It says no as soon as anything the choice was made from changes: the
+    registry generation (a backend registered, ``clear_caches``), the
+    preference (per-layer ``backend=``, the ``use_backend`` ContextVar,
+    ``set_backend``, ``BIE_BACKEND``), the argument signature (the op's decision
+    key: shape, dtype, device of every tensor, contiguity and requires_grad
+    where a kernel cares, every other argument's value), or a weight (another
+    tensor object, or the same one with new storage or a new version: its
+    prepared layout would be stale). Index/code arguments are re-validated as
+    on every dispatched call, and ``explain`` still records the decision.
+    """
+
+    __slots__ = ("op", "decision", "fn", "_gen", "_pref", "_key", "_key_fn", "_widx", "_weights", "_wstate",
+                 "_value_idx")
+
+    def __init__(self, op, decision, fn, gen, pref, key, key_fn, widx, weights, value_idx):
+        #: the kernel bound to its prepared weights: ``fn(*args)`` (what ``r(*args)`` calls)
+        self.fn = fn
+        self.op, self.decision = op, decision
+        self._gen, self._pref, self._key, self._key_fn = gen, pref, key, key_fn
+        self._widx, self._weights, self._value_idx = widx, weights, value_idx
+        self._wstate = tuple(_weight_state(w) for w in weights)
+
+    @property
+    def kernel(self) -> Kernel:
+        return self.decision.kernel
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def valid(self, args: tuple, backend: str = "") -> bool:
+        """Whether the dispatcher would make the same call for ``args`` now."""
+        if self._gen != _REG.generation:
+            return False
+        if backend:
+            pref = _layer_pref(backend)
+        else:
+            pref = _context_pref.get()
+            if pref is None:
+                pref = _global_pref
+                if pref is None:
+                    pref = _env_pref if _env_read else _read_env()
+        if pref is not self._pref and pref != self._pref:
+            return False
+        if self._key_fn(*args) != self._key:
+            return False
+        widx = self._widx
+        if widx:
+            if len(widx) == 1:  # the common case, written out
+                a, w, st = args[widx[0]], self._weights[0], self._wstate[0]
+                # (the same object: whether it is an inference tensor cannot have changed)
+                if a is not w or (st is not None and (a.data_ptr() != st[0] or
+                                                      (st[1] is not None and a._version != st[1]))):
+                    return False
+            else:
+                for i, w, st in zip(widx, self._weights, self._wstate):
+                    a = args[i]
+                    if a is not w or _weight_state(a) != st:
+                        return False
+        if self._value_idx and not _values_validated(args, self._value_idx):
+            return False
+        rec = _recorder.get()
+        if rec is not None:
+            rec.append((_layer_name.get(), self.decision))
+        return True
+
+
+def _weight_state(t):
+    # storage and version (shape, dtype and device are in the decision key);
+    # an inference tensor has no version counter, and cannot be modified in
+    # place outside inference mode: its storage alone
+    if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+        return t
+    if t.is_inference():
+        return (t.data_ptr(), None)
+    return (t.data_ptr(), t._version)
+
+
+def resolve(op, *args, backend: str = "") -> Resolved:
+    """The kernel the dispatcher picks for ``op(*args, backend=backend)``, bound
+    to its prepared weights, as a :class:`Resolved` (see there for when it must
+    be resolved again). Validation, precedence, strictness and fallback
+    warnings are exactly those of a dispatched call."""
+    if isinstance(op, str):
+        from .ops._opdef import get_op
+        op = get_op(op)
+    return op._route.resolve(args, backend or "")
 
 
 #: CPU index/code tensors whose values passed validation: id -> (storage,

@@ -282,6 +282,17 @@ class QATLayer(nn.Module):
                 # zero is the "not initialised yet" placeholder (see module doc)
                 setattr(self, f"_{name}_ready", bool((t != 0).all()))
 
+    #: attributes holding per-call caches (resolved kernels, derived weights):
+    #: never pickled or deep-copied (they hold locks and tensors of this process)
+    _transient: tuple = ()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for name in self._transient:
+            if name in state:
+                state[name] = None
+        return state
+
     # ----------------------------------------------------------------- tags
     def _tag_params(self) -> None:
         for name in self._binary_params:

@@ -40,6 +40,14 @@ _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _function_mode = torch._C._is_torch_function_mode_enabled
 
 
+def eager_fast_path() -> bool:
+    """True when a call may bypass torch.library (and autograd): grad mode off,
+    not compiling or tracing, no torch dispatch or function mode active. Then
+    the router (or a kernel it resolved) computes exactly what the registered
+    op would."""
+    return not _grad_enabled() and not _compiling() and not _dispatch_stack_len() and not _function_mode()
+
+
 @dataclass
 class Case:
     """One conformance test case: the op's arguments (without ``backend``)."""
