@@ -84,7 +84,7 @@ def test_binary_gemm(m, n, k):
 
 
 @needs_kernels
-@pytest.mark.parametrize("tile", ["128x256", "128x128", "64x128"])
+@pytest.mark.parametrize("tile", ["128x256", "128x256k1024", "64x128"])
 def test_every_tile_config(tile, monkeypatch):
     from bie_backend_cutlass import binary as cb
     rb = _ref()

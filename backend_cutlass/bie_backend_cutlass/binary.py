@@ -39,7 +39,7 @@ PACKABLE = FLOATS + (torch.int8,)
 # 1-bit AND+popc MMA: sm_80 .. sm_90 (CUTLASS enables it up to sm_90; later GPUs have no b1 MMA)
 CC = ((8, 0), (9, 0))
 # tile configurations (binary_common.h): threadblock M x N (x 512 bits of K)
-CONFIGS = ("128x256", "128x128", "64x128")
+CONFIGS = ("128x256", "128x256k1024", "64x128")
 _MAX_ROWS = 2 ** 31 - 1
 
 
@@ -245,12 +245,13 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     cgw = -(-cg // 32)
     wb, wterm, words = p.conv(cg, kh, kw, copies)
     xb = torch.empty((nimg * h * wd, g * cgw), dtype=torch.int32, device=x.device)
-    _ops().pack_channels(x, xb, g, cgw)
+    ppop = torch.empty((nimg * h * wd, g), dtype=torch.int32, device=x.device)
+    _ops().pack_channels(x, xb, ppop, g, cgw)
     P = ho * wo
     np_ = nimg * P
     cols = torch.empty((g * np_, copies * words), dtype=torch.int32, device=x.device)
     cterm = torch.empty(g * np_, dtype=torch.int32, device=x.device)
-    _ops().gather(xb, cols, cterm, [nimg, h, wd, g, cg, cgw, kh, kw, stride[0], stride[1], padding[0], padding[1],
+    _ops().gather(xb, ppop, cols, cterm, [nimg, h, wd, g, cg, cgw, kh, kw, stride[0], stride[1], padding[0], padding[1],
                                     dilation[0], dilation[1], ho, wo, words, copies, pad_mode, copies * k])
     kbits = copies * words * 32
     row_bytes = kbits // 8
@@ -283,7 +284,8 @@ def _conv_check(p):
     words = -(-(kh * kw * cgw) // 4) * 4
     if g > 65535:
         return f"groups={g} > 65535"
-    if n * ho * wo > 2 ** 24 or n * h * w * g * cgw >= 2 ** 31 or words * 64 >= 2 ** 31:
+    if (n * ho * wo > 2 ** 24 or n * h * w * g * cgw >= 2 ** 31 or words * 64 >= 2 ** 31
+            or g * n * ho * wo * kh * kw >= 2 ** 31):
         return f"conv of {n}x{c}x{h}x{w} (output {ho}x{wo}) outside the 32-bit index range served"
     if o > _MAX_ROWS:
         return f"O={o} too large"

@@ -191,8 +191,8 @@ void rows(const at::Tensor& a, const c10::optional<at::Tensor>& out, at::Tensor&
           "rows");
 }
 
-// x (N, C, H, W) any strides; xb (N*H*W, G*Cgw) int32
-void pack_channels(const at::Tensor& x, at::Tensor& xb, int64_t G, int64_t Cgw) {
+// x (N, C, H, W) any strides; xb (N*H*W, G*Cgw) int32; ppop (N*H*W, G) int32
+void pack_channels(const at::Tensor& x, at::Tensor& xb, at::Tensor& ppop, int64_t G, int64_t Cgw) {
   check_cuda(x, "x");
   c10::cuda::CUDAGuard guard(x.device());
   TORCH_CHECK(x.dim() == 4 && G >= 1 && x.size(1) % G == 0, "bie_cutlass_binary.pack_channels: bad x / groups");
@@ -201,14 +201,18 @@ void pack_channels(const at::Tensor& x, at::Tensor& xb, int64_t G, int64_t Cgw) 
   TORCH_CHECK(xb.scalar_type() == at::kInt && xb.is_contiguous() &&
                   xb.numel() >= x.size(0) * x.size(2) * x.size(3) * G * Cgw,
               "bie_cutlass_binary.pack_channels: bad xb buffer");
+  TORCH_CHECK(ppop.scalar_type() == at::kInt && ppop.is_contiguous() &&
+                  ppop.numel() >= x.size(0) * x.size(2) * x.size(3) * G,
+              "bie_cutlass_binary.pack_channels: bad ppop buffer");
   cuda_ok(launch_pack_channels(x.data_ptr(), dt_code(x.scalar_type()), (int)x.size(0), (int)x.size(1), (int)x.size(2),
                                (int)x.size(3), x.stride(0), x.stride(1), x.stride(2), x.stride(3), (int)G, (int)Cgw,
-                               reinterpret_cast<uint32_t*>(xb.data_ptr<int>()), at::cuda::getCurrentCUDAStream()),
+                               reinterpret_cast<uint32_t*>(xb.data_ptr<int>()), ppop.data_ptr<int>(),
+                               at::cuda::getCurrentCUDAStream()),
           "pack_channels");
 }
 
 // geo: N, H, W, G, Cg, Cgw, kh, kw, sh, sw, ph, pw, dh, dw, Ho, Wo, KWh, copies, pad_mode, c0
-void gather(const at::Tensor& xb, at::Tensor& cols, at::Tensor& term, at::IntArrayRef geo) {
+void gather(const at::Tensor& xb, const at::Tensor& ppop, at::Tensor& cols, at::Tensor& term, at::IntArrayRef geo) {
   check_cuda(xb, "xb");
   c10::cuda::CUDAGuard guard(xb.device());
   TORCH_CHECK(geo.size() == 20, "bie_cutlass_binary.gather: geo must have 20 values");
@@ -225,12 +229,16 @@ void gather(const at::Tensor& xb, at::Tensor& cols, at::Tensor& term, at::IntArr
   TORCH_CHECK(xb.scalar_type() == at::kInt && xb.is_contiguous() &&
                   xb.numel() >= (int64_t)g.N * g.H * g.W * g.G * g.Cgw,
               "bie_cutlass_binary.gather: bad xb");
+  TORCH_CHECK(ppop.scalar_type() == at::kInt && ppop.is_contiguous() &&
+                  ppop.numel() >= (int64_t)g.N * g.H * g.W * g.G,
+              "bie_cutlass_binary.gather: bad ppop");
+  TORCH_CHECK(rows * g.kh * g.kw < (1LL << 31) && rows < (1LL << 31), "bie_cutlass_binary.gather: too many rows");
   TORCH_CHECK(cols.scalar_type() == at::kInt && cols.is_contiguous() &&
                   cols.numel() >= rows * g.KWh * g.copies,
               "bie_cutlass_binary.gather: bad cols buffer");
   TORCH_CHECK(term.scalar_type() == at::kInt && term.is_contiguous() && term.numel() >= rows,
               "bie_cutlass_binary.gather: bad term buffer");
-  cuda_ok(launch_gather(reinterpret_cast<const uint32_t*>(xb.data_ptr<int>()), g,
+  cuda_ok(launch_gather(reinterpret_cast<const uint32_t*>(xb.data_ptr<int>()), ppop.data_ptr<int>(), g,
                         reinterpret_cast<uint32_t*>(cols.data_ptr<int>()), term.data_ptr<int>(),
                         at::cuda::getCurrentCUDAStream()),
           "gather");
@@ -244,8 +252,8 @@ TORCH_LIBRARY(bie_cutlass_binary, m) {
         "Tensor(a!) out, int[] geo, int cfg) -> ()");
   m.def("pack_act(Tensor x, Tensor? shift, Tensor(a!) words, Tensor(b!) term, int K) -> ()");
   m.def("rows(Tensor a, Tensor(a!)? out, Tensor(b!) term, int K, int KBo, int copies, int c0, int c1) -> ()");
-  m.def("pack_channels(Tensor x, Tensor(a!) xb, int G, int Cgw) -> ()");
-  m.def("gather(Tensor xb, Tensor(a!) cols, Tensor(b!) term, int[] geo) -> ()");
+  m.def("pack_channels(Tensor x, Tensor(a!) xb, Tensor(b!) ppop, int G, int Cgw) -> ()");
+  m.def("gather(Tensor xb, Tensor ppop, Tensor(a!) cols, Tensor(b!) term, int[] geo) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(bie_cutlass_binary, CUDA, m) {

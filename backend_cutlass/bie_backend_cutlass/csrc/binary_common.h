@@ -36,7 +36,7 @@ struct GemmArgs {
   EpiArgs epi;
 };
 
-constexpr int kNumConfigs = 3;   // 0: 128x256x512 (8 warps, 3 stages), 1: 128x128x512 (8 warps, 4 stages),
+constexpr int kNumConfigs = 3;   // 0: 128x256x512 (8 warps, 3 stages), 1: 128x256x1024 (8 warps, 3 stages),
                                  // 2: 64x128x512 (4 warps, 4 stages)
 cudaError_t run_gemm(const GemmArgs& g, int cfg, int out_dt, cudaStream_t st);
 
@@ -50,9 +50,10 @@ cudaError_t launch_pack_act(const void* x, int dt, int64_t sxm, int64_t sxk, con
 cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, int nb, int rows_per, int KB, int K,
                         uint8_t* out, int64_t ldo, int KBo, int copies, int* term, int c0, int c1, int vec,
                         cudaStream_t st);
-// x (N, C, H, W) with element strides -> words (N*H*W, G*Cgw): sgn bits along each group's channels.
+// x (N, C, H, W) with element strides -> words (N*H*W, G*Cgw): sgn bits along each group's channels,
+// and ppop (N*H*W, G): their popcount.
 cudaError_t launch_pack_channels(const void* x, int dt, int N, int C, int H, int W, int64_t sn, int64_t sc,
-                                 int64_t sh, int64_t sw, int G, int Cgw, uint32_t* xb, cudaStream_t st);
+                                 int64_t sh, int64_t sw, int G, int Cgw, uint32_t* xb, int* ppop, cudaStream_t st);
 // im2col from channel-packed words: row (g, n, ho, wo) = [taps (r, s) x Cgw words], zero to KWh words;
 // pad_mode 0: padding bits 0 (-1), 1: padding bits 1 (+1), 2: two halves (0 then 1).
 // term[row] = c0 - 2 popc(row).
@@ -60,6 +61,7 @@ struct GatherArgs {
   int N, H, W, G, Cg, Cgw, kh, kw, sh, sw, ph, pw, dh, dw, Ho, Wo;
   int KWh, copies, pad_mode, c0;
 };
-cudaError_t launch_gather(const uint32_t* xb, const GatherArgs& g, uint32_t* cols, int* term, cudaStream_t st);
+cudaError_t launch_gather(const uint32_t* xb, const int* ppop, const GatherArgs& g, uint32_t* cols, int* term,
+                          cudaStream_t st);
 
 }  // namespace bie_cutlass_bin

@@ -209,10 +209,10 @@ struct VisitorBinaryFinish {
   }
 };
 
-template <int BM, int BN, int WM, int WN, int STAGES, class ElementOut>
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, class ElementOut>
 struct BinGemm {
-  using TB = cutlass::gemm::GemmShape<BM, BN, 512>;
-  using WS = cutlass::gemm::GemmShape<WM, WN, 512>;
+  using TB = cutlass::gemm::GemmShape<BM, BN, BK>;
+  using WS = cutlass::gemm::GemmShape<WM, WN, BK>;
   static constexpr int kAlignC = 16 / int(sizeof(ElementOut));
   using ThreadMap = cutlass::epilogue::threadblock::OutputTileThreadLayout<TB, WS, ElementOut, kAlignC, 1>;
   using Finish = VisitorBinaryFinish<ThreadMap, ElementOut>;
@@ -251,9 +251,9 @@ struct BinGemm {
 }  // namespace bie_cutlass_bin
 
 // One (tile configuration, output type) per translation unit so that ninja builds them in parallel.
-#define BIE_BGEMM_CFG0(OUT) ::bie_cutlass_bin::BinGemm<128, 256, 64, 64, 3, OUT>
-#define BIE_BGEMM_CFG1(OUT) ::bie_cutlass_bin::BinGemm<128, 128, 64, 32, 4, OUT>
-#define BIE_BGEMM_CFG2(OUT) ::bie_cutlass_bin::BinGemm<64, 128, 32, 64, 4, OUT>
+#define BIE_BGEMM_CFG0(OUT) ::bie_cutlass_bin::BinGemm<128, 256, 512, 64, 64, 3, OUT>
+#define BIE_BGEMM_CFG1(OUT) ::bie_cutlass_bin::BinGemm<128, 256, 1024, 64, 64, 3, OUT>
+#define BIE_BGEMM_CFG2(OUT) ::bie_cutlass_bin::BinGemm<64, 128, 512, 32, 64, 4, OUT>
 #define BIE_BGEMM_DEFINE(NAME, CFG, OUT)                                                        \
   namespace bie_cutlass_bin {                                                                    \
   cudaError_t NAME(const GemmArgs& g, cudaStream_t st) { return CFG(OUT)::run(g, st); }          \

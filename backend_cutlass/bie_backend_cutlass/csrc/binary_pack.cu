@@ -175,57 +175,73 @@ cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, in
 }
 
 // ------------------------------------------------------------------ conv: channel packing
-// xb[(n*H + h)*W + w][g*Cgw + cw] bit j = sgn(x[n, g*Cg + 32cw + j, h, w]) for 32cw + j < Cg, else 0.
-// cl (channel stride 1): consecutive threads take consecutive words of one pixel; otherwise
-// consecutive pixels of one word (coalesced along w for NCHW).
+// One thread per (pixel, group): xb[pix][g*Cgw + cw] bit j = sgn(x[n, g*Cg + 32cw + j, h, w]) for
+// 32cw + j < Cg, else 0; ppop[pix*G + g] = popcount of the group's bits. Consecutive threads take
+// consecutive pixels (coalesced along w for NCHW). vec: channel stride 1 and 16-byte aligned
+// channel runs (channels_last): 16-byte loads.
 template <typename T>
 __global__ void __launch_bounds__(256) pack_channels_kernel(const T* __restrict__ x, int N, int C, int H, int W,
                                                             int64_t sn, int64_t sc, int64_t sh, int64_t sw, int G,
-                                                            int Cgw, uint32_t* __restrict__ xb, int cl) {
+                                                            int Cgw, uint32_t* __restrict__ xb,
+                                                            int* __restrict__ ppop, int vec) {
+  constexpr int E = 16 / sizeof(T);
   const int Cg = C / G, GW = G * Cgw;
-  const int64_t HW = (int64_t)H * W, total = (int64_t)N * HW * GW;
+  const int64_t HW = (int64_t)H * W, total = (int64_t)N * G * HW;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t pix;
-    int gw;
-    if (cl) {
-      pix = i / GW;
-      gw = (int)(i - pix * GW);
-    } else {
-      const int64_t hw = i % HW, rest = i / HW;
-      gw = (int)(rest % GW);
-      pix = (rest / GW) * HW + hw;
-    }
-    const int64_t n = pix / HW, hw = pix - n * HW;
+    const int64_t hw = i % HW, ng = i / HW;
+    const int g = (int)(ng % G);
+    const int64_t n = ng / G;
     const int h = (int)(hw / W), w = (int)(hw - (int64_t)h * W);
-    const int g = gw / Cgw, cw = gw - g * Cgw;
-    const int cbase = cw * 32;
+    const int64_t pix = n * HW + hw;
     const T* p = x + n * sn + (int64_t)h * sh + (int64_t)w * sw + (int64_t)(g * Cg) * sc;
-    uint32_t word = 0;
-    const int nbits = min(32, Cg - cbase);
-    for (int j = 0; j < nbits; ++j) word |= (uint32_t)(to_f<T>(p[(int64_t)(cbase + j) * sc]) >= 0.f) << j;
-    xb[pix * GW + gw] = word;
+    int cnt = 0;
+    for (int cw = 0; cw < Cgw; ++cw) {
+      const int cbase = cw * 32;
+      const int nbits = min(32, Cg - cbase);
+      uint32_t word = 0;
+      if (vec) {  // nbits % E == 0
+        for (int q = 0; q < nbits / E; ++q) {
+          const uint4 u = *reinterpret_cast<const uint4*>(p + cbase + q * E);
+          const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+          for (int j = 0; j < E; ++j) word |= (uint32_t)(to_f<T>(e[j]) >= 0.f) << (q * E + j);
+        }
+      } else {
+        for (int j = 0; j < nbits; ++j) word |= (uint32_t)(to_f<T>(p[(int64_t)(cbase + j) * sc]) >= 0.f) << j;
+      }
+      xb[pix * GW + g * Cgw + cw] = word;
+      cnt += __popc(word);
+    }
+    ppop[pix * G + g] = cnt;
   }
 }
 
 cudaError_t launch_pack_channels(const void* x, int dt, int N, int C, int H, int W, int64_t sn, int64_t sc,
-                                 int64_t sh, int64_t sw, int G, int Cgw, uint32_t* xb, cudaStream_t st) {
-  const int64_t total = (int64_t)N * H * W * G * Cgw;
+                                 int64_t sh, int64_t sw, int G, int Cgw, uint32_t* xb, int* ppop, cudaStream_t st) {
+  const int64_t total = (int64_t)N * H * W * G;
   if (total <= 0) return cudaSuccess;
   const unsigned grid = (unsigned)std::min<int64_t>((total + 255) / 256, 1 << 20);
-  const int cl = sc == 1 && C > 1;
+  const int es = dt == kF32 ? 4 : (dt == kI8 ? 1 : 2);
+  const int E = 16 / es;
+  const int Cg = C / G;
+  const int vec = sc == 1 && Cg % E == 0 && (sn % E == 0 || N == 1) && (sh % E == 0 || H == 1) &&
+                  (sw % E == 0 || W == 1) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   switch (dt) {
     case kF32:
-      pack_channels_kernel<float><<<grid, 256, 0, st>>>((const float*)x, N, C, H, W, sn, sc, sh, sw, G, Cgw, xb, cl);
+      pack_channels_kernel<float><<<grid, 256, 0, st>>>((const float*)x, N, C, H, W, sn, sc, sh, sw, G, Cgw, xb, ppop,
+                                                        vec);
       break;
     case kF16:
-      pack_channels_kernel<__half><<<grid, 256, 0, st>>>((const __half*)x, N, C, H, W, sn, sc, sh, sw, G, Cgw, xb, cl);
+      pack_channels_kernel<__half><<<grid, 256, 0, st>>>((const __half*)x, N, C, H, W, sn, sc, sh, sw, G, Cgw, xb, ppop,
+                                                         vec);
       break;
     case kBF16:
       pack_channels_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>((const __nv_bfloat16*)x, N, C, H, W, sn, sc, sh, sw,
-                                                                G, Cgw, xb, cl);
+                                                                G, Cgw, xb, ppop, vec);
       break;
     case kI8:
-      pack_channels_kernel<int8_t><<<grid, 256, 0, st>>>((const int8_t*)x, N, C, H, W, sn, sc, sh, sw, G, Cgw, xb, cl);
+      pack_channels_kernel<int8_t><<<grid, 256, 0, st>>>((const int8_t*)x, N, C, H, W, sn, sc, sh, sw, G, Cgw, xb, ppop,
+                                                         vec);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -234,58 +250,76 @@ cudaError_t launch_pack_channels(const void* x, int dt, int N, int C, int H, int
 }
 
 // ------------------------------------------------------------------ conv: im2col of packed words
-// One warp per row (g, n, ho, wo); the row's K order is (r, s, channel word), matching the weights
-// prepared in that order. Out-of-range taps read the padding word (0, or ones on the Cg channel bits).
-__global__ void __launch_bounds__(256) gather_kernel(const uint32_t* __restrict__ xb, GatherArgs a,
-                                                     uint32_t* __restrict__ cols, int* __restrict__ term) {
-  const int lane = threadIdx.x & 31;
-  const int64_t P = (int64_t)a.Ho * a.Wo, NP = (int64_t)a.N * P;
-  const int64_t rows = (int64_t)a.G * NP;
-  const int taps_words = a.kh * a.kw * a.Cgw;
+// One thread per (row, tap), row = (g, n, ho, wo): copies the tap's Cgw channel words (or the padding
+// words: 0, or ones on the Cg channel bits) into both halves; the last tap's thread zero-fills the
+// row's tail, the first tap's thread writes term[row] = c0 - 2 popc(row) from the per-pixel counts.
+// The row's K order is (r, s, channel word), matching the weights prepared in that order.
+__global__ void __launch_bounds__(256) gather_kernel(const uint32_t* __restrict__ xb, const int* __restrict__ ppop,
+                                                     GatherArgs a, uint32_t* __restrict__ cols,
+                                                     int* __restrict__ term) {
+  const int taps = a.kh * a.kw;
+  const int P = a.Ho * a.Wo;
+  const int NP = a.N * P;
+  const int64_t total = (int64_t)a.G * NP * taps;
   const int GW = a.G * a.Cgw;
   const int64_t ld = (int64_t)a.KWh * a.copies;
-  const int64_t warp0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-  const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-  for (int64_t row = warp0; row < rows; row += nwarps) {
-    const int g = (int)(row / NP);
-    const int64_t j = row - (int64_t)g * NP;
-    const int n = (int)(j / P);
-    const int p = (int)(j - (int64_t)n * P);
+  const int tail_nb = a.Cg - (a.Cgw - 1) * 32;
+  const uint32_t last_ones = tail_nb >= 32 ? 0xffffffffu : ((1u << tail_nb) - 1u);
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int row = (int)(i / taps);
+    const int t = (int)(i - (int64_t)row * taps);
+    const int g = row / NP;
+    const int j = row - g * NP;
+    const int n = j / P;
+    const int p = j - n * P;
     const int ho = p / a.Wo, wo = p - ho * a.Wo;
-    int cnt = 0;
-    for (int w = lane; w < a.KWh; w += 32) {
-      uint32_t w0 = 0, w1 = 0;
-      if (w < taps_words) {
-        const int t = w / a.Cgw, cw = w - t * a.Cgw;
-        const int r = t / a.kw, s = t - r * a.kw;
-        const int hi = ho * a.sh - a.ph + r * a.dh, wi = wo * a.sw - a.pw + s * a.dw;
-        if (hi >= 0 && hi < a.H && wi >= 0 && wi < a.W) {
-          w0 = w1 = xb[(((int64_t)n * a.H + hi) * a.W + wi) * GW + g * a.Cgw + cw];
-        } else {
-          const int nb = min(32, a.Cg - cw * 32);
-          const uint32_t ones = nb >= 32 ? 0xffffffffu : ((1u << nb) - 1u);
-          w0 = a.pad_mode == 1 ? ones : 0u;
-          w1 = ones;
+    uint32_t* dst = cols + (int64_t)row * ld;
+    {
+      const int r = t / a.kw, s = t - r * a.kw;
+      const int hi = ho * a.sh - a.ph + r * a.dh, wi = wo * a.sw - a.pw + s * a.dw;
+      if (hi >= 0 && hi < a.H && wi >= 0 && wi < a.W) {
+        const uint32_t* src = xb + (((int64_t)n * a.H + hi) * a.W + wi) * GW + g * a.Cgw;
+        for (int cw = 0; cw < a.Cgw; ++cw) {
+          const uint32_t v = src[cw];
+          dst[t * a.Cgw + cw] = v;
+          if (a.copies == 2) dst[a.KWh + t * a.Cgw + cw] = v;
+        }
+      } else {
+        for (int cw = 0; cw < a.Cgw; ++cw) {
+          const uint32_t ones = cw == a.Cgw - 1 ? last_ones : 0xffffffffu;
+          dst[t * a.Cgw + cw] = a.pad_mode == 1 ? ones : 0u;
+          if (a.copies == 2) dst[a.KWh + t * a.Cgw + cw] = ones;
         }
       }
-      cols[row * ld + w] = w0;
-      cnt += __popc(w0);
-      if (a.copies == 2) {
-        cols[row * ld + a.KWh + w] = w1;
-        cnt += __popc(w1);
+    }
+    if (t == taps - 1) {
+      for (int w = taps * a.Cgw; w < a.KWh; ++w) {
+        dst[w] = 0u;
+        if (a.copies == 2) dst[a.KWh + w] = 0u;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-    if (lane == 0) term[row] = a.c0 - 2 * cnt;
+    if (t == 0) {
+      int cnt = 0;
+      for (int tt = 0; tt < taps; ++tt) {
+        const int r = tt / a.kw, s = tt - r * a.kw;
+        const int hi = ho * a.sh - a.ph + r * a.dh, wi = wo * a.sw - a.pw + s * a.dw;
+        if (hi >= 0 && hi < a.H && wi >= 0 && wi < a.W) {
+          cnt += a.copies * ppop[(((int64_t)n * a.H + hi) * a.W + wi) * a.G + g];
+        } else {
+          cnt += (a.pad_mode == 1 ? a.Cg : 0) + (a.copies == 2 ? a.Cg : 0);
+        }
+      }
+      term[row] = a.c0 - 2 * cnt;
+    }
   }
 }
 
-cudaError_t launch_gather(const uint32_t* xb, const GatherArgs& g, uint32_t* cols, int* term, cudaStream_t st) {
-  const int64_t rows = (int64_t)g.G * g.N * g.Ho * g.Wo;
-  if (rows <= 0) return cudaSuccess;
-  const unsigned grid = (unsigned)std::min<int64_t>((rows + 7) / 8, 1 << 20);
-  gather_kernel<<<grid, 256, 0, st>>>(xb, g, cols, term);
+cudaError_t launch_gather(const uint32_t* xb, const int* ppop, const GatherArgs& g, uint32_t* cols, int* term,
+                          cudaStream_t st) {
+  const int64_t total = (int64_t)g.G * g.N * g.Ho * g.Wo * g.kh * g.kw;
+  if (total <= 0) return cudaSuccess;
+  const unsigned grid = (unsigned)std::min<int64_t>((total + 255) / 256, 1 << 20);
+  gather_kernel<<<grid, 256, 0, st>>>(xb, ppop, g, cols, term);
   BIE_CHECK_LAUNCH();
 }
 
