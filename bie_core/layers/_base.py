@@ -304,6 +304,8 @@ class QATLayer(nn.Module):
         # copy.deepcopy and pickle rebuild Parameters without their attributes:
         # put the binary tag back.
         super().__setstate__(state)
+        for name in self._transient:  # (pickles from before these caches existed)
+            self.__dict__.setdefault(name, None)
         self._tag_params()
 
 

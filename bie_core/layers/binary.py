@@ -165,7 +165,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             bits, sw = self._latent_signs(w)
         backend = self.backend or ""
         args = (x2d, params["act_shift"], bits, k, params["act_scale"], sw, params.get("bias"), x2d.dtype)
-        r = self._resolved
+        r = self.__dict__.get("_resolved")
         if r is None or not r.valid(args, backend):
             # something changed (first call, backend choice, kernels, shapes,
             # dtypes, weights): the full input checks, fresh weight signs under
@@ -188,7 +188,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             st = (w.data_ptr(), w._version)
         except RuntimeError:  # an inference tensor has no version counter: derive every time
             st = None
-        c = self._signs
+        c = self.__dict__.get("_signs")
         if st is not None and c is not None and c[0] is w and c[1] == st:
             return c[2], c[3]
         _, bits, sw = self._weight_operands()
