@@ -186,7 +186,7 @@ def bench_conv(rows, quick):
         cgw = -(-c // 32)
         words = -(-(9 * cgw) // 4) * 4
         xb = torch.empty((batch * hw * hw, cgw), dtype=torch.int32, device="cuda")
-        pp = torch.empty(batch * hw * hw, dtype=torch.int32, device="cuda")
+        pp = torch.empty((batch * hw * hw, cgw), dtype=torch.int32, device="cuda")
         cols = torch.empty((batch * hw * hw, words), dtype=torch.int32, device="cuda")
         ct = torch.empty(batch * hw * hw, dtype=torch.int32, device="cuda")
         geo = [batch, hw, hw, 1, c, cgw, 3, 3, 1, 1, 1, 1, 1, 1, hw, hw, words, 1, 0, k]

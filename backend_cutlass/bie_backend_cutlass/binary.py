@@ -245,7 +245,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     cgw = -(-cg // 32)
     wb, wterm, words = p.conv(cg, kh, kw, copies)
     xb = torch.empty((nimg * h * wd, g * cgw), dtype=torch.int32, device=x.device)
-    ppop = torch.empty((nimg * h * wd, g), dtype=torch.int32, device=x.device)
+    ppop = torch.empty((nimg * h * wd, g * cgw), dtype=torch.int32, device=x.device)
     _ops().pack_channels(x, xb, ppop, g, cgw)
     P = ho * wo
     np_ = nimg * P

@@ -191,7 +191,7 @@ void rows(const at::Tensor& a, const c10::optional<at::Tensor>& out, at::Tensor&
           "rows");
 }
 
-// x (N, C, H, W) any strides; xb (N*H*W, G*Cgw) int32; ppop (N*H*W, G) int32
+// x (N, C, H, W) any strides; xb and ppop (N*H*W, G*Cgw) int32
 void pack_channels(const at::Tensor& x, at::Tensor& xb, at::Tensor& ppop, int64_t G, int64_t Cgw) {
   check_cuda(x, "x");
   c10::cuda::CUDAGuard guard(x.device());
@@ -202,7 +202,7 @@ void pack_channels(const at::Tensor& x, at::Tensor& xb, at::Tensor& ppop, int64_
                   xb.numel() >= x.size(0) * x.size(2) * x.size(3) * G * Cgw,
               "bie_cutlass_binary.pack_channels: bad xb buffer");
   TORCH_CHECK(ppop.scalar_type() == at::kInt && ppop.is_contiguous() &&
-                  ppop.numel() >= x.size(0) * x.size(2) * x.size(3) * G,
+                  ppop.numel() >= x.size(0) * x.size(2) * x.size(3) * G * Cgw,
               "bie_cutlass_binary.pack_channels: bad ppop buffer");
   cuda_ok(launch_pack_channels(x.data_ptr(), dt_code(x.scalar_type()), (int)x.size(0), (int)x.size(1), (int)x.size(2),
                                (int)x.size(3), x.stride(0), x.stride(1), x.stride(2), x.stride(3), (int)G, (int)Cgw,
@@ -230,7 +230,7 @@ void gather(const at::Tensor& xb, const at::Tensor& ppop, at::Tensor& cols, at::
                   xb.numel() >= (int64_t)g.N * g.H * g.W * g.G * g.Cgw,
               "bie_cutlass_binary.gather: bad xb");
   TORCH_CHECK(ppop.scalar_type() == at::kInt && ppop.is_contiguous() &&
-                  ppop.numel() >= (int64_t)g.N * g.H * g.W * g.G,
+                  ppop.numel() >= (int64_t)g.N * g.H * g.W * g.G * g.Cgw,
               "bie_cutlass_binary.gather: bad ppop");
   TORCH_CHECK(rows * g.kh * g.kw < (1LL << 31) && rows < (1LL << 31), "bie_cutlass_binary.gather: too many rows");
   TORCH_CHECK(cols.scalar_type() == at::kInt && cols.is_contiguous() &&

@@ -51,7 +51,7 @@ cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, in
                         uint8_t* out, int64_t ldo, int KBo, int copies, int* term, int c0, int c1, int vec,
                         cudaStream_t st);
 // x (N, C, H, W) with element strides -> words (N*H*W, G*Cgw): sgn bits along each group's channels,
-// and ppop (N*H*W, G): their popcount.
+// and ppop (N*H*W, G*Cgw): the popcount of each word.
 cudaError_t launch_pack_channels(const void* x, int dt, int N, int C, int H, int W, int64_t sn, int64_t sc,
                                  int64_t sh, int64_t sw, int G, int Cgw, uint32_t* xb, int* ppop, cudaStream_t st);
 // im2col from channel-packed words: row (g, n, ho, wo) = [taps (r, s) x Cgw words], zero to KWh words;

@@ -175,8 +175,8 @@ cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, in
 }
 
 // ------------------------------------------------------------------ conv: channel packing
-// One thread per (pixel, group): xb[pix][g*Cgw + cw] bit j = sgn(x[n, g*Cg + 32cw + j, h, w]) for
-// 32cw + j < Cg, else 0; ppop[pix*G + g] = popcount of the group's bits. Consecutive threads take
+// One thread per (pixel, channel word): xb[pix][g*Cgw + cw] bit j = sgn(x[n, g*Cg + 32cw + j, h, w])
+// for 32cw + j < Cg, else 0; ppop[pix][g*Cgw + cw] = its popcount. Consecutive threads take
 // consecutive pixels (coalesced along w for NCHW). vec: channel stride 1 and 16-byte aligned
 // channel runs (channels_last): 16-byte loads.
 template <typename T>
@@ -186,39 +186,36 @@ __global__ void __launch_bounds__(256) pack_channels_kernel(const T* __restrict_
                                                             int* __restrict__ ppop, int vec) {
   constexpr int E = 16 / sizeof(T);
   const int Cg = C / G, GW = G * Cgw;
-  const int64_t HW = (int64_t)H * W, total = (int64_t)N * G * HW;
+  const int64_t HW = (int64_t)H * W, total = (int64_t)N * GW * HW;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t hw = i % HW, ng = i / HW;
-    const int g = (int)(ng % G);
-    const int64_t n = ng / G;
+    const int64_t hw = i % HW, ngw = i / HW;
+    const int gw = (int)(ngw % GW);
+    const int64_t n = ngw / GW;
+    const int g = gw / Cgw, cw = gw - g * Cgw;
     const int h = (int)(hw / W), w = (int)(hw - (int64_t)h * W);
     const int64_t pix = n * HW + hw;
-    const T* p = x + n * sn + (int64_t)h * sh + (int64_t)w * sw + (int64_t)(g * Cg) * sc;
-    int cnt = 0;
-    for (int cw = 0; cw < Cgw; ++cw) {
-      const int cbase = cw * 32;
-      const int nbits = min(32, Cg - cbase);
-      uint32_t word = 0;
-      if (vec) {  // nbits % E == 0
-        for (int q = 0; q < nbits / E; ++q) {
-          const uint4 u = *reinterpret_cast<const uint4*>(p + cbase + q * E);
-          const T* e = reinterpret_cast<const T*>(&u);
+    const int cbase = cw * 32;
+    const T* p = x + n * sn + (int64_t)h * sh + (int64_t)w * sw + (int64_t)(g * Cg + cbase) * sc;
+    const int nbits = min(32, Cg - cbase);
+    uint32_t word = 0;
+    if (vec) {  // nbits % E == 0
+      for (int q = 0; q < nbits / E; ++q) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p + q * E);
+        const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
-          for (int j = 0; j < E; ++j) word |= (uint32_t)(to_f<T>(e[j]) >= 0.f) << (q * E + j);
-        }
-      } else {
-        for (int j = 0; j < nbits; ++j) word |= (uint32_t)(to_f<T>(p[(int64_t)(cbase + j) * sc]) >= 0.f) << j;
+        for (int j = 0; j < E; ++j) word |= (uint32_t)(to_f<T>(e[j]) >= 0.f) << (q * E + j);
       }
-      xb[pix * GW + g * Cgw + cw] = word;
-      cnt += __popc(word);
+    } else {
+      for (int j = 0; j < nbits; ++j) word |= (uint32_t)(to_f<T>(p[(int64_t)j * sc]) >= 0.f) << j;
     }
-    ppop[pix * G + g] = cnt;
+    xb[pix * GW + gw] = word;
+    ppop[pix * GW + gw] = __popc(word);
   }
 }
 
 cudaError_t launch_pack_channels(const void* x, int dt, int N, int C, int H, int W, int64_t sn, int64_t sc,
                                  int64_t sh, int64_t sw, int G, int Cgw, uint32_t* xb, int* ppop, cudaStream_t st) {
-  const int64_t total = (int64_t)N * H * W * G;
+  const int64_t total = (int64_t)N * H * W * G * Cgw;
   if (total <= 0) return cudaSuccess;
   const unsigned grid = (unsigned)std::min<int64_t>((total + 255) / 256, 1 << 20);
   const int es = dt == kF32 ? 4 : (dt == kI8 ? 1 : 2);
@@ -257,17 +254,18 @@ cudaError_t launch_pack_channels(const void* x, int dt, int N, int C, int H, int
 __global__ void __launch_bounds__(256) gather_kernel(const uint32_t* __restrict__ xb, const int* __restrict__ ppop,
                                                      GatherArgs a, uint32_t* __restrict__ cols,
                                                      int* __restrict__ term) {
+  // 32-bit index math: the host checks rows * taps < 2^31
   const int taps = a.kh * a.kw;
   const int P = a.Ho * a.Wo;
   const int NP = a.N * P;
-  const int64_t total = (int64_t)a.G * NP * taps;
+  const int total = a.G * NP * taps;
   const int GW = a.G * a.Cgw;
-  const int64_t ld = (int64_t)a.KWh * a.copies;
+  const int ld = a.KWh * a.copies;
   const int tail_nb = a.Cg - (a.Cgw - 1) * 32;
   const uint32_t last_ones = tail_nb >= 32 ? 0xffffffffu : ((1u << tail_nb) - 1u);
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    const int row = (int)(i / taps);
-    const int t = (int)(i - (int64_t)row * taps);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int row = i / taps;
+    const int t = i - row * taps;
     const int g = row / NP;
     const int j = row - g * NP;
     const int n = j / P;
@@ -304,7 +302,10 @@ __global__ void __launch_bounds__(256) gather_kernel(const uint32_t* __restrict_
         const int r = tt / a.kw, s = tt - r * a.kw;
         const int hi = ho * a.sh - a.ph + r * a.dh, wi = wo * a.sw - a.pw + s * a.dw;
         if (hi >= 0 && hi < a.H && wi >= 0 && wi < a.W) {
-          cnt += a.copies * ppop[(((int64_t)n * a.H + hi) * a.W + wi) * a.G + g];
+          const int* pp = ppop + (((int64_t)n * a.H + hi) * a.W + wi) * GW + g * a.Cgw;
+          int c = 0;
+          for (int cw = 0; cw < a.Cgw; ++cw) c += pp[cw];
+          cnt += a.copies * c;
         } else {
           cnt += (a.pad_mode == 1 ? a.Cg : 0) + (a.copies == 2 ? a.Cg : 0);
         }
