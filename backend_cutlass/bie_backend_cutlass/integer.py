@@ -16,10 +16,12 @@ emulated there, about 40x slower than wgmma s8).
   stride, dilation, groups) writes the (G, N*Ho*Wo, K) patch matrix, the GEMM
   runs batched over groups against the (G, O/G, K) weight, the result is
   permuted to contiguous NCHW.
-* K is padded with zero codes to a multiple of 16 (TMA moves 16-byte rows); the
-  weight's padded copy is a prepared layout (cached per weight version),
-  activations are padded per call only when K % 16 != 0. An output row that is
-  not 16-byte aligned is written into a padded buffer and copied out.
+* K is padded with zero codes to a multiple of 16 (TMA moves 16-byte rows) and
+  the weight's rows (output channels) to a multiple of 8 (the TMA store writes
+  16-byte aligned rows, and CUTLASS requires the contiguous extent to be a
+  multiple of the alignment); the weight's padded copy is a prepared layout
+  (cached per weight version), activations are padded per call only when
+  K % 16 != 0; the extra output columns are dropped (one copy) when N % 8 != 0.
 
 Kernel configurations (tile shape, cluster, schedule) are chosen per GPU and
 problem bucket by ``tuning.choose`` (timed once, cached on disk).
@@ -49,7 +51,9 @@ SM90 = ((9, 0), (9, 0))
 #: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
 MAX_K = (2 ** 31 - 1) // (128 * 128)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_OUT_ALIGN = {None: 4, torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}
+#: rows of B (output channels) are padded to a multiple of 8 with zero codes: the TMA store needs
+#: 16-byte aligned output rows for every out dtype (8 x bf16/fp16, 4 x int32/fp32)
+N_ALIGN = 8
 
 
 def _ops():
@@ -74,29 +78,55 @@ def _pad_k(t: torch.Tensor, kp: int) -> torch.Tensor:
     return out
 
 
+def _n8(n: int) -> int:
+    return -(-n // N_ALIGN) * N_ALIGN
+
+
+def _pad_rows_k(t: torch.Tensor, rows: int, kp: int) -> torch.Tensor:
+    """``t`` (..., R, K) int8 as a contiguous, aligned (..., rows, kp) tensor, zero codes in the padding."""
+    r, k = t.shape[-2], t.shape[-1]
+    if r == rows and k == kp and _aligned(t):
+        return t
+    out = torch.zeros(tuple(t.shape[:-2]) + (rows, kp), dtype=torch.int8, device=t.device)
+    out[..., :r, :k] = t
+    return out
+
+
 def _bucket(v: int) -> int:
     return 1 << max(0, (int(v) - 1).bit_length())
 
 
-def _f32(t):
-    return None if t is None else t.detach().reshape(-1).to(torch.float32).contiguous()
+def _vec(t, groups: int, n: int, n_pad: int, scalar_ok: bool = True):
+    """Epilogue vector as float32 (groups, n_pad) (zero padded) and its batch stride; a scalar scale
+    stays one value (the kernel broadcasts it)."""
+    if t is None:
+        return None, 0
+    t = t.detach().reshape(-1).to(torch.float32)
+    if scalar_ok and t.numel() == 1:
+        return t.contiguous(), 0
+    t = t.reshape(groups, n)
+    if n_pad != n:
+        t = torch.nn.functional.pad(t, (0, n_pad - n))
+    return t.contiguous(), (n_pad if groups > 1 else 0)
 
 
-def _gemm(a3, b3, scale, scale_batch, bias, bias_batch, out_dtype, n):
-    """a3 (L, M, Kp), b3 (L, N, Kp) int8 -> (L, M, N) contiguous, epilogue fused."""
+def _gemm(a3, b3, n, scale, bias, out_dtype, groups: int = 1):
+    """a3 (L, M, Kp), b3 (L, Np, Kp) int8 (Np % 8 == 0, zero rows beyond n) -> (L, M, n) contiguous.
+
+    ``scale`` / ``bias``: None, a scalar, or ``groups * n`` values (one vector per batch when groups == L,
+    one shared vector when groups == 1). The epilogue is fused into the kernel."""
     ops = _ops()
-    align = _OUT_ALIGN[out_dtype]
-    n_pad = -(-n // align) * align
-    s, bb = _f32(scale), _f32(bias)
-    sb = scale_batch if (s is not None and s.numel() > 1) else 0
     L, M, Kp = a3.shape
+    n_pad = b3.shape[1]
+    s, sb = _vec(scale, groups, n, n_pad)
+    bb, bbs = _vec(bias, groups, n, n_pad, scalar_ok=False)
     names = list(CONFIGS) if M > 64 else list(reversed(CONFIGS))   # the default first: small M, small tile
-    cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bias_batch, out_dtype, n_pad, c)))
+    cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, c)))
              for nm in names]
-    bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n)}/K{_bucket(Kp)}"
+    bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n_pad)}/K{_bucket(Kp)}"
               f"/s{int(s is not None and s.numel() > 1)}")
     cfg = tuning.choose("int_gemm_sm90", bucket, cands, device=a3.device)
-    out = ops.gemm(a3, b3, s, sb, bb, bias_batch, out_dtype, n_pad, CONFIGS.index(cfg))
+    out = ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, CONFIGS.index(cfg))
     if n_pad != n:
         out = out[..., :n].contiguous()
     return out
@@ -119,14 +149,13 @@ def _finish_empty(shape, device, scale, bias, out_dtype, channel_dim):
 
 # ------------------------------------------------------------------ int_gemm
 def prepare_gemm(b):
-    """The weight codes (N, K) padded to K % 16 == 0; None when ``b`` is usable as it is.
-
-    (Never a view of ``b``: a prepared object that keeps the weight alive would
-    keep its cache entry alive.)"""
-    kp = _k16(b.shape[1])
-    if kp == b.shape[1] and _aligned(b):
+    """The weight codes (N, K) padded with zero codes to (N8, K16) (rows to a multiple of 8, K to 16);
+    None when ``b`` is usable as it is. (Never ``b`` itself: a prepared object that kept the weight
+    alive would keep its own cache entry alive.)"""
+    n, k = b.shape
+    if _n8(n) == n and _k16(k) == k and _aligned(b):
         return None
-    return _pad_k(b.detach(), kp)
+    return _pad_rows_k(b.detach(), _n8(n), _k16(k))
 
 
 def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
@@ -135,11 +164,11 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
     if m == 0 or n == 0 or k == 0:
         return _finish_empty((m, n), a.device, scale, bias, out_dtype, -1)
     kp = _k16(k)
-    bw = prepared if prepared is not None else _pad_k(b.detach(), kp)
-    if bw.shape != (n, kp):
+    bw = prepared if prepared is not None else _pad_rows_k(b.detach(), _n8(n), kp)
+    if tuple(bw.shape) != (_n8(n), kp):
         raise ValueError(f"bie-backend-cutlass int_gemm: prepared weight {tuple(bw.shape)} does not fit b {tuple(b.shape)}")
     a2 = _pad_k(a.detach(), kp)
-    return _gemm(a2.unsqueeze(0), bw.unsqueeze(0), scale, 0, bias, 0, out_dtype, n)[0]
+    return _gemm(a2.unsqueeze(0), bw.unsqueeze(0), n, scale, bias, out_dtype)[0]
 
 
 # ------------------------------------------------------------------- int_bmm
@@ -149,7 +178,7 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
     if bs == 0 or m == 0 or n == 0 or k == 0:
         return _finish_empty((bs, m, n), a.device, scale, None, out_dtype, -1)
     kp = _k16(k)
-    return _gemm(_pad_k(a.detach(), kp), _pad_k(b.detach(), kp), scale, 0, None, 0, out_dtype, n)
+    return _gemm(_pad_k(a.detach(), kp), _pad_rows_k(b.detach(), _n8(n), kp), n, scale, None, out_dtype)
 
 
 # ---------------------------------------------------------------- int_conv2d
@@ -160,13 +189,13 @@ def _conv_out(size, k, s, p, d):
 def _conv_weight(w, groups):
     o, cg, kh, kw = w.shape
     kg = cg * kh * kw
-    return _pad_k(w.detach().reshape(groups, o // groups, kg), _k16(kg))
+    return _pad_rows_k(w.detach().reshape(groups, o // groups, kg), _n8(o // groups), _k16(kg))
 
 
 def prepare_conv(w, groups=1):
-    """OIHW codes as (G, O/G, Kg) rows padded to Kg % 16 == 0 (k = (c, kh, kw), as the flattened weight)."""
-    # a view of w.detach() when no padding is needed: it shares storage, not the tensor object, so the
-    # dispatcher's weak reference to w (and with it the cache entry) still dies with w
+    """OIHW codes as (G, O/G, Kg) rows, zero padded to (G, 8*ceil(O/G/8), 16*ceil(Kg/16)), k = (c, kh, kw)
+    as the flattened weight. A view of ``w.detach()`` when no padding is needed: it shares storage, not
+    the tensor object, so the dispatcher's weak reference to ``w`` (and the cache entry) dies with ``w``."""
     return _conv_weight(w, groups)
 
 
@@ -181,11 +210,11 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
         return _finish_empty((n, o, ho, wo), x.device, scale, bias, out_dtype, 1)
     kp = _k16(kg)
     wp = prepared if prepared is not None else _conv_weight(w, g)
-    if wp.shape != (g, og, kp):
+    if tuple(wp.shape) != (g, _n8(og), kp):
         raise ValueError(f"bie-backend-cutlass int_conv2d: prepared weight {tuple(wp.shape)} does not fit w {tuple(w.shape)}")
     cols = _ops().im2col(x.detach().contiguous(), g, kh, kw, stride[0], stride[1], padding[0], padding[1],
                          dilation[0], dilation[1], ho, wo, kp)                       # (G, N*Ho*Wo, Kp)
-    d = _gemm(cols, wp, scale, og, bias, og, out_dtype, og)                            # (G, N*Ho*Wo, O/G)
+    d = _gemm(cols, wp, og, scale, bias, out_dtype, groups=g)                         # (G, N*Ho*Wo, O/G)
     return d.view(g, n, ho * wo, og).permute(1, 0, 3, 2).reshape(n, o, ho, wo).contiguous()
 
 

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "integer_launch.h"
 
@@ -43,16 +44,55 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 // q = clamp(round_half_even(float(x) / scale), lo, hi), NaN -> 0 (true IEEE division, as the reference)
+__device__ __forceinline__ int8_t quant1(float v, float s, float lo, float hi) {
+  float q = rintf(__fdiv_rn(v, s));
+  if (q != q) q = 0.0f;
+  q = fminf(fmaxf(q, lo), hi);
+  return static_cast<int8_t>(static_cast<int>(q));
+}
+
 template <typename T>
 __global__ void quantize_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale, bool per_row,
                                 int64_t inner, float lo, float hi, int8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float s = per_row ? scale[i / inner] : scale[0];
-    float q = rintf(__fdiv_rn(to_f32(x[i]), s));
-    if (q != q) q = 0.0f;
-    q = fminf(fmaxf(q, lo), hi);
-    out[i] = static_cast<int8_t>(static_cast<int>(q));
+    out[i] = quant1(to_f32(x[i]), s, lo, hi);
+  }
+}
+
+// VEC = 16 / sizeof(T) elements per thread: one 16-byte load, one VEC-byte store; every element of a
+// vector shares its scale (per_row needs inner % VEC == 0).
+template <typename T, int VEC, typename StoreT>
+__global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const float* __restrict__ scale,
+                                    bool per_row, int64_t inner, float lo, float hi, int8_t* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    const float s = per_row ? scale[(v * VEC) / inner] : scale[0];
+    const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
+    const T* e = reinterpret_cast<const T*>(&raw);
+    union {
+      StoreT word;
+      int8_t b[VEC];
+    } o;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), s, lo, hi);
+    reinterpret_cast<StoreT*>(out)[v] = o.word;
+  }
+}
+
+template <typename T, int VEC, typename StoreT>
+static void quantize_any(const T* x, int64_t n, const float* scale, bool per_row, int64_t inner, float lo, float hi,
+                         int8_t* out, cudaStream_t stream) {
+  const int threads = 256;
+  const bool vec = n % VEC == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % sizeof(StoreT) == 0 && (!per_row || inner % VEC == 0);
+  if (vec) {
+    const int64_t nvec = n / VEC;
+    quantize_vec_kernel<T, VEC, StoreT><<<grid_for(nvec, threads), threads, 0, stream>>>(x, nvec, scale, per_row,
+                                                                                        inner, lo, hi, out);
+  } else {
+    quantize_kernel<T><<<grid_for(n, threads), threads, 0, stream>>>(x, n, scale, per_row, inner, lo, hi, out);
   }
 }
 
@@ -62,19 +102,16 @@ std::string launch_quantize(const void* x, int dtype_code, int64_t n, const floa
   if (bits != 4 && bits != 8) return "bits must be 4 or 8";
   if (per_row && inner <= 0) return "inner must be > 0";
   const float lo = -static_cast<float>(1 << (bits - 1)), hi = static_cast<float>((1 << (bits - 1)) - 1);
-  const int threads = 256, grid = grid_for(n, threads);
   switch (dtype_code) {
     case 1:
-      quantize_kernel<float><<<grid, threads, 0, stream>>>(static_cast<const float*>(x), n, scale, per_row, inner,
-                                                           lo, hi, out);
+      quantize_any<float, 4, uint32_t>(static_cast<const float*>(x), n, scale, per_row, inner, lo, hi, out, stream);
       break;
     case 2:
-      quantize_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), n, scale,
-                                                                   per_row, inner, lo, hi, out);
+      quantize_any<__nv_bfloat16, 8, uint2>(static_cast<const __nv_bfloat16*>(x), n, scale, per_row, inner, lo, hi,
+                                            out, stream);
       break;
     case 3:
-      quantize_kernel<__half><<<grid, threads, 0, stream>>>(static_cast<const __half*>(x), n, scale, per_row, inner,
-                                                            lo, hi, out);
+      quantize_any<__half, 8, uint2>(static_cast<const __half*>(x), n, scale, per_row, inner, lo, hi, out, stream);
       break;
     default:
       return "unsupported dtype";
@@ -84,36 +121,65 @@ std::string launch_quantize(const void* x, int dtype_code, int64_t n, const floa
 
 // ------------------------------------------------------------------ im2col
 // out[g][m][k], m = (n, ho, wo), k = (c, kh, kw) of group g's input channels; zero padding and k >= Kg.
+// One thread writes 16 consecutive k of one row (Kgp % 16 == 0): one 16-byte store, the (c, kh, kw)
+// position advanced incrementally; every read is bounds-checked.
 __global__ void im2col_kernel(const int8_t* __restrict__ x, int8_t* __restrict__ out, int64_t N, int64_t C,
-                              int64_t H, int64_t W, int64_t G, int64_t KH, int64_t KW, int64_t sh, int64_t sw,
-                              int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t Ho, int64_t Wo, int64_t Kgp,
-                              int64_t total) {
-  const int64_t Cg = C / G, Kg = Cg * KH * KW, M = N * Ho * Wo;
+                              int64_t H, int64_t W, int64_t G, int KH, int KW, int sh, int sw, int ph, int pw, int dh,
+                              int dw, int64_t Ho, int64_t Wo, int64_t Kgp, int64_t total_chunks) {
+  const int64_t Cg = C / G, Kg = Cg * KH * KW, M = N * Ho * Wo, chunks = Kgp / 16;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    const int64_t k = idx % Kgp;
-    const int64_t r = idx / Kgp;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total_chunks;
+       idx += stride) {
+    const int64_t chunk = idx % chunks;
+    const int64_t r = idx / chunks;
     const int64_t m = r % M;
     const int64_t g = r / M;
-    int8_t v = 0;
-    if (k < Kg) {
-      const int64_t kw = k % KW, t = k / KW, kh = t % KH, c = t / KH;
-      const int64_t wo = m % Wo, t2 = m / Wo, ho = t2 % Ho, n = t2 / Ho;
-      const int64_t hi = ho * sh - ph + kh * dh, wi = wo * sw - pw + kw * dw;
-      if (hi >= 0 && hi < H && wi >= 0 && wi < W) v = x[((n * C + g * Cg + c) * H + hi) * W + wi];
+    const int64_t wo = m % Wo, t = m / Wo, ho = t % Ho, n = t / Ho;
+    const int64_t k0 = chunk * 16;
+    int kw = static_cast<int>(k0 % KW);
+    const int64_t t2 = k0 / KW;
+    int kh = static_cast<int>(t2 % KH);
+    int64_t c = t2 / KH;
+    const int8_t* xg = x + (n * C + g * Cg) * H * W;
+    const int64_t hbase = ho * sh - ph, wbase = wo * sw - pw;
+    union {
+      uint4 word;
+      int8_t b[16];
+    } o;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      int8_t v = 0;
+      if (k0 + j < Kg) {
+        const int64_t hi = hbase + static_cast<int64_t>(kh) * dh, wi = wbase + static_cast<int64_t>(kw) * dw;
+        if (hi >= 0 && hi < H && wi >= 0 && wi < W) v = xg[(c * H + hi) * W + wi];
+      }
+      o.b[j] = v;
+      if (++kw == KW) {
+        kw = 0;
+        if (++kh == KH) {
+          kh = 0;
+          ++c;
+        }
+      }
     }
-    out[idx] = v;
+    reinterpret_cast<uint4*>(out)[idx] = o.word;
   }
 }
 
 std::string launch_im2col(const int8_t* x, int8_t* out, int64_t N, int64_t C, int64_t H, int64_t W, int64_t G,
                           int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                           int64_t dw, int64_t Ho, int64_t Wo, int64_t Kgp, cudaStream_t stream) {
-  const int64_t total = G * N * Ho * Wo * Kgp;
+  if (Kgp % 16 != 0) return "Kgp must be a multiple of 16";
+  if (reinterpret_cast<uintptr_t>(out) % 16 != 0) return "output must be 16-byte aligned";
+  const int64_t total = G * N * Ho * Wo * (Kgp / 16);
   if (total <= 0) return "";
+  if (KH > INT32_MAX || KW > INT32_MAX || sh > INT32_MAX || sw > INT32_MAX || ph > INT32_MAX || pw > INT32_MAX ||
+      dh > INT32_MAX || dw > INT32_MAX)
+    return "geometry too large";
   const int threads = 256;
-  im2col_kernel<<<grid_for(total, threads), threads, 0, stream>>>(x, out, N, C, H, W, G, KH, KW, sh, sw, ph, pw, dh,
-                                                                  dw, Ho, Wo, Kgp, total);
+  im2col_kernel<<<grid_for(total, threads), threads, 0, stream>>>(
+      x, out, N, C, H, W, G, static_cast<int>(KH), static_cast<int>(KW), static_cast<int>(sh), static_cast<int>(sw),
+      static_cast<int>(ph), static_cast<int>(pw), static_cast<int>(dh), static_cast<int>(dw), Ho, Wo, Kgp, total);
   return last_error("im2col kernel");
 }
 
