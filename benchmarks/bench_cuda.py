@@ -158,7 +158,7 @@ def bench_wq(rows, quick):
     from bie_backend_cuda import weight_only as cw
     cases = []
     for n, k in [(4096, 4096), (28672, 8192), (8192, 28672)]:
-        ms = (1, 16, 32, 64, 128, 1024) if (n == 28672 or not quick) else (1, 16)
+        ms = (1, 4, 8, 16, 32, 64, 128, 1024) if (n == 28672 or not quick) else (1, 8, 16)
         for m in ms:
             cases.append((m, n, k, 4, 128))
     cases += [(1, 28672, 8192, 2, 64), (1, 8192, 28672, 2, 64), (1, 28672, 8192, 8, -1), (16, 28672, 8192, 8, -1),
@@ -175,6 +175,14 @@ def bench_wq(rows, quick):
                for s_, p in zip(sets, preps)]
         t = time_graph(fns)
         t_again = time_graph(fns) if m <= 16 else float("nan")   # the same version timed twice: the spread
+        t_old = float("nan")
+        if m <= cw.SKINNY_M:   # the general small-M kernel that served these rows before the skinny kernel
+            keep = cw.SKINNY_M
+            cw.SKINNY_M = 0
+            try:
+                t_old = time_graph(fns)
+            finally:
+                cw.SKINNY_M = keep
         # accuracy vs bf16 matmul of the dequantized weight (first set)
         w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
         ref = x.float() @ w
@@ -183,7 +191,8 @@ def bench_wq(rows, quick):
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
-        row = dict(family=f"W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again, bf16_us=base,
+        row = dict(family=f"W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again, old_us=t_old,
+                   bf16_us=base,
                    speedup=base / t,
                    TBps=byts / t / 1e6, floor_us=floor, frac_roof=floor / t, rel_err=rel)
         if bits == 4 and hasattr(torch, "_weight_int4pack_mm") and m <= 128:
@@ -195,6 +204,52 @@ def bench_wq(rows, quick):
         rows.append(row)
         del sets, preps
         torch.cuda.empty_cache()
+
+
+def sweep_skinny(rows):
+    """Launch knobs of the skinny kernel (blocks per SM to aim for, shared-memory budget per block)."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for m, n, k, bits, gs in [(1, 28672, 8192, 4, 128), (1, 8192, 28672, 4, 128), (1, 4096, 4096, 4, 128),
+                              (8, 28672, 8192, 4, 128), (1, 28672, 8192, 2, 64), (1, 28672, 8192, 8, -1)]:
+        gsz = k if gs == -1 else gs
+        wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
+        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
+        preps = [cw.prepare(*s_, None) for s_ in sets]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
+               for s_, p in zip(sets, preps)]
+        res = []
+        for inter in (True, False):
+            cw.INTERLEAVE = inter
+            for mult in (1, 2, 4, 6, 8):
+                for budget in (0, 120):
+                    cw.TUNE_SKINNY = (mult << 4) | (budget << 8)
+                    res.append((time_graph(fns, repeats=5), mult, budget + (1000 if inter else 0)))
+        cw.TUNE_SKINNY, cw.INTERLEAVE = 0, True
+        res.sort()
+        byts = wbytes + m * k * 2 + m * n * 2
+        line = (f"sweep W{bits} g{gs} M={m} N={n} K={k}: " +
+                ", ".join(f"{t_:.1f}us(x{mu} b{bu})" for t_, mu, bu in res[:5]) +
+                f" | worst {res[-1][0]:.1f}us(x{res[-1][1]} b{res[-1][2]}) | best {byts / res[0][0] / 1e6:.2f} TB/s")
+        print(line, flush=True)
+        rows.append(dict(family="sweep", shape=f"W{bits} g{gs} M={m} N={n} K={k}",
+                         results=[dict(us=t_, mult=mu, budget_kib=bu) for t_, mu, bu in res]))
+        del sets, preps
+        torch.cuda.empty_cache()
+
+
+def profile_skinny():
+    """A few plain calls of the skinny kernel for Nsight Compute (ncu -k regex:wqv_kernel)."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for m, n, k, bits, gs in [(1, 28672, 8192, 4, 128), (1, 28672, 8192, 2, 64)]:
+        qw, s_, z = _rand_wq(k, n, bits, gs, gen)
+        p = cw.prepare(qw, s_, z, None)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            cw.wq_gemm(x, qw, s_, z, None, None, bits, gs, "gptq", prepared=p)
+        torch.cuda.synchronize()
 
 
 def _tinygemm(m, n, k, gs, nset):
@@ -224,6 +279,11 @@ def main():
     only = set(args.only.split(","))
     if "binary" in only:
         bench_binary(rows, args.quick)
+    if "prof" in only:
+        profile_skinny()
+        return
+    if "sweep" in only:
+        sweep_skinny(rows)
     if "wq" in only:
         bench_wq(rows, args.quick)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,

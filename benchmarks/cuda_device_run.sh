@@ -10,9 +10,11 @@ export BIE_CUDA_CACHE=${BIE_CUDA_CACHE:-/tmp/bie_cuda_cache}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,ecc.mode.current --format=csv | tee $OUT/env.txt
 date -u | tee -a $OUT/env.txt
 /usr/bin/time -f "build wall %e s" python3 -c "from bie_backend_cuda import _build; print(_build.load())" 2>&1 | tee $OUT/build.log
-SO=$(ls $BIE_CUDA_CACHE/*/*.so | head -1)
+# the library of these sources (a warm machine's cache can hold older builds too)
+SO=$(python3 -c "from bie_backend_cuda import _build; print(_build.load())" 2>/dev/null | tail -1)
+echo "SASS of $SO" | tee $OUT/sass_check.txt
 cuobjdump -sass $SO > /tmp/all.sass
-python3 - <<'PY' | tee $OUT/sass_check.txt
+python3 - <<'PY' | tee -a $OUT/sass_check.txt
 import re, collections
 fn = None; stats = collections.defaultdict(collections.Counter)
 for line in open("/tmp/all.sass"):
@@ -24,6 +26,17 @@ for line in open("/tmp/all.sass"):
 for f, c in stats.items(): print(f, dict(c))
 bad = [f for f, c in stats.items() if c["CALL"] or c["BMMA.168256.XOR.POPC"] or c["LDL"]]
 print("SASS check:", "FAIL " + str(bad) if bad else "OK (native BMMA AND.POPC, no CALL, no local memory in binary GEMM kernels)")
+# the skinny weight-only kernels: cp.async (LDGSTS) weight ring, HMMA, no local memory, no emulation calls
+fn = None; wq = collections.defaultdict(collections.Counter)
+for line in open("/tmp/all.sass"):
+    m = re.search(r"Function : (\S+)", line)
+    if m: fn = m.group(1); continue
+    if fn and "wqv_kernel" in fn:
+        for op in ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDS.128", "CALL", "LDL", "STL", "I2F", "F2F"):
+            if op in line: wq[fn][op] += 1
+for f, c in sorted(wq.items()): print(f, dict(c))
+bad = [f for f, c in wq.items() if c["CALL"] or c["LDL"] or c["STL"] or not c["HMMA.16816.F32"] or not c["LDGSTS.E.BYPASS.128"]]
+print("SASS check (wqv):", "FAIL " + str(bad) if bad or not wq else f"OK ({len(wq)} skinny kernels: HMMA, 16-byte cp.async ring, no CALL, no local memory)")
 PY
 if [ "$MODE" != "bench" ]; then
   # our own tests plus the conformance kit (pytest --bie-backend=cuda), one process

@@ -206,6 +206,90 @@ def test_wq_large_shapes_split_k_deterministic_and_graphs():
         _close(out.clone(), w64, static_x, torch.float16, k, "graph replay")
 
 
+SKINNY = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt in
+          ((32, "gptq", torch.float16), (64, "gba", torch.bfloat16), (128, "gptq", torch.bfloat16),
+           (-1, "gba", torch.float16), (16, "gptq", torch.float16))]
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits,gs,fmt,sdt", SKINNY)
+def test_wq_skinny_kernel_every_m(bits, gs, fmt, sdt):
+    """The M <= 16 kernel: every row count, odd N, K off the vector and group grid, split-K, fp16/bf16 statistics,
+    unaligned x (scalar staging), against the float64 product and the general small-M kernel."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = (997, 200) if bits != 8 else (520, 136)     # K % 8 != 0: scalar x staging
+    if gs == 16:
+        k, n = 304, 24
+    act = bits in (3, 4)
+    qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, act, 5 * bits + max(gs, 0), sdtype=sdt)
+    assert cw.skinny_ok(s, z, fmt)
+    gen = torch.Generator().manual_seed(bits + 3)
+    prepared = cw.prepare(qw, s, z, gi)
+    keep = cw.SKINNY_M, cw.INTERLEAVE
+    try:
+        for inter in (True, False):
+            cw.SKINNY_M, cw.INTERLEAVE = 16, inter
+            _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared)
+    finally:
+        cw.SKINNY_M, cw.INTERLEAVE = keep
+    # the old small-M kernel agrees (both are fp32-accumulated)
+    old = cw.SKINNY_M
+    try:
+        x = torch.randn((5, k), generator=gen).half().cuda()
+        a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+        cw.SKINNY_M = 0
+        b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+    finally:
+        cw.SKINNY_M = old
+    torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
+
+
+def _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared):
+    for m in range(1, 17):
+        dtype = (torch.float16, torch.bfloat16, torch.float32)[m % 3]
+        if m % 4 == 0:   # contiguous, but 2 bytes off 16-byte alignment
+            x = torch.randn((m * k + 1,), generator=gen).to(dtype).cuda()[1:].view(m, k)
+        else:
+            x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+        _close(out, w64, x, dtype, k, f"skinny M={m} {dtype}", bias)
+        again = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
+        assert torch.equal(out, again), "skinny kernel is not deterministic"
+
+
+@needs_cuda
+def test_wq_skinny_big_layer_split_k_and_graphs():
+    from bie_backend_cuda import weight_only as cw
+    k, n = 8192, 1032
+    qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 21, sdtype=torch.float16)
+    prepared = cw.prepare(qw, s, z, gi)
+    gen = torch.Generator().manual_seed(4)
+    keep = cw.SKINNY_M
+    for m, tune in ((1, 0), (16, 0), (7, 1 << 4), (3, (8 << 4) | (40 << 8))):
+        cw.TUNE_SKINNY, cw.SKINNY_M = tune, 16
+        try:
+            x = torch.randn((m, k), generator=gen).bfloat16().cuda()
+            y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+            _close(y, w64, x, torch.bfloat16, k, f"K=8192 M={m} tune={tune}")
+            static_x = x.clone()
+            graph = torch.cuda.CUDAGraph()
+            s_ = torch.cuda.Stream()
+            with torch.cuda.stream(s_):
+                cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph):
+                out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+            for _ in range(2):
+                static_x.copy_(torch.randn((m, k), generator=gen).bfloat16().cuda())
+                graph.replay()
+                torch.cuda.synchronize()
+                _close(out.clone(), w64, static_x, torch.bfloat16, k, f"graph replay M={m}")
+        finally:
+            cw.TUNE_SKINNY, cw.SKINNY_M = 0, keep
+
+
 @needs_cuda
 def test_wq_nonuniform_act_order_falls_back_correctly():
     from bie_backend_cuda import weight_only as cw

@@ -75,6 +75,10 @@ class Layout:
     perm: Optional[torch.Tensor] = None     # int64 (K,): prepared row j is input row perm[j]
     # generic path (non-uniform act-order groups): float32 dequantized weight
     w32: Optional[torch.Tensor] = None
+    # skinny kernel (M <= 16): A-fragment ordered codes and 16-bit statistics
+    st: Optional[torch.Tensor] = None       # int32 (G, Np): scale | zero << 16 (fp16 or bf16 bits)
+    st_bf16: bool = False
+    inter: bool = False                     # interleaved column blocks (N padded to 128)
 
 
 # ------------------------------------------------------------ unpacking
@@ -125,6 +129,87 @@ def _repack(codes: torch.Tensor, kbits: int, kp: int, np_: int) -> torch.Tensor:
     return words.reshape(-1)
 
 
+def _repack_a(codes: torch.Tensor, kbits: int, kp: int, np_: int, inter: bool = False) -> torch.Tensor:
+    """(K, N) codes -> the A-fragment ordered int32 layout of the skinny kernel (csrc/weight_only.cu, "wqv");
+    inter: the 8 column blocks of each 128 columns interleaved per k block (np_ a multiple of 128)."""
+    k, n = codes.shape
+    c = torch.zeros((kp, np_), dtype=torch.int64, device=codes.device)
+    c[:k, :n] = codes
+    J = _J[kbits]
+    kb, nb = kp // (16 * J), np_ // 16
+    # row k = kblk*16J + j*16 + kh*8 + t*2 + h ; col n = nblk*16 + nh*8 + g ; A register r = 2*kh + nh
+    c = c.reshape(kb, J, 2, 4, 2, nb, 2, 8)          # kblk, j, kh, t, h, nblk, nh, g
+    ar = lambda m, d: torch.arange(m, device=c.device).view([m if i == d else 1 for i in range(8)])  # noqa: E731
+    kh, h, nh, jj = ar(2, 2), ar(2, 4), ar(2, 6), ar(J, 1)
+    r = 2 * kh + nh
+    if kbits == 4:
+        words = (c << (4 * (r + 4 * h))).sum(dim=(2, 4, 6))                 # kblk, j(=word), t, nblk, g
+    elif kbits == 2:
+        v = (c << (2 * (8 * h + 4 * (jj % 2) + r))).sum(dim=(2, 4, 6))      # kblk, j, t, nblk, g
+        words = v.reshape(kb, 4, 2, 4, nb, 8).sum(dim=2)                    # word = j // 2
+    else:
+        v = (c << (8 * (2 * nh + h))).sum(dim=(4, 6))                       # kblk, j, kh, t, nblk, g
+        words = v.reshape(kb, 4, 4, nb, 8)                                  # word = 2j + kh
+    words = words.permute(3, 0, 4, 2, 1).contiguous()                      # nblk, kblk, g, t, word
+    if inter:
+        words = words.reshape(nb // 8, 8, kb, 32, 4).permute(0, 2, 1, 3, 4).contiguous()  # group, kblk, nblk%8
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words.reshape(-1)
+
+
+def skinny_ok(scales, zeros, fmt) -> bool:
+    """The skinny kernel keeps statistics as 16-bit floats: served when that is exact (fp16/bf16 scales, and GBA
+    zeros of the same dtype; GPTQ integer zeros are exact in either)."""
+    if scales.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return fmt == "gptq" or zeros.dtype == scales.dtype
+
+
+def _sort_codes(qweight, scales, g_idx, bits, group_size, k):
+    """Codes (K, N) in kernel row order and the row permutation, or (codes, None, False) when act-order groups
+    are not uniform once sorted (then the generic path serves)."""
+    codes = unpack_stream(qweight, bits, k)
+    if g_idx is None:
+        return codes, None, True
+    dev = qweight.device
+    g = scales.shape[0]
+    gs = k if group_size == -1 else group_size
+    gi = g_idx.to(torch.int64)
+    perm = torch.argsort(gi, stable=True)
+    expected = torch.clamp(torch.arange(k, device=dev) // gs, max=g - 1)
+    if not torch.equal(gi.index_select(0, perm), expected):  # one host sync, at prepare time only
+        return codes, None, False
+    return codes.index_select(0, perm), perm, True
+
+
+def build_layout_skinny(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdtype, inter=True) -> Layout:
+    n = qweight.shape[1]
+    dev = qweight.device
+    codes, perm, uniform = _sort_codes(qweight, scales, g_idx, bits, group_size, k)
+    if not uniform:
+        return _generic_layout(codes, scales, zeros, g_idx.to(torch.int64), bits, fmt, n, k)
+    kbits = _KERNEL_BITS[bits]
+    ks = 16 * _J[kbits]
+    kp = -(-k // ks) * ks
+    np_ = -(-n // 128) * 128 if inter else -(-n // 16) * 16
+    qw = _repack_a(codes, kbits, kp, np_, inter)
+    g = scales.shape[0]
+    sd = scales.dtype
+    s16 = torch.zeros((g, np_), dtype=sd, device=dev)
+    s16[:, :n] = scales
+    z16 = torch.zeros((g, np_), dtype=sd, device=dev)
+    if fmt == "gptq":
+        z16[:, :n] = unpack_stream(zeros.t().contiguous(), bits, n).t().to(sd)   # integers < 256: exact
+    else:
+        z16[:, :n] = zeros
+    lo = s16.view(torch.int16).to(torch.int32) & 0xFFFF
+    hi = z16.view(torch.int16).to(torch.int32) << 16
+    st = (lo | hi).contiguous()
+    gs_shift = -1 if group_size == -1 else group_size.bit_length() - 1
+    return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw=qw, perm=perm, st=st,
+                  st_bf16=sd is torch.bfloat16, inter=inter)
+
+
 def build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdtype) -> Layout:
     n = qweight.shape[1]
     dev = qweight.device
@@ -172,10 +257,15 @@ def _generic_layout(codes, scales, zeros, gi, bits, fmt, n, k) -> Layout:
     return Layout(True, n=n, k=k, w32=w.contiguous())
 
 
-def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype) -> Layout:
+def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, skinny=False) -> Layout:
     cd = compute_dtype(dtype)
     if prepared is None:
         prepared = WqPrepared()
+    if skinny:   # the codes do not depend on the compute dtype; the layout keeps it for the generic path only
+        inter = INTERLEAVE
+        return prepared.get(("skinny", bits, group_size, k, fmt, inter),
+                            lambda: build_layout_skinny(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd,
+                                                        inter))
     return prepared.get((bits, group_size, k, fmt, cd),
                         lambda: build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd))
 
@@ -213,8 +303,14 @@ def _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, lay=N
     return _dequant(lay, original_order=True).to(dtype)
 
 
-#: launch tuning of the small-M kernel (see csrc/bie_cuda.cpp wq_gemm); 0 = defaults
+#: launch tuning of the small-M kernels (see csrc/bie_cuda.cpp wq_gemm / wqv_gemm); 0 = defaults
 TUNE = 0
+TUNE_SKINNY = 0
+#: rows served by the skinny (memory-bound) kernel; 0 turns it off (benchmarks compare). It serves up to 16
+#: rows, but above 8 the general small-M kernel was faster on the H100 (benchmarks/results/cuda_h100.md).
+SKINNY_M = 8
+#: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
+INTERLEAVE = True
 
 
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
@@ -228,13 +324,20 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         return y.to(x.dtype)
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
+    skinny = m <= SKINNY_M and skinny_ok(scales, zeros, format)
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny)
     if lay.generic:
         y = x.to(torch.float32) @ lay.w32
         if bias is not None:
             y = y + bias.to(torch.float32)
         return y.to(x.dtype)
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
+    if skinny:
+        xc = xs.to(compute_dtype(x.dtype)).contiguous()
+        return _build.ops().wqv_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
+                                     lay.gptq, lay.st_bf16, lay.inter, x.dtype,
+                                     _counters_for(x.device, -(-lay.n // 128) + 1),
+                                     TUNE_SKINNY)
     if m > LARGE_M:
         w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
         y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w

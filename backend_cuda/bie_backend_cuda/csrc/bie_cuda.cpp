@@ -276,6 +276,78 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
   return out;
 }
 
+// Skinny kernel (M <= 16): x (M, K) fp16/bf16 contiguous; qwa the A-fragment
+// ordered codes, st (G, Np) int32 statistics (scale | zero << 16, fp16 or bf16
+// bits); counters as for wq_gemm. tune (benchmarks): bits 4..7 blocks per SM
+// to aim for (0: default), bits 8..15 shared-memory budget per block in KiB
+// (0: default).
+Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
+                int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
+                at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
+  for (const Tensor* t : {&x, &qwa, &st, &counters}) check_cuda(*t, "wqv_gemm operand");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqv_gemm: x must be contiguous (M, K)");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "bie_cuda.wqv_gemm: x must be fp16/bf16");
+  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqv_gemm: at most 16 rows");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqv_gemm: bits must be 2, 4 or 8");
+  TORCH_CHECK(st.scalar_type() == at::kInt && st.dim() == 2 && st.is_contiguous() && st.size(0) >= 1,
+              "bie_cuda.wqv_gemm: statistics must be contiguous int32 (G, Np)");
+  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqv_gemm: group size shift");
+  const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
+  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
+  TORCH_CHECK(Np % (inter ? 128 : 16) == 0 && N <= Np && N > Np - (inter ? 128 : 16) && kblocks * 16 * J >= K &&
+                  (kblocks - 1) * 16 * J < K,
+              "bie_cuda.wqv_gemm: inconsistent prepared shapes");
+  TORCH_CHECK(qwa.scalar_type() == at::kInt && qwa.is_contiguous() && qwa.numel() == (Np / 16) * kblocks * 128,
+              "bie_cuda.wqv_gemm: prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
+  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= (Np + 127) / 128,
+              "bie_cuda.wqv_gemm: counters too small");
+  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqv_gemm: problem too large");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0 || N == 0) return out;
+  bie::WqvArgs p{};
+  p.x = x.data_ptr();
+  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
+  Tensor bias_c;
+  if (bias.has_value() && bias->defined()) {
+    bias_c = bias->reshape({-1}).contiguous();
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.wqv_gemm: bias must have N values");
+    p.bias = bias_c.data_ptr();
+    p.bias_dtype = dtype_code(bias_c.scalar_type());
+  }
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(out_dtype);
+  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16,
+              "bie_cuda.wqv_gemm: floating out_dtype");
+  p.M = (int)M;
+  p.N = (int)N;
+  p.Np = (int)Np;
+  p.K = (int)K;
+  p.G = (int)G;
+  p.gs_shift = (int)gs_shift;
+  p.kblocks = (int)kblocks;
+  p.counters = counters.data_ptr<int32_t>();
+  p.vec_x = (K % 2 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0) ? 1 : 0;
+  p.st_bf16 = st_bf16 ? 1 : 0;
+  p.gptq = gptq ? 1 : 0;
+  p.inter = inter ? 1 : 0;
+  // default split target (H100 sweep, benchmarks/bench_cuda.py --only sweep): big layers 8 blocks per SM, small 2
+  const bool big = (Np / 16) * kblocks * 512 >= (32ll << 20);
+  const int mult = (int)((tune >> 4) & 15) > 0 ? (int)((tune >> 4) & 15) : (big ? 8 : 2);
+  const int budget = (int)((tune >> 8) & 255) > 0 ? (int)((tune >> 8) & 255) * 1024 : 72 * 1024;
+  const int smem = bie::wqv_plan(p, (int)bits, (int)x.element_size(), num_sms(), mult, budget);
+  TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wqv_gemm: shared memory plan too large (", smem, " bytes)");
+  Tensor ws;
+  if (p.splits > 1) {
+    ws = at::empty({p.splits, M, Np}, x.options().dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
+  check_launch(bie::launch_wqv_gemm(p, (int)bits, dtype_code(x.scalar_type()), smem, stream()), "wqv_gemm");
+  return out;
+}
+
 Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std::optional<Tensor>& perm, int64_t bits,
                   int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq) {
   for (const Tensor* t : {&qw, &s, &zp}) check_cuda(*t, "wq_dequant operand");
@@ -351,6 +423,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("sign_embedding", &sign_embedding);
   m.def("sign_embedding_bag", &sign_embedding_bag);
   m.def("wq_gemm", &wq_gemm);
+  m.def("wqv_gemm", &wqv_gemm);
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
 }

@@ -56,6 +56,32 @@ struct WqArgs {
   int vec_stage;        // 16-byte x staging when K % 8 == 0
 };
 
+// Skinny weight-only kernel (M <= 16), see weight_only.cu ("wqv").
+constexpr int WQV_WARPS = 8;   // warps per block (16 columns each)
+constexpr int WQV_SLOTS = 8;   // 16-byte cp.async ring slots per lane (power of two)
+struct WqvArgs {
+  const void* x;         // (M, K) compute dtype, contiguous
+  const uint4* qw;       // A-fragment ordered codes
+  const uint32_t* st;    // (G, Np) scale | zero << 16 (16-bit floats)
+  const void* bias;
+  int bias_dtype;
+  void* out;
+  int out_dtype;
+  float* ws;
+  int* counters;
+  int M, N, Np, K, G, gs_shift;
+  int kblocks;
+  int kb_per_split, splits;
+  int ngs_max, xld;      // statistics rows and x row stride (elements) staged per block
+  int csum_ld;           // row stride of the per-k16-step sums of x
+  int vec_x;             // cp.async x staging (K even, x 4-byte aligned)
+  int st_bf16;           // statistics are bf16 (else fp16)
+  int gptq;              // gptq (else gba) statistics
+  int inter;             // interleaved weight layout (Np % 128 == 0)
+};
+int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget);
+cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
+
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);
 cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st);
 cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, const int64_t* perm, int bits, int cdtype,

@@ -439,6 +439,475 @@ cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int
   return cudaErrorInvalidValue;
 }
 
+// ------------------------------------------- skinny kernel (M <= 16, "wqv")
+// Memory-bound GEMV / skinny GEMM. The weights are the A operand of
+// mma.m16n8k16 (16 output columns x 16 k) and x is the B operand (8 rows per
+// n8 tile; NT = 1 for M <= 8, 2 for M <= 16), so a 16-byte vector carries
+// 32 (4-bit) / 64 (2-bit) / 16 (8-bit) codes of one lane and every MMA uses all
+// its A rows.
+//   qw: [N/16 blocks][K/KS blocks][32 lanes][4 words] (uint32), KS = 16 * J, or
+//   interleaved (inter): [N/128 groups][K/KS blocks][8 column blocks][32 lanes][4 words], N padded to 128,
+//   so that a block's 8 warps stream one contiguous 4 KiB run per step (fewer, wider DRAM streams).
+// Lane (g = lane/4, t = lane%4), step j (k16), A register r = 2*kh + nh holds
+// column 16*nb + 8*nh + g, rows k = 16j + 8kh + 2t + h (h = 0 low half):
+//   4-bit: word j,            nibble r + 4h          -> lop3((w >> 4r) & 0x000F000F | MAGIC)
+//   2-bit: word j/2,          field 8h + 4(j%2) + r  -> lop3((w >> 2(4(j%2) + r)) & 0x00030003 | MAGIC)
+//   8-bit: word 2j + kh,      byte 2nh + h           -> prmt (fp16) / float32 magic (bf16)
+// Statistics: st (G, Np) uint32 = scale | zero << 16, both in the checkpoint's
+// 16-bit float type (st_bf16), decoded to float32 once per group.
+// Per group the tensor cores accumulate acc = sum x*qm (qm = code + MAGIC) and
+// accx = sum x (an all-ones A fragment); at the group's end, in float32,
+//   y += s*acc - C*accx,   C = s*(z + MAGIC) (gptq) or s*MAGIC + z (gba).
+// Streaming: every lane owns a ring of WQV_SLOTS 16-byte slots in shared
+// memory filled with cp.async (each lane reads back only what it copied, so
+// the main loop has no barrier), WQV_SLOTS - 1 vectors in flight per lane.
+// A block (8 warps, 128 columns) stages its K slice of x and the slice's
+// statistics once; K is split over blockIdx.y with the deterministic
+// last-block reduction of the kernel above.
+namespace wqv {
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+template <typename T> __device__ __forceinline__ float pair_sum(uint32_t u);
+template <> __device__ __forceinline__ float pair_sum<__nv_bfloat16>(uint32_t u) {
+  return __uint_as_float(u << 16) + __uint_as_float(u & 0xFFFF0000u);
+}
+template <> __device__ __forceinline__ float pair_sum<__half>(uint32_t u) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
+  return f.x + f.y;
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_of_bytes(uint32_t x, uint32_t s0, uint32_t s1) {
+  // two bytes of x (selectors 0x5440 + i) -> exact bf16 pair via float32 magic
+  const float f0 = __uint_as_float(__byte_perm(x, 0x00004B00u, s0)) - 8388608.f;
+  const float f1 = __uint_as_float(__byte_perm(x, 0x00004B00u, s1)) - 8388608.f;
+  // both are integers < 256, exact in bf16: keep the high halves
+  return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
+}
+
+// The four A registers of step j, as qm = code + MAGIC (or code for 8-bit bf16).
+template <int BITS, typename T>
+__device__ __forceinline__ void extract_a(const uint4& v, int j, uint32_t (&a)[4]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  if (BITS == 4) {
+    const uint32_t x = w[j];
+    a[0] = and_or<0x000F000Fu, Magic<T>::v>(x);
+    a[1] = and_or<0x000F000Fu, Magic<T>::v>(x >> 4);
+    a[2] = and_or<0x000F000Fu, Magic<T>::v>(x >> 8);
+    a[3] = and_or<0x000F000Fu, Magic<T>::v>(x >> 12);
+  } else if (BITS == 2) {
+    const uint32_t x = w[j >> 1] >> ((j & 1) * 8);
+    a[0] = and_or<0x00030003u, Magic<T>::v>(x);
+    a[1] = and_or<0x00030003u, Magic<T>::v>(x >> 2);
+    a[2] = and_or<0x00030003u, Magic<T>::v>(x >> 4);
+    a[3] = and_or<0x00030003u, Magic<T>::v>(x >> 6);
+  } else {
+    const uint32_t x0 = w[2 * j], x1 = w[2 * j + 1];
+    if (Magic<T>::v == 0x64006400u) {
+      a[0] = __byte_perm(x0, 0x64646464u, 0x4140);
+      a[1] = __byte_perm(x0, 0x64646464u, 0x4342);
+      a[2] = __byte_perm(x1, 0x64646464u, 0x4140);
+      a[3] = __byte_perm(x1, 0x64646464u, 0x4342);
+    } else {
+      a[0] = bf16x2_of_bytes(x0, 0x5440, 0x5441);
+      a[1] = bf16x2_of_bytes(x0, 0x5442, 0x5443);
+      a[2] = bf16x2_of_bytes(x1, 0x5440, 0x5441);
+      a[3] = bf16x2_of_bytes(x1, 0x5442, 0x5443);
+    }
+  }
+}
+
+__device__ __forceinline__ void decode_stat(uint32_t u, bool bf, float& s, float& z) {
+  if (bf) {
+    s = __uint_as_float(u << 16);
+    z = __uint_as_float(u & 0xFFFF0000u);
+  } else {
+    s = __half2float(__ushort_as_half((unsigned short)(u & 0xFFFFu)));
+    z = __half2float(__ushort_as_half((unsigned short)(u >> 16)));
+  }
+}
+
+}  // namespace wqv
+
+template <int BITS, typename T, int NT, int FL, bool GPTQ>
+__global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using namespace wqv;
+  constexpr int J = Layout<BITS>::J, KS = 16 * J;
+  constexpr int S = WQV_SLOTS;
+  constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int cgp = blockIdx.x, split = blockIdx.y;
+  const int nb = cgp * WQV_WARPS + warp;
+  const bool active = nb < (p.Np >> 4);
+  const int kb0 = split * p.kb_per_split;
+  const int nv = min(p.kblocks, kb0 + p.kb_per_split) - kb0;  // >= 1 (host plan)
+  const int k0 = kb0 * KS, KL = nv * KS;
+  const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
+  const int gN0 = k0 >> gsh;                                 // first (natural) group of the slice
+  const int nnat = ((k0 + KL - 1) >> gsh) - gN0 + 1;         // groups the slice touches, <= p.ngs_max
+  const int M = p.M;
+
+  // shared memory: ring | statistics [ngs_max][128] | sum of x [ngs_max][16] | step sums [M][csum_ld] | x [M][xld]
+  uint8_t* ring = smem_raw;
+  uint32_t* sts = reinterpret_cast<uint32_t*>(smem_raw + WQV_WARPS * S * 512);
+  float* sx = reinterpret_cast<float*>(sts + p.ngs_max * 128);
+  float* csum = sx + p.ngs_max * 16;
+  T* xs = reinterpret_cast<T*>(csum + M * p.csum_ld);
+
+  // ---- group 0: the block's K slice of x (rows < M) and its statistics.
+  // x is stored permuted per 32 k so that lane t reads the B fragments of two
+  // k16 steps with one 16-byte load: word 4t + 2s + h of a 32-k chunk holds the
+  // pair k = 16s + 2t + 8h (+0, +1).
+  const T* X = static_cast<const T*>(p.x);
+  const int wpr = KL >> 1;  // 32-bit pairs per row
+  for (int r = 0; r < M; ++r) {
+    const uint32_t xrow_s = smem_u32(xs + r * p.xld);
+    const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
+    for (int w = tid; w < wpr; w += WQV_WARPS * 32) {
+      const int wi = w & 15;
+      const int dw = (w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1);
+      const int k = k0 + 2 * w;
+      if (p.vec_x) {  // K even, x 4-byte aligned: a pair is all inside K or all outside
+        const bool in = k < p.K;
+        cp_async4(xrow_s + dw * 4, in ? (const void*)(xr + k) : p.x, in ? 4 : 0);
+      } else {
+        const uint32_t lo = k < p.K ? xr[k] : 0u, hi = k + 1 < p.K ? xr[k + 1] : 0u;
+        reinterpret_cast<uint32_t*>(xs + r * p.xld)[dw] = lo | (hi << 16);
+      }
+    }
+  }
+  for (int q = tid; q < nnat * 32; q += WQV_WARPS * 32) {
+    const int i = q >> 5, c = cgp * 128 + (q & 31) * 4;
+    const int row = min(gN0 + i, p.G - 1);
+    const bool in = c < p.Np;
+    cp_async16(smem_u32(sts + i * 128 + (q & 31) * 4), in ? (const void*)(p.st + (int64_t)row * p.Np + c)
+                                                          : (const void*)p.st, in ? 16 : 0);
+  }
+  cp_commit();
+
+  // ---- groups 1..S-1: the first S-1 weight vectors of this lane
+  const uint32_t ring_lane = smem_u32(ring) + (uint32_t)((warp * S * 32 + lane) * 16);
+  const uint4* ring_ptr = reinterpret_cast<const uint4*>(ring) + warp * S * 32 + lane;
+  // interleaved layout: the 8 warps of a block read one contiguous 4 KiB run per vector step
+  const int vstride = p.inter ? WQV_WARPS * 32 : 32;
+  const uint4* wp = p.qw + lane +
+                    (p.inter ? ((int64_t)cgp * p.kblocks + kb0) * (WQV_WARPS * 32) + warp * 32
+                             : ((int64_t)(active ? nb : 0) * p.kblocks + kb0) * 32);
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (active && i < nv) cp_async16(ring_lane + i * 512, wp + i * vstride, 16);
+    cp_commit();
+  }
+  cp_wait<S - 1>();  // group 0 (x, statistics) has landed for this thread ...
+  __syncthreads();   // ... and for every thread
+
+  // ---- sum of x per (row, group) in float32, deterministic: k16 step sums, then group sums
+  const int nst = KL >> 4;
+  for (int r = 0; r < M; ++r) {
+    const uint4* xr4 = reinterpret_cast<const uint4*>(xs + r * p.xld);
+    for (int q = tid; q < (nst >> 1); q += WQV_WARPS * 32) {
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt) {
+        const uint4 v = xr4[q * 4 + tt];
+        s0 += pair_sum<T>(v.x) + pair_sum<T>(v.y);
+        s1 += pair_sum<T>(v.z) + pair_sum<T>(v.w);
+      }
+      csum[r * p.csum_ld + 2 * q] = s0;
+      csum[r * p.csum_ld + 2 * q + 1] = s1;
+    }
+  }
+  __syncthreads();
+  for (int it = tid; it < nnat * 16; it += WQV_WARPS * 32) {
+    const int i = it >> 4, r = it & 15;
+    float v = 0.f;
+    if (r < M) {
+      const int64_t ga = (int64_t)(gN0 + i) << gsh, gb = (int64_t)(gN0 + i + 1) << gsh;
+      const int s0 = (int)((std::max<int64_t>(ga, k0) - k0) >> 4);
+      const int s1 = (int)((std::min<int64_t>(gb, (int64_t)k0 + KL) - k0) >> 4);
+      const float* cr = csum + r * p.csum_ld;
+      float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+      int s_ = s0;
+      for (; s_ + 4 <= s1; s_ += 4) {
+        a0 += cr[s_];
+        a1 += cr[s_ + 1];
+        a2 += cr[s_ + 2];
+        a3 += cr[s_ + 3];
+      }
+      for (; s_ < s1; ++s_) a0 += cr[s_];
+      v = (a0 + a1) + (a2 + a3);
+    }
+    sx[i * 16 + r] = v;
+  }
+  __syncthreads();
+
+  float acc[NT][4], tot[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = tot[n][e] = 0.f;
+
+  if (active) {
+    const uint4* xq[NT];
+    bool rowok[NT];
+    uint32_t bx[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int r = n * 8 + g;
+      rowok[n] = r < M;
+      xq[n] = reinterpret_cast<const uint4*>(xs + (rowok[n] ? r : 0) * p.xld) + t;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) bx[n][i] = 0u;  // stays zero for rows >= M
+    }
+    const uint32_t* stw = sts + warp * 16 + g;
+    const bool sbf = p.st_bf16 != 0;
+    int lg = 0;
+    auto flush = [&]() {
+      float s0, z0, s1, z1;
+      decode_stat(stw[lg * 128], sbf, s0, z0);
+      decode_stat(stw[lg * 128 + 8], sbf, s1, z1);
+      const float c0 = GPTQ ? s0 * (z0 + MAGF) : fmaf(s0, MAGF, z0);
+      const float c1 = GPTQ ? s1 * (z1 + MAGF) : fmaf(s1, MAGF, z1);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float2 xv = *reinterpret_cast<const float2*>(sx + lg * 16 + n * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1, x_ = (e & 1) ? xv.y : xv.x;
+          tot[n][e] = fmaf(s_, acc[n][e], fmaf(-c_, x_, tot[n][e]));
+          acc[n][e] = 0.f;
+        }
+      }
+      ++lg;
+    };
+    // FL == 0: groups span whole vectors (1 << vsh vectors each); FL > 0: a group every FL k16 steps
+    const int vsh = FL == 0 ? gsh - (31 - __clz(KS)) : 0;
+    const int vmask = FL == 0 ? (1 << vsh) - 1 : 0;
+    const uint4* wnext = wp + (S - 1) * vstride;
+    const uint4* xb[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) xb[n] = xq[n];
+    int vleft = FL == 0 ? (1 << vsh) - (kb0 & vmask) : 0;  // vectors to the next group boundary
+    // unrolled by the ring size: ring slots and x offsets are compile-time constants
+    for (int v0 = 0; v0 < nv; v0 += S) {
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        if (v0 + u >= nv) break;
+        cp_wait<S - 2>();  // this lane's vector v0 + u has landed
+        const uint4 w = ring_ptr[u * 32];
+        if (v0 + u + S - 1 < nv) cp_async16(ring_lane + ((u + S - 1) & (S - 1)) * 512, wnext, 16);
+        wnext += vstride;
+        cp_commit();
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          if ((j & 1) == 0) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+              if (rowok[n]) {
+                const uint4 xv = xb[n][(u * (J / 2) + (j >> 1)) * 4];
+                bx[n][0] = xv.x;
+                bx[n][1] = xv.y;
+                bx[n][2] = xv.z;
+                bx[n][3] = xv.w;
+              }
+          }
+          uint32_t a[4];
+          extract_a<BITS, T>(w, j, a);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma<T>(acc[n], a, bx[n][(j & 1) * 2], bx[n][(j & 1) * 2 + 1]);
+          if (FL > 0 && (j + 1) % (FL > 0 ? FL : 1) == 0) flush();
+        }
+        if (FL == 0 && --vleft == 0) {
+          flush();
+          vleft = 1 << vsh;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) xb[n] += S * (J / 2) * 4;
+    }
+    if (FL == 0 && vleft != (1 << vsh)) flush();
+  }
+  cp_wait<0>();
+
+  // ---- epilogue: C fragment e of tile n is row m = 8n + 2t + (e&1), column 16nb + g + 8(e>>1)
+  auto finish = [&](int row, int col, float vsum) {
+    if (p.bias) vsum += load_f32(p.bias, p.bias_dtype, col);
+    const int64_t o = (int64_t)row * p.N + col;
+    switch (p.out_dtype) {
+      case kF32: static_cast<float*>(p.out)[o] = vsum; break;
+      case kF16: static_cast<__half*>(p.out)[o] = __float2half_rn(vsum); break;
+      default: static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(vsum); break;
+    }
+  };
+  if (p.splits == 1) {
+    if (!active) return;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = n * 8 + 2 * t + (e & 1), c = nb * 16 + g + 8 * (e >> 1);
+        if (m < M && c < p.N) finish(m, c, tot[n][e]);
+      }
+    return;
+  }
+  float* wsp = p.ws + (int64_t)split * M * p.Np;
+  if (active) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = n * 8 + 2 * t + (e & 1), c = nb * 16 + g + 8 * (e >> 1);
+        if (m < M) wsp[(int64_t)m * p.Np + c] = tot[n][e];
+      }
+  }
+  __threadfence();
+  __syncthreads();
+  int* cnt = p.counters + cgp;
+  if (tid == 0) s_last = atomicAdd(cnt, 1) == p.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  // the last block of these 128 columns sums the splits in a fixed order
+  const int c0 = cgp * 128, ncols = min(128, p.Np - c0);
+  const int64_t stride = (int64_t)M * p.Np;
+  for (int q = tid; q < M * ncols; q += WQV_WARPS * 32) {
+    const int r = q / ncols, c = c0 + q % ncols;
+    if (c >= p.N) continue;
+    const float* src = p.ws + (int64_t)r * p.Np + c;
+    float sum = 0.f;
+    int sp = 0;
+    for (; sp + 8 <= p.splits; sp += 8) {
+      float v8[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v8[i] = __ldcg(src + (sp + i) * stride);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += v8[i];
+    }
+    for (; sp < p.splits; ++sp) sum += __ldcg(src + sp * stride);
+    finish(r, c, sum);
+  }
+  if (tid == 0) *cnt = 0;  // ready for the next launch (also under graph replay)
+#endif
+}
+
+static int wqv_ks(int bits) { return bits == 4 ? 64 : (bits == 2 ? 128 : 32); }
+
+// FL template value: 0 when groups span whole vectors (or gs = -1), else a group every FL k16 steps.
+static int wqv_fl(int bits, int gs_shift) {
+  if (gs_shift < 0 || (1 << gs_shift) >= wqv_ks(bits)) return 0;
+  return (1 << gs_shift) / 16;
+}
+
+// Host plan: the K slice per block (bounded by the shared-memory budget), and
+// the number of K splits (enough blocks for mult per SM). Returns the dynamic
+// shared memory in bytes.
+int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget) {
+  const int KS = wqv_ks(bits);
+  const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
+  const int64_t ring = (int64_t)WQV_WARPS * WQV_SLOTS * 512;
+  const int ncg = ceil_div(p.Np / 16, WQV_WARPS);
+  auto groups_for = [&](int64_t kl) { return ((kl - 1) >> gsh) + 2; };
+  auto csum_ld = [&](int64_t kl) { return ((kl / 16 + 3) / 4) * 4; };
+  auto xld = [&](int64_t kl) { return ((kl + 63) / 64) * 64 + 32; };
+  auto smem_for = [&](int kb) {
+    const int64_t kl = (int64_t)kb * KS;
+    return ring + groups_for(kl) * (512 + 64) + (int64_t)p.M * (csum_ld(kl) * 4 + xld(kl) * esize);
+  };
+  int lo = 1, hi = p.kblocks;  // largest slice within the budget (at least one vector)
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (smem_for(mid) <= budget) lo = mid;
+    else hi = mid - 1;
+  }
+  int s = std::max(ceil_div(p.kblocks, lo), ceil_div((int64_t)mult * num_sms, ncg));
+  s = std::max(1, std::min(s, p.kblocks));
+  p.kb_per_split = ceil_div(p.kblocks, s);
+  p.splits = ceil_div(p.kblocks, p.kb_per_split);
+  const int64_t kl = (int64_t)p.kb_per_split * KS;
+  p.ngs_max = (int)groups_for(kl);
+  p.csum_ld = (int)csum_ld(kl);
+  p.xld = (int)xld(kl);
+  return (int)smem_for(p.kb_per_split);
+}
+
+template <int BITS, typename T, int NT, int FL>
+static cudaError_t launch_wqv_t(const WqvArgs& p, int smem, cudaStream_t st) {
+  auto k = p.gptq ? wqv_kernel<BITS, T, NT, FL, true> : wqv_kernel<BITS, T, NT, FL, false>;
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid((unsigned)ceil_div(p.Np / 16, WQV_WARPS), (unsigned)p.splits, 1u);
+  if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
+  k<<<grid, WQV_WARPS * 32, smem, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+template <int BITS, typename T, int NT>
+static cudaError_t launch_wqv_fl(const WqvArgs& p, int smem, cudaStream_t st) {
+  switch (wqv_fl(BITS, p.gs_shift)) {
+    case 0: return launch_wqv_t<BITS, T, NT, 0>(p, smem, st);
+    case 1: return launch_wqv_t<BITS, T, NT, 1>(p, smem, st);
+    case 2:
+      if constexpr (BITS != 8) return launch_wqv_t<BITS, T, NT, 2>(p, smem, st);
+      break;
+    case 4:
+      if constexpr (BITS == 2) return launch_wqv_t<BITS, T, NT, 4>(p, smem, st);
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <int BITS, typename T>
+static cudaError_t launch_wqv_bt(const WqvArgs& p, int smem, cudaStream_t st) {
+  return p.M <= 8 ? launch_wqv_fl<BITS, T, 1>(p, smem, st) : launch_wqv_fl<BITS, T, 2>(p, smem, st);
+}
+
+cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+  if (p.M > 16) return cudaErrorInvalidValue;
+  if (cdtype == kF16) {
+    switch (bits) {
+      case 2: return launch_wqv_bt<2, __half>(p, smem, st);
+      case 4: return launch_wqv_bt<4, __half>(p, smem, st);
+      case 8: return launch_wqv_bt<8, __half>(p, smem, st);
+    }
+  } else if (cdtype == kBF16) {
+    switch (bits) {
+      case 2: return launch_wqv_bt<2, __nv_bfloat16>(p, smem, st);
+      case 4: return launch_wqv_bt<4, __nv_bfloat16>(p, smem, st);
+      case 8: return launch_wqv_bt<8, __nv_bfloat16>(p, smem, st);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
 // ------------------------------------------------------------- dequantize
 // One thread per 16-byte vector: writes its 16j x 2 tiles of W (K, N) in T,
 // row k of the prepared (sorted) order going to row perm[k] when given.
