@@ -67,8 +67,9 @@ def bie_register_kernels(registry):
                         attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
     registry.register("wq_gemm", weight_only.wq_gemm, priority=PRIORITY, name="wq_gemm",
                       capability=wq_cap, prepare=weight_only.prepare,
-                      description="fp16/bf16 tensor-core GEMV/GEMM on fragment-ordered repacked codes, "
-                                  "split-K with deterministic reduction; dequantize + cuBLAS above M=256")
+                      description="M <= 8: memory-bound skinny kernel (weights as the MMA A operand, cp.async "
+                                  "ring); M <= 64: fp16/bf16 tensor-core GEMM on fragment-ordered codes; split-K with "
+                                  "deterministic reduction; dequantize + cuBLAS above M=64")
     registry.register("wq_gemm_grad_input", weight_only.wq_gemm_grad_input, priority=PRIORITY,
                       name="wq_gemm_grad_input", capability=wq_cap, prepare=weight_only.prepare,
                       description="dequantize (fused kernel) + cuBLAS")
