@@ -12,10 +12,12 @@ emulated there, about 40x slower than wgmma s8).
 * ``int_gemm``: ``C = A B^T`` with A the activation codes (M, K) and B the weight
   codes (N, K); the per-output-channel vector runs along the columns of C.
 * ``int_bmm``: the same kernel with a batch mode (L = B).
-* ``int_conv2d``: an int8 im2col kernel (NCHW input read as NCHW: zero padding,
-  stride, dilation, groups) writes the (G, N*Ho*Wo, K) patch matrix, the GEMM
-  runs batched over groups against the (G, O/G, K) weight, the result is
-  permuted to contiguous NCHW.
+* ``int_conv2d``: the NCHW input is read as the NCHW tensor it is (a channels_last
+  one as is, other layouts through one NHWC copy); an int8 im2col kernel (zero
+  padding, stride, dilation, groups) writes the (G, N*Ho*Wo, K) patch matrix in
+  (kh, kw, c) order with 16-byte channel runs, the GEMM runs batched over
+  groups against the (G, O/G, K) weight prepared in the same order, and the
+  result is permuted to contiguous NCHW.
 * K is padded with zero codes to a multiple of 16 (TMA moves 16-byte rows) and
   the weight's rows (output channels) to a multiple of 8 (the TMA store writes
   16-byte aligned rows, and CUTLASS requires the contiguous extent to be a
@@ -189,13 +191,14 @@ def _conv_out(size, k, s, p, d):
 def _conv_weight(w, groups):
     o, cg, kh, kw = w.shape
     kg = cg * kh * kw
-    return _pad_rows_k(w.detach().reshape(groups, o // groups, kg), _n8(o // groups), _k16(kg))
+    w_khwc = w.detach().permute(0, 2, 3, 1).reshape(groups, o // groups, kg)   # k = (kh, kw, c): im2col's order
+    return _pad_rows_k(w_khwc.contiguous() if not w_khwc.is_contiguous() else w_khwc.clone(),
+                       _n8(o // groups), _k16(kg))
 
 
 def prepare_conv(w, groups=1):
-    """OIHW codes as (G, O/G, Kg) rows, zero padded to (G, 8*ceil(O/G/8), 16*ceil(Kg/16)), k = (c, kh, kw)
-    as the flattened weight. A view of ``w.detach()`` when no padding is needed: it shares storage, not
-    the tensor object, so the dispatcher's weak reference to ``w`` (and the cache entry) dies with ``w``."""
+    """OIHW codes as (G, O/G, Kg) rows in (kh, kw, c) order (the order of the NHWC im2col), zero padded to
+    (G, 8*ceil(O/G/8), 16*ceil(Kg/16)); always a new tensor."""
     return _conv_weight(w, groups)
 
 
@@ -212,7 +215,8 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     wp = prepared if prepared is not None else _conv_weight(w, g)
     if tuple(wp.shape) != (g, _n8(og), kp):
         raise ValueError(f"bie-backend-cutlass int_conv2d: prepared weight {tuple(wp.shape)} does not fit w {tuple(w.shape)}")
-    cols = _ops().im2col(x.detach().contiguous(), g, kh, kw, stride[0], stride[1], padding[0], padding[1],
+    x_nhwc = x.detach().permute(0, 2, 3, 1).contiguous()       # free for channels_last input
+    cols = _ops().im2col(x_nhwc, g, kh, kw, stride[0], stride[1], padding[0], padding[1],
                          dilation[0], dilation[1], ho, wo, kp)                       # (G, N*Ho*Wo, Kp)
     d = _gemm(cols, wp, og, scale, bias, out_dtype, groups=g)                         # (G, N*Ho*Wo, O/G)
     return d.view(g, n, ho * wo, og).permute(1, 0, 3, 2).reshape(n, o, ho, wo).contiguous()

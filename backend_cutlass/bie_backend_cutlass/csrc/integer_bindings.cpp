@@ -165,8 +165,8 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, 
 at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                   int64_t pw, int64_t dh, int64_t dw, int64_t ho, int64_t wo, int64_t kgp) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kChar && x.dim() == 4 && x.is_contiguous(),
-              "bie_cutlass_integer.im2col: x must be a contiguous 4-D int8 CUDA tensor");
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+              "bie_cutlass_integer.im2col: x must be a contiguous 4-D int8 CUDA tensor (N, H, W, C)");
+  const int64_t N = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   TORCH_CHECK(groups >= 1 && C % groups == 0, "bie_cutlass_integer.im2col: groups must divide C");
   TORCH_CHECK(kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0,
               "bie_cutlass_integer.im2col: bad geometry");

@@ -120,12 +120,15 @@ std::string launch_quantize(const void* x, int dtype_code, int64_t n, const floa
 }
 
 // ------------------------------------------------------------------ im2col
-// out[g][m][k], m = (n, ho, wo), k = (c, kh, kw) of group g's input channels; zero padding and k >= Kg.
-// One thread writes 16 consecutive k of one row (Kgp % 16 == 0): one 16-byte store, the (c, kh, kw)
-// position advanced incrementally; every read is bounds-checked.
+// x is NHWC (N, H, W, C) int8. out[g][m][k], m = (n, ho, wo), k = (kh, kw, c) over group g's input
+// channels (the weight is prepared in the same (kh, kw, c) order); zero padding and zero k >= Kg.
+// One thread writes 16 consecutive k of one row (Kgp % 16 == 0) with one 16-byte store. When the group's
+// channel count is a multiple of 16 (vec16) those 16 bytes are one aligned 16-byte run of one pixel's
+// channels (one 16-byte load); otherwise the (c, kw, kh) position advances byte by byte. Every read is
+// bounds-checked.
 __global__ void im2col_kernel(const int8_t* __restrict__ x, int8_t* __restrict__ out, int64_t N, int64_t C,
                               int64_t H, int64_t W, int64_t G, int KH, int KW, int sh, int sw, int ph, int pw, int dh,
-                              int dw, int64_t Ho, int64_t Wo, int64_t Kgp, int64_t total_chunks) {
+                              int dw, int64_t Ho, int64_t Wo, int64_t Kgp, int64_t total_chunks, bool vec16) {
   const int64_t Cg = C / G, Kg = Cg * KH * KW, M = N * Ho * Wo, chunks = Kgp / 16;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total_chunks;
@@ -136,29 +139,36 @@ __global__ void im2col_kernel(const int8_t* __restrict__ x, int8_t* __restrict__
     const int64_t g = r / M;
     const int64_t wo = m % Wo, t = m / Wo, ho = t % Ho, n = t / Ho;
     const int64_t k0 = chunk * 16;
-    int kw = static_cast<int>(k0 % KW);
-    const int64_t t2 = k0 / KW;
-    int kh = static_cast<int>(t2 % KH);
-    int64_t c = t2 / KH;
-    const int8_t* xg = x + (n * C + g * Cg) * H * W;
+    int64_t c = k0 % Cg;
+    const int64_t t2 = k0 / Cg;
+    int kw = static_cast<int>(t2 % KW);
+    int kh = static_cast<int>(t2 / KW);
     const int64_t hbase = ho * sh - ph, wbase = wo * sw - pw;
+    const int8_t* xn = x + n * H * W * C + g * Cg;
     union {
       uint4 word;
       int8_t b[16];
     } o;
+    if (vec16) {
+      o.word = make_uint4(0, 0, 0, 0);
+      const int64_t hi = hbase + static_cast<int64_t>(kh) * dh, wi = wbase + static_cast<int64_t>(kw) * dw;
+      if (k0 < Kg && hi >= 0 && hi < H && wi >= 0 && wi < W)
+        o.word = *reinterpret_cast<const uint4*>(xn + (hi * W + wi) * C + c);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      int8_t v = 0;
-      if (k0 + j < Kg) {
-        const int64_t hi = hbase + static_cast<int64_t>(kh) * dh, wi = wbase + static_cast<int64_t>(kw) * dw;
-        if (hi >= 0 && hi < H && wi >= 0 && wi < W) v = xg[(c * H + hi) * W + wi];
-      }
-      o.b[j] = v;
-      if (++kw == KW) {
-        kw = 0;
-        if (++kh == KH) {
-          kh = 0;
-          ++c;
+      for (int j = 0; j < 16; ++j) {
+        int8_t v = 0;
+        if (k0 + j < Kg) {
+          const int64_t hi = hbase + static_cast<int64_t>(kh) * dh, wi = wbase + static_cast<int64_t>(kw) * dw;
+          if (hi >= 0 && hi < H && wi >= 0 && wi < W) v = xn[(hi * W + wi) * C + c];
+        }
+        o.b[j] = v;
+        if (++c == Cg) {
+          c = 0;
+          if (++kw == KW) {
+            kw = 0;
+            ++kh;
+          }
         }
       }
     }
@@ -177,9 +187,12 @@ std::string launch_im2col(const int8_t* x, int8_t* out, int64_t N, int64_t C, in
       dh > INT32_MAX || dw > INT32_MAX)
     return "geometry too large";
   const int threads = 256;
+  const int64_t Cg = C / G;
+  const bool vec16 = Cg % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   im2col_kernel<<<grid_for(total, threads), threads, 0, stream>>>(
       x, out, N, C, H, W, G, static_cast<int>(KH), static_cast<int>(KW), static_cast<int>(sh), static_cast<int>(sw),
-      static_cast<int>(ph), static_cast<int>(pw), static_cast<int>(dh), static_cast<int>(dw), Ho, Wo, Kgp, total);
+      static_cast<int>(ph), static_cast<int>(pw), static_cast<int>(dh), static_cast<int>(dw), Ho, Wo, Kgp, total,
+      vec16);
   return last_error("im2col kernel");
 }
 

@@ -45,7 +45,7 @@ GemmFn gemm_fn(int config, int out_code);
 std::string launch_quantize(const void* x, int dtype_code, int64_t n, const float* scale, bool per_row,
                             int64_t inner, int bits, int8_t* out, cudaStream_t stream);
 
-// x (N, C, H, W) int8 contiguous -> out (G, N*Ho*Wo, Kgp) int8, k = (c*KH + kh)*KW + kw, zero padded.
+// x (N, H, W, C) int8 contiguous (NHWC) -> out (G, N*Ho*Wo, Kgp) int8, k = (kh*KW + kw)*Cg + c, zero padded.
 std::string launch_im2col(const int8_t* x, int8_t* out, int64_t N, int64_t C, int64_t H, int64_t W, int64_t G,
                           int64_t KH, int64_t KW, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                           int64_t dw, int64_t Ho, int64_t Wo, int64_t Kgp, cudaStream_t stream);
