@@ -39,7 +39,7 @@ import torch
 from . import _build, tuning
 from ._build import Extension
 
-_GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128")
+_GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
                       sources=("integer_bindings.cpp", "integer_kernels.cu") + _GEMM_SOURCES,
@@ -47,8 +47,9 @@ EXTENSION = Extension(family="integer",
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
 #: c128x256: 128x256x128 tile, 2x1 cluster, cooperative (two consumer warpgroups on one tile);
-#: p64x128: 64x128x128 tile, no cluster, ping-pong (two consumer warpgroups alternate tiles).
-CONFIGS = ("c128x256", "p64x128")
+#: p64x128: 64x128x128 tile, no cluster, ping-pong (two consumer warpgroups alternate tiles);
+#: c128x128: 128x128x128 tile, no cluster, cooperative (mid-size problems, narrow N).
+CONFIGS = ("c128x256", "p64x128", "c128x128")
 SM90 = ((9, 0), (9, 0))
 #: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
 MAX_K = (2 ** 31 - 1) // (128 * 128)
@@ -122,7 +123,8 @@ def _gemm(a3, b3, n, scale, bias, out_dtype, groups: int = 1):
     n_pad = b3.shape[1]
     s, sb = _vec(scale, groups, n, n_pad)
     bb, bbs = _vec(bias, groups, n, n_pad, scalar_ok=False)
-    names = list(CONFIGS) if M > 64 else list(reversed(CONFIGS))   # the default first: small M, small tile
+    # every configuration is a candidate; the first is the untimed default (small M: the small tile)
+    names = list(CONFIGS) if M > 64 else ["p64x128", "c128x128", "c128x256"]
     cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, c)))
              for nm in names]
     bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n_pad)}/K{_bucket(Kp)}"

@@ -64,7 +64,7 @@ def _lsq_math(v, s, codes, prod, f, lo: int, hi: int, per_row: bool, denom: floa
 
 def _fused():
     if "fn" not in _fused_state:
-        _fused_state["fn"] = torch.compile(_lsq_math, dynamic=True, fullgraph=True)
+        _fused_state["fn"] = torch.compile(_lsq_math, fullgraph=True)
     return _fused_state["fn"]
 
 

@@ -119,6 +119,10 @@ struct IGemmSm90 {
   Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
       cutlass::epilogue::TmaWarpSpecialized
 
+#define BIE_INT_CFG_c128x128                                                                       \
+  Shape<_128, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative
+
 #define BIE_INT_DEFINE(cfg, out, T)                                            \
   std::string igemm_##cfg##_##out(const GemmArgs& p, size_t* ws) {             \
     return IGemmSm90<BIE_INT_CFG_##cfg, T>::run(p, ws);                         \

@@ -17,11 +17,13 @@ namespace bie_int {
   std::string igemm_##cfg##_f16(const GemmArgs&, size_t*);
 BIE_INT_DECLARE(c128x256)
 BIE_INT_DECLARE(p64x128)
+BIE_INT_DECLARE(c128x128)
 
 GemmFn gemm_fn(int config, int out_code) {
   static const GemmFn table[kNumConfigs][kNumOutCodes] = {
       {igemm_c128x256_i32, igemm_c128x256_f32, igemm_c128x256_bf16, igemm_c128x256_f16},
       {igemm_p64x128_i32, igemm_p64x128_f32, igemm_p64x128_bf16, igemm_p64x128_f16},
+      {igemm_c128x128_i32, igemm_c128x128_f32, igemm_c128x128_bf16, igemm_c128x128_f16},
   };
   if (config < 0 || config >= kNumConfigs || out_code < 0 || out_code >= kNumOutCodes) return nullptr;
   return table[config][out_code];

@@ -36,7 +36,7 @@ struct GemmArgs {
 using GemmFn = std::string (*)(const GemmArgs&, size_t* ws);
 
 // out_code: 0 int32, 1 float32, 2 bfloat16, 3 float16.
-constexpr int kNumConfigs = 2;
+constexpr int kNumConfigs = 3;
 constexpr int kNumOutCodes = 4;
 GemmFn gemm_fn(int config, int out_code);
 
