@@ -392,6 +392,220 @@ def test_int_gemm_extremes_at_max_k(nk, levels):
     assert_same(at_levels(levels, lambda: nk.int_gemm(a, b, 8, 8, None, None, None)), exp, "int_gemm max K")
 
 
+# ------------------------------------------------------------------ int_conv2d
+INT_CONV = CONV + [
+    (3, 16, 13, 11, 40, (3, 3), (1, 1), (1, 1), (1, 1), 1),      # 40 channels: panels of 8/16 plus a rest
+    (1, 36, 7, 9, 9, (2, 3), (2, 3), (0, 2), (3, 1), 3),         # groups with odd channel counts
+    (2, 300, 5, 4, 17, (1, 1), (1, 1), (0, 0), (1, 1), 1),       # K = 300: not a multiple of 4
+]
+
+
+@pytest.mark.parametrize("geom", INT_CONV, ids=[str(i) for i in range(len(INT_CONV))])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_int_conv2d_counts(nk, levels, geom, bits):
+    n, c, h, w_, o, ks, st, pd, dl, grp = geom
+    g = gen("iconv", geom, bits)
+    x = codes((n, c, h, w_), bits, g)
+    w = codes((o, c // grp) + tuple(ks), bits, g)
+    args = (w, bits, bits, list(st), list(pd), list(dl), grp, None, None, None)
+    exp = ri.int_conv2d(x, *args)
+    prep = nk.prepare(w)
+    assert_same(at_levels(levels, lambda: nk.int_conv2d(x, *args, prepared=prep)), exp, f"int_conv2d {geom} int{bits}")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided", "expanded"])
+@pytest.mark.parametrize("epi", ["per-channel+bias", "scalar", "bias-only"])
+def test_int_conv2d_inputs_and_epilogue(nk, levels, out_dtype, layout, epi):
+    g = gen("iconv-in", out_dtype, layout, epi)
+    n, c, h, w_, o = 2, 21, 9, 11, 19
+    x = codes((n, c, h, 2 * w_), 8, g)
+    x = x[..., ::2] if layout == "strided" else x[..., :w_]
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "expanded":
+        x = x[:1].expand(n, c, h, w_)
+    w = codes((o, c, 3, 3), 8, g)
+    scale = bias = None
+    if epi == "per-channel+bias":
+        scale = (torch.rand(o, generator=g) + 0.5) * torch.pow(2.0, torch.randint(-30, 5, (o,), generator=g).float())
+        bias = torch.randn(o, generator=g).to(out_dtype)
+    elif epi == "scalar":
+        scale = torch.rand((), generator=g).to(torch.bfloat16) + 0.01
+    else:
+        bias = torch.randn(o, generator=g)
+    for geom in (([1, 1], [2, 1], [1, 2]), ([2, 2], [0, 0], [1, 1])):
+        args = (w, 8, 8, *map(list, geom), 1, scale, bias, out_dtype)
+        exp = ri.int_conv2d(x, *args)
+        assert_same(at_levels(levels, lambda: nk.int_conv2d(x, *args)), exp,
+                    f"int_conv2d {out_dtype} {layout} {epi} {geom}")
+
+
+def test_int_conv2d_extremes_and_threads(nk, levels):
+    g = gen("iconv-ext")
+    c = 512                                 # K = 4608: every product -128 * -128 (VNNI's column-sum correction)
+    x = torch.full((2, c, 4, 5), -128, dtype=torch.int8)
+    w = torch.full((3, c, 3, 3), -128, dtype=torch.int8)
+    w[1] = 127
+    args = (w, 8, 8, [1, 1], [1, 1], [1, 1], 1, None, None, None)
+    exp = ri.int_conv2d(x, *args)
+    assert int(exp.max()) == 4608 * 16384
+    assert_same(at_levels(levels, lambda: nk.int_conv2d(x, *args)), exp, "int_conv2d extremes")
+    x, w = codes((3, 40, 30, 30), 8, g), codes((24, 40, 3, 3), 8, g)
+    args = (w, 8, 8, [1, 1], [1, 1], [1, 1], 1, None, None, None)
+    exp = ri.int_conv2d(x, *args)
+    old = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(nk.int_conv2d(x, *args), exp), f"{t} threads"
+    finally:
+        torch.set_num_threads(old)
+
+
+# ------------------------------------------------------------- int_bmm / binary_bmm
+BMM = [(1, 1, 1, 1), (2, 3, 5, 7), (3, 16, 16, 64), (2, 9, 33, 130), (4, 70, 45, 257), (1, 5, 3, 0), (0, 3, 4, 5),
+       (7, 1, 17, 8191)]
+
+
+@pytest.mark.parametrize("bs,m,n,k", BMM)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_int_bmm(nk, levels, bs, m, n, k, bits):
+    g = gen("ibmm", bs, m, n, k, bits)
+    a, b = codes((bs, m, k), bits, g), codes((bs, n, k), bits, g)
+    exp = ri.int_bmm(a, b, bits, bits, None, None)
+    assert_same(at_levels(levels, lambda: nk.int_bmm(a, b, bits, bits, None, None)), exp, f"int_bmm {bs}x{m}x{n}x{k}")
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        s = (torch.rand((), generator=g) * 0.01 + 1e-4).to(dt)
+        exp = ri.int_bmm(a, b, bits, bits, s, dt)
+        assert_same(at_levels(levels, lambda: nk.int_bmm(a, b, bits, bits, s, dt)), exp, f"int_bmm {dt}")
+
+
+def test_int_bmm_noncontiguous(nk, levels):
+    g = gen("ibmm-nc")
+    a = codes((3, 2 * 11, 2 * 40), 8, g)[:, ::2, ::2]          # strided rows and elements
+    b = codes((3, 40, 9), 8, g).transpose(1, 2)                # (3, 9, 40) with K stride 9
+    a2 = codes((1, 6, 40), 8, g).expand(3, 6, 40)              # batch stride 0
+    for x in (a, a2):
+        exp = ri.int_bmm(x, b, 8, 8, None, None)
+        assert_same(at_levels(levels, lambda: nk.int_bmm(x, b, 8, 8, None, None)), exp, f"int_bmm strides {x.stride()}")
+
+
+@pytest.mark.parametrize("bs,m,n,k", [bmm for bmm in BMM if bmm[3] > 0] + [(2, 64, 64, 1024), (3, 7, 200, 65)])
+def test_binary_bmm(nk, levels, bs, m, n, k):
+    g = gen("bbmm", bs, m, n, k)
+    kb = (k + 7) // 8
+    a, b = randbits((bs, m, kb), g, k, dirty=True), randbits((bs, n, kb), g, k, dirty=True)   # pad bits ignored
+    exp = rb.binary_bmm(a & _clean(k, kb), b & _clean(k, kb), k, None, None)
+    assert_same(at_levels(levels, lambda: nk.binary_bmm(a, b, k, None, None)), exp, f"binary_bmm {bs}x{m}x{n}x{k}")
+    a, b = a & _clean(k, kb), b & _clean(k, kb)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        s = (torch.rand((), generator=g) + 0.1).to(dt)
+        exp = rb.binary_bmm(a, b, k, s, dt)
+        assert_same(at_levels(levels, lambda: nk.binary_bmm(a, b, k, s, dt)), exp, f"binary_bmm {dt}")
+    if bs and m > 1:
+        wide = randbits((bs, m, 3 * kb), g, 8 * 3 * kb)[:, :, kb:2 * kb]    # row stride 3*kb
+        bt = b.transpose(0, 1).contiguous().transpose(0, 1)                  # batch stride != n*kb
+        exp = rb.binary_bmm(wide & _clean(k, kb), bt, k, None, None)
+        assert_same(at_levels(levels, lambda: nk.binary_bmm(wide, bt, k, None, None)), exp, "binary_bmm strided")
+
+
+def _clean(k, kb):
+    """A byte mask that clears the pad bits beyond k in the last byte."""
+    m = torch.full((kb,), 255, dtype=torch.uint8)
+    if k % 8:
+        m[-1] = (1 << (k % 8)) - 1
+    return m
+
+
+# ----------------------------------------------------- sign_embedding (+ bag)
+@pytest.mark.parametrize("v,d,ishape", [(1, 1, (1,)), (10, 7, (3, 4)), (50, 64, (2, 9)), (100, 130, (17,)),
+                                        (7, 8, (0,)), (300, 257, (5, 6, 7))])
+@pytest.mark.parametrize("idx_dtype", [torch.int64, torch.int32])
+def test_sign_embedding(nk, levels, v, d, ishape, idx_dtype):
+    g = gen("semb", v, d, ishape, idx_dtype)
+    bits = randbits((v, (d + 7) // 8), g, d, dirty=True)          # pad bits beyond dim are never read out
+    idx = torch.randint(0, v, ishape, generator=g).to(idx_dtype)
+    for sdt in (torch.float32, torch.float16, torch.bfloat16):
+        # magnitudes from subnormal to overflow in fp16/bf16, exact zeros of both signs
+        scale = torch.randn(v, generator=g) * torch.pow(2.0, torch.randint(-30, 20, (v,), generator=g).float())
+        scale[: min(v, 2)] = torch.tensor([0.0, -0.0])[: min(v, 2)]
+        scale = scale.to(sdt)
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            exp = rb.sign_embedding(idx, bits, scale, d, dt)
+            assert_same(at_levels(levels, lambda: nk.sign_embedding(idx, bits, scale, d, dt)), exp,
+                        f"sign_embedding V={v} D={d} {sdt}->{dt}")
+    if len(ishape) == 2 and ishape[1] > 1:                         # non-contiguous indices and bits
+        idx_nc, bits_nc = idx.t(), torch.cat([bits, bits], 1)[:, : bits.shape[1]]
+        exp = rb.sign_embedding(idx_nc, bits_nc, scale, d, torch.float32)
+        assert_same(at_levels(levels, lambda: nk.sign_embedding(idx_nc, bits_nc, scale, d, torch.float32)), exp,
+                    "sign_embedding strided")
+
+
+@pytest.mark.parametrize("v,d,bags,length", [(1, 1, 1, 1), (10, 9, 3, 2), (40, 64, 5, 7), (100, 33, 8, 4),
+                                             (500, 300, 17, 6), (5, 16, 0, 3)])
+def test_sign_embedding_bag(nk, levels, v, d, bags, length):
+    g = gen("sbag", v, d, bags, length)
+    bits = randbits((v, (d + 7) // 8), g, d)
+    for idx_dtype in (torch.int64, torch.int32):
+        idx = torch.randint(0, v, (bags, length), generator=g).to(idx_dtype)
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            exp = rb.sign_embedding_bag(idx, bits, d, dt)
+            assert_same(at_levels(levels, lambda: nk.sign_embedding_bag(idx, bits, d, dt)), exp,
+                        f"sign_embedding_bag V={v} D={d} {bags}x{length} {dt}")
+
+
+def test_new_kernels_reject_bad_arguments(nk):
+    i8 = torch.int8
+    with pytest.raises(ValueError, match="bie native int_conv2d"):
+        nk.int_conv2d(torch.zeros(1, 4, 5, 5, dtype=i8), torch.zeros(2, 3, 3, 3, dtype=i8), 8, 8, [1, 1], [0, 0],
+                      [1, 1], 1, None, None, None)
+    with pytest.raises(ValueError, match="bie native int_conv2d"):          # kernel larger than the padded input
+        nk.int_conv2d(torch.zeros(1, 2, 2, 2, dtype=i8), torch.zeros(2, 2, 3, 3, dtype=i8), 8, 8, [1, 1], [0, 0],
+                      [1, 1], 1, None, None, None)
+    with pytest.raises(ValueError, match="bie native int_bmm"):
+        nk.int_bmm(torch.zeros(2, 3, 4, dtype=i8), torch.zeros(2, 3, 5, dtype=i8), 8, 8, None, None)
+    with pytest.raises(ValueError, match="bie native binary_bmm"):
+        nk.binary_bmm(torch.zeros(2, 3, 4, dtype=torch.uint8), torch.zeros(1, 3, 4, dtype=torch.uint8), 32, None, None)
+    bits = torch.zeros(5, 2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="bie native sign_embedding"):
+        nk.sign_embedding(torch.zeros(3, dtype=torch.int64), bits, torch.ones(5), 17, torch.float32)
+    with pytest.raises(ValueError, match="bie native sign_embedding"):
+        nk.sign_embedding(torch.zeros(3, dtype=torch.int64), bits, torch.ones(4), 16, torch.float32)
+    # out-of-range indices: the op's validation catches them for dispatched calls; the native code checks
+    # every index itself, so a direct call raises instead of reading outside the table
+    for bad in (5, -1, 2**40):
+        with pytest.raises(IndexError):
+            nk.sign_embedding(torch.tensor([0, bad]), bits, torch.ones(5), 16, torch.float32)
+        with pytest.raises(IndexError):
+            nk.sign_embedding_bag(torch.tensor([[0, bad]]).to(torch.int64), bits, 16, torch.float32)
+    with pytest.raises(IndexError):
+        nk.sign_embedding(torch.tensor([7], dtype=torch.int32), bits, torch.ones(5), 16, torch.float32)
+
+
+def test_new_ops_dispatch_to_native(nk):
+    from bie_core import explain, ops
+    g = gen("dispatch-new")
+    x, w = codes((2, 4, 6, 6), 8, g), codes((4, 4, 3, 3), 8, g)
+    d = explain(ops.int_conv2d, x, w, 8, 8, [1, 1], [1, 1], [1, 1], 1, None, None, None)
+    assert d.chosen() == {"int_conv2d": "cpu:native.int_conv2d"}
+    a = codes((2, 3, 8), 8, g)
+    assert explain(ops.int_bmm, a, a, 8, 8, None, None).chosen() == {"int_bmm": "cpu:native.int_bmm"}
+    p = randbits((2, 3, 1), g, 8)
+    assert explain(ops.binary_bmm, p, p, 8, None, None).chosen() == {"binary_bmm": "cpu:native.binary_bmm"}
+    bits, idx = randbits((9, 2), g, 16), torch.tensor([[1, 2], [3, 4]])
+    assert explain(ops.sign_embedding, idx, bits, torch.ones(9), 16, torch.float32).chosen() == \
+        {"sign_embedding": "cpu:native.sign_embedding"}
+    assert explain(ops.sign_embedding_bag, idx, bits, 16, torch.float32).chosen() == \
+        {"sign_embedding_bag": "cpu:native.sign_embedding_bag"}
+    # beyond the int32-exact K the native int conv declines; the reference serves it
+    from bie_backend_cpu.native import INT_GEMM_MAX_K
+    c = INT_GEMM_MAX_K + 1
+    d = explain(ops.int_conv2d, torch.zeros(1, c, 1, 1, dtype=torch.int8), torch.zeros(1, c, 1, 1, dtype=torch.int8),
+                8, 8, [1, 1], [0, 0], [1, 1], 1, None, None, None)
+    assert d.chosen() == {"int_conv2d": "cpu:reference.int_conv2d"}
+
+
 # ---------------------------------------------------------------- quantize_int
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])

@@ -138,6 +138,13 @@ def _self_test() -> Optional[str]:
     qb = torch.randint(-128, 128, (17, 21), generator=g, dtype=torch.int32).to(torch.int8)
     if not torch.equal(nk.int_gemm(qa, qb, 8, 8, None, None, None), ri.int_gemm(qa, qb, 8, 8, None, None, None)):
         return "self-test failed: int_gemm"
+    qx = torch.randint(-128, 128, (2, 6, 5, 7), generator=g, dtype=torch.int32).to(torch.int8)
+    qw = torch.randint(-128, 128, (4, 3, 3, 3), generator=g, dtype=torch.int32).to(torch.int8)
+    cargs = (qx, qw, 8, 8, [1, 2], [1, 1], [1, 1], 2, None, None, None)
+    if not torch.equal(nk.int_conv2d(*cargs), ri.int_conv2d(*cargs)):
+        return "self-test failed: int_conv2d"
+    if not torch.equal(nk.binary_bmm(a[None], b[None], 100, None, None), rb.binary_bmm(a[None], b[None], 100, None, None)):
+        return "self-test failed: binary_bmm"
     return None
 
 
@@ -242,6 +249,23 @@ def register_kernels(registry) -> NativeStatus:
                                             attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
                                             max_dims={"K": INT_GEMM_MAX_K}),
                       description=f"{tag}: int8 GEMM, exact int32 accumulation")
+    registry.register("int_conv2d", nk.int_conv2d, priority=PRIORITY, name="native.int_conv2d", prepare=nk.prepare,
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)},
+                                            max_dims={"K": INT_GEMM_MAX_K}),
+                      description=f"{tag}: implicit int8 im2col + int GEMM, exact int32, scale/bias epilogue")
+    registry.register("int_bmm", nk.int_bmm, priority=PRIORITY, name="native.int_bmm",
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)},
+                                            max_dims={"K": INT_GEMM_MAX_K}),
+                      description=f"{tag}: batched int8 GEMM, exact int32 accumulation")
+    registry.register("binary_bmm", nk.binary_bmm, priority=PRIORITY, name="native.binary_bmm",
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
+                      description=f"{tag}: batched XOR-popcount GEMM (b packed into panels per call)")
+    registry.register("sign_embedding", nk.sign_embedding, priority=PRIORITY, name="native.sign_embedding",
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
+                      description=f"{tag}: gather + bit expansion to +-scale")
+    registry.register("sign_embedding_bag", nk.sign_embedding_bag, priority=PRIORITY,
+                      name="native.sign_embedding_bag", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
+                      description=f"{tag}: gather + per-bit majority vote")
     registry.register("quantize_int", nk.quantize_int, priority=PRIORITY, name="native.quantize_int",
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}),
                       description=f"{tag}: true division, round half to even, clamp; any broadcast scale")

@@ -37,7 +37,7 @@ HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h")
 FUSED_NAME = "bie_cpu_fused"
 FUSED_SOURCES = ("fused.cpp",)
 FUSED_HEADERS = ("bie_native.h", "scalar_util.h")
-ABI_VERSION = 3  # BIE_NATIVE_ABI in bie_native.h
+ABI_VERSION = 4  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias
 #: separately, exactly as the reference does (no fused multiply-add).
@@ -136,14 +136,15 @@ def precheck() -> Optional[str]:
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_int, vp, c_uint = ctypes.c_int, ctypes.c_void_p, ctypes.c_uint
-    for fn in ("bie_abi_version", "bie_max_level", "bie_get_level", "bie_num_threads", "bie_int_layout"):
+    for fn in ("bie_abi_version", "bie_max_level", "bie_get_level", "bie_num_threads", "bie_int_layout",
+               "bie_iconv_kstep"):
         getattr(lib, fn).restype = c_int
         getattr(lib, fn).argtypes = []
     lib.bie_set_level.restype = c_int
     lib.bie_set_level.argtypes = [c_int]
     lib.bie_cpu_features.restype = c_uint
     lib.bie_cpu_features.argtypes = []
-    for fn in ("bie_pack", "bie_quant", "bie_bgemm", "bie_igemm"):
+    for fn in ("bie_pack", "bie_quant", "bie_bgemm", "bie_igemm", "bie_ibmm", "bie_bbmm", "bie_iconv", "bie_semb"):
         getattr(lib, fn).restype = c_int
         getattr(lib, fn).argtypes = [vp]
     lib.bie_bconv.restype = c_int

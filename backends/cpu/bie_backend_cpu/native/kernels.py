@@ -22,7 +22,7 @@ DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8:
 OUT_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, None: 4}
 EPI_SCALE, EPI_SCALE_VEC, EPI_BIAS, EPI_BIAS_VEC = 1, 2, 4, 8
 INT_ROWS, INT_MADD8, INT_MADD16, INT_VNNI16 = 0, 1, 2, 3
-ERRORS = {1: "out of memory", 2: "C++ exception", 3: "bad argument block"}
+ERRORS = {1: "out of memory", 2: "C++ exception", 3: "bad argument block", 4: "index out of range"}
 
 _lib = None  # set by bie_backend_cpu.native once loaded
 _fused = None  # the pybind11 module of csrc/fused.cpp, when it could be built (else binary_linear uses ctypes)
@@ -73,10 +73,31 @@ class QuantArgs(ctypes.Structure):
                 ("svec", VP), ("inner", I64)]
 
 
+class IBmmArgs(ctypes.Structure):
+    _fields_ = [("g", IGemmArgs), ("batch", I64), ("sa", I64), ("sbl", I64), ("scol", I64)]
+
+
+class BBmmArgs(ctypes.Structure):
+    _fields_ = [("g", BGemmArgs), ("batch", I64), ("sa", I64), ("sbp", I64)]
+
+
+class IConvArgs(ctypes.Structure):
+    _fields_ = [("x", VP), ("N", I64), ("C", I64), ("H", I64), ("W", I64), ("sN", I64), ("sC", I64), ("sH", I64),
+                ("sW", I64), ("wl", VP), ("layout", I64), ("O", I64), ("G", I64), ("Cg", I64), ("Og", I64),
+                ("KH", I64), ("KWk", I64), ("sh", I64), ("sw", I64), ("ph", I64), ("pw", I64), ("dh", I64),
+                ("dw", I64), ("Ho", I64), ("Wo", I64), ("K", I64), ("Kp", I64), ("pix", I64), ("scale", VP),
+                ("bias", VP), ("flags", I64), ("out_type", I64), ("out", VP)]
+
+
+class SEmbArgs(ctypes.Structure):
+    _fields_ = [("idx", VP), ("idx64", I64), ("L", I64), ("per", I64), ("bits", VP), ("V", I64), ("KB", I64),
+                ("ldb", I64), ("D", I64), ("scale", VP), ("scale_dtype", I64), ("out_type", I64), ("out", VP)]
+
+
 def _check(rc: int, op: str) -> None:
     if rc:
         msg = f"bie native {op} failed: {ERRORS.get(rc, f'error {rc}')}"
-        raise MemoryError(msg) if rc == 1 else RuntimeError(msg)
+        raise MemoryError(msg) if rc == 1 else IndexError(msg) if rc == 4 else RuntimeError(msg)
 
 
 def _threads() -> int:
@@ -165,15 +186,16 @@ def pack_signs(x):
 
 # ----------------------------------------------------------------- binary_gemm
 def _binary_panels(b: torch.Tensor, k: int) -> torch.Tensor:
-    """(N, KB) packed rows -> (P, KW, 8) int64: panels of 8 columns, K in
+    """(..., N, KB) packed rows -> (..., P, KW, 8) int64: panels of 8 columns, K in
     64-bit words, zero padded, bits beyond k cleared."""
-    n, kb = b.shape
+    n, kb = b.shape[-2], b.shape[-1]
+    lead = tuple(b.shape[:-2])
     kw, p = (kb + 7) // 8, (n + 7) // 8
-    buf = torch.zeros((p * 8, kw * 8), dtype=torch.uint8)
-    buf[:n, :kb] = b.detach()
+    buf = torch.zeros(lead + (p * 8, kw * 8), dtype=torch.uint8)
+    buf[..., :n, :kb] = b.detach()
     if k % 8:
-        buf[:n, kb - 1] &= (1 << (k % 8)) - 1
-    return buf.view(torch.int64).reshape(p, 8, kw).transpose(1, 2).contiguous()
+        buf[..., :n, kb - 1] &= (1 << (k % 8)) - 1
+    return buf.view(torch.int64).reshape(lead + (p, 8, kw)).transpose(-2, -1).contiguous()
 
 
 def _blocks(m: int, p: int, mb: int, pb: int, min_tasks: int):
@@ -384,23 +406,27 @@ class IntLayout:
 
 
 def _int_layout(b: torch.Tensor, kind: int) -> IntLayout:
-    n, k = b.shape
+    """(..., N, K) int8 -> the layout ``kind`` (leading dims kept: one layout per batch item)."""
+    n, k = b.shape[-2], b.shape[-1]
+    lead = tuple(b.shape[:-2])
     b = b.detach()
     if kind == INT_ROWS:
         return IntLayout(kind, b.contiguous(), None, k, -(-n // 8), 8)
     if kind in (INT_MADD8, INT_MADD16):
         pw = 8 if kind == INT_MADD8 else 16
         kp, p = -(-k // 2) * 2, -(-n // pw)
-        buf = torch.zeros((p * pw, kp), dtype=torch.int16)
-        buf[:n, :k] = b
-        return IntLayout(kind, buf.reshape(p, pw, kp // 2, 2).permute(0, 2, 1, 3).contiguous(), None, kp, p, pw)
+        buf = torch.zeros(lead + (p * pw, kp), dtype=torch.int16)
+        buf[..., :n, :k] = b
+        data = buf.reshape(lead + (p, pw, kp // 2, 2)).transpose(-3, -2).contiguous()
+        return IntLayout(kind, data, None, kp, p, pw)
     if kind == INT_VNNI16:
         kp, p = -(-k // 4) * 4, -(-n // 16)
-        buf = torch.zeros((p * 16, kp), dtype=torch.int8)
-        buf[:n, :k] = b
-        colsum = torch.zeros(p * 16, dtype=torch.int32)
-        colsum[:n] = b.sum(1, dtype=torch.int32)
-        return IntLayout(kind, buf.reshape(p, 16, kp // 4, 4).permute(0, 2, 1, 3).contiguous(), colsum, kp, p, 16)
+        buf = torch.zeros(lead + (p * 16, kp), dtype=torch.int8)
+        buf[..., :n, :k] = b
+        colsum = torch.zeros(lead + (p * 16,), dtype=torch.int32)
+        colsum[..., :n] = b.sum(-1, dtype=torch.int32)
+        data = buf.reshape(lead + (p, 16, kp // 4, 4)).transpose(-3, -2).contiguous()
+        return IntLayout(kind, data, colsum, kp, p, 16)
     raise ValueError(f"unknown int layout {kind}")
 
 
@@ -472,4 +498,164 @@ def quantize_int(x, scale, bits):
         _require(sv.numel() * inner == nel, "quantize_int", "scale layout")
         args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, 0.0, lo, hi, out.data_ptr(), sv.data_ptr(), inner)
     _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
+    return out
+
+
+# --------------------------------------------------------------------- int_bmm
+def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
+    """Batched int_gemm: b's layout is built per call (activations, nothing to
+    prepare), then one native call runs every item's GEMM on the thread pool."""
+    _cpu("int_bmm", a, b, scale)
+    _require(a.dtype == torch.int8 and b.dtype == torch.int8 and a.dim() == 3 and b.dim() == 3
+             and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[2] and out_dtype in OUT_CODE, "int_bmm",
+             f"a {tuple(a.shape)} and b {tuple(b.shape)} must be int8 (B, M, K) and (B, N, K)")
+    bs, m, k = a.shape
+    n = b.shape[1]
+    _require((scale is None or scale.numel() == 1) and (out_dtype is not None or scale is None), "int_bmm",
+             "bad scale")
+    out = torch.empty((bs, m, n), dtype=out_dtype or torch.int32)
+    if bs == 0 or m == 0 or n == 0:
+        return out
+    kind = _lib.bie_int_layout()
+    lay = _int_layout(b, kind)
+    a = a.detach()
+    if a.stride(2) != 1 or a.stride(0) < 0:
+        a = a.contiguous()
+    flags, s32, _ = _epilogue(scale, None, n)
+    mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, max(1, -(-4 * _threads() // bs)))
+    g = IGemmArgs(a.data_ptr(), a.stride(1), lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k, lay.kp,
+                  lay.p, lay.pw, mb, pb, _ptr(s32), None, flags, OUT_CODE[out_dtype], out.data_ptr())
+    args = IBmmArgs(g, bs, a.stride(0), lay.data.stride(0) * lay.data.element_size(),
+                    0 if lay.colsum is None else lay.colsum.stride(0))
+    _check(_lib.bie_ibmm(ctypes.byref(args)), "int_bmm")
+    return out
+
+
+# ------------------------------------------------------------------ binary_bmm
+def binary_bmm(a, b, k, scale, out_dtype):
+    """Batched binary_gemm: b's rows go into the 8-column panels per call, then
+    one native call runs every item's XOR-popcount GEMM on the thread pool."""
+    _cpu("binary_bmm", a, b, scale)
+    _require(a.dtype == torch.uint8 and b.dtype == torch.uint8 and a.dim() == 3 and b.dim() == 3 and k > 0
+             and a.shape[0] == b.shape[0] and a.shape[2] == packed_len(k) == b.shape[2] and out_dtype in OUT_CODE,
+             "binary_bmm", f"a {tuple(a.shape)} and b {tuple(b.shape)} must be uint8 (B, rows, ceil(k/8)) for k={k}")
+    bs, m, kb = a.shape
+    n = b.shape[1]
+    _require((scale is None or scale.numel() == 1) and (out_dtype is not None or scale is None), "binary_bmm",
+             "bad scale")
+    out = torch.empty((bs, m, n), dtype=out_dtype or torch.int32)
+    if bs == 0 or m == 0 or n == 0:
+        return out
+    panels = _binary_panels(b, k)
+    a = a.detach()
+    if a.stride(2) != 1 or a.stride(0) < 0:
+        a = a.contiguous()
+    flags, s32, _ = _epilogue(scale, None, n)
+    p, kw = panels.shape[1], panels.shape[2]
+    mb, pb = _blocks(m, p, 64, 16, max(1, -(-4 * _threads() // bs)))
+    g = BGemmArgs(a.data_ptr(), a.stride(1), panels.data_ptr(), m, n, k, kb, kw, p, mb, pb, _ptr(s32), None,
+                  flags, OUT_CODE[out_dtype], out.data_ptr())
+    args = BBmmArgs(g, bs, a.stride(0), panels.stride(0))
+    _check(_lib.bie_bbmm(ctypes.byref(args)), "binary_bmm")
+    return out
+
+
+# ------------------------------------------------------------------ int_conv2d
+def _iconv_weights(w: torch.Tensor, kind: int, kstep: int):
+    """OIHW int8 codes -> (O, Kp) rows in the A format of the level's conv
+    driver: u8 (w + 128) for VNNI, int16 otherwise; k = (c*KH + i)*KW + j,
+    zero padded to a multiple of the k step."""
+    o = w.shape[0]
+    k = w[0].numel()
+    kp = -(-k // kstep) * kstep
+    w2 = w.detach().reshape(o, k)
+    if kind == INT_VNNI16:
+        buf = torch.zeros((o, kp), dtype=torch.uint8)
+        buf[:, :k] = torch.bitwise_xor(w2.contiguous().view(torch.uint8), 0x80)
+    else:
+        buf = torch.zeros((o, kp), dtype=torch.int16)
+        buf[:, :k] = w2
+    return buf, kp
+
+
+def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype, prepared=None):
+    _cpu("int_conv2d", x, w, scale, bias)
+    _require(x.dim() == 4 and w.dim() == 4 and x.dtype == torch.int8 and w.dtype == torch.int8
+             and out_dtype in OUT_CODE, "int_conv2d", "x and w must be 4-D int8")
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    sh, sw = int(stride[0]), int(stride[1])
+    ph, pw = int(padding[0]), int(padding[1])
+    dh, dw = int(dilation[0]), int(dilation[1])
+    g = int(groups)
+    _require(min(kh, kw, sh, sw, dh, dw, g, cg) >= 1 and min(ph, pw) >= 0 and c == cg * g and o % g == 0 and o > 0,
+             "int_conv2d", f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={g}")
+    ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
+    _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
+    _require((scale is None or scale.numel() in (1, o)) and (bias is None or bias.numel() == o)
+             and (out_dtype is not None or (scale is None and bias is None)), "int_conv2d", "bad scale/bias")
+    out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
+    if n == 0:
+        return out
+    kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
+    wl, kp = _layouts(prepared).get(("iconv", kind, kstep), lambda: _iconv_weights(w, kind, kstep))
+    x = x.detach()
+    k = cg * kh * kw
+    # pixels per task: a block's panels of about 64 KiB (they are reused by every
+    # output channel of the group), at least 16, then smaller for enough tasks
+    pix = max(16, min(128, (65536 // (kp * (1 if kind == INT_VNNI16 else 2))) // 16 * 16))
+    while n * -(-(ho * wo) // pix) < 4 * _threads() and pix > 16:
+        pix = max(16, pix // 2 // 16 * 16)
+    flags, s32, b32 = _epilogue(scale, bias, o)
+    args = IConvArgs(x.data_ptr(), n, c, h, wd, *x.stride(), wl.data_ptr(), kind, o, g, cg, o // g, kh, kw,
+                     sh, sw, ph, pw, dh, dw, ho, wo, k, kp, pix, _ptr(s32), _ptr(b32), flags & ~EPI_BIAS_VEC,
+                     OUT_CODE[out_dtype], out.data_ptr())
+    _check(_lib.bie_iconv(ctypes.byref(args)), "int_conv2d")
+    return out
+
+
+# ----------------------------------------------------- sign_embedding (+ bag)
+_IDX = (torch.int64, torch.int32)
+
+
+def _emb_common(op, indices, bits, dim, dtype):
+    _cpu(op, indices, bits)
+    _require(indices.dtype in _IDX and bits.dtype == torch.uint8 and bits.dim() == 2 and dim > 0
+             and bits.shape[1] == packed_len(dim) and dtype in (torch.float32, torch.float16, torch.bfloat16), op,
+             f"indices {indices.dtype}, bits {tuple(bits.shape)} {bits.dtype} do not fit dim={dim}, dtype={dtype}")
+    b = bits.detach()
+    if b.stride(1) != 1 or b.stride(0) < b.shape[1]:
+        b = b.contiguous()
+    return indices.detach().reshape(-1).contiguous(), b
+
+
+def sign_embedding(indices, bits, scale, dim, dtype):
+    idx, b = _emb_common("sign_embedding", indices, bits, dim, dtype)
+    _cpu("sign_embedding", scale)
+    _require(scale.dtype in DTYPE_CODE and scale.dtype != torch.int8 and scale.numel() == b.shape[0],
+             "sign_embedding", f"scale must have one float value per row ({b.shape[0]}), got {tuple(scale.shape)}")
+    out = torch.empty(tuple(indices.shape) + (dim,), dtype=dtype)
+    if idx.numel() == 0:
+        return out
+    if b.shape[0] == 0:
+        raise IndexError("bie native sign_embedding: indices into an empty table")
+    sc = scale.detach().reshape(-1).contiguous()
+    args = SEmbArgs(idx.data_ptr(), int(idx.dtype == torch.int64), idx.numel(), 1, b.data_ptr(), b.shape[0],
+                    b.shape[1], b.stride(0), dim, sc.data_ptr(), DTYPE_CODE[sc.dtype], OUT_CODE[dtype], out.data_ptr())
+    _check(_lib.bie_semb(ctypes.byref(args)), "sign_embedding")
+    return out
+
+
+def sign_embedding_bag(indices, bits, dim, dtype):
+    _require(indices.dim() == 2 and indices.shape[1] > 0, "sign_embedding_bag", "indices must be (bags, L), L > 0")
+    idx, b = _emb_common("sign_embedding_bag", indices, bits, dim, dtype)
+    bags, per = indices.shape
+    out = torch.empty((bags, dim), dtype=dtype)
+    if bags == 0:
+        return out
+    if b.shape[0] == 0:
+        raise IndexError("bie native sign_embedding_bag: indices into an empty table")
+    args = SEmbArgs(idx.data_ptr(), int(idx.dtype == torch.int64), bags, per, b.data_ptr(), b.shape[0],
+                    b.shape[1], b.stride(0), dim, None, 0, OUT_CODE[dtype], out.data_ptr())
+    _check(_lib.bie_semb(ctypes.byref(args)), "sign_embedding_bag")
     return out

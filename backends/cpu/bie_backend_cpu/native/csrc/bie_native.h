@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_NATIVE_ABI 3
+#define BIE_NATIVE_ABI 4
 
 enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
 
@@ -18,7 +18,7 @@ enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4
 enum { BIE_EPI_SCALE = 1, BIE_EPI_SCALE_VEC = 2, BIE_EPI_BIAS = 4, BIE_EPI_BIAS_VEC = 8 };
 
 // error codes (0 = ok)
-enum { BIE_OK = 0, BIE_ENOMEM = 1, BIE_EEXCEPTION = 2, BIE_EBADARG = 3 };
+enum { BIE_OK = 0, BIE_ENOMEM = 1, BIE_EEXCEPTION = 2, BIE_EBADARG = 3, BIE_EINDEX = 4 };
 
 // int GEMM weight layouts (which one a level uses: bie_int_layout())
 enum { BIE_INT_ROWS = 0,      // b as given: (N, K) int8 row-major
@@ -92,6 +92,50 @@ typedef struct {
   int64_t inner;
 } bie_quant_args;
 
+// batched int GEMM (int_bmm): item b uses a + b*sa, the weight layout at
+// bl + b*sbl bytes, colsum + b*scol, out + b*M*N; g describes item 0.
+typedef struct {
+  bie_igemm_args g;
+  int64_t batch, sa, sbl, scol;
+} bie_ibmm_args;
+
+// batched binary GEMM (binary_bmm): item b uses a + b*sa bytes, panels
+// bp + b*sbp words, out + b*M*N; g describes item 0.
+typedef struct {
+  bie_bgemm_args g;
+  int64_t batch, sa, sbp;
+} bie_bbmm_args;
+
+// int conv2d: implicit im2col of int8 x into the level's B panels (IPW
+// pixels, K = Cg*KH*KW in (c, i, j) order, zero padding), times the weight
+// rows prepared in the level's A format (iprep_row: u8 w^0x80 for VNNI,
+// int16 otherwise), Kp = K rounded up to the level's k step.
+typedef struct {
+  const int8_t* x;    // (N, C, H, W) int8 with element strides sN, sC, sH, sW
+  int64_t N, C, H, W, sN, sC, sH, sW;
+  const void* wl;     // (O, Kp) weight rows
+  int64_t layout;     // bie_int_layout() the rows were prepared for
+  int64_t O, G, Cg, Og, KH, KWk, sh, sw, ph, pw, dh, dw, Ho, Wo, K, Kp;
+  int64_t pix;        // output pixels per task (multiple of 16)
+  const float* scale; const float* bias;  // per output channel (or one value)
+  int64_t flags, out_type;
+  void* out;          // (N, O, Ho, Wo) contiguous
+} bie_iconv_args;
+
+// sign_embedding: out[l, j] = (bit j of bits[idx[l]] ? +s : -s), s = float32(scale[idx[l]]),
+// converted to out_type; sign_embedding_bag (scale null, L = bags * per):
+// out[b, j] = +1 if 2 * (number of set bits j over the bag's rows) >= per else -1.
+typedef struct {
+  const void* idx;    // L (or bags * per) contiguous indices
+  int64_t idx64;      // 1: int64 indices, 0: int32
+  int64_t L, per;     // rows out (bags), indices per row (1 for sign_embedding)
+  const uint8_t* bits;// (V, KB) packed rows, row stride ldb bytes
+  int64_t V, KB, ldb, D;
+  const void* scale;  // V contiguous values of scale_dtype (sign_embedding), or null (bag)
+  int64_t scale_dtype, out_type;
+  void* out;          // (L, D) contiguous of out_type
+} bie_semb_args;
+
 // per-ISA range functions: process tasks [t0, t1); return 0 or an error code
 typedef int (*bie_range_fn)(const void* args, int64_t t0, int64_t t1);
 
@@ -101,7 +145,9 @@ typedef int (*bie_range_fn)(const void* args, int64_t t0, int64_t t1);
   extern "C" int bie_##ns##_quant(const void*, int64_t, int64_t);                  \
   extern "C" int bie_##ns##_bgemm(const void*, int64_t, int64_t);                  \
   extern "C" int bie_##ns##_bconv(const void*, int64_t, int64_t);                  \
-  extern "C" int bie_##ns##_igemm(const void*, int64_t, int64_t);
+  extern "C" int bie_##ns##_igemm(const void*, int64_t, int64_t);                  \
+  extern "C" int bie_##ns##_iconv(const void*, int64_t, int64_t);                  \
+  extern "C" int bie_##ns##_semb(const void*, int64_t, int64_t);
 
 // a variant's driver drv_<op> (internal linkage) exported as bie_<variant>_<op>
 #define BIE_EXPORT(ns, op) \

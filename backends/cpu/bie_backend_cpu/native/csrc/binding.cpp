@@ -7,6 +7,7 @@
 // terminates the process.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -21,6 +22,8 @@ int bie_portable_quant(const void*, int64_t, int64_t);
 int bie_portable_bgemm(const void*, int64_t, int64_t);
 int bie_portable_bconv(const void*, int64_t, int64_t);
 int bie_portable_igemm(const void*, int64_t, int64_t);
+int bie_portable_iconv(const void*, int64_t, int64_t);
+int bie_portable_semb(const void*, int64_t, int64_t);
 #if defined(__x86_64__) || defined(_M_X64)
 int bie_avx2_pack(const void*, int64_t, int64_t);
 int bie_avx2_bconv_pack(const void*, int64_t, int64_t);
@@ -28,13 +31,18 @@ int bie_avx2_quant(const void*, int64_t, int64_t);
 int bie_avx2_bgemm(const void*, int64_t, int64_t);
 int bie_avx2_bconv(const void*, int64_t, int64_t);
 int bie_avx2_igemm(const void*, int64_t, int64_t);
+int bie_avx2_iconv(const void*, int64_t, int64_t);
+int bie_avx2_semb(const void*, int64_t, int64_t);
 int bie_avx512_pack(const void*, int64_t, int64_t);
 int bie_avx512_bconv_pack(const void*, int64_t, int64_t);
 int bie_avx512_quant(const void*, int64_t, int64_t);
 int bie_avx512_igemm(const void*, int64_t, int64_t);
+int bie_avx512_iconv(const void*, int64_t, int64_t);
+int bie_avx512_semb(const void*, int64_t, int64_t);
 int bie_avx512icl_bgemm(const void*, int64_t, int64_t);
 int bie_avx512icl_bconv(const void*, int64_t, int64_t);
 int bie_avx512icl_igemm(const void*, int64_t, int64_t);
+int bie_avx512icl_iconv(const void*, int64_t, int64_t);
 #endif
 }
 
@@ -240,7 +248,65 @@ bie_range_fn pick_igemm(int l) {
   return bie_portable_igemm;
 }
 
+bie_range_fn pick_iconv(int l) {
+#if BIE_X86
+  if (l >= L_AVX512ICL) return bie_avx512icl_iconv;
+  if (l >= L_AVX512) return bie_avx512_iconv;
+  if (l >= L_AVX2) return bie_avx2_iconv;
+#endif
+  (void)l;
+  return bie_portable_iconv;
+}
+bie_range_fn pick_semb(int l) {
+#if BIE_X86
+  if (l >= L_AVX512) return bie_avx512_semb;
+  if (l >= L_AVX2) return bie_avx2_semb;
+#endif
+  (void)l;
+  return bie_portable_semb;
+}
+
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int esize_out(int64_t t) { return t == BIE_F16 || t == BIE_BF16 ? 2 : 4; }
+
+// Batched GEMMs: the tasks of item b are b * per + (the item's own tasks);
+// a range of tasks is split at item boundaries and each piece runs the
+// variant's GEMM on a copy of the argument block pointing at that item.
+struct ibmm_ctx { const bie_ibmm_args* a; bie_range_fn fn; int64_t per; };
+int ibmm_range(const void* c, int64_t t0, int64_t t1) {
+  const ibmm_ctx* x = (const ibmm_ctx*)c;
+  const bie_ibmm_args* a = x->a;
+  const int64_t item = a->g.M * a->g.N * esize_out(a->g.out_type);
+  while (t0 < t1) {
+    const int64_t b = t0 / x->per, l0 = t0 % x->per, l1 = std::min(x->per, l0 + (t1 - t0));
+    bie_igemm_args g = a->g;
+    g.a += b * a->sa;
+    g.bl = (const char*)g.bl + b * a->sbl;
+    if (g.colsum) g.colsum += b * a->scol;
+    g.out = (char*)g.out + b * item;
+    const int r = x->fn(&g, l0, l1);
+    if (r != BIE_OK) return r;
+    t0 += l1 - l0;
+  }
+  return BIE_OK;
+}
+struct bbmm_ctx { const bie_bbmm_args* a; bie_range_fn fn; int64_t per; };
+int bbmm_range(const void* c, int64_t t0, int64_t t1) {
+  const bbmm_ctx* x = (const bbmm_ctx*)c;
+  const bie_bbmm_args* a = x->a;
+  const int64_t item = a->g.M * a->g.N * esize_out(a->g.out_type);
+  while (t0 < t1) {
+    const int64_t b = t0 / x->per, l0 = t0 % x->per, l1 = std::min(x->per, l0 + (t1 - t0));
+    bie_bgemm_args g = a->g;
+    g.a += b * a->sa;
+    g.bp += b * a->sbp;
+    g.out = (char*)g.out + b * item;
+    const int r = x->fn(&g, l0, l1);
+    if (r != BIE_OK) return r;
+    t0 += l1 - l0;
+  }
+  return BIE_OK;
+}
 
 int layout_for(int l) {
   return l >= L_AVX512ICL ? BIE_INT_VNNI16 : l >= L_AVX512 ? BIE_INT_MADD16 : l >= L_AVX2 ? BIE_INT_MADD8 : BIE_INT_ROWS;
@@ -302,12 +368,54 @@ int bie_bconv(const bie_bconv_pack_args* pa, const bie_bconv_args* ca) {
   return run2(pick_conv_pack(l), pa, pa->N, cdiv(pa->H, pa->hrows), pick_bconv(l), ca, cdiv(ca->Ho * ca->Wo, ca->pix));
 }
 
+static bool igemm_ok(const bie_igemm_args* a, int l) {
+  return !(a->layout != layout_for(l) || a->mb < 1 || a->pb < 1 || a->K < 0 || a->Kp < a->K ||
+           a->P * a->PW < a->N || a->lda < a->K || a->M < 0 || a->N < 0);
+}
+
 int bie_igemm(const bie_igemm_args* a) {
   const int l = g_level.load();
-  if (a->layout != layout_for(l) || a->mb < 1 || a->pb < 1 || a->K < 0 || a->Kp < a->K || a->P * a->PW < a->N ||
-      a->lda < a->K)
-    return BIE_EBADARG;
+  if (!igemm_ok(a, l)) return BIE_EBADARG;
   return run(pick_igemm(l), a, cdiv(a->M, a->mb) * cdiv(a->P, a->pb), 1);
+}
+
+int bie_ibmm(const bie_ibmm_args* a) {
+  const int l = g_level.load();
+  if (!igemm_ok(&a->g, l) || a->batch < 0 || a->sa < 0 || a->sbl < 0 || a->scol < 0) return BIE_EBADARG;
+  ibmm_ctx c{a, pick_igemm(l), cdiv(a->g.M, a->g.mb) * cdiv(a->g.P, a->g.pb)};
+  return run(ibmm_range, &c, a->batch * c.per, 1);
+}
+
+int bie_bbmm(const bie_bbmm_args* a) {
+  const bie_bgemm_args* g = &a->g;
+  if (g->mb < 1 || g->pb < 1 || g->M < 0 || g->N < 0 || g->K < 1 || g->KB != (g->K + 7) / 8 ||
+      g->KW * 8 < g->KB || g->P * 8 < g->N || g->lda < g->KB || a->batch < 0 || a->sa < 0 || a->sbp < 0)
+    return BIE_EBADARG;
+  bbmm_ctx c{a, pick_bgemm(g_level.load()), cdiv(g->M, g->mb) * cdiv(g->P, g->pb)};
+  return run(bbmm_range, &c, a->batch * c.per, 1);
+}
+
+// the k step of the A rows a level's conv driver reads (VNNI quads, else int16 pairs)
+int bie_iconv_kstep() { return layout_for(g_level.load()) == BIE_INT_VNNI16 ? 4 : 2; }
+
+int bie_iconv(const bie_iconv_args* a) {
+  const int l = g_level.load();
+  const int64_t ks = layout_for(l) == BIE_INT_VNNI16 ? 4 : 2;
+  if (a->layout != layout_for(l) || a->pix < 16 || a->pix % 16 || a->N < 0 || a->C < 1 || a->H < 1 ||
+      a->W < 1 || a->G < 1 || a->Cg < 1 || a->C != a->G * a->Cg || a->Og < 1 || a->O != a->G * a->Og ||
+      a->KH < 1 || a->KWk < 1 || a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->ph < 0 || a->pw < 0 ||
+      a->Ho < 1 || a->Wo < 1 || a->K != a->Cg * a->KH * a->KWk || a->Kp < a->K || a->Kp % ks ||
+      a->sN < 0 || a->sC < 0 || a->sH < 0 || a->sW < 0)
+    return BIE_EBADARG;
+  return run(pick_iconv(l), a, a->N * cdiv(a->Ho * a->Wo, a->pix), 1);
+}
+
+int bie_semb(const bie_semb_args* a) {
+  if (a->L < 0 || a->per < 1 || a->V < 1 || a->D < 1 || a->KB != (a->D + 7) / 8 || a->ldb < a->KB)
+    return BIE_EBADARG;
+  // memory-bound: threads pay off beyond ~64K output elements
+  const int64_t grain = (int64_t{1} << 16) / (a->D * a->per) + 1;
+  return run(pick_semb(g_level.load()), a, a->L, grain);
 }
 
 }  // extern "C"

@@ -178,6 +178,82 @@ static int drv_quant(const void* args, int64_t t0, int64_t t1) {
   }
   return BIE_EBADARG;
 }
+// ------------------------------------------------- sign_embedding (+ bag)
+// Rows are expanded on the bit patterns of the two output values (+s, -s),
+// so the inner loop is a select on integers (vectorised by the compiler).
+template <typename T>
+static inline void semb_expand(const uint8_t* row, int64_t D, T pos, T neg, T* o) {
+  int64_t j = 0;
+  for (; j + 8 <= D; j += 8) {
+    const uint32_t byte = row[j >> 3];
+    for (int q = 0; q < 8; ++q) {
+      const T m = (T)(0u - ((byte >> q) & 1u));
+      o[j + q] = (T)((pos & m) | (neg & (T)~m));
+    }
+  }
+  for (; j < D; ++j) o[j] = ((row[j >> 3] >> (j & 7)) & 1u) ? pos : neg;
+}
+
+static inline void semb_values(float s, int out_type, uint32_t* pos, uint32_t* neg) {
+  switch (out_type) {
+    case BIE_F16: *pos = bie_f32_to_f16(s); *neg = bie_f32_to_f16(-s); break;
+    case BIE_BF16: *pos = bie_f32_to_bf16(s); *neg = bie_f32_to_bf16(-s); break;
+    default: *pos = bie_f32_bits(s); *neg = bie_f32_bits(-s); break;
+  }
+}
+
+static inline int64_t semb_index(const bie_semb_args* p, int64_t e) {
+  return p->idx64 ? ((const int64_t*)p->idx)[e] : (int64_t)((const int32_t*)p->idx)[e];
+}
+
+static int drv_semb(const void* args, int64_t t0, int64_t t1) {
+  const bie_semb_args* p = (const bie_semb_args*)args;
+  const int64_t D = p->D;
+  const int osz = p->out_type == BIE_F32 ? 4 : 2;
+  if (p->out_type != BIE_F32 && p->out_type != BIE_F16 && p->out_type != BIE_BF16) return BIE_EBADARG;
+  if (p->scale) {                                   // sign_embedding
+    for (int64_t l = t0; l < t1; ++l) {
+      const int64_t i = semb_index(p, l);
+      if (i < 0 || i >= p->V) return BIE_EINDEX;
+      float s;
+      switch (p->scale_dtype) {
+        case BIE_F32: s = bie_load_f32<BIE_F32>(p->scale, i); break;
+        case BIE_F16: s = bie_load_f32<BIE_F16>(p->scale, i); break;
+        case BIE_BF16: s = bie_load_f32<BIE_BF16>(p->scale, i); break;
+        default: return BIE_EBADARG;
+      }
+      uint32_t pos, neg;
+      semb_values(s, (int)p->out_type, &pos, &neg);
+      const uint8_t* row = p->bits + i * p->ldb;
+      char* o = (char*)p->out + l * D * osz;
+      if (osz == 4) semb_expand<uint32_t>(row, D, pos, neg, (uint32_t*)o);
+      else semb_expand<uint16_t>(row, D, (uint16_t)pos, (uint16_t)neg, (uint16_t*)o);
+    }
+    return BIE_OK;
+  }
+  // sign_embedding_bag: counts of set bits per column, majority with ties to +1
+  int32_t* cnt = (int32_t*)__builtin_malloc((size_t)(D + 16) * 4);
+  if (!cnt) return BIE_ENOMEM;
+  uint32_t pos, neg;
+  semb_values(1.0f, (int)p->out_type, &pos, &neg);
+  int rc = BIE_OK;
+  for (int64_t b = t0; b < t1 && rc == BIE_OK; ++b) {
+    for (int64_t j = 0; j < D; ++j) cnt[j] = 0;
+    for (int64_t l = 0; l < p->per; ++l) {
+      const int64_t i = semb_index(p, b * p->per + l);
+      if (i < 0 || i >= p->V) { rc = BIE_EINDEX; break; }
+      const uint8_t* row = p->bits + i * p->ldb;
+      for (int64_t j = 0; j < D; ++j) cnt[j] += (row[j >> 3] >> (j & 7)) & 1;
+    }
+    char* o = (char*)p->out + b * D * osz;
+    for (int64_t j = 0; j < D; ++j) {
+      const uint32_t v = 2 * (int64_t)cnt[j] >= p->per ? pos : neg;
+      if (osz == 4) ((uint32_t*)o)[j] = v; else ((uint16_t*)o)[j] = (uint16_t)v;
+    }
+  }
+  __builtin_free(cnt);
+  return rc;
+}
 #endif  // BIE_WITH_PACK
 
 static inline int out_size(int64_t t) { return t == BIE_F16 || t == BIE_BF16 ? 2 : 4; }
@@ -334,8 +410,12 @@ static int drv_bconv(const void* args, int64_t t0, int64_t t1) {
 }
 #endif  // BIE_WITH_BINARY
 
-#if BIE_WITH_INT
-// ------------------------------------------------------------- int GEMM
+#ifndef BIE_WITH_ICONV
+#define BIE_WITH_ICONV BIE_WITH_INT
+#endif
+
+#if BIE_WITH_INT || BIE_WITH_ICONV
+// ------------------------------------------------------------- int tiles
 template <int NR>
 static inline void itile_rows(int64_t mr, const iscalar_t* A, int64_t lda, const void* B,
                               int64_t pstride, int64_t steps, int32_t* tile) {
@@ -348,7 +428,10 @@ static inline void itile_rows(int64_t mr, const iscalar_t* A, int64_t lda, const
     case 6: if constexpr (IMR >= 6) itile<6, NR>(A, lda, B, pstride, steps, tile); break;
   }
 }
+#endif  // BIE_WITH_INT || BIE_WITH_ICONV
 
+#if BIE_WITH_INT
+// ------------------------------------------------------------- int GEMM
 static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   const bie_igemm_args* p = (const bie_igemm_args*)args;
   const int64_t Kp = p->Kp, ntn = (p->P + p->pb - 1) / p->pb, steps = Kp / IKSTEP;
@@ -404,3 +487,105 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   return BIE_OK;
 }
 #endif  // BIE_WITH_INT
+
+#if BIE_WITH_ICONV
+// ------------------------------------------------------------- int conv2d
+// task t = (image n, block of p->pix output pixels). Per group: the block's
+// im2col in B panels (IPW pixels each; k = (c*KH + i)*KW + j; zeros for the
+// padding, for k >= K and for lanes past the last pixel), with VNNI the
+// per-pixel column sums; then weight rows (A) x panels, epilogue per output
+// channel, written straight into NCHW rows.
+template <int S> struct ib_sel;
+template <> struct ib_sel<1> { typedef int8_t t; };
+template <> struct ib_sel<2> { typedef int16_t t; };
+typedef typename ib_sel<IBSIZE>::t ib_t;
+
+static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
+  const bie_iconv_args* p = (const bie_iconv_args*)args;
+  const int64_t HoWo = p->Ho * p->Wo, tpi = (HoWo + p->pix - 1) / p->pix;
+  const int64_t Kp = p->Kp, steps = Kp / IKSTEP, pel = Kp * IPW;   // elements per panel
+  const int64_t pstride = pel * IBSIZE;                              // bytes per panel
+  const int64_t maxpan = (p->pix + IPW - 1) / IPW;
+  const int64_t KK = p->KH * p->KWk;
+  ib_t* pan = (ib_t*)__builtin_malloc((size_t)(maxpan * pstride) + 64);
+  int64_t* pos = (int64_t*)__builtin_malloc((size_t)(p->pix * 2 * 8) + 64);   // ih0, iw0 per pixel
+  int32_t* csum = (int32_t*)__builtin_malloc((size_t)(maxpan * IPW * 4) + 64);
+  if (!pan || !pos || !csum) {
+    __builtin_free(pan); __builtin_free(pos); __builtin_free(csum);
+    return BIE_ENOMEM;
+  }
+  alignas(64) int32_t tile[IMR * INR * IPW];
+  alignas(64) int32_t t1b[IMR * INR * IPW];
+  alignas(64) int32_t dots[INR * IPW];
+  const int osz = out_size(p->out_type);
+  const int fl = (int)p->flags;
+  const iscalar_t* W = (const iscalar_t*)p->wl;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n = t / tpi, blk = t % tpi;
+    const int64_t p0 = blk * p->pix, p1 = bie_min(HoWo, p0 + p->pix), np = p1 - p0;
+    const int64_t npan = (np + IPW - 1) / IPW;
+    for (int64_t l = 0; l < np; ++l) {
+      const int64_t oh = (p0 + l) / p->Wo, ow = (p0 + l) % p->Wo;
+      pos[2 * l] = oh * p->sh - p->ph;
+      pos[2 * l + 1] = ow * p->sw - p->pw;
+    }
+    const int8_t* xn = p->x + n * p->sN;
+    for (int64_t g = 0; g < p->G; ++g) {
+      for (int64_t e = 0; e < npan * pel; ++e) pan[e] = 0;
+      for (int64_t e = 0; e < npan * IPW; ++e) csum[e] = 0;
+      for (int64_t c = 0; c < p->Cg; ++c) {
+        const int8_t* xc = xn + (g * p->Cg + c) * p->sC;
+        for (int64_t i = 0; i < p->KH; ++i) {
+          for (int64_t j = 0; j < p->KWk; ++j) {
+            const int64_t k = c * KK + i * p->KWk + j;
+            ib_t* base = pan + (k / IKSTEP) * IPW * IKSTEP + (k % IKSTEP);
+            const int64_t di = i * p->dh, dj = j * p->dw;
+            for (int64_t l = 0; l < np; ++l) {
+              const int64_t ih = pos[2 * l] + di, iw = pos[2 * l + 1] + dj;
+              if ((uint64_t)ih >= (uint64_t)p->H || (uint64_t)iw >= (uint64_t)p->W) continue;
+              const int8_t v = xc[ih * p->sH + iw * p->sW];
+              base[(l / IPW) * pel + (l % IPW) * IKSTEP] = (ib_t)v;
+              csum[l] += v;
+            }
+          }
+        }
+      }
+      const int64_t o0 = g * p->Og, o1 = o0 + p->Og;
+      for (int64_t q = 0; q < npan; q += INR) {
+        const int64_t nr = bie_min(INR, npan - q);
+        const int64_t j0 = q * IPW, nc = bie_min(nr * IPW, np - j0);
+        const char* B = (const char*)pan + q * pstride;
+        for (int64_t o = o0; o < o1; o += IMR) {
+          const int64_t mr = bie_min(IMR, o1 - o);
+          const iscalar_t* A = W + o * Kp;
+          if (nr == INR) {
+            itile_rows<INR>(mr, A, Kp, B, pstride, steps, tile);
+          } else {
+            for (int64_t qq = 0; qq < nr; ++qq) {
+              itile_rows<1>(mr, A, Kp, B + qq * pstride, pstride, steps, t1b);
+              for (int64_t r = 0; r < mr; ++r)
+                for (int c = 0; c < IPW; ++c) tile[r * INR * IPW + qq * IPW + c] = t1b[r * INR * IPW + c];
+            }
+          }
+          for (int64_t r = 0; r < mr; ++r) {
+            const int64_t oo = o + r;
+            for (int64_t c = 0; c < nc; ++c) {
+              int32_t v = tile[r * INR * IPW + c];
+              if (IVNNI) v = (int32_t)((uint32_t)v - 128u * (uint32_t)csum[j0 + c]);  // wraps exactly
+              dots[c] = v;
+            }
+            const float so = (fl & BIE_EPI_SCALE) ? p->scale[(fl & BIE_EPI_SCALE_VEC) ? oo : 0] : 1.0f;
+            const float bo = (fl & BIE_EPI_BIAS) ? p->bias[oo] : 0.0f;
+            finish_row(dots, nc, (int)p->out_type, fl & (BIE_EPI_SCALE | BIE_EPI_BIAS), nullptr, so, nullptr, bo,
+                       (char*)p->out + ((n * p->O + oo) * HoWo + p0 + j0) * osz);
+          }
+        }
+      }
+    }
+  }
+  __builtin_free(pan);
+  __builtin_free(pos);
+  __builtin_free(csum);
+  return BIE_OK;
+}
+#endif  // BIE_WITH_ICONV

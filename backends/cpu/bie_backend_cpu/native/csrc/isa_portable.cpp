@@ -57,6 +57,32 @@ static inline void btile(const uint64_t* A, int64_t lda, const uint64_t* B, int6
   }
 }
 
+// int tile for the conv driver (int_conv2d): int16 pairs, panels of 8 columns
+#define BIE_WITH_ICONV 1
+#define IMR 4
+#define INR 1
+#define IPW 8
+#define IKSTEP 2
+#define IBSIZE 2
+#define IVNNI 0
+typedef int16_t iscalar_t;
+
+template <int MR, int NR>
+static inline void itile(const int16_t* A, int64_t lda, const void* B, int64_t pstride, int64_t steps,
+                         int32_t* tile) {
+  for (int q = 0; q < NR; ++q) {
+    const int16_t* Bq = (const int16_t*)((const char*)B + q * pstride);
+    int32_t acc[MR][IPW] = {};
+    for (int64_t s = 0; s < steps; ++s)
+      for (int r = 0; r < MR; ++r) {
+        const int32_t a0 = A[r * lda + 2 * s], a1 = A[r * lda + 2 * s + 1];
+        for (int l = 0; l < IPW; ++l) acc[r][l] += a0 * Bq[(s * IPW + l) * 2] + a1 * Bq[(s * IPW + l) * 2 + 1];
+      }
+    for (int r = 0; r < MR; ++r)
+      for (int l = 0; l < IPW; ++l) tile[r * INR * IPW + q * IPW + l] = acc[r][l];
+  }
+}
+
 #include "drivers.h"
 
 // int GEMM on the canonical rows (no weight layout): b is (N, K) row-major.
@@ -100,3 +126,5 @@ BIE_EXPORT(portable, quant)
 BIE_EXPORT(portable, bgemm)
 BIE_EXPORT(portable, bconv)
 BIE_EXPORT(portable, igemm)
+BIE_EXPORT(portable, iconv)
+BIE_EXPORT(portable, semb)
