@@ -159,6 +159,34 @@ def bench_conv(rows, quick):
 
 
 # ---------------------------------------------------------------- QAT step
+def _graphed_step_us(module, x, g):
+    """fwd + bwd of ``module`` captured once with torch.cuda.make_graphed_callables (no CPU launch cost):
+    the GPU time of a step. None if the module cannot be captured."""
+    try:
+        xx = x.detach().requires_grad_()
+        graphed = torch.cuda.make_graphed_callables(module, (xx,), num_warmup_iters=3)
+
+        def step():
+            y = graphed(xx)
+            y.backward(g)
+        return time_eager(step)
+    except Exception as exc:  # noqa: BLE001 - an optional measurement
+        print("graph capture failed:", type(exc).__name__, str(exc)[:200], flush=True)
+        return None
+
+
+def _gpu_us_per_step(step, n=3):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        total += getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+    return total / n, prof
+
+
 def bench_training_step(rows, quick):
     import bie_core
     from torch import nn
@@ -173,8 +201,13 @@ def bench_training_step(rows, quick):
         y.backward(g)
 
     t_lin = time_eager(step_lin)
+    gpu_lin, _ = _gpu_us_per_step(step_lin)
     flops = 3 * 2.0 * m * n * k
-    row = dict(shape=f"train step M={m} {k}->{n}", bf16_linear_us=t_lin, bf16_TFLOPS=flops / t_lin / 1e6)
+    row = dict(shape=f"train step M={m} {k}->{n}", bf16_linear_us=t_lin, bf16_TFLOPS=flops / t_lin / 1e6,
+               bf16_linear_gpu_us=gpu_lin)
+    gr = _graphed_step_us(nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), x, g)
+    if gr is not None:
+        row["bf16_linear_graphed_us"] = gr
     for bits in (8, 4):
         layer = bie_core.QLinear(k, n, w_bits=bits, a_bits=bits, device="cuda", dtype=torch.bfloat16)
 
@@ -189,20 +222,17 @@ def bench_training_step(rows, quick):
 
         t_q = time_eager(step_q)
         t_f = time_eager(fwd_q)
-        row.update({f"w{bits}a{bits}_step_us": t_q, f"w{bits}a{bits}_speedup": t_lin / t_q,
-                    f"w{bits}a{bits}_fwd_nograd_us": t_f})
+        gpu_q, prof = _gpu_us_per_step(step_q)
+        tag = f"w{bits}a{bits}"
+        row.update({f"{tag}_step_us": t_q, f"{tag}_speedup": t_lin / t_q, f"{tag}_fwd_nograd_us": t_f,
+                    f"{tag}_step_gpu_us": gpu_q, f"{tag}_gpu_speedup": gpu_lin / gpu_q})
+        gq = _graphed_step_us(layer, x, g)
+        if gq is not None and gr is not None:
+            row.update({f"{tag}_graphed_us": gq, f"{tag}_graphed_speedup": gr / gq})
         if bits == 8:
-            try:
-                from torch.profiler import ProfilerActivity, profile
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(3):
-                        step_q()
-                    torch.cuda.synchronize()
-                table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-                with open(os.path.join(os.environ.get("OUT", "/tmp"), "qlinear_step_profile.txt"), "w") as fh:
-                    fh.write(table)
-            except Exception as exc:  # noqa: BLE001 - the profile is optional
-                print("profile failed:", exc)
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+            with open(os.path.join(os.environ.get("OUT", "/tmp"), "qlinear_step_profile.txt"), "w") as fh:
+                fh.write(table)
     x2 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w2 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     row["bf16_fwd_us"] = time_eager(lambda: F.linear(x2, w2))

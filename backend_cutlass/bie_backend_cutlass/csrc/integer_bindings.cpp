@@ -29,11 +29,23 @@ static int sm_count(int device) {
 }
 
 static void check_sm90(const at::Tensor& t) {
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()));
-  TORCH_CHECK(major == 9 && minor == 0, "bie_cutlass_integer: the int8 GEMM kernels are built for sm_90 (Hopper); "
-              "this device is sm_", major, minor);
+  static std::mutex mu;
+  static std::vector<int> cc;   // per device: 0 unknown, else major * 10 + minor
+  const int dev = t.get_device();
+  int v = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (dev >= static_cast<int>(cc.size())) cc.resize(dev + 1, 0);
+    if (cc[dev] == 0) {
+      int major = 0, minor = 0;
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+      C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+      cc[dev] = major * 10 + minor;
+    }
+    v = cc[dev];
+  }
+  TORCH_CHECK(v == 90, "bie_cutlass_integer: the int8 GEMM kernels are built for sm_90 (Hopper); this device is sm_",
+              v);
 }
 
 static int out_code_of(const c10::optional<at::ScalarType>& dt) {
