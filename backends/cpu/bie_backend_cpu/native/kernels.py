@@ -563,19 +563,18 @@ def binary_bmm(a, b, k, scale, out_dtype):
 # ------------------------------------------------------------------ int_conv2d
 def _iconv_weights(w: torch.Tensor, kind: int, kstep: int):
     """OIHW int8 codes -> (O, Kp) rows in the A format of the level's conv
-    driver: u8 (w + 128) for VNNI, int16 otherwise; k = (c*KH + i)*KW + j,
-    zero padded to a multiple of the k step."""
-    o = w.shape[0]
-    k = w[0].numel()
-    kp = -(-k // kstep) * kstep
-    w2 = w.detach().reshape(o, k)
+    driver: u8 (w + 128) for VNNI, int16 otherwise; k = (i*KW + j)*Cgp + c,
+    each tap's channels zero padded to Cgp, a multiple of the k step."""
+    o, cg, kh, kw = w.shape
+    cgp = -(-cg // kstep) * kstep
+    w2 = w.detach().permute(0, 2, 3, 1)                        # (O, KH, KW, Cg)
     if kind == INT_VNNI16:
-        buf = torch.zeros((o, kp), dtype=torch.uint8)
-        buf[:, :k] = torch.bitwise_xor(w2.contiguous().view(torch.uint8), 0x80)
+        buf = torch.zeros((o, kh, kw, cgp), dtype=torch.uint8)
+        buf[..., :cg] = torch.bitwise_xor(w2.contiguous().view(torch.uint8), 0x80)
     else:
-        buf = torch.zeros((o, kp), dtype=torch.int16)
-        buf[:, :k] = w2
-    return buf, kp
+        buf = torch.zeros((o, kh, kw, cgp), dtype=torch.int16)
+        buf[..., :cg] = w2
+    return buf.reshape(o, kh * kw * cgp), kh * kw * cgp
 
 
 def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype, prepared=None):
@@ -599,7 +598,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
         return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
     wl, kp = _layouts(prepared).get(("iconv", kind, kstep), lambda: _iconv_weights(w, kind, kstep))
-    x = x.detach()
+    x = x.detach().contiguous(memory_format=torch.channels_last)     # each pixel's channels contiguous
     k = cg * kh * kw
     # pixels per task: a block's panels of about 64 KiB (they are reused by every
     # output channel of the group), at least 16, then smaller for enough tasks

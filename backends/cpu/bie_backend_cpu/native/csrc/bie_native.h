@@ -107,11 +107,12 @@ typedef struct {
 } bie_bbmm_args;
 
 // int conv2d: implicit im2col of int8 x into the level's B panels (IPW
-// pixels, K = Cg*KH*KW in (c, i, j) order, zero padding), times the weight
-// rows prepared in the level's A format (iprep_row: u8 w^0x80 for VNNI,
-// int16 otherwise), Kp = K rounded up to the level's k step.
+// pixels, k = (i*KW + j)*Cgp + c: per tap the group's channels padded to Cgp,
+// a multiple of the level's k step; zero padding), times the weight rows
+// prepared in the level's A format (iprep_row: u8 w^0x80 for VNNI, int16
+// otherwise) in the same order, Kp = KH*KW*Cgp.
 typedef struct {
-  const int8_t* x;    // (N, C, H, W) int8 with element strides sN, sC, sH, sW
+  const int8_t* x;    // (N, C, H, W) int8 with element strides sN, sC = 1 (channels last), sH, sW
   int64_t N, C, H, W, sN, sC, sH, sW;
   const void* wl;     // (O, Kp) weight rows
   int64_t layout;     // bie_int_layout() the rows were prepared for

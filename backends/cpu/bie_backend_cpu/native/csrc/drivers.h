@@ -491,9 +491,10 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
 #if BIE_WITH_ICONV
 // ------------------------------------------------------------- int conv2d
 // task t = (image n, block of p->pix output pixels). Per group: the block's
-// im2col in B panels (IPW pixels each; k = (c*KH + i)*KW + j; zeros for the
-// padding, for k >= K and for lanes past the last pixel), with VNNI the
-// per-pixel column sums; then weight rows (A) x panels, epilogue per output
+// im2col in B panels (IPW pixels each; k = (i*KW + j)*Cgp + c with Cg channels
+// padded to Cgp, a multiple of IKSTEP; zeros for the padding, the pad channels
+// and lanes past the last pixel), with VNNI the per-pixel column sums (a row of
+// ones times the panels); then weight rows (A) x panels, epilogue per output
 // channel, written straight into NCHW rows.
 template <int S> struct ib_sel;
 template <> struct ib_sel<1> { typedef int8_t t; };
@@ -506,46 +507,68 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
   const int64_t Kp = p->Kp, steps = Kp / IKSTEP, pel = Kp * IPW;   // elements per panel
   const int64_t pstride = pel * IBSIZE;                              // bytes per panel
   const int64_t maxpan = (p->pix + IPW - 1) / IPW;
-  const int64_t KK = p->KH * p->KWk;
+  const int64_t W = p->W, sw = p->sw, Cg = p->Cg;
+  const int64_t Cgp = (Cg + IKSTEP - 1) / IKSTEP * IKSTEP;          // channels per tap in K
   ib_t* pan = (ib_t*)__builtin_malloc((size_t)(maxpan * pstride) + 64);
-  int64_t* pos = (int64_t*)__builtin_malloc((size_t)(p->pix * 2 * 8) + 64);   // ih0, iw0 per pixel
-  int32_t* csum = (int32_t*)__builtin_malloc((size_t)(maxpan * IPW * 4) + 64);
-  if (!pan || !pos || !csum) {
-    __builtin_free(pan); __builtin_free(pos); __builtin_free(csum);
+  // output-row segments of a block: first lane, oh, first ow, length
+  int64_t* seg = (int64_t*)__builtin_malloc((size_t)((p->pix + 2) * 4 * 8) + 64);
+  iscalar_t* ones = (iscalar_t*)__builtin_malloc((size_t)Kp * sizeof(iscalar_t) + 64);
+  if (!pan || !seg || !ones) {
+    __builtin_free(pan); __builtin_free(seg); __builtin_free(ones);
     return BIE_ENOMEM;
   }
+  for (int64_t k = 0; k < Kp; ++k) ones[k] = 1;   // VNNI: 1 x panels = the per-pixel column sums
   alignas(64) int32_t tile[IMR * INR * IPW];
   alignas(64) int32_t t1b[IMR * INR * IPW];
   alignas(64) int32_t dots[INR * IPW];
+  alignas(64) int32_t csum[INR * IPW];
   const int osz = out_size(p->out_type);
   const int fl = (int)p->flags;
-  const iscalar_t* W = (const iscalar_t*)p->wl;
+  const iscalar_t* Wt = (const iscalar_t*)p->wl;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = t / tpi, blk = t % tpi;
     const int64_t p0 = blk * p->pix, p1 = bie_min(HoWo, p0 + p->pix), np = p1 - p0;
     const int64_t npan = (np + IPW - 1) / IPW;
-    for (int64_t l = 0; l < np; ++l) {
-      const int64_t oh = (p0 + l) / p->Wo, ow = (p0 + l) % p->Wo;
-      pos[2 * l] = oh * p->sh - p->ph;
-      pos[2 * l + 1] = ow * p->sw - p->pw;
+    int64_t nseg = 0;
+    for (int64_t l = 0; l < np; ++nseg) {
+      const int64_t oh = (p0 + l) / p->Wo, ow = (p0 + l) % p->Wo, len = bie_min(np - l, p->Wo - ow);
+      seg[4 * nseg] = l; seg[4 * nseg + 1] = oh * p->sh - p->ph; seg[4 * nseg + 2] = ow * sw - p->pw;
+      seg[4 * nseg + 3] = len;
+      l += len;
     }
     const int8_t* xn = p->x + n * p->sN;
     for (int64_t g = 0; g < p->G; ++g) {
       for (int64_t e = 0; e < npan * pel; ++e) pan[e] = 0;
-      for (int64_t e = 0; e < npan * IPW; ++e) csum[e] = 0;
-      for (int64_t c = 0; c < p->Cg; ++c) {
-        const int8_t* xc = xn + (g * p->Cg + c) * p->sC;
-        for (int64_t i = 0; i < p->KH; ++i) {
-          for (int64_t j = 0; j < p->KWk; ++j) {
-            const int64_t k = c * KK + i * p->KWk + j;
-            ib_t* base = pan + (k / IKSTEP) * IPW * IKSTEP + (k % IKSTEP);
-            const int64_t di = i * p->dh, dj = j * p->dw;
-            for (int64_t l = 0; l < np; ++l) {
-              const int64_t ih = pos[2 * l] + di, iw = pos[2 * l + 1] + dj;
-              if ((uint64_t)ih >= (uint64_t)p->H || (uint64_t)iw >= (uint64_t)p->W) continue;
-              const int8_t v = xc[ih * p->sH + iw * p->sW];
-              base[(l / IPW) * pel + (l % IPW) * IKSTEP] = (ib_t)v;
-              csum[l] += v;
+      // implicit im2col from channels-last x: for each tap (i, j) and
+      // output-row segment, the lanes whose input pixel is inside the image
+      // (computed, not tested per element) get the group's Cg channels, IKSTEP
+      // consecutive channels per store; everything else stays zero (padding)
+      const int8_t* xg = xn + g * p->Cg;
+      for (int64_t i = 0; i < p->KH; ++i) {
+        for (int64_t j = 0; j < p->KWk; ++j) {
+          ib_t* tb = pan + (i * p->KWk + j) * (Cgp / IKSTEP) * IPW * IKSTEP;
+          const int64_t di = i * p->dh, dj = j * p->dw;
+          for (int64_t sgi = 0; sgi < nseg; ++sgi) {
+            const int64_t ih = seg[4 * sgi + 1] + di;
+            if ((uint64_t)ih >= (uint64_t)p->H) continue;
+            const int64_t l0 = seg[4 * sgi], len = seg[4 * sgi + 3], iwb = seg[4 * sgi + 2] + dj;
+            // lanes u in [u0, u1) have 0 <= iwb + u*sw < W
+            const int64_t u0 = iwb >= 0 ? 0 : (-iwb + sw - 1) / sw;
+            const int64_t u1 = iwb > W - 1 ? 0 : bie_min(len, (W - 1 - iwb) / sw + 1);
+            const int8_t* src = xg + ih * p->sH + (iwb + u0 * sw) * p->sW;
+            const int64_t step = sw * p->sW;
+            for (int64_t u = u0; u < u1; ++u, src += step) {
+              const int64_t lane = l0 + u;
+              ib_t* d = tb + (lane / IPW) * pel + (lane % IPW) * IKSTEP;
+              int64_t c = 0;
+              for (; c + IKSTEP <= Cg; c += IKSTEP, d += IPW * IKSTEP) {
+                if constexpr (IBSIZE == 1) {
+                  __builtin_memcpy(d, src + c, IKSTEP);
+                } else {
+                  for (int e = 0; e < IKSTEP; ++e) d[e] = (ib_t)src[c + e];
+                }
+              }
+              for (int e = 0; c < Cg; ++c, ++e) d[e] = (ib_t)src[c];
             }
           }
         }
@@ -555,9 +578,15 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
         const int64_t nr = bie_min(INR, npan - q);
         const int64_t j0 = q * IPW, nc = bie_min(nr * IPW, np - j0);
         const char* B = (const char*)pan + q * pstride;
+        if (IVNNI) {
+          for (int64_t qq = 0; qq < nr; ++qq) {
+            itile_rows<1>(1, ones, Kp, B + qq * pstride, pstride, steps, t1b);
+            for (int c = 0; c < IPW; ++c) csum[qq * IPW + c] = t1b[c];
+          }
+        }
         for (int64_t o = o0; o < o1; o += IMR) {
           const int64_t mr = bie_min(IMR, o1 - o);
-          const iscalar_t* A = W + o * Kp;
+          const iscalar_t* A = Wt + o * Kp;
           if (nr == INR) {
             itile_rows<INR>(mr, A, Kp, B, pstride, steps, tile);
           } else {
@@ -571,7 +600,7 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
             const int64_t oo = o + r;
             for (int64_t c = 0; c < nc; ++c) {
               int32_t v = tile[r * INR * IPW + c];
-              if (IVNNI) v = (int32_t)((uint32_t)v - 128u * (uint32_t)csum[j0 + c]);  // wraps exactly
+              if (IVNNI) v = (int32_t)((uint32_t)v - 128u * (uint32_t)csum[c]);  // wraps exactly
               dots[c] = v;
             }
             const float so = (fl & BIE_EPI_SCALE) ? p->scale[(fl & BIE_EPI_SCALE_VEC) ? oo : 0] : 1.0f;
@@ -584,8 +613,8 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
     }
   }
   __builtin_free(pan);
-  __builtin_free(pos);
-  __builtin_free(csum);
+  __builtin_free(seg);
+  __builtin_free(ones);
   return BIE_OK;
 }
 #endif  // BIE_WITH_ICONV
