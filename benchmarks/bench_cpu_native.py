@@ -18,6 +18,10 @@ Three comparisons, inference (``torch.no_grad``), fp32 activations:
 * **int8 linear** 256x4096x4096: ``nn.Linear`` vs ``int_gemm`` on int8 codes
   (fp32 out) vs ``quantize_int`` + ``int_gemm`` (what a QLinear computes) vs
   the packed ``bie_core.QLinear`` layer.
+* **ops the reference served until ABI 4** (``int_conv2d``, ``int_bmm``,
+  ``binary_bmm``, ``sign_embedding``, ``sign_embedding_bag``) at the shapes of
+  ``bench_qat_cpu.py``: the native kernel vs the plain-PyTorch reference
+  kernel (both called directly, same inputs) vs the fp32 PyTorch counterpart.
 
 Timing: every candidate of a table is run in turn, round after round
 (interleaved, so that a busy machine slows all of them alike); the tables give
@@ -220,6 +224,73 @@ def bench_int8_linear(reps, lines, quick):
     return res
 
 
+def bench_new_ops(reps, lines, quick):
+    """Native kernel vs the reference kernel vs fp32 PyTorch, per op and shape."""
+    import torch.nn.functional as F
+
+    from bie_backend_cpu.native import kernels as nk
+    from bie_backend_cpu.reference import binary as rb
+    from bie_backend_cpu.reference import integer as ri
+    g = torch.Generator().manual_seed(3)
+
+    def codes(shape):
+        return torch.randint(-128, 128, shape, generator=g, dtype=torch.int32).to(torch.int8)
+
+    def bits(shape):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.int32).to(torch.uint8)
+
+    cases = []   # (op, shape, {name: fn})
+    for b, c, hw in ([(32, 64, 32)] if quick else [(32, 64, 32), (16, 128, 16), (8, 256, 14)]):
+        x, w = codes((b, c, hw, hw)), codes((c, c, 3, 3))
+        xf, wf = x.float(), w.float()
+        scale = torch.rand(c, generator=g) * 1e-3
+        args = (w, 8, 8, [1, 1], [1, 1], [1, 1], 1, scale, None, torch.float32)
+        prep = nk.prepare(w)
+        cases.append(("int_conv2d", f"x ({b}, {c}, {hw}, {hw}), {c} out, 3x3, fp32 out", {
+            "fp32": lambda xf=xf, wf=wf: F.conv2d(xf, wf, padding=1),
+            "reference": lambda x=x, args=args: ri.int_conv2d(x, *args),
+            "native": lambda x=x, args=args, prep=prep: nk.int_conv2d(x, *args, prepared=prep)}))
+    s1 = torch.tensor(1e-3)
+    for bh, length, d in ([(32, 128, 64)] if quick else [(32, 128, 64), (96, 256, 64)]):
+        qa, qb = codes((bh, length, d)), codes((bh, length, d))
+        fa, fb = qa.float(), qb.float().transpose(1, 2)
+        cases.append(("int_bmm", f"({bh}, {length}, {d}) x ({bh}, {length}, {d}), fp32 out", {
+            "fp32": lambda fa=fa, fb=fb: torch.bmm(fa, fb),
+            "reference": lambda qa=qa, qb=qb: ri.int_bmm(qa, qb, 8, 8, s1, torch.float32),
+            "native": lambda qa=qa, qb=qb: nk.int_bmm(qa, qb, 8, 8, s1, torch.float32)}))
+        pa, pb = bits((bh, length, d // 8)), bits((bh, length, d // 8))
+        cases.append(("binary_bmm", f"({bh}, {length}, {d}) x ({bh}, {length}, {d}) packed, fp32 out", {
+            "fp32": lambda fa=fa, fb=fb: torch.bmm(fa, fb),
+            "reference": lambda pa=pa, pb=pb, d=d: rb.binary_bmm(pa, pb, d, s1, torch.float32),
+            "native": lambda pa=pa, pb=pb, d=d: nk.binary_bmm(pa, pb, d, s1, torch.float32)}))
+    table_bits, table_w = bits((32000, 32)), torch.randn(32000, 256, generator=g)
+    escale = torch.rand(32000, generator=g)
+    idx = torch.randint(0, 32000, (64, 128), generator=g)
+    cases.append(("sign_embedding", "32000 x 256, idx (64, 128), fp32 out", {
+        "fp32": lambda: F.embedding(idx, table_w),
+        "reference": lambda: rb.sign_embedding(idx, table_bits, escale, 256, torch.float32),
+        "native": lambda: nk.sign_embedding(idx, table_bits, escale, 256, torch.float32)}))
+    bags = torch.randint(0, 32000, (64, 16), generator=g)
+    cases.append(("sign_embedding_bag", "32000 x 256, bags (64, 16), fp32 out", {
+        "fp32": lambda: F.embedding_bag(bags, table_w, mode="sum"),
+        "reference": lambda: rb.sign_embedding_bag(bags, table_bits, 256, torch.float32),
+        "native": lambda: nk.sign_embedding_bag(bags, table_bits, 256, torch.float32)}))
+    rows = ["| op | shape | fp32 PyTorch ms | reference ms | native ms | native vs reference | native vs fp32 |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    summary = {}
+    for op, shape, fns in cases:
+        with torch.no_grad():
+            res = interleaved(fns, reps)
+        f, r, n = res["fp32"][0], res["reference"][0], res["native"][0]
+        rows.append(f"| {op} | {shape} | {f * 1e3:.2f} | {r * 1e3:.2f} | {n * 1e3:.2f} | {r / n:.1f}x | {f / n:.2f}x |")
+        summary[(op, shape)] = r / n
+    lines += ["### Ops the plain-PyTorch reference served until ABI 4 (shapes of bench_qat_cpu.py)", "",
+              "Kernels called directly (no dispatch), medians of interleaved rounds; fp32 PyTorch: `F.conv2d`, "
+              "`torch.bmm`, `F.embedding`, `F.embedding_bag(mode='sum')` on float copies of the same values.", ""]
+    lines += rows + [""]
+    return summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
@@ -237,6 +308,7 @@ def main(argv=None) -> int:
     bl = bench_binary_linear(reps, lines, args.quick)
     bc, bcb = bench_binary_conv(reps, lines, args.quick)
     il = bench_int8_linear(reps, lines, args.quick)
+    newops = bench_new_ops(reps, lines, args.quick)
     load1 = loadavg()
     head = [
         "# Native CPU kernels (bie-backend-cpu) vs fp32 PyTorch",
@@ -275,6 +347,8 @@ def main(argv=None) -> int:
     row("int8 linear 256x4096x4096, quantize_int + int_gemm", ">= 1.5x", il, "fp32 nn.Linear",
         "quantize_int + int_gemm (op)")
     row("int8 linear 256x4096x4096, QLinear layer", ">= 1.5x", il, "fp32 nn.Linear", "QLinear 8-bit, packed (layer)")
+    for (op, shape), sp in newops.items():
+        head.append(f"| {op} {shape}: native vs the reference kernel | faster | {sp:.1f}x | |")
     head += ["", "## Details", ""]
     text = "\n".join(head + lines) + "\n"
     print(text)

@@ -22,16 +22,21 @@ extern "C" {
   int bie_##ns##_quant(const void*, int64_t, int64_t);         \
   int bie_##ns##_bgemm(const void*, int64_t, int64_t);         \
   int bie_##ns##_bconv(const void*, int64_t, int64_t);         \
-  int bie_##ns##_igemm(const void*, int64_t, int64_t);
+  int bie_##ns##_igemm(const void*, int64_t, int64_t);         \
+  int bie_##ns##_iconv(const void*, int64_t, int64_t);         \
+  int bie_##ns##_semb(const void*, int64_t, int64_t);
 DECL(portable)
 DECL(avx2)
 int bie_avx512_pack(const void*, int64_t, int64_t);
 int bie_avx512_bconv_pack(const void*, int64_t, int64_t);
 int bie_avx512_quant(const void*, int64_t, int64_t);
 int bie_avx512_igemm(const void*, int64_t, int64_t);
+int bie_avx512_iconv(const void*, int64_t, int64_t);
+int bie_avx512_semb(const void*, int64_t, int64_t);
 int bie_avx512icl_bgemm(const void*, int64_t, int64_t);
 int bie_avx512icl_bconv(const void*, int64_t, int64_t);
 int bie_avx512icl_igemm(const void*, int64_t, int64_t);
+int bie_avx512icl_iconv(const void*, int64_t, int64_t);
 }
 
 namespace {
@@ -55,6 +60,7 @@ struct Isa {
   const char* name;
   bie_range_fn pack, conv_pack, quant, bgemm, bconv, igemm;
   int int_layout;
+  bie_range_fn iconv, semb;
 };
 
 float sgnf(float v) { return v >= 0.f ? 1.f : -1.f; }
@@ -292,27 +298,128 @@ void test_quant(const Isa& isa) {
     std::free(out);
   }
 }
+
+// ---------------------------------------------------------------- int conv
+void test_iconv(const Isa& isa) {
+  const bool vnni = isa.int_layout == BIE_INT_VNNI16;
+  const int64_t ks = vnni ? 4 : 2;
+  for (int it = 0; it < 200; ++it) {
+    const int64_t N = ri(1, 2), G = ri(1, 3), Cg = ri(1, 13), Og = ri(1, 9), H = ri(1, 9), W = ri(1, 9);
+    const int64_t KH = ri(1, 4), KW = ri(1, 4), sh = ri(1, 3), sw = ri(1, 3), dh = ri(1, 2), dw = ri(1, 2);
+    const int64_t ph = ri(0, 3), pw = ri(0, 3), C = G * Cg, O = G * Og;
+    const int64_t Ho = (H + 2 * ph - dh * (KH - 1) - 1) / sh + 1, Wo = (W + 2 * pw - dw * (KW - 1) - 1) / sw + 1;
+    if (H + 2 * ph - dh * (KH - 1) - 1 < 0 || W + 2 * pw - dw * (KW - 1) - 1 < 0) continue;
+    const int64_t Cgp = (Cg + ks - 1) / ks * ks, Kp = KH * KW * Cgp;
+    int8_t* x = alloc<int8_t>((size_t)(N * H * W * C));              // channels last
+    for (int64_t i = 0; i < N * H * W * C; ++i) x[i] = (int8_t)ri(-128, 127);
+    std::vector<int8_t> w((size_t)(O * Cg * KH * KW));                 // OIHW
+    for (auto& v : w) v = (int8_t)ri(-128, 127);
+    void* wl;
+    if (vnni) {
+      uint8_t* l = alloc<uint8_t>((size_t)(O * Kp));
+      std::memset(l, 0, (size_t)(O * Kp));
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t c = 0; c < Cg; ++c)
+          for (int64_t i = 0; i < KH * KW; ++i)
+            l[o * Kp + i * Cgp + c] = (uint8_t)((uint8_t)w[(size_t)((o * Cg + c) * KH * KW + i)] ^ 0x80u);
+      wl = l;
+    } else {
+      int16_t* l = alloc<int16_t>((size_t)(O * Kp));
+      std::memset(l, 0, (size_t)(O * Kp) * 2);
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t c = 0; c < Cg; ++c)
+          for (int64_t i = 0; i < KH * KW; ++i) l[o * Kp + i * Cgp + c] = w[(size_t)((o * Cg + c) * KH * KW + i)];
+      wl = l;
+    }
+    int32_t* out = alloc<int32_t>((size_t)(N * O * Ho * Wo));
+    const int64_t pix = 16 * ri(1, 4);
+    bie_iconv_args a{x, N, C, H, W, H * W * C, 1, W * C, C, wl, isa.int_layout, O, G, Cg, Og, KH, KW, sh, sw, ph, pw,
+                     dh, dw, Ho, Wo, Cg * KH * KW, Kp, pix, nullptr, nullptr, 0, BIE_I32, out};
+    CHECK(isa.iconv(&a, 0, N * ((Ho * Wo + pix - 1) / pix)) == 0, "%s iconv rc", isa.name);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t oh = 0; oh < Ho; ++oh)
+          for (int64_t ow = 0; ow < Wo; ++ow) {
+            int64_t acc = 0;
+            const int64_t g = o / Og;
+            for (int64_t c = 0; c < Cg; ++c)
+              for (int64_t i = 0; i < KH; ++i)
+                for (int64_t j = 0; j < KW; ++j) {
+                  const int64_t ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
+                  if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                  acc += (int64_t)x[((n * H + ih) * W + iw) * C + g * Cg + c] *
+                         w[(size_t)(((o * Cg + c) * KH + i) * KW + j)];
+                }
+            const int32_t got = out[((n * O + o) * Ho + oh) * Wo + ow];
+            CHECK(got == acc, "%s iconv C=%ld O=%ld G=%ld k=%ldx%ld: %d vs %ld", isa.name, (long)C, (long)O,
+                  (long)G, (long)KH, (long)KW, got, (long)acc);
+          }
+    std::free(x); std::free(wl); std::free(out);
+  }
+}
+
+// ------------------------------------------------------ sign embedding (+ bag)
+void test_semb(const Isa& isa) {
+  for (int it = 0; it < 300; ++it) {
+    const int64_t V = ri(1, 50), D = ri(1, 150), KB = (D + 7) / 8, ldb = KB + ri(0, 2), L = ri(0, 30);
+    const int64_t per = it % 2 ? ri(1, 5) : 1;
+    const bool bag = it % 2;
+    uint8_t* bits = alloc<uint8_t>((size_t)((V - 1) * ldb + KB));
+    for (int64_t i = 0; i < (V - 1) * ldb + KB; ++i) bits[i] = (uint8_t)ri(0, 255);
+    int64_t* idx = alloc<int64_t>((size_t)(L * per));
+    for (int64_t i = 0; i < L * per; ++i) idx[i] = ri(0, V - 1);
+    float* scale = alloc<float>((size_t)V);
+    for (int64_t i = 0; i < V; ++i) scale[i] = rf();
+    float* out = alloc<float>((size_t)(L * D));
+    bie_semb_args a{idx, 1, L, per, bits, V, KB, ldb, D, bag ? nullptr : scale, BIE_F32, BIE_F32, out};
+    CHECK(isa.semb(&a, 0, L) == 0, "%s semb rc", isa.name);
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t j = 0; j < D; ++j) {
+        float e;
+        if (bag) {
+          int64_t ones = 0;
+          for (int64_t q = 0; q < per; ++q) ones += (bits[idx[l * per + q] * ldb + j / 8] >> (j % 8)) & 1;
+          e = 2 * ones >= per ? 1.f : -1.f;
+        } else {
+          const int64_t i = idx[l];
+          e = ((bits[i * ldb + j / 8] >> (j % 8)) & 1) ? scale[i] : -scale[i];
+        }
+        CHECK(std::memcmp(&e, &out[l * D + j], 4) == 0 || (std::isnan(e) && std::isnan(out[l * D + j])),
+              "%s semb bag=%d V=%ld D=%ld: %g vs %g", isa.name, (int)bag, (long)V, (long)D, (double)out[l * D + j],
+              (double)e);
+      }
+    if (L > 0) {                       // an index outside the table is refused, nothing read
+      idx[L * per - 1] = it % 3 ? V : -1;
+      CHECK(isa.semb(&a, 0, L) == BIE_EINDEX, "%s semb bad index accepted", isa.name);
+    }
+    std::free(bits); std::free(idx); std::free(scale); std::free(out);
+  }
+}
 }  // namespace
 
 int main() {
   __builtin_cpu_init();
   std::vector<Isa> isas = {{"portable", bie_portable_pack, bie_portable_bconv_pack, bie_portable_quant,
-                            bie_portable_bgemm, bie_portable_bconv, bie_portable_igemm, BIE_INT_ROWS}};
+                            bie_portable_bgemm, bie_portable_bconv, bie_portable_igemm, BIE_INT_ROWS,
+                            bie_portable_iconv, bie_portable_semb}};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     isas.push_back({"avx2", bie_avx2_pack, bie_avx2_bconv_pack, bie_avx2_quant, bie_avx2_bgemm, bie_avx2_bconv,
-                    bie_avx2_igemm, BIE_INT_MADD8});
+                    bie_avx2_igemm, BIE_INT_MADD8, bie_avx2_iconv, bie_avx2_semb});
   if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     isas.push_back({"avx512", bie_avx512_pack, bie_avx512_bconv_pack, bie_avx512_quant, bie_avx2_bgemm,
-                    bie_avx2_bconv, bie_avx512_igemm, BIE_INT_MADD16});
+                    bie_avx2_bconv, bie_avx512_igemm, BIE_INT_MADD16, bie_avx512_iconv, bie_avx512_semb});
   if (__builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("avx512vnni"))
     isas.push_back({"avx512icl", bie_avx512_pack, bie_avx512_bconv_pack, bie_avx512_quant, bie_avx512icl_bgemm,
-                    bie_avx512icl_bconv, bie_avx512icl_igemm, BIE_INT_VNNI16});
+                    bie_avx512icl_bconv, bie_avx512icl_igemm, BIE_INT_VNNI16, bie_avx512icl_iconv,
+                    bie_avx512_semb});
   for (const Isa& isa : isas) {
     test_pack(isa);
     test_bgemm(isa);
     test_bconv(isa);
     test_igemm(isa);
     test_quant(isa);
+    test_iconv(isa);
+    test_semb(isa);
     std::printf("%s: done\n", isa.name);
   }
   if (failures) {
