@@ -157,3 +157,39 @@ def test_tuning_off_while_capturing(tuner, monkeypatch):
         raise AssertionError("must not run during graph capture")
 
     assert tuning.choose("int_gemm", "y", [("default", never), ("other", never)]) == "default"
+
+
+def test_failed_family_build_makes_its_capabilities_refuse(monkeypatch):
+    """After a family's extension failed to build, its kernels decline with the
+    reason (so an automatic choice falls back); other families are untouched."""
+    from bie_core import Capability
+    from bie_backend_cutlass import _build, plugin
+
+    got = {}
+
+    class FakeRegistry:
+        def register(self, op, fn, *, capability=None, **kw):
+            got[op] = capability
+
+    fam_a = _build.Extension(family="famA", sources=("a.cpp",))
+    fam_b = _build.Extension(family="famB", sources=("b.cpp",))
+    inner_calls = []
+
+    def inner(p):
+        inner_calls.append(p)
+        return "inner says no" if p == "bad" else None
+
+    plugin._FamilyRegistrar(FakeRegistry(), fam_a).register("op_a", None, capability=Capability(check=inner))
+    plugin._FamilyRegistrar(FakeRegistry(), fam_b).register("op_b", None, capability=Capability())
+    assert got["op_a"].check("ok") is None and got["op_a"].check("bad") == "inner says no"
+    assert got["op_b"].check("ok") is None
+    cleared = []
+    monkeypatch.setattr(_build, "_forget_decisions", lambda: cleared.append(1))
+    monkeypatch.setitem(_build._errors, "famA", RuntimeError("nvcc fatal: unsupported gpu architecture\nmore"))
+    reason = got["op_a"].check("ok")
+    assert "famA" in reason and "failed to build" in reason and "unsupported gpu architecture" in reason
+    assert "more" not in reason
+    assert got["op_b"].check("ok") is None
+    n = len(inner_calls)
+    got["op_a"].check("bad")
+    assert len(inner_calls) == n  # the failure is reported before any shape logic runs

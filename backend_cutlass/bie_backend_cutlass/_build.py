@@ -208,6 +208,7 @@ def load(ext: Extension, verbose: bool = False, force: bool = False) -> str:
                           build_directory=str(d), is_python_module=False, verbose=verbose)
             except Exception as exc:
                 _errors[ext.family] = exc
+                _forget_decisions()  # the family's capabilities now refuse: let the dispatcher decide again
                 raise RuntimeError(f"bie-backend-cutlass: building the '{ext.family}' kernels failed ({exc}); "
                                    f"build directory {d}") from exc
             print(f"bie-backend-cutlass: '{ext.family}' build finished", file=sys.stderr, flush=True)
@@ -215,6 +216,23 @@ def load(ext: Extension, verbose: bool = False, force: bool = False) -> str:
             torch.ops.load_library(str(lib))
         _loaded[ext.family] = str(lib)
         return _loaded[ext.family]
+
+
+def failure(ext: Extension):
+    """Why ``ext`` cannot run in this process (its build failed), or None."""
+    exc = _errors.get(ext.family)
+    if exc is None:
+        return None
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"the '{ext.family}' CUTLASS kernels failed to build ({first[:200]}); `bie build cutlass -v` shows why"
+
+
+def _forget_decisions() -> None:
+    try:
+        from bie_core import dispatch
+        dispatch.clear_caches()
+    except Exception:  # noqa: BLE001 - never hide the build error behind this
+        pass
 
 
 def ops(ext: Extension):

@@ -7,6 +7,8 @@ their capabilities accept; elsewhere the dispatcher moves on to the next kernel.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from bie_core import hookimpl
@@ -17,10 +19,33 @@ from .plugin_extensions import EXTENSIONS
 PRIORITY = 200
 
 
+class _FamilyRegistrar:
+    """The registrar a family registers through: every capability also
+    refuses, with the reason, once the family's extension failed to build in
+    this process — so after one loud failure an automatic choice falls back to
+    the next kernel (with the usual warning) instead of failing every call."""
+
+    def __init__(self, registry, ext):
+        self._registry, self._ext = registry, ext
+
+    def register(self, op, fn, *, capability=None, **kw):
+        from bie_core import Capability
+        capability = capability if capability is not None else Capability()
+        ext, inner = self._ext, capability.check
+
+        def check(p):
+            return _build.failure(ext) or (inner(p) if inner is not None else None)
+
+        return self._registry.register(op, fn, capability=dataclasses.replace(capability, check=check), **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._registry, name)
+
+
 @hookimpl
 def bie_register_kernels(registry):
-    binary.register(registry, PRIORITY)
-    integer.register(registry, PRIORITY)
+    binary.register(_FamilyRegistrar(registry, binary.EXTENSION), PRIORITY)
+    integer.register(_FamilyRegistrar(registry, integer.EXTENSION), PRIORITY)
 
 
 @hookimpl
