@@ -224,7 +224,7 @@ def failure(ext: Extension):
     if exc is None:
         return None
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"the '{ext.family}' CUTLASS kernels failed to build ({first[:200]}); `bie build cutlass -v` shows why"
+    return f"the '{ext.family}' CUTLASS kernels failed to build ({first[:200]}); `bie build cutlass` shows the compiler output"
 
 
 def _forget_decisions() -> None:
