@@ -517,6 +517,9 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
     if bs == 0 or m == 0 or n == 0:
         return out
     kind = _lib.bie_int_layout()
+    if kind == INT_ROWS:           # portable level: the scalar GEMM is not faster than the reference there
+        from ..reference import integer as _ri
+        return _ri.int_bmm(a, b, a_bits, b_bits, scale, out_dtype)
     lay = _int_layout(b, kind)
     a = a.detach()
     if a.stride(2) != 1 or a.stride(0) < 0:
@@ -597,6 +600,9 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     if n == 0:
         return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
+    if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)
+        from ..reference import integer as _ri
+        return _ri.int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype)
     wl, kp = _layouts(prepared).get(("iconv", kind, kstep), lambda: _iconv_weights(w, kind, kstep))
     x = x.detach().contiguous(memory_format=torch.channels_last)     # each pixel's channels contiguous
     k = cg * kh * kw
