@@ -97,6 +97,7 @@ def bench_gemm(rows, quick):
         scale = torch.rand(n, device="cuda") + 0.5
         t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p)
                         for w, p in zip(ws, ps)])
+        cfg = cb.LAST_CONFIG[0]
         t2 = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p)
                          for w, p in zip(ws, ps)])
         t32 = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, None, prepared=p)
@@ -112,28 +113,30 @@ def bench_gemm(rows, quick):
                 peer = None
         ops = 2.0 * m * n * k
         floor = max(ops / B1_WGMMA, (m * kb + n * kb + 2 * m * n) / BW) * 1e6
-        rows.append(dict(family="binary_gemm", shape=f"M={m} N={n} K={k}", us=t, again_us=t2, int32_us=t32,
+        rows.append(dict(family="binary_gemm", shape=f"M={m} N={n} K={k}", config=cfg, us=t, again_us=t2,
+                         int32_us=t32,
                          cublas_bf16_us=base, speedup=base / t, tops=ops / t / 1e6,
                          pct_wgmma_peak=100 * ops / t / 1e6 / (B1_WGMMA / 1e12),
                          pct_mma_peak=100 * ops / t / 1e6 / (B1_MMA / 1e12), floor_us=floor,
                          pct_floor=100 * floor / t, cuda_backend_us=peer))
         print(rows[-1], flush=True)
     # every tile configuration at the two big shapes
-    for (m, n, k) in ([(4096, 4096, 4096), (8192, 8192, 8192)] if not quick else [(4096, 4096, 4096)]):
+    for (m, n, k) in ([(4096, 4096, 4096), (8192, 8192, 8192), (16, 4096, 4096), (1024, 4096, 4096)]
+                      if not quick else [(4096, 4096, 4096)]):
         kb = k // 8
         a = _bits((m, kb), k)
         nset = pool_size(n * kb)
         ws = [_bits((n, kb), k) for _ in range(nset)]
         ps = [cb.prepare_weight(w) for w in ws]
-        for tile in cb.CONFIGS:
+        for tile in cb.CONFIGS + cb.WG_CONFIGS:
             os.environ["BIE_CUTLASS_BINARY_TILE"] = tile
             try:
                 t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, torch.bfloat16, prepared=p)
                                 for w, p in zip(ws, ps)])
             finally:
                 del os.environ["BIE_CUTLASS_BINARY_TILE"]
-            rows.append(dict(family="binary_gemm tile", shape=f"{tile} M={m} N={n} K={k}", us=t,
-                             tops=2.0 * m * n * k / t / 1e6))
+            rows.append(dict(family="binary_gemm tile", shape=f"{tile} M={m} N={n} K={k}", config=cb.LAST_CONFIG[0],
+                             us=t, tops=2.0 * m * n * k / t / 1e6))
             print(rows[-1], flush=True)
 
 
@@ -151,7 +154,8 @@ def bench_linear(rows, quick):
         t = time_graph([lambda w=w, p=p: cb.binary_linear(x, shift, w, k, sa, sw, None, torch.bfloat16, prepared=p)
                         for w, p in zip(ws, ps)])
         base = bf16_linear_us(m, n, k)
-        rows.append(dict(family="binary_linear (bf16 x, fused pack)", shape=f"M={m} N={n} K={k}", us=t,
+        rows.append(dict(family="binary_linear (bf16 x, fused pack)", shape=f"M={m} N={n} K={k}",
+                         config=cb.LAST_CONFIG[0], us=t,
                          cublas_bf16_us=base, speedup=base / t))
         print(rows[-1], flush=True)
 

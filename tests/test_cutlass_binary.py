@@ -136,6 +136,49 @@ def test_binary_linear(m, n, k):
 
 
 @needs_kernels
+@pytest.mark.parametrize("tile", ["wg128x256", "wg64x128", "wg64x256"])
+def test_wgmma_configs(tile, monkeypatch):
+    """The Hopper wgmma kernels (sm_90 only; elsewhere the forced name is ignored): gemm, linear
+    and bmm on shapes its TMA epilogue serves (N % 8 == 0), every output dtype, scalar and
+    per-channel scales of every float dtype, bias, K tails, batches."""
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    gen = torch.Generator().manual_seed(11)
+    for (m, n, k) in [(1, 8, 5), (100, 64, 300), (130, 264, 1500), (257, 512, 4096), (64, 128, 8192), (3, 24, 129)]:
+        a, b = _bits((m, (k + 7) // 8), k, gen), _bits((n, (k + 7) // 8), k, gen)
+        _same(cb.binary_gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), f"{tile} count")
+        assert not sm90 or cb.LAST_CONFIG[0] == tile
+        for i, dt in enumerate(FLOATS):
+            per = (i + m) % 2 == 0
+            s = (torch.rand((n,) if per else (), generator=gen) + 0.05).to("cuda", FLOATS[(i + m) % 3])
+            bias = torch.randn(n, generator=gen).to("cuda", FLOATS[(i + 2) % 3]) if i != 1 else None
+            _same(cb.binary_gemm(a, b, k, s, bias, dt), rb.binary_gemm(a, b, k, s, bias, dt), f"{tile} {dt} {per}")
+            assert not sm90 or cb.LAST_CONFIG[0] == tile
+            _same(cb.binary_gemm(a, b, k, None, None, dt), rb.binary_gemm(a, b, k, None, None, dt), f"{tile} {dt}")
+        x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+        w = _bits((n, (k + 7) // 8), k, gen)
+        sh = torch.randn(k, generator=gen).to("cuda", torch.bfloat16) * 0.1
+        sa = (torch.rand((), generator=gen) + 0.5).to("cuda", torch.bfloat16)
+        sw = (torch.rand(n, generator=gen) + 0.5).cuda()
+        bias = torch.randn(n, generator=gen).cuda()
+        for dt in FLOATS:
+            _same(cb.binary_linear(x, sh, w, k, sa, sw, bias, dt), rb.binary_linear(x, sh, w, k, sa, sw, bias, dt),
+                  f"{tile} linear {dt}")
+        _same(cb.binary_linear(x, None, w, k, None, None, None, None),
+              rb.binary_linear(x, None, w, k, None, None, None, None), f"{tile} linear count")
+        bs = 3
+        a3 = _bits((bs, m, (k + 7) // 8), k, gen)
+        b3 = _bits((bs, n, (k + 7) // 8), k, gen)
+        _same(cb.binary_bmm(a3, b3, k, None, None), rb.binary_bmm(a3, b3, k, None, None), f"{tile} bmm count")
+        s = (torch.rand((), generator=gen) + 0.1).cuda()
+        for dt in FLOATS:
+            _same(cb.binary_bmm(a3, b3, k, s, dt), rb.binary_bmm(a3, b3, k, s, dt), f"{tile} bmm {dt}")
+        assert not sm90 or cb.LAST_CONFIG[0] == tile
+
+
+@needs_kernels
 @pytest.mark.parametrize("bs,m,n,k", [(1, 1, 1, 1), (2, 3, 5, 7), (3, 16, 16, 64), (4, 9, 33, 200),
                                       (2, 64, 64, 1024), (5, 130, 70, 2048)])
 def test_binary_bmm(bs, m, n, k):

@@ -12,6 +12,11 @@ epilogue visitor (``csrc/binary_gemm.cuh``) fed with a per-row and a per-column 
 ``popc(w)`` is computed once per weight version (prepare), ``popc(a)`` by the kernel that packs
 the activations (or, for already packed operands, by a small popcount pass).
 
+On sm_90 (built for sm_90a) the GEMM runs instead on a Hopper kernel where its TMA-store epilogue
+applies (N % 8 == 0, no NCHW scatter: binary_gemm, binary_linear, binary_bmm): the b1 AND.POPC
+wgmma (BGMMA) with our own CuTe atom inside CUTLASS's int8 TMA warp-specialized mainloop, the same
+correction / scale / bias in an Sm90 epilogue visitor tree (``csrc/binary_wgmma.cuh``).
+
 binary_conv2d: the input is packed once along channels (sign bits, NCHW or channels_last, any
 strides), an im2col kernel writes each output pixel's window as one row of bits in (tap, channel)
 order with the padding bits of pad_value (0 bits = -1, 1 bits = +1; pad_value 0 = the average of
@@ -31,8 +36,10 @@ import torch.nn.functional as F
 from ._build import Extension
 
 _GEMM_SOURCES = tuple(f"binary_gemm_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
-EXTENSION = Extension(family="binary", sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES,
-                      headers=("binary_common.h", "binary_gemm.cuh"))
+_WG_SOURCES = tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
+EXTENSION = Extension(family="binary",
+                      sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES + _WG_SOURCES,
+                      headers=("binary_common.h", "binary_gemm.cuh", "binary_wgmma.cuh", "binary_wgmma_atom.h"))
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 PACKABLE = FLOATS + (torch.int8,)
@@ -40,6 +47,11 @@ PACKABLE = FLOATS + (torch.int8,)
 CC = ((8, 0), (9, 0))
 # tile configurations (binary_common.h): threadblock M x N (x 512 bits of K)
 CONFIGS = ("128x256", "128x256k1024", "64x128")
+# Hopper wgmma (BGMMA m64nNk256 .and.popc) configurations (binary_wgmma.cuh), sm_90a only:
+# 128x256 cooperative (cluster 2x1), 64x128 ping-pong, 64x256 ping-pong (cluster 2x1), 1024 bits of
+# K per pipeline stage.
+WG_CONFIGS = ("wg128x256", "wg64x128", "wg64x256")
+LAST_CONFIG = [None]  # the configuration the last GEMM ran with (tests, benchmarks)
 _MAX_ROWS = 2 ** 31 - 1
 
 
@@ -86,20 +98,75 @@ def _default_order(m: int, n: int, batch: int, device) -> list[int]:
     return [first] + [c for c in range(len(CONFIGS)) if c != first]
 
 
+@functools.lru_cache(maxsize=None)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def _f32(t):
+    return None if t is None else (t if t.dtype == torch.float32 else t.float())
+
+
+def _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo) -> bool:
+    """Whether the wgmma kernel (TMA loads and a TMA-store epilogue) serves this call."""
+    if os.environ.get("BIE_CUTLASS_WGMMA", "1") == "0":
+        return False
+    dev = out.device
+    if not _is_sm90(dev.index if dev.index is not None else torch.cuda.current_device()):
+        return False
+    n = geo[1]
+    f = 16 // out.element_size()
+    return (geo[10] == 0 and geo[12] == 0 and geo[15] == 0 and n % 8 == 0 and geo[9] % 4 == 0
+            and geo[14] % f == 0 and geo[13] % f == 0 and _aligned(out) and _aligned(a) and _aligned(b)
+            and _aligned(row_term) and _aligned(col_term)
+            and all(t is None or _aligned(t) for t in (s1, s2, bias)))
+
+
 def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
-    """Runs the GEMM with the tile configuration tuning.choose picks for this shape bucket."""
+    """Runs the GEMM with the configuration tuning.choose picks for this shape bucket: the
+    mma.sync tiles everywhere, plus the wgmma kernels on sm_90 where their epilogue applies."""
+    wg = _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo)
+    ws1 = ws2 = wbias = None
+    if wg:
+        # the wgmma epilogue reads float32 scale / bias vectors (float32(s) is what the reference uses)
+        ws1, ws2, wbias = _f32(s1), _f32(s2), _f32(bias)
+        wg = all(t is None or _aligned(t) for t in (ws1, ws2, wbias))
+    g, wgf = _ops().gemm, _ops().wgemm
+
+    def call(name):
+        LAST_CONFIG[0] = name
+        if name in WG_CONFIGS:
+            try:
+                wgf(a, b, row_term, col_term, ws1, ws2, wbias, out, geo, WG_CONFIGS.index(name))
+                return
+            except RuntimeError:  # a geometry CUTLASS's TMA setup refuses (checked before any launch)
+                name = CONFIGS[_default_order(geo[0], geo[1], geo[3], out.device)[0]]
+                LAST_CONFIG[0] = name
+            g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
+        else:
+            g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
+
     forced = os.environ.get("BIE_CUTLASS_BINARY_TILE")
-    if forced:
-        _ops().gemm(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(forced))
+    if forced and (wg or forced not in WG_CONFIGS):
+        call(forced)
         return
     from . import tuning
     m, n, k, batch = geo[0], geo[1], geo[2], geo[3]
-    bucket = f"{str(out.dtype)[6:]}/M{_p2(m)}/N{_p2(n)}/K{_p2(k)}/B{_p2(batch)}"
-    g = _ops().gemm
-    cands = [(CONFIGS[c], (lambda c=c: g(a, b, row_term, col_term, s1, s2, bias, out, geo, c)))
-             for c in _default_order(m, n, batch, out.device)]
-    name = tuning.choose(op, bucket, cands, device=out.device)
-    g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
+    bucket = f"{str(out.dtype)[6:]}/M{_p2(m)}/N{_p2(n)}/K{_p2(k)}/B{_p2(batch)}" + ("/wg" if wg else "")
+    names = [CONFIGS[c] for c in _default_order(m, n, batch, out.device)]
+    if wg:
+        # The tuner times candidates back to back on one weight (L2-resident, host launch costs
+        # included) and misranked close configurations on the H100 (it picked 34 µs wg64x256 over
+        # 30 µs wg128x256 at 4096^3, and the 9.8 µs mma.sync 64x128 over the 7.4 µs wg64x128 at
+        # M=16), so the shapes measured (benchmarks/results/cutlass_h100_binary.md) get fixed picks:
+        if m >= 256 and m * batch >= 1024:    # large: wg128x256 (best or within noise at every size measured)
+            names = ["wg128x256"]
+        elif m > 64:                          # mid: tuned, wgmma first
+            names = ["wg128x256", "wg64x128"] + names
+        else:                                 # decode-like: one 64-row tile
+            names = ["wg64x128"]
+    name = tuning.choose(op, bucket, [(nm, (lambda nm=nm: call(nm))) for nm in names], device=out.device)
+    call(name)
 
 
 # ------------------------------------------------------------------ packed operands
@@ -301,7 +368,8 @@ def register(registry, priority: int) -> None:
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
                       prepare=prepare_weight, unprepare=unprepare_weight,
                       description="CUTLASS GemmUniversal uint1b AND+popc (mma m16n8k256), popcount correction + "
-                                  "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU")
+                                  "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU; "
+                                  "on sm_90a a b1 AND.POPC wgmma (BGMMA) kernel with TMA and an EVT epilogue")
     try:
         get_op("binary_linear")
         has_linear = True

@@ -1,6 +1,7 @@
 // torch bindings of the binary CUTLASS kernels (namespace torch.ops.bie_cutlass_binary).
 // Every argument is checked here (TORCH_CHECK -> Python RuntimeError); the kernels never read or
 // write outside the tensors they are given.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -130,6 +131,97 @@ void gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term, 
   cuda_ok(run_gemm(g, (int)cfg, out_dt, at::cuda::getCurrentCUDAStream()), "binary GEMM");
 }
 
+// The Hopper wgmma GEMM (sm_90a), same arguments as gemm (geo: the same 17 values) with the
+// restrictions of its TMA epilogue: no NCHW scatter (out_p 0), no halving, channels on columns,
+// float32 s1 / s2 / bias, a 16-byte aligned output with 16-byte aligned rows and batches.
+void wgemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term, const at::Tensor& col_term,
+           const c10::optional<at::Tensor>& s1, const c10::optional<at::Tensor>& s2,
+           const c10::optional<at::Tensor>& bias, at::Tensor& out, at::IntArrayRef geo, int64_t cfg) {
+  TORCH_CHECK(geo.size() == 17, "bie_cutlass_binary.wgemm: geo must have 17 values");
+  check_cuda(a, "a");
+  check_cuda(b, "b");
+  check_cuda(out, "out");
+  c10::cuda::CUDAGuard guard(a.device());
+  const int64_t M = geo[0], N = geo[1], K = geo[2], batch = geo[3], lda = geo[4], ldb = geo[5];
+  const int64_t a_bs = geo[6], b_bs = geo[7], row_bs = geo[8], col_bs = geo[9];
+  TORCH_CHECK(M > 0 && N > 0 && K > 0 && batch > 0 && batch <= 65535 && M < (1LL << 31) && N < (1LL << 31) &&
+                  K < (1LL << 31),
+              "bie_cutlass_binary.wgemm: bad sizes");
+  TORCH_CHECK(K % 128 == 0 && lda % 128 == 0 && ldb % 128 == 0 && lda >= K && ldb >= K && a_bs % 16 == 0 &&
+                  b_bs % 16 == 0 && a_bs >= 0 && b_bs >= 0,
+              "bie_cutlass_binary.wgemm: K, lda, ldb must be multiples of 128 bits (>= K), batch strides of 16 bytes");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0,
+              "bie_cutlass_binary.wgemm: operands must be 16-byte aligned");
+  TORCH_CHECK((batch - 1) * a_bs + (M - 1) * (lda / 8) + K / 8 <= avail_bytes(a) &&
+                  (batch - 1) * b_bs + (N - 1) * (ldb / 8) + K / 8 <= avail_bytes(b),
+              "bie_cutlass_binary.wgemm: operand tensors too small for the geometry");
+  TORCH_CHECK(row_term.scalar_type() == at::kInt && col_term.scalar_type() == at::kInt && row_term.is_contiguous() &&
+                  col_term.is_contiguous() && row_bs >= 0 && col_bs >= 0 &&
+                  (batch - 1) * row_bs + M <= row_term.numel() && (batch - 1) * col_bs + N <= col_term.numel(),
+              "bie_cutlass_binary.wgemm: bad term vectors");
+  TORCH_CHECK(geo[10] == 0 && geo[12] == 0 && geo[15] == 0,
+              "bie_cutlass_binary.wgemm: channels must be columns, no halving, no NCHW scatter");
+  const int out_dt = dt_code(out.scalar_type());
+  TORCH_CHECK(out_dt <= kI32, "bie_cutlass_binary.wgemm: out must be float32/float16/bfloat16/int32");
+  const int64_t d_bs = geo[13], ldd = geo[14];
+  const int64_t F = 16 / (int64_t)out.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 && ldd % F == 0 && d_bs % F == 0 && ldd >= N &&
+                  d_bs >= 0 && ((batch - 1) * d_bs + (M - 1) * ldd + N) * out.element_size() <= avail_bytes(out),
+              "bie_cutlass_binary.wgemm: output must be 16-byte aligned (rows and batches) and large enough");
+  WgArgs g{};
+  auto fvec = [&](const c10::optional<at::Tensor>& t, const char* nm, const float** p, int* vec) {
+    *p = nullptr;
+    *vec = 0;
+    if (!t.has_value()) return;
+    check_cuda(*t, nm);
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && (t->numel() == 1 || t->numel() >= N),
+                "bie_cutlass_binary.wgemm: ", nm, " must be contiguous float32 with 1 or N values");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "bie_cutlass_binary.wgemm: ", nm,
+                " must be 16-byte aligned");
+    *p = t->data_ptr<float>();
+    *vec = t->numel() > 1;
+  };
+  int bias_vec = 0;
+  fvec(s1, "s1", &g.s1, &g.s1_vec);
+  fvec(s2, "s2", &g.s2, &g.s2_vec);
+  fvec(bias, "bias", &g.bias, &bias_vec);
+  TORCH_CHECK(!bias.has_value() || bias_vec || N == 1, "bie_cutlass_binary.wgemm: bias needs N values");
+  TORCH_CHECK(out_dt != kI32 || (!g.s1 && !g.s2 && !g.bias), "bie_cutlass_binary.wgemm: int32 output takes no scale/bias");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(row_term.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(col_term.data_ptr()) % 16 == 0,
+              "bie_cutlass_binary.wgemm: term vectors must be 16-byte aligned");
+  g.a = a.data_ptr();
+  g.b = b.data_ptr();
+  g.d = out.data_ptr();
+  g.M = (int)M;
+  g.N = (int)N;
+  g.Kb = (int)(K / 8);
+  g.L = (int)batch;
+  g.lda = lda / 8;
+  g.ldb = ldb / 8;
+  g.a_bs = a_bs;
+  g.b_bs = b_bs;
+  g.ldd = ldd;
+  g.d_bs = d_bs;
+  g.row_term = row_term.data_ptr<int>();
+  g.row_bs = row_bs;
+  g.col_term = col_term.data_ptr<int>();
+  g.col_bs = col_bs;
+  g.device = a.device().index();
+  g.sm_count = at::cuda::getDeviceProperties(g.device)->multiProcessorCount;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  size_t ws = 0;
+  std::string err = run_wgmma(g, (int)cfg, out_dt, &ws, stream);
+  TORCH_CHECK(err.empty(), "bie_cutlass_binary.wgemm: ", err);
+  at::Tensor wst;
+  if (ws > 0) {
+    wst = at::empty({(int64_t)ws}, a.options().dtype(at::kByte));
+    g.workspace = wst.data_ptr();
+  }
+  err = run_wgmma(g, (int)cfg, out_dt, nullptr, stream);
+  TORCH_CHECK(err.empty(), "bie_cutlass_binary.wgemm: ", err);
+}
+
 // x (rows, K) floating; shift (K,) of x's dtype or None; words (rows, ldw) int32; term (rows,) int32
 void pack_act(const at::Tensor& x, const c10::optional<at::Tensor>& shift, at::Tensor& words, at::Tensor& term,
               int64_t K) {
@@ -250,6 +342,8 @@ void gather(const at::Tensor& xb, const at::Tensor& ppop, at::Tensor& cols, at::
 TORCH_LIBRARY(bie_cutlass_binary, m) {
   m.def("gemm(Tensor a, Tensor b, Tensor row_term, Tensor col_term, Tensor? s1, Tensor? s2, Tensor? bias, "
         "Tensor(a!) out, int[] geo, int cfg) -> ()");
+  m.def("wgemm(Tensor a, Tensor b, Tensor row_term, Tensor col_term, Tensor? s1, Tensor? s2, Tensor? bias, "
+        "Tensor(a!) out, int[] geo, int cfg) -> ()");
   m.def("pack_act(Tensor x, Tensor? shift, Tensor(a!) words, Tensor(b!) term, int K) -> ()");
   m.def("rows(Tensor a, Tensor(a!)? out, Tensor(b!) term, int K, int KBo, int copies, int c0, int c1) -> ()");
   m.def("pack_channels(Tensor x, Tensor(a!) xb, Tensor(b!) ppop, int G, int Cgw) -> ()");
@@ -258,6 +352,7 @@ TORCH_LIBRARY(bie_cutlass_binary, m) {
 
 TORCH_LIBRARY_IMPL(bie_cutlass_binary, CUDA, m) {
   m.impl("gemm", &bie_cutlass_bin::gemm);
+  m.impl("wgemm", &bie_cutlass_bin::wgemm);
   m.impl("pack_act", &bie_cutlass_bin::pack_act);
   m.impl("rows", &bie_cutlass_bin::rows);
   m.impl("pack_channels", &bie_cutlass_bin::pack_channels);

@@ -2,6 +2,7 @@
 // compiled by the host compiler) and the CUDA sources. No CUTLASS or torch here.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <cuda_runtime.h>
 
 namespace bie_cutlass_bin {
@@ -63,5 +64,29 @@ struct GatherArgs {
 };
 cudaError_t launch_gather(const uint32_t* xb, const int* ppop, const GatherArgs& g, uint32_t* cols, int* term,
                           cudaStream_t st);
+
+// ---- Hopper (sm_90a) wgmma path: binary_wgmma.cuh, binary_wgmma_<cfg>_<out>.cu ----
+// D[l] (M x N, row-major, ldd elements) = epilogue(popc(A[l] & B[l])) with the packed bits read as
+// int8 "elements": A (M x Kb bytes, row stride lda bytes), B (N x Kb bytes, row stride ldb bytes),
+// Kb a multiple of 16, rows and bases 16-byte aligned, bits past the true K zero on both sides.
+//   dot = 4 * popc + row_term[l*row_bs + m] + col_term[l*col_bs + n]
+//   int32 out: dot;  float out: (float(dot) * (s1 * s2) + bias[n]) with separate roundings,
+//   s1, s2 float32 scalars (vec 0) or per column n (vec 1), absent = 1; bias absent = 0.
+struct WgArgs {
+  const void* a; const void* b; void* d;
+  int M, N, Kb, L;
+  int64_t lda, ldb, a_bs, b_bs, ldd, d_bs;
+  const int* row_term; int64_t row_bs;
+  const int* col_term; int64_t col_bs;
+  const float* s1; int s1_vec;
+  const float* s2; int s2_vec;
+  const float* bias;
+  int device, sm_count;
+  void* workspace;
+};
+constexpr int kNumWgConfigs = 3;  // 0: 128x256 (x 1024 bits), cooperative, cluster 2x1; 1: 64x128, ping-pong;
+                                  // 2: 64x256, ping-pong, cluster 2x1
+// With ws != nullptr only writes the workspace size. Returns "" on success, else the failure.
+std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStream_t st);
 
 }  // namespace bie_cutlass_bin

@@ -33,6 +33,27 @@ cudaError_t run_gemm(const GemmArgs& g, int cfg, int out_dt, cudaStream_t st) {
   return table[cfg][out_dt](g, st);
 }
 
+#define BIE_WG_DECL(c)                                                             \
+  std::string wgemm_c##c##_i32(const WgArgs&, size_t*, cudaStream_t);               \
+  std::string wgemm_c##c##_f32(const WgArgs&, size_t*, cudaStream_t);               \
+  std::string wgemm_c##c##_f16(const WgArgs&, size_t*, cudaStream_t);               \
+  std::string wgemm_c##c##_bf16(const WgArgs&, size_t*, cudaStream_t);
+BIE_WG_DECL(0)
+BIE_WG_DECL(1)
+BIE_WG_DECL(2)
+#undef BIE_WG_DECL
+
+std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStream_t st) {
+  using Fn = std::string (*)(const WgArgs&, size_t*, cudaStream_t);
+  static const Fn table[kNumWgConfigs][4] = {
+      {wgemm_c0_f32, wgemm_c0_f16, wgemm_c0_bf16, wgemm_c0_i32},
+      {wgemm_c1_f32, wgemm_c1_f16, wgemm_c1_bf16, wgemm_c1_i32},
+      {wgemm_c2_f32, wgemm_c2_f16, wgemm_c2_bf16, wgemm_c2_i32},
+  };
+  if (cfg < 0 || cfg >= kNumWgConfigs || out_dt < 0 || out_dt > kI32) return "bad wgmma configuration / dtype";
+  return table[cfg][out_dt](g, ws, st);
+}
+
 // ------------------------------------------------------------------ helpers
 template <typename T> __device__ __forceinline__ float to_f(T v);
 template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }

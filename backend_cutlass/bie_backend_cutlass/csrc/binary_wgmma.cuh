@@ -1,0 +1,201 @@
+// bie-backend-cutlass, binary family: the Hopper (sm_90a) 1-bit GEMM on wgmma.
+//
+// Mainloop: the CUTLASS 3.x TMA warp-specialized int8 K-major mainloop (CollectiveBuilder for
+// int8 x int8 -> int32, RowMajor A / ColumnMajor B), re-instantiated with our own tiled MMA whose
+// atom issues wgmma.mma_async.m64nNk256.s32.b1.b1.and.popc (binary_wgmma_atom.h). The packed
+// bits are handled as int8 bytes: 256 bits of K = 32 bytes = one int8 wgmma's K, so the builder's
+// shared-memory layouts, swizzles, descriptors and TMA copies are exactly right for them.
+//
+// Epilogue: an Sm90 epilogue visitor tree fused into the TMA store:
+//   dot = 4*acc + row_term[m] + col_term[n]                          (int32, exact)
+//   int32 out: dot
+//   float out: cvt(__fadd_rn(__fmul_rn(float(dot), __fmul_rn(s1, s2)), bias[n]))  (the reference's
+//              roundings: float32(dot) * scale, then + bias, each rounded; scale = s1*s2 rounded)
+#pragma once
+#include <type_traits>
+
+#include "binary_common.h"
+#include "binary_wgmma_atom.h"
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/functional.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+namespace bie_cutlass_bin {
+using namespace cute;
+
+// dot = 4*acc + r + c on int32 fragments.
+template <class T>
+struct BinDot {};
+template <int N>
+struct BinDot<cutlass::Array<int32_t, N>> {
+  using A = cutlass::Array<int32_t, N>;
+  CUTLASS_HOST_DEVICE A operator()(A const& acc, A const& r, A const& c) const {
+    A o;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) o[i] = 4 * acc[i] + r[i] + c[i];
+    return o;
+  }
+};
+
+// y = float(dot) * (s1 * s2) + bias, every operation rounded on its own (no FMA contraction).
+template <class T>
+struct BinScaleBias {};
+template <int N>
+struct BinScaleBias<cutlass::Array<float, N>> {
+  using A = cutlass::Array<float, N>;
+  CUTLASS_HOST_DEVICE A operator()(A const& d, A const& s1, A const& s2, A const& b) const {
+    A o;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) {
+#if defined(__CUDA_ARCH__)
+      o[i] = __fadd_rn(__fmul_rn(d[i], __fmul_rn(s1[i], s2[i])), b[i]);
+#else
+      o[i] = d[i] * (s1[i] * s2[i]) + b[i];
+#endif
+    }
+    return o;
+  }
+};
+
+template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD>
+struct BGemmSm90 {
+  static constexpr bool kInt = std::is_same_v<ElementD, int32_t>;
+  using LayoutA = cutlass::layout::RowMajor;     // A (M, Kb), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // B (N, Kb), K contiguous
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16;
+  static constexpr int kAlignD = 16 / int(sizeof(ElementD));
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  // ---- epilogue visitor tree
+  using RowTermStride = Stride<_1, _0, int64_t>;  // r[m + l*row_bs]
+  using ColTermStride = Stride<_0, _1, int64_t>;  // c[n + l*col_bs]
+  using RowTerm = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, int32_t, int32_t, RowTermStride>;
+  using ColTerm = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, int32_t, int32_t, ColTermStride>;
+  using DotEVT = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<BinDot, int32_t, int32_t, kRound>,
+      cutlass::epilogue::fusion::Sm90AccFetch, RowTerm, ColTerm>;
+  using VecStride = Stride<_0, bool, int64_t>;    // per column (true) or one scalar (false)
+  using FVec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, VecStride>;
+  using FloatEVT = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<BinScaleBias, ElementD, float, kRound>, DotEVT, FVec, FVec, FVec>;
+  using EVT = std::conditional_t<kInt, DotEVT, FloatEVT>;
+  using ElementCompute = std::conditional_t<kInt, int32_t, float>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, ElementCompute,
+      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp;
+
+  // ---- mainloop: the int8 K-major one, with the 1-bit tiled MMA swapped in
+  using Int8Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, LayoutA, kAlignAB, int8_t, LayoutB, kAlignAB,
+      int32_t, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      MainSched>::CollectiveOp;
+  static constexpr bool kCoop = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  static constexpr int kTileN = int(size<1>(TileShape{}));
+  using Atom = std::conditional_t<kTileN % 256 == 0, SM90_64x256x256_S32B1B1_AND_SS,
+               std::conditional_t<kTileN % 128 == 0, SM90_64x128x256_S32B1B1_AND_SS,
+                                  SM90_64x64x256_S32B1B1_AND_SS>>;
+  using AtomLayoutMNK = std::conditional_t<kCoop, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _1, _1>>>;
+  using TiledMma = decltype(make_tiled_mma(Atom{}, AtomLayoutMNK{}));
+  static_assert(size(TiledMma{}) == size(typename Int8Mainloop::TiledMma{}), "warpgroup layout differs");
+  using CollectiveMainloop = cutlass::gemm::collective::CollectiveMma<
+      typename Int8Mainloop::DispatchPolicy, typename Int8Mainloop::TileShape,
+      typename Int8Mainloop::ElementA, typename Int8Mainloop::StrideA,
+      typename Int8Mainloop::ElementB, typename Int8Mainloop::StrideB,
+      TiledMma,
+      typename Int8Mainloop::GmemTiledCopyA, typename Int8Mainloop::SmemLayoutAtomA,
+      typename Int8Mainloop::SmemCopyAtomA, typename Int8Mainloop::TransformA,
+      typename Int8Mainloop::GmemTiledCopyB, typename Int8Mainloop::SmemLayoutAtomB,
+      typename Int8Mainloop::SmemCopyAtomB, typename Int8Mainloop::TransformB>;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments arguments(const WgArgs& p) {
+    using StrideA = typename Gemm::GemmKernel::StrideA;
+    using StrideB = typename Gemm::GemmKernel::StrideB;
+    using StrideD = typename Gemm::GemmKernel::StrideD;
+    StrideA sA = make_stride(p.lda, _1{}, p.a_bs);
+    StrideB sB = make_stride(p.ldb, _1{}, p.b_bs);
+    StrideD sD = make_stride(p.ldd, _1{}, p.d_bs);
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = p.device;
+    hw.sm_count = p.sm_count;
+    typename Gemm::Arguments args{
+        p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.M, p.N, p.Kb, p.L},
+        {static_cast<const int8_t*>(p.a), sA, static_cast<const int8_t*>(p.b), sB},
+        {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD},
+        hw};
+    typename DotEVT::Arguments dot{
+        {},                                                          // acc
+        {p.row_term, 0, RowTermStride{_1{}, _0{}, p.row_bs}},        // row term
+        {p.col_term, 0, ColTermStride{_0{}, _1{}, p.col_bs}},        // column term
+        {}};                                                         // 4*acc + r + c
+    if constexpr (kInt) {
+      args.epilogue.thread = dot;
+    } else {
+      args.epilogue.thread = {
+          dot,
+          {p.s1, 1.0f, VecStride{_0{}, p.s1_vec != 0, 0}},
+          {p.s2, 1.0f, VecStride{_0{}, p.s2_vec != 0, 0}},
+          {p.bias, 0.0f, VecStride{_0{}, true, 0}},
+          {}};
+    }
+    return args;
+  }
+
+  static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st) {
+    typename Gemm::Arguments args = arguments(p);
+    if (ws != nullptr) {
+      *ws = Gemm::get_workspace_size(args);
+      return "";
+    }
+    Gemm gemm;
+    cutlass::Status s = gemm.can_implement(args);
+    if (s != cutlass::Status::kSuccess)
+      return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
+    s = gemm.initialize(args, p.workspace, st);
+    if (s != cutlass::Status::kSuccess)
+      return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
+    s = gemm.run(st);
+    if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return std::string("CUDA error after the wgmma GEMM launch: ") + cudaGetErrorString(e);
+    return "";
+  }
+};
+
+// Tile configurations (TileShape K in bytes: 128 bytes = 1024 bits of K per pipeline stage).
+#define BIE_WG_CFG0                                                                                 \
+  Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative
+#define BIE_WG_CFG1                                                                             \
+  Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
+      cutlass::epilogue::TmaWarpSpecialized
+
+#define BIE_WG_CFG2                                                                             \
+  Shape<_64, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
+      cutlass::epilogue::TmaWarpSpecialized
+
+#define BIE_WG_DEFINE(name, cfg, T)                                       \
+  namespace bie_cutlass_bin {                                             \
+  std::string name(const WgArgs& p, size_t* ws, cudaStream_t st) {        \
+    return BGemmSm90<cfg, T>::run(p, ws, st);                             \
+  }                                                                       \
+  }
+
+}  // namespace bie_cutlass_bin

@@ -1,0 +1,3 @@
+// Binary wgmma GEMM instantiation: configuration 1, output f32 (see binary_wgmma.cuh).
+#include "binary_wgmma.cuh"
+BIE_WG_DEFINE(wgemm_c1_f32, BIE_WG_CFG1, float)
