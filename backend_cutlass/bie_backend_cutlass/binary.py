@@ -155,16 +155,11 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
     bucket = f"{str(out.dtype)[6:]}/M{_p2(m)}/N{_p2(n)}/K{_p2(k)}/B{_p2(batch)}" + ("/wg" if wg else "")
     names = [CONFIGS[c] for c in _default_order(m, n, batch, out.device)]
     if wg:
-        # The tuner times candidates back to back on one weight (L2-resident, host launch costs
-        # included) and misranked close configurations on the H100 (it picked 34 µs wg64x256 over
-        # 30 µs wg128x256 at 4096^3, and the 9.8 µs mma.sync 64x128 over the 7.4 µs wg64x128 at
-        # M=16), so the shapes measured (benchmarks/results/cutlass_h100_binary.md) get fixed picks:
-        if m >= 256 and m * batch >= 1024:    # large: wg128x256 (best or within noise at every size measured)
-            names = ["wg128x256"]
-        elif m > 64:                          # mid: tuned, wgmma first
-            names = ["wg128x256", "wg64x128"] + names
-        else:                                 # decode-like: one 64-row tile
-            names = ["wg64x128"]
+        # every wgmma tile is a candidate, then the mma.sync tiles; the order only sets the
+        # untimed default (tuning off, or inside CUDA-graph capture before this bucket was
+        # tuned): one 64-row tile for decode-like M, the 128x256 cooperative tile above
+        wg_names = ["wg64x128", "wg64x256", "wg128x256"] if m <= 64 else ["wg128x256", "wg64x256", "wg64x128"]
+        names = wg_names + names
     name = tuning.choose(op, bucket, [(nm, (lambda nm=nm: call(nm))) for nm in names], device=out.device)
     call(name)
 

@@ -3,8 +3,8 @@
 No GPU tables are hard-coded: for a (op, problem bucket) the family module
 offers its candidate configurations, each as a callable that runs the kernel on
 the real arguments. The first time a bucket is seen on a GPU, every candidate
-is timed with CUDA events (a candidate that raises is skipped) and the fastest
-is stored in ``<cache>/tuning/<gpu key>.json``; later calls and later processes
+is timed with CUDA events — interleaved rounds, the median, the L2 flushed
+before each sample (a candidate that raises is skipped) — and the fastest is stored in ``<cache>/tuning/<gpu key>.json``; later calls and later processes
 read it. The GPU key is the device name, compute capability, SM count and this
 backend's version, so a different GPU (or driver-visible variant) tunes afresh.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import threading
 from pathlib import Path
 from typing import Callable, Sequence
@@ -73,8 +74,8 @@ def _capturing() -> bool:
 
 
 def _time(fn: Callable[[], object], reps: int) -> float:
+    """Milliseconds per call of ``reps`` back-to-back calls, by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()  # warm-up (and first-launch costs)
     start.record()
     for _ in range(reps):
         fn()
@@ -83,13 +84,59 @@ def _time(fn: Callable[[], object], reps: int) -> float:
     return start.elapsed_time(end) / reps
 
 
+def _flusher(device):
+    """A buffer twice the GPU's L2: writing it before a sample evicts the operands, so
+    candidates are compared as they run in a model (weights streamed from memory), not
+    on an L2-resident weight that favours different tiles."""
+    try:
+        l2 = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device()).L2_cache_size
+        return torch.empty(max(2 * int(l2), 1 << 20), dtype=torch.uint8, device=device or "cuda")
+    except Exception:  # noqa: BLE001 - no flushing is only less faithful
+        return None
+
+
+def _flush(buf) -> None:
+    if buf is not None:
+        buf.zero_()
+
+
+#: samples per candidate; candidates are sampled in interleaved rounds and ranked by their
+#: median, so a clock or thermal drift during tuning does not favour the first or the last
+ROUNDS = 7
+#: a sample repeats a call until about this long (ms), so launch gaps do not rank short kernels
+SAMPLE_MS = 0.02
+
+
+def measure(candidates: Sequence[tuple[str, Callable[[], object]]], device=None,
+            rounds: int = ROUNDS) -> dict[str, float]:
+    """Median ms per call of every candidate that runs (one that raises is left out)."""
+    alive = []
+    for name, fn in candidates:
+        try:
+            fn()  # warm-up: first-launch costs, and a config that cannot run this shape raises here
+            t = _time(fn, 1)
+        except Exception:  # noqa: BLE001 - a config that cannot run this shape is skipped
+            continue
+        reps = 1 if t >= SAMPLE_MS else min(64, int(SAMPLE_MS / max(t, 1e-6)) + 1)
+        alive.append((name, fn, reps))
+    buf = _flusher(device) if alive else None
+    samples: dict[str, list] = {name: [] for name, _, _ in alive}
+    for _ in range(rounds):
+        for name, fn, reps in alive:
+            _flush(buf)
+            samples[name].append(_time(fn, reps))
+    del buf
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def choose(op: str, bucket: str, candidates: Sequence[tuple[str, Callable[[], object]]],
-           device=None, reps: int = 5) -> str:
+           device=None) -> str:
     """Name of the fastest candidate for (op, bucket) on this GPU.
 
     ``candidates``: (config name, zero-argument callable running it). The first
-    is the default, used untimed when tuning is off or impossible. Returns a
-    name that is in ``candidates`` (a stale cached name is re-tuned).
+    is the default, used untimed when tuning is off or impossible (and when no
+    candidate runs). Returns a name that is in ``candidates`` (a stale cached
+    name is re-tuned).
     """
     names = [n for n, _ in candidates]
     if not names:
@@ -107,14 +154,8 @@ def choose(op: str, bucket: str, candidates: Sequence[tuple[str, Callable[[], ob
         hit = table.get(entry)
         if hit in names:
             return hit
-        best, best_t = names[0], float("inf")
-        for name, fn in candidates:
-            try:
-                t = _time(fn, reps)
-            except Exception:  # noqa: BLE001 - a config that cannot run this shape is skipped
-                continue
-            if t < best_t:
-                best, best_t = name, t
+        times = measure(candidates, device)
+        best = min(times, key=times.get) if times else names[0]
         table[entry] = best
         _save(table, path)
         return best
