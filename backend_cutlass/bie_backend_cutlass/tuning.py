@@ -73,9 +73,19 @@ def _capturing() -> bool:
         return False
 
 
+#: GPU cycles the stream is held before a sample (about 1 ms): the host queues the sample's calls
+#: meanwhile, so the events time the GPU's work, not the host's launch path — otherwise a
+#: configuration with a longer Python wrapper loses on small shapes it runs faster on the GPU
+HOLD_CYCLES = 2_000_000
+
+
 def _time(fn: Callable[[], object], reps: int) -> float:
-    """Milliseconds per call of ``reps`` back-to-back calls, by CUDA events."""
+    """Milliseconds of GPU time per call of ``reps`` back-to-back calls, by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        torch.cuda._sleep(HOLD_CYCLES)
+    except Exception:  # noqa: BLE001 - without the hold the timing includes launch gaps
+        pass
     start.record()
     for _ in range(reps):
         fn()
@@ -103,7 +113,7 @@ def _flush(buf) -> None:
 #: samples per candidate; candidates are sampled in interleaved rounds and ranked by their
 #: median, so a clock or thermal drift during tuning does not favour the first or the last
 ROUNDS = 7
-#: a sample repeats a call until about this long (ms), so launch gaps do not rank short kernels
+#: a sample repeats a call until about this long (ms; at most 16 calls, well inside the hold)
 SAMPLE_MS = 0.02
 
 
@@ -117,7 +127,7 @@ def measure(candidates: Sequence[tuple[str, Callable[[], object]]], device=None,
             t = _time(fn, 1)
         except Exception:  # noqa: BLE001 - a config that cannot run this shape is skipped
             continue
-        reps = 1 if t >= SAMPLE_MS else min(64, int(SAMPLE_MS / max(t, 1e-6)) + 1)
+        reps = 1 if t >= SAMPLE_MS else min(16, int(SAMPLE_MS / max(t, 1e-6)) + 1)
         alive.append((name, fn, reps))
     buf = _flusher(device) if alive else None
     samples: dict[str, list] = {name: [] for name, _, _ in alive}
