@@ -605,6 +605,9 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
         return _ri.int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype)
     wl, kp = _layouts(prepared).get(("iconv", kind, kstep), lambda: _iconv_weights(w, kind, kstep))
     x = x.detach().contiguous(memory_format=torch.channels_last)     # each pixel's channels contiguous
+    sn, sc, sh_, sw_ = x.stride()
+    if c == 1:
+        sc = 1  # torch leaves a size-1 channel dim's stride as it was (NCHW-contiguous counts as channels_last)
     k = cg * kh * kw
     # pixels per task: a block's panels of about 64 KiB (they are reused by every
     # output channel of the group), at least 16, then smaller for enough tasks
@@ -612,7 +615,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     while n * -(-(ho * wo) // pix) < 4 * _threads() and pix > 16:
         pix = max(16, pix // 2 // 16 * 16)
     flags, s32, b32 = _epilogue(scale, bias, o)
-    args = IConvArgs(x.data_ptr(), n, c, h, wd, *x.stride(), wl.data_ptr(), kind, o, g, cg, o // g, kh, kw,
+    args = IConvArgs(x.data_ptr(), n, c, h, wd, sn, sc, sh_, sw_, wl.data_ptr(), kind, o, g, cg, o // g, kh, kw,
                      sh, sw, ph, pw, dh, dw, ho, wo, k, kp, pix, _ptr(s32), _ptr(b32), flags & ~EPI_BIAS_VEC,
                      OUT_CODE[out_dtype], out.data_ptr())
     _check(_lib.bie_iconv(ctypes.byref(args)), "int_conv2d")
