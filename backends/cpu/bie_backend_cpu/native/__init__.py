@@ -145,6 +145,20 @@ def _self_test() -> Optional[str]:
         return "self-test failed: int_conv2d"
     if not torch.equal(nk.binary_bmm(a[None], b[None], 100, None, None), rb.binary_bmm(a[None], b[None], 100, None, None)):
         return "self-test failed: binary_bmm"
+    from ..reference import weight_only as rw
+    from . import kernels_wq as nw
+    for fmt in ("gptq", "gba"):
+        codes = torch.randint(0, 16, (70, 19), generator=g, dtype=torch.int32)
+        qw = rw.wq_pack(codes, 4, 0)
+        s = torch.rand(3, 19, generator=g) + 0.5
+        z = rw.wq_pack(torch.randint(0, 16, (3, 19), generator=g, dtype=torch.int32), 4, 1) if fmt == "gptq" else s
+        wargs = (qw, s, z, None, 4, 32, 70, fmt, torch.float32)
+        if not torch.equal(nw.wq_dequantize(*wargs), rw.wq_dequantize(*wargs)):
+            return f"self-test failed: wq_dequantize {fmt}"
+        xw = torch.randn(2, 70, generator=g)
+        y, r = nw.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt), rw.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt)
+        if not torch.allclose(y, r, rtol=1e-4, atol=1e-3):
+            return f"self-test failed: wq_gemm {fmt}"
     return None
 
 
@@ -166,6 +180,8 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> NativeStatus:
             st.build_dir, st.build_seconds, st.threaded = str(d), secs, threaded
             _apply_isa_env(lib)
             nk.set_library(lib)
+            from . import kernels_wq
+            kernels_wq.set_library(lib)
             st.level = _build.LEVEL_NAMES[lib.bie_get_level()]
             st.max_level = _build.LEVEL_NAMES[lib.bie_max_level()]
             st.features = _build.feature_names(lib.bie_cpu_features())
@@ -269,6 +285,18 @@ def register_kernels(registry) -> NativeStatus:
     registry.register("quantize_int", nk.quantize_int, priority=PRIORITY, name="native.quantize_int",
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}),
                       description=f"{tag}: true division, round half to even, clamp; any broadcast scale")
+    from . import kernels_wq as nw
+    wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": nw.BITS, "format": ("gptq", "gba")})
+    registry.register("wq_gemm", nw.wq_gemm, priority=PRIORITY, name="native.wq_gemm", prepare=nw.prepare,
+                      capability=wq_cap,
+                      description=f"{tag}: fused dequant-in-registers GEMM for M <= {nw.FUSED_MAX_M}, else "
+                                  "native dequantization + torch matmul; float32 accumulation")
+    registry.register("wq_dequantize", nw.wq_dequantize, priority=PRIORITY, name="native.wq_dequantize",
+                      prepare=nw.prepare, capability=wq_cap,
+                      description=f"{tag}: float32 dequantization from the prepared panels (bit-exact)")
+    registry.register("wq_gemm_grad_input", nw.wq_gemm_grad_input, priority=PRIORITY,
+                      name="native.wq_gemm_grad_input", prepare=nw.prepare, capability=wq_cap,
+                      description=f"{tag}: native dequantization + torch matmul (grad @ W.T)")
     del torch
     return st
 

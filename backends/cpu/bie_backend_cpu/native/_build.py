@@ -31,13 +31,14 @@ from typing import Optional
 
 NAME = "bie_cpu_native"
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp")
-HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h")
+SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp",
+           "wq_entry.cpp", "wq_portable.cpp", "wq_avx2.cpp", "wq_avx512.cpp")
+HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h", "wq_kernels.h")
 #: the fused binary_linear entry (a pybind11 module; kernels from the library above)
 FUSED_NAME = "bie_cpu_fused"
 FUSED_SOURCES = ("fused.cpp",)
 FUSED_HEADERS = ("bie_native.h", "scalar_util.h")
-ABI_VERSION = 4  # BIE_NATIVE_ABI in bie_native.h
+ABI_VERSION = 5  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias
 #: separately, exactly as the reference does (no fused multiply-add).
@@ -144,7 +145,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bie_set_level.argtypes = [c_int]
     lib.bie_cpu_features.restype = c_uint
     lib.bie_cpu_features.argtypes = []
-    for fn in ("bie_pack", "bie_quant", "bie_bgemm", "bie_igemm", "bie_ibmm", "bie_bbmm", "bie_iconv", "bie_semb"):
+    for fn in ("bie_pack", "bie_quant", "bie_bgemm", "bie_igemm", "bie_ibmm", "bie_bbmm", "bie_iconv", "bie_semb",
+               "bie_wq_gemm", "bie_wq_dequant"):
         getattr(lib, fn).restype = c_int
         getattr(lib, fn).argtypes = [vp]
     lib.bie_bconv.restype = c_int

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_NATIVE_ABI 4
+#define BIE_NATIVE_ABI 5
 
 enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
 
@@ -136,6 +136,21 @@ typedef struct {
   int64_t scale_dtype, out_type;
   void* out;          // (L, D) contiguous of out_type
 } bie_semb_args;
+
+// weight-only GEMM / dequantization (wq_*.cpp; layout described in wq_kernels.h)
+typedef struct {
+  const float* x;      // (M, Kp) float32 activations in the prepared row order (gemm only)
+  int64_t M, N, Kp, P, G, bits;
+  const int32_t* qw;   // (P, Kp/32, bits, 16) code words
+  const float* s;      // (P, G, 16) scales
+  const float* z;      // (P, G, 16) zero points as float32 (gptq: the code; gba: the float zero)
+  const float* c;      // (P, G, 16) -s*z (gptq) or -z (gba)
+  const int64_t* gb;   // G+1 block offsets: group g is blocks gb[g] .. gb[g+1]-1
+  const float* xsum;   // (M, G) group sums of x: filled by the entry point (pass null)
+  const float* bias;   // N float32 values or null (gemm only)
+  int64_t format;      // 0 gptq, 1 gba
+  float* out;          // gemm: (M, N) float32; dequant: (Kp, N) float32
+} bie_wq_args;
 
 // per-ISA range functions: process tasks [t0, t1); return 0 or an error code
 typedef int (*bie_range_fn)(const void* args, int64_t t0, int64_t t1);

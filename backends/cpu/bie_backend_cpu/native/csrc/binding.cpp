@@ -340,6 +340,9 @@ int bie_num_threads() {
 
 int bie_int_layout() { return layout_for(g_level.load()); }
 
+// the task runner, for entry points in other files (wq_entry.cpp)
+int bie_run_tasks(bie_range_fn fn, const void* args, int64_t n, int64_t grain) { return run(fn, args, n, grain); }
+
 int bie_pack(const bie_pack_args* a) {
   // memory-bound and light: threads only pay off beyond ~1M elements
   const int64_t grain = (int64_t{1} << 20) / (a->k > 0 ? a->k : 1) + 1;

@@ -1,0 +1,186 @@
+"""Native weight-only kernels (GPTQ / GBA): ``wq_gemm``, ``wq_dequantize``,
+``wq_gemm_grad_input``. The C++ is ``csrc/wq_*.cpp`` (layout: ``wq_kernels.h``).
+
+Prepare (once per weight version and (bits, group_size, K, format)) reorders
+the input rows so that every group is a contiguous run of whole 32-row blocks
+(act-order rows sorted by group; each group padded with zero codes to a
+multiple of 32 rows), repacks the codes into panels of 16 columns
+(``(P, Kp/32, bits, 16)`` int32) and converts scales and zeros to float32
+``(P, G, 16)``. A call gathers/pads x into that row order (nothing to do for
+the usual group sizes without act-order) and then
+
+* M <= ``FUSED_MAX_M``: the fused GEMV (codes decoded in registers, float32
+  accumulation, threads over column panels);
+* larger M, ``wq_gemm_grad_input`` and ``wq_dequantize``: native dequantization
+  into a float32 (Kp, N) buffer (bit-identical to the reference's float32
+  weight) and torch's matmul.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from ..reference import weight_only as rw
+from .kernels import Prepared, _check, _cpu, _layouts, _require
+
+I64, VP = ctypes.c_int64, ctypes.c_void_p
+BITS = (2, 3, 4, 8)
+PW = 16
+#: activation rows up to which the fused GEMV beats dequantize + matmul (see
+#: benchmarks/results/weight_only_cpu.md)
+FUSED_MAX_M = 16
+
+_lib = None
+
+
+def set_library(lib) -> None:
+    global _lib
+    _lib = lib
+
+
+class WqArgs(ctypes.Structure):
+    _fields_ = [("x", VP), ("M", I64), ("N", I64), ("Kp", I64), ("P", I64), ("G", I64), ("bits", I64),
+                ("qw", VP), ("s", VP), ("z", VP), ("c", VP), ("gb", VP), ("xsum", VP), ("bias", VP),
+                ("format", I64), ("out", VP)]
+
+
+class WqLayout:
+    __slots__ = ("qw", "s", "z", "c", "gb", "src", "dest", "identity", "k", "kp", "n", "p", "g", "bits",
+                 "fmt")
+
+
+def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout:
+    op = "wq_gemm"
+    _require(bits in BITS and fmt in ("gptq", "gba"), op, f"bits={bits} format={fmt!r} not served natively")
+    _cpu(op, qweight, scales, zeros, g_idx)
+    n = qweight.shape[1]
+    g = 1 if group_size == -1 else (k + group_size - 1) // group_size
+    _require(qweight.dtype == torch.int32 and qweight.dim() == 2 and qweight.shape[0] == (k * bits + 31) // 32
+             and n >= 1, op, f"qweight {tuple(qweight.shape)} does not hold K={k} rows of {bits} bits")
+    _require(tuple(scales.shape) == (g, n), op, f"scales must be ({g}, {n}), got {tuple(scales.shape)}")
+    q = rw._unpack_rows(qweight.detach(), bits, k)                       # (K, N) int32 codes
+    if g_idx is not None:
+        _require(g_idx.dim() == 1 and g_idx.shape[0] == k, op, f"g_idx must have shape ({k},)")
+        gi = g_idx.detach().to(torch.long)
+        _require(k == 0 or (int(gi.min()) >= 0 and int(gi.max()) < g), op, f"g_idx values must be in [0, {g})")
+    elif group_size == -1:
+        gi = torch.zeros(k, dtype=torch.long)
+    else:
+        gi = torch.arange(k) // group_size
+    counts = torch.bincount(gi, minlength=g)
+    blocks = (counts + 31) // 32
+    gb = torch.zeros(g + 1, dtype=torch.int64)
+    gb[1:] = torch.cumsum(blocks, 0)
+    kp = int(gb[-1]) * 32
+    order = torch.argsort(gi, stable=True)
+    gs = gi[order]
+    start = torch.cumsum(counts, 0) - counts
+    dest = gb[gs] * 32 + (torch.arange(k) - start[gs])                 # prepared row of input row order[i]
+    dest_of_k = torch.empty(k, dtype=torch.long)
+    dest_of_k[order] = dest
+    src = torch.full((kp,), k, dtype=torch.long)                         # index k = a zero column of x
+    src[dest] = order
+    p = (n + PW - 1) // PW
+    np_ = p * PW
+    codes = torch.zeros((kp, np_), dtype=torch.int32)
+    codes[dest, :n] = q[order]
+    words = rw._pack_rows(codes, bits)                                   # (kp*bits/32, np_)
+    qw = words.reshape(kp // 32, bits, p, PW).permute(2, 0, 1, 3).contiguous()
+    s = scales.detach().to(torch.float32)
+    if fmt == "gptq":
+        _require(zeros.dtype == torch.int32 and tuple(zeros.shape) == (g, (n * bits + 31) // 32), op,
+                 "gptq zeros must be packed int32 (G, ceil(N*bits/32))")
+        z = rw.wq_unpack(zeros.detach(), bits, n, 1).to(torch.float32)
+        c = -(s * z)
+    else:
+        _require(tuple(zeros.shape) == (g, n) and zeros.dtype.is_floating_point, op, "gba zeros must be float (G, N)")
+        z = zeros.detach().to(torch.float32)
+        c = -z
+
+    def panels(t):
+        return F.pad(t, (0, np_ - n)).reshape(g, p, PW).permute(1, 0, 2).contiguous()
+
+    lay = WqLayout()
+    lay.qw, lay.s, lay.z, lay.c, lay.gb = qw, panels(s), panels(z), panels(c), gb
+    lay.src, lay.dest = src, dest_of_k
+    lay.identity = bool(torch.equal(src[:k], torch.arange(k)))
+    lay.k, lay.kp, lay.n, lay.p, lay.g, lay.bits, lay.fmt = k, kp, n, p, g, bits, fmt
+    return lay
+
+
+def prepare(*weights) -> Prepared:
+    return Prepared()
+
+
+def _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout:
+    return _layouts(prepared).get(("wq", bits, group_size, k, fmt),
+                                  lambda: _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt))
+
+
+def _args(lay: WqLayout, out: torch.Tensor, x=None, m=0, bias=None) -> WqArgs:
+    return WqArgs(None if x is None else x.data_ptr(), m, lay.n, lay.kp, lay.p, lay.g, lay.bits,
+                  lay.qw.data_ptr(), lay.s.data_ptr(), lay.z.data_ptr(), lay.c.data_ptr(), lay.gb.data_ptr(),
+                  None, None if bias is None else bias.data_ptr(), 0 if lay.fmt == "gptq" else 1, out.data_ptr())
+
+
+def _dequant_prepared(lay: WqLayout) -> torch.Tensor:
+    """(Kp, N) float32 in the prepared row order."""
+    out = torch.empty((lay.kp, lay.n), dtype=torch.float32)
+    args = _args(lay, out)
+    _check(_lib.bie_wq_dequant(ctypes.byref(args)), "wq_dequantize")
+    return out
+
+
+def _x_prepared(x: torch.Tensor, lay: WqLayout) -> torch.Tensor:
+    xf = x.detach().to(torch.float32)
+    if lay.identity:
+        xf = F.pad(xf, (0, lay.kp - lay.k)) if lay.kp != lay.k else xf
+    else:
+        xf = F.pad(xf, (0, 1)).index_select(1, lay.src)
+    return xf.contiguous()
+
+
+def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    op = "wq_gemm"
+    _cpu(op, x, bias)
+    _require(x.dim() == 2 and x.dtype in (torch.float32, torch.float16, torch.bfloat16), op,
+             f"x must be a 2-D float tensor, got {x.dtype} {tuple(x.shape)}")
+    k, m = x.shape[1], x.shape[0]
+    lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
+    b32 = None
+    if bias is not None:
+        _require(bias.dim() == 1 and bias.shape[0] == lay.n, op, f"bias must have shape ({lay.n},)")
+        b32 = bias.detach().to(torch.float32).contiguous()
+    if m == 0:
+        return torch.empty((0, lay.n), dtype=x.dtype)
+    xp = _x_prepared(x, lay)
+    if m <= FUSED_MAX_M:
+        out = torch.empty((m, lay.n), dtype=torch.float32)
+        args = _args(lay, out, xp, m, b32)
+        _check(_lib.bie_wq_gemm(ctypes.byref(args)), op)
+    else:
+        out = xp @ _dequant_prepared(lay)
+        if b32 is not None:
+            out = out + b32
+    return out.to(x.dtype).contiguous()
+
+
+def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype, prepared=None):
+    lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
+    w = _dequant_prepared(lay)
+    w = w[:k] if lay.identity else w.index_select(0, lay.dest)
+    return w.to(dtype).contiguous()
+
+
+def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):
+    op = "wq_gemm_grad_input"
+    _cpu(op, grad)
+    lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
+    _require(grad.dim() == 2 and grad.shape[1] == lay.n, op, f"grad must have shape (M, {lay.n})")
+    if grad.shape[0] == 0:
+        return torch.empty((0, k), dtype=grad.dtype)
+    gp = grad.detach().to(torch.float32) @ _dequant_prepared(lay).t()
+    gp = gp[:, :k] if lay.identity else gp.index_select(1, lay.dest)
+    return gp.to(grad.dtype).contiguous()
