@@ -30,7 +30,7 @@ BITS = (2, 3, 4, 8)
 PW = 16
 #: activation rows up to which the fused GEMV beats dequantize + matmul (see
 #: benchmarks/results/weight_only_cpu.md)
-FUSED_MAX_M = 16
+FUSED_MAX_M = 96
 
 _lib = None
 
@@ -60,7 +60,6 @@ def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout
     _require(qweight.dtype == torch.int32 and qweight.dim() == 2 and qweight.shape[0] == (k * bits + 31) // 32
              and n >= 1, op, f"qweight {tuple(qweight.shape)} does not hold K={k} rows of {bits} bits")
     _require(tuple(scales.shape) == (g, n), op, f"scales must be ({g}, {n}), got {tuple(scales.shape)}")
-    q = rw._unpack_rows(qweight.detach(), bits, k)                       # (K, N) int32 codes
     if g_idx is not None:
         _require(g_idx.dim() == 1 and g_idx.shape[0] == k, op, f"g_idx must have shape ({k},)")
         gi = g_idx.detach().to(torch.long)
@@ -84,9 +83,15 @@ def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout
     src[dest] = order
     p = (n + PW - 1) // PW
     np_ = p * PW
-    codes = torch.zeros((kp, np_), dtype=torch.int32)
-    codes[dest, :n] = q[order]
-    words = rw._pack_rows(codes, bits)                                   # (kp*bits/32, np_)
+    if g_idx is None and (group_size == -1 or group_size % 32 == 0):
+        # groups end on 32-row blocks (but the last): the prepared order is the
+        # canonical one and 32 rows are `bits` whole words: only move words
+        words = F.pad(qweight.detach(), (0, np_ - n, 0, kp // 32 * bits - qweight.shape[0]))
+    else:
+        q = rw._unpack_rows(qweight.detach(), bits, k)                   # (K, N) int32 codes
+        codes = torch.zeros((kp, np_), dtype=torch.int32)
+        codes[dest, :n] = q[order]
+        words = rw._pack_rows(codes, bits)                               # (kp*bits/32, np_)
     qw = words.reshape(kp // 32, bits, p, PW).permute(2, 0, 1, 3).contiguous()
     s = scales.detach().to(torch.float32)
     if fmt == "gptq":
@@ -125,12 +130,40 @@ def _args(lay: WqLayout, out: torch.Tensor, x=None, m=0, bias=None) -> WqArgs:
                   None, None if bias is None else bias.data_ptr(), 0 if lay.fmt == "gptq" else 1, out.data_ptr())
 
 
-def _dequant_prepared(lay: WqLayout) -> torch.Tensor:
-    """(Kp, N) float32 in the prepared row order."""
-    out = torch.empty((lay.kp, lay.n), dtype=torch.float32)
-    args = _args(lay, out)
+def _dequant_prepared(lay: WqLayout, p0: int = 0, p1=None, out=None) -> torch.Tensor:
+    """Columns of panels p0 .. p1-1, (Kp, ncols) float32, in the prepared row order."""
+    p1 = lay.p if p1 is None else p1
+    _require(0 <= p0 < p1 <= lay.p, "wq_dequantize", f"panels {p0}..{p1} out of range 0..{lay.p}")
+    ncols = min(lay.n, p1 * PW) - p0 * PW
+    if out is None:
+        out = torch.empty((lay.kp, ncols), dtype=torch.float32)
+    _require(out.dtype == torch.float32 and out.is_contiguous() and tuple(out.shape) == (lay.kp, ncols),
+             "wq_dequantize", "bad output buffer")
+    kb, g = lay.kp // 32, lay.g
+    args = WqArgs(None, 0, ncols, lay.kp, p1 - p0, g, lay.bits,
+                  lay.qw.data_ptr() + p0 * kb * lay.bits * PW * 4, lay.s.data_ptr() + p0 * g * PW * 4,
+                  lay.z.data_ptr() + p0 * g * PW * 4, lay.c.data_ptr() + p0 * g * PW * 4, lay.gb.data_ptr(),
+                  None, None, 0 if lay.fmt == "gptq" else 1, out.data_ptr())
     _check(_lib.bie_wq_dequant(ctypes.byref(args)), "wq_dequantize")
     return out
+
+
+#: bytes of float32 weight dequantized at a time by the large-M paths (one
+#: buffer reused: a fresh (K, N) float32 weight costs more in page faults than
+#: the dequantization itself)
+SLAB_BYTES = 4 << 20
+
+
+def _slabs(lay: WqLayout):
+    """(c0, c1, (Kp, c1 - c0) float32 weight columns), one reused buffer."""
+    step = max(1, SLAB_BYTES // (lay.kp * PW * 4))
+    buf = None
+    for p0 in range(0, lay.p, step):
+        p1 = min(lay.p, p0 + step)
+        c0, c1 = p0 * PW, min(lay.n, p1 * PW)
+        if buf is None or buf.numel() < lay.kp * (c1 - c0):
+            buf = torch.empty(lay.kp * (c1 - c0), dtype=torch.float32)
+        yield c0, c1, _dequant_prepared(lay, p0, p1, buf[: lay.kp * (c1 - c0)].view(lay.kp, c1 - c0))
 
 
 def _x_prepared(x: torch.Tensor, lay: WqLayout) -> torch.Tensor:
@@ -161,9 +194,11 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         args = _args(lay, out, xp, m, b32)
         _check(_lib.bie_wq_gemm(ctypes.byref(args)), op)
     else:
-        out = xp @ _dequant_prepared(lay)
+        out = torch.empty((m, lay.n), dtype=torch.float32)
+        for c0, c1, w in _slabs(lay):
+            out[:, c0:c1] = xp @ w
         if b32 is not None:
-            out = out + b32
+            out += b32
     return out.to(x.dtype).contiguous()
 
 
@@ -181,6 +216,10 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
     _require(grad.dim() == 2 and grad.shape[1] == lay.n, op, f"grad must have shape (M, {lay.n})")
     if grad.shape[0] == 0:
         return torch.empty((0, k), dtype=grad.dtype)
-    gp = grad.detach().to(torch.float32) @ _dequant_prepared(lay).t()
+    gf = grad.detach().to(torch.float32)
+    gp = None
+    for c0, c1, w in _slabs(lay):
+        part = gf[:, c0:c1] @ w.t()
+        gp = part if gp is None else gp.add_(part)
     gp = gp[:, :k] if lay.identity else gp.index_select(1, lay.dest)
     return gp.to(grad.dtype).contiguous()

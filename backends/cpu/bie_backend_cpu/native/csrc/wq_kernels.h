@@ -140,7 +140,7 @@ static void gemv_panel(const bie_wq_args* a, int64_t p) {
   for (; m < a->M; ++m) gemv_rows<B, 1>(a, p, m);
 }
 
-template <int B>
+template <int B, int FMT>
 static void dequant_panel(const bie_wq_args* a, int64_t p) {
   const int64_t KB = a->Kp / 32, G = a->G;
   const int32_t* qp = a->qw + p * KB * B * PW;
@@ -159,7 +159,7 @@ static void dequant_panel(const bie_wq_args* a, int64_t p) {
           vf r[NH];
           for (int h = 0; h < NH; ++h) {
             const vf q = code<B, T>(w[h]);
-            r[h] = a->format == 0 ? (q - z[h]) * s[h] : q * s[h] - z[h];
+            r[h] = FMT == 0 ? (q - z[h]) * s[h] : q * s[h] - z[h];
           }
           store_cols(dst + T * a->N, r, ncols);
         }()), ...);
@@ -175,7 +175,8 @@ static int drv(const void* args, int64_t t0, int64_t t1) {
     switch (a->bits) {
 #define WQ_CASE(b)                                 \
   case b:                                          \
-    if (DEQ) dequant_panel<b>(a, p);               \
+    if (DEQ && a->format == 0) dequant_panel<b, 0>(a, p); \
+    else if (DEQ) dequant_panel<b, 1>(a, p);          \
     else gemv_panel<b>(a, p);                      \
     break;
       WQ_CASE(2) WQ_CASE(3) WQ_CASE(4) WQ_CASE(8)

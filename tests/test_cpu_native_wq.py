@@ -1,0 +1,174 @@
+"""Native weight-only kernels (wq_gemm, wq_dequantize, wq_gemm_grad_input) of
+bie-backend-cpu against the reference, at every instruction-set level this CPU
+supports: every format, bit width (2, 3, 4, 8), group size (multiples of 32,
+odd ones, -1), act-order, activation dtype, odd K and N, the fused GEMV (small
+M) and the dequantize + matmul path (large M, several column slabs).
+
+wq_dequantize is bit-exact with the reference; the GEMMs are compared with the
+float64 product of the dequantized weight at the op's tolerance (wq_tolerance).
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+import bie_core
+from bie_backend_cpu import native
+from bie_backend_cpu.reference import weight_only as rw
+from bie_core import ops
+from bie_core.ops.weight_only import make_wq_case, wq_tolerance
+
+SEED = int(os.environ.get("BIE_SEED", random.SystemRandom().randrange(2**31)))
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def nw():
+    st = native.status()
+    if st.state == "disabled":
+        pytest.skip("BIE_CPU_NATIVE=0")
+    assert st.active, f"native CPU kernels did not build/load: {st.reason}\n{st.traceback}"
+    from bie_backend_cpu.native import kernels_wq
+    yield kernels_wq
+    native.set_level(None)
+
+
+@pytest.fixture(scope="module")
+def levels(nw):
+    return native.available_levels()
+
+
+def gen(*salt):
+    return torch.Generator().manual_seed((SEED * 1000003 + hash(salt)) % (2**63))
+
+
+def rms(t):
+    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def check_close(y, exp64, dtype, k, x, w64, what):
+    rtol, atol = wq_tolerance(dtype, k, rms(x), rms(w64))
+    assert y.dtype == dtype and y.shape == exp64.shape, f"{what}: {y.dtype} {tuple(y.shape)}"
+    err = (y.double() - exp64).abs()
+    bound = atol + rtol * exp64.abs()
+    assert bool((err <= bound).all()), f"{what}: max err {float(err.max()):.3g} (atol {atol:.3g}); seed {SEED}"
+
+
+# (K, N, group_size, act_order): odd K and N, group sizes not multiples of 32
+GEOMS = [(256, 64, 128, False), (200, 37, 64, True), (77, 17, 32, False), (96, 1, -1, False),
+         (130, 33, 20, False), (160, 48, 48, True), (64, 16, 16, True), (33, 5, -1, True)]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("fmt", ["gptq", "gba"])
+def test_wq_gemm_levels(nw, levels, bits, fmt):
+    for gi_, (k, n, gs, act) in enumerate(GEOMS):
+        g = gen("gemm", bits, fmt, gi_)
+        sdt = DTYPES[(gi_ + bits) % 3]
+        qw, s, z, gidx, w64 = make_wq_case(k, n, bits, gs, fmt, act, g, "cpu", sdtype=sdt)
+        prepared = nw.prepare(qw, s, z, gidx)
+        for j, m in enumerate((1, 2, 5, 9, 8 + 3 * gi_)):
+            dtype = DTYPES[(j + gi_) % 3]
+            x = torch.randn(m, k, generator=g).to(dtype)
+            if j == 2:
+                x = torch.randn(m, 2 * k, generator=g).to(dtype)[:, ::2]       # non-contiguous
+            bias = torch.randn(n, generator=g).to(DTYPES[j % 3]) if j % 2 else None
+            exp = x.double() @ w64 + (0 if bias is None else bias.double())
+            for lvl in levels:
+                native.set_level(lvl)
+                y = nw.wq_gemm(x, qw, s, z, gidx, bias, bits, gs, fmt, prepared=prepared)
+                check_close(y, exp, dtype, k, x, w64, f"{fmt} {bits}-bit K={k} N={n} g={gs} act={act} M={m} "
+                                                     f"{dtype} [{lvl}]")
+            native.set_level(None)
+        # dequantize: bit-exact with the reference, every level
+        for lvl in levels:
+            native.set_level(lvl)
+            for dt in (torch.float32, torch.float16):
+                d = nw.wq_dequantize(qw, s, z, gidx, bits, gs, k, fmt, dt, prepared=prepared)
+                r = rw.wq_dequantize(qw, s, z, gidx, bits, gs, k, fmt, dt)
+                assert torch.equal(d, r), f"wq_dequantize {fmt} {bits}-bit K={k} N={n} g={gs} {dt} [{lvl}]"
+        native.set_level(None)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gba"])
+@pytest.mark.parametrize("bits", [3, 4])
+def test_large_m_and_grad_input_slabs(nw, levels, fmt, bits, monkeypatch):
+    """M above the fused limit and grad_input: dequantize + matmul over several column slabs."""
+    monkeypatch.setattr(nw, "SLAB_BYTES", 2048)          # several slabs even at these sizes
+    k, n = 100, 70
+    g = gen("large", fmt, bits)
+    qw, s, z, gidx, w64 = make_wq_case(k, n, bits, 32, fmt, True, g, "cpu")
+    for lvl in levels:
+        native.set_level(lvl)
+        for dtype in DTYPES:
+            x = torch.randn(nw.FUSED_MAX_M + 3, k, generator=g).to(dtype)
+            bias = torch.randn(n, generator=g)
+            y = nw.wq_gemm(x, qw, s, z, gidx, bias, bits, 32, fmt)
+            check_close(y, x.double() @ w64 + bias.double(), dtype, k, x, w64, f"large M {dtype} [{lvl}]")
+            gr = torch.randn(7, n, generator=g).to(dtype)
+            gx = nw.wq_gemm_grad_input(gr, qw, s, z, gidx, bits, 32, k, fmt)
+            check_close(gx, gr.double() @ w64.t(), dtype, n, gr, w64, f"grad_input {dtype} [{lvl}]")
+    native.set_level(None)
+
+
+def test_empty_batch_and_llm_slice(nw):
+    g = gen("slice")
+    qw, s, z, gidx, w64 = make_wq_case(4096, 48, 4, 128, "gptq", False, g, "cpu")
+    assert nw.wq_gemm(torch.empty(0, 4096), qw, s, z, None, None, 4, 128, "gptq").shape == (0, 48)
+    x = torch.randn(1, 4096, generator=g).half()
+    check_close(nw.wq_gemm(x, qw, s, z, None, None, 4, 128, "gptq"), x.double() @ w64, torch.float16, 4096,
+                x, w64, "4096-row slice")
+
+
+def test_threads(nw):
+    g = gen("threads")
+    qw, s, z, gidx, w64 = make_wq_case(128, 300, 4, 32, "gba", False, g, "cpu")
+    x = torch.randn(3, 128, generator=g)
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append(nw.wq_gemm(x, qw, s, z, None, None, 4, 32, "gba"))
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])   # panels are independent
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_bad_arguments_raise(nw):
+    g = gen("bad")
+    qw, s, z, gidx, _ = make_wq_case(64, 8, 4, 32, "gptq", True, g, "cpu")
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError):
+        nw.wq_gemm(x, qw[:-1], s, z, None, None, 4, 32, "gptq")                 # K mismatch
+    with pytest.raises(ValueError):
+        nw.wq_gemm(x, qw, s[:1], z, None, None, 4, 32, "gptq")                  # scales shape
+    with pytest.raises(ValueError):
+        nw.wq_gemm(x, qw, s, z, gidx + 5, None, 4, 32, "gptq")                  # g_idx out of range
+    with pytest.raises(ValueError):
+        nw.wq_gemm(x, qw, s, z, None, None, 1, 32, "gptq")                      # 1-bit: not native
+    with pytest.raises(ValueError):
+        nw.wq_gemm(x, qw, s, z, None, torch.zeros(9), 4, 32, "gptq")            # bias length
+    with pytest.raises(IndexError):                                             # through the op
+        ops.wq_gemm(x, qw, s, z, gidx + 5, None, 4, 32, "gptq", backend="cpu")
+
+
+def test_dispatch_and_layer(nw):
+    g = gen("layer")
+    qw, s, z, gidx, w64 = make_wq_case(96, 24, 4, 32, "gptq", False, g, "cpu")
+    x = torch.randn(2, 96, generator=g).half()
+    chosen = bie_core.explain(ops.wq_gemm, x, qw, s, z, None, None, 4, 32, "gptq").chosen()["wq_gemm"]
+    assert "native.wq_gemm" in chosen
+    qw1, s1, z1, _, _ = make_wq_case(96, 24, 1, 32, "gptq", False, g, "cpu")
+    chosen = bie_core.explain(ops.wq_gemm, x, qw1, s1, z1, None, None, 1, 32, "gptq").chosen()["wq_gemm"]
+    assert "reference" in chosen                                                # 1-bit: refused by capability
+    layer = bie_core.MPQLinear(96, 24, bits=4, group_size=32, dtype=torch.float16)
+    with torch.no_grad():
+        layer.qweight.copy_(qw)
+        layer.scales.copy_(s)
+        layer.zeros.copy_(z)
+    y = layer(x)
+    check_close(y, x.double() @ layer.dequantize().double(), torch.float16, 96, x, w64, "MPQLinear")
