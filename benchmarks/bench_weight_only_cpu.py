@@ -147,11 +147,51 @@ def run(quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the MBWQ layer of ``--mbwq``: exl2-like widths, groups of 32 rows
+MBWQ_BITS_MIX = {8: 0.05, 6: 0.1, 5: 0.1, 4: 0.5, 3: 0.15, 2: 0.1}
+
+
+def run_mbwq(k: int = 4096, n: int = 4096) -> str:
+    """One line: native vs reference mbwq_gemm for one MBWQLinear, M=1 fp16."""
+    from bie_core import MBWQLinear
+    from bie_backend_cpu.reference import weight_only as rw
+    gen = torch.Generator().manual_seed(0)
+    m = MBWQLinear(k, n, bits=MBWQ_BITS_MIX, group_size=32, dtype=torch.float16)
+    with torch.no_grad():
+        # 32-row groups: rows*bits is a multiple of 32, so random words are valid codes
+        m.qweight.copy_(torch.randint(-2 ** 31, 2 ** 31, m.qweight.shape, generator=gen, dtype=torch.int64)
+                        .to(torch.int32))
+        m.scales.copy_((torch.rand(m.scales.shape, generator=gen) * 0.01 + 0.001).half())
+        m.zeros.copy_((torch.rand(m.zeros.shape, generator=gen) * 0.05).half())
+        m.q_perm.copy_(torch.randperm(k, generator=gen).to(torch.int32))
+        m.channel_scale.copy_((torch.rand(k, generator=gen) + 0.5).half())
+    args = (m.qweight, m.scales, m.zeros, m.q_perm, m.channel_scale, None, m.group_bits, m.group_rows)
+    x = torch.randn(1, k, generator=gen).half()
+    t = time.perf_counter()
+    ops.mbwq_gemm(x, *args)                              # first call: prepares the layout
+    t_prep = time.perf_counter() - t
+    t_nat = _time(lambda: ops.mbwq_gemm(x, *args), 15)
+    t_ref = _time(lambda: rw.mbwq_gemm(x, *args), 3)
+    kernel = bie_core.explain(ops.mbwq_gemm, x, *args).chosen()["mbwq_gemm"]
+    mix = ", ".join(f"{b}:{m.group_bits.count(b)}" for b in sorted(set(m.group_bits), reverse=True))
+    return (f"MBWQ {k}x{n}, groups of 32 rows (bits:groups {mix}; {m.bits_per_weight(include_bias=False):.3f} "
+            f"bits/weight), random q_perm, channel_scale, fp16, M=1: `{kernel}` {t_nat * 1e3:.2f} ms, reference "
+            f"{t_ref * 1e3:.0f} ms ({t_ref / t_nat:.0f}x; same run, median of 15 / 3; first call incl. prepare "
+            f"{t_prep * 1e3:.0f} ms); commit {_commit()}, "
+            f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
+            f"load {os.getloadavg()[0]:.1f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one shape, two repetitions")
+    ap.add_argument("--mbwq", action="store_true",
+                    help="only print the MBWQ line (native vs reference mbwq_gemm, 4096x4096, M=1); writes nothing")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "weight_only_cpu.md"))
     a = ap.parse_args()
+    if a.mbwq:
+        print(run_mbwq())
+        return
     text = run(a.quick)
     print(text)
     if a.out:

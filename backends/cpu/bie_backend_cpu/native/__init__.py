@@ -159,6 +159,15 @@ def _self_test() -> Optional[str]:
         y, r = nw.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt), rw.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt)
         if not torch.allclose(y, r, rtol=1e-4, atol=1e-3):
             return f"self-test failed: wq_gemm {fmt}"
+    from . import kernels_mbwq as nm
+    gbits, grows = [5, 3], [20, 12]
+    codes = torch.cat([torch.randint(0, 1 << b, (r, 9), generator=g, dtype=torch.int32) for b, r in zip(gbits, grows)])
+    mq = rw.mbwq_pack(codes, gbits, grows)
+    ms, mz = torch.rand(2, 9, generator=g) + 0.5, torch.rand(2, 9, generator=g)
+    mperm = torch.randperm(32, generator=g)
+    margs = (mq, ms, mz, mperm, gbits, grows, torch.float32)
+    if not torch.equal(nm.mbwq_dequantize(*margs), rw.mbwq_dequantize(*margs)):
+        return "self-test failed: mbwq_dequantize"
     return None
 
 
@@ -297,6 +306,19 @@ def register_kernels(registry) -> NativeStatus:
     registry.register("wq_gemm_grad_input", nw.wq_gemm_grad_input, priority=PRIORITY,
                       name="native.wq_gemm_grad_input", prepare=nw.prepare, capability=wq_cap,
                       description=f"{tag}: native dequantization + torch matmul (grad @ W.T)")
+    from . import kernels_mbwq as nm
+    mb_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES)
+    registry.register("mbwq_gemm", nm.mbwq_gemm, priority=PRIORITY, name="native.mbwq_gemm", prepare=nm.prepare,
+                      capability=mb_cap,
+                      description=f"{tag}: per-width segments (2/3/4/8 bits; 5/6 as 8-bit codes) on the wq "
+                                  f"kernels, summed: fused GEMV for M <= {nw.FUSED_MAX_M}, else dequant slabs "
+                                  "+ torch matmul; q_perm and channel_scale on x")
+    registry.register("mbwq_dequantize", nm.mbwq_dequantize, priority=PRIORITY, name="native.mbwq_dequantize",
+                      prepare=nm.prepare, capability=mb_cap,
+                      description=f"{tag}: float32 q*s - z per width segment, rows scattered by q_perm (bit-exact)")
+    registry.register("mbwq_gemm_grad_input", nm.mbwq_gemm_grad_input, priority=PRIORITY,
+                      name="native.mbwq_gemm_grad_input", prepare=nm.prepare, capability=mb_cap,
+                      description=f"{tag}: native dequantization per width segment + torch matmul, * channel_scale")
     del torch
     return st
 
