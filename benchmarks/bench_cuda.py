@@ -17,55 +17,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from gpu_timing import CALLS, pool_size, time_graph  # noqa: F401 (sweep_wq imports them from here)
 
 BW = 3.0e12
 BF16_FLOPS = 798e12
 B1_WGMMA = 15.9e15
 B1_MMA = 10.7e15
 L2_BYTES = 50 * 2 ** 20
-POOL_BYTES = 256 * 2 ** 20
-CALLS = 32
-
-
-def pool_size(bytes_per_set: int) -> int:
-    return max(2, min(64, math.ceil(POOL_BYTES / max(1, bytes_per_set))))
-
-
-def time_graph(fns, repeats: int = 7) -> float:
-    """µs per call: fns is a list of zero-arg callables (one per weight set)."""
-    for f in fns:  # warm-up (builds, prepares, allocates)
-        f()
-    torch.cuda.synchronize()
-    seq = [fns[i % len(fns)] for i in range(CALLS)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in seq:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in seq:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / CALLS)
-    del g
-    return statistics.median(times)
 
 
 def time_eager(fn, iters: int = 50) -> float:

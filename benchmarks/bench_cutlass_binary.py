@@ -16,53 +16,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from gpu_timing import pool_size, time_graph
+
 BW = 3.0e12
 B1_WGMMA = 15.9e15
 B1_MMA = 10.7e15
-POOL_BYTES = 256 * 2 ** 20
-CALLS = 32
-
-
-def pool_size(bytes_per_set: int) -> int:
-    return max(2, min(64, math.ceil(POOL_BYTES / max(1, bytes_per_set))))
-
-
-def time_graph(fns, repeats: int = 7) -> float:
-    """µs per call: fns is a list of zero-arg callables (one per weight / input set)."""
-    for f in fns:  # warm-up (builds, prepares, tunes, allocates)
-        f()
-    torch.cuda.synchronize()
-    seq = [fns[i % len(fns)] for i in range(CALLS)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in seq:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in seq:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) * 1e3 / CALLS)
-    del g
-    return statistics.median(times)
 
 
 def bf16_linear_us(m, n, k) -> float:

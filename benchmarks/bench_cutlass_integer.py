@@ -18,51 +18,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import statistics
 
 import torch
 import torch.nn.functional as F
 
+import gpu_timing
+from gpu_timing import time_graph
+
 BF16_PEAK = 798e12     # measured cuBLAS bf16 8192^3 on this H100 (performance-anchors.md)
 S8_WGMMA = 1889e12     # measured wgmma s8 probe
-POOL_BYTES = 256 * 2 ** 20
-CALLS = 32
 
 
 def pool_size(bytes_per_set: int) -> int:
-    return max(2, min(16, math.ceil(POOL_BYTES / max(1, bytes_per_set))))
-
-
-def time_graph(fns, repeats: int = 7) -> float:
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    seq = [fns[i % len(fns)] for i in range(CALLS)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in seq:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in seq:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / CALLS)
-    del g
-    return statistics.median(times)
+    # at most 16 sets: the 8192-wide operands would not fit 64 copies next to the training-step tensors
+    return gpu_timing.pool_size(bytes_per_set, cap=16)
 
 
 def time_eager(fn, iters: int = 10, repeats: int = 5) -> float:

@@ -1,0 +1,53 @@
+"""Timing shared by the GPU benchmarks (bench_cuda, bench_cutlass_binary, bench_cutlass_integer).
+
+Each measured call is captured in a CUDA graph together with CALLS - 1 more calls that rotate over
+a pool of distinct weight (or input) sets larger than the L2, so operands stream from memory as in a
+model; the graph is replayed and timed with CUDA events; the figure is the median replay / CALLS.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+#: total bytes of the rotated operand sets (> 5x the H100's 50 MB L2)
+POOL_BYTES = 256 * 2 ** 20
+#: calls captured per graph
+CALLS = 32
+
+
+def pool_size(bytes_per_set: int, cap: int = 64) -> int:
+    """How many distinct operand sets make up POOL_BYTES (at least 2, at most ``cap``)."""
+    return max(2, min(cap, math.ceil(POOL_BYTES / max(1, bytes_per_set))))
+
+
+def time_graph(fns, repeats: int = 7) -> float:
+    """µs per call: fns is a list of zero-arg callables (one per weight / input set)."""
+    for f in fns:  # warm-up (builds, prepares, tunes, allocates)
+        f()
+    torch.cuda.synchronize()
+    seq = [fns[i % len(fns)] for i in range(CALLS)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in seq:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in seq:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / CALLS)
+    del g
+    return statistics.median(times)
