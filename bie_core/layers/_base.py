@@ -111,6 +111,22 @@ def tensor_bytes(module: nn.Module) -> int:
     return n
 
 
+class TorchInit:
+    """``reset_parameters`` of the weighted QAT layers: the latent weight and the bias
+    initialised as ``nn.Linear`` / ``nn.Conv2d`` do (fan-in from ``_weight_shape``),
+    the activation shift zeroed, the scales re-initialised on the next forward."""
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(math.prod(self._weight_shape[1:]))
+            nn.init.uniform_(self.bias, -bound, bound)
+        with torch.no_grad():
+            self.act_shift.zero_()
+        self.reset_scales()
+
+
 class QATLayer(nn.Module):
     """Base of the bie QAT layers (not used directly)."""
 

@@ -18,18 +18,17 @@ of ``weight``.
 """
 from __future__ import annotations
 
-import math
 import torch
 from torch import nn
 
 from .. import dispatch, ops
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.binary import conv_out_size, packed_len
-from ._base import QATLayer, binary_init, check_dtype, pair
+from ._base import QATLayer, TorchInit, binary_init, check_dtype, pair
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
 
 
-class _BinaryWeightMixin:
+class _BinaryWeightMixin(TorchInit):
     """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
 
     def _sw(self, w: torch.Tensor) -> torch.Tensor:
@@ -106,17 +105,6 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
     @property
     def _weight_shape(self):
         return (self.out_features, self.in_features)
-
-    def reset_parameters(self) -> None:
-        """Same initialisation as ``nn.Linear``; scales are re-initialised on the next forward."""
-        if self.weight is not None:
-            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_features)
-            nn.init.uniform_(self.bias, -bound, bound)
-        with torch.no_grad():
-            self.act_shift.zero_()
-        self.reset_scales()
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -270,17 +258,6 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
     @property
     def _k(self) -> int:
         return (self.in_channels // self.groups) * self.kernel_size[0] * self.kernel_size[1]
-
-    def reset_parameters(self) -> None:
-        """Same initialisation as ``nn.Conv2d``; scales are re-initialised on the next forward."""
-        if self.weight is not None:
-            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self._k)
-            nn.init.uniform_(self.bias, -bound, bound)
-        with torch.no_grad():
-            self.act_shift.zero_()
-        self.reset_scales()
 
     def extra_repr(self) -> str:
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}")

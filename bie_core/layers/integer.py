@@ -28,7 +28,7 @@ from torch import nn
 
 from .. import ops
 from ..ops.binary import conv_out_size
-from ._base import QATLayer, check_dtype, lsq_init, pair
+from ._base import QATLayer, TorchInit, check_dtype, lsq_init, pair
 from ._int_fn import QConv2dFn, QLinearFn, q_conv2d, q_linear
 
 BITS = (4, 8)
@@ -41,7 +41,7 @@ def _check_bits(name: str, w_bits, a_bits) -> None:
                              "weight-only layers cover 2/3 bits)")
 
 
-class _IntWeightMixin:
+class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
 
     def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict):
@@ -161,17 +161,6 @@ class QLinear(_IntWeightMixin, QATLayer):
     def _weight_shape(self):
         return (self.out_features, self.in_features)
 
-    def reset_parameters(self) -> None:
-        """Same initialisation as ``nn.Linear``; scales are re-initialised on the next forward."""
-        if self.weight is not None:
-            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_features)
-            nn.init.uniform_(self.bias, -bound, bound)
-        with torch.no_grad():
-            self.act_shift.zero_()
-        self.reset_scales()
-
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}" + self._bits_repr())
@@ -230,16 +219,6 @@ class QConv2d(_IntWeightMixin, QATLayer):
     @property
     def _weight_shape(self):
         return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self._flat_k())
-            nn.init.uniform_(self.bias, -bound, bound)
-        with torch.no_grad():
-            self.act_shift.zero_()
-        self.reset_scales()
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
