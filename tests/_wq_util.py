@@ -1,6 +1,14 @@
 """Shared by the weight-only tests."""
+import os
+import random
+
 import pytest
 import torch
+
+from bie_core.ops.weight_only import wq_tolerance
+
+#: one seed per test process (BIE_SEED to replay one), named in every failure message
+SEED = int(os.environ.get("BIE_SEED", random.SystemRandom().randrange(2**31)))
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +20,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def gen(*salt):
+    """A generator seeded from SEED and the case's salt (independent streams per case)."""
+    return torch.Generator().manual_seed((SEED * 1000003 + hash(salt)) % (2**63))
+
+
+def rms(t):
+    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def check_close(y, exp64, dtype, k, x, w64, what):
+    """y against the float64 expectation within the op family's tolerance (wq_tolerance)."""
+    rtol, atol = wq_tolerance(dtype, k, rms(x), rms(w64))
+    assert y.dtype == dtype and y.shape == exp64.shape, f"{what}: {y.dtype} {tuple(y.shape)}"
+    err = (y.double() - exp64).abs()
+    bound = atol + rtol * exp64.abs()
+    assert bool((err <= bound).all()), f"{what}: max err {float(err.max()):.3g} (atol {atol:.3g}); seed {SEED}"

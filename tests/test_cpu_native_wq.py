@@ -9,9 +9,6 @@ float64 product of the dequantized weight at the op's tolerance (wq_tolerance).
 """
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 import torch
 
@@ -19,9 +16,9 @@ import bie_core
 from bie_backend_cpu import native
 from bie_backend_cpu.reference import weight_only as rw
 from bie_core import ops
-from bie_core.ops.weight_only import make_wq_case, wq_tolerance
+from bie_core.ops.weight_only import make_wq_case
+from _wq_util import check_close, gen
 
-SEED = int(os.environ.get("BIE_SEED", random.SystemRandom().randrange(2**31)))
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -39,22 +36,6 @@ def nw():
 @pytest.fixture(scope="module")
 def levels(nw):
     return native.available_levels()
-
-
-def gen(*salt):
-    return torch.Generator().manual_seed((SEED * 1000003 + hash(salt)) % (2**63))
-
-
-def rms(t):
-    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
-
-
-def check_close(y, exp64, dtype, k, x, w64, what):
-    rtol, atol = wq_tolerance(dtype, k, rms(x), rms(w64))
-    assert y.dtype == dtype and y.shape == exp64.shape, f"{what}: {y.dtype} {tuple(y.shape)}"
-    err = (y.double() - exp64).abs()
-    bound = atol + rtol * exp64.abs()
-    assert bool((err <= bound).all()), f"{what}: max err {float(err.max()):.3g} (atol {atol:.3g}); seed {SEED}"
 
 
 # (K, N, group_size, act_order): odd K and N, group sizes not multiples of 32
