@@ -169,6 +169,52 @@ def bench_wq(rows, quick):
         torch.cuda.empty_cache()
 
 
+def bench_wqw(rows, quick):
+    """The Hopper wgmma weight-only kernel against the path that served the same rows before it (small-M
+    kernel up to 64 rows, dequantize + cuBLAS above), bf16 cuBLAS and its two token tiles."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    shapes = [(4096, 4096), (28672, 8192), (8192, 28672)]
+    ms = (16, 32, 64, 128, 256, 1024, 4096) if not quick else (16, 64, 128, 1024)
+    for n, k in shapes:
+        for bits, gs in ((4, 128),):
+            wbytes = n * k * bits // 8 + (n * k // gs) * 2 * 2
+            sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
+            preps = [cw.prepare(*s_, None) for s_ in sets]
+            for m in ms:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
+                       for s_, p in zip(sets, preps)]
+                keep = cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M
+                res = {}
+                try:
+                    for name, mn, nt in (("ntok128", 1, 0), ("ntok64", 1, 1 << 30), ("before", 0, 0)):
+                        if name == "ntok64" and m > 256:
+                            continue
+                        cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = mn, nt
+                        res[name] = time_graph(fns, repeats=5)
+                    cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, 0
+                    w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
+                    ref = x.float() @ w
+                    rel = float((fns[0]().float() - ref).norm() / ref.norm())
+                finally:
+                    cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = keep
+                base = bf16_linear_us(m, n, k)
+                best = min(res.get("ntok128", 1e9), res.get("ntok64", 1e9))
+                byts = wbytes + m * k * 2 + m * n * 2
+                floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
+                row = dict(family=f"wqw W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=best,
+                           ntok128_us=res.get("ntok128"), ntok64_us=res.get("ntok64", float("nan")),
+                           before_us=res["before"], bf16_us=base, speedup=base / best,
+                           vs_before=res["before"] / best, TFLOPs=2.0 * m * n * k / best / 1e6,
+                           floor_us=floor, frac_roof=floor / best, rel_err=rel)
+                print(" | ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
+                      flush=True)
+                rows.append(row)
+            del sets, preps
+            torch.cuda.empty_cache()
+
+
 def sweep_skinny(rows):
     """Launch knobs of the skinny kernel (blocks per SM to aim for, shared-memory budget per block)."""
     from bie_backend_cuda import weight_only as cw
@@ -247,6 +293,8 @@ def main():
         return
     if "sweep" in only:
         sweep_skinny(rows)
+    if "wqw" in only:
+        bench_wqw(rows, args.quick)
     if "wq" in only:
         bench_wq(rows, args.quick)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,

@@ -290,6 +290,77 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
             cw.TUNE_SKINNY, cw.SKINNY_M = 0, keep
 
 
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="needs a Hopper (sm_90) GPU")
+WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, act in
+       ((128, "gptq", torch.float16, True), (64, "gba", torch.bfloat16, False), (32, "gptq", torch.bfloat16, False),
+        (-1, "gba", torch.float16, True), (16, "gptq", torch.float16, False))]
+
+
+@needs_hopper
+@pytest.mark.parametrize("bits,gs,fmt,sdt,act", WQW)
+def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
+    """The Hopper wgmma kernel (M >= WQW_MIN_M): row counts around both token tiles, N off the 128-column grid,
+    K a multiple of 8 but not of the 128-k stage, fp16/bf16/fp32 x, bias, fp16/bf16 statistics, act-order;
+    every output written (NaN-poisoned), deterministic, and equal to the dequantize + matmul path."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = (1000, 200) if bits != 8 else (520, 136)
+    if gs == 16:
+        k, n = 304, 264
+    qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, act, 3 * bits + max(gs, 0), sdtype=sdt)
+    gen = torch.Generator().manual_seed(bits * 7 + 1)
+    prepared = cw.prepare(qw, s, z, gi)
+    for i, m in enumerate((65, 64 + 63, 128, 129, 333)):
+        dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
+        keep = cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M
+        try:
+            for ntok_max in (0, 1 << 20):      # 128-row and 64-row tiles
+                cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, ntok_max
+                x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+                bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+                _close(out, w64, x, dtype, k, f"wgmma M={m} ntok_max={ntok_max} {dtype}", bias)
+                assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+        finally:
+            cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = keep
+    # small M through the same kernel (rows of the tile masked) agrees with the skinny kernel
+    keep = cw.WQW_MIN_M
+    try:
+        x = torch.randn((3, k), generator=gen).bfloat16().cuda()
+        cw.WQW_MIN_M = 1
+        a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+        cw.WQW_MIN_M = 0
+        b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+    finally:
+        cw.WQW_MIN_M = keep
+    torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2 * float(b.float().abs().max()))
+
+
+@needs_hopper
+def test_wq_wgmma_big_layer_and_graphs():
+    from bie_backend_cuda import weight_only as cw
+    k, n = 4096, 2176
+    qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 5, sdtype=torch.float16)
+    prepared = cw.prepare(qw, s, z, gi)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn((1000, k), generator=gen).bfloat16().cuda()
+    y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    _close(y, w64, x, torch.bfloat16, k, "K=4096 M=1000")
+    static_x = x.clone()
+    s_ = torch.cuda.Stream()
+    with torch.cuda.stream(s_):
+        cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    static_x.copy_(torch.randn((1000, k), generator=gen).bfloat16().cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    _close(out.clone(), w64, static_x, torch.bfloat16, k, "graph replay")
+
+
 @needs_cuda
 def test_wq_nonuniform_act_order_falls_back_correctly():
     from bie_backend_cuda import weight_only as cw

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("bie_cuda.cpp", "binary.cu", "weight_only.cu")
-HEADERS = ("common.cuh", "launchers.h")
+SOURCES = ("bie_cuda.cpp", "binary.cu", "weight_only.cu", "wq_wgmma.cu")
+HEADERS = ("common.cuh", "launchers.h", "wgmma_rs.cuh")
 _lock = threading.Lock()
 _loaded: str | None = None
 _error: BaseException | None = None
@@ -31,6 +31,8 @@ def _arch() -> tuple[int, int]:
 
 def _flags(arch) -> tuple[list, list]:
     a = f"{arch[0]}{arch[1]}"
+    # Hopper's own instructions (wgmma) need the arch-specific target sm_90a
+    a = "90a" if a == "90" else a
     cflags = ["-O3", "-std=c++17"]
     cuda = ["-O3", "-std=c++17", f"-gencode=arch=compute_{a},code=sm_{a}", "-lineinfo",
             "--expt-relaxed-constexpr"]

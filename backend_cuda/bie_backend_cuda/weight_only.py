@@ -14,7 +14,7 @@ the 4-bit kernels and 1-bit codes by the 2-bit kernels (repacked wider).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -79,6 +79,8 @@ class Layout:
     st: Optional[torch.Tensor] = None       # int32 (G, Np): scale | zero << 16 (fp16 or bf16 bits)
     st_bf16: bool = False
     inter: bool = False                     # interleaved column blocks (N padded to 128)
+    # Hopper wgmma kernel: statistics in the compute dtype, s | zq << 16, built on first use per dtype
+    stw: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------ unpacking
@@ -257,12 +259,13 @@ def _generic_layout(codes, scales, zeros, gi, bits, fmt, n, k) -> Layout:
     return Layout(True, n=n, k=k, w32=w.contiguous())
 
 
-def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, skinny=False) -> Layout:
+def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, skinny=False,
+            inter=None) -> Layout:
     cd = compute_dtype(dtype)
     if prepared is None:
         prepared = WqPrepared()
     if skinny:   # the codes do not depend on the compute dtype; the layout keeps it for the generic path only
-        inter = INTERLEAVE
+        inter = INTERLEAVE if inter is None else inter
         return prepared.get(("skinny", bits, group_size, k, fmt, inter),
                             lambda: build_layout_skinny(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd,
                                                         inter))
@@ -288,6 +291,38 @@ def _counters_for(device, need: int) -> torch.Tensor:
     return t
 
 
+def _stw(lay: Layout, cd: torch.dtype) -> torch.Tensor:
+    """Statistics of the wgmma kernel: (G, Np) int32 = s | zq << 16 as cd bits, with zq = zero + MAGIC (gptq,
+    exact: integer zeros) or -zero (gba); from the skinny layout's 16-bit statistics."""
+    t = lay.stw.get(cd)
+    if t is None:
+        sd = torch.bfloat16 if lay.st_bf16 else torch.float16
+        s16 = (lay.st & 0xFFFF).to(torch.int16).view(sd).to(torch.float32)
+        z16 = (lay.st >> 16).to(torch.int16).view(sd).to(torch.float32)
+        magic = 1024.0 if cd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
+        zq = z16 + magic if lay.gptq else -z16
+        lo = s16.to(cd).view(torch.int16).to(torch.int32) & 0xFFFF
+        hi = zq.to(cd).view(torch.int16).to(torch.int32) << 16
+        t = lay.stw[cd] = (lo | hi).contiguous()
+    return t
+
+
+_hopper: dict = {}
+
+
+def _is_hopper(device) -> bool:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    v = _hopper.get(idx)
+    if v is None:
+        v = _hopper[idx] = torch.cuda.get_device_capability(idx)[0] == 9
+    return v
+
+
+def wqw_ok(x, scales, zeros, fmt, k) -> bool:
+    """The Hopper wgmma kernel serves this call: sm_90, 16-bit statistics (as the skinny kernel), K % 8 == 0."""
+    return WQW_MIN_M > 0 and k % 8 == 0 and skinny_ok(scales, zeros, fmt) and _is_hopper(x.device)
+
+
 def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
     return _build.ops().wq_dequant(lay.qw, lay.s, lay.zp, lay.perm if original_order else None, lay.bits, lay.n,
                                    lay.k, lay.gs_shift, lay.kblocks, lay.gptq)
@@ -311,11 +346,27 @@ TUNE_SKINNY = 0
 SKINNY_M = 8
 #: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
 INTERLEAVE = True
+#: from this many rows on, the Hopper wgmma kernel (dequantize in registers into wgmma's A operand) serves
+#: (sm_90 only; 0 turns it off); below, the skinny / small-M kernels. Measured in benchmarks/results/cuda_h100.md.
+WQW_MIN_M = 65
+#: rows of x per wgmma block: 64 up to this many rows, else 128
+WQW_NTOK64_MAX_M = 64
 
 
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
+    if m >= WQW_MIN_M and wqw_ok(x, scales, zeros, format, k):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, True, True)
+        if not lay.generic:
+            cd = compute_dtype(x.dtype)
+            xs = x if lay.perm is None else x.index_select(1, lay.perm)
+            xc = xs.to(cd).contiguous()
+            if xc.data_ptr() % 16:
+                xc = xc.clone()
+            ntok = 64 if m <= WQW_NTOK64_MAX_M else 128
+            return _build.ops().wqw_gemm(xc, lay.qw, _stw(lay, cd), bias, lay.bits, lay.n, k, lay.gs_shift,
+                                         lay.kblocks, lay.gptq, x.dtype, ntok)
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype

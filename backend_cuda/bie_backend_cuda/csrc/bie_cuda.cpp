@@ -348,6 +348,62 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   return out;
 }
 
+Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std::optional<Tensor>& bias, int64_t bits,
+                int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, at::ScalarType out_dtype,
+                int64_t ntok) {
+  for (const Tensor* t : {&x, &qwa, &stw}) check_cuda(*t, "wqw_gemm operand");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqw_gemm: x must be contiguous (M, K)");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wqw_gemm: x must be fp16/bf16");
+  TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+              "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
+  TORCH_CHECK(ntok == 64 || ntok == 128, "bie_cuda.wqw_gemm: ntok must be 64 or 128");
+  TORCH_CHECK(stw.scalar_type() == at::kInt && stw.dim() == 2 && stw.is_contiguous() && stw.size(0) >= 1,
+              "bie_cuda.wqw_gemm: statistics must be contiguous int32 (G, Np)");
+  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
+  const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
+  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
+  TORCH_CHECK(Np % 128 == 0 && N <= Np && N > Np - 128 && kblocks * 16 * J >= K && (kblocks - 1) * 16 * J < K,
+              "bie_cuda.wqw_gemm: inconsistent prepared shapes");
+  TORCH_CHECK(gs_shift == -1 || ((K - 1) >> gs_shift) < G, "bie_cuda.wqw_gemm: too few statistics rows for K");
+  TORCH_CHECK(qwa.scalar_type() == at::kInt && qwa.is_contiguous() && qwa.numel() == (Np / 16) * kblocks * 128,
+              "bie_cuda.wqw_gemm: prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
+  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && M < (1ll << 30), "bie_cuda.wqw_gemm: problem too large");
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  TORCH_CHECK(major == 9, "bie_cuda.wqw_gemm: needs a Hopper (sm_90) GPU");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0 || N == 0) return out;
+  bie::WqwArgs p{};
+  p.x = x.data_ptr();
+  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  p.stw = reinterpret_cast<const uint32_t*>(stw.data_ptr<int32_t>());
+  Tensor bias_c;
+  if (bias.has_value() && bias->defined()) {
+    bias_c = bias->reshape({-1}).contiguous();
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.wqw_gemm: bias must have N values");
+    p.bias = bias_c.data_ptr();
+    p.bias_dtype = dtype_code(bias_c.scalar_type());
+  }
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(out_dtype);
+  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16,
+              "bie_cuda.wqw_gemm: floating out_dtype");
+  p.M = (int)M;
+  p.N = (int)N;
+  p.Np = (int)Np;
+  p.K = (int)K;
+  p.G = (int)G;
+  p.gs_shift = (int)gs_shift;
+  p.kblocks = (int)kblocks;
+  p.gptq = gptq ? 1 : 0;
+  p.ntok = (int)ntok;
+  check_launch(bie::launch_wqw_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqw_gemm");
+  return out;
+}
+
 Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std::optional<Tensor>& perm, int64_t bits,
                   int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq) {
   for (const Tensor* t : {&qw, &s, &zp}) check_cuda(*t, "wq_dequant operand");
@@ -424,6 +480,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("sign_embedding_bag", &sign_embedding_bag);
   m.def("wq_gemm", &wq_gemm);
   m.def("wqv_gemm", &wqv_gemm);
+  m.def("wqw_gemm", &wqw_gemm);
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
 }

@@ -88,6 +88,24 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
                               bool gptq, int N, int Np, int K, int G, int gs_shift, int kblocks, void* out,
                               cudaStream_t st);
 
+// Hopper weight-only GEMM for medium/large M (wgmma, A = dequantized codes from registers), see wq_wgmma.cu.
+constexpr int WQW_THREADS = 256;   // two warpgroups = 128 output columns
+struct WqwArgs {
+  const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
+  const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)
+  const uint32_t* stw;   // (G, Np) s | zq << 16 in the compute dtype
+  const void* bias;
+  int bias_dtype;
+  void* out;
+  int out_dtype;
+  int M, N, Np, K, G, gs_shift;
+  int kblocks;
+  int gptq;
+  int ntok;              // rows of x per block: 64 or 128
+};
+int wqw_smem_bytes(int bits, int ntok);
+cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st);
+
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
                                         bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N,
                                         void* out, int odt, cudaStream_t st);

@@ -1,0 +1,362 @@
+// Weight-only (GPTQ / GBA) GEMM for medium and large M on Hopper ("wqw"):
+// the codes are dequantized in registers straight into the A operand of
+// wgmma (A = W^T, 64 output columns per warpgroup), x is the B operand read
+// by the tensor cores from shared memory, so the bf16/fp16 weight never
+// exists in device memory (dequantize + cuBLAS writes and re-reads it, which
+// alone costs ~25% of the bf16 GEMM's time at M = 1024).
+//
+// Weights: the interleaved A-fragment layout of the skinny kernel
+// (weight_only.cu, "wqv"): [N/128 groups][K/KS blocks][8 column blocks][32 lanes][4 words],
+// so a block of 8 warps (= 128 output columns, warp w = column block w)
+// streams one contiguous 4 KiB run per k block, and each lane's 16-byte
+// vector holds its A fragments for J = 4 (4-bit), 8 (2-bit) or 2 (8-bit) k16
+// steps. The layout is shared with the skinny kernel: one prepared copy.
+// Statistics: stw (G, Np) uint32 = s | zq << 16 in the compute type T, with
+//   gptq: zq = zero + MAGIC,  w = (qm - zq) * s       (qm - zq exact, one rounding)
+//   gba:  zq = -zero,         w = (qm - MAGIC) * s + zq  (one fused rounding)
+// where qm = code + MAGIC is what the bit trick of extract_a produces.
+//
+// Pipeline (one block = 2 warpgroups = 128 output columns x NTOK rows of x,
+// KT = 128 k per stage, a STAGES-deep shared-memory ring): every thread
+// copies its share of the x tile (cp.async, 16 bytes, written in the 128-byte
+// swizzle that wgmma's descriptor names) and its own weight vectors; loads run
+// STAGES - 1 stages ahead. Per stage a warpgroup dequantizes 8 k16 A
+// fragments into registers, issues 8 asynchronous wgmmas and retires them; the
+// two warpgroups drift so that one's wgmmas run while the other dequantizes.
+// A slot is refilled only after the barrier that follows every warpgroup's
+// retirement of the wgmmas that read it.
+#include "common.cuh"
+#include "wgmma_rs.cuh"
+
+namespace bie {
+namespace wqw {
+
+constexpr int THREADS = WQW_THREADS;
+constexpr int KT = 128;      // k per stage
+constexpr int STAGES = 4;    // ring slots; loads run STAGES - 1 stages ahead
+constexpr int STEPS = KT / 16;
+
+template <int BITS> struct Bits;
+template <> struct Bits<4> { static constexpr int J = 4; static constexpr uint32_t mask = 0x000F000Fu; };
+template <> struct Bits<2> { static constexpr int J = 8; static constexpr uint32_t mask = 0x00030003u; };
+template <> struct Bits<8> { static constexpr int J = 2; static constexpr uint32_t mask = 0; };
+
+template <typename T> struct Pair;
+template <> struct Pair<__half> {
+  using h2 = __half2;
+  static constexpr uint32_t magic = 0x64006400u;  // {1024, 1024}
+};
+template <> struct Pair<__nv_bfloat16> {
+  using h2 = __nv_bfloat162;
+  static constexpr uint32_t magic = 0x43004300u;  // {128, 128}
+};
+
+template <int BITS, typename T> __host__ __device__ constexpr uint32_t magic_bits() {
+  // bf16 8-bit codes are converted exactly through float32 (no magic offset)
+  return (BITS == 8 && Pair<T>::magic == 0x43004300u) ? 0u : Pair<T>::magic;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Keeps a register's value alive (and unmoved) up to this point: the A
+// fragments of an in-flight wgmma must not be reallocated before its wait.
+__device__ __forceinline__ void hold(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void hold(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// Shared-memory matrix descriptor of a K-major tile with 128-byte rows in the
+// 128-byte swizzle: 8-row groups 1024 bytes apart (stride byte offset), the
+// leading byte offset unused for this layout.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(magic));
+  return r;
+}
+__device__ __forceinline__ uint32_t bf16x2_of_bytes(uint32_t x, uint32_t s0, uint32_t s1) {
+  const float f0 = __uint_as_float(__byte_perm(x, 0x00004B00u, s0)) - 8388608.f;
+  const float f1 = __uint_as_float(__byte_perm(x, 0x00004B00u, s1)) - 8388608.f;
+  return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);   // integers < 256: exact in bf16
+}
+
+// A registers of k16 step j (0 <= j < J) of one vector, as qm = code + MAGIC.
+// Register r holds row 8*(r&1) + g, k = 8*(r>>1) + 2t + {0, 1} of the step.
+template <int BITS, typename T>
+__device__ __forceinline__ void extract(const uint4& v, int j, uint32_t (&a)[4]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  constexpr uint32_t MG = magic_bits<BITS, T>();
+  if (BITS == 4) {
+    const uint32_t x = w[j];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = and_or(x >> (4 * r), Bits<4>::mask, MG);
+  } else if (BITS == 2) {
+    const uint32_t x = w[j >> 1] >> ((j & 1) * 8);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = and_or(x >> (2 * r), Bits<2>::mask, MG);
+  } else {
+    const uint32_t x0 = w[2 * j], x1 = w[2 * j + 1];
+    if (MG != 0) {
+      a[0] = __byte_perm(x0, 0x64646464u, 0x4140);
+      a[1] = __byte_perm(x0, 0x64646464u, 0x4342);
+      a[2] = __byte_perm(x1, 0x64646464u, 0x4140);
+      a[3] = __byte_perm(x1, 0x64646464u, 0x4342);
+    } else {
+      a[0] = bf16x2_of_bytes(x0, 0x5440, 0x5441);
+      a[1] = bf16x2_of_bytes(x0, 0x5442, 0x5443);
+      a[2] = bf16x2_of_bytes(x1, 0x5440, 0x5441);
+      a[3] = bf16x2_of_bytes(x1, 0x5442, 0x5443);
+    }
+  }
+}
+
+template <typename T> __device__ __forceinline__ uint32_t as_u32(typename Pair<T>::h2 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <typename T> __device__ __forceinline__ typename Pair<T>::h2 as_h2(uint32_t u) {
+  return *reinterpret_cast<typename Pair<T>::h2*>(&u);
+}
+
+// qm pair -> weight pair, with st = s | zq << 16 (T bits) of the row.
+template <int BITS, typename T, bool GPTQ>
+__device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t st) {
+  const auto s2 = as_h2<T>(__byte_perm(st, st, 0x1010));
+  const auto z2 = as_h2<T>(__byte_perm(st, st, 0x3232));
+  if (GPTQ) return as_u32<T>(__hmul2(__hsub2(as_h2<T>(qm), z2), s2));
+  constexpr uint32_t MG = magic_bits<BITS, T>();
+  const auto q2 = MG ? __hsub2(as_h2<T>(qm), as_h2<T>(MG)) : as_h2<T>(qm);
+  return as_u32<T>(__hfma2(q2, s2, z2));
+}
+
+template <int BITS> __host__ __device__ constexpr int vecs_per_stage() { return KT / (16 * Bits<BITS>::J); }
+template <int NTOK> __host__ __device__ constexpr int x_bytes() { return NTOK * KT * 2; }
+template <int BITS, int NTOK> __host__ __device__ constexpr int stage_bytes() {
+  return x_bytes<NTOK>() + THREADS * vecs_per_stage<BITS>() * 16;
+}
+template <int BITS, int NTOK> __host__ __device__ constexpr int smem_bytes() {
+  return STAGES * stage_bytes<BITS, NTOK>() + 1024;   // + alignment of the ring to 1024 bytes (swizzle atoms)
+}
+
+}  // namespace wqw
+
+template <int BITS, typename T, int NTOK, bool GPTQ>
+__global__ void __launch_bounds__(WQW_THREADS, 1) wqw_kernel(const WqwArgs p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace wqw;
+  constexpr int J = Bits<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
+  constexpr int XB = x_bytes<NTOK>(), SB = stage_bytes<BITS, NTOK>();
+  constexpr int D = STAGES - 1;   // stages loaded ahead
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  // Tile order: groups of up to 8 row tiles; inside a group the row tile varies
+  // fastest, so the weight tile of a column group is read by neighbouring
+  // blocks (L2) and a group's rows of x stay in L2.
+  const int ntile_t = (p.M + NTOK - 1) / NTOK, ntile_f = p.Np / 128;
+  constexpr int RG = 8;
+  const int per_group = RG * ntile_f;
+  const int grp = blockIdx.x / per_group;
+  const int rem = blockIdx.x - grp * per_group;
+  const int gsz = min(RG, ntile_t - grp * RG);
+  const int tt = grp * RG + rem % gsz, ft = rem / gsz;
+  const int tok0 = tt * NTOK;
+
+  const int nst = (p.kblocks * KS + KT - 1) / KT;
+  const uint4* wsrc = p.qw + ((int64_t)ft * p.kblocks * 8 + warp) * 32 + lane;
+  const T* X = static_cast<const T*>(p.x);
+
+  auto load_stage = [&](int s) {
+    const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
+    const int k0 = s * KT;
+#pragma unroll
+    for (int i = 0; i < NTOK * 16 / THREADS; ++i) {   // NTOK rows x 16 chunks of 8 values
+      const int c = tid + i * THREADS;
+      const int r = c >> 4, ch = c & 15;
+      const int k = k0 + ch * 8, row = tok0 + r;
+      const bool ok = row < p.M && k < p.K;        // K % 8 == 0: a chunk is all inside or all outside
+      const T* src = ok ? X + (int64_t)row * p.K + k : X;
+      const uint32_t dst = base + (uint32_t)((ch >> 3) * (NTOK * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+      cp_async16(dst, src, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int v = 0; v < VPS; ++v) {
+      const int kb = s * VPS + v;
+      const bool ok = kb < p.kblocks;
+      cp_async16(base + XB + (uint32_t)((v * THREADS + tid) * 16), ok ? wsrc + (int64_t)kb * 256 : wsrc, ok ? 16 : 0);
+    }
+  };
+
+  // statistics of this lane's two rows (output columns), per k16 step of a stage
+  const int col = ft * 128 + warp * 16 + g;
+  const uint32_t* st0 = p.stw + col;
+  auto load_stats = [&](int s, uint32_t (&sw)[STEPS][2]) {
+#pragma unroll
+    for (int j = 0; j < STEPS; ++j) {
+      const int k = s * KT + 16 * j;
+      const int gi = p.gs_shift >= 0 ? min(k >> p.gs_shift, p.G - 1) : 0;
+      sw[j][0] = __ldg(st0 + (int64_t)gi * p.Np);
+      sw[j][1] = __ldg(st0 + (int64_t)gi * p.Np + 8);
+    }
+  };
+
+  float acc[NTOK / 2];
+#pragma unroll
+  for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
+  uint32_t af[STEPS][4];
+  uint32_t swc[STEPS][2], swn[STEPS][2];
+
+#pragma unroll
+  for (int s = 0; s < D; ++s) {
+    if (s < nst) load_stage(s);
+    cp_commit();
+  }
+  load_stats(0, swn);
+
+  for (int s = 0; s < nst; ++s) {
+    cp_wait<D - 1>();
+    fence_proxy_async();
+    __syncthreads();   // stage s is in place; every warpgroup has retired the wgmmas of stage s - 1
+    if (s + D < nst) load_stage(s + D);
+    cp_commit();
+#pragma unroll
+    for (int j = 0; j < STEPS; ++j) {
+      swc[j][0] = swn[j][0];
+      swc[j][1] = swn[j][1];
+    }
+    if (s + 1 < nst) load_stats(s + 1, swn);
+    const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
+#pragma unroll
+    for (int v = 0; v < VPS; ++v) {
+      const uint4 vec = lds128(base + XB + (uint32_t)((v * THREADS + tid) * 16));
+#pragma unroll
+      for (int jj = 0; jj < J; ++jj) {
+        const int j = v * J + jj;
+        extract<BITS, T>(vec, jj, af[j]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) af[j][r] = dequant<BITS, T, GPTQ>(af[j][r], swc[j][r & 1]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < STEPS; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) hold(af[j][r]);   // every fragment is final before the wgmmas start
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < STEPS; ++j) {
+      const uint32_t b = base + (uint32_t)((j >> 2) * (NTOK * 128) + (j & 3) * 32);
+      WgmmaRS<T, NTOK>::run(acc, af[j], desc_sw128(b), 1);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
+    // Retire this stage's wgmmas before the next fragments are written: ptxas
+    // serializes every wgmma when registers of in-flight ones' A operands are
+    // redefined (C7513), so the overlap comes from the other warpgroup, whose
+    // wgmmas run while this one dequantizes.
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < STEPS; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) hold(af[j][r]);
+  }
+
+  // epilogue: D row = output column, D column = row of x
+  const int c0 = ft * 128 + wg * 64 + (warp & 3) * 16 + g;
+  float bv[2] = {0.f, 0.f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
+#pragma unroll
+  for (int i = 0; i < NTOK / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = tok0 + 8 * i + 2 * t4 + (e & 1);
+      const int c = c0 + 8 * (e >> 1);
+      if (row >= p.M || c >= p.N) continue;
+      const float v = acc[4 * i + e] + bv[e >> 1];
+      const int64_t o = (int64_t)row * p.N + c;
+      switch (p.out_dtype) {
+        case kF32: static_cast<float*>(p.out)[o] = v; break;
+        case kF16: static_cast<__half*>(p.out)[o] = __float2half_rn(v); break;
+        default: static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(v); break;
+      }
+    }
+#endif
+}
+
+int wqw_smem_bytes(int bits, int ntok) {
+  using namespace wqw;
+  switch (bits) {
+    case 2: return ntok == 64 ? smem_bytes<2, 64>() : smem_bytes<2, 128>();
+    case 4: return ntok == 64 ? smem_bytes<4, 64>() : smem_bytes<4, 128>();
+    default: return ntok == 64 ? smem_bytes<8, 64>() : smem_bytes<8, 128>();
+  }
+}
+
+template <int BITS, typename T, int NTOK>
+static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
+  auto k = p.gptq ? wqw_kernel<BITS, T, NTOK, true> : wqw_kernel<BITS, T, NTOK, false>;
+  const int smem = wqw::smem_bytes<BITS, NTOK>();
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / 128);
+  k<<<blocks, WQW_THREADS, smem, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+template <typename T>
+static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
+  const bool small = p.ntok == 64;
+  switch (bits) {
+    case 2: return small ? launch_wqw_t<2, T, 64>(p, st) : launch_wqw_t<2, T, 128>(p, st);
+    case 4: return small ? launch_wqw_t<4, T, 64>(p, st) : launch_wqw_t<4, T, 128>(p, st);
+    case 8: return small ? launch_wqw_t<8, T, 64>(p, st) : launch_wqw_t<8, T, 128>(p, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st) {
+  if (cdtype == kF16) return launch_wqw_dt<__half>(p, bits, st);
+  if (cdtype == kBF16) return launch_wqw_dt<__nv_bfloat16>(p, bits, st);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace bie
