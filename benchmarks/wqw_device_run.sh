@@ -26,7 +26,7 @@ print("SASS check (wqw):", "FAIL " + str(bad) if bad or not st else f"OK ({len(s
 PY
 if [ "$MODE" != "bench" ]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --tb=short -x -rf tests/test_cuda_backend.py \
-      -k "wgmma or test_wq_gemm or skinny_kernel_every_m" 2>&1 | tee $OUT/test.log | tail -25
+      -k "${TEST_K:-wgmma or test_wq_gemm or skinny_kernel_every_m}" 2>&1 | tee $OUT/test.log | tail -25
 fi
 if [ "$MODE" != "tests" ]; then
   timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_cuda.py --only wqw ${BENCH_ARGS} --json $OUT/bench_wqw.json 2>&1 | tee $OUT/bench.log | grep -v "^{" | tail -40

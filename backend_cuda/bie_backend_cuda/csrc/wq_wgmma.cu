@@ -19,7 +19,8 @@
 // Pipeline (one block = 2 warpgroups = 128 output columns x NTOK rows of x,
 // KT = 128 k per stage, a STAGES-deep shared-memory ring): every thread
 // copies its share of the x tile (cp.async, 16 bytes, written in the 128-byte
-// swizzle that wgmma's descriptor names) and its own weight vectors; loads run
+// swizzle that wgmma's descriptor names) and its own weight vectors, and a
+// warp per group the stage's statistics rows (so they too arrive early); loads run
 // STAGES - 1 stages ahead. Per stage a warpgroup dequantizes 8 k16 A
 // fragments into registers, issues 8 asynchronous wgmmas and retires them; the
 // two warpgroups drift so that one's wgmmas run while the other dequantizes.
@@ -63,6 +64,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -163,8 +169,10 @@ __device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t st) {
 
 template <int BITS> __host__ __device__ constexpr int vecs_per_stage() { return KT / (16 * Bits<BITS>::J); }
 template <int NTOK> __host__ __device__ constexpr int x_bytes() { return NTOK * KT * 2; }
+template <int BITS> __host__ __device__ constexpr int w_bytes() { return THREADS * vecs_per_stage<BITS>() * 16; }
+constexpr int STAT_BYTES = (KT / 16) * 128 * 4;   // up to 8 groups (group size 16) x 128 columns
 template <int BITS, int NTOK> __host__ __device__ constexpr int stage_bytes() {
-  return x_bytes<NTOK>() + THREADS * vecs_per_stage<BITS>() * 16;
+  return x_bytes<NTOK>() + w_bytes<BITS>() + STAT_BYTES;
 }
 template <int BITS, int NTOK> __host__ __device__ constexpr int smem_bytes() {
   return STAGES * stage_bytes<BITS, NTOK>() + 1024;   // + alignment of the ring to 1024 bytes (swizzle atoms)
@@ -173,11 +181,11 @@ template <int BITS, int NTOK> __host__ __device__ constexpr int smem_bytes() {
 }  // namespace wqw
 
 template <int BITS, typename T, int NTOK, bool GPTQ>
-__global__ void __launch_bounds__(WQW_THREADS, 1) wqw_kernel(const WqwArgs p) {
+__global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
   constexpr int J = Bits<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
-  constexpr int XB = x_bytes<NTOK>(), SB = stage_bytes<BITS, NTOK>();
+  constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS>(), SB = stage_bytes<BITS, NTOK>();
   constexpr int D = STAGES - 1;   // stages loaded ahead
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -198,6 +206,7 @@ __global__ void __launch_bounds__(WQW_THREADS, 1) wqw_kernel(const WqwArgs p) {
   const int tok0 = tt * NTOK;
 
   const int nst = (p.kblocks * KS + KT - 1) / KT;
+  const int ngs = p.gs_shift < 0 ? 1 : max(1, KT >> p.gs_shift);   // statistics rows per stage
   const uint4* wsrc = p.qw + ((int64_t)ft * p.kblocks * 8 + warp) * 32 + lane;
   const T* X = static_cast<const T*>(p.x);
 
@@ -220,33 +229,25 @@ __global__ void __launch_bounds__(WQW_THREADS, 1) wqw_kernel(const WqwArgs p) {
       const bool ok = kb < p.kblocks;
       cp_async16(base + XB + (uint32_t)((v * THREADS + tid) * 16), ok ? wsrc + (int64_t)kb * 256 : wsrc, ok ? 16 : 0);
     }
-  };
-
-  // statistics of this lane's two rows (output columns), per k16 step of a stage
-  const int col = ft * 128 + warp * 16 + g;
-  const uint32_t* st0 = p.stw + col;
-  auto load_stats = [&](int s, uint32_t (&sw)[STEPS][2]) {
-#pragma unroll
-    for (int j = 0; j < STEPS; ++j) {
-      const int k = s * KT + 16 * j;
-      const int gi = p.gs_shift >= 0 ? min(k >> p.gs_shift, p.G - 1) : 0;
-      sw[j][0] = __ldg(st0 + (int64_t)gi * p.Np);
-      sw[j][1] = __ldg(st0 + (int64_t)gi * p.Np + 8);
+    // the statistics rows of the stage's groups (stage starts are group-aligned for groups <= KT)
+    if (tid < ngs * 32) {
+      const int q = tid >> 5, c = tid & 31;
+      const int gi = p.gs_shift >= 0 ? min((k0 >> p.gs_shift) + q, p.G - 1) : 0;
+      cp_async16(base + XB + WB + (uint32_t)(q * 512 + c * 16), p.stw + (int64_t)gi * p.Np + ft * 128 + c * 4, 16);
     }
   };
+
 
   float acc[NTOK / 2];
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
   uint32_t af[STEPS][4];
-  uint32_t swc[STEPS][2], swn[STEPS][2];
 
 #pragma unroll
   for (int s = 0; s < D; ++s) {
     if (s < nst) load_stage(s);
     cp_commit();
   }
-  load_stats(0, swn);
 
   for (int s = 0; s < nst; ++s) {
     cp_wait<D - 1>();
@@ -254,13 +255,8 @@ __global__ void __launch_bounds__(WQW_THREADS, 1) wqw_kernel(const WqwArgs p) {
     __syncthreads();   // stage s is in place; every warpgroup has retired the wgmmas of stage s - 1
     if (s + D < nst) load_stage(s + D);
     cp_commit();
-#pragma unroll
-    for (int j = 0; j < STEPS; ++j) {
-      swc[j][0] = swn[j][0];
-      swc[j][1] = swn[j][1];
-    }
-    if (s + 1 < nst) load_stats(s + 1, swn);
     const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
+    const uint32_t stat = base + XB + WB + (uint32_t)((warp * 16 + g) * 4);
 #pragma unroll
     for (int v = 0; v < VPS; ++v) {
       const uint4 vec = lds128(base + XB + (uint32_t)((v * THREADS + tid) * 16));
@@ -268,8 +264,10 @@ __global__ void __launch_bounds__(WQW_THREADS, 1) wqw_kernel(const WqwArgs p) {
       for (int jj = 0; jj < J; ++jj) {
         const int j = v * J + jj;
         extract<BITS, T>(vec, jj, af[j]);
+        const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
+        const uint32_t sw[2] = {lds32(sq), lds32(sq + 32)};
 #pragma unroll
-        for (int r = 0; r < 4; ++r) af[j][r] = dequant<BITS, T, GPTQ>(af[j][r], swc[j][r & 1]);
+        for (int r = 0; r < 4; ++r) af[j][r] = dequant<BITS, T, GPTQ>(af[j][r], sw[r & 1]);
       }
     }
 #pragma unroll
