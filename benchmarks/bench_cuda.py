@@ -185,20 +185,20 @@ def bench_wqw(rows, quick):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
                        for s_, p in zip(sets, preps)]
-                keep = cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M
+                keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M
                 res = {}
                 try:
                     for name, mn, nt in (("ntok128", 1, 0), ("ntok64", 1, 1 << 30), ("before", 0, 0)):
                         if name == "ntok64" and m > 256:
                             continue
-                        cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = mn, nt
+                        cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = mn, 1 << 30, nt
                         res[name] = time_graph(fns, repeats=5)
                     cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, 0
                     w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
                     ref = x.float() @ w
                     rel = float((fns[0]().float() - ref).norm() / ref.norm())
                 finally:
-                    cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = keep
+                    cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = keep
                 base = bf16_linear_us(m, n, k)
                 best = min(res.get("ntok128", 1e9), res.get("ntok64", 1e9))
                 byts = wbytes + m * k * 2 + m * n * 2

@@ -312,23 +312,23 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
     prepared = cw.prepare(qw, s, z, gi)
     for i, m in enumerate((65, 64 + 63, 128, 129, 333)):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
-        keep = cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M
+        keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS
         try:
-            for ntok_max in (0, 1 << 20):      # 128-row and 64-row tiles
-                cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, ntok_max
+            for ntok_max, splits in ((0, 0), (1 << 20, 0), (0, 1), (1 << 20, 3)):   # 128/64-row tiles, split-K
+                cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = 1, 1 << 30, ntok_max, splits
                 x = torch.randn((m, k), generator=gen).to(dtype).cuda()
                 bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
                 out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
                 out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
-                _close(out, w64, x, dtype, k, f"wgmma M={m} ntok_max={ntok_max} {dtype}", bias)
+                _close(out, w64, x, dtype, k, f"wgmma M={m} ntok_max={ntok_max} splits={splits} {dtype}", bias)
                 assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
         finally:
-            cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = keep
+            cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = keep
     # small M through the same kernel (rows of the tile masked) agrees with the skinny kernel
     keep = cw.WQW_MIN_M
     try:
         x = torch.randn((3, k), generator=gen).bfloat16().cuda()
-        cw.WQW_MIN_M = 1
+        cw.WQW_MIN_M = 1     # (WQW_MAX_M >= 3)
         a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
         cw.WQW_MIN_M = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
@@ -344,9 +344,9 @@ def test_wq_wgmma_big_layer_and_graphs():
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 5, sdtype=torch.float16)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(8)
-    x = torch.randn((1000, k), generator=gen).bfloat16().cuda()
+    x = torch.randn((300, k), generator=gen).bfloat16().cuda()
     y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    _close(y, w64, x, torch.bfloat16, k, "K=4096 M=1000")
+    _close(y, w64, x, torch.bfloat16, k, "K=4096 M=300")
     static_x = x.clone()
     s_ = torch.cuda.Stream()
     with torch.cuda.stream(s_):
@@ -355,7 +355,7 @@ def test_wq_wgmma_big_layer_and_graphs():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    static_x.copy_(torch.randn((1000, k), generator=gen).bfloat16().cuda())
+    static_x.copy_(torch.randn((300, k), generator=gen).bfloat16().cuda())
     graph.replay()
     torch.cuda.synchronize()
     _close(out.clone(), w64, static_x, torch.bfloat16, k, "graph replay")

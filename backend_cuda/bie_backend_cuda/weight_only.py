@@ -346,17 +346,21 @@ TUNE_SKINNY = 0
 SKINNY_M = 8
 #: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
 INTERLEAVE = True
-#: from this many rows on, the Hopper wgmma kernel (dequantize in registers into wgmma's A operand) serves
-#: (sm_90 only; 0 turns it off); below, the skinny / small-M kernels. Measured in benchmarks/results/cuda_h100.md.
-WQW_MIN_M = 65
+#: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
+#: WQW_MIN_M = 0 turns it off): below, the skinny / small-M kernels; above, dequantize + cuBLAS, which is faster
+#: there until the kernel's large-M efficiency improves. Measured in benchmarks/results/cuda_h100.md.
+WQW_MIN_M = 17
+WQW_MAX_M = 512
 #: rows of x per wgmma block: 64 up to this many rows, else 128
 WQW_NTOK64_MAX_M = 64
+#: K splits of the wgmma kernel; 0 = chosen from the grid (split when the tiles leave SMs idle)
+WQW_SPLITS = 0
 
 
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
-    if m >= WQW_MIN_M and wqw_ok(x, scales, zeros, format, k):
+    if WQW_MIN_M <= m <= WQW_MAX_M and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, True, True)
         if not lay.generic:
             cd = compute_dtype(x.dtype)
@@ -366,7 +370,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
                 xc = xc.clone()
             ntok = 64 if m <= WQW_NTOK64_MAX_M else 128
             return _build.ops().wqw_gemm(xc, lay.qw, _stw(lay, cd), bias, lay.bits, lay.n, k, lay.gs_shift,
-                                         lay.kblocks, lay.gptq, x.dtype, ntok)
+                                         lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS)
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype

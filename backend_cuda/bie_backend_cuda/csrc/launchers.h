@@ -102,6 +102,8 @@ struct WqwArgs {
   int kblocks;
   int gptq;
   int ntok;              // rows of x per block: 64 or 128
+  int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
+  float* ws;             // (splits, M, N) when splits > 1
 };
 int wqw_smem_bytes(int bits, int ntok);
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st);

@@ -197,15 +197,20 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
   // fastest, so the weight tile of a column group is read by neighbouring
   // blocks (L2) and a group's rows of x stay in L2.
   const int ntile_t = (p.M + NTOK - 1) / NTOK, ntile_f = p.Np / 128;
+  // split-K (small grids): blockIdx.x = split * tiles + tile; each split owns a run of stages
+  const int split = blockIdx.x / (ntile_t * ntile_f);
+  const int tile = blockIdx.x - split * (ntile_t * ntile_f);
   constexpr int RG = 8;
   const int per_group = RG * ntile_f;
-  const int grp = blockIdx.x / per_group;
-  const int rem = blockIdx.x - grp * per_group;
+  const int grp = tile / per_group;
+  const int rem = tile - grp * per_group;
   const int gsz = min(RG, ntile_t - grp * RG);
   const int tt = grp * RG + rem % gsz, ft = rem / gsz;
   const int tok0 = tt * NTOK;
 
-  const int nst = (p.kblocks * KS + KT - 1) / KT;
+  const int nst_all = (p.kblocks * KS + KT - 1) / KT;
+  const int sps = (nst_all + p.splits - 1) / p.splits;
+  const int s_begin = min(nst_all, split * sps), s_end = min(nst_all, s_begin + sps);
   const int ngs = p.gs_shift < 0 ? 1 : max(1, KT >> p.gs_shift);   // statistics rows per stage
   const uint4* wsrc = p.qw + ((int64_t)ft * p.kblocks * 8 + warp) * 32 + lane;
   const T* X = static_cast<const T*>(p.x);
@@ -244,16 +249,16 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
   uint32_t af[STEPS][4];
 
 #pragma unroll
-  for (int s = 0; s < D; ++s) {
-    if (s < nst) load_stage(s);
+  for (int i = 0; i < D; ++i) {
+    if (s_begin + i < s_end) load_stage(s_begin + i);
     cp_commit();
   }
 
-  for (int s = 0; s < nst; ++s) {
+  for (int s = s_begin; s < s_end; ++s) {
     cp_wait<D - 1>();
     fence_proxy_async();
     __syncthreads();   // stage s is in place; every warpgroup has retired the wgmmas of stage s - 1
-    if (s + D < nst) load_stage(s + D);
+    if (s + D < s_end) load_stage(s + D);
     cp_commit();
     const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
     const uint32_t stat = base + XB + WB + (uint32_t)((warp * 16 + g) * 4);
@@ -298,6 +303,18 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
 
   // epilogue: D row = output column, D column = row of x
   const int c0 = ft * 128 + wg * 64 + (warp & 3) * 16 + g;
+  if (p.splits > 1) {   // float32 partial sums; wqw_reduce_kernel adds the splits in order (deterministic)
+    float* ws = p.ws + (int64_t)split * p.M * p.N;
+#pragma unroll
+    for (int i = 0; i < NTOK / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = tok0 + 8 * i + 2 * t4 + (e & 1);
+        const int c = c0 + 8 * (e >> 1);
+        if (row < p.M && c < p.N) ws[(int64_t)row * p.N + c] = acc[4 * i + e];
+      }
+    return;
+  }
   float bv[2] = {0.f, 0.f};
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -320,6 +337,21 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
 #endif
 }
 
+__global__ void wqw_reduce_kernel(const WqwArgs p) {
+  const int64_t total = (int64_t)p.M * p.N, plane = total;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) v += p.ws[sp * plane + i];
+    const int c = (int)(i % p.N);
+    if (p.bias) v += load_f32(p.bias, p.bias_dtype, c);
+    switch (p.out_dtype) {
+      case kF32: static_cast<float*>(p.out)[i] = v; break;
+      case kF16: static_cast<__half*>(p.out)[i] = __float2half_rn(v); break;
+      default: static_cast<__nv_bfloat16*>(p.out)[i] = __float2bfloat16_rn(v); break;
+    }
+  }
+}
+
 int wqw_smem_bytes(int bits, int ntok) {
   using namespace wqw;
   switch (bits) {
@@ -335,8 +367,15 @@ static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
   const int smem = wqw::smem_bytes<BITS, NTOK>();
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / 128);
+  const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / 128) * p.splits;
   k<<<blocks, WQW_THREADS, smem, st>>>(p);
+  if (p.splits > 1) {
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const int64_t total = (int64_t)p.M * p.N;
+    const int rb = (int)std::min<int64_t>((total + 255) / 256, 4096);
+    wqw_reduce_kernel<<<rb, 256, 0, st>>>(p);
+  }
   BIE_LAUNCH_CHECK();
 }
 
