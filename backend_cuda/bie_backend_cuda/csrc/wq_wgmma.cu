@@ -156,11 +156,11 @@ template <typename T> __device__ __forceinline__ typename Pair<T>::h2 as_h2(uint
   return *reinterpret_cast<typename Pair<T>::h2*>(&u);
 }
 
-// qm pair -> weight pair, with st = s | zq << 16 (T bits) of the row.
+// qm pair -> weight pair; s2 / z2 = {s, s} / {zq, zq} of the row (T bits).
 template <int BITS, typename T, bool GPTQ>
-__device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t st) {
-  const auto s2 = as_h2<T>(__byte_perm(st, st, 0x1010));
-  const auto z2 = as_h2<T>(__byte_perm(st, st, 0x3232));
+__device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t s2u, uint32_t z2u) {
+  const auto s2 = as_h2<T>(s2u);
+  const auto z2 = as_h2<T>(z2u);
   if (GPTQ) return as_u32<T>(__hmul2(__hsub2(as_h2<T>(qm), z2), s2));
   constexpr uint32_t MG = magic_bits<BITS, T>();
   const auto q2 = MG ? __hsub2(as_h2<T>(qm), as_h2<T>(MG)) : as_h2<T>(qm);
@@ -270,9 +270,11 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
         const int j = v * J + jj;
         extract<BITS, T>(vec, jj, af[j]);
         const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
-        const uint32_t sw[2] = {lds32(sq), lds32(sq + 32)};
+        const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
+        const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
+        const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
 #pragma unroll
-        for (int r = 0; r < 4; ++r) af[j][r] = dequant<BITS, T, GPTQ>(af[j][r], sw[r & 1]);
+        for (int r = 0; r < 4; ++r) af[j][r] = dequant<BITS, T, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]);
       }
     }
 #pragma unroll
