@@ -79,7 +79,7 @@ class Layout:
     st: Optional[torch.Tensor] = None       # int32 (G, Np): scale | zero << 16 (fp16 or bf16 bits)
     st_bf16: bool = False
     inter: bool = False                     # interleaved column blocks (N padded to 128)
-    # Hopper wgmma kernel: statistics in the compute dtype, s | zq << 16, built on first use per dtype
+    # Hopper wgmma kernel: {"stw": s | zq << 16 in the statistics' dtype}, built on first use
     stw: dict = field(default_factory=dict)
 
 
@@ -291,19 +291,17 @@ def _counters_for(device, need: int) -> torch.Tensor:
     return t
 
 
-def _stw(lay: Layout, cd: torch.dtype) -> torch.Tensor:
-    """Statistics of the wgmma kernel: (G, Np) int32 = s | zq << 16 as cd bits, with zq = zero + MAGIC (gptq,
-    exact: integer zeros) or -zero (gba); from the skinny layout's 16-bit statistics."""
-    t = lay.stw.get(cd)
+def _stw(lay: Layout) -> torch.Tensor:
+    """Statistics of the wgmma kernel: (G, Np) int32 = s | zq << 16 in the checkpoint's 16-bit dtype, with
+    zq = zero + MAGIC (gptq: integer zeros, exact) or -zero (gba, exact); from the skinny layout's statistics."""
+    t = lay.stw.get("stw")
     if t is None:
         sd = torch.bfloat16 if lay.st_bf16 else torch.float16
-        s16 = (lay.st & 0xFFFF).to(torch.int16).view(sd).to(torch.float32)
         z16 = (lay.st >> 16).to(torch.int16).view(sd).to(torch.float32)
-        magic = 1024.0 if cd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
+        magic = 1024.0 if sd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
         zq = z16 + magic if lay.gptq else -z16
-        lo = s16.to(cd).view(torch.int16).to(torch.int32) & 0xFFFF
-        hi = zq.to(cd).view(torch.int16).to(torch.int32) << 16
-        t = lay.stw[cd] = (lo | hi).contiguous()
+        hi = zq.to(sd).view(torch.int16).to(torch.int32) << 16
+        t = lay.stw["stw"] = ((lay.st & 0xFFFF) | hi).contiguous()
     return t
 
 
@@ -351,6 +349,16 @@ INTERLEAVE = True
 #: there until the kernel's large-M efficiency improves. Measured in benchmarks/results/cuda_h100.md.
 WQW_MIN_M = 17
 WQW_MAX_M = 512
+#: layers of at most this many weights take the wgmma kernel from WQW_SMALL_MIN_M rows (its split-K pass beats the
+#: small-M kernel there: 4096x4096 at M=16 11.3 vs 17.2 us; on 28672x8192 it is ~3% slower at M=16)
+WQW_SMALL_LAYER = 1 << 26
+WQW_SMALL_MIN_M = 9
+
+
+def _wqw_rows(m: int, n: int, k: int) -> bool:
+    if WQW_MIN_M <= 0 or m > WQW_MAX_M:
+        return False
+    return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
 #: rows of x per wgmma block: 64 up to this many rows, else 128
 WQW_NTOK64_MAX_M = 64
 #: K splits of the wgmma kernel; 0 = chosen from the grid (split when the tiles leave SMs idle)
@@ -360,7 +368,7 @@ WQW_SPLITS = 0
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
-    if WQW_MIN_M <= m <= WQW_MAX_M and wqw_ok(x, scales, zeros, format, k):
+    if _wqw_rows(m, qweight.shape[1], k) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, True, True)
         if not lay.generic:
             cd = compute_dtype(x.dtype)
@@ -369,8 +377,8 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             if xc.data_ptr() % 16:
                 xc = xc.clone()
             ntok = 64 if m <= WQW_NTOK64_MAX_M else 128
-            return _build.ops().wqw_gemm(xc, lay.qw, _stw(lay, cd), bias, lay.bits, lay.n, k, lay.gs_shift,
-                                         lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS)
+            return _build.ops().wqw_gemm(xc, lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
+                                         lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype

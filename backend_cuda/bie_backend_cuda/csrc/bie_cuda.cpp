@@ -350,7 +350,7 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 
 Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, at::ScalarType out_dtype,
-                int64_t ntok, int64_t force_splits) {
+                int64_t ntok, int64_t force_splits, bool st_bf16) {
   for (const Tensor* t : {&x, &qwa, &stw}) check_cuda(*t, "wqw_gemm operand");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqw_gemm: x must be contiguous (M, K)");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wqw_gemm: x must be fp16/bf16");
@@ -400,6 +400,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   p.kblocks = (int)kblocks;
   p.gptq = gptq ? 1 : 0;
   p.ntok = (int)ntok;
+  p.st_bf16 = st_bf16 ? 1 : 0;
   // split K when the tiles alone leave SMs idle (64-row tiles run 2 blocks per SM), >= 4 stages per split
   const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / 128);
   const int64_t slots = (int64_t)num_sms() * (ntok == 64 ? 2 : 1);

@@ -93,7 +93,7 @@ constexpr int WQW_THREADS = 256;   // two warpgroups = 128 output columns
 struct WqwArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)
-  const uint32_t* stw;   // (G, Np) s | zq << 16 in the compute dtype
+  const uint32_t* stw;   // (G, Np) s | zq << 16 in the checkpoint's 16-bit dtype (st_bf16)
   const void* bias;
   int bias_dtype;
   void* out;
@@ -102,6 +102,7 @@ struct WqwArgs {
   int kblocks;
   int gptq;
   int ntok;              // rows of x per block: 64 or 128
+  int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
   float* ws;             // (splits, M, N) when splits > 1
 };

@@ -11,10 +11,14 @@
 // streams one contiguous 4 KiB run per k block, and each lane's 16-byte
 // vector holds its A fragments for J = 4 (4-bit), 8 (2-bit) or 2 (8-bit) k16
 // steps. The layout is shared with the skinny kernel: one prepared copy.
-// Statistics: stw (G, Np) uint32 = s | zq << 16 in the compute type T, with
+// Statistics: stw (G, Np) uint32 = s | zq << 16 in the checkpoint's 16-bit
+// type S (exact), with
 //   gptq: zq = zero + MAGIC,  w = (qm - zq) * s       (qm - zq exact, one rounding)
 //   gba:  zq = -zero,         w = (qm - MAGIC) * s + zq  (one fused rounding)
-// where qm = code + MAGIC is what the bit trick of extract_a produces.
+// computed in S, where qm = code + MAGIC is what the bit trick of extract
+// produces; the pair is then converted to the tensor cores' type T when S != T
+// (rounding the statistics to T instead would bias whole groups, visible with
+// per-channel groups).
 //
 // Pipeline (one block = 2 warpgroups = 128 output columns x NTOK rows of x,
 // KT = 128 k per stage, a STAGES-deep shared-memory ring): every thread
@@ -26,6 +30,8 @@
 // two warpgroups drift so that one's wgmmas run while the other dequantizes.
 // A slot is refilled only after the barrier that follows every warpgroup's
 // retirement of the wgmmas that read it.
+#include <type_traits>
+
 #include "common.cuh"
 #include "wgmma_rs.cuh"
 
@@ -180,7 +186,23 @@ template <int BITS, int NTOK> __host__ __device__ constexpr int smem_bytes() {
 
 }  // namespace wqw
 
-template <int BITS, typename T, int NTOK, bool GPTQ>
+// an S pair converted to T (round to nearest)
+template <typename S, typename T> __device__ __forceinline__ uint32_t convert_pair(uint32_t v) {
+  if constexpr (std::is_same<S, T>::value) {
+    return v;
+  } else {
+    float2 f;
+    if constexpr (std::is_same<S, __half>::value) {
+      f = __half22float2(*reinterpret_cast<const __half2*>(&v));
+    } else {
+      f = make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+    }
+    if constexpr (std::is_same<T, __half>::value) return wqw::as_u32<__half>(__float22half2_rn(f));
+    else return wqw::as_u32<__nv_bfloat16>(__float22bfloat162_rn(f));
+  }
+}
+
+template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
 __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
@@ -268,13 +290,14 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
 #pragma unroll
       for (int jj = 0; jj < J; ++jj) {
         const int j = v * J + jj;
-        extract<BITS, T>(vec, jj, af[j]);
+        extract<BITS, S>(vec, jj, af[j]);
         const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
         const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
         const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
         const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
 #pragma unroll
-        for (int r = 0; r < 4; ++r) af[j][r] = dequant<BITS, T, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]);
+        for (int r = 0; r < 4; ++r)
+          af[j][r] = convert_pair<S, T>(dequant<BITS, S, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]));
       }
     }
 #pragma unroll
@@ -363,9 +386,9 @@ int wqw_smem_bytes(int bits, int ntok) {
   }
 }
 
-template <int BITS, typename T, int NTOK>
+template <int BITS, typename T, typename S, int NTOK>
 static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
-  auto k = p.gptq ? wqw_kernel<BITS, T, NTOK, true> : wqw_kernel<BITS, T, NTOK, false>;
+  auto k = p.gptq ? wqw_kernel<BITS, T, S, NTOK, true> : wqw_kernel<BITS, T, S, NTOK, false>;
   const int smem = wqw::smem_bytes<BITS, NTOK>();
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -381,20 +404,23 @@ static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
   BIE_LAUNCH_CHECK();
 }
 
-template <typename T>
+template <typename T, typename S>
 static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
   const bool small = p.ntok == 64;
   switch (bits) {
-    case 2: return small ? launch_wqw_t<2, T, 64>(p, st) : launch_wqw_t<2, T, 128>(p, st);
-    case 4: return small ? launch_wqw_t<4, T, 64>(p, st) : launch_wqw_t<4, T, 128>(p, st);
-    case 8: return small ? launch_wqw_t<8, T, 64>(p, st) : launch_wqw_t<8, T, 128>(p, st);
+    case 2: return small ? launch_wqw_t<2, T, S, 64>(p, st) : launch_wqw_t<2, T, S, 128>(p, st);
+    case 4: return small ? launch_wqw_t<4, T, S, 64>(p, st) : launch_wqw_t<4, T, S, 128>(p, st);
+    case 8: return small ? launch_wqw_t<8, T, S, 64>(p, st) : launch_wqw_t<8, T, S, 128>(p, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st) {
-  if (cdtype == kF16) return launch_wqw_dt<__half>(p, bits, st);
-  if (cdtype == kBF16) return launch_wqw_dt<__nv_bfloat16>(p, bits, st);
+  if (cdtype == kF16)
+    return p.st_bf16 ? launch_wqw_dt<__half, __nv_bfloat16>(p, bits, st) : launch_wqw_dt<__half, __half>(p, bits, st);
+  if (cdtype == kBF16)
+    return p.st_bf16 ? launch_wqw_dt<__nv_bfloat16, __nv_bfloat16>(p, bits, st)
+                     : launch_wqw_dt<__nv_bfloat16, __half>(p, bits, st);
   return cudaErrorInvalidValue;
 }
 
