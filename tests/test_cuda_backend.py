@@ -300,7 +300,8 @@ WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, a
 @needs_hopper
 @pytest.mark.parametrize("bits,gs,fmt,sdt,act", WQW)
 def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
-    """The Hopper wgmma kernel (M >= WQW_MIN_M): row counts around both token tiles, N off the 128-column grid,
+    """The Hopper wgmma kernel: row counts around every token tile (16/32: raw codes + per-group scaling; 64/128:
+    dequantized fragments) and both 64-row and 128-row tiles above 32 rows, N off the 128-column grid,
     K a multiple of 8 but not of the 128-k stage, fp16/bf16/fp32 x, bias, fp16/bf16 statistics, act-order;
     every output written (NaN-poisoned), deterministic, and equal to the dequantize + matmul path."""
     from bie_backend_cuda import weight_only as cw
@@ -310,7 +311,7 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
     qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, act, 3 * bits + max(gs, 0), sdtype=sdt)
     gen = torch.Generator().manual_seed(bits * 7 + 1)
     prepared = cw.prepare(qw, s, z, gi)
-    for i, m in enumerate((65, 64 + 63, 128, 129, 333)):
+    for i, m in enumerate((1, 9, 16, 17, 32, 33, 65, 127, 129, 333)):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
         keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS
         try:

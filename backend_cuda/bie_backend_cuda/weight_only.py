@@ -376,7 +376,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             xc = xs.to(cd).contiguous()
             if xc.data_ptr() % 16:
                 xc = xc.clone()
-            ntok = 64 if m <= WQW_NTOK64_MAX_M else 128
+            ntok = 16 if m <= 16 else (32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128))
             return _build.ops().wqw_gemm(xc, lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):

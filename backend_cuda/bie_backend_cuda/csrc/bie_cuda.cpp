@@ -357,7 +357,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
-  TORCH_CHECK(ntok == 64 || ntok == 128, "bie_cuda.wqw_gemm: ntok must be 64 or 128");
+  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128, "bie_cuda.wqw_gemm: ntok must be 16, 32, 64 or 128");
   TORCH_CHECK(stw.scalar_type() == at::kInt && stw.dim() == 2 && stw.is_contiguous() && stw.size(0) >= 1,
               "bie_cuda.wqw_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
@@ -401,12 +401,14 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   p.gptq = gptq ? 1 : 0;
   p.ntok = (int)ntok;
   p.st_bf16 = st_bf16 ? 1 : 0;
-  // split K when the tiles alone leave SMs idle (64-row tiles run 2 blocks per SM), >= 4 stages per split
+  // split K when the tiles alone leave SMs idle (tiles of <= 64 rows run 2 blocks per SM), >= 4 stages per
+  // split; the memory-bound tiles (<= 32 rows) aim for two waves of blocks, so the weight stream keeps every SM busy
   const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / 128);
-  const int64_t slots = (int64_t)num_sms() * (ntok == 64 ? 2 : 1);
+  const int64_t slots = (int64_t)num_sms() * (ntok <= 64 ? 2 : 1);
   const int64_t stages = (kblocks * 16 * J + 127) / 128;
+  const int64_t want = ntok <= 32 ? 2 * slots : slots;
   int64_t splits = 1;
-  if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, (slots + tiles - 1) / tiles));
+  if (tiles * 3 < want * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, (want + tiles - 1) / tiles));
   if (force_splits > 0) splits = std::min<int64_t>(force_splits, stages);
   p.splits = (int)splits;
   Tensor ws;

@@ -18,7 +18,8 @@
 // computed in S, where qm = code + MAGIC is what the bit trick of extract
 // produces; the pair is then converted to the tensor cores' type T when S != T
 // (rounding the statistics to T instead would bias whole groups, visible with
-// per-channel groups).
+// per-channel groups). bf16 statistics with fp16 tensor cores go through
+// float32 instead, so the weight is rounded once, to fp16.
 //
 // Pipeline (one block = 2 warpgroups = 128 output columns x NTOK rows of x,
 // KT = 128 k per stage, a STAGES-deep shared-memory ring): every thread
@@ -202,13 +203,37 @@ template <typename S, typename T> __device__ __forceinline__ uint32_t convert_pa
   }
 }
 
+// bf16 qm pair (codes + bf16 MAGIC) -> fp16 weight pair through float32: bf16 statistics are not exact in
+// fp16 arithmetic, and a bf16 result would be 4x coarser than the fp16 path promises.
+template <int BITS, bool GPTQ>
+__device__ __forceinline__ uint32_t dequant_wide(uint32_t qm, float s, float zq) {
+  constexpr float MAGF = wqw::magic_bits<BITS, __nv_bfloat16>() ? 128.f : 0.f;
+  const float q0 = __uint_as_float(qm << 16), q1 = __uint_as_float(qm & 0xFFFF0000u);
+  float w0, w1;
+  if (GPTQ) {
+    w0 = (q0 - zq) * s;
+    w1 = (q1 - zq) * s;
+  } else {
+    w0 = fmaf(q0 - MAGF, s, zq);
+    w1 = fmaf(q1 - MAGF, s, zq);
+  }
+  return wqw::as_u32<__half>(__floats2half2_rn(w0, w1));
+}
+
 template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
-__global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(const WqwArgs p) {
+__global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
   constexpr int J = Bits<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
   constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS>(), SB = stage_bytes<BITS, NTOK>();
   constexpr int D = STAGES - 1;   // stages loaded ahead
+  constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
+  // Few rows (memory-bound): no per-weight dequantization. The tensor cores take qm = code + MAGIC as it is,
+  // and a second wgmma with an all-ones A gives sum(x) per row of x; per group, in float32,
+  //   y += s * sum(x * qm) - C * sum(x),  C = s * (zero + MAGIC) (gptq) or s * MAGIC - zq (gba).
+  constexpr bool ACCQ = NTOK <= 32;
+  constexpr float MAGIC_T = magic_bits<BITS, T>() == 0 ? 0.f : (std::is_same<T, __half>::value ? 1024.f : 128.f);
+  constexpr float MAGIC_S = magic_bits<BITS, S>() == 0 ? 0.f : (std::is_same<S, __half>::value ? 1024.f : 128.f);
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
 
@@ -265,10 +290,24 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
   };
 
 
-  float acc[NTOK / 2];
+  float acc[NTOK / 2], accx[ACCQ ? NTOK / 2 : 1], tot[ACCQ ? NTOK / 2 : 1];
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < (ACCQ ? NTOK / 2 : 1); ++i) accx[i] = tot[i] = 0.f;
   uint32_t af[STEPS][4];
+  const uint32_t one2 = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+  const uint32_t ones[4] = {one2, one2, one2, one2};
+  bool fresh = true;   // the next wgmma starts a group (scale_d = 0)
+  auto decode = [&](uint32_t w, float& sf, float& zf) {
+    if constexpr (std::is_same<S, __half>::value) {
+      sf = __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
+      zf = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+    } else {
+      sf = __uint_as_float(w << 16);
+      zf = __uint_as_float(w & 0xFFFF0000u);
+    }
+  };
 
 #pragma unroll
   for (int i = 0; i < D; ++i) {
@@ -284,6 +323,67 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
     cp_commit();
     const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
     const uint32_t stat = base + XB + WB + (uint32_t)((warp * 16 + g) * 4);
+    if constexpr (ACCQ) {
+#pragma unroll
+      for (int v = 0; v < VPS; ++v) {
+        const uint4 vec = lds128(base + XB + (uint32_t)((v * THREADS + tid) * 16));
+#pragma unroll
+        for (int jj = 0; jj < J; ++jj) extract<BITS, T>(vec, jj, af[v * J + jj]);
+      }
+#pragma unroll
+      for (int j = 0; j < STEPS; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) hold(af[j][r]);
+#pragma unroll
+      for (int i = 0; i < NTOK / 2; ++i) {
+        hold(acc[i]);
+        hold(accx[i]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < STEPS; ++j) {
+        const uint32_t b = base + (uint32_t)((j >> 2) * (NTOK * 128) + (j & 3) * 32);
+        const int sd = fresh ? 0 : 1;
+        WgmmaRS<T, NTOK>::run(acc, af[j], desc_sw128(b), sd);
+        WgmmaRS<T, NTOK>::run(accx, ones, desc_sw128(b), sd);
+        fresh = false;
+        const int kend = s * KT + 16 * (j + 1);
+        const bool gend = (s == s_end - 1 && j == STEPS - 1) ||
+                          (p.gs_shift >= 0 && (kend & ((1 << p.gs_shift) - 1)) == 0);
+        if (gend) {   // the group ends here: fold it into tot (warp-uniform branch)
+          wgmma_commit();
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < NTOK / 2; ++i) {
+            hold(acc[i]);
+            hold(accx[i]);
+          }
+          const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
+          float sf[2], cf[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float zq;
+            decode(lds32(sq + 32 * h), sf[h], zq);
+            cf[h] = GPTQ ? sf[h] * (zq - MAGIC_S + MAGIC_T) : sf[h] * MAGIC_T - zq;
+          }
+#pragma unroll
+          for (int i = 0; i < NTOK / 2; ++i) {
+            const int h = (i >> 1) & 1;   // D register 4q + e: row g + 8 * (e >> 1)
+            tot[i] = fmaf(sf[h], acc[i], fmaf(-cf[h], accx[i], tot[i]));
+          }
+          fresh = true;
+          wgmma_fence();
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < NTOK / 2; ++i) {
+        hold(acc[i]);
+        hold(accx[i]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int v = 0; v < VPS; ++v) {
       const uint4 vec = lds128(base + XB + (uint32_t)((v * THREADS + tid) * 16));
@@ -293,11 +393,18 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
         extract<BITS, S>(vec, jj, af[j]);
         const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
         const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
-        const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
-        const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
+        if constexpr (WIDE) {   // bf16 statistics, fp16 tensor cores: float32 arithmetic, one rounding to fp16
+          const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
+          const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-          af[j][r] = convert_pair<S, T>(dequant<BITS, S, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]));
+          for (int r = 0; r < 4; ++r) af[j][r] = dequant_wide<BITS, GPTQ>(af[j][r], sf[r & 1], zf[r & 1]);
+        } else {
+          const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
+          const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            af[j][r] = convert_pair<S, T>(dequant<BITS, S, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]));
+        }
       }
     }
 #pragma unroll
@@ -326,6 +433,10 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK == 64 ? 2 : 1) wqw_kernel(co
       for (int r = 0; r < 4; ++r) hold(af[j][r]);
   }
 
+  if constexpr (ACCQ) {
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) acc[i] = tot[i];
+  }
   // epilogue: D row = output column, D column = row of x
   const int c0 = ft * 128 + wg * 64 + (warp & 3) * 16 + g;
   if (p.splits > 1) {   // float32 partial sums; wqw_reduce_kernel adds the splits in order (deterministic)
@@ -377,13 +488,17 @@ __global__ void wqw_reduce_kernel(const WqwArgs p) {
   }
 }
 
-int wqw_smem_bytes(int bits, int ntok) {
+template <int BITS> static int wqw_smem_b(int ntok) {
   using namespace wqw;
-  switch (bits) {
-    case 2: return ntok == 64 ? smem_bytes<2, 64>() : smem_bytes<2, 128>();
-    case 4: return ntok == 64 ? smem_bytes<4, 64>() : smem_bytes<4, 128>();
-    default: return ntok == 64 ? smem_bytes<8, 64>() : smem_bytes<8, 128>();
+  switch (ntok) {
+    case 16: return smem_bytes<BITS, 16>();
+    case 32: return smem_bytes<BITS, 32>();
+    case 64: return smem_bytes<BITS, 64>();
+    default: return smem_bytes<BITS, 128>();
   }
+}
+int wqw_smem_bytes(int bits, int ntok) {
+  return bits == 2 ? wqw_smem_b<2>(ntok) : (bits == 4 ? wqw_smem_b<4>(ntok) : wqw_smem_b<8>(ntok));
 }
 
 template <int BITS, typename T, typename S, int NTOK>
@@ -404,13 +519,22 @@ static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
   BIE_LAUNCH_CHECK();
 }
 
+template <int BITS, typename T, typename S>
+static cudaError_t launch_wqw_nt(const WqwArgs& p, cudaStream_t st) {
+  switch (p.ntok) {
+    case 16: return launch_wqw_t<BITS, T, S, 16>(p, st);
+    case 32: return launch_wqw_t<BITS, T, S, 32>(p, st);
+    case 64: return launch_wqw_t<BITS, T, S, 64>(p, st);
+    case 128: return launch_wqw_t<BITS, T, S, 128>(p, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
 template <typename T, typename S>
 static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
-  const bool small = p.ntok == 64;
   switch (bits) {
-    case 2: return small ? launch_wqw_t<2, T, S, 64>(p, st) : launch_wqw_t<2, T, S, 128>(p, st);
-    case 4: return small ? launch_wqw_t<4, T, S, 64>(p, st) : launch_wqw_t<4, T, S, 128>(p, st);
-    case 8: return small ? launch_wqw_t<8, T, S, 64>(p, st) : launch_wqw_t<8, T, S, 128>(p, st);
+    case 2: return launch_wqw_nt<2, T, S>(p, st);
+    case 4: return launch_wqw_nt<4, T, S>(p, st);
+    case 8: return launch_wqw_nt<8, T, S>(p, st);
     default: return cudaErrorInvalidValue;
   }
 }
