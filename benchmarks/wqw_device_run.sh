@@ -24,10 +24,16 @@ for f, c in sorted(st.items()): print(f, dict(c))
 bad = [f for f, c in st.items() if c["CALL"] or c["LDL"] or c["STL"] or not c["HGMMA"]]
 print("SASS check (wqw):", "FAIL " + str(bad) if bad or not st else f"OK ({len(st)} kernels: HGMMA, no CALL, no local memory)")
 PY
-if [ "$MODE" != "bench" ]; then
+if [ "$MODE" != "bench" ] && [ "$MODE" != "prof" ]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --tb=short -x -rf tests/test_cuda_backend.py \
       -k "${TEST_K:-wgmma or test_wq_gemm or skinny_kernel_every_m}" 2>&1 | tee $OUT/test.log | tail -25
 fi
-if [ "$MODE" != "tests" ]; then
+if [ "$MODE" != "tests" ] && [ "$MODE" != "prof" ]; then
   timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_cuda.py --only wqw ${BENCH_ARGS} --json $OUT/bench_wqw.json 2>&1 | tee $OUT/bench.log | grep -v "^{" | tail -40
+fi
+if [ "$MODE" = "prof" ]; then
+  (cd benchmarks && timeout 300 ncu -k regex:wqw_kernel -c 6 --section SpeedOfLight --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      python3 profile_wqw.py > $OUT/ncu_wqw.txt 2>&1)
+  grep -E "wqw_kernel|Duration|Throughput|Achieved Occupancy|Stall|Warp Cycles|Issued Warp|No Eligible|Active Warps|Eligible|Registers|Block Limit|DRAM|L2 Hit|Mem Busy" $OUT/ncu_wqw.txt | head -120
 fi
