@@ -347,12 +347,12 @@ INTERLEAVE = True
 #: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
 #: WQW_MIN_M = 0 turns it off): below, the skinny / small-M kernels; above, dequantize + cuBLAS, which is faster
 #: there until the kernel's large-M efficiency improves. Measured in benchmarks/results/cuda_h100.md.
-WQW_MIN_M = 17
-WQW_MAX_M = 512
-#: layers of at most this many weights take the wgmma kernel from WQW_SMALL_MIN_M rows (its split-K pass beats the
-#: small-M kernel there: 4096x4096 at M=16 11.3 vs 17.2 us; on 28672x8192 it is ~3% slower at M=16)
+WQW_MIN_M = 9
+WQW_MAX_M = 256
+#: layers of at most this many weights take the wgmma kernel from WQW_SMALL_MIN_M rows (4096x4096 at M=8: 10.5 vs
+#: 13.5 us for the skinny kernel; on 28672x8192 the skinny kernel stays faster up to M=8)
 WQW_SMALL_LAYER = 1 << 26
-WQW_SMALL_MIN_M = 9
+WQW_SMALL_MIN_M = 5
 
 
 def _wqw_rows(m: int, n: int, k: int) -> bool:

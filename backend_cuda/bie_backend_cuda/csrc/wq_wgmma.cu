@@ -262,24 +262,26 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
   const uint4* wsrc = p.qw + ((int64_t)ft * p.kblocks * 8 + warp) * 32 + lane;
   const T* X = static_cast<const T*>(p.x);
 
+  // This thread copies x chunks (row r0 + 16 i, chunk xch of 16 per 128-k stage): row pointer and swizzled
+  // shared-memory offset computed once.
+  const int r0 = tid >> 4, xch = tid & 15;
+  const T* xsrc = X + (int64_t)min(tok0 + r0, p.M - 1) * p.K + xch * 8;
+  const uint32_t xdst = (uint32_t)((xch >> 3) * (NTOK * 128) + r0 * 128 + (((xch & 7) ^ (r0 & 7)) << 4));
   auto load_stage = [&](int s) {
     const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
     const int k0 = s * KT;
+    const bool kin = k0 + xch * 8 < p.K;          // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
     for (int i = 0; i < NTOK * 16 / THREADS; ++i) {   // NTOK rows x 16 chunks of 8 values
-      const int c = tid + i * THREADS;
-      const int r = c >> 4, ch = c & 15;
-      const int k = k0 + ch * 8, row = tok0 + r;
-      const bool ok = row < p.M && k < p.K;        // K % 8 == 0: a chunk is all inside or all outside
-      const T* src = ok ? X + (int64_t)row * p.K + k : X;
-      const uint32_t dst = base + (uint32_t)((ch >> 3) * (NTOK * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-      cp_async16(dst, src, ok ? 16 : 0);
+      const bool ok = kin && tok0 + r0 + 16 * i < p.M;
+      cp_async16(base + xdst + (uint32_t)(i * 16 * 128), ok ? xsrc + ((int64_t)(16 * i) * p.K + k0) : X,
+                 ok ? 16 : 0);
     }
+    const uint4* ws = wsrc + (int64_t)s * (VPS * 256);
 #pragma unroll
     for (int v = 0; v < VPS; ++v) {
-      const int kb = s * VPS + v;
-      const bool ok = kb < p.kblocks;
-      cp_async16(base + XB + (uint32_t)((v * THREADS + tid) * 16), ok ? wsrc + (int64_t)kb * 256 : wsrc, ok ? 16 : 0);
+      const bool ok = s * VPS + v < p.kblocks;
+      cp_async16(base + XB + (uint32_t)((v * THREADS + tid) * 16), ok ? ws + v * 256 : wsrc, ok ? 16 : 0);
     }
     // the statistics rows of the stage's groups (stage starts are group-aligned for groups <= KT)
     if (tid < ngs * 32) {
@@ -299,6 +301,8 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
   const uint32_t one2 = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
   const uint32_t ones[4] = {one2, one2, one2, one2};
   bool fresh = true;   // the next wgmma starts a group (scale_d = 0)
+  // groups shorter than a stage end after every (group / 16)-th step
+  const uint32_t gpat = p.gs_shift == 4 ? 0xFFu : (p.gs_shift == 5 ? 0xAAu : (p.gs_shift == 6 ? 0x88u : 0u));
   auto decode = [&](uint32_t w, float& sf, float& zf) {
     if constexpr (std::is_same<S, __half>::value) {
       sf = __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
@@ -323,7 +327,12 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
     cp_commit();
     const uint32_t base = ring + (uint32_t)((s % STAGES) * SB);
     const uint32_t stat = base + XB + WB + (uint32_t)((warp * 16 + g) * 4);
+    const uint64_t d0 = desc_sw128(base);
     if constexpr (ACCQ) {
+      // steps after which a group ends (warp-uniform): every group's last step, and the block's last step
+      uint32_t gmask = s == s_end - 1 ? 0x80u : 0u;
+      if (p.gs_shift >= 7) gmask |= (((s + 1) * KT) & ((1 << p.gs_shift) - 1)) == 0 ? 0x80u : 0u;
+      else if (p.gs_shift >= 0) gmask |= gpat;
 #pragma unroll
       for (int v = 0; v < VPS; ++v) {
         const uint4 vec = lds128(base + XB + (uint32_t)((v * THREADS + tid) * 16));
@@ -342,15 +351,12 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < STEPS; ++j) {
-        const uint32_t b = base + (uint32_t)((j >> 2) * (NTOK * 128) + (j & 3) * 32);
+        const uint64_t dj = d0 + (uint64_t)(((j >> 2) * (NTOK * 128) + (j & 3) * 32) >> 4);
         const int sd = fresh ? 0 : 1;
-        WgmmaRS<T, NTOK>::run(acc, af[j], desc_sw128(b), sd);
-        WgmmaRS<T, NTOK>::run(accx, ones, desc_sw128(b), sd);
+        WgmmaRS<T, NTOK>::run(acc, af[j], dj, sd);
+        WgmmaRS<T, NTOK>::run(accx, ones, dj, sd);
         fresh = false;
-        const int kend = s * KT + 16 * (j + 1);
-        const bool gend = (s == s_end - 1 && j == STEPS - 1) ||
-                          (p.gs_shift >= 0 && (kend & ((1 << p.gs_shift) - 1)) == 0);
-        if (gend) {   // the group ends here: fold it into tot (warp-uniform branch)
+        if ((gmask >> j) & 1u) {   // the group ends here: fold it into tot (warp-uniform branch)
           wgmma_commit();
           wgmma_wait<0>();
 #pragma unroll
@@ -415,10 +421,8 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
     for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
     wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < STEPS; ++j) {
-      const uint32_t b = base + (uint32_t)((j >> 2) * (NTOK * 128) + (j & 3) * 32);
-      WgmmaRS<T, NTOK>::run(acc, af[j], desc_sw128(b), 1);
-    }
+    for (int j = 0; j < STEPS; ++j)
+      WgmmaRS<T, NTOK>::run(acc, af[j], d0 + (uint64_t)(((j >> 2) * (NTOK * 128) + (j & 3) * 32) >> 4), 1);
     wgmma_commit();
 #pragma unroll
     for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
