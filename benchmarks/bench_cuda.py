@@ -217,6 +217,35 @@ def bench_wqw(rows, quick):
             torch.cuda.empty_cache()
 
 
+def sweep_wqw_splits(rows):
+    """K splits of the wgmma kernel's memory-bound tiles (few rows) on the big layers."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for n, k in [(28672, 8192), (8192, 28672), (4096, 4096)]:
+        wbytes = n * k // 2 + (n * k // 128) * 4
+        sets = [_rand_wq(k, n, 4, 128, gen) for _ in range(pool_size(wbytes))]
+        preps = [cw.prepare(*s_, None) for s_ in sets]
+        for m in (16, 32):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, 4, 128, "gptq", prepared=p)
+                   for s_, p in zip(sets, preps)]
+            keep = cw.WQW_MIN_M, cw.WQW_SPLITS
+            res = []
+            try:
+                cw.WQW_MIN_M = 1
+                for sp in (0, 1, 2, 3, 4, 6, 8):
+                    cw.WQW_SPLITS = sp
+                    res.append((time_graph(fns, repeats=5), sp))
+            finally:
+                cw.WQW_MIN_M, cw.WQW_SPLITS = keep
+            line = f"wqw splits M={m} N={n} K={k}: " + ", ".join(f"{sp}:{t_:.1f}us" for t_, sp in res)
+            print(line, flush=True)
+            rows.append(dict(family="wqw splits", shape=f"M={m} N={n} K={k}",
+                             results=[dict(splits=sp, us=t_) for t_, sp in res]))
+        del sets, preps
+        torch.cuda.empty_cache()
+
+
 def sweep_skinny(rows):
     """Launch knobs of the skinny kernel (blocks per SM to aim for, shared-memory budget per block)."""
     from bie_backend_cuda import weight_only as cw
@@ -295,6 +324,8 @@ def main():
         return
     if "sweep" in only:
         sweep_skinny(rows)
+    if "wqwsplit" in only:
+        sweep_wqw_splits(rows)
     if "wqw" in only:
         bench_wqw(rows, args.quick)
     if "wq" in only:

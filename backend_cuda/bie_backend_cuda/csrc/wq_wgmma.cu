@@ -22,7 +22,7 @@
 // float32 instead, so the weight is rounded once, to fp16.
 //
 // Pipeline (one block = 2 warpgroups = 128 output columns x NTOK rows of x,
-// KT = 128 k per stage, a STAGES-deep shared-memory ring): every thread
+// KT = 128 k per stage, a shared-memory ring 4 stages deep, 6 for tiles of <= 32 rows): every thread
 // copies its share of the x tile (cp.async, 16 bytes, written in the 128-byte
 // swizzle that wgmma's descriptor names) and its own weight vectors, and a
 // warp per group the stage's statistics rows (so they too arrive early); loads run
@@ -41,7 +41,8 @@ namespace wqw {
 
 constexpr int THREADS = WQW_THREADS;
 constexpr int KT = 128;      // k per stage
-constexpr int STAGES = 4;    // ring slots; loads run STAGES - 1 stages ahead
+// ring slots (loads run STAGES - 1 stages ahead): deeper for the memory-bound tiles of few rows
+template <int NTOK> __host__ __device__ constexpr int stages() { return NTOK <= 32 ? 6 : 4; }
 constexpr int STEPS = KT / 16;
 
 template <int BITS> struct Bits;
@@ -177,12 +178,14 @@ __device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t s2u, uint32_t 
 template <int BITS> __host__ __device__ constexpr int vecs_per_stage() { return KT / (16 * Bits<BITS>::J); }
 template <int NTOK> __host__ __device__ constexpr int x_bytes() { return NTOK * KT * 2; }
 template <int BITS> __host__ __device__ constexpr int w_bytes() { return THREADS * vecs_per_stage<BITS>() * 16; }
-constexpr int STAT_BYTES = (KT / 16) * 128 * 4;   // up to 8 groups (group size 16) x 128 columns
-template <int BITS, int NTOK> __host__ __device__ constexpr int stage_bytes() {
-  return x_bytes<NTOK>() + w_bytes<BITS>() + STAT_BYTES;
+// statistics rows per stage (128 columns x 4 bytes each), and their bytes rounded so stages stay 1024-aligned
+__host__ __device__ inline int stat_rows(int gs_shift) { return gs_shift < 0 ? 1 : (KT >> gs_shift > 1 ? KT >> gs_shift : 1); }
+__host__ __device__ inline int stat_bytes(int gs_shift) { return (stat_rows(gs_shift) * 512 + 1023) & ~1023; }
+template <int BITS, int NTOK> __host__ __device__ inline int stage_bytes(int gs_shift) {
+  return x_bytes<NTOK>() + w_bytes<BITS>() + stat_bytes(gs_shift);
 }
-template <int BITS, int NTOK> __host__ __device__ constexpr int smem_bytes() {
-  return STAGES * stage_bytes<BITS, NTOK>() + 1024;   // + alignment of the ring to 1024 bytes (swizzle atoms)
+template <int BITS, int NTOK> __host__ __device__ inline int smem_bytes(int gs_shift) {
+  return stages<NTOK>() * stage_bytes<BITS, NTOK>(gs_shift) + 1024;   // + alignment of the ring (swizzle atoms)
 }
 
 }  // namespace wqw
@@ -225,8 +228,10 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
   constexpr int J = Bits<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
-  constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS>(), SB = stage_bytes<BITS, NTOK>();
+  constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS>();
+  constexpr int STAGES = stages<NTOK>();
   constexpr int D = STAGES - 1;   // stages loaded ahead
+  const int SB = stage_bytes<BITS, NTOK>(p.gs_shift);
   constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
   // Few rows (memory-bound): no per-weight dequantization. The tensor cores take qm = code + MAGIC as it is,
   // and a second wgmma with an all-ones A gives sum(x) per row of x; per group, in float32,
@@ -258,7 +263,7 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
   const int nst_all = (p.kblocks * KS + KT - 1) / KT;
   const int sps = (nst_all + p.splits - 1) / p.splits;
   const int s_begin = min(nst_all, split * sps), s_end = min(nst_all, s_begin + sps);
-  const int ngs = p.gs_shift < 0 ? 1 : max(1, KT >> p.gs_shift);   // statistics rows per stage
+  const int ngs = stat_rows(p.gs_shift);   // statistics rows per stage
   const uint4* wsrc = p.qw + ((int64_t)ft * p.kblocks * 8 + warp) * 32 + lane;
   const T* X = static_cast<const T*>(p.x);
 
@@ -492,23 +497,23 @@ __global__ void wqw_reduce_kernel(const WqwArgs p) {
   }
 }
 
-template <int BITS> static int wqw_smem_b(int ntok) {
+template <int BITS> static int wqw_smem_b(int ntok, int gs_shift) {
   using namespace wqw;
   switch (ntok) {
-    case 16: return smem_bytes<BITS, 16>();
-    case 32: return smem_bytes<BITS, 32>();
-    case 64: return smem_bytes<BITS, 64>();
-    default: return smem_bytes<BITS, 128>();
+    case 16: return smem_bytes<BITS, 16>(gs_shift);
+    case 32: return smem_bytes<BITS, 32>(gs_shift);
+    case 64: return smem_bytes<BITS, 64>(gs_shift);
+    default: return smem_bytes<BITS, 128>(gs_shift);
   }
 }
-int wqw_smem_bytes(int bits, int ntok) {
-  return bits == 2 ? wqw_smem_b<2>(ntok) : (bits == 4 ? wqw_smem_b<4>(ntok) : wqw_smem_b<8>(ntok));
+int wqw_smem_bytes(int bits, int ntok, int gs_shift) {
+  return bits == 2 ? wqw_smem_b<2>(ntok, gs_shift) : (bits == 4 ? wqw_smem_b<4>(ntok, gs_shift) : wqw_smem_b<8>(ntok, gs_shift));
 }
 
 template <int BITS, typename T, typename S, int NTOK>
 static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
   auto k = p.gptq ? wqw_kernel<BITS, T, S, NTOK, true> : wqw_kernel<BITS, T, S, NTOK, false>;
-  const int smem = wqw::smem_bytes<BITS, NTOK>();
+  const int smem = wqw::smem_bytes<BITS, NTOK>(p.gs_shift);
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / 128) * p.splits;
