@@ -401,14 +401,14 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   p.gptq = gptq ? 1 : 0;
   p.ntok = (int)ntok;
   p.st_bf16 = st_bf16 ? 1 : 0;
-  // split K when the tiles alone leave SMs idle (tiles of <= 64 rows run 2 blocks per SM), >= 4 stages per
-  // split; the memory-bound tiles (<= 32 rows) aim for two waves of blocks, so the weight stream keeps every SM busy
-  const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / 128);
-  const int64_t slots = (int64_t)num_sms() * (ntok <= 64 ? 2 : 1);
+  // split K when the tiles alone leave SMs idle: as many splits as keep the grid within one wave of blocks
+  // (blocks per SM: 4 for tiles of <= 32 rows (64 columns), 2 for 64 rows, 1 for 128), >= 4 stages per split
+  // (H100 sweep in benchmarks/results/cuda_h100.md: one full wave beat two)
+  const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / (ntok <= 32 ? 64 : 128));
+  const int64_t slots = (int64_t)num_sms() * (ntok <= 32 ? 4 : (ntok == 64 ? 2 : 1));
   const int64_t stages = (kblocks * 16 * J + 127) / 128;
-  const int64_t want = ntok <= 32 ? 2 * slots : slots;
   int64_t splits = 1;
-  if (tiles * 3 < want * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, (want + tiles - 1) / tiles));
+  if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, slots / tiles));
   if (force_splits > 0) splits = std::min<int64_t>(force_splits, stages);
   p.splits = (int)splits;
   Tensor ws;

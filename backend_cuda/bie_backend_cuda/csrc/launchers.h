@@ -89,7 +89,6 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
                               cudaStream_t st);
 
 // Hopper weight-only GEMM for medium/large M (wgmma, A = dequantized codes from registers), see wq_wgmma.cu.
-constexpr int WQW_THREADS = 256;   // two warpgroups = 128 output columns
 struct WqwArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)

@@ -39,10 +39,13 @@
 namespace bie {
 namespace wqw {
 
-constexpr int THREADS = WQW_THREADS;
+// Warpgroups per block: one for the memory-bound tiles of <= 32 rows (64 columns a block, no barrier shared
+// with another warpgroup, 4 blocks per SM), two above (128 columns, the x tile shared).
+template <int NTOK> __host__ __device__ constexpr int wgs() { return NTOK <= 32 ? 1 : 2; }
+template <int NTOK> __host__ __device__ constexpr int threads() { return 128 * wgs<NTOK>(); }
 constexpr int KT = 128;      // k per stage
 // ring slots (loads run STAGES - 1 stages ahead): deeper for the memory-bound tiles of few rows
-template <int NTOK> __host__ __device__ constexpr int stages() { return NTOK <= 32 ? 6 : 4; }
+template <int NTOK> __host__ __device__ constexpr int stages() { return NTOK <= 16 ? 6 : 4; }
 constexpr int STEPS = KT / 16;
 
 template <int BITS> struct Bits;
@@ -177,12 +180,16 @@ __device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t s2u, uint32_t 
 
 template <int BITS> __host__ __device__ constexpr int vecs_per_stage() { return KT / (16 * Bits<BITS>::J); }
 template <int NTOK> __host__ __device__ constexpr int x_bytes() { return NTOK * KT * 2; }
-template <int BITS> __host__ __device__ constexpr int w_bytes() { return THREADS * vecs_per_stage<BITS>() * 16; }
+template <int BITS, int NTOK> __host__ __device__ constexpr int w_bytes() {
+  return threads<NTOK>() * vecs_per_stage<BITS>() * 16;
+}
 // statistics rows per stage (128 columns x 4 bytes each), and their bytes rounded so stages stay 1024-aligned
 __host__ __device__ inline int stat_rows(int gs_shift) { return gs_shift < 0 ? 1 : (KT >> gs_shift > 1 ? KT >> gs_shift : 1); }
-__host__ __device__ inline int stat_bytes(int gs_shift) { return (stat_rows(gs_shift) * 512 + 1023) & ~1023; }
+template <int NTOK> __host__ __device__ inline int stat_bytes(int gs_shift) {
+  return (stat_rows(gs_shift) * 256 * wgs<NTOK>() + 1023) & ~1023;
+}
 template <int BITS, int NTOK> __host__ __device__ inline int stage_bytes(int gs_shift) {
-  return x_bytes<NTOK>() + w_bytes<BITS>() + stat_bytes(gs_shift);
+  return x_bytes<NTOK>() + w_bytes<BITS, NTOK>() + stat_bytes<NTOK>(gs_shift);
 }
 template <int BITS, int NTOK> __host__ __device__ inline int smem_bytes(int gs_shift) {
   return stages<NTOK>() * stage_bytes<BITS, NTOK>(gs_shift) + 1024;   // + alignment of the ring (swizzle atoms)
@@ -224,11 +231,13 @@ __device__ __forceinline__ uint32_t dequant_wide(uint32_t qm, float s, float zq)
 }
 
 template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
-__global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(const WqwArgs p) {
+__global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK <= 32 ? 4 : (NTOK <= 64 ? 2 : 1))
+    wqw_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
   constexpr int J = Bits<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
-  constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS>();
+  constexpr int THREADS = threads<NTOK>(), WGS = wgs<NTOK>(), COLS = 64 * WGS, SROW = 4 * COLS;
+  constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS, NTOK>();
   constexpr int STAGES = stages<NTOK>();
   constexpr int D = STAGES - 1;   // stages loaded ahead
   const int SB = stage_bytes<BITS, NTOK>(p.gs_shift);
@@ -248,7 +257,7 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
   // Tile order: groups of up to 8 row tiles; inside a group the row tile varies
   // fastest, so the weight tile of a column group is read by neighbouring
   // blocks (L2) and a group's rows of x stay in L2.
-  const int ntile_t = (p.M + NTOK - 1) / NTOK, ntile_f = p.Np / 128;
+  const int ntile_t = (p.M + NTOK - 1) / NTOK, ntile_f = p.Np / COLS;
   // split-K (small grids): blockIdx.x = split * tiles + tile; each split owns a run of stages
   const int split = blockIdx.x / (ntile_t * ntile_f);
   const int tile = blockIdx.x - split * (ntile_t * ntile_f);
@@ -264,12 +273,14 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
   const int sps = (nst_all + p.splits - 1) / p.splits;
   const int s_begin = min(nst_all, split * sps), s_end = min(nst_all, s_begin + sps);
   const int ngs = stat_rows(p.gs_shift);   // statistics rows per stage
-  const uint4* wsrc = p.qw + ((int64_t)ft * p.kblocks * 8 + warp) * 32 + lane;
+  // column block (warp) of the interleaved 128-column group that this warp streams
+  const uint4* wsrc = p.qw + ((int64_t)((ft * WGS) >> 1) * p.kblocks * 8 + ((ft * WGS) & 1) * 4 + warp) * 32 + lane;
   const T* X = static_cast<const T*>(p.x);
 
   // This thread copies x chunks (row r0 + 16 i, chunk xch of 16 per 128-k stage): row pointer and swizzled
   // shared-memory offset computed once.
   const int r0 = tid >> 4, xch = tid & 15;
+  constexpr int XRS = THREADS / 16;   // rows between this thread's chunks
   const T* xsrc = X + (int64_t)min(tok0 + r0, p.M - 1) * p.K + xch * 8;
   const uint32_t xdst = (uint32_t)((xch >> 3) * (NTOK * 128) + r0 * 128 + (((xch & 7) ^ (r0 & 7)) << 4));
   auto load_stage = [&](int s) {
@@ -278,8 +289,8 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
     const bool kin = k0 + xch * 8 < p.K;          // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
     for (int i = 0; i < NTOK * 16 / THREADS; ++i) {   // NTOK rows x 16 chunks of 8 values
-      const bool ok = kin && tok0 + r0 + 16 * i < p.M;
-      cp_async16(base + xdst + (uint32_t)(i * 16 * 128), ok ? xsrc + ((int64_t)(16 * i) * p.K + k0) : X,
+      const bool ok = kin && tok0 + r0 + XRS * i < p.M;
+      cp_async16(base + xdst + (uint32_t)(i * XRS * 128), ok ? xsrc + ((int64_t)(XRS * i) * p.K + k0) : X,
                  ok ? 16 : 0);
     }
     const uint4* ws = wsrc + (int64_t)s * (VPS * 256);
@@ -289,10 +300,10 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
       cp_async16(base + XB + (uint32_t)((v * THREADS + tid) * 16), ok ? ws + v * 256 : wsrc, ok ? 16 : 0);
     }
     // the statistics rows of the stage's groups (stage starts are group-aligned for groups <= KT)
-    if (tid < ngs * 32) {
-      const int q = tid >> 5, c = tid & 31;
+    if (tid < ngs * (COLS / 4)) {
+      const int q = tid / (COLS / 4), c = tid % (COLS / 4);
       const int gi = p.gs_shift >= 0 ? min((k0 >> p.gs_shift) + q, p.G - 1) : 0;
-      cp_async16(base + XB + WB + (uint32_t)(q * 512 + c * 16), p.stw + (int64_t)gi * p.Np + ft * 128 + c * 4, 16);
+      cp_async16(base + XB + WB + (uint32_t)(q * SROW + c * 16), p.stw + (int64_t)gi * p.Np + ft * COLS + c * 4, 16);
     }
   };
 
@@ -369,7 +380,7 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
             hold(acc[i]);
             hold(accx[i]);
           }
-          const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
+          const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * SROW : 0);
           float sf[2], cf[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -402,7 +413,7 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
       for (int jj = 0; jj < J; ++jj) {
         const int j = v * J + jj;
         extract<BITS, S>(vec, jj, af[j]);
-        const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * 512 : 0);
+        const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * SROW : 0);
         const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
         if constexpr (WIDE) {   // bf16 statistics, fp16 tensor cores: float32 arithmetic, one rounding to fp16
           const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
@@ -447,7 +458,7 @@ __global__ void __launch_bounds__(WQW_THREADS, NTOK <= 64 ? 2 : 1) wqw_kernel(co
     for (int i = 0; i < NTOK / 2; ++i) acc[i] = tot[i];
   }
   // epilogue: D row = output column, D column = row of x
-  const int c0 = ft * 128 + wg * 64 + (warp & 3) * 16 + g;
+  const int c0 = ft * COLS + wg * 64 + (warp & 3) * 16 + g;
   if (p.splits > 1) {   // float32 partial sums; wqw_reduce_kernel adds the splits in order (deterministic)
     float* ws = p.ws + (int64_t)split * p.M * p.N;
 #pragma unroll
@@ -514,10 +525,11 @@ template <int BITS, typename T, typename S, int NTOK>
 static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
   auto k = p.gptq ? wqw_kernel<BITS, T, S, NTOK, true> : wqw_kernel<BITS, T, S, NTOK, false>;
   const int smem = wqw::smem_bytes<BITS, NTOK>(p.gs_shift);
+  constexpr int COLS = 64 * wqw::wgs<NTOK>();
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / 128) * p.splits;
-  k<<<blocks, WQW_THREADS, smem, st>>>(p);
+  const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / COLS) * p.splits;
+  k<<<blocks, wqw::threads<NTOK>(), smem, st>>>(p);
   if (p.splits > 1) {
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
