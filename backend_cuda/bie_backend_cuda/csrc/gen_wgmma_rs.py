@@ -1,5 +1,5 @@
-"""Writes wgmma_rs.cuh: wgmma.mma_async with A from registers (WgmmaRS) or from shared memory (WgmmaSS),
-fp16/bf16 in, fp32 accumulators, one wrapper per (input type, N). Inline PTX needs every accumulator named, so the text is generated:
+"""Writes wgmma_rs.cuh: wgmma.mma_async with A from registers (fp16/bf16 in, fp32 accumulators), one
+wrapper per (input type, N). Inline PTX needs every accumulator named, so the text is generated:
 `python gen_wgmma_rs.py > wgmma_rs.cuh`."""
 NS = (16, 32, 64, 128, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
@@ -31,26 +31,6 @@ for ctype, ptype in TYPES:
         outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
         print(f"        : {outs}")
         print('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));')
-        print("#endif")
-        print("  }")
-        print("};")
-print("template <typename T, int N> struct WgmmaSS;")
-for ctype, ptype in TYPES:
-    for n in NS[:2]:
-        nd = n // 2
-        d = ",".join(f"%{i}" for i in range(nd))
-        print(f"template <> struct WgmmaSS<{ctype}, {n}> {{")
-        print(f"  static __device__ __forceinline__ void run(float (&d)[{nd}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
-        print("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)")
-        print("    asm volatile(")
-        print('        "{\\n.reg .pred p;\\n"')
-        print(f'        "setp.ne.b32 p, %{nd + 2}, 0;\\n"')
-        print(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptype}.{ptype} "')
-        print(f'        "{{{d}}}, "')
-        print(f'        "%{nd}, %{nd + 1}, p, 1, 1, 0, 0;\\n}}\\n"')
-        outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
-        print(f"        : {outs}")
-        print('        : "l"(desc_a), "l"(desc_b), "r"(scale_d));')
         print("#endif")
         print("  }")
         print("};")

@@ -191,15 +191,8 @@ template <int NTOK> __host__ __device__ inline int stat_bytes(int gs_shift) {
 template <int BITS, int NTOK> __host__ __device__ inline int stage_bytes(int gs_shift) {
   return x_bytes<NTOK>() + w_bytes<BITS, NTOK>() + stat_bytes<NTOK>(gs_shift);
 }
-constexpr int ONES_BYTES = 2048;   // a 64x16 tile of ones (the A operand that sums x), tiles of <= 32 rows
 template <int BITS, int NTOK> __host__ __device__ inline int smem_bytes(int gs_shift) {
-  // + alignment of the ring (swizzle atoms)
-  return stages<NTOK>() * stage_bytes<BITS, NTOK>(gs_shift) + 1024 + (NTOK <= 32 ? ONES_BYTES : 0);
-}
-// Descriptor of the ones tile: no swizzle, 8x16-byte core matrices 128 bytes apart along K and 256 along M,
-// so every address read stays inside the 2 KiB (any layout of ones is the same matrix).
-__device__ __forceinline__ uint64_t desc_ones(uint32_t addr) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+  return stages<NTOK>() * stage_bytes<BITS, NTOK>(gs_shift) + 1024;   // + alignment of the ring (swizzle atoms)
 }
 
 }  // namespace wqw
@@ -321,14 +314,8 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK <= 32 ? 4 : (NTOK <
 #pragma unroll
   for (int i = 0; i < (ACCQ ? NTOK / 2 : 1); ++i) accx[i] = tot[i] = 0.f;
   uint32_t af[STEPS][4];
-  const uint32_t ones_addr = ring + (uint32_t)(STAGES * SB);
-  if constexpr (ACCQ) {
-    const uint32_t one2 = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
-    for (int i = tid; i < ONES_BYTES / 16; i += THREADS)
-      asm volatile("st.shared.v4.u32 [%0], {%1,%1,%1,%1};\n" ::"r"(ones_addr + i * 16), "r"(one2) : "memory");
-    fence_proxy_async();   // read by wgmma (async proxy) after the first stage's barrier
-  }
-  const uint64_t dones = desc_ones(ones_addr);
+  const uint32_t one2 = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+  const uint32_t ones[4] = {one2, one2, one2, one2};
   bool fresh = true;   // the next wgmma starts a group (scale_d = 0)
   // groups shorter than a stage end after every (group / 16)-th step
   const uint32_t gpat = p.gs_shift == 4 ? 0xFFu : (p.gs_shift == 5 ? 0xAAu : (p.gs_shift == 6 ? 0x88u : 0u));
@@ -383,7 +370,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK <= 32 ? 4 : (NTOK <
         const uint64_t dj = d0 + (uint64_t)(((j >> 2) * (NTOK * 128) + (j & 3) * 32) >> 4);
         const int sd = fresh ? 0 : 1;
         WgmmaRS<T, NTOK>::run(acc, af[j], dj, sd);
-        WgmmaSS<T, NTOK>::run(accx, dones, dj, sd);
+        WgmmaRS<T, NTOK>::run(accx, ones, dj, sd);
         fresh = false;
         if ((gmask >> j) & 1u) {   // the group ends here: fold it into tot (warp-uniform branch)
           wgmma_commit();
