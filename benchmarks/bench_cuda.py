@@ -174,11 +174,15 @@ def bench_wqw(rows, quick):
     kernel up to 64 rows, dequantize + cuBLAS above), bf16 cuBLAS and its two token tiles."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator(device="cuda").manual_seed(5)
-    shapes = [(4096, 4096), (28672, 8192), (8192, 28672)]
-    ms = (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096) if not quick else (1, 16, 64, 128, 1024)
-    for n, k in shapes:
-        for bits, gs in ((4, 128),):
-            wbytes = n * k * bits // 8 + (n * k // gs) * 2 * 2
+    shapes = [(4096, 4096, 4, 128), (28672, 8192, 4, 128), (8192, 28672, 4, 128), (28672, 8192, 2, 64),
+              (28672, 8192, 8, -1)]
+    for n, k, bits, gs in shapes:
+        if bits == 4:
+            ms = (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096) if not quick else (1, 16, 64, 128, 1024)
+        else:
+            ms = (16, 64, 256)
+        if True:
+            wbytes = n * k * bits // 8 + (n * k // (k if gs == -1 else gs)) * 2 * 2
             sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
             preps = [cw.prepare(*s_, None) for s_ in sets]
             for m in ms:
