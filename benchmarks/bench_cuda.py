@@ -181,44 +181,43 @@ def bench_wqw(rows, quick):
             ms = (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096) if not quick else (1, 16, 64, 128, 1024)
         else:
             ms = (16, 64, 256)
-        if True:
-            wbytes = n * k * bits // 8 + (n * k // (k if gs == -1 else gs)) * 2 * 2
-            sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
-            preps = [cw.prepare(*s_, None) for s_ in sets]
-            for m in ms:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-                       for s_, p in zip(sets, preps)]
-                keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M
-                res = {}
-                try:
-                    for name, mn, nt in (("ntok128", 1, 0), ("ntok64", 1, 1 << 30), ("before", 0, 0)):
-                        if m <= 32 and name == "ntok128":   # 16/32-row tiles serve these whatever the knob
-                            continue
-                        cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = mn, 1 << 30, nt
-                        res[name] = time_graph(fns, repeats=5)
-                    cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, 0
-                    w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
-                    ref = x.float() @ w
-                    rel = float((fns[0]().float() - ref).norm() / ref.norm())
-                finally:
-                    cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = keep
-                base = bf16_linear_us(m, n, k)
-                best = min(res.get("ntok128", 1e9), res.get("ntok64", 1e9))
-                if m <= 32:
-                    res["ntok128"] = float("nan")
-                byts = wbytes + m * k * 2 + m * n * 2
-                floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
-                row = dict(family=f"wqw W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=best,
-                           ntok128_us=res.get("ntok128"), ntok64_us=res.get("ntok64", float("nan")),
-                           before_us=res["before"], bf16_us=base, speedup=base / best,
-                           vs_before=res["before"] / best, TFLOPs=2.0 * m * n * k / best / 1e6,
-                           floor_us=floor, frac_roof=floor / best, rel_err=rel)
-                print(" | ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
-                      flush=True)
-                rows.append(row)
-            del sets, preps
-            torch.cuda.empty_cache()
+        wbytes = n * k * bits // 8 + (n * k // (k if gs == -1 else gs)) * 2 * 2
+        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
+        preps = [cw.prepare(*s_, None) for s_ in sets]
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
+                   for s_, p in zip(sets, preps)]
+            keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M
+            res = {}
+            try:
+                for name, mn, nt in (("ntok128", 1, 0), ("ntok64", 1, 1 << 30), ("before", 0, 0)):
+                    if m <= 32 and name == "ntok128":   # 16/32-row tiles serve these whatever the knob
+                        continue
+                    cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = mn, 1 << 30, nt
+                    res[name] = time_graph(fns, repeats=5)
+                cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, 0
+                w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
+                ref = x.float() @ w
+                rel = float((fns[0]().float() - ref).norm() / ref.norm())
+            finally:
+                cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = keep
+            base = bf16_linear_us(m, n, k)
+            best = min(res.get("ntok128", 1e9), res.get("ntok64", 1e9))
+            if m <= 32:
+                res["ntok128"] = float("nan")
+            byts = wbytes + m * k * 2 + m * n * 2
+            floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
+            row = dict(family=f"wqw W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=best,
+                       ntok128_us=res.get("ntok128"), ntok64_us=res.get("ntok64", float("nan")),
+                       before_us=res["before"], bf16_us=base, speedup=base / best,
+                       vs_before=res["before"] / best, TFLOPs=2.0 * m * n * k / best / 1e6,
+                       floor_us=floor, frac_roof=floor / best, rel_err=rel)
+            print(" | ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
+                  flush=True)
+            rows.append(row)
+        del sets, preps
+        torch.cuda.empty_cache()
 
 
 def sweep_wqw_splits(rows):
