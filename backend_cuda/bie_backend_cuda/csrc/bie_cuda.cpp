@@ -402,10 +402,10 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   p.ntok = (int)ntok;
   p.st_bf16 = st_bf16 ? 1 : 0;
   // split K when the tiles alone leave SMs idle: as many splits as keep the grid within one wave of blocks
-  // (blocks per SM: 4 for tiles of <= 32 rows (64 columns), 2 for 64 rows, 1 for 128), >= 4 stages per split
+  // (blocks per SM: 4 for 16-row tiles, 3 for 32 (64 columns each), 2 for 64 rows, 1 for 128), >= 4 stages per split
   // (H100 sweep in benchmarks/results/cuda_h100.md: one full wave beat two)
   const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / (ntok <= 32 ? 64 : 128));
-  const int64_t slots = (int64_t)num_sms() * (ntok <= 32 ? 4 : (ntok == 64 ? 2 : 1));
+  const int64_t slots = (int64_t)num_sms() * (ntok == 16 ? 4 : (ntok == 32 ? 3 : (ntok == 64 ? 2 : 1)));
   const int64_t stages = (kblocks * 16 * J + 127) / 128;
   int64_t splits = 1;
   if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, slots / tiles));

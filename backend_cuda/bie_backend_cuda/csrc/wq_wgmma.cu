@@ -231,7 +231,7 @@ __device__ __forceinline__ uint32_t dequant_wide(uint32_t qm, float s, float zq)
 }
 
 template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
-__global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK <= 32 ? 4 : (NTOK <= 64 ? 2 : 1))
+__global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <= 64 ? (NTOK == 32 ? 3 : 2) : 1))
     wqw_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
