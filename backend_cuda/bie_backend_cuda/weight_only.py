@@ -353,10 +353,14 @@ WQW_MAX_M = 256
 #: 13.5 us for the skinny kernel; on 28672x8192 the skinny kernel stays faster up to M=8)
 WQW_SMALL_LAYER = 1 << 26
 WQW_SMALL_MIN_M = 5
+#: 8-bit codes stay on the small-M kernel up to 16 rows (28672x8192 per-channel at M=16: 105 vs 116 us)
+WQW_MIN_M_8BIT = 17
 
 
-def _wqw_rows(m: int, n: int, k: int) -> bool:
+def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
     if WQW_MIN_M <= 0 or m > WQW_MAX_M:
+        return False
+    if bits == 8 and m < max(WQW_MIN_M, WQW_MIN_M_8BIT) and WQW_MIN_M > 1:
         return False
     return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
 #: rows of x per wgmma block: 64 up to this many rows, else 128
@@ -368,7 +372,7 @@ WQW_SPLITS = 0
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
-    if _wqw_rows(m, qweight.shape[1], k) and wqw_ok(x, scales, zeros, format, k):
+    if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, True, True)
         if not lay.generic:
             cd = compute_dtype(x.dtype)
