@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
   const int SB = stage_bytes<BITS, NTOK>(p.gs_shift);
   constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
   // Few rows (memory-bound): no per-weight dequantization. The tensor cores take qm = code + MAGIC as it is,
-  // sum(x) per row of x and group comes from the staged x tile; per group, in float32,
+  // and a second wgmma with an all-ones A gives sum(x) per row of x; per group, in float32,
   //   y += s * sum(x * qm) - C * sum(x),  C = s * (zero + MAGIC) (gptq) or s * MAGIC - zq (gba).
   constexpr bool ACCQ = NTOK <= 32;
   constexpr float MAGIC_T = magic_bits<BITS, T>() == 0 ? 0.f : (std::is_same<T, __half>::value ? 1024.f : 128.f);
@@ -308,22 +308,14 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
   };
 
 
-  float acc[NTOK / 2], tot[ACCQ ? NTOK / 2 : 1];
+  float acc[NTOK / 2], accx[ACCQ ? NTOK / 2 : 1], tot[ACCQ ? NTOK / 2 : 1];
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
 #pragma unroll
-  for (int i = 0; i < (ACCQ ? NTOK / 2 : 1); ++i) tot[i] = 0.f;
+  for (int i = 0; i < (ACCQ ? NTOK / 2 : 1); ++i) accx[i] = tot[i] = 0.f;
   uint32_t af[STEPS][4];
-  // Few rows: sum(x) per (group of the stage, row of x), computed once per stage by the block from the staged
-  // tile (TPT threads per row, SEGT k each, shuffles inside a group), and a running sum in registers for groups
-  // longer than a stage. This thread's rows of x: 8 * (i / 2) + 2 * t4 + (i % 2), i < NTOK / 4.
-  constexpr int TPT = THREADS / NTOK, SEGT = KT / TPT;
-  __shared__ float xsum_s[ACCQ ? (KT / 16) * NTOK : 1];
-  float xrun[ACCQ ? NTOK / 4 : 1];
-#pragma unroll
-  for (int i = 0; i < (ACCQ ? NTOK / 4 : 1); ++i) xrun[i] = 0.f;
-  const bool long_groups = p.gs_shift < 0 || p.gs_shift > 7;   // a group spans whole stages
-  const int xr = tid / TPT, xpart = tid % TPT;
+  const uint32_t one2 = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+  const uint32_t ones[4] = {one2, one2, one2, one2};
   bool fresh = true;   // the next wgmma starts a group (scale_d = 0)
   // groups shorter than a stage end after every (group / 16)-th step
   const uint32_t gpat = p.gs_shift == 4 ? 0xFFu : (p.gs_shift == 5 ? 0xAAu : (p.gs_shift == 6 ? 0x88u : 0u));
@@ -353,45 +345,6 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
     const uint32_t stat = base + XB + WB + (uint32_t)((warp * 16 + g) * 4);
     const uint64_t d0 = desc_sw128(base);
     if constexpr (ACCQ) {
-      {   // sum(x) of this stage's groups
-        float seg[SEGT / 16];
-#pragma unroll
-        for (int i = 0; i < SEGT / 16; ++i) seg[i] = 0.f;
-#pragma unroll
-        for (int c = 0; c < SEGT / 8; ++c) {
-          const int ch = xpart * (SEGT / 8) + c;
-          const uint4 v = lds128(base + (uint32_t)((ch >> 3) * (NTOK * 128) + xr * 128 + (((ch & 7) ^ (xr & 7)) << 4)));
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-          float a = 0.f;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if constexpr (std::is_same<T, __half>::value) {
-              const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
-              a += f.x + f.y;
-            } else {
-              a += __uint_as_float(w[e] << 16) + __uint_as_float(w[e] & 0xFFFF0000u);
-            }
-          }
-          seg[c >> 1] += a;
-        }
-        if (p.gs_shift == 4) {   // 16-k groups: one per segment
-#pragma unroll
-          for (int i = 0; i < SEGT / 16; ++i) xsum_s[(xpart * (SEGT / 16) + i) * NTOK + xr] = seg[i];
-        } else {
-          float v = 0.f;
-#pragma unroll
-          for (int i = 0; i < SEGT / 16; ++i) v += seg[i];
-          const int gk = long_groups ? KT : (1 << p.gs_shift);   // k of a group inside this stage
-          const int tpg = gk > SEGT ? gk / SEGT : 1;            // threads per group (same warp)
-          for (int off = 1; off < tpg; off <<= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-          if (xpart % tpg == 0) xsum_s[((xpart * SEGT) / gk) * NTOK + xr] = v;
-        }
-        __syncthreads();
-        if (long_groups) {
-#pragma unroll
-          for (int i = 0; i < NTOK / 4; ++i) xrun[i] += xsum_s[8 * (i >> 1) + 2 * t4 + (i & 1)];
-        }
-      }
       // steps after which a group ends (warp-uniform): every group's last step, and the block's last step
       uint32_t gmask = s == s_end - 1 ? 0x80u : 0u;
       if (p.gs_shift >= 7) gmask |= (((s + 1) * KT) & ((1 << p.gs_shift) - 1)) == 0 ? 0x80u : 0u;
@@ -407,30 +360,25 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 #pragma unroll
         for (int r = 0; r < 4; ++r) hold(af[j][r]);
 #pragma unroll
-      for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
+      for (int i = 0; i < NTOK / 2; ++i) {
+        hold(acc[i]);
+        hold(accx[i]);
+      }
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < STEPS; ++j) {
         const uint64_t dj = d0 + (uint64_t)(((j >> 2) * (NTOK * 128) + (j & 3) * 32) >> 4);
         const int sd = fresh ? 0 : 1;
         WgmmaRS<T, NTOK>::run(acc, af[j], dj, sd);
+        WgmmaRS<T, NTOK>::run(accx, ones, dj, sd);
         fresh = false;
         if ((gmask >> j) & 1u) {   // the group ends here: fold it into tot (warp-uniform branch)
           wgmma_commit();
           wgmma_wait<0>();
 #pragma unroll
-          for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
-          float sx[NTOK / 4];
-          if (long_groups) {
-#pragma unroll
-            for (int i = 0; i < NTOK / 4; ++i) {
-              sx[i] = xrun[i];
-              xrun[i] = 0.f;
-            }
-          } else {
-            const int q = (16 * j) >> p.gs_shift;
-#pragma unroll
-            for (int i = 0; i < NTOK / 4; ++i) sx[i] = xsum_s[q * NTOK + 8 * (i >> 1) + 2 * t4 + (i & 1)];
+          for (int i = 0; i < NTOK / 2; ++i) {
+            hold(acc[i]);
+            hold(accx[i]);
           }
           const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * SROW : 0);
           float sf[2], cf[2];
@@ -443,7 +391,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 #pragma unroll
           for (int i = 0; i < NTOK / 2; ++i) {
             const int h = (i >> 1) & 1;   // D register 4q + e: row g + 8 * (e >> 1)
-            tot[i] = fmaf(sf[h], acc[i], fmaf(-cf[h], sx[2 * (i >> 2) + (i & 1)], tot[i]));
+            tot[i] = fmaf(sf[h], acc[i], fmaf(-cf[h], accx[i], tot[i]));
           }
           fresh = true;
           wgmma_fence();
@@ -452,7 +400,10 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
+      for (int i = 0; i < NTOK / 2; ++i) {
+        hold(acc[i]);
+        hold(accx[i]);
+      }
       continue;
     }
 #pragma unroll
