@@ -22,39 +22,10 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "wq_fragments.cuh"
 
 namespace bie {
 
-template <typename T> struct V2;
-template <> struct V2<__half> {
-  using t = __half2;
-  static __device__ __forceinline__ t from_bits(uint32_t u) { return *reinterpret_cast<t*>(&u); }
-  static __device__ __forceinline__ t dup(__half v) { return __half2half2(v); }
-  static constexpr uint32_t one_bits = 0x3C003C00u;
-};
-template <> struct V2<__nv_bfloat16> {
-  using t = __nv_bfloat162;
-  static __device__ __forceinline__ t from_bits(uint32_t u) { return *reinterpret_cast<t*>(&u); }
-  static __device__ __forceinline__ t dup(__nv_bfloat16 v) { return __bfloat162bfloat162(v); }
-  static constexpr uint32_t one_bits = 0x3F803F80u;
-};
-
-template <typename T> struct Magic;  // bits of the pair {MAGIC, MAGIC}
-template <> struct Magic<__half> { static constexpr uint32_t v = 0x64006400u; };
-template <> struct Magic<__nv_bfloat16> { static constexpr uint32_t v = 0x43004300u; };
-
-template <int BITS> struct Layout;
-template <> struct Layout<4> { static constexpr int J = 4; };
-template <> struct Layout<2> { static constexpr int J = 8; };
-template <> struct Layout<8> { static constexpr int J = 2; };
-
-// (x & mask) | magic in one LOP3.
-template <uint32_t MASK, uint32_t MAGIC>
-__device__ __forceinline__ uint32_t and_or(uint32_t x) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "n"(MASK), "n"(MAGIC));
-  return r;
-}
 
 // The two k-pairs (b0, b1) of tile u at step j, as qm = code + MAGIC.
 template <int BITS, typename T>
@@ -466,9 +437,8 @@ cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int
 // last-block reduction of the kernel above.
 namespace wqv {
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
+using namespace frag;   // cp.async helpers, extract_a, decode_stat (wq_fragments.cuh)
+
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
@@ -480,11 +450,6 @@ template <> __device__ __forceinline__ float pair_sum<__half>(uint32_t u) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
   return f.x + f.y;
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 template <> __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -498,55 +463,8 @@ template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], co
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t bf16x2_of_bytes(uint32_t x, uint32_t s0, uint32_t s1) {
-  // two bytes of x (selectors 0x5440 + i) -> exact bf16 pair via float32 magic
-  const float f0 = __uint_as_float(__byte_perm(x, 0x00004B00u, s0)) - 8388608.f;
-  const float f1 = __uint_as_float(__byte_perm(x, 0x00004B00u, s1)) - 8388608.f;
-  // both are integers < 256, exact in bf16: keep the high halves
-  return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
-}
 
-// The four A registers of step j, as qm = code + MAGIC (or code for 8-bit bf16).
-template <int BITS, typename T>
-__device__ __forceinline__ void extract_a(const uint4& v, int j, uint32_t (&a)[4]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  if (BITS == 4) {
-    const uint32_t x = w[j];
-    a[0] = and_or<0x000F000Fu, Magic<T>::v>(x);
-    a[1] = and_or<0x000F000Fu, Magic<T>::v>(x >> 4);
-    a[2] = and_or<0x000F000Fu, Magic<T>::v>(x >> 8);
-    a[3] = and_or<0x000F000Fu, Magic<T>::v>(x >> 12);
-  } else if (BITS == 2) {
-    const uint32_t x = w[j >> 1] >> ((j & 1) * 8);
-    a[0] = and_or<0x00030003u, Magic<T>::v>(x);
-    a[1] = and_or<0x00030003u, Magic<T>::v>(x >> 2);
-    a[2] = and_or<0x00030003u, Magic<T>::v>(x >> 4);
-    a[3] = and_or<0x00030003u, Magic<T>::v>(x >> 6);
-  } else {
-    const uint32_t x0 = w[2 * j], x1 = w[2 * j + 1];
-    if (Magic<T>::v == 0x64006400u) {
-      a[0] = __byte_perm(x0, 0x64646464u, 0x4140);
-      a[1] = __byte_perm(x0, 0x64646464u, 0x4342);
-      a[2] = __byte_perm(x1, 0x64646464u, 0x4140);
-      a[3] = __byte_perm(x1, 0x64646464u, 0x4342);
-    } else {
-      a[0] = bf16x2_of_bytes(x0, 0x5440, 0x5441);
-      a[1] = bf16x2_of_bytes(x0, 0x5442, 0x5443);
-      a[2] = bf16x2_of_bytes(x1, 0x5440, 0x5441);
-      a[3] = bf16x2_of_bytes(x1, 0x5442, 0x5443);
-    }
-  }
-}
 
-__device__ __forceinline__ void decode_stat(uint32_t u, bool bf, float& s, float& z) {
-  if (bf) {
-    s = __uint_as_float(u << 16);
-    z = __uint_as_float(u & 0xFFFF0000u);
-  } else {
-    s = __half2float(__ushort_as_half((unsigned short)(u & 0xFFFFu)));
-    z = __half2float(__ushort_as_half((unsigned short)(u >> 16)));
-  }
-}
 
 }  // namespace wqv
 

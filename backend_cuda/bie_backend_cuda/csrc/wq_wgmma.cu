@@ -35,9 +35,12 @@
 
 #include "common.cuh"
 #include "wgmma_rs.cuh"
+#include "wq_fragments.cuh"
 
 namespace bie {
 namespace wqw {
+
+using namespace frag;   // cp.async helpers, extract_a, decode_stat (wq_fragments.cuh)
 
 // Warpgroups per block: one for the memory-bound tiles of <= 32 rows (64 columns a block, no barrier shared
 // with another warpgroup, 4 blocks per SM), two above (128 columns, the x tile shared).
@@ -48,34 +51,11 @@ constexpr int KT = 128;      // k per stage
 template <int NTOK> __host__ __device__ constexpr int stages() { return NTOK <= 16 ? 6 : 4; }
 constexpr int STEPS = KT / 16;
 
-template <int BITS> struct Bits;
-template <> struct Bits<4> { static constexpr int J = 4; static constexpr uint32_t mask = 0x000F000Fu; };
-template <> struct Bits<2> { static constexpr int J = 8; static constexpr uint32_t mask = 0x00030003u; };
-template <> struct Bits<8> { static constexpr int J = 2; static constexpr uint32_t mask = 0; };
-
-template <typename T> struct Pair;
-template <> struct Pair<__half> {
-  using h2 = __half2;
-  static constexpr uint32_t magic = 0x64006400u;  // {1024, 1024}
-};
-template <> struct Pair<__nv_bfloat16> {
-  using h2 = __nv_bfloat162;
-  static constexpr uint32_t magic = 0x43004300u;  // {128, 128}
-};
-
 template <int BITS, typename T> __host__ __device__ constexpr uint32_t magic_bits() {
   // bf16 8-bit codes are converted exactly through float32 (no magic offset)
-  return (BITS == 8 && Pair<T>::magic == 0x43004300u) ? 0u : Pair<T>::magic;
+  return (BITS == 8 && Magic<T>::v == 0x43004300u) ? 0u : Magic<T>::v;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -119,52 +99,12 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
          ((uint64_t)1 << 62);
 }
 
-__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t magic) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(magic));
-  return r;
-}
-__device__ __forceinline__ uint32_t bf16x2_of_bytes(uint32_t x, uint32_t s0, uint32_t s1) {
-  const float f0 = __uint_as_float(__byte_perm(x, 0x00004B00u, s0)) - 8388608.f;
-  const float f1 = __uint_as_float(__byte_perm(x, 0x00004B00u, s1)) - 8388608.f;
-  return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);   // integers < 256: exact in bf16
-}
 
-// A registers of k16 step j (0 <= j < J) of one vector, as qm = code + MAGIC.
-// Register r holds row 8*(r&1) + g, k = 8*(r>>1) + 2t + {0, 1} of the step.
-template <int BITS, typename T>
-__device__ __forceinline__ void extract(const uint4& v, int j, uint32_t (&a)[4]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  constexpr uint32_t MG = magic_bits<BITS, T>();
-  if (BITS == 4) {
-    const uint32_t x = w[j];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = and_or(x >> (4 * r), Bits<4>::mask, MG);
-  } else if (BITS == 2) {
-    const uint32_t x = w[j >> 1] >> ((j & 1) * 8);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = and_or(x >> (2 * r), Bits<2>::mask, MG);
-  } else {
-    const uint32_t x0 = w[2 * j], x1 = w[2 * j + 1];
-    if (MG != 0) {
-      a[0] = __byte_perm(x0, 0x64646464u, 0x4140);
-      a[1] = __byte_perm(x0, 0x64646464u, 0x4342);
-      a[2] = __byte_perm(x1, 0x64646464u, 0x4140);
-      a[3] = __byte_perm(x1, 0x64646464u, 0x4342);
-    } else {
-      a[0] = bf16x2_of_bytes(x0, 0x5440, 0x5441);
-      a[1] = bf16x2_of_bytes(x0, 0x5442, 0x5443);
-      a[2] = bf16x2_of_bytes(x1, 0x5440, 0x5441);
-      a[3] = bf16x2_of_bytes(x1, 0x5442, 0x5443);
-    }
-  }
-}
-
-template <typename T> __device__ __forceinline__ uint32_t as_u32(typename Pair<T>::h2 v) {
+template <typename T> __device__ __forceinline__ uint32_t as_u32(typename V2<T>::t v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
-template <typename T> __device__ __forceinline__ typename Pair<T>::h2 as_h2(uint32_t u) {
-  return *reinterpret_cast<typename Pair<T>::h2*>(&u);
+template <typename T> __device__ __forceinline__ typename V2<T>::t as_h2(uint32_t u) {
+  return *reinterpret_cast<typename V2<T>::t*>(&u);
 }
 
 // qm pair -> weight pair; s2 / z2 = {s, s} / {zq, zq} of the row (T bits).
@@ -178,7 +118,7 @@ __device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t s2u, uint32_t 
   return as_u32<T>(__hfma2(q2, s2, z2));
 }
 
-template <int BITS> __host__ __device__ constexpr int vecs_per_stage() { return KT / (16 * Bits<BITS>::J); }
+template <int BITS> __host__ __device__ constexpr int vecs_per_stage() { return KT / (16 * Layout<BITS>::J); }
 template <int NTOK> __host__ __device__ constexpr int x_bytes() { return NTOK * KT * 2; }
 template <int BITS, int NTOK> __host__ __device__ constexpr int w_bytes() {
   return threads<NTOK>() * vecs_per_stage<BITS>() * 16;
@@ -235,7 +175,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
     wqw_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
-  constexpr int J = Bits<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
+  constexpr int J = Layout<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
   constexpr int THREADS = threads<NTOK>(), WGS = wgs<NTOK>(), COLS = 64 * WGS, SROW = 4 * COLS;
   constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS, NTOK>();
   constexpr int STAGES = stages<NTOK>();
@@ -319,15 +259,6 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
   bool fresh = true;   // the next wgmma starts a group (scale_d = 0)
   // groups shorter than a stage end after every (group / 16)-th step
   const uint32_t gpat = p.gs_shift == 4 ? 0xFFu : (p.gs_shift == 5 ? 0xAAu : (p.gs_shift == 6 ? 0x88u : 0u));
-  auto decode = [&](uint32_t w, float& sf, float& zf) {
-    if constexpr (std::is_same<S, __half>::value) {
-      sf = __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
-      zf = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
-    } else {
-      sf = __uint_as_float(w << 16);
-      zf = __uint_as_float(w & 0xFFFF0000u);
-    }
-  };
 
 #pragma unroll
   for (int i = 0; i < D; ++i) {
@@ -353,7 +284,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
       for (int v = 0; v < VPS; ++v) {
         const uint4 vec = lds128(base + XB + (uint32_t)((v * THREADS + tid) * 16));
 #pragma unroll
-        for (int jj = 0; jj < J; ++jj) extract<BITS, T>(vec, jj, af[v * J + jj]);
+        for (int jj = 0; jj < J; ++jj) extract_a<BITS, T>(vec, jj, af[v * J + jj]);
       }
 #pragma unroll
       for (int j = 0; j < STEPS; ++j)
@@ -385,7 +316,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float zq;
-            decode(lds32(sq + 32 * h), sf[h], zq);
+            decode_stat(lds32(sq + 32 * h), std::is_same<S, __nv_bfloat16>::value, sf[h], zq);
             cf[h] = GPTQ ? sf[h] * (zq - MAGIC_S + MAGIC_T) : sf[h] * MAGIC_T - zq;
           }
 #pragma unroll
@@ -412,7 +343,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 #pragma unroll
       for (int jj = 0; jj < J; ++jj) {
         const int j = v * J + jj;
-        extract<BITS, S>(vec, jj, af[j]);
+        extract_a<BITS, S>(vec, jj, af[j]);
         const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * SROW : 0);
         const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
         if constexpr (WIDE) {   // bf16 statistics, fp16 tensor cores: float32 arithmetic, one rounding to fp16
