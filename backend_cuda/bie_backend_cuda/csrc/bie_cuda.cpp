@@ -45,6 +45,23 @@ int num_sms() {
   return n > 0 ? n : 1;
 }
 
+// The bias and output fields shared by the weight-only launch structs: bias (N values, any floating dtype, on
+// x's device) kept alive in bias_c, output pointer and floating dtype code.
+template <class Args>
+void set_bias_out(Args& p, const std::optional<Tensor>& bias, Tensor& bias_c, const Tensor& x, const Tensor& out,
+                  at::ScalarType out_dtype, int64_t N, const char* who) {
+  if (bias.has_value() && bias->defined()) {
+    bias_c = bias->reshape({-1}).contiguous();
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.", who, ": bias must have N values");
+    p.bias = bias_c.data_ptr();
+    p.bias_dtype = dtype_code(bias_c.scalar_type());
+  }
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(out_dtype);
+  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16, "bie_cuda.", who,
+              ": floating out_dtype");
+}
+
 // ------------------------------------------------------------------- binary
 Tensor pack_signs(const Tensor& x) {
   check_cuda(x, "x");
@@ -241,16 +258,7 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
   p.s32 = s32.data_ptr<float>();
   p.c32 = c32.data_ptr<float>();
   Tensor bias_c;
-  if (bias.has_value() && bias->defined()) {
-    bias_c = bias->reshape({-1}).contiguous();
-    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.wq_gemm: bias must have N values");
-    p.bias = bias_c.data_ptr();
-    p.bias_dtype = dtype_code(bias_c.scalar_type());
-  }
-  p.out = out.data_ptr();
-  p.out_dtype = dtype_code(out_dtype);
-  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16,
-              "bie_cuda.wq_gemm: floating out_dtype");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wq_gemm");
   p.M = (int)M;
   p.N = (int)N;
   p.Np = (int)Np;
@@ -311,16 +319,7 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
   p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
   Tensor bias_c;
-  if (bias.has_value() && bias->defined()) {
-    bias_c = bias->reshape({-1}).contiguous();
-    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.wqv_gemm: bias must have N values");
-    p.bias = bias_c.data_ptr();
-    p.bias_dtype = dtype_code(bias_c.scalar_type());
-  }
-  p.out = out.data_ptr();
-  p.out_dtype = dtype_code(out_dtype);
-  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16,
-              "bie_cuda.wqv_gemm: floating out_dtype");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqv_gemm");
   p.M = (int)M;
   p.N = (int)N;
   p.Np = (int)Np;
@@ -381,16 +380,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
   p.stw = reinterpret_cast<const uint32_t*>(stw.data_ptr<int32_t>());
   Tensor bias_c;
-  if (bias.has_value() && bias->defined()) {
-    bias_c = bias->reshape({-1}).contiguous();
-    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == x.device(), "bie_cuda.wqw_gemm: bias must have N values");
-    p.bias = bias_c.data_ptr();
-    p.bias_dtype = dtype_code(bias_c.scalar_type());
-  }
-  p.out = out.data_ptr();
-  p.out_dtype = dtype_code(out_dtype);
-  TORCH_CHECK(p.out_dtype == bie::kF32 || p.out_dtype == bie::kF16 || p.out_dtype == bie::kBF16,
-              "bie_cuda.wqw_gemm: floating out_dtype");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqw_gemm");
   p.M = (int)M;
   p.N = (int)N;
   p.Np = (int)Np;
