@@ -290,6 +290,46 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
             cw.TUNE_SKINNY, cw.SKINNY_M = 0, keep
 
 
+@pytest.mark.parametrize("bits,fmt,sdt", [(4, "gptq", torch.float16), (4, "gba", torch.bfloat16),
+                                           (8, "gptq", torch.bfloat16), (2, "gba", torch.float16),
+                                           (8, "gba", torch.float16)])
+def test_wgmma_statistics_encoding_is_exact(bits, fmt, sdt):
+    """The wgmma kernel's statistics (CPU-side encoding, no GPU needed): scale | (zero + MAGIC) << 16 (GPTQ) or
+    scale | -zero << 16 (GBA), both in the checkpoint's 16-bit dtype and exactly equal to the canonical values."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = 256, 136
+    from bie_core.ops.weight_only import make_wq_case
+    qw, s, z, _, _ = make_wq_case(k, n, bits, 64, fmt, False, torch.Generator().manual_seed(31), "cpu", sdtype=sdt)
+    lay = cw.build_layout_skinny(qw, s, z, None, bits, 64, k, fmt, torch.float16)
+    stw = cw._stw(lay)
+    assert stw.shape == (s.shape[0], lay.st.shape[1]) and stw.dtype == torch.int32
+    lo = (stw & 0xFFFF).to(torch.int16).view(sdt)[:, :n]
+    hi = (stw >> 16).to(torch.int16).view(sdt)[:, :n].double()
+    assert torch.equal(lo, s)
+    kbits = cw._KERNEL_BITS[bits]
+    magic = 1024.0 if sdt is torch.float16 else (0.0 if kbits == 8 else 128.0)
+    if fmt == "gptq":
+        zi = cw.unpack_stream(z.t().contiguous(), bits, n).t().double()
+        assert torch.equal(hi, zi + magic)
+    else:
+        assert torch.equal(hi, -z.double())
+
+
+def test_wgmma_row_ranges():
+    """Which rows the Hopper wgmma kernel takes (the dispatch thresholds measured in cuda_h100_wqw.md)."""
+    from bie_backend_cuda import weight_only as cw
+    big, small = (28672, 8192), (4096, 4096)
+    assert [m for m in range(1, 300) if cw._wqw_rows(m, *big, 4)] == list(range(9, 257))
+    assert [m for m in range(1, 20) if cw._wqw_rows(m, *small, 4)] == list(range(5, 20))
+    assert [m for m in range(1, 20) if cw._wqw_rows(m, *big, 8)] == [17, 18, 19]
+    keep = cw.WQW_MIN_M
+    try:
+        cw.WQW_MIN_M = 0
+        assert not any(cw._wqw_rows(m, *big, 4) for m in (1, 16, 64, 256))
+    finally:
+        cw.WQW_MIN_M = keep
+
+
 needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                                   reason="needs a Hopper (sm_90) GPU")
 WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, act in
