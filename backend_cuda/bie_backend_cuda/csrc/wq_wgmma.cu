@@ -1,36 +1,41 @@
-// Weight-only (GPTQ / GBA) GEMM for medium and large M on Hopper ("wqw"):
-// the codes are dequantized in registers straight into the A operand of
-// wgmma (A = W^T, 64 output columns per warpgroup), x is the B operand read
-// by the tensor cores from shared memory, so the bf16/fp16 weight never
-// exists in device memory (dequantize + cuBLAS writes and re-reads it, which
-// alone costs ~25% of the bf16 GEMM's time at M = 1024).
+// Weight-only (GPTQ / GBA) GEMM on Hopper for 9..256 rows ("wqw"), computed
+// as Y^T = W^T X^T: the codes are wgmma's A operand from registers (64 output
+// columns per warpgroup), x is the B operand read by the tensor cores from
+// shared memory, so the bf16/fp16 weight never exists in device memory
+// (dequantize + cuBLAS writes and re-reads it).
 //
 // Weights: the interleaved A-fragment layout of the skinny kernel
-// (weight_only.cu, "wqv"): [N/128 groups][K/KS blocks][8 column blocks][32 lanes][4 words],
-// so a block of 8 warps (= 128 output columns, warp w = column block w)
-// streams one contiguous 4 KiB run per k block, and each lane's 16-byte
-// vector holds its A fragments for J = 4 (4-bit), 8 (2-bit) or 2 (8-bit) k16
-// steps. The layout is shared with the skinny kernel: one prepared copy.
+// (weight_only.cu, "wqv"): [N/128 groups][K/KS blocks][8 column blocks][32 lanes][4 words];
+// each lane's 16-byte vector holds its A fragments for J = 4 (4-bit), 8
+// (2-bit) or 2 (8-bit) k16 steps. One prepared copy serves both kernels.
 // Statistics: stw (G, Np) uint32 = s | zq << 16 in the checkpoint's 16-bit
-// type S (exact), with
-//   gptq: zq = zero + MAGIC,  w = (qm - zq) * s       (qm - zq exact, one rounding)
-//   gba:  zq = -zero,         w = (qm - MAGIC) * s + zq  (one fused rounding)
-// computed in S, where qm = code + MAGIC is what the bit trick of extract
-// produces; the pair is then converted to the tensor cores' type T when S != T
-// (rounding the statistics to T instead would bias whole groups, visible with
-// per-channel groups). bf16 statistics with fp16 tensor cores go through
-// float32 instead, so the weight is rounded once, to fp16.
+// type S (exact), with zq = zero + MAGIC (gptq) or -zero (gba).
 //
-// Pipeline (one block = 2 warpgroups = 128 output columns x NTOK rows of x,
-// KT = 128 k per stage, a shared-memory ring 4 stages deep, 6 for tiles of <= 32 rows): every thread
-// copies its share of the x tile (cp.async, 16 bytes, written in the 128-byte
-// swizzle that wgmma's descriptor names) and its own weight vectors, and a
-// warp per group the stage's statistics rows (so they too arrive early); loads run
-// STAGES - 1 stages ahead. Per stage a warpgroup dequantizes 8 k16 A
-// fragments into registers, issues 8 asynchronous wgmmas and retires them; the
-// two warpgroups drift so that one's wgmmas run while the other dequantizes.
-// A slot is refilled only after the barrier that follows every warpgroup's
-// retirement of the wgmmas that read it.
+// Two kinds of tile, by rows of x (NTOK):
+//  - 64 / 128 rows: a block of two warpgroups (128 columns) shares the x tile.
+//    Each k16 step's codes are dequantized in registers in S,
+//      gptq: w = (qm - zq) * s,  gba: w = (qm - MAGIC) * s + zq
+//    (qm = code + MAGIC from extract_a; exact difference, one rounding), then
+//    converted to the tensor cores' type T when S != T (rounding the statistics
+//    to T instead would bias whole groups); bf16 statistics with fp16 tensor
+//    cores go through float32 so the weight is rounded once, to fp16.
+//  - 16 / 32 rows (memory-bound): one warpgroup per block (64 columns, 3-4
+//    blocks per SM, no barrier shared with another warpgroup) and no per-weight
+//    dequantization: the tensor cores take qm as it is, a second wgmma with an
+//    all-ones A gives sum(x), and per group, in float32,
+//      y += s * sum(x * qm) - C * sum(x),  C = s * (zero + MAGIC) or s * MAGIC - zq.
+//
+// Pipeline: KT = 128 k per stage in a shared-memory ring (4 stages, 6 for
+// 16-row tiles) holding the x tile (each thread cp.asyncs 16-byte chunks
+// straight into the 128-byte swizzle the wgmma descriptor names), each lane's
+// own weight vectors and the stage's statistics rows; loads run STAGES - 1
+// stages ahead. Per stage a warpgroup builds its 8 A fragments, issues 8
+// asynchronous wgmmas and retires them (ptxas serialises register-A wgmmas whose
+// registers are redefined while in flight), so the overlap of dequantization and
+// tensor work comes from the other warpgroups on the SM. A slot is refilled only
+// after the barrier that follows every warpgroup's retirement of the wgmmas that
+// read it. K is split over blocks when the tiles leave SMs idle (float32
+// partials, reduced in a fixed order by wqw_reduce_kernel: deterministic).
 #include <type_traits>
 
 #include "common.cuh"
