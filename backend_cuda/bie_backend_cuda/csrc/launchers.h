@@ -105,7 +105,6 @@ struct WqwArgs {
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
   float* ws;             // (splits, M, N) when splits > 1
 };
-int wqw_smem_bytes(int bits, int ntok, int gs_shift);
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st);
 
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,

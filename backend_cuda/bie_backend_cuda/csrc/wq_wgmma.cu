@@ -444,18 +444,6 @@ __global__ void wqw_reduce_kernel(const WqwArgs p) {
   }
 }
 
-template <int BITS> static int wqw_smem_b(int ntok, int gs_shift) {
-  using namespace wqw;
-  switch (ntok) {
-    case 16: return smem_bytes<BITS, 16>(gs_shift);
-    case 32: return smem_bytes<BITS, 32>(gs_shift);
-    case 64: return smem_bytes<BITS, 64>(gs_shift);
-    default: return smem_bytes<BITS, 128>(gs_shift);
-  }
-}
-int wqw_smem_bytes(int bits, int ntok, int gs_shift) {
-  return bits == 2 ? wqw_smem_b<2>(ntok, gs_shift) : (bits == 4 ? wqw_smem_b<4>(ntok, gs_shift) : wqw_smem_b<8>(ntok, gs_shift));
-}
 
 template <int BITS, typename T, typename S, int NTOK>
 static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
