@@ -14,7 +14,7 @@ the 4-bit kernels and 1-bit codes by the 2-bit kernels (repacked wider).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -79,8 +79,7 @@ class Layout:
     st: Optional[torch.Tensor] = None       # int32 (G, Np): scale | zero << 16 (fp16 or bf16 bits)
     st_bf16: bool = False
     inter: bool = False                     # interleaved column blocks (N padded to 128)
-    # Hopper wgmma kernel: {"stw": s | zq << 16 in the statistics' dtype}, built on first use
-    stw: dict = field(default_factory=dict)
+    stw: Optional[torch.Tensor] = None      # Hopper wgmma kernel: s | zq << 16 (statistics' dtype), built on first use
 
 
 # ------------------------------------------------------------ unpacking
@@ -294,14 +293,14 @@ def _counters_for(device, need: int) -> torch.Tensor:
 def _stw(lay: Layout) -> torch.Tensor:
     """Statistics of the wgmma kernel: (G, Np) int32 = s | zq << 16 in the checkpoint's 16-bit dtype, with
     zq = zero + MAGIC (gptq: integer zeros, exact) or -zero (gba, exact); from the skinny layout's statistics."""
-    t = lay.stw.get("stw")
+    t = lay.stw
     if t is None:
         sd = torch.bfloat16 if lay.st_bf16 else torch.float16
         z16 = (lay.st >> 16).to(torch.int16).view(sd).to(torch.float32)
         magic = 1024.0 if sd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
         zq = z16 + magic if lay.gptq else -z16
         hi = zq.to(sd).view(torch.int16).to(torch.int32) << 16
-        t = lay.stw["stw"] = ((lay.st & 0xFFFF) | hi).contiguous()
+        t = lay.stw = ((lay.st & 0xFFFF) | hi).contiguous()
     return t
 
 
@@ -346,7 +345,8 @@ SKINNY_M = 8
 INTERLEAVE = True
 #: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
 #: WQW_MIN_M = 0 turns it off): below, the skinny / small-M kernels; above, dequantize + cuBLAS, which is faster
-#: there until the kernel's large-M efficiency improves. Measured in benchmarks/results/cuda_h100.md.
+#: there until the kernel's large-M efficiency improves. Measured in benchmarks/results/cuda_h100_wqw.md.
+#: Tests force the kernel for every row count and width with WQW_MIN_M = 1.
 WQW_MIN_M = 9
 WQW_MAX_M = 256
 #: layers of at most this many weights take the wgmma kernel from WQW_SMALL_MIN_M rows (4096x4096 at M=8: 10.5 vs
@@ -355,25 +355,28 @@ WQW_SMALL_LAYER = 1 << 26
 WQW_SMALL_MIN_M = 5
 #: 8-bit codes stay on the small-M kernel up to 16 rows (28672x8192 per-channel at M=16: 105 vs 116 us)
 WQW_MIN_M_8BIT = 17
-
-
-def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
-    if WQW_MIN_M <= 0 or m > WQW_MAX_M:
-        return False
-    if bits == 8 and m < max(WQW_MIN_M, WQW_MIN_M_8BIT) and WQW_MIN_M > 1:
-        return False
-    return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
-#: rows of x per wgmma block: 64 up to this many rows, else 128
+#: rows of x per wgmma block above 32 rows: 64 up to this many rows, else 128
 WQW_NTOK64_MAX_M = 64
 #: K splits of the wgmma kernel; 0 = chosen from the grid (split when the tiles leave SMs idle)
 WQW_SPLITS = 0
+
+
+def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
+    """The wgmma kernel serves m rows of this layer (the measured thresholds above)."""
+    if WQW_MIN_M <= 0 or m > WQW_MAX_M:
+        return False
+    forced = WQW_MIN_M == 1
+    if bits == 8 and not forced and m < WQW_MIN_M_8BIT:
+        return False
+    return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
 
 
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
-        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, True, True)
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
+                      inter=True)   # the wgmma kernel reads the interleaved layout
         if not lay.generic:
             cd = compute_dtype(x.dtype)
             xs = x if lay.perm is None else x.index_select(1, lay.perm)

@@ -368,11 +368,10 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   TORCH_CHECK(qwa.scalar_type() == at::kInt && qwa.is_contiguous() && qwa.numel() == (Np / 16) * kblocks * 128,
               "bie_cuda.wqw_gemm: prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && M < (1ll << 30), "bie_cuda.wqw_gemm: problem too large");
-  int dev = 0, major = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  TORCH_CHECK(major == 9, "bie_cuda.wqw_gemm: needs a Hopper (sm_90) GPU");
   c10::cuda::CUDAGuard guard(x.device());
+  int major = 0;   // x's device (the guard made it current): wgmma exists on sm_90 only
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
+  TORCH_CHECK(major == 9, "bie_cuda.wqw_gemm: needs a Hopper (sm_90) GPU");
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqwArgs p{};
@@ -393,7 +392,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   p.st_bf16 = st_bf16 ? 1 : 0;
   // split K when the tiles alone leave SMs idle: as many splits as keep the grid within one wave of blocks
   // (blocks per SM: 4 for 16-row tiles, 3 for 32 (64 columns each), 2 for 64 rows, 1 for 128), >= 4 stages per split
-  // (H100 sweep in benchmarks/results/cuda_h100.md: one full wave beat two)
+  // (H100 sweep in benchmarks/results/cuda_h100_wqw.md: one full wave beat two)
   const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / (ntok <= 32 ? 64 : 128));
   const int64_t slots = (int64_t)num_sms() * (ntok == 16 ? 4 : (ntok == 32 ? 3 : (ntok == 64 ? 2 : 1)));
   const int64_t stages = (kblocks * 16 * J + 127) / 128;

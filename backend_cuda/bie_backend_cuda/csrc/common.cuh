@@ -30,6 +30,15 @@ __device__ __forceinline__ float load_f32(const void* p, int dtype, int64_t i) {
   }
 }
 
+// Store element i of a floating output whose dtype is only known at run time (rounded to nearest).
+__device__ __forceinline__ void store_f32(void* p, int dtype, int64_t i, float v) {
+  switch (dtype) {
+    case kF32: static_cast<float*>(p)[i] = v; break;
+    case kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+  }
+}
+
 template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }

@@ -88,7 +88,7 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
                               bool gptq, int N, int Np, int K, int G, int gs_shift, int kblocks, void* out,
                               cudaStream_t st);
 
-// Hopper weight-only GEMM for medium/large M (wgmma, A = dequantized codes from registers), see wq_wgmma.cu.
+// Hopper weight-only GEMM (wgmma with the codes as A from registers), see wq_wgmma.cu.
 struct WqwArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)
@@ -100,7 +100,7 @@ struct WqwArgs {
   int M, N, Np, K, G, gs_shift;
   int kblocks;
   int gptq;
-  int ntok;              // rows of x per block: 64 or 128
+  int ntok;              // rows of x per block: 16, 32, 64 or 128
   int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
   float* ws;             // (splits, M, N) when splits > 1

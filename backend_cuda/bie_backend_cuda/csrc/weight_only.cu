@@ -97,11 +97,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 
 constexpr int WQ_WARPS = 8;
 
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
+using frag::lds32;
 
 // Block: 8 warps = 8 column blocks of 16; all warps share the block's K slice
 // of x, staged in shared memory XC columns at a time. blockIdx.y = K split,
@@ -290,12 +286,7 @@ __device__ __forceinline__ void wq_gemm_body(const WqArgs& p) {
   // ---- epilogue: direct store (one split) or deterministic split-K reduction
   auto finish = [&](int row, int col, float vsum) {
     if (p.bias) vsum += load_f32(p.bias, p.bias_dtype, col);
-    const int64_t o = (int64_t)row * p.N + col;
-    switch (p.out_dtype) {
-      case kF32: static_cast<float*>(p.out)[o] = vsum; break;
-      case kF16: static_cast<__half*>(p.out)[o] = __float2half_rn(vsum); break;
-      default: static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(vsum); break;
-    }
+    store_f32(p.out, p.out_dtype, (int64_t)row * p.N + col, vsum);
   };
   if (p.splits == 1) {
     if (!active) return;
@@ -676,12 +667,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   // ---- epilogue: C fragment e of tile n is row m = 8n + 2t + (e&1), column 16nb + g + 8(e>>1)
   auto finish = [&](int row, int col, float vsum) {
     if (p.bias) vsum += load_f32(p.bias, p.bias_dtype, col);
-    const int64_t o = (int64_t)row * p.N + col;
-    switch (p.out_dtype) {
-      case kF32: static_cast<float*>(p.out)[o] = vsum; break;
-      case kF16: static_cast<__half*>(p.out)[o] = __float2half_rn(vsum); break;
-      default: static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(vsum); break;
-    }
+    store_f32(p.out, p.out_dtype, (int64_t)row * p.N + col, vsum);
   };
   if (p.splits == 1) {
     if (!active) return;

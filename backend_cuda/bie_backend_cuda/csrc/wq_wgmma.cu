@@ -61,11 +61,6 @@ template <int BITS, typename T> __host__ __device__ constexpr uint32_t magic_bit
   return (BITS == 8 && Magic<T>::v == 0x43004300u) ? 0u : Magic<T>::v;
 }
 
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -95,6 +90,16 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // fragments of an in-flight wgmma must not be reallocated before its wait.
 __device__ __forceinline__ void hold(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ void hold(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+template <int N> __device__ __forceinline__ void hold(float (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) hold(a[i]);
+}
+template <int N> __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) hold(a[j][r]);
+}
 
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows in the
 // 128-byte swizzle: 8-row groups 1024 bytes apart (stride byte offset), the
@@ -104,22 +109,18 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
          ((uint64_t)1 << 62);
 }
 
-
 template <typename T> __device__ __forceinline__ uint32_t as_u32(typename V2<T>::t v) {
   return *reinterpret_cast<uint32_t*>(&v);
-}
-template <typename T> __device__ __forceinline__ typename V2<T>::t as_h2(uint32_t u) {
-  return *reinterpret_cast<typename V2<T>::t*>(&u);
 }
 
 // qm pair -> weight pair; s2 / z2 = {s, s} / {zq, zq} of the row (T bits).
 template <int BITS, typename T, bool GPTQ>
 __device__ __forceinline__ uint32_t dequant(uint32_t qm, uint32_t s2u, uint32_t z2u) {
-  const auto s2 = as_h2<T>(s2u);
-  const auto z2 = as_h2<T>(z2u);
-  if (GPTQ) return as_u32<T>(__hmul2(__hsub2(as_h2<T>(qm), z2), s2));
+  const auto s2 = V2<T>::from_bits(s2u);
+  const auto z2 = V2<T>::from_bits(z2u);
+  if (GPTQ) return as_u32<T>(__hmul2(__hsub2(V2<T>::from_bits(qm), z2), s2));
   constexpr uint32_t MG = magic_bits<BITS, T>();
-  const auto q2 = MG ? __hsub2(as_h2<T>(qm), as_h2<T>(MG)) : as_h2<T>(qm);
+  const auto q2 = MG ? __hsub2(V2<T>::from_bits(qm), V2<T>::from_bits(MG)) : V2<T>::from_bits(qm);
   return as_u32<T>(__hfma2(q2, s2, z2));
 }
 
@@ -252,7 +253,6 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
     }
   };
 
-
   float acc[NTOK / 2], accx[ACCQ ? NTOK / 2 : 1], tot[ACCQ ? NTOK / 2 : 1];
 #pragma unroll
   for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.f;
@@ -291,15 +291,9 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 #pragma unroll
         for (int jj = 0; jj < J; ++jj) extract_a<BITS, T>(vec, jj, af[v * J + jj]);
       }
-#pragma unroll
-      for (int j = 0; j < STEPS; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) hold(af[j][r]);
-#pragma unroll
-      for (int i = 0; i < NTOK / 2; ++i) {
-        hold(acc[i]);
-        hold(accx[i]);
-      }
+      hold(af);
+      hold(acc);
+      hold(accx);
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < STEPS; ++j) {
@@ -311,11 +305,8 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
         if ((gmask >> j) & 1u) {   // the group ends here: fold it into tot (warp-uniform branch)
           wgmma_commit();
           wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < NTOK / 2; ++i) {
-            hold(acc[i]);
-            hold(accx[i]);
-          }
+          hold(acc);
+          hold(accx);
           const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * SROW : 0);
           float sf[2], cf[2];
 #pragma unroll
@@ -335,11 +326,8 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
       }
       wgmma_commit();
       wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < NTOK / 2; ++i) {
-        hold(acc[i]);
-        hold(accx[i]);
-      }
+      hold(acc);
+      hold(accx);
       continue;
     }
 #pragma unroll
@@ -365,28 +353,20 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
         }
       }
     }
-#pragma unroll
-    for (int j = 0; j < STEPS; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) hold(af[j][r]);   // every fragment is final before the wgmmas start
-#pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
+    hold(af);   // every fragment is final before the wgmmas start
+    hold(acc);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < STEPS; ++j)
       WgmmaRS<T, NTOK>::run(acc, af[j], d0 + (uint64_t)(((j >> 2) * (NTOK * 128) + (j & 3) * 32) >> 4), 1);
     wgmma_commit();
-#pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) hold(acc[i]);
+    hold(acc);
     // Retire this stage's wgmmas before the next fragments are written: ptxas
     // serializes every wgmma when registers of in-flight ones' A operands are
     // redefined (C7513), so the overlap comes from the other warpgroup, whose
     // wgmmas run while this one dequantizes.
     wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < STEPS; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) hold(af[j][r]);
+    hold(af);
   }
 
   if constexpr (ACCQ) {
@@ -418,13 +398,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
       const int row = tok0 + 8 * i + 2 * t4 + (e & 1);
       const int c = c0 + 8 * (e >> 1);
       if (row >= p.M || c >= p.N) continue;
-      const float v = acc[4 * i + e] + bv[e >> 1];
-      const int64_t o = (int64_t)row * p.N + c;
-      switch (p.out_dtype) {
-        case kF32: static_cast<float*>(p.out)[o] = v; break;
-        case kF16: static_cast<__half*>(p.out)[o] = __float2half_rn(v); break;
-        default: static_cast<__nv_bfloat16*>(p.out)[o] = __float2bfloat16_rn(v); break;
-      }
+      store_f32(p.out, p.out_dtype, (int64_t)row * p.N + c, acc[4 * i + e] + bv[e >> 1]);
     }
 #endif
 }
@@ -436,14 +410,9 @@ __global__ void wqw_reduce_kernel(const WqwArgs p) {
     for (int sp = 0; sp < p.splits; ++sp) v += p.ws[sp * plane + i];
     const int c = (int)(i % p.N);
     if (p.bias) v += load_f32(p.bias, p.bias_dtype, c);
-    switch (p.out_dtype) {
-      case kF32: static_cast<float*>(p.out)[i] = v; break;
-      case kF16: static_cast<__half*>(p.out)[i] = __float2half_rn(v); break;
-      default: static_cast<__nv_bfloat16*>(p.out)[i] = __float2bfloat16_rn(v); break;
-    }
+    store_f32(p.out, p.out_dtype, i, v);
   }
 }
-
 
 template <int BITS, typename T, typename S, int NTOK>
 static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
