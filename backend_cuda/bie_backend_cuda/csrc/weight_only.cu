@@ -426,43 +426,10 @@ cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int
 // A block (8 warps, 128 columns) stages its K slice of x and the slice's
 // statistics once; K is split over blockIdx.y with the deterministic
 // last-block reduction of the kernel above.
-namespace wqv {
-
-using namespace frag;   // cp.async helpers, extract_a, decode_stat (wq_fragments.cuh)
-
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-template <typename T> __device__ __forceinline__ float pair_sum(uint32_t u);
-template <> __device__ __forceinline__ float pair_sum<__nv_bfloat16>(uint32_t u) {
-  return __uint_as_float(u << 16) + __uint_as_float(u & 0xFFFF0000u);
-}
-template <> __device__ __forceinline__ float pair_sum<__half>(uint32_t u) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u));
-  return f.x + f.y;
-}
-
-template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-
-
-
-}  // namespace wqv
-
 template <int BITS, typename T, int NT, int FL, bool GPTQ>
 __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using namespace wqv;
+  using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
   constexpr int S = WQV_SLOTS;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);
