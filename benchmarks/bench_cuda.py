@@ -267,7 +267,7 @@ def sweep_skinny(rows):
             cw.INTERLEAVE = inter
             for mult in (1, 2, 4, 6, 8):
                 for budget in (0, 120):
-                    cw.TUNE_SKINNY = (mult << 4) | (budget << 8) | 1   # the K-split kernel
+                    cw.TUNE_SKINNY = (mult << 4) | (budget << 8)
                     res.append((time_graph(fns, repeats=5), mult, budget + (1000 if inter else 0)))
         cw.TUNE_SKINNY, cw.INTERLEAVE = 0, True
         res.sort()
@@ -280,53 +280,6 @@ def sweep_skinny(rows):
                          results=[dict(us=t_, mult=mu, budget_kib=bu) for t_, mu, bu in res]))
         del sets, preps
         torch.cuda.empty_cache()
-
-
-def bench_wqs(rows, quick):
-    """The streaming skinny kernel (csrc/wq_stream.cu) against the K-split skinny kernel it replaces, bf16 cuBLAS
-    and tinygemm, M <= 8."""
-    from bie_backend_cuda import weight_only as cw
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    cases = [(m, n, k, 4, 128) for n, k in [(28672, 8192), (8192, 28672), (4096, 4096)]
-             for m in ((1, 4) if quick else (1, 2, 4, 8))]
-    cases += [(1, 28672, 8192, 2, 64), (1, 8192, 28672, 2, 64), (1, 4096, 4096, 2, 64), (1, 28672, 8192, 8, -1),
-              (1, 4096, 4096, 8, -1), (8, 28672, 8192, 8, -1)]
-    keep = cw.TUNE_SKINNY, cw.WQW_MIN_M
-    cw.WQW_MIN_M = 0
-    try:
-        for m, n, k, bits, gs in cases:
-            gsz = k if gs == -1 else gs
-            wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
-            sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
-            preps = [cw.prepare(*s_, None) for s_ in sets]
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-                   for s_, p in zip(sets, preps)]
-            res = {}
-            for name, tune in (("stream", 2), ("stream_1bps", (1 << 4) | 2), ("split", 1)):
-                cw.TUNE_SKINNY = tune
-                res[name] = time_graph(fns)
-            cw.TUNE_SKINNY = 0
-            base = bf16_linear_us(m, n, k)
-            byts = wbytes + m * k * 2 + m * n * 2
-            floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
-            row = dict(family=f"W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", stream_us=res["stream"],
-                       stream_1bps_us=res["stream_1bps"], split_us=res["split"], bf16_us=base,
-                       speedup=base / res["stream"], split_speedup=base / res["split"],
-                       TBps=byts / res["stream"] / 1e6, frac_roof=floor / res["stream"])
-            if bits == 4 and hasattr(torch, "_weight_int4pack_mm"):
-                try:
-                    row["tinygemm_us"] = _tinygemm(m, n, k, gs, len(sets))
-                except Exception as exc:  # noqa: BLE001 - a peer, reported as missing
-                    row["tinygemm_us"] = float("nan")
-                    row["tinygemm_err"] = str(exc)[:120]
-            print(" | ".join(f"{a}={v:.3g}" if isinstance(v, float) else f"{a}={v}" for a, v in row.items()),
-                  flush=True)
-            rows.append(row)
-            del sets, preps
-            torch.cuda.empty_cache()
-    finally:
-        cw.TUNE_SKINNY, cw.WQW_MIN_M = keep
 
 
 def profile_skinny():
@@ -376,8 +329,6 @@ def main():
         sweep_skinny(rows)
     if "wqwsplit" in only:
         sweep_wqw_splits(rows)
-    if "wqs" in only:
-        bench_wqs(rows, args.quick)
     if "wqw" in only:
         bench_wqw(rows, args.quick)
     if "wq" in only:

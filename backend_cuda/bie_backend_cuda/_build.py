@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("bie_cuda.cpp", "binary.cu", "weight_only.cu", "wq_wgmma.cu", "wq_stream.cu")
+SOURCES = ("bie_cuda.cpp", "binary.cu", "weight_only.cu", "wq_wgmma.cu")
 HEADERS = ("common.cuh", "launchers.h", "wgmma_rs.cuh", "wq_fragments.cuh")
 _lock = threading.Lock()
 _loaded: str | None = None

@@ -335,9 +335,7 @@ def _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, lay=N
     return _dequant(lay, original_order=True).to(dtype)
 
 
-#: launch tuning of the small-M kernels (see csrc/bie_cuda.cpp wq_gemm / wqv_gemm); 0 = defaults. TUNE_SKINNY's
-#: low bits pick the skinny schedule: 0 the streaming kernel (csrc/wq_stream.cu) wherever it serves (interleaved
-#: layout, M <= 8, x fits in shared memory), 1 the K-split kernel, 2 the streaming kernel or an error.
+#: launch tuning of the small-M kernels (see csrc/bie_cuda.cpp wq_gemm / wqv_gemm); 0 = defaults
 TUNE = 0
 TUNE_SKINNY = 0
 #: rows served by the skinny (memory-bound) kernel; 0 turns it off (benchmarks compare). It serves up to 16
@@ -408,7 +406,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         xc = xs.to(compute_dtype(x.dtype)).contiguous()
         return _build.ops().wqv_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
                                      lay.gptq, lay.st_bf16, lay.inter, x.dtype,
-                                     _counters_for(x.device, 8 * -(-lay.n // 128) + 1),   # a counter per warp
+                                     _counters_for(x.device, -(-lay.n // 128) + 1),
                                      TUNE_SKINNY)
     if m > LARGE_M:
         w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs

@@ -1,6 +1,6 @@
-// Timing lab for the streaming skinny kernel (not part of the product): compile variants with -D and time them on
-// random codes (correctness is the test suite's job). nvcc -O3 -std=c++17 -arch=sm_90a -I<csrc> wqs_lab.cu
-#include "wq_stream.cu"
+// Timing lab for the streaming skinny lab kernel (wq_stream_lab.cu): compile variants with -D and time them on
+// random codes. nvcc -O3 -std=c++17 -arch=sm_90a -I backend_cuda/bie_backend_cuda/csrc benchmarks/lab/wqs_lab.cu
+#include "wq_stream_lab.cu"
 #include <cstdio>
 #include <vector>
 #include <algorithm>
@@ -21,7 +21,7 @@ int main() {
     cudaMalloc(&out, sh.n * 2 * 8); cudaMalloc(&cnt, Np / 128 * 8 * 4); cudaMemset(cnt, 0, Np / 128 * 8 * 4);
     cudaMalloc(&ws, 64 << 20);
     for (int m : {1, 4}) for (int bps : {1, 2, 3, 4}) {
-      WqvArgs p{};
+      WqsArgs p{};
       p.x = x; p.st = st; p.out = out; p.out_dtype = kBF16; p.ws = ws; p.counters = cnt;
       p.M = m; p.N = sh.n; p.Np = Np; p.K = sh.k; p.G = G; p.gs_shift = sh.gsh; p.kblocks = kblocks;
       p.vec_x = 1; p.st_bf16 = 0; p.gptq = 1; p.inter = 1;

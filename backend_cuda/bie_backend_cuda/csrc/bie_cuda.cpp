@@ -288,9 +288,7 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
 // ordered codes, st (G, Np) int32 statistics (scale | zero << 16, fp16 or bf16
 // bits); counters as for wq_gemm. tune (benchmarks): bits 4..7 blocks per SM
 // to aim for (0: default), bits 8..15 shared-memory budget per block in KiB
-// (0: default); bits 0..3: 0 = the streaming kernel (wq_stream.cu) wherever it
-// serves, 1 = the split kernel, 2 = the streaming kernel or an error. The
-// streaming kernel reads bits 4..7 as blocks per SM (0: as many as fit, <= 2).
+// (0: default).
 Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
@@ -334,23 +332,6 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
   p.inter = inter ? 1 : 0;
-  // the streaming kernel (wq_stream.cu) where it can serve, unless tune's low bits ask for the split kernel (1)
-  const int mode = (int)(tune & 15);
-  if (mode != 1) {
-    const int ssm = bie::wqs_plan(p, (int)bits, (int)x.element_size(), num_sms(), (int)((tune >> 4) & 15));
-    if (ssm > 0) {
-      const int64_t ncg = Np / 128;
-      TORCH_CHECK(counters.numel() >= ncg * bie::WQS_COUNTERS_PER_GROUP, "bie_cuda.wqv_gemm: counters too small");
-      Tensor ws;
-      if (p.splits > 1) {
-        ws = at::empty({ncg * bie::WQS_COUNTERS_PER_GROUP * p.ws_slots * M * 16}, x.options().dtype(at::kFloat));
-        p.ws = ws.data_ptr<float>();
-      }
-      check_launch(bie::launch_wqs_gemm(p, (int)bits, dtype_code(x.scalar_type()), ssm, stream()), "wqv_gemm");
-      return out;
-    }
-    TORCH_CHECK(mode != 2, "bie_cuda.wqv_gemm: the streaming kernel cannot serve this call (tune forced it)");
-  }
   // default split target (H100 sweep, benchmarks/bench_cuda.py --only sweep): big layers 8 blocks per SM, small 2
   const bool big = (Np / 16) * kblocks * 512 >= (32ll << 20);
   const int mult = (int)((tune >> 4) & 15) > 0 ? (int)((tune >> 4) & 15) : (big ? 8 : 2);

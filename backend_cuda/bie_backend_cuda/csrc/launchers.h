@@ -78,14 +78,8 @@ struct WqvArgs {
   int st_bf16;           // statistics are bf16 (else fp16)
   int gptq;              // gptq (else gba) statistics
   int inter;             // interleaved weight layout (Np % 128 == 0)
-  int ws_slots;          // streaming kernel: partial slots per column group and warp
 };
 int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget);
-// Streaming skinny kernel (M <= 8, interleaved layout), see wq_stream.cu ("wqs"): the grid is p.splits blocks, the
-// partials of shared column groups go to ws (ncg * WQS_COUNTERS_PER_GROUP * ws_slots * M * 16 floats).
-constexpr int WQS_COUNTERS_PER_GROUP = 8;  // one counter per warp of a 128-column group
-int wqs_plan(WqvArgs& p, int bits, int esize, int num_sms, int blocks_per_sm);
-cudaError_t launch_wqs_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
 cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
 
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);

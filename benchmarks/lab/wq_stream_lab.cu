@@ -1,4 +1,6 @@
-// Streaming skinny weight-only GEMM for few rows (M <= 8): "wqs".
+// LAB KERNEL (not built by the product; benchmarks/lab/README.md): a persistent stream-K variant of the
+// skinny weight-only GEMM for few rows (M <= 8), "wqs". Measured slower than the product's K-split skinny kernel
+// on the H100; kept, with its -D switches, as the instrument of that measurement.
 //
 // Same fragment math and interleaved layout as the skinny kernel (weight_only.cu,
 // "wqv"): the codes are the A operand of mma.m16n8k16 (16 output columns x 16 k
@@ -30,6 +32,12 @@
 
 namespace bie {
 
+// the skinny kernel's arguments + the partial slots per column group and warp
+struct WqsArgs : WqvArgs {
+  int ws_slots;
+};
+constexpr int WQS_COUNTERS_PER_GROUP = 8;  // one counter per warp of a 128-column group
+
 constexpr int WQS_WARPS = WQS_COUNTERS_PER_GROUP;  // warps per block, 16 columns each: one 128-column group
 #ifndef WQS_SLOTS_OVERRIDE
 constexpr int WQS_SLOTS = 8;   // ring slots per lane (power of two)
@@ -42,7 +50,7 @@ constexpr int WQS_SLOTS = WQS_SLOTS_OVERRIDE;
 
 // The end of a column group's segment in this block (out of line: rare, and the hot loop stays small).
 // C fragment e of the lane: row m = 2t + (e & 1), column 16*warp + g + 8*(e >> 1) of the column group.
-__device__ __noinline__ void wqs_emit(const WqvArgs& p, float4 tv, int cg, bool whole, int64_t V) {
+__device__ __noinline__ void wqs_emit(const WqsArgs& p, float4 tv, int cg, bool whole, int64_t V) {
   const float tot[4] = {tv.x, tv.y, tv.z, tv.w};
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, M = p.M;
   const int cb = cg * 128 + warp * 16;
@@ -102,7 +110,7 @@ __device__ __forceinline__ float wqs_step_sum(const T* xs, int xld, int r, int s
 }
 
 template <int BITS, typename T, int FL, bool GPTQ>
-__global__ void __launch_bounds__(WQS_WARPS * 32, WQS_MIN_BLOCKS) wqs_kernel(const WqvArgs p) {
+__global__ void __launch_bounds__(WQS_WARPS * 32, WQS_MIN_BLOCKS) wqs_kernel(const WqsArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;
   constexpr int J = Layout<BITS>::J, KS = 16 * J, S = WQS_SLOTS;
@@ -331,7 +339,7 @@ __global__ void __launch_bounds__(WQS_WARPS * 32, WQS_MIN_BLOCKS) wqs_kernel(con
 
 // Host plan: 0 when the streaming kernel cannot serve (layout, rows, shared memory), else its dynamic shared
 // memory; fills the grid size (p.splits: blocks) and the partial slots per column group (p.ws_slots).
-int wqs_plan(WqvArgs& p, int bits, int esize, int num_sms, int blocks_per_sm) {
+int wqs_plan(WqsArgs& p, int bits, int esize, int num_sms, int blocks_per_sm) {
   if (!p.inter || p.M > 8 || p.M < 1) return 0;
   const int J = bits == 4 ? 4 : (bits == 2 ? 8 : 2), KS = 16 * J;
   const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
@@ -355,7 +363,7 @@ int wqs_plan(WqvArgs& p, int bits, int esize, int num_sms, int blocks_per_sm) {
 }
 
 template <int BITS, typename T, int FL>
-static cudaError_t launch_wqs_t(const WqvArgs& p, int smem, cudaStream_t st) {
+static cudaError_t launch_wqs_t(const WqsArgs& p, int smem, cudaStream_t st) {
   auto k = p.gptq ? wqs_kernel<BITS, T, FL, true> : wqs_kernel<BITS, T, FL, false>;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -366,7 +374,7 @@ static cudaError_t launch_wqs_t(const WqvArgs& p, int smem, cudaStream_t st) {
 }
 
 template <int BITS, typename T>
-static cudaError_t launch_wqs_bt(const WqvArgs& p, int smem, cudaStream_t st) {
+static cudaError_t launch_wqs_bt(const WqsArgs& p, int smem, cudaStream_t st) {
   const int KS = 16 * Layout<BITS>::J;
   const int fl = (p.gs_shift < 0 || (1 << p.gs_shift) >= KS) ? 0 : (1 << p.gs_shift) / 16;
   switch (fl) {
@@ -382,7 +390,7 @@ static cudaError_t launch_wqs_bt(const WqvArgs& p, int smem, cudaStream_t st) {
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_wqs_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st) {
+cudaError_t launch_wqs_gemm(const WqsArgs& p, int bits, int cdtype, int smem, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   if (p.M > 8 || !p.inter) return cudaErrorInvalidValue;
   if (cdtype == kF16) {
