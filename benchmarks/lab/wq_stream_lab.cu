@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(WQS_WARPS * 32, WQS_MIN_BLOCKS) wqs_kernel(con
       if (i == 0) {
 #else
       if (FL > 0 || (ikb & vmask) == 0 || i == 0) {  // warp-uniform
-#endif: no address math on the other vectors
+#endif  // (warp-uniform: no address math on the other vectors)
         const uint32_t* sp = ssrc + icg * 128;
 #pragma unroll
         for (int q = 0; q < GPV; ++q) {
