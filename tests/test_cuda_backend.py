@@ -290,6 +290,31 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
             cw.TUNE_SKINNY, cw.SKINNY_M = 0, keep
 
 
+@needs_cuda
+def test_wq_skinny_plan_of_exactly_48k_shared_memory():
+    """Regression: the skinny kernel's plan for W8 per-channel at M=4 on 28672x8192 asks for exactly 48 KiB of
+    dynamic shared memory, which with the kernel's static shared memory is over the default limit; the launcher
+    raised the limit only above 48 KiB and the call failed. Checked against the general small-M kernel."""
+    from bie_backend_cuda import weight_only as cw
+    from bie_core.ops.weight_only import packed_rows
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    k, n = 8192, 28672
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (packed_rows(k, 8), n), device="cuda", dtype=torch.int32, generator=gen)
+    s = (torch.rand((1, n), device="cuda", generator=gen) + 0.5).half() / 256
+    z = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, packed_rows(n, 8)), device="cuda", dtype=torch.int32, generator=gen)
+    x = torch.randn((4, k), device="cuda", generator=gen).bfloat16()
+    prepared = cw.prepare(qw, s, z, None)
+    keep = cw.SKINNY_M
+    try:
+        a = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
+        torch.cuda.synchronize()
+        cw.SKINNY_M = 0
+        b = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
+    finally:
+        cw.SKINNY_M = keep
+    torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
+
+
 @pytest.mark.parametrize("bits,fmt,sdt", [(4, "gptq", torch.float16), (4, "gba", torch.bfloat16),
                                            (8, "gptq", torch.bfloat16), (2, "gba", torch.float16),
                                            (8, "gba", torch.float16)])

@@ -352,10 +352,9 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
   const int mchunks = ceil_div(p.M, XR);
   const int smem = XR * (XC + 8) * (int)sizeof(T);
   auto k = BITS == 2 ? wq_gemm_kernel<BITS, T, GPTQ, MB> : wq_gemm_kernel_capped<BITS, T, GPTQ, MB>;
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-  }
+  // always raise the limit: static shared memory counts toward the 48 KiB default as well
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
   dim3 grid = p.order == 0 ? dim3((unsigned)(nbx * mchunks), (unsigned)p.splits, 1u)
                            : dim3((unsigned)p.splits, (unsigned)(nbx * mchunks), 1u);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
@@ -730,10 +729,10 @@ int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget)
 template <int BITS, typename T, int NT, int FL>
 static cudaError_t launch_wqv_t(const WqvArgs& p, int smem, cudaStream_t st) {
   auto k = p.gptq ? wqv_kernel<BITS, T, NT, FL, true> : wqv_kernel<BITS, T, NT, FL, false>;
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-  }
+  // always raise the limit: the kernel's static shared memory counts toward the 48 KiB default too (a plan of
+  // exactly 48 KiB of dynamic memory failed to launch: W8 per-channel, M=4, 28672x8192)
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
   const dim3 grid((unsigned)ceil_div(p.Np / 16, WQV_WARPS), (unsigned)p.splits, 1u);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
   k<<<grid, WQV_WARPS * 32, smem, st>>>(p);
