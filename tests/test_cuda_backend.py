@@ -157,6 +157,23 @@ def _close(got, w64, x, dtype, k, what, bias=None):
     torch.testing.assert_close(got.double().cpu(), exp, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
+def _graph_replays(call, static_x, fresh, check, replays):
+    """Capture call(static_x) in a CUDA graph (after a warm-up on a side stream: no host sync inside, counters
+    reset) and check the graph's output after each replay with new contents of static_x."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        call(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(static_x)
+    for _ in range(replays):
+        static_x.copy_(fresh())
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out.clone())
+
+
 @needs_cuda
 @pytest.mark.parametrize("bits,gs,act,fmt", WQ)
 def test_wq_gemm(bits, gs, act, fmt):
@@ -190,20 +207,11 @@ def test_wq_large_shapes_split_k_deterministic_and_graphs():
     y2 = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
     assert torch.equal(y1, y2)
     _close(y1, w64, x, torch.float16, k, "K=4096")
-    # CUDA graph capture and replay (no host sync inside, counters reset)
+    # CUDA graph capture and replay
     static_x = x.clone()
-    s_ = torch.cuda.Stream()
-    with torch.cuda.stream(s_):
-        cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    for _ in range(3):
-        static_x.copy_(torch.randn((1, k), generator=gen).half().cuda())
-        graph.replay()
-        torch.cuda.synchronize()
-        _close(out.clone(), w64, static_x, torch.float16, k, "graph replay")
+    _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared), static_x,
+                   lambda: torch.randn((1, k), generator=gen).half().cuda(),
+                   lambda out: _close(out, w64, static_x, torch.float16, k, "graph replay"), 3)
 
 
 SKINNY = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt in
@@ -274,18 +282,9 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
             y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
             _close(y, w64, x, torch.bfloat16, k, f"K=8192 M={m} tune={tune}")
             static_x = x.clone()
-            graph = torch.cuda.CUDAGraph()
-            s_ = torch.cuda.Stream()
-            with torch.cuda.stream(s_):
-                cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-            for _ in range(2):
-                static_x.copy_(torch.randn((m, k), generator=gen).bfloat16().cuda())
-                graph.replay()
-                torch.cuda.synchronize()
-                _close(out.clone(), w64, static_x, torch.bfloat16, k, f"graph replay M={m}")
+            _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
+                           static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
+                           lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
         finally:
             cw.TUNE_SKINNY, cw.SKINNY_M = 0, keep
 
@@ -414,17 +413,9 @@ def test_wq_wgmma_big_layer_and_graphs():
     y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
     _close(y, w64, x, torch.bfloat16, k, "K=4096 M=300")
     static_x = x.clone()
-    s_ = torch.cuda.Stream()
-    with torch.cuda.stream(s_):
-        cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cw.wq_gemm(static_x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    static_x.copy_(torch.randn((300, k), generator=gen).bfloat16().cuda())
-    graph.replay()
-    torch.cuda.synchronize()
-    _close(out.clone(), w64, static_x, torch.bfloat16, k, "graph replay")
+    _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared), static_x,
+                   lambda: torch.randn((300, k), generator=gen).bfloat16().cuda(),
+                   lambda out: _close(out, w64, static_x, torch.bfloat16, k, "graph replay"), 1)
 
 
 @needs_cuda

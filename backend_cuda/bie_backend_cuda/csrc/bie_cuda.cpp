@@ -62,6 +62,20 @@ void set_bias_out(Args& p, const std::optional<Tensor>& bias, Tensor& bias_c, co
               ": floating out_dtype");
 }
 
+// k16 steps per 16-byte vector of prepared codes (4-bit: 4, 2-bit: 8, 8-bit: 2).
+int64_t vector_steps(int64_t bits) { return bits == 4 ? 4 : (bits == 2 ? 8 : 2); }
+
+// The A-fragment code layout of the skinny and wgmma kernels: Np columns padded to a multiple of `pad` (less than
+// `pad` beyond N), kblocks vectors of 16 * J k covering exactly K, (Np / 16) * kblocks * 128 int32 words.
+void check_fragment_codes(const Tensor& qwa, int64_t bits, int64_t N, int64_t K, int64_t Np, int64_t kblocks,
+                          int64_t pad, const char* who) {
+  const int64_t J = vector_steps(bits);
+  TORCH_CHECK(Np % pad == 0 && N <= Np && N > Np - pad && kblocks * 16 * J >= K && (kblocks - 1) * 16 * J < K,
+              "bie_cuda.", who, ": inconsistent prepared shapes");
+  TORCH_CHECK(qwa.scalar_type() == at::kInt && qwa.is_contiguous() && qwa.numel() == (Np / 16) * kblocks * 128,
+              "bie_cuda.", who, ": prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
+}
+
 // ------------------------------------------------------------------- binary
 Tensor pack_signs(const Tensor& x) {
   check_cuda(x, "x");
@@ -240,7 +254,7 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
                   c32.is_cuda(),
               "bie_cuda.wq_gemm: float32 statistics must be contiguous (G, Np)");
   const int64_t Np = s.size(1), G = s.size(0), M = x.size(0);
-  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
+  const int64_t J = vector_steps(bits);
   TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K, "bie_cuda.wq_gemm: inconsistent prepared shapes");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.is_contiguous() && qw.numel() == (Np / 16) * kblocks * 128,
               "bie_cuda.wq_gemm: prepared qweight has ", qw.numel(), " words, expected ", (Np / 16) * kblocks * 128);
@@ -302,12 +316,7 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
               "bie_cuda.wqv_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqv_gemm: group size shift");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
-  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
-  TORCH_CHECK(Np % (inter ? 128 : 16) == 0 && N <= Np && N > Np - (inter ? 128 : 16) && kblocks * 16 * J >= K &&
-                  (kblocks - 1) * 16 * J < K,
-              "bie_cuda.wqv_gemm: inconsistent prepared shapes");
-  TORCH_CHECK(qwa.scalar_type() == at::kInt && qwa.is_contiguous() && qwa.numel() == (Np / 16) * kblocks * 128,
-              "bie_cuda.wqv_gemm: prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqv_gemm");
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= (Np + 127) / 128,
               "bie_cuda.wqv_gemm: counters too small");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqv_gemm: problem too large");
@@ -361,12 +370,8 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
               "bie_cuda.wqw_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
   const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
-  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
-  TORCH_CHECK(Np % 128 == 0 && N <= Np && N > Np - 128 && kblocks * 16 * J >= K && (kblocks - 1) * 16 * J < K,
-              "bie_cuda.wqw_gemm: inconsistent prepared shapes");
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqw_gemm");
   TORCH_CHECK(gs_shift == -1 || ((K - 1) >> gs_shift) < G, "bie_cuda.wqw_gemm: too few statistics rows for K");
-  TORCH_CHECK(qwa.scalar_type() == at::kInt && qwa.is_contiguous() && qwa.numel() == (Np / 16) * kblocks * 128,
-              "bie_cuda.wqw_gemm: prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && M < (1ll << 30), "bie_cuda.wqw_gemm: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
   int major = 0;   // x's device (the guard made it current): wgmma exists on sm_90 only
@@ -395,7 +400,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   // (H100 sweep in benchmarks/results/cuda_h100_wqw.md: one full wave beat two)
   const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / (ntok <= 32 ? 64 : 128));
   const int64_t slots = (int64_t)num_sms() * (ntok == 16 ? 4 : (ntok == 32 ? 3 : (ntok == 64 ? 2 : 1)));
-  const int64_t stages = (kblocks * 16 * J + 127) / 128;
+  const int64_t stages = (kblocks * 16 * vector_steps(bits) + 127) / 128;
   int64_t splits = 1;
   if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, slots / tiles));
   if (force_splits > 0) splits = std::min<int64_t>(force_splits, stages);
@@ -417,7 +422,7 @@ Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std
                   s.scalar_type() == zp.scalar_type(),
               "bie_cuda.wq_dequant: statistics must be contiguous (G, Np)");
   const int64_t Np = s.size(1);
-  const int64_t J = bits == 4 ? 4 : (bits == 2 ? 8 : 2);
+  const int64_t J = vector_steps(bits);
   TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K && qw.is_contiguous() &&
                   qw.numel() == (Np / 16) * kblocks * 128,
               "bie_cuda.wq_dequant: inconsistent prepared shapes");
