@@ -29,6 +29,17 @@ def _arch() -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability())
 
 
+def link_flags() -> list:
+    """Linker flags. Some toolchains link libstdc++ statically into shared objects (a GCC whose
+    libstdc++.so is absent, e.g. a CXX wrapper). The extension then carries its own copy of
+    libstdc++ and, by default, exports it: the process's libstdc++ (loaded by torch) wins some
+    symbols and the copy keeps others, so a stream built by one is formatted with the other's
+    locale facets and the first TORCH_CHECK message with a number in it crashes the process.
+    Keeping the symbols of static archives local makes the copy self-consistent; with a shared
+    libstdc++ (the usual case) the flag changes nothing."""
+    return ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
+
+
 def _flags(arch) -> tuple[list, list]:
     a = f"{arch[0]}{arch[1]}"
     # Hopper's own instructions (wgmma) need the arch-specific target sm_90a
@@ -46,7 +57,7 @@ def _key(arch) -> str:
         if p.exists():
             h.update(name.encode())
             h.update(p.read_bytes())
-    h.update(repr(_flags(arch)).encode())
+    h.update(repr((_flags(arch), link_flags())).encode())
     tv = torch.__version__.replace("+", "_")
     return f"torch{tv}-cu{torch.version.cuda}-sm{arch[0]}{arch[1]}-{h.hexdigest()[:12]}"
 
@@ -111,7 +122,8 @@ def load(verbose: bool = False, force: bool = False) -> str:
             cflags, cuda = _flags(arch)
             try:
                 _cpp_load(name=_lib_name(arch), sources=[str(CSRC / s) for s in SOURCES],
-                          extra_cflags=cflags, extra_cuda_cflags=cuda, extra_include_paths=[str(CSRC)],
+                          extra_cflags=cflags, extra_cuda_cflags=cuda, extra_ldflags=link_flags(),
+                          extra_include_paths=[str(CSRC)],
                           build_directory=str(d), is_python_module=False, verbose=verbose)
             except Exception as exc:
                 _error = exc

@@ -108,6 +108,12 @@ def gencode(cc: tuple[int, int]) -> str:
     return f"-gencode=arch=compute_{a},code=sm_{a}"
 
 
+def link_flags() -> list[str]:
+    # the same reason as bie_backend_cuda._build.link_flags: a toolchain that links libstdc++
+    # statically must not export that copy, or TORCH_CHECK messages crash the process
+    return ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
+
+
 def flags(ext: Extension, cc) -> tuple[list[str], list[str]]:
     cflags = ["-O3", "-std=c++17"]
     cuda = ["-O3", "-std=c++17", gencode(cc), "-lineinfo", "--expt-relaxed-constexpr",
@@ -123,7 +129,7 @@ def _key(ext: Extension, cc) -> str:
         h.update(name.encode())
         if p.exists():
             h.update(p.read_bytes())
-    h.update(repr(flags(ext, cc)).encode())
+    h.update(repr((flags(ext, cc), link_flags())).encode())
     h.update(cutlass_version().encode())
     tv = torch.__version__.replace("+", "_")
     return f"{ext.family}-torch{tv}-cu{torch.version.cuda}-sm{cc[0]}{cc[1]}-{h.hexdigest()[:12]}"
@@ -204,7 +210,8 @@ def load(ext: Extension, verbose: bool = False, force: bool = False) -> str:
             cflags, cuda = flags(ext, cc)
             try:
                 _cpp_load(name=_lib_name(ext, cc), sources=[str(CSRC / s) for s in ext.sources],
-                          extra_cflags=cflags, extra_cuda_cflags=cuda, extra_include_paths=include_dirs(),
+                          extra_cflags=cflags, extra_cuda_cflags=cuda, extra_ldflags=link_flags(),
+                          extra_include_paths=include_dirs(),
                           build_directory=str(d), is_python_module=False, verbose=verbose)
             except Exception as exc:
                 _errors[ext.family] = exc
