@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "hopper.cuh"
 #include "wgmma_rs.cuh"
 #include "wq_fragments.cuh"
 
@@ -46,6 +47,7 @@ namespace bie {
 namespace wqw {
 
 using namespace frag;   // cp.async helpers, extract_a, decode_stat (wq_fragments.cuh)
+using namespace hop;    // wgmma group control, descriptors (hopper.cuh)
 
 // Warpgroups per block: one for the memory-bound tiles of <= 32 rows (64 columns a block, no barrier shared
 // with another warpgroup, 4 blocks per SM), two above (128 columns, the x tile shared).
@@ -66,26 +68,6 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_fence() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
 // Keeps a register's value alive (and unmoved) up to this point: the A
 // fragments of an in-flight wgmma must not be reallocated before its wait.
 __device__ __forceinline__ void hold(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
@@ -99,14 +81,6 @@ template <int N> __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
   for (int j = 0; j < N; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) hold(a[j][r]);
-}
-
-// Shared-memory matrix descriptor of a K-major tile with 128-byte rows in the
-// 128-byte swizzle: 8-row groups 1024 bytes apart (stride byte offset), the
-// leading byte offset unused for this layout.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
 }
 
 template <typename T> __device__ __forceinline__ uint32_t as_u32(typename V2<T>::t v) {
