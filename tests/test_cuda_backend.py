@@ -15,6 +15,8 @@ import torch
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
                                 reason="bie-backend-cuda is not installed")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="needs a Hopper (sm_90) GPU")
 
 
 def test_descriptor_is_light_and_honest():
@@ -91,6 +93,61 @@ def test_binary_gemm(m, n, k, tile):
         got = run(a, b, k, scale, bias, dt).cpu()
         ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), bias.cpu(), dt)
         assert torch.equal(got, ref), f"{dt}: max diff {(got.double() - ref.double()).abs().max()}"
+
+
+WGMMA_GEMM = [(256, 256, 1024), (1, 8, 128), (129, 8, 128), (300, 264, 1152), (1000, 520, 4096), (517, 2056, 3072),
+              (2048, 768, 8192)]
+
+
+@needs_cuda
+@needs_hopper
+@pytest.mark.parametrize("m,n,k", WGMMA_GEMM)
+def test_binary_gemm_wgmma(m, n, k):
+    """The Hopper kernel bit-exact on fresh random bits: tails in M, N (past 256 columns) and K (past 1024
+    bits), one to several tiles per SM, every output dtype, per-channel / scalar scales of every float dtype,
+    bias; both by force and as the automatic choice."""
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(m * 7 + n * 13 + k)
+    kb = k // 8
+    a, b = _bits((m, kb), k, gen), _bits((n, kb), k, gen)
+    prep = cb.prepare_weight(b)
+    assert prep.image is not None
+    exp = rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None)
+    assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(), exp)
+    if m >= cb.WGMMA_MIN_M:
+        assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
+    for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16)):
+        sdt = (torch.float32, torch.bfloat16, torch.float16)[(i + m) % 3]
+        scale = (torch.rand((n,) if (i + m) % 2 == 0 else (), generator=gen) + 0.05).to(sdt).cuda()
+        bias = torch.randn(n, generator=gen).to(dt).cuda() if i != 1 else None
+        got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile="wgmma").cpu()
+        ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
+        assert torch.equal(got, ref), f"{dt}: max diff {(got.double() - ref.double()).abs().max()}"
+    # a view with a row stride larger than the row (16-byte aligned), and all-ones / all-zeros rows
+    wide = torch.zeros(m, kb + 16, dtype=torch.uint8, device="cuda")
+    wide[:, :kb] = a
+    wide[0, :kb] = 255
+    if m > 1:
+        wide[1, :kb] = 0
+    av = wide[:, :kb]
+    exp = rb.binary_gemm(av.cpu(), b.cpu(), k, None, None, None)
+    assert torch.equal(cb.binary_gemm(av, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(), exp)
+
+
+@needs_cuda
+@needs_hopper
+def test_binary_gemm_wgmma_refuses_clearly():
+    from bie_backend_cuda import binary as cb
+    gen = torch.Generator().manual_seed(5)
+    a, b = _bits((300, 25), 200, gen), _bits((64, 25), 200, gen)      # k = 200: not a multiple of 128
+    prep = cb.prepare_weight(b)
+    assert prep.image is None
+    with pytest.raises(ValueError, match="k % 128"):
+        cb.binary_gemm(a, b, 200, None, None, None, prepared=prep, tile="wgmma")
+    rb, _ = _ref()   # the automatic choice falls back to mma.sync
+    assert torch.equal(cb.binary_gemm(a, b, 200, None, None, None, prepared=prep).cpu(),
+                       rb.binary_gemm(a.cpu(), b.cpu(), 200, None, None, None))
 
 
 @needs_cuda
@@ -354,8 +411,6 @@ def test_wgmma_row_ranges():
         cw.WQW_MIN_M = keep
 
 
-needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                                  reason="needs a Hopper (sm_90) GPU")
 WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, act in
        ((128, "gptq", torch.float16, True), (64, "gba", torch.bfloat16, False), (32, "gptq", torch.bfloat16, False),
         (-1, "gba", torch.float16, True), (16, "gptq", torch.float16, False))]

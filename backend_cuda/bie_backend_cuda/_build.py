@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("bie_cuda.cpp", "binary.cu", "weight_only.cu", "wq_wgmma.cu")
-HEADERS = ("common.cuh", "launchers.h", "wgmma_rs.cuh", "wq_fragments.cuh")
+SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu")
+HEADERS = ("common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh", "wgmma_rs.cuh", "wq_fragments.cuh")
 _lock = threading.Lock()
 _loaded: str | None = None
 _error: BaseException | None = None

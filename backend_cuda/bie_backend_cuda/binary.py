@@ -55,23 +55,79 @@ def unpack_signs(bits, k, dtype):
 # --------------------------------------------------------------------- GEMM
 @dataclass
 class PreparedSigns:
-    """Weight bits with 16-byte aligned rows and the popcount of each row."""
+    """Weight bits with 16-byte aligned rows, the popcount of each row, and on Hopper the
+    weight image of the 1-bit wgmma kernel (None where that kernel does not apply)."""
     bits: torch.Tensor
     popc: torch.Tensor
     kb: int
+    image: torch.Tensor | None = None
+
+
+# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels.
+WGMMA_MIN_M = 256
+
+
+def _wgmma_perm(device) -> torch.Tensor:
+    # position p = 8j + c of a 1024-bit stage row holds word (i < 4 ? 4q + i : 12 + 4q + i),
+    # i = 2j + (c >> 2), q = c & 3: each lane's A registers are then two contiguous 16-byte loads
+    # (binary_wgmma.cu explains the layout)
+    perm = []
+    for p in range(32):
+        j, c = divmod(p, 8)
+        i, q = 2 * j + (c >> 2), c & 3
+        perm.append(4 * q + i if i < 4 else 12 + 4 * q + i)
+    return torch.tensor(perm, device=device)
+
+
+def wgmma_image(bits: torch.Tensor, kb: int) -> torch.Tensor:
+    """The weight image of the Hopper 1-bit wgmma kernel: [N/256][K/1024][256 rows][128 bytes], words
+    permuted (see _wgmma_perm), 16-byte chunks in the 128-byte swizzle, zero past N and K. Device ops only."""
+    n = bits.shape[0]
+    ns, nt = (kb + 127) // 128, (n + 255) // 256
+    rows = nt * 256
+    w = torch.zeros(rows, ns * 128, dtype=torch.uint8, device=bits.device)
+    w[:n, :kb] = bits[:, :kb]
+    words = w.view(torch.int32).view(rows, ns, 32)[:, :, _wgmma_perm(bits.device)]
+    chunks = words.reshape(rows, ns, 8, 4)
+    r = torch.arange(rows, device=bits.device)
+    src = torch.arange(8, device=bits.device)[None, :] ^ (r[:, None] & 7)   # stored chunk s holds chunk s ^ (row % 8)
+    sw = torch.gather(chunks, 2, src[:, None, :, None].expand(rows, ns, 8, 4))
+    return sw.reshape(nt, 256, ns, 32).permute(0, 2, 1, 3).contiguous().view(torch.uint8).reshape(-1)
+
+
+def _wgmma_device(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
 def prepare_weight(b: torch.Tensor) -> PreparedSigns:
     kb = b.shape[1]
     bb = _align(b, kb)
     popc = _build.ops().row_popc(bb if bb.shape[1] == kb else bb[:, :kb])
-    return PreparedSigns(bb, popc, kb)
+    image = None
+    if _wgmma_device(b) and kb % 16 == 0 and b.shape[0] % 8 == 0 and b.shape[0] > 0:
+        image = wgmma_image(bb, kb)
+    return PreparedSigns(bb, popc, kb, image)
 
 
-def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile: int = 0):
+def _use_wgmma(m: int, k: int, prepared: PreparedSigns, tile) -> bool:
+    if prepared.image is None or k != 8 * prepared.kb:   # the image assumes k % 128 == 0 (whole bytes)
+        return tile == "wgmma" and _raise_wgmma(prepared, k)
+    return tile == "wgmma" or (tile == 0 and m >= WGMMA_MIN_M)
+
+
+def _raise_wgmma(prepared, k):
+    raise ValueError(f"the wgmma binary GEMM needs a Hopper GPU, k % 128 == 0 and N % 8 == 0 "
+                     f"(k={k}, kb={prepared.kb}, image={'yes' if prepared.image is not None else 'no'})")
+
+
+def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile=0):
+    """tile: 0 chooses by shape; "wgmma" forces the Hopper kernel, 1-5 an mma.sync tile (tests, benchmarks)."""
     if prepared is None:
         prepared = prepare_weight(b)
     aa = _align(a, a.shape[1])
+    if _use_wgmma(aa.shape[0], k, prepared, tile):
+        return _build.ops().binary_mm_wgmma(aa, prepared.image, prepared.popc, k, prepared.bits.shape[0], scale,
+                                            bias, out_dtype)
     out = _build.ops().binary_mm(aa.unsqueeze(0), prepared.bits.unsqueeze(0), k, prepared.popc, scale, bias,
                                  out_dtype, 0, tile)
     return out[0]

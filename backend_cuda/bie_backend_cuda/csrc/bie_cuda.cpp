@@ -116,6 +116,34 @@ Tensor row_popc(const Tensor& b) {
   return out;
 }
 
+// The binary GEMMs' epilogue operands: per-channel or scalar scale, per-channel bias (floating types).
+// The returned tensors keep the contiguous copies alive while the kernel is queued.
+static std::pair<Tensor, Tensor> set_scale_bias(bie::BinGemmArgs& p, const std::optional<Tensor>& scale,
+                                                const std::optional<Tensor>& bias, at::ScalarType odt, int64_t N,
+                                                const at::Device& dev) {
+  Tensor scale_c, bias_c;
+  if (scale.has_value() && scale->defined()) {
+    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a scale needs a floating out_dtype");
+    scale_c = scale->reshape({-1}).contiguous();
+    TORCH_CHECK(scale_c.numel() == 1 || scale_c.numel() == N, "bie_cuda.binary_mm: scale must have 1 or N values");
+    TORCH_CHECK(scale_c.device() == dev, "bie_cuda.binary_mm: scale on another device");
+    p.scale = scale_c.data_ptr();
+    p.scale_dtype = dtype_code(scale_c.scalar_type());
+    p.scale_stride = scale_c.numel() == 1 ? 0 : 1;
+  }
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a bias needs a floating out_dtype");
+    bias_c = bias->reshape({-1}).contiguous();
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == dev, "bie_cuda.binary_mm: bias must have N values");
+    p.bias = bias_c.data_ptr();
+    p.bias_dtype = dtype_code(bias_c.scalar_type());
+  }
+  for (int code : {p.scale ? p.scale_dtype : bie::kF32, p.bias ? p.bias_dtype : bie::kF32})
+    TORCH_CHECK(code == bie::kF32 || code == bie::kF16 || code == bie::kBF16,
+                "bie_cuda.binary_mm: scale and bias must be floating");
+  return {scale_c, bias_c};
+}
+
 // a (B, M, >=ceil(k/8)), b (B, N, >=ceil(k/8)) uint8 with contiguous rows; only
 // the first ceil(k/8) bytes of each row are read. impl 0: tensor cores (needs
 // 16-byte aligned rows), 1: SIMT. tile: 0 automatic, else a fixed tile (tests).
@@ -159,38 +187,69 @@ Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optiona
   p.KB = (int)KB;
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
-  Tensor pw_c, scale_c, bias_c;  // keep alive
+  Tensor pw_c;  // keep alive
   if (pw.has_value() && pw->defined()) {
     pw_c = pw->contiguous();
     TORCH_CHECK(pw_c.scalar_type() == at::kInt && pw_c.numel() == batch * N && pw_c.device() == a.device(),
                 "bie_cuda.binary_mm: pw must be int32 (B*N) on a's device");
     p.pw = pw_c.data_ptr<int32_t>();
   }
-  if (scale.has_value() && scale->defined()) {
-    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a scale needs a floating out_dtype");
-    scale_c = scale->reshape({-1}).contiguous();
-    TORCH_CHECK(scale_c.numel() == 1 || scale_c.numel() == N, "bie_cuda.binary_mm: scale must have 1 or N values");
-    TORCH_CHECK(scale_c.device() == a.device(), "bie_cuda.binary_mm: scale on another device");
-    p.scale = scale_c.data_ptr();
-    p.scale_dtype = dtype_code(scale_c.scalar_type());
-    p.scale_stride = scale_c.numel() == 1 ? 0 : 1;
-  }
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a bias needs a floating out_dtype");
-    bias_c = bias->reshape({-1}).contiguous();
-    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == a.device(), "bie_cuda.binary_mm: bias must have N values");
-    p.bias = bias_c.data_ptr();
-    p.bias_dtype = dtype_code(bias_c.scalar_type());
-  }
-  for (int code : {p.scale ? p.scale_dtype : bie::kF32, p.bias ? p.bias_dtype : bie::kF32})
-    TORCH_CHECK(code == bie::kF32 || code == bie::kF16 || code == bie::kBF16,
-                "bie_cuda.binary_mm: scale and bias must be floating");
+  const auto keep = set_scale_bias(p, scale, bias, odt, N, a.device());
   if (impl == 0) {
     const int sms = num_sms();
     check_launch(bie::launch_binary_gemm_tc(p, (int)batch, (int)tile, sms, stream()), "binary_mm (tensor cores)");
   } else {
     check_launch(bie::launch_binary_gemm_simt(p, (int)batch, stream()), "binary_mm (SIMT)");
   }
+  return out;
+}
+
+// The Hopper 1-bit wgmma GEMM (binary_wgmma.cu): a (M, >= k/8) uint8 with 16-byte aligned contiguous rows,
+// img the prepared weight image of n rows (bie_backend_cuda.binary.wgmma_image), pw (n) int32 the weight
+// rows' popcounts. k % 128 == 0, n % 8 == 0, sm_90 only.
+Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int64_t k, int64_t n,
+                       const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
+                       std::optional<at::ScalarType> out_dtype) {
+  check_cuda(a, "a");
+  check_cuda(img, "img");
+  check_cuda(pw, "pw");
+  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kByte, "bie_cuda.binary_mm_wgmma: a must be 2-D uint8");
+  TORCH_CHECK(k > 0 && k % 128 == 0 && k < (1ll << 30), "bie_cuda.binary_mm_wgmma: k must be a positive multiple of 128, got ", k);
+  TORCH_CHECK(n > 0 && n % 8 == 0 && n < (1ll << 30), "bie_cuda.binary_mm_wgmma: n must be a positive multiple of 8, got ", n);
+  const int64_t KB = k / 8, M = a.size(0);
+  TORCH_CHECK(M < (1ll << 30), "bie_cuda.binary_mm_wgmma: too many rows");
+  TORCH_CHECK(a.size(1) >= KB && (a.size(1) <= 1 || a.stride(1) == 1),
+              "bie_cuda.binary_mm_wgmma: rows of a must be contiguous and hold k/8 bytes");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && (M <= 1 || a.stride(0) % 16 == 0),
+              "bie_cuda.binary_mm_wgmma: rows of a must be 16-byte aligned");
+  const int64_t ns = (KB + 127) / 128, nt = (n + 255) / 256;
+  TORCH_CHECK(img.scalar_type() == at::kByte && img.is_contiguous() && img.numel() == nt * ns * 256 * 128 &&
+                  reinterpret_cast<uintptr_t>(img.data_ptr()) % 16 == 0,
+              "bie_cuda.binary_mm_wgmma: img is not the prepared image of ", n, " rows of ", k, " bits");
+  TORCH_CHECK(pw.scalar_type() == at::kInt && pw.is_contiguous() && pw.numel() == n,
+              "bie_cuda.binary_mm_wgmma: pw must be ", n, " contiguous int32");
+  TORCH_CHECK(img.device() == a.device() && pw.device() == a.device(), "bie_cuda.binary_mm_wgmma: tensors on different devices");
+  c10::cuda::CUDAGuard guard(a.device());
+  int major = 0;   // a's device (the guard made it current): the 1-bit wgmma exists on sm_90 only
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device());
+  TORCH_CHECK(major == 9, "bie_cuda.binary_mm_wgmma: needs a Hopper (sm_90) GPU");
+  const at::ScalarType odt = out_dtype.has_value() ? *out_dtype : at::kInt;
+  TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16,
+              "bie_cuda.binary_mm_wgmma: out_dtype must be int32 (None), float32, float16 or bfloat16");
+  auto out = at::empty({M, n}, a.options().dtype(odt));
+  bie::BinGemmArgs p{};
+  p.a = a.data_ptr<uint8_t>();
+  p.b = img.data_ptr<uint8_t>();
+  p.pw = pw.data_ptr<int32_t>();
+  p.lda = M > 1 ? a.stride(0) : KB;
+  p.M = (int)M;
+  p.N = (int)n;
+  p.K = (int)k;
+  p.KB = (int)KB;
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(odt);
+  const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device());
+  check_launch(bie::launch_binary_gemm_wgmma(p, num_sms(), stream()), "binary_mm_wgmma");
   return out;
 }
 
@@ -486,6 +545,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("unpack_signs", &unpack_signs);
   m.def("row_popc", &row_popc);
   m.def("binary_mm", &binary_mm);
+  m.def("binary_mm_wgmma", &binary_mm_wgmma);
   m.def("sign_embedding", &sign_embedding);
   m.def("sign_embedding_bag", &sign_embedding_bag);
   m.def("wq_gemm", &wq_gemm);

@@ -1,0 +1,313 @@
+// Binary GEMM on Hopper's 1-bit wgmma (sm_90a): persistent, warp-specialised,
+// for prepared weights and M >= a few hundred rows.
+//
+//   out[m, n] = epilogue(4 popc(a_m & w_n) - 2 popc(a_m) - 2 popc(w_n) + K)
+//
+// Why this shape. A 1-bit wgmma consumes 8x more bits per byte of shared
+// memory than int8 does per op, so shared-memory traffic, not the tensor
+// cores, bounds a binary GEMM whose operands both come from shared memory.
+// Here only the weights (B) go through shared memory: the activations (A) are
+// loaded by the math threads straight from global memory (L2) into the
+// registers the wgmma reads as its A operand, which removes A's copy into
+// shared memory and the tensor cores' reads of it (a quarter of the traffic of
+// a 128x256 tile). The row popcounts of A are summed from those same registers,
+// so no separate pass over A is needed.
+//
+// Block: 3 warpgroups. Warpgroup 0 is the producer: one thread streams the
+// weight tile of every stage (256 rows x 1024 bits = 32 KB, one contiguous
+// block of the prepared image) into a 4-slot ring with cp.async.bulk, counted
+// on "full" mbarriers. Warpgroups 1 and 2 each own 64 rows of the 128x256
+// tile: per stage four m64n256k256 wgmmas with A from registers; a slot is
+// released (per warp, on an "empty" mbarrier) once the wgmmas that read it
+// have retired. A registers come from a 3-slot register ring loaded two
+// stages ahead. The two math warpgroups only share the weight slots, so one
+// can run its epilogue while the other still computes: the epilogue converts
+// the accumulators, stages them in shared memory (padded rows, no bank
+// conflicts) and writes each output row with one bulk copy, which proceeds
+// in the background while the next tile's wgmmas run.
+//
+// The prepared weight image (bie_backend_cuda.binary.wgmma_image builds it):
+// [N/256 column tiles][K/1024 stages][256 rows][128 bytes], each row in the
+// wgmma's 128-byte swizzle (16-byte chunk c stored at c ^ (row % 8)) and with
+// its 32 words permuted so that each lane's A registers are two contiguous
+// 16-byte loads: position p = 8j + c (chunk j of 256 bits, word c) holds word
+//   i < 4 ? 4q + i : 12 + 4q + i,  i = 2j + (c >> 2), q = c & 3
+// of the stage. popc(a & w) summed over K does not depend on the order of the
+// words, as long as both operands use the same one. Rows past N and words past
+// K are zero.
+//
+// Requirements (checked by the binding): sm_90, K % 128 == 0 (whole 16-byte
+// chunks), N % 8 == 0 (16-byte output rows for the bulk stores), rows of a
+// 16-byte aligned.
+#include <type_traits>
+
+#include "common.cuh"
+#include "hopper.cuh"
+#include "wgmma_b1.cuh"
+
+namespace bie {
+namespace bwg {
+
+using namespace hop;
+
+constexpr int BM = 128, BN = 256;
+constexpr int KSB = 128;                   // bytes of K per stage (1024 bits)
+constexpr int STAGE_BYTES = BN * KSB;      // 32 KB of weights per stage
+constexpr int STAGES = 4;
+constexpr int AR = 3;                      // register ring of A stages (loads run AR - 1 stages ahead)
+constexpr int EPI_LD = 528;                // bytes per staged output row (512 + 16: conflict-free rows)
+constexpr int EPI_BYTES = 64 * EPI_LD;     // per math warpgroup
+constexpr int COL_BYTES = 3 * BN * 4;      // column terms per math warpgroup: -2 popc(w), scale, bias
+constexpr int THREADS = 384;
+constexpr int OFF_EPI = STAGES * STAGE_BYTES;
+constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
+constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
+constexpr int SMEM_BYTES = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the ring (swizzle atoms)
+
+struct Coords {
+  int m0, n0, ks;
+  int64_t img_off;
+};
+
+__device__ __forceinline__ Coords coords(const BinGemmArgs& p, int it, int ns, int nt) {
+  const int tl = it / ns;
+  Coords c;
+  c.ks = it - tl * ns;
+  const int tile = blockIdx.x + tl * gridDim.x;
+  const int mt = tile / nt, ntile = tile - mt * nt;
+  c.m0 = mt * BM;
+  c.n0 = ntile * BN;
+  c.img_off = ((int64_t)ntile * ns + c.ks) * STAGE_BYTES;
+  return c;
+}
+
+__device__ __forceinline__ uint4 ldg_nc(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <typename OT> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename OT>
+__global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmArgs p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
+
+  const int ns = (p.KB + KSB - 1) / KSB;
+  const int nt = (p.N + BN - 1) / BN;
+  const int ntiles = ((p.M + BM - 1) / BM) * nt;
+  const int total = ((ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x) * ns;   // iterations
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bar_full + 8 * s, 1);
+      mbar_init(bar_empty + 8 * s, 8);   // every math warp releases the slot
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    regs_dec<40>();
+    if (tid == 0) {
+      for (int it = 0; it < total; ++it) {
+        const int s = it % STAGES;
+        mbar_wait(bar_empty + 8 * s, ((it / STAGES) & 1) ^ 1);
+        const Coords c = coords(p, it, ns, nt);
+        mbar_arrive_expect_tx(bar_full + 8 * s, STAGE_BYTES);
+        bulk_g2s(base + s * STAGE_BYTES, p.b + c.img_off, STAGE_BYTES, bar_full + 8 * s);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------- math
+  regs_inc<232>();
+  const int cw = wg - 1;                        // math warpgroup: rows 64 cw .. 64 cw + 63 of the tile
+  const int t = tid & 127, warp = t >> 5, lane = tid & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const int rw = cw * 64 + warp * 16 + g;       // this thread's rows in the tile: rw and rw + 8
+  uint8_t* epi = smem + OFF_EPI + cw * EPI_BYTES;
+  int* col_cb = reinterpret_cast<int*>(smem + OFF_COL + cw * COL_BYTES);
+  float* col_sc = reinterpret_cast<float*>(col_cb + BN);
+  float* col_bi = col_sc + BN;
+
+  // A registers of one stage: [row h][8 words]; words 0-3 = bytes 16q.., 4-7 = bytes 64 + 16q..
+  auto load_a = [&](uint32_t (&dst)[16], int it) {
+    if (it >= total) return;
+    const Coords c = coords(p, it, ns, nt);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = c.m0 + rw + 8 * h;
+      const uint8_t* src = p.a + (int64_t)row * p.lda + c.ks * KSB + 16 * q;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const bool ok = row < p.M && c.ks * KSB + 16 * q + 64 * half < p.KB;
+        const uint4 v = ok ? ldg_nc(src + 64 * half) : make_uint4(0u, 0u, 0u, 0u);
+        dst[8 * h + 4 * half + 0] = v.x;
+        dst[8 * h + 4 * half + 1] = v.y;
+        dst[8 * h + 4 * half + 2] = v.z;
+        dst[8 * h + 4 * half + 3] = v.w;
+      }
+    }
+  };
+
+  uint32_t acc[128];
+  uint32_t ar[AR][16];
+  int pa0 = 0, pa1 = 0;                         // popc of rows rw, rw + 8 over this lane's words
+  int cv_cb[2] = {0, 0};                        // the next epilogue's column terms (columns 2t, 2t + 1)
+  float cv_sc[2] = {1.f, 1.f}, cv_bi[2] = {0.f, 0.f};
+
+  load_a(ar[0], 0);
+  load_a(ar[1], 1);
+
+  auto step = [&](uint32_t (&a)[16], uint32_t (&a_next)[16], int it) {
+    const int s = it % STAGES;
+    const Coords c = coords(p, it, ns, nt);
+    if (c.ks == 0) {
+      pa0 = pa1 = 0;
+      // column terms of this tile, read now so their latency hides behind the tile's wgmmas
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = c.n0 + 2 * t + e;
+        const bool ok = n < p.N;
+        cv_cb[e] = ok ? -2 * p.pw[n] : 0;
+        cv_sc[e] = (ok && p.scale) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f;
+        cv_bi[e] = (ok && p.bias) ? load_f32(p.bias, p.bias_dtype, n) : 0.f;
+      }
+    }
+    mbar_wait(bar_full + 8 * s, (it / STAGES) & 1);
+    const uint64_t d0 = desc_sw128(base + s * STAGE_BYTES);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      wgmma_b1_n256(acc, a[2 * j], a[8 + 2 * j], a[2 * j + 1], a[8 + 2 * j + 1], d0 + (uint64_t)(2 * j),
+                    (c.ks > 0 || j > 0) ? 1 : 0);
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      pa0 += __popc(a[i]);
+      pa1 += __popc(a[8 + i]);
+    }
+    wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot, refill its registers
+    if (it > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
+    load_a(a_next, it + AR - 1);
+    if (c.ks == ns - 1) {
+      // ------------------------------------------------------------ epilogue
+      wgmma_wait<0>();
+      int r0 = pa0, r1 = pa1;
+      r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+      r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+      r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+      r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+      const int ka0 = p.K - 2 * r0, ka1 = p.K - 2 * r1;
+      if (t < 64) bulk_wait_read();             // the previous tile's rows have left the staging buffer
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        col_cb[2 * t + e] = cv_cb[e];
+        col_sc[2 * t + e] = cv_sc[e];
+        col_bi[2 * t + e] = cv_bi[e];
+      }
+      named_barrier(1 + cw, 128);
+      constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs: two halves of 128 columns
+      constexpr int CP = BN / PASSES;
+      const int row_lo = warp * 16 + g;               // staging rows of this thread: row_lo, row_lo + 8
+#pragma unroll
+      for (int ps = 0; ps < PASSES; ++ps) {
+        if (ps > 0) {
+          if (t < 64) bulk_wait_read();
+          named_barrier(1 + cw, 128);
+        }
+#pragma unroll
+        for (int jb = 0; jb < CP / 8; ++jb) {
+          const int j = ps * (CP / 8) + jb;
+          const int col = 8 * j + 2 * q;
+          const int2 cb = *reinterpret_cast<const int2*>(col_cb + col);
+          const int d00 = 4 * (int)acc[4 * j] + ka0 + cb.x, d01 = 4 * (int)acc[4 * j + 1] + ka0 + cb.y;
+          const int d10 = 4 * (int)acc[4 * j + 2] + ka1 + cb.x, d11 = 4 * (int)acc[4 * j + 3] + ka1 + cb.y;
+          uint8_t* dst0 = epi + row_lo * EPI_LD + (col - ps * CP) * (int)sizeof(OT);
+          uint8_t* dst1 = dst0 + 8 * EPI_LD;
+          if constexpr (std::is_same<OT, int32_t>::value) {
+            *reinterpret_cast<int2*>(dst0) = make_int2(d00, d01);
+            *reinterpret_cast<int2*>(dst1) = make_int2(d10, d11);
+          } else {
+            const float2 sc = *reinterpret_cast<const float2*>(col_sc + col);
+            const float2 bi = *reinterpret_cast<const float2*>(col_bi + col);
+            // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA)
+            const float y00 = __fadd_rn(__fmul_rn((float)d00, sc.x), bi.x);
+            const float y01 = __fadd_rn(__fmul_rn((float)d01, sc.y), bi.y);
+            const float y10 = __fadd_rn(__fmul_rn((float)d10, sc.x), bi.x);
+            const float y11 = __fadd_rn(__fmul_rn((float)d11, sc.y), bi.y);
+            if constexpr (std::is_same<OT, float>::value) {
+              *reinterpret_cast<float2*>(dst0) = make_float2(y00, y01);
+              *reinterpret_cast<float2*>(dst1) = make_float2(y10, y11);
+            } else {
+              *reinterpret_cast<uint32_t*>(dst0) = pack2<OT>(y00, y01);
+              *reinterpret_cast<uint32_t*>(dst1) = pack2<OT>(y10, y11);
+            }
+          }
+        }
+        fence_proxy_async();                       // the staged rows are visible to the bulk copies
+        named_barrier(1 + cw, 128);
+        if (t < 64) {
+          const int row = c.m0 + cw * 64 + t;
+          const int ncols = min(CP, p.N - (c.n0 + ps * CP));
+          if (row < p.M && ncols > 0) {
+            bulk_s2g(static_cast<OT*>(p.out) + (int64_t)row * p.N + c.n0 + ps * CP,
+                     (uint32_t)__cvta_generic_to_shared(epi + t * EPI_LD), (uint32_t)(ncols * sizeof(OT)));
+            bulk_commit();
+          }
+        }
+      }
+    }
+  };
+
+  for (int it0 = 0; it0 < total; it0 += AR) {
+    step(ar[0], ar[2], it0);
+    if (it0 + 1 < total) step(ar[1], ar[0], it0 + 1);
+    if (it0 + 2 < total) step(ar[2], ar[1], it0 + 2);
+  }
+  if (t < 64) bulk_wait_read();                  // shared memory stays valid until the last rows are read
+#endif
+}
+
+template <typename OT>
+static cudaError_t launch_t(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
+  const int tiles = ceil_div(p.M, BM) * ceil_div(p.N, BN);
+  const int grid = std::min(tiles, num_sms);
+  cudaError_t e = cudaFuncSetAttribute(bgemm_wgmma_kernel<OT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+  if (e != cudaSuccess) return e;
+  bgemm_wgmma_kernel<OT><<<grid, THREADS, SMEM_BYTES, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+}  // namespace bwg
+
+// p.b is the prepared weight image (see the top of this file), p.pw the popcount of every weight row.
+cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+  switch (p.out_dtype) {
+    case kI32: return bwg::launch_t<int32_t>(p, num_sms, st);
+    case kF32: return bwg::launch_t<float>(p, num_sms, st);
+    case kF16: return bwg::launch_t<__half>(p, num_sms, st);
+    case kBF16: return bwg::launch_t<__nv_bfloat16>(p, num_sms, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace bie

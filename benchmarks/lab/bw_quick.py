@@ -1,0 +1,35 @@
+"""Lab: the Hopper 1-bit wgmma GEMM against the mma.sync kernels and cuBLAS bf16 (bf16 out, per-channel scale,
+weights rotated over > L2). python benchmarks/lab/bw_quick.py"""
+import sys
+import os
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch
+import torch.nn.functional as F
+from gpu_timing import pool_size, time_graph
+from bie_backend_cuda import binary as cb
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1024, 4096, 4096), (256, 4096, 4096), (128, 4096, 4096),
+          (4096, 28672, 8192)]
+for m, n, k in SHAPES:
+    kb = k // 8
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    nset = pool_size(n * kb)
+    ws = [torch.randint(0, 256, (n, kb), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(nset)]
+    preps = [cb.prepare_weight(w) for w in ws]
+    a = torch.randint(0, 256, (m, kb), device="cuda", dtype=torch.uint8, generator=gen)
+    scale = torch.rand(n, device="cuda") + 0.1
+    res = {}
+    for tile in ("wgmma", 5, 2):
+        res[tile] = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p,
+                                                                tile=tile) for w, p in zip(ws, preps)])
+    res["wgmma i32"] = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, None, prepared=p,
+                                                                   tile="wgmma") for w, p in zip(ws[:8], preps[:8])])
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, min(8, pool_size(n * k * 2))))]
+    res["cublas bf16"] = time_graph([lambda w=w: F.linear(x, w) for w in wb])
+    ops = 2.0 * m * n * k
+    print(f"M={m} N={n} K={k}: " + ", ".join(f"{t}: {v:.1f} us" for t, v in res.items()) +
+          f" | wgmma {ops / res['wgmma'] / 1e6:.0f} TOPS = {ops / res['wgmma'] / 1e6 / 15900:.1%} of 15.9 POPS, "
+          f"{res['cublas bf16'] / res['wgmma']:.2f}x cuBLAS", flush=True)
+    del ws, preps, wb
+    torch.cuda.empty_cache()
