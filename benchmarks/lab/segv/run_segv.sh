@@ -2,7 +2,7 @@
 # Device call (lab): why a failed TORCH_CHECK in bie_cuda ops crashes the process on the H100 machine.
 cd "$(dirname "$0")/../../.."
 set -x
-pip install --no-build-isolation --no-deps -q -e . -e backends/cpu -e backend_cuda 2>&1 | tail -2
+python3 -m pip install --no-build-isolation --no-deps -q -e . -e backends/cpu -e backend_cuda 2>&1 | tail -2
 g++ --version | head -1; which gdb; python3 -c "import torch,sys; print(torch.__version__, torch._C._GLIBCXX_USE_CXX11_ABI, sys.version)"
 python3 -c "import torch.utils.cpp_extension as c; print(c.CUDA_HOME)"
 gcc -shared -fPIC -O1 -o /tmp/segv_bt.so benchmarks/lab/segv/segv_bt.c
