@@ -67,28 +67,15 @@ class PreparedSigns:
 WGMMA_MIN_M = 256
 
 
-def _wgmma_perm(device) -> torch.Tensor:
-    # position p = 8j + c of a 1024-bit stage row holds word (i < 4 ? 4q + i : 12 + 4q + i),
-    # i = 2j + (c >> 2), q = c & 3: each lane's A registers are then two contiguous 16-byte loads
-    # (binary_wgmma.cu explains the layout)
-    perm = []
-    for p in range(32):
-        j, c = divmod(p, 8)
-        i, q = 2 * j + (c >> 2), c & 3
-        perm.append(4 * q + i if i < 4 else 12 + 4 * q + i)
-    return torch.tensor(perm, device=device)
-
-
 def wgmma_image(bits: torch.Tensor, kb: int) -> torch.Tensor:
-    """The weight image of the Hopper 1-bit wgmma kernel: [N/256][K/1024][256 rows][128 bytes], words
-    permuted (see _wgmma_perm), 16-byte chunks in the 128-byte swizzle, zero past N and K. Device ops only."""
+    """The weight image of the Hopper 1-bit wgmma kernel: [N/256][K/1024][256 rows][128 bytes], 16-byte
+    chunks in the 128-byte swizzle, zero past N and K (binary_wgmma.cu). Device ops only."""
     n = bits.shape[0]
     ns, nt = (kb + 127) // 128, (n + 255) // 256
     rows = nt * 256
     w = torch.zeros(rows, ns * 128, dtype=torch.uint8, device=bits.device)
     w[:n, :kb] = bits[:, :kb]
-    words = w.view(torch.int32).view(rows, ns, 32)[:, :, _wgmma_perm(bits.device)]
-    chunks = words.reshape(rows, ns, 8, 4)
+    chunks = w.view(torch.int32).view(rows, ns, 8, 4)
     r = torch.arange(rows, device=bits.device)
     src = torch.arange(8, device=bits.device)[None, :] ^ (r[:, None] & 7)   # stored chunk s holds chunk s ^ (row % 8)
     sw = torch.gather(chunks, 2, src[:, None, :, None].expand(rows, ns, 8, 4))

@@ -8,7 +8,7 @@
 // cores, bounds a binary GEMM whose operands both come from shared memory.
 // Here only the weights (B) go through shared memory: the activations (A) are
 // loaded by the math threads straight from global memory (L2) into the
-// registers the wgmma reads as its A operand, which removes A's copy into
+// registers the wgmma reads as its A operand (one 32-bit load per register), which removes A's copy into
 // shared memory and the tensor cores' reads of it (a quarter of the traffic of
 // a 128x256 tile). The row popcounts of A are summed from those same registers,
 // so no separate pass over A is needed.
@@ -28,13 +28,8 @@
 //
 // The prepared weight image (bie_backend_cuda.binary.wgmma_image builds it):
 // [N/256 column tiles][K/1024 stages][256 rows][128 bytes], each row in the
-// wgmma's 128-byte swizzle (16-byte chunk c stored at c ^ (row % 8)) and with
-// its 32 words permuted so that each lane's A registers are two contiguous
-// 16-byte loads: position p = 8j + c (chunk j of 256 bits, word c) holds word
-//   i < 4 ? 4q + i : 12 + 4q + i,  i = 2j + (c >> 2), q = c & 3
-// of the stage. popc(a & w) summed over K does not depend on the order of the
-// words, as long as both operands use the same one. Rows past N and words past
-// K are zero.
+// wgmma's 128-byte swizzle (16-byte chunk c stored at c ^ (row % 8)), zero
+// past N and K, so one bulk copy of 32 KB fills a stage.
 //
 // Requirements (checked by the binding): sm_90, K % 128 == 0 (whole 16-byte
 // chunks), N % 8 == 0 (16-byte output rows for the bulk stores), rows of a
@@ -81,9 +76,15 @@ __device__ __forceinline__ Coords coords(const BinGemmArgs& p, int it, int ns, i
   return c;
 }
 
-__device__ __forceinline__ uint4 ldg_nc(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+// Zero bytes in global memory: the A loads of rows past M and bytes past K read from here. Every load is
+// then unconditional: a predicated load (or a select after it) makes ptxas move the data into place with
+// predicated moves, which wait for the data at the load itself and turn the A prefetch into a synchronous
+// read (measured: the top stall of the first version).
+__device__ __align__(16) uint32_t kZeros[32];
+
+__device__ __forceinline__ uint32_t ldg_nc32(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
   return v;
 }
 
@@ -147,23 +148,28 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   float* col_sc = reinterpret_cast<float*>(col_cb + BN);
   float* col_bi = col_sc + BN;
 
-  // A registers of one stage: [row h][8 words]; words 0-3 = bytes 16q.., 4-7 = bytes 64 + 16q..
+  // A registers of one stage, in the order the wgmmas take them: chunk j (256 bits) of the stage is
+  // {row r word q, row r+8 word q, row r word 4+q, row r+8 word 4+q} at a[4j..4j+3]. Each register is its
+  // own 32-bit load so that the data lands where the wgmma reads it: loading 16 bytes and regrouping the
+  // words takes moves that wait for the data at the load and serialise the prefetch.
   auto load_a = [&](uint32_t (&dst)[16], int it) {
     if (it >= total) return;
     const Coords c = coords(p, it, ns, nt);
+    const int nb = p.KB - c.ks * KSB;          // bytes of this stage inside K (>= 128: all of them)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = c.m0 + rw + 8 * h;
-      const uint8_t* src = p.a + (int64_t)row * p.lda + c.ks * KSB + 16 * q;
+      const int nbr = row < p.M ? nb : 0;
+      const uint8_t* src = p.a + (int64_t)row * p.lda + c.ks * KSB;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const bool ok = row < p.M && c.ks * KSB + 16 * q + 64 * half < p.KB;
-        const uint4 v = ok ? ldg_nc(src + 64 * half) : make_uint4(0u, 0u, 0u, 0u);
-        dst[8 * h + 4 * half + 0] = v.x;
-        dst[8 * h + 4 * half + 1] = v.y;
-        dst[8 * h + 4 * half + 2] = v.z;
-        dst[8 * h + 4 * half + 3] = v.w;
-      }
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int off = 32 * j + 16 * u + 4 * q;
+          const void* ptr = off < nbr ? static_cast<const void*>(src + off)
+                                      : static_cast<const void*>(reinterpret_cast<const uint8_t*>(kZeros) + off);
+          dst[4 * j + 2 * u + h] = ldg_nc32(ptr);
+        }
     }
   };
 
@@ -196,13 +202,13 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
-      wgmma_b1_n256(acc, a[2 * j], a[8 + 2 * j], a[2 * j + 1], a[8 + 2 * j + 1], d0 + (uint64_t)(2 * j),
+      wgmma_b1_n256(acc, a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3], d0 + (uint64_t)(2 * j),
                     (c.ks > 0 || j > 0) ? 1 : 0);
     wgmma_commit();
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      pa0 += __popc(a[i]);
-      pa1 += __popc(a[8 + i]);
+    for (int j = 0; j < 4; ++j) {
+      pa0 += __popc(a[4 * j]) + __popc(a[4 * j + 2]);
+      pa1 += __popc(a[4 * j + 1]) + __popc(a[4 * j + 3]);
     }
     wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot, refill its registers
     if (it > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
