@@ -59,23 +59,6 @@ constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
 constexpr int SMEM_BYTES = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the ring (swizzle atoms)
 
-struct Coords {
-  int m0, n0, ks;
-  int64_t img_off;
-};
-
-__device__ __forceinline__ Coords coords(const BinGemmArgs& p, int it, int ns, int nt) {
-  const int tl = it / ns;
-  Coords c;
-  c.ks = it - tl * ns;
-  const int tile = blockIdx.x + tl * gridDim.x;
-  const int mt = tile / nt, ntile = tile - mt * nt;
-  c.m0 = mt * BM;
-  c.n0 = ntile * BN;
-  c.img_off = ((int64_t)ntile * ns + c.ks) * STAGE_BYTES;
-  return c;
-}
-
 // Zero bytes in global memory: the A loads of rows past M and bytes past K read from here. Every load is
 // then unconditional: a predicated load (or a select after it) makes ptxas move the data into place with
 // predicated moves, which wait for the data at the load itself and turn the A prefetch into a synchronous
@@ -126,12 +109,18 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     // ---------------------------------------------------------------- producer
     regs_dec<40>();
     if (tid == 0) {
+      int ks = 0, tile = blockIdx.x, slot = 0, phase = 0;
+      int64_t img = (int64_t)(tile % nt) * ns * STAGE_BYTES;
       for (int it = 0; it < total; ++it) {
-        const int s = it % STAGES;
-        mbar_wait(bar_empty + 8 * s, ((it / STAGES) & 1) ^ 1);
-        const Coords c = coords(p, it, ns, nt);
-        mbar_arrive_expect_tx(bar_full + 8 * s, STAGE_BYTES);
-        bulk_g2s(base + s * STAGE_BYTES, p.b + c.img_off, STAGE_BYTES, bar_full + 8 * s);
+        mbar_wait(bar_empty + 8 * slot, phase ^ 1);
+        mbar_arrive_expect_tx(bar_full + 8 * slot, STAGE_BYTES);
+        bulk_g2s(base + slot * STAGE_BYTES, p.b + img + (int64_t)ks * STAGE_BYTES, STAGE_BYTES, bar_full + 8 * slot);
+        if (++slot == STAGES) { slot = 0; phase ^= 1; }
+        if (++ks == ns) {
+          ks = 0;
+          tile += gridDim.x;
+          img = (int64_t)(tile % nt) * ns * STAGE_BYTES;
+        }
       }
     }
     return;
@@ -151,25 +140,50 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   // A registers of one stage, in the order the wgmmas take them: chunk j (256 bits) of the stage is
   // {row r word q, row r+8 word q, row r word 4+q, row r+8 word 4+q} at a[4j..4j+3]. Each register is its
   // own 32-bit load so that the data lands where the wgmma reads it: loading 16 bytes and regrouping the
-  // words takes moves that wait for the data at the load and serialise the prefetch.
-  auto load_a = [&](uint32_t (&dst)[16], int it) {
-    if (it >= total) return;
-    const Coords c = coords(p, it, ns, nt);
-    const int nb = p.KB - c.ks * KSB;          // bytes of this stage inside K (>= 128: all of them)
+  // words takes moves that wait for the data at the load and serialise the prefetch. The loads run AR - 1
+  // stages ahead of the wgmmas; their cursor (l_*) and the wgmmas' (c_*) advance by increments, because
+  // the math warps are latency-bound on their own instruction stream (every instruction per stage counts).
+  int l_ks = 0, l_tile = blockIdx.x, l_left = total;
+  const uint8_t* l_row[2];
+  int l_step[2];
+  auto l_rows = [&]() {   // the two rows of this thread in tile l_tile (rows past M read zeros)
+    const int m0 = (l_tile / nt) * BM;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = c.m0 + rw + 8 * h;
-      const int nbr = row < p.M ? nb : 0;
-      const uint8_t* src = p.a + (int64_t)row * p.lda + c.ks * KSB;
+      const int row = m0 + rw + 8 * h;
+      const bool ok = row < p.M;
+      l_row[h] = ok ? p.a + (int64_t)row * p.lda + 4 * q : reinterpret_cast<const uint8_t*>(kZeros) + 4 * q;
+      l_step[h] = ok ? KSB : 0;
+    }
+  };
+  l_rows();
+  auto load_a = [&](uint32_t (&dst)[16]) {
+    if (l_left <= 0) return;
+    --l_left;
+    const int nb = p.KB - l_ks * KSB;           // bytes of this stage inside K (>= 128: all of them)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* src = l_row[h] + l_ks * l_step[h];
+      if (nb >= KSB) {
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int off = 32 * j + 16 * u + 4 * q;
-          const void* ptr = off < nbr ? static_cast<const void*>(src + off)
-                                      : static_cast<const void*>(reinterpret_cast<const uint8_t*>(kZeros) + off);
-          dst[4 * j + 2 * u + h] = ldg_nc32(ptr);
-        }
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) dst[4 * j + 2 * u + h] = ldg_nc32(src + 32 * j + 16 * u);
+      } else {                                  // the last stage of a K that is not a multiple of 1024
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int off = 32 * j + 16 * u;
+            dst[4 * j + 2 * u + h] = ldg_nc32(off + 4 * q < nb ? src + off
+                                                              : reinterpret_cast<const uint8_t*>(kZeros) + off);
+          }
+      }
+    }
+    if (++l_ks == ns) {
+      l_ks = 0;
+      l_tile += gridDim.x;
+      if (l_left > 0) l_rows();
     }
   };
 
@@ -178,32 +192,34 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   int pa0 = 0, pa1 = 0;                         // popc of rows rw, rw + 8 over this lane's words
   int cv_cb[2] = {0, 0};                        // the next epilogue's column terms (columns 2t, 2t + 1)
   float cv_sc[2] = {1.f, 1.f}, cv_bi[2] = {0.f, 0.f};
+  int c_ks = 0, c_tile = blockIdx.x, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
 
-  load_a(ar[0], 0);
-  load_a(ar[1], 1);
+  load_a(ar[0]);
+  load_a(ar[1]);
 
-  auto step = [&](uint32_t (&a)[16], uint32_t (&a_next)[16], int it) {
-    const int s = it % STAGES;
-    const Coords c = coords(p, it, ns, nt);
-    if (c.ks == 0) {
+  auto step = [&](uint32_t (&a)[16], uint32_t (&a_next)[16]) {
+    if (c_ks == 0) {
+      const int mt = c_tile / nt;
+      c_m0 = mt * BM;
+      c_n0 = (c_tile - mt * nt) * BN;
       pa0 = pa1 = 0;
       // column terms of this tile, read now so their latency hides behind the tile's wgmmas
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int n = c.n0 + 2 * t + e;
+        const int n = c_n0 + 2 * t + e;
         const bool ok = n < p.N;
         cv_cb[e] = ok ? -2 * p.pw[n] : 0;
         cv_sc[e] = (ok && p.scale) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f;
         cv_bi[e] = (ok && p.bias) ? load_f32(p.bias, p.bias_dtype, n) : 0.f;
       }
     }
-    mbar_wait(bar_full + 8 * s, (it / STAGES) & 1);
-    const uint64_t d0 = desc_sw128(base + s * STAGE_BYTES);
+    mbar_wait(bar_full + 8 * slot, phase);
+    const uint64_t d0 = desc_sw128(base + slot * STAGE_BYTES);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       wgmma_b1_n256(acc, a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3], d0 + (uint64_t)(2 * j),
-                    (c.ks > 0 || j > 0) ? 1 : 0);
+                    (c_ks > 0 || j > 0) ? 1 : 0);
     wgmma_commit();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -211,9 +227,11 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       pa1 += __popc(a[4 * j + 1]) + __popc(a[4 * j + 3]);
     }
     wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot, refill its registers
-    if (it > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
-    load_a(a_next, it + AR - 1);
-    if (c.ks == ns - 1) {
+    if (prev_slot >= 0 && lane == 0) mbar_arrive(bar_empty + 8 * prev_slot);
+    prev_slot = slot;
+    if (++slot == STAGES) { slot = 0; phase ^= 1; }
+    load_a(a_next);
+    if (c_ks == ns - 1) {
       // ------------------------------------------------------------ epilogue
       wgmma_wait<0>();
       int r0 = pa0, r1 = pa1;
@@ -271,22 +289,26 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
         fence_proxy_async();                       // the staged rows are visible to the bulk copies
         named_barrier(1 + cw, 128);
         if (t < 64) {
-          const int row = c.m0 + cw * 64 + t;
-          const int ncols = min(CP, p.N - (c.n0 + ps * CP));
+          const int row = c_m0 + cw * 64 + t;
+          const int ncols = min(CP, p.N - (c_n0 + ps * CP));
           if (row < p.M && ncols > 0) {
-            bulk_s2g(static_cast<OT*>(p.out) + (int64_t)row * p.N + c.n0 + ps * CP,
+            bulk_s2g(static_cast<OT*>(p.out) + (int64_t)row * p.N + c_n0 + ps * CP,
                      (uint32_t)__cvta_generic_to_shared(epi + t * EPI_LD), (uint32_t)(ncols * sizeof(OT)));
             bulk_commit();
           }
         }
       }
     }
+    if (++c_ks == ns) {
+      c_ks = 0;
+      c_tile += gridDim.x;
+    }
   };
 
   for (int it0 = 0; it0 < total; it0 += AR) {
-    step(ar[0], ar[2], it0);
-    if (it0 + 1 < total) step(ar[1], ar[0], it0 + 1);
-    if (it0 + 2 < total) step(ar[2], ar[1], it0 + 2);
+    step(ar[0], ar[2]);
+    if (it0 + 1 < total) step(ar[1], ar[0]);
+    if (it0 + 2 < total) step(ar[2], ar[1]);
   }
   if (t < 64) bulk_wait_read();                  // shared memory stays valid until the last rows are read
 #endif
