@@ -114,7 +114,8 @@ def test_binary_gemm_wgmma(m, n, k):
     prep = cb.prepare_weight(b)
     assert prep.image is not None
     exp = rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None)
-    assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(), exp)
+    for tile in ("wgmma1", "wgmma2", "wgmma4"):   # blocks per cluster sharing the weight stages
+        assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile=tile).cpu(), exp), tile
     if m >= cb.WGMMA_MIN_M:
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
     for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16)):

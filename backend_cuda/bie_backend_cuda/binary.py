@@ -96,25 +96,29 @@ def prepare_weight(b: torch.Tensor) -> PreparedSigns:
     return PreparedSigns(bb, popc, kb, image)
 
 
-def _use_wgmma(m: int, k: int, prepared: PreparedSigns, tile) -> bool:
+def _wgmma_cluster(m: int, k: int, prepared: PreparedSigns, tile):
+    """None: not the wgmma kernel; else its blocks per cluster (0: the kernel chooses)."""
+    forced = isinstance(tile, str) and tile.startswith("wgmma")
     if prepared.image is None or k != 8 * prepared.kb:   # the image assumes k % 128 == 0 (whole bytes)
-        return tile == "wgmma" and _raise_wgmma(prepared, k)
-    return tile == "wgmma" or (tile == 0 and m >= WGMMA_MIN_M)
-
-
-def _raise_wgmma(prepared, k):
-    raise ValueError(f"the wgmma binary GEMM needs a Hopper GPU, k % 128 == 0 and N % 8 == 0 "
-                     f"(k={k}, kb={prepared.kb}, image={'yes' if prepared.image is not None else 'no'})")
+        if forced:
+            raise ValueError(f"the wgmma binary GEMM needs a Hopper GPU, k % 128 == 0 and N % 8 == 0 "
+                             f"(k={k}, kb={prepared.kb}, image={'yes' if prepared.image is not None else 'no'})")
+        return None
+    if forced:
+        return int(tile[5:] or 0)
+    return 0 if tile == 0 and m >= WGMMA_MIN_M else None
 
 
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile=0):
-    """tile: 0 chooses by shape; "wgmma" forces the Hopper kernel, 1-5 an mma.sync tile (tests, benchmarks)."""
+    """tile: 0 chooses by shape; "wgmma" forces the Hopper kernel ("wgmma1" / "wgmma2" / "wgmma4": with that
+    many blocks per cluster), 1-5 an mma.sync tile (tests, benchmarks)."""
     if prepared is None:
         prepared = prepare_weight(b)
     aa = _align(a, a.shape[1])
-    if _use_wgmma(aa.shape[0], k, prepared, tile):
+    cluster = _wgmma_cluster(aa.shape[0], k, prepared, tile)
+    if cluster is not None:
         return _build.ops().binary_mm_wgmma(aa, prepared.image, prepared.popc, k, prepared.bits.shape[0], scale,
-                                            bias, out_dtype)
+                                            bias, out_dtype, cluster)
     out = _build.ops().binary_mm(aa.unsqueeze(0), prepared.bits.unsqueeze(0), k, prepared.popc, scale, bias,
                                  out_dtype, 0, tile)
     return out[0]

@@ -206,16 +206,18 @@ Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optiona
 
 // The Hopper 1-bit wgmma GEMM (binary_wgmma.cu): a (M, >= k/8) uint8 with 16-byte aligned contiguous rows,
 // img the prepared weight image of n rows (bie_backend_cuda.binary.wgmma_image), pw (n) int32 the weight
-// rows' popcounts. k % 128 == 0, n % 8 == 0, sm_90 only.
+// rows' popcounts. k % 128 == 0, n % 8 == 0, sm_90 only. cluster: blocks per cluster (0 automatic, 1, 2, 4).
 Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int64_t k, int64_t n,
                        const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
-                       std::optional<at::ScalarType> out_dtype) {
+                       std::optional<at::ScalarType> out_dtype, int64_t cluster) {
   check_cuda(a, "a");
   check_cuda(img, "img");
   check_cuda(pw, "pw");
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kByte, "bie_cuda.binary_mm_wgmma: a must be 2-D uint8");
   TORCH_CHECK(k > 0 && k % 128 == 0 && k < (1ll << 30), "bie_cuda.binary_mm_wgmma: k must be a positive multiple of 128, got ", k);
   TORCH_CHECK(n > 0 && n % 8 == 0 && n < (1ll << 30), "bie_cuda.binary_mm_wgmma: n must be a positive multiple of 8, got ", n);
+  TORCH_CHECK(cluster == 0 || cluster == 1 || cluster == 2 || cluster == 4,
+              "bie_cuda.binary_mm_wgmma: cluster must be 0 (automatic), 1, 2 or 4, got ", cluster);
   const int64_t KB = k / 8, M = a.size(0);
   TORCH_CHECK(M < (1ll << 30), "bie_cuda.binary_mm_wgmma: too many rows");
   TORCH_CHECK(a.size(1) >= KB && (a.size(1) <= 1 || a.stride(1) == 1),
@@ -249,7 +251,7 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
   const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device());
-  check_launch(bie::launch_binary_gemm_wgmma(p, num_sms(), stream()), "binary_mm_wgmma");
+  check_launch(bie::launch_binary_gemm_wgmma(p, (int)cluster, num_sms(), stream()), "binary_mm_wgmma");
   return out;
 }
 

@@ -81,7 +81,11 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) 
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-template <typename OT>
+// CL: blocks per cluster along M. The CL blocks of a cluster work on CL vertically adjacent tiles of the
+// same weight columns: each block's producer fetches 1/CL of every weight stage and multicasts it to all of
+// them, which divides the weights' L2 -> SM traffic by CL (that traffic, not the tensor cores, bounds the
+// kernel at CL = 1). A slot is refilled only when the math warps of every block have released it.
+template <typename OT, int CL>
 __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -92,37 +96,47 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 
   const int ns = (p.KB + KSB - 1) / KSB;
   const int nt = (p.N + BN - 1) / BN;
-  const int ntiles = ((p.M + BM - 1) / BM) * nt;
-  const int total = ((ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x) * ns;   // iterations
+  const int ngroups = (((p.M + BM - 1) / BM + CL - 1) / CL) * nt;   // work units: CL tiles of one column tile
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;
+  const int cid = CL > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
+  const int ncl = CL > 1 ? (int)cluster_count_x() : (int)gridDim.x;
+  const int total = ((ngroups - cid + ncl - 1) / ncl) * ns;         // iterations (stages), the same in a cluster
 
   const int tid = threadIdx.x, wg = tid >> 7;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full + 8 * s, 1);
-      mbar_init(bar_empty + 8 * s, 8);   // every math warp releases the slot
+      mbar_init(bar_empty + 8 * s, 8 * CL);   // every math warp of the cluster releases the slot
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  if (CL > 1) cluster_sync(); else __syncthreads();
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     regs_dec<40>();
     if (tid == 0) {
-      int ks = 0, tile = blockIdx.x, slot = 0, phase = 0;
-      int64_t img = (int64_t)(tile % nt) * ns * STAGE_BYTES;
+      constexpr int SLICE = STAGE_BYTES / CL;
+      int ks = 0, group = cid, slot = 0, phase = 0;
+      int64_t img = (int64_t)(group % nt) * ns * STAGE_BYTES + rank * SLICE;
       for (int it = 0; it < total; ++it) {
         mbar_wait(bar_empty + 8 * slot, phase ^ 1);
         mbar_arrive_expect_tx(bar_full + 8 * slot, STAGE_BYTES);
-        bulk_g2s(base + slot * STAGE_BYTES, p.b + img + (int64_t)ks * STAGE_BYTES, STAGE_BYTES, bar_full + 8 * slot);
+        const uint8_t* src = p.b + img + (int64_t)ks * STAGE_BYTES;
+        if (CL > 1)
+          bulk_g2s_multicast(base + slot * STAGE_BYTES + rank * SLICE, src, SLICE, bar_full + 8 * slot,
+                             (uint16_t)((1u << CL) - 1));
+        else
+          bulk_g2s(base + slot * STAGE_BYTES, src, STAGE_BYTES, bar_full + 8 * slot);
         if (++slot == STAGES) { slot = 0; phase ^= 1; }
         if (++ks == ns) {
           ks = 0;
-          tile += gridDim.x;
-          img = (int64_t)(tile % nt) * ns * STAGE_BYTES;
+          group += ncl;
+          img = (int64_t)(group % nt) * ns * STAGE_BYTES + rank * SLICE;
         }
       }
     }
+    if (CL > 1) cluster_sync();   // no block leaves while the others may still write to it
     return;
   }
 
@@ -143,11 +157,11 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   // words takes moves that wait for the data at the load and serialise the prefetch. The loads run AR - 1
   // stages ahead of the wgmmas; their cursor (l_*) and the wgmmas' (c_*) advance by increments, because
   // the math warps are latency-bound on their own instruction stream (every instruction per stage counts).
-  int l_ks = 0, l_tile = blockIdx.x, l_left = total;
+  int l_ks = 0, l_group = cid, l_left = total;
   const uint8_t* l_row[2];
   int l_step[2];
-  auto l_rows = [&]() {   // the two rows of this thread in tile l_tile (rows past M read zeros)
-    const int m0 = (l_tile / nt) * BM;
+  auto l_rows = [&]() {   // the two rows of this thread in work unit l_group (rows past M read zeros)
+    const int m0 = ((l_group / nt) * CL + rank) * BM;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + rw + 8 * h;
@@ -182,7 +196,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     }
     if (++l_ks == ns) {
       l_ks = 0;
-      l_tile += gridDim.x;
+      l_group += ncl;
       if (l_left > 0) l_rows();
     }
   };
@@ -192,16 +206,16 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   int pa0 = 0, pa1 = 0;                         // popc of rows rw, rw + 8 over this lane's words
   int cv_cb[2] = {0, 0};                        // the next epilogue's column terms (columns 2t, 2t + 1)
   float cv_sc[2] = {1.f, 1.f}, cv_bi[2] = {0.f, 0.f};
-  int c_ks = 0, c_tile = blockIdx.x, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
+  int c_ks = 0, c_group = cid, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
 
   load_a(ar[0]);
   load_a(ar[1]);
 
   auto step = [&](uint32_t (&a)[16], uint32_t (&a_next)[16]) {
     if (c_ks == 0) {
-      const int mt = c_tile / nt;
-      c_m0 = mt * BM;
-      c_n0 = (c_tile - mt * nt) * BN;
+      const int mg = c_group / nt;
+      c_m0 = (mg * CL + rank) * BM;
+      c_n0 = (c_group - mg * nt) * BN;
       pa0 = pa1 = 0;
       // column terms of this tile, read now so their latency hides behind the tile's wgmmas
 #pragma unroll
@@ -227,7 +241,14 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       pa1 += __popc(a[4 * j + 1]) + __popc(a[4 * j + 3]);
     }
     wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot, refill its registers
-    if (prev_slot >= 0 && lane == 0) mbar_arrive(bar_empty + 8 * prev_slot);
+    if (prev_slot >= 0 && lane == 0) {
+      if (CL > 1) {
+#pragma unroll
+        for (int r = 0; r < CL; ++r) mbar_arrive_cluster(bar_empty + 8 * prev_slot, r);
+      } else {
+        mbar_arrive(bar_empty + 8 * prev_slot);
+      }
+    }
     prev_slot = slot;
     if (++slot == STAGES) { slot = 0; phase ^= 1; }
     load_a(a_next);
@@ -301,7 +322,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     }
     if (++c_ks == ns) {
       c_ks = 0;
-      c_tile += gridDim.x;
+      c_group += ncl;
     }
   };
 
@@ -311,29 +332,66 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     if (it0 + 2 < total) step(ar[2], ar[1]);
   }
   if (t < 64) bulk_wait_read();                  // shared memory stays valid until the last rows are read
+  if (CL > 1) cluster_sync();
 #endif
 }
 
-template <typename OT>
-static cudaError_t launch_t(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
-  const int tiles = ceil_div(p.M, BM) * ceil_div(p.N, BN);
-  const int grid = std::min(tiles, num_sms);
-  cudaError_t e = cudaFuncSetAttribute(bgemm_wgmma_kernel<OT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+template <typename OT, int CL>
+static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
+  auto kernel = bgemm_wgmma_kernel<OT, CL>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
   if (e != cudaSuccess) return e;
-  bgemm_wgmma_kernel<OT><<<grid, THREADS, SMEM_BYTES, st>>>(p);
+  const int groups = ceil_div(ceil_div(p.M, BM), CL) * ceil_div(p.N, BN);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = SMEM_BYTES;
+  cfg.stream = st;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // persistent: as many clusters as can be resident at once (clusters must fit in one GPC, so this can be
+  // fewer than num_sms / CL), never more than there are work units
+  int resident = num_sms / CL;
+  if (CL > 1) {
+    cfg.gridDim = dim3(CL * resident);
+    int n = 0;
+    e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+    if (e != cudaSuccess) return e;
+    if (n <= 0) return cudaErrorInvalidConfiguration;
+    resident = std::min(resident, n);
+  }
+  cfg.gridDim = dim3(CL * std::min(groups, resident));
+  e = cudaLaunchKernelEx(&cfg, kernel, p);
+  if (e != cudaSuccess) return e;
   BIE_LAUNCH_CHECK();
+}
+
+template <typename OT>
+static cudaError_t launch_t(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st) {
+  switch (cluster) {
+    case 1: return launch_cl<OT, 1>(p, num_sms, st);
+    case 2: return launch_cl<OT, 2>(p, num_sms, st);
+    case 4: return launch_cl<OT, 4>(p, num_sms, st);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace bwg
 
 // p.b is the prepared weight image (see the top of this file), p.pw the popcount of every weight row.
-cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
+// cluster: blocks per cluster along M (1, 2 or 4); 0 chooses (2 when there are two row tiles or more).
+cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
+  if (cluster == 0) cluster = ceil_div(p.M, bwg::BM) >= 2 ? 2 : 1;
   switch (p.out_dtype) {
-    case kI32: return bwg::launch_t<int32_t>(p, num_sms, st);
-    case kF32: return bwg::launch_t<float>(p, num_sms, st);
-    case kF16: return bwg::launch_t<__half>(p, num_sms, st);
-    case kBF16: return bwg::launch_t<__nv_bfloat16>(p, num_sms, st);
+    case kI32: return bwg::launch_t<int32_t>(p, cluster, num_sms, st);
+    case kF32: return bwg::launch_t<float>(p, cluster, num_sms, st);
+    case kF16: return bwg::launch_t<__half>(p, cluster, num_sms, st);
+    case kBF16: return bwg::launch_t<__nv_bfloat16>(p, cluster, num_sms, st);
   }
   return cudaErrorInvalidValue;
 }

@@ -116,5 +116,56 @@ template <int R> __device__ __forceinline__ void regs_inc() {
 #endif
 }
 
+// ---- thread-block clusters
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_count_x() {
+  uint32_t r = 1;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+#endif
+  return r;
+}
+// every thread of every block of the cluster arrives, then waits (memory ordered across the cluster)
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// arrive on the mbarrier at the same shared-memory offset in block `rank` of the cluster
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+#endif
+}
+// global -> the same shared-memory offset in every block of `mask`, completion counted in bytes on the
+// mbarrier at the same offset in each of them
+__device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                   uint16_t mask) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+      : "memory");
+#endif
+}
+
 }  // namespace hop
 }  // namespace bie

@@ -30,8 +30,8 @@ cudaError_t launch_unpack_signs(const uint8_t* bits, int64_t rows, int64_t k, in
 cudaError_t launch_row_popc(const uint8_t* b, int64_t ldb, int64_t rows, int64_t KB, int32_t* out, cudaStream_t st);
 cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st);
 cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_t st);
-// sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1
-cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int num_sms, cudaStream_t st);
+// sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
+cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
 cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
                                   int scale_dtype, int64_t V, int64_t L, int64_t dim, void* out, int dtype,
                                   cudaStream_t st);
