@@ -52,12 +52,12 @@ constexpr int STAGES = 4;
 constexpr int AR = 3;                      // register ring of A stages (loads run AR - 1 stages ahead)
 constexpr int EPI_LD = 528;                // bytes per staged output row (512 + 16: conflict-free rows)
 constexpr int EPI_BYTES = 64 * EPI_LD;     // per math warpgroup
-constexpr int COL_BYTES = 3 * BN * 4;      // column terms per math warpgroup: -2 popc(w), scale, bias
+constexpr int COL_BYTES = 3 * BN * 4;      // column terms of one tile: -2 popc(w), scale, bias (x2 buffers)
 constexpr int THREADS = 384;
 constexpr int OFF_EPI = STAGES * STAGE_BYTES;
 constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
-constexpr int SMEM_BYTES = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the ring (swizzle atoms)
+constexpr int SMEM_BYTES = OFF_BAR + (2 * STAGES + 4) * 8 + 1024;   // + alignment of the ring (swizzle atoms)
 
 // Zero bytes in global memory: the A loads of rows past M and bytes past K read from here. Every load is
 // then unconditional: a predicated load (or a select after it) makes ptxas move the data into place with
@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* smem = smem_raw + (base - raw);
   const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
+  const uint32_t bar_col_full = bar_empty + STAGES * 8, bar_col_empty = bar_col_full + 16;   // 2 buffers each
 
   const int ns = (p.KB + KSB - 1) / KSB;
   const int nt = (p.N + BN - 1) / BN;
@@ -107,6 +108,10 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full + 8 * s, 1);
       mbar_init(bar_empty + 8 * s, 8 * CL);   // every math warp of the cluster releases the slot
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(bar_col_full + 8 * b, 32);     // the lanes of the column warp
+      mbar_init(bar_col_empty + 8 * b, 8);     // the math warps of this block
     }
     mbar_init_fence();
   }
@@ -136,6 +141,31 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
         }
       }
     }
+    if (tid >= 32 && tid < 64) {
+      // Column warp: the epilogue's per-column terms of every tile (-2 popc(w), scale, bias as float32),
+      // staged in shared memory ahead of time in two buffers. Its loads may wait for memory; the math warps'
+      // own loads must not (a load followed by anything that uses it stalls a warp that has no other work).
+      const int lane = tid - 32;
+      const int ntl = total / ns;
+      int group = cid;
+      for (int i = 0; i < ntl; ++i, group += ncl) {
+        const int b = i & 1;
+        mbar_wait(bar_col_empty + 8 * b, ((i >> 1) & 1) ^ 1);
+        int* cb = reinterpret_cast<int*>(smem + OFF_COL + b * COL_BYTES);
+        float* sc = reinterpret_cast<float*>(cb + BN);
+        float* bi = sc + BN;
+        const int n0 = (group % nt) * BN;
+#pragma unroll
+        for (int e = 0; e < BN / 32; ++e) {
+          const int c = e * 32 + lane, n = n0 + c;
+          const bool ok = n < p.N;
+          cb[c] = ok ? -2 * p.pw[n] : 0;
+          sc[c] = (ok && p.scale) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f;
+          bi[c] = (ok && p.bias) ? load_f32(p.bias, p.bias_dtype, n) : 0.f;
+        }
+        mbar_arrive(bar_col_full + 8 * b);
+      }
+    }
     if (CL > 1) cluster_sync();   // no block leaves while the others may still write to it
     return;
   }
@@ -147,9 +177,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   const int g = lane >> 2, q = lane & 3;
   const int rw = cw * 64 + warp * 16 + g;       // this thread's rows in the tile: rw and rw + 8
   uint8_t* epi = smem + OFF_EPI + cw * EPI_BYTES;
-  int* col_cb = reinterpret_cast<int*>(smem + OFF_COL + cw * COL_BYTES);
-  float* col_sc = reinterpret_cast<float*>(col_cb + BN);
-  float* col_bi = col_sc + BN;
 
   // A registers of one stage, in the order the wgmmas take them: chunk j (256 bits) of the stage is
   // {row r word q, row r+8 word q, row r word 4+q, row r+8 word 4+q} at a[4j..4j+3]. Each register is its
@@ -204,8 +231,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   uint32_t acc[128];
   uint32_t ar[AR][16];
   int pa0 = 0, pa1 = 0;                         // popc of rows rw, rw + 8 over this lane's words
-  int cv_cb[2] = {0, 0};                        // the next epilogue's column terms (columns 2t, 2t + 1)
-  float cv_sc[2] = {1.f, 1.f}, cv_bi[2] = {0.f, 0.f};
+  int tiles_done = 0;                           // epilogues so far (column buffer and phase)
   int c_ks = 0, c_group = cid, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
 
   load_a(ar[0]);
@@ -217,15 +243,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       c_m0 = (mg * CL + rank) * BM;
       c_n0 = (c_group - mg * nt) * BN;
       pa0 = pa1 = 0;
-      // column terms of this tile, read now so their latency hides behind the tile's wgmmas
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = c_n0 + 2 * t + e;
-        const bool ok = n < p.N;
-        cv_cb[e] = ok ? -2 * p.pw[n] : 0;
-        cv_sc[e] = (ok && p.scale) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f;
-        cv_bi[e] = (ok && p.bias) ? load_f32(p.bias, p.bias_dtype, n) : 0.f;
-      }
     }
     mbar_wait(bar_full + 8 * slot, phase);
     const uint64_t d0 = desc_sw128(base + slot * STAGE_BYTES);
@@ -262,12 +279,11 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
       const int ka0 = p.K - 2 * r0, ka1 = p.K - 2 * r1;
       if (t < 64) bulk_wait_read();             // the previous tile's rows have left the staging buffer
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        col_cb[2 * t + e] = cv_cb[e];
-        col_sc[2 * t + e] = cv_sc[e];
-        col_bi[2 * t + e] = cv_bi[e];
-      }
+      const int cbuf = tiles_done & 1;
+      const int* col_cb = reinterpret_cast<const int*>(smem + OFF_COL + cbuf * COL_BYTES);
+      const float* col_sc = reinterpret_cast<const float*>(col_cb + BN);
+      const float* col_bi = col_sc + BN;
+      mbar_wait(bar_col_full + 8 * cbuf, (tiles_done >> 1) & 1);
       named_barrier(1 + cw, 128);
       constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs: two halves of 128 columns
       constexpr int CP = BN / PASSES;
@@ -309,6 +325,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
         }
         fence_proxy_async();                       // the staged rows are visible to the bulk copies
         named_barrier(1 + cw, 128);
+        if (ps == PASSES - 1 && lane == 0) mbar_arrive(bar_col_empty + 8 * cbuf);   // column terms read
         if (t < 64) {
           const int row = c_m0 + cw * 64 + t;
           const int ncols = min(CP, p.N - (c_n0 + ps * CP));
@@ -323,6 +340,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     if (++c_ks == ns) {
       c_ks = 0;
       c_group += ncl;
+      ++tiles_done;
     }
   };
 
@@ -383,10 +401,10 @@ static cudaError_t launch_t(const BinGemmArgs& p, int cluster, int num_sms, cuda
 }  // namespace bwg
 
 // p.b is the prepared weight image (see the top of this file), p.pw the popcount of every weight row.
-// cluster: blocks per cluster along M (1, 2 or 4); 0 chooses (2 when there are two row tiles or more).
+// cluster: blocks per cluster along M (1, 2 or 4); 0 chooses.
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (cluster == 0) cluster = ceil_div(p.M, bwg::BM) >= 2 ? 2 : 1;
+  if (cluster == 0) cluster = 1;   // clusters measured slower on the H100 (cuda_h100_binary_wgmma.md)
   switch (p.out_dtype) {
     case kI32: return bwg::launch_t<int32_t>(p, cluster, num_sms, st);
     case kF32: return bwg::launch_t<float>(p, cluster, num_sms, st);
