@@ -278,7 +278,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
       r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
       const int ka0 = p.K - 2 * r0, ka1 = p.K - 2 * r1;
-      if (t < 64) bulk_wait_read();             // the previous tile's rows have left the staging buffer
       const int cbuf = tiles_done & 1;
       const int* col_cb = reinterpret_cast<const int*>(smem + OFF_COL + cbuf * COL_BYTES);
       const float* col_sc = reinterpret_cast<const float*>(col_cb + BN);
@@ -290,10 +289,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       const int row_lo = warp * 16 + g;               // staging rows of this thread: row_lo, row_lo + 8
 #pragma unroll
       for (int ps = 0; ps < PASSES; ++ps) {
-        if (ps > 0) {
-          if (t < 64) bulk_wait_read();
-          named_barrier(1 + cw, 128);
-        }
+        if (ps > 0) named_barrier(1 + cw, 128);   // every lane has read the first half back
 #pragma unroll
         for (int jb = 0; jb < CP / 8; ++jb) {
           const int j = ps * (CP / 8) + jb;
@@ -323,17 +319,18 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
             }
           }
         }
-        fence_proxy_async();                       // the staged rows are visible to the bulk copies
-        named_barrier(1 + cw, 128);
+        named_barrier(1 + cw, 128);                // the staged rows are complete
         if (ps == PASSES - 1 && lane == 0) mbar_arrive(bar_col_empty + 8 * cbuf);   // column terms read
-        if (t < 64) {
-          const int row = c_m0 + cw * 64 + t;
-          const int ncols = min(CP, p.N - (c_n0 + ps * CP));
-          if (row < p.M && ncols > 0) {
-            bulk_s2g(static_cast<OT*>(p.out) + (int64_t)row * p.N + c_n0 + ps * CP,
-                     (uint32_t)__cvta_generic_to_shared(epi + t * EPI_LD), (uint32_t)(ncols * sizeof(OT)));
-            bulk_commit();
-          }
+        // each warp writes whole staged rows: 512 contiguous bytes per row, 16 per lane
+        const int nvalid = p.N - (c_n0 + ps * CP);  // columns of this pass inside N (a multiple of 8)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int r = i * 4 + warp, ch = lane;    // row of the warpgroup's 64, 16-byte chunk of the row
+          const int row = c_m0 + cw * 64 + r;
+          const uint4 v = *reinterpret_cast<const uint4*>(epi + r * EPI_LD + ch * 16);
+          if (row < p.M && ch * (16 / (int)sizeof(OT)) < nvalid)
+            *reinterpret_cast<uint4*>(static_cast<OT*>(p.out) + (int64_t)row * p.N + c_n0 + ps * CP +
+                                      ch * (16 / (int)sizeof(OT))) = v;
         }
       }
     }
@@ -349,7 +346,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     if (it0 + 1 < total) step(ar[1], ar[0]);
     if (it0 + 2 < total) step(ar[2], ar[1]);
   }
-  if (t < 64) bulk_wait_read();                  // shared memory stays valid until the last rows are read
   if (CL > 1) cluster_sync();
 #endif
 }
