@@ -71,6 +71,14 @@ __device__ __forceinline__ uint32_t ldg_nc32(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
 template <typename OT> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -287,17 +295,23 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs: two halves of 128 columns
       constexpr int CP = BN / PASSES;
       const int row_lo = warp * 16 + g;               // staging rows of this thread: row_lo, row_lo + 8
+      // stmatrix (2-byte outputs): lane l names row l % 8 of matrix l / 8 = {(j, rows 0-7), (j, rows 8-15),
+      // (j + 1, rows 0-7), (j + 1, rows 8-15)} of this warp's 16 rows
+      const uint32_t stm = (uint32_t)__cvta_generic_to_shared(epi) +
+                           (uint32_t)((warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * EPI_LD + (lane >> 4) * 16);
 #pragma unroll
       for (int ps = 0; ps < PASSES; ++ps) {
         if (ps > 0) named_barrier(1 + cw, 128);   // every lane has read the first half back
+        uint32_t packed[4];
 #pragma unroll
         for (int jb = 0; jb < CP / 8; ++jb) {
           const int j = ps * (CP / 8) + jb;
           const int col = 8 * j + 2 * q;
           const int2 cb = *reinterpret_cast<const int2*>(col_cb + col);
-          const int d00 = 4 * (int)acc[4 * j] + ka0 + cb.x, d01 = 4 * (int)acc[4 * j + 1] + ka0 + cb.y;
-          const int d10 = 4 * (int)acc[4 * j + 2] + ka1 + cb.x, d11 = 4 * (int)acc[4 * j + 3] + ka1 + cb.y;
-          uint8_t* dst0 = epi + row_lo * EPI_LD + (col - ps * CP) * (int)sizeof(OT);
+          const int cb0 = cb.x, cb1 = cb.y;
+          const int d00 = 4 * (int)acc[4 * j] + ka0 + cb0, d01 = 4 * (int)acc[4 * j + 1] + ka0 + cb1;
+          const int d10 = 4 * (int)acc[4 * j + 2] + ka1 + cb0, d11 = 4 * (int)acc[4 * j + 3] + ka1 + cb1;
+          uint8_t* dst0 = epi + row_lo * EPI_LD + (8 * (j - ps * (CP / 8)) + 2 * q) * (int)sizeof(OT);
           uint8_t* dst1 = dst0 + 8 * EPI_LD;
           if constexpr (std::is_same<OT, int32_t>::value) {
             *reinterpret_cast<int2*>(dst0) = make_int2(d00, d01);
@@ -305,17 +319,19 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
           } else {
             const float2 sc = *reinterpret_cast<const float2*>(col_sc + col);
             const float2 bi = *reinterpret_cast<const float2*>(col_bi + col);
+            const float s0 = sc.x, s1 = sc.y, b0 = bi.x, b1 = bi.y;
             // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA)
-            const float y00 = __fadd_rn(__fmul_rn((float)d00, sc.x), bi.x);
-            const float y01 = __fadd_rn(__fmul_rn((float)d01, sc.y), bi.y);
-            const float y10 = __fadd_rn(__fmul_rn((float)d10, sc.x), bi.x);
-            const float y11 = __fadd_rn(__fmul_rn((float)d11, sc.y), bi.y);
+            const float y00 = __fadd_rn(__fmul_rn((float)d00, s0), b0);
+            const float y01 = __fadd_rn(__fmul_rn((float)d01, s1), b1);
+            const float y10 = __fadd_rn(__fmul_rn((float)d10, s0), b0);
+            const float y11 = __fadd_rn(__fmul_rn((float)d11, s1), b1);
             if constexpr (std::is_same<OT, float>::value) {
               *reinterpret_cast<float2*>(dst0) = make_float2(y00, y01);
               *reinterpret_cast<float2*>(dst1) = make_float2(y10, y11);
             } else {
-              *reinterpret_cast<uint32_t*>(dst0) = pack2<OT>(y00, y01);
-              *reinterpret_cast<uint32_t*>(dst1) = pack2<OT>(y10, y11);
+              packed[2 * (jb & 1)] = pack2<OT>(y00, y01);
+              packed[2 * (jb & 1) + 1] = pack2<OT>(y10, y11);
+              if (jb & 1) stmatrix_x4(stm + (uint32_t)((jb - 1) * 16), packed);
             }
           }
         }
