@@ -92,7 +92,7 @@ def bench_binary(rows, quick):
     ws = [torch.randint(0, 256, (n, kb), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(pool_size(n * kb))]
     preps = [cb.prepare_weight(w) for w in ws]
     a = torch.randint(0, 256, (m, kb), device="cuda", dtype=torch.uint8, generator=gen)
-    for tile in (2, 3, 4, 5):
+    for tile in (2, 3, 4, 5, "wgmma1", "wgmma2"):
         t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, torch.bfloat16, prepared=p, tile=tile)
                         for w, p in zip(ws, preps)])
         rows.append(dict(family="binary_gemm tile", shape=f"tile={tile} 4096^3", out="bf16", us=t))

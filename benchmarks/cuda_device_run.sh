@@ -21,11 +21,15 @@ for line in open("/tmp/all.sass"):
     m = re.search(r"Function : (\S+)", line)
     if m: fn = m.group(1); continue
     if fn and "bgemm" in fn:
-        for op in ("BMMA.168256.AND.POPC", "BMMA.168256.XOR.POPC", "CALL", "LDSM", "LDGSTS", "LDL", "STL"):
+        for op in ("BMMA.168256.AND.POPC", "BMMA.168256.XOR.POPC", "BGMMA.64x256x256.AND.POPC", "XOR.POPC", "CALL",
+                   "LDSM", "LDGSTS", "LDL", "STL"):
             if op in line: stats[fn][op] += 1
 for f, c in stats.items(): print(f, dict(c))
-bad = [f for f, c in stats.items() if c["CALL"] or c["BMMA.168256.XOR.POPC"] or c["LDL"]]
-print("SASS check:", "FAIL " + str(bad) if bad else "OK (native BMMA AND.POPC, no CALL, no local memory in binary GEMM kernels)")
+bad = [f for f, c in stats.items() if c["CALL"] or c["XOR.POPC"] or c["LDL"] or c["STL"]
+       or ("wgmma" in f and not c["BGMMA.64x256x256.AND.POPC"])]
+nw = sum(1 for f in stats if "wgmma" in f)
+print("SASS check:", "FAIL " + str(bad) if bad else f"OK (native BMMA / BGMMA AND.POPC, no XOR, no CALL, no local memory in "
+      f"{len(stats)} binary GEMM kernels, {nw} of them wgmma)")
 # the skinny weight-only kernels: cp.async (LDGSTS) weight ring, HMMA, no local memory, no emulation calls
 fn = None; wq = collections.defaultdict(collections.Counter)
 for line in open("/tmp/all.sass"):

@@ -63,8 +63,9 @@ class PreparedSigns:
     image: torch.Tensor | None = None
 
 
-# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels.
-WGMMA_MIN_M = 256
+# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels (H100: slower at
+# 128 and 256 rows, faster from 1024; cuda_h100_binary_wgmma.md).
+WGMMA_MIN_M = 512
 
 
 def wgmma_image(bits: torch.Tensor, kb: int) -> torch.Tensor:
