@@ -8,23 +8,31 @@
 // cores, bounds a binary GEMM whose operands both come from shared memory.
 // Here only the weights (B) go through shared memory: the activations (A) are
 // loaded by the math threads straight from global memory (L2) into the
-// registers the wgmma reads as its A operand (one 32-bit load per register), which removes A's copy into
-// shared memory and the tensor cores' reads of it (a quarter of the traffic of
-// a 128x256 tile). The row popcounts of A are summed from those same registers,
+// registers the wgmma reads as its A operand (one 32-bit load per register),
+// which removes A's copy into shared memory and the tensor cores' reads of it
+// (a quarter of the traffic of a 128x256 tile). The row popcounts of A are summed from those same registers,
 // so no separate pass over A is needed.
 //
 // Block: 3 warpgroups. Warpgroup 0 is the producer: one thread streams the
 // weight tile of every stage (256 rows x 1024 bits = 32 KB, one contiguous
 // block of the prepared image) into a 4-slot ring with cp.async.bulk, counted
-// on "full" mbarriers. Warpgroups 1 and 2 each own 64 rows of the 128x256
-// tile: per stage four m64n256k256 wgmmas with A from registers; a slot is
-// released (per warp, on an "empty" mbarrier) once the wgmmas that read it
-// have retired. A registers come from a 3-slot register ring loaded two
-// stages ahead. The two math warpgroups only share the weight slots, so one
-// can run its epilogue while the other still computes: the epilogue converts
-// the accumulators, stages them in shared memory (padded rows, no bank
-// conflicts) and writes each output row with one bulk copy, which proceeds
-// in the background while the next tile's wgmmas run.
+// on "full" mbarriers; one more warp (the column warp) stages each tile's
+// column terms (-2 popc(w), scale, bias as float32) in shared memory ahead of
+// its epilogue, so the math warps never wait on those loads. Warpgroups 1 and
+// 2 each own 64 rows of the 128x256 tile: per stage four m64n256k256 wgmmas
+// with A from registers; a slot is released (per warp, on an "empty"
+// mbarrier) once the wgmmas that read it have retired. A registers come from
+// a 3-slot register ring loaded two stages ahead. The epilogue converts the
+// accumulators with the reference's roundings, stages them in shared memory
+// (stmatrix for 2-byte outputs; padded rows, no bank conflicts) and writes
+// whole rows with coalesced 16-byte stores.
+//
+// Measured limit (H100, cuda_h100_binary_wgmma.md): both math warpgroups
+// reach a tile's epilogue together, so the tensor cores idle during it; that
+// fixed cost per tile (about 5-6 us, against about 0.65 us per 1024-bit
+// stage) is what keeps 4096^3 at ~33 us. Clusters sharing the weight stages
+// by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2
+// traffic but measured slower, so the default is CL = 1.
 //
 // The prepared weight image (bie_backend_cuda.binary.wgmma_image builds it):
 // [N/256 column tiles][K/1024 stages][256 rows][128 bytes], each row in the
@@ -32,8 +40,8 @@
 // past N and K, so one bulk copy of 32 KB fills a stage.
 //
 // Requirements (checked by the binding): sm_90, K % 128 == 0 (whole 16-byte
-// chunks), N % 8 == 0 (16-byte output rows for the bulk stores), rows of a
-// 16-byte aligned.
+// chunks), N % 8 == 0 (whole 16-byte output chunks), rows of a 16-byte
+// aligned.
 #include <type_traits>
 
 #include "common.cuh"
