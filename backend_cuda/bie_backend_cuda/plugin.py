@@ -46,7 +46,9 @@ def bie_register_kernels(registry):
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
                       prepare=binary.prepare_weight,
                       description="1-bit tensor cores (mma m16n8k256 AND+popc, popcount correction), "
-                                  "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K")
+                                  "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K. On Hopper, "
+                                  "M >= 512 with K % 128 == 0 and N % 8 == 0: persistent 1-bit wgmma kernel "
+                                  "(A from registers, bulk-copied weight image)")
     registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
                       capability=Capability(devices=cuda, dtypes=FLOATS),
                       description="SIMT XOR+popcount for GPUs without 1-bit MMA")
