@@ -95,6 +95,27 @@ def test_binary_gemm(m, n, k, tile):
         assert torch.equal(got, ref), f"{dt}: max diff {(got.double() - ref.double()).abs().max()}"
 
 
+def test_wgmma_image_layout():
+    """The prepared image of the Hopper 1-bit kernel is the layout binary_wgmma.cu documents: per 256-row tile and
+    1024-bit stage one contiguous 32 KB block, row r's 16-byte chunk c stored at c ^ (r % 8), zeros past N and K
+    (device-independent: plain torch ops)."""
+    from bie_backend_cuda import binary as cb
+    gen = torch.Generator().manual_seed(11)
+    n, kb = 300, 144                      # 2 column tiles (the second partial), 2 stages (the second partial)
+    bits = torch.randint(0, 256, (n, kb), dtype=torch.uint8, generator=gen)
+    img = cb.wgmma_image(bits, kb)
+    assert img.dtype == torch.uint8 and img.numel() == 2 * 2 * 256 * 128
+    blocks = img.view(2, 2, 256, 8, 16)   # [column tile][stage][row][stored chunk][byte]
+    padded = torch.zeros(512, 256, dtype=torch.uint8)
+    padded[:n, :kb] = bits
+    for t in range(2):
+        for s_ in range(2):
+            for r in range(256):
+                src = padded[t * 256 + r, s_ * 128:(s_ + 1) * 128].view(8, 16)
+                perm = torch.tensor([c ^ (r % 8) for c in range(8)])
+                assert torch.equal(blocks[t, s_, r, perm], src), (t, s_, r)
+
+
 WGMMA_GEMM = [(256, 256, 1024), (1, 8, 128), (129, 8, 128), (300, 264, 1152), (1000, 520, 4096), (517, 2056, 3072),
               (2048, 768, 8192)]
 
