@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from bie_core.native_build import link_flags
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu")
 HEADERS = ("common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh", "wgmma_rs.cuh", "wq_fragments.cuh")
@@ -27,17 +29,6 @@ _error: BaseException | None = None
 
 def _arch() -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability())
-
-
-def link_flags() -> list:
-    """Linker flags. Some toolchains link libstdc++ statically into shared objects (a GCC whose
-    libstdc++.so is absent, e.g. a CXX wrapper). The extension then carries its own copy of
-    libstdc++ and, by default, exports it: the process's libstdc++ (loaded by torch) wins some
-    symbols and the copy keeps others, so a stream built by one is formatted with the other's
-    locale facets and the first TORCH_CHECK message with a number in it crashes the process.
-    Keeping the symbols of static archives local makes the copy self-consistent; with a shared
-    libstdc++ (the usual case) the flag changes nothing."""
-    return ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
 
 
 def _flags(arch) -> tuple[list, list]:

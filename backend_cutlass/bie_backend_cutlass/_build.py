@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from bie_core.native_build import link_flags
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 _lock = threading.Lock()
 _loaded: dict[str, str] = {}
@@ -106,12 +108,6 @@ def gencode(cc: tuple[int, int]) -> str:
     if cc == (9, 0):
         return "-gencode=arch=compute_90a,code=sm_90a"
     return f"-gencode=arch=compute_{a},code=sm_{a}"
-
-
-def link_flags() -> list[str]:
-    # the same reason as bie_backend_cuda._build.link_flags: a toolchain that links libstdc++
-    # statically must not export that copy, or TORCH_CHECK messages crash the process
-    return ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
 
 
 def flags(ext: Extension, cc) -> tuple[list[str], list[str]]:

@@ -120,28 +120,36 @@ Tensor row_popc(const Tensor& b) {
 // The returned tensors keep the contiguous copies alive while the kernel is queued.
 static std::pair<Tensor, Tensor> set_scale_bias(bie::BinGemmArgs& p, const std::optional<Tensor>& scale,
                                                 const std::optional<Tensor>& bias, at::ScalarType odt, int64_t N,
-                                                const at::Device& dev) {
+                                                const at::Device& dev, const char* who) {
   Tensor scale_c, bias_c;
   if (scale.has_value() && scale->defined()) {
-    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a scale needs a floating out_dtype");
+    TORCH_CHECK(odt != at::kInt, "bie_cuda.", who, ": a scale needs a floating out_dtype");
     scale_c = scale->reshape({-1}).contiguous();
-    TORCH_CHECK(scale_c.numel() == 1 || scale_c.numel() == N, "bie_cuda.binary_mm: scale must have 1 or N values");
-    TORCH_CHECK(scale_c.device() == dev, "bie_cuda.binary_mm: scale on another device");
+    TORCH_CHECK(scale_c.numel() == 1 || scale_c.numel() == N, "bie_cuda.", who, ": scale must have 1 or N values");
+    TORCH_CHECK(scale_c.device() == dev, "bie_cuda.", who, ": scale on another device");
     p.scale = scale_c.data_ptr();
     p.scale_dtype = dtype_code(scale_c.scalar_type());
     p.scale_stride = scale_c.numel() == 1 ? 0 : 1;
   }
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(odt != at::kInt, "bie_cuda.binary_mm: a bias needs a floating out_dtype");
+    TORCH_CHECK(odt != at::kInt, "bie_cuda.", who, ": a bias needs a floating out_dtype");
     bias_c = bias->reshape({-1}).contiguous();
-    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == dev, "bie_cuda.binary_mm: bias must have N values");
+    TORCH_CHECK(bias_c.numel() == N && bias_c.device() == dev, "bie_cuda.", who, ": bias must have N values");
     p.bias = bias_c.data_ptr();
     p.bias_dtype = dtype_code(bias_c.scalar_type());
   }
   for (int code : {p.scale ? p.scale_dtype : bie::kF32, p.bias ? p.bias_dtype : bie::kF32})
     TORCH_CHECK(code == bie::kF32 || code == bie::kF16 || code == bie::kBF16,
-                "bie_cuda.binary_mm: scale and bias must be floating");
+                "bie_cuda.", who, ": scale and bias must be floating");
   return {scale_c, bias_c};
+}
+
+// The binary GEMMs' output dtype: int32 (the dot itself, when none is given) or a floating type.
+static at::ScalarType binary_out_dtype(std::optional<at::ScalarType> out_dtype, const char* who) {
+  const at::ScalarType odt = out_dtype.has_value() ? *out_dtype : at::kInt;
+  TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16, "bie_cuda.", who,
+              ": out_dtype must be int32 (None), float32, float16 or bfloat16");
+  return odt;
 }
 
 // a (B, M, >=ceil(k/8)), b (B, N, >=ceil(k/8)) uint8 with contiguous rows; only
@@ -170,9 +178,7 @@ Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optiona
     TORCH_CHECK(aligned(a) && aligned(b), "bie_cuda.binary_mm: tensor-core path needs 16-byte aligned rows");
   }
   c10::cuda::CUDAGuard guard(a.device());
-  const at::ScalarType odt = out_dtype.has_value() ? *out_dtype : at::kInt;
-  TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16,
-              "bie_cuda.binary_mm: out_dtype must be int32 (None), float32, float16 or bfloat16");
+  const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_mm");
   auto out = at::empty({batch, M, N}, a.options().dtype(odt));
   bie::BinGemmArgs p{};
   p.a = a.data_ptr<uint8_t>();
@@ -194,7 +200,7 @@ Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optiona
                 "bie_cuda.binary_mm: pw must be int32 (B*N) on a's device");
     p.pw = pw_c.data_ptr<int32_t>();
   }
-  const auto keep = set_scale_bias(p, scale, bias, odt, N, a.device());
+  const auto keep = set_scale_bias(p, scale, bias, odt, N, a.device(), "binary_mm");
   if (impl == 0) {
     const int sms = num_sms();
     check_launch(bie::launch_binary_gemm_tc(p, (int)batch, (int)tile, sms, stream()), "binary_mm (tensor cores)");
@@ -235,9 +241,7 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   int major = 0;   // a's device (the guard made it current): the 1-bit wgmma exists on sm_90 only
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device());
   TORCH_CHECK(major == 9, "bie_cuda.binary_mm_wgmma: needs a Hopper (sm_90) GPU");
-  const at::ScalarType odt = out_dtype.has_value() ? *out_dtype : at::kInt;
-  TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16,
-              "bie_cuda.binary_mm_wgmma: out_dtype must be int32 (None), float32, float16 or bfloat16");
+  const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_mm_wgmma");
   auto out = at::empty({M, n}, a.options().dtype(odt));
   bie::BinGemmArgs p{};
   p.a = a.data_ptr<uint8_t>();
@@ -250,7 +254,7 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   p.KB = (int)KB;
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
-  const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device());
+  const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device(), "binary_mm_wgmma");
   check_launch(bie::launch_binary_gemm_wgmma(p, (int)cluster, num_sms(), stream()), "binary_mm_wgmma");
   return out;
 }

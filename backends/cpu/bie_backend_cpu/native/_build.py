@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from bie_core.native_build import link_flags
+
 NAME = "bie_cpu_native"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp",
@@ -93,6 +95,7 @@ def source_hash(flags=None, files=SOURCES + HEADERS) -> str:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(" ".join(cflags() if flags is None else flags).encode())
+    h.update(" ".join(link_flags()).encode())
     h.update(_compiler().encode())
     return h.hexdigest()[:16]
 
@@ -214,6 +217,7 @@ def _compile(d: Path, flags: list, verbose: bool, sources=SOURCES, what: str = "
             name=_ext_name(d),
             sources=[str(CSRC / s) for s in sources],
             extra_cflags=flags,
+            extra_ldflags=link_flags(),
             extra_include_paths=[str(CSRC)],
             build_directory=str(d),
             is_python_module=python_module,
