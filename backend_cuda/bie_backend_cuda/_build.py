@@ -38,6 +38,9 @@ def _flags(arch) -> tuple[list, list]:
     cflags = ["-O3", "-std=c++17"]
     cuda = ["-O3", "-std=c++17", f"-gencode=arch=compute_{a},code=sm_{a}", "-lineinfo",
             "--expt-relaxed-constexpr"]
+    # developers' knob for lab experiments: extra preprocessor definitions (part of the cache key), e.g.
+    # BIE_CUDA_DEFINES="BIE_BW_AR=4" to build a variant of a kernel's compile-time constant
+    cuda += [f"-D{d}" for d in os.environ.get("BIE_CUDA_DEFINES", "").split()]
     return cflags, cuda
 
 

@@ -57,7 +57,10 @@ constexpr int BM = 128, BN = 256;
 constexpr int KSB = 128;                   // bytes of K per stage (1024 bits)
 constexpr int STAGE_BYTES = BN * KSB;      // 32 KB of weights per stage
 constexpr int STAGES = 4;
-constexpr int AR = 3;                      // register ring of A stages (loads run AR - 1 stages ahead)
+#ifndef BIE_BW_AR
+#define BIE_BW_AR 4
+#endif
+constexpr int AR = BIE_BW_AR;              // register ring of A stages (loads run AR - 1 stages ahead)
 constexpr int EPI_LD = 528;                // bytes per staged output row (512 + 16: conflict-free rows)
 constexpr int EPI_BYTES = 64 * EPI_LD;     // per math warpgroup
 constexpr int COL_BYTES = 3 * BN * 4;      // column terms of one tile: -2 popc(w), scale, bias (x2 buffers)
@@ -65,7 +68,7 @@ constexpr int THREADS = 384;
 constexpr int OFF_EPI = STAGES * STAGE_BYTES;
 constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
-constexpr int SMEM_BYTES = OFF_BAR + (2 * STAGES + 4) * 8 + 1024;   // + alignment of the ring (swizzle atoms)
+constexpr int SMEM_BYTES = OFF_BAR + (2 * STAGES + 8) * 8 + 1024;   // + alignment of the ring (swizzle atoms)
 
 // Zero bytes in global memory: the A loads of rows past M and bytes past K read from here. Every load is
 // then unconditional: a predicated load (or a select after it) makes ptxas move the data into place with
@@ -111,6 +114,9 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   uint8_t* smem = smem_raw + (base - raw);
   const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
   const uint32_t bar_col_full = bar_empty + STAGES * 8, bar_col_empty = bar_col_full + 16;   // 2 buffers each
+  const uint32_t bar_epi_full = bar_col_empty + 16, bar_epi_empty = bar_epi_full + 16;    // per math warpgroup
+  constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs are staged in two halves of 128 columns
+  constexpr int CP = BN / PASSES;
 
   const int ns = (p.KB + KSB - 1) / KSB;
   const int nt = (p.N + BN - 1) / BN;
@@ -129,6 +135,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar_col_full + 8 * b, 32);     // the lanes of the column warp
       mbar_init(bar_col_empty + 8 * b, 8);     // the math warps of this block
+      mbar_init(bar_epi_full + 8 * b, 1);      // math warpgroup b: its staged outputs are complete
+      mbar_init(bar_epi_empty + 8 * b, 1);     // its store warp: the staged outputs have been read
     }
     mbar_init_fence();
   }
@@ -182,6 +190,35 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
         }
         mbar_arrive(bar_col_full + 8 * b);
       }
+    }
+    if (tid >= 64 && tid < 128) {
+      // Store warps, one per math warpgroup: each staged block of outputs goes to global memory by bulk
+      // copies (one per row, issued by the TMA engine), so the math warps start the next tile while the
+      // stores drain. Written by the math warps themselves, the stores held them for most of the ~5 us that
+      // each tile's epilogue cost (cuda_h100_binary_wgmma.md), the tensor cores idle meanwhile.
+      const int sw = (tid - 64) >> 5, lane = tid & 31;
+      const uint32_t staged = base + OFF_EPI + sw * EPI_BYTES;
+      const int ntl = total / ns;
+      int group = cid, k = 0;
+      for (int i = 0; i < ntl; ++i, group += ncl) {
+        const int mg = group / nt;
+        const int m0 = (mg * CL + rank) * BM + sw * 64, n0 = (group - mg * nt) * BN;
+        for (int ps = 0; ps < PASSES; ++ps, ++k) {
+          mbar_wait(bar_epi_full + 8 * sw, k & 1);
+          const int cols = min(CP, p.N - (n0 + ps * CP));   // a multiple of 8: whole 16-byte chunks
+          if (cols > 0) {
+            for (int r = lane; r < 64; r += 32)
+              if (m0 + r < p.M)
+                bulk_s2g(static_cast<OT*>(p.out) + (int64_t)(m0 + r) * p.N + n0 + ps * CP, staged + r * EPI_LD,
+                         (uint32_t)(cols * (int)sizeof(OT)));
+          }
+          bulk_commit();
+          bulk_wait_read_all();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar_epi_empty + 8 * sw);
+        }
+      }
+      bulk_wait_all();   // the block's shared memory stays allocated until the copies are done
     }
     if (CL > 1) cluster_sync();   // no block leaves while the others may still write to it
     return;
@@ -251,8 +288,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   int tiles_done = 0;                           // epilogues so far (column buffer and phase)
   int c_ks = 0, c_group = cid, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
 
-  load_a(ar[0]);
-  load_a(ar[1]);
+#pragma unroll
+  for (int i = 0; i < AR - 1; ++i) load_a(ar[i]);
 
   auto step = [&](uint32_t (&a)[16], uint32_t (&a_next)[16]) {
     if (c_ks == 0) {
@@ -300,9 +337,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       const float* col_sc = reinterpret_cast<const float*>(col_cb + BN);
       const float* col_bi = col_sc + BN;
       mbar_wait(bar_col_full + 8 * cbuf, (tiles_done >> 1) & 1);
-      named_barrier(1 + cw, 128);
-      constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs: two halves of 128 columns
-      constexpr int CP = BN / PASSES;
       const int row_lo = warp * 16 + g;               // staging rows of this thread: row_lo, row_lo + 8
       // stmatrix (2-byte outputs): lane l names row l % 8 of matrix l / 8 = {(j, rows 0-7), (j, rows 8-15),
       // (j + 1, rows 0-7), (j + 1, rows 8-15)} of this warp's 16 rows
@@ -310,7 +344,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
                            (uint32_t)((warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * EPI_LD + (lane >> 4) * 16);
 #pragma unroll
       for (int ps = 0; ps < PASSES; ++ps) {
-        if (ps > 0) named_barrier(1 + cw, 128);   // every lane has read the first half back
+        // the store warp has read the previous block of staged outputs
+        mbar_wait(bar_epi_empty + 8 * cw, ((tiles_done * PASSES + ps) & 1) ^ 1);
         uint32_t packed[4];
 #pragma unroll
         for (int jb = 0; jb < CP / 8; ++jb) {
@@ -344,19 +379,10 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
             }
           }
         }
+        fence_proxy_async();                       // the bulk copies (async proxy) read what was written here
         named_barrier(1 + cw, 128);                // the staged rows are complete
+        if (t == 0) mbar_arrive(bar_epi_full + 8 * cw);
         if (ps == PASSES - 1 && lane == 0) mbar_arrive(bar_col_empty + 8 * cbuf);   // column terms read
-        // each warp writes whole staged rows: 512 contiguous bytes per row, 16 per lane
-        const int nvalid = p.N - (c_n0 + ps * CP);  // columns of this pass inside N (a multiple of 8)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int r = i * 4 + warp, ch = lane;    // row of the warpgroup's 64, 16-byte chunk of the row
-          const int row = c_m0 + cw * 64 + r;
-          const uint4 v = *reinterpret_cast<const uint4*>(epi + r * EPI_LD + ch * 16);
-          if (row < p.M && ch * (16 / (int)sizeof(OT)) < nvalid)
-            *reinterpret_cast<uint4*>(static_cast<OT*>(p.out) + (int64_t)row * p.N + c_n0 + ps * CP +
-                                      ch * (16 / (int)sizeof(OT))) = v;
-        }
       }
     }
     if (++c_ks == ns) {
@@ -367,9 +393,9 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   };
 
   for (int it0 = 0; it0 < total; it0 += AR) {
-    step(ar[0], ar[2]);
-    if (it0 + 1 < total) step(ar[1], ar[0]);
-    if (it0 + 2 < total) step(ar[2], ar[1]);
+#pragma unroll
+    for (int i = 0; i < AR; ++i)   // stage it0 + i uses slot i and refills the slot of the stage before it
+      if (i == 0 || it0 + i < total) step(ar[i], ar[(i + AR - 1) % AR]);
   }
   if (CL > 1) cluster_sync();
 #endif
