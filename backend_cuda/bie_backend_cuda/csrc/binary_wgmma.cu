@@ -3,36 +3,29 @@
 //
 //   out[m, n] = epilogue(4 popc(a_m & w_n) - 2 popc(a_m) - 2 popc(w_n) + K)
 //
-// Why this shape. A 1-bit wgmma consumes 8x more bits per byte of shared
-// memory than int8 does per op, so shared-memory traffic, not the tensor
-// cores, bounds a binary GEMM whose operands both come from shared memory.
-// Here only the weights (B) go through shared memory: the activations (A) are
-// loaded by the math threads straight from global memory (L2) into the
-// registers the wgmma reads as its A operand (one 32-bit load per register),
-// which removes A's copy into shared memory and the tensor cores' reads of it
-// (a quarter of the traffic of a 128x256 tile). The row popcounts of A are summed from those same registers,
-// so no separate pass over A is needed.
+// Why this shape. Per 1024-bit stage a block needs 32 KB of weights and 16 KB of activations; both arrive in
+// shared memory through the TMA engine (weights by one bulk copy of a prepared, pre-swizzled image; activations
+// by a 2-D tensor map that swizzles and zero-fills rows past M and bytes past K), so the math warps issue no
+// global loads. The activations then go to the wgmma's A registers by ldmatrix.x4, one instruction per
+// wgmma (its four registers are exactly four 8x8 b16 matrices of the swizzled tile), and the row popcounts
+// of A are summed from those registers. An earlier version loaded A straight from global memory into the A
+// registers (one 32-bit load per register): every such load touches 8 rows, and the ~2000 L1 line accesses
+// per stage made a stage cost 0.96 us against 0.58 us of tensor work (benchmarks/lab/README.md, session 6).
 //
-// Block: 3 warpgroups. Warpgroup 0 is the producer: one thread streams the
-// weight tile of every stage (256 rows x 1024 bits = 32 KB, one contiguous
-// block of the prepared image) into a 4-slot ring with cp.async.bulk, counted
-// on "full" mbarriers; one more warp (the column warp) stages each tile's
-// column terms (-2 popc(w), scale, bias as float32) in shared memory ahead of
-// its epilogue, so the math warps never wait on those loads. Warpgroups 1 and
-// 2 each own 64 rows of the 128x256 tile: per stage four m64n256k256 wgmmas
-// with A from registers; a slot is released (per warp, on an "empty"
-// mbarrier) once the wgmmas that read it have retired. A registers come from
-// a 3-slot register ring loaded two stages ahead. The epilogue converts the
-// accumulators with the reference's roundings, stages them in shared memory
-// (stmatrix for 2-byte outputs; padded rows, no bank conflicts) and writes
-// whole rows with coalesced 16-byte stores.
+// Block: 3 warpgroups. Warpgroup 0: one producer thread fills a 3-slot ring (weights + activations of a
+// stage per slot, counted on "full" mbarriers); a column warp stages each tile's column terms (-2 popc(w),
+// scale, bias as float32) in shared memory ahead of its epilogue; two store warps copy the staged outputs to
+// global memory with bulk copies, so the math warps go on to the next tile while the stores drain.
+// Warpgroups 1 and 2 each own 64 rows of the 128x256 tile: per stage four m64n256k256 wgmmas with A from
+// registers; a slot is released (per warp, on an "empty" mbarrier) once the wgmmas that read it have
+// retired. The epilogue converts the accumulators with the reference's roundings and stages them in shared
+// memory (stmatrix for 2-byte outputs; padded rows, no bank conflicts).
 //
-// Measured limit (H100, cuda_h100_binary_wgmma.md): both math warpgroups
-// reach a tile's epilogue together, so the tensor cores idle during it; that
-// fixed cost per tile (about 5-6 us, against about 0.65 us per 1024-bit
-// stage) is what keeps 4096^3 at ~33 us. Clusters sharing the weight stages
-// by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2
-// traffic but measured slower, so the default is CL = 1.
+// Measured (H100, cuda_h100_binary_wgmma.md): a stage costs ~0.6 us (the tensor cores' rate) and each
+// tile ~1-2 us more, when both math warpgroups convert their accumulators at once and the tensor cores
+// idle; at 4096^3 the 32 MB of bf16 output are a third of the time at HBM speed. Clusters sharing the
+// weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2 traffic but
+// measured slower, so the default is CL = 1.
 //
 // The prepared weight image (bie_backend_cuda.binary.wgmma_image builds it):
 // [N/256 column tiles][K/1024 stages][256 rows][128 bytes], each row in the
@@ -41,7 +34,9 @@
 //
 // Requirements (checked by the binding): sm_90, K % 128 == 0 (whole 16-byte
 // chunks), N % 8 == 0 (whole 16-byte output chunks), rows of a 16-byte
-// aligned.
+// aligned (the tensor map's rule too).
+#include <cuda.h>   // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
+
 #include <type_traits>
 
 #include "common.cuh"
@@ -56,30 +51,30 @@ using namespace hop;
 constexpr int BM = 128, BN = 256;
 constexpr int KSB = 128;                   // bytes of K per stage (1024 bits)
 constexpr int STAGE_BYTES = BN * KSB;      // 32 KB of weights per stage
-constexpr int STAGES = 4;
-#ifndef BIE_BW_AR
-#define BIE_BW_AR 4
+constexpr int A_BYTES = BM * KSB;          // 16 KB of activations per stage
+constexpr int SLOT_BYTES = STAGE_BYTES + A_BYTES;
+#ifndef BIE_BW_STAGES
+#define BIE_BW_STAGES 3
 #endif
-constexpr int AR = BIE_BW_AR;              // register ring of A stages (loads run AR - 1 stages ahead)
+constexpr int STAGES = BIE_BW_STAGES;      // slots of the ring (what shared memory leaves beside the epilogue)
 constexpr int EPI_LD = 528;                // bytes per staged output row (512 + 16: conflict-free rows)
 constexpr int EPI_BYTES = 64 * EPI_LD;     // per math warpgroup
 constexpr int COL_BYTES = 3 * BN * 4;      // column terms of one tile: -2 popc(w), scale, bias (x2 buffers)
 constexpr int THREADS = 384;
-constexpr int OFF_EPI = STAGES * STAGE_BYTES;
+constexpr int OFF_EPI = STAGES * SLOT_BYTES;
 constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
 constexpr int SMEM_BYTES = OFF_BAR + (2 * STAGES + 8) * 8 + 1024;   // + alignment of the ring (swizzle atoms)
 
-// Zero bytes in global memory: the A loads of rows past M and bytes past K read from here. Every load is
-// then unconditional: a predicated load (or a select after it) makes ptxas move the data into place with
-// predicated moves, which wait for the data at the load itself and turn the A prefetch into a synchronous
-// read (measured: the top stall of the first version).
-__device__ __align__(16) uint32_t kZeros[32];
-
-__device__ __forceinline__ uint32_t ldg_nc32(const void* p) {
-  uint32_t v;
-  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-  return v;
+// four 8x8 matrices of 16-bit elements (here: 8 rows x 16 bytes of bits each) from shared memory; lane l
+// gives the row address of row l % 8 of matrix l / 8 and receives row l / 4, bytes 4 (l % 4).. of each
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+#endif
 }
 
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
@@ -106,7 +101,8 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) 
 // every block have released it, so the blocks run in lockstep; on the H100 that cost more than the traffic
 // saved (L2 ran at ~35% of its peak at CL = 1), hence the default CL = 1.
 template <typename OT, int CL>
-__global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmArgs p) {
+__global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmArgs p,
+                                                                  const __grid_constant__ CUtensorMap tmap_a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
@@ -149,20 +145,24 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       constexpr int SLICE = STAGE_BYTES / CL;
       int ks = 0, group = cid, slot = 0, phase = 0;
       int64_t img = (int64_t)(group % nt) * ns * STAGE_BYTES + rank * SLICE;
+      int m0 = ((group / nt) * CL + rank) * BM;
       for (int it = 0; it < total; ++it) {
         mbar_wait(bar_empty + 8 * slot, phase ^ 1);
-        mbar_arrive_expect_tx(bar_full + 8 * slot, STAGE_BYTES);
+        mbar_arrive_expect_tx(bar_full + 8 * slot, SLOT_BYTES);
+        const uint32_t dst = base + slot * SLOT_BYTES;
         const uint8_t* src = p.b + img + (int64_t)ks * STAGE_BYTES;
         if (CL > 1)
-          bulk_g2s_multicast(base + slot * STAGE_BYTES + rank * SLICE, src, SLICE, bar_full + 8 * slot,
-                             (uint16_t)((1u << CL) - 1));
+          bulk_g2s_multicast(dst + rank * SLICE, src, SLICE, bar_full + 8 * slot, (uint16_t)((1u << CL) - 1));
         else
-          bulk_g2s(base + slot * STAGE_BYTES, src, STAGE_BYTES, bar_full + 8 * slot);
+          bulk_g2s(dst, src, STAGE_BYTES, bar_full + 8 * slot);
+        // this block's 128 rows of A: the tensor map zero-fills rows past M and bytes past K/8
+        tma_load_2d(dst + STAGE_BYTES, &tmap_a, ks * KSB, m0, bar_full + 8 * slot);
         if (++slot == STAGES) { slot = 0; phase ^= 1; }
         if (++ks == ns) {
           ks = 0;
           group += ncl;
           img = (int64_t)(group % nt) * ns * STAGE_BYTES + rank * SLICE;
+          m0 = ((group / nt) * CL + rank) * BM;
         }
       }
     }
@@ -229,69 +229,32 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   const int cw = wg - 1;                        // math warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid & 127, warp = t >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
-  const int rw = cw * 64 + warp * 16 + g;       // this thread's rows in the tile: rw and rw + 8
   uint8_t* epi = smem + OFF_EPI + cw * EPI_BYTES;
 
   // A registers of one stage, in the order the wgmmas take them: chunk j (256 bits) of the stage is
-  // {row r word q, row r+8 word q, row r word 4+q, row r+8 word 4+q} at a[4j..4j+3]. Each register is its
-  // own 32-bit load so that the data lands where the wgmma reads it: loading 16 bytes and regrouping the
-  // words takes moves that wait for the data at the load and serialise the prefetch. The loads run AR - 1
-  // stages ahead of the wgmmas; their cursor (l_*) and the wgmmas' (c_*) advance by increments, because
-  // the math warps are latency-bound on their own instruction stream (every instruction per stage counts).
-  int l_ks = 0, l_group = cid, l_left = total;
-  const uint8_t* l_row[2];
-  int l_step[2];
-  auto l_rows = [&]() {   // the two rows of this thread in work unit l_group (rows past M read zeros)
-    const int m0 = ((l_group / nt) * CL + rank) * BM;
+  // {row r word q, row r+8 word q, row r word 4+q, row r+8 word 4+q} at a[4j..4j+3], which is exactly what
+  // ldmatrix.x4 returns for the matrices (rows 0-7 | 8-15 of the warp) x (16-byte chunk 2j | 2j+1). The stage
+  // arrived through the tensor map in the 128-byte swizzle: chunk c of row r at c ^ (r % 8).
+  const int lrow = warp * 16 + cw * 64 + (lane & 7) + 8 * ((lane >> 3) & 1);   // the row this lane addresses
+  const uint32_t a_lane = (uint32_t)(lrow * KSB);
+  auto load_a = [&](uint32_t (&dst)[16], uint32_t slot_base) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + rw + 8 * h;
-      const bool ok = row < p.M;
-      l_row[h] = ok ? p.a + (int64_t)row * p.lda + 4 * q : reinterpret_cast<const uint8_t*>(kZeros) + 4 * q;
-      l_step[h] = ok ? KSB : 0;
-    }
-  };
-  l_rows();
-  auto load_a = [&](uint32_t (&dst)[16]) {
-    if (l_left <= 0) return;
-    --l_left;
-    const int nb = p.KB - l_ks * KSB;           // bytes of this stage inside K (>= 128: all of them)
+    for (int j = 0; j < 4; ++j) {
+      uint32_t r[4];
+      ldmatrix_x4(r, slot_base + STAGE_BYTES + a_lane + ((uint32_t)(((2 * j + (lane >> 4)) ^ (lane & 7)) << 4)));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* src = l_row[h] + l_ks * l_step[h];
-      if (nb >= KSB) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int u = 0; u < 2; ++u) dst[4 * j + 2 * u + h] = ldg_nc32(src + 32 * j + 16 * u);
-      } else {                                  // the last stage of a K that is not a multiple of 1024
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int off = 32 * j + 16 * u;
-            dst[4 * j + 2 * u + h] = ldg_nc32(off + 4 * q < nb ? src + off
-                                                              : reinterpret_cast<const uint8_t*>(kZeros) + off);
-          }
-      }
-    }
-    if (++l_ks == ns) {
-      l_ks = 0;
-      l_group += ncl;
-      if (l_left > 0) l_rows();
+      for (int i = 0; i < 4; ++i) dst[4 * j + i] = r[i];
     }
   };
 
   uint32_t acc[128];
-  uint32_t ar[AR][16];
+  uint32_t ar[2][16];   // two sets: the wgmmas of a stage read theirs while the next stage's are loaded
   int pa0 = 0, pa1 = 0;                         // popc of rows rw, rw + 8 over this lane's words
   int tiles_done = 0;                           // epilogues so far (column buffer and phase)
   int c_ks = 0, c_group = cid, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
 
-#pragma unroll
-  for (int i = 0; i < AR - 1; ++i) load_a(ar[i]);
 
-  auto step = [&](uint32_t (&a)[16], uint32_t (&a_next)[16]) {
+  auto step = [&](uint32_t (&a)[16]) {
     if (c_ks == 0) {
       const int mg = c_group / nt;
       c_m0 = (mg * CL + rank) * BM;
@@ -299,7 +262,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       pa0 = pa1 = 0;
     }
     mbar_wait(bar_full + 8 * slot, phase);
-    const uint64_t d0 = desc_sw128(base + slot * STAGE_BYTES);
+    load_a(a, base + slot * SLOT_BYTES);
+    const uint64_t d0 = desc_sw128(base + slot * SLOT_BYTES);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -322,7 +286,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     }
     prev_slot = slot;
     if (++slot == STAGES) { slot = 0; phase ^= 1; }
-    load_a(a_next);
     if (c_ks == ns - 1) {
       // ------------------------------------------------------------ epilogue
       wgmma_wait<0>();
@@ -392,13 +355,47 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     }
   };
 
-  for (int it0 = 0; it0 < total; it0 += AR) {
-#pragma unroll
-    for (int i = 0; i < AR; ++i)   // stage it0 + i uses slot i and refills the slot of the stage before it
-      if (i == 0 || it0 + i < total) step(ar[i], ar[(i + AR - 1) % AR]);
+  for (int it0 = 0; it0 < total; it0 += 2) {
+    step(ar[0]);
+    if (it0 + 1 < total) step(ar[1]);
   }
   if (CL > 1) cluster_sync();
 #endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda)
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess)
+      return (EncodeTiledFn) nullptr;
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of A: rows of KB bytes, lda apart; boxes of 128 rows x 128 bytes in the 128-byte swizzle
+// (the layout the ldmatrix addressing above expects); rows past M and bytes past KB read as zeros.
+static cudaError_t make_tmap_a(const BinGemmArgs& p, CUtensorMap* map) {
+  const EncodeTiledFn enc = encode_tiled();
+  if (!enc) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {(cuuint64_t)p.KB, (cuuint64_t)p.M};
+  const cuuint64_t strides[1] = {(cuuint64_t)p.lda};
+  const cuuint32_t box[2] = {(cuuint32_t)KSB, (cuuint32_t)BM};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.a), dims, strides, box, estr,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 template <typename OT, int CL>
@@ -430,7 +427,10 @@ static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st)
     resident = std::min(resident, n);
   }
   cfg.gridDim = dim3(CL * std::min(groups, resident));
-  e = cudaLaunchKernelEx(&cfg, kernel, p);
+  CUtensorMap tmap_a;
+  e = make_tmap_a(p, &tmap_a);
+  if (e != cudaSuccess) return e;
+  e = cudaLaunchKernelEx(&cfg, kernel, p, tmap_a);
   if (e != cudaSuccess) return e;
   BIE_LAUNCH_CHECK();
 }

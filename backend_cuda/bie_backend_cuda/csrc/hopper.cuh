@@ -82,6 +82,16 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
                : "memory");
 #endif
 }
+// a box of a 2-D tensor map (coordinates: element x along the contiguous dimension, row y) -> shared memory,
+// completion counted in bytes on an mbarrier; the map's box, swizzle and out-of-bounds fill apply
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int x, int y, uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(tmap), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+#endif
+}
 // shared -> global, tracked by this thread's bulk groups (not by an mbarrier)
 __device__ __forceinline__ void bulk_s2g(void* dst, uint32_t src, uint32_t bytes) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
