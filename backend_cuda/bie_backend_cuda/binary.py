@@ -63,9 +63,9 @@ class PreparedSigns:
     image: torch.Tensor | None = None
 
 
-# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels (H100: slower at
-# 128 and 256 rows, faster from 1024; cuda_h100_binary_wgmma.md).
-WGMMA_MIN_M = 512
+# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels (H100, 4096x4096
+# weights: 9.3 vs 8.1 us at 256 rows, 9.3 vs 10.1 at 384, 9.4 vs 12.8 at 768; cuda_h100_binary_wgmma.md).
+WGMMA_MIN_M = 384
 
 
 def wgmma_image(bits: torch.Tensor, kb: int) -> torch.Tensor:

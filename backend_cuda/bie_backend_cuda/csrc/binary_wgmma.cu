@@ -59,7 +59,10 @@ constexpr int SLOT_BYTES = STAGE_BYTES + A_BYTES;
 constexpr int STAGES = BIE_BW_STAGES;      // slots of the ring (what shared memory leaves beside the epilogue)
 constexpr int EPI_LD = 528;                // bytes per staged output row (512 + 16: conflict-free rows)
 constexpr int EPI_BYTES = 64 * EPI_LD;     // per math warpgroup
-constexpr int COL_BYTES = 3 * BN * 4;      // column terms of one tile: -2 popc(w), scale, bias (x2 buffers)
+// column terms of one tile (x2 buffers), one 32-byte record per pair of columns c, c+1:
+// {-2 popc(w_c), -2 popc(w_c+1), scale_c, scale_c+1, bias_c, bias_c+1, -, -}: one 16-byte load gives a thread
+// what it needs of a column pair without bias, two with
+constexpr int COL_BYTES = BN / 2 * 32;
 constexpr int THREADS = 384;
 constexpr int OFF_EPI = STAGES * SLOT_BYTES;
 constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
@@ -176,17 +179,16 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       for (int i = 0; i < ntl; ++i, group += ncl) {
         const int b = i & 1;
         mbar_wait(bar_col_empty + 8 * b, ((i >> 1) & 1) ^ 1);
-        int* cb = reinterpret_cast<int*>(smem + OFF_COL + b * COL_BYTES);
-        float* sc = reinterpret_cast<float*>(cb + BN);
-        float* bi = sc + BN;
+        int* rec = reinterpret_cast<int*>(smem + OFF_COL + b * COL_BYTES);
         const int n0 = (group % nt) * BN;
 #pragma unroll
         for (int e = 0; e < BN / 32; ++e) {
           const int c = e * 32 + lane, n = n0 + c;
           const bool ok = n < p.N;
-          cb[c] = ok ? -2 * p.pw[n] : 0;
-          sc[c] = (ok && p.scale) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f;
-          bi[c] = (ok && p.bias) ? load_f32(p.bias, p.bias_dtype, n) : 0.f;
+          int* r = rec + 8 * (c >> 1) + (c & 1);
+          r[0] = ok ? -2 * p.pw[n] : 0;
+          r[2] = __float_as_int((ok && p.scale) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * n) : 1.f);
+          r[4] = __float_as_int((ok && p.bias) ? load_f32(p.bias, p.bias_dtype, n) : 0.f);
         }
         mbar_arrive(bar_col_full + 8 * b);
       }
@@ -296,9 +298,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
       const int ka0 = p.K - 2 * r0, ka1 = p.K - 2 * r1;
       const int cbuf = tiles_done & 1;
-      const int* col_cb = reinterpret_cast<const int*>(smem + OFF_COL + cbuf * COL_BYTES);
-      const float* col_sc = reinterpret_cast<const float*>(col_cb + BN);
-      const float* col_bi = col_sc + BN;
+      const uint8_t* col_rec = smem + OFF_COL + cbuf * COL_BYTES;
       mbar_wait(bar_col_full + 8 * cbuf, (tiles_done >> 1) & 1);
       const int row_lo = warp * 16 + g;               // staging rows of this thread: row_lo, row_lo + 8
       // stmatrix (2-byte outputs): lane l names row l % 8 of matrix l / 8 = {(j, rows 0-7), (j, rows 8-15),
@@ -309,39 +309,52 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       for (int ps = 0; ps < PASSES; ++ps) {
         // the store warp has read the previous block of staged outputs
         mbar_wait(bar_epi_empty + 8 * cw, ((tiles_done * PASSES + ps) & 1) ^ 1);
-        uint32_t packed[4];
+        // without a bias nothing is added (the reference adds none: -0.0 stays -0.0), one load per pair
+        auto convert = [&](auto has_bias) {
+          constexpr bool HB = decltype(has_bias)::value;
+          uint32_t packed[4];
+          (void)packed;
 #pragma unroll
-        for (int jb = 0; jb < CP / 8; ++jb) {
-          const int j = ps * (CP / 8) + jb;
-          const int col = 8 * j + 2 * q;
-          const int2 cb = *reinterpret_cast<const int2*>(col_cb + col);
-          const int cb0 = cb.x, cb1 = cb.y;
-          const int d00 = 4 * (int)acc[4 * j] + ka0 + cb0, d01 = 4 * (int)acc[4 * j + 1] + ka0 + cb1;
-          const int d10 = 4 * (int)acc[4 * j + 2] + ka1 + cb0, d11 = 4 * (int)acc[4 * j + 3] + ka1 + cb1;
-          uint8_t* dst0 = epi + row_lo * EPI_LD + (8 * (j - ps * (CP / 8)) + 2 * q) * (int)sizeof(OT);
-          uint8_t* dst1 = dst0 + 8 * EPI_LD;
-          if constexpr (std::is_same<OT, int32_t>::value) {
-            *reinterpret_cast<int2*>(dst0) = make_int2(d00, d01);
-            *reinterpret_cast<int2*>(dst1) = make_int2(d10, d11);
-          } else {
-            const float2 sc = *reinterpret_cast<const float2*>(col_sc + col);
-            const float2 bi = *reinterpret_cast<const float2*>(col_bi + col);
-            const float s0 = sc.x, s1 = sc.y, b0 = bi.x, b1 = bi.y;
-            // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA)
-            const float y00 = __fadd_rn(__fmul_rn((float)d00, s0), b0);
-            const float y01 = __fadd_rn(__fmul_rn((float)d01, s1), b1);
-            const float y10 = __fadd_rn(__fmul_rn((float)d10, s0), b0);
-            const float y11 = __fadd_rn(__fmul_rn((float)d11, s1), b1);
-            if constexpr (std::is_same<OT, float>::value) {
-              *reinterpret_cast<float2*>(dst0) = make_float2(y00, y01);
-              *reinterpret_cast<float2*>(dst1) = make_float2(y10, y11);
+          for (int jb = 0; jb < CP / 8; ++jb) {
+            const int j = ps * (CP / 8) + jb;
+            const uint8_t* rec = col_rec + (4 * j + q) * 32;   // columns 8j + 2q, 8j + 2q + 1
+            const int4 cs = *reinterpret_cast<const int4*>(rec);
+            const int d00 = 4 * (int)acc[4 * j] + ka0 + cs.x, d01 = 4 * (int)acc[4 * j + 1] + ka0 + cs.y;
+            const int d10 = 4 * (int)acc[4 * j + 2] + ka1 + cs.x, d11 = 4 * (int)acc[4 * j + 3] + ka1 + cs.y;
+            uint8_t* dst0 = epi + row_lo * EPI_LD + (8 * jb + 2 * q) * (int)sizeof(OT);
+            uint8_t* dst1 = dst0 + 8 * EPI_LD;
+            (void)dst1;
+            if constexpr (std::is_same<OT, int32_t>::value) {
+              (void)HB;
+              *reinterpret_cast<int2*>(dst0) = make_int2(d00, d01);
+              *reinterpret_cast<int2*>(dst1) = make_int2(d10, d11);
             } else {
-              packed[2 * (jb & 1)] = pack2<OT>(y00, y01);
-              packed[2 * (jb & 1) + 1] = pack2<OT>(y10, y11);
-              if (jb & 1) stmatrix_x4(stm + (uint32_t)((jb - 1) * 16), packed);
+              const float s0 = __int_as_float(cs.z), s1 = __int_as_float(cs.w);
+              // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA)
+              float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
+              float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
+              if constexpr (HB) {
+                const float2 bi = *reinterpret_cast<const float2*>(rec + 16);
+                y00 = __fadd_rn(y00, bi.x);
+                y01 = __fadd_rn(y01, bi.y);
+                y10 = __fadd_rn(y10, bi.x);
+                y11 = __fadd_rn(y11, bi.y);
+              }
+              if constexpr (std::is_same<OT, float>::value) {
+                *reinterpret_cast<float2*>(dst0) = make_float2(y00, y01);
+                *reinterpret_cast<float2*>(dst1) = make_float2(y10, y11);
+              } else {
+                packed[2 * (jb & 1)] = pack2<OT>(y00, y01);
+                packed[2 * (jb & 1) + 1] = pack2<OT>(y10, y11);
+                if (jb & 1) stmatrix_x4(stm + (uint32_t)((jb - 1) * 16), packed);
+              }
             }
           }
-        }
+        };
+        if (p.bias != nullptr && !std::is_same<OT, int32_t>::value)
+          convert(std::true_type{});
+        else
+          convert(std::false_type{});
         fence_proxy_async();                       // the bulk copies (async proxy) read what was written here
         named_barrier(1 + cw, 128);                // the staged rows are complete
         if (t == 0) mbar_arrive(bar_epi_full + 8 * cw);
