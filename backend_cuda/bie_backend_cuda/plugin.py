@@ -47,8 +47,8 @@ def bie_register_kernels(registry):
                       prepare=binary.prepare_weight,
                       description="1-bit tensor cores (mma m16n8k256 AND+popc, popcount correction), "
                                   "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K. On Hopper, "
-                                  "M >= 512 with K % 128 == 0 and N % 8 == 0: persistent 1-bit wgmma kernel "
-                                  "(A from registers, bulk-copied weight image)")
+                                  "M >= 384 with K % 128 == 0 and N % 8 == 0: persistent 1-bit wgmma kernel "
+                                  "(TMA-fed weights and activations, A by ldmatrix, bulk-copy stores)")
     registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
                       capability=Capability(devices=cuda, dtypes=FLOATS),
                       description="SIMT XOR+popcount for GPUs without 1-bit MMA")
