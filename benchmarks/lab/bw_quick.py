@@ -7,17 +7,12 @@ import torch
 import torch.nn.functional as F
 from gpu_timing import pool_size, time_graph
 from bie_backend_cuda import binary as cb
+from bw_inputs import binary_inputs
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1024, 4096, 4096), (256, 4096, 4096), (128, 4096, 4096),
           (4096, 28672, 8192)]
 for m, n, k in SHAPES:
-    kb = k // 8
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    nset = pool_size(n * kb)
-    ws = [torch.randint(0, 256, (n, kb), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(nset)]
-    preps = [cb.prepare_weight(w) for w in ws]
-    a = torch.randint(0, 256, (m, kb), device="cuda", dtype=torch.uint8, generator=gen)
-    scale = torch.rand(n, device="cuda") + 0.1
+    a, ws, preps, scale = binary_inputs(m, n, k)
     res = {}
     for tile in ("wgmma1", "wgmma2", "wgmma4", 5):
         res[tile] = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p,

@@ -5,8 +5,9 @@ import sys
 import os
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch
-from gpu_timing import pool_size, time_graph
+from gpu_timing import time_graph
 from bie_backend_cuda import binary as cb
+from bw_inputs import binary_inputs
 
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 cases = [(4096, 4096, k) for k in (1024, 2048, 4096, 8192, 16384)] + \
@@ -14,13 +15,7 @@ cases = [(4096, 4096, k) for k in (1024, 2048, 4096, 8192, 16384)] + \
 if os.environ.get("QUICK"):
     cases = [(4096, 4096, 1024), (4096, 4096, 4096), (4096, 4096, 16384), (128, 4096, 4096), (8192, 4096, 4096)]
 for m, n, k in cases:
-    kb = k // 8
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    nset = pool_size(n * kb)
-    ws = [torch.randint(0, 256, (n, kb), device="cuda", dtype=torch.uint8, generator=gen) for _ in range(nset)]
-    preps = [cb.prepare_weight(w) for w in ws]
-    a = torch.randint(0, 256, (m, kb), device="cuda", dtype=torch.uint8, generator=gen)
-    scale = torch.rand(n, device="cuda") + 0.1
+    a, ws, preps, scale = binary_inputs(m, n, k)
     t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p, tile="wgmma")
                     for w, p in zip(ws, preps)])
     tiles = -(-m // 128) * -(-n // 256)

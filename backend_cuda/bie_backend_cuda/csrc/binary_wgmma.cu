@@ -196,8 +196,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     if (tid >= 64 && tid < 128) {
       // Store warps, one per math warpgroup: each staged block of outputs goes to global memory by bulk
       // copies (one per row, issued by the TMA engine), so the math warps start the next tile while the
-      // stores drain. Written by the math warps themselves, the stores held them for most of the ~5 us that
-      // each tile's epilogue cost (cuda_h100_binary_wgmma.md), the tensor cores idle meanwhile.
+      // stores drain instead of writing global memory themselves.
       const int sw = (tid - 64) >> 5, lane = tid & 31;
       const uint32_t staged = base + OFF_EPI + sw * EPI_BYTES;
       const int ntl = total / ns;
@@ -251,18 +250,12 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 
   uint32_t acc[128];
   uint32_t ar[2][16];   // two sets: the wgmmas of a stage read theirs while the next stage's are loaded
-  int pa0 = 0, pa1 = 0;                         // popc of rows rw, rw + 8 over this lane's words
+  int pa0 = 0, pa1 = 0;                         // popc of this lane's rows g, g + 8 over its words
   int tiles_done = 0;                           // epilogues so far (column buffer and phase)
-  int c_ks = 0, c_group = cid, c_m0 = 0, c_n0 = 0, slot = 0, phase = 0, prev_slot = -1;
-
+  int c_ks = 0, slot = 0, phase = 0, prev_slot = -1;
 
   auto step = [&](uint32_t (&a)[16]) {
-    if (c_ks == 0) {
-      const int mg = c_group / nt;
-      c_m0 = (mg * CL + rank) * BM;
-      c_n0 = (c_group - mg * nt) * BN;
-      pa0 = pa1 = 0;
-    }
+    if (c_ks == 0) pa0 = pa1 = 0;
     mbar_wait(bar_full + 8 * slot, phase);
     load_a(a, base + slot * SLOT_BYTES);
     const uint64_t d0 = desc_sw128(base + slot * SLOT_BYTES);
@@ -363,7 +356,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     }
     if (++c_ks == ns) {
       c_ks = 0;
-      c_group += ncl;
       ++tiles_done;
     }
   };
