@@ -282,6 +282,61 @@ def sweep_skinny(rows):
         torch.cuda.empty_cache()
 
 
+def bench_thin(rows, quick, sweep):
+    """The thin GEMV kernel (wqt, M <= 8) against the wqv kernel it replaces, bf16 cuBLAS and tinygemm; with
+    sweep, every warps-per-block setting (the K split of a 16-column block)."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    shapes = [(4096, 4096), (28672, 8192), (8192, 28672)]
+    cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((1, 4, 8) if not quick else (1,))]
+    cases += [(1, n, k, 2, 64) for n, k in shapes]
+    for m, n, k, bits, gs in cases:
+        wbytes = n * k * bits // 8 + (n * k // gs) * 2 * 2
+        nset = pool_size(wbytes)
+        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(nset)]
+        preps = [cw.prepare(*s_, None) for s_ in sets]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
+               for s_, p in zip(sets, preps)]
+        keep = cw.THIN_M, cw.THIN_WARPS
+        try:
+            cw.THIN_M = 8
+            t = time_graph(fns)
+            t_again = time_graph(fns)
+            ref = fns[0]().float()
+            cw.THIN_M = 0
+            t_wqv = time_graph(fns)
+            err = float((ref - fns[0]().float()).norm() / fns[0]().float().norm())
+            cw.THIN_M = 8
+            sw = {}
+            if sweep:
+                for w in (1, 2, 4, 8, 16):
+                    cw.THIN_WARPS = w
+                    sw[w] = time_graph(fns, repeats=5)
+        finally:
+            cw.THIN_M, cw.THIN_WARPS = keep
+        base = bf16_linear_us(m, n, k)
+        byts = wbytes + m * k * 2 + m * n * 2
+        floor = byts / BW * 1e6
+        row = dict(family=f"thin W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again,
+                   wqv_us=t_wqv, bf16_us=base, speedup=base / min(t, t_again), vs_wqv=t_wqv / min(t, t_again),
+                   TBps=byts / min(t, t_again) / 1e6, floor_us=floor, frac_roof=floor / min(t, t_again),
+                   rel_diff_wqv=err, sweep_warps=sw)
+        if bits == 4 and hasattr(torch, "_weight_int4pack_mm"):
+            try:
+                row["tinygemm_us"] = _tinygemm(m, n, k, gs, nset)
+            except Exception as exc:  # noqa: BLE001 - a peer, reported as missing
+                row["tinygemm_us"] = float("nan")
+                row["tinygemm_err"] = str(exc)[:120]
+        print(f"thin W{bits} g{gs} M={m} {n}x{k}: {t:.1f}/{t_again:.1f} us (wqv {t_wqv:.1f}, bf16 {base:.1f}, "
+              f"tinygemm {row.get('tinygemm_us', float('nan')):.1f}) = {row['speedup']:.2f}x bf16, "
+              f"{row['TBps']:.2f} TB/s, {100 * row['frac_roof']:.0f}% roof, diff {err:.1e}"
+              + (" | warps " + ", ".join(f"{w}:{v:.1f}" for w, v in sw.items()) if sw else ""), flush=True)
+        rows.append(row)
+        del sets, preps
+        torch.cuda.empty_cache()
+
+
 def profile_skinny():
     """A few plain calls of the skinny kernel for Nsight Compute (ncu -k regex:wqv_kernel)."""
     from bie_backend_cuda import weight_only as cw
@@ -331,6 +386,8 @@ def main():
         sweep_wqw_splits(rows)
     if "wqw" in only:
         bench_wqw(rows, args.quick)
+    if "thin" in only or "thinsweep" in only:
+        bench_thin(rows, args.quick, "thinsweep" in only)
     if "wq" in only:
         bench_wq(rows, args.quick)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,

@@ -312,13 +312,13 @@ def test_wq_skinny_kernel_every_m(bits, gs, fmt, sdt):
     assert cw.skinny_ok(s, z, fmt)
     gen = torch.Generator().manual_seed(bits + 3)
     prepared = cw.prepare(qw, s, z, gi)
-    keep = cw.SKINNY_M, cw.INTERLEAVE
+    keep = cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M
     try:
         for inter in (True, False):
-            cw.SKINNY_M, cw.INTERLEAVE = 16, inter
+            cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M = 16, inter, 0   # the wqv kernel itself (thin kernel off)
             _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared)
     finally:
-        cw.SKINNY_M, cw.INTERLEAVE = keep
+        cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M = keep
     # the old small-M kernel agrees (both are fp32-accumulated)
     old = cw.SKINNY_M
     try:
@@ -353,9 +353,9 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 21, sdtype=torch.float16)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(4)
-    keep = cw.SKINNY_M
+    keep = cw.SKINNY_M, cw.THIN_M
     for m, tune in ((1, 0), (16, 0), (7, 1 << 4), (3, (8 << 4) | (40 << 8))):
-        cw.TUNE_SKINNY, cw.SKINNY_M = tune, 16
+        cw.TUNE_SKINNY, cw.SKINNY_M, cw.THIN_M = tune, 16, 0
         try:
             x = torch.randn((m, k), generator=gen).bfloat16().cuda()
             y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
@@ -365,7 +365,107 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
                            static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                            lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
         finally:
-            cw.TUNE_SKINNY, cw.SKINNY_M = 0, keep
+            cw.TUNE_SKINNY, (cw.SKINNY_M, cw.THIN_M) = 0, keep
+
+
+THIN = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4) for gs, fmt, sdt in
+        ((32, "gptq", torch.float16), (64, "gba", torch.bfloat16), (128, "gptq", torch.bfloat16),
+         (256, "gba", torch.float16), (-1, "gptq", torch.bfloat16))]
+
+
+def _thin_calls(monkeypatch, cw):
+    """Count the calls that reach the thin kernel (so a test fails if dispatch silently goes elsewhere)."""
+    ops = cw._build.ops()
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            f = getattr(ops, name)
+            if name != "wqt_gemm":
+                return f
+            return lambda *a: calls.append(a[-1]) or f(*a)
+    monkeypatch.setattr(cw._build, "ops", lambda: Spy())
+    return calls
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits,gs,fmt,sdt", THIN)
+def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
+    """The thin GEMV kernel (M <= 8): every row count, odd N, K off the 128-k stage and group grid (but % 8 == 0),
+    fp16/bf16 statistics and activations, act-order, misaligned x, K splits over 1..16 warps (uneven ranges),
+    NaN-poisoned outputs, determinism; against the float64 product and the wqv kernel."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = (1000, 200) if gs != 256 else (1288, 136)
+    act = bits in (3, 4)
+    qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, act, 7 * bits + max(gs, 0), sdtype=sdt)
+    gen = torch.Generator().manual_seed(bits + 5)
+    prepared = cw.prepare(qw, s, z, gi)
+    calls = _thin_calls(monkeypatch, cw)
+    keep = cw.THIN_M, cw.THIN_WARPS
+    try:
+        for warps in (0, 1, 3, 16):
+            cw.THIN_M, cw.THIN_WARPS = 8, warps
+            for m in range(1, 9):
+                dtype = (torch.float16, torch.bfloat16, torch.float32)[(m + warps) % 3]
+                if m % 4 == 0:   # contiguous, but 2 bytes off 16-byte alignment
+                    x = torch.randn((m * k + 1,), generator=gen).to(dtype).cuda()[1:].view(m, k)
+                else:
+                    x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+                bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+                _close(out, w64, x, dtype, k, f"thin M={m} warps={warps} {dtype}", bias)
+                again = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
+                assert torch.equal(out, again), "thin kernel is not deterministic"
+        assert len(calls) == 4 * 8 * 2, f"{len(calls)} calls reached the thin kernel"
+        # the wqv kernel agrees (both accumulate in float32)
+        x = torch.randn((5, k), generator=gen).bfloat16().cuda()
+        cw.THIN_WARPS = 0
+        a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+        cw.THIN_M = 0
+        b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+    finally:
+        cw.THIN_M, cw.THIN_WARPS = keep
+    torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
+
+
+@needs_cuda
+def test_wq_thin_big_layer_and_graphs(monkeypatch):
+    """A 28672-wide K (many stages per warp, every ring slot reused) and CUDA-graph replay with new inputs."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = 28672, 264
+    qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 23, sdtype=torch.float16)
+    prepared = cw.prepare(qw, s, z, gi)
+    gen = torch.Generator().manual_seed(6)
+    calls = _thin_calls(monkeypatch, cw)
+    for m in (1, 3, 8):
+        x = torch.randn((m, k), generator=gen).bfloat16().cuda()
+        y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+        _close(y, w64, x, torch.bfloat16, k, f"K=28672 M={m}")
+        static_x = x.clone()
+        _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
+                       static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
+                       lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
+    assert len(calls) >= 3
+
+
+@needs_cuda
+def test_wq_thin_rejects_bad_input():
+    from bie_backend_cuda import _build
+    ops = _build.ops()
+    i32 = lambda *sh: torch.zeros(sh, dtype=torch.int32, device="cuda")  # noqa: E731
+    x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="at most 8 rows"):
+        ops.wqt_gemm(torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
+                     None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0)
+    with pytest.raises(RuntimeError, match="groups of at least 32"):
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, torch.bfloat16, 0)
+    with pytest.raises(RuntimeError, match="prepared qweight"):
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0)
+    with pytest.raises(RuntimeError, match="bits must be 2 or 4"):
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, torch.bfloat16, 0)
+    with pytest.raises(RuntimeError, match="fewer groups"):
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, torch.bfloat16, 0)
 
 
 @needs_cuda

@@ -20,7 +20,7 @@ import torch
 from bie_core.native_build import link_flags
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu")
+SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu")
 HEADERS = ("common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh", "wgmma_rs.cuh", "wq_fragments.cuh")
 _lock = threading.Lock()
 _loaded: str | None = None

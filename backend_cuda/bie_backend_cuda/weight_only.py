@@ -320,6 +320,23 @@ def wqw_ok(x, scales, zeros, fmt, k) -> bool:
     return WQW_MIN_M > 0 and k % 8 == 0 and skinny_ok(scales, zeros, fmt) and _is_hopper(x.device)
 
 
+_sm80: dict = {}
+
+
+def thin_ok(x, scales, zeros, fmt, bits, group_size, k) -> bool:
+    """The thin GEMV kernel serves this call: 2/4-bit kernel codes (1-4 bits), groups of at least 32 or
+    per-channel, K % 8 == 0, 16-bit statistics (as the skinny kernel), sm_80 or newer (ldmatrix, bf16 mma)."""
+    if _KERNEL_BITS.get(bits) not in (2, 4) or k % 8 or not (group_size == -1 or group_size >= 32):
+        return False
+    if not skinny_ok(scales, zeros, fmt):
+        return False
+    idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    v = _sm80.get(idx)
+    if v is None:
+        v = _sm80[idx] = torch.cuda.get_device_capability(idx)[0] >= 8
+    return v
+
+
 def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
     return _build.ops().wq_dequant(lay.qw, lay.s, lay.zp, lay.perm if original_order else None, lay.bits, lay.n,
                                    lay.k, lay.gs_shift, lay.kblocks, lay.gptq)
@@ -341,6 +358,11 @@ TUNE_SKINNY = 0
 #: rows served by the skinny (memory-bound) kernel; 0 turns it off (benchmarks compare). It serves up to 16
 #: rows, but above 8 the general small-M kernel was faster on the H100 (benchmarks/results/cuda_h100.md).
 SKINNY_M = 8
+#: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4-bit kernel codes, groups >= 32 or
+#: per-channel, K % 8 == 0, sm_80+); 0 turns it off (benchmarks compare)
+THIN_M = 8
+#: warps per block of the thin kernel (its K split); 0 = planned
+THIN_WARPS = 0
 #: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
 INTERLEAVE = True
 #: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
@@ -394,6 +416,16 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         return y.to(x.dtype)
+    if m <= THIN_M and thin_ok(x, scales, zeros, format, bits, group_size, k):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
+                      inter=True)   # the thin kernel reads the interleaved layout
+        if not lay.generic:
+            xs = x if lay.perm is None else x.index_select(1, lay.perm)
+            xc = xs.to(compute_dtype(x.dtype)).contiguous()
+            if xc.data_ptr() % 16:
+                xc = xc.clone()
+            return _build.ops().wqt_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
+                                         lay.gptq, lay.st_bf16, x.dtype, THIN_WARPS)
     skinny = m <= SKINNY_M and skinny_ok(scales, zeros, format)
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny)
     if lay.generic:

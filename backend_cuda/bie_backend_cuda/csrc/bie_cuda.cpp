@@ -421,6 +421,54 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   return out;
 }
 
+// Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm
+// (interleaved layout);
+// 2/4-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
+// block (0: planned; benchmarks sweep it).
+Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
+                int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16,
+                at::ScalarType out_dtype, int64_t warps) {
+  for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqt_gemm: x must be contiguous (M, K)");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "bie_cuda.wqt_gemm: x must be fp16/bf16");
+  TORCH_CHECK(x.size(0) <= 8, "bie_cuda.wqt_gemm: at most 8 rows");
+  TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+              "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
+  TORCH_CHECK(bits == 2 || bits == 4, "bie_cuda.wqt_gemm: bits must be 2 or 4");
+  TORCH_CHECK(st.scalar_type() == at::kInt && st.dim() == 2 && st.is_contiguous() && st.size(0) >= 1,
+              "bie_cuda.wqt_gemm: statistics must be contiguous int32 (G, Np)");
+  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
+  TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
+  const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqt_gemm");   // the interleaved layout
+  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqt_gemm: problem too large");
+  TORCH_CHECK(gs_shift == -1 || ((K + (1ll << gs_shift) - 1) >> gs_shift) <= G,
+              "bie_cuda.wqt_gemm: statistics have fewer groups than K needs");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0 || N == 0) return out;
+  bie::WqtArgs p{};
+  p.x = x.data_ptr();
+  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
+  Tensor bias_c;
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqt_gemm");
+  p.M = (int)M;
+  p.N = (int)N;
+  p.Np = (int)Np;
+  p.K = (int)K;
+  p.G = (int)G;
+  p.gs_shift = (int)gs_shift;
+  p.kblocks = (int)kblocks;
+  p.st_bf16 = st_bf16 ? 1 : 0;
+  p.gptq = gptq ? 1 : 0;
+  const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps);
+  TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes)");
+  check_launch(bie::launch_wqt_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqt_gemm");
+  return out;
+}
+
 Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, at::ScalarType out_dtype,
                 int64_t ntok, int64_t force_splits, bool st_bf16) {
@@ -556,6 +604,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("sign_embedding_bag", &sign_embedding_bag);
   m.def("wq_gemm", &wq_gemm);
   m.def("wqv_gemm", &wqv_gemm);
+  m.def("wqt_gemm", &wqt_gemm);
   m.def("wqw_gemm", &wqw_gemm);
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);

@@ -84,6 +84,26 @@ struct WqvArgs {
 int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget);
 cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
 
+// Thin weight-only GEMV (M <= 8, 2/4-bit codes, groups >= 32 or per-channel), see wq_thin.cu ("wqt").
+struct WqtArgs {
+  const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
+  const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)
+  const uint32_t* st;    // (G, Np) scale | zero << 16 (16-bit floats)
+  const void* bias;
+  int bias_dtype;
+  void* out;
+  int out_dtype;
+  int M, N, Np, K, G, gs_shift;
+  int kblocks;
+  int st_bf16;           // statistics are bf16 (else fp16)
+  int gptq;              // gptq (else gba) statistics
+  int nstages;           // 128-k stages covering the prepared K
+  int st_per_warp;       // stages per warp (whole groups)
+  int warps;             // warps per block (the K split of one 16-column block)
+};
+int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force);
+cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);
+
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);
 cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st);
 cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, const int64_t* perm, int bits, int cdtype,

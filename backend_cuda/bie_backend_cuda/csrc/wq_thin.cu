@@ -1,0 +1,319 @@
+// Thin weight-only GEMV ("wqt"): at most 8 rows of x, 2/4-bit codes (1/3-bit
+// through the wider layouts), groups of at least 32 or per-channel.
+//
+// Why another skinny kernel: at M <= 8 the work is reading the weights once,
+// and the older skinny kernel ("wqv", weight_only.cu) was measured
+// issue-bound at ~104 instructions per 512-byte warp vector
+// (benchmarks/results/cuda_h100_skinny_lab.md). This one spends its
+// instructions on the codes only:
+//   - every warp is independent: it owns one 16-column block and a K range and
+//     streams, through its own cp.async ring, the codes, the matching slice of
+//     x and the statistics rows (no block-wide prologue, no barrier in the loop);
+//   - x stays row-major; ldmatrix.x4 turns 32 k of up to 8 rows into the B
+//     fragments of two mma steps (rows >= M read a shared zero row);
+//   - a stage is 128 k (two 4-bit vectors), so the wait / commit / address
+//     work is paid once per 1 KiB of codes;
+//   - no dequantization per weight: the codes enter the tensor cores as
+//     qm = code + MAGIC (one LOP3 per register), an all-ones A fragment gives
+//     sum(x) in a second accumulator, and per group, in float32,
+//     y += s*acc - C*accx (C folds MAGIC and the zero, as in wqv). Each group's
+//     first mma starts from zero, so nothing is reset;
+//   - the warps of a block split K; their partials are summed once at the end
+//     through shared memory in a fixed order (deterministic, no split-K pass).
+// The codes are the skinny layout of weight_only.cu (interleaved or not), so
+// the prepared weight is shared with the wqv and wgmma kernels.
+#include "common.cuh"
+#include "wq_fragments.cuh"
+
+namespace bie {
+namespace {
+
+constexpr int KSTAGE = 128;   // k per ring stage
+constexpr int XPITCH = 272;   // bytes per staged x row: 256 + 16 so ldmatrix's 8 rows hit 8 distinct bank quads
+
+// Blocks of 512 threads the register budget is sized for: 1 lets ptxas use up to 128 registers (no spills;
+// 76-125 used), 2 caps them at 64 (full occupancy, but spills in some instantiations). Lab knob.
+#ifndef BIE_WQT_MIN_BLOCKS
+#define BIE_WQT_MIN_BLOCKS 1
+#endif
+
+template <int BITS> struct Thin;
+template <> struct Thin<4> { static constexpr int S = 4; };   // ring stages per warp (1 KiB of codes each)
+template <> struct Thin<2> { static constexpr int S = 6; };   // (512 B of codes each: deeper ring)
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// c = A * B (16x16 by 16x8), float32, starting from zero.
+template <typename T> __device__ __forceinline__ void mma_zero(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma_zero<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+template <> __device__ __forceinline__ void mma_zero<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+// Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x | GPS statistics rows of 64 bytes.
+template <int BITS, int MX, int FS> struct Slot {
+  static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 2 (4-bit), 1 (2-bit)
+  static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
+  static constexpr int XO = VPS * 512, SO = XO + MX * XPITCH, BYTES = SO + GPS * 64;
+  static constexpr int WARP_BYTES = Thin<BITS>::S * BYTES + 16;    // + a 16-byte zero row for ldmatrix
+};
+
+// SBF: bf16 statistics (else fp16). MX: rows of x the slot holds (2 or 8). FS: k16 steps per group when groups are at most one stage
+// (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel).
+// The codes are the interleaved skinny layout: kblock kb of column block nb is vector ((nb/8)*kblocks + kb)*8 + nb%8.
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS>
+__global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
+  using SL = Slot<BITS, MX, FS>;
+  constexpr int J = Layout<BITS>::J;
+  constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
+  constexpr int S = Thin<BITS>::S;
+  constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : 128.f;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x;   // 16-column block
+  const int M = p.M;
+  uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
+  const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
+  if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
+
+  const int st0 = min(p.nstages, warp * p.st_per_warp);
+  const int st1 = min(p.nstages, st0 + p.st_per_warp);
+  const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
+
+  // Per-lane copy cursors, advanced by one stage per issue() (stages are issued in order, one per call).
+  // Copies past the end (codes past kblocks, x past K, statistics rows past G) read no bytes and zero-fill.
+  const uint4* wsrc = p.qw + ((int64_t)(nb >> 3) * p.kblocks * 8 + (nb & 7)) * 32 + lane + (int64_t)st0 * VPS * 256;
+  int kb_next = st0 * VPS;
+  const int kb_end = min(st1 * VPS, p.kblocks);
+  // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i
+  int xk = st0 * KSTAGE + (lane & 15) * 8;
+  const T* xsrc = static_cast<const T*>(p.x) + (int64_t)(lane >> 4) * p.K + xk;
+  const int64_t xrow2 = 2 * (int64_t)p.K;
+  // statistics: lanes < 4 * GPS copy the 16-byte quarter (lane % 4) of group row lane / 4 of the stage
+  const bool scopy = lane < GPS * 4;
+  int sgrp = ((st0 * KSTAGE) >> gsh) + (lane >> 2);
+  const uint32_t* ssrc = p.st + (int64_t)sgrp * p.Np + nb * 16 + (lane & 3) * 4;
+  // FS == 0: the statistics row moves on every spg stages (never for per-channel)
+  const int spg_mask = FS == 0 && p.gs_shift >= 0 ? (1 << (gsh - 7)) - 1 : -1;
+  int snext = st0;
+
+  // Copies the next stage (if it is in this warp's range) into ring slot `slot`; always commits one group.
+  auto issue = [&](uint32_t slot) {
+    if (kb_next < kb_end) {
+#pragma unroll
+      for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * 256, kb_next + v < kb_end ? 16 : 0);
+      const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
+#pragma unroll
+      for (int i = 0; i < MX / 2; ++i)
+        if ((lane >> 4) + 2 * i < M)
+          cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
+      if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
+    }
+    cp_commit();
+    wsrc += VPS * 256;
+    kb_next += VPS;
+    xsrc += KSTAGE;
+    xk += KSTAGE;
+    if (FS > 0) {
+      sgrp += GPS;
+      ssrc += GPS * p.Np;
+    } else if (((++snext) & spg_mask) == 0) {
+      sgrp += 1;
+      ssrc += p.Np;
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
+
+  float tot[4] = {0.f, 0.f, 0.f, 0.f}, acc[4] = {0.f, 0.f, 0.f, 0.f}, accx[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint32_t ones = V2<T>::one_bits;
+  const uint32_t aones[4] = {ones, ones, ones, ones};
+  // ldmatrix: lane L gives row L % 8 of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
+  const bool xzero = (lane & 7) >= M;
+  const uint32_t xoff = xzero ? zrow : ring + (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
+  const uint32_t xslot = xzero ? 0u : (uint32_t)SB, xstep = xzero ? 0u : 64u;
+
+  // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3)
+  auto flush = [&](uint32_t srow) {
+    float s0, z0, s1, z1;
+    decode_stat(lds32(srow + g * 4), SBF, s0, z0);
+    decode_stat(lds32(srow + 32 + g * 4), SBF, s1, z1);
+    const float c0 = GPTQ ? s0 * (z0 + MAGF) : fmaf(s0, MAGF, z0);
+    const float c1 = GPTQ ? s1 * (z1 + MAGF) : fmaf(s1, MAGF, z1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
+      tot[e] = fmaf(s_, acc[e], fmaf(-c_, accx[e], tot[e]));
+    }
+  };
+
+  bool fresh = true;   // FS == 0: the next stage starts a group
+  // unrolled by the ring size: the slot of every stage is a compile-time offset
+  for (int s0 = st0; s0 < st1; s0 += S) {
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int s = s0 + u;
+      if (s >= st1) break;
+      cp_wait<S - 2>();   // this lane's copies of stage s have landed ...
+      __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
+      issue(ring + ((u + S - 1) % S) * SB);   // stage s + S - 1, into the slot read in the previous iteration
+      const uint32_t base = ring + u * SB;
+      uint4 w[VPS];
+#pragma unroll
+      for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
+#pragma unroll
+      for (int c = 0; c < KSTAGE / 32; ++c) {
+        uint32_t b[4];
+        ldsm_x4(xoff + u * xslot + c * xstep, b);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * c + h;   // k16 step in the stage
+          uint32_t a[4];
+          extract_a<BITS, T>(w[j / J], j % J, a);
+          const bool first = FS > 0 ? (j % (FS > 0 ? FS : 1) == 0) : (j == 0 && fresh);
+          if (first) {
+            mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
+            mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+          } else {
+            mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
+            mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+          }
+          if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64);
+        }
+      }
+      if (FS == 0) {
+        fresh = ((s + 1) & spg_mask) == 0 || s + 1 == st1;
+        if (fresh) flush(base + SO);
+      }
+    }
+  }
+  cp_wait<0>();
+  __syncwarp();
+
+  // the warps' K partials, summed in warp order
+  reinterpret_cast<float4*>(wsm)[lane] = make_float4(tot[0], tot[1], tot[2], tot[3]);
+  __syncthreads();
+  if (warp != 0) return;
+  float4 r = reinterpret_cast<const float4*>(smem_raw)[lane];
+  for (int w2 = 1; w2 < nwarps; ++w2) {
+    const float4 q = reinterpret_cast<const float4*>(smem_raw + w2 * SL::WARP_BYTES)[lane];
+    r.x += q.x;
+    r.y += q.y;
+    r.z += q.z;
+    r.w += q.w;
+  }
+  const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    // C fragment e: x row m = 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
+    const int m = 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
+    if (m < M && col < p.N) {
+      float v = rv[e];
+      if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+      store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
+    }
+  }
+#endif
+}
+
+template <int BITS, typename T, int MX, int FS>
+cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
+  const int smem = p.warps * Slot<BITS, MX, FS>::WARP_BYTES;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  k<<<(unsigned)ceil_div(p.N, 16), p.warps * 32, smem, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
+template <int BITS, int MX, int FS> constexpr int warp_bytes() { return Slot<BITS, MX, FS>::WARP_BYTES; }
+
+// FS of a group size (2/4/8 k16 steps for 32/64/128, else 0)
+inline int thin_fs(int gs_shift) { return (gs_shift >= 5 && gs_shift <= 7) ? 1 << (gs_shift - 4) : 0; }
+
+template <int BITS, int MX>
+int thin_warp_bytes(int fs) {
+  switch (fs) {
+    case 2: return warp_bytes<BITS, MX, 2>();
+    case 4: return warp_bytes<BITS, MX, 4>();
+    case 8: return warp_bytes<BITS, MX, 8>();
+    default: return warp_bytes<BITS, MX, 0>();
+  }
+}
+
+template <int BITS, typename T, int MX>
+cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
+  switch (thin_fs(p.gs_shift)) {
+    case 2: return launch_t<BITS, T, MX, 2>(p, st);
+    case 4: return launch_t<BITS, T, MX, 4>(p, st);
+    case 8: return launch_t<BITS, T, MX, 8>(p, st);
+    default: return launch_t<BITS, T, MX, 0>(p, st);
+  }
+}
+
+template <int BITS, typename T>
+cudaError_t launch_bt(const WqtArgs& p, cudaStream_t st) {
+  return p.M <= 2 ? launch_m<BITS, T, 2>(p, st) : launch_m<BITS, T, 8>(p, st);
+}
+
+}  // namespace
+
+// Host plan: K range per warp (whole groups) and warps per block. Returns the dynamic shared memory.
+int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
+  const int ks = 16 * (bits == 4 ? 4 : 8);
+  const int fs = thin_fs(p.gs_shift);
+  const int wbytes = bits == 4 ? (p.M <= 2 ? thin_warp_bytes<4, 2>(fs) : thin_warp_bytes<4, 8>(fs))
+                               : (p.M <= 2 ? thin_warp_bytes<2, 2>(fs) : thin_warp_bytes<2, 8>(fs));
+  p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
+  const int spg = p.gs_shift > 7 ? 1 << (p.gs_shift - 7) : 1;   // a warp's range holds whole groups
+  const int units = ceil_div(p.nstages, spg);
+  const int nblk = ceil_div(p.N, 16);
+  // warps resident per SM: 32 at 64 registers, fewer when the rings do not fit in 227 KiB
+  const int per_sm = std::max(1, std::min(32, (227 * 1024) / wbytes));
+  int w = 1;
+  if (warps_force > 0) {
+    w = warps_force;
+  } else {   // enough warps for one full wave
+    while (w < 16 && (int64_t)nblk * w < (int64_t)num_sms * per_sm) w *= 2;
+  }
+  w = std::max(1, std::min(w, std::min(16, units)));
+  p.st_per_warp = ceil_div(units, w) * spg;
+  p.warps = ceil_div(p.nstages, p.st_per_warp);
+  return p.warps * wbytes;
+}
+
+cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
+  if (p.M == 0 || p.N == 0) return cudaSuccess;
+  if (p.M > 8) return cudaErrorInvalidValue;
+  if (cdtype == kF16) {
+    if (bits == 4) return launch_bt<4, __half>(p, st);
+    if (bits == 2) return launch_bt<2, __half>(p, st);
+  } else if (cdtype == kBF16) {
+    if (bits == 4) return launch_bt<4, __nv_bfloat16>(p, st);
+    if (bits == 2) return launch_bt<2, __nv_bfloat16>(p, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace bie
