@@ -396,6 +396,16 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
+    if m <= THIN_M and thin_ok(x, scales, zeros, format, bits, group_size, k):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
+                      inter=True)   # the thin kernel reads the interleaved layout
+        if not lay.generic:
+            xs = x if lay.perm is None else x.index_select(1, lay.perm)
+            xc = xs.to(compute_dtype(x.dtype)).contiguous()
+            if xc.data_ptr() % 16:
+                xc = xc.clone()
+            return _build.ops().wqt_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
+                                         lay.gptq, lay.st_bf16, x.dtype, THIN_WARPS)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout
@@ -416,16 +426,6 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         return y.to(x.dtype)
-    if m <= THIN_M and thin_ok(x, scales, zeros, format, bits, group_size, k):
-        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
-                      inter=True)   # the thin kernel reads the interleaved layout
-        if not lay.generic:
-            xs = x if lay.perm is None else x.index_select(1, lay.perm)
-            xc = xs.to(compute_dtype(x.dtype)).contiguous()
-            if xc.data_ptr() % 16:
-                xc = xc.clone()
-            return _build.ops().wqt_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
-                                         lay.gptq, lay.st_bf16, x.dtype, THIN_WARPS)
     skinny = m <= SKINNY_M and skinny_ok(scales, zeros, format)
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny)
     if lay.generic:

@@ -31,15 +31,17 @@ namespace {
 constexpr int KSTAGE = 128;   // k per ring stage
 constexpr int XPITCH = 272;   // bytes per staged x row: 256 + 16 so ldmatrix's 8 rows hit 8 distinct bank quads
 
-// Blocks of 512 threads the register budget is sized for: 1 lets ptxas use up to 128 registers (no spills;
-// 76-125 used), 2 caps them at 64 (full occupancy, but spills in some instantiations). Lab knob.
-#ifndef BIE_WQT_MIN_BLOCKS
-#define BIE_WQT_MIN_BLOCKS 1
+// Register budget: by default ptxas may use up to 128 registers (no spills; 86-128 used, so 16-20 resident
+// warps per SM). Lab knob BIE_WQT_MAXNREG caps them (80: 24 warps per SM, small spills).
+#ifdef BIE_WQT_MAXNREG
+#define BIE_WQT_BOUNDS __maxnreg__(BIE_WQT_MAXNREG)
+#else
+#define BIE_WQT_BOUNDS __launch_bounds__(512, 1)
 #endif
 
-template <int BITS> struct Thin;
-template <> struct Thin<4> { static constexpr int S = 4; };   // ring stages per warp (1 KiB of codes each)
-template <> struct Thin<2> { static constexpr int S = 6; };   // (512 B of codes each: deeper ring)
+// Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
+// stay in flight at 16-24 resident warps.
+template <int BITS, int MX> struct Thin { static constexpr int S = MX == 1 ? (BITS == 4 ? 6 : 8) : (BITS == 4 ? 4 : 6); };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -70,20 +72,22 @@ template <int BITS, int MX, int FS> struct Slot {
   static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 2 (4-bit), 1 (2-bit)
   static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
   static constexpr int XO = VPS * 512, SO = XO + MX * XPITCH, BYTES = SO + GPS * 64;
-  static constexpr int WARP_BYTES = Thin<BITS>::S * BYTES + 16;    // + a 16-byte zero row for ldmatrix
+  static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
-// SBF: bf16 statistics (else fp16). MX: rows of x the slot holds (2 or 8). FS: k16 steps per group when groups are at most one stage
-// (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel).
+// SBF: bf16 statistics (else fp16). MX: rows of x the slot holds (1 or 8). FS: k16 steps per group when groups are
+// at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
+// then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
+// a whole K row accumulated (q + 1024) * x long enough to lose the fp16 result to cancellation).
 // The codes are the interleaved skinny layout: kblock kb of column block nb is vector ((nb/8)*kblocks + kb)*8 + nb%8.
 template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS>
-__global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtArgs p) {
+__global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   using SL = Slot<BITS, MX, FS>;
   constexpr int J = Layout<BITS>::J;
   constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
-  constexpr int S = Thin<BITS>::S;
+  constexpr int S = Thin<BITS, MX>::S;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : 128.f;
   extern __shared__ __align__(16) uint8_t smem_raw[];
 
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtA
   const uint4* wsrc = p.qw + ((int64_t)(nb >> 3) * p.kblocks * 8 + (nb & 7)) * 32 + lane + (int64_t)st0 * VPS * 256;
   int kb_next = st0 * VPS;
   const int kb_end = min(st1 * VPS, p.kblocks);
-  // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i
+  // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
   int xk = st0 * KSTAGE + (lane & 15) * 8;
   const T* xsrc = static_cast<const T*>(p.x) + (int64_t)(lane >> 4) * p.K + xk;
   const int64_t xrow2 = 2 * (int64_t)p.K;
@@ -123,8 +127,8 @@ __global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtA
       for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * 256, kb_next + v < kb_end ? 16 : 0);
       const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
-      for (int i = 0; i < MX / 2; ++i)
-        if ((lane >> 4) + 2 * i < M)
+      for (int i = 0; i < (MX + 1) / 2; ++i)
+        if ((lane >> 4) + 2 * i < (MX == 1 ? 1 : M))
           cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
       if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
     }
@@ -167,7 +171,6 @@ __global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtA
     }
   };
 
-  bool fresh = true;   // FS == 0: the next stage starts a group
   // unrolled by the ring size: the slot of every stage is a compile-time offset
   for (int s0 = st0; s0 < st1; s0 += S) {
 #pragma unroll
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtA
           const int j = 2 * c + h;   // k16 step in the stage
           uint32_t a[4];
           extract_a<BITS, T>(w[j / J], j % J, a);
-          const bool first = FS > 0 ? (j % (FS > 0 ? FS : 1) == 0) : (j == 0 && fresh);
+          const bool first = j % (FS > 0 ? FS : 8) == 0;
           if (first) {
             mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
             mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
@@ -201,10 +204,7 @@ __global__ void __launch_bounds__(512, BIE_WQT_MIN_BLOCKS) wqt_kernel(const WqtA
           if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64);
         }
       }
-      if (FS == 0) {
-        fresh = ((s + 1) & spg_mask) == 0 || s + 1 == st1;
-        if (fresh) flush(base + SO);
-      }
+      if (FS == 0) flush(base + SO);
     }
   }
   cp_wait<0>();
@@ -274,7 +274,7 @@ cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
 
 template <int BITS, typename T>
 cudaError_t launch_bt(const WqtArgs& p, cudaStream_t st) {
-  return p.M <= 2 ? launch_m<BITS, T, 2>(p, st) : launch_m<BITS, T, 8>(p, st);
+  return p.M == 1 ? launch_m<BITS, T, 1>(p, st) : launch_m<BITS, T, 8>(p, st);
 }
 
 }  // namespace
@@ -283,11 +283,10 @@ cudaError_t launch_bt(const WqtArgs& p, cudaStream_t st) {
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const int ks = 16 * (bits == 4 ? 4 : 8);
   const int fs = thin_fs(p.gs_shift);
-  const int wbytes = bits == 4 ? (p.M <= 2 ? thin_warp_bytes<4, 2>(fs) : thin_warp_bytes<4, 8>(fs))
-                               : (p.M <= 2 ? thin_warp_bytes<2, 2>(fs) : thin_warp_bytes<2, 8>(fs));
+  const int wbytes = bits == 4 ? (p.M == 1 ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
+                               : (p.M == 1 ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
-  const int spg = p.gs_shift > 7 ? 1 << (p.gs_shift - 7) : 1;   // a warp's range holds whole groups
-  const int units = ceil_div(p.nstages, spg);
+  const int units = p.nstages;
   const int nblk = ceil_div(p.N, 16);
   // warps resident per SM: 32 at 64 registers, fewer when the rings do not fit in 227 KiB
   const int per_sm = std::max(1, std::min(32, (227 * 1024) / wbytes));
@@ -298,7 +297,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
     while (w < 16 && (int64_t)nblk * w < (int64_t)num_sms * per_sm) w *= 2;
   }
   w = std::max(1, std::min(w, std::min(16, units)));
-  p.st_per_warp = ceil_div(units, w) * spg;
+  p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
   return p.warps * wbytes;
 }
