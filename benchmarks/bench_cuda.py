@@ -310,11 +310,12 @@ def bench_thin(rows, quick, sweep):
             cw.THIN_M = 8
             sw = {}
             if sweep:
-                for w in (1, 2, 4, 8, 16):
-                    cw.THIN_WARPS = w
-                    sw[w] = time_graph(fns, repeats=5)
+                for w in (2, 4, 8, 16):
+                    for grid in (0, 132, 264):
+                        cw.THIN_WARPS, cw.THIN_GRID = w, grid
+                        sw[f"{w}w/{grid}b"] = time_graph(fns, repeats=5)
         finally:
-            cw.THIN_M, cw.THIN_WARPS = keep
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID = keep + (0,)
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = byts / BW * 1e6

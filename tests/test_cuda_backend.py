@@ -401,10 +401,10 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = cw.THIN_M, cw.THIN_WARPS
+    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID
     try:
-        for warps in (0, 1, 3, 16):
-            cw.THIN_M, cw.THIN_WARPS = 8, warps
+        for warps, grid in ((0, 0), (1, 3), (3, 0), (16, 1)):   # K splits and persistent blocks (items per block)
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID = 8, warps, grid
             for m in range(1, 9):
                 dtype = (torch.float16, torch.bfloat16, torch.float32)[(m + warps) % 3]
                 if m % 4 == 0:   # contiguous, but 2 bytes off 16-byte alignment
@@ -417,15 +417,15 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
                 _close(out, w64, x, dtype, k, f"thin M={m} warps={warps} {dtype}", bias)
                 again = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
                 assert torch.equal(out, again), "thin kernel is not deterministic"
-        assert len(calls) == 4 * 8 * 2, f"{len(calls)} calls reached the thin kernel"
+        assert len(calls) == 4 * 8 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..8 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
-        cw.THIN_WARPS = 0
+        cw.THIN_WARPS, cw.THIN_GRID = 0, 0
         a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
         cw.THIN_M = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
     finally:
-        cw.THIN_M, cw.THIN_WARPS = keep
+        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
@@ -457,15 +457,15 @@ def test_wq_thin_rejects_bad_input():
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         ops.wqt_gemm(torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0)
+                     None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, torch.bfloat16, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0)
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="bits must be 2 or 4"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, torch.bfloat16, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, torch.bfloat16, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, torch.bfloat16, 0, 0)
 
 
 @needs_cuda

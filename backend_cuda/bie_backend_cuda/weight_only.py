@@ -361,8 +361,9 @@ SKINNY_M = 8
 #: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4-bit kernel codes, groups >= 32 or
 #: per-channel, K % 8 == 0, sm_80+); 0 turns it off (benchmarks compare)
 THIN_M = 8
-#: warps per block of the thin kernel (its K split); 0 = planned
+#: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
+THIN_GRID = 0
 #: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
 INTERLEAVE = True
 #: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
@@ -405,7 +406,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             if xc.data_ptr() % 16:
                 xc = xc.clone()
             return _build.ops().wqt_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
-                                         lay.gptq, lay.st_bf16, x.dtype, THIN_WARPS)
+                                         lay.gptq, lay.st_bf16, x.dtype, THIN_WARPS, THIN_GRID)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout

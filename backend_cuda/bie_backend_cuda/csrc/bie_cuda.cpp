@@ -424,10 +424,10 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 // Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm
 // (interleaved layout);
 // 2/4-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
-// block (0: planned; benchmarks sweep it).
+// block, grid: persistent blocks (0: planned; benchmarks sweep them).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16,
-                at::ScalarType out_dtype, int64_t warps) {
+                at::ScalarType out_dtype, int64_t warps, int64_t grid) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqt_gemm: x must be contiguous (M, K)");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
@@ -440,6 +440,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
               "bie_cuda.wqt_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
   TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
+  TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqt_gemm");   // the interleaved layout
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqt_gemm: problem too large");
@@ -463,6 +464,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.kblocks = (int)kblocks;
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
+  p.grid_force = (int)grid;
   const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps);
   TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes)");
   check_launch(bie::launch_wqt_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqt_gemm");

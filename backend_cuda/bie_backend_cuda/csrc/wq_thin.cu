@@ -93,36 +93,48 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nb = blockIdx.x;   // 16-column block
-  const int M = p.M;
+  const int M = p.M, nblk = (p.N + 15) >> 4;
   uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
   const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
   if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
+  // the warps' partials of an item, double-buffered by item parity (one barrier per item)
+  float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
 
+  // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
+  // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
+  // are in flight while this one finishes (no ramp per block).
   const int st0 = min(p.nstages, warp * p.st_per_warp);
   const int st1 = min(p.nstages, st0 + p.st_per_warp);
   const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
-
-  // Per-lane copy cursors, advanced by one stage per issue() (stages are issued in order, one per call).
-  // Copies past the end (codes past kblocks, x past K, statistics rows past G) read no bytes and zero-fill.
-  const uint4* wsrc = p.qw + ((int64_t)(nb >> 3) * p.kblocks * 8 + (nb & 7)) * 32 + lane + (int64_t)st0 * VPS * 256;
-  int kb_next = st0 * VPS;
   const int kb_end = min(st1 * VPS, p.kblocks);
-  // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
-  int xk = st0 * KSTAGE + (lane & 15) * 8;
-  const T* xsrc = static_cast<const T*>(p.x) + (int64_t)(lane >> 4) * p.K + xk;
-  const int64_t xrow2 = 2 * (int64_t)p.K;
-  // statistics: lanes < 4 * GPS copy the 16-byte quarter (lane % 4) of group row lane / 4 of the stage
-  const bool scopy = lane < GPS * 4;
-  int sgrp = ((st0 * KSTAGE) >> gsh) + (lane >> 2);
-  const uint32_t* ssrc = p.st + (int64_t)sgrp * p.Np + nb * 16 + (lane & 3) * 4;
+  const T* X = static_cast<const T*>(p.x);
   // FS == 0: the statistics row moves on every spg stages (never for per-channel)
   const int spg_mask = FS == 0 && p.gs_shift >= 0 ? (1 << (gsh - 7)) - 1 : -1;
-  int snext = st0;
 
-  // Copies the next stage (if it is in this warp's range) into ring slot `slot`; always commits one group.
+  // Issue cursor: item inb, per-lane copy pointers at stage snext of it. Copies past the end (codes past
+  // kblocks, x past K, statistics rows past G) read no bytes and zero-fill.
+  int inb = blockIdx.x, snext, kb_next, xk, sgrp;
+  const uint4* wsrc;
+  const T* xsrc;
+  const uint32_t* ssrc;
+  const int64_t xrow2 = 2 * (int64_t)p.K;
+  const bool scopy = lane < GPS * 4;
+  auto start_item = [&]() {
+    snext = st0;
+    kb_next = st0 * VPS;
+    wsrc = p.qw + ((int64_t)(inb >> 3) * p.kblocks * 8 + (inb & 7)) * 32 + lane + (int64_t)st0 * VPS * 256;
+    // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
+    xk = st0 * KSTAGE + (lane & 15) * 8;
+    xsrc = X + (int64_t)(lane >> 4) * p.K + xk;
+    // statistics: lanes < 4 * GPS copy the 16-byte quarter (lane % 4) of group row lane / 4 of the stage
+    sgrp = ((st0 * KSTAGE) >> gsh) + (lane >> 2);
+    ssrc = p.st + (int64_t)sgrp * p.Np + inb * 16 + (lane & 3) * 4;
+  };
+  start_item();
+
+  // Copies the next stage (if any) into ring slot `slot`; always commits one group.
   auto issue = [&](uint32_t slot) {
-    if (kb_next < kb_end) {
+    if (inb < nblk && st0 < st1) {
 #pragma unroll
       for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * 256, kb_next + v < kb_end ? 16 : 0);
       const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
@@ -131,31 +143,36 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
         if ((lane >> 4) + 2 * i < (MX == 1 ? 1 : M))
           cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
       if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
+      if (++snext == st1) {
+        inb += gridDim.x;
+        start_item();
+      } else {
+        wsrc += VPS * 256;
+        kb_next += VPS;
+        xsrc += KSTAGE;
+        xk += KSTAGE;
+        if (FS > 0) {
+          sgrp += GPS;
+          ssrc += GPS * p.Np;
+        } else if ((snext & spg_mask) == 0) {
+          sgrp += 1;
+          ssrc += p.Np;
+        }
+      }
     }
     cp_commit();
-    wsrc += VPS * 256;
-    kb_next += VPS;
-    xsrc += KSTAGE;
-    xk += KSTAGE;
-    if (FS > 0) {
-      sgrp += GPS;
-      ssrc += GPS * p.Np;
-    } else if (((++snext) & spg_mask) == 0) {
-      sgrp += 1;
-      ssrc += p.Np;
-    }
   };
 
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
 
-  float tot[4] = {0.f, 0.f, 0.f, 0.f}, acc[4] = {0.f, 0.f, 0.f, 0.f}, accx[4] = {0.f, 0.f, 0.f, 0.f};
+  float tot[4], acc[4], accx[4];
   const uint32_t ones = V2<T>::one_bits;
   const uint32_t aones[4] = {ones, ones, ones, ones};
   // ldmatrix: lane L gives row L % 8 of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
   const bool xzero = (lane & 7) >= M;
-  const uint32_t xoff = xzero ? zrow : ring + (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
-  const uint32_t xslot = xzero ? 0u : (uint32_t)SB, xstep = xzero ? 0u : 64u;
+  const uint32_t xoff = (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
+  const uint32_t xstep = xzero ? 0u : 64u;
 
   // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3)
   auto flush = [&](uint32_t srow) {
@@ -171,68 +188,87 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
   };
 
-  // unrolled by the ring size: the slot of every stage is a compile-time offset
-  for (int s0 = st0; s0 < st1; s0 += S) {
+  // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity)
+  int parity = 0;
+  auto finish_item = [&](int nb) {
+    red[(parity * nwarps + warp) * 32 + lane] = make_float4(tot[0], tot[1], tot[2], tot[3]);
+    __syncthreads();
+    if (warp == 0) {
+      float4 r = red[parity * nwarps * 32 + lane];
+      for (int w2 = 1; w2 < nwarps; ++w2) {
+        const float4 q = red[(parity * nwarps + w2) * 32 + lane];
+        r.x += q.x;
+        r.y += q.y;
+        r.z += q.z;
+        r.w += q.w;
+      }
+      const float rv[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-    for (int u = 0; u < S; ++u) {
-      const int s = s0 + u;
-      if (s >= st1) break;
-      cp_wait<S - 2>();   // this lane's copies of stage s have landed ...
-      __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
-      issue(ring + ((u + S - 1) % S) * SB);   // stage s + S - 1, into the slot read in the previous iteration
-      const uint32_t base = ring + u * SB;
-      uint4 w[VPS];
-#pragma unroll
-      for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-#pragma unroll
-      for (int c = 0; c < KSTAGE / 32; ++c) {
-        uint32_t b[4];
-        ldsm_x4(xoff + u * xslot + c * xstep, b);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = 2 * c + h;   // k16 step in the stage
-          uint32_t a[4];
-          extract_a<BITS, T>(w[j / J], j % J, a);
-          const bool first = j % (FS > 0 ? FS : 8) == 0;
-          if (first) {
-            mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
-            mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
-          } else {
-            mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
-            mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
-          }
-          if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64);
+      for (int e = 0; e < 4; ++e) {
+        // C fragment e: x row m = 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
+        const int m = 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
+        if (m < M && col < p.N) {
+          float v = rv[e];
+          if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+          store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
         }
       }
-      if (FS == 0) flush(base + SO);
+    }
+    parity ^= 1;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+  };
+#pragma unroll
+  for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+
+  if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
+    for (int nb = blockIdx.x; nb < nblk; nb += gridDim.x) finish_item(nb);
+  } else {
+    int nb = blockIdx.x, s = st0;
+    // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
+    // compile-time offset; an item ends inside the unrolled body
+    while (nb < nblk) {
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        if (nb < nblk) {
+          cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
+          __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
+          issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
+          const uint32_t base = ring + u * SB;
+          uint4 w[VPS];
+#pragma unroll
+          for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
+          const uint32_t xa = xzero ? zrow : base + xoff;
+#pragma unroll
+          for (int c = 0; c < KSTAGE / 32; ++c) {
+            uint32_t b[4];
+            ldsm_x4(xa + c * xstep, b);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * c + h;   // k16 step in the stage
+              uint32_t a[4];
+              extract_a<BITS, T>(w[j / J], j % J, a);
+              if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
+                mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+              } else {
+                mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+              }
+              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64);
+            }
+          }
+          if (FS == 0) flush(base + SO);
+          if (++s == st1) {
+            finish_item(nb);
+            nb += gridDim.x;
+            s = st0;
+          }
+        }
+      }
     }
   }
   cp_wait<0>();
-  __syncwarp();
-
-  // the warps' K partials, summed in warp order
-  reinterpret_cast<float4*>(wsm)[lane] = make_float4(tot[0], tot[1], tot[2], tot[3]);
-  __syncthreads();
-  if (warp != 0) return;
-  float4 r = reinterpret_cast<const float4*>(smem_raw)[lane];
-  for (int w2 = 1; w2 < nwarps; ++w2) {
-    const float4 q = reinterpret_cast<const float4*>(smem_raw + w2 * SL::WARP_BYTES)[lane];
-    r.x += q.x;
-    r.y += q.y;
-    r.z += q.z;
-    r.w += q.w;
-  }
-  const float rv[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    // C fragment e: x row m = 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
-    const int m = 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
-    if (m < M && col < p.N) {
-      float v = rv[e];
-      if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
-      store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
-    }
-  }
 #endif
 }
 
@@ -240,10 +276,19 @@ template <int BITS, typename T, int MX, int FS>
 cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
                   : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
-  const int smem = p.warps * Slot<BITS, MX, FS>::WARP_BYTES;
+  const int smem = p.warps * (Slot<BITS, MX, FS>::WARP_BYTES + 2 * 512);   // rings + the partials' buffers
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  k<<<(unsigned)ceil_div(p.N, 16), p.warps * 32, smem, st>>>(p);
+  // persistent blocks: as many as fit at once (registers and shared memory), each looping over column blocks
+  int per_sm = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, p.warps * 32, smem);
+  if (e != cudaSuccess) return e;
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int items = ceil_div(p.N, 16);
+  const int grid = p.grid_force > 0 ? p.grid_force : std::max(1, std::min(items, std::max(1, per_sm) * sms));
+  k<<<(unsigned)grid, p.warps * 32, smem, st>>>(p);
   BIE_LAUNCH_CHECK();
 }
 
@@ -299,7 +344,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   w = std::max(1, std::min(w, std::min(16, units)));
   p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
-  return p.warps * wbytes;
+  return p.warps * (wbytes + 2 * 512);
 }
 
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
