@@ -298,24 +298,26 @@ def bench_thin(rows, quick, sweep):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
                for s_, p in zip(sets, preps)]
-        keep = cw.THIN_M, cw.THIN_WARPS
+        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG
         try:
-            cw.THIN_M = 8
+            cw.THIN_M = cw.THIN_M_BIG = 8   # (the thin kernel for every row count of this table)
             t = time_graph(fns)
             t_again = time_graph(fns)
             ref = fns[0]().float()
-            cw.THIN_M = 0
+            cw.THIN_M = cw.THIN_M_BIG = 0
             t_wqv = time_graph(fns)
             err = float((ref - fns[0]().float()).norm() / fns[0]().float().norm())
-            cw.THIN_M = 8
+            cw.THIN_M = cw.THIN_M_BIG = 8
             sw = {}
             if sweep:
-                for w in (2, 4, 8, 16):
-                    for grid in (0, 132, 264):
-                        cw.THIN_WARPS, cw.THIN_GRID = w, grid
-                        sw[f"{w}w/{grid}b"] = time_graph(fns, repeats=5)
+                for inter in (True, False):
+                    cw.INTERLEAVE = inter
+                    for w in (4, 8, 16):
+                        for grid in (0, 264):
+                            cw.THIN_WARPS, cw.THIN_GRID = w, grid
+                            sw[f"{'i' if inter else 'c'}{w}w/{grid}b"] = time_graph(fns, repeats=5)
         finally:
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID = keep + (0,)
+            (cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG), cw.THIN_GRID, cw.INTERLEAVE = keep, 0, True
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = byts / BW * 1e6

@@ -401,10 +401,11 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID
+    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE
     try:
-        for warps, grid in ((0, 0), (1, 3), (3, 0), (16, 1)):   # K splits and persistent blocks (items per block)
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID = 8, warps, grid
+        for warps, grid, inter in ((0, 0, True), (1, 3, False), (3, 0, True), (16, 1, False)):   # K splits,
+            # persistent blocks (items per block), both code layouts
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 8, warps, grid, inter
             for m in range(1, 9):
                 dtype = (torch.float16, torch.bfloat16, torch.float32)[(m + warps) % 3]
                 if m % 4 == 0:   # contiguous, but 2 bytes off 16-byte alignment
@@ -420,12 +421,12 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
         assert len(calls) == 4 * 8 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..8 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
-        cw.THIN_WARPS, cw.THIN_GRID = 0, 0
+        cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 0, 0, True
         a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
         cw.THIN_M = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
     finally:
-        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID = keep
+        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
@@ -457,15 +458,15 @@ def test_wq_thin_rejects_bad_input():
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         ops.wqt_gemm(torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0, 0)
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="bits must be 2 or 4"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0)
 
 
 @needs_cuda

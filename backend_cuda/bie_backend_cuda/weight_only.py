@@ -359,8 +359,12 @@ TUNE_SKINNY = 0
 #: rows, but above 8 the general small-M kernel was faster on the H100 (benchmarks/results/cuda_h100.md).
 SKINNY_M = 8
 #: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4-bit kernel codes, groups >= 32 or
-#: per-channel, K % 8 == 0, sm_80+); 0 turns it off (benchmarks compare)
+#: per-channel, K % 8 == 0, sm_80+): up to THIN_M rows on layers of at most THIN_SMALL_LAYER weights, up to THIN_M_BIG on
+#: larger ones; 0 turns it off (benchmarks compare). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
+#: and wgmma kernels on 4096x4096 up to 8 rows, level with wqv at M=1 on the big layers and slower there from 4 rows.
 THIN_M = 8
+THIN_M_BIG = 1
+THIN_SMALL_LAYER = 1 << 26
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0
@@ -397,16 +401,16 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
-    if m <= THIN_M and thin_ok(x, scales, zeros, format, bits, group_size, k):
-        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
-                      inter=True)   # the thin kernel reads the interleaved layout
+    if m <= (THIN_M if qweight.shape[1] * k <= THIN_SMALL_LAYER else THIN_M_BIG) and \
+            thin_ok(x, scales, zeros, format, bits, group_size, k):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
         if not lay.generic:
             xs = x if lay.perm is None else x.index_select(1, lay.perm)
             xc = xs.to(compute_dtype(x.dtype)).contiguous()
             if xc.data_ptr() % 16:
                 xc = xc.clone()
             return _build.ops().wqt_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
-                                         lay.gptq, lay.st_bf16, x.dtype, THIN_WARPS, THIN_GRID)
+                                         lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout

@@ -421,12 +421,11 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   return out;
 }
 
-// Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm
-// (interleaved layout);
+// Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm;
 // 2/4-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
 // block, grid: persistent blocks (0: planned; benchmarks sweep them).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
-                int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16,
+                int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, int64_t warps, int64_t grid) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqt_gemm: x must be contiguous (M, K)");
@@ -442,7 +441,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
-  check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqt_gemm");   // the interleaved layout
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqt_gemm");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqt_gemm: problem too large");
   TORCH_CHECK(gs_shift == -1 || ((K + (1ll << gs_shift) - 1) >> gs_shift) <= G,
               "bie_cuda.wqt_gemm: statistics have fewer groups than K needs");
@@ -464,6 +463,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.kblocks = (int)kblocks;
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
+  p.inter = inter ? 1 : 0;
   p.grid_force = (int)grid;
   const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps);
   TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes)");

@@ -87,7 +87,7 @@ cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cu
 // Thin weight-only GEMV (M <= 8, 2/4-bit codes, groups >= 32 or per-channel), see wq_thin.cu ("wqt").
 struct WqtArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
-  const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)
+  const uint4* qw;       // A-fragment codes of the skinny kernel
   const uint32_t* st;    // (G, Np) scale | zero << 16 (16-bit floats)
   const void* bias;
   int bias_dtype;
@@ -97,6 +97,7 @@ struct WqtArgs {
   int kblocks;
   int st_bf16;           // statistics are bf16 (else fp16)
   int gptq;              // gptq (else gba) statistics
+  int inter;             // interleaved layout (Np % 128 == 0)
   int nstages;           // 128-k stages covering the prepared K
   int st_per_warp;       // stages per warp (whole groups)
   int warps;             // warps per block (the K split of one 16-column block)

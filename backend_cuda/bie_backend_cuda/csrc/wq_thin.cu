@@ -79,7 +79,8 @@ template <int BITS, int MX, int FS> struct Slot {
 // at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
 // then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
 // a whole K row accumulated (q + 1024) * x long enough to lose the fp16 result to cancellation).
-// The codes are the interleaved skinny layout: kblock kb of column block nb is vector ((nb/8)*kblocks + kb)*8 + nb%8.
+// The codes are the skinny layout: kblock kb of column block nb is vector ((nb/8)*kblocks + kb)*8 + nb%8
+// (interleaved) or nb*kblocks + kb.
 template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS>
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -118,11 +119,14 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   const T* xsrc;
   const uint32_t* ssrc;
   const int64_t xrow2 = 2 * (int64_t)p.K;
+  // the codes of one column block: every 8th vector (interleaved layout) or consecutive vectors
+  const int vstride = p.inter ? 8 * 32 : 32;
   const bool scopy = lane < GPS * 4;
   auto start_item = [&]() {
     snext = st0;
     kb_next = st0 * VPS;
-    wsrc = p.qw + ((int64_t)(inb >> 3) * p.kblocks * 8 + (inb & 7)) * 32 + lane + (int64_t)st0 * VPS * 256;
+    wsrc = p.qw + (p.inter ? ((int64_t)(inb >> 3) * p.kblocks * 8 + (inb & 7)) * 32 : (int64_t)inb * p.kblocks * 32) +
+           lane + (int64_t)st0 * VPS * vstride;
     // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
     xk = st0 * KSTAGE + (lane & 15) * 8;
     xsrc = X + (int64_t)(lane >> 4) * p.K + xk;
@@ -136,7 +140,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   auto issue = [&](uint32_t slot) {
     if (inb < nblk && st0 < st1) {
 #pragma unroll
-      for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * 256, kb_next + v < kb_end ? 16 : 0);
+      for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * vstride, kb_next + v < kb_end ? 16 : 0);
       const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
       for (int i = 0; i < (MX + 1) / 2; ++i)
@@ -147,7 +151,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
         inb += gridDim.x;
         start_item();
       } else {
-        wsrc += VPS * 256;
+        wsrc += VPS * vstride;
         kb_next += VPS;
         xsrc += KSTAGE;
         xk += KSTAGE;
@@ -332,15 +336,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
                                : (p.M == 1 ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
   const int units = p.nstages;
-  const int nblk = ceil_div(p.N, 16);
-  // warps resident per SM: 32 at 64 registers, fewer when the rings do not fit in 227 KiB
-  const int per_sm = std::max(1, std::min(32, (227 * 1024) / wbytes));
-  int w = 1;
-  if (warps_force > 0) {
-    w = warps_force;
-  } else {   // enough warps for one full wave
-    while (w < 16 && (int64_t)nblk * w < (int64_t)num_sms * per_sm) w *= 2;
-  }
+  // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps, 16 from 128 stages
+  int w = warps_force > 0 ? warps_force : (p.nstages >= 128 ? 16 : 8);
+  (void)num_sms;
   w = std::max(1, std::min(w, std::min(16, units)));
   p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
