@@ -41,6 +41,16 @@ for line in open("/tmp/all.sass"):
 for f, c in sorted(wq.items()): print(f, dict(c))
 bad = [f for f, c in wq.items() if c["CALL"] or c["LDL"] or c["STL"] or not c["HMMA.16816.F32"] or not c["LDGSTS.E.BYPASS.128"]]
 print("SASS check (wqv):", "FAIL " + str(bad) if bad or not wq else f"OK ({len(wq)} skinny kernels: HMMA, 16-byte cp.async ring, no CALL, no local memory)")
+# the thin GEMV kernels: HMMA, ldmatrix B fragments, cp.async ring, no local memory, no emulation calls
+fn = None; wt = collections.defaultdict(collections.Counter)
+for line in open("/tmp/all.sass"):
+    m = re.search(r"Function : (\S+)", line)
+    if m: fn = m.group(1); continue
+    if fn and "wqt_kernel" in fn:
+        for op in ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.M88.4", "CALL", "LDL", "STL"):
+            if op in line: wt[fn][op] += 1
+bad = [f for f, c in wt.items() if c["CALL"] or c["LDL"] or c["STL"] or not c["HMMA.16816.F32"] or not c["LDSM.16.M88.4"]]
+print("SASS check (wqt):", "FAIL " + str(bad) if bad or not wt else f"OK ({len(wt)} thin kernels: HMMA, LDSM, cp.async ring, no CALL, no local memory)")
 PY
 if [ "$MODE" != "bench" ]; then
   # our own tests plus the conformance kit (pytest --bie-backend=cuda), one process

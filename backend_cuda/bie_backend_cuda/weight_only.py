@@ -361,8 +361,9 @@ SKINNY_M = 8
 #: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4-bit kernel codes, groups >= 32 or
 #: per-channel, K % 8 == 0, sm_80+): up to THIN_M rows on layers of at most THIN_SMALL_LAYER weights, up to THIN_M_BIG on
 #: larger ones; 0 turns it off (benchmarks compare). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
-#: and wgmma kernels on 4096x4096 up to 8 rows, level with wqv at M=1 on the big layers and slower there from 4 rows.
-THIN_M = 8
+#: and wgmma kernels on 4096x4096 up to 4 rows (the wgmma kernel is faster from 8), level with wqv at M=1 on the big
+#: layers and slower there from 4 rows.
+THIN_M = 4
 THIN_M_BIG = 1
 THIN_SMALL_LAYER = 1 << 26
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
