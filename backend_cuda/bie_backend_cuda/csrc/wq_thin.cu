@@ -47,7 +47,7 @@ constexpr int XPITCH = 272;   // bytes per staged x row: 256 + 16 so ldmatrix's 
 
 // Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
 // stay in flight at 16-24 resident warps.
-template <int BITS, int MX> struct Thin { static constexpr int S = MX == 1 ? (BITS == 4 ? 6 : 8) : (BITS == 4 ? 4 : 6); };
+template <int BITS, int MX> struct Thin { static constexpr int S = MX == 1 ? 8 : (BITS == 4 ? 4 : 6); };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -73,15 +73,16 @@ template <> __device__ __forceinline__ void mma_zero<__nv_bfloat16>(float (&c)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
-// Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x | GPS statistics rows of 64 bytes.
+// Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
+// single row of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
 template <int BITS, int MX, int FS> struct Slot {
   static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 2 (4-bit), 1 (2-bit)
   static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
-  static constexpr int XO = VPS * 512, SO = XO + MX * XPITCH, BYTES = SO + GPS * 64;
+  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPITCH), BYTES = SO + GPS * 64;
   static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
-// SBF: bf16 statistics (else fp16). MX: rows of x the slot holds (1 or 8). FS: k16 steps per group when groups are
+// SBF: bf16 statistics (else fp16). MX: 1 = one row of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
 // at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
 // then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
 // a whole K row accumulated (q + 1024) * x long enough to lose the fp16 result to cancellation).
@@ -106,6 +107,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
   // the warps' partials of an item, double-buffered by item parity (one barrier per item)
   float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
+  // MX == 1: the block's copy of x (nstages * 128 values, zero past K), after the partials' buffers
+  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
 
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
@@ -147,11 +150,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (inb < nblk && st0 < st1) {
 #pragma unroll
       for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * vstride, kb_next + v < kb_end ? 16 : 0);
-      const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
+      if (MX != 1) {
+        const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
-      for (int i = 0; i < (MX + 1) / 2; ++i)
-        if ((lane >> 4) + 2 * i < (MX == 1 ? 1 : M))
-          cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
+        for (int i = 0; i < MX / 2; ++i)
+          if ((lane >> 4) + 2 * i < M)
+            cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
+      }
       if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
       if (++snext == st1) {
         inb += gridDim.x;
@@ -173,8 +178,15 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     cp_commit();
   };
 
+  if (MX == 1)   // the block's row of x, in the first copy group of every thread
+    for (int c = threadIdx.x; c < p.nstages * 16; c += blockDim.x)
+      cp_async16(xbuf + c * 16, X + (int64_t)c * 8, c * 8 < p.K ? 16 : 0);
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
+  if (MX == 1) {   // x (and this thread's first stage) have landed, for every thread of the block
+    cp_wait<S - 2>();
+    __syncthreads();
+  }
 
   float tot[4], acc[4], accx[4];
   const uint32_t ones = V2<T>::one_bits;
@@ -248,7 +260,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           uint4 w[VPS];
 #pragma unroll
           for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-          const uint32_t xa = xzero ? zrow : base + xoff;
+          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + s * 256 + (lane >> 3) * 16 : base + xoff);
 #pragma unroll
           for (int c = 0; c < KSTAGE / 32; ++c) {
             uint32_t b[4];
@@ -286,7 +298,8 @@ template <int BITS, typename T, int MX, int FS>
 cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
                   : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
-  const int smem = p.warps * (Slot<BITS, MX, FS>::WARP_BYTES + 2 * 512);   // rings + the partials' buffers
+  // rings + the partials' buffers (+ the block's row of x for MX == 1)
+  const int smem = p.warps * (Slot<BITS, MX, FS>::WARP_BYTES + 2 * 512) + (MX == 1 ? p.nstages * 256 : 0);
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   // persistent blocks: as many as fit at once (registers and shared memory), each looping over column blocks
@@ -301,6 +314,9 @@ cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   k<<<(unsigned)grid, p.warps * 32, smem, st>>>(p);
   BIE_LAUNCH_CHECK();
 }
+
+// One row of x staged per block when it fits (up to 96 KiB), else per-stage copies (MX = 8 serves any M <= 8).
+inline int thin_mx(const WqtArgs& p) { return p.M == 1 && p.nstages * 256 <= 96 * 1024 ? 1 : 8; }
 
 template <int BITS, int MX, int FS> constexpr int warp_bytes() { return Slot<BITS, MX, FS>::WARP_BYTES; }
 
@@ -329,7 +345,7 @@ cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
 
 template <int BITS, typename T>
 cudaError_t launch_bt(const WqtArgs& p, cudaStream_t st) {
-  return p.M == 1 ? launch_m<BITS, T, 1>(p, st) : launch_m<BITS, T, 8>(p, st);
+  return thin_mx(p) == 1 ? launch_m<BITS, T, 1>(p, st) : launch_m<BITS, T, 8>(p, st);
 }
 
 }  // namespace
@@ -338,9 +354,10 @@ cudaError_t launch_bt(const WqtArgs& p, cudaStream_t st) {
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const int ks = 16 * (bits == 4 ? 4 : 8);
   const int fs = thin_fs(p.gs_shift);
-  const int wbytes = bits == 4 ? (p.M == 1 ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
-                               : (p.M == 1 ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
+  const bool one = thin_mx(p) == 1;
+  const int wbytes = bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
+                               : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   const int units = p.nstages;
   // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps, 16 from 128 stages
   int w = warps_force > 0 ? warps_force : (p.nstages >= 128 ? 16 : 8);
@@ -348,7 +365,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   w = std::max(1, std::min(w, std::min(16, units)));
   p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
-  return p.warps * (wbytes + 2 * 512);
+  return p.warps * (wbytes + 2 * 512) + (one ? p.nstages * 256 : 0);
 }
 
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
