@@ -359,9 +359,12 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const int wbytes = bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   const int units = p.nstages;
-  // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps, 16 from 128 stages
-  int w = warps_force > 0 ? warps_force : (p.nstages >= 128 ? 16 : 8);
+  // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps; fewer when the rings
+  // would not fit in shared memory (8 rows of x per stage at 2 bits)
+  int w = warps_force > 0 ? warps_force : 8;
   (void)num_sms;
+  const int64_t xbytes = one ? (int64_t)p.nstages * 256 : 0;
+  while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > 227 * 1024) w /= 2;
   w = std::max(1, std::min(w, std::min(16, units)));
   p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
