@@ -282,14 +282,17 @@ def sweep_skinny(rows):
         torch.cuda.empty_cache()
 
 
-def bench_thin(rows, quick, sweep):
+def bench_thin(rows, quick, sweep, several_rows=False):
     """The thin GEMV kernel (wqt, M <= 8) against the wqv kernel it replaces, bf16 cuBLAS and tinygemm; with
-    sweep, every warps-per-block setting (the K split of a 16-column block)."""
+    sweep, every warps-per-block setting (the K split of a 16-column block); several_rows: M = 2, 4, 8 only (warps
+    swept, interleaved layout, all resident blocks)."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator(device="cuda").manual_seed(4)
     shapes = [(4096, 4096), (28672, 8192), (8192, 28672)]
     cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((1, 4, 8) if not quick else (1,))]
     cases += [(1, n, k, 2, 64) for n, k in shapes]
+    if several_rows:
+        cases = [(m, n, k, 4, 128) for n, k in shapes for m in (2, 4, 8)]
     for m, n, k, bits, gs in cases:
         wbytes = n * k * bits // 8 + (n * k // gs) * 2 * 2
         nset = pool_size(wbytes)
@@ -309,7 +312,11 @@ def bench_thin(rows, quick, sweep):
             err = float((ref - fns[0]().float()).norm() / fns[0]().float().norm())
             cw.THIN_M = cw.THIN_M_BIG = 8
             sw = {}
-            if sweep:
+            if several_rows:
+                for w in (4, 8, 16):
+                    cw.THIN_WARPS = w
+                    sw[f"i{w}w/0b"] = time_graph(fns, repeats=5)
+            elif sweep:
                 for inter in (True, False):
                     cw.INTERLEAVE = inter
                     for w in (4, 8, 16):
@@ -391,6 +398,8 @@ def main():
         bench_wqw(rows, args.quick)
     if "thin" in only or "thinsweep" in only:
         bench_thin(rows, args.quick, "thinsweep" in only)
+    if "thinrows" in only:
+        bench_thin(rows, args.quick, False, several_rows=True)
     if "wq" in only:
         bench_wq(rows, args.quick)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,

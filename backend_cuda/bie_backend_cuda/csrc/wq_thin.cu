@@ -74,7 +74,7 @@ template <> __device__ __forceinline__ void mma_zero<__nv_bfloat16>(float (&c)[4
 }
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
-// single row of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
+// rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
 template <int BITS, int MX, int FS> struct Slot {
   static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 2 (4-bit), 1 (2-bit)
   static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
@@ -82,7 +82,7 @@ template <int BITS, int MX, int FS> struct Slot {
   static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
-// SBF: bf16 statistics (else fp16). MX: 1 = one row of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
+// SBF: bf16 statistics (else fp16). MX: 1 = the rows of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
 // at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
 // then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
 // a whole K row accumulated (q + 1024) * x long enough to lose the fp16 result to cancellation).
@@ -107,8 +107,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
   // the warps' partials of an item, double-buffered by item parity (one barrier per item)
   float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
-  // MX == 1: the block's copy of x (nstages * 128 values, zero past K), after the partials' buffers
+  // MX == 1: the block's copy of x (M rows of nstages * 128 values, zero past K; the 16-byte pad puts the rows of
+  // one ldmatrix on distinct bank quads), after the partials' buffers
   const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
+  const int xpitch = p.nstages * 256 + 16;
 
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
@@ -178,9 +180,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     cp_commit();
   };
 
-  if (MX == 1)   // the block's row of x, in the first copy group of every thread
-    for (int c = threadIdx.x; c < p.nstages * 16; c += blockDim.x)
-      cp_async16(xbuf + c * 16, X + (int64_t)c * 8, c * 8 < p.K ? 16 : 0);
+  if (MX == 1) {   // the block's rows of x, in the first copy group of every thread
+    const int per_row = p.nstages * 16;   // 16-byte chunks
+    for (int c = threadIdx.x; c < M * per_row; c += blockDim.x) {
+      const int row = c / per_row, cc = c - row * per_row;
+      cp_async16(xbuf + row * xpitch + cc * 16, X + (int64_t)row * p.K + cc * 8, cc * 8 < p.K ? 16 : 0);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
   if (MX == 1) {   // x (and this thread's first stage) have landed, for every thread of the block
@@ -260,7 +266,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           uint4 w[VPS];
 #pragma unroll
           for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + s * 256 + (lane >> 3) * 16 : base + xoff);
+          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * 256 + (lane >> 3) * 16 : base + xoff);
 #pragma unroll
           for (int c = 0; c < KSTAGE / 32; ++c) {
             uint32_t b[4];
@@ -294,12 +300,16 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #endif
 }
 
+// The rows of x staged once per block when they fit (up to 128 KiB), else per-stage copies (MX = 8).
+inline int thin_xbytes(const WqtArgs& p) { return p.M * (p.nstages * 256 + 16); }
+inline int thin_mx(const WqtArgs& p) { return thin_xbytes(p) <= 128 * 1024 ? 1 : 8; }
+
 template <int BITS, typename T, int MX, int FS>
 cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
                   : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
-  // rings + the partials' buffers (+ the block's row of x for MX == 1)
-  const int smem = p.warps * (Slot<BITS, MX, FS>::WARP_BYTES + 2 * 512) + (MX == 1 ? p.nstages * 256 : 0);
+  // rings + the partials' buffers (+ the block's rows of x for MX == 1)
+  const int smem = p.warps * (Slot<BITS, MX, FS>::WARP_BYTES + 2 * 512) + (MX == 1 ? thin_xbytes(p) : 0);
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   // persistent blocks: as many as fit at once (registers and shared memory), each looping over column blocks
@@ -315,8 +325,6 @@ cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   BIE_LAUNCH_CHECK();
 }
 
-// One row of x staged per block when it fits (up to 96 KiB), else per-stage copies (MX = 8 serves any M <= 8).
-inline int thin_mx(const WqtArgs& p) { return p.M == 1 && p.nstages * 256 <= 96 * 1024 ? 1 : 8; }
 
 template <int BITS, int MX, int FS> constexpr int warp_bytes() { return Slot<BITS, MX, FS>::WARP_BYTES; }
 
@@ -361,14 +369,15 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const int units = p.nstages;
   // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps; fewer when the rings
   // would not fit in shared memory (8 rows of x per stage at 2 bits)
-  int w = warps_force > 0 ? warps_force : 8;
+  // (16 when several rows of x are staged per block: that copy leaves room for one block per SM)
+  int w = warps_force > 0 ? warps_force : (one && p.M > 1 ? 16 : 8);
   (void)num_sms;
-  const int64_t xbytes = one ? (int64_t)p.nstages * 256 : 0;
+  const int64_t xbytes = one ? thin_xbytes(p) : 0;
   while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > 227 * 1024) w /= 2;
   w = std::max(1, std::min(w, std::min(16, units)));
   p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
-  return p.warps * (wbytes + 2 * 512) + (one ? p.nstages * 256 : 0);
+  return p.warps * (wbytes + 2 * 512) + xbytes;
 }
 
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
