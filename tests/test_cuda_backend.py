@@ -448,13 +448,19 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
                        static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                        lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
     assert len(calls) >= 3
-    # one row with K too long for the block's staged copy of x (> 96 KiB): the per-stage x copies serve it
-    k, n = 49664, 40
-    qw, s, z, gi, w64 = _wq_case(k, n, 2, 64, "gba", False, 29, sdtype=torch.bfloat16)
-    x = torch.randn((1, k), generator=gen).half().cuda()
-    y = cw.wq_gemm(x, qw, s, z, gi, None, 2, 64, "gba", prepared=cw.prepare(qw, s, z, gi))
-    _close(y, w64, x, torch.float16, k, "K=49664 M=1")
-    assert len(calls) >= 4
+    # a long single row (97 KiB staged copy of x), and 8 rows too long for the staged copy (> 128 KiB): per-stage
+    # x copies serve them
+    keep = cw.THIN_M
+    try:
+        cw.THIN_M = 8
+        for m, k, n in ((1, 49664, 40), (8, 8200, 40)):
+            qw, s, z, gi, w64 = _wq_case(k, n, 2, 64, "gba", False, 29 + m, sdtype=torch.bfloat16)
+            x = torch.randn((m, k), generator=gen).half().cuda()
+            y = cw.wq_gemm(x, qw, s, z, gi, None, 2, 64, "gba", prepared=cw.prepare(qw, s, z, gi))
+            _close(y, w64, x, torch.float16, k, f"K={k} M={m}")
+    finally:
+        cw.THIN_M = keep
+    assert len(calls) >= 5
 
 
 @needs_cuda
