@@ -361,11 +361,20 @@ SKINNY_M = 8
 #: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4-bit kernel codes, groups >= 32 or
 #: per-channel, K % 8 == 0, sm_80+): up to THIN_M rows on layers of at most THIN_SMALL_LAYER weights, up to THIN_M_BIG on
 #: larger ones; 0 turns it off (benchmarks compare). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
-#: and wgmma kernels on 4096x4096 up to 4 rows (the wgmma kernel is faster from 8), level with wqv at M=1 on the big
-#: layers and slower there from 4 rows.
+#: and wgmma kernels on 4096x4096 up to 4 rows (the wgmma kernel is faster from 8), and than the skinny kernel on the
+#: big layers at 1 row and at 2-4 rows when x can be staged per block (slower there from 8 rows).
 THIN_M = 4
-THIN_M_BIG = 1
+THIN_M_BIG = 4
 THIN_SMALL_LAYER = 1 << 26
+
+
+def _thin_rows(m: int, n: int, k: int) -> bool:
+    """The thin kernel serves m rows of an n x k layer (the measured thresholds above). On big layers it serves more
+    than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cu thin_mx): with per-stage
+    copies of several rows the skinny kernel is faster there."""
+    if n * k <= THIN_SMALL_LAYER:
+        return m <= THIN_M
+    return m <= THIN_M_BIG and (m == 1 or m * (-(-k // 128) * 256 + 16) <= 128 * 1024)
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0
@@ -402,8 +411,7 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
-    if m <= (THIN_M if qweight.shape[1] * k <= THIN_SMALL_LAYER else THIN_M_BIG) and \
-            thin_ok(x, scales, zeros, format, bits, group_size, k):
+    if _thin_rows(m, qweight.shape[1], k) and thin_ok(x, scales, zeros, format, bits, group_size, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
         if not lay.generic:
             xs = x if lay.perm is None else x.index_select(1, lay.perm)
