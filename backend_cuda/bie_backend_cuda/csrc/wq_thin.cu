@@ -6,9 +6,10 @@
 // issue-bound at ~104 instructions per 512-byte warp vector
 // (benchmarks/results/cuda_h100_skinny_lab.md). This one spends its
 // instructions on the codes only:
-//   - every warp is independent: it owns one 16-column block and a K range and
-//     streams, through its own cp.async ring, the codes, the matching slice of
-//     x and the statistics rows (no block-wide prologue, no barrier in the loop);
+//   - every warp owns one 16-column block and a K range and streams, through its
+//     own cp.async ring, the codes and the statistics rows (no barrier in the
+//     loop); x is staged once per block when it fits (one row, or 2-8 rows on
+//     big layers: "MX = 1"), else each stage also carries its slice of x;
 //   - x stays row-major; ldmatrix.x4 turns 32 k of up to 8 rows into the B
 //     fragments of two mma steps (rows >= M read a shared zero row);
 //   - a stage is 128 k (two 4-bit vectors), so the wait / commit / address
@@ -23,9 +24,10 @@
 //     pass); blocks are persistent and loop over column blocks, the ring running
 //     on into the next one.
 // Measured on the H100 (benchmarks/results/cuda_h100_thin.md): ~72 issued
-// instructions per warp vector, yet 2.3-2.5 TB/s at M = 1 on the big layers,
-// level with wqv: the ceiling is not instruction issue alone. Faster than wqv
-// and wgmma on small layers up to 4 rows.
+// instructions per warp vector and 2.4-2.5 TB/s at M = 1 on the big layers
+// (3-6 % faster than wqv; the ceiling is not instruction issue alone); faster
+// than wqv and wgmma on small layers up to 4 rows and on big ones at 2-4 rows
+// when x is staged.
 // The codes are the skinny layout of weight_only.cu (interleaved or not), so
 // the prepared weight is shared with the wqv and wgmma kernels.
 #include "common.cuh"
