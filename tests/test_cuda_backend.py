@@ -547,6 +547,23 @@ def test_wgmma_row_ranges():
         cw.WQW_MIN_M = keep
 
 
+def test_thin_row_ranges():
+    """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): up to 4 rows on small layers;
+    on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as csrc/wq_thin.cu thin_mx)."""
+    from bie_backend_cuda import weight_only as cw
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096)] == [1, 2, 3, 4]
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 28672, 8192)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672)] == [1, 2]            # 2 x 56 KiB of x
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 1024, 65536)] == [1, 2, 3, 4]      # small layer: per-stage x
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 65536)] == [1]               # K too long to stage 2 rows
+    keep = cw.THIN_M, cw.THIN_M_BIG
+    try:
+        cw.THIN_M = cw.THIN_M_BIG = 0
+        assert not any(cw._thin_rows(m, n, k) for m in (1, 2) for n, k in ((4096, 4096), (28672, 8192)))
+    finally:
+        cw.THIN_M, cw.THIN_M_BIG = keep
+
+
 WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, act in
        ((128, "gptq", torch.float16, True), (64, "gba", torch.bfloat16, False), (32, "gptq", torch.bfloat16, False),
         (-1, "gba", torch.float16, True), (16, "gptq", torch.float16, False))]
