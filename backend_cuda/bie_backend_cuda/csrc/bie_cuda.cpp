@@ -45,6 +45,14 @@ int num_sms() {
   return n > 0 ? n : 1;
 }
 
+// Dynamic shared memory one block may opt in to on the current device (227 KiB on sm_90, 163 on sm_80, 99 on sm_86/89).
+int smem_optin() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return n > 0 ? n : 48 * 1024;
+}
+
 // The bias and output fields shared by the weight-only launch structs: bias (N values, any floating dtype, on
 // x's device) kept alive in bias_c, output pointer and floating dtype code.
 template <class Args>
@@ -465,8 +473,10 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.gptq = gptq ? 1 : 0;
   p.inter = inter ? 1 : 0;
   p.grid_force = (int)grid;
+  p.smem_limit = smem_optin();
   const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps);
-  TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes)");
+  TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
+              p.smem_limit, ")");
   check_launch(bie::launch_wqt_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqt_gemm");
   return out;
 }

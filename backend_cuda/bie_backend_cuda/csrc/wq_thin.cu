@@ -308,7 +308,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 inline int thin_xbytes(const WqtArgs& p) { return p.M * (p.nstages * 256 + 16); }
 inline int thin_mx(const WqtArgs& p) {
   const bool big = (int64_t)p.N * p.K > (1ll << 26);
-  return (p.M == 1 || big) && thin_xbytes(p) <= 128 * 1024 ? 1 : 8;
+  // leave at least 64 KiB of the device's shared memory for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)
+  const int cap = std::min(128 * 1024, p.smem_limit - 64 * 1024);
+  return (p.M == 1 || big) && thin_xbytes(p) <= cap ? 1 : 8;
 }
 
 template <int BITS, typename T, int MX, int FS>
@@ -375,12 +377,12 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
                                : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   const int units = p.nstages;
   // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps; fewer when the rings
-  // would not fit in shared memory (8 rows of x per stage at 2 bits)
+  // would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs)
   // (16 when several rows of x are staged per block: that copy leaves room for one block per SM)
   int w = warps_force > 0 ? warps_force : (one && p.M > 1 ? 16 : 8);
   (void)num_sms;
   const int64_t xbytes = one ? thin_xbytes(p) : 0;
-  while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > 227 * 1024) w /= 2;
+  while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > p.smem_limit) w /= 2;
   w = std::max(1, std::min(w, std::min(16, units)));
   p.st_per_warp = ceil_div(units, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
