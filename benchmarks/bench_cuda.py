@@ -117,6 +117,20 @@ def _rand_wq(k, n, bits, gs, gen):
     return qw, s, z
 
 
+def _wq_pool(m, n, k, bits, gs, gen):
+    """A pool of distinct GPTQ weight sets (more than the L2 in total), x (m, k) bf16 and one wq_gemm call per set.
+    Returns (bytes per weight set: codes + fp16 scales and zeros, the sets, the calls)."""
+    from bie_backend_cuda import weight_only as cw
+    gsz = k if gs == -1 else gs
+    wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
+    sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
+    preps = [cw.prepare(*s_, None) for s_ in sets]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
+           for s_, p in zip(sets, preps)]
+    return wbytes, sets, x, fns
+
+
 def bench_wq(rows, quick):
     from bie_backend_cuda import weight_only as cw
     cases = []
@@ -128,14 +142,8 @@ def bench_wq(rows, quick):
               (1, 4096, 4096, 2, 64), (1, 4096, 4096, 8, -1)]
     gen = torch.Generator(device="cuda").manual_seed(1)
     for m, n, k, bits, gs in cases:
-        gsz = k if gs == -1 else gs
-        wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
-        nset = pool_size(wbytes)
-        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(nset)]
-        preps = [cw.prepare(*s_, None) for s_ in sets]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-               for s_, p in zip(sets, preps)]
+        wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
+        nset = len(sets)
         t = time_graph(fns)
         t_again = time_graph(fns) if m <= 16 else float("nan")   # the same version timed twice: the spread
         t_old = float("nan")
@@ -165,7 +173,7 @@ def bench_wq(rows, quick):
                 row["tinygemm_us"] = float("nan")
                 row["tinygemm_err"] = str(exc)[:120]
         rows.append(row)
-        del sets, preps
+        del sets, fns
         torch.cuda.empty_cache()
 
 
@@ -255,13 +263,7 @@ def sweep_skinny(rows):
     gen = torch.Generator(device="cuda").manual_seed(2)
     for m, n, k, bits, gs in [(1, 28672, 8192, 4, 128), (1, 8192, 28672, 4, 128), (1, 4096, 4096, 4, 128),
                               (8, 28672, 8192, 4, 128), (1, 28672, 8192, 2, 64), (1, 28672, 8192, 8, -1)]:
-        gsz = k if gs == -1 else gs
-        wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
-        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
-        preps = [cw.prepare(*s_, None) for s_ in sets]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-               for s_, p in zip(sets, preps)]
+        wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
         res = []
         for inter in (True, False):
             cw.INTERLEAVE = inter
@@ -278,7 +280,7 @@ def sweep_skinny(rows):
         print(line, flush=True)
         rows.append(dict(family="sweep", shape=f"W{bits} g{gs} M={m} N={n} K={k}",
                          results=[dict(us=t_, mult=mu, budget_kib=bu) for t_, mu, bu in res]))
-        del sets, preps
+        del sets, fns
         torch.cuda.empty_cache()
 
 
@@ -294,14 +296,9 @@ def bench_thin(rows, quick, sweep, several_rows=False):
     if several_rows:
         cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((2, 4, 8) if not quick else (1, 2, 4))]
     for m, n, k, bits, gs in cases:
-        wbytes = n * k * bits // 8 + (n * k // gs) * 2 * 2
-        nset = pool_size(wbytes)
-        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(nset)]
-        preps = [cw.prepare(*s_, None) for s_ in sets]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-               for s_, p in zip(sets, preps)]
-        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG
+        wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
+        nset = len(sets)
+        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE
         try:
             cw.THIN_M = cw.THIN_M_BIG = 8   # (the thin kernel for every row count of this table)
             t = time_graph(fns)
@@ -324,7 +321,7 @@ def bench_thin(rows, quick, sweep, several_rows=False):
                             cw.THIN_WARPS, cw.THIN_GRID = w, grid
                             sw[f"{'i' if inter else 'c'}{w}w/{grid}b"] = time_graph(fns, repeats=5)
         finally:
-            (cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG), cw.THIN_GRID, cw.INTERLEAVE = keep, 0, True
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE = keep
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = byts / BW * 1e6
@@ -343,7 +340,7 @@ def bench_thin(rows, quick, sweep, several_rows=False):
               f"{row['TBps']:.2f} TB/s, {100 * row['frac_roof']:.0f}% roof, diff {err:.1e}"
               + (" | warps " + ", ".join(f"{w}:{v:.1f}" for w, v in sw.items()) if sw else ""), flush=True)
         rows.append(row)
-        del sets, preps
+        del sets, fns
         torch.cuda.empty_cache()
 
 

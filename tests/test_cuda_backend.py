@@ -331,9 +331,12 @@ def test_wq_skinny_kernel_every_m(bits, gs, fmt, sdt):
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
 
 
-def _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared):
-    for m in range(1, 17):
-        dtype = (torch.float16, torch.bfloat16, torch.float32)[m % 3]
+def _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17), what="skinny",
+                 shift=0):
+    """Every row count through wq_gemm: fresh x in fp16/bf16/fp32 (every fourth one 2 bytes off 16-byte alignment),
+    bias on odd counts, NaN-poisoned outputs, against the float64 product, and a second call bit-identical."""
+    for m in rows:
+        dtype = (torch.float16, torch.bfloat16, torch.float32)[(m + shift) % 3]
         if m % 4 == 0:   # contiguous, but 2 bytes off 16-byte alignment
             x = torch.randn((m * k + 1,), generator=gen).to(dtype).cuda()[1:].view(m, k)
         else:
@@ -341,9 +344,9 @@ def _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared):
         bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
-        _close(out, w64, x, dtype, k, f"skinny M={m} {dtype}", bias)
+        _close(out, w64, x, dtype, k, f"{what} M={m} {dtype}", bias)
         again = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
-        assert torch.equal(out, again), "skinny kernel is not deterministic"
+        assert torch.equal(out, again), f"{what} kernel is not deterministic"
 
 
 @needs_cuda
@@ -406,18 +409,8 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
         for warps, grid, inter in ((0, 0, True), (1, 3, False), (3, 0, True), (16, 1, False)):   # K splits,
             # persistent blocks (items per block), both code layouts
             cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 8, warps, grid, inter
-            for m in range(1, 9):
-                dtype = (torch.float16, torch.bfloat16, torch.float32)[(m + warps) % 3]
-                if m % 4 == 0:   # contiguous, but 2 bytes off 16-byte alignment
-                    x = torch.randn((m * k + 1,), generator=gen).to(dtype).cuda()[1:].view(m, k)
-                else:
-                    x = torch.randn((m, k), generator=gen).to(dtype).cuda()
-                bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
-                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-                out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
-                _close(out, w64, x, dtype, k, f"thin M={m} warps={warps} {dtype}", bias)
-                again = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
-                assert torch.equal(out, again), "thin kernel is not deterministic"
+            _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 9),
+                         what=f"thin warps={warps}", shift=warps)
         assert len(calls) == 4 * 8 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..8 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()

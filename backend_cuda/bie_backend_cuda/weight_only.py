@@ -304,15 +304,20 @@ def _stw(lay: Layout) -> torch.Tensor:
     return t
 
 
-_hopper: dict = {}
+_capabilities: dict = {}
+
+
+def _capability(device) -> tuple:
+    """(major, minor) of a CUDA device, queried once per device."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    v = _capabilities.get(idx)
+    if v is None:
+        v = _capabilities[idx] = torch.cuda.get_device_capability(idx)
+    return v
 
 
 def _is_hopper(device) -> bool:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    v = _hopper.get(idx)
-    if v is None:
-        v = _hopper[idx] = torch.cuda.get_device_capability(idx)[0] == 9
-    return v
+    return _capability(device)[0] == 9
 
 
 def wqw_ok(x, scales, zeros, fmt, k) -> bool:
@@ -320,21 +325,20 @@ def wqw_ok(x, scales, zeros, fmt, k) -> bool:
     return WQW_MIN_M > 0 and k % 8 == 0 and skinny_ok(scales, zeros, fmt) and _is_hopper(x.device)
 
 
-_sm80: dict = {}
-
-
 def thin_ok(x, scales, zeros, fmt, bits, group_size, k) -> bool:
     """The thin GEMV kernel serves this call: 2/4-bit kernel codes (1-4 bits), groups of at least 32 or
     per-channel, K % 8 == 0, 16-bit statistics (as the skinny kernel), sm_80 or newer (ldmatrix, bf16 mma)."""
     if _KERNEL_BITS.get(bits) not in (2, 4) or k % 8 or not (group_size == -1 or group_size >= 32):
         return False
-    if not skinny_ok(scales, zeros, fmt):
-        return False
-    idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    v = _sm80.get(idx)
-    if v is None:
-        v = _sm80[idx] = torch.cuda.get_device_capability(idx)[0] >= 8
-    return v
+    return skinny_ok(scales, zeros, fmt) and _capability(x.device)[0] >= 8
+
+
+def _x_aligned(x, lay: Layout) -> torch.Tensor:
+    """x in the layout's row order and compute dtype, contiguous and 16-byte aligned (the thin and wgmma kernels
+    copy it in 16-byte pieces)."""
+    xs = x if lay.perm is None else x.index_select(1, lay.perm)
+    xc = xs.to(compute_dtype(x.dtype)).contiguous()
+    return xc.clone() if xc.data_ptr() % 16 else xc
 
 
 def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
@@ -414,23 +418,14 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if _thin_rows(m, qweight.shape[1], k) and thin_ok(x, scales, zeros, format, bits, group_size, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
         if not lay.generic:
-            xs = x if lay.perm is None else x.index_select(1, lay.perm)
-            xc = xs.to(compute_dtype(x.dtype)).contiguous()
-            if xc.data_ptr() % 16:
-                xc = xc.clone()
-            return _build.ops().wqt_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
+            return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
                                          lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout
         if not lay.generic:
-            cd = compute_dtype(x.dtype)
-            xs = x if lay.perm is None else x.index_select(1, lay.perm)
-            xc = xs.to(cd).contiguous()
-            if xc.data_ptr() % 16:
-                xc = xc.clone()
             ntok = 16 if m <= 16 else (32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128))
-            return _build.ops().wqw_gemm(xc, lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
+            return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS

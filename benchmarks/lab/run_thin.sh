@@ -12,18 +12,7 @@ date -u | tee -a $OUT/env.txt
 /usr/bin/time -f "build wall %e s" python3 -c "from bie_backend_cuda import _build; print(_build.load())" 2>&1 | tail -3 | tee $OUT/build.log
 SO=$(python3 -c "from bie_backend_cuda import _build; print(_build.load())" 2>/dev/null | tail -1)
 cuobjdump -sass $SO > /tmp/all.sass
-python3 - <<'PY' | tee $OUT/sass_thin.txt
-import re, collections
-fn = None; st = collections.defaultdict(collections.Counter)
-for line in open("/tmp/all.sass"):
-    m = re.search(r"Function : (\S+)", line)
-    if m: fn = m.group(1); continue
-    if fn and "wqt_kernel" in fn:
-        for op in ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.M88.4", "CALL", "LDL", "STL"):
-            if op in line: st[fn][op] += 1
-bad = [f for f, c in st.items() if c["CALL"] or c["LDL"] or c["STL"] or not c["HMMA.16816.F32"] or not c["LDSM.16.M88.4"]]
-print("SASS check (wqt):", "FAIL " + str(bad) if bad or not st else f"OK ({len(st)} thin kernels: HMMA, LDSM, cp.async ring, no CALL, no local memory)")
-PY
+python3 benchmarks/sass_check.py /tmp/all.sass wqt | tee $OUT/sass_thin.txt
 if [ -z "$NOTESTS" ]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cuda_backend.py \
       -k "${TESTS:-thin or skinny or wq_gemm or wq_large}" 2>&1 | tee $OUT/test.log | grep -E "FAILED|Error|passed|failed" | head -40

@@ -84,6 +84,30 @@ void check_fragment_codes(const Tensor& qwa, int64_t bits, int64_t N, int64_t K,
               "bie_cuda.", who, ": prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
 }
 
+// x (M, K) fp16/bf16 contiguous and the (G, Np) int32 statistics, as the skinny-layout kernels (wqv, wqt, wqw) take them.
+void check_skinny_operands(const Tensor& x, const Tensor& st, int64_t K, const char* who) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.", who, ": x must be contiguous (M, K)");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.", who,
+              ": x must be fp16/bf16");
+  TORCH_CHECK(st.scalar_type() == at::kInt && st.dim() == 2 && st.is_contiguous() && st.size(0) >= 1, "bie_cuda.", who,
+              ": statistics must be contiguous int32 (G, Np)");
+}
+
+// The fields the skinny-layout launch structs share: x, codes, shapes (the statistics pointer is the caller's).
+template <typename Args>
+void set_skinny_shapes(Args& p, const Tensor& x, const Tensor& qwa, const Tensor& st, int64_t N, int64_t K,
+                       int64_t gs_shift, int64_t kblocks) {
+  p.x = x.data_ptr();
+  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  p.M = (int)x.size(0);
+  p.N = (int)N;
+  p.Np = (int)st.size(1);
+  p.K = (int)K;
+  p.G = (int)st.size(0);
+  p.gs_shift = (int)gs_shift;
+  p.kblocks = (int)kblocks;
+}
+
 // ------------------------------------------------------------------- binary
 Tensor pack_signs(const Tensor& x) {
   check_cuda(x, "x");
@@ -380,15 +404,11 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
   for (const Tensor* t : {&x, &qwa, &st, &counters}) check_cuda(*t, "wqv_gemm operand");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqv_gemm: x must be contiguous (M, K)");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
-              "bie_cuda.wqv_gemm: x must be fp16/bf16");
+  check_skinny_operands(x, st, K, "wqv_gemm");
   TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqv_gemm: at most 16 rows");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqv_gemm: bits must be 2, 4 or 8");
-  TORCH_CHECK(st.scalar_type() == at::kInt && st.dim() == 2 && st.is_contiguous() && st.size(0) >= 1,
-              "bie_cuda.wqv_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqv_gemm: group size shift");
-  const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
+  const int64_t Np = st.size(1), M = x.size(0);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqv_gemm");
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= (Np + 127) / 128,
               "bie_cuda.wqv_gemm: counters too small");
@@ -397,18 +417,10 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqvArgs p{};
-  p.x = x.data_ptr();
-  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  set_skinny_shapes(p, x, qwa, st, N, K, gs_shift, kblocks);
   p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
   Tensor bias_c;
   set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqv_gemm");
-  p.M = (int)M;
-  p.N = (int)N;
-  p.Np = (int)Np;
-  p.K = (int)K;
-  p.G = (int)G;
-  p.gs_shift = (int)gs_shift;
-  p.kblocks = (int)kblocks;
   p.counters = counters.data_ptr<int32_t>();
   p.vec_x = (K % 2 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0) ? 1 : 0;
   p.st_bf16 = st_bf16 ? 1 : 0;
@@ -436,15 +448,11 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, int64_t warps, int64_t grid) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqt_gemm: x must be contiguous (M, K)");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
-              "bie_cuda.wqt_gemm: x must be fp16/bf16");
+  check_skinny_operands(x, st, K, "wqt_gemm");
   TORCH_CHECK(x.size(0) <= 8, "bie_cuda.wqt_gemm: at most 8 rows");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4, "bie_cuda.wqt_gemm: bits must be 2 or 4");
-  TORCH_CHECK(st.scalar_type() == at::kInt && st.dim() == 2 && st.is_contiguous() && st.size(0) >= 1,
-              "bie_cuda.wqt_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
   TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
@@ -457,18 +465,10 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqtArgs p{};
-  p.x = x.data_ptr();
-  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  set_skinny_shapes(p, x, qwa, st, N, K, gs_shift, kblocks);
   p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
   Tensor bias_c;
   set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqt_gemm");
-  p.M = (int)M;
-  p.N = (int)N;
-  p.Np = (int)Np;
-  p.K = (int)K;
-  p.G = (int)G;
-  p.gs_shift = (int)gs_shift;
-  p.kblocks = (int)kblocks;
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
   p.inter = inter ? 1 : 0;
@@ -485,14 +485,11 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, at::ScalarType out_dtype,
                 int64_t ntok, int64_t force_splits, bool st_bf16) {
   for (const Tensor* t : {&x, &qwa, &stw}) check_cuda(*t, "wqw_gemm operand");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wqw_gemm: x must be contiguous (M, K)");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wqw_gemm: x must be fp16/bf16");
+  check_skinny_operands(x, stw, K, "wqw_gemm");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
   TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128, "bie_cuda.wqw_gemm: ntok must be 16, 32, 64 or 128");
-  TORCH_CHECK(stw.scalar_type() == at::kInt && stw.dim() == 2 && stw.is_contiguous() && stw.size(0) >= 1,
-              "bie_cuda.wqw_gemm: statistics must be contiguous int32 (G, Np)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
   const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqw_gemm");
@@ -505,18 +502,10 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqwArgs p{};
-  p.x = x.data_ptr();
-  p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
+  set_skinny_shapes(p, x, qwa, stw, N, K, gs_shift, kblocks);
   p.stw = reinterpret_cast<const uint32_t*>(stw.data_ptr<int32_t>());
   Tensor bias_c;
   set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqw_gemm");
-  p.M = (int)M;
-  p.N = (int)N;
-  p.Np = (int)Np;
-  p.K = (int)K;
-  p.G = (int)G;
-  p.gs_shift = (int)gs_shift;
-  p.kblocks = (int)kblocks;
   p.gptq = gptq ? 1 : 0;
   p.ntok = (int)ntok;
   p.st_bf16 = st_bf16 ? 1 : 0;

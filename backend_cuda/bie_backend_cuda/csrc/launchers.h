@@ -103,6 +103,8 @@ struct WqtArgs {
   int warps;             // warps per block (the K split of one 16-column block)
   int grid_force;        // blocks (0: as many as are resident at once; benchmarks sweep it)
   int smem_limit;        // dynamic shared memory a block may opt in to on this device
+  int sms;               // multiprocessors of the device (set by the plan)
+  int smem;              // dynamic shared memory per block (set by the plan)
 };
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force);
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);

@@ -317,19 +317,15 @@ template <int BITS, typename T, int MX, int FS>
 cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
                   : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
-  // rings + the partials' buffers (+ the block's rows of x for MX == 1)
-  const int smem = p.warps * (Slot<BITS, MX, FS>::WARP_BYTES + 2 * 512) + (MX == 1 ? thin_xbytes(p) : 0);
+  const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   // persistent blocks: as many as fit at once (registers and shared memory), each looping over column blocks
   int per_sm = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, p.warps * 32, smem);
   if (e != cudaSuccess) return e;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int items = ceil_div(p.N, 16);
-  const int grid = p.grid_force > 0 ? p.grid_force : std::max(1, std::min(items, std::max(1, per_sm) * sms));
+  const int grid = p.grid_force > 0 ? p.grid_force : std::max(1, std::min(items, std::max(1, per_sm) * p.sms));
   k<<<(unsigned)grid, p.warps * 32, smem, st>>>(p);
   BIE_LAUNCH_CHECK();
 }
@@ -372,21 +368,21 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const int ks = 16 * (bits == 4 ? 4 : 8);
   const int fs = thin_fs(p.gs_shift);
   p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
+  p.sms = num_sms;
   const bool one = thin_mx(p) == 1;
   const int wbytes = bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
-  const int units = p.nstages;
   // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps; fewer when the rings
   // would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs)
   // (16 when several rows of x are staged per block: that copy leaves room for one block per SM)
   int w = warps_force > 0 ? warps_force : (one && p.M > 1 ? 16 : 8);
-  (void)num_sms;
   const int64_t xbytes = one ? thin_xbytes(p) : 0;
   while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > p.smem_limit) w /= 2;
-  w = std::max(1, std::min(w, std::min(16, units)));
-  p.st_per_warp = ceil_div(units, w);
+  w = std::max(1, std::min(w, std::min(16, p.nstages)));
+  p.st_per_warp = ceil_div(p.nstages, w);
   p.warps = ceil_div(p.nstages, p.st_per_warp);
-  return p.warps * (wbytes + 2 * 512) + xbytes;
+  p.smem = (int)(p.warps * (int64_t)(wbytes + 2 * 512) + xbytes);
+  return p.smem;
 }
 
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
