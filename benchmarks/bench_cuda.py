@@ -298,11 +298,14 @@ def bench_thin(rows, quick, sweep, several_rows=False):
     for m, n, k, bits, gs in cases:
         wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
         nset = len(sets)
-        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE
+        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_PDL
         try:
             cw.THIN_M = cw.THIN_M_BIG = 8   # (the thin kernel for every row count of this table)
             t = time_graph(fns)
             t_again = time_graph(fns)
+            cw.THIN_PDL = False   # each call waits for the previous one to finish before loading anything
+            t_nopdl = time_graph(fns)
+            cw.THIN_PDL = keep[5]
             ref = fns[0]().float()
             cw.THIN_M = cw.THIN_M_BIG = 0
             t_wqv = time_graph(fns)
@@ -321,12 +324,12 @@ def bench_thin(rows, quick, sweep, several_rows=False):
                             cw.THIN_WARPS, cw.THIN_GRID = w, grid
                             sw[f"{'i' if inter else 'c'}{w}w/{grid}b"] = time_graph(fns, repeats=5)
         finally:
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE = keep
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_PDL = keep
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = byts / BW * 1e6
         row = dict(family=f"thin W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again,
-                   wqv_us=t_wqv, bf16_us=base, speedup=base / min(t, t_again), vs_wqv=t_wqv / min(t, t_again),
+                   nopdl_us=t_nopdl, wqv_us=t_wqv, bf16_us=base, speedup=base / min(t, t_again), vs_wqv=t_wqv / min(t, t_again),
                    TBps=byts / min(t, t_again) / 1e6, floor_us=floor, frac_roof=floor / min(t, t_again),
                    rel_diff_wqv=err, sweep_warps=sw)
         if bits == 4 and hasattr(torch, "_weight_int4pack_mm"):
@@ -335,7 +338,8 @@ def bench_thin(rows, quick, sweep, several_rows=False):
             except Exception as exc:  # noqa: BLE001 - a peer, reported as missing
                 row["tinygemm_us"] = float("nan")
                 row["tinygemm_err"] = str(exc)[:120]
-        print(f"thin W{bits} g{gs} M={m} {n}x{k}: {t:.1f}/{t_again:.1f} us (wqv {t_wqv:.1f}, bf16 {base:.1f}, "
+        print(f"thin W{bits} g{gs} M={m} {n}x{k}: {t:.1f}/{t_again:.1f} us (no PDL {t_nopdl:.1f}, wqv {t_wqv:.1f}, "
+              f"bf16 {base:.1f}, "
               f"tinygemm {row.get('tinygemm_us', float('nan')):.1f}) = {row['speedup']:.2f}x bf16, "
               f"{row['TBps']:.2f} TB/s, {100 * row['frac_roof']:.0f}% roof, diff {err:.1e}"
               + (" | warps " + ", ".join(f"{w}:{v:.1f}" for w, v in sw.items()) if sw else ""), flush=True)

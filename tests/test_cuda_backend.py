@@ -457,6 +457,57 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
 
 
 @needs_cuda
+def test_wq_thin_programmatic_launch_chain(monkeypatch):
+    """Programmatic dependent launch: each call prefetches its weights while the previous kernel runs and must read
+    x only after it. A chain of layers where every x is the previous call's output (the kernel right before), eagerly
+    and in a CUDA graph replayed with new inputs; the first call of each layout (built by the kernels just before it)
+    is launched without PDL. A second chain with a different x catches a read of the first chain's stale outputs."""
+    from bie_backend_cuda import weight_only as cw
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    k = n = 2048
+    layers = [_wq_case(k, n, 4, 128, "gptq", False, 61 + i, sdtype=torch.float16) for i in range(3)]
+    layers.append(_wq_case(k, n, 2, 64, "gba", False, 65, sdtype=torch.bfloat16))
+    preps = [cw.prepare(*c[:4]) for c in layers]
+    calls = _thin_calls(monkeypatch, cw)
+    gen = torch.Generator().manual_seed(12)
+
+    def chain(x_):
+        ins, outs = [], []
+        for (qw, s, z, gi, _), p, bits, gs, fmt in zip(layers, preps, (4, 4, 4, 2), (128, 128, 128, 64),
+                                                       ("gptq",) * 3 + ("gba",)):
+            ins.append(x_)
+            x_ = cw.wq_gemm(x_, qw, s, z, gi, None, bits, gs, fmt, prepared=p)   # the next call's x, as it is
+            outs.append(x_)
+        return ins, outs
+
+    def check(ins, outs, what):
+        for i, (xi, yi, c) in enumerate(zip(ins, outs, layers)):
+            assert float(yi.float().abs().max()) > 0, f"{what} layer {i}: all zero"
+            _close(yi, c[4], xi, torch.bfloat16, k, f"{what} layer {i}")
+
+    for m in (1, 3):
+        for rep in range(3):   # first use (no PDL), then PDL with new inputs every time
+            x = torch.randn((m, k), generator=gen).bfloat16().cuda()
+            ins, outs = chain(x)
+            check(ins, outs, f"eager M={m} call {rep}")
+    assert calls[:4] == [False] * 4 and all(calls[4:]), calls   # first uses without PDL, the rest with
+    static_x = torch.randn((1, k), generator=gen).bfloat16().cuda()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        chain(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ins, outs = chain(static_x)
+    for rep in range(3):
+        static_x.copy_(torch.randn((1, k), generator=gen).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        check(ins, outs, f"graph replay {rep}")
+
+
+@needs_cuda
 def test_wq_thin_rejects_bad_input():
     from bie_backend_cuda import _build
     ops = _build.ops()
@@ -464,15 +515,15 @@ def test_wq_thin_rejects_bad_input():
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         ops.wqt_gemm(torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0)
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
     with pytest.raises(RuntimeError, match="bits must be 2 or 4"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False)
 
 
 @needs_cuda

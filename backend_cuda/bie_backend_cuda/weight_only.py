@@ -80,6 +80,9 @@ class Layout:
     st_bf16: bool = False
     inter: bool = False                     # interleaved column blocks (N padded to 128)
     stw: Optional[torch.Tensor] = None      # Hopper wgmma kernel: s | zq << 16 (statistics' dtype), built on first use
+    # the layout's tensors were just written by the kernels that built it: the next launch must not prefetch them
+    # ahead of the previous kernel (no programmatic dependent launch on first use)
+    fresh: bool = True
 
 
 # ------------------------------------------------------------ unpacking
@@ -382,6 +385,10 @@ def _thin_rows(m: int, n: int, k: int) -> bool:
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0
+#: launch the thin kernel as a programmatic dependent of the previous kernel in the stream (sm_90): its blocks take
+#: the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the previous kernel
+#: has finished. Not on a layout's first use (the kernels that built it ran just before).
+THIN_PDL = True
 #: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
 INTERLEAVE = True
 #: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
@@ -418,8 +425,11 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if _thin_rows(m, qweight.shape[1], k) and thin_ok(x, scales, zeros, format, bits, group_size, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
         if not lay.generic:
-            return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
-                                         lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID)
+            pdl = THIN_PDL and not lay.fresh
+            lay.fresh = False
+            return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
+                                         lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
+                                         pdl)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout

@@ -45,6 +45,13 @@ int num_sms() {
   return n > 0 ? n : 1;
 }
 
+int compute_major() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrComputeCapabilityMajor, dev);
+  return n;
+}
+
 // Dynamic shared memory one block may opt in to on the current device (227 KiB on sm_90, 163 on sm_80, 99 on sm_86/89).
 int smem_optin() {
   int dev = 0, n = 0;
@@ -443,10 +450,12 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 
 // Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm;
 // 2/4-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
-// block, grid: persistent blocks (0: planned; benchmarks sweep them).
+// block, grid: persistent blocks (0: planned; benchmarks sweep them). pdl: launch as a programmatic dependent of the
+// previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for it), so the caller
+// must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
-                at::ScalarType out_dtype, int64_t warps, int64_t grid) {
+                at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
   check_skinny_operands(x, st, K, "wqt_gemm");
   TORCH_CHECK(x.size(0) <= 8, "bie_cuda.wqt_gemm: at most 8 rows");
@@ -474,6 +483,8 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.inter = inter ? 1 : 0;
   p.grid_force = (int)grid;
   p.smem_limit = smem_optin();
+  // programmatic dependent launch only where the device has it (sm_90+)
+  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
   const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps);
   TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
               p.smem_limit, ")");

@@ -105,6 +105,7 @@ struct WqtArgs {
   int smem_limit;        // dynamic shared memory a block may opt in to on this device
   int sms;               // multiprocessors of the device (set by the plan)
   int smem;              // dynamic shared memory per block (set by the plan)
+  int pdl;               // programmatic dependent launch (sm_90): overlap the previous kernel's tail
 };
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force);
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);

@@ -1,0 +1,62 @@
+// The thin weight-only GEMV ("wqt"): what its host plan (wq_thin.cu) and its kernels (wq_thin_kernel.cuh) share.
+// The kernels are instantiated per code width and compute type in wq_thin_w{2,4}_{f16,bf16}.cu, so that the four
+// sets compile in parallel.
+#pragma once
+#include <algorithm>
+#include <cuda_runtime.h>
+
+#include "launchers.h"
+#include "wq_fragments.cuh"
+
+namespace bie {
+namespace thin {
+
+constexpr int KSTAGE = 128;   // k per ring stage
+constexpr int XPITCH = 272;   // bytes per staged x row: 256 + 16 so ldmatrix's 8 rows hit 8 distinct bank quads
+
+// Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
+// stay in flight at 16-24 resident warps.
+template <int BITS, int MX> struct Thin { static constexpr int S = MX == 1 ? 8 : (BITS == 4 ? 4 : 6); };
+
+// Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
+// rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
+template <int BITS, int MX, int FS> struct Slot {
+  static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 2 (4-bit), 1 (2-bit)
+  static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
+  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPITCH), BYTES = SO + GPS * 64;
+  static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
+};
+
+// The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
+// of more than 2^26 weights; else per-stage copies (MX = 8). Measured on the H100 (cuda_h100_thin.md, run 9): staging
+// 2-4 rows made 28672x8192 5-10% faster, but 4096x4096 15% slower (the block waits for all of x before starting).
+inline int thin_xbytes(const WqtArgs& p) { return p.M * (p.nstages * 256 + 16); }
+inline int thin_mx(const WqtArgs& p) {
+  const bool big = (int64_t)p.N * p.K > (1ll << 26);
+  // leave at least 64 KiB of the device's shared memory for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)
+  const int cap = std::min(128 * 1024, p.smem_limit - 64 * 1024);
+  return (p.M == 1 || big) && thin_xbytes(p) <= cap ? 1 : 8;
+}
+
+template <int BITS, int MX, int FS> constexpr int warp_bytes() { return Slot<BITS, MX, FS>::WARP_BYTES; }
+
+// FS of a group size (2/4/8 k16 steps for 32/64/128, else 0)
+inline int thin_fs(int gs_shift) { return (gs_shift >= 5 && gs_shift <= 7) ? 1 << (gs_shift - 4) : 0; }
+
+template <int BITS, int MX>
+int thin_warp_bytes(int fs) {
+  switch (fs) {
+    case 2: return warp_bytes<BITS, MX, 2>();
+    case 4: return warp_bytes<BITS, MX, 4>();
+    case 8: return warp_bytes<BITS, MX, 8>();
+    default: return warp_bytes<BITS, MX, 0>();
+  }
+}
+
+// One width and compute type (every statistics type, format, x staging and group size): wq_thin_kernel.cuh,
+// instantiated in wq_thin_w{2,4}_{f16,bf16}.cu.
+template <int BITS, typename T>
+cudaError_t launch(const WqtArgs& p, cudaStream_t st);
+
+}  // namespace thin
+}  // namespace bie

@@ -1,0 +1,375 @@
+// Thin weight-only GEMV ("wqt"): at most 8 rows of x, 2/4-bit codes (1/3-bit
+// through the wider layouts), groups of at least 32 or per-channel.
+//
+// Why another skinny kernel: at M <= 8 the work is reading the weights once,
+// and the older skinny kernel ("wqv", weight_only.cu) was measured
+// issue-bound at ~104 instructions per 512-byte warp vector
+// (benchmarks/results/cuda_h100_skinny_lab.md). This one spends its
+// instructions on the codes only:
+//   - every warp owns one 16-column block and a K range and streams, through its
+//     own cp.async ring, the codes and the statistics rows (no barrier in the
+//     loop); x is staged once per block when it fits (one row, or 2-8 rows on
+//     big layers: "MX = 1"), else each stage also carries its slice of x;
+//   - x stays row-major; ldmatrix.x4 turns 32 k of up to 8 rows into the B
+//     fragments of two mma steps (rows >= M read a shared zero row);
+//   - a stage is 128 k (two 4-bit vectors), so the wait / commit / address
+//     work is paid once per 1 KiB of codes;
+//   - no dequantization per weight: the codes enter the tensor cores as
+//     qm = code + MAGIC (one LOP3 per register), an all-ones A fragment gives
+//     sum(x) in a second accumulator, and per group, in float32,
+//     y += s*acc - C*accx (C folds MAGIC and the zero, as in wqv). Each group's
+//     first mma starts from zero, so nothing is reset;
+//   - the warps of a block split K; their partials are summed once per column
+//     block through shared memory in a fixed order (deterministic, no split-K
+//     pass); blocks are persistent and loop over column blocks, the ring running
+//     on into the next one.
+// Measured on the H100 (benchmarks/results/cuda_h100_thin.md): ~72 issued
+// instructions per warp vector and 2.4-2.5 TB/s at M = 1 on the big layers
+// (3-6 % faster than wqv; the ceiling is not instruction issue alone); faster
+// than wqv and wgmma on small layers up to 4 rows and on big ones at 2-4 rows
+// when x is staged.
+// The codes are the skinny layout of weight_only.cu (interleaved or not), so
+// the prepared weight is shared with the wqv and wgmma kernels.#pragma once
+#include "common.cuh"
+#include "wq_fragments.cuh"
+#include "wq_thin.cuh"
+
+namespace bie {
+namespace thin {
+namespace {
+
+// Register budget: by default ptxas may use up to 128 registers (no spills; 86-128 used, so 16-20 resident
+// warps per SM). Lab knob BIE_WQT_MAXNREG caps them (80: 24 warps per SM, small spills).
+#ifdef BIE_WQT_MAXNREG
+#define BIE_WQT_BOUNDS __maxnreg__(BIE_WQT_MAXNREG)
+#else
+#define BIE_WQT_BOUNDS __launch_bounds__(512, 1)
+#endif
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ uint4 ldg_cg16(const void* src) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src) : "memory");
+  return v;
+}
+// Programmatic dependent launch. Without a programmatic launch (or before sm_90) both are no-ops.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// c = A * B (16x16 by 16x8), float32, starting from zero.
+template <typename T> __device__ __forceinline__ void mma_zero(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma_zero<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+template <> __device__ __forceinline__ void mma_zero<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+// SBF: bf16 statistics (else fp16). MX: 1 = the rows of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
+// at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
+// then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
+// a whole K row accumulated (q + 1024) * x long enough to lose the fp16 result to cancellation).
+// The codes are the skinny layout: kblock kb of column block nb is vector ((nb/8)*kblocks + kb)*8 + nb%8
+// (interleaved) or nb*kblocks + kb.
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS>
+__global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
+  using SL = Slot<BITS, MX, FS>;
+  constexpr int J = Layout<BITS>::J;
+  constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
+  constexpr int S = Thin<BITS, MX>::S;
+  constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : 128.f;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int M = p.M, nblk = (p.N + 15) >> 4;
+  uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
+  const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
+  if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
+  // the warps' partials of an item, double-buffered by item parity (one barrier per item)
+  float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
+  // MX == 1: the block's copy of x (M rows of nstages * 128 values, zero past K; the 16-byte pad puts the rows of
+  // one ldmatrix on distinct bank quads), after the partials' buffers
+  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
+  const int xpitch = p.nstages * 256 + 16;
+
+  // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
+  // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
+  // are in flight while this one finishes (no ramp per block).
+  const int st0 = min(p.nstages, warp * p.st_per_warp);
+  const int st1 = min(p.nstages, st0 + p.st_per_warp);
+  const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
+  const int kb_end = min(st1 * VPS, p.kblocks);
+  const T* X = static_cast<const T*>(p.x);
+  // FS == 0: the statistics row moves on every spg stages (never for per-channel)
+  const int spg_mask = FS == 0 && p.gs_shift >= 0 ? (1 << (gsh - 7)) - 1 : -1;
+
+  // Issue cursor: item inb, per-lane copy pointers at stage snext of it. Copies past the end (codes past
+  // kblocks, x past K, statistics rows past G) read no bytes and zero-fill.
+  int inb = blockIdx.x, snext, kb_next, xk, sgrp;
+  const uint4* wsrc;
+  const T* xsrc;
+  const uint32_t* ssrc;
+  const int64_t xrow2 = 2 * (int64_t)p.K;
+  // the codes of one column block: every 8th vector (interleaved layout) or consecutive vectors
+  const int vstride = p.inter ? 8 * 32 : 32;
+  const bool scopy = lane < GPS * 4;
+  auto start_item = [&]() {
+    snext = st0;
+    kb_next = st0 * VPS;
+    wsrc = p.qw + (p.inter ? ((int64_t)(inb >> 3) * p.kblocks * 8 + (inb & 7)) * 32 : (int64_t)inb * p.kblocks * 32) +
+           lane + (int64_t)st0 * VPS * vstride;
+    // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
+    xk = st0 * KSTAGE + (lane & 15) * 8;
+    xsrc = X + (int64_t)(lane >> 4) * p.K + xk;
+    // statistics: lanes < 4 * GPS copy the 16-byte quarter (lane % 4) of group row lane / 4 of the stage
+    sgrp = ((st0 * KSTAGE) >> gsh) + (lane >> 2);
+    ssrc = p.st + (int64_t)sgrp * p.Np + inb * 16 + (lane & 3) * 4;
+  };
+  start_item();
+
+  // Copies the next stage (if any) into ring slot `slot`; always commits one group.
+  auto issue = [&](uint32_t slot) {
+    if (inb < nblk && st0 < st1) {
+#pragma unroll
+      for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * vstride, kb_next + v < kb_end ? 16 : 0);
+      if (MX != 1) {
+        const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
+#pragma unroll
+        for (int i = 0; i < MX / 2; ++i)
+          if ((lane >> 4) + 2 * i < M)
+            cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
+      }
+      if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
+      if (++snext == st1) {
+        inb += gridDim.x;
+        start_item();
+      } else {
+        wsrc += VPS * vstride;
+        kb_next += VPS;
+        xsrc += KSTAGE;
+        xk += KSTAGE;
+        if (FS > 0) {
+          sgrp += GPS;
+          ssrc += GPS * p.Np;
+        } else if ((snext & spg_mask) == 0) {
+          sgrp += 1;
+          ssrc += p.Np;
+        }
+      }
+    }
+    cp_commit();
+  };
+
+  // Programmatic dependent launch (sm_90): the next kernel in the stream may be scheduled now (its blocks take SMs
+  // as ours leave, and prefetch their own weights during our tail) ...
+  griddep_launch_dependents();
+  // ... and this one prefetches its first stages of codes and statistics (written at prepare time, never by the
+  // kernel just before: weight_only.py launches a freshly prepared layout without PDL) before it waits for the
+  // previous kernel, whose output may be x. Per-stage x copies (MX = 8) wait before the first stage.
+  if (MX != 1) griddep_wait();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
+  if (MX == 1) {
+    griddep_wait();
+    // the block's rows of x, loaded after the wait (through L2: ld.global.cg, as the cp.async copies) and stored
+    // to shared memory; four 16-byte loads in flight per thread
+    const int per_row = p.nstages * 16;   // 16-byte chunks
+    const int total = M * per_row;
+    for (int c0 = threadIdx.x; c0 < total; c0 += 4 * blockDim.x) {
+      uint4 v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = c0 + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
+        v[i] = c < total && cc * 8 < p.K ? ldg_cg16(X + (int64_t)row * p.K + cc * 8) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = c0 + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
+        if (c < total) sts128(xbuf + row * xpitch + cc * 16, v[i]);
+      }
+    }
+    cp_wait<S - 2>();   // this thread's first stage has landed ...
+    __syncthreads();    // ... for every thread of the block, and x is in shared memory
+  }
+
+  float tot[4], acc[4], accx[4];
+  const uint32_t ones = V2<T>::one_bits;
+  const uint32_t aones[4] = {ones, ones, ones, ones};
+  // ldmatrix: lane L gives row L % 8 of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
+  const bool xzero = (lane & 7) >= M;
+  const uint32_t xoff = (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
+  const uint32_t xstep = xzero ? 0u : 64u;
+
+  // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3)
+  auto flush = [&](uint32_t srow) {
+    float s0, z0, s1, z1;
+    decode_stat(lds32(srow + g * 4), SBF, s0, z0);
+    decode_stat(lds32(srow + 32 + g * 4), SBF, s1, z1);
+    const float c0 = GPTQ ? s0 * (z0 + MAGF) : fmaf(s0, MAGF, z0);
+    const float c1 = GPTQ ? s1 * (z1 + MAGF) : fmaf(s1, MAGF, z1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
+      tot[e] = fmaf(s_, acc[e], fmaf(-c_, accx[e], tot[e]));
+    }
+  };
+
+  // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity)
+  int parity = 0;
+  auto finish_item = [&](int nb) {
+    red[(parity * nwarps + warp) * 32 + lane] = make_float4(tot[0], tot[1], tot[2], tot[3]);
+    __syncthreads();
+    if (warp == 0) {
+      float4 r = red[parity * nwarps * 32 + lane];
+      for (int w2 = 1; w2 < nwarps; ++w2) {
+        const float4 q = red[(parity * nwarps + w2) * 32 + lane];
+        r.x += q.x;
+        r.y += q.y;
+        r.z += q.z;
+        r.w += q.w;
+      }
+      const float rv[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // C fragment e: x row m = 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
+        const int m = 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
+        if (m < M && col < p.N) {
+          float v = rv[e];
+          if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+          store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
+        }
+      }
+    }
+    parity ^= 1;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+  };
+#pragma unroll
+  for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+
+  if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
+    for (int nb = blockIdx.x; nb < nblk; nb += gridDim.x) finish_item(nb);
+  } else {
+    int nb = blockIdx.x, s = st0;
+    // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
+    // compile-time offset; an item ends inside the unrolled body
+    while (nb < nblk) {
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        if (nb < nblk) {
+          cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
+          __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
+          issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
+          const uint32_t base = ring + u * SB;
+          uint4 w[VPS];
+#pragma unroll
+          for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
+          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * 256 + (lane >> 3) * 16 : base + xoff);
+#pragma unroll
+          for (int c = 0; c < KSTAGE / 32; ++c) {
+            uint32_t b[4];
+            ldsm_x4(xa + c * xstep, b);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * c + h;   // k16 step in the stage
+              uint32_t a[4];
+              extract_a<BITS, T>(w[j / J], j % J, a);
+              if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
+                mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+              } else {
+                mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+              }
+              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64);
+            }
+          }
+          if (FS == 0) flush(base + SO);
+          if (++s == st1) {
+            finish_item(nb);
+            nb += gridDim.x;
+            s = st0;
+          }
+        }
+      }
+    }
+  }
+  cp_wait<0>();
+#endif
+}
+
+template <int BITS, typename T, int MX, int FS>
+cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
+  const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  // persistent blocks: as many as fit at once (registers and shared memory), each looping over column blocks
+  int per_sm = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, p.warps * 32, smem);
+  if (e != cudaSuccess) return e;
+  const int items = ceil_div(p.N, 16);
+  const int grid = p.grid_force > 0 ? p.grid_force : std::max(1, std::min(items, std::max(1, per_sm) * p.sms));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3((unsigned)(p.warps * 32));
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.pdl ? 1 : 0;   // may overlap the previous kernel in the stream (see the kernel's prologue)
+  e = cudaLaunchKernelEx(&cfg, k, p);
+  if (e != cudaSuccess) return e;
+  BIE_LAUNCH_CHECK();
+}
+
+template <int BITS, typename T, int MX>
+cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
+  switch (thin_fs(p.gs_shift)) {
+    case 2: return launch_t<BITS, T, MX, 2>(p, st);
+    case 4: return launch_t<BITS, T, MX, 4>(p, st);
+    case 8: return launch_t<BITS, T, MX, 8>(p, st);
+    default: return launch_t<BITS, T, MX, 0>(p, st);
+  }
+}
+
+}  // namespace
+
+template <int BITS, typename T>
+cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
+  return thin_mx(p) == 1 ? launch_m<BITS, T, 1>(p, st) : launch_m<BITS, T, 8>(p, st);
+}
+
+}  // namespace thin
+}  // namespace bie
