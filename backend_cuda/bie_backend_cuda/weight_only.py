@@ -381,7 +381,8 @@ def _thin_rows(m: int, n: int, k: int) -> bool:
     copies of several rows the skinny kernel is faster there."""
     if n * k <= THIN_SMALL_LAYER:
         return m <= THIN_M
-    return m <= THIN_M_BIG and (m == 1 or m * (-(-k // 128) * 256 + 16) <= 128 * 1024)
+    stages = -(-k // 128)   # (+ its sum(x) table, sized for groups of 32: four units per stage)
+    return m <= THIN_M_BIG and (m == 1 or m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024)
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0

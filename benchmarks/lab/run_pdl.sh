@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 8, one device call: build (thin kernels split over four files), SASS checks, every CUDA test + the
-# conformance kit, the thin M=1 table with and without programmatic dependent launch, the product table;
-# the built library is copied to $OUT/cache so that a later call with the same sources can carry it.
+# conformance kit, the thin M=1 table with and without programmatic dependent launch (BENCH=thinsweep: + the warps
+# and grid sweep), the product table (WQ=1). NOTESTS=1 TESTS=<-k expr>: only those tests.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -18,8 +18,7 @@ else
   fi
 fi
 SO=$(python3 -c "from bie_backend_cuda import _build; print(_build.load())" 2>/dev/null | tail -1)
-D=$(dirname $SO); K=$(basename $D); ls -la $SO | tee -a $OUT/final.log
-mkdir -p $OUT/cache/$K && cp $SO $OUT/cache/$K/
+ls -la $SO | tee -a $OUT/final.log
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee $OUT/env.txt
 date -u | tee -a $OUT/env.txt
 if [ -z "$NOBENCH" ]; then

@@ -57,6 +57,37 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   return v;
 }
 
+__device__ __forceinline__ void sts32f(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float2 lds64f(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+// the sum of 8 fp16 / bf16 values (16 bytes), float32
+template <typename T> __device__ __forceinline__ float sum8(const uint4& v);
+template <> __device__ __forceinline__ float sum8<__nv_bfloat16>(const uint4& v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float a = 0.f, b = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a += __uint_as_float(w[i] << 16);
+    b += __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+  return a + b;
+}
+template <> __device__ __forceinline__ float sum8<__half>(const uint4& v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float a = 0.f, b = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    a += f.x;
+    b += f.y;
+  }
+  return a + b;
+}
 __device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
@@ -119,6 +150,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // one ldmatrix on distinct bank quads), after the partials' buffers
   const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
   const int xpitch = p.nstages * 256 + 16;
+  // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
+  // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment)
+  const int RP = (M + 1) >> 1;
+  const uint32_t sxtab = xbuf + M * xpitch;
 
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
@@ -201,23 +236,32 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     griddep_wait();
     // the block's rows of x, loaded after the wait (through L2: ld.global.cg, as the cp.async copies) and stored
     // to shared memory; four 16-byte loads in flight per thread
+    // to shared memory; four 16-byte loads in flight per thread. Each unit of the sum(x) table is UL consecutive
+    // chunks of one row (rows are whole stages, 16 chunks), held by UL aligned lanes: summed with shuffles.
     const int per_row = p.nstages * 16;   // 16-byte chunks
     const int total = M * per_row;
-    for (int c0 = threadIdx.x; c0 < total; c0 += 4 * blockDim.x) {
+    constexpr int UL = FS > 0 ? 2 * FS : 16;
+    for (int c0 = threadIdx.x - lane; c0 < total; c0 += 4 * blockDim.x) {   // (warp-uniform: the shuffles)
       uint4 v[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int c = c0 + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
+        const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
         v[i] = c < total && cc * 8 < p.K ? ldg_cg16(X + (int64_t)row * p.K + cc * 8) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int c = c0 + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
-        if (c < total) sts128(xbuf + row * xpitch + cc * 16, v[i]);
+        const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
+        float sum = sum8<T>(v[i]);
+#pragma unroll
+        for (int o = UL / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (c < total) {
+          sts128(xbuf + row * xpitch + cc * 16, v[i]);
+          if (lane % UL == 0) sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+        }
       }
     }
     cp_wait<S - 2>();   // this thread's first stage has landed ...
-    __syncthreads();    // ... for every thread of the block, and x is in shared memory
+    __syncthreads();    // ... for every thread of the block, and x and its sums are in shared memory
   }
 
   float tot[4], acc[4], accx[4];
@@ -228,8 +272,14 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   const uint32_t xoff = (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
   const uint32_t xstep = xzero ? 0u : 64u;
 
-  // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3)
-  auto flush = [&](uint32_t srow) {
+  // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3); MX == 1: accx (rows 2t,
+  // 2t + 1 of sum(x), the same for every column) from the table
+  auto flush = [&](uint32_t srow, int unit) {
+    if (MX == 1) {
+      const float2 sx = t < RP ? lds64f(sxtab + (unit * RP + t) * 8) : make_float2(0.f, 0.f);
+      accx[0] = accx[2] = sx.x;
+      accx[1] = accx[3] = sx.y;
+    }
     float s0, z0, s1, z1;
     decode_stat(lds32(srow + g * 4), SBF, s0, z0);
     decode_stat(lds32(srow + 32 + g * 4), SBF, s1, z1);
@@ -304,15 +354,16 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               extract_a<BITS, T>(w[j / J], j % J, a);
               if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
                 mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
-                mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+                if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
               } else {
                 mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
-                mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+                if (MX != 1) mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
               }
-              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64);
+              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, s * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) flush(base + SO);
+          if (FS == 0) flush(base + SO, s);
           if (++s == st1) {
             finish_item(nb);
             nb += gridDim.x;
