@@ -22,7 +22,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import CALLS, pool_size, time_graph  # noqa: F401 (sweep_wq imports them from here)
+from gpu_timing import CALLS, pool_size, time_graph, warm_gpu  # noqa: F401 (sweep_wq imports them from here)
 
 BW = 3.0e12
 BF16_FLOPS = 798e12
@@ -298,14 +298,14 @@ def bench_thin(rows, quick, sweep, several_rows=False):
     for m, n, k, bits, gs in cases:
         wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
         nset = len(sets)
-        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_PDL
+        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL
         try:
             cw.THIN_M = cw.THIN_M_BIG = 8   # (the thin kernel for every row count of this table)
             t = time_graph(fns)
             t_again = time_graph(fns)
-            cw.THIN_PDL = False   # each call waits for the previous one to finish before loading anything
+            cw.PDL = False   # each call waits for the previous one to finish before loading anything
             t_nopdl = time_graph(fns)
-            cw.THIN_PDL = keep[5]
+            cw.PDL = keep[5]
             ref = fns[0]().float()
             cw.THIN_M = cw.THIN_M_BIG = 0
             t_wqv = time_graph(fns)
@@ -324,7 +324,7 @@ def bench_thin(rows, quick, sweep, several_rows=False):
                             cw.THIN_WARPS, cw.THIN_GRID = w, grid
                             sw[f"{'i' if inter else 'c'}{w}w/{grid}b"] = time_graph(fns, repeats=5)
         finally:
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_PDL = keep
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL = keep
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = byts / BW * 1e6
@@ -384,6 +384,7 @@ def main():
     args = ap.parse_args()
     from bie_backend_cuda import _build
     _build.load()
+    warm_gpu()
     rows: list = []
     only = set(args.only.split(","))
     if "binary" in only:

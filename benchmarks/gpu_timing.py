@@ -22,6 +22,18 @@ def pool_size(bytes_per_set: int, cap: int = 64) -> int:
     return max(2, min(cap, math.ceil(POOL_BYTES / max(1, bytes_per_set))))
 
 
+def warm_gpu(seconds: float = 1.0) -> None:
+    """Busy the GPU for a while before timing: an idle GPU starts at low clocks (345 MHz on the H100), and the first
+    graphs timed while it ramps up read slow."""
+    import time
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def time_graph(fns, repeats: int = 7) -> float:
     """µs per call: fns is a list of zero-arg callables (one per weight / input set)."""
     for f in fns:  # warm-up (builds, prepares, tunes, allocates)

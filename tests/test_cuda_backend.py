@@ -457,25 +457,37 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
 
 
 @needs_cuda
-def test_wq_thin_programmatic_launch_chain(monkeypatch):
-    """Programmatic dependent launch: each call prefetches its weights while the previous kernel runs and must read
-    x only after it. A chain of layers where every x is the previous call's output (the kernel right before), eagerly
-    and in a CUDA graph replayed with new inputs; the first call of each layout (built by the kernels just before it)
-    is launched without PDL. A second chain with a different x catches a read of the first chain's stale outputs."""
+@pytest.mark.parametrize("thin", [True, False])
+def test_wq_programmatic_launch_chain(thin, monkeypatch):
+    """Programmatic dependent launch of the thin (wqt) and skinny (wqv) kernels: each call prefetches its weights
+    while the previous kernel runs and must read x (and use workspaces and counters) only after it. A chain of layers
+    where every x is the previous call's output (the kernel right before), eagerly and in a CUDA graph replayed with
+    new inputs; the first call of each layout (built by the kernels just before it) is launched without PDL. Every
+    chain starts from a new x, so a read of an earlier chain's stale outputs fails."""
     from bie_backend_cuda import weight_only as cw
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90")
     k = n = 2048
-    layers = [_wq_case(k, n, 4, 128, "gptq", False, 61 + i, sdtype=torch.float16) for i in range(3)]
-    layers.append(_wq_case(k, n, 2, 64, "gba", False, 65, sdtype=torch.bfloat16))
+    spec = [(4, 128, "gptq", torch.float16), (4, 128, "gptq", torch.float16), (2, 64, "gba", torch.bfloat16),
+            (8, -1, "gptq", torch.float16), (4, 32, "gba", torch.float16)]
+    layers = [_wq_case(k, n, b, gs, fmt, False, 61 + i, sdtype=sd) for i, (b, gs, fmt, sd) in enumerate(spec)]
     preps = [cw.prepare(*c[:4]) for c in layers]
-    calls = _thin_calls(monkeypatch, cw)
+    ops = cw._build.ops()
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            f = getattr(ops, name)
+            if name not in ("wqt_gemm", "wqv_gemm"):
+                return f
+            return lambda *a: calls.append((name, a[-1])) or f(*a)
+    monkeypatch.setattr(cw._build, "ops", lambda: Spy())
+    monkeypatch.setattr(cw, "THIN_M", 4 if thin else 0)
     gen = torch.Generator().manual_seed(12)
 
     def chain(x_):
         ins, outs = [], []
-        for (qw, s, z, gi, _), p, bits, gs, fmt in zip(layers, preps, (4, 4, 4, 2), (128, 128, 128, 64),
-                                                       ("gptq",) * 3 + ("gba",)):
+        for (qw, s, z, gi, _), p, (bits, gs, fmt, _sd) in zip(layers, preps, spec):
             ins.append(x_)
             x_ = cw.wq_gemm(x_, qw, s, z, gi, None, bits, gs, fmt, prepared=p)   # the next call's x, as it is
             outs.append(x_)
@@ -491,7 +503,9 @@ def test_wq_thin_programmatic_launch_chain(monkeypatch):
             x = torch.randn((m, k), generator=gen).bfloat16().cuda()
             ins, outs = chain(x)
             check(ins, outs, f"eager M={m} call {rep}")
-    assert calls[:4] == [False] * 4 and all(calls[4:]), calls   # first uses without PDL, the rest with
+    names = [c[0] for c in calls[:5]]
+    assert names == (["wqt_gemm"] * 3 + ["wqv_gemm", "wqt_gemm"] if thin else ["wqv_gemm"] * 5), names
+    assert [c[1] for c in calls[:5]] == [False] * 5 and all(c[1] for c in calls[5:]), calls
     static_x = torch.randn((1, k), generator=gen).bfloat16().cuda()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
@@ -737,7 +751,7 @@ def test_native_bad_input_raises_not_crashes():
         "unpack_signs wrong k": "ops.unpack_signs(torch.zeros(2, 3, dtype=torch.uint8, device='cuda'), 100, "
                                 "torch.float32)",
         "wqv_gemm wrong qweight size": "ops.wqv_gemm(x, i32(5), i32(1, 128), None, 4, 100, 100, 7, 2, True, False, "
-                                       "True, torch.bfloat16, i32(8), 0)",
+                                       "True, torch.bfloat16, i32(8), 0, False)",
     })
     assert len(lines) == 3 and all("-> RuntimeError:" in ln for ln in lines), lines
     assert "got [3]" in lines[0], lines[0]

@@ -386,10 +386,16 @@ def _thin_rows(m: int, n: int, k: int) -> bool:
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0
-#: launch the thin kernel as a programmatic dependent of the previous kernel in the stream (sm_90): its blocks take
-#: the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the previous kernel
-#: has finished. Not on a layout's first use (the kernels that built it ran just before).
-THIN_PDL = True
+#: launch the thin and skinny kernels as programmatic dependents of the previous kernel in the stream (sm_90): their
+#: blocks take the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the
+#: previous kernel has finished. Not on a layout's first use (the kernels that built it ran just before).
+PDL = True
+
+
+def _pdl(lay: Layout) -> bool:
+    """Programmatic dependent launch for a call on this layout (not its first: see PDL)."""
+    fresh, lay.fresh = lay.fresh, False
+    return PDL and not fresh
 #: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
 INTERLEAVE = True
 #: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
@@ -426,11 +432,9 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if _thin_rows(m, qweight.shape[1], k) and thin_ok(x, scales, zeros, format, bits, group_size, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
         if not lay.generic:
-            pdl = THIN_PDL and not lay.fresh
-            lay.fresh = False
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
-                                         pdl)
+                                         _pdl(lay))
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout
@@ -459,7 +463,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         return _build.ops().wqv_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
                                      lay.gptq, lay.st_bf16, lay.inter, x.dtype,
                                      _counters_for(x.device, -(-lay.n // 128) + 1),
-                                     TUNE_SKINNY)
+                                     TUNE_SKINNY, _pdl(lay))
     if m > LARGE_M:
         w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
         y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w

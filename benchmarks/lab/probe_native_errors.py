@@ -15,7 +15,7 @@ try:
         x = torch.randn(2, 100, device="cuda", dtype=torch.bfloat16)
         ops.wqv_gemm(x, torch.zeros(5, dtype=torch.int32, device="cuda"), torch.zeros(1, 128, dtype=torch.int32,
                      device="cuda"), None, 4, 100, 100, 7, 2, True, False, True, torch.bfloat16,
-                     torch.zeros(8, dtype=torch.int32, device="cuda"), 0)
+                     torch.zeros(8, dtype=torch.int32, device="cuda"), 0, False)
     print(f"case {case}: no error raised")
 except RuntimeError as e:
     print(f"case {case}: clear error:", str(e).splitlines()[0][:160])

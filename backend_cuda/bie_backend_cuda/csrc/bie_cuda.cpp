@@ -406,10 +406,10 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
 // ordered codes, st (G, Np) int32 statistics (scale | zero << 16, fp16 or bf16
 // bits); counters as for wq_gemm. tune (benchmarks): bits 4..7 blocks per SM
 // to aim for (0: default), bits 8..15 shared-memory budget per block in KiB
-// (0: default).
+// (0: default). pdl: as for wqt_gemm.
 Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
-                at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
+                at::ScalarType out_dtype, const Tensor& counters, int64_t tune, bool pdl) {
   for (const Tensor* t : {&x, &qwa, &st, &counters}) check_cuda(*t, "wqv_gemm operand");
   check_skinny_operands(x, st, K, "wqv_gemm");
   TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqv_gemm: at most 16 rows");
@@ -433,6 +433,7 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
   p.inter = inter ? 1 : 0;
+  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;   // as for wqt_gemm
   // default split target (H100 sweep, benchmarks/bench_cuda.py --only sweep): big layers 8 blocks per SM, small 2
   const bool big = (Np / 16) * kblocks * 512 >= (32ll << 20);
   const int mult = (int)((tune >> 4) & 15) > 0 ? (int)((tune >> 4) & 15) : (big ? 8 : 2);

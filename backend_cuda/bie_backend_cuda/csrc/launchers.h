@@ -80,6 +80,7 @@ struct WqvArgs {
   int st_bf16;           // statistics are bf16 (else fp16)
   int gptq;              // gptq (else gba) statistics
   int inter;             // interleaved weight layout (Np % 128 == 0)
+  int pdl;               // programmatic dependent launch (sm_90): overlap the previous kernel's tail
 };
 int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget);
 cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);

@@ -455,28 +455,10 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   float* csum = sx + p.ngs_max * 16;
   T* xs = reinterpret_cast<T*>(csum + M * p.csum_ld);
 
-  // ---- group 0: the block's K slice of x (rows < M) and its statistics.
-  // x is stored permuted per 32 k so that lane t reads the B fragments of two
-  // k16 steps with one 16-byte load: word 4t + 2s + h of a 32-k chunk holds the
-  // pair k = 16s + 2t + 8h (+0, +1).
-  const T* X = static_cast<const T*>(p.x);
-  const int wpr = KL >> 1;  // 32-bit pairs per row
-  for (int r = 0; r < M; ++r) {
-    const uint32_t xrow_s = smem_u32(xs + r * p.xld);
-    const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
-    for (int w = tid; w < wpr; w += WQV_WARPS * 32) {
-      const int wi = w & 15;
-      const int dw = (w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1);
-      const int k = k0 + 2 * w;
-      if (p.vec_x) {  // K even, x 4-byte aligned: a pair is all inside K or all outside
-        const bool in = k < p.K;
-        cp_async4(xrow_s + dw * 4, in ? (const void*)(xr + k) : p.x, in ? 4 : 0);
-      } else {
-        const uint32_t lo = k < p.K ? xr[k] : 0u, hi = k + 1 < p.K ? xr[k + 1] : 0u;
-        reinterpret_cast<uint32_t*>(xs + r * p.xld)[dw] = lo | (hi << 16);
-      }
-    }
-  }
+  // Programmatic dependent launch: the next kernel may start now; this one copies its statistics (group 0) and
+  // first S-1 weight vectors (written at prepare time, never by the kernel just before: weight_only.py) before
+  // waiting for the previous kernel, then stages x (which that kernel may have written).
+  griddep_launch_dependents();
   for (int q = tid; q < nnat * 32; q += WQV_WARPS * 32) {
     const int i = q >> 5, c = cgp * 128 + (q & 31) * 4;
     const int row = min(gN0 + i, p.G - 1);
@@ -499,8 +481,41 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
     if (active && i < nv) cp_async16(ring_lane + i * 512, wp + i * vstride, 16);
     cp_commit();
   }
-  cp_wait<S - 1>();  // group 0 (x, statistics) has landed for this thread ...
-  __syncthreads();   // ... and for every thread
+
+  // ---- the block's K slice of x (rows < M), loaded after the wait through L2, four pairs in flight per thread.
+  // x is stored permuted per 32 k so that lane t reads the B fragments of two
+  // k16 steps with one 16-byte load: word 4t + 2s + h of a 32-k chunk holds the
+  // pair k = 16s + 2t + 8h (+0, +1).
+  griddep_wait();
+  const T* X = static_cast<const T*>(p.x);
+  const int wpr = KL >> 1;  // 32-bit pairs per row
+  constexpr int NTH = WQV_WARPS * 32;
+  for (int r = 0; r < M; ++r) {
+    uint32_t* xrow = reinterpret_cast<uint32_t*>(xs + r * p.xld);
+    const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
+    for (int w0 = tid; w0 < wpr; w0 += 4 * NTH) {
+      uint32_t v[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int w = w0 + i * NTH, k = k0 + 2 * w;
+        if (w >= wpr) {
+          v[i] = 0u;
+        } else if (p.vec_x) {   // K even, x 4-byte aligned: a pair is all inside K or all outside
+          v[i] = k < p.K ? ldg_cg32(xr + k) : 0u;
+        } else {
+          const uint32_t lo = k < p.K ? __ldcg(xr + k) : 0u, hi = k + 1 < p.K ? __ldcg(xr + k + 1) : 0u;
+          v[i] = lo | (hi << 16);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int w = w0 + i * NTH, wi = w & 15;
+        if (w < wpr) xrow[(w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1)] = v[i];
+      }
+    }
+  }
+  cp_wait<S - 1>();  // group 0 (statistics) has landed for this thread ...
+  __syncthreads();   // ... and for every thread, and x is in shared memory
 
   // ---- sum of x per (row, group) in float32, deterministic: k16 step sums, then group sums
   const int nst = KL >> 4;
@@ -735,8 +750,7 @@ static cudaError_t launch_wqv_t(const WqvArgs& p, int smem, cudaStream_t st) {
   if (e != cudaSuccess) return e;
   const dim3 grid((unsigned)ceil_div(p.Np / 16, WQV_WARPS), (unsigned)p.splits, 1u);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
-  k<<<grid, WQV_WARPS * 32, smem, st>>>(p);
-  BIE_LAUNCH_CHECK();
+  return launch_kernel(k, grid, dim3(WQV_WARPS * 32), smem, st, p.pdl != 0, p);
 }
 
 template <int BITS, typename T, int NT>

@@ -97,6 +97,27 @@ __device__ __forceinline__ void extract_a(const uint4& v, int j, uint32_t (&a)[4
   }
 }
 
+// Programmatic dependent launch (launch_kernel with pdl, common.cuh): a kernel launched that way may start while the
+// previous kernel in the stream still runs. launch_dependents lets the next kernel start early in turn; wait blocks
+// until the previous kernel has finished and its writes are visible: nothing it may write (x, workspaces,
+// counters, outputs) is touched before. Without a programmatic launch, or before sm_90, both are no-ops.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// a 4-byte global load through L2 only (data another kernel may just have written)
+__device__ __forceinline__ uint32_t ldg_cg32(const void* src) {
+  uint32_t v;
+  asm volatile("ld.global.cg.u32 %0, [%1];\n" : "=r"(v) : "l"(src) : "memory");
+  return v;
+}
+
 // 4-byte cp.async (zero-filled when src_bytes is 0): x staging when K is only even.
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");

@@ -14,10 +14,12 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const bool one = thin_mx(p) == 1;
   const int wbytes = bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
-  // measured on the H100 (warps sweep in benchmarks/results/cuda_h100_thin.md): 8 warps; fewer when the rings
-  // would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs)
-  // (16 when several rows of x are staged per block: that copy leaves room for one block per SM)
-  int w = warps_force > 0 ? warps_force : (one && p.M > 1 ? 16 : 8);
+  // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
+  // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
+  // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
+  // the rings would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs)
+  const bool big = (int64_t)p.N * p.K > (1ll << 26);
+  int w = warps_force > 0 ? warps_force : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : 8);
   const int64_t xbytes = one ? thin_xbytes(p) : 0;
   while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > p.smem_limit) w /= 2;
   w = std::max(1, std::min(w, std::min(16, p.nstages)));

@@ -96,17 +96,6 @@ __device__ __forceinline__ uint4 ldg_cg16(const void* src) {
   asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src) : "memory");
   return v;
 }
-// Programmatic dependent launch. Without a programmatic launch (or before sm_90) both are no-ops.
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 // c = A * B (16x16 by 16x8), float32, starting from zero.
 template <typename T> __device__ __forceinline__ void mma_zero(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -390,19 +379,8 @@ cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   if (e != cudaSuccess) return e;
   const int items = ceil_div(p.N, 16);
   const int grid = p.grid_force > 0 ? p.grid_force : std::max(1, std::min(items, std::max(1, per_sm) * p.sms));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3((unsigned)(p.warps * 32));
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;   // may overlap the previous kernel in the stream (see the kernel's prologue)
-  e = cudaLaunchKernelEx(&cfg, k, p);
-  if (e != cudaSuccess) return e;
-  BIE_LAUNCH_CHECK();
+  // may overlap the previous kernel in the stream (see the kernel's prologue)
+  return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
 template <int BITS, typename T, int MX>
