@@ -39,6 +39,7 @@ def time_graph(fns, repeats: int = 7) -> float:
     for f in fns:  # warm-up (builds, prepares, tunes, allocates)
         f()
     torch.cuda.synchronize()
+    warm_gpu(0.25)   # (the set-up above can leave the GPU idle long enough to drop its clocks)
     seq = [fns[i % len(fns)] for i in range(CALLS)]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -374,6 +374,8 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
 THIN = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4) for gs, fmt, sdt in
         ((32, "gptq", torch.float16), (64, "gba", torch.bfloat16), (128, "gptq", torch.bfloat16),
          (256, "gba", torch.float16), (-1, "gptq", torch.bfloat16))]
+THIN += [(8, 32, "gba", torch.bfloat16), (8, 128, "gptq", torch.float16), (8, 256, "gptq", torch.bfloat16),
+         (8, -1, "gptq", torch.bfloat16), (8, -1, "gba", torch.float16)]
 
 
 def _thin_calls(monkeypatch, cw):
@@ -534,8 +536,8 @@ def test_wq_thin_rejects_bad_input():
         ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False)
     with pytest.raises(RuntimeError, match="prepared qweight"):
         ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
-    with pytest.raises(RuntimeError, match="bits must be 2 or 4"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 8, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
+    with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
     with pytest.raises(RuntimeError, match="fewer groups"):
         ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False)
 
@@ -554,14 +556,15 @@ def test_wq_skinny_plan_of_exactly_48k_shared_memory():
     z = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, packed_rows(n, 8)), device="cuda", dtype=torch.int32, generator=gen)
     x = torch.randn((4, k), device="cuda", generator=gen).bfloat16()
     prepared = cw.prepare(qw, s, z, None)
-    keep = cw.SKINNY_M
+    keep = cw.SKINNY_M, cw.THIN_M_BIG
     try:
+        cw.THIN_M_BIG = 0   # (the skinny kernel itself, not the thin one)
         a = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
         torch.cuda.synchronize()
         cw.SKINNY_M = 0
         b = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
     finally:
-        cw.SKINNY_M = keep
+        cw.SKINNY_M, cw.THIN_M_BIG = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
 
 

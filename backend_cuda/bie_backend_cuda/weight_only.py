@@ -329,9 +329,9 @@ def wqw_ok(x, scales, zeros, fmt, k) -> bool:
 
 
 def thin_ok(x, scales, zeros, fmt, bits, group_size, k) -> bool:
-    """The thin GEMV kernel serves this call: 2/4-bit kernel codes (1-4 bits), groups of at least 32 or
+    """The thin GEMV kernel serves this call: 2/4/8-bit kernel codes (1-4 and 8 bits), groups of at least 32 or
     per-channel, K % 8 == 0, 16-bit statistics (as the skinny kernel), sm_80 or newer (ldmatrix, bf16 mma)."""
-    if _KERNEL_BITS.get(bits) not in (2, 4) or k % 8 or not (group_size == -1 or group_size >= 32):
+    if _KERNEL_BITS.get(bits) not in (2, 4, 8) or k % 8 or not (group_size == -1 or group_size >= 32):
         return False
     return skinny_ok(scales, zeros, fmt) and _capability(x.device)[0] >= 8
 
@@ -365,7 +365,7 @@ TUNE_SKINNY = 0
 #: rows served by the skinny (memory-bound) kernel; 0 turns it off (benchmarks compare). It serves up to 16
 #: rows, but above 8 the general small-M kernel was faster on the H100 (benchmarks/results/cuda_h100.md).
 SKINNY_M = 8
-#: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4-bit kernel codes, groups >= 32 or
+#: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4/8-bit kernel codes, groups >= 32 or
 #: per-channel, K % 8 == 0, sm_80+): up to THIN_M rows on layers of at most THIN_SMALL_LAYER weights, up to THIN_M_BIG on
 #: larger ones; 0 turns it off (benchmarks compare). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
 #: and wgmma kernels on 4096x4096 up to 4 rows (the wgmma kernel is faster from 8), and than the skinny kernel on the

@@ -450,7 +450,7 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 }
 
 // Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm;
-// 2/4-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
+// 2/4/8-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
 // block, grid: persistent blocks (0: planned; benchmarks sweep them). pdl: launch as a programmatic dependent of the
 // previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for it), so the caller
 // must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
@@ -462,7 +462,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   TORCH_CHECK(x.size(0) <= 8, "bie_cuda.wqt_gemm: at most 8 rows");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
-  TORCH_CHECK(bits == 2 || bits == 4, "bie_cuda.wqt_gemm: bits must be 2 or 4");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqt_gemm: bits must be 2, 4 or 8");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
   TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");

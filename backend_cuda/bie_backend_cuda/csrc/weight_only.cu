@@ -489,29 +489,26 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   griddep_wait();
   const T* X = static_cast<const T*>(p.x);
   const int wpr = KL >> 1;  // 32-bit pairs per row
-  constexpr int NTH = WQV_WARPS * 32;
-  for (int r = 0; r < M; ++r) {
-    uint32_t* xrow = reinterpret_cast<uint32_t*>(xs + r * p.xld);
-    const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
-    for (int w0 = tid; w0 < wpr; w0 += 4 * NTH) {
-      uint32_t v[4];
+  constexpr int NTH = WQV_WARPS * 32, XB = 8;   // threads, loads in flight per thread
+  for (int c0 = tid; c0 < M * wpr; c0 += XB * NTH) {   // (row, pair) of every row at once
+    uint32_t v[XB];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int w = w0 + i * NTH, k = k0 + 2 * w;
-        if (w >= wpr) {
-          v[i] = 0u;
-        } else if (p.vec_x) {   // K even, x 4-byte aligned: a pair is all inside K or all outside
-          v[i] = k < p.K ? ldg_cg32(xr + k) : 0u;
-        } else {
-          const uint32_t lo = k < p.K ? __ldcg(xr + k) : 0u, hi = k + 1 < p.K ? __ldcg(xr + k + 1) : 0u;
-          v[i] = lo | (hi << 16);
-        }
+    for (int i = 0; i < XB; ++i) {
+      const int c = c0 + i * NTH, r = c / wpr, w = c - r * wpr, k = k0 + 2 * w;
+      const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
+      if (r >= M) {
+        v[i] = 0u;
+      } else if (p.vec_x) {   // K even, x 4-byte aligned: a pair is all inside K or all outside
+        v[i] = k < p.K ? ldg_cg32(xr + k) : 0u;
+      } else {
+        const uint32_t lo = k < p.K ? __ldcg(xr + k) : 0u, hi = k + 1 < p.K ? __ldcg(xr + k + 1) : 0u;
+        v[i] = lo | (hi << 16);
       }
+    }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int w = w0 + i * NTH, wi = w & 15;
-        if (w < wpr) xrow[(w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1)] = v[i];
-      }
+    for (int i = 0; i < XB; ++i) {
+      const int c = c0 + i * NTH, r = c / wpr, w = c - r * wpr, wi = w & 15;
+      if (r < M) reinterpret_cast<uint32_t*>(xs + r * p.xld)[(w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1)] = v[i];
     }
   }
   cp_wait<S - 1>();  // group 0 (statistics) has landed for this thread ...

@@ -7,13 +7,14 @@ using namespace thin;
 
 // Host plan: K range per warp (whole groups) and warps per block. Returns the dynamic shared memory.
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
-  const int ks = 16 * (bits == 4 ? 4 : 8);
+  const int ks = 16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8));   // k per 512-byte vector (16 J)
   const int fs = thin_fs(p.gs_shift);
   p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
   p.sms = num_sms;
   const bool one = thin_mx(p) == 1;
-  const int wbytes = bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
-                               : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
+  const int wbytes = bits == 8   ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
+                     : bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
+                                 : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
   // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
@@ -33,9 +34,11 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   if (p.M > 8) return cudaErrorInvalidValue;
   if (cdtype == kF16) {
+    if (bits == 8) return thin::launch<8, __half>(p, st);
     if (bits == 4) return thin::launch<4, __half>(p, st);
     if (bits == 2) return thin::launch<2, __half>(p, st);
   } else if (cdtype == kBF16) {
+    if (bits == 8) return thin::launch<8, __nv_bfloat16>(p, st);
     if (bits == 4) return thin::launch<4, __nv_bfloat16>(p, st);
     if (bits == 2) return thin::launch<2, __nv_bfloat16>(p, st);
   }

@@ -1,5 +1,5 @@
 // The thin weight-only GEMV ("wqt"): what its host plan (wq_thin.cu) and its kernels (wq_thin_kernel.cuh) share.
-// The kernels are instantiated per code width and compute type in wq_thin_w{2,4}_{f16,bf16}.cu, so that the four
+// The kernels are instantiated per code width and compute type in wq_thin_w{2,4,8}_{f16,bf16}.cu, so that the six
 // sets compile in parallel.
 #pragma once
 #include <algorithm>
@@ -15,13 +15,15 @@ constexpr int KSTAGE = 128;   // k per ring stage
 constexpr int XPITCH = 272;   // bytes per staged x row: 256 + 16 so ldmatrix's 8 rows hit 8 distinct bank quads
 
 // Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
-// stay in flight at 16-24 resident warps.
-template <int BITS, int MX> struct Thin { static constexpr int S = MX == 1 ? 8 : (BITS == 4 ? 4 : 6); };
+// stay in flight at 16-24 resident warps; 8-bit stages carry 2 KiB of codes, so fewer of them.
+template <int BITS, int MX> struct Thin {
+  static constexpr int S = BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? 8 : (BITS == 4 ? 4 : 6));
+};
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
 // rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
 template <int BITS, int MX, int FS> struct Slot {
-  static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 2 (4-bit), 1 (2-bit)
+  static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 1 (8 / 4 / 2-bit)
   static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
   static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPITCH), BYTES = SO + GPS * 64;
   static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
@@ -60,7 +62,7 @@ int thin_warp_bytes(int fs) {
 }
 
 // One width and compute type (every statistics type, format, x staging and group size): wq_thin_kernel.cuh,
-// instantiated in wq_thin_w{2,4}_{f16,bf16}.cu.
+// instantiated in wq_thin_w{2,4,8}_{f16,bf16}.cu.
 template <int BITS, typename T>
 cudaError_t launch(const WqtArgs& p, cudaStream_t st);
 

@@ -1,4 +1,4 @@
-// Thin weight-only GEMV ("wqt"): at most 8 rows of x, 2/4-bit codes (1/3-bit
+// Thin weight-only GEMV ("wqt"): at most 8 rows of x, 2/4/8-bit codes (1/3-bit
 // through the wider layouts), groups of at least 32 or per-channel.
 //
 // Why another skinny kernel: at M <= 8 the work is reading the weights once,
@@ -124,7 +124,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   constexpr int J = Layout<BITS>::J;
   constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
   constexpr int S = Thin<BITS, MX>::S;
-  constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : 128.f;
+  constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);   // (as extract_a)
   extern __shared__ __align__(16) uint8_t smem_raw[];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
