@@ -15,6 +15,8 @@ import torch
 POOL_BYTES = 256 * 2 ** 20
 #: calls captured per graph
 CALLS = 32
+#: untimed replays of each graph before the timed ones
+WARM_REPLAYS = 10
 
 
 def pool_size(bytes_per_set: int, cap: int = 64) -> int:
@@ -39,7 +41,6 @@ def time_graph(fns, repeats: int = 7) -> float:
     for f in fns:  # warm-up (builds, prepares, tunes, allocates)
         f()
     torch.cuda.synchronize()
-    warm_gpu(0.25)   # (the set-up above can leave the GPU idle long enough to drop its clocks)
     seq = [fns[i % len(fns)] for i in range(CALLS)]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -52,7 +53,8 @@ def time_graph(fns, repeats: int = 7) -> float:
     with torch.cuda.graph(g):
         for f in seq:
             f()
-    g.replay()
+    for _ in range(WARM_REPLAYS):   # (the first replays of a new graph over new weights read slow)
+        g.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
