@@ -455,10 +455,32 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   float* csum = sx + p.ngs_max * 16;
   T* xs = reinterpret_cast<T*>(csum + M * p.csum_ld);
 
-  // Programmatic dependent launch: the next kernel may start now; this one copies its statistics (group 0) and
-  // first S-1 weight vectors (written at prepare time, never by the kernel just before: weight_only.py) before
-  // waiting for the previous kernel, then stages x (which that kernel may have written).
+  // Programmatic dependent launch (p.pdl): the next kernel may start now; this one copies its statistics (group 0)
+  // and first S-1 weight vectors (written at prepare time, never by the kernel just before: weight_only.py) before
+  // waiting for the previous kernel, then stages x (which that kernel may have written) with plain loads. Without
+  // it, x is copied with cp.async in group 0 with the statistics (faster for 5-8 rows: weight_only.py launches
+  // those without PDL).
   griddep_launch_dependents();
+  const T* X = static_cast<const T*>(p.x);
+  const int wpr = KL >> 1;  // 32-bit pairs per row
+  if (!p.pdl) {
+    for (int r = 0; r < M; ++r) {
+      const uint32_t xrow_s = smem_u32(xs + r * p.xld);
+      const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
+      for (int w = tid; w < wpr; w += WQV_WARPS * 32) {
+        const int wi = w & 15;
+        const int dw = (w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1);
+        const int k = k0 + 2 * w;
+        if (p.vec_x) {  // K even, x 4-byte aligned: a pair is all inside K or all outside
+          const bool in = k < p.K;
+          cp_async4(xrow_s + dw * 4, in ? (const void*)(xr + k) : p.x, in ? 4 : 0);
+        } else {
+          const uint32_t lo = k < p.K ? xr[k] : 0u, hi = k + 1 < p.K ? xr[k + 1] : 0u;
+          reinterpret_cast<uint32_t*>(xs + r * p.xld)[dw] = lo | (hi << 16);
+        }
+      }
+    }
+  }
   for (int q = tid; q < nnat * 32; q += WQV_WARPS * 32) {
     const int i = q >> 5, c = cgp * 128 + (q & 31) * 4;
     const int row = min(gN0 + i, p.G - 1);
@@ -482,15 +504,13 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
     cp_commit();
   }
 
-  // ---- the block's K slice of x (rows < M), loaded after the wait through L2, four pairs in flight per thread.
+  // ---- PDL: the block's K slice of x (rows < M), loaded after the wait through L2, eight pairs in flight per thread.
   // x is stored permuted per 32 k so that lane t reads the B fragments of two
   // k16 steps with one 16-byte load: word 4t + 2s + h of a 32-k chunk holds the
   // pair k = 16s + 2t + 8h (+0, +1).
-  griddep_wait();
-  const T* X = static_cast<const T*>(p.x);
-  const int wpr = KL >> 1;  // 32-bit pairs per row
   constexpr int NTH = WQV_WARPS * 32, XB = 8;   // threads, loads in flight per thread
-  for (int c0 = tid; c0 < M * wpr; c0 += XB * NTH) {   // (row, pair) of every row at once
+  if (p.pdl) griddep_wait();
+  for (int c0 = tid; p.pdl && c0 < M * wpr; c0 += XB * NTH) {   // (row, pair) of every row at once
     uint32_t v[XB];
 #pragma unroll
     for (int i = 0; i < XB; ++i) {
@@ -511,7 +531,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
       if (r < M) reinterpret_cast<uint32_t*>(xs + r * p.xld)[(w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1)] = v[i];
     }
   }
-  cp_wait<S - 1>();  // group 0 (statistics) has landed for this thread ...
+  cp_wait<S - 1>();  // group 0 (statistics, and x without PDL) has landed for this thread ...
   __syncthreads();   // ... and for every thread, and x is in shared memory
 
   // ---- sum of x per (row, group) in float32, deterministic: k16 step sums, then group sums
