@@ -377,7 +377,7 @@ THIN_SMALL_LAYER = 1 << 26
 
 def _thin_rows(m: int, n: int, k: int) -> bool:
     """The thin kernel serves m rows of an n x k layer (the measured thresholds above). On big layers it serves more
-    than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cu thin_mx): with per-stage
+    than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cuh thin_mx): with per-stage
     copies of several rows the skinny kernel is faster there."""
     if n * k <= THIN_SMALL_LAYER:
         return m <= THIN_M

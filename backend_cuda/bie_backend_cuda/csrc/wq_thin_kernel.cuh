@@ -15,21 +15,24 @@
 //   - a stage is 128 k (two 4-bit vectors), so the wait / commit / address
 //     work is paid once per 1 KiB of codes;
 //   - no dequantization per weight: the codes enter the tensor cores as
-//     qm = code + MAGIC (one LOP3 per register), an all-ones A fragment gives
-//     sum(x) in a second accumulator, and per group, in float32,
-//     y += s*acc - C*accx (C folds MAGIC and the zero, as in wqv). Each group's
-//     first mma starts from zero, so nothing is reset;
+//     qm = code + MAGIC (one LOP3 per register); sum(x) per group comes from a
+//     table the block fills while it stages x (MX = 1), or from an all-ones A
+//     fragment in a second accumulator (per-stage x, MX = 8); per group, in
+//     float32, y += s*acc - C*accx (C folds MAGIC and the zero, as in wqv).
+//     Each group's first mma starts from zero, so nothing is reset;
 //   - the warps of a block split K; their partials are summed once per column
 //     block through shared memory in a fixed order (deterministic, no split-K
 //     pass); blocks are persistent and loop over column blocks, the ring running
 //     on into the next one.
-// Measured on the H100 (benchmarks/results/cuda_h100_thin.md): ~72 issued
-// instructions per warp vector and 2.4-2.5 TB/s at M = 1 on the big layers
-// (3-6 % faster than wqv; the ceiling is not instruction issue alone); faster
-// than wqv and wgmma on small layers up to 4 rows and on big ones at 2-4 rows
-// when x is staged.
+//   - programmatic dependent launch (sm_90): the first ring stages are issued
+//     before the kernel waits for the previous one (x, outputs after).
+// Measured on the H100 (benchmarks/results/cuda_h100_thin.md): 2.7-2.8 TB/s
+// (88-93 % of the roof) at M = 1 on the big layers with PDL, 2.5 TB/s without;
+// faster than wqv and wgmma on small layers up to 4 rows and on big ones at
+// 2-4 rows when x is staged.
 // The codes are the skinny layout of weight_only.cu (interleaved or not), so
-// the prepared weight is shared with the wqv and wgmma kernels.#pragma once
+// the prepared weight is shared with the wqv and wgmma kernels.
+#pragma once
 #include "common.cuh"
 #include "wq_fragments.cuh"
 #include "wq_thin.cuh"
