@@ -610,11 +610,12 @@ def test_wgmma_row_ranges():
 
 def test_thin_row_ranges():
     """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): up to 4 rows on small layers;
-    on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as csrc/wq_thin.cu thin_mx)."""
+    on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as csrc/wq_thin.cuh thin_mx) and K is
+    at most THIN_ROWS_MAX_K."""
     from bie_backend_cuda import weight_only as cw
     assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096)] == [1, 2, 3, 4]
     assert [m for m in range(1, 17) if cw._thin_rows(m, 28672, 8192)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672)] == [1, 2]            # 2 x 56 KiB of x
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672)] == [1]               # K > THIN_ROWS_MAX_K
     assert [m for m in range(1, 17) if cw._thin_rows(m, 1024, 65536)] == [1, 2, 3, 4]      # small layer: per-stage x
     assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 65536)] == [1]               # K too long to stage 2 rows
     keep = cw.THIN_M, cw.THIN_M_BIG

@@ -373,6 +373,9 @@ SKINNY_M = 8
 THIN_M = 4
 THIN_M_BIG = 4
 THIN_SMALL_LAYER = 1 << 26
+#: on big layers, several rows go to the thin kernel only up to this K (H100, session 8: M=2 on 8192x28672 thin 52.1 us,
+#: skinny 50.0; on 28672x8192 thin 44.9 against 51.6)
+THIN_ROWS_MAX_K = 16384
 
 
 def _thin_rows(m: int, n: int, k: int) -> bool:
@@ -382,7 +385,8 @@ def _thin_rows(m: int, n: int, k: int) -> bool:
     if n * k <= THIN_SMALL_LAYER:
         return m <= THIN_M
     stages = -(-k // 128)   # (+ its sum(x) table, sized for groups of 32: four units per stage)
-    return m <= THIN_M_BIG and (m == 1 or m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024)
+    fits = m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024
+    return m <= THIN_M_BIG and (m == 1 or (fits and k <= THIN_ROWS_MAX_K))
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0
