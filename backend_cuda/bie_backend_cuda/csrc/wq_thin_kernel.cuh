@@ -256,8 +256,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     __syncthreads();    // ... for every thread of the block, and x and its sums are in shared memory
   }
 
-  // two accumulators per sum, for even and odd k16 steps: half the dependent mma chain per group
-  float tot[4], acc[2][4], accx[2][4];
+  float tot[4], acc[4], accx[4];
   const uint32_t ones = V2<T>::one_bits;
   const uint32_t aones[4] = {ones, ones, ones, ones};
   // ldmatrix: lane L gives row L % 8 of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
@@ -267,27 +266,21 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 
   // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3); MX == 1: accx (rows 2t,
   // 2t + 1 of sum(x), the same for every column) from the table
-  // (rows 2t + 1, fragments e = 1, 3, only when x has more than one row)
   auto flush = [&](uint32_t srow, int unit) {
-    float ax[4];
     if (MX == 1) {
       const float2 sx = t < RP ? lds64f(sxtab + (unit * RP + t) * 8) : make_float2(0.f, 0.f);
-      ax[0] = ax[2] = sx.x;
-      ax[1] = ax[3] = sx.y;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ax[e] = accx[0][e] + accx[1][e];
+      accx[0] = accx[2] = sx.x;
+      accx[1] = accx[3] = sx.y;
     }
     float s0, z0, s1, z1;
     decode_stat(lds32(srow + g * 4), SBF, s0, z0);
     decode_stat(lds32(srow + 32 + g * 4), SBF, s1, z1);
     const float c0 = GPTQ ? s0 * (z0 + MAGF) : fmaf(s0, MAGF, z0);
     const float c1 = GPTQ ? s1 * (z1 + MAGF) : fmaf(s1, MAGF, z1);
-    tot[0] = fmaf(s0, acc[0][0] + acc[1][0], fmaf(-c0, ax[0], tot[0]));
-    tot[2] = fmaf(s1, acc[0][2] + acc[1][2], fmaf(-c1, ax[2], tot[2]));
-    if (M > 1) {
-      tot[1] = fmaf(s0, acc[0][1] + acc[1][1], fmaf(-c0, ax[1], tot[1]));
-      tot[3] = fmaf(s1, acc[0][3] + acc[1][3], fmaf(-c1, ax[3], tot[3]));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
+      tot[e] = fmaf(s_, acc[e], fmaf(-c_, accx[e], tot[e]));
     }
   };
 
@@ -351,12 +344,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               const int j = 2 * c + h;   // k16 step in the stage
               uint32_t a[4];
               extract_a<BITS, T>(w[j / J], j % J, a);
-              if (j % (FS > 0 ? FS : 8) < 2) {   // a group's (or, FS == 0, a stage's) first even / odd step
-                mma_zero<T>(acc[h], a, b[2 * h], b[2 * h + 1]);
-                if (MX != 1) mma_zero<T>(accx[h], aones, b[2 * h], b[2 * h + 1]);
+              if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
+                mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
               } else {
-                mma<T>(acc[h], a, b[2 * h], b[2 * h + 1]);
-                if (MX != 1) mma<T>(accx[h], aones, b[2 * h], b[2 * h + 1]);
+                mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                if (MX != 1) mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
               }
               if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
                 flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, s * GPS + j / (FS > 0 ? FS : 1));
