@@ -222,7 +222,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // kernel just before: weight_only.py launches a freshly prepared layout without PDL) before it waits for the
   // previous kernel, whose output may be x. Per-stage x copies (MX = 8) wait before the first stage.
   if (MX != 1) griddep_wait();
-#pragma unroll 1
+#pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
   if (MX == 1) {
     griddep_wait();
@@ -321,46 +321,47 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     for (int nb = blockIdx.x; nb < nblk; nb += gridDim.x) finish_item(nb);
   } else {
     int nb = blockIdx.x, s = st0;
-    // stages in sequence over the block's items; ring slot u of stage s is a runtime offset: the loop is not
-    // unrolled over the ring (unrolled, the 2-bit kernel was 8000 instructions long and Nsight Compute counted 15 %
-    // of its stall samples as instruction-fetch stalls)
-    uint32_t u = 0;
-#pragma unroll 1
+    // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
+    // compile-time offset; an item ends inside the unrolled body
     while (nb < nblk) {
-      cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
-      __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
-      issue(ring + (u == 0 ? S - 1 : u - 1) * SB);   // S - 1 stages ahead, into the slot read last
-      const uint32_t base = ring + u * SB;
-      u = u + 1 == S ? 0 : u + 1;
-      uint4 w[VPS];
 #pragma unroll
-      for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-      const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * 256 + (lane >> 3) * 16 : base + xoff);
+      for (int u = 0; u < S; ++u) {
+        if (nb < nblk) {
+          cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
+          __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
+          issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
+          const uint32_t base = ring + u * SB;
+          uint4 w[VPS];
 #pragma unroll
-      for (int c = 0; c < KSTAGE / 32; ++c) {
-        uint32_t b[4];
-        ldsm_x4(xa + c * xstep, b);
+          for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
+          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * 256 + (lane >> 3) * 16 : base + xoff);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = 2 * c + h;   // k16 step in the stage
-          uint32_t a[4];
-          extract_a<BITS, T>(w[j / J], j % J, a);
-          if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
-            mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
-            if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
-          } else {
-            mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
-            if (MX != 1) mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+          for (int c = 0; c < KSTAGE / 32; ++c) {
+            uint32_t b[4];
+            ldsm_x4(xa + c * xstep, b);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * c + h;   // k16 step in the stage
+              uint32_t a[4];
+              extract_a<BITS, T>(w[j / J], j % J, a);
+              if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
+                mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+              } else {
+                mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
+                if (MX != 1) mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+              }
+              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, s * GPS + j / (FS > 0 ? FS : 1));
+            }
           }
-          if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
-            flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, s * GPS + j / (FS > 0 ? FS : 1));
+          if (FS == 0) flush(base + SO, s);
+          if (++s == st1) {
+            finish_item(nb);
+            nb += gridDim.x;
+            s = st0;
+          }
         }
-      }
-      if (FS == 0) flush(base + SO, s);
-      if (++s == st1) {
-        finish_item(nb);
-        nb += gridDim.x;
-        s = st0;
       }
     }
   }
