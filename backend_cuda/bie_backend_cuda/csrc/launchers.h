@@ -99,7 +99,8 @@ struct WqtArgs {
   int st_bf16;           // statistics are bf16 (else fp16)
   int gptq;              // gptq (else gba) statistics
   int inter;             // interleaved layout (Np % 128 == 0)
-  int nstages;           // 128-k stages covering the prepared K
+  int kstage;            // k per ring stage (128; 256 for 2-bit codes)
+  int nstages;           // stages covering the prepared K
   int st_per_warp;       // stages per warp (whole groups)
   int warps;             // warps per block (the K split of one 16-column block)
   int grid_force;        // blocks (0: as many as are resident at once; benchmarks sweep it)

@@ -9,7 +9,8 @@ using namespace thin;
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   const int ks = 16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8));   // k per 512-byte vector (16 J)
   const int fs = thin_fs(p.gs_shift);
-  p.nstages = ceil_div((int64_t)p.kblocks * ks, KSTAGE);
+  p.kstage = stage_k(bits);
+  p.nstages = ceil_div((int64_t)p.kblocks * ks, p.kstage);
   p.sms = num_sms;
   const bool one = thin_mx(p) == 1;
   const int wbytes = bits == 8   ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))

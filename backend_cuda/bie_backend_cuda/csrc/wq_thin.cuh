@@ -11,21 +11,27 @@
 namespace bie {
 namespace thin {
 
-constexpr int KSTAGE = 128;   // k per ring stage
-constexpr int XPITCH = 272;   // bytes per staged x row: 256 + 16 so ldmatrix's 8 rows hit 8 distinct bank quads
+// k per ring stage: 128, and 256 for 2-bit codes (two 512-byte vectors per stage, as 4-bit: the per-stage wait, copy
+// and address work is paid once per 1 KiB of codes)
+template <int BITS> struct Stage { static constexpr int K = BITS == 2 ? 256 : 128; };
+inline int stage_k(int bits) { return bits == 2 ? 256 : 128; }
+// bytes per x row of a stage in the ring: the stage's k * 2 + 16, so that ldmatrix's 8 rows hit 8 distinct bank quads
+template <int BITS> struct XPitch { static constexpr int v = Stage<BITS>::K * 2 + 16; };
 
 // Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
-// stay in flight at 16-24 resident warps; 8-bit stages carry 2 KiB of codes, so fewer of them.
+// stay in flight at 16-24 resident warps; 8-bit stages carry 2 KiB of codes, so fewer of them; 2-bit stages carry
+// up to 512 bytes of statistics (groups of 32), so 6 (16 warps with K = 28672 still fit).
 template <int BITS, int MX> struct Thin {
-  static constexpr int S = BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? 8 : (BITS == 4 ? 4 : 6));
+  static constexpr int S = BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? 8 : 6) : (BITS == 4 ? 4 : 3));
 };
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
 // rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
 template <int BITS, int MX, int FS> struct Slot {
-  static constexpr int VPS = KSTAGE / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 1 (8 / 4 / 2-bit)
-  static constexpr int GPS = FS > 0 ? KSTAGE / (16 * FS) : 1;      // statistics rows per stage
-  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPITCH), BYTES = SO + GPS * 64;
+  static constexpr int KS = Stage<BITS>::K;
+  static constexpr int VPS = KS / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 2 (8 / 4 / 2-bit)
+  static constexpr int GPS = FS > 0 ? KS / (16 * FS) : 1;      // statistics rows per stage
+  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS>::v), BYTES = SO + GPS * 64;
   static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
@@ -36,8 +42,8 @@ template <int BITS, int MX, int FS> struct Slot {
 inline int thin_fs(int gs_shift);
 inline int thin_xbytes(const WqtArgs& p) {
   const int fs = thin_fs(p.gs_shift);
-  const int units = fs > 0 ? p.nstages * (KSTAGE / (16 * fs)) : p.nstages;
-  return p.M * (p.nstages * 256 + 16) + units * ((p.M + 1) / 2) * 8;
+  const int units = fs > 0 ? p.nstages * (p.kstage / (16 * fs)) : p.nstages;
+  return p.M * (p.nstages * p.kstage * 2 + 16) + units * ((p.M + 1) / 2) * 8;
 }
 inline int thin_mx(const WqtArgs& p) {
   const bool big = (int64_t)p.N * p.K > (1ll << 26);

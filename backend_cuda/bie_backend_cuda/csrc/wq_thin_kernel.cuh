@@ -12,8 +12,9 @@
 //     big layers: "MX = 1"), else each stage also carries its slice of x;
 //   - x stays row-major; ldmatrix.x4 turns 32 k of up to 8 rows into the B
 //     fragments of two mma steps (rows >= M read a shared zero row);
-//   - a stage is 128 k (two 4-bit vectors), so the wait / commit / address
-//     work is paid once per 1 KiB of codes;
+//   - a stage is two 512-byte vectors (128 k of 4-bit, 256 k of 2-bit codes;
+//     four 8-bit vectors), so the wait / commit / address work is paid once
+//     per 1 KiB of codes;
 //   - no dequantization per weight: the codes enter the tensor cores as
 //     qm = code + MAGIC (one LOP3 per register); sum(x) per group comes from a
 //     table the block fills while it stages x (MX = 1), or from an all-ones A
@@ -124,6 +125,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   using SL = Slot<BITS, MX, FS>;
+  constexpr int KS = Stage<BITS>::K, XPITCH = XPitch<BITS>::v;
+  constexpr int LKS = KS == 256 ? 8 : 7;   // log2(KS)
   constexpr int J = Layout<BITS>::J;
   constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
   constexpr int S = Thin<BITS, MX>::S;
@@ -138,10 +141,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
   // the warps' partials of an item, double-buffered by item parity (one barrier per item)
   float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
-  // MX == 1: the block's copy of x (M rows of nstages * 128 values, zero past K; the 16-byte pad puts the rows of
+  // MX == 1: the block's copy of x (M rows of nstages * KS values, zero past K; the 16-byte pad puts the rows of
   // one ldmatrix on distinct bank quads), after the partials' buffers
   const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
-  const int xpitch = p.nstages * 256 + 16;
+  const int xpitch = p.nstages * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment)
   const int RP = (M + 1) >> 1;
@@ -156,7 +159,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   const int kb_end = min(st1 * VPS, p.kblocks);
   const T* X = static_cast<const T*>(p.x);
   // FS == 0: the statistics row moves on every spg stages (never for per-channel)
-  const int spg_mask = FS == 0 && p.gs_shift >= 0 ? (1 << (gsh - 7)) - 1 : -1;
+  const int spg_mask = FS == 0 && p.gs_shift >= 0 ? (1 << (gsh - LKS)) - 1 : -1;
 
   // Issue cursor: item inb, per-lane copy pointers at stage snext of it. Copies past the end (codes past
   // kblocks, x past K, statistics rows past G) read no bytes and zero-fill.
@@ -174,10 +177,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     wsrc = p.qw + (p.inter ? ((int64_t)(inb >> 3) * p.kblocks * 8 + (inb & 7)) * 32 : (int64_t)inb * p.kblocks * 32) +
            lane + (int64_t)st0 * VPS * vstride;
     // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
-    xk = st0 * KSTAGE + (lane & 15) * 8;
+    xk = st0 * KS + (lane & 15) * 8;
     xsrc = X + (int64_t)(lane >> 4) * p.K + xk;
     // statistics: lanes < 4 * GPS copy the 16-byte quarter (lane % 4) of group row lane / 4 of the stage
-    sgrp = ((st0 * KSTAGE) >> gsh) + (lane >> 2);
+    sgrp = ((st0 * KS) >> gsh) + (lane >> 2);
     ssrc = p.st + (int64_t)sgrp * p.Np + inb * 16 + (lane & 3) * 4;
   };
   start_item();
@@ -187,12 +190,16 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (inb < nblk && st0 < st1) {
 #pragma unroll
       for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * vstride, kb_next + v < kb_end ? 16 : 0);
-      if (MX != 1) {
-        const int xb = xk < p.K ? 16 : 0;   // K % 8 == 0: a chunk is all inside or all outside
+      if (MX != 1) {   // 16 lanes per row, 256 bytes of it per pass (K % 8 == 0: a chunk is all inside K or outside)
 #pragma unroll
-        for (int i = 0; i < MX / 2; ++i)
-          if ((lane >> 4) + 2 * i < M)
-            cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + (lane & 15) * 16, xsrc + i * xrow2, xb);
+        for (int q = 0; q < KS / 128; ++q) {
+          const int xb = xk + q * 128 < p.K ? 16 : 0;
+#pragma unroll
+          for (int i = 0; i < MX / 2; ++i)
+            if ((lane >> 4) + 2 * i < M)
+              cp_async16(slot + XO + ((lane >> 4) + 2 * i) * XPITCH + q * 256 + (lane & 15) * 16,
+                         xsrc + i * xrow2 + q * 128, xb);
+        }
       }
       if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
       if (++snext == st1) {
@@ -201,8 +208,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       } else {
         wsrc += VPS * vstride;
         kb_next += VPS;
-        xsrc += KSTAGE;
-        xk += KSTAGE;
+        xsrc += KS;
+        xk += KS;
         if (FS > 0) {
           sgrp += GPS;
           ssrc += GPS * p.Np;
@@ -227,12 +234,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (MX == 1) {
     griddep_wait();
     // the block's rows of x, loaded after the wait (through L2: ld.global.cg, as the cp.async copies) and stored
-    // to shared memory; four 16-byte loads in flight per thread
     // to shared memory; four 16-byte loads in flight per thread. Each unit of the sum(x) table is UL consecutive
-    // chunks of one row (rows are whole stages, 16 chunks), held by UL aligned lanes: summed with shuffles.
-    const int per_row = p.nstages * 16;   // 16-byte chunks
+    // chunks of one row (rows are whole stages, KS / 8 chunks), held by UL aligned lanes: summed with shuffles.
+    const int per_row = p.nstages * (KS / 8);   // 16-byte chunks
     const int total = M * per_row;
-    constexpr int UL = FS > 0 ? 2 * FS : 16;
+    constexpr int UL = FS > 0 ? 2 * FS : KS / 8;
     for (int c0 = threadIdx.x - lane; c0 < total; c0 += 4 * blockDim.x) {   // (warp-uniform: the shuffles)
       uint4 v[4];
 #pragma unroll
@@ -334,9 +340,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           uint4 w[VPS];
 #pragma unroll
           for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * 256 + (lane >> 3) * 16 : base + xoff);
+          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * (KS * 2) + (lane >> 3) * 16 : base + xoff);
 #pragma unroll
-          for (int c = 0; c < KSTAGE / 32; ++c) {
+          for (int c = 0; c < KS / 32; ++c) {
             uint32_t b[4];
             ldsm_x4(xa + c * xstep, b);
 #pragma unroll
@@ -344,7 +350,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               const int j = 2 * c + h;   // k16 step in the stage
               uint32_t a[4];
               extract_a<BITS, T>(w[j / J], j % J, a);
-              if (j % (FS > 0 ? FS : 8) == 0) {   // a group's (or, FS == 0, a stage's) first step
+              if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
                 mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
                 if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
               } else {
