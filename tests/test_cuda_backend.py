@@ -250,7 +250,7 @@ def _graph_replays(call, static_x, fresh, check, replays):
         static_x.copy_(fresh())
         graph.replay()
         torch.cuda.synchronize()
-        check(out.clone())
+        check(out)   # (checked before the next replay overwrites it)
 
 
 @needs_cuda
@@ -509,18 +509,8 @@ def test_wq_programmatic_launch_chain(thin, monkeypatch):
     assert names == (["wqt_gemm"] * 5 if thin else ["wqv_gemm"] * 5), names
     assert [c[1] for c in calls[:5]] == [False] * 5 and all(c[1] for c in calls[5:]), calls
     static_x = torch.randn((1, k), generator=gen).bfloat16().cuda()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        chain(static_x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ins, outs = chain(static_x)
-    for rep in range(3):
-        static_x.copy_(torch.randn((1, k), generator=gen).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        check(ins, outs, f"graph replay {rep}")
+    _graph_replays(chain, static_x, lambda: torch.randn((1, k), generator=gen).bfloat16().cuda(),
+                   lambda out: check(*out, "graph replay"), 3)
 
 
 @needs_cuda

@@ -384,7 +384,9 @@ def _thin_rows(m: int, n: int, k: int) -> bool:
     copies of several rows the skinny kernel is faster there."""
     if n * k <= THIN_SMALL_LAYER:
         return m <= THIN_M
-    stages = -(-k // 128)   # (+ its sum(x) table, sized for groups of 32: four units per stage)
+    # x rounded to 128-k stages (+ its sum(x) table, sized for groups of 32: four units per stage); 2-bit codes
+    # round to 256 k, so at the edge the kernel may copy x per stage instead of staging it (correct, slower)
+    stages = -(-k // 128)
     fits = m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024
     return m <= THIN_M_BIG and (m == 1 or (fits and k <= THIN_ROWS_MAX_K))
 #: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
