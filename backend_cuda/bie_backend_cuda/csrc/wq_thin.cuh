@@ -38,12 +38,13 @@ template <int BITS, int MX, int FS> struct Slot {
 // The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
 // of more than 2^26 weights; else per-stage copies (MX = 8). Measured on the H100 (cuda_h100_thin.md, run 9): staging
 // 2-4 rows made 28672x8192 5-10% faster, but 4096x4096 15% slower (the block waits for all of x before starting).
-// (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes)
+// (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes; one row: 16 bytes
+// per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);
 inline int thin_xbytes(const WqtArgs& p) {
   const int fs = thin_fs(p.gs_shift);
   const int units = fs > 0 ? p.nstages * (p.kstage / (16 * fs)) : p.nstages;
-  return p.M * (p.nstages * p.kstage * 2 + 16) + units * ((p.M + 1) / 2) * 8;
+  return p.M * (p.nstages * p.kstage * 2 + 16) + units * (p.M == 1 ? 16 : ((p.M + 1) / 2) * 8);
 }
 inline int thin_mx(const WqtArgs& p) {
   const bool big = (int64_t)p.N * p.K > (1ll << 26);

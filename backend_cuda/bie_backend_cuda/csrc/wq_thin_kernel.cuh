@@ -114,13 +114,79 @@ template <> __device__ __forceinline__ void mma_zero<__nv_bfloat16>(float (&c)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
+// One-row variant ("ONE": decode, x is a single row staged per block), 2-bit codes: each code is turned into a
+// 16-bit float where it already sits in its 16-bit half, instead of being shifted down to bit 0 first. A code at
+// bit b of the mantissa, under the exponent E = MB - b (MB = 10 for fp16, 7 for bf16: the mantissa width), reads
+// as exactly code + 2^E, so one LOP3 ((x & mask) | exponent) makes it; only the codes that would reach the
+// exponent field are shifted down (fp16: bits 10-15, one shift per 32-bit word; bf16: bits 6-15, two). The magic
+// 2^E then differs per A register: sum(magic * x) per column half comes from the block's table (built while x is
+// staged, spread_magic below), so the flush subtracts it as it subtracts the uniform magic elsewhere.
+// A word of the skinny layout holds two k16 steps (parity p: byte p of each 16-bit half); register r = 2 kh + nh
+// of step p takes the code at bit 8p + 2r (weight_only.py _repack_a).
+template <typename T> struct Spread;
+template <> struct Spread<__half> {
+  // exponent bits of 2^E in both halves
+  template <int E> static __host__ __device__ constexpr uint32_t mag() { return (uint32_t)(E + 15) << 10 | (uint32_t)(E + 15) << 26; }
+  // magic of register r of step parity p: 2^(10 - b) for the code's bit b after the shifts below
+  static __host__ __device__ constexpr float magic(int p, int r) {
+    return p == 0 ? (r == 0 ? 1024.f : r == 1 ? 256.f : r == 2 ? 64.f : 16.f)
+                  : (r == 0 ? 4.f : r == 1 ? 64.f : r == 2 ? 16.f : 4.f);
+  }
+  static __device__ __forceinline__ void extract(uint32_t x, int p, uint32_t (&a)[4]) {
+    if (p == 0) {   // bits 0, 2, 4, 6
+      a[0] = and_or<0x00030003u, mag<10>()>(x);
+      a[1] = and_or<0x000C000Cu, mag<8>()>(x);
+      a[2] = and_or<0x00300030u, mag<6>()>(x);
+      a[3] = and_or<0x00C000C0u, mag<4>()>(x);
+    } else {        // bit 8 in place; bits 10, 12, 14 shifted to 4, 6, 8
+      const uint32_t y = x >> 6;
+      a[0] = and_or<0x03000300u, mag<2>()>(x);
+      a[1] = and_or<0x00300030u, mag<6>()>(y);
+      a[2] = and_or<0x00C000C0u, mag<4>()>(y);
+      a[3] = and_or<0x03000300u, mag<2>()>(y);
+    }
+  }
+};
+template <> struct Spread<__nv_bfloat16> {
+  template <int E> static __host__ __device__ constexpr uint32_t mag() { return (uint32_t)(E + 127) << 7 | (uint32_t)(E + 127) << 23; }
+  static __host__ __device__ constexpr float magic(int p, int r) {
+    return p == 0 ? (r == 0 ? 128.f : r == 1 ? 32.f : r == 2 ? 8.f : 128.f)
+                  : (r == 0 ? 32.f : r == 1 ? 8.f : r == 2 ? 128.f : 32.f);
+  }
+  static __device__ __forceinline__ void extract(uint32_t x, int p, uint32_t (&a)[4]) {
+    const uint32_t y = x >> 6;   // bits 6, 8, 10 -> 0, 2, 4
+    if (p == 0) {   // bits 0, 2, 4 in place, 6 from y
+      a[0] = and_or<0x00030003u, mag<7>()>(x);
+      a[1] = and_or<0x000C000Cu, mag<5>()>(x);
+      a[2] = and_or<0x00300030u, mag<3>()>(x);
+      a[3] = and_or<0x00030003u, mag<7>()>(y);
+    } else {        // bits 8, 10 from y, 12, 14 from x >> 12
+      const uint32_t z = x >> 12;
+      a[0] = and_or<0x000C000Cu, mag<5>()>(y);
+      a[1] = and_or<0x00300030u, mag<3>()>(y);
+      a[2] = and_or<0x00030003u, mag<7>()>(z);
+      a[3] = and_or<0x000C000Cu, mag<5>()>(z);
+    }
+  }
+};
+
+// The magic of the codes of column half nh in the 8 k of x chunk cc (k = 8 cc ..): step parity (cc >> 1) & 1,
+// k half cc & 1. Uniform (MAGF) except for the spread 2-bit codes of the one-row variant.
+template <int BITS, typename T, bool ONE>
+__device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
+  return ONE && BITS == 2 ? Spread<T>::magic((cc >> 1) & 1, 2 * (cc & 1) + nh) : magf;
+}
+
 // SBF: bf16 statistics (else fp16). MX: 1 = the rows of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
 // at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
 // then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
 // a whole K row accumulated (q + 1024) * x long enough to lose the fp16 result to cancellation).
 // The codes are the skinny layout: kblock kb of column block nb is vector ((nb/8)*kblocks + kb)*8 + nb%8
 // (interleaved) or nb*kblocks + kb.
-template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS>
+// ONE (MX == 1 and M == 1, decode): the flush updates only the two C fragments of row 0 (columns g and g + 8), from
+// one 16-byte table entry per group {sum(x), sum(magic * x) of columns g, of columns g + 8}; 2-bit codes are spread
+// (Spread above).
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE>
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
@@ -146,7 +212,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
   const int xpitch = p.nstages * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
-  // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment)
+  // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
+  // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
   const int RP = (M + 1) >> 1;
   const uint32_t sxtab = xbuf + M * xpitch;
 
@@ -250,11 +317,25 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       for (int i = 0; i < 4; ++i) {
         const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
         float sum = sum8<T>(v[i]);
+        // ONE: the magic-weighted sums of the chunk's codes of column halves 0 and 1 (powers of two: exact)
+        float ms0 = ONE ? chunk_magic<BITS, T, ONE>(cc, 0, MAGF) * sum : 0.f;
+        float ms1 = ONE ? chunk_magic<BITS, T, ONE>(cc, 1, MAGF) * sum : 0.f;
 #pragma unroll
-        for (int o = UL / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        for (int o = UL / 2; o > 0; o >>= 1) {
+          sum += __shfl_xor_sync(0xffffffffu, sum, o);
+          if (ONE) {
+            ms0 += __shfl_xor_sync(0xffffffffu, ms0, o);
+            ms1 += __shfl_xor_sync(0xffffffffu, ms1, o);
+          }
+        }
         if (c < total) {
           sts128(xbuf + row * xpitch + cc * 16, v[i]);
-          if (lane % UL == 0) sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+          if (lane % UL == 0) {
+            if (ONE)
+              sts128(sxtab + (cc / UL) * 16, make_uint4(__float_as_uint(sum), __float_as_uint(ms0), __float_as_uint(ms1), 0u));
+            else
+              sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+          }
         }
       }
     }
@@ -273,6 +354,19 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3); MX == 1: accx (rows 2t,
   // 2t + 1 of sum(x), the same for every column) from the table
   auto flush = [&](uint32_t srow, int unit) {
+    if (ONE) {   // row 0 only: C fragments 0 (column g) and 2 (column g + 8); lanes t > 0 hold zero rows of x
+      const uint4 e = lds128(sxtab + unit * 16);
+      const float sx = __uint_as_float(e.x), mx0 = __uint_as_float(e.y), mx1 = __uint_as_float(e.z);
+      float s0, z0, s1, z1;
+      decode_stat(lds32(srow + g * 4), SBF, s0, z0);
+      decode_stat(lds32(srow + 32 + g * 4), SBF, s1, z1);
+      // gptq: s * (acc - sum(magic x) - z sum(x)); gba: s * (acc - sum(magic x)) - z sum(x)
+      const float c0 = GPTQ ? s0 * fmaf(z0, sx, mx0) : fmaf(s0, mx0, z0 * sx);
+      const float c1 = GPTQ ? s1 * fmaf(z1, sx, mx1) : fmaf(s1, mx1, z1 * sx);
+      tot[0] = fmaf(s0, acc[0], tot[0] - c0);
+      tot[2] = fmaf(s1, acc[2], tot[2] - c1);
+      return;
+    }
     if (MX == 1) {
       const float2 sx = t < RP ? lds64f(sxtab + (unit * RP + t) * 8) : make_float2(0.f, 0.f);
       accx[0] = accx[2] = sx.x;
@@ -349,7 +443,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
             for (int h = 0; h < 2; ++h) {
               const int j = 2 * c + h;   // k16 step in the stage
               uint32_t a[4];
-              extract_a<BITS, T>(w[j / J], j % J, a);
+              if (ONE && BITS == 2) {
+                const uint32_t ws[4] = {w[j / J].x, w[j / J].y, w[j / J].z, w[j / J].w};
+                Spread<T>::extract(ws[(j % J) >> 1], j & 1, a);
+              } else {
+                extract_a<BITS, T>(w[j / J], j % J, a);
+              }
               if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
                 mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
                 if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
@@ -375,10 +474,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #endif
 }
 
-template <int BITS, typename T, int MX, int FS>
+template <int BITS, typename T, int MX, int FS, bool ONE>
 cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS> : wqt_kernel<BITS, T, true, false, MX, FS>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS> : wqt_kernel<BITS, T, false, false, MX, FS>);
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE> : wqt_kernel<BITS, T, true, false, MX, FS, ONE>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE> : wqt_kernel<BITS, T, false, false, MX, FS, ONE>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -392,13 +491,13 @@ cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
-template <int BITS, typename T, int MX>
+template <int BITS, typename T, int MX, bool ONE>
 cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
   switch (thin_fs(p.gs_shift)) {
-    case 2: return launch_t<BITS, T, MX, 2>(p, st);
-    case 4: return launch_t<BITS, T, MX, 4>(p, st);
-    case 8: return launch_t<BITS, T, MX, 8>(p, st);
-    default: return launch_t<BITS, T, MX, 0>(p, st);
+    case 2: return launch_t<BITS, T, MX, 2, ONE>(p, st);
+    case 4: return launch_t<BITS, T, MX, 4, ONE>(p, st);
+    case 8: return launch_t<BITS, T, MX, 8, ONE>(p, st);
+    default: return launch_t<BITS, T, MX, 0, ONE>(p, st);
   }
 }
 
@@ -406,7 +505,8 @@ cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
 
 template <int BITS, typename T>
 cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
-  return thin_mx(p) == 1 ? launch_m<BITS, T, 1>(p, st) : launch_m<BITS, T, 8>(p, st);
+  if (thin_mx(p) != 1) return launch_m<BITS, T, 8, false>(p, st);
+  return p.M == 1 ? launch_m<BITS, T, 1, true>(p, st) : launch_m<BITS, T, 1, false>(p, st);
 }
 
 }  // namespace thin
