@@ -293,6 +293,7 @@ def bench_thin(rows, quick, sweep, several_rows=False):
     shapes = [(4096, 4096), (28672, 8192), (8192, 28672)]
     cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((1, 4, 8) if not quick else (1,))]
     cases += [(1, n, k, 2, 64) for n, k in shapes]
+    cases += [(1, n, k, 8, -1) for n, k in shapes[:2]]
     if several_rows:
         cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((2, 4, 8) if not quick else (1, 2, 4))]
     for m, n, k, bits, gs in cases:
