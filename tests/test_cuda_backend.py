@@ -274,6 +274,57 @@ def test_wq_gemm(bits, gs, act, fmt):
     torch.testing.assert_close(w.double().cpu(), w64, rtol=2 ** -10, atol=2 ** -10 * float(w64.pow(2).mean().sqrt()))
 
 
+DEQ = [(bits, gs, act, fmt) for bits in (1, 2, 4, 8) for gs, act, fmt in
+       ((32, False, "gptq"), (128, True, "gba"), (-1, False, "gba"), (64, True, "gptq"))] + [(1, 16, False, "gptq")]
+
+
+@needs_cuda
+@pytest.mark.parametrize("bits,gs,act,fmt", DEQ)
+def test_wq_dequant_columns_exact(bits, gs, act, fmt):
+    """The canonical dequantize kernel is the reference bit for bit (fp32 math, one rounding to the output dtype):
+    the whole weight and column ranges written into a strided buffer (vector and scalar paths: N % 4 == 0 or not,
+    K off the packed word, act-order, groups shorter than a word), nothing written outside its columns."""
+    from bie_backend_cpu.reference import weight_only as rw
+    from bie_backend_cuda import weight_only as cw
+    ops = cw._build.ops()
+    for k, n in ((300, 1000), (300, 1001)):
+        qw, s, z, gi, _ = _wq_case(k, n, bits, gs, fmt, act, 31 * bits + n + max(gs, 0))
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            ref = rw.wq_dequantize(qw.cpu(), s.cpu(), z.cpu(), None if gi is None else gi.cpu(), bits, gs, k, fmt, dt)
+            got = cw.wq_dequantize(qw, s, z, gi, bits, gs, k, fmt, dt)
+            assert torch.equal(got.cpu(), ref), f"whole weight {bits}-bit {fmt} g{gs} N={n} {dt}"
+            buf = torch.full((k, 264), float("nan"), dtype=dt, device="cuda")
+            for n0, nc in ((0, 256), (256, 256), (512, 260), (n - 232, 232), (3, 1), (n - 5, 5)):
+                buf.fill_(float("nan"))
+                ops.wq_dequant_canonical(qw, s, z, gi, bits, gs, k, fmt == "gptq", dt, n0, buf[:, :nc])
+                assert torch.equal(buf[:, :nc].cpu(), ref[:, n0:n0 + nc]), f"columns [{n0}, {n0 + nc}) {dt}"
+                assert bool(buf[:, nc:].isnan().all()), f"columns [{n0}, {n0 + nc}): wrote past its columns"
+
+
+@needs_cuda
+def test_wq_large_m_column_chunks(monkeypatch):
+    """M > LARGE_M dequantizes LARGE_M_CHUNK columns at a time into one buffer (a partial last chunk, odd N), each
+    multiplied into its columns of y; fp16 / bf16 / fp32 activations, bias, act-order; and bad column ranges."""
+    from bie_backend_cuda import weight_only as cw
+    monkeypatch.setattr(cw, "LARGE_M_CHUNK", 96)
+    gen = torch.Generator().manual_seed(41)
+    for bits, fmt, act, n in ((4, "gptq", True, 300), (2, "gba", False, 257), (8, "gptq", False, 96 * 3)):
+        k = 264
+        qw, s, z, gi, w64 = _wq_case(k, n, bits, 64, fmt, act, 40 + bits)
+        for m, dt in ((65, torch.bfloat16), (130, torch.float16), (70, torch.float32)):
+            x = torch.randn((m, k), generator=gen).to(dt).cuda()
+            bias = torch.randn(n, generator=gen).to(dt).cuda() if m % 2 else None
+            _close(cw.wq_gemm(x, qw, s, z, gi, bias, bits, 64, fmt), w64, x, dt, k, f"chunks M={m} N={n} {dt}", bias)
+    ops = cw._build.ops()
+    qw, s, z, gi, _ = _wq_case(64, 40, 4, 32, "gptq", False, 3)
+    with pytest.raises(RuntimeError, match="outside N"):
+        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 32, torch.empty(64, 16).half().cuda())
+    with pytest.raises(RuntimeError, match="out must be"):
+        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 0, torch.empty(16, 64).half().cuda().t())
+    with pytest.raises(RuntimeError, match="n0 needs out"):
+        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 8, None)
+
+
 @needs_cuda
 def test_wq_large_shapes_split_k_deterministic_and_graphs():
     from bie_backend_cuda import weight_only as cw

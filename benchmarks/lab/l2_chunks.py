@@ -1,16 +1,18 @@
-"""Lab: can dequantize + cuBLAS at M >= 1024 get cheaper by dequantizing column chunks that stay in L2?
+"""Lab: dequantize + cuBLAS at M >= 1024, the whole weight at once or in column chunks that stay in L2.
 
-Today's large-M path (weight_only.wq_gemm, m > LARGE_M) writes the whole bf16 weight (28672x8192: 470 MB) to HBM
-and cuBLAS reads it back: ~190 us of ~946 at M=1024 (0.82x bf16 cuBLAS). Here the weight is dequantized Nc columns
-at a time into a (K, Nc) buffer small enough to stay in the 50 MB L2, each chunk multiplied straight into its
-columns of y (torch.mm out= a strided view: cuBLAS writes it with ldc = N). The cost: N / Nc smaller GEMMs.
-The chunks' canonical slices are cut once, outside the timed region (a product path would give the dequantize
-kernel a column range instead). Weights rotate over a pool larger than L2 as in bench_cuda.
+weight_only.wq_gemm serves m > LARGE_M by dequantizing the canonical weight and calling cuBLAS
+(_dequant_matmul). With LARGE_M_CHUNK = 0 the whole bf16 weight (28672x8192: 470 MB) goes to HBM and cuBLAS
+reads it back; with LARGE_M_CHUNK = Nc it is dequantized Nc columns at a time into one reused (K, Nc) buffer
+and each chunk is multiplied straight into its columns of y, so the buffer lives in the 50 MB L2 when
+K * Nc * 2 bytes fits. The cost: N / Nc smaller GEMMs. Weights rotate over a pool larger than L2 as in
+bench_cuda; the product path itself is timed (the knob set per measurement).
 
-    python3 benchmarks/lab/l2_chunks.py
+    python3 benchmarks/lab/l2_chunks.py [--json out.json]
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 
@@ -21,65 +23,50 @@ from bench_cuda import _rand_wq, bf16_linear_us  # noqa: E402
 from gpu_timing import pool_size, time_graph, warm_gpu  # noqa: E402
 
 
-def chunks_of(qw, s, z, n, nc, bits):
-    """The canonical GPTQ tensors of columns [n0, n0 + nc), contiguous (qzeros: nc * bits / 32 words per row)."""
-    per = 32 // bits
-    out = []
-    for n0 in range(0, n, nc):
-        n1 = min(n, n0 + nc)
-        out.append((n0, n1, qw[:, n0:n1].contiguous(), s[:, n0:n1].contiguous(),
-                    z[:, n0 // per:(n1 + per - 1) // per].contiguous()))
-    return out
-
-
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
     from bie_backend_cuda import _build
     from bie_backend_cuda import weight_only as cw
     ops = _build.ops()
     warm_gpu()
     gen = torch.Generator(device="cuda").manual_seed(7)
     bits, gs, m = 4, 128, 1024
+    rows = []
+    keep = cw.LARGE_M_CHUNK
     for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):
         wbytes = n * k // 2 + (n * k // gs) * 4
         sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        preps = [cw.prepare(*s_, None) for s_ in sets]
-        now = time_graph([lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq",
-                                                        prepared=p) for s_, p in zip(sets, preps)])
+        fns = [lambda s_=s_: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq") for s_ in sets]
         deq = time_graph([lambda s_=s_: ops.wq_dequant_canonical(s_[0], s_[1], s_[2], None, bits, gs, k, True,
-                                                                 torch.bfloat16) for s_ in sets])
+                                                                 torch.bfloat16, 0, None) for s_ in sets])
         base = bf16_linear_us(m, n, k)
-        ref = cw.wq_gemm(x, sets[0][0], sets[0][1], sets[0][2], None, None, bits, gs, "gptq").float()
-        line = f"M={m} {n}x{k}: bf16 {base:.1f} us | deq+cuBLAS {now:.1f} ({base / now:.2f}x; dequantize alone {deq:.1f})"
-        for nc in (1024, 2048, 3072, 4096):
-            if nc >= n:
-                continue
-            cks = [chunks_of(*s_, n, nc, bits) for s_ in sets]
-
-            def call(ck):
-                y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-                for n0, n1, q_, s_, z_ in ck:
-                    w = ops.wq_dequant_canonical(q_, s_, z_, None, bits, gs, k, True, torch.bfloat16)
-                    if strided_out:
-                        torch.mm(x, w, out=y[:, n0:n1])
-                    else:
-                        y[:, n0:n1] = x @ w
-                return y
-            strided_out = True
-            try:
-                got = call(cks[0]).float()
-            except RuntimeError as exc:   # out= a strided view refused: a copy per chunk instead
-                print(f"  (mm out= a column slice: {str(exc)[:100]}; copying)", flush=True)
-                strided_out = False
-                got = call(cks[0]).float()
-            err = float((got - ref).norm() / ref.norm())
-            t = time_graph([lambda ck=ck: call(ck) for ck in cks])
-            line += f" | Nc={nc}: {t:.1f} ({base / t:.2f}x, err {err:.1e})"
-            del cks
-            torch.cuda.empty_cache()
+        w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
+        ref = x.float() @ w
+        row = dict(shape=f"M={m} N={n} K={k}", bf16_us=base, dequant_us=deq,
+                   dequant_TBps=(n * k // 2 + n * k * 2) / deq / 1e6)
+        line = f"M={m} {n}x{k}: bf16 {base:.1f} us | dequantize alone {deq:.1f} ({row['dequant_TBps']:.2f} TB/s)"
+        try:
+            for nc in (0, 2048, 4096, 8192):
+                if nc >= n:
+                    continue
+                cw.LARGE_M_CHUNK = nc
+                err = float((fns[0]().float() - ref).norm() / ref.norm())
+                t = time_graph(fns)
+                row[f"chunk{nc}_us"] = t
+                line += f" | chunk {nc or 'none'}: {t:.1f} ({base / t:.2f}x, err {err:.1e})"
+        finally:
+            cw.LARGE_M_CHUNK = keep
         print(line, flush=True)
-        del sets, preps
+        rows.append(row)
+        del sets, fns
         torch.cuda.empty_cache()
+    if args.json:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=os.environ.get("BIE_COMMIT", "?"))
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 10, one device call: build, SASS check, every CUDA test + the conformance kit, the thin M=1 table (W4 g128,
-# W2 g64, W8 per-channel; the one-row variant), and the L2-chunk lab for M = 1024 (lab/l2_chunks.py).
+# W2 g64, W8 per-channel; the one-row variant; NOTHIN=1 skips it), and the M = 1024 dequantize + cuBLAS lab
+# (lab/l2_chunks.py: whole weight or L2-sized column chunks).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -17,8 +18,8 @@ if [ -z "$NOTESTS" ]; then
       | grep -E "FAILED|Error|passed|failed|^total" | head -40
 fi
 if [ -z "$NOBENCH" ]; then
-  timeout ${THIN_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only thin --quick --json $OUT/bench_thin.json 2>&1 \
-      | grep -E "^thin|Error" | tee $OUT/thin.log
-  timeout ${L2_TIMEOUT:-150} python3 benchmarks/lab/l2_chunks.py 2>&1 | tee $OUT/l2_chunks.log
+  [ -z "$NOTHIN" ] && timeout ${THIN_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only thin --quick \
+      --json $OUT/bench_thin.json 2>&1 | grep -E "^thin|Error" | tee $OUT/thin.log
+  timeout ${L2_TIMEOUT:-150} python3 benchmarks/lab/l2_chunks.py --json $OUT/l2_chunks.json 2>&1 | tee $OUT/l2_chunks.log
 fi
 true

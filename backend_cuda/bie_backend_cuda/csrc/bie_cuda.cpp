@@ -568,10 +568,11 @@ Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std
   return out;
 }
 
-// Dequantize straight from the canonical tensors (bits 1, 2, 4, 8): W (K, N).
+// Dequantize straight from the canonical tensors (bits 1, 2, 4, 8): W (K, N), or with out (K rows, nc columns of
+// stride 1, rows of any stride >= nc, in out_dtype) its columns [n0, n0 + nc) into out (returned).
 Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const Tensor& zeros,
                             const std::optional<Tensor>& g_idx, int64_t bits, int64_t group_size, int64_t K,
-                            bool gptq, at::ScalarType out_dtype) {
+                            bool gptq, at::ScalarType out_dtype, int64_t n0, const std::optional<Tensor>& out_opt) {
   for (const Tensor* t : {&qweight, &scales, &zeros}) check_cuda(*t, "wq_dequant_canonical operand");
   TORCH_CHECK(bits == 1 || bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_dequant_canonical: bits 1/2/4/8");
   const int64_t N = qweight.size(1), G = scales.size(0);
@@ -595,12 +596,26 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
     gp = gi.data_ptr<int32_t>();
   }
   TORCH_CHECK(K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_dequant_canonical: problem too large");
+  Tensor out;
+  if (out_opt.has_value() && out_opt->defined()) {
+    out = *out_opt;
+    check_cuda(out, "wq_dequant_canonical out");
+    TORCH_CHECK(out.device() == qweight.device() && out.scalar_type() == out_dtype && out.dim() == 2 &&
+                    out.size(0) == K && (out.size(1) <= 1 || out.stride(1) == 1) && out.stride(0) >= out.size(1),
+                "bie_cuda.wq_dequant_canonical: out must be (K, nc) in out_dtype on qweight's device, columns of "
+                "stride 1, rows of stride >= nc");
+    TORCH_CHECK(n0 >= 0 && n0 + out.size(1) <= N, "bie_cuda.wq_dequant_canonical: columns [", n0, ", ",
+                n0 + out.size(1), ") outside N = ", N);
+  } else {
+    TORCH_CHECK(n0 == 0, "bie_cuda.wq_dequant_canonical: n0 needs out");
+    out = at::empty({K, N}, qweight.options().dtype(out_dtype));
+  }
   c10::cuda::CUDAGuard guard(qweight.device());
-  auto out = at::empty({K, N}, qweight.options().dtype(out_dtype));
   check_launch(bie::launch_wq_dequant_canonical(qw.data_ptr<int32_t>(), sc.data_ptr(), dtype_code(sc.scalar_type()),
                                                 zr.data_ptr(), gptq ? bie::kI32 : dtype_code(zr.scalar_type()), gptq,
                                                 gp, group_size > 0 ? (int)group_size : -1, (int)G, (int)bits, (int)K,
-                                                (int)N, out.data_ptr(), dtype_code(out_dtype), stream()),
+                                                (int)N, (int)n0, (int)out.size(1), out.stride(0), out.data_ptr(),
+                                                dtype_code(out_dtype), stream()),
                "wq_dequant_canonical");
   return out;
 }

@@ -890,78 +890,118 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
 }
 
 // ---------------------------------------------- dequantize (canonical format)
-// Straight from the checkpoint tensors, float32 math exactly as the reference
-// (gptq s*(q - z), gba q*s - z, no fused multiply-add): one thread per
-// (packed word, column), 32/BITS rows each; stores coalesced along N.
+// Column range [n0, n0 + nc) of the dequantized weight into out (row stride ldo), four columns per thread: one
+// 16-byte load of codes, the statistics once per group, 8-byte (16-bit out) or 16-byte (float32 out) stores per row.
+// The arithmetic is the reference's, bit for bit: a code q (and a GPTQ zero z) becomes an exact float as
+// 2^23 + q (one LOP3: no integer-to-float conversion, a quarter-rate instruction), so q - z = (2^23 + q) - (2^23 + z)
+// is one exact subtraction; then s * (q - z) (gptq) or q * s - z (gba), rounded once each, no fused multiply-add.
+// Written for M > LARGE_M (weight_only.py), where the whole-weight kernel above was issue-bound (~22 instructions
+// per weight, 2.2 TB/s on the H100) and a GEMM chunk's dequantized columns can stay in L2.
+// vec: N, n0, nc and ldo are multiples of 4, codes and out 16-byte aligned (else scalar loads and stores, same math).
 template <int BITS, typename OT>
-__global__ void wq_dequant_canon_kernel(const int32_t* __restrict__ qw, const void* __restrict__ scales, int sdt,
-                                        const void* __restrict__ zeros, int zdt, bool gptq,
-                                        const int32_t* __restrict__ gidx, int gs, int G, int K, int N,
-                                        OT* __restrict__ out) {
+__global__ void wq_dequant_cols_kernel(const int32_t* __restrict__ qw, const void* __restrict__ scales, int sdt,
+                                       const void* __restrict__ zeros, int zdt, bool gptq,
+                                       const int32_t* __restrict__ gidx, int gs, int G, int K, int N, int n0, int nc,
+                                       int64_t ldo, bool vec, OT* __restrict__ out) {
   constexpr int PER = 32 / BITS;
   constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr float TWO23 = 8388608.f;
   const int nw = (N * BITS + 31) / 32;
-  const int64_t total = (int64_t)((K + PER - 1) / PER) * N;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    const int wr = (int)(i / N), n = (int)(i - (int64_t)wr * N);
-    const uint32_t word = (uint32_t)qw[(int64_t)wr * N + n];
-    auto stats = [&](int g, float& s, float& z) {
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;   // first of this thread's columns in the chunk
+  if (c0 >= nc) return;
+  const int ncol = min(4, nc - c0), n = n0 + c0;
+  const int wrows = (K + PER - 1) / PER;
+  for (int wr = blockIdx.y; wr < wrows; wr += gridDim.y) {
+    uint32_t word[4];
+    if (vec) {
+      const uint4 v = *reinterpret_cast<const uint4*>(qw + (int64_t)wr * N + n);
+      word[0] = v.x, word[1] = v.y, word[2] = v.z, word[3] = v.w;
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) word[c] = c < ncol ? (uint32_t)qw[(int64_t)wr * N + n + c] : 0u;
+    }
+    float s[4], zz[4];   // scale, and 2^23 + zero (gptq) or the float zero (gba)
+    auto load_stats = [&](int g) {
       g = min(max(g, 0), G - 1);
-      s = load_f32(scales, sdt, (int64_t)g * N + n);
-      if (gptq) {
-        const uint32_t zw = (uint32_t)static_cast<const int32_t*>(zeros)[(int64_t)g * nw + (n * BITS) / 32];
-        z = (float)((zw >> ((n * BITS) % 32)) & MASK);
-      } else {
-        z = load_f32(zeros, zdt, (int64_t)g * N + n);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int nn = min(n + c, N - 1);   // (columns past the chunk: any valid column, never stored)
+        s[c] = load_f32(scales, sdt, (int64_t)g * N + nn);
+        if (gptq) {
+          const uint32_t zw = (uint32_t)static_cast<const int32_t*>(zeros)[(int64_t)g * nw + (nn * BITS) / 32];
+          zz[c] = __uint_as_float(0x4B000000u | ((zw >> ((nn * BITS) % 32)) & MASK));
+        } else {
+          zz[c] = load_f32(zeros, zdt, (int64_t)g * N + nn);
+        }
       }
     };
-    auto put = [&](int k, float q, float s, float z) {
-      const float v = gptq ? __fmul_rn(s, __fsub_rn(q, z)) : __fsub_rn(__fmul_rn(q, s), z);
-      if constexpr (std::is_same<OT, float>::value) out[(int64_t)k * N + n] = v;
-      else out[(int64_t)k * N + n] = from_f32<OT>(v);
-    };
     const int k0 = wr * PER;
-    if (!gidx && (gs <= 0 || gs % PER == 0) && k0 + PER <= K) {
-      // the word's rows share one group: statistics once, branch-free rows
-      float s, z;
-      stats(gs > 0 ? k0 / gs : 0, s, z);
+    // row k0 + e of the word: convert, scale, store
+    auto put_row = [&](int e) {
+      const int k = k0 + e;
+      float v[4];
 #pragma unroll
-      for (int e = 0; e < PER; ++e) put(k0 + e, (float)((word >> (BITS * e)) & MASK), s, z);
+      for (int c = 0; c < 4; ++c) {
+        const float q23 = __uint_as_float(0x4B000000u | ((word[c] >> (BITS * e)) & MASK));   // 2^23 + q
+        v[c] = gptq ? __fmul_rn(s[c], __fsub_rn(q23, zz[c])) : __fsub_rn(__fmul_rn(__fsub_rn(q23, TWO23), s[c]), zz[c]);
+      }
+      OT* row = out + (int64_t)k * ldo + c0;
+      if (vec) {
+        if constexpr (std::is_same<OT, float>::value) {
+          *reinterpret_cast<float4*>(row) = make_float4(v[0], v[1], v[2], v[3]);
+        } else if constexpr (std::is_same<OT, __half>::value) {
+          const __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+          *reinterpret_cast<uint2*>(row) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+        } else {
+          const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+          *reinterpret_cast<uint2*>(row) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (c < ncol) row[c] = from_f32<OT>(v[c]);
+      }
+    };
+    // the word's rows share one group unless act-order or groups shorter than a word: then the statistics of each
+    // row's group (uniform across the block either way: every thread is on the same rows)
+    if (gidx == nullptr && (gs <= 0 || gs % PER == 0)) {
+      load_stats(gs > 0 ? k0 / gs : 0);
+#pragma unroll
+      for (int e = 0; e < PER; ++e)
+        if (k0 + e < K) put_row(e);
     } else {
       int last_g = -1;
-      float s = 0.f, z = 0.f;
-      for (int e = 0; e < PER; ++e) {
-        const int k = k0 + e;
-        if (k >= K) break;
-        const int g = gidx ? gidx[k] : (gs > 0 ? k / gs : 0);
+      for (int e = 0; e < PER && k0 + e < K; ++e) {
+        const int g = gidx ? gidx[k0 + e] : (k0 + e) / gs;
         if (g != last_g) {
           last_g = g;
-          stats(g, s, z);
+          load_stats(g);
         }
-        put(k, (float)((word >> (BITS * e)) & MASK), s, z);
+        put_row(e);
       }
     }
   }
 }
 
 template <int BITS>
-static cudaError_t launch_canon_b(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt, bool gptq,
-                                  const int32_t* gidx, int gs, int G, int K, int N, void* out, int odt,
-                                  cudaStream_t st) {
+static cudaError_t launch_cols_b(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt, bool gptq,
+                                 const int32_t* gidx, int gs, int G, int K, int N, int n0, int nc, int64_t ldo,
+                                 void* out, int odt, cudaStream_t st) {
   constexpr int PER = 32 / BITS;
-  const int64_t total = (int64_t)((K + PER - 1) / PER) * N;
-  if (total == 0) return cudaSuccess;
-  const unsigned blocks = (unsigned)std::min<int64_t>((total + 255) / 256, 1 << 20);
+  if (K == 0 || nc == 0) return cudaSuccess;
+  const bool vec = N % 4 == 0 && n0 % 4 == 0 && nc % 4 == 0 && ldo % 4 == 0 && ((uintptr_t)out % 16) == 0 &&
+                   ((uintptr_t)qw % 16) == 0;
+  const dim3 grid((unsigned)ceil_div(ceil_div(nc, 4), 128), (unsigned)std::min((K + PER - 1) / PER, 65535));
   switch (odt) {
     case kF32:
-      wq_dequant_canon_kernel<BITS, float><<<blocks, 256, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, (float*)out);
+      wq_dequant_cols_kernel<BITS, float><<<grid, 128, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, (float*)out);
       break;
     case kF16:
-      wq_dequant_canon_kernel<BITS, __half><<<blocks, 256, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, (__half*)out);
+      wq_dequant_cols_kernel<BITS, __half><<<grid, 128, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, (__half*)out);
       break;
     case kBF16:
-      wq_dequant_canon_kernel<BITS, __nv_bfloat16>
-          <<<blocks, 256, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, (__nv_bfloat16*)out);
+      wq_dequant_cols_kernel<BITS, __nv_bfloat16>
+          <<<grid, 128, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, (__nv_bfloat16*)out);
       break;
     default: return cudaErrorInvalidValue;
   }
@@ -969,13 +1009,13 @@ static cudaError_t launch_canon_b(const int32_t* qw, const void* scales, int sdt
 }
 
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
-                                        bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N,
-                                        void* out, int odt, cudaStream_t st) {
+                                        bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N, int n0,
+                                        int nc, int64_t ldo, void* out, int odt, cudaStream_t st) {
   switch (bits) {
-    case 1: return launch_canon_b<1>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
-    case 2: return launch_canon_b<2>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
-    case 4: return launch_canon_b<4>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
-    case 8: return launch_canon_b<8>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, out, odt, st);
+    case 1: return launch_cols_b<1>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
+    case 2: return launch_cols_b<2>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
+    case 4: return launch_cols_b<4>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
+    case 8: return launch_cols_b<8>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
   }
   return cudaErrorInvalidValue;
 }
