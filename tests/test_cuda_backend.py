@@ -311,7 +311,7 @@ def test_wq_large_m_column_chunks(monkeypatch):
     for bits, fmt, act, n in ((4, "gptq", True, 300), (2, "gba", False, 257), (8, "gptq", False, 96 * 3)):
         k = 264
         qw, s, z, gi, w64 = _wq_case(k, n, bits, 64, fmt, act, 40 + bits)
-        for m, dt in ((65, torch.bfloat16), (130, torch.float16), (70, torch.float32)):
+        for m, dt in ((257, torch.bfloat16), (300, torch.float16), (271, torch.float32)):   # (past the wgmma rows)
             x = torch.randn((m, k), generator=gen).to(dt).cuda()
             bias = torch.randn(n, generator=gen).to(dt).cuda() if m % 2 else None
             _close(cw.wq_gemm(x, qw, s, z, gi, bias, bits, 64, fmt), w64, x, dt, k, f"chunks M={m} N={n} {dt}", bias)
