@@ -303,12 +303,12 @@ def test_wq_dequant_columns_exact(bits, gs, act, fmt):
 
 @needs_cuda
 def test_wq_large_m_column_chunks(monkeypatch):
-    """M > LARGE_M dequantizes LARGE_M_CHUNK columns at a time into one buffer (a partial last chunk, odd N), each
-    multiplied into its columns of y; fp16 / bf16 / fp32 activations, bias, act-order; and bad column ranges."""
+    """M > LARGE_M dequantizes 128 columns at a time (the least chunk) into one buffer (a partial last chunk, odd N),
+    each multiplied into its columns of y; fp16 / bf16 / fp32 activations, bias, act-order; and bad column ranges."""
     from bie_backend_cuda import weight_only as cw
-    monkeypatch.setattr(cw, "LARGE_M_CHUNK", 96)
+    monkeypatch.setattr(cw, "LARGE_M_CHUNK_BYTES", 1)
     gen = torch.Generator().manual_seed(41)
-    for bits, fmt, act, n in ((4, "gptq", True, 300), (2, "gba", False, 257), (8, "gptq", False, 96 * 3)):
+    for bits, fmt, act, n in ((4, "gptq", True, 300), (2, "gba", False, 257), (8, "gptq", False, 128 * 3)):
         k = 264
         qw, s, z, gi, w64 = _wq_case(k, n, bits, 64, fmt, act, 40 + bits)
         for m, dt in ((257, torch.bfloat16), (300, torch.float16), (271, torch.float32)):   # (past the wgmma rows)

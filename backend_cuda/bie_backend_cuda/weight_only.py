@@ -23,9 +23,9 @@ from . import _build
 
 #: Above this many rows, dequantize into a temporary and use cuBLAS.
 LARGE_M = 64
-#: ... LARGE_M_CHUNK columns at a time (fp16 / bf16 activations, N larger than that; 0: the whole weight at once):
-#: a chunk's dequantized columns are multiplied while they are still in L2 (see _dequant_matmul)
-LARGE_M_CHUNK = 4096
+#: ... in column chunks of about LARGE_M_CHUNK_BYTES (fp16 / bf16 activations; 0: the whole weight at once): a
+#: chunk's dequantized columns are multiplied while they are still in L2 (see _dequant_matmul)
+LARGE_M_CHUNK_BYTES = 32 << 20
 _J = {2: 8, 4: 4, 8: 2}
 _KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 8: 8}
 
@@ -440,13 +440,13 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
 
 def _dequant_matmul(x, qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> torch.Tensor:
     """x @ W for many rows (bits 1/2/4/8): W dequantized from the canonical tensors, then cuBLAS. With 16-bit
-    activations and N > LARGE_M_CHUNK, W is dequantized LARGE_M_CHUNK columns at a time into one reused buffer and
-    each chunk is multiplied straight into its columns of y (cuBLAS writes the strided view): the buffer's bytes are
-    written and read back through L2 instead of HBM."""
+    activations, W is dequantized in chunks of nc columns (K * nc * 2 bytes about LARGE_M_CHUNK_BYTES, nc a multiple
+    of 128) into one reused buffer and each chunk is multiplied straight into its columns of y (cuBLAS writes the
+    strided view): the buffer's bytes are written and read back through L2 instead of HBM."""
     n = qweight.shape[1]
     cd = torch.float32 if x.dtype is torch.float32 else x.dtype
-    nc = LARGE_M_CHUNK
-    if cd is torch.float32 or nc <= 0 or n <= nc:
+    nc = max(128, LARGE_M_CHUNK_BYTES // (2 * k) // 128 * 128)
+    if cd is torch.float32 or LARGE_M_CHUNK_BYTES <= 0 or n <= nc:
         return x.to(cd) @ _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd)
     ops = _build.ops()
     qweight, scales, zeros = qweight.contiguous(), scales.contiguous(), zeros.contiguous()   # (once, not per chunk)

@@ -1,10 +1,10 @@
 """Lab: dequantize + cuBLAS at M >= 1024, the whole weight at once or in column chunks that stay in L2.
 
 weight_only.wq_gemm serves m > LARGE_M by dequantizing the canonical weight and calling cuBLAS
-(_dequant_matmul). With LARGE_M_CHUNK = 0 the whole bf16 weight (28672x8192: 470 MB) goes to HBM and cuBLAS
-reads it back; with LARGE_M_CHUNK = Nc it is dequantized Nc columns at a time into one reused (K, Nc) buffer
-and each chunk is multiplied straight into its columns of y, so the buffer lives in the 50 MB L2 when
-K * Nc * 2 bytes fits. The cost: N / Nc smaller GEMMs. Weights rotate over a pool larger than L2 as in
+(_dequant_matmul). With LARGE_M_CHUNK_BYTES = 0 the whole bf16 weight (28672x8192: 470 MB) goes to HBM and cuBLAS
+reads it back; with LARGE_M_CHUNK_BYTES = B it is dequantized nc ~ B / (2 K) columns at a time into one
+reused (K, nc) buffer and each chunk is multiplied straight into its columns of y, so the buffer can stay in
+the 50 MB L2. The cost: N / Nc smaller GEMMs. Weights rotate over a pool larger than L2 as in
 bench_cuda; the product path itself is timed (the knob set per measurement).
 
     python3 benchmarks/lab/l2_chunks.py [--json out.json]
@@ -34,7 +34,7 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(7)
     bits, gs, m = 4, 128, 1024
     rows = []
-    keep = cw.LARGE_M_CHUNK
+    keep = cw.LARGE_M_CHUNK_BYTES
     for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):
         wbytes = n * k // 2 + (n * k // gs) * 4
         sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
@@ -49,16 +49,17 @@ def main():
                    dequant_TBps=(n * k // 2 + n * k * 2) / deq / 1e6)
         line = f"M={m} {n}x{k}: bf16 {base:.1f} us | dequantize alone {deq:.1f} ({row['dequant_TBps']:.2f} TB/s)"
         try:
-            for nc in (0, 2048, 4096, 8192):
-                if nc >= n:
+            for mb in (0, 8, 16, 32, 64):
+                nc = max(128, (mb << 20) // (2 * k) // 128 * 128)
+                if mb and nc >= n:
                     continue
-                cw.LARGE_M_CHUNK = nc
+                cw.LARGE_M_CHUNK_BYTES = mb << 20
                 err = float((fns[0]().float() - ref).norm() / ref.norm())
                 t = time_graph(fns)
-                row[f"chunk{nc}_us"] = t
-                line += f" | chunk {nc or 'none'}: {t:.1f} ({base / t:.2f}x, err {err:.1e})"
+                row[f"chunk{mb}MB_us"] = t
+                line += f" | {f'{mb} MB ({nc} cols)' if mb else 'whole'}: {t:.1f} ({base / t:.2f}x, err {err:.1e})"
         finally:
-            cw.LARGE_M_CHUNK = keep
+            cw.LARGE_M_CHUNK_BYTES = keep
         print(line, flush=True)
         rows.append(row)
         del sets, fns
