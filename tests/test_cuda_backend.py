@@ -302,11 +302,10 @@ def test_wq_dequant_columns_exact(bits, gs, act, fmt):
 
 
 @needs_cuda
-def test_wq_large_m_column_chunks(monkeypatch):
-    """M > LARGE_M dequantizes 128 columns at a time (the least chunk) into one buffer (a partial last chunk, odd N),
-    each multiplied into its columns of y; fp16 / bf16 / fp32 activations, bias, act-order; and bad column ranges."""
+def test_wq_large_m_and_bad_column_ranges():
+    """M > LARGE_M (dequantize + cuBLAS) with odd N, act-order, bias, fp16 / bf16 / fp32 activations; and column
+    ranges the dequantize op refuses."""
     from bie_backend_cuda import weight_only as cw
-    monkeypatch.setattr(cw, "LARGE_M_CHUNK_BYTES", 1)
     gen = torch.Generator().manual_seed(41)
     for bits, fmt, act, n in ((4, "gptq", True, 300), (2, "gba", False, 257), (8, "gptq", False, 128 * 3)):
         k = 264
@@ -314,7 +313,7 @@ def test_wq_large_m_column_chunks(monkeypatch):
         for m, dt in ((257, torch.bfloat16), (300, torch.float16), (271, torch.float32)):   # (past the wgmma rows)
             x = torch.randn((m, k), generator=gen).to(dt).cuda()
             bias = torch.randn(n, generator=gen).to(dt).cuda() if m % 2 else None
-            _close(cw.wq_gemm(x, qw, s, z, gi, bias, bits, 64, fmt), w64, x, dt, k, f"chunks M={m} N={n} {dt}", bias)
+            _close(cw.wq_gemm(x, qw, s, z, gi, bias, bits, 64, fmt), w64, x, dt, k, f"large M={m} N={n} {dt}", bias)
     ops = cw._build.ops()
     qw, s, z, gi, _ = _wq_case(64, 40, 4, 32, "gptq", False, 3)
     with pytest.raises(RuntimeError, match="outside N"):

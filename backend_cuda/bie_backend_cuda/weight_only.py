@@ -21,11 +21,10 @@ import torch
 
 from . import _build
 
-#: Above this many rows, dequantize into a temporary and use cuBLAS.
+#: Above this many rows, dequantize into a temporary and use cuBLAS. (The whole weight at once: dequantizing column
+#: chunks that stay in L2, each multiplied into its columns of y, measured slower at every chunk size on the H100,
+#: benchmarks/lab/l2_chunks.py and results/cuda_h100_thin.md, session 10.)
 LARGE_M = 64
-#: ... in column chunks of about LARGE_M_CHUNK_BYTES (fp16 / bf16 activations; 0: the whole weight at once): a
-#: chunk's dequantized columns are multiplied while they are still in L2 (see _dequant_matmul)
-LARGE_M_CHUNK_BYTES = 32 << 20
 _J = {2: 8, 4: 4, 8: 2}
 _KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 8: 8}
 
@@ -438,28 +437,6 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
     return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
 
 
-def _dequant_matmul(x, qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> torch.Tensor:
-    """x @ W for many rows (bits 1/2/4/8): W dequantized from the canonical tensors, then cuBLAS. With 16-bit
-    activations, W is dequantized in chunks of nc columns (K * nc * 2 bytes about LARGE_M_CHUNK_BYTES, nc a multiple
-    of 128) into one reused buffer and each chunk is multiplied straight into its columns of y (cuBLAS writes the
-    strided view): the buffer's bytes are written and read back through L2 instead of HBM."""
-    n = qweight.shape[1]
-    cd = torch.float32 if x.dtype is torch.float32 else x.dtype
-    nc = max(128, LARGE_M_CHUNK_BYTES // (2 * k) // 128 * 128)
-    if cd is torch.float32 or LARGE_M_CHUNK_BYTES <= 0 or n <= nc:
-        return x.to(cd) @ _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd)
-    ops = _build.ops()
-    qweight, scales, zeros = qweight.contiguous(), scales.contiguous(), zeros.contiguous()   # (once, not per chunk)
-    g_idx = None if g_idx is None else g_idx.to(torch.int32).contiguous()
-    y = torch.empty((x.shape[0], n), dtype=cd, device=x.device)
-    buf = torch.empty((k, nc), dtype=cd, device=x.device)
-    for n0 in range(0, n, nc):
-        w = buf[:, :min(nc, n - n0)]
-        ops.wq_dequant_canonical(qweight, scales, zeros, g_idx, bits, group_size, k, fmt == "gptq", cd, n0, w)
-        torch.mm(x, w, out=y[:, n0:n0 + w.shape[1]])
-    return y
-
-
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
@@ -478,7 +455,9 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
                                          lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS
-        y = _dequant_matmul(x, qweight, scales, zeros, g_idx, bits, group_size, k, format)
+        cd = torch.float32 if x.dtype is torch.float32 else x.dtype
+        w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
+        y = x.to(cd) @ w
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         return y.to(x.dtype)

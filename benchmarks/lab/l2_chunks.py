@@ -1,11 +1,12 @@
 """Lab: dequantize + cuBLAS at M >= 1024, the whole weight at once or in column chunks that stay in L2.
 
-weight_only.wq_gemm serves m > LARGE_M by dequantizing the canonical weight and calling cuBLAS
-(_dequant_matmul). With LARGE_M_CHUNK_BYTES = 0 the whole bf16 weight (28672x8192: 470 MB) goes to HBM and cuBLAS
-reads it back; with LARGE_M_CHUNK_BYTES = B it is dequantized nc ~ B / (2 K) columns at a time into one
-reused (K, nc) buffer and each chunk is multiplied straight into its columns of y, so the buffer can stay in
-the 50 MB L2. The cost: N / Nc smaller GEMMs. Weights rotate over a pool larger than L2 as in
-bench_cuda; the product path itself is timed (the knob set per measurement).
+weight_only.wq_gemm serves m > LARGE_M by dequantizing the whole canonical weight and calling cuBLAS: the bf16
+weight (28672x8192: 470 MB) goes to HBM and cuBLAS reads it back ("whole": the product path itself). The
+alternative timed here: dequantize nc ~ B / (2 K) columns at a time (B = 8..64 MB) into one reused (K, nc)
+buffer (the dequantize op's column range, n0 / out) and multiply each chunk straight into its columns of y
+(torch.mm out= a strided view), so the buffer can stay in the 50 MB L2, at the cost of N / nc smaller GEMMs.
+Measured on the H100 (session 10): slower than the whole weight at every chunk size, so the product does not
+chunk. Weights rotate over a pool larger than L2 as in bench_cuda.
 
     python3 benchmarks/lab/l2_chunks.py [--json out.json]
 """
@@ -23,6 +24,18 @@ from bench_cuda import _rand_wq, bf16_linear_us  # noqa: E402
 from gpu_timing import pool_size, time_graph, warm_gpu  # noqa: E402
 
 
+def chunked(ops, x, qw, s, z, bits, gs, k, nc):
+    """x @ W with W dequantized nc columns at a time into one reused buffer."""
+    n = qw.shape[1]
+    y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    buf = torch.empty((k, nc), dtype=x.dtype, device=x.device)
+    for n0 in range(0, n, nc):
+        w = buf[:, :min(nc, n - n0)]
+        ops.wq_dequant_canonical(qw, s, z, None, bits, gs, k, True, x.dtype, n0, w)
+        torch.mm(x, w, out=y[:, n0:n0 + w.shape[1]])
+    return y
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -34,7 +47,6 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(7)
     bits, gs, m = 4, 128, 1024
     rows = []
-    keep = cw.LARGE_M_CHUNK_BYTES
     for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):
         wbytes = n * k // 2 + (n * k // gs) * 4
         sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
@@ -48,18 +60,15 @@ def main():
         row = dict(shape=f"M={m} N={n} K={k}", bf16_us=base, dequant_us=deq,
                    dequant_TBps=(n * k // 2 + n * k * 2) / deq / 1e6)
         line = f"M={m} {n}x{k}: bf16 {base:.1f} us | dequantize alone {deq:.1f} ({row['dequant_TBps']:.2f} TB/s)"
-        try:
-            for mb in (0, 8, 16, 32, 64):
-                nc = max(128, (mb << 20) // (2 * k) // 128 * 128)
-                if mb and nc >= n:
-                    continue
-                cw.LARGE_M_CHUNK_BYTES = mb << 20
-                err = float((fns[0]().float() - ref).norm() / ref.norm())
-                t = time_graph(fns)
-                row[f"chunk{mb}MB_us"] = t
-                line += f" | {f'{mb} MB ({nc} cols)' if mb else 'whole'}: {t:.1f} ({base / t:.2f}x, err {err:.1e})"
-        finally:
-            cw.LARGE_M_CHUNK_BYTES = keep
+        for mb in (0, 8, 16, 32, 64):
+            nc = max(128, (mb << 20) // (2 * k) // 128 * 128)
+            if mb and nc >= n:
+                continue
+            calls = fns if not mb else [lambda s_=s_, nc=nc: chunked(ops, x, *s_, bits, gs, k, nc) for s_ in sets]
+            err = float((calls[0]().float() - ref).norm() / ref.norm())
+            t = time_graph(calls)
+            row[f"chunk{mb}MB_us"] = t
+            line += f" | {f'{mb} MB ({nc} cols)' if mb else 'whole'}: {t:.1f} ({base / t:.2f}x, err {err:.1e})"
         print(line, flush=True)
         rows.append(row)
         del sets, fns
