@@ -120,7 +120,7 @@ template <> __device__ __forceinline__ void mma_zero<__nv_bfloat16>(float (&c)[4
 // as exactly code + 2^E, so one LOP3 ((x & mask) | exponent) makes it; only the codes that would reach the
 // exponent field are shifted down (fp16: bits 10-15, one shift per 32-bit word; bf16: bits 6-15, two). The magic
 // 2^E then differs per A register: sum(magic * x) per column half comes from the block's table (built while x is
-// staged, spread_magic below), so the flush subtracts it as it subtracts the uniform magic elsewhere.
+// staged, chunk_magic below), so the flush subtracts it as it subtracts the uniform magic elsewhere.
 // A word of the skinny layout holds two k16 steps (parity p: byte p of each 16-bit half); register r = 2 kh + nh
 // of step p takes the code at bit 8p + 2r (weight_only.py _repack_a).
 template <typename T> struct Spread;
