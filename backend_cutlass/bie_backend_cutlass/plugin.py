@@ -13,7 +13,7 @@ import torch
 
 from bie_core import hookimpl
 
-from . import _build, binary, integer, tuning
+from . import _build, binary, integer, tuning, weight_only
 from .plugin_extensions import EXTENSIONS
 
 PRIORITY = 200
@@ -46,6 +46,7 @@ class _FamilyRegistrar:
 def bie_register_kernels(registry):
     binary.register(_FamilyRegistrar(registry, binary.EXTENSION), PRIORITY)
     integer.register(_FamilyRegistrar(registry, integer.EXTENSION), PRIORITY)
+    weight_only.register(_FamilyRegistrar(registry, weight_only.EXTENSION), PRIORITY)
 
 
 @hookimpl

@@ -548,6 +548,16 @@ def _gemm_cases(device, gen):
                    tol=wq_tolerance(dtype, 512, _rms(x), _rms(w64)))
     x = _x(0, 512, torch.float16, gen, device)
     yield Case((x, qw, s, z, gi, None, 4, 128, "gptq"), "gptq 4-bit M=0 (empty batch)", tol=(0.0, 0.0))
+    # prefill-sized batches (more than 64 rows: the compute-bound kernels), with and without act-order
+    for bits, gs, fmt in ((4, 128, "gptq"), (8, 64, "gba")):
+        qw, s, z, gi, w64 = make_wq_case(512, 96, bits, gs, fmt, bits == 4, gen, device)
+        for dtype in FLOAT_DTYPES:
+            x = _x(80, 512, dtype, gen, device)
+            bias = torch.randn(96, generator=gen).to(dtype).to(device) if bits == 8 else None
+            yield Case((x, qw, s, z, gi, bias, bits, gs, fmt),
+                       f"{fmt} {bits}-bit g{gs}{' act-order' if gi is not None else ''} M=80 K=512 N=96 "
+                       f"{_dt(dtype)}{' bias' if bias is not None else ''}",
+                       tol=wq_tolerance(dtype, 512, _rms(x), _rms(w64)))
 
 
 wq_gemm = define_op(OpDef(

@@ -1,0 +1,126 @@
+// bie-backend-cutlass, weight-only family: the sm_90 (Hopper) mixed-input GEMM.
+//
+// y = x @ W for GPTQ / GBA weights at prefill sizes: the weight never exists in
+// 16 bits in memory. CUTLASS 3.x's mixed-input collective loads the 4/8-bit codes
+// with TMA, turns them into fp16/bf16 in registers as code * scale + zero (one
+// scale and one zero per group of K and output channel), and feeds them to wgmma
+// as the register operand; x arrives by TMA as the shared-memory operand.
+// The weight is the GEMM's A operand (the narrow type must be), so the kernel
+// computes y^T: D (n_out x tokens, column-major) is y (tokens x n_out, row-major).
+// The bias (per output channel = per row of D) is added in the epilogue.
+#pragma once
+#include <type_traits>
+
+#include "wq_launch.h"
+#include "wq_layout.cuh"
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/functional.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+namespace bie_wq {
+using namespace cute;
+
+template <int Bits, class Act, class TileShape, class ClusterShape, class MainSched, class EpiSched>
+struct WqGemmSm90 {
+  using QuantT = typename Quant<Bits>::T;
+  using LayoutA = typename ReorderedA<Bits>::Type;
+  using LayoutB = cutlass::layout::ColumnMajor;  // x as (K x tokens), K contiguous
+  using LayoutD = cutlass::layout::ColumnMajor;  // D (n_out x tokens), n_out contiguous
+  static constexpr int kAlignA = 128 / cutlass::sizeof_bits<QuantT>::value;
+  static constexpr int kAlignB = 8;
+  static constexpr int kAlignD = 8;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  using Bias = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>;
+  using EVT = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, Act, float, kRound>,
+      cutlass::epilogue::fusion::Sm90AccFetch, Bias>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD, kAlignD, Act, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      cute::tuple<QuantT, Act, Act>, LayoutA, kAlignA,
+      Act, LayoutB, kAlignB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      MainSched>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments arguments(const WqArgs& p) {
+    using StrideB = typename Gemm::GemmKernel::StrideB;
+    using StrideD = typename Gemm::GemmKernel::StrideD;
+    using StrideS = typename CollectiveMainloop::StrideScale;
+    StrideB sB = make_stride(p.ldx, _1{}, int64_t(0));
+    StrideD sD = make_stride(_1{}, int64_t(p.n_out), int64_t(0));
+    StrideS sS = make_stride(_1{}, int64_t(p.n_out), int64_t(0));
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = p.device;
+    hw.sm_count = p.sm_count;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.n_out, p.tokens, p.k, 1},
+        {static_cast<const QuantT*>(p.a), ReorderedA<Bits>::make(p.n_out, p.k), static_cast<const Act*>(p.x), sB,
+         static_cast<const Act*>(p.scale), sS, p.group_size, static_cast<const Act*>(p.zero)},
+        {{}, nullptr, sD, static_cast<Act*>(p.d), sD},
+        hw};
+    args.epilogue.thread = {
+        {},                                                        // acc
+        {p.bias, 0.0f, Stride<_1, _0, int64_t>{_1{}, _0{}, 0}},     // bias per output channel (nullptr: 0)
+        {}};                                                       // plus
+    return args;
+  }
+
+  static std::string run(const WqArgs& p, size_t* ws) {
+    typename Gemm::Arguments args = arguments(p);
+    if (ws != nullptr) {
+      *ws = Gemm::get_workspace_size(args);
+      return "";
+    }
+    Gemm gemm;
+    cutlass::Status st = gemm.can_implement(args);
+    if (st != cutlass::Status::kSuccess)
+      return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(st);
+    st = gemm.initialize(args, p.workspace, p.stream);
+    if (st != cutlass::Status::kSuccess)
+      return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(st);
+    st = gemm.run(p.stream);
+    if (st != cutlass::Status::kSuccess)
+      return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(st);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return std::string("CUDA error after the GEMM launch: ") + cudaGetErrorString(e);
+    return "";
+  }
+};
+
+// The configurations (ids as in weight_only.py's CONFIGS). Tile = (output channels, tokens, K).
+#define BIE_WQ_CFG_c128x256                                                                       \
+  Shape<_128, _256, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative
+#define BIE_WQ_CFG_c128x128                                                                       \
+  Shape<_128, _128, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative
+#define BIE_WQ_CFG_p64x128                                                                     \
+  Shape<_64, _128, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
+      cutlass::epilogue::TmaWarpSpecialized
+
+#define BIE_WQ_DEFINE(cfg, bits, act, T)                                        \
+  std::string wq_##cfg##_w##bits##_##act(const WqArgs& p, size_t* ws) {         \
+    return WqGemmSm90<bits, T, BIE_WQ_CFG_##cfg>::run(p, ws);                    \
+  }
+
+}  // namespace bie_wq

@@ -1,0 +1,197 @@
+"""Weight-only GEMM (``wq_gemm``) at prefill sizes on sm_90: a mixed-input wgmma GEMM.
+
+For many rows of x the weight-only GEMM is compute-bound, and the fastest known way
+there is not to write a 16-bit copy of the weight at all: CUTLASS 3.x's mixed-input
+collective loads the 4/8-bit codes with TMA, dequantizes them in registers
+(``code * scale + zero``, one scale and one zero per group and output channel) into
+wgmma's register operand, and streams x through shared memory
+(``csrc/wq_gemm_sm90.cuh``). bie-backend-cuda serves few rows (its GEMV and small-M
+kernels) and this kernel takes over from ``MIN_M`` rows, where it was measured faster
+than dequantize + cuBLAS (``benchmarks/results/cutlass_h100_wq.md``).
+
+Prepared layout (built on the first call with a given bits / group size / K /
+format / activation dtype, kept per weight version by the dispatcher's cache):
+
+* codes as the signed values ``q - 2^(b-1)`` (int4 / int8), transposed to
+  (N, K) and written by ``reorder`` in the layout of ``csrc/wq_layout.cuh``;
+* ``scale`` = the group scales in x's dtype and ``zero`` = ``s * (2^(b-1) - z)``
+  (GPTQ) or ``2^(b-1) * s - z`` (GBA) in x's dtype, so that
+  ``scale * (q - 2^(b-1)) + zero`` is the weight of both formats
+  (one rounding of each statistic; the op's accuracy rule is bf16 / fp16
+  accuracy of the product);
+* act-order (``g_idx``): the rows of K sorted by group once, and x's columns
+  gathered in the same order per call; a ``g_idx`` whose sorted groups are not
+  ``group_size`` rows each falls back to a dense 16-bit copy of the weight.
+
+Building the layout runs device ops and one host synchronisation (comparing the
+sorted ``g_idx``); calls never synchronise.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _build, tuning
+from ._build import Extension
+
+CONFIGS = ("c128x256", "c128x128", "p64x128")
+_GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
+EXTENSION = Extension(family="weight_only",
+                      sources=("wq_bindings.cpp", "wq_kernels.cu") + _GEMM_SOURCES,
+                      headers=("wq_launch.h", "wq_layout.cuh", "wq_gemm_sm90.cuh"))
+
+SM90 = ((9, 0), (9, 0))
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+#: the K tile of every configuration; group sizes must be K or a multiple of it
+TILE_K = 64
+#: rows of x from which this kernel serves wq_gemm (below, bie-backend-cuda's small-M kernels are faster;
+#: measured in benchmarks/results/cutlass_h100_wq.md). Tests set it to 1 to check every row count.
+MIN_M = 65
+
+
+def _ops():
+    return _build.ops(EXTENSION)
+
+
+# ------------------------------------------------------------------ layout
+def _codes_along_k(qweight: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """(ceil(K*b/32), N) int32 words, codes packed along K -> (K, N) int32 codes (b in 4, 8)."""
+    shifts = torch.arange(0, 32, bits, device=qweight.device, dtype=torch.int32)
+    c = (qweight.unsqueeze(1) >> shifts.view(1, -1, 1)) & ((1 << bits) - 1)
+    return c.reshape(-1, qweight.shape[1])[:k]
+
+
+def _codes_along_n(qzeros: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """(G, ceil(N*b/32)) int32 words, codes packed along N -> (G, N) int32 codes."""
+    shifts = torch.arange(0, 32, bits, device=qzeros.device, dtype=torch.int32)
+    c = (qzeros.unsqueeze(2) >> shifts.view(1, 1, -1)) & ((1 << bits) - 1)
+    return c.reshape(qzeros.shape[0], -1)[:, :n]
+
+
+@dataclass
+class Layout:
+    qa: Optional[torch.Tensor] = None      # reordered signed codes (uint8 bytes)
+    scale: Optional[torch.Tensor] = None   # (G, N) in the activation dtype
+    zero: Optional[torch.Tensor] = None    # (G, N) in the activation dtype
+    perm: Optional[torch.Tensor] = None    # int64 (K,): prepared row j is input row perm[j] (act-order)
+    dense: Optional[torch.Tensor] = None   # (K, N) weight in the activation dtype (irregular act-order groups)
+
+
+class Prepared:
+    """Per weight version: layouts keyed by (bits, group_size, K, format, activation dtype)."""
+
+    def __init__(self):
+        self.layouts: dict = {}
+        self.lock = threading.Lock()
+
+    def get(self, key, build):
+        lay = self.layouts.get(key)
+        if lay is None:
+            with self.lock:
+                lay = self.layouts.get(key)
+                if lay is None:
+                    lay = self.layouts[key] = build()
+        return lay
+
+
+def prepare(qweight, scales, zeros, g_idx):
+    return Prepared()
+
+
+def _statistics(scales, zeros, bits, n, fmt):
+    """float32 (G, N) scale and zero with W = scale * (q - 2^(b-1)) + zero."""
+    half = float(1 << (bits - 1))
+    s = scales.detach().to(torch.float32)
+    if fmt == "gptq":
+        z = _codes_along_n(zeros.detach(), bits, n).to(torch.float32)
+        return s, s * (half - z)
+    return s, half * s - zeros.detach().to(torch.float32)
+
+
+def _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype) -> Layout:
+    n = qweight.shape[1]
+    codes = _codes_along_k(qweight.detach(), bits, k)                       # (K, N)
+    s, z = _statistics(scales, zeros, bits, n, fmt)
+    perm = None
+    if g_idx is not None:
+        gi = g_idx.detach().to(torch.int64)
+        order = torch.argsort(gi, stable=True)
+        gs = k if group_size == -1 else group_size
+        regular = torch.arange(k, device=gi.device) // gs
+        if not torch.equal(gi[order], regular):
+            # groups of unequal sizes once sorted: the kernel's groups are consecutive runs of group_size rows
+            w = s[gi] * (codes.to(torch.float32) - float(1 << (bits - 1))) + z[gi]
+            return Layout(dense=w.to(dtype).contiguous())
+        if not torch.equal(order, torch.arange(k, device=gi.device)):
+            perm = order
+            codes = codes.index_select(0, order)
+    signed = (codes - (1 << (bits - 1))).to(torch.int8).t().contiguous()   # (N, K)
+    return Layout(qa=_ops().reorder(signed, bits), scale=s.to(dtype).contiguous(), zero=z.to(dtype).contiguous(),
+                  perm=perm)
+
+
+# ------------------------------------------------------------------ wq_gemm
+def _bucket(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _usable(x: torch.Tensor) -> torch.Tensor:
+    """x with unit column stride, a row stride that is a multiple of 8 and 16-byte alignment (TMA)."""
+    if x.stride(1) != 1 or x.stride(0) % 8 != 0 or x.stride(0) < x.shape[1]:
+        x = x.contiguous()
+    if x.data_ptr() % 16 != 0:
+        x = x.clone()
+    return x
+
+
+def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    m, k = x.shape
+    n = qweight.shape[1]
+    if m == 0:
+        return x.new_empty((0, n))
+    holder = prepared if prepared is not None else Prepared()
+    lay = holder.get((bits, group_size, k, format, x.dtype),
+                     lambda: _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype))
+    xd = x.detach()
+    if lay.dense is not None:
+        y = torch.mm(xd, lay.dense)
+        return y if bias is None else (y.to(torch.float32) + bias.detach().to(torch.float32)).to(x.dtype)
+    xs = _usable(xd if lay.perm is None else xd.index_select(1, lay.perm))
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    gs = k if group_size == -1 else group_size
+    ops = _ops()
+    cands = [(nm, (lambda c=i: ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c)))
+             for i, nm in enumerate(CONFIGS)]
+    if m <= 128:   # the untimed default (tuning off): the narrow tile for few rows
+        cands = [cands[2], cands[1], cands[0]]
+    bucket = f"{str(x.dtype).replace('torch.', '')}/w{bits}/M{_bucket(m)}/N{_bucket(n)}/K{_bucket(k)}"
+    cfg = tuning.choose("wq_gemm_sm90", bucket, cands, device=x.device)
+    return ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, CONFIGS.index(cfg))
+
+
+def _check(p) -> Optional[str]:
+    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
+    if m < MIN_M:
+        return f"M={m} < {MIN_M} rows: the memory-bound small-M kernels of bie-backend-cuda are faster there"
+    gs = p.attrs.get("group_size", -1)
+    if gs != -1 and gs % TILE_K != 0:
+        return f"group_size={gs} is not a multiple of the K tile ({TILE_K}) or per-channel (-1)"
+    if n * k >= 2 ** 31:
+        return f"N*K={n * k} codes is above the kernel's 32-bit layout index"
+    return None
+
+
+# ------------------------------------------------------------------ register
+def register(registry, priority: int) -> None:
+    from bie_core import Capability
+
+    registry.register(
+        "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,
+        capability=Capability(devices=("cuda",), dtypes=ACT_DTYPES, attrs={"bits": (4, 8)},
+                              divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check),
+        description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
+                    "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
+                    f"epilogue; from {MIN_M} rows (prefill)")

@@ -1,0 +1,203 @@
+"""bie-backend-cutlass weight-only GEMM (wq_gemm on sm_90, CUTLASS mixed-input wgmma) against the
+float64 product of the dequantized weight, on fresh random GPTQ / GBA weights.
+
+Without CUDA, an sm_90 GPU or the CUTLASS headers and nvcc, only the packaging and
+capability checks run; the kernel checks skip.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
+                                reason="bie-backend-cutlass is not installed")
+
+
+def _gpu_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "the weight-only kernels are built for sm_90"
+    from bie_backend_cutlass import descriptor
+    return descriptor.backend.probe()
+
+
+_REASON = _gpu_reason() if importlib.util.find_spec("bie_backend_cutlass") else "not installed"
+needs_sm90 = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+
+
+@pytest.fixture
+def every_m():
+    """The kernel serves every row count (MIN_M = 1) for the duration of a test."""
+    from bie_core import dispatch
+    from bie_backend_cutlass import weight_only
+    old = weight_only.MIN_M
+    weight_only.MIN_M = 1
+    dispatch.clear_caches()
+    yield
+    weight_only.MIN_M = old
+    dispatch.clear_caches()
+
+
+# ------------------------------------------------------------- packaging (CPU)
+def test_sources_exist_and_import_compiles_nothing():
+    from bie_backend_cutlass import _build, weight_only
+    for name in weight_only.EXTENSION.sources + weight_only.EXTENSION.headers:
+        assert (_build.CSRC / name).exists(), name
+    assert weight_only.EXTENSION.family not in _build._loaded
+    assert len(weight_only.CONFIGS) == 3
+
+
+def _problem(m, n, k, bits=4, gs=128, act=False, fmt="gptq", dtype=torch.bfloat16):
+    from bie_core.kernels import Problem
+    return Problem(op="wq_gemm", device_type="cuda", dtype=dtype, dims={"M": m, "N": n, "K": k},
+                   attrs={"bits": bits, "group_size": gs, "act_order": act, "format": fmt})
+
+
+def test_capability_says_why():
+    from bie_backend_cutlass import weight_only as wo
+    assert "rows" in wo._check(_problem(wo.MIN_M - 1, 4096, 4096))
+    assert wo._check(_problem(wo.MIN_M, 4096, 4096)) is None
+    assert "multiple of the K tile" in wo._check(_problem(1024, 4096, 4096, gs=32))
+    assert wo._check(_problem(1024, 4096, 4096, gs=-1)) is None
+    assert wo._check(_problem(1024, 4096, 4096, gs=256)) is None
+    assert "32-bit" in wo._check(_problem(1024, 1 << 16, 1 << 15))
+
+
+def test_unpacking_matches_the_canonical_packer():
+    from bie_core.ops.weight_only import wq_pack
+    from bie_backend_cutlass.weight_only import _codes_along_k, _codes_along_n
+    gen = torch.Generator().manual_seed(3)
+    for bits in (4, 8):
+        c = torch.randint(0, 1 << bits, (192, 40), generator=gen, dtype=torch.int32)
+        assert torch.equal(_codes_along_k(wq_pack(c, bits, 0, backend="cpu"), bits, 192), c)
+        z = torch.randint(0, 1 << bits, (3, 44), generator=gen, dtype=torch.int32)
+        assert torch.equal(_codes_along_n(wq_pack(z, bits, 1, backend="cpu"), bits, 44), z)
+
+
+# ------------------------------------------------------------- kernels (sm_90)
+def _case(k, n, bits, gs, fmt, act, seed, sdtype=torch.float16):
+    from bie_core.ops.weight_only import make_wq_case
+    gen = torch.Generator().manual_seed(seed)
+    return make_wq_case(k, n, bits, gs, fmt, act, gen, "cuda", sdtype=sdtype), gen
+
+
+def _expect(x, w64, bias):
+    y = x.double().cpu() @ w64
+    return y if bias is None else y + bias.double().cpu()
+
+
+def _assert_close(y, x, w64, bias, k):
+    from bie_core.ops.weight_only import wq_tolerance
+    exp = _expect(x, w64, bias)
+    rtol, atol = wq_tolerance(x.dtype, k, float(x.float().pow(2).mean().sqrt()), float(w64.pow(2).mean().sqrt()))
+    assert y.dtype == x.dtype and tuple(y.shape) == tuple(exp.shape) and y.is_contiguous()
+    torch.testing.assert_close(y.double().cpu(), exp, rtol=rtol, atol=atol)
+
+
+GEOMETRIES = [  # (M, K, N)
+    (1, 64, 16), (7, 192, 272), (65, 1024, 48), (130, 4096, 256), (300, 512, 1040), (1024, 2048, 4096),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("fmt,gs,act", [("gptq", 128, False), ("gptq", 64, True), ("gptq", -1, False),
+                                        ("gba", 128, False), ("gba", 256, True)])
+def test_wq_gemm_against_float64(every_m, dtype, bits, fmt, gs, act):
+    from bie_core.ops.weight_only import wq_gemm
+    for i, (m, k, n) in enumerate(GEOMETRIES):
+        (qw, s, z, gi, w64), gen = _case(k, n, bits, gs, fmt, act, seed=100 * bits + i)
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
+        y = wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, backend="cutlass")
+        _assert_close(y, x, w64, bias, k)
+
+
+@needs_sm90
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_configuration(every_m, bits):
+    """Each tile configuration forced through the op (tuning picks one per bucket)."""
+    from bie_backend_cutlass import weight_only as wo
+    for dtype in (torch.float16, torch.bfloat16):
+        (qw, s, z, gi, w64), gen = _case(1024, 528, bits, 128, "gptq", False, seed=7 + bits)
+        x = torch.randn(257, 1024, generator=gen).to(dtype).cuda()
+        bias = torch.randn(528, generator=gen).to(dtype).cuda()
+        lay = wo._build_layout(qw, s, z, gi, bits, 128, 1024, "gptq", dtype)
+        for c in range(len(wo.CONFIGS)):
+            y = wo._ops().gemm(lay.qa, x, lay.scale, lay.zero, bias.float(), bits, 528, 128, c)
+            _assert_close(y, x, w64, bias, 1024)
+
+
+@needs_sm90
+def test_strided_x_scales_in_bf16_and_the_dispatcher_choice():
+    from bie_core import explain
+    from bie_core.ops.weight_only import wq_gemm
+    from bie_backend_cutlass import weight_only as wo
+    (qw, s, z, gi, w64), gen = _case(512, 256, 4, 128, "gptq", False, seed=11, sdtype=torch.bfloat16)
+    big = torch.randn(wo.MIN_M + 3, 520, generator=gen).to(torch.bfloat16).cuda()
+    x = big[:, 8:]                                             # row stride 520, offset 16 bytes
+    y = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq")
+    _assert_close(y, x, w64, None, 512)
+    chosen = explain("wq_gemm", x, qw, s, z, gi, None, 4, 128, "gptq").chosen()
+    assert chosen["wq_gemm"].endswith("wq_gemm_sm90"), chosen
+    one = wq_gemm(x[:1].contiguous(), qw, s, z, gi, None, 4, 128, "gptq")      # below MIN_M: another kernel
+    _assert_close(one, x[:1], w64, None, 512)
+
+
+@needs_sm90
+def test_irregular_act_order_groups_fall_back_to_a_dense_weight(every_m):
+    """A g_idx whose groups are not group_size rows each once sorted is still computed exactly."""
+    from bie_core.ops.weight_only import wq_gemm, wq_pack
+    gen = torch.Generator().manual_seed(5)
+    k, n, gs = 256, 64, 64
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+    g_idx = torch.randint(0, k // gs, (k,), generator=gen, dtype=torch.int32)
+    s = (torch.rand(k // gs, n, generator=gen) + 0.5).half() / 16
+    zq = torch.randint(0, 16, (k // gs, n), generator=gen, dtype=torch.int32)
+    w64 = s.double()[g_idx.long()] * (q.double() - zq.double()[g_idx.long()])
+    x = torch.randn(70, k, generator=gen).half().cuda()
+    y = wq_gemm(x, wq_pack(q, 4, 0, backend="cpu").cuda(), s.cuda(), wq_pack(zq, 4, 1, backend="cpu").cuda(),
+                g_idx.cuda(), None, 4, gs, "gptq", backend="cutlass")
+    _assert_close(y, x, w64, None, k)
+
+
+@needs_sm90
+def test_bad_arguments_raise_clear_errors():
+    from bie_backend_cutlass import weight_only as wo
+    ops = wo._ops()
+    (qw, s, z, gi, w64), gen = _case(256, 64, 4, 128, "gptq", False, seed=2)
+    lay = wo._build_layout(qw, s, z, gi, 4, 128, 256, "gptq", torch.float16)
+    x = torch.randn(80, 256, generator=gen).half().cuda()
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        ops.gemm(lay.qa, x[:, :200], lay.scale, lay.zero, None, 4, 64, 128, 0)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 40, 128, 0)
+    with pytest.raises(RuntimeError, match="x's dtype"):
+        ops.gemm(lay.qa, x, lay.scale.float(), lay.zero, None, 4, 64, 128, 0)
+    with pytest.raises(RuntimeError, match="reordered codes"):
+        ops.gemm(lay.qa[:-16], x, lay.scale, lay.zero, None, 4, 64, 128, 0)
+    with pytest.raises(RuntimeError, match="group_size"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 32, 0)
+    with pytest.raises(RuntimeError, match="unknown config"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 128, 9)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, torch.zeros(64, device="cuda").half(), 4, 64, 128, 0)
+    with pytest.raises(RuntimeError, match="multiples of 16"):
+        ops.reorder(torch.zeros(24, 64, dtype=torch.int8, device="cuda"), 4)
+
+
+@needs_sm90
+def test_mpq_linear_prefill_matches_the_cuda_backend():
+    """A 4-bit g128 layer at prefill size: the automatic choice (this kernel) against bie-backend-cuda's
+    dequantize + cuBLAS path, both against float64."""
+    from bie_core.ops.weight_only import wq_gemm
+    (qw, s, z, gi, w64), gen = _case(4096, 1024, 4, 128, "gptq", True, seed=21)
+    x = torch.randn(512, 4096, generator=gen).to(torch.bfloat16).cuda()
+    y = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq")
+    ycuda = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", backend="cuda")
+    _assert_close(y, x, w64, None, 4096)
+    _assert_close(ycuda, x, w64, None, 4096)
