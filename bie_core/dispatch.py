@@ -262,17 +262,25 @@ def decide(op, args: tuple, pref: Optional[tuple]) -> Decision:
 
 def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
     chosen = None
-    rejections, also_ok = [], []
+    rejections, deferred, also_ok = [], [], []
     for k in kernels:
         r = k.reasons(problem)
+        if not r and chosen is None:
+            why = k.deferral(problem)
+            if why:   # correct here, but a later kernel is faster: not a fallback
+                deferred.append((k, [f"passes to a faster kernel: {why}"]))
+                continue
         if r:
             rejections.append((k, r))
         elif chosen is None:
             chosen = k
         else:
             also_ok.append(k)
+    if chosen is None and deferred:   # nothing faster accepted it: the deferring kernel serves after all
+        chosen = deferred.pop(0)[0]
     backend_rej = _backend_rejections(problem)
-    rej = [Rejection(k.qualname, k.priority, r) for k, r in rejections] + backend_rej
+    rej = ([Rejection(k.qualname, k.priority, r) for k, r in rejections + deferred]
+           + backend_rej)
     if chosen is None:
         msg = [f"no kernel can serve {problem.describe()} (automatic selection). Considered:"]
         msg += [f"  - {r}" for r in rej] or ["  - (no kernel is registered for this op: is bie-backend-cpu installed?)"]

@@ -89,6 +89,12 @@ class Capability:
     check
         Extra predicate ``check(problem) -> str | None`` returning a reason
         for anything the fields above cannot say.
+    defer
+        ``defer(problem) -> str | None``: a case the kernel computes correctly
+        but leaves to the next kernel under automatic selection because that
+        one is faster (a GEMM that hands small M to another backend's GEMV).
+        Unlike a rejection this is no fallback (no warning), and an explicit
+        choice of the backend (``set_backend``) still runs the kernel.
     """
 
     devices: Sequence[str] = (ANY_DEVICE,)
@@ -102,6 +108,7 @@ class Capability:
     inference: bool = True
     contiguous_only: bool = False
     check: Optional[Callable[[Problem], Optional[str]]] = None
+    defer: Optional[Callable[[Problem], Optional[str]]] = None
 
     def serves_device(self, device_type: str) -> bool:
         return ANY_DEVICE in self.devices or device_type in self.devices
@@ -199,6 +206,10 @@ class Kernel:
 
     def reasons(self, problem: Problem) -> list[str]:
         return self.capability.reasons(problem)
+
+    def deferral(self, problem: Problem) -> Optional[str]:
+        """Why automatic selection should pass an accepted ``problem`` on (Capability.defer), or None."""
+        return self.capability.defer(problem) if self.capability.defer is not None else None
 
     def replace(self, **kw) -> "Kernel":
         return dataclasses.replace(self, **kw)

@@ -202,6 +202,28 @@ def test_same_backend_specialisation_is_not_a_fallback(fresh_bie):
     assert bie_core.explain("binary_gemm", a, b, k, None, None, None).chosen()["binary_gemm"] == "spec:gemm"
 
 
+def test_deferring_to_a_faster_backend_is_not_a_fallback(fresh_bie, monkeypatch):
+    """Capability.defer: automatic selection passes the case on silently (also under BIE_STRICT), an
+    explicit choice of the deferring backend still runs it."""
+    big_log, small_log = [], []
+    defer = lambda p: "M < 8: the GEMV of another backend is faster" if p.dims["M"] < 8 else None  # noqa: E731
+    make_backend("bigm", 300, log=big_log, capability=Capability(devices=("cpu",), defer=defer))
+    make_backend("gemv", 200, log=small_log, capability=Capability(devices=("cpu",), max_dims={"M": 4}))
+    monkeypatch.setenv("BIE_STRICT", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BieFallbackWarning)
+        for m in (1, 16):
+            a, b, k = bits(m=m)
+            call(a, b, k)
+    assert [n for n, _ in small_log] == ["gemv"] and [n for n, _ in big_log] == ["bigm"]
+    a, b, k = bits(m=2)
+    e = bie_core.explain("binary_gemm", a, b, k, None, None, None)
+    assert e.chosen()["binary_gemm"] == "gemv:gemv_k"
+    assert "passes to a faster kernel: M < 8" in str(e)
+    call(a, b, k, backend="bigm")                       # explicit: served by the deferring kernel
+    assert [n for n, _ in big_log] == ["bigm", "bigm"]
+
+
 def test_strict_mode_turns_fallback_into_error(fresh_bie, monkeypatch):
     make_backend("fastk", 300, capability=Capability(devices=("cpu",), divisibility={"K": 128}))
     monkeypatch.setenv("BIE_STRICT", "1")

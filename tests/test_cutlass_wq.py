@@ -47,7 +47,7 @@ def test_sources_exist_and_import_compiles_nothing():
     for name in weight_only.EXTENSION.sources + weight_only.EXTENSION.headers:
         assert (_build.CSRC / name).exists(), name
     assert weight_only.EXTENSION.family not in _build._loaded
-    assert len(weight_only.CONFIGS) == 3
+    assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 5
 
 
 def _problem(m, n, k, bits=4, gs=128, act=False, fmt="gptq", dtype=torch.bfloat16):
@@ -58,8 +58,9 @@ def _problem(m, n, k, bits=4, gs=128, act=False, fmt="gptq", dtype=torch.bfloat1
 
 def test_capability_says_why():
     from bie_backend_cutlass import weight_only as wo
-    assert "rows" in wo._check(_problem(wo.MIN_M - 1, 4096, 4096))
-    assert wo._check(_problem(wo.MIN_M, 4096, 4096)) is None
+    assert "rows" in wo._defer(_problem(wo.MIN_M - 1, 4096, 4096))
+    assert wo._defer(_problem(wo.MIN_M, 4096, 4096)) is None
+    assert wo._check(_problem(1, 4096, 4096)) is None
     assert "multiple of the K tile" in wo._check(_problem(1024, 4096, 4096, gs=32))
     assert wo._check(_problem(1024, 4096, 4096, gs=-1)) is None
     assert wo._check(_problem(1024, 4096, 4096, gs=256)) is None
@@ -120,16 +121,18 @@ def test_wq_gemm_against_float64(every_m, dtype, bits, fmt, gs, act):
 @needs_sm90
 @pytest.mark.parametrize("bits", [4, 8])
 def test_every_configuration(every_m, bits):
-    """Each tile configuration forced through the op (tuning picks one per bucket)."""
+    """Each tile configuration forced (tuning picks one per bucket), on a problem with many tiles and on one
+    with two output tiles and a long K (the stream-K configurations split its K loop over the SMs)."""
     from bie_backend_cutlass import weight_only as wo
-    for dtype in (torch.float16, torch.bfloat16):
-        (qw, s, z, gi, w64), gen = _case(1024, 528, bits, 128, "gptq", False, seed=7 + bits)
-        x = torch.randn(257, 1024, generator=gen).to(dtype).cuda()
-        bias = torch.randn(528, generator=gen).to(dtype).cuda()
-        lay = wo._build_layout(qw, s, z, gi, bits, 128, 1024, "gptq", dtype)
+    for dtype, (m, k, n) in ((torch.float16, (257, 1024, 528)), (torch.bfloat16, (257, 1024, 528)),
+                             (torch.bfloat16, (5, 8192, 256))):
+        (qw, s, z, gi, w64), gen = _case(k, n, bits, 128, "gptq", False, seed=7 + bits + m)
+        x = torch.randn(m, k, generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda()
+        lay = wo._build_layout(qw, s, z, gi, bits, 128, k, "gptq", dtype)
         for c in range(len(wo.CONFIGS)):
-            y = wo._ops().gemm(lay.qa, x, lay.scale, lay.zero, bias.float(), bits, 528, 128, c)
-            _assert_close(y, x, w64, bias, 1024)
+            y = wo._ops().gemm(lay.qa, x, lay.scale, lay.zero, bias.float(), bits, n, 128, c)
+            _assert_close(y, x, w64, bias, k)
 
 
 @needs_sm90
@@ -182,6 +185,8 @@ def test_bad_arguments_raise_clear_errors():
         ops.gemm(lay.qa[:-16], x, lay.scale, lay.zero, None, 4, 64, 128, 0)
     with pytest.raises(RuntimeError, match="group_size"):
         ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 32, 0)
+    with pytest.raises(RuntimeError, match="K tile of config 3"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 64, 3)
     with pytest.raises(RuntimeError, match="unknown config"):
         ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 128, 9)
     with pytest.raises(RuntimeError, match="float32"):

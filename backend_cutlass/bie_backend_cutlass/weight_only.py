@@ -37,7 +37,11 @@ import torch
 from . import _build, tuning
 from ._build import Extension
 
-CONFIGS = ("c128x256", "c128x128", "p64x128")
+#: tile configurations, in the order of csrc/wq_kernels.cu's table; tile = (output channels, tokens, K).
+#: c*/p*: persistent cooperative / ping-pong kernels for many tokens; s*: few tokens, a K tile of 128 and the
+#: stream-K scheduler (the K loop of few output tiles split over every SM).
+CONFIGS = ("c128x256", "c128x128", "p64x128", "s128x16", "s128x32")
+CONFIG_TILE_K = {"c128x256": 64, "c128x128": 64, "p64x128": 64, "s128x16": 128, "s128x32": 128}
 _GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
 EXTENSION = Extension(family="weight_only",
                       sources=("wq_bindings.cpp", "wq_kernels.cu") + _GEMM_SOURCES,
@@ -45,10 +49,11 @@ EXTENSION = Extension(family="weight_only",
 
 SM90 = ((9, 0), (9, 0))
 ACT_DTYPES = (torch.float16, torch.bfloat16)
-#: the K tile of every configuration; group sizes must be K or a multiple of it
+#: the smallest K tile of the configurations: K must be a multiple of it, group sizes K or a multiple of it
 TILE_K = 64
-#: rows of x from which this kernel serves wq_gemm (below, bie-backend-cuda's small-M kernels are faster;
-#: measured in benchmarks/results/cutlass_h100_wq.md). Tests set it to 1 to check every row count.
+#: rows of x from which automatic selection picks this kernel for wq_gemm (below, bie-backend-cuda's small-M
+#: kernels are faster; measured in benchmarks/results/cutlass_h100_wq.md). Any row count is computed correctly:
+#: an explicit set_backend("cutlass") runs it for every M, and tests set MIN_M = 1.
 MIN_M = 65
 
 
@@ -163,24 +168,33 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     gs = k if group_size == -1 else group_size
     ops = _ops()
-    cands = [(nm, (lambda c=i: ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c)))
-             for i, nm in enumerate(CONFIGS)]
-    if m <= 128:   # the untimed default (tuning off): the narrow tile for few rows
-        cands = [cands[2], cands[1], cands[0]]
-    bucket = f"{str(x.dtype).replace('torch.', '')}/w{bits}/M{_bucket(m)}/N{_bucket(n)}/K{_bucket(k)}"
-    cfg = tuning.choose("wq_gemm_sm90", bucket, cands, device=x.device)
+    cands = {nm: (lambda c=i: ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c))
+             for i, nm in enumerate(CONFIGS) if gs == k or gs % CONFIG_TILE_K[nm] == 0}
+    # the untimed default (tuning off) first: the tile that fits the row count
+    first = "s128x16" if m <= 16 else "s128x32" if m <= 32 else "p64x128" if m <= 128 else "c128x256"
+    order = [first] + [nm for nm in cands if nm != first]
+    bucket = f"{str(x.dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{_bucket(m)}" \
+             f"/N{_bucket(n)}/K{_bucket(k)}"
+    cfg = tuning.choose("wq_gemm_sm90", bucket, [(nm, cands[nm]) for nm in order if nm in cands], device=x.device)
     return ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, CONFIGS.index(cfg))
 
 
 def _check(p) -> Optional[str]:
-    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    if m < MIN_M:
-        return f"M={m} < {MIN_M} rows: the memory-bound small-M kernels of bie-backend-cuda are faster there"
+    n, k = p.dims.get("N", 0), p.dims.get("K", 0)
     gs = p.attrs.get("group_size", -1)
     if gs != -1 and gs % TILE_K != 0:
         return f"group_size={gs} is not a multiple of the K tile ({TILE_K}) or per-channel (-1)"
     if n * k >= 2 ** 31:
         return f"N*K={n * k} codes is above the kernel's 32-bit layout index"
+    return None
+
+
+def _defer(p) -> Optional[str]:
+    """Few rows are memory-bound: bie-backend-cuda's GEMV / small-M kernels are faster there (an explicit
+    ``set_backend("cutlass")`` still runs this kernel)."""
+    m = p.dims.get("M", 0)
+    if m < MIN_M:
+        return f"M={m} < {MIN_M} rows, where the memory-bound small-M kernels (bie-backend-cuda) are faster"
     return None
 
 
@@ -191,7 +205,8 @@ def register(registry, priority: int) -> None:
     registry.register(
         "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,
         capability=Capability(devices=("cuda",), dtypes=ACT_DTYPES, attrs={"bits": (4, 8)},
-                              divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check),
+                              divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check,
+                              defer=_defer),
         description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
                     "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
-                    f"epilogue; from {MIN_M} rows (prefill)")
+                    f"epilogue; automatic selection from {MIN_M} rows (prefill)")

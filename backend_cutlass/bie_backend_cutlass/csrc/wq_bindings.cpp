@@ -15,8 +15,10 @@
 
 namespace bie_wq {
 
-// The K tile of every configuration (64 16-bit values: one 128-byte swizzled row of x).
+// The K tile of the configurations: 64 16-bit values (one 128-byte swizzled row of x), 128 for the
+// stream-K ones (configs 3 and 4); group sizes must be K or a multiple of it.
 constexpr int64_t kTileK = 64;
+static int64_t tile_k(int64_t config) { return config >= 3 ? 128 : 64; }
 
 static int device_attr(int device, cudaDeviceAttr attr, std::vector<int>& cache, std::mutex& mu) {
   std::lock_guard<std::mutex> lock(mu);
@@ -68,8 +70,9 @@ at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& sca
   TORCH_CHECK(qa.scalar_type() == at::kByte && qa.is_contiguous() && aligned16(qa) &&
                   qa.numel() == n_out * k * bits / 8,
               op, "qa must be the contiguous uint8 reordered codes of ", n_out * k * bits / 8, " bytes");
-  TORCH_CHECK(group_size == k || (group_size > 0 && group_size % kTileK == 0), op, "group_size=", group_size,
-              " must be K or a multiple of ", kTileK);
+  TORCH_CHECK(config >= 0 && config < kNumConfigs, op, "unknown config ", config);
+  TORCH_CHECK(group_size == k || (group_size > 0 && group_size % tile_k(config) == 0), op, "group_size=",
+              group_size, " must be K or a multiple of ", tile_k(config), " (the K tile of config ", config, ")");
   const int64_t g = (k + group_size - 1) / group_size;
   for (const at::Tensor* t : {&scale, &zero}) {
     TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->is_contiguous() && t->dim() == 2 && t->size(0) == g &&
@@ -81,7 +84,6 @@ at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& sca
                     bias->numel() == n_out && aligned16(*bias),
                 op, "bias must be a contiguous float32 tensor of ", n_out, " values");
   }
-  TORCH_CHECK(config >= 0 && config < kNumConfigs, op, "unknown config ", config);
   const int device = x.get_device();
   check_sm90(device);
   c10::cuda::CUDAGuard guard(x.device());

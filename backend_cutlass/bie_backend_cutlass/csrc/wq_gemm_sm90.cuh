@@ -28,7 +28,8 @@
 namespace bie_wq {
 using namespace cute;
 
-template <int Bits, class Act, class TileShape, class ClusterShape, class MainSched, class EpiSched>
+template <int Bits, class Act, class TileShape, class ClusterShape, class MainSched, class EpiSched,
+          class Scheduler = void>
 struct WqGemmSm90 {
   using QuantT = typename Quant<Bits>::T;
   using LayoutA = typename ReorderedA<Bits>::Type;
@@ -58,7 +59,7 @@ struct WqGemmSm90 {
       MainSched>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
+                                                      CollectiveEpilogue, Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(const WqArgs& p) {
@@ -108,6 +109,9 @@ struct WqGemmSm90 {
 };
 
 // The configurations (ids as in weight_only.py's CONFIGS). Tile = (output channels, tokens, K).
+// c*: persistent cooperative kernels for many tokens (compute-bound); s*: few tokens (memory-bound),
+// a K tile of 128 (longer TMA transactions) and the stream-K scheduler, which splits the K loop of the
+// few output tiles over all SMs (8192 channels are only 64 tiles of 128).
 #define BIE_WQ_CFG_c128x256                                                                       \
   Shape<_128, _256, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
       cutlass::epilogue::TmaWarpSpecializedCooperative
@@ -117,6 +121,12 @@ struct WqGemmSm90 {
 #define BIE_WQ_CFG_p64x128                                                                     \
   Shape<_64, _128, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
       cutlass::epilogue::TmaWarpSpecialized
+#define BIE_WQ_CFG_s128x16                                                                        \
+  Shape<_128, _16, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
+#define BIE_WQ_CFG_s128x32                                                                        \
+  Shape<_128, _32, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
 
 #define BIE_WQ_DEFINE(cfg, bits, act, T)                                        \
   std::string wq_##cfg##_w##bits##_##act(const WqArgs& p, size_t* ws) {         \

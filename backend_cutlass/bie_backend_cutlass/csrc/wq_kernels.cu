@@ -16,12 +16,16 @@ namespace bie_wq {
 BIE_WQ_DECLARE(c128x256)
 BIE_WQ_DECLARE(c128x128)
 BIE_WQ_DECLARE(p64x128)
+BIE_WQ_DECLARE(s128x16)
+BIE_WQ_DECLARE(s128x32)
 
 WqFn wq_fn(int config, int bits_code, int act_code) {
   static const WqFn table[kNumConfigs][2][2] = {
       {{wq_c128x256_w4_f16, wq_c128x256_w4_bf16}, {wq_c128x256_w8_f16, wq_c128x256_w8_bf16}},
       {{wq_c128x128_w4_f16, wq_c128x128_w4_bf16}, {wq_c128x128_w8_f16, wq_c128x128_w8_bf16}},
       {{wq_p64x128_w4_f16, wq_p64x128_w4_bf16}, {wq_p64x128_w8_f16, wq_p64x128_w8_bf16}},
+      {{wq_s128x16_w4_f16, wq_s128x16_w4_bf16}, {wq_s128x16_w8_f16, wq_s128x16_w8_bf16}},
+      {{wq_s128x32_w4_f16, wq_s128x32_w4_bf16}, {wq_s128x32_w8_f16, wq_s128x32_w8_bf16}},
   };
   if (config < 0 || config >= kNumConfigs || bits_code < 0 || bits_code > 1 || act_code < 0 || act_code > 1)
     return nullptr;
