@@ -47,7 +47,7 @@ def test_sources_exist_and_import_compiles_nothing():
     for name in weight_only.EXTENSION.sources + weight_only.EXTENSION.headers:
         assert (_build.CSRC / name).exists(), name
     assert weight_only.EXTENSION.family not in _build._loaded
-    assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 5
+    assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 7
 
 
 def _problem(m, n, k, bits=4, gs=128, act=False, fmt="gptq", dtype=torch.bfloat16):
@@ -133,6 +133,8 @@ def test_every_configuration(every_m, bits):
         for c in range(len(wo.CONFIGS)):
             y = wo._ops().gemm(lay.qa, x, lay.scale, lay.zero, bias.float(), bits, n, 128, c)
             _assert_close(y, x, w64, bias, k)
+        # the dequantize + cuBLAS candidate the tuner also times from DENSE_MIN_M rows
+        _assert_close(wo._dense(x, qw, s, z, gi, bias, bits, 128, k, "gptq"), x, w64, bias, k)
 
 
 @needs_sm90

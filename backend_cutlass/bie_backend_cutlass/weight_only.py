@@ -40,8 +40,14 @@ from ._build import Extension
 #: tile configurations, in the order of csrc/wq_kernels.cu's table; tile = (output channels, tokens, K).
 #: c*/p*: persistent cooperative / ping-pong kernels for many tokens; s*: few tokens, a K tile of 128 and the
 #: stream-K scheduler (the K loop of few output tiles split over every SM).
-CONFIGS = ("c128x256", "c128x128", "p64x128", "s128x16", "s128x32")
-CONFIG_TILE_K = {"c128x256": 64, "c128x128": 64, "p64x128": 64, "s128x16": 128, "s128x32": 128}
+CONFIGS = ("c128x256", "c128x128", "p64x128", "s128x16", "s128x32", "s256x16", "s256x32")
+CONFIG_TILE_K = {nm: (128 if nm.startswith("s") else 64) for nm in CONFIGS}
+#: the configurations timed for a row count: the small-token tiles up to 128 rows, the others from 16
+SMALL_TILE_MAX_M = 128
+LARGE_TILE_MIN_M = 16
+#: from this many rows the tuner also times dequantize (the wq_dequantize op) + cuBLAS, the path the
+#: issue allows where it is faster (on the H100: 4096x4096 at M=4096, benchmarks/results/cutlass_h100_wq.md)
+DENSE_MIN_M = 1024
 _GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
 EXTENSION = Extension(family="weight_only",
                       sources=("wq_bindings.cpp", "wq_kernels.cu") + _GEMM_SOURCES,
@@ -168,15 +174,29 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     gs = k if group_size == -1 else group_size
     ops = _ops()
-    cands = {nm: (lambda c=i: ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c))
-             for i, nm in enumerate(CONFIGS) if gs == k or gs % CONFIG_TILE_K[nm] == 0}
+    usable = [nm for nm in CONFIGS if gs == k or gs % CONFIG_TILE_K[nm] == 0]
+    sized = [nm for nm in usable if (m <= SMALL_TILE_MAX_M if nm.startswith("s") else m >= LARGE_TILE_MIN_M)]
+    cands = {nm: (lambda c=CONFIGS.index(nm): ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c))
+             for nm in (sized or usable)}
+    if m >= DENSE_MIN_M:
+        cands["dequantize+cublas"] = lambda: _dense(xd, qweight, scales, zeros, g_idx, bias, bits, group_size, k,
+                                                    format)
     # the untimed default (tuning off) first: the tile that fits the row count
     first = "s128x16" if m <= 16 else "s128x32" if m <= 32 else "p64x128" if m <= 128 else "c128x256"
     order = [first] + [nm for nm in cands if nm != first]
     bucket = f"{str(x.dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{_bucket(m)}" \
              f"/N{_bucket(n)}/K{_bucket(k)}"
     cfg = tuning.choose("wq_gemm_sm90", bucket, [(nm, cands[nm]) for nm in order if nm in cands], device=x.device)
-    return ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, CONFIGS.index(cfg))
+    return cands[cfg]()
+
+
+def _dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, k, fmt):
+    """Dequantize (the wq_dequantize op, whichever backend serves it: bie-backend-cuda's one-pass kernel
+    when installed) + cuBLAS; float32 bias add as the other paths."""
+    from bie_core.ops.weight_only import wq_dequantize
+    y = torch.mm(x, wq_dequantize(qweight.detach(), scales.detach(), zeros.detach(),
+                                  None if g_idx is None else g_idx.detach(), bits, group_size, k, fmt, x.dtype))
+    return y if bias is None else (y.to(torch.float32) + bias.detach().to(torch.float32)).to(x.dtype)
 
 
 def _check(p) -> Optional[str]:

@@ -127,6 +127,14 @@ struct WqGemmSm90 {
 #define BIE_WQ_CFG_s128x32                                                                        \
   Shape<_128, _32, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
       cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
+// 256 channels per tile: each consumer warpgroup converts and multiplies two 64-row blocks per k step,
+// twice the independent work between the waits of its dependent load -> convert -> wgmma chain
+#define BIE_WQ_CFG_s256x16                                                                        \
+  Shape<_256, _16, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
+#define BIE_WQ_CFG_s256x32                                                                        \
+  Shape<_256, _32, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
 
 #define BIE_WQ_DEFINE(cfg, bits, act, T)                                        \
   std::string wq_##cfg##_w##bits##_##act(const WqArgs& p, size_t* ws) {         \
