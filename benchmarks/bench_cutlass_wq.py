@@ -80,11 +80,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ms", default=None, help="comma-separated row counts (default: the full list)")
     args = ap.parse_args()
     warm_gpu()
     gen = torch.Generator(device="cuda").manual_seed(11)
     rows = []
     ms = (16, 128, 1024) if args.quick else (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    if args.ms:
+        ms = tuple(int(v) for v in args.ms.split(","))
     for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):
         bench(rows, n, k, 4, 128, ms, gen)
     if not args.quick:
