@@ -63,9 +63,7 @@ def bench(rows, n, k, bits, gs, ms, gen):
                             for lay in lays])
             row[f"{name}_us"], row[f"{name}_err"] = t, err
             line += f" | {name} {t:.1f} ({base / t:.2f}x, err {err:.1e})"
-        t_auto = time_graph([lambda s_=s_, p=p: wq_gemm(x, *s_, None, None, bits, gs, "gptq", backend="cutlass")
-                             if m >= wo.MIN_M else wq_gemm(x, *s_, None, None, bits, gs, "gptq")
-                             for s_, p in zip(sets, cut_prep)])
+        t_auto = time_graph([lambda s_=s_: wq_gemm(x, *s_, None, None, bits, gs, "gptq") for s_ in sets])
         row["auto_us"] = t_auto
         line += f" | as dispatched {t_auto:.1f} ({base / t_auto:.2f}x)"
         ideal = 2.0 * m * n * k / 1e6
@@ -85,7 +83,7 @@ def main():
     warm_gpu()
     gen = torch.Generator(device="cuda").manual_seed(11)
     rows = []
-    ms = (16, 128, 1024) if args.quick else (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    ms = (16, 128, 1024) if args.quick else (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     if args.ms:
         ms = tuple(int(v) for v in args.ms.split(","))
     for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):

@@ -50,6 +50,10 @@ if [ "$MODE" != "bench" ]; then
   timeout ${KIT_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --tb=line -rf --bie-backend=cutlass \
       -k "wq_gemm or backend_is_loaded" tests/test_cutlass_wq.py 2>&1 | tee $OUT/kit.log | grep -E "FAILED|passed|failed|wq_gemm" | head -20
 fi
+if [ -n "$CUDA_TESTS" ]; then   # bie-backend-cuda's own tests and kit (the dispatcher is shared)
+  timeout ${CUDA_TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda \
+      tests/test_cuda_backend.py 2>&1 | tee $OUT/cuda_test.log | grep -E "FAILED|Error|passed|failed|^total" | head -20
+fi
 if [ "$MODE" != "tests" ]; then
   (cd benchmarks && timeout ${BENCH_TIMEOUT:-300} python3 bench_cutlass_wq.py ${BENCH_ARGS:-} --json $OUT/bench.json 2>&1) \
       | tee $OUT/bench.log

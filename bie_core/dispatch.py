@@ -276,7 +276,11 @@ def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
             chosen = k
         else:
             also_ok.append(k)
-    if chosen is None and deferred:   # nothing faster accepted it: the deferring kernel serves after all
+    if deferred and (chosen is None or (chosen.reference and problem.device_type not in ("cpu", "meta"))):
+        # nothing faster accepted it (the plain-PyTorch reference on an accelerator does not count as
+        # faster): the deferring kernel serves after all
+        if chosen is not None:
+            also_ok.insert(0, chosen)
         chosen = deferred.pop(0)[0]
     backend_rej = _backend_rejections(problem)
     rej = ([Rejection(k.qualname, k.priority, r) for k, r in rejections + deferred]

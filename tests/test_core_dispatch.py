@@ -387,3 +387,24 @@ def test_value_checks_run_on_every_new_index_tensor(fresh_bie):
     idx[0, 1] = -5                                                                   # in place: new version
     with pytest.raises(IndexError):
         ops.sign_embedding_bag(idx, bits, 16, torch.float32)
+
+
+def test_a_deferring_kernel_serves_rather_than_the_reference_on_an_accelerator(fresh_bie):
+    """Deferral passes a case to a faster kernel, and the plain-PyTorch reference on an accelerator is not one."""
+    import warnings as _w
+    from bie_core.kernels import Kernel, Problem
+    from bie_core.ops import get_op
+    op = get_op("binary_gemm")
+    fast = Kernel("gpu", "binary_gemm", lambda *a: None, priority=200, name="gemm",
+                  capability=Capability(devices=("mps",), defer=lambda p: "few rows"))
+    other = Kernel("gpu2", "binary_gemm", lambda *a: None, priority=100, name="gemv",
+                   capability=Capability(devices=("mps",)))
+    ref = Kernel("cpu", "binary_gemm", lambda *a: None, priority=0, name="reference", reference=True)
+    p = Problem(op="binary_gemm", device_type="mps", dims={"M": 1, "N": 8, "K": 64})
+    with _w.catch_warnings():
+        _w.simplefilter("ignore")
+        assert dispatch._decide_auto(op, p, [fast, other, ref]).kernel is other
+        assert dispatch._decide_auto(op, p, [fast, ref]).kernel is fast
+        cpu = Problem(op="binary_gemm", device_type="cpu", dims={"M": 1, "N": 8, "K": 64})
+        fast_cpu = fast.replace(capability=Capability(devices=("cpu",), defer=lambda p: "few rows"))
+        assert dispatch._decide_auto(op, cpu, [fast_cpu, ref]).kernel is ref

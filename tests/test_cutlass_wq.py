@@ -47,7 +47,7 @@ def test_sources_exist_and_import_compiles_nothing():
     for name in weight_only.EXTENSION.sources + weight_only.EXTENSION.headers:
         assert (_build.CSRC / name).exists(), name
     assert weight_only.EXTENSION.family not in _build._loaded
-    assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 7
+    assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 8
 
 
 def _problem(m, n, k, bits=4, gs=128, act=False, fmt="gptq", dtype=torch.bfloat16):
@@ -60,6 +60,8 @@ def test_capability_says_why():
     from bie_backend_cutlass import weight_only as wo
     assert "rows" in wo._defer(_problem(wo.MIN_M - 1, 4096, 4096))
     assert wo._defer(_problem(wo.MIN_M, 4096, 4096)) is None
+    assert "rows" in wo._defer(_problem(wo.MIN_M_BIG - 1, 28672, 8192))
+    assert wo._defer(_problem(wo.MIN_M_BIG, 28672, 8192)) is None
     assert wo._check(_problem(1, 4096, 4096)) is None
     assert "multiple of the K tile" in wo._check(_problem(1024, 4096, 4096, gs=32))
     assert wo._check(_problem(1024, 4096, 4096, gs=-1)) is None

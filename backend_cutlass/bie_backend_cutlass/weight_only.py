@@ -40,7 +40,7 @@ from ._build import Extension
 #: tile configurations, in the order of csrc/wq_kernels.cu's table; tile = (output channels, tokens, K).
 #: c*/p*: persistent cooperative / ping-pong kernels for many tokens; s*: few tokens, a K tile of 128 and the
 #: stream-K scheduler (the K loop of few output tiles split over every SM).
-CONFIGS = ("c128x256", "c128x128", "p64x128", "s128x16", "s128x32", "s256x16", "s256x32")
+CONFIGS = ("c128x256", "c128x128", "p64x128", "s128x16", "s128x32", "s256x16", "s256x32", "s256x64")
 CONFIG_TILE_K = {nm: (128 if nm.startswith("s") else 64) for nm in CONFIGS}
 #: the configurations timed for a row count: the small-token tiles up to 128 rows, the others from 16
 SMALL_TILE_MAX_M = 128
@@ -57,11 +57,15 @@ SM90 = ((9, 0), (9, 0))
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 #: the smallest K tile of the configurations: K must be a multiple of it, group sizes K or a multiple of it
 TILE_K = 64
-#: rows of x from which automatic selection picks this kernel for wq_gemm (below, bie-backend-cuda's small-M
-#: kernels are faster; measured in benchmarks/results/cutlass_h100_wq.md). Any row count is computed correctly:
-#: an explicit set_backend("cutlass") runs it for every M, and tests set MIN_M = 1.
+#: rows of x from which automatic selection picks this kernel for wq_gemm; below, bie-backend-cuda's GEMV and
+#: small-M kernels are faster (H100, benchmarks/results/cutlass_h100_wq.md): on layers of at most SMALL_LAYER
+#: weights up to 64 rows, on larger ones up to 4 rows (its one-row GEMV streams the weight at ~2.6 TB/s; from 16
+#: rows this kernel's stream-K tiles are faster, 53-60 us against 65-72 at M=16 on 28672x8192 / 8192x28672).
+#: Any row count is computed correctly: an explicit set_backend("cutlass") runs it for every M, and so does
+#: automatic selection when no faster kernel (only the plain-PyTorch reference) is installed; tests set MIN_M = 1.
 MIN_M = 65
-
+MIN_M_BIG = 5
+SMALL_LAYER = 1 << 26
 
 def _ops():
     return _build.ops(EXTENSION)
@@ -182,7 +186,8 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         cands["dequantize+cublas"] = lambda: _dense(xd, qweight, scales, zeros, g_idx, bias, bits, group_size, k,
                                                     format)
     # the untimed default (tuning off) first: the tile that fits the row count
-    first = "s128x16" if m <= 16 else "s128x32" if m <= 32 else "p64x128" if m <= 128 else "c128x256"
+    first = "s256x16" if m <= 16 else "s256x32" if m <= 32 else "s256x64" if m <= 64 else \
+        "c128x128" if m <= 128 else "c128x256"
     order = [first] + [nm for nm in cands if nm != first]
     bucket = f"{str(x.dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{_bucket(m)}" \
              f"/N{_bucket(n)}/K{_bucket(k)}"
@@ -210,11 +215,11 @@ def _check(p) -> Optional[str]:
 
 
 def _defer(p) -> Optional[str]:
-    """Few rows are memory-bound: bie-backend-cuda's GEMV / small-M kernels are faster there (an explicit
-    ``set_backend("cutlass")`` still runs this kernel)."""
-    m = p.dims.get("M", 0)
-    if m < MIN_M:
-        return f"M={m} < {MIN_M} rows, where the memory-bound small-M kernels (bie-backend-cuda) are faster"
+    """Few rows are memory-bound: bie-backend-cuda's GEMV / small-M kernels are faster there (see MIN_M)."""
+    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
+    lo = MIN_M if n * k <= SMALL_LAYER else min(MIN_M, MIN_M_BIG)
+    if m < lo:
+        return f"M={m} < {lo} rows on a {n}x{k} layer, where the memory-bound small-M kernels are faster"
     return None
 
 
@@ -229,4 +234,5 @@ def register(registry, priority: int) -> None:
                               defer=_defer),
         description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
                     "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
-                    f"epilogue; automatic selection from {MIN_M} rows (prefill)")
+                    f"epilogue; stream-K tiles for few rows; automatic selection from {MIN_M_BIG} rows on layers "
+                    f"above {SMALL_LAYER} weights, from {MIN_M} on smaller ones")

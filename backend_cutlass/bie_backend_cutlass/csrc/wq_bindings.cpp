@@ -16,7 +16,7 @@
 namespace bie_wq {
 
 // The K tile of the configurations: 64 16-bit values (one 128-byte swizzled row of x), 128 for the
-// stream-K ones (configs 3 to 6); group sizes must be K or a multiple of it.
+// stream-K ones (configs 3 to 7); group sizes must be K or a multiple of it.
 constexpr int64_t kTileK = 64;
 static int64_t tile_k(int64_t config) { return config >= 3 ? 128 : 64; }
 

@@ -135,6 +135,9 @@ struct WqGemmSm90 {
 #define BIE_WQ_CFG_s256x32                                                                        \
   Shape<_256, _32, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
       cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
+#define BIE_WQ_CFG_s256x64                                                                        \
+  Shape<_256, _64, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
 
 #define BIE_WQ_DEFINE(cfg, bits, act, T)                                        \
   std::string wq_##cfg##_w##bits##_##act(const WqArgs& p, size_t* ws) {         \

@@ -20,6 +20,7 @@ BIE_WQ_DECLARE(s128x16)
 BIE_WQ_DECLARE(s128x32)
 BIE_WQ_DECLARE(s256x16)
 BIE_WQ_DECLARE(s256x32)
+BIE_WQ_DECLARE(s256x64)
 
 WqFn wq_fn(int config, int bits_code, int act_code) {
   static const WqFn table[kNumConfigs][2][2] = {
@@ -30,6 +31,7 @@ WqFn wq_fn(int config, int bits_code, int act_code) {
       {{wq_s128x32_w4_f16, wq_s128x32_w4_bf16}, {wq_s128x32_w8_f16, wq_s128x32_w8_bf16}},
       {{wq_s256x16_w4_f16, wq_s256x16_w4_bf16}, {wq_s256x16_w8_f16, wq_s256x16_w8_bf16}},
       {{wq_s256x32_w4_f16, wq_s256x32_w4_bf16}, {wq_s256x32_w8_f16, wq_s256x32_w8_bf16}},
+      {{wq_s256x64_w4_f16, wq_s256x64_w4_bf16}, {wq_s256x64_w8_f16, wq_s256x64_w8_bf16}},
   };
   if (config < 0 || config >= kNumConfigs || bits_code < 0 || bits_code > 1 || act_code < 0 || act_code > 1)
     return nullptr;

@@ -36,7 +36,7 @@ struct WqArgs {
 using WqFn = std::string (*)(const WqArgs&, size_t* ws);
 
 // bits_code: 0 = 4-bit, 1 = 8-bit; act_code: 0 = float16, 1 = bfloat16.
-constexpr int kNumConfigs = 7;
+constexpr int kNumConfigs = 8;
 WqFn wq_fn(int config, int bits_code, int act_code);
 
 // codes (n_out, k) int8 signed, contiguous -> dst in the reordered layout of the
