@@ -69,6 +69,24 @@ def test_capability_says_why():
     assert "32-bit" in wo._check(_problem(1024, 1 << 16, 1 << 15))
 
 
+def test_training_calls_keep_the_other_backends():
+    """Fine-tuned packed weights change every step: the prepared layout would be rebuilt each time."""
+    from bie_backend_cutlass import weight_only as wo
+
+    class Capture:
+        def register(self, op, fn, **kw):
+            self.kw = kw
+
+    reg = Capture()
+    wo.register(reg, 200)
+    cap = reg.kw["capability"]
+    assert cap.defer is wo._defer and not cap.training and cap.inference
+    import dataclasses
+    p = _problem(1024, 4096, 4096)
+    assert not any("inference-only" in r for r in cap.reasons(p))
+    assert any("inference-only" in r for r in cap.reasons(dataclasses.replace(p, training=True)))
+
+
 def test_unpacking_matches_the_canonical_packer():
     from bie_core.ops.weight_only import wq_pack
     from bie_backend_cutlass.weight_only import _codes_along_k, _codes_along_n

@@ -25,6 +25,12 @@ format / activation dtype, kept per weight version by the dispatcher's cache):
 
 Building the layout runs device ops and one host synchronisation (comparing the
 sorted ``g_idx``); calls never synchronise.
+
+Inference only (no input requires grad): when the packed weights are fine-tuned
+(SPEC §4) the optimizer rewrites ``qweight`` in place every step, and this layout
+would be rebuilt for each forward (an unpack and a reordering pass over the whole
+weight, not measured yet against the GEMM it saves); training keeps
+bie-backend-cuda's path, which dequantizes from the canonical tensors directly.
 """
 from __future__ import annotations
 
@@ -231,7 +237,7 @@ def register(registry, priority: int) -> None:
         "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,
         capability=Capability(devices=("cuda",), dtypes=ACT_DTYPES, attrs={"bits": (4, 8)},
                               divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check,
-                              defer=_defer),
+                              defer=_defer, training=False),
         description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
                     "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
                     f"epilogue; stream-K tiles for few rows; automatic selection from {MIN_M_BIG} rows on layers "
