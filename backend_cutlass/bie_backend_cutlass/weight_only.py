@@ -51,8 +51,8 @@ CONFIG_TILE_K = {nm: (128 if nm.startswith("s") else 64) for nm in CONFIGS}
 #: the configurations timed for a row count: the small-token tiles up to 128 rows, the others from 16
 SMALL_TILE_MAX_M = 128
 LARGE_TILE_MIN_M = 16
-#: from this many rows the tuner also times dequantize (the wq_dequantize op) + cuBLAS, the path the
-#: issue allows where it is faster (on the H100: 4096x4096 at M=4096, benchmarks/results/cutlass_h100_wq.md)
+#: from this many rows the tuner also times dequantize (the wq_dequantize op) + cuBLAS and keeps it where it is
+#: faster (on the H100 the two were within ~5% either way at 4096x4096, M=4096: benchmarks/results/cutlass_h100_wq.md)
 DENSE_MIN_M = 1024
 _GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
 EXTENSION = Extension(family="weight_only",
@@ -65,8 +65,8 @@ ACT_DTYPES = (torch.float16, torch.bfloat16)
 TILE_K = 64
 #: rows of x from which automatic selection picks this kernel for wq_gemm; below, bie-backend-cuda's GEMV and
 #: small-M kernels are faster (H100, benchmarks/results/cutlass_h100_wq.md): on layers of at most SMALL_LAYER
-#: weights up to 64 rows, on larger ones up to 4 rows (its one-row GEMV streams the weight at ~2.6 TB/s; from 16
-#: rows this kernel's stream-K tiles are faster, 53-60 us against 65-72 at M=16 on 28672x8192 / 8192x28672).
+#: weights up to 64 rows, on larger ones up to 4 rows (on 28672x8192 / 8192x28672 at M=4 its GEMV took 47 / 56 us
+#: against 53 / 60 for this kernel's stream-K tiles; at M=8 68 / 67 against 53 / 59; 5-7 rows were not measured).
 #: Any row count is computed correctly: an explicit set_backend("cutlass") runs it for every M, and so does
 #: automatic selection when no faster kernel (only the plain-PyTorch reference) is installed; tests set MIN_M = 1.
 MIN_M = 65
