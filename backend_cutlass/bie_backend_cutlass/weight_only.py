@@ -26,15 +26,16 @@ format / activation dtype, kept per weight version by the dispatcher's cache):
 Building the layout runs device ops and one host synchronisation (comparing the
 sorted ``g_idx``); calls never synchronise.
 
-Inference only (no input requires grad): when the packed weights are fine-tuned
-(SPEC §4) the optimizer rewrites ``qweight`` in place every step, and this layout
-would be rebuilt for each forward (an unpack and a reordering pass over the whole
-weight, not measured yet against the GEMM it saves); training keeps
-bie-backend-cuda's path, which dequantizes from the canonical tensors directly.
+Weights that keep changing: when the packed weights are fine-tuned (SPEC §4) the
+optimizer rewrites ``qweight`` in place every step, and the dispatcher re-prepares
+on every new version. Rebuilding this layout each step (an unpack and a reordering
+pass over the whole weight) is not worth it, so a weight tensor seen at more than
+``REBUILD_LIMIT`` versions is served by dequantize + cuBLAS from then on.
 """
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -102,11 +103,13 @@ class Layout:
 
 
 class Prepared:
-    """Per weight version: layouts keyed by (bits, group_size, K, format, activation dtype)."""
+    """Per weight version: layouts keyed by (bits, group_size, K, format, activation dtype).
+    ``rebuilds``: how many versions of this weight tensor were prepared (this one included)."""
 
-    def __init__(self):
+    def __init__(self, rebuilds: int = 1):
         self.layouts: dict = {}
         self.lock = threading.Lock()
+        self.rebuilds = rebuilds
 
     def get(self, key, build):
         lay = self.layouts.get(key)
@@ -118,8 +121,29 @@ class Prepared:
         return lay
 
 
+#: a weight tensor seen at more versions than this (an optimizer rewriting it in place) is served by
+#: dequantize + cuBLAS: see the module docstring
+REBUILD_LIMIT = 2
+_rebuilds: dict = {}       # id(qweight) -> (versions prepared, last version); the entry goes with the tensor
+_rebuilds_lock = threading.Lock()
+
+
+def _count_prepare(t: torch.Tensor) -> int:
+    """How many versions of ``t`` have been prepared (a re-prepare of the same version, after the
+    dispatcher's caches were cleared, does not count)."""
+    key, version = id(t), t._version
+    with _rebuilds_lock:
+        entry = _rebuilds.get(key)
+        if entry is None:
+            weakref.finalize(t, _rebuilds.pop, key, None)
+            entry = (0, None)
+        n = entry[0] + (entry[1] != version)
+        _rebuilds[key] = (n, version)
+    return n
+
+
 def prepare(qweight, scales, zeros, g_idx):
-    return Prepared()
+    return Prepared(rebuilds=_count_prepare(qweight))
 
 
 def _statistics(scales, zeros, bits, n, fmt):
@@ -174,6 +198,8 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if m == 0:
         return x.new_empty((0, n))
     holder = prepared if prepared is not None else Prepared()
+    if holder.rebuilds > REBUILD_LIMIT:   # a weight being fine-tuned in place: no layout rebuild per step
+        return _dense(x.detach(), qweight, scales, zeros, g_idx, bias, bits, group_size, k, format)
     lay = holder.get((bits, group_size, k, format, x.dtype),
                      lambda: _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype))
     xd = x.detach()
@@ -237,7 +263,7 @@ def register(registry, priority: int) -> None:
         "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,
         capability=Capability(devices=("cuda",), dtypes=ACT_DTYPES, attrs={"bits": (4, 8)},
                               divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check,
-                              defer=_defer, training=False),
+                              defer=_defer),
         description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
                     "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
                     f"epilogue; stream-K tiles for few rows; automatic selection from {MIN_M_BIG} rows on layers "
