@@ -81,6 +81,9 @@ def test_a_weight_rewritten_in_place_stops_getting_the_reordered_layout(monkeypa
         qw.add_(1)                                                                 # an optimizer step
     assert [h.rebuilds for h in holders] == list(range(1, wo.REBUILD_LIMIT + 2))
     assert wo.prepare(torch.zeros(16, 32, dtype=torch.int32), None, None, None).rebuilds == 1
+    with torch.inference_mode():
+        frozen = torch.zeros(16, 32, dtype=torch.int32)
+    assert [wo.prepare(frozen, None, None, None).rebuilds for _ in range(3)] == [1, 1, 1]
     calls = []
     monkeypatch.setattr(wo, "_dense", lambda *a: calls.append(a) or "dense")
     x = torch.zeros(128, 128)

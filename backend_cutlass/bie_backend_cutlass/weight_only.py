@@ -131,7 +131,11 @@ _rebuilds_lock = threading.Lock()
 def _count_prepare(t: torch.Tensor) -> int:
     """How many versions of ``t`` have been prepared (a re-prepare of the same version, after the
     dispatcher's caches were cleared, does not count)."""
-    key, version = id(t), t._version
+    try:
+        version = t._version
+    except RuntimeError:   # inference tensors have no version counter (and cannot be updated in place)
+        version = -1
+    key = id(t)
     with _rebuilds_lock:
         entry = _rebuilds.get(key)
         if entry is None:
