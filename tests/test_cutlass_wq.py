@@ -237,3 +237,23 @@ def test_mpq_linear_prefill_matches_the_cuda_backend():
     ycuda = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", backend="cuda")
     _assert_close(y, x, w64, None, 4096)
     _assert_close(ycuda, x, w64, None, 4096)
+
+
+@needs_sm90
+def test_a_weight_fine_tuned_in_place_stays_exact():
+    """Codes rewritten in place between calls (as a packed-weight optimizer does): every call matches the
+    current weight, through the reordered layout for the first versions and dequantize + cuBLAS after."""
+    from bie_core.ops.weight_only import wq_gemm, wq_pack
+    from bie_backend_cutlass import weight_only as wo
+    k, n = 512, 256
+    (qw, s, z, gi, w64), gen = _case(k, n, 4, 128, "gptq", False, seed=31)
+    zc = wo._codes_along_n(z.cpu(), 4, n).double()
+    groups = torch.arange(k) // 128
+    x = torch.randn(wo.MIN_M + 7, k, generator=gen).half().cuda()
+    for step in range(wo.REBUILD_LIMIT + 2):
+        if step:
+            q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+            qw.copy_(wq_pack(q, 4, 0, backend="cpu").cuda())          # in place: a new version
+            w64 = s.double().cpu()[groups] * (q.double() - zc[groups])
+        y = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", backend="cutlass")
+        _assert_close(y, x, w64, None, k)
