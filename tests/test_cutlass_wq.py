@@ -96,6 +96,16 @@ def test_a_weight_rewritten_in_place_stops_getting_the_reordered_layout(monkeypa
     assert key not in wo._rebuilds
 
 
+def test_empty_problems_return_empty_outputs():
+    """M = 0 or N = 0 (N divides by 16, so the capability accepts it) never reaches the GPU kernel."""
+    from bie_backend_cutlass import weight_only as wo
+    x = torch.zeros(3, 128, dtype=torch.float16)
+    y = wo.wq_gemm(x, torch.zeros(16, 0, dtype=torch.int32), None, None, None, None, 4, 128, "gptq")
+    assert tuple(y.shape) == (3, 0) and y.dtype == torch.float16
+    y = wo.wq_gemm(x[:0], torch.zeros(16, 32, dtype=torch.int32), None, None, None, None, 4, 128, "gptq")
+    assert tuple(y.shape) == (0, 32)
+
+
 def test_unpacking_matches_the_canonical_packer():
     from bie_core.ops.weight_only import wq_pack
     from bie_backend_cutlass.weight_only import _codes_along_k, _codes_along_n

@@ -199,8 +199,8 @@ def _usable(x: torch.Tensor) -> torch.Tensor:
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     m, k = x.shape
     n = qweight.shape[1]
-    if m == 0:
-        return x.new_empty((0, n))
+    if m == 0 or n == 0:   # nothing to compute (the kernel needs at least one row and 16 channels)
+        return x.new_empty((m, n))
     holder = prepared if prepared is not None else Prepared()
     if holder.rebuilds > REBUILD_LIMIT:   # a weight being fine-tuned in place: no layout rebuild per step
         return _dense(x.detach(), qweight, scales, zeros, g_idx, bias, bits, group_size, k, format)
