@@ -65,7 +65,24 @@ struct BinScaleBias<cutlass::Array<float, N>> {
   }
 };
 
-template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD>
+// The builder's TMA epilogue with its store-buffer count replaced: StagesD = 0 keeps the builder's
+// (2 subtile buffers); more buffers let the math warps write a whole tile's subtiles without
+// waiting for earlier TMA stores to drain.
+template <class Epi, int StagesD>
+struct WithStagesD {
+  using type = Epi;
+};
+template <int SC, int SD, int FS, bool Reuse, bool Delay, class... Rest, int StagesD>
+struct WithStagesD<cutlass::epilogue::collective::CollectiveEpilogue<
+                       cutlass::epilogue::Sm90TmaWarpSpecialized<SC, SD, FS, Reuse, Delay>, Rest...>,
+                   StagesD> {
+  static_assert(StagesD >= 0, "StagesD");
+  using type = cutlass::epilogue::collective::CollectiveEpilogue<
+      cutlass::epilogue::Sm90TmaWarpSpecialized<SC, (StagesD > 0 ? StagesD : SD), FS, Reuse, Delay>, Rest...>;
+};
+
+template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD,
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, int StagesD = 0>
 struct BGemmSm90 {
   static constexpr bool kInt = std::is_same_v<ElementD, int32_t>;
   using LayoutA = cutlass::layout::RowMajor;     // A (M, Kb), K contiguous
@@ -90,10 +107,10 @@ struct BGemmSm90 {
   using EVT = std::conditional_t<kInt, DotEVT, FloatEVT>;
   using ElementCompute = std::conditional_t<kInt, int32_t, float>;
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using CollectiveEpilogue = typename WithStagesD<typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, ElementCompute,
-      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp;
+      EpiTile, int32_t, ElementCompute,
+      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp, StagesD>::type;
 
   // ---- mainloop: the int8 K-major one, with the 1-bit tiled MMA swapped in
   using Int8Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -158,7 +175,9 @@ struct BGemmSm90 {
     return args;
   }
 
-  static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st) {
+  // pdl: launch as a programmatic dependent of the kernel before it (the kernel is built with
+  // CUTLASS_ENABLE_GDC_FOR_SM90, so its loads wait for that kernel; its set-up overlaps it).
+  static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
     typename Gemm::Arguments args = arguments(p);
     if (ws != nullptr) {
       *ws = Gemm::get_workspace_size(args);
@@ -171,7 +190,7 @@ struct BGemmSm90 {
     s = gemm.initialize(args, p.workspace, st);
     if (s != cutlass::Status::kSuccess)
       return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
-    s = gemm.run(st);
+    s = gemm.run(st, nullptr, pdl);
     if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return std::string("CUDA error after the wgmma GEMM launch: ") + cudaGetErrorString(e);
