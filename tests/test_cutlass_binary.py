@@ -136,7 +136,7 @@ def test_binary_linear(m, n, k):
 
 
 @needs_kernels
-@pytest.mark.parametrize("tile", ["wg128x256", "wg64x128", "wg64x256"])
+@pytest.mark.parametrize("tile", ["wg128x256", "wg64x128", "wg64x256", "wg128x256c1"])
 def test_wgmma_configs(tile, monkeypatch):
     """The Hopper wgmma kernels (sm_90 only; elsewhere the forced name is ignored): gemm, linear
     and bmm on shapes its TMA epilogue serves (N % 8 == 0), every output dtype, scalar and
@@ -176,6 +176,36 @@ def test_wgmma_configs(tile, monkeypatch):
         for dt in FLOATS:
             _same(cb.binary_bmm(a3, b3, k, s, dt), rb.binary_bmm(a3, b3, k, s, dt), f"{tile} bmm {dt}")
         assert not sm90 or cb.LAST_CONFIG[0] == tile
+
+
+@needs_kernels
+@pytest.mark.parametrize("tile", ["wg128x256", "wg128x256c1"])
+def test_wgmma_dependent_launch_chain(tile, monkeypatch):
+    """The wgmma GEMM is launched as a programmatic dependent of the popcount / packing pass before it
+    and must still read what that pass and the kernels before it wrote: `a` rewritten in place by a
+    torch kernel each step, its row terms rewritten by the pass into a recycled buffer; no host sync
+    between steps (a GEMM that started reading early would see the previous step's values)."""
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    gen = torch.Generator().manual_seed(5)
+    m, n, k = 384, 512, 2048
+    w = _bits((n, k // 8), k, gen)
+    p = cb.prepare_weight(w)
+    a = torch.empty((m, k // 8), dtype=torch.uint8, device="cuda")
+    x = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
+    outs, ins, xs = [], [], []
+    for step in range(12):
+        a.random_(0, 256)        # in place, on the GPU, right before the GEMM's popcount pass
+        outs.append(cb.binary_gemm(a, w, k, None, None, torch.bfloat16, prepared=p))
+        ins.append(a.clone())
+        x.normal_()
+        outs.append(cb.binary_linear(x, None, w, k, None, None, None, torch.float32, prepared=p))
+        xs.append(x.clone())
+    for step in range(12):
+        _same(outs[2 * step], rb.binary_gemm(ins[step], w, k, None, None, torch.bfloat16), f"{tile} gemm {step}")
+        _same(outs[2 * step + 1], rb.binary_linear(xs[step], None, w, k, None, None, None, torch.float32),
+              f"{tile} linear {step}")
 
 
 @needs_kernels

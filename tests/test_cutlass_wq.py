@@ -96,6 +96,19 @@ def test_a_weight_rewritten_in_place_stops_getting_the_reordered_layout(monkeypa
     assert key not in wo._rebuilds
 
 
+def test_split_k_candidates_only_where_the_tiles_leave_sms_idle(monkeypatch):
+    """The tuner adds a split-K candidate to a stream-K tile only when its output tiles fill less than half
+    the SMs, with about one K slice per SM (at most 8)."""
+    from bie_backend_cutlass import weight_only as wo
+    monkeypatch.setattr(wo, "_sm_count", lambda index: 132)
+    dev = torch.device("cuda", 0)
+    assert wo._even_splits("s256x16", 16, 8192, dev) == 4        # 32 tiles
+    assert wo._even_splits("s256x16", 16, 28672, dev) == 1       # 112 tiles: nothing to split
+    assert wo._even_splits("s128x32", 32, 4096, dev) == 4        # 32 tiles
+    assert wo._even_splits("s256x16", 16, 1024, dev) == 8        # 4 tiles: capped at 8
+    assert wo._even_splits("c128x256", 16, 1024, dev) == 1       # not a stream-K configuration
+
+
 def test_empty_problems_return_empty_outputs():
     """M = 0 or N = 0 (N divides by 16, so the capability accepts it) never reaches the GPU kernel."""
     from bie_backend_cutlass import weight_only as wo
@@ -172,6 +185,10 @@ def test_every_configuration(every_m, bits):
         for c in range(len(wo.CONFIGS)):
             y = wo._ops().gemm(lay.qa, x, lay.scale, lay.zero, bias.float(), bits, n, 128, c)
             _assert_close(y, x, w64, bias, k)
+            if wo.CONFIGS[c].startswith("s"):   # the split-K candidates of the stream-K tiles (2 and 4 slices)
+                for splits in (2, 4):
+                    y = wo._ops().gemm(lay.qa, x, lay.scale, lay.zero, bias.float(), bits, n, 128, c, splits)
+                    _assert_close(y, x, w64, bias, k)
         # the dequantize + cuBLAS candidate the tuner also times from DENSE_MIN_M rows
         _assert_close(wo._dense(x, qw, s, z, gi, bias, bits, 128, k, "gptq"), x, w64, bias, k)
 
@@ -230,6 +247,10 @@ def test_bad_arguments_raise_clear_errors():
         ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 64, 3)
     with pytest.raises(RuntimeError, match="unknown config"):
         ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 128, 9)
+    with pytest.raises(RuntimeError, match="splits=2 must be 1, or 2..64 with a stream-K"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 128, 0, 2)
+    with pytest.raises(RuntimeError, match="splits=0"):
+        ops.gemm(lay.qa, x, lay.scale, lay.zero, None, 4, 64, 128, 3, 0)
     with pytest.raises(RuntimeError, match="float32"):
         ops.gemm(lay.qa, x, lay.scale, lay.zero, torch.zeros(64, device="cuda").half(), 4, 64, 128, 0)
     with pytest.raises(RuntimeError, match="multiples of 16"):

@@ -36,10 +36,13 @@ import torch.nn.functional as F
 from ._build import Extension
 
 _GEMM_SOURCES = tuple(f"binary_gemm_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
-_WG_SOURCES = tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
+_WG_SOURCES = tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(4) for t in ("i32", "f32", "f16", "bf16"))
 EXTENSION = Extension(family="binary",
                       sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES + _WG_SOURCES,
-                      headers=("binary_common.h", "binary_gemm.cuh", "binary_wgmma.cuh", "binary_wgmma_atom.h"))
+                      headers=("binary_common.h", "binary_gemm.cuh", "binary_wgmma.cuh", "binary_wgmma_atom.h"),
+                      # the wgmma kernels wait for the kernel before them (they are launched as its
+                      # programmatic dependents: csrc/binary_wgmma.cuh)
+                      extra_cuda_cflags=("-DCUTLASS_ENABLE_GDC_FOR_SM90",))
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 PACKABLE = FLOATS + (torch.int8,)
@@ -48,9 +51,9 @@ CC = ((8, 0), (9, 0))
 # tile configurations (binary_common.h): threadblock M x N (x 512 bits of K)
 CONFIGS = ("128x256", "128x256k1024", "64x128")
 # Hopper wgmma (BGMMA m64nNk256 .and.popc) configurations (binary_wgmma.cuh), sm_90a only:
-# 128x256 cooperative (cluster 2x1), 64x128 ping-pong, 64x256 ping-pong (cluster 2x1), 1024 bits of
-# K per pipeline stage.
-WG_CONFIGS = ("wg128x256", "wg64x128", "wg64x256")
+# 128x256 cooperative (cluster 2x1), 64x128 ping-pong, 64x256 ping-pong (cluster 2x1), 128x256
+# cooperative without a cluster; 1024 bits of K per pipeline stage.
+WG_CONFIGS = ("wg128x256", "wg64x128", "wg64x256", "wg128x256c1")
 LAST_CONFIG = [None]  # the configuration the last GEMM ran with (tests, benchmarks)
 _MAX_ROWS = 2 ** 31 - 1
 
@@ -158,7 +161,8 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
         # every wgmma tile is a candidate, then the mma.sync tiles; the order only sets the
         # untimed default (tuning off, or inside CUDA-graph capture before this bucket was
         # tuned): one 64-row tile for decode-like M, the 128x256 cooperative tile above
-        wg_names = ["wg64x128", "wg64x256", "wg128x256"] if m <= 64 else ["wg128x256", "wg64x256", "wg64x128"]
+        wg_names = (["wg64x128", "wg64x256", "wg128x256", "wg128x256c1"] if m <= 64
+                    else ["wg128x256", "wg128x256c1", "wg64x256", "wg64x128"])
         names = wg_names + names
     name = tuning.choose(op, bucket, [(nm, (lambda nm=nm: call(nm))) for nm in names], device=out.device)
     call(name)

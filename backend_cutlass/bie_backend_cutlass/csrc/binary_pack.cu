@@ -41,6 +41,7 @@ cudaError_t run_gemm(const GemmArgs& g, int cfg, int out_dt, cudaStream_t st) {
 BIE_WG_DECL(0)
 BIE_WG_DECL(1)
 BIE_WG_DECL(2)
+BIE_WG_DECL(3)
 #undef BIE_WG_DECL
 
 std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStream_t st) {
@@ -49,6 +50,7 @@ std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStre
       {wgemm_c0_f32, wgemm_c0_f16, wgemm_c0_bf16, wgemm_c0_i32},
       {wgemm_c1_f32, wgemm_c1_f16, wgemm_c1_bf16, wgemm_c1_i32},
       {wgemm_c2_f32, wgemm_c2_f16, wgemm_c2_bf16, wgemm_c2_i32},
+      {wgemm_c3_f32, wgemm_c3_f16, wgemm_c3_bf16, wgemm_c3_i32},
   };
   if (cfg < 0 || cfg >= kNumWgConfigs || out_dt < 0 || out_dt > kI32) return "bad wgmma configuration / dtype";
   return table[cfg][out_dt](g, ws, st);
@@ -79,6 +81,14 @@ __device__ __forceinline__ int block_sum(int v, int* red) {
   } while (0)
 
 // ------------------------------------------------------------------ activation packing
+// The wgmma GEMM that follows these passes is launched as their programmatic dependent (it waits
+// for them to finish before its first load): letting it launch at once overlaps its start with them.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // One block per row (grid-stride). Word w holds sgn(x[32w + j] + shift[32w + j]), j < 32.
 // vec: row contiguous, 16-byte aligned rows and shift: 16-byte loads for full words.
 template <typename T>
@@ -87,6 +97,7 @@ __global__ void __launch_bounds__(128) pack_act_kernel(const T* __restrict__ x, 
                                                        uint32_t* __restrict__ words, int64_t ldw, int KW,
                                                        int* __restrict__ term, int rows, int K, int vec) {
   __shared__ int red[32];
+  allow_dependent_launch();
   constexpr int E = 16 / sizeof(T);  // elements per 16-byte vector
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + (int64_t)r * sxm;
@@ -157,6 +168,7 @@ __global__ void __launch_bounds__(128) rows_kernel(const uint8_t* __restrict__ a
                                                    uint8_t* __restrict__ out, int64_t ldo, int KBo, int copies,
                                                    int* __restrict__ term, int c0, int c1, int vec) {
   __shared__ int red[32];
+  allow_dependent_launch();
   const int rows = nb * rows_per;
   const int tail = K & 7;
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {

@@ -81,7 +81,7 @@ struct WithStagesD<cutlass::epilogue::collective::CollectiveEpilogue<
       cutlass::epilogue::Sm90TmaWarpSpecialized<SC, (StagesD > 0 ? StagesD : SD), FS, Reuse, Delay>, Rest...>;
 };
 
-template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD,
+template <class ElementD, class TileShape, class ClusterShape, class MainSched, class EpiSched,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, int StagesD = 0>
 struct BGemmSm90 {
   static constexpr bool kInt = std::is_same_v<ElementD, int32_t>;
@@ -199,21 +199,32 @@ struct BGemmSm90 {
 };
 
 // Tile configurations (TileShape K in bytes: 128 bytes = 1024 bits of K per pipeline stage).
+// The cooperative 128x256 tiles keep all 8 of a tile's 128x32 epilogue subtiles in shared memory
+// (StagesD 8), so the math warpgroups hand a tile's TMA stores over and go on to the next tile
+// without waiting for them (lab, H100: 4096^3 32.9 -> 27.6 us, M=1024 11.3 -> 9.2 us;
+// benchmarks/results/cutlass_h100_binary.md).
 #define BIE_WG_CFG0                                                                                 \
   Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
 #define BIE_WG_CFG1                                                                             \
   Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
       cutlass::epilogue::TmaWarpSpecialized
-
 #define BIE_WG_CFG2                                                                             \
   Shape<_64, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
       cutlass::epilogue::TmaWarpSpecialized
+// as CFG0 without the cluster: no multicast, but no lockstep between the two blocks either (faster
+// when a call is one or two waves of tiles, e.g. M = 1024 on 4096x4096 weights)
+#define BIE_WG_CFG3                                                                                 \
+  Shape<_128, _256, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
 
+// The kernels are built with CUTLASS_ENABLE_GDC_FOR_SM90: each waits (griddepcontrol.wait) for the
+// kernel before it ahead of its first load, so it can always be launched as a programmatic dependent
+// of that kernel; its launch and set-up then overlap the tail of the popcount / packing pass.
 #define BIE_WG_DEFINE(name, cfg, T)                                       \
   namespace bie_cutlass_bin {                                             \
   std::string name(const WgArgs& p, size_t* ws, cudaStream_t st) {        \
-    return BGemmSm90<cfg, T>::run(p, ws, st);                             \
+    return BGemmSm90<T, cfg>::run(p, ws, st, true);                       \
   }                                                                       \
   }
 

@@ -53,7 +53,7 @@ static bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(
 // Returns y (tokens, n_out), contiguous, in x's dtype.
 at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero,
                 const c10::optional<at::Tensor>& bias, int64_t bits, int64_t n_out, int64_t group_size,
-                int64_t config) {
+                int64_t config, int64_t splits) {
   const char* op = "bie_cutlass_weight_only.gemm: ";
   TORCH_CHECK(x.is_cuda() && qa.device() == x.device() && scale.device() == x.device() &&
                   zero.device() == x.device(), op, "every tensor must be on x's CUDA device");
@@ -71,6 +71,8 @@ at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& sca
                   qa.numel() == n_out * k * bits / 8,
               op, "qa must be the contiguous uint8 reordered codes of ", n_out * k * bits / 8, " bytes");
   TORCH_CHECK(config >= 0 && config < kNumConfigs, op, "unknown config ", config);
+  TORCH_CHECK(splits >= 1 && splits <= 64 && (splits == 1 || config >= 3), op, "splits=", splits,
+              " must be 1, or 2..64 with a stream-K configuration (3 to 7)");
   TORCH_CHECK(group_size == k || (group_size > 0 && group_size % tile_k(config) == 0), op, "group_size=",
               group_size, " must be K or a multiple of ", tile_k(config), " (the K tile of config ", config, ")");
   const int64_t g = (k + group_size - 1) / group_size;
@@ -104,6 +106,10 @@ at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& sca
   p.device = device;
   p.sm_count = sm_count(device);
   p.stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  if (splits > 1) {  // split-K into `splits` even parts instead of the stream-K heuristic
+    p.splits = static_cast<int>(splits);
+    p.decomposition = 2;
+  }
   WqFn fn = wq_fn(static_cast<int>(config), bits == 4 ? 0 : 1, x.scalar_type() == at::kHalf ? 0 : 1);
   TORCH_CHECK(fn != nullptr, op, "no instantiation for config ", config);
   size_t ws = 0;
@@ -142,7 +148,7 @@ at::Tensor reorder(const at::Tensor& codes, int64_t bits) {
 
 TORCH_LIBRARY(bie_cutlass_weight_only, m) {
   m.def("gemm(Tensor qa, Tensor x, Tensor scale, Tensor zero, Tensor? bias, int bits, int n_out, int group_size, "
-        "int config) -> Tensor");
+        "int config, int splits=1) -> Tensor");
   m.def("reorder(Tensor codes, int bits) -> Tensor");
 }
 

@@ -79,6 +79,12 @@ struct WqGemmSm90 {
          static_cast<const Act*>(p.scale), sS, p.group_size, static_cast<const Act*>(p.zero)},
         {{}, nullptr, sD, static_cast<Act*>(p.d), sD},
         hw};
+    if constexpr (std::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>) {
+      using Sched = typename Gemm::GemmKernel::TileSchedulerArguments;
+      args.scheduler.splits = p.splits;
+      args.scheduler.decomposition_mode = static_cast<decltype(Sched::decomposition_mode)>(p.decomposition);
+      args.scheduler.reduction_mode = static_cast<decltype(Sched::reduction_mode)>(p.reduction);
+    }
     args.epilogue.thread = {
         {},                                                        // acc
         {p.bias, 0.0f, Stride<_1, _0, int64_t>{_1{}, _0{}, 0}},     // bias per output channel (nullptr: 0)

@@ -29,6 +29,10 @@ struct WqArgs {
   int sm_count = 0;
   void* workspace = nullptr;
   cudaStream_t stream = nullptr;
+  // stream-K configurations only (CUTLASS's scheduler arguments; the defaults are its own):
+  // splits > 1 with decomposition 2 forces split-K; decomposition 0 heuristic, 1 data-parallel,
+  // 3 stream-K; reduction 0 deterministic (turnstile), 1 in any order.
+  int splits = 1, decomposition = 0, reduction = 0;
 };
 
 // With ws != nullptr only the workspace size is written (and "" returned); otherwise the

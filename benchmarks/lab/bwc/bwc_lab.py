@@ -145,7 +145,34 @@ def main():
     ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192,4096x4096x1024,4096x4096x16384,1024x4096x4096")
     ap.add_argument("--json")
     ap.add_argument("--nocheck", action="store_true")
+    ap.add_argument("--profile", help="v:MxNxK,... : two launches of each (for ncu), nothing timed")
+    ap.add_argument("--bandwidth", action="store_true", help="time fill_ / copy_ of bf16 outputs")
     args = ap.parse_args()
+    if args.profile:
+        for item in args.profile.split(","):
+            v, shp = item.split(":")
+            m, n, k = (int(x) for x in shp.split("x"))
+            a = torch.randint(0, 256, (m, k // 8), dtype=torch.uint8, device="cuda")
+            w = torch.randint(0, 256, (n, k // 8), dtype=torch.uint8, device="cuda")
+            row = torch.zeros(m, dtype=torch.int32, device="cuda")
+            col = torch.zeros(n, dtype=torch.int32, device="cuda")
+            s2 = torch.ones(n, device="cuda")
+            d = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            G = Gemm(int(v), a, n, k, row, col, s2)
+            G(w, d)
+            G(w, d)
+            torch.cuda.synchronize()
+        return
+    if args.bandwidth:
+        for mb in (32, 128):
+            n = mb * 2 ** 20 // 2
+            pool = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for _ in range(max(2, 512 // mb))]
+            src = torch.randn(n, device="cuda").bfloat16()
+            tf = time_graph([lambda t=t: t.fill_(1.0) for t in pool])
+            tc = time_graph([lambda t=t: t.copy_(src) for t in pool])
+            print(json.dumps(dict(mb=mb, fill_us=tf, fill_tbs=mb * 2 ** 20 / tf / 1e6,
+                                  copy_us=tc, copy_write_tbs=mb * 2 ** 20 / tc / 1e6)), flush=True)
+        return
     vs = [int(v) for v in args.variants.split(",")] if args.variants else variants()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     res = dict(device=torch.cuda.get_device_name(), variants={v: NAMES.get(v) for v in vs})
