@@ -107,10 +107,13 @@ struct BGemmSm90 {
   using EVT = std::conditional_t<kInt, DotEVT, FloatEVT>;
   using ElementCompute = std::conditional_t<kInt, int32_t, float>;
 
+  // StagesD counts 16-bit output buffers; 32-bit outputs get half as many (the same shared memory),
+  // so the mainloop keeps its pipeline stages
+  static constexpr int kStagesD = StagesD > 0 ? (StagesD * 2 / int(sizeof(ElementD)) > 2 ? StagesD * 2 / int(sizeof(ElementD)) : 2) : 0;
   using CollectiveEpilogue = typename WithStagesD<typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       EpiTile, int32_t, ElementCompute,
-      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp, StagesD>::type;
+      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp, kStagesD>::type;
 
   // ---- mainloop: the int8 K-major one, with the 1-bit tiled MMA swapped in
   using Int8Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -199,10 +202,10 @@ struct BGemmSm90 {
 };
 
 // Tile configurations (TileShape K in bytes: 128 bytes = 1024 bits of K per pipeline stage).
-// The cooperative 128x256 tiles keep all 8 of a tile's 128x32 epilogue subtiles in shared memory
-// (StagesD 8), so the math warpgroups hand a tile's TMA stores over and go on to the next tile
-// without waiting for them (lab, H100: 4096^3 32.9 -> 27.6 us, M=1024 11.3 -> 9.2 us;
-// benchmarks/results/cutlass_h100_binary.md).
+// The cooperative 128x256 tiles keep all of a tile's 128x32 epilogue subtiles in shared memory
+// (8 buffers for 16-bit outputs, 4 of twice the size for 32-bit ones: 64 KB), so the math
+// warpgroups hand a tile's TMA stores over and go on to the next tile without waiting for them
+// (lab, H100: 4096^3 32.9 -> 27.6 us, M=1024 11.3 -> 9.2 us; benchmarks/results/cutlass_h100_binary.md).
 #define BIE_WG_CFG0                                                                                 \
   Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
       cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
