@@ -63,6 +63,12 @@ def bench(rows, n, k, bits, gs, ms, gen):
                             for lay in lays])
             row[f"{name}_us"], row[f"{name}_err"] = t, err
             line += f" | {name} {t:.1f} ({base / t:.2f}x, err {err:.1e})"
+            sp = wo._even_splits(name, m, n, x.device)   # the split-K candidate the tuner adds
+            if sp > 1:
+                t = time_graph([lambda lay=lay, c=c: ops.gemm(lay.qa, x, lay.scale, lay.zero, None, bits, n, gsz,
+                                                              c, sp) for lay in lays])
+                row[f"{name}/k{sp}_us"] = t
+                line += f" | {name}/k{sp} {t:.1f} ({base / t:.2f}x)"
         t_auto = time_graph([lambda s_=s_: wq_gemm(x, *s_, None, None, bits, gs, "gptq") for s_ in sets])
         row["auto_us"] = t_auto
         line += f" | as dispatched {t_auto:.1f} ({base / t_auto:.2f}x)"

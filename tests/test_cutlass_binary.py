@@ -41,6 +41,27 @@ def test_import_is_light():
     assert b.kpad(1) == 128 and b.kpad(128) == 128 and b.kpad(129) == 256
 
 
+def test_large_gemms_on_hopper_defer_to_the_cuda_backends_kernel(monkeypatch):
+    """binary_gemm passes M >= 384, N <= 8192 (K % 128 == 0, N % 8 == 0) on sm_90 to bie-backend-cuda's
+    wgmma kernel under automatic selection (measured faster there); other sizes and GPUs stay here."""
+    from bie_core.kernels import Problem
+    from bie_backend_cutlass import binary as b
+
+    def problem(m, n, k, **extra):
+        return Problem("binary_gemm", "cuda", 0, torch.bfloat16, dict(M=m, N=n, K=k, **extra))
+    monkeypatch.setattr(b, "_compute_capability", lambda p: (9, 0))
+    assert "measured faster" in b._gemm_defer(problem(4096, 4096, 4096))
+    assert b._gemm_defer(problem(8192, 8192, 8192)) is not None
+    assert b._gemm_defer(problem(384, 8, 128)) is not None
+    assert b._gemm_defer(problem(383, 4096, 4096)) is None        # below its row threshold
+    assert b._gemm_defer(problem(4096, 28672, 8192)) is None      # this backend measured faster
+    assert b._gemm_defer(problem(4096, 4096, 4000)) is None       # K % 128 != 0: no wgmma image there
+    assert b._gemm_defer(problem(4096, 4100, 4096)) is None       # N % 8 != 0
+    assert b._gemm_defer(problem(4096, 4096, 4096, B=2)) is None  # batched
+    monkeypatch.setattr(b, "_compute_capability", lambda p: (8, 0))
+    assert b._gemm_defer(problem(4096, 4096, 4096)) is None
+
+
 def _ref():
     from bie_backend_cpu.reference import binary
     return binary

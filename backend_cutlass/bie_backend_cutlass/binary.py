@@ -338,6 +338,30 @@ def _gemm_check(p):
     return None
 
 
+#: where bie-backend-cuda's own Hopper 1-bit GEMM (binary_gemm_tc: persistent wgmma, A through ldmatrix, the
+#: popcount of a summed in the kernel, stores by a separate warp) measured faster than these kernels, in the
+#: same H100 run (benchmarks/results/cutlass_h100_binary.md, session 12): from its 384-row threshold, K % 128
+#: == 0, N % 8 == 0 and N <= 8192 (4096^3 24.4 vs 32.6 us, 8192^3 128 vs 142, M=1024 N=K=4096 10.0 vs 11.0);
+#: at N = 28672, K = 8192 (M = 4096) this backend's was faster (251 vs 277 us) and keeps the case.
+CUDA_WGMMA_MIN_M = 384
+CUDA_WGMMA_MAX_N = 8192
+
+
+def _compute_capability(p):
+    return p.compute_capability
+
+
+def _gemm_defer(p):
+    """Automatic selection passes these binary_gemm cases on to bie-backend-cuda's kernel (Capability.defer:
+    an explicit choice of this backend still runs them, and so does automatic selection without that backend)."""
+    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
+    if (p.dims.get("B") is None and m >= CUDA_WGMMA_MIN_M and k % 128 == 0 and n % 8 == 0
+            and 0 < n <= CUDA_WGMMA_MAX_N and _compute_capability(p) == (9, 0)):
+        return (f"M={m} N={n} K={k} on sm_90: bie-backend-cuda's 1-bit wgmma GEMM measured faster at this size "
+                f"(M >= {CUDA_WGMMA_MIN_M}, N <= {CUDA_WGMMA_MAX_N})")
+    return None
+
+
 def _conv_check(p):
     d = p.dims
     n, c, h, w, o = d["N"], d["C"], d["H"], d["W"], d["O"]
@@ -364,7 +388,8 @@ def register(registry, priority: int) -> None:
 
     cuda = ("cuda",)
     registry.register("binary_gemm", binary_gemm, priority=priority, name="binary_gemm",
-                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
+                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check,
+                                            defer=_gemm_defer),
                       prepare=prepare_weight, unprepare=unprepare_weight,
                       description="CUTLASS GemmUniversal uint1b AND+popc (mma m16n8k256), popcount correction + "
                                   "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU; "
