@@ -114,7 +114,7 @@ def test_tuning_picks_fastest_and_caches(tuner):
     calls.clear()
     assert tuning.choose("int_gemm", "M8192", cands) == "b" and calls == []   # cached in memory
     table = json.loads(tuning.table_path().read_text())
-    assert table == {"int_gemm/M8192": "b"}                                # and on disk
+    assert table == {"int_gemm/M8192": {"best": "b", "candidates": ["a", "b", "c"]}}   # and on disk
     tuning._tables.clear()
     assert tuning.choose("int_gemm", "M8192", cands) == "b" and calls == []   # a new process reads it
     # another bucket is tuned on its own
@@ -133,8 +133,22 @@ def test_tuning_skips_failing_candidates_and_stale_entries(tuner):
     # a cached name that no longer exists (e.g. after an upgrade) is re-tuned, not trusted
     tuning._tables.clear()
     path = tuning.table_path()
-    path.write_text(json.dumps({"binary_gemm/b": "gone"}))
+    path.write_text(json.dumps({"binary_gemm/b": {"best": "gone", "candidates": ["gone", "ok", "x"]}}))
     assert tuning.choose("binary_gemm", "b", [("x", lambda: "ok"), ("ok", lambda: "ok")]) in {"x", "ok"}
+
+
+def test_tuning_again_when_the_candidates_change(tuner):
+    """A bucket tuned before a configuration was added is timed again (the new one may win); an entry of
+    the older format (a bare name) counts as tuned among unknown candidates."""
+    tuning, timings = tuner
+    timings.update(a=3.0, b=2.0, new=1.0)
+    two = [("a", lambda: "a"), ("b", lambda: "b")]
+    assert tuning.choose("wq_gemm_sm90", "M16", two) == "b"
+    assert tuning.choose("wq_gemm_sm90", "M16", two + [("new", lambda: "new")]) == "new"
+    assert json.loads(tuning.table_path().read_text())["wq_gemm_sm90/M16"]["candidates"] == ["a", "b", "new"]
+    tuning._tables.clear()
+    tuning.table_path().write_text(json.dumps({"wq_gemm_sm90/M16": "a"}))      # written by an older version
+    assert tuning.choose("wq_gemm_sm90", "M16", two) == "b"
 
 
 def test_tuning_off_uses_default_untimed(tuner, monkeypatch):

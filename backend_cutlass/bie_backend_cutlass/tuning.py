@@ -4,8 +4,9 @@ No GPU tables are hard-coded: for a (op, problem bucket) the family module
 offers its candidate configurations, each as a callable that runs the kernel on
 the real arguments. The first time a bucket is seen on a GPU, every candidate
 is timed with CUDA events — interleaved rounds, the median, the L2 flushed
-before each sample (a candidate that raises is skipped) — and the fastest is stored in ``<cache>/tuning/<gpu key>.json``; later calls and later processes
-read it. The GPU key is the device name, compute capability, SM count and this
+before each sample (a candidate that raises is skipped) — and the fastest is stored in ``<cache>/tuning/<gpu key>.json``
+with the names it was chosen among; later calls and later processes read it, and a bucket whose candidate set
+changed (a configuration added in an upgrade) is tuned again. The GPU key is the device name, compute capability, SM count and this
 backend's version, so a different GPU (or driver-visible variant) tunes afresh.
 
 Tuning synchronises the device, so it never runs where that would be wrong or
@@ -155,20 +156,28 @@ def choose(op: str, bucket: str, candidates: Sequence[tuple[str, Callable[[], ob
         return names[0]
     table, path = _table(device)
     entry = f"{op}/{bucket}"
-    hit = table.get(entry)
-    if hit in names:
+    hit = _cached(table.get(entry), names)
+    if hit is not None:
         return hit
     if not enabled() or _capturing():
         return names[0]
     with _lock:
-        hit = table.get(entry)
-        if hit in names:
+        hit = _cached(table.get(entry), names)
+        if hit is not None:
             return hit
         times = measure(candidates, device)
         best = min(times, key=times.get) if times else names[0]
-        table[entry] = best
+        table[entry] = {"best": best, "candidates": sorted(names)}
         _save(table, path)
         return best
+
+
+def _cached(stored, names) -> str | None:
+    """The stored winner if it was chosen among exactly these candidates: a bucket tuned before a
+    configuration was added (or removed) is tuned again, so new kernels get timed after an upgrade."""
+    if isinstance(stored, dict) and stored.get("candidates") == sorted(names) and stored.get("best") in names:
+        return stored["best"]
+    return None
 
 
 def clear(device=None) -> None:
@@ -192,7 +201,9 @@ def _main(argv=None) -> int:
     table, path = _table(None)
     print(f"{path}:")
     for k, v in sorted(table.items()):
-        print(f"  {k}: {v}")
+        best = v.get("best") if isinstance(v, dict) else v
+        n = len(v.get("candidates", ())) if isinstance(v, dict) else "?"
+        print(f"  {k}: {best} (of {n})")
     return 0
 
 
