@@ -17,27 +17,7 @@ grep -E "error|Error|FAILED|build wall|warning: .*spill|bytes stack frame" $OUT/
 if [ $rc -ne 0 ]; then echo "BUILD FAILED rc=$rc"; tail -30 $OUT/build.log; exit 1; fi
 SO=$(python3 -c "from bie_backend_cutlass import _build, binary; print(_build.lib_path(binary.EXTENSION))")
 cuobjdump -sass $SO > /tmp/bin.sass 2>&1
-python3 - <<'PY' | tee -a $OUT/env.txt
-import re, collections
-fn = None; st = collections.defaultdict(collections.Counter)
-OPS = ("BMMA.168256.AND.POPC", "BGMMA", "AND.POPC", "XOR.POPC", "CALL", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG",
-       "LDL", "STL")
-for line in open("/tmp/bin.sass"):
-    m = re.search(r"Function : (\S+)", line)
-    if m: fn = m.group(1); continue
-    if fn is None: continue
-    for op in OPS:
-        if op in line: st[fn][op] += 1
-    m = re.search(r"BGMMA\.\S+", line)
-    if m: st[fn]["form " + m.group(0)] += 1
-g = {f: c for f, c in st.items() if c["BMMA.168256.AND.POPC"] or c["XOR.POPC"] or c["BGMMA"]}
-for f, c in g.items(): print(f[:90], dict(c))
-bad = [f for f, c in g.items() if c["CALL"] or c["XOR.POPC"] or c["LDL"] or c["STL"]]
-bg = [f for f, c in g.items() if c["BGMMA"] and c["AND.POPC"] >= c["BGMMA"]]
-print(f"SASS check: {len(g)} 1-bit GEMM kernels ({len(bg)} wgmma BGMMA .AND.POPC);",
-      "FAIL " + str(bad) if bad or not g else
-      "OK (native BMMA.168256.AND.POPC / BGMMA.64xNx256.AND.POPC, no CALL, no XOR.POPC, no local memory)")
-PY
+python3 benchmarks/cutlass_sass_check.py /tmp/bin.sass binary | tee -a $OUT/env.txt
 if [ "$MODE" != "bench" ]; then
   # the Hopper wgmma kernels first: if they fail, everything after runs with them switched off
   timeout ${WG_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider --tb=short -rf -k wgmma tests/test_cutlass_binary.py \

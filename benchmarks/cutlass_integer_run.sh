@@ -23,23 +23,7 @@ PY
 [ $? -ne 0 ] && { echo "BUILD FAILED"; exit 1; }
 SO=$(python3 -c "from bie_backend_cutlass import _build, integer; print(_build.lib_path(integer.EXTENSION))")
 cuobjdump -sass $SO > /tmp/int.sass 2>/dev/null
-python3 - <<'PY' | tee $OUT/sass_check.txt
-import re, collections
-fn = None; stats = collections.defaultdict(collections.Counter)
-for line in open("/tmp/int.sass"):
-    m = re.search(r"Function : (\S+)", line)
-    if m: fn = m.group(1); continue
-    if fn is None: continue
-    for op in ("IGMMA", "IMMA", "HGMMA", "HMMA", "CALL", "LDL", "STL", "UTMALDG", "UTMASTG", "I2F"):
-        if re.search(r"\b" + op + r"\b", line) or (op in ("IGMMA", "IMMA") and op + "." in line):
-            stats[fn][op] += 1
-gemms = {f: c for f, c in stats.items() if "GemmUniversal" in f or "device_kernel" in f}
-for f, c in gemms.items():
-    print(f[:110], dict(c))
-bad = [f for f, c in gemms.items() if not c["IGMMA"] or c["IMMA"] or c["CALL"] or c["LDL"]]
-print(f"{len(gemms)} GEMM kernels;", "SASS check:", ("FAIL " + str([b[:80] for b in bad])) if bad else
-      "OK (IGMMA in every GEMM kernel; no IMMA/int4 emulation, no CALL, no local memory)")
-PY
+python3 benchmarks/cutlass_sass_check.py /tmp/int.sass integer | tee $OUT/sass_check.txt
 if [ "$MODE" != "bench" ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider --tb=short -rf -x tests/test_cutlass_integer.py \
       2>&1 | tee $OUT/test.log | grep -E "FAILED|Error|passed|failed" | head -30

@@ -27,23 +27,7 @@ echo "builds done at $(( $(date +%s) - START )) s"
 [ $BUILD_RC -ne 0 ] && { echo "BUILD FAILED"; exit 1; }
 SO=$(python3 -c "from bie_backend_cutlass import _build, weight_only; print(_build.lib_path(weight_only.EXTENSION))")
 cuobjdump -sass $SO > /tmp/wq.sass 2>/dev/null
-python3 - <<'PY' | tee $OUT/sass_check.txt
-import re, collections
-fn = None; stats = collections.defaultdict(collections.Counter)
-for line in open("/tmp/wq.sass"):
-    m = re.search(r"Function : (\S+)", line)
-    if m: fn = m.group(1); continue
-    if fn is None: continue
-    for op in ("HGMMA", "HMMA", "CALL", "LDL", "STL", "UTMALDG", "UTMASTG", "I2F", "PRMT", "LOP3"):
-        if re.search(r"\b" + op + r"\b", line):
-            stats[fn][op] += 1
-gemms = {f: c for f, c in stats.items() if "GemmUniversal" in f or "device_kernel" in f}
-bad = [f for f, c in gemms.items() if not c["HGMMA"] or c["CALL"] or c["LDL"] or c["STL"]]
-for f, c in list(gemms.items())[:3]:
-    print(f[:100], dict(c))
-print(f"{len(gemms)} GEMM kernels;", "SASS check:", ("FAIL " + str([b[:80] for b in bad])) if bad else
-      "OK (HGMMA with TMA loads in every GEMM kernel; no CALL, no local memory)")
-PY
+python3 benchmarks/cutlass_sass_check.py /tmp/wq.sass weight_only | tee $OUT/sass_check.txt
 if [ "$MODE" != "bench" ]; then
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_wq.py \
       2>&1 | tee $OUT/test.log | grep -E "FAILED|Error|passed|failed" | head -30

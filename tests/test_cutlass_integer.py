@@ -10,21 +10,13 @@ import importlib.util
 
 import pytest
 import torch
+from _cutlass_util import sm90_kernels_reason
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
                                 reason="bie-backend-cutlass is not installed")
 
 
-def _gpu_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "the integer kernels are built for sm_90"
-    from bie_backend_cutlass import descriptor
-    return descriptor.backend.probe()
-
-
-_REASON = _gpu_reason() if importlib.util.find_spec("bie_backend_cutlass") else "not installed"
+_REASON = sm90_kernels_reason("integer")
 needs_sm90 = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 OUTS = [None, torch.float32, torch.bfloat16, torch.float16]
 

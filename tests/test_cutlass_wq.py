@@ -10,21 +10,13 @@ import importlib.util
 
 import pytest
 import torch
+from _cutlass_util import sm90_kernels_reason
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
                                 reason="bie-backend-cutlass is not installed")
 
 
-def _gpu_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "the weight-only kernels are built for sm_90"
-    from bie_backend_cutlass import descriptor
-    return descriptor.backend.probe()
-
-
-_REASON = _gpu_reason() if importlib.util.find_spec("bie_backend_cutlass") else "not installed"
+_REASON = sm90_kernels_reason("weight-only")
 needs_sm90 = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 
 
@@ -99,8 +91,8 @@ def test_a_weight_rewritten_in_place_stops_getting_the_reordered_layout(monkeypa
 def test_split_k_candidates_only_where_the_tiles_leave_sms_idle(monkeypatch):
     """The tuner adds a split-K candidate to a stream-K tile only when its output tiles fill less than half
     the SMs, with about one K slice per SM (at most 8)."""
-    from bie_backend_cutlass import weight_only as wo
-    monkeypatch.setattr(wo, "_sm_count", lambda index: 132)
+    from bie_backend_cutlass import tuning, weight_only as wo
+    monkeypatch.setattr(tuning, "_sm_count", lambda index: 132)
     dev = torch.device("cuda", 0)
     assert wo._even_splits("s256x16", 16, 8192, dev) == 4        # 32 tiles
     assert wo._even_splits("s256x16", 16, 28672, dev) == 1       # 112 tiles: nothing to split

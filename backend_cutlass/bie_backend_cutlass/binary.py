@@ -84,13 +84,9 @@ def _p2(v: int) -> int:
     return 1 << max(0, int(v) - 1).bit_length()
 
 
-@functools.lru_cache(maxsize=None)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _default_order(m: int, n: int, batch: int, device) -> list[int]:
-    sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
+    from . import tuning
+    sms = tuning.sm_count(device)
     big = -(-m // 128) * -(-n // 256) * batch
     if m <= 64:
         first = 2
@@ -340,11 +336,22 @@ def _gemm_check(p):
 
 #: where bie-backend-cuda's own Hopper 1-bit GEMM (binary_gemm_tc: persistent wgmma, A through ldmatrix, the
 #: popcount of a summed in the kernel, stores by a separate warp) measured faster than these kernels, in the
-#: same H100 run (benchmarks/results/cutlass_h100_binary.md, session 12): from its 384-row threshold, K % 128
-#: == 0, N % 8 == 0 and N <= 8192 (4096^3 24.4 vs 32.6 us, 8192^3 128 vs 142, M=1024 N=K=4096 10.0 vs 11.0);
-#: at N = 28672, K = 8192 (M = 4096) this backend's was faster (251 vs 277 us) and keeps the case.
-CUDA_WGMMA_MIN_M = 384
+#: same H100 run (benchmarks/results/cutlass_h100_binary.md, session 12): where that backend runs it (from its
+#: WGMMA_MIN_M rows, K % 128 == 0, N % 8 == 0) and N <= 8192 (4096^3 24.4 vs 32.6 us, 8192^3 128 vs 142, M=1024
+#: N=K=4096 10.0 vs 11.0); at N = 28672, K = 8192 (M = 4096) this backend's was faster (251 vs 277 us) and keeps
+#: the case.
 CUDA_WGMMA_MAX_N = 8192
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_wgmma_min_m():
+    """The row count from which bie-backend-cuda runs its wgmma kernel; None without that backend (then there
+    is nothing faster to hand over to)."""
+    try:
+        from bie_backend_cuda.binary import WGMMA_MIN_M
+    except Exception:  # noqa: BLE001 - not installed or not importable
+        return None
+    return WGMMA_MIN_M
 
 
 def _compute_capability(p):
@@ -355,10 +362,11 @@ def _gemm_defer(p):
     """Automatic selection passes these binary_gemm cases on to bie-backend-cuda's kernel (Capability.defer:
     an explicit choice of this backend still runs them, and so does automatic selection without that backend)."""
     m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    if (p.dims.get("B") is None and m >= CUDA_WGMMA_MIN_M and k % 128 == 0 and n % 8 == 0
+    min_m = _cuda_wgmma_min_m()
+    if (min_m is not None and p.dims.get("B") is None and m >= min_m and k % 128 == 0 and n % 8 == 0
             and 0 < n <= CUDA_WGMMA_MAX_N and _compute_capability(p) == (9, 0)):
         return (f"M={m} N={n} K={k} on sm_90: bie-backend-cuda's 1-bit wgmma GEMM measured faster at this size "
-                f"(M >= {CUDA_WGMMA_MIN_M}, N <= {CUDA_WGMMA_MAX_N})")
+                f"(M >= {min_m}, N <= {CUDA_WGMMA_MAX_N})")
     return None
 
 

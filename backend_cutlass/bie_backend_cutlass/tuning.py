@@ -16,6 +16,7 @@ There the default candidate (the first one) is used, and nothing is stored.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -34,6 +35,17 @@ _tables: dict[str, dict] = {}
 
 def enabled() -> bool:
     return os.environ.get("BIE_CUTLASS_TUNE", "1") != "0"
+
+
+def sm_count(device=None) -> int:
+    """Streaming multiprocessors of ``device`` (a torch.device; None or no index: the current one)."""
+    index = getattr(device, "index", None)
+    return _sm_count(index if index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def gpu_key(device=None) -> str:

@@ -34,7 +34,6 @@ pass over the whole weight) is not worth it, so a weight tensor seen at more tha
 """
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -245,13 +244,8 @@ def _even_splits(name: str, m: int, n: int, device) -> int:
         return 1
     tm, tn = (int(v) for v in name[1:].split("x"))
     tiles = -(-n // tm) * -(-m // tn)
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = tuning.sm_count(device)
     return min(8, sms // tiles) if 2 * tiles <= sms else 1
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, k, fmt):
