@@ -16,6 +16,7 @@
 
 #include "binary_common.h"
 #include "binary_wgmma_atom.h"
+#include "binary_lean_epilogue.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -81,14 +82,59 @@ struct WithStagesD<cutlass::epilogue::collective::CollectiveEpilogue<
       cutlass::epilogue::Sm90TmaWarpSpecialized<SC, (StagesD > 0 ? StagesD : SD), FS, Reuse, Delay>, Rest...>;
 };
 
+// The int8 K-major TMA warp-specialized mainloop (what CUTLASS's builder makes for int8 x int8 -> int32,
+// RowMajor A / ColumnMajor B) with the 1-bit tiled MMA swapped in; kCarveout: the epilogue's shared memory.
+template <class TileShape, class ClusterShape, class MainSched, int kCarveout>
+struct B1Mainloop {
+  using Int8Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16, int8_t,
+      cutlass::layout::ColumnMajor, 16, int32_t, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>, MainSched>::CollectiveOp;
+  static constexpr bool kCoop = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  static constexpr int kTileN = int(size<1>(TileShape{}));
+  using Atom = std::conditional_t<kTileN % 256 == 0, SM90_64x256x256_S32B1B1_AND_SS,
+               std::conditional_t<kTileN % 128 == 0, SM90_64x128x256_S32B1B1_AND_SS,
+                                  SM90_64x64x256_S32B1B1_AND_SS>>;
+  using AtomLayoutMNK = std::conditional_t<kCoop, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _1, _1>>>;
+  using TiledMma = decltype(make_tiled_mma(Atom{}, AtomLayoutMNK{}));
+  static_assert(size(TiledMma{}) == size(typename Int8Mainloop::TiledMma{}), "warpgroup layout differs");
+  using type = cutlass::gemm::collective::CollectiveMma<
+      typename Int8Mainloop::DispatchPolicy, typename Int8Mainloop::TileShape,
+      typename Int8Mainloop::ElementA, typename Int8Mainloop::StrideA,
+      typename Int8Mainloop::ElementB, typename Int8Mainloop::StrideB,
+      TiledMma,
+      typename Int8Mainloop::GmemTiledCopyA, typename Int8Mainloop::SmemLayoutAtomA,
+      typename Int8Mainloop::SmemCopyAtomA, typename Int8Mainloop::TransformA,
+      typename Int8Mainloop::GmemTiledCopyB, typename Int8Mainloop::SmemLayoutAtomB,
+      typename Int8Mainloop::SmemCopyAtomB, typename Int8Mainloop::TransformB>;
+};
+
+// can_implement / initialize / run of one CUTLASS GEMM; "" on success, else what failed.
+template <class Gemm>
+std::string launch_gemm(typename Gemm::Arguments const& args, void* workspace, size_t* ws, cudaStream_t st,
+                        bool pdl) {
+  if (ws != nullptr) {
+    *ws = Gemm::get_workspace_size(args);
+    return "";
+  }
+  Gemm gemm;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s != cutlass::Status::kSuccess)
+    return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
+  s = gemm.initialize(args, workspace, st);
+  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
+  s = gemm.run(st, nullptr, pdl);
+  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string("CUDA error after the wgmma GEMM launch: ") + cudaGetErrorString(e);
+  return "";
+}
+
 template <class ElementD, class TileShape, class ClusterShape, class MainSched, class EpiSched,
           class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, int StagesD = 0>
 struct BGemmSm90 {
   static constexpr bool kInt = std::is_same_v<ElementD, int32_t>;
-  using LayoutA = cutlass::layout::RowMajor;     // A (M, Kb), K contiguous
-  using LayoutB = cutlass::layout::ColumnMajor;  // B (N, Kb), K contiguous
   using LayoutD = cutlass::layout::RowMajor;
-  static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 16 / int(sizeof(ElementD));
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
@@ -115,30 +161,8 @@ struct BGemmSm90 {
       EpiTile, int32_t, ElementCompute,
       void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp, kStagesD>::type;
 
-  // ---- mainloop: the int8 K-major one, with the 1-bit tiled MMA swapped in
-  using Int8Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, LayoutA, kAlignAB, int8_t, LayoutB, kAlignAB,
-      int32_t, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      MainSched>::CollectiveOp;
-  static constexpr bool kCoop = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
-  static constexpr int kTileN = int(size<1>(TileShape{}));
-  using Atom = std::conditional_t<kTileN % 256 == 0, SM90_64x256x256_S32B1B1_AND_SS,
-               std::conditional_t<kTileN % 128 == 0, SM90_64x128x256_S32B1B1_AND_SS,
-                                  SM90_64x64x256_S32B1B1_AND_SS>>;
-  using AtomLayoutMNK = std::conditional_t<kCoop, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _1, _1>>>;
-  using TiledMma = decltype(make_tiled_mma(Atom{}, AtomLayoutMNK{}));
-  static_assert(size(TiledMma{}) == size(typename Int8Mainloop::TiledMma{}), "warpgroup layout differs");
-  using CollectiveMainloop = cutlass::gemm::collective::CollectiveMma<
-      typename Int8Mainloop::DispatchPolicy, typename Int8Mainloop::TileShape,
-      typename Int8Mainloop::ElementA, typename Int8Mainloop::StrideA,
-      typename Int8Mainloop::ElementB, typename Int8Mainloop::StrideB,
-      TiledMma,
-      typename Int8Mainloop::GmemTiledCopyA, typename Int8Mainloop::SmemLayoutAtomA,
-      typename Int8Mainloop::SmemCopyAtomA, typename Int8Mainloop::TransformA,
-      typename Int8Mainloop::GmemTiledCopyB, typename Int8Mainloop::SmemLayoutAtomB,
-      typename Int8Mainloop::SmemCopyAtomB, typename Int8Mainloop::TransformB>;
+  using CollectiveMainloop = typename B1Mainloop<TileShape, ClusterShape, MainSched,
+                                                 int(sizeof(typename CollectiveEpilogue::SharedStorage))>::type;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue>;
@@ -181,23 +205,39 @@ struct BGemmSm90 {
   // pdl: launch as a programmatic dependent of the kernel before it (the kernel is built with
   // CUTLASS_ENABLE_GDC_FOR_SM90, so its loads wait for that kernel; its set-up overlaps it).
   static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
-    typename Gemm::Arguments args = arguments(p);
-    if (ws != nullptr) {
-      *ws = Gemm::get_workspace_size(args);
-      return "";
-    }
-    Gemm gemm;
-    cutlass::Status s = gemm.can_implement(args);
-    if (s != cutlass::Status::kSuccess)
-      return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
-    s = gemm.initialize(args, p.workspace, st);
-    if (s != cutlass::Status::kSuccess)
-      return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
-    s = gemm.run(st, nullptr, pdl);
-    if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return std::string("CUDA error after the wgmma GEMM launch: ") + cudaGetErrorString(e);
-    return "";
+    return launch_gemm<Gemm>(arguments(p), p.workspace, ws, st, pdl);
+  }
+};
+
+// The same mainloop with the lean epilogue (binary_lean_epilogue.cuh): 16-bit outputs only.
+template <class ElementD, class TileShape, class ClusterShape, class MainSched>
+struct BGemmSm90Lean {
+  static constexpr bool kPingpong = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using CollectiveEpilogue = LeanBinEpilogue<ElementD, int(size<0>(TileShape{})), int(size<1>(TileShape{})),
+                                             kPingpong>;
+  using CollectiveMainloop = typename B1Mainloop<TileShape, ClusterShape, MainSched,
+                                                 int(sizeof(typename CollectiveEpilogue::SharedStorage))>::type;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments arguments(const WgArgs& p) {
+    using StrideA = typename Gemm::GemmKernel::StrideA;
+    using StrideB = typename Gemm::GemmKernel::StrideB;
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = p.device;
+    hw.sm_count = p.sm_count;
+    return typename Gemm::Arguments{
+        p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.M, p.N, p.Kb, p.L},
+        {static_cast<const int8_t*>(p.a), StrideA{p.lda, _1{}, p.a_bs}, static_cast<const int8_t*>(p.b),
+         StrideB{p.ldb, _1{}, p.b_bs}},
+        {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, p.row_term, p.row_bs, p.col_term, p.col_bs, p.s1, p.s1_vec,
+         p.s2, p.s2_vec, p.bias},
+        hw};
+  }
+  static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
+    return launch_gemm<Gemm>(arguments(p), p.workspace, ws, st, pdl);
   }
 };
 
@@ -221,13 +261,28 @@ struct BGemmSm90 {
   Shape<_128, _256, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
       cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
 
+// The kernel a configuration gets for output type T: 16-bit outputs the lean epilogue
+// (binary_lean_epilogue.cuh), 32-bit ones the visitor tree (whose store buffers StagesD sizes).
+template <bool kLean, class T, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, int StagesD>
+struct BGemmPick {
+  using type = BGemmSm90<T, Tile, Cluster, MainSched, EpiSched, EpiTile, StagesD>;
+};
+template <class T, class Tile, class Cluster, class MainSched, class EpiSched, class EpiTile, int StagesD>
+struct BGemmPick<true, T, Tile, Cluster, MainSched, EpiSched, EpiTile, StagesD> {
+  using type = BGemmSm90Lean<T, Tile, Cluster, MainSched>;
+};
+template <class T, class Tile, class Cluster, class MainSched, class EpiSched,
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto, int StagesD = 0>
+using BGemmFor =
+    typename BGemmPick<sizeof(T) == 2, T, Tile, Cluster, MainSched, EpiSched, EpiTile, StagesD>::type;
+
 // The kernels are built with CUTLASS_ENABLE_GDC_FOR_SM90: each waits (griddepcontrol.wait) for the
 // kernel before it ahead of its first load, so it can always be launched as a programmatic dependent
 // of that kernel; its launch and set-up then overlap the tail of the popcount / packing pass.
 #define BIE_WG_DEFINE(name, cfg, T)                                       \
   namespace bie_cutlass_bin {                                             \
   std::string name(const WgArgs& p, size_t* ws, cudaStream_t st) {        \
-    return BGemmSm90<T, cfg>::run(p, ws, st, true);                       \
+    return BGemmFor<T, cfg>::run(p, ws, st, true);                        \
   }                                                                       \
   }
 

@@ -11,3 +11,10 @@
     if (!e.empty() && err) { snprintf(err, errlen, "%s", e.c_str()); return 1; }                  \
     return 0;                                                                                      \
   }
+#define BWC_LEAN_VARIANT(idx, ...)                                                                   \
+  extern "C" int bwc_run_##idx(const bie_cutlass_bin::WgArgs* p, size_t* ws, void* st, int pdl,   \
+                               char* err, int errlen) {                                           \
+    std::string e = bie_cutlass_bin::BGemmSm90Lean<__VA_ARGS__>::run(*p, ws, (cudaStream_t)st, pdl != 0); \
+    if (!e.empty() && err) { snprintf(err, errlen, "%s", e.c_str()); return 1; }                  \
+    return 0;                                                                                      \
+  }
