@@ -197,11 +197,36 @@ __global__ void __launch_bounds__(128) rows_kernel(const uint8_t* __restrict__ a
   }
 }
 
+// The direct case (rows read in place, 16-byte loads, no copy): one warp per row, so a short row (a 4096-bit
+// row is 32 loads) keeps every lane busy and needs no block-wide reduction; 4 rows per block.
+__global__ void __launch_bounds__(128) rows_popc_kernel(const uint8_t* __restrict__ a, int64_t sb, int64_t sm,
+                                                        int nb, int rows_per, int KB, int* __restrict__ term, int c0,
+                                                        int c1) {
+  allow_dependent_launch();
+  const int rows = nb * rows_per, lane = threadIdx.x & 31;
+  for (int r = blockIdx.x * 4 + (threadIdx.x >> 5); r < rows; r += gridDim.x * 4) {
+    const int bi = r / rows_per, ri = r - bi * rows_per;
+    const uint4* ar = reinterpret_cast<const uint4*>(a + (int64_t)bi * sb + (int64_t)ri * sm);
+    int cnt = 0;
+    for (int q = lane; q < KB / 16; q += 32) {
+      const uint4 u = ar[q];
+      cnt += __popc(u.x) + __popc(u.y) + __popc(u.z) + __popc(u.w);
+    }
+    for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    if (lane == 0) term[r] = c0 + c1 * cnt;
+  }
+}
+
 cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, int nb, int rows_per, int KB, int K,
                         uint8_t* out, int64_t ldo, int KBo, int copies, int* term, int c0, int c1, int vec,
                         cudaStream_t st) {
   const int rows = nb * rows_per;
   if (rows <= 0) return cudaSuccess;
+  if (vec && out == nullptr) {
+    const unsigned grid = (unsigned)std::min((rows + 3) / 4, 1 << 20);
+    rows_popc_kernel<<<grid, 128, 0, st>>>(a, sb, sm, nb, rows_per, KB, term, c0, c1);
+    BIE_CHECK_LAUNCH();
+  }
   const unsigned grid = (unsigned)std::min(rows, 1 << 20);
   rows_kernel<<<grid, 128, 0, st>>>(a, sb, sm, sk, nb, rows_per, KB, K, out, ldo, KBo, copies, term, c0, c1, vec);
   BIE_CHECK_LAUNCH();
