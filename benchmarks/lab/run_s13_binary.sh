@@ -14,5 +14,5 @@ CUDA_PID=$!
 WG_TIMEOUT=150 TEST_TIMEOUT=200 KIT_TIMEOUT=120 bash benchmarks/cutlass_binary_run.sh tests
 echo "tests done at $((SECONDS - T0)) s"
 wait $CUDA_PID; tail -1 $OUT/build_cuda.log
-BENCH_TIMEOUT=$((585 - (SECONDS - T0))) BENCH_ARGS="--only gemm,linear" bash benchmarks/cutlass_binary_run.sh bench | tail -3
+BENCH_TIMEOUT=$((585 - (SECONDS - T0))) BENCH_ARGS="--only ${BENCH_ONLY:-gemm,linear}" bash benchmarks/cutlass_binary_run.sh bench | tail -3
 echo "done at $((SECONDS - T0)) s"
