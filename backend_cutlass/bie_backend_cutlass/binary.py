@@ -15,7 +15,8 @@ the activations (or, for already packed operands, by a small popcount pass).
 On sm_90 (built for sm_90a) the GEMM runs instead on a Hopper kernel where its TMA-store epilogue
 applies (N % 8 == 0, no NCHW scatter: binary_gemm, binary_linear, binary_bmm): the b1 AND.POPC
 wgmma (BGMMA) with our own CuTe atom inside CUTLASS's int8 TMA warp-specialized mainloop, the same
-correction / scale / bias in an Sm90 epilogue visitor tree (``csrc/binary_wgmma.cuh``).
+correction / scale / bias in our own lean epilogue for 16-bit outputs (``csrc/binary_lean_epilogue.cuh``)
+and in an Sm90 epilogue visitor tree for 32-bit ones (``csrc/binary_wgmma.cuh``).
 
 binary_conv2d: the input is packed once along channels (sign bits, NCHW or channels_last, any
 strides), an im2col kernel writes each output pixel's window as one row of bits in (tap, channel)

@@ -1,24 +1,36 @@
-// bie-backend-cutlass, binary family: a lean epilogue for the Hopper 1-bit GEMM (16-bit outputs).
+// bie-backend-cutlass, binary family: a lean epilogue for the Hopper 1-bit GEMM's 16-bit outputs.
 //
-// Why not CUTLASS's epilogue visitor tree: at 4096^3 the tree's three broadcast vectors, the per-element
-// s1*s2 and its subtile loop of shared-memory round trips cost ~6 us of a ~28 us call while the tensor
-// cores idle (benchmarks/results/cutlass_h100_binary.md, session 12: the same kernel with an
-// accumulator-only epilogue takes 21.6 us). This epilogue does the same arithmetic straight from the
-// accumulator registers:
 //   dot = 4*acc + row_term[m] + col_term[n]                        (int32, exact)
-//   y   = bf16/f16( (float(dot) * (s1*s2)) + bias[n] )             (each step rounded, as the reference)
-// with the column terms, s1*s2 and bias read once per column pair (a thread's two rows share them),
-// stages the tile's rows in shared memory (padded rows: conflict-free 4-byte writes) and hands each row to
-// the bulk-copy engine (cp.async.bulk shared -> global), so the math warps go back to the tensor cores
-// while the rows drain. The next tile's epilogue waits only until the engine has READ its rows.
+//   y   = f16/bf16( float(dot) * (s1*s2)  [+ bias[n]] )            (each step rounded, as the reference;
+//                                                                   no bias: nothing added, -0.0 stays)
 //
-// It plugs into CUTLASS's sm90 warp-specialized kernels through their operator-style epilogue adapter
-// (no epilogue load or store pipeline), and serves the cooperative 128xN tile (two warpgroups, 64 rows
-// each, one shared-memory row per tile row) and the ping-pong 64xN tile (one warpgroup per tile; the
-// kernel orders the two warpgroups' epilogues and calls store_tail after each, so one slab serves both).
+// Why not CUTLASS's epilogue visitor tree: the cooperative kernel's two math warpgroups run the epilogue
+// while the tensor cores idle, and the tree (three broadcast vectors staged per subtile, s1*s2 per
+// element, a shared-memory round trip per 128x32 subtile) made that ~6 us of a ~28 us call at 4096^3;
+// the same kernel with an accumulator-only epilogue takes 21.6 us (benchmarks/results/
+// cutlass_h100_binary.md, sessions 12-13). What this one does instead:
+//  - the kernel's epilogue load warp (otherwise idle here) runs ahead of the math warpgroups and stages
+//    each tile's terms in shared memory: per column pair one 32-byte record {col_term x2, s1*s2 x2,
+//    bias x2}, and the tile's row terms (an mbarrier pipeline of 2 tiles), so no global load sits
+//    between a tile's mainloop and its stores;
+//  - each math thread converts its whole accumulator into packed 16-bit pairs in registers first and
+//    only then writes them (stmatrix, four 8x8 blocks per instruction): with no store between two reads
+//    of the records, the compiler keeps those reads in flight (the first version paid their latency per
+//    column pair and was twice as slow);
+//  - the outputs are staged as 64x64 boxes in the TMA's 128-byte swizzle (conflict-free stmatrix) and
+//    leave by one TMA tensor store per box, issued by one thread; the math warps go straight back to the
+//    mainloop, and wait for the TMA to have read a slab only before rewriting it. (Per-row bulk copies,
+//    128 per tile, were measured 2x slower: the TMA engine takes them one at a time; 16-byte stores by
+//    the math warps were 1.5x slower.)
 //
-// Programmatic dependent launch: the epilogue waits (griddepcontrol.wait) for the kernel before it before
-// reading the row terms, whatever the mainloop did.
+// It plugs into CUTLASS's sm90 warp-specialized kernels through their operator-style epilogue adapter,
+// with its own load pipeline (the kernel builds and initialises it) and TMA stores outside CUTLASS's store
+// pipeline. It serves the cooperative 128xN tile (two warpgroups, 64 rows and one slab each) and the
+// ping-pong 64xN tile (one warpgroup per tile; the kernel orders the two warpgroups' epilogues and calls
+// store_tail after each, which waits for the TMA's reads, so one slab serves both).
+//
+// Programmatic dependent launch: the load warp waits (griddepcontrol.wait) for the kernel this one was
+// launched after before it reads any term (CUTLASS's own wait covers the mainloop's loads).
 #pragma once
 #include <cstdint>
 #include <type_traits>

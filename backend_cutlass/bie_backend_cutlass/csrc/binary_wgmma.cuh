@@ -6,7 +6,9 @@
 // bits are handled as int8 bytes: 256 bits of K = 32 bytes = one int8 wgmma's K, so the builder's
 // shared-memory layouts, swizzles, descriptors and TMA copies are exactly right for them.
 //
-// Epilogue: an Sm90 epilogue visitor tree fused into the TMA store:
+// Epilogue, 16-bit outputs (f16, bf16): our lean epilogue (binary_lean_epilogue.cuh): the terms staged
+// by the epilogue load warp, the math straight from the accumulator registers, TMA stores of swizzled
+// boxes. 32-bit outputs (int32, float32): an Sm90 epilogue visitor tree fused into the TMA store:
 //   dot = 4*acc + row_term[m] + col_term[n]                          (int32, exact)
 //   int32 out: dot
 //   float out: cvt(__fadd_rn(__fmul_rn(float(dot), __fmul_rn(s1, s2)), bias[n]))  (the reference's
