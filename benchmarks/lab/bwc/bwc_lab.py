@@ -22,8 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = {0: "coop128x256 c2x1 (CFG0)", 1: "pp64x256 c2x1 (CFG2)", 2: "coop128x256 c1x1", 3: "pp64x256 c1x1",
          4: "coop128x256 c1x1 D8", 5: "coop128x256 c2x1 D8", 6: "pp64x256 c1x1 D8", 7: "coop128x256 c1x1 epi128x64",
          8: "coop128x256 c2x1 D8, epilogue dot only", 9: "coop128x256 c2x1 D8, epilogue acc only",
-         14: "coop128x256 c2x1 lean epilogue, GDC mainloop", 11: "coop128x256 c2x1 lean epilogue",
-         12: "pp64x256 c2x1 lean epilogue", 13: "coop128x256 c1x1 lean epilogue"}
+         11: "coop128x256 c2x1 lean epilogue, mainloop not waiting for the pass (no GDC)",
+         12: "pp64x256 c2x1 lean epilogue", 13: "coop128x256 c1x1 lean epilogue",
+         14: "coop128x256 c2x1 lean epilogue (the product's wg128x256, 16-bit out)"}
 
 
 class WgArgs(ctypes.Structure):
