@@ -148,20 +148,24 @@ struct LeanOp {
     Arguments a;
   };
 
+  // D as a (N, M, L) tensor map with 64 x 64 x 1 boxes in the 128-byte swizzle
   template <class ProblemShape>
-  static Params to_underlying_arguments(ProblemShape const& shape, Arguments const& a, void*) {
-    Params p{};
-    p.a = a;
+  static CUresult encode(ProblemShape const& shape, Arguments const& a, cute::TmaDescriptor* map) {
     const cuuint64_t dims[3] = {cuuint64_t(cute::get<1>(shape)), cuuint64_t(cute::get<0>(shape)),
                                 cuuint64_t(cute::get<3>(shape))};
     const cuuint64_t strides[2] = {cuuint64_t(a.ldd) * 2, cuuint64_t(a.d_bs > 0 ? a.d_bs : a.ldd) * 2};
     const cuuint32_t box[3] = {kBoxCols, 64, 1}, unit[3] = {1, 1, 1};
-    // can_implement has checked what the encoder requires (alignment, strides)
-    CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-        &p.tmap_d, std::is_same_v<ElementD_, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    return CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+        map, std::is_same_v<ElementD_, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         3, a.d, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
         CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  }
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& shape, Arguments const& a, void*) {
+    Params p{};
+    p.a = a;
+    encode(shape, a, &p.tmap_d);  // can_implement has already encoded the same map successfully
     return p;
   }
   template <class ProblemShape>
@@ -178,10 +182,13 @@ struct LeanOp {
   static bool can_implement(ProblemShape const& shape, Arguments const& a) {
     const int n = cute::get<1>(shape);
     auto al = [](const void* q, int b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
-    return a.d != nullptr && a.row_term != nullptr && a.col_term != nullptr && al(a.d, 16) && a.ldd % 8 == 0 &&
-           a.d_bs % 8 == 0 && n % 8 == 0 && al(a.col_term, 8) && a.col_bs % 2 == 0 &&
-           (a.s1 == nullptr || !a.s1_vec || al(a.s1, 8)) && (a.s2 == nullptr || !a.s2_vec || al(a.s2, 8)) &&
-           (a.bias == nullptr || al(a.bias, 8));
+    if (!(a.d != nullptr && a.row_term != nullptr && a.col_term != nullptr && al(a.d, 16) && a.ldd % 8 == 0 &&
+          a.d_bs % 8 == 0 && n % 8 == 0 && al(a.col_term, 8) && a.col_bs % 2 == 0 &&
+          (a.s1 == nullptr || !a.s1_vec || al(a.s1, 8)) && (a.s2 == nullptr || !a.s2_vec || al(a.s2, 8)) &&
+          (a.bias == nullptr || al(a.bias, 8))))
+      return false;
+    cute::TmaDescriptor map;  // whatever else the driver requires of the output's tensor map
+    return encode(shape, a, &map) == CUDA_SUCCESS;
   }
 
   CUTLASS_HOST_DEVICE LeanOp(Params const& p) : params(p.a), tmap_d(&p.tmap_d) {}
