@@ -227,3 +227,17 @@ def test_tuning_ranks_by_median_of_interleaved_rounds(tuner, monkeypatch):
     cands = [(n, (lambda n=n: n)) for n in "ab"]
     assert tuning.measure(cands) == {"a": 1.0, "b": 1.2}
     assert order[2:6] == ["a", "b", "a", "b"]
+
+
+def test_every_local_include_is_in_its_family_cache_key():
+    """A family's cache key hashes its listed sources and headers: every header one of them includes
+    from csrc/ must be listed, or editing it would reuse a stale build."""
+    import re
+    from bie_backend_cutlass import _build, binary, integer, weight_only
+    for ext in (binary.EXTENSION, integer.EXTENSION, weight_only.EXTENSION):
+        listed = set(ext.sources) | set(ext.headers)
+        for name in listed:
+            text = (_build.CSRC / name).read_text()
+            for inc in re.findall(r'#include\s+"([^"]+)"', text):
+                if (_build.CSRC / inc).exists():
+                    assert inc in listed, (ext.family, name, inc)
