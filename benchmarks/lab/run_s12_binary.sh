@@ -1,17 +1,4 @@
 #!/bin/bash
-# Session 12, device call 1 (carry .whl): the CUTLASS binary family built first, then bie-backend-cuda in the
-# background (the benchmark's peer column) while the binary tests and kit run, then the GEMM benchmark.
-set -o pipefail
-T0=$SECONDS
-source benchmarks/cutlass_setup.sh
-python3 -c "
-from bie_backend_cutlass import _build, binary
-print(_build.load(binary.EXTENSION, verbose=False))" > $OUT/build_binary.log 2>&1 || { tail -40 $OUT/build_binary.log; exit 1; }
-echo "binary family built at $((SECONDS - T0)) s"
-MAX_JOBS=12 python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_cuda.log 2>&1 &
-CUDA_PID=$!
-WG_TIMEOUT=150 TEST_TIMEOUT=200 KIT_TIMEOUT=120 bash benchmarks/cutlass_binary_run.sh tests
-echo "tests done at $((SECONDS - T0)) s"
-wait $CUDA_PID; tail -1 $OUT/build_cuda.log
-BENCH_TIMEOUT=$((585 - (SECONDS - T0))) BENCH_ARGS="--only gemm" bash benchmarks/cutlass_binary_run.sh bench | tail -3
-echo "done at $((SECONDS - T0)) s"
+# Session 12, device call 1 (carry .whl): the binary family's build, SASS check, tests, kit and GEMM table,
+# bie-backend-cuda built alongside for its column. The same steps as session 13's script, GEMM table only.
+BENCH_ONLY=gemm exec bash "$(dirname "$0")/run_s13_binary.sh"

@@ -5,7 +5,7 @@
 //   EPI_ACC:  bf16(acc)                          (no broadcasts at all: the floor of any visitor tree)
 // Both are timed against the product's (dot, then float(dot)*(s1*s2)+bias).
 #pragma once
-#include "binary_wgmma.cuh"
+#include "bwc_lab.h"
 
 namespace bie_cutlass_bin {
 template <int Kind>  // 0: dot only, 1: accumulator only
@@ -64,10 +64,4 @@ struct BGemmEpiLab {
 };
 }  // namespace bie_cutlass_bin
 
-#define BWC_EPI_VARIANT(idx, kind)                                                                  \
-  extern "C" int bwc_run_##idx(const bie_cutlass_bin::WgArgs* p, size_t* ws, void* st, int pdl,   \
-                               char* err, int errlen) {                                           \
-    std::string e = bie_cutlass_bin::BGemmEpiLab<kind>::run(*p, ws, (cudaStream_t)st, pdl != 0);  \
-    if (!e.empty() && err) { snprintf(err, errlen, "%s", e.c_str()); return 1; }                  \
-    return 0;                                                                                      \
-  }
+#define BWC_EPI_VARIANT(idx, kind) BWC_DEFINE(idx, bie_cutlass_bin::BGemmEpiLab<kind>)
