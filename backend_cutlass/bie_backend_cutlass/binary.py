@@ -41,7 +41,7 @@ _WG_SOURCES = tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(4) for t in ("i32
 EXTENSION = Extension(family="binary",
                       sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES + _WG_SOURCES,
                       headers=("binary_common.h", "binary_gemm.cuh", "binary_wgmma.cuh", "binary_wgmma_atom.h",
-                               "binary_lean_epilogue.cuh"),
+                               "binary_lean_epilogue.cuh", "cutlass_launch.cuh"),
                       # the wgmma kernels wait for the kernel before them (they are launched as its
                       # programmatic dependents: csrc/binary_wgmma.cuh)
                       extra_cuda_cflags=("-DCUTLASS_ENABLE_GDC_FOR_SM90",))

@@ -43,7 +43,7 @@ _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p6
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
                       sources=("integer_bindings.cpp", "integer_kernels.cu") + _GEMM_SOURCES,
-                      headers=("integer_launch.h", "integer_gemm_sm90.cuh"))
+                      headers=("cutlass_launch.cuh", "integer_launch.h", "integer_gemm_sm90.cuh"))
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
 #: c128x256: 128x256x128 tile, 2x1 cluster, cooperative (two consumer warpgroups on one tile);

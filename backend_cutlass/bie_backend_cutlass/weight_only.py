@@ -58,7 +58,7 @@ DENSE_MIN_M = 1024
 _GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
 EXTENSION = Extension(family="weight_only",
                       sources=("wq_bindings.cpp", "wq_kernels.cu", "wq_reorder.cu") + _GEMM_SOURCES,
-                      headers=("wq_launch.h", "wq_layout.cuh", "wq_gemm_sm90.cuh"))
+                      headers=("cutlass_launch.cuh", "wq_launch.h", "wq_layout.cuh", "wq_gemm_sm90.cuh"))
 
 SM90 = ((9, 0), (9, 0))
 ACT_DTYPES = (torch.float16, torch.bfloat16)

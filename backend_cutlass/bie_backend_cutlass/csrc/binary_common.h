@@ -47,7 +47,8 @@ cudaError_t launch_pack_act(const void* x, int dt, int64_t sxm, int64_t sxk, con
                             uint32_t* words, int64_t ldw, int KW, int* term, int rows, int K, int vec,
                             cudaStream_t st);
 // Packed rows (nb batches of rows_per rows, KB bytes): term[r] = c0 + c1 * popc(row r masked to K bits);
-// with out: copies of the masked row, zero-padded to KBo bytes, at out + r*ldo + c*KBo.
+// with out: copies of the masked row, zero-padded to KBo bytes, at out + r*ldo + c*KBo. vec (no out, byte
+// stride 1, 16-byte aligned rows, KB % 16 == 0, K % 8 == 0): 16-byte loads, one warp per row.
 cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, int nb, int rows_per, int KB, int K,
                         uint8_t* out, int64_t ldo, int KBo, int copies, int* term, int c0, int c1, int vec,
                         cudaStream_t st);

@@ -162,11 +162,13 @@ cudaError_t launch_pack_act(const void* x, int dt, int64_t sxm, int64_t sxk, con
 }
 
 // ------------------------------------------------------------------ packed rows: terms (+ aligned copies)
-// Row r = (batch r / rows_per, row r % rows_per). Bytes past K bits are masked to 0.
+// Row r = (batch r / rows_per, row r % rows_per). Bytes past K bits are masked to 0. The general case (any
+// byte stride, a K tail, copies into an aligned buffer); rows read in place with 16-byte loads take
+// rows_popc_kernel below.
 __global__ void __launch_bounds__(128) rows_kernel(const uint8_t* __restrict__ a, int64_t sb, int64_t sm,
                                                    int64_t sk, int nb, int rows_per, int KB, int K,
                                                    uint8_t* __restrict__ out, int64_t ldo, int KBo, int copies,
-                                                   int* __restrict__ term, int c0, int c1, int vec) {
+                                                   int* __restrict__ term, int c0, int c1) {
   __shared__ int red[32];
   allow_dependent_launch();
   const int rows = nb * rows_per;
@@ -175,29 +177,23 @@ __global__ void __launch_bounds__(128) rows_kernel(const uint8_t* __restrict__ a
     const int bi = r / rows_per, ri = r - bi * rows_per;
     const uint8_t* ar = a + (int64_t)bi * sb + (int64_t)ri * sm;
     int cnt = 0;
-    if (vec) {  // sk == 1, 16-byte aligned rows, KB % 16 == 0, K % 8 == 0, no copy
-      for (int q = threadIdx.x; q < KB / 16; q += blockDim.x) {
-        const uint4 u = *reinterpret_cast<const uint4*>(ar + q * 16);
-        cnt += __popc(u.x) + __popc(u.y) + __popc(u.z) + __popc(u.w);
+    for (int j = threadIdx.x; j < KBo; j += blockDim.x) {
+      uint32_t v = 0;
+      if (j < KB) {
+        v = ar[(int64_t)j * sk];
+        if (j == KB - 1 && tail) v &= (1u << tail) - 1u;
       }
-    } else {
-      for (int j = threadIdx.x; j < KBo; j += blockDim.x) {
-        uint32_t v = 0;
-        if (j < KB) {
-          v = ar[(int64_t)j * sk];
-          if (j == KB - 1 && tail) v &= (1u << tail) - 1u;
-        }
-        cnt += __popc(v);
-        if (out)
-          for (int c = 0; c < copies; ++c) out[(int64_t)r * ldo + (int64_t)c * KBo + j] = (uint8_t)v;
-      }
+      cnt += __popc(v);
+      if (out)
+        for (int c = 0; c < copies; ++c) out[(int64_t)r * ldo + (int64_t)c * KBo + j] = (uint8_t)v;
     }
     cnt = block_sum(cnt, red);
     if (threadIdx.x == 0) term[r] = c0 + c1 * cnt;
   }
 }
 
-// The direct case (rows read in place, 16-byte loads, no copy): one warp per row, so a short row (a 4096-bit
+// The direct case (rows read in place: byte stride 1, 16-byte aligned rows, KB % 16 == 0, K % 8 == 0, no
+// copy): one warp per row, so a short row (a 4096-bit
 // row is 32 loads) keeps every lane busy and needs no block-wide reduction; 4 rows per block.
 __global__ void __launch_bounds__(128) rows_popc_kernel(const uint8_t* __restrict__ a, int64_t sb, int64_t sm,
                                                         int nb, int rows_per, int KB, int* __restrict__ term, int c0,
@@ -228,7 +224,7 @@ cudaError_t launch_rows(const uint8_t* a, int64_t sb, int64_t sm, int64_t sk, in
     BIE_CHECK_LAUNCH();
   }
   const unsigned grid = (unsigned)std::min(rows, 1 << 20);
-  rows_kernel<<<grid, 128, 0, st>>>(a, sb, sm, sk, nb, rows_per, KB, K, out, ldo, KBo, copies, term, c0, c1, vec);
+  rows_kernel<<<grid, 128, 0, st>>>(a, sb, sm, sk, nb, rows_per, KB, K, out, ldo, KBo, copies, term, c0, c1);
   BIE_CHECK_LAUNCH();
 }
 

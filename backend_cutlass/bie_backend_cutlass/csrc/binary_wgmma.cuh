@@ -19,6 +19,7 @@
 #include "binary_common.h"
 #include "binary_wgmma_atom.h"
 #include "binary_lean_epilogue.cuh"
+#include "cutlass_launch.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -111,25 +112,24 @@ struct B1Mainloop {
       typename Int8Mainloop::SmemCopyAtomB, typename Int8Mainloop::TransformB>;
 };
 
-// can_implement / initialize / run of one CUTLASS GEMM; "" on success, else what failed.
+using bie_cutlass::launch_gemm;   // (cutlass_launch.cuh)
+
+// The arguments both epilogues' kernels share: batched or not, the problem (K in bytes), the packed
+// operands (K-major, batch strides in bytes) and the GPU; epi: the epilogue's own arguments.
 template <class Gemm>
-std::string launch_gemm(typename Gemm::Arguments const& args, void* workspace, size_t* ws, cudaStream_t st,
-                        bool pdl) {
-  if (ws != nullptr) {
-    *ws = Gemm::get_workspace_size(args);
-    return "";
-  }
-  Gemm gemm;
-  cutlass::Status s = gemm.can_implement(args);
-  if (s != cutlass::Status::kSuccess)
-    return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
-  s = gemm.initialize(args, workspace, st);
-  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
-  s = gemm.run(st, nullptr, pdl);
-  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return std::string("CUDA error after the wgmma GEMM launch: ") + cudaGetErrorString(e);
-  return "";
+typename Gemm::Arguments wg_arguments(const WgArgs& p, typename Gemm::GemmKernel::EpilogueArguments const& epi) {
+  using StrideA = typename Gemm::GemmKernel::StrideA;
+  using StrideB = typename Gemm::GemmKernel::StrideB;
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = p.device;
+  hw.sm_count = p.sm_count;
+  return typename Gemm::Arguments{
+      p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+      {p.M, p.N, p.Kb, p.L},
+      {static_cast<const int8_t*>(p.a), StrideA{p.lda, _1{}, p.a_bs}, static_cast<const int8_t*>(p.b),
+       StrideB{p.ldb, _1{}, p.b_bs}},
+      epi,
+      hw};
 }
 
 template <class ElementD, class TileShape, class ClusterShape, class MainSched, class EpiSched,
@@ -171,21 +171,9 @@ struct BGemmSm90 {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(const WgArgs& p) {
-    using StrideA = typename Gemm::GemmKernel::StrideA;
-    using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    StrideA sA = make_stride(p.lda, _1{}, p.a_bs);
-    StrideB sB = make_stride(p.ldb, _1{}, p.b_bs);
-    StrideD sD = make_stride(p.ldd, _1{}, p.d_bs);
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = p.device;
-    hw.sm_count = p.sm_count;
-    typename Gemm::Arguments args{
-        p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
-        {p.M, p.N, p.Kb, p.L},
-        {static_cast<const int8_t*>(p.a), sA, static_cast<const int8_t*>(p.b), sB},
-        {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD},
-        hw};
+    const StrideD sD = make_stride(p.ldd, _1{}, p.d_bs);
+    typename Gemm::Arguments args = wg_arguments<Gemm>(p, {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD});
     typename DotEVT::Arguments dot{
         {},                                                          // acc
         {p.row_term, 0, RowTermStride{_1{}, _0{}, p.row_bs}},        // row term
@@ -224,19 +212,8 @@ struct BGemmSm90Lean {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(const WgArgs& p) {
-    using StrideA = typename Gemm::GemmKernel::StrideA;
-    using StrideB = typename Gemm::GemmKernel::StrideB;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = p.device;
-    hw.sm_count = p.sm_count;
-    return typename Gemm::Arguments{
-        p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
-        {p.M, p.N, p.Kb, p.L},
-        {static_cast<const int8_t*>(p.a), StrideA{p.lda, _1{}, p.a_bs}, static_cast<const int8_t*>(p.b),
-         StrideB{p.ldb, _1{}, p.b_bs}},
-        {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, p.row_term, p.row_bs, p.col_term, p.col_bs, p.s1, p.s1_vec,
-         p.s2, p.s2_vec, p.bias},
-        hw};
+    return wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, p.row_term, p.row_bs, p.col_term,
+                                  p.col_bs, p.s1, p.s1_vec, p.s2, p.s2_vec, p.bias});
   }
   static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
     return launch_gemm<Gemm>(arguments(p), p.workspace, ws, st, pdl);

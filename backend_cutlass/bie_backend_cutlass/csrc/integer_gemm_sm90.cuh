@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "integer_launch.h"
+#include "cutlass_launch.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -90,24 +91,7 @@ struct IGemmSm90 {
   }
 
   static std::string run(const GemmArgs& p, size_t* ws) {
-    typename Gemm::Arguments args = arguments(p);
-    if (ws != nullptr) {
-      *ws = Gemm::get_workspace_size(args);
-      return "";
-    }
-    Gemm gemm;
-    cutlass::Status st = gemm.can_implement(args);
-    if (st != cutlass::Status::kSuccess)
-      return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(st);
-    st = gemm.initialize(args, p.workspace, p.stream);
-    if (st != cutlass::Status::kSuccess)
-      return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(st);
-    st = gemm.run(p.stream);
-    if (st != cutlass::Status::kSuccess)
-      return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(st);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return std::string("CUDA error after the GEMM launch: ") + cudaGetErrorString(e);
-    return "";
+    return bie_cutlass::launch_gemm<Gemm>(arguments(p), p.workspace, ws, p.stream);
   }
 };
 

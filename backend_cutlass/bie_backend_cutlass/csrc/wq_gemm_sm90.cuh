@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "wq_launch.h"
+#include "cutlass_launch.cuh"
 #include "wq_layout.cuh"
 
 #include <cute/tensor.hpp>
@@ -93,24 +94,7 @@ struct WqGemmSm90 {
   }
 
   static std::string run(const WqArgs& p, size_t* ws) {
-    typename Gemm::Arguments args = arguments(p);
-    if (ws != nullptr) {
-      *ws = Gemm::get_workspace_size(args);
-      return "";
-    }
-    Gemm gemm;
-    cutlass::Status st = gemm.can_implement(args);
-    if (st != cutlass::Status::kSuccess)
-      return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(st);
-    st = gemm.initialize(args, p.workspace, p.stream);
-    if (st != cutlass::Status::kSuccess)
-      return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(st);
-    st = gemm.run(p.stream);
-    if (st != cutlass::Status::kSuccess)
-      return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(st);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return std::string("CUDA error after the GEMM launch: ") + cudaGetErrorString(e);
-    return "";
+    return bie_cutlass::launch_gemm<Gemm>(arguments(p), p.workspace, ws, p.stream);
   }
 };
 

@@ -1,0 +1,34 @@
+// bie-backend-cutlass: the one launch sequence every family's CUTLASS 3.x GEMM goes through
+// (can_implement, initialize, run), so each failure says which step failed and no family repeats it.
+#pragma once
+#include <string>
+
+#include <cuda_runtime.h>
+#include <cutlass/cutlass.h>
+
+namespace bie_cutlass {
+
+// ws != nullptr: only the workspace size of args goes there. Else launches on st (pdl: as a programmatic
+// dependent of the kernel before it; the kernel must be built to wait for it before its first load).
+// Returns "" on success, else what failed.
+template <class Gemm>
+std::string launch_gemm(typename Gemm::Arguments const& args, void* workspace, size_t* ws, cudaStream_t st,
+                        bool pdl = false) {
+  if (ws != nullptr) {
+    *ws = Gemm::get_workspace_size(args);
+    return "";
+  }
+  Gemm gemm;
+  cutlass::Status s = gemm.can_implement(args);
+  if (s != cutlass::Status::kSuccess)
+    return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
+  s = gemm.initialize(args, workspace, st);
+  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
+  s = gemm.run(st, nullptr, pdl);
+  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string("CUDA error after the GEMM launch: ") + cudaGetErrorString(e);
+  return "";
+}
+
+}  // namespace bie_cutlass
