@@ -21,10 +21,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
   // the rings would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs)
   const bool big = (int64_t)p.N * p.K > (1ll << 26);
-  // 8-bit codes, one row, small layers: 4 warps and two blocks per multiprocessor (H100, 4096x4096, session 14:
-  // 7.9-8.0 us against 8.8-8.9 with 8 warps and every resident block, in two runs; 4 warps with every resident
-  // block measured 9.7-10.0; 2- and 4-bit codes measured best with the default below)
-  const bool w8_one_small = bits == 8 && p.M == 1 && !big;
+  // 8-bit codes, one row, small layers with N >= 4096 and K <= 4096: 4 warps and two blocks per multiprocessor
+  // (H100, session 14, benchmarks/results/cuda_h100_thin.md: 4096x4096 7.7-8.0 us against 8.7-8.9 with 8 warps and
+  // every resident block, in three runs; 11008x4096 level at 18 us). Not elsewhere: K = 11008 (4096x11008) was 23%
+  // slower that way and 2048x2048 12% slower; 2- and 4-bit codes measured best with the default below.
+  const bool w8_one_small = bits == 8 && p.M == 1 && !big && p.N >= 4096 && p.K <= 4096;
   int w = warps_force > 0 ? warps_force
                           : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : (w8_one_small ? 4 : 8));
   if (w8_one_small && warps_force <= 0 && p.grid_force <= 0) p.grid_force = 2 * num_sms;
