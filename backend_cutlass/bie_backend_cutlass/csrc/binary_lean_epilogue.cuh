@@ -86,6 +86,17 @@ CUTLASS_DEVICE void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_
                : "memory");
 #endif
 }
+// global -> shared copies that use no registers (so the load warp's 40 hold every load of a tile in flight);
+// valid == false: the bytes are zero-filled and nothing is read
+CUTLASS_DEVICE void cp_async8(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 8 : 0) : "memory");
+}
+CUTLASS_DEVICE void cp_async4(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0) : "memory");
+}
+CUTLASS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 CUTLASS_DEVICE void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
@@ -131,9 +142,17 @@ struct LeanOp {
     ColPair cols[kTileN / 2];
     int rows[kTileM];
   };
+  // the load warp's landing area: a tile's terms as they are in global memory (one buffer: only that warp
+  // uses it, tile after tile)
+  struct RawTerms {
+    int2 c[kTileN / 2];
+    float2 s1[kTileN / 2], s2[kTileN / 2], b[kTileN / 2];
+    int rows[kTileM];
+  };
   struct SharedStorage {
     alignas(1024) uint8_t rows[kSlabRows / 64 * kSlabBytes];
     TileTerms terms[kStages];
+    RawTerms raw;
   };
   struct Arguments {
     ElementD* d; int64_t ldd, d_bs;
@@ -242,48 +261,44 @@ class LeanBinEpilogue
     const int64_t l = int64_t(get<3>(coord));
     // the terms may come from the kernel this one was launched as a programmatic dependent of
     lean_detail::wait_prior_grid();
-    // the tile's loads in two rounds (the producer warps run on few registers), each round's loads all in
-    // flight at once before its stores into the stage
+    // every load of the tile in flight at once, before waiting for a free stage: cp.async into the raw area
+    // (no registers: the producer warps run on 40), then one pass turns them into the stage's records
     constexpr int kPairsPerLane = kTileN / 2 / 32, kRowsPerLane = kTileM / 32;
-    constexpr int kRounds = kPairsPerLane >= 2 ? 2 : 1;
+    const bool s1v = p.s1 != nullptr && p.s1_vec, s2v = p.s2 != nullptr && p.s2_vec;
+    typename Op::RawTerms& raw = storage_->raw;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kPairsPerLane; ++j) {
+      const int i = lane + 32 * j, n = n0 + 2 * i;
+      const bool in = n < N;   // N % 8 == 0: both columns of the pair are in range or neither
+      const int nc = in ? n : 0;
+      lean_detail::cp_async8(&raw.c[i], p.col_term + l * p.col_bs + nc, in);
+      if (s1v) lean_detail::cp_async8(&raw.s1[i], p.s1 + nc, in);
+      if (s2v) lean_detail::cp_async8(&raw.s2[i], p.s2 + nc, in);
+      if (p.bias != nullptr) lean_detail::cp_async8(&raw.b[i], p.bias + nc, in);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRowsPerLane; ++j) {
+      const int r = lane + 32 * j, m = m0 + r;
+      lean_detail::cp_async4(&raw.rows[r], p.row_term + l * p.row_bs + (m < M ? m : 0), m < M);
+    }
     const float s1u = p.s1 != nullptr && !p.s1_vec ? __ldg(p.s1) : 1.0f;
     const float s2u = p.s2 != nullptr && !p.s2_vec ? __ldg(p.s2) : 1.0f;
     pipeline.producer_acquire(state);
     TileTerms& st = storage_->terms[state.index()];
+    lean_detail::cp_async_wait_all();   // (each lane reads back only what it copied)
     CUTLASS_PRAGMA_UNROLL
-    for (int round = 0; round < kRounds; ++round) {
-      int4 cs[kPairsPerLane / kRounds];
-      float2 bs[kPairsPerLane / kRounds];
-      int rows[kRowsPerLane / kRounds];
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kPairsPerLane / kRounds; ++j) {
-        const int n = n0 + 2 * (lane + 32 * (round * (kPairsPerLane / kRounds) + j));
-        cs[j] = make_int4(0, 0, 0, 0);
-        bs[j] = make_float2(0.f, 0.f);
-        if (n < N) {  // N % 8 == 0: both columns of the pair are in range or neither
-          const int2 c = __ldg(reinterpret_cast<const int2*>(p.col_term + l * p.col_bs + n));
-          const float2 s1 = p.s1 != nullptr && p.s1_vec ? __ldg(reinterpret_cast<const float2*>(p.s1 + n))
-                                                        : make_float2(s1u, s1u);
-          const float2 s2 = p.s2 != nullptr && p.s2_vec ? __ldg(reinterpret_cast<const float2*>(p.s2 + n))
-                                                        : make_float2(s2u, s2u);
-          if (p.bias != nullptr) bs[j] = __ldg(reinterpret_cast<const float2*>(p.bias + n));
-          cs[j] = make_int4(c.x, c.y, __float_as_int(__fmul_rn(s1.x, s2.x)), __float_as_int(__fmul_rn(s1.y, s2.y)));
-        }
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kRowsPerLane / kRounds; ++j) {
-        const int m = m0 + lane + 32 * (round * (kRowsPerLane / kRounds) + j);
-        rows[j] = m < M ? __ldg(p.row_term + l * p.row_bs + m) : 0;
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kPairsPerLane / kRounds; ++j) {
-        ColPair& rec = st.cols[lane + 32 * (round * (kPairsPerLane / kRounds) + j)];
-        *reinterpret_cast<int4*>(&rec) = cs[j];
-        *reinterpret_cast<float2*>(&rec.b0) = bs[j];
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kRowsPerLane / kRounds; ++j) st.rows[lane + 32 * (round * (kRowsPerLane / kRounds) + j)] = rows[j];
+    for (int j = 0; j < kPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      const int2 c = raw.c[i];
+      const float2 s1 = s1v ? raw.s1[i] : make_float2(s1u, s1u);
+      const float2 s2 = s2v ? raw.s2[i] : make_float2(s2u, s2u);
+      ColPair& rec = st.cols[i];
+      *reinterpret_cast<int4*>(&rec) =
+          make_int4(c.x, c.y, __float_as_int(__fmul_rn(s1.x, s2.x)), __float_as_int(__fmul_rn(s1.y, s2.y)));
+      *reinterpret_cast<float2*>(&rec.b0) = p.bias != nullptr ? raw.b[i] : make_float2(0.f, 0.f);
     }
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRowsPerLane; ++j) st.rows[lane + 32 * j] = raw.rows[lane + 32 * j];
     pipeline.producer_commit(state);
     ++state;
     return state;

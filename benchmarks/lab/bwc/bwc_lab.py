@@ -24,7 +24,8 @@ NAMES = {0: "coop128x256 c2x1 (CFG0)", 1: "pp64x256 c2x1 (CFG2)", 2: "coop128x25
          8: "coop128x256 c2x1 D8, epilogue dot only", 9: "coop128x256 c2x1 D8, epilogue acc only",
          11: "coop128x256 c2x1 lean epilogue, mainloop not waiting for the pass (no GDC)",
          12: "pp64x256 c2x1 lean epilogue", 13: "coop128x256 c1x1 lean epilogue",
-         14: "coop128x256 c2x1 lean epilogue (the product's wg128x256, 16-bit out)"}
+         14: "coop128x256 c2x1 lean epilogue (the product's wg128x256, 16-bit out)",
+         17: "v14 + the tile's term loads all in flight (cp.async) before the stage wait (session 14)"}
 
 
 class WgArgs(ctypes.Structure):
