@@ -12,12 +12,8 @@ python3 -c "from bie_backend_cutlass import _build, binary as f; print(_build.lo
 echo "binary built at $((SECONDS - T0)) s"
 timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_binary.py 2>&1 | tee $OUT/tests_binary.log | tail -3
 SO=$(grep -E "\.so$" $OUT/build_binary.log | tail -1)
-cuobjdump -sass $SO | python3 -c "
-import re, sys
-funcs = re.split(r'\n\s*Function : ', sys.stdin.read())[1:]
-b1 = [f for f in funcs if 'BMMA' in f or 'BGMMA' in f]
-bad = [f.split(chr(10))[0][:80] for f in b1 if re.search(r'\bCALL\b|XOR\.POPC|\bLDL\b|\bSTL\b', f)]
-print(f'SASS: {len(b1)} 1-bit kernels, {len(bad)} with CALL / XOR.POPC / local memory', *bad)" | tee $OUT/sass_check.txt
+cuobjdump -sass $SO > /tmp/bin.sass 2>/dev/null
+python3 benchmarks/cutlass_sass_check.py /tmp/bin.sass binary | tail -1 | tee $OUT/sass_check.txt
 echo "tests done at $((SECONDS - T0)) s"
 timeout $((380 - (SECONDS - T0))) python3 benchmarks/bench_cutlass_binary.py --only gemm --quick --json $OUT/binary_gemm.json 2>&1 \
   | tee $OUT/bench.log | grep -E "binary_gemm" | cut -c1-230

@@ -18,15 +18,8 @@ echo "binary built at $((SECONDS - T0)) s"
 timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_build.py tests/test_cutlass_binary.py \
     2>&1 | tee $OUT/tests_binary.log | tail -3
 SO=$(grep -E "\.so$" $OUT/build_binary.log | tail -1)
-cuobjdump -sass $SO > $OUT/binary.sass 2>/dev/null
-python3 - $OUT/binary.sass <<'PY' | tee $OUT/sass_check.txt
-import re, sys
-text = open(sys.argv[1]).read()
-funcs = re.split(r"\n\s*Function : ", text)[1:]
-b1 = [f for f in funcs if "BMMA" in f or "BGMMA" in f]
-bad = [f.split("\n")[0][:80] for f in b1 if re.search(r"\bCALL\b|XOR\.POPC|\bLDL\b|\bSTL\b", f)]
-print(f"SASS: {len(b1)} 1-bit kernels, {len(bad)} with CALL / XOR.POPC / local memory", *bad, sep="\n  ")
-PY
+cuobjdump -sass $SO > /tmp/bin.sass 2>/dev/null
+python3 benchmarks/cutlass_sass_check.py /tmp/bin.sass binary | tail -1 | tee $OUT/sass_check.txt
 wait $PID_integer; echo "integer built at $((SECONDS - T0)) s"
 timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_integer.py 2>&1 | tee $OUT/tests_integer.log | tail -3
 wait $PID_weight_only; echo "weight_only built at $((SECONDS - T0)) s"; grep -qE "\.so$" $OUT/build_weight_only.log || tail -20 $OUT/build_weight_only.log

@@ -114,6 +114,16 @@ struct B1Mainloop {
 
 using bie_cutlass::launch_gemm;   // (cutlass_launch.cuh)
 
+// The kernel and device adapter of one 1-bit GEMM: B1Mainloop with its pipeline stages sized around the
+// epilogue's shared memory, then the epilogue.
+template <class Epilogue, class TileShape, class ClusterShape, class MainSched>
+struct B1Kernel {
+  using CollectiveMainloop = typename B1Mainloop<TileShape, ClusterShape, MainSched,
+                                                 int(sizeof(typename Epilogue::SharedStorage))>::type;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
 // The arguments both epilogues' kernels share: batched or not, the problem (K in bytes), the packed
 // operands (K-major, batch strides in bytes) and the GPU; epi: the epilogue's own arguments.
 template <class Gemm>
@@ -162,13 +172,9 @@ struct BGemmSm90 {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       EpiTile, int32_t, ElementCompute,
       void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp, kStagesD>::type;
-
-  using CollectiveMainloop = typename B1Mainloop<TileShape, ClusterShape, MainSched,
-                                                 int(sizeof(typename CollectiveEpilogue::SharedStorage))>::type;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Types = B1Kernel<CollectiveEpilogue, TileShape, ClusterShape, MainSched>;
+  using CollectiveMainloop = typename Types::CollectiveMainloop;
+  using Gemm = typename Types::Gemm;
 
   static typename Gemm::Arguments arguments(const WgArgs& p) {
     using StrideD = typename Gemm::GemmKernel::StrideD;
@@ -205,11 +211,7 @@ struct BGemmSm90Lean {
   static constexpr bool kPingpong = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using CollectiveEpilogue = LeanBinEpilogue<ElementD, int(size<0>(TileShape{})), int(size<1>(TileShape{})),
                                              kPingpong>;
-  using CollectiveMainloop = typename B1Mainloop<TileShape, ClusterShape, MainSched,
-                                                 int(sizeof(typename CollectiveEpilogue::SharedStorage))>::type;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Gemm = typename B1Kernel<CollectiveEpilogue, TileShape, ClusterShape, MainSched>::Gemm;
 
   static typename Gemm::Arguments arguments(const WgArgs& p) {
     return wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, p.row_term, p.row_bs, p.col_term,
