@@ -103,7 +103,7 @@ struct WqtArgs {
   int nstages;           // stages covering the prepared K
   int st_per_warp;       // stages per warp (whole groups)
   int warps;             // warps per block (the K split of one 16-column block)
-  int grid_force;        // blocks (0: as many as are resident at once; benchmarks sweep it)
+  int grid_force;        // blocks (0: as many as are resident at once, unless the plan sets it; benchmarks sweep it)
   int smem_limit;        // dynamic shared memory a block may opt in to on this device
   int sms;               // multiprocessors of the device (set by the plan)
   int smem;              // dynamic shared memory per block (set by the plan)
