@@ -3,9 +3,12 @@
 // take per call, back to back in a CUDA graph over rotated buffers, with and without programmatic dependent
 // launch? Issue 6 asks 3x bf16 for W4A16 g128 M=1 on 4096x4096 (about 8.7 MB of codes and statistics):
 // if reading the bytes alone cannot get under bf16's time / 3, the target is below this floor.
-// Build: nvcc -O3 -arch=sm_90a -shared -Xcompiler -fPIC small_read.cu -o small_read.so
+// Build: nvcc -O3 -arch=sm_90a -shared -Xcompiler -fPIC -I../../../backend_cuda/bie_backend_cuda/csrc small_read.cu \
+//            -o small_read.so
 #include <cstdint>
 #include <cuda_runtime.h>
+
+#include "common.cuh"   // bie-backend-cuda's launch_kernel (torch-free)
 
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   uint4 v;
@@ -14,8 +17,17 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
 }
 
 // every thread keeps U 16-byte loads in flight; blocks stride over the buffer
+struct ReadArgs {
+  const uint4* w;   // the bytes to read, as 16-byte vectors
+  int64_t n16;
+  float* out;       // one value per block
+};
+
 template <int U>
-__global__ void read_kernel(const uint4* __restrict__ w, int64_t n16, float* out) {
+__global__ void read_kernel(const ReadArgs a) {
+  const uint4* __restrict__ w = a.w;
+  const int64_t n16 = a.n16;
+  float* out = a.out;
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -44,16 +56,8 @@ __global__ void read_kernel(const uint4* __restrict__ w, int64_t n16, float* out
 
 template <int U>
 static int launch_u(const void* w, long long n16, void* out, int grid, int block, int pdl, cudaStream_t st) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return (int)cudaLaunchKernelEx(&cfg, read_kernel<U>, (const uint4*)w, (int64_t)n16, (float*)out);
+  return (int)launch_kernel(read_kernel<U>, dim3(grid), dim3(block), 0, st, pdl != 0,
+                                 ReadArgs{static_cast<const uint4*>(w), (int64_t)n16, static_cast<float*>(out)});
 }
 
 extern "C" int small_read(const void* w, long long n16, void* out, int grid, int block, int unroll, int pdl, void* st) {
