@@ -201,7 +201,55 @@ def test_wgmma_configs(tile, monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("tile", ["wg128x256", "wg128x256c1"])
+@pytest.mark.parametrize("tile", ["wg128x256r", "wg128x256c1r"])
+def test_wgmma_counted_rows(tile, monkeypatch):
+    """The configurations that count popc(a row) in their mainloop instead of a pass before the GEMM: bit-exact
+    wherever they serve (binary_gemm / binary_bmm with 16-bit outputs and operands used in place: K % 128 == 0),
+    with M and N tails, K tails inside a 1024-bit stage, row-strided views, scales, bias, batches; elsewhere the
+    same tile reading the pass's terms serves."""
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    base = cb.COUNTED[tile]
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    gen = torch.Generator().manual_seed(23)
+    for (m, n, k) in [(1, 8, 128), (300, 520, 1152), (129, 264, 2048), (257, 512, 4096), (64, 128, 8192),
+                      (200, 24, 384)]:
+        a, b = _bits((m, k // 8), k, gen), _bits((n, k // 8), k, gen)
+        for i, dt in enumerate((torch.float16, torch.bfloat16)):
+            per = (i + m) % 2 == 0
+            s = (torch.rand((n,) if per else (), generator=gen) + 0.05).to("cuda", FLOATS[(i + m) % 3])
+            bias = torch.randn(n, generator=gen).to("cuda", FLOATS[(i + 2) % 3]) if i == 0 else None
+            _same(cb.binary_gemm(a, b, k, s, bias, dt), rb.binary_gemm(a, b, k, s, bias, dt), f"{tile} {dt} {per}")
+            assert not sm90 or cb.LAST_CONFIG[0] == tile
+        # a view whose rows sit 64 bytes apart beyond their k bits (garbage there: the kernel must not count it)
+        wide = _bits((m, k // 8 + 64), k + 512, gen)
+        av = wide[:, : k // 8]
+        _same(cb.binary_gemm(av, b, k, None, None, torch.bfloat16),
+              rb.binary_gemm(av.contiguous(), b, k, None, None, torch.bfloat16), f"{tile} view")
+        assert not sm90 or cb.LAST_CONFIG[0] == tile
+        # 32-bit outputs: the same tile with the pass's terms
+        _same(cb.binary_gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), f"{tile} count")
+        assert not sm90 or cb.LAST_CONFIG[0] == base
+        a3, b3 = _bits((3, m, k // 8), k, gen), _bits((3, n, k // 8), k, gen)
+        s = (torch.rand((), generator=gen) + 0.1).cuda()
+        _same(cb.binary_bmm(a3, b3, k, s, torch.bfloat16), rb.binary_bmm(a3, b3, k, s, torch.bfloat16), f"{tile} bmm")
+        assert not sm90 or cb.LAST_CONFIG[0] == tile
+    # K not a multiple of 128 (a copied, masked): the pass's terms
+    a, b = _bits((70, 40), 317, gen), _bits((16, 40), 317, gen)
+    _same(cb.binary_gemm(a, b, 317, None, None, torch.float16), rb.binary_gemm(a, b, 317, None, None, torch.float16),
+          f"{tile} k tail")
+    assert not sm90 or cb.LAST_CONFIG[0] == base
+    # binary_linear packs x with its popcounts: the pass-free GEMM of the same tile
+    x = torch.randn(130, 1024, generator=gen).to("cuda", torch.bfloat16)
+    w = _bits((264, 128), 1024, gen)
+    _same(cb.binary_linear(x, None, w, 1024, None, None, None, torch.bfloat16),
+          rb.binary_linear(x, None, w, 1024, None, None, None, torch.bfloat16), f"{tile} linear")
+    assert not sm90 or cb.LAST_CONFIG[0] == base
+
+
+@needs_kernels
+@pytest.mark.parametrize("tile", ["wg128x256", "wg128x256c1", "wg128x256r"])
 def test_wgmma_dependent_launch_chain(tile, monkeypatch):
     """The wgmma GEMM is launched as a programmatic dependent of the popcount / packing pass before it
     and must still read what that pass and the kernels before it wrote: `a` rewritten in place by a

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from ._build import Extension
 
 _GEMM_SOURCES = tuple(f"binary_gemm_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
-_WG_SOURCES = tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(4) for t in ("i32", "f32", "f16", "bf16"))
+_WG_SOURCES = (tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(4) for t in ("i32", "f32", "f16", "bf16"))
+               + tuple(f"binary_wgmma_c{c}_{t}.cu" for c in (4, 5) for t in ("f16", "bf16")))  # counted rows
 EXTENSION = Extension(family="binary",
                       sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES + _WG_SOURCES,
                       headers=("binary_common.h", "binary_gemm.cuh", "binary_wgmma.cuh", "binary_wgmma_atom.h",
@@ -55,7 +56,11 @@ CONFIGS = ("128x256", "128x256k1024", "64x128")
 # Hopper wgmma (BGMMA m64nNk256 .and.popc) configurations (binary_wgmma.cuh), sm_90a only:
 # 128x256 cooperative (cluster 2x1), 64x128 ping-pong, 64x256 ping-pong (cluster 2x1), 128x256
 # cooperative without a cluster; 1024 bits of K per pipeline stage.
-WG_CONFIGS = ("wg128x256", "wg64x128", "wg64x256", "wg128x256c1")
+WG_CONFIGS = ("wg128x256", "wg64x128", "wg64x256", "wg128x256c1", "wg128x256r", "wg128x256c1r")
+# the last two are wg128x256 / wg128x256c1 counting popc(a) per row in their mainloop instead of reading the
+# row terms (16-bit outputs, binary_gemm / binary_bmm operands used in place): no popcount pass before the GEMM.
+# They pay on calls of up to a few 10 us, the pass on larger ones (csrc/binary_wgmma.cuh); the tuner times both.
+COUNTED = {"wg128x256r": "wg128x256", "wg128x256c1r": "wg128x256c1"}
 LAST_CONFIG = [None]  # the configuration the last GEMM ran with (tests, benchmarks)
 _MAX_ROWS = 2 ** 31 - 1
 
@@ -123,18 +128,32 @@ def _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo) -> bool:
             and all(t is None or _aligned(t) for t in (s1, s2, bias)))
 
 
-def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
+def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_rows=None):
     """Runs the GEMM with the configuration tuning.choose picks for this shape bucket: the
-    mma.sync tiles everywhere, plus the wgmma kernels on sm_90 where their epilogue applies."""
+    mma.sync tiles everywhere, plus the wgmma kernels on sm_90 where their epilogue applies.
+
+    fill_rows: None when row_term holds the row terms, else the popcount pass that writes them
+    (K - 2 popc(a row), a used in place): the counting configurations (COUNTED) then compete with
+    the pass + GEMM of the others, timed as such."""
     wg = _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo)
     ws1 = ws2 = wbias = None
     if wg:
         # the wgmma epilogue reads float32 scale / bias vectors (float32(s) is what the reference uses)
         ws1, ws2, wbias = _f32(s1), _f32(s2), _f32(bias)
         wg = all(t is None or _aligned(t) for t in (ws1, ws2, wbias))
+    counted = wg and fill_rows is not None and out.element_size() == 2
+    if fill_rows is not None and not counted:
+        fill_rows()
+        fill_rows = None
     g, wgf = _ops().gemm, _ops().wgemm
 
     def call(name):
+        if name in COUNTED and not counted:
+            name = COUNTED[name]
+        pending = fill_rows is not None   # (timed with every configuration that reads the terms)
+        if pending and name not in COUNTED:
+            fill_rows()
+            pending = False
         LAST_CONFIG[0] = name
         if name in WG_CONFIGS:
             try:
@@ -143,9 +162,9 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
             except RuntimeError:  # a geometry CUTLASS's TMA setup refuses (checked before any launch)
                 name = CONFIGS[_default_order(geo[0], geo[1], geo[3], out.device)[0]]
                 LAST_CONFIG[0] = name
-            g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
-        else:
-            g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
+                if pending:
+                    fill_rows()
+        g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
 
     forced = os.environ.get("BIE_CUTLASS_BINARY_TILE")
     if forced and (wg or forced not in WG_CONFIGS):
@@ -161,18 +180,25 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo):
         # tuned): one 64-row tile for decode-like M, the 128x256 cooperative tile above
         wg_names = (["wg64x128", "wg64x256", "wg128x256", "wg128x256c1"] if m <= 64
                     else ["wg128x256", "wg128x256c1", "wg64x256", "wg64x128"])
+        if counted:
+            # counting first up to about two 4096^3 calls (session 15 lab: it won at 4096^3 and M=1024 N=K=4096,
+            # lost at 8192^3); for decode-like M the 64-row tiles stay first
+            few = m * n * k * batch <= 2 ** 37
+            wg_names = (wg_names + list(COUNTED) if m <= 64 or not few else list(COUNTED) + wg_names)
+            bucket += "c"
         names = wg_names + names
     name = tuning.choose(op, bucket, [(nm, (lambda nm=nm: call(nm))) for nm in names], device=out.device)
     call(name)
 
 
 # ------------------------------------------------------------------ packed operands
-def _rows(t: torch.Tensor, k: int, c0: int, c1: int, copies: int = 1):
-    """Packed rows t (B, R, KB) -> (bits, term, ld bits, batch stride bytes) for the GEMM.
+def _rows(t: torch.Tensor, k: int, c0: int, c1: int, copies: int = 1, defer: bool = False):
+    """Packed rows t (B, R, KB) -> (bits, term, ld bits, batch stride bytes[, fill]) for the GEMM.
 
     The rows are used in place when the GEMM can read them (16-byte aligned rows, K % 8 == 0 so
     there are no pad bits to mask, KB % 16 == 0); otherwise they are copied (masked, zero-padded
-    to kpad(k) bits). term[r] = c0 + c1 * popc(row r)."""
+    to kpad(k) bits). term[r] = c0 + c1 * popc(row r). With defer, a fifth value: None when term
+    is written, else (rows used in place) the pass that writes it, left to the caller (_run_gemm)."""
     nb, r, kb = t.shape
     kp = kpad(k)
     term = torch.empty(nb * r, dtype=torch.int32, device=t.device)
@@ -182,11 +208,15 @@ def _rows(t: torch.Tensor, k: int, c0: int, c1: int, copies: int = 1):
               and (r == 1 or t.stride(1) >= kb)
               and bs % 16 == 0 and _aligned(t))
     if direct:
-        _ops().rows(t, None, term, k, kb, 1, c0, c1)
+        def fill():
+            _ops().rows(t, None, term, k, kb, 1, c0, c1)
+        if defer:
+            return t, term, ld, bs, fill
+        fill()
         return t, term, ld, bs
     out = torch.empty((nb * r, copies * kp // 8), dtype=torch.uint8, device=t.device)
     _ops().rows(t, out, term, k, kp // 8, copies, c0, c1)
-    return out, term, copies * kp, r * copies * kp // 8
+    return (out, term, copies * kp, r * copies * kp // 8) + ((None,) if defer else ())
 
 
 class PreparedSigns:
@@ -251,9 +281,9 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     if m == 0 or n == 0:
         return out
     wb, wterm, ldb = p.gemm(k)
-    ab, aterm, lda, _ = _rows(a.unsqueeze(0), k, k, -2)
+    ab, aterm, lda, _, fill = _rows(a.unsqueeze(0), k, k, -2, defer=True)
     geo = [m, n, kpad(k), 1, lda, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
-    _run_gemm("binary_gemm", ab, wb, aterm, wterm, _vec(scale), None, _vec(bias), out, geo)
+    _run_gemm("binary_gemm", ab, wb, aterm, wterm, _vec(scale), None, _vec(bias), out, geo, fill)
     return out
 
 
@@ -282,10 +312,10 @@ def binary_bmm(a, b, k, scale, out_dtype):
     out = _empty_out((bs, m, n), out_dtype, a.device)
     if bs == 0 or m == 0 or n == 0:
         return out
-    ab, aterm, lda, a_bs = _rows(a, k, k, -2)
+    ab, aterm, lda, a_bs, fill = _rows(a, k, k, -2, defer=True)
     bb, bterm, ldb, b_bs = _rows(b, k, 0, -2)
     geo = [m, n, kpad(k), bs, lda, ldb, a_bs, b_bs, m, n, 0, 0, 0, m * n, n, 0, 0]
-    _run_gemm("binary_bmm", ab, bb, aterm, bterm, _vec(scale), None, None, out, geo)
+    _run_gemm("binary_bmm", ab, bb, aterm, bterm, _vec(scale), None, None, out, geo, fill)
     return out
 
 

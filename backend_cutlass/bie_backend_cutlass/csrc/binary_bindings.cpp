@@ -155,9 +155,11 @@ void wgemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term,
   TORCH_CHECK((batch - 1) * a_bs + (M - 1) * (lda / 8) + K / 8 <= avail_bytes(a) &&
                   (batch - 1) * b_bs + (N - 1) * (ldb / 8) + K / 8 <= avail_bytes(b),
               "bie_cutlass_binary.wgemm: operand tensors too small for the geometry");
+  // configurations from kWgCountedFirst count K - 2 popc(a row) themselves: row_term is not read
+  const bool counted = cfg >= kWgCountedFirst;
   TORCH_CHECK(row_term.scalar_type() == at::kInt && col_term.scalar_type() == at::kInt && row_term.is_contiguous() &&
                   col_term.is_contiguous() && row_bs >= 0 && col_bs >= 0 &&
-                  (batch - 1) * row_bs + M <= row_term.numel() && (batch - 1) * col_bs + N <= col_term.numel(),
+                  (counted || (batch - 1) * row_bs + M <= row_term.numel()) && (batch - 1) * col_bs + N <= col_term.numel(),
               "bie_cutlass_binary.wgemm: bad term vectors");
   TORCH_CHECK(geo[10] == 0 && geo[12] == 0 && geo[15] == 0,
               "bie_cutlass_binary.wgemm: channels must be columns, no halving, no NCHW scatter");

@@ -85,8 +85,10 @@ struct WgArgs {
   int device, sm_count;
   void* workspace;
 };
-constexpr int kNumWgConfigs = 4;  // 0: 128x256 (x 1024 bits), cooperative, cluster 2x1; 1: 64x128, ping-pong;
-                                  // 2: 64x256, ping-pong, cluster 2x1; 3: 128x256, cooperative, no cluster
+constexpr int kNumWgConfigs = 6;  // 0: 128x256 (x 1024 bits), cooperative, cluster 2x1; 1: 64x128, ping-pong;
+                                  // 2: 64x256, ping-pong, cluster 2x1; 3: 128x256, cooperative, no cluster;
+                                  // 4, 5: 0 and 3 counting popc(A row) in the mainloop (kWgCountedFirst)
+constexpr int kWgCountedFirst = 4;  // configurations from here: 16-bit outputs, row term K - 2 popc(A row)
 // With ws != nullptr only writes the workspace size. Returns "" on success, else the failure.
 std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStream_t st);
 

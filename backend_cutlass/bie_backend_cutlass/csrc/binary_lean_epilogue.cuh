@@ -97,6 +97,14 @@ CUTLASS_DEVICE void cp_async4(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0) : "memory");
 }
 CUTLASS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Counted row terms (B1MainloopCountA in binary_wgmma.cuh): each consumer warpgroup's mainloop leaves the
+// set-bit count of its 64 A rows here for its epilogue. 1024 bytes, 1024-byte aligned: static shared memory
+// sits below CUTLASS's dynamic storage, whose 128-byte-swizzled TMA/wgmma stages need a 1024-byte aligned base
+// (with 512 bytes here every product came out wrong).
+CUTLASS_DEVICE int* a_row_counts() {
+  __shared__ alignas(1024) int counts[256];
+  return counts;
+}
 CUTLASS_DEVICE void warpgroup_sync(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
@@ -112,7 +120,7 @@ CUTLASS_DEVICE uint32_t pack2(float lo, float hi) {
 }
 
 // The "EpilogueOp" CUTLASS's adapter wraps: arguments, host-side checks, shared storage.
-template <class ElementD_, int kTileM, int kTileN, int kSlabRows, int kStages>
+template <class ElementD_, int kTileM, int kTileN, int kSlabRows, int kStages, bool kCountedRows>
 struct LeanOp {
   static_assert(sizeof(ElementD_) == 2, "the lean epilogue writes 16-bit outputs");
   using ElementD = ElementD_;
@@ -161,6 +169,7 @@ struct LeanOp {
     const float* s1; int s1_vec;
     const float* s2; int s2_vec;
     const float* bias;
+    int row_c0, row_c1;   // kCountedRows: row term = row_c0 + row_c1 * popc(A row), row_term unused
   };
   struct Params {
     cute::TmaDescriptor tmap_d;   // D as (N, M, L), boxes of 64 x 64 x 1
@@ -201,7 +210,7 @@ struct LeanOp {
   static bool can_implement(ProblemShape const& shape, Arguments const& a) {
     const int n = cute::get<1>(shape);
     auto al = [](const void* q, int b) { return reinterpret_cast<uintptr_t>(q) % b == 0; };
-    if (!(a.d != nullptr && a.row_term != nullptr && a.col_term != nullptr && al(a.d, 16) && a.ldd % 8 == 0 &&
+    if (!(a.d != nullptr && (kCountedRows || a.row_term != nullptr) && a.col_term != nullptr && al(a.d, 16) && a.ldd % 8 == 0 &&
           a.d_bs % 8 == 0 && n % 8 == 0 && al(a.col_term, 8) && a.col_bs % 2 == 0 &&
           (a.s1 == nullptr || !a.s1_vec || al(a.s1, 8)) && (a.s2 == nullptr || !a.s2_vec || al(a.s2, 8)) &&
           (a.bias == nullptr || al(a.bias, 8))))
@@ -219,12 +228,14 @@ struct LeanOp {
 
 // kPingpong: one warpgroup per tile (the kernel's two consumer warpgroups take turns and their epilogues
 // are ordered, so one slab serves both); otherwise kTileM / 64 warpgroups share the tile, 64 rows each.
-template <class ElementD, int kTileM, int kTileN, bool kPingpong>
+// kCountedRows: the row terms come from the set-bit counts the mainloop left in a_row_counts()
+// (B1MainloopCountA), not from row_term.
+template <class ElementD, int kTileM, int kTileN, bool kPingpong, bool kCountedRows = false>
 class LeanBinEpilogue
     : public cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-          lean_detail::LeanOp<ElementD, kTileM, kTileN, kTileM, 2>> {
+          lean_detail::LeanOp<ElementD, kTileM, kTileN, kTileM, 2, kCountedRows>> {
   static constexpr int kStages = 2;  // tiles whose terms the epilogue load warp stages ahead
-  using Op = lean_detail::LeanOp<ElementD, kTileM, kTileN, kTileM, kStages>;
+  using Op = lean_detail::LeanOp<ElementD, kTileM, kTileN, kTileM, kStages, kCountedRows>;
   using Base = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Op>;
   static_assert(kPingpong ? kTileM == 64 : kTileM % 64 == 0, "64 rows per warpgroup");
   static constexpr int kBoxCols = Op::kBoxCols, kBoxBytes = Op::kBoxBytes, kSlabBytes = Op::kSlabBytes;
@@ -276,10 +287,12 @@ class LeanBinEpilogue
       if (s2v) lean_detail::cp_async8(&raw.s2[i], p.s2 + nc, in);
       if (p.bias != nullptr) lean_detail::cp_async8(&raw.b[i], p.bias + nc, in);
     }
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kRowsPerLane; ++j) {
-      const int r = lane + 32 * j, m = m0 + r;
-      lean_detail::cp_async4(&raw.rows[r], p.row_term + l * p.row_bs + (m < M ? m : 0), m < M);
+    if constexpr (!kCountedRows) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRowsPerLane; ++j) {
+        const int r = lane + 32 * j, m = m0 + r;
+        lean_detail::cp_async4(&raw.rows[r], p.row_term + l * p.row_bs + (m < M ? m : 0), m < M);
+      }
     }
     const float s1u = p.s1 != nullptr && !p.s1_vec ? __ldg(p.s1) : 1.0f;
     const float s2u = p.s2 != nullptr && !p.s2_vec ? __ldg(p.s2) : 1.0f;
@@ -297,8 +310,10 @@ class LeanBinEpilogue
           make_int4(c.x, c.y, __float_as_int(__fmul_rn(s1.x, s2.x)), __float_as_int(__fmul_rn(s1.y, s2.y)));
       *reinterpret_cast<float2*>(&rec.b0) = p.bias != nullptr ? raw.b[i] : make_float2(0.f, 0.f);
     }
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kRowsPerLane; ++j) st.rows[lane + 32 * j] = raw.rows[lane + 32 * j];
+    if constexpr (!kCountedRows) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRowsPerLane; ++j) st.rows[lane + 32 * j] = raw.rows[lane + 32 * j];
+    }
     pipeline.producer_commit(state);
     ++state;
     return state;
@@ -333,7 +348,15 @@ class LeanBinEpilogue
     lean_detail::warpgroup_sync(kBarrierBase + hw_wg);
     pipeline.consumer_wait(load_state);
     const TileTerms& terms = storage_->terms[load_state.index()];
-    const int row_lo = terms.rows[r_lo], row_hi = terms.rows[r_hi];
+    int row_lo, row_hi;
+    if constexpr (kCountedRows) {   // (written by this warpgroup's mainloop before the barrier above)
+      const int* pop = lean_detail::a_row_counts() + (hw_wg - 1) * 64;
+      row_lo = this->params.row_c0 + this->params.row_c1 * pop[r_lo - wg_row0];
+      row_hi = this->params.row_c0 + this->params.row_c1 * pop[r_hi - wg_row0];
+    } else {
+      row_lo = terms.rows[r_lo];
+      row_hi = terms.rows[r_hi];
+    }
     // all of the tile's outputs first, packed in registers (the accumulators die as they go), then all
     // the shared-memory writes: no store sits between two loads of the terms, so the compiler keeps
     // those loads in flight instead of paying their latency once per column pair

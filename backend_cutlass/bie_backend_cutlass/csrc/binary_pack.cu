@@ -43,6 +43,12 @@ BIE_WG_DECL(1)
 BIE_WG_DECL(2)
 BIE_WG_DECL(3)
 #undef BIE_WG_DECL
+#define BIE_WG_DECL16(c)                                                           \
+  std::string wgemm_c##c##_f16(const WgArgs&, size_t*, cudaStream_t);               \
+  std::string wgemm_c##c##_bf16(const WgArgs&, size_t*, cudaStream_t);
+BIE_WG_DECL16(4)
+BIE_WG_DECL16(5)
+#undef BIE_WG_DECL16
 
 std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStream_t st) {
   using Fn = std::string (*)(const WgArgs&, size_t*, cudaStream_t);
@@ -51,8 +57,11 @@ std::string run_wgmma(const WgArgs& g, int cfg, int out_dt, size_t* ws, cudaStre
       {wgemm_c1_f32, wgemm_c1_f16, wgemm_c1_bf16, wgemm_c1_i32},
       {wgemm_c2_f32, wgemm_c2_f16, wgemm_c2_bf16, wgemm_c2_i32},
       {wgemm_c3_f32, wgemm_c3_f16, wgemm_c3_bf16, wgemm_c3_i32},
+      {nullptr, wgemm_c4_f16, wgemm_c4_bf16, nullptr},
+      {nullptr, wgemm_c5_f16, wgemm_c5_bf16, nullptr},
   };
   if (cfg < 0 || cfg >= kNumWgConfigs || out_dt < 0 || out_dt > kI32) return "bad wgmma configuration / dtype";
+  if (table[cfg][out_dt] == nullptr) return "configurations that count the row terms write 16-bit outputs only";
   return table[cfg][out_dt](g, ws, st);
 }
 

@@ -112,6 +112,80 @@ struct B1Mainloop {
       typename Int8Mainloop::SmemCopyAtomB, typename Int8Mainloop::TransformB>;
 };
 
+// The same mainloop, whose math warps also count the set bits of their warpgroup's A rows in every stage
+// while that stage's wgmmas run, so binary_gemm / binary_bmm need no popcount pass before the GEMM
+// (LeanBinEpilogue<..., kCountedRows = true> reads the counts). Each thread takes half of one row (64 bytes
+// of a stage's 128-byte row: four 16-byte shared loads); the swizzle only permutes a row's 16-byte chunks, so
+// the row's bytes are the 128-byte line that holds its element (row, 0). The stage handling (wait, issue,
+// release of the stage before, one batch in flight) matches what the kernel's mma_tail expects.
+// Cost: POPC issues at a quarter of the integer rate, about 250 cycles of an SM per 16 KB stage (about 8%
+// more mainloop time, and each N tile counts the rows again); the pass it replaces is a kernel of about 1.5 us.
+// So it pays on calls of up to a few 10 us (H200 lab, session 15: 4096^3 24.5 -> 22.7 us, M=1024 N=K=4096
+// 10.8 -> 8.1 us; 8192^3 122 -> 132 us) and the tuner times both (binary.py).
+template <class Base>
+struct B1MainloopCountA : Base {
+  using typename Base::MainloopPipeline;
+  using typename Base::PipelineState;
+  using typename Base::TensorStorage;
+  using typename Base::Params;
+  using typename Base::TiledMma;
+  using typename Base::SmemLayoutA;
+  using typename Base::SmemLayoutB;
+  static_assert(Base::K_PIPE_MMAS == 1, "one wgmma batch in flight");
+
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState read, FrgTensorC& accum, int k_tile_count,
+                          int thread_idx, TensorStorage& storage, Params const&) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), SmemLayoutA{});   // (M, K bytes, stage)
+    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), SmemLayoutB{});
+    static_assert(int(size<1>(SmemLayoutA{})) == 128, "one 128-byte row per stage");
+    const int wg = __shfl_sync(0xffffffffu, thread_idx / 128, 0);
+    TiledMma tiled_mma;
+    auto thr = tiled_mma.get_slice(wg * 128);   // (wgmma operands are partitioned per warpgroup)
+    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
+    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+    const int t = thread_idx % 128, row = wg * 64 + t / 2;
+    int pop = 0;
+    PipelineState release = read;
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int kt = 0; kt < k_tile_count; ++kt) {
+      pipeline.consumer_wait(read, pipeline.consumer_try_wait(read));
+      const int s = read.index();
+      warpgroup_fence_operand(accum);
+      warpgroup_arrive();
+      CUTLASS_PRAGMA_UNROLL
+      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+        cute::gemm(tiled_mma, tCrA(_, _, kb, s), tCrB(_, _, kb, s), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      // while they run: this thread's half of its row in the stage
+      // (chunks in a row-dependent order: a warp's 16 rows would otherwise all hit the same four banks)
+      const uint32_t line =
+          static_cast<uint32_t>(__cvta_generic_to_shared(raw_pointer_cast(&sA(row, 0, s)))) & ~127u;
+      CUTLASS_PRAGMA_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        uint32_t x, y, z, w;
+        const uint32_t chunk = (4u * (t & 1) + q + row) & 7u;
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(line + 16u * chunk));
+        pop += __popc(x) + __popc(y) + __popc(z) + __popc(w);
+      }
+      if (kt >= 1) {   // the batch before this one is done: its stage goes back to the producer
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(accum);
+        pipeline.consumer_release(release);
+        ++release;
+      }
+      ++read;
+    }
+    warpgroup_fence_operand(accum);
+    pop += __shfl_xor_sync(0xffffffffu, pop, 1);
+    if ((t & 1) == 0) lean_detail::a_row_counts()[(int(threadIdx.x) / 128 - 1) * 64 + t / 2] = pop;
+  }
+};
+
 using bie_cutlass::launch_gemm;   // (cutlass_launch.cuh)
 
 // The kernel and device adapter of one 1-bit GEMM: B1Mainloop with its pipeline stages sized around the
@@ -215,10 +289,32 @@ struct BGemmSm90Lean {
 
   static typename Gemm::Arguments arguments(const WgArgs& p) {
     return wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, p.row_term, p.row_bs, p.col_term,
-                                  p.col_bs, p.s1, p.s1_vec, p.s2, p.s2_vec, p.bias});
+                                  p.col_bs, p.s1, p.s1_vec, p.s2, p.s2_vec, p.bias, 0, 0});
   }
   static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
     return launch_gemm<Gemm>(arguments(p), p.workspace, ws, st, pdl);
+  }
+};
+
+// BGemmSm90Lean with the row terms counted in the mainloop (B1MainloopCountA): row term = K - 2 popc(A row),
+// binary_gemm's and binary_bmm's (whose A has no bits past K); row_term is not read.
+template <class ElementD, class TileShape, class ClusterShape, class MainSched>
+struct BGemmSm90LeanCounted {
+  static constexpr bool kPingpong = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using CollectiveEpilogue = LeanBinEpilogue<ElementD, int(size<0>(TileShape{})), int(size<1>(TileShape{})),
+                                             kPingpong, true>;
+  // (+ 1024 bytes: the static buffer the counts go through)
+  using CollectiveMainloop = B1MainloopCountA<typename B1Mainloop<
+      TileShape, ClusterShape, MainSched, int(sizeof(typename CollectiveEpilogue::SharedStorage)) + 1024>::type>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
+    return launch_gemm<Gemm>(
+        wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, nullptr, 0, p.col_term, p.col_bs, p.s1,
+                               p.s1_vec, p.s2, p.s2_vec, p.bias, 8 * p.Kb, -2}),
+        p.workspace, ws, st, pdl);
   }
 };
 
@@ -265,6 +361,15 @@ using BGemmFor =
   std::string name(const WgArgs& p, size_t* ws, cudaStream_t st) {        \
     return BGemmFor<T, cfg>::run(p, ws, st, true);                        \
   }                                                                       \
+  }
+// Counted-rows kernels (BGemmSm90LeanCounted, 16-bit outputs): configuration 4 = CFG0's tile, 5 = CFG3's
+#define BIE_WG_CFG4 Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative
+#define BIE_WG_CFG5 Shape<_128, _256, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative
+#define BIE_WG_DEFINE_COUNTED(name, cfg, T)                                \
+  namespace bie_cutlass_bin {                                              \
+  std::string name(const WgArgs& p, size_t* ws, cudaStream_t st) {         \
+    return BGemmSm90LeanCounted<T, cfg>::run(p, ws, st, true);             \
+  }                                                                        \
   }
 
 }  // namespace bie_cutlass_bin

@@ -25,7 +25,10 @@ NAMES = {0: "coop128x256 c2x1 (CFG0)", 1: "pp64x256 c2x1 (CFG2)", 2: "coop128x25
          11: "coop128x256 c2x1 lean epilogue, mainloop not waiting for the pass (no GDC)",
          12: "pp64x256 c2x1 lean epilogue", 13: "coop128x256 c1x1 lean epilogue",
          14: "coop128x256 c2x1 lean epilogue (the product's wg128x256, 16-bit out)",
-         17: "v14 + the tile's term loads all in flight (cp.async) before the stage wait (session 14)"}
+         17: "v14 + the tile's term loads all in flight (cp.async) before the stage wait (session 14)",
+         18: "v17 with the row terms counted in the mainloop (rowpopc.patch): no popcount pass",
+         19: "pp64x256 c2x1, row terms counted in the mainloop", 20: "coop128x256 c1x1, row terms counted in the mainloop",
+         21: "pp64x128 c1x1, row terms counted in the mainloop"}
 
 
 class WgArgs(ctypes.Structure):
@@ -45,7 +48,7 @@ SMS = torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def variants():
-    return [v for v in range(16) if hasattr(LIB, f"bwc_run_{v}")]
+    return [v for v in range(32) if hasattr(LIB, f"bwc_run_{v}")]
 
 
 class Gemm:
@@ -81,6 +84,14 @@ def popc(a, k, c0, c1, term):
     assert rc == 0
 
 
+def popc_thin(a, k, c0, c1, term):
+    """popc.cu's one-warp-per-SM pass (session 15): leaves room for a PDL-launched GEMM block beside it."""
+    rc = LIB.bwc_popc_thin(ctypes.c_void_p(a.data_ptr()), a.shape[0], k // 32, ctypes.c_longlong(a.stride(0) // 4),
+                           c0, c1, ctypes.c_void_p(term.data_ptr()),
+                           ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), SMS)
+    assert rc == 0
+
+
 def unpack(t, k):
     bits = (t.unsqueeze(-1) >> torch.arange(8, device=t.device, dtype=torch.uint8)) & 1
     return bits.reshape(t.shape[0], -1)[:, :k]
@@ -103,11 +114,19 @@ def check(vs):
             row2 = torch.empty(m, dtype=torch.int32, device="cuda")
             popc(a, k, k, -2, row2)
             assert torch.equal(row2, row), "popc pass"
+            row2.zero_()
+            popc_thin(a, k, k, -2, row2)
+            assert torch.equal(row2, row), "thin popc pass"
             Gemm(v, a, n, k, row2, col, s2)(w, d, pdl=True)
             torch.cuda.synchronize()
             ok = torch.equal(d, ref)
             out.append(dict(variant=v, shape=f"{m}x{n}x{k}", exact=ok,
                             mismatches=int((d != ref).sum()) if not ok else 0))
+            if not ok:   # a wrong row term shifts a whole row by one constant; a broken product does not
+                err = d.double() / s2.double()[None, :] - dot.double()
+                spread = (err - err.median(1, keepdim=True).values).abs().max(1).values
+                out[-1]["rows_off_by_a_constant"] = int((spread < 0.02 * (k + 1)).sum())
+                out[-1]["row_offset_sample"] = [round(float(x), 1) for x in err.median(1).values[:4]]
             print(out[-1], flush=True)
     return out
 
@@ -123,18 +142,22 @@ def bench(vs, shapes, rows):
         popc(a, k, k, -2, row)
         d = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         t_popc = time_graph([lambda: popc(a, k, k, -2, row)] * 2)
+        t_thin = time_graph([lambda: popc_thin(a, k, k, -2, row)] * 2)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(pool_size(n * k * 2))]
         cublas = time_graph([lambda w=w: F.linear(x, w) for w in wb])
         del wb
         for v in vs:
             G = Gemm(v, a, n, k, row, col, s2)
-            r = dict(variant=v, name=NAMES.get(v, str(v)), shape=f"{m}x{n}x{k}", popc_us=t_popc, cublas_us=cublas)
+            r = dict(variant=v, name=NAMES.get(v, str(v)), shape=f"{m}x{n}x{k}", popc_us=t_popc, thin_popc_us=t_thin,
+                     cublas_us=cublas)
             try:
                 r["gemm_us"] = time_graph([lambda w=w: G(w, d) for w in ws])
                 r["popc_gemm_us"] = time_graph([lambda w=w: (popc(a, k, k, -2, row), G(w, d)) for w in ws])
                 r["popc_gemm_pdl_us"] = time_graph([lambda w=w: (popc(a, k, k, -2, row), G(w, d, True)) for w in ws])
                 r["gemm_pdl_us"] = time_graph([lambda w=w: G(w, d, True) for w in ws])
+                r["thin_popc_gemm_pdl_us"] = time_graph(
+                    [lambda w=w: (popc_thin(a, k, k, -2, row), G(w, d, True)) for w in ws])
                 best = min(r["popc_gemm_us"], r["popc_gemm_pdl_us"])
                 r["speedup_best"] = cublas / best
                 r["pct_peak_gemm"] = 100 * 2.0 * m * n * k / (r["gemm_us"] * 1e-6) / 15.9e15
@@ -181,6 +204,10 @@ def main():
     vs = [int(v) for v in args.variants.split(",")] if args.variants else variants()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     res = dict(device=torch.cuda.get_device_name(), variants={v: NAMES.get(v) for v in vs})
+    for v in vs:
+        if hasattr(LIB, f"bwc_smem_{v}"):
+            res[f"smem_{v}"] = (getattr(LIB, f"bwc_smem_{v}")(), getattr(LIB, f"bwc_stages_{v}")())
+            print(f"variant {v}: dynamic shared memory {res[f'smem_{v}'][0]} B, {res[f'smem_{v}'][1]} stages")
     if not args.nocheck:
         res["check"] = check(vs)
     warm_gpu(2.0)

@@ -1,0 +1,3 @@
+// Binary wgmma GEMM instantiation: configuration 5 (row terms counted in the mainloop), output bf16 (see binary_wgmma.cuh).
+#include "binary_wgmma.cuh"
+BIE_WG_DEFINE_COUNTED(wgemm_c5_bf16, BIE_WG_CFG5, cutlass::bfloat16_t)
