@@ -50,7 +50,7 @@ def bench_gemm(rows, quick):
     shapes = [(4096, 4096, 4096), (8192, 8192, 8192), (1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096),
               (1024, 4096, 4096), (4096, 28672, 8192)]
     if quick:
-        shapes = shapes[:2] + [shapes[5]]
+        shapes = shapes[:2] + [shapes[5], (384, 4096, 4096)]
     for (m, n, k) in shapes:
         kb = k // 8
         a = _bits((m, kb), k)
@@ -67,7 +67,7 @@ def bench_gemm(rows, quick):
                           for w, p in zip(ws, ps)]) if m >= 1024 else None
         base = bf16_linear_us(m, n, k)
         peer = None
-        if cuda_b is not None and m >= 1024:
+        if cuda_b is not None and m >= 384:
             try:
                 cps = [cuda_b.prepare_weight(w) for w in ws]
                 peer = time_graph([lambda w=w, p=p: cuda_b.binary_gemm(a, w, k, scale, None, torch.bfloat16,

@@ -366,42 +366,6 @@ def _gemm_check(p):
     return None
 
 
-#: where bie-backend-cuda's own Hopper 1-bit GEMM (binary_gemm_tc: persistent wgmma, A through ldmatrix, the
-#: popcount of a summed in the kernel, stores by a separate warp) measured faster than these kernels, in the
-#: same H100 run (benchmarks/results/cutlass_h100_binary.md, session 12): where that backend runs it (from its
-#: WGMMA_MIN_M rows, K % 128 == 0, N % 8 == 0) and N <= 8192 (4096^3 24.4 vs 32.6 us, 8192^3 128 vs 142, M=1024
-#: N=K=4096 10.0 vs 11.0); at N = 28672, K = 8192 (M = 4096) this backend's was faster (251 vs 277 us) and keeps
-#: the case.
-CUDA_WGMMA_MAX_N = 8192
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_wgmma_min_m():
-    """The row count from which bie-backend-cuda runs its wgmma kernel; None without that backend (then there
-    is nothing faster to hand over to)."""
-    try:
-        from bie_backend_cuda.binary import WGMMA_MIN_M
-    except Exception:  # noqa: BLE001 - not installed or not importable
-        return None
-    return WGMMA_MIN_M
-
-
-def _compute_capability(p):
-    return p.compute_capability
-
-
-def _gemm_defer(p):
-    """Automatic selection passes these binary_gemm cases on to bie-backend-cuda's kernel (Capability.defer:
-    an explicit choice of this backend still runs them, and so does automatic selection without that backend)."""
-    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    min_m = _cuda_wgmma_min_m()
-    if (min_m is not None and p.dims.get("B") is None and m >= min_m and k % 128 == 0 and n % 8 == 0
-            and 0 < n <= CUDA_WGMMA_MAX_N and _compute_capability(p) == (9, 0)):
-        return (f"M={m} N={n} K={k} on sm_90: bie-backend-cuda's 1-bit wgmma GEMM measured faster at this size "
-                f"(M >= {min_m}, N <= {CUDA_WGMMA_MAX_N})")
-    return None
-
-
 def _conv_check(p):
     d = p.dims
     n, c, h, w, o = d["N"], d["C"], d["H"], d["W"], d["O"]
@@ -428,8 +392,7 @@ def register(registry, priority: int) -> None:
 
     cuda = ("cuda",)
     registry.register("binary_gemm", binary_gemm, priority=priority, name="binary_gemm",
-                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check,
-                                            defer=_gemm_defer),
+                      capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
                       prepare=prepare_weight, unprepare=unprepare_weight,
                       description="CUTLASS GemmUniversal uint1b AND+popc (mma m16n8k256), popcount correction + "
                                   "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU; "

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 15, the product call for the counted row terms (carry .whl): the CUTLASS binary family built first,
 # bie-backend-cuda in the background (the benchmark's peer column), the binary tests, the SASS check, then
-# binary_gemm as called (--quick: 4096^3, 8192^3, M=1024 N=K=4096, every tile at 4096^3).
+# the kit's binary ops, binary_gemm as called (--quick: 4096^3, 8192^3, M=1024 and 384 with N=K=4096, every
+# tile at 4096^3).
 set -o pipefail
 T0=$SECONDS
 source benchmarks/cutlass_setup.sh
@@ -19,7 +20,9 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf -k "counted 
 wait $CUDA_PID; tail -1 $OUT/build_cuda.log
 echo "cuda built at $((SECONDS - T0)) s"
 timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_binary.py 2>&1 | tee $OUT/tests_binary.log | tail -3
+timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass -k "binary" tests/test_core_dispatch.py \
+  2>&1 | tee $OUT/kit.log | tail -2
 echo "tests done at $((SECONDS - T0)) s"
-timeout $((560 - (SECONDS - T0))) python3 benchmarks/bench_cutlass_binary.py --only gemm --quick --json $OUT/binary_gemm.json 2>&1 \
+BIE_COMMIT=${BIE_COMMIT:-unknown} timeout $((560 - (SECONDS - T0))) python3 benchmarks/bench_cutlass_binary.py --only gemm --quick --json $OUT/binary_gemm.json 2>&1 \
   | tee $OUT/bench.log | grep -E "binary_gemm" | cut -c1-260
 echo "done at $((SECONDS - T0)) s"
