@@ -114,12 +114,23 @@ def test_tuning_picks_fastest_and_caches(tuner):
     calls.clear()
     assert tuning.choose("int_gemm", "M8192", cands) == "b" and calls == []   # cached in memory
     table = json.loads(tuning.table_path().read_text())
-    assert table == {"int_gemm/M8192": {"best": "b", "candidates": ["a", "b", "c"]}}   # and on disk
+    assert table == {"int_gemm/M8192": {"best": "b", "candidates": ["a", "b", "c"],          # and on disk,
+                                        "us": {"b": 1000.0, "c": 2000.0, "a": 3000.0}}}   # with the medians
     tuning._tables.clear()
     assert tuning.choose("int_gemm", "M8192", cands) == "b" and calls == []   # a new process reads it
     # another bucket is tuned on its own
     timings.update(a=0.5)
     assert tuning.choose("int_gemm", "M1", cands) == "a"
+
+
+def test_tuning_keeps_the_default_within_the_noise(tuner):
+    """The first (default) candidate stays unless another is faster by more than KEEP_DEFAULT."""
+    tuning, timings = tuner
+    timings.update(first=1.015, other=1.0, third=1.3)
+    cands = [(n, (lambda n=n: n)) for n in ("first", "other", "third")]
+    assert tuning.choose("binary_gemm", "near", cands) == "first"
+    timings.update(first=1.05)
+    assert tuning.choose("binary_gemm", "far", cands) == "other"
 
 
 def test_tuning_skips_failing_candidates_and_stale_entries(tuner):

@@ -98,9 +98,9 @@ CUTLASS_DEVICE void cp_async4(void* smem, const void* gmem, bool valid) {
 }
 CUTLASS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Counted row terms (B1MainloopCountA in binary_wgmma.cuh): each consumer warpgroup's mainloop leaves the
-// set-bit count of its 64 A rows here for its epilogue. 1024 bytes, 1024-byte aligned: static shared memory
-// sits below CUTLASS's dynamic storage, whose 128-byte-swizzled TMA/wgmma stages need a 1024-byte aligned base
-// (with 512 bytes here every product came out wrong).
+// set-bit count of its 64 A rows here for its epilogue (512 bytes used). 1024 bytes, 1024-byte aligned:
+// static shared memory sits below CUTLASS's dynamic storage, whose 128-byte-swizzled TMA/wgmma stages need a
+// 1024-byte aligned base (with 512 bytes here every product came out wrong).
 CUTLASS_DEVICE int* a_row_counts() {
   __shared__ alignas(1024) int counts[256];
   return counts;

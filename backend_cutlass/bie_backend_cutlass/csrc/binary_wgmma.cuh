@@ -114,14 +114,17 @@ struct B1Mainloop {
 
 // The same mainloop, whose math warps also count the set bits of their warpgroup's A rows in every stage
 // while that stage's wgmmas run, so binary_gemm / binary_bmm need no popcount pass before the GEMM
-// (LeanBinEpilogue<..., kCountedRows = true> reads the counts). Each thread takes half of one row (64 bytes
-// of a stage's 128-byte row: four 16-byte shared loads); the swizzle only permutes a row's 16-byte chunks, so
-// the row's bytes are the 128-byte line that holds its element (row, 0). The stage handling (wait, issue,
-// release of the stage before, one batch in flight) matches what the kernel's mma_tail expects.
-// Cost: POPC issues at a quarter of the integer rate, about 250 cycles of an SM per 16 KB stage (about 8%
-// more mainloop time, and each N tile counts the rows again); the pass it replaces is a kernel of about 1.5 us.
-// So it pays on calls of up to a few 10 us (H200 lab, session 15: 4096^3 24.5 -> 22.7 us, M=1024 N=K=4096
-// 10.8 -> 8.1 us; 8192^3 122 -> 132 us) and the tuner times both (binary.py).
+// (LeanBinEpilogue<..., kCountedRows = true> reads the counts from lean_detail::a_row_counts()). Each thread
+// takes half of one row (64 bytes of a stage's 128-byte row: four 16-byte shared loads, in a row-dependent
+// chunk order: a warp's 16 rows would otherwise all hit the same four banks); the swizzle only permutes a
+// row's 16-byte chunks, so the row's bytes are the 128-byte line that holds its element (row, 0). The stage
+// handling (wait, issue, release of the stage before, one batch in flight) matches what the kernel's
+// mma_tail expects.
+// Cost: about 10% more mainloop time where the mainloop bounds the call (every N tile counts its rows again),
+// against a pass of about 1.5 us: H200 lab, session 15: 4096^3 24.4 -> 22.6 us (pass + GEMM -> counted),
+// M=1024 N=K=4096 10.5 -> 7.9 us, 8192^3 121 -> 129 us; the tuner times both (binary.py). Counting on the
+// tensor cores instead (one more m64n8k256 AND.POPC wgmma per K block against 8 columns of ones) measured
+// the same (22.8 / 128.7 us), so the narrow wgmma costs the tensor pipe about what POPC costs the SM.
 template <class Base>
 struct B1MainloopCountA : Base {
   using typename Base::MainloopPipeline;
@@ -162,14 +165,14 @@ struct B1MainloopCountA : Base {
       }
       warpgroup_commit_batch();
       // while they run: this thread's half of its row in the stage
-      // (chunks in a row-dependent order: a warp's 16 rows would otherwise all hit the same four banks)
       const uint32_t line =
           static_cast<uint32_t>(__cvta_generic_to_shared(raw_pointer_cast(&sA(row, 0, s)))) & ~127u;
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < 4; ++q) {
         uint32_t x, y, z, w;
         const uint32_t chunk = (4u * (t & 1) + q + row) & 7u;
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "r"(line + 16u * chunk));
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                     : "r"(line + 16u * chunk));
         pop += __popc(x) + __popc(y) + __popc(z) + __popc(w);
       }
       if (kt >= 1) {   // the batch before this one is done: its stage goes back to the producer

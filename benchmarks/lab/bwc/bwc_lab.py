@@ -26,7 +26,7 @@ NAMES = {0: "coop128x256 c2x1 (CFG0)", 1: "pp64x256 c2x1 (CFG2)", 2: "coop128x25
          12: "pp64x256 c2x1 lean epilogue", 13: "coop128x256 c1x1 lean epilogue",
          14: "coop128x256 c2x1 lean epilogue (the product's wg128x256, 16-bit out)",
          17: "v14 + the tile's term loads all in flight (cp.async) before the stage wait (session 14)",
-         18: "v17 with the row terms counted in the mainloop (rowpopc.patch): no popcount pass",
+         18: "v17 with the row terms counted in the mainloop (shared loads + POPC): no popcount pass",
          19: "pp64x256 c2x1, row terms counted in the mainloop", 20: "coop128x256 c1x1, row terms counted in the mainloop",
          21: "pp64x128 c1x1, row terms counted in the mainloop"}
 

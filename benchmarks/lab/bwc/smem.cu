@@ -4,7 +4,7 @@
 using namespace cute;
 using C0 = bie_cutlass_bin::BGemmSm90Lean<cutlass::bfloat16_t, Shape<_128, _256, _128>, Shape<_2, _1, _1>,
                                           cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
-using R0 = bie_cutlass_bin::BGemmSm90LeanRowPopc<cutlass::bfloat16_t, Shape<_128, _256, _128>, Shape<_2, _1, _1>,
+using R0 = bie_cutlass_bin::BGemmSm90LeanCounted<cutlass::bfloat16_t, Shape<_128, _256, _128>, Shape<_2, _1, _1>,
                                                  cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
 extern "C" int bwc_smem_17() { return int(sizeof(typename C0::Gemm::GemmKernel::SharedStorage)); }
 extern "C" int bwc_smem_18() { return int(sizeof(typename R0::Gemm::GemmKernel::SharedStorage)); }
