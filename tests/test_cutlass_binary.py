@@ -41,6 +41,46 @@ def test_import_is_light():
     assert b.kpad(1) == 128 and b.kpad(128) == 128 and b.kpad(129) == 256
 
 
+def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
+    """Tuned calls run the tuned tile's counting twin (no popcount pass) on in-place 16-bit-output calls up to
+    COUNT_MAX_WORK, the tile with the pass above it, on 32-bit outputs and on copied operands (CPU: the
+    kernels are stubbed, the choice is what is checked)."""
+    from bie_backend_cutlass import binary as b, tuning
+    ran = []
+
+    class Ops:
+        def wgemm(self, a, b_, rt, ct, s1, s2, bias, out, geo, cfg):
+            ran.append(b.WG_CONFIGS[cfg])
+
+        def gemm(self, *args):
+            ran.append(b.CONFIGS[args[-1]])
+
+        def rows(self, *args):
+            ran.append("pass")
+
+    monkeypatch.setattr(b, "_ops", lambda: Ops())
+    monkeypatch.setattr(b, "_wg_ok", lambda *args: True)
+    monkeypatch.setattr(tuning, "choose", lambda op, bucket, cands, device=None: "wg128x256c1")
+    monkeypatch.setattr(tuning, "sm_count", lambda device=None: 132)
+    monkeypatch.delenv("BIE_CUTLASS_BINARY_TILE", raising=False)
+
+    def run(m, n, k, dt, kb=None):
+        ran.clear()
+        a = torch.zeros((m, kb or k // 8), dtype=torch.uint8)
+        w = torch.zeros((n, kb or k // 8), dtype=torch.uint8)
+        p = b.PreparedSigns(w)
+        p._cache[("gemm", k)] = (w, torch.zeros(n, dtype=torch.int32), b.kpad(k))
+        b.binary_gemm(a, w, k, None, None, dt, prepared=p)
+        return list(ran)
+
+    assert run(4096, 4096, 4096, torch.bfloat16) == ["wg128x256c1r"]
+    assert run(4096, 4096, 4096, torch.float32) == ["pass", "wg128x256c1"]
+    assert 8192 ** 3 > b.COUNT_MAX_WORK
+    assert run(8192, 2048, 8192, torch.float16) == ["pass", "wg128x256c1"]
+    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", "wg128x256r")   # forced: any size
+    assert run(8192, 2048, 8192, torch.float16) == ["wg128x256r"]
+
+
 def test_binary_gemm_is_not_handed_over_to_the_cuda_backend():
     """Session 15: with the row terms counted in the mainloop, this backend's wgmma GEMM measured faster than
     bie-backend-cuda's at every size compared in the same run (4096^3, 8192^3, M=384 and 1024 with N=K=4096;

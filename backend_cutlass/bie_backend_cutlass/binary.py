@@ -58,9 +58,17 @@ CONFIGS = ("128x256", "128x256k1024", "64x128")
 # cooperative without a cluster; 1024 bits of K per pipeline stage.
 WG_CONFIGS = ("wg128x256", "wg64x128", "wg64x256", "wg128x256c1", "wg128x256r", "wg128x256c1r")
 # the last two are wg128x256 / wg128x256c1 counting popc(a) per row in their mainloop instead of reading the
-# row terms (16-bit outputs, binary_gemm / binary_bmm operands used in place): no popcount pass before the GEMM.
-# They pay on calls of up to a few 10 us, the pass on larger ones (csrc/binary_wgmma.cuh); the tuner times both.
+# row terms (16-bit outputs, binary_gemm / binary_bmm operands used in place): no popcount pass before the GEMM,
+# so a call is one kernel, which also overlaps the tail of the kernel before it (programmatic dependent launch;
+# the pass is launched after that kernel ends). Counting costs ~10% more mainloop time (csrc/binary_wgmma.cuh).
 COUNTED = {"wg128x256r": "wg128x256", "wg128x256c1r": "wg128x256c1"}
+TWIN = {v: k for k, v in COUNTED.items()}
+#: M*N*K*batch up to which the tuned tile's counting twin serves. Not timed by the tuner: its samples are
+#: single calls after an L2 flush, where the twin's extra mainloop work shows but not the overlap it gains in a
+#: stream of kernels. H100 (session 15, bf16 out, benchmarks/lab/tuner_regime.py), graph-timed back-to-back
+#: calls: 4096^3 24.2-24.4 (twin) vs 25.5-26.0 us (pass + GEMM), M=1024 and 384 with N=K=4096 8.2 / 7.3 vs
+#: 9.9 / 9.3 (bie-backend-cuda) ; 8192^3 131-132 vs 123-125 us. Single calls: 28.7-29.5 vs 27.3-27.9 at 4096^3.
+COUNT_MAX_WORK = 3 * 2 ** 35
 LAST_CONFIG = [None]  # the configuration the last GEMM ran with (tests, benchmarks)
 _MAX_ROWS = 2 ** 31 - 1
 
@@ -133,8 +141,8 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_ro
     mma.sync tiles everywhere, plus the wgmma kernels on sm_90 where their epilogue applies.
 
     fill_rows: None when row_term holds the row terms, else the popcount pass that writes them
-    (K - 2 popc(a row), a used in place): the counting configurations (COUNTED) then compete with
-    the pass + GEMM of the others, timed as such."""
+    (K - 2 popc(a row), a used in place). Then, up to COUNT_MAX_WORK, a tuned wg128x256 / wg128x256c1
+    runs as its counting twin (TWIN) without the pass; the tuner's samples include the pass."""
     wg = _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo)
     ws1 = ws2 = wbias = None
     if wg:
@@ -142,6 +150,10 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_ro
         ws1, ws2, wbias = _f32(s1), _f32(s2), _f32(bias)
         wg = all(t is None or _aligned(t) for t in (ws1, ws2, wbias))
     counted = wg and fill_rows is not None and out.element_size() == 2
+    forced = os.environ.get("BIE_CUTLASS_BINARY_TILE")
+    forced = forced if forced and (wg or forced not in WG_CONFIGS) else None
+    if not forced:   # (a forced counting tile runs at any size: tests, benchmarks)
+        counted = counted and geo[0] * geo[1] * geo[2] * geo[3] <= COUNT_MAX_WORK
     if fill_rows is not None and not counted:
         fill_rows()
         fill_rows = None
@@ -166,8 +178,7 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_ro
                     fill_rows()
         g(a, b, row_term, col_term, s1, s2, bias, out, geo, CONFIGS.index(name))
 
-    forced = os.environ.get("BIE_CUTLASS_BINARY_TILE")
-    if forced and (wg or forced not in WG_CONFIGS):
+    if forced:
         call(forced)
         return
     from . import tuning
@@ -180,15 +191,9 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_ro
         # tuned): one 64-row tile for decode-like M, the 128x256 cooperative tile above
         wg_names = (["wg64x128", "wg64x256", "wg128x256", "wg128x256c1"] if m <= 64
                     else ["wg128x256", "wg128x256c1", "wg64x256", "wg64x128"])
-        if counted:
-            # counting first up to about two 4096^3 calls (session 15 lab: it won at 4096^3 and M=1024 N=K=4096,
-            # lost at 8192^3); for decode-like M the 64-row tiles stay first
-            few = m * n * k * batch <= 2 ** 37
-            wg_names = (wg_names + list(COUNTED) if m <= 64 or not few else list(COUNTED) + wg_names)
-            bucket += "c"
         names = wg_names + names
     name = tuning.choose(op, bucket, [(nm, (lambda nm=nm: call(nm))) for nm in names], device=out.device)
-    call(name)
+    call(TWIN.get(name, name) if counted else name)
 
 
 # ------------------------------------------------------------------ packed operands
