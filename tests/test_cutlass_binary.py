@@ -405,6 +405,42 @@ def test_resnet_shapes_and_graph_replay():
 
 
 @needs_kernels
+def test_binary_gemm_graph_replay_with_new_operands(tmp_path, monkeypatch):
+    """binary_gemm captured in a CUDA graph (an untuned bucket: the default tile, on sm_90 with a 16-bit output
+    its counting twin, whose mainloop counts popc(a) on every replay), replayed after a and the scale are
+    rewritten in place; and once more after a tuned call of the same bucket."""
+    from bie_backend_cutlass import binary as cb, tuning
+    rb = _ref()
+    gen = torch.Generator().manual_seed(31)
+    m, n, k = 640, 520, 2048
+    a, w = _bits((m, k // 8), k, gen), _bits((n, k // 8), k, gen)
+    p = cb.prepare_weight(w)
+    scale = (torch.rand(n, generator=gen) + 0.5).cuda()
+    monkeypatch.setattr(tuning, "table_path", lambda device=None: tmp_path / "tuning.json")
+    monkeypatch.setattr(tuning, "_tables", {})
+    monkeypatch.setenv("BIE_CUTLASS_TUNE", "0")   # the warm-up must leave the bucket untuned
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p)   # weight layouts built outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert cb.LAST_CONFIG[0] == "wg128x256r"
+    for step in range(3):
+        a.copy_(_bits((m, k // 8), k, gen))
+        scale.copy_(torch.rand(n, generator=gen) + 0.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        _same(y, rb.binary_gemm(a, w, k, scale, None, torch.bfloat16), f"replay {step}")
+    monkeypatch.delenv("BIE_CUTLASS_TUNE")
+    _same(cb.binary_gemm(a, w, k, scale, None, torch.bfloat16, prepared=p),
+          rb.binary_gemm(a, w, k, scale, None, torch.bfloat16), "tuned")
+
+
+@needs_kernels
 def test_dispatch_picks_cutlass_and_bad_input_raises():
     import bie_core
     from bie_core import ops
