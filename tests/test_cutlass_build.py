@@ -252,3 +252,15 @@ def test_every_local_include_is_in_its_family_cache_key():
             for inc in re.findall(r'#include\s+"([^"]+)"', text):
                 if (_build.CSRC / inc).exists():
                     assert inc in listed, (ext.family, name, inc)
+
+
+def test_tuning_cli_says_why_without_a_gpu(capsys):
+    """`python -m bie_backend_cutlass.tuning --show`: the table with its medians on a GPU, a plain message (no
+    traceback) without one."""
+    from bie_backend_cutlass import tuning
+    rc = tuning._main(["--show"])
+    out = capsys.readouterr().out
+    if torch.cuda.is_available():
+        assert rc == 0 and out.splitlines()[0].endswith(".json:")
+    else:
+        assert rc == 1 and "no CUDA device" in out

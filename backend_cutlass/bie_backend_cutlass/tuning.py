@@ -215,6 +215,9 @@ def _main(argv=None) -> int:
     ap.add_argument("--show", action="store_true", help="print this GPU's tuning table")
     ap.add_argument("--clear", action="store_true", help="forget this GPU's tuning table")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bie-backend-cutlass tuning: no CUDA device here, so no tuning table (tables are per GPU)")
+        return 1
     if args.clear:
         clear()
     table, path = _table(None)
@@ -222,7 +225,8 @@ def _main(argv=None) -> int:
     for k, v in sorted(table.items()):
         best = v.get("best") if isinstance(v, dict) else v
         n = len(v.get("candidates", ())) if isinstance(v, dict) else "?"
-        print(f"  {k}: {best} (of {n})")
+        us = v.get("us") if isinstance(v, dict) else None
+        print(f"  {k}: {best} (of {n})" + (" " + ", ".join(f"{c} {t} us" for c, t in us.items()) if us else ""))
     return 0
 
 
