@@ -115,13 +115,20 @@ __global__ void __launch_bounds__(128) pack_act_kernel(const T* __restrict__ x, 
       const int k0 = w * 32;
       uint32_t word = 0;
       if (vec && k0 + 32 <= K) {
+        // every load of the word first (x and shift: 8 x 16 bytes in flight per thread for 16-bit x), then the
+        // compares: loads interleaved with the compares kept one pair in flight and streamed x at 1.6 TB/s
+        // (H100, 4096 x 4096 bf16, session 15)
+        uint4 u[32 / E], us[32 / E];
+#pragma unroll
+        for (int q = 0; q < 32 / E; ++q) u[q] = __ldg(reinterpret_cast<const uint4*>(xr + k0 + q * E));
+        if (shift) {
+#pragma unroll
+          for (int q = 0; q < 32 / E; ++q) us[q] = __ldg(reinterpret_cast<const uint4*>(shift + k0 + q * E));
+        }
 #pragma unroll
         for (int q = 0; q < 32 / E; ++q) {
-          uint4 u = *reinterpret_cast<const uint4*>(xr + k0 + q * E);
-          const T* e = reinterpret_cast<const T*>(&u);
-          uint4 us;
-          const T* es = reinterpret_cast<const T*>(&us);
-          if (shift) us = *reinterpret_cast<const uint4*>(shift + k0 + q * E);
+          const T* e = reinterpret_cast<const T*>(&u[q]);
+          const T* es = reinterpret_cast<const T*>(&us[q]);
 #pragma unroll
           for (int j = 0; j < E; ++j) {
             const float v = to_f<T>(e[j]) + (shift ? to_f<T>(es[j]) : 0.f);
