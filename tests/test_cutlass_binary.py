@@ -192,6 +192,26 @@ def test_binary_linear(m, n, k):
 
 
 @needs_kernels
+def test_binary_linear_packing_spans_and_tails():
+    """The packing kernel reads whole 1024-value spans of a row coalesced (one warp each, words assembled from
+    other lanes' loads) and the rest word by word: every float dtype contiguous, with and without a shift, K of
+    exact spans, spans + whole words, spans + a partial word, and more spans than the block has warps."""
+    from bie_backend_cutlass import binary as cb
+    rb = _ref()
+    gen = torch.Generator().manual_seed(77)
+    for k in (1024, 2048 + 96, 3072 + 37, 6144):
+        w = _bits((24, (k + 7) // 8), k, gen)
+        for dt in FLOATS:
+            x = torch.randn((5, k), generator=gen).to("cuda", dt)
+            x[torch.rand(x.shape, generator=gen).cuda() < 0.05] = 0
+            shift = (torch.randn(k, generator=gen) * 0.3).to("cuda", dt)
+            shift[-3:] = -x[1, -3:]
+            for sh in (shift, None):
+                _same(cb.binary_linear(x, sh, w, k, None, None, None, None),
+                      rb.binary_linear(x, sh, w, k, None, None, None, None), f"k={k} {dt} shift={sh is not None}")
+
+
+@needs_kernels
 @pytest.mark.parametrize("tile", ["wg128x256", "wg64x128", "wg64x256", "wg128x256c1"])
 def test_wgmma_configs(tile, monkeypatch):
     """The Hopper wgmma kernels (sm_90 only; elsewhere the forced name is ignored): gemm, linear
