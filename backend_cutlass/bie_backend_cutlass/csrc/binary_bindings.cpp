@@ -250,11 +250,9 @@ void pack_act(const at::Tensor& x, const c10::optional<at::Tensor>& shift, at::T
   const int es = (int)x.element_size();
   const bool vec = x.stride(1) == 1 && (x.stride(0) * es) % 16 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
                    (sp == nullptr || (ssk == 1 && reinterpret_cast<uintptr_t>(sp) % 16 == 0));
-  // on sm_90 the packing starts as a programmatic dependent of the kernel before it (it waits before reading x)
-  const bool pdl = at::cuda::getDeviceProperties(x.device().index())->major >= 9;
   cuda_ok(launch_pack_act(x.data_ptr(), dt, x.stride(0), x.stride(1), sp, ssk,
                           reinterpret_cast<uint32_t*>(words.data_ptr<int>()), words.stride(0), (int)words.size(1),
-                          term.data_ptr<int>(), (int)rows, (int)K, vec ? 1 : 0, pdl, at::cuda::getCurrentCUDAStream()),
+                          term.data_ptr<int>(), (int)rows, (int)K, vec ? 1 : 0, at::cuda::getCurrentCUDAStream()),
           "pack_act");
 }
 

@@ -42,10 +42,9 @@ constexpr int kNumConfigs = 3;   // 0: 128x256x512 (8 warps, 3 stages), 1: 128x2
 cudaError_t run_gemm(const GemmArgs& g, int cfg, int out_dt, cudaStream_t st);
 
 // x (rows, K) floating, optional shift (K,) of x's dtype: words (rows, ldw) of sgn bits (LSB first,
-// zero past K up to KW words), term[r] = K - 2 popc(row r). pdl (sm_90): launched as a programmatic dependent
-// of the kernel before it (the kernel waits for it before reading x).
+// zero past K up to KW words), term[r] = K - 2 popc(row r).
 cudaError_t launch_pack_act(const void* x, int dt, int64_t sxm, int64_t sxk, const void* shift, int64_t ssk,
-                            uint32_t* words, int64_t ldw, int KW, int* term, int rows, int K, int vec, bool pdl,
+                            uint32_t* words, int64_t ldw, int KW, int* term, int rows, int K, int vec,
                             cudaStream_t st);
 // Packed rows (nb batches of rows_per rows, KB bytes): term[r] = c0 + c1 * popc(row r masked to K bits);
 // with out: copies of the masked row, zero-padded to KBo bytes, at out + r*ldo + c*KBo. vec (no out, byte

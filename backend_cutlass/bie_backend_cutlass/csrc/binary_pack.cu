@@ -97,30 +97,6 @@ __device__ __forceinline__ void allow_dependent_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// A kernel launched as a programmatic dependent (launch_maybe_dependent) waits here for the kernel before it,
-// whose writes (x) it may read; a no-op otherwise.
-__device__ __forceinline__ void wait_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// kernel<<<grid, block, 0, st>>>(args...), as a programmatic dependent of the kernel before it when pdl (sm_90):
-// its launch and block start-up then overlap that kernel's tail
-template <typename... Params, typename... Args>
-cudaError_t launch_maybe_dependent(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t st, bool pdl,
-                                   Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-  return e != cudaSuccess ? e : cudaGetLastError();
-}
 
 // One block per row (grid-stride). Word w holds sgn(x[32w + j] + shift[32w + j]), j < 32.
 // vec: row contiguous, 16-byte aligned rows and shift: 16-byte loads for full words.
@@ -131,7 +107,6 @@ __global__ void __launch_bounds__(128) pack_act_kernel(const T* __restrict__ x, 
                                                        int* __restrict__ term, int rows, int K, int vec) {
   __shared__ int red[32];
   allow_dependent_launch();
-  wait_prior_grid();
   constexpr int E = 16 / sizeof(T);  // elements per 16-byte vector
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + (int64_t)r * sxm;
@@ -178,23 +153,28 @@ __global__ void __launch_bounds__(128) pack_act_kernel(const T* __restrict__ x, 
 }
 
 cudaError_t launch_pack_act(const void* x, int dt, int64_t sxm, int64_t sxk, const void* shift, int64_t ssk,
-                            uint32_t* words, int64_t ldw, int KW, int* term, int rows, int K, int vec, bool pdl,
+                            uint32_t* words, int64_t ldw, int KW, int* term, int rows, int K, int vec,
                             cudaStream_t st) {
   if (rows <= 0) return cudaSuccess;
   const unsigned grid = (unsigned)std::min(rows, 1 << 20);
   switch (dt) {
     case kF32:
-      return launch_maybe_dependent(pack_act_kernel<float>, grid, 128, st, pdl, (const float*)x, sxm, sxk,
-                                    (const float*)shift, ssk, words, ldw, KW, term, rows, K, vec);
+      pack_act_kernel<float><<<grid, 128, 0, st>>>((const float*)x, sxm, sxk, (const float*)shift, ssk, words, ldw,
+                                                   KW, term, rows, K, vec);
+      break;
     case kF16:
-      return launch_maybe_dependent(pack_act_kernel<__half>, grid, 128, st, pdl, (const __half*)x, sxm, sxk,
-                                    (const __half*)shift, ssk, words, ldw, KW, term, rows, K, vec);
+      pack_act_kernel<__half><<<grid, 128, 0, st>>>((const __half*)x, sxm, sxk, (const __half*)shift, ssk, words,
+                                                    ldw, KW, term, rows, K, vec);
+      break;
     case kBF16:
-      return launch_maybe_dependent(pack_act_kernel<__nv_bfloat16>, grid, 128, st, pdl, (const __nv_bfloat16*)x,
-                                    sxm, sxk, (const __nv_bfloat16*)shift, ssk, words, ldw, KW, term, rows, K, vec);
+      pack_act_kernel<__nv_bfloat16><<<grid, 128, 0, st>>>((const __nv_bfloat16*)x, sxm, sxk,
+                                                           (const __nv_bfloat16*)shift, ssk, words, ldw, KW, term,
+                                                           rows, K, vec);
+      break;
     default:
       return cudaErrorInvalidValue;
   }
+  BIE_CHECK_LAUNCH();
 }
 
 // ------------------------------------------------------------------ packed rows: terms (+ aligned copies)
