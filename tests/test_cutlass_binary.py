@@ -43,8 +43,8 @@ def test_import_is_light():
 
 def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
     """Tuned calls run the tuned tile's counting twin (no popcount pass) on in-place 16-bit-output calls up to
-    COUNT_MAX_WORK, the tile with the pass above it, on 32-bit outputs and on copied operands (CPU: the
-    kernels are stubbed, the choice is what is checked)."""
+    COUNT_MAX_WORK, the tile with the pass above it and on 32-bit outputs; a forced counting tile at any size
+    (CPU: the kernels are stubbed, the choice is what is checked)."""
     from bie_backend_cutlass import binary as b, tuning
     ran = []
 
@@ -64,10 +64,10 @@ def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
     monkeypatch.setattr(tuning, "sm_count", lambda device=None: 132)
     monkeypatch.delenv("BIE_CUTLASS_BINARY_TILE", raising=False)
 
-    def run(m, n, k, dt, kb=None):
+    def run(m, n, k, dt):
         ran.clear()
-        a = torch.zeros((m, kb or k // 8), dtype=torch.uint8)
-        w = torch.zeros((n, kb or k // 8), dtype=torch.uint8)
+        a = torch.zeros((m, k // 8), dtype=torch.uint8)
+        w = torch.zeros((n, k // 8), dtype=torch.uint8)
         p = b.PreparedSigns(w)
         p._cache[("gemm", k)] = (w, torch.zeros(n, dtype=torch.int32), b.kpad(k))
         b.binary_gemm(a, w, k, None, None, dt, prepared=p)

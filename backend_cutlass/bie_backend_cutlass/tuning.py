@@ -129,8 +129,8 @@ ROUNDS = 7
 #: a sample repeats a call until about this long (ms; at most 16 calls, well inside the hold)
 SAMPLE_MS = 0.02
 #: the default (first) candidate is kept unless another is faster by more than this fraction: medians of
-#: 7 one-call samples differ by about 2% between equal kernels, and the defaults are ordered by measurement
-#: (e.g. binary_gemm's counted-rows tile first up to ~2 x 4096^3, where it won in graph-timed runs)
+#: 7 one-call samples differ by about 2% between equal kernels, so a closer win is noise and would make the
+#: choice flip between processes
 KEEP_DEFAULT = 0.02
 
 

@@ -192,11 +192,13 @@ struct B1MainloopCountA : Base {
 using bie_cutlass::launch_gemm;   // (cutlass_launch.cuh)
 
 // The kernel and device adapter of one 1-bit GEMM: B1Mainloop with its pipeline stages sized around the
-// epilogue's shared memory, then the epilogue.
-template <class Epilogue, class TileShape, class ClusterShape, class MainSched>
+// epilogue's shared memory, then the epilogue. kCountA: the mainloop also counts popc(A row)
+// (B1MainloopCountA; + 1024 bytes for the static buffer the counts go through).
+template <class Epilogue, class TileShape, class ClusterShape, class MainSched, bool kCountA = false>
 struct B1Kernel {
-  using CollectiveMainloop = typename B1Mainloop<TileShape, ClusterShape, MainSched,
-                                                 int(sizeof(typename Epilogue::SharedStorage))>::type;
+  using Plain = typename B1Mainloop<TileShape, ClusterShape, MainSched,
+                                    int(sizeof(typename Epilogue::SharedStorage)) + (kCountA ? 1024 : 0)>::type;
+  using CollectiveMainloop = std::conditional_t<kCountA, B1MainloopCountA<Plain>, Plain>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -282,44 +284,27 @@ struct BGemmSm90 {
   }
 };
 
-// The same mainloop with the lean epilogue (binary_lean_epilogue.cuh): 16-bit outputs only.
-template <class ElementD, class TileShape, class ClusterShape, class MainSched>
+// The same mainloop with the lean epilogue (binary_lean_epilogue.cuh): 16-bit outputs only. kCounted: the
+// mainloop counts the row terms (B1MainloopCountA): row term = K - 2 popc(A row), binary_gemm's and
+// binary_bmm's (whose A has no bits past K); row_term is not read.
+template <class ElementD, class TileShape, class ClusterShape, class MainSched, bool kCounted = false>
 struct BGemmSm90Lean {
   static constexpr bool kPingpong = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using CollectiveEpilogue = LeanBinEpilogue<ElementD, int(size<0>(TileShape{})), int(size<1>(TileShape{})),
-                                             kPingpong>;
-  using Gemm = typename B1Kernel<CollectiveEpilogue, TileShape, ClusterShape, MainSched>::Gemm;
+                                             kPingpong, kCounted>;
+  using Gemm = typename B1Kernel<CollectiveEpilogue, TileShape, ClusterShape, MainSched, kCounted>::Gemm;
 
   static typename Gemm::Arguments arguments(const WgArgs& p) {
-    return wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, p.row_term, p.row_bs, p.col_term,
-                                  p.col_bs, p.s1, p.s1_vec, p.s2, p.s2_vec, p.bias, 0, 0});
+    return wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, kCounted ? nullptr : p.row_term,
+                                  kCounted ? 0 : p.row_bs, p.col_term, p.col_bs, p.s1, p.s1_vec, p.s2, p.s2_vec,
+                                  p.bias, kCounted ? 8 * p.Kb : 0, kCounted ? -2 : 0});
   }
   static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
     return launch_gemm<Gemm>(arguments(p), p.workspace, ws, st, pdl);
   }
 };
-
-// BGemmSm90Lean with the row terms counted in the mainloop (B1MainloopCountA): row term = K - 2 popc(A row),
-// binary_gemm's and binary_bmm's (whose A has no bits past K); row_term is not read.
 template <class ElementD, class TileShape, class ClusterShape, class MainSched>
-struct BGemmSm90LeanCounted {
-  static constexpr bool kPingpong = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
-  using CollectiveEpilogue = LeanBinEpilogue<ElementD, int(size<0>(TileShape{})), int(size<1>(TileShape{})),
-                                             kPingpong, true>;
-  // (+ 1024 bytes: the static buffer the counts go through)
-  using CollectiveMainloop = B1MainloopCountA<typename B1Mainloop<
-      TileShape, ClusterShape, MainSched, int(sizeof(typename CollectiveEpilogue::SharedStorage)) + 1024>::type>;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  static std::string run(const WgArgs& p, size_t* ws, cudaStream_t st, bool pdl = false) {
-    return launch_gemm<Gemm>(
-        wg_arguments<Gemm>(p, {static_cast<ElementD*>(p.d), p.ldd, p.d_bs, nullptr, 0, p.col_term, p.col_bs, p.s1,
-                               p.s1_vec, p.s2, p.s2_vec, p.bias, 8 * p.Kb, -2}),
-        p.workspace, ws, st, pdl);
-  }
-};
+using BGemmSm90LeanCounted = BGemmSm90Lean<ElementD, TileShape, ClusterShape, MainSched, true>;
 
 // Tile configurations (TileShape K in bytes: 128 bytes = 1024 bits of K per pipeline stage).
 // The cooperative 128x256 tiles keep all of a tile's 128x32 epilogue subtiles in shared memory

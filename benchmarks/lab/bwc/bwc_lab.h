@@ -15,3 +15,5 @@
 // the product's kernel templates: visitor-tree epilogue / lean epilogue
 #define BWC_VARIANT(idx, ...) BWC_DEFINE(idx, bie_cutlass_bin::BGemmSm90<__VA_ARGS__>)
 #define BWC_LEAN_VARIANT(idx, ...) BWC_DEFINE(idx, bie_cutlass_bin::BGemmSm90Lean<__VA_ARGS__>)
+// the lean epilogue with the row terms counted in the mainloop (binary_gemm's K - 2 popc(a row))
+#define BWC_COUNTED_VARIANT(idx, ...) BWC_DEFINE(idx, bie_cutlass_bin::BGemmSm90LeanCounted<__VA_ARGS__>)
