@@ -28,7 +28,7 @@ if [ "$MODE" != "bench" ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider --tb=short -rf -x tests/test_cutlass_integer.py \
       2>&1 | tee $OUT/test.log | grep -E "FAILED|Error|passed|failed" | head -30
   timeout ${KIT_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass \
-      -k "backend_is_loaded or int_gemm_sm90 or int_bmm_sm90 or int_conv2d_sm90 or quantize_int_cuda" tests/test_cutlass_integer.py 2>&1 \
+      -k "backend_is_loaded or int_gemm_sm90 or int_bmm_sm90 or int_conv2d_sm90 or quantize_int_cuda or lsq_backward_cuda" tests/test_cutlass_integer.py 2>&1 \
       | tee $OUT/kit.log | grep -E "FAILED|Error|passed|failed|^op |int_|quantize" | head -40
 fi
 if [ "$MODE" != "tests" ]; then

@@ -539,6 +539,7 @@ def make_router(op):
     key_fn = None
     table: dict = {}
     value_idx = tuple(op.value_args) if validate is not None else ()
+    defaults = op.defaults
 
     def refresh():
         nonlocal gen, key_fn, table
@@ -554,6 +555,8 @@ def make_router(op):
             pref = _layer_pref(args[nargs])
             args = args[:nargs]
         else:
+            if len(args) < nargs:   # trailing arguments equal to their schema defaults were dropped
+                args = args + defaults[len(args):]
             pref = ctx_get()
             if pref is None:
                 pref = _global_pref
@@ -589,6 +592,8 @@ def make_router(op):
         return k.fn(*args, prepared=prepared_cache.get(k, w, static))
 
     def resolve(args: tuple, backend: str = "") -> "Resolved":
+        if len(args) < nargs:
+            args = tuple(args) + defaults[len(args):]
         pref = _layer_pref(backend) if backend else current_preference()
         if gen != reg.generation:
             refresh()

@@ -64,11 +64,11 @@ def test_capabilities_are_honest():
         def register(self, op, fn, **kw):
             regs[op] = kw
     integer.register(Reg(), 200)
-    assert set(regs) == {"int_gemm", "int_bmm", "int_conv2d", "quantize_int"}
+    assert set(regs) == {"int_gemm", "int_bmm", "int_conv2d", "quantize_int", "lsq_backward"}
     for op, kw in regs.items():
         cap = kw["capability"]
         assert cap.devices == ("cuda",) and cap.compute_capability == ((9, 0), (9, 0)), op
-        if op != "quantize_int":
+        if op not in ("quantize_int", "lsq_backward"):
             assert cap.max_dims["K"] == (2 ** 31 - 1) // (128 * 128), op  # exact int32 accumulation
 
 
@@ -190,6 +190,86 @@ def test_quantize_int_bit_exact(dtype, bits):
 
 
 @needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_int_with_shift_bit_exact(dtype):
+    """x + shift rounded in x's dtype inside the kernel: the same codes as the add done by PyTorch first."""
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(21)
+    for shape in [(33, 72), (5, 70), (2, 3, 16), (1, 8)]:     # vector path (last dim % 8 == 0) and scalar path
+        x = (torch.randn(*shape, generator=gen) * 9).to(dtype)
+        shift = (torch.randn(shape[-1], generator=gen) * 3).to(dtype)
+        for scale in (torch.tensor(0.37), torch.rand((shape[0],) + (1,) * (len(shape) - 1), generator=gen) + 0.1):
+            for bits in (4, 8):
+                got = integer.quantize_int(x.cuda(), scale.cuda(), bits, shift.cuda())
+                assert torch.equal(got.cpu(), ref.quantize_int(x, scale, bits, shift)), (shape, bits)
+                assert torch.equal(got.cpu(), ref.quantize_int(x + shift, scale, bits)), (shape, bits)
+    # a float32 shift on a bf16 x: converted to x's dtype first, as the op defines
+    x = torch.randn(4, 16, generator=gen).to(torch.bfloat16)
+    sh = torch.randn(16, generator=gen)
+    assert torch.equal(integer.quantize_int(x.cuda(), torch.tensor(0.1).cuda(), 8, sh.cuda()).cpu(),
+                       ref.quantize_int(x, torch.tensor(0.1), 8, sh))
+
+
+def _lsq_inputs(r, c, vd, pd, gen, scale_rows=False):
+    v = (torch.randn(r, c, generator=gen) * 3).to(vd)
+    v.view(-1)[:5] = torch.tensor([float("nan"), 0.5, -127.75, 100.0, 31.75]).to(vd)   # NaN, a tie, edges
+    prod = torch.randn(r, c, generator=gen).to(pd)
+    scale = torch.rand(r, generator=gen) * 0.2 + 0.05 if scale_rows else torch.tensor(0.0625)
+    return v, prod, scale
+
+
+@needs_sm90
+@pytest.mark.parametrize("vd,pd", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                   (torch.float16, torch.bfloat16), (torch.float32, torch.float16)])
+@pytest.mark.parametrize("shape", [(1, 8), (37, 72), (1000, 4096), (257, 1032)])
+def test_lsq_backward_kernel(vd, pd, shape):
+    """The one-pass LSQ backward against the op's definition computed on the GPU: element-wise outputs
+    bit-exact, the sums to float32 summation order."""
+    from bie_backend_cutlass import integer
+    from bie_core.ops.integer import lsq_backward_math
+    gen = torch.Generator().manual_seed(shape[0] * 7 + shape[1])
+    r, c = shape
+    for bits in (4, 8):
+        v, prod, scale = _lsq_inputs(r, c, vd, pd, gen)
+        shift = (torch.randn(c, generator=gen) * 0.5).to(vd)
+        factor = torch.tensor(0.75)
+        for sh, f, cd in [(shift, factor, torch.bfloat16), (None, None, None), (shift, None, torch.float32)]:
+            args = (v.cuda(), scale.cuda(), prod.cuda(), bits, None if sh is None else sh.cuda(),
+                    None if f is None else f.cuda(), False, cd)
+            got = integer.lsq_backward(*args)
+            exp = lsq_backward_math(*args)
+            assert torch.equal(got[0], exp[0]), (bits, sh is None)
+            torch.testing.assert_close(got[1], exp[1], rtol=1e-4, atol=1e-4 * exp[1].abs().item() + 1e-6)
+            if sh is None:
+                assert got[2].numel() == 0
+            else:
+                torch.testing.assert_close(got[2], exp[2], rtol=1e-5, atol=1e-4)
+            assert torch.equal(got[3], exp[3]) if cd is not None else got[3].numel() == 0
+        # rowwise: one scale per row (per-channel weights)
+        v, prod, rs = _lsq_inputs(r, c, vd, pd, gen, scale_rows=True)
+        args = (v.cuda(), rs.cuda(), prod.cuda(), bits, None, factor.cuda(), True, None)
+        got, exp = integer.lsq_backward(*args), lsq_backward_math(*args)
+        assert torch.equal(got[0], exp[0])
+        torch.testing.assert_close(got[1], exp[1], rtol=1e-4, atol=1e-5)
+
+
+@needs_sm90
+def test_lsq_backward_falls_back_off_the_kernel_grid():
+    """Columns not a multiple of 8 and misaligned views: the definition, still right."""
+    from bie_backend_cutlass import integer
+    from bie_core.ops.integer import lsq_backward_math
+    gen = torch.Generator().manual_seed(5)
+    v, prod, scale = _lsq_inputs(9, 70, torch.bfloat16, torch.bfloat16, gen)
+    big = torch.randn(9, 80, generator=gen).to(torch.bfloat16)
+    for vv, pp in [(v, prod), (big[:, 1:73], big[:, 2:74])]:
+        args = (vv.cuda(), scale.cuda(), pp.cuda(), 8, None, None, False, torch.bfloat16)
+        got, exp = integer.lsq_backward(*args), lsq_backward_math(*args)
+        assert torch.equal(got[0], exp[0]) and torch.equal(got[3], exp[3])
+        torch.testing.assert_close(got[1], exp[1])
+
+
+@needs_sm90
 def test_dispatcher_routes_to_cutlass_and_tunes():
     import bie_core
     from bie_backend_cutlass import tuning
@@ -203,7 +283,7 @@ def test_dispatcher_routes_to_cutlass_and_tunes():
 
 
 @needs_sm90
-@pytest.mark.parametrize("w_bits,a_bits,per_channel", [(8, 8, False), (4, 4, True)])
+@pytest.mark.parametrize("w_bits,a_bits,per_channel", [(8, 8, False), (4, 4, True), (8, 4, False)])
 def test_qlinear_trains_on_cutlass_bf16(w_bits, a_bits, per_channel):
     """A bf16 QLinear step on the GPU against the float32 STE reference of the same quantized math."""
     import _qat_ref as ref

@@ -34,6 +34,8 @@ reference).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import _build, tuning
@@ -42,7 +44,7 @@ from ._build import Extension
 _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
-                      sources=("integer_bindings.cpp", "integer_kernels.cu") + _GEMM_SOURCES,
+                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES,
                       headers=("cutlass_launch.cuh", "integer_launch.h", "integer_gemm_sm90.cuh"))
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
@@ -225,21 +227,63 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
 
 
 # --------------------------------------------------------------- quantize_int
-def quantize_int(x, scale, bits):
-    """Scalar scale, or one scale per leading row (shape (x.shape[0], 1, ..., 1)): one fused kernel;
-    any other broadcast: the same arithmetic in plain PyTorch (still exact)."""
+def quantize_int(x, scale, bits, shift=None):
+    """Scalar scale, or one scale per leading row (shape (x.shape[0], 1, ..., 1)), with or without a shift
+    along the last dim: one fused kernel; any other broadcast: the same arithmetic in plain PyTorch
+    (still exact)."""
     s = scale.detach()
     xc = x.detach().contiguous()
     if xc.numel() == 0:
         return torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    sh = None if shift is None else shift.detach().to(x.dtype).contiguous()
     if s.numel() == 1:
-        return _ops().quantize(xc, s.reshape(1).to(torch.float32).contiguous(), 1, bits)
+        return _ops().quantize(xc, s.reshape(1).to(torch.float32).contiguous(), 1, bits, sh)
     if (x.dim() >= 1 and s.dim() == x.dim() and s.shape[0] == x.shape[0]
             and all(d == 1 for d in s.shape[1:])):
-        return _ops().quantize(xc, s.reshape(-1).to(torch.float32).contiguous(), x.shape[0], bits)
+        return _ops().quantize(xc, s.reshape(-1).to(torch.float32).contiguous(), x.shape[0], bits, sh)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if sh is not None:
+        xc = xc + sh
     q = torch.round(xc.to(torch.float32) / s.to(torch.float32))
     return torch.nan_to_num(q, nan=0.0).clamp(lo, hi).to(torch.int8).contiguous()
+
+
+# --------------------------------------------------------------- lsq_backward
+#: Column mode splits the rows into chunks so that about this many blocks of 128 threads run (8 per SM
+#: on 132 SMs); each block writes one partial sum (and one row of partial column sums for the shift).
+LSQ_TARGET_BLOCKS = 1024
+
+
+def _lsq_fits(t) -> bool:
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    """One pass of the ``integer_lsq.cu`` kernel for 2-D v with a multiple of 8 columns and 16-byte aligned
+    rows; anything else (and empty v): the op's definition in plain PyTorch."""
+    from bie_core.ops.integer import lsq_backward_math
+
+    r, c = v.shape
+    if r == 0 or c == 0 or c % 8 or (rowwise and shift is not None):
+        return lsq_backward_math(v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
+    vc, pc = v.detach().contiguous(), prod.detach().contiguous()
+    sh = None if shift is None else shift.detach().to(v.dtype).contiguous()
+    if not (_lsq_fits(vc) and _lsq_fits(pc) and (sh is None or _lsq_fits(sh))):
+        return lsq_backward_math(v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
+    s = scale.detach().reshape(-1).to(torch.float32).contiguous()
+    f = None if factor is None else factor.detach().reshape(1).to(torch.float32).contiguous()
+    col_blocks = (c + 1023) // 1024
+    chunks = max(1, min(r, 65535, -(-LSQ_TARGET_BLOCKS // col_blocks)))
+    grad_v, sums, part_shift, codes = _ops().lsq_backward(vc, s, pc, bits, sh, f, bool(rowwise), codes_dtype, chunks)
+    if rowwise:
+        grad_scale = sums
+    else:
+        hi = (1 << (bits - 1)) - 1
+        grad_scale = sums.sum() / math.sqrt(vc.numel() * hi)
+    grad_shift = part_shift.sum(0) if sh is not None else part_shift
+    if codes_dtype is None:
+        codes = torch.empty((0,), dtype=torch.int8, device=v.device)
+    return grad_v, grad_scale, grad_shift, codes
 
 
 # ------------------------------------------------------------------ register
@@ -269,4 +313,9 @@ def register(registry, priority: int) -> None:
     registry.register(
         "quantize_int", quantize_int, priority=priority, name="quantize_int_cuda",
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),
-        description="one pass: true division, round half to even, clamp (scalar or per-row scale)")
+        description="one pass: shift, true division, round half to even, clamp (scalar or per-row scale)")
+    registry.register(
+        "lsq_backward", lsq_backward, priority=priority, name="lsq_backward_cuda",
+        capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),
+        description="the LSQ quantizer's backward in one pass (grad, scale and shift partial sums, codes for "
+                    "the weight-gradient product)")

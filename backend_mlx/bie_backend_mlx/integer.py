@@ -48,14 +48,57 @@ def int_matmul(a: "mx.array", bt: "mx.array", chunk: int) -> "mx.array":
 
 # ---------------------------------------------------------------- quantize_int
 @kernel
-def quantize_int(x, scale, bits):
+def quantize_int(x, scale, bits, shift=None):
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if shift is not None:
+        x = x + shift.to(x.dtype)   # rounded in x's dtype (torch), as the op defines
     xm = to_mlx(x).astype(mx.float32)
     sm = to_mlx(scale).astype(mx.float32)
     q = mx.round(mx.divide(xm, sm))           # true IEEE division, round half to even
     q = mx.where(mx.isnan(q), mx.array(0.0, mx.float32), q)
     q = mx.clip(q, lo, hi)
     return to_torch(q.astype(mx.int8), x.device)
+
+
+# ---------------------------------------------------------------- lsq_backward
+@kernel
+def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    """The op's definition with MLX arrays (float32 math; the shift add rounds in v's dtype in torch)."""
+    import math
+
+    import torch
+
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if shift is not None:
+        v = v + shift.to(v.dtype)
+    vm = to_mlx(v).astype(mx.float32)
+    s = to_mlx(scale).astype(mx.float32).reshape((-1, 1) if rowwise else ())
+    q = mx.divide(vm, s)                                   # true IEEE division
+    inside = mx.logical_and(q >= lo, q <= hi)
+    codes = mx.clip(mx.where(mx.isnan(q), mx.array(0.0, mx.float32), mx.round(q)), lo, hi)
+    g = to_mlx(prod).astype(mx.float32)
+    if factor is not None:
+        g = g * to_mlx(factor).astype(mx.float32).reshape(())
+    zero = mx.array(0.0, mx.float32)
+    grad_v = mx.where(inside, g, zero).astype(mx_dtype(v.dtype))
+    term = g * (codes - mx.where(inside, q, zero))
+    n = v.shape[1] if rowwise else v.numel()
+    denom = math.sqrt(max(n, 1) * hi)
+    dev = v.device
+    out_v = to_torch(grad_v, dev)
+    # the sums in torch, in the reference's order, so that a layer's gradients equal the reference's bit
+    # for bit whichever backend ran its element-wise part
+    t = to_torch(term, dev)
+    out_s = (t.sum(1) if rowwise else t.sum()) / denom
+    if shift is not None:
+        out_sh = out_v.sum(0, dtype=torch.float32)
+    else:
+        out_sh = torch.empty((0,), dtype=torch.float32, device=dev)
+    if codes_dtype is not None:
+        out_c = to_torch(codes.astype(mx_dtype(codes_dtype)), dev)
+    else:
+        out_c = torch.empty((0,), dtype=torch.int8, device=dev)
+    return out_v, out_s, out_sh, out_c
 
 
 # ------------------------------------------------------------------ int4 packing
@@ -149,5 +192,5 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     return to_torch(y.transpose(0, 3, 1, 2), x.device)
 
 
-__all__ = ["quantize_int", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d",
+__all__ = ["quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d",
            "prepare_codes_t", "prepare_conv_weight", "chunk_len", "int_matmul"]

@@ -59,6 +59,7 @@ def _table():
         "sign_embedding": (binary.sign_embedding, binary.prepare_embedding, {}),
         "sign_embedding_bag": (binary.sign_embedding_bag, binary.prepare_bits, {}),
         "quantize_int": (integer.quantize_int, None, {"attrs": {"bits": (4, 8)}}),
+        "lsq_backward": (integer.lsq_backward, None, {"attrs": {"bits": (4, 8)}}),
         "pack_int4": (integer.pack_int4, None, {}),
         "unpack_int4": (integer.unpack_int4, None, {}),
         "int_gemm": (integer.int_gemm, integer.prepare_codes_t, {"attrs": {"bits": (4, 8)}}),

@@ -52,7 +52,7 @@ def gpu_table(fn, n=3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="now")
-    ap.add_argument("--bits", type=int, default=8)
+    ap.add_argument("--bits", type=int, default=int(os.environ.get("QAT_BITS", "8")))
     ap.add_argument("--m", type=int, default=8192)
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=4096)

@@ -11,8 +11,13 @@ import time; t=time.time()
 from bie_backend_cutlass import _build, integer
 _build.load(integer.EXTENSION); print(f'build seconds {time.time()-t:.0f}')" 2>&1 | tail -3 | tee -a $OUT/env.txt
 if [ -n "$TESTS" ]; then
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --tb=short -rf -x $TESTS 2>&1 | tee $OUT/test.log \
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --tb=short -rf $TESTS 2>&1 | tee $OUT/test.log \
     | grep -E "FAILED|Error|passed|failed" | head -30
+fi
+if [ -n "$KIT" ]; then
+  timeout ${KIT_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass \
+      -k "backend_is_loaded or int_gemm_sm90 or int_bmm_sm90 or int_conv2d_sm90 or quantize_int_cuda or lsq_backward_cuda" \
+      tests/test_cutlass_integer.py 2>&1 | tee $OUT/kit.log | grep -E "FAILED|Error|passed|failed|^op |int_|quantize|lsq" | head -40
 fi
 for v in ${VARIANTS:-now:}; do
   tag=${v%%:*}; envs=${v#*:}

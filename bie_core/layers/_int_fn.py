@@ -124,11 +124,11 @@ def _weight_codes(weight, qw, sw, w_bits, backend):
 
 
 def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
-    """The forward alone (used directly when no gradient is needed): (y, x + ba, Qa, Qw)."""
-    xs = x2d + ba.to(x2d.dtype)
-    qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
+    """The forward alone (used directly when no gradient is needed): (y, Qw). The shift is added inside
+    the quantization (one pass; ``x + ba`` is never materialised)."""
+    qa = ops.quantize_int(x2d, sa.detach(), a_bits, ba.detach(), backend=backend)
     qw = _weight_codes(weight, qw, sw, w_bits, backend)
-    return ops.int_gemm(qa, qw, a_bits, w_bits, _scale(sa, sw), bias, x2d.dtype, backend=backend), xs, qa, qw
+    return ops.int_gemm(qa, qw, a_bits, w_bits, _scale(sa, sw), bias, x2d.dtype, backend=backend), qw
 
 
 def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
@@ -142,33 +142,49 @@ def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
 
 
 class QLinearFn(torch.autograd.Function):
+    """Saves x itself (not x + ba, nor the activation codes): the backward's ``lsq_backward`` recomputes
+    both in the pass it makes anyway, and hands the codes to the weight-gradient product."""
+
     @staticmethod
     def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
-        y, xs, qa, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend)
-        ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
+        y, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend)
+        ctx.save_for_backward(x2d, weight, qw, sw, ba, sa)
         ctx.bits = (a_bits, w_bits)
+        ctx.backend = backend
         return y
 
     @staticmethod
     def backward(ctx, g):
-        xs, qa, weight, qw, sw, sa = ctx.saved_tensors
+        x2d, weight, qw, sw, ba, sa = ctx.saved_tensors
         a_bits, w_bits = ctx.bits
+        backend = ctx.backend
         need = ctx.needs_input_grad
         gd = _gdtype(g)
         gm = g.to(gd)
         saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
+        shift = ba.detach()
+        want_w = (need[1] or need[3]) and weight is not None
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
+        codes = None   # the activation codes in the gradient's precision, for the weight-gradient product
         if need[0] or need[4] or need[5]:
             w_hat, f = _operand(qw, swf, 2, gd)
-            gxs, grad_sa = _lsq_grad(xs, saf, qa, a_bits, gm @ w_hat, f)
+            gxs, gsa, gba, codes = ops.lsq_backward(x2d.detach(), saf, gm @ w_hat, a_bits, shift, f, False,
+                                                    gd if want_w else None, backend=backend)
             grad_x = gxs if need[0] else None
-            grad_ba = gxs.sum(0, dtype=torch.float32) if need[4] else None
-            grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
-        if (need[1] or need[3]) and weight is not None:
-            x_hat, f = _operand(qa, saf, 2, gd)
-            grad_w, grad_sw = _lsq_grad(weight.detach(), _col(swf, 2), qw, w_bits, gm.t() @ x_hat, f,
-                                        per_row=sw.dim() > 0)
-            grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
+            grad_ba = gba if need[4] else None
+            grad_sa = gsa.reshape(sa.shape) if need[5] else None
+        if want_w:
+            if codes is None:
+                codes = ops.quantize_int(x2d.detach(), saf, a_bits, shift, backend=backend).to(gd)
+            if gd == torch.float32:
+                x_hat, f = codes * saf, None      # float32 gradients: the dequantized value, as the definition
+            else:
+                x_hat, f = codes, saf             # 4/8-bit codes are exact in half precision; scale after
+            per_row = sw.dim() > 0
+            w = weight.detach()
+            grad_w, gsw, _, _ = ops.lsq_backward(w, swf.reshape(-1) if per_row else swf, gm.t() @ x_hat, w_bits,
+                                                 None, f, per_row, None, backend=backend)
+            grad_sw = gsw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum(0, dtype=torch.float32)
         return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None

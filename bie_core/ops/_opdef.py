@@ -87,6 +87,9 @@ class OpDef:
     #: Names of the arguments, in schema order (filled from the schema).
     arg_names: tuple = field(default=(), init=False)
     value_args: tuple = field(default=(), init=False)
+    #: Schema defaults of the arguments (``None`` where there is none), to complete calls that omit
+    #: trailing optional arguments.
+    defaults: tuple = field(default=(), init=False)
     _route: Optional[Callable] = field(default=None, init=False, repr=False)
     family: str = ""
 
@@ -106,6 +109,8 @@ class OpDef:
         # (about 2 µs, which dominates tiny inference layers). Anything else -
         # torch.compile, FakeTensor, autograd with grad enabled - goes through
         # the registered op.
+        if len(args) < len(self.arg_names):
+            args = tuple(args) + self.defaults[len(args):]
         if (not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
                 and not _function_mode()):
             return self._route(*args, backend) if backend else self._route(*args)
@@ -149,6 +154,8 @@ def define_op(op: OpDef) -> OpDef:
     full = f"{op.name}{args_part[:-1]}, str backend=\"\") -> {ret.strip()}"
     _lib.define(full)
     op.arg_names = _arg_names(args_part)
+    op.defaults = tuple(a.default_value if a.has_default_value() else None
+                        for a in op.overload._schema.arguments[:len(op.arg_names)])
     names = VALUE_ARG_NAMES if op.value_arg_names is None else op.value_arg_names
     op.value_args = tuple(i for i, n in enumerate(op.arg_names) if n in names)
     route = dispatch.make_router(op)

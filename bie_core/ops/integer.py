@@ -11,6 +11,9 @@ the reciprocal, which rounds differently).
 """
 from __future__ import annotations
 
+import math
+import os
+
 import torch
 
 from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_out_dtype,
@@ -26,27 +29,37 @@ def code_range(bits: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- quantize_int
-def _q_fake(x, scale, bits):
+def _q_fake(x, scale, bits, shift=None):
     return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
 
 
-def _q_validate(x, scale, bits):
+def _check_shift(op, x, shift):
+    if shift is None:
+        return
+    check_tensor(shift, op, "shift", dtypes=FLOAT_DTYPES, dim=1)
+    check(x.dim() >= 1 and shift.shape[0] == x.shape[-1], op,
+          f"shift of shape {tuple(shift.shape)} must have one value per element of x's last dimension "
+          f"({x.shape[-1] if x.dim() else 'x is a scalar'})")
+
+
+def _q_validate(x, scale, bits, shift=None):
     op = "quantize_int"
     check_tensor(x, op, "x", dtypes=FLOAT_DTYPES)
     check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
     check(bits in INT_BITS, op, f"bits must be 4 or 8, got {bits}")
+    _check_shift(op, x, shift)
     try:
         torch.broadcast_shapes(x.shape, scale.shape)
     except RuntimeError:
         check(False, op, f"scale of shape {tuple(scale.shape)} does not broadcast to x {tuple(x.shape)}")
     check(torch.broadcast_shapes(x.shape, scale.shape) == x.shape, op,
           f"scale of shape {tuple(scale.shape)} must broadcast to x {tuple(x.shape)} without growing it")
-    check_same_device(op, x=x, scale=scale)
+    check_same_device(op, x=x, scale=scale, shift=shift)
 
 
-def _q_problem(x, scale, bits):
+def _q_problem(x, scale, bits, shift=None):
     return problem("quantize_int", x.device, x.dtype, contiguous=x.is_contiguous(), M=x.numel(),
-                   bits=bits, per_channel=scale.numel() > 1)
+                   bits=bits, per_channel=scale.numel() > 1, shifted=shift is not None)
 
 
 def _q_cases(device, gen):
@@ -64,14 +77,140 @@ def _q_cases(device, gen):
             x = randn((6, 10), device=device, dtype=dtype, gen=gen)
             yield Case((x, (torch.rand((6, 1), generator=gen) + 0.1).to(device), bits),
                        f"int{bits} {str(dtype)[6:]} per-row scale")
+            # the QAT layers' activation shift, added in x's dtype before the division
+            for shape in [(5, 24), (3, 7), (2, 3, 16)]:
+                x = randn(shape, device=device, dtype=dtype, gen=gen) * 2
+                shift = randn(shape[-1:], device=device, dtype=dtype, gen=gen)
+                scale = (torch.rand((), generator=gen) * 0.3 + 0.05).to(device)
+                yield Case((x, scale, bits, shift), f"int{bits} {str(dtype)[6:]} {shape} shifted")
+            x = randn((4, 16), device=device, dtype=dtype, gen=gen)
+            yield Case((x, (torch.rand((4, 1), generator=gen) + 0.1).to(device), bits,
+                        randn((16,), device=device, dtype=torch.float32, gen=gen)),
+                       f"int{bits} {str(dtype)[6:]} per-row scale, float32 shift")
 
 
 quantize_int = define_op(OpDef(
     name="quantize_int", family="integer",
-    schema="(Tensor x, Tensor scale, int bits) -> Tensor",
-    doc=("Signed integer codes: clamp(round_half_even(float32(x) / float32(scale)), -2^(b-1), 2^(b-1)-1) "
-         "as int8, same shape as x; scale broadcasts to x."),
+    schema="(Tensor x, Tensor scale, int bits, Tensor? shift=None) -> Tensor",
+    doc=("Signed integer codes: clamp(round_half_even(float32(x') / float32(scale)), -2^(b-1), 2^(b-1)-1) "
+         "as int8, same shape as x, with x' = x + shift.to(x.dtype) (added in x's dtype; shift has one value "
+         "per element of x's last dim) or x' = x; scale broadcasts to x."),
     fake=_q_fake, problem=_q_problem, validate=_q_validate, cases=_q_cases))
+
+
+# ---------------------------------------------------------------- lsq_backward
+def lsq_backward_math(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    """The definition of ``lsq_backward`` in plain PyTorch (float32 math; see the op's doc)."""
+    lo, hi = code_range(bits)
+    vs = v if shift is None else v + shift.to(v.dtype)
+    s = scale.to(torch.float32)
+    s = s.reshape(-1, 1) if rowwise else s.reshape(())
+    q = vs.to(torch.float32) / s
+    inside = (q >= lo) & (q <= hi)
+    codes = torch.nan_to_num(torch.round(q), nan=0.0).clamp(lo, hi)
+    g = prod.to(torch.float32)
+    if factor is not None:
+        g = g * factor.to(torch.float32).reshape(())
+    grad_v = torch.where(inside, g, 0.0).to(v.dtype)
+    term = g * (codes - torch.where(inside, q, 0.0))
+    n = v.shape[1] if rowwise else v.numel()
+    denom = math.sqrt(max(n, 1) * hi)
+    grad_scale = (term.sum(1) if rowwise else term.sum()) / denom
+    grad_shift = grad_v.sum(0, dtype=torch.float32) if shift is not None else v.new_empty((0,), dtype=torch.float32)
+    codes_out = codes.to(codes_dtype) if codes_dtype is not None else v.new_empty((0,), dtype=torch.int8)
+    return grad_v, grad_scale, grad_shift, codes_out
+
+
+def _lsq_fake(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    return (torch.empty_like(v, memory_format=torch.contiguous_format),
+            v.new_empty((v.shape[0],) if rowwise else (), dtype=torch.float32),
+            v.new_empty((v.shape[1],) if shift is not None else (0,), dtype=torch.float32),
+            v.new_empty(tuple(v.shape) if codes_dtype is not None else (0,), dtype=codes_dtype or torch.int8))
+
+
+def _lsq_validate(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    op = "lsq_backward"
+    check_tensor(v, op, "v", dtypes=FLOAT_DTYPES, dim=2)
+    check_tensor(prod, op, "prod", dtypes=FLOAT_DTYPES, dim=2)
+    check(prod.shape == v.shape, op, f"prod {tuple(prod.shape)} must have v's shape {tuple(v.shape)}")
+    check(bits in INT_BITS, op, f"bits must be 4 or 8, got {bits}")
+    check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
+    if rowwise:
+        check(scale.numel() == v.shape[0], op,
+              f"a rowwise scale needs one value per row of v ({v.shape[0]}), got shape {tuple(scale.shape)}")
+    else:
+        check(scale.numel() == 1, op, f"scale must be one value (or rowwise=True), got shape {tuple(scale.shape)}")
+    if factor is not None:
+        check_tensor(factor, op, "factor", dtypes=FLOAT_DTYPES)
+        check(factor.numel() == 1, op, f"factor must be one value, got shape {tuple(factor.shape)}")
+    _check_shift(op, v, shift)
+    check(codes_dtype is None or codes_dtype in FLOAT_DTYPES, op,
+          f"codes_dtype must be None or a float dtype, got {codes_dtype}")
+    check_same_device(op, v=v, scale=scale, prod=prod, shift=shift, factor=factor)
+
+
+def _lsq_problem(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    return problem("lsq_backward", v.device, v.dtype, contiguous=all_contiguous(v, prod), M=v.shape[0],
+                   K=v.shape[1], bits=bits, prod_dtype=prod.dtype, rowwise=bool(rowwise),
+                   shifted=shift is not None)
+
+
+def _lsq_cases(device, gen):
+    tol = (1e-4, 1e-5)
+    for bits in INT_BITS:
+        for i, (r, c) in enumerate([(1, 1), (3, 7), (16, 64), (33, 40), (128, 96)]):
+            for vd, pd in [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                           (torch.float16, torch.float32), (torch.float32, torch.bfloat16)]:
+                v = randn((r, c), device=device, dtype=vd, gen=gen) * 2
+                prod = randn((r, c), device=device, dtype=pd, gen=gen)
+                scale = (torch.rand((), generator=gen) * 0.2 + 0.05).to(device)
+                shift = randn((c,), device=device, dtype=vd, gen=gen) if i % 2 == 0 else None
+                factor = (torch.rand((), generator=gen) + 0.5).to(device) if i % 3 != 1 else None
+                cd = (None, vd, torch.bfloat16, torch.float32)[i % 4]
+                yield Case((v, scale, prod, bits, shift, factor, False, cd),
+                           f"int{bits} {str(vd)[6:]}/{str(pd)[6:]} {r}x{c}{' shift' if shift is not None else ''}"
+                           f"{' factor' if factor is not None else ''}", tol=tol)
+            w = randn((r, c), device=device, dtype=torch.bfloat16, gen=gen)
+            rs = (torch.rand((r,), generator=gen) * 0.2 + 0.05).to(device)
+            yield Case((w, rs, randn((r, c), device=device, dtype=torch.bfloat16, gen=gen), bits, None, None, True,
+                        None), f"int{bits} rowwise {r}x{c}", tol=tol)
+        # values on the clip edges, exact ties and NaN
+        v = torch.tensor([[0.5, 1.5, -0.5, 100.0, -100.0, float("nan"), 31.75, -32.0]], dtype=torch.float32)
+        yield Case((v.to(device), torch.tensor(0.25, device=device), torch.ones_like(v).to(device), bits, None, None,
+                    False, torch.float32), f"int{bits} edges and NaN", tol=tol)
+
+
+lsq_backward = define_op(OpDef(
+    name="lsq_backward", family="integer",
+    schema=("(Tensor v, Tensor scale, Tensor prod, int bits, Tensor? shift=None, Tensor? factor=None, "
+            "bool rowwise=False, ScalarType? codes_dtype=None) -> (Tensor, Tensor, Tensor, Tensor)"),
+    doc=("Backward of the LSQ quantizer s * clamp(round(v' / s)) of the QAT layers (Esser et al. 2020), "
+         "v (R, C), v' = v + shift.to(v.dtype) or v, s one value or (rowwise) one per row. With "
+         "q = float32(v') / s, inside = lo <= q <= hi, Q = clamp(round_half_even(q)) and g = float32(prod) * "
+         "factor: returns (grad_v = where(inside, g, 0) in v's dtype; grad_scale = sum(g * (Q - where(inside, "
+         "q, 0))) / sqrt(n * Qp) over all of v or per row, float32; grad_shift = column sums of grad_v in "
+         "float32 (empty without shift); Q as codes_dtype (empty if None))."),
+    fake=_lsq_fake, problem=_lsq_problem, validate=_lsq_validate, cases=_lsq_cases,
+    decompose=lambda *args, backend="": _lsq_decompose(*args)))
+
+
+def _lsq_decompose(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    """Without a fused kernel: the definition, through one torch.compile'd (Inductor) kernel for large
+    CUDA tensors (about fifteen eager element-wise passes otherwise); BIE_QAT_FUSED=0 turns that off."""
+    args = (v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
+    if (v.is_cuda and v.numel() >= _FUSED_MIN and os.environ.get("BIE_QAT_FUSED", "1") != "0"
+            and not _fused_state.get("failed") and not torch.compiler.is_compiling()):
+        try:
+            if "fn" not in _fused_state:
+                _fused_state["fn"] = torch.compile(lsq_backward_math, fullgraph=True)
+            return _fused_state["fn"](*args)
+        except Exception as exc:  # noqa: BLE001 - no compiler/Triton here: the eager math is the definition
+            _fused_state["failed"] = repr(exc)
+    return lsq_backward_math(*args)
+
+
+_FUSED_MIN = 1 << 18
+_fused_state: dict = {}
 
 
 # -------------------------------------------------------------- pack / unpack int4
@@ -287,4 +426,4 @@ int_conv2d = define_op(OpDef(
          "output contiguous NCHW int32, or float32(acc)*scale + bias cast to out_dtype."),
     fake=_ic_fake, problem=_ic_problem, validate=_ic_validate, cases=_ic_cases, weight_args=(1,)))
 
-__all__ = ["quantize_int", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range"]
+__all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range"]

@@ -7,7 +7,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
@@ -147,31 +149,121 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at
   return out;
 }
 
-at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, int64_t bits) {
+static int float_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 1;
+    case at::kBFloat16: return 2;
+    case at::kHalf: return 3;
+    default: return 0;
+  }
+}
+
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, int64_t bits,
+                    const c10::optional<at::Tensor>& shift) {
   TORCH_CHECK(x.is_cuda() && scale.device() == x.device(), "bie_cutlass_integer.quantize: x and scale on one CUDA device");
   TORCH_CHECK(x.is_contiguous(), "bie_cutlass_integer.quantize: x must be contiguous");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "bie_cutlass_integer.quantize: scale must be contiguous float32");
   TORCH_CHECK(bits == 4 || bits == 8, "bie_cutlass_integer.quantize: bits must be 4 or 8");
-  int dt = 0;
-  switch (x.scalar_type()) {
-    case at::kFloat: dt = 1; break;
-    case at::kBFloat16: dt = 2; break;
-    case at::kHalf: dt = 3; break;
-    default: TORCH_CHECK(false, "bie_cutlass_integer.quantize: x must be float32, bfloat16 or float16");
-  }
+  const int dt = float_code(x.scalar_type());
+  TORCH_CHECK(dt != 0, "bie_cutlass_integer.quantize: x must be float32, bfloat16 or float16");
   const int64_t n = x.numel();
   const bool per_row = rows > 1;
   TORCH_CHECK(rows >= 1, "bie_cutlass_integer.quantize: rows must be >= 1");
   TORCH_CHECK(per_row ? scale.numel() == rows && n % rows == 0 : scale.numel() == 1,
               "bie_cutlass_integer.quantize: scale has ", scale.numel(), " elements for rows=", rows);
+  const void* sp = nullptr;
+  int64_t cols = 1;
+  if (shift.has_value()) {
+    const at::Tensor& sh = *shift;
+    TORCH_CHECK(x.dim() >= 1 && sh.device() == x.device() && sh.scalar_type() == x.scalar_type() && sh.dim() == 1 &&
+                    sh.is_contiguous() && sh.numel() == x.size(-1),
+                "bie_cutlass_integer.quantize: shift must be a contiguous 1-D tensor of x's dtype with one value "
+                "per element of x's last dim");
+    sp = sh.data_ptr();
+    cols = sh.numel();
+  }
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kChar));
   if (n == 0) return out;
   std::string err = launch_quantize(x.data_ptr(), dt, n, scale.data_ptr<float>(), per_row, per_row ? n / rows : 1,
-                                    static_cast<int>(bits), static_cast<int8_t*>(out.data_ptr()),
+                                    sp, cols, static_cast<int>(bits), static_cast<int8_t*>(out.data_ptr()),
                                     c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err.empty(), "bie_cutlass_integer.quantize: ", err);
   return out;
+}
+
+static bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// (grad_v, part_ds or grad_scale, part_shift or empty, codes or empty); see LsqArgs.
+std::vector<at::Tensor> lsq_backward(const at::Tensor& v, const at::Tensor& scale, const at::Tensor& prod, int64_t bits,
+                                     const c10::optional<at::Tensor>& shift, const c10::optional<at::Tensor>& factor,
+                                     bool rowwise, c10::optional<at::ScalarType> codes_dtype, int64_t row_chunks) {
+  const char* me = "bie_cutlass_integer.lsq_backward: ";
+  TORCH_CHECK(v.is_cuda() && v.dim() == 2 && v.is_contiguous() && aligned16(v), me, "v must be a contiguous, 16-byte aligned 2-D CUDA tensor");
+  TORCH_CHECK(prod.device() == v.device() && prod.sizes() == v.sizes() && prod.is_contiguous() && aligned16(prod), me,
+              "prod must be a contiguous, aligned tensor of v's shape on its device");
+  const int64_t R = v.size(0), C = v.size(1);
+  TORCH_CHECK(C % 8 == 0, me, "the column count must be a multiple of 8");
+  TORCH_CHECK(scale.device() == v.device() && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.numel() == (rowwise ? R : 1), me, "scale must be contiguous float32 with ", rowwise ? R : 1, " values");
+  LsqArgs a{};
+  a.v_code = float_code(v.scalar_type());
+  a.prod_code = float_code(prod.scalar_type());
+  TORCH_CHECK(a.v_code != 0 && a.prod_code != 0, me, "v and prod must be float32, bfloat16 or float16");
+  c10::cuda::CUDAGuard guard(v.device());
+  at::Tensor grad_v = at::empty_like(v);
+  at::Tensor codes = at::empty({0}, v.options().dtype(at::kFloat));
+  if (codes_dtype.has_value()) {
+    codes = at::empty(v.sizes(), v.options().dtype(*codes_dtype));
+    a.codes_code = float_code(*codes_dtype);
+    TORCH_CHECK(a.codes_code != 0, me, "codes_dtype must be a float dtype");
+    a.codes = codes.data_ptr();
+  }
+  if (shift.has_value()) {
+    const at::Tensor& sh = *shift;
+    TORCH_CHECK(!rowwise && sh.device() == v.device() && sh.scalar_type() == v.scalar_type() && sh.dim() == 1 &&
+                    sh.numel() == C && sh.is_contiguous() && aligned16(sh), me,
+                "shift must be a contiguous, aligned (C,) tensor of v's dtype (column mode)");
+    a.shift = sh.data_ptr();
+  }
+  if (factor.has_value()) {
+    TORCH_CHECK(factor->device() == v.device() && factor->scalar_type() == at::kFloat && factor->numel() == 1, me,
+                "factor must be one float32 value on v's device");
+    a.factor = factor->data_ptr<float>();
+  }
+  TORCH_CHECK(bits == 4 || bits == 8, me, "bits must be 4 or 8");
+  TORCH_CHECK(rowwise || (row_chunks >= 1 && row_chunks <= 65535), me, "row_chunks must be in [1, 65535]");
+  at::Tensor sums, part_shift = at::empty({0}, v.options().dtype(at::kFloat));
+  a.v = v.data_ptr();
+  a.prod = prod.data_ptr();
+  a.scale = scale.data_ptr<float>();
+  a.grad_v = grad_v.data_ptr();
+  a.rows = R;
+  a.cols = C;
+  a.bits = static_cast<int>(bits);
+  a.rowwise = rowwise;
+  const int64_t hi = (1LL << (bits - 1)) - 1;
+  a.denom = static_cast<float>(std::sqrt(static_cast<double>(std::max<int64_t>(C, 1) * hi)));
+  if (rowwise) {
+    sums = at::empty({R}, v.options().dtype(at::kFloat));
+    a.grad_scale = sums.data_ptr<float>();
+  } else {
+    const int64_t col_blocks = (C + 1023) / 1024;
+    sums = at::empty({row_chunks * col_blocks}, v.options().dtype(at::kFloat));
+    a.part_ds = sums.data_ptr<float>();
+    a.row_chunks = static_cast<int>(row_chunks);
+    if (a.shift != nullptr) {
+      part_shift = at::empty({row_chunks, C}, v.options().dtype(at::kFloat));
+      a.part_shift = part_shift.data_ptr<float>();
+    }
+  }
+  if (R > 0) {
+    std::string err = launch_lsq_backward(a, c10::cuda::getCurrentCUDAStream(v.get_device()).stream());
+    TORCH_CHECK(err.empty(), me, err);
+  } else {
+    sums.zero_();
+  }
+  return {grad_v, sums, part_shift, codes};
 }
 
 at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
@@ -199,7 +291,9 @@ at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, i
 TORCH_LIBRARY(bie_cutlass_integer, m) {
   m.def("gemm(Tensor a, Tensor b, Tensor? scale, int scale_batch, Tensor? bias, int bias_batch, "
         "ScalarType? out_dtype, int n_pad, int config) -> Tensor");
-  m.def("quantize(Tensor x, Tensor scale, int rows, int bits) -> Tensor");
+  m.def("quantize(Tensor x, Tensor scale, int rows, int bits, Tensor? shift) -> Tensor");
+  m.def("lsq_backward(Tensor v, Tensor scale, Tensor prod, int bits, Tensor? shift, Tensor? factor, bool rowwise, "
+        "ScalarType? codes_dtype, int row_chunks) -> Tensor[]");
   m.def("im2col(Tensor x, int groups, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int ho, "
         "int wo, int kgp) -> Tensor");
 }
@@ -207,5 +301,6 @@ TORCH_LIBRARY(bie_cutlass_integer, m) {
 TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
   m.impl("gemm", &bie_int::gemm);
   m.impl("quantize", &bie_int::quantize);
+  m.impl("lsq_backward", &bie_int::lsq_backward);
   m.impl("im2col", &bie_int::im2col);
 }

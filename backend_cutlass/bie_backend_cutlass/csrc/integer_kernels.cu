@@ -53,21 +53,33 @@ __device__ __forceinline__ int8_t quant1(float v, float s, float lo, float hi) {
   return static_cast<int8_t>(static_cast<int>(q));
 }
 
+// x + shift rounded to x's dtype, as a PyTorch add of two tensors of that dtype (float sum, one rounding)
+__device__ __forceinline__ float shifted(float x, float s, float) { return x + s; }
+__device__ __forceinline__ float shifted(float x, float s, __nv_bfloat16) {
+  return __bfloat162float(__float2bfloat16_rn(x + s));
+}
+__device__ __forceinline__ float shifted(float x, float s, __half) { return __half2float(__float2half_rn(x + s)); }
+
+// shift (nullable, x's dtype) has `cols` values: element i adds shift[i % cols].
 template <typename T>
 __global__ void quantize_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale, bool per_row,
-                                int64_t inner, float lo, float hi, int8_t* __restrict__ out) {
+                                int64_t inner, const T* __restrict__ shift, int64_t cols, float lo, float hi,
+                                int8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float s = per_row ? scale[i / inner] : scale[0];
-    out[i] = quant1(to_f32(x[i]), s, lo, hi);
+    float v = to_f32(x[i]);
+    if (shift != nullptr) v = shifted(v, to_f32(shift[i % cols]), T());
+    out[i] = quant1(v, s, lo, hi);
   }
 }
 
 // VEC = 16 / sizeof(T) elements per thread: one 16-byte load, one VEC-byte store; every element of a
-// vector shares its scale (per_row needs inner % VEC == 0).
+// vector shares its scale (per_row needs inner % VEC == 0) and a shift needs cols % VEC == 0.
 template <typename T, int VEC, typename StoreT>
 __global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const float* __restrict__ scale,
-                                    bool per_row, int64_t inner, float lo, float hi, int8_t* __restrict__ out) {
+                                    bool per_row, int64_t inner, const T* __restrict__ shift, int64_t cols,
+                                    float lo, float hi, int8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
     const float s = per_row ? scale[(v * VEC) / inner] : scale[0];
@@ -77,43 +89,56 @@ __global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const
       StoreT word;
       int8_t b[VEC];
     } o;
+    if (shift != nullptr) {
+      const uint4 sraw = *reinterpret_cast<const uint4*>(shift + (v * VEC) % cols);
+      const T* se = reinterpret_cast<const T*>(&sraw);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), s, lo, hi);
+      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), s, lo, hi);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), s, lo, hi);
+    }
     reinterpret_cast<StoreT*>(out)[v] = o.word;
   }
 }
 
 template <typename T, int VEC, typename StoreT>
-static void quantize_any(const T* x, int64_t n, const float* scale, bool per_row, int64_t inner, float lo, float hi,
-                         int8_t* out, cudaStream_t stream) {
+static void quantize_any(const T* x, int64_t n, const float* scale, bool per_row, int64_t inner, const T* shift,
+                         int64_t cols, float lo, float hi, int8_t* out, cudaStream_t stream) {
   const int threads = 256;
   const bool vec = n % VEC == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out) % sizeof(StoreT) == 0 && (!per_row || inner % VEC == 0);
+                   reinterpret_cast<uintptr_t>(out) % sizeof(StoreT) == 0 && (!per_row || inner % VEC == 0) &&
+                   (shift == nullptr || (cols % VEC == 0 && reinterpret_cast<uintptr_t>(shift) % 16 == 0));
   if (vec) {
     const int64_t nvec = n / VEC;
-    quantize_vec_kernel<T, VEC, StoreT><<<grid_for(nvec, threads), threads, 0, stream>>>(x, nvec, scale, per_row,
-                                                                                        inner, lo, hi, out);
+    quantize_vec_kernel<T, VEC, StoreT><<<grid_for(nvec, threads), threads, 0, stream>>>(
+        x, nvec, scale, per_row, inner, shift, cols, lo, hi, out);
   } else {
-    quantize_kernel<T><<<grid_for(n, threads), threads, 0, stream>>>(x, n, scale, per_row, inner, lo, hi, out);
+    quantize_kernel<T><<<grid_for(n, threads), threads, 0, stream>>>(x, n, scale, per_row, inner, shift, cols, lo,
+                                                                     hi, out);
   }
 }
 
 std::string launch_quantize(const void* x, int dtype_code, int64_t n, const float* scale, bool per_row,
-                            int64_t inner, int bits, int8_t* out, cudaStream_t stream) {
+                            int64_t inner, const void* shift, int64_t cols, int bits, int8_t* out,
+                            cudaStream_t stream) {
   if (n <= 0) return "";
   if (bits != 4 && bits != 8) return "bits must be 4 or 8";
   if (per_row && inner <= 0) return "inner must be > 0";
+  if (shift != nullptr && (cols <= 0 || n % cols != 0)) return "the shift length must divide the element count";
   const float lo = -static_cast<float>(1 << (bits - 1)), hi = static_cast<float>((1 << (bits - 1)) - 1);
   switch (dtype_code) {
     case 1:
-      quantize_any<float, 4, uint32_t>(static_cast<const float*>(x), n, scale, per_row, inner, lo, hi, out, stream);
+      quantize_any<float, 4, uint32_t>(static_cast<const float*>(x), n, scale, per_row, inner,
+                                       static_cast<const float*>(shift), cols, lo, hi, out, stream);
       break;
     case 2:
-      quantize_any<__nv_bfloat16, 8, uint2>(static_cast<const __nv_bfloat16*>(x), n, scale, per_row, inner, lo, hi,
-                                            out, stream);
+      quantize_any<__nv_bfloat16, 8, uint2>(static_cast<const __nv_bfloat16*>(x), n, scale, per_row, inner,
+                                            static_cast<const __nv_bfloat16*>(shift), cols, lo, hi, out, stream);
       break;
     case 3:
-      quantize_any<__half, 8, uint2>(static_cast<const __half*>(x), n, scale, per_row, inner, lo, hi, out, stream);
+      quantize_any<__half, 8, uint2>(static_cast<const __half*>(x), n, scale, per_row, inner,
+                                     static_cast<const __half*>(shift), cols, lo, hi, out, stream);
       break;
     default:
       return "unsupported dtype";

@@ -41,9 +41,36 @@ constexpr int kNumOutCodes = 4;
 GemmFn gemm_fn(int config, int out_code);
 
 // x: contiguous float tensor data of `n` elements (dtype code 1 f32, 2 bf16, 3 f16);
-// scale: float32, scale[i / inner] when per_row, else scale[0].
+// scale: float32, scale[i / inner] when per_row, else scale[0]; shift: nullptr, or `cols` values of x's
+// dtype, element i quantizing x[i] + shift[i % cols] (the add rounded in x's dtype).
 std::string launch_quantize(const void* x, int dtype_code, int64_t n, const float* scale, bool per_row,
-                            int64_t inner, int bits, int8_t* out, cudaStream_t stream);
+                            int64_t inner, const void* shift, int64_t cols, int bits, int8_t* out,
+                            cudaStream_t stream);
+
+// The LSQ quantizer's backward (the lsq_backward op) over v (R, C), C % 8 == 0, every pointer 16-byte
+// aligned; dtype codes 1 f32, 2 bf16, 3 f16 (codes_code 0: no codes output).
+// Column mode (one scale): grid (ceil(C / 1024), row_chunks); writes grad_v, codes, part_ds[row_chunks *
+// gridDim.x] (partial sums of g * (Q - q inside)) and, with a shift, part_shift[row_chunks][C] (partial
+// column sums of grad_v as rounded to v's dtype).
+// Row mode (one scale per row, no shift): one block per row, grad_scale[r] = its sum / denom.
+struct LsqArgs {
+  const void* v;
+  const void* prod;
+  const void* shift;     // v's dtype, C values, or nullptr
+  const float* scale;    // 1 value, or R values (rowwise)
+  const float* factor;   // 1 value or nullptr
+  void* grad_v;          // v's dtype
+  void* codes;           // codes_code's dtype, or nullptr
+  float* part_ds;        // column mode
+  float* part_shift;     // column mode with a shift
+  float* grad_scale;     // row mode
+  int64_t rows, cols;
+  int v_code, prod_code, codes_code, bits;
+  bool rowwise;
+  int row_chunks;        // column mode
+  float denom;           // row mode
+};
+std::string launch_lsq_backward(const LsqArgs& a, cudaStream_t stream);
 
 // x (N, H, W, C) int8 contiguous (NHWC) -> out (G, N*Ho*Wo, Kgp) int8, k = (kh*KW + kw)*Cg + c, zero padded.
 std::string launch_im2col(const int8_t* x, int8_t* out, int64_t N, int64_t C, int64_t H, int64_t W, int64_t G,

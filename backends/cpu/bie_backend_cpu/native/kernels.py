@@ -475,8 +475,11 @@ def _scale_runs(x_shape, scale: torch.Tensor):
     return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
 
 
-def quantize_int(x, scale, bits):
+def quantize_int(x, scale, bits, shift=None):
     _cpu("quantize_int", x, scale)
+    if shift is not None:
+        _cpu("quantize_int", shift)
+        x = x + shift.to(x.dtype)   # in x's dtype, as the op defines; then the same kernel
     _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and bits in (4, 8), "quantize_int",
              "x must be floating, bits 4 or 8")
     try:
