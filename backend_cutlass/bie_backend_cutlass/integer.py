@@ -34,7 +34,7 @@ reference).
 """
 from __future__ import annotations
 
-import math
+import os
 
 import torch
 
@@ -251,7 +251,7 @@ def quantize_int(x, scale, bits, shift=None):
 # --------------------------------------------------------------- lsq_backward
 #: Column mode splits the rows into chunks so that about this many blocks of 128 threads run (8 per SM
 #: on 132 SMs); each block writes one partial sum (and one row of partial column sums for the shift).
-LSQ_TARGET_BLOCKS = 1024
+LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "1024"))
 
 
 def _lsq_fits(t) -> bool:
@@ -274,13 +274,8 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
     f = None if factor is None else factor.detach().reshape(1).to(torch.float32).contiguous()
     col_blocks = (c + 1023) // 1024
     chunks = max(1, min(r, 65535, -(-LSQ_TARGET_BLOCKS // col_blocks)))
-    grad_v, sums, part_shift, codes = _ops().lsq_backward(vc, s, pc, bits, sh, f, bool(rowwise), codes_dtype, chunks)
-    if rowwise:
-        grad_scale = sums
-    else:
-        hi = (1 << (bits - 1)) - 1
-        grad_scale = sums.sum() / math.sqrt(vc.numel() * hi)
-    grad_shift = part_shift.sum(0) if sh is not None else part_shift
+    grad_v, grad_scale, grad_shift, codes = _ops().lsq_backward(vc, s, pc, bits, sh, f, bool(rowwise), codes_dtype,
+                                                               chunks)
     if codes_dtype is None:
         codes = torch.empty((0,), dtype=torch.int8, device=v.device)
     return grad_v, grad_scale, grad_shift, codes

@@ -49,6 +49,37 @@ def gpu_table(fn, n=3):
     return total / n, count / n, table
 
 
+def op_times(x, g, layer, bits):
+    """The step's own element-wise ops alone (CUDA events, 20 calls after 3), µs."""
+    from bie_core import ops
+    sa = layer.act_scale.detach().float()
+    sw = layer.weight_scale.detach().float()
+    ba = layer.act_shift.detach()
+    w = layer.weight.detach()
+    qw = ops.quantize_int(w, sw, bits)
+    prod_w = torch.randn_like(w)
+    cases = {
+        "quantize_act_shift": lambda: ops.quantize_int(x, sa, bits, ba),
+        "quantize_weight": lambda: ops.quantize_int(w, sw, bits),
+        "lsq_act_codes": lambda: ops.lsq_backward(x, sa, g, bits, ba, sw, False, torch.bfloat16),
+        "lsq_weight": lambda: ops.lsq_backward(w, sw, prod_w, bits, None, sa, False, None),
+        "codes_to_bf16": lambda: qw.to(torch.bfloat16),
+    }
+    out = {}
+    with torch.no_grad():
+        for name, fn in cases.items():
+            for _ in range(3):
+                fn()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(20):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            out[f"op_{name}_us"] = a.elapsed_time(b) / 20 * 1e3
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="now")
@@ -84,6 +115,7 @@ def main():
     if "linear_gpu_us" in res:
         res["eager_speedup"] = res["linear_eager_us"] / res["q_eager_us"]
         res["gpu_speedup"] = res["linear_gpu_us"] / gpu
+    res.update(op_times(x, g, layer, args.bits))
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(20):

@@ -123,12 +123,19 @@ def _weight_codes(weight, qw, sw, w_bits, backend):
     return ops.quantize_int(weight.detach(), _col(sw.detach(), weight.dim()), w_bits, backend=backend)
 
 
-def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
+def _f32_scales(sa, sw):
+    """The scales as float32 once per call (each conversion of a half-precision parameter is a kernel launch,
+    which dominates the host time of a step)."""
+    return sa.detach().to(torch.float32), sw.detach().to(torch.float32)
+
+
+def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend, scales=None):
     """The forward alone (used directly when no gradient is needed): (y, Qw). The shift is added inside
     the quantization (one pass; ``x + ba`` is never materialised)."""
-    qa = ops.quantize_int(x2d, sa.detach(), a_bits, ba.detach(), backend=backend)
-    qw = _weight_codes(weight, qw, sw, w_bits, backend)
-    return ops.int_gemm(qa, qw, a_bits, w_bits, _scale(sa, sw), bias, x2d.dtype, backend=backend), qw
+    saf, swf = scales if scales is not None else _f32_scales(sa, sw)
+    qa = ops.quantize_int(x2d, saf, a_bits, ba.detach(), backend=backend)
+    qw = _weight_codes(weight, qw, swf, w_bits, backend)
+    return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
 
 
 def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
@@ -147,21 +154,21 @@ class QLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
-        y, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend)
-        ctx.save_for_backward(x2d, weight, qw, sw, ba, sa)
+        saf, swf = _f32_scales(sa, sw)
+        y, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend, (saf, swf))
+        ctx.save_for_backward(x2d, weight, qw, sw, ba, sa, saf, swf)
         ctx.bits = (a_bits, w_bits)
         ctx.backend = backend
         return y
 
     @staticmethod
     def backward(ctx, g):
-        x2d, weight, qw, sw, ba, sa = ctx.saved_tensors
+        x2d, weight, qw, sw, ba, sa, saf, swf = ctx.saved_tensors
         a_bits, w_bits = ctx.bits
         backend = ctx.backend
         need = ctx.needs_input_grad
         gd = _gdtype(g)
         gm = g.to(gd)
-        saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
         shift = ba.detach()
         want_w = (need[1] or need[3]) and weight is not None
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None

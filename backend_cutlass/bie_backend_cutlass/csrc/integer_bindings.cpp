@@ -194,7 +194,7 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, 
 
 static bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// (grad_v, part_ds or grad_scale, part_shift or empty, codes or empty); see LsqArgs.
+// (grad_v, grad_scale, grad_shift or empty, codes or empty), the op's outputs; see LsqArgs.
 std::vector<at::Tensor> lsq_backward(const at::Tensor& v, const at::Tensor& scale, const at::Tensor& prod, int64_t bits,
                                      const c10::optional<at::Tensor>& shift, const c10::optional<at::Tensor>& factor,
                                      bool rowwise, c10::optional<at::ScalarType> codes_dtype, int64_t row_chunks) {
@@ -233,7 +233,7 @@ std::vector<at::Tensor> lsq_backward(const at::Tensor& v, const at::Tensor& scal
   }
   TORCH_CHECK(bits == 4 || bits == 8, me, "bits must be 4 or 8");
   TORCH_CHECK(rowwise || (row_chunks >= 1 && row_chunks <= 65535), me, "row_chunks must be in [1, 65535]");
-  at::Tensor sums, part_shift = at::empty({0}, v.options().dtype(at::kFloat));
+  at::Tensor grad_scale, grad_shift = at::empty({0}, v.options().dtype(at::kFloat)), part_ds, part_shift;
   a.v = v.data_ptr();
   a.prod = prod.data_ptr();
   a.scale = scale.data_ptr<float>();
@@ -243,27 +243,32 @@ std::vector<at::Tensor> lsq_backward(const at::Tensor& v, const at::Tensor& scal
   a.bits = static_cast<int>(bits);
   a.rowwise = rowwise;
   const int64_t hi = (1LL << (bits - 1)) - 1;
-  a.denom = static_cast<float>(std::sqrt(static_cast<double>(std::max<int64_t>(C, 1) * hi)));
+  const int64_t n = rowwise ? C : R * C;
+  a.denom = static_cast<float>(std::sqrt(static_cast<double>(std::max<int64_t>(n, 1) * hi)));
   if (rowwise) {
-    sums = at::empty({R}, v.options().dtype(at::kFloat));
-    a.grad_scale = sums.data_ptr<float>();
+    grad_scale = at::empty({R}, v.options().dtype(at::kFloat));
   } else {
     const int64_t col_blocks = (C + 1023) / 1024;
-    sums = at::empty({row_chunks * col_blocks}, v.options().dtype(at::kFloat));
-    a.part_ds = sums.data_ptr<float>();
+    grad_scale = at::empty({}, v.options().dtype(at::kFloat));
+    part_ds = at::empty({row_chunks * col_blocks}, v.options().dtype(at::kFloat));
+    a.part_ds = part_ds.data_ptr<float>();
     a.row_chunks = static_cast<int>(row_chunks);
     if (a.shift != nullptr) {
       part_shift = at::empty({row_chunks, C}, v.options().dtype(at::kFloat));
       a.part_shift = part_shift.data_ptr<float>();
+      grad_shift = at::empty({C}, v.options().dtype(at::kFloat));
+      a.grad_shift = grad_shift.data_ptr<float>();
     }
   }
+  a.grad_scale = grad_scale.data_ptr<float>();
   if (R > 0) {
     std::string err = launch_lsq_backward(a, c10::cuda::getCurrentCUDAStream(v.get_device()).stream());
     TORCH_CHECK(err.empty(), me, err);
   } else {
-    sums.zero_();
+    grad_scale.zero_();
+    grad_shift.zero_();
   }
-  return {grad_v, sums, part_shift, codes};
+  return {grad_v, grad_scale, grad_shift, codes};
 }
 
 at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,

@@ -51,7 +51,8 @@ std::string launch_quantize(const void* x, int dtype_code, int64_t n, const floa
 // aligned; dtype codes 1 f32, 2 bf16, 3 f16 (codes_code 0: no codes output).
 // Column mode (one scale): grid (ceil(C / 1024), row_chunks); writes grad_v, codes, part_ds[row_chunks *
 // gridDim.x] (partial sums of g * (Q - q inside)) and, with a shift, part_shift[row_chunks][C] (partial
-// column sums of grad_v as rounded to v's dtype).
+// column sums of grad_v as rounded to v's dtype); then a second launch reduces them into grad_scale[0]
+// (divided by denom) and grad_shift[C].
 // Row mode (one scale per row, no shift): one block per row, grad_scale[r] = its sum / denom.
 struct LsqArgs {
   const void* v;
@@ -63,12 +64,13 @@ struct LsqArgs {
   void* codes;           // codes_code's dtype, or nullptr
   float* part_ds;        // column mode
   float* part_shift;     // column mode with a shift
-  float* grad_scale;     // row mode
+  float* grad_scale;     // 1 value (column mode) or R values (row mode)
+  float* grad_shift;     // column mode with a shift: C values
   int64_t rows, cols;
   int v_code, prod_code, codes_code, bits;
   bool rowwise;
   int row_chunks;        // column mode
-  float denom;           // row mode
+  float denom;           // sqrt(n * Qp): n = all of v (column mode) or one row
 };
 std::string launch_lsq_backward(const LsqArgs& a, cudaStream_t stream);
 

@@ -167,6 +167,29 @@ __global__ void __launch_bounds__(kRowThreads) lsq_rows_kernel(LsqArgs a, float 
   if (threadIdx.x == 0) a.grad_scale[r] = t / a.denom;
 }
 
+// Column mode's finish: grad_shift[c] = sum over chunks of part_shift[:, c] (one thread per column, the
+// chunks in order), and in block 0 grad_scale = sum(part_ds) / denom. Deterministic, one launch.
+__global__ void __launch_bounds__(kRowThreads) lsq_finish_kernel(const float* __restrict__ part_ds, int64_t nparts,
+                                                                const float* __restrict__ part_shift, int64_t chunks,
+                                                                int64_t cols, float denom, float* grad_scale,
+                                                                float* grad_shift) {
+  __shared__ float smem[kRowThreads / 32];
+  if (part_shift != nullptr) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x;
+    if (c < cols) {
+      float t = 0.0f;
+      for (int64_t k = 0; k < chunks; ++k) t += part_shift[k * cols + c];
+      grad_shift[c] = t;
+    }
+  }
+  if (blockIdx.x == 0) {
+    float t = 0.0f;
+    for (int64_t i = threadIdx.x; i < nparts; i += kRowThreads) t += part_ds[i];
+    t = block_sum(t, smem);
+    if (threadIdx.x == 0) *grad_scale = t / denom;
+  }
+}
+
 template <typename VT, typename PT>
 void launch_typed(const LsqArgs& a, float lo, float hi, cudaStream_t stream) {
   if (a.rowwise) {
@@ -203,6 +226,14 @@ std::string launch_lsq_backward(const LsqArgs& a, cudaStream_t stream) {
     case 1: launch_v<float>(a, lo, hi, stream); break;
     case 2: launch_v<__nv_bfloat16>(a, lo, hi, stream); break;
     default: launch_v<__half>(a, lo, hi, stream); break;
+  }
+  if (!a.rowwise) {
+    const int64_t col_blocks = (a.cols + kColThreads * kVec - 1) / (kColThreads * kVec);
+    const unsigned fin_blocks =
+        a.part_shift != nullptr ? static_cast<unsigned>((a.cols + kRowThreads - 1) / kRowThreads) : 1u;
+    lsq_finish_kernel<<<fin_blocks, kRowThreads, 0, stream>>>(a.part_ds, col_blocks * a.row_chunks, a.part_shift,
+                                                             a.row_chunks, a.cols, a.denom, a.grad_scale,
+                                                             a.grad_shift);
   }
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("lsq_backward kernel: ") + cudaGetErrorString(e);
