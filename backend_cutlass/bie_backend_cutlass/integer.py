@@ -249,9 +249,9 @@ def quantize_int(x, scale, bits, shift=None):
 
 
 # --------------------------------------------------------------- lsq_backward
-#: Column mode splits the rows into chunks so that about this many blocks of 128 threads run (8 per SM
+#: Column mode splits the rows into chunks so that about this many blocks of 128 threads run (about 4 per SM
 #: on 132 SMs); each block writes one partial sum (and one row of partial column sums for the shift).
-LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "1024"))
+LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "512"))
 
 
 def _lsq_fits(t) -> bool:
