@@ -74,48 +74,31 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t n, const float*
   }
 }
 
-// VEC = 16 / sizeof(T) elements per vector: one 16-byte load, one VEC-byte store; every element of a
-// vector shares its scale (per_row needs inner % VEC == 0) and a shift needs cols % VEC == 0. A thread
-// takes kQuantUnroll vectors a grid stride apart and issues all their loads first (bytes in flight: one
-// 16-byte load per thread left the kernel at ~1.8 TB/s).
-constexpr int kQuantUnroll = 4;
-
+// VEC = 16 / sizeof(T) elements per thread: one 16-byte load, one VEC-byte store; every element of a
+// vector shares its scale (per_row needs inner % VEC == 0) and a shift needs cols % VEC == 0.
 template <typename T, int VEC, typename StoreT>
 __global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const float* __restrict__ scale,
                                     bool per_row, int64_t inner, const T* __restrict__ shift, int64_t cols,
                                     float lo, float hi, int8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < nvec;
-       base += stride * kQuantUnroll) {
-    uint4 raw[kQuantUnroll], sraw[kQuantUnroll];
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    const float s = per_row ? scale[(v * VEC) / inner] : scale[0];
+    const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
+    const T* e = reinterpret_cast<const T*>(&raw);
+    union {
+      StoreT word;
+      int8_t b[VEC];
+    } o;
+    if (shift != nullptr) {
+      const uint4 sraw = *reinterpret_cast<const uint4*>(shift + (v * VEC) % cols);
+      const T* se = reinterpret_cast<const T*>(&sraw);
 #pragma unroll
-    for (int u = 0; u < kQuantUnroll; ++u) {
-      const int64_t v = base + u * stride;
-      if (v < nvec) {
-        raw[u] = reinterpret_cast<const uint4*>(x)[v];
-        if (shift != nullptr) sraw[u] = *reinterpret_cast<const uint4*>(shift + (v * VEC) % cols);
-      }
+      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), s, lo, hi);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), s, lo, hi);
     }
-#pragma unroll
-    for (int u = 0; u < kQuantUnroll; ++u) {
-      const int64_t v = base + u * stride;
-      if (v >= nvec) break;
-      const float s = per_row ? scale[(v * VEC) / inner] : scale[0];
-      const T* e = reinterpret_cast<const T*>(&raw[u]);
-      union {
-        StoreT word;
-        int8_t b[VEC];
-      } o;
-      if (shift != nullptr) {
-        const T* se = reinterpret_cast<const T*>(&sraw[u]);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o.b[j] = quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), s, lo, hi);
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), s, lo, hi);
-      }
-      reinterpret_cast<StoreT*>(out)[v] = o.word;
-    }
+    reinterpret_cast<StoreT*>(out)[v] = o.word;
   }
 }
 
@@ -128,8 +111,7 @@ static void quantize_any(const T* x, int64_t n, const float* scale, bool per_row
                    (shift == nullptr || (cols % VEC == 0 && reinterpret_cast<uintptr_t>(shift) % 16 == 0));
   if (vec) {
     const int64_t nvec = n / VEC;
-    quantize_vec_kernel<T, VEC, StoreT><<<grid_for((nvec + kQuantUnroll - 1) / kQuantUnroll, threads), threads, 0,
-                                          stream>>>(
+    quantize_vec_kernel<T, VEC, StoreT><<<grid_for(nvec, threads), threads, 0, stream>>>(
         x, nvec, scale, per_row, inner, shift, cols, lo, hi, out);
   } else {
     quantize_kernel<T><<<grid_for(n, threads), threads, 0, stream>>>(x, n, scale, per_row, inner, shift, cols, lo,

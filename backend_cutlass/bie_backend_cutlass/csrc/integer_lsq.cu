@@ -98,17 +98,10 @@ __device__ __forceinline__ float block_sum(float x, float* smem) {
   return t;  // valid in thread 0
 }
 
-// Column mode: thread owns columns [8 * col8, 8 * col8 + 8) over the rows of its block's chunk, kRows rows
-// at a time: all their loads are issued before any store (the pointers are __restrict__, so the compiler
-// may), which is what keeps enough bytes in flight to stream near the HBM rate.
-constexpr int kRows = 4;
-
+// Column mode: thread owns columns [8 * col8, 8 * col8 + 8) over the rows of its block's chunk.
 template <typename VT, typename PT>
 __global__ void __launch_bounds__(kColThreads) lsq_cols_kernel(LsqArgs a, float lo, float hi) {
   __shared__ float smem[kColThreads / 32];
-  const VT* __restrict__ vp = static_cast<const VT*>(a.v);
-  const PT* __restrict__ pp = static_cast<const PT*>(a.prod);
-  VT* __restrict__ gp = static_cast<VT*>(a.grad_v);
   const int64_t C = a.cols, R = a.rows;
   const int64_t col8 = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
   const bool active = col8 * kVec < C;
@@ -122,32 +115,21 @@ __global__ void __launch_bounds__(kColThreads) lsq_cols_kernel(LsqArgs a, float 
   for (int j = 0; j < kVec; ++j) sh[j] = 0.0f, colsum[j] = 0.0f;
   if (active) {
     if (has_shift) load8(static_cast<const VT*>(a.shift) + col8 * kVec, sh);
-    for (int64_t r = r0; r < r1; r += kRows) {
-      float v[kRows][kVec], p[kRows][kVec];
+#pragma unroll 2
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t off = r * C + col8 * kVec;
+      float v[kVec], p[kVec], gv[kVec], cd[kVec];
+      load8(static_cast<const VT*>(a.v) + off, v);
+      load8(static_cast<const PT*>(a.prod) + off, p);
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        if (r + i < r1) {
-          const int64_t off = (r + i) * C + col8 * kVec;
-          load8(vp + off, v[i]);
-          load8(pp + off, p[i]);
-        }
+      for (int j = 0; j < kVec; ++j) {
+        float term;
+        lsq1<VT>(v[j], sh[j], has_shift, s, p[j] * f, lo, hi, gv[j], term, cd[j]);
+        ds += term;
+        colsum[j] += f32(from_f32<VT>(gv[j]));
       }
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        if (r + i < r1) {
-          const int64_t off = (r + i) * C + col8 * kVec;
-          float gv[kVec], cd[kVec];
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            float term;
-            lsq1<VT>(v[i][j], sh[j], has_shift, s, p[i][j] * f, lo, hi, gv[j], term, cd[j]);
-            ds += term;
-            colsum[j] += f32(from_f32<VT>(gv[j]));
-          }
-          store8(gp + off, gv);
-          if (a.codes != nullptr) store_codes(a.codes, a.codes_code, off, cd);
-        }
-      }
+      store8(static_cast<VT*>(a.grad_v) + off, gv);
+      if (a.codes != nullptr) store_codes(a.codes, a.codes_code, off, cd);
     }
     if (a.part_shift != nullptr) {
       float* out = a.part_shift + static_cast<int64_t>(blockIdx.y) * C + col8 * kVec;
@@ -159,43 +141,27 @@ __global__ void __launch_bounds__(kColThreads) lsq_cols_kernel(LsqArgs a, float 
   if (threadIdx.x == 0) a.part_ds[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = t;
 }
 
-// Row mode: one block per row (one scale per row); each thread's column steps loaded two at a time.
+// Row mode: one block per row (one scale per row).
 template <typename VT, typename PT>
 __global__ void __launch_bounds__(kRowThreads) lsq_rows_kernel(LsqArgs a, float lo, float hi) {
   __shared__ float smem[kRowThreads / 32];
-  const VT* __restrict__ vp = static_cast<const VT*>(a.v);
-  const PT* __restrict__ pp = static_cast<const PT*>(a.prod);
-  VT* __restrict__ gp = static_cast<VT*>(a.grad_v);
-  const int64_t C = a.cols, r = blockIdx.x, steps = C / kVec;
+  const int64_t C = a.cols, r = blockIdx.x;
   const float s = a.scale[r];
   const float f = a.factor != nullptr ? a.factor[0] : 1.0f;
   float ds = 0.0f;
-  for (int64_t c8 = threadIdx.x; c8 < steps; c8 += 2 * kRowThreads) {
-    float v[2][kVec], p[2][kVec];
+  for (int64_t c8 = threadIdx.x; c8 * kVec < C; c8 += kRowThreads) {
+    const int64_t off = r * C + c8 * kVec;
+    float v[kVec], p[kVec], gv[kVec], cd[kVec];
+    load8(static_cast<const VT*>(a.v) + off, v);
+    load8(static_cast<const PT*>(a.prod) + off, p);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t c = c8 + i * kRowThreads;
-      if (c < steps) {
-        load8(vp + r * C + c * kVec, v[i]);
-        load8(pp + r * C + c * kVec, p[i]);
-      }
+    for (int j = 0; j < kVec; ++j) {
+      float term;
+      lsq1<VT>(v[j], 0.0f, false, s, p[j] * f, lo, hi, gv[j], term, cd[j]);
+      ds += term;
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t c = c8 + i * kRowThreads;
-      if (c < steps) {
-        const int64_t off = r * C + c * kVec;
-        float gv[kVec], cd[kVec];
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float term;
-          lsq1<VT>(v[i][j], 0.0f, false, s, p[i][j] * f, lo, hi, gv[j], term, cd[j]);
-          ds += term;
-        }
-        store8(gp + off, gv);
-        if (a.codes != nullptr) store_codes(a.codes, a.codes_code, off, cd);
-      }
-    }
+    store8(static_cast<VT*>(a.grad_v) + off, gv);
+    if (a.codes != nullptr) store_codes(a.codes, a.codes_code, off, cd);
   }
   const float t = block_sum(ds, smem);
   if (threadIdx.x == 0) a.grad_scale[r] = t / a.denom;
