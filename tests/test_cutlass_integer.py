@@ -270,6 +270,22 @@ def test_lsq_backward_falls_back_off_the_kernel_grid():
 
 
 @needs_sm90
+def test_lsq_backward_decomposition_on_cuda():
+    """Without the fused kernel (a backend that lacks the op), large CUDA tensors take the torch.compile'd
+    definition: the same gradients."""
+    from bie_core.ops.integer import _lsq_decompose, lsq_backward_math
+    gen = torch.Generator().manual_seed(9)
+    v, prod, scale = _lsq_inputs(512, 1024, torch.bfloat16, torch.bfloat16, gen)
+    shift = (torch.randn(1024, generator=gen) * 0.5).to(torch.bfloat16)
+    args = (v.cuda(), scale.cuda(), prod.cuda(), 8, shift.cuda(), torch.tensor(0.5).cuda(), False, torch.bfloat16)
+    got, exp = _lsq_decompose(*args), lsq_backward_math(*args)
+    for a, b in ((got[0], exp[0]), (got[3], exp[3])):
+        assert (a != b).float().mean().item() < 1e-4      # a compiler may round x + shift once less
+    torch.testing.assert_close(got[1], exp[1], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(got[2], exp[2], rtol=1e-3, atol=1e-2)
+
+
+@needs_sm90
 def test_dispatcher_routes_to_cutlass_and_tunes():
     import bie_core
     from bie_backend_cutlass import tuning
