@@ -3,6 +3,6 @@
 # lab (host/GPU split, the element-wise ops alone), then the benchmark's training-step rows.
 #   BIE_COMMIT=<sha> bash benchmarks/lab/run_s16_final.sh      (carry .whl)
 set -o pipefail
+source benchmarks/cutlass_setup.sh
 TESTS="tests/test_cutlass_integer.py" KIT=1 VARIANTS="w8: w4:QAT_BITS=4" bash benchmarks/lab/run_s16_qat.sh
 timeout 200 python3 benchmarks/bench_cutlass_integer.py --only train --json $OUT/bench_train.json 2>&1 | grep -v Warn | tail -3
-cp /tmp/out/qlinear_step_profile.txt $OUT/ 2>/dev/null || true

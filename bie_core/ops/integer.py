@@ -202,7 +202,10 @@ def _lsq_decompose(v, scale, prod, bits, shift=None, factor=None, rowwise=False,
             and not _fused_state.get("failed") and not torch.compiler.is_compiling()):
         try:
             if "fn" not in _fused_state:
-                _fused_state["fn"] = torch.compile(lsq_backward_math, fullgraph=True)
+                # emulate_precision_casts: round v + shift to v's dtype as eager PyTorch does (Inductor would
+                # otherwise keep the sum in float32, and a few codes at the rounding boundaries would differ)
+                _fused_state["fn"] = torch.compile(lsq_backward_math, fullgraph=True,
+                                                   options={"emulate_precision_casts": True})
             return _fused_state["fn"](*args)
         except Exception as exc:  # noqa: BLE001 - no compiler/Triton here: the eager math is the definition
             _fused_state["failed"] = repr(exc)
