@@ -211,6 +211,35 @@ def test_quantize_int_with_shift_bit_exact(dtype):
                        ref.quantize_int(x, torch.tensor(0.1), 8, sh))
 
 
+@needs_sm90
+def test_division_matches_ieee_over_the_exponent_range():
+    """The kernels divide by one scale with a reciprocal and a correction step (integer_divide.cuh): codes
+    and clip decisions must equal those of the true IEEE division, over the whole float32 range, near every
+    rounding boundary and for scales whose reciprocal leaves the fast path."""
+    from bie_backend_cutlass import integer
+    from bie_core.ops.integer import lsq_backward_math
+    gen = torch.Generator().manual_seed(23)
+    bits_pattern = torch.randint(-(2 ** 31), 2 ** 31 - 1, (1 << 22,), generator=gen, dtype=torch.int64)
+    anywhere = bits_pattern.to(torch.int32).view(torch.float32)
+    for s in (0.1, 1 / 3, 3.0, 0.0625, 0.0173, 1e-30, 1e30, 2.0 ** -100, 7e-39, 123.456):
+        st = torch.tensor(s, dtype=torch.float32)
+        k = torch.arange(-140, 141, dtype=torch.float32)
+        edges = torch.cat([(k + 0.5) * st, k * st])
+        near = torch.cat([edges, torch.nextafter(edges, torch.tensor(float("inf"))),
+                          torch.nextafter(edges, torch.tensor(-float("inf")))])
+        x = torch.cat([anywhere, near, torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0])])
+        xc, sc = x.cuda(), st.cuda()
+        for bits in (4, 8):
+            lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            exp = torch.nan_to_num(torch.round(xc / sc), nan=0.0).clamp(lo, hi).to(torch.int8)
+            assert torch.equal(integer.quantize_int(xc, sc, bits), exp), (s, bits)
+            v = xc[: (xc.numel() // 8) * 8].reshape(-1, 8)
+            prod = torch.ones_like(v)
+            got = integer.lsq_backward(v, sc, prod, bits, None, None, False, torch.float32)
+            ref = lsq_backward_math(v, sc, prod, bits, None, None, False, torch.float32)
+            assert torch.equal(got[0], ref[0]) and torch.equal(got[3], ref[3]), (s, bits)
+
+
 def _lsq_inputs(r, c, vd, pd, gen, scale_rows=False):
     v = (torch.randn(r, c, generator=gen) * 3).to(vd)
     v.view(-1)[:5] = torch.tensor([float("nan"), 0.5, -127.75, 100.0, 31.75]).to(vd)   # NaN, a tie, edges

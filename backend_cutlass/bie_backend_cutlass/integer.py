@@ -249,9 +249,10 @@ def quantize_int(x, scale, bits, shift=None):
 
 
 # --------------------------------------------------------------- lsq_backward
-#: Column mode splits the rows into chunks so that about this many blocks of 128 threads run (about 4 per SM
-#: on 132 SMs); each block writes one partial sum (and one row of partial column sums for the shift).
-LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "512"))
+#: Column mode splits the rows into chunks so that about this many blocks of 512 threads run (2 per SM on
+#: 132 SMs, all resident at once); each block writes one partial sum (and one row of partial column sums
+#: for the shift), which a second launch adds up in a fixed order.
+LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "264"))
 
 
 def _lsq_fits(t) -> bool:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "integer_divide.cuh"
 #include "integer_launch.h"
 
 namespace bie_int {
@@ -45,12 +46,11 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
-// q = clamp(round_half_even(float(x) / scale), lo, hi), NaN -> 0 (true IEEE division, as the reference)
-__device__ __forceinline__ int8_t quant1(float v, float s, float lo, float hi) {
-  float q = rintf(__fdiv_rn(v, s));
-  if (q != q) q = 0.0f;
-  q = fminf(fmaxf(q, lo), hi);
-  return static_cast<int8_t>(static_cast<int>(q));
+// q = clamp(round_half_even(float(x) / scale), lo, hi), NaN -> 0 (true IEEE division, as the reference).
+// cvt.rni (round half to even) gives 0 for NaN and saturates +-inf, then the integer clamp.
+__device__ __forceinline__ int8_t quant1(float v, const Divider& d, int lo, int hi) {
+  const int q = __float2int_rn(divide(v, d));
+  return static_cast<int8_t>(min(max(q, lo), hi));
 }
 
 // x + shift rounded to x's dtype, as a PyTorch add of two tensors of that dtype (float sum, one rounding)
@@ -67,10 +67,10 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t n, const float*
                                 int8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const float s = per_row ? scale[i / inner] : scale[0];
+    const Divider d = make_divider(per_row ? scale[i / inner] : scale[0]);
     float v = to_f32(x[i]);
     if (shift != nullptr) v = shifted(v, to_f32(shift[i % cols]), T());
-    out[i] = quant1(v, s, lo, hi);
+    out[i] = quant1(v, d, static_cast<int>(lo), static_cast<int>(hi));
   }
 }
 
@@ -82,7 +82,8 @@ __global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const
                                     float lo, float hi, int8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
-    const float s = per_row ? scale[(v * VEC) / inner] : scale[0];
+    const Divider d = make_divider(per_row ? scale[(v * VEC) / inner] : scale[0]);
+    const int ilo = static_cast<int>(lo), ihi = static_cast<int>(hi);
     const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
     const T* e = reinterpret_cast<const T*>(&raw);
     union {
@@ -93,10 +94,10 @@ __global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const
       const uint4 sraw = *reinterpret_cast<const uint4*>(shift + (v * VEC) % cols);
       const T* se = reinterpret_cast<const T*>(&sraw);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), s, lo, hi);
+      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), d, ilo, ihi);
     } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), s, lo, hi);
+      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), d, ilo, ihi);
     }
     reinterpret_cast<StoreT*>(out)[v] = o.word;
   }

@@ -17,13 +17,17 @@
 
 #include <cstdint>
 
+#include "integer_divide.cuh"
 #include "integer_launch.h"
 
 namespace bie_int {
 namespace {
 
 constexpr int kVec = 8;          // elements per thread and step (16 bytes of bf16 / fp16)
-constexpr int kColThreads = 128; // column mode: one block covers 1024 columns of a chunk of rows
+constexpr int kColThreads = 128; // column mode: one block covers 1024 columns of a chunk of rows,
+constexpr int kRowLanes = 4;     // ... with 4 lanes of 128 threads taking every 4th row of the chunk
+// (Nsight Compute, s16/call7: with one lane the kernel held 15 warps per SM and stalled on its loads 62% of
+// the time; 2 blocks of 16 warps per SM need at most 64 registers.)
 constexpr int kRowThreads = 256;
 
 __device__ __forceinline__ float f32(float v) { return v; }
@@ -72,10 +76,10 @@ struct Elem {
 
 // One element of the definition. VT: v's dtype (the rounding of v' and of grad_v).
 template <typename VT>
-__device__ __forceinline__ void lsq1(float v, float sh, bool has_shift, float s, float g, float lo, float hi,
-                                     float& grad_v, float& term, float& code) {
+__device__ __forceinline__ void lsq1(float v, float sh, bool has_shift, const Divider& s, float g, float lo,
+                                     float hi, float& grad_v, float& term, float& code) {
   if (has_shift) v = f32(from_f32<VT>(v + sh));
-  const float q = __fdiv_rn(v, s);
+  const float q = divide(v, s);
   const bool inside = q >= lo && q <= hi;
   float c = rintf(q);
   if (c != c) c = 0.0f;
@@ -88,26 +92,33 @@ __device__ __forceinline__ void lsq1(float v, float sh, bool has_shift, float s,
 __device__ __forceinline__ float block_sum(float x, float* smem) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, nwarps = blockDim.x * blockDim.y / 32;
   __syncthreads();  // smem may still be read by a previous call
   if (lane == 0) smem[warp] = x;
   __syncthreads();
   float t = 0.0f;
-  if (threadIdx.x == 0)
+  if (tid == 0)
     for (int w = 0; w < nwarps; ++w) t += smem[w];
   return t;  // valid in thread 0
 }
 
-// Column mode: thread owns columns [8 * col8, 8 * col8 + 8) over the rows of its block's chunk.
+// Column mode: thread (x, y) owns columns [8 * col8, 8 * col8 + 8) over the rows r0 + y, r0 + y + 4, ...
+// of its block's chunk; the 4 lanes' column sums are added in shared memory (in lane order) at the end.
 template <typename VT, typename PT>
-__global__ void __launch_bounds__(kColThreads) lsq_cols_kernel(LsqArgs a, float lo, float hi) {
-  __shared__ float smem[kColThreads / 32];
+__global__ void __launch_bounds__(kColThreads * kRowLanes, 2) lsq_cols_kernel(LsqArgs a, float lo, float hi) {
+  __shared__ float smem[kColThreads * kRowLanes / 32];
+  __shared__ float lane_sums[kRowLanes - 1][kColThreads * kVec];
+  const VT* __restrict__ vp = static_cast<const VT*>(a.v);
+  const PT* __restrict__ pp = static_cast<const PT*>(a.prod);
+  VT* __restrict__ gp = static_cast<VT*>(a.grad_v);
   const int64_t C = a.cols, R = a.rows;
+  const int lane = threadIdx.y;
   const int64_t col8 = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
   const bool active = col8 * kVec < C;
   const int64_t chunk = (R + gridDim.y - 1) / gridDim.y;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk, r1 = min(R, r0 + chunk);
-  const float s = a.scale[0];
+  const Divider s = make_divider(a.scale[0]);
   const float f = a.factor != nullptr ? a.factor[0] : 1.0f;
   const bool has_shift = a.shift != nullptr;
   float sh[kVec], colsum[kVec], ds = 0.0f;
@@ -115,12 +126,11 @@ __global__ void __launch_bounds__(kColThreads) lsq_cols_kernel(LsqArgs a, float 
   for (int j = 0; j < kVec; ++j) sh[j] = 0.0f, colsum[j] = 0.0f;
   if (active) {
     if (has_shift) load8(static_cast<const VT*>(a.shift) + col8 * kVec, sh);
-#pragma unroll 2
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0 + lane; r < r1; r += kRowLanes) {
       const int64_t off = r * C + col8 * kVec;
       float v[kVec], p[kVec], gv[kVec], cd[kVec];
-      load8(static_cast<const VT*>(a.v) + off, v);
-      load8(static_cast<const PT*>(a.prod) + off, p);
+      load8(vp + off, v);
+      load8(pp + off, p);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         float term;
@@ -128,17 +138,29 @@ __global__ void __launch_bounds__(kColThreads) lsq_cols_kernel(LsqArgs a, float 
         ds += term;
         colsum[j] += f32(from_f32<VT>(gv[j]));
       }
-      store8(static_cast<VT*>(a.grad_v) + off, gv);
+      store8(gp + off, gv);
       if (a.codes != nullptr) store_codes(a.codes, a.codes_code, off, cd);
     }
-    if (a.part_shift != nullptr) {
+  }
+  if (a.part_shift != nullptr) {
+    if (lane > 0) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) lane_sums[lane - 1][threadIdx.x * kVec + j] = colsum[j];
+    }
+    __syncthreads();
+    if (lane == 0 && active) {
       float* out = a.part_shift + static_cast<int64_t>(blockIdx.y) * C + col8 * kVec;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) out[j] = colsum[j];
+      for (int j = 0; j < kVec; ++j) {
+        float t = colsum[j];
+#pragma unroll
+        for (int l = 0; l < kRowLanes - 1; ++l) t += lane_sums[l][threadIdx.x * kVec + j];
+        out[j] = t;
+      }
     }
   }
   const float t = block_sum(ds, smem);
-  if (threadIdx.x == 0) a.part_ds[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = t;
+  if (threadIdx.x == 0 && threadIdx.y == 0) a.part_ds[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = t;
 }
 
 // Row mode: one block per row (one scale per row).
@@ -146,7 +168,7 @@ template <typename VT, typename PT>
 __global__ void __launch_bounds__(kRowThreads) lsq_rows_kernel(LsqArgs a, float lo, float hi) {
   __shared__ float smem[kRowThreads / 32];
   const int64_t C = a.cols, r = blockIdx.x;
-  const float s = a.scale[r];
+  const Divider s = make_divider(a.scale[r]);
   const float f = a.factor != nullptr ? a.factor[0] : 1.0f;
   float ds = 0.0f;
   for (int64_t c8 = threadIdx.x; c8 * kVec < C; c8 += kRowThreads) {
@@ -197,7 +219,7 @@ void launch_typed(const LsqArgs& a, float lo, float hi, cudaStream_t stream) {
   } else {
     const dim3 grid(static_cast<unsigned>((a.cols + kColThreads * kVec - 1) / (kColThreads * kVec)),
                     static_cast<unsigned>(a.row_chunks));
-    lsq_cols_kernel<VT, PT><<<grid, kColThreads, 0, stream>>>(a, lo, hi);
+    lsq_cols_kernel<VT, PT><<<grid, dim3(kColThreads, kRowLanes), 0, stream>>>(a, lo, hi);
   }
 }
 
