@@ -4,5 +4,5 @@
 #   BIE_COMMIT=<sha> bash benchmarks/lab/run_s16_final.sh      (carry .whl)
 set -o pipefail
 source benchmarks/cutlass_setup.sh
-TESTS="tests/test_cutlass_integer.py" KIT=1 VARIANTS="w8: w4:QAT_BITS=4" bash benchmarks/lab/run_s16_qat.sh
+TESTS="tests/test_cutlass_integer.py" KIT=1 VARIANTS="${VARIANTS:-w8: w4:QAT_BITS=4}" bash benchmarks/lab/run_s16_qat.sh
 timeout 200 python3 benchmarks/bench_cutlass_integer.py --only train --json $OUT/bench_train.json 2>&1 | grep -v Warn | tail -3
