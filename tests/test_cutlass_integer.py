@@ -240,6 +240,24 @@ def test_division_matches_ieee_over_the_exponent_range():
             assert torch.equal(got[0], ref[0]) and torch.equal(got[3], ref[3]), (s, bits)
 
 
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_int_codes_as_floats(dtype):
+    """out_dtype: the same codes, written as float32 / bfloat16 / float16 values (vector and scalar paths)."""
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    gen = torch.Generator().manual_seed(31)
+    for shape in [(64, 256), (7, 33)]:
+        x = (torch.randn(*shape, generator=gen) * 30).to(dtype)
+        shift = torch.randn(shape[-1], generator=gen).to(dtype)
+        for scale in (torch.tensor(0.3), torch.rand(shape[0], 1, generator=gen) + 0.1):
+            for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+                for bits in (4, 8):
+                    got = integer.quantize_int(x.cuda(), scale.cuda(), bits, shift.cuda(), out_dtype)
+                    assert got.dtype == out_dtype
+                    assert torch.equal(got.cpu(), ref.quantize_int(x, scale, bits, shift).to(out_dtype))
+
+
 def _lsq_inputs(r, c, vd, pd, gen, scale_rows=False):
     v = (torch.randn(r, c, generator=gen) * 3).to(vd)
     v.view(-1)[:5] = torch.tensor([float("nan"), 0.5, -127.75, 100.0, 31.75]).to(vd)   # NaN, a tie, edges

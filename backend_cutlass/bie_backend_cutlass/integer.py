@@ -45,7 +45,7 @@ _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p6
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
                       sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES,
-                      headers=("cutlass_launch.cuh", "integer_launch.h", "integer_gemm_sm90.cuh"))
+                      headers=("cutlass_launch.cuh", "integer_launch.h", "integer_gemm_sm90.cuh", "integer_divide.cuh"))
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
 #: c128x256: 128x256x128 tile, 2x1 cluster, cooperative (two consumer warpgroups on one tile);
@@ -227,25 +227,25 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
 
 
 # --------------------------------------------------------------- quantize_int
-def quantize_int(x, scale, bits, shift=None):
+def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     """Scalar scale, or one scale per leading row (shape (x.shape[0], 1, ..., 1)), with or without a shift
-    along the last dim: one fused kernel; any other broadcast: the same arithmetic in plain PyTorch
-    (still exact)."""
+    along the last dim, codes as int8 or as ``out_dtype`` values: one fused kernel; any other broadcast:
+    the same arithmetic in plain PyTorch (still exact)."""
     s = scale.detach()
     xc = x.detach().contiguous()
     if xc.numel() == 0:
-        return torch.empty(x.shape, dtype=torch.int8, device=x.device)
+        return torch.empty(x.shape, dtype=out_dtype or torch.int8, device=x.device)
     sh = None if shift is None else shift.detach().to(x.dtype).contiguous()
     if s.numel() == 1:
-        return _ops().quantize(xc, s.reshape(1).to(torch.float32).contiguous(), 1, bits, sh)
+        return _ops().quantize(xc, s.reshape(1).to(torch.float32).contiguous(), 1, bits, sh, out_dtype)
     if (x.dim() >= 1 and s.dim() == x.dim() and s.shape[0] == x.shape[0]
             and all(d == 1 for d in s.shape[1:])):
-        return _ops().quantize(xc, s.reshape(-1).to(torch.float32).contiguous(), x.shape[0], bits, sh)
+        return _ops().quantize(xc, s.reshape(-1).to(torch.float32).contiguous(), x.shape[0], bits, sh, out_dtype)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if sh is not None:
         xc = xc + sh
     q = torch.round(xc.to(torch.float32) / s.to(torch.float32))
-    return torch.nan_to_num(q, nan=0.0).clamp(lo, hi).to(torch.int8).contiguous()
+    return torch.nan_to_num(q, nan=0.0).clamp(lo, hi).to(out_dtype or torch.int8).contiguous()
 
 
 # --------------------------------------------------------------- lsq_backward
@@ -309,7 +309,8 @@ def register(registry, priority: int) -> None:
     registry.register(
         "quantize_int", quantize_int, priority=priority, name="quantize_int_cuda",
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),
-        description="one pass: shift, true division, round half to even, clamp (scalar or per-row scale)")
+        description="one pass: shift, true division, round half to even, clamp (scalar or per-row scale); codes "
+                    "as int8 or floats")
     registry.register(
         "lsq_backward", lsq_backward, priority=priority, name="lsq_backward_cuda",
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),

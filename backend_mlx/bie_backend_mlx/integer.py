@@ -48,7 +48,7 @@ def int_matmul(a: "mx.array", bt: "mx.array", chunk: int) -> "mx.array":
 
 # ---------------------------------------------------------------- quantize_int
 @kernel
-def quantize_int(x, scale, bits, shift=None):
+def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if shift is not None:
         x = x + shift.to(x.dtype)   # rounded in x's dtype (torch), as the op defines
@@ -57,7 +57,7 @@ def quantize_int(x, scale, bits, shift=None):
     q = mx.round(mx.divide(xm, sm))           # true IEEE division, round half to even
     q = mx.where(mx.isnan(q), mx.array(0.0, mx.float32), q)
     q = mx.clip(q, lo, hi)
-    return to_torch(q.astype(mx.int8), x.device)
+    return to_torch(q.astype(mx.int8 if out_dtype is None else mx_dtype(out_dtype)), x.device)
 
 
 # ---------------------------------------------------------------- lsq_backward

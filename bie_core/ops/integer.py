@@ -29,8 +29,8 @@ def code_range(bits: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- quantize_int
-def _q_fake(x, scale, bits, shift=None):
-    return torch.empty_like(x, dtype=torch.int8, memory_format=torch.contiguous_format)
+def _q_fake(x, scale, bits, shift=None, out_dtype=None):
+    return torch.empty_like(x, dtype=out_dtype or torch.int8, memory_format=torch.contiguous_format)
 
 
 def _check_shift(op, x, shift):
@@ -42,12 +42,14 @@ def _check_shift(op, x, shift):
           f"({x.shape[-1] if x.dim() else 'x is a scalar'})")
 
 
-def _q_validate(x, scale, bits, shift=None):
+def _q_validate(x, scale, bits, shift=None, out_dtype=None):
     op = "quantize_int"
     check_tensor(x, op, "x", dtypes=FLOAT_DTYPES)
     check_tensor(scale, op, "scale", dtypes=FLOAT_DTYPES)
     check(bits in INT_BITS, op, f"bits must be 4 or 8, got {bits}")
     _check_shift(op, x, shift)
+    check(out_dtype is None or out_dtype in FLOAT_DTYPES, op,
+          f"out_dtype must be None (int8 codes) or a float dtype, got {out_dtype}")
     try:
         torch.broadcast_shapes(x.shape, scale.shape)
     except RuntimeError:
@@ -57,9 +59,9 @@ def _q_validate(x, scale, bits, shift=None):
     check_same_device(op, x=x, scale=scale, shift=shift)
 
 
-def _q_problem(x, scale, bits, shift=None):
+def _q_problem(x, scale, bits, shift=None, out_dtype=None):
     return problem("quantize_int", x.device, x.dtype, contiguous=x.is_contiguous(), M=x.numel(),
-                   bits=bits, per_channel=scale.numel() > 1, shifted=shift is not None)
+                   bits=bits, per_channel=scale.numel() > 1, shifted=shift is not None, out_dtype=out_dtype)
 
 
 def _q_cases(device, gen):
@@ -87,14 +89,20 @@ def _q_cases(device, gen):
             yield Case((x, (torch.rand((4, 1), generator=gen) + 0.1).to(device), bits,
                         randn((16,), device=device, dtype=torch.float32, gen=gen)),
                        f"int{bits} {str(dtype)[6:]} per-row scale, float32 shift")
+            # the codes as floats (the operand of a half-precision backward product)
+            for out_dtype in FLOAT_DTYPES:
+                x = randn((6, 40), device=device, dtype=dtype, gen=gen) * 4
+                scale = (torch.rand((), generator=gen) * 0.3 + 0.05).to(device)
+                yield Case((x, scale, bits, None, out_dtype), f"int{bits} {str(dtype)[6:]} codes as {str(out_dtype)[6:]}")
 
 
 quantize_int = define_op(OpDef(
     name="quantize_int", family="integer",
-    schema="(Tensor x, Tensor scale, int bits, Tensor? shift=None) -> Tensor",
+    schema="(Tensor x, Tensor scale, int bits, Tensor? shift=None, ScalarType? out_dtype=None) -> Tensor",
     doc=("Signed integer codes: clamp(round_half_even(float32(x') / float32(scale)), -2^(b-1), 2^(b-1)-1) "
-         "as int8, same shape as x, with x' = x + shift.to(x.dtype) (added in x's dtype; shift has one value "
-         "per element of x's last dim) or x' = x; scale broadcasts to x."),
+         "as int8 (or, with out_dtype, as those small integers in that float dtype: exact), same shape as x, "
+         "with x' = x + shift.to(x.dtype) (added in x's dtype; shift has one value per element of x's last "
+         "dim) or x' = x; scale broadcasts to x."),
     fake=_q_fake, problem=_q_problem, validate=_q_validate, cases=_q_cases))
 
 

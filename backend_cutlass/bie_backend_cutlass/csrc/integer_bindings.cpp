@@ -159,7 +159,7 @@ static int float_code(at::ScalarType t) {
 }
 
 at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, int64_t bits,
-                    const c10::optional<at::Tensor>& shift) {
+                    const c10::optional<at::Tensor>& shift, c10::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(x.is_cuda() && scale.device() == x.device(), "bie_cutlass_integer.quantize: x and scale on one CUDA device");
   TORCH_CHECK(x.is_contiguous(), "bie_cutlass_integer.quantize: x must be contiguous");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "bie_cutlass_integer.quantize: scale must be contiguous float32");
@@ -182,11 +182,13 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale, int64_t rows, 
     sp = sh.data_ptr();
     cols = sh.numel();
   }
+  const int out_code = out_dtype.has_value() ? float_code(*out_dtype) : 0;
+  TORCH_CHECK(!out_dtype.has_value() || out_code != 0, "bie_cutlass_integer.quantize: out_dtype must be a float dtype");
   c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype.has_value() ? *out_dtype : at::kChar));
   if (n == 0) return out;
   std::string err = launch_quantize(x.data_ptr(), dt, n, scale.data_ptr<float>(), per_row, per_row ? n / rows : 1,
-                                    sp, cols, static_cast<int>(bits), static_cast<int8_t*>(out.data_ptr()),
+                                    sp, cols, static_cast<int>(bits), out.data_ptr(), out_code,
                                     c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err.empty(), "bie_cutlass_integer.quantize: ", err);
   return out;
@@ -296,7 +298,7 @@ at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, i
 TORCH_LIBRARY(bie_cutlass_integer, m) {
   m.def("gemm(Tensor a, Tensor b, Tensor? scale, int scale_batch, Tensor? bias, int bias_batch, "
         "ScalarType? out_dtype, int n_pad, int config) -> Tensor");
-  m.def("quantize(Tensor x, Tensor scale, int rows, int bits, Tensor? shift) -> Tensor");
+  m.def("quantize(Tensor x, Tensor scale, int rows, int bits, Tensor? shift, ScalarType? out_dtype) -> Tensor");
   m.def("lsq_backward(Tensor v, Tensor scale, Tensor prod, int bits, Tensor? shift, Tensor? factor, bool rowwise, "
         "ScalarType? codes_dtype, int row_chunks) -> Tensor[]");
   m.def("im2col(Tensor x, int groups, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int ho, "

@@ -48,9 +48,8 @@ __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 // q = clamp(round_half_even(float(x) / scale), lo, hi), NaN -> 0 (true IEEE division, as the reference).
 // cvt.rni (round half to even) gives 0 for NaN and saturates +-inf, then the integer clamp.
-__device__ __forceinline__ int8_t quant1(float v, const Divider& d, int lo, int hi) {
-  const int q = __float2int_rn(divide(v, d));
-  return static_cast<int8_t>(min(max(q, lo), hi));
+__device__ __forceinline__ int quant1(float v, const Divider& d, int lo, int hi) {
+  return min(max(__float2int_rn(divide(v, d)), lo), hi);
 }
 
 // x + shift rounded to x's dtype, as a PyTorch add of two tensors of that dtype (float sum, one rounding)
@@ -60,90 +59,109 @@ __device__ __forceinline__ float shifted(float x, float s, __nv_bfloat16) {
 }
 __device__ __forceinline__ float shifted(float x, float s, __half) { return __half2float(__float2half_rn(x + s)); }
 
+// A code as the output type: int8, or the (exact) small integer as float32 / bfloat16 / float16.
+template <typename O> __device__ __forceinline__ O code_as(int q);
+template <> __device__ __forceinline__ int8_t code_as<int8_t>(int q) { return static_cast<int8_t>(q); }
+template <> __device__ __forceinline__ float code_as<float>(int q) { return static_cast<float>(q); }
+template <> __device__ __forceinline__ __nv_bfloat16 code_as<__nv_bfloat16>(int q) { return __int2bfloat16_rn(q); }
+template <> __device__ __forceinline__ __half code_as<__half>(int q) { return __int2half_rn(q); }
+
 // shift (nullable, x's dtype) has `cols` values: element i adds shift[i % cols].
-template <typename T>
+template <typename T, typename O>
 __global__ void quantize_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale, bool per_row,
-                                int64_t inner, const T* __restrict__ shift, int64_t cols, float lo, float hi,
-                                int8_t* __restrict__ out) {
+                                int64_t inner, const T* __restrict__ shift, int64_t cols, int lo, int hi,
+                                O* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const Divider d = make_divider(per_row ? scale[i / inner] : scale[0]);
     float v = to_f32(x[i]);
     if (shift != nullptr) v = shifted(v, to_f32(shift[i % cols]), T());
-    out[i] = quant1(v, d, static_cast<int>(lo), static_cast<int>(hi));
+    out[i] = code_as<O>(quant1(v, d, lo, hi));
   }
 }
 
-// VEC = 16 / sizeof(T) elements per thread: one 16-byte load, one VEC-byte store; every element of a
-// vector shares its scale (per_row needs inner % VEC == 0) and a shift needs cols % VEC == 0.
-template <typename T, int VEC, typename StoreT>
+// VEC = 16 / sizeof(T) elements per thread: one 16-byte load and VEC outputs stored as one vector of
+// VEC * sizeof(O) bytes (O int8: 4 or 8 bytes; a float type: 8 to 32 bytes); every element of a vector
+// shares its scale (per_row needs inner % VEC == 0) and a shift needs cols % VEC == 0.
+template <typename T, int VEC, typename O>
 __global__ void quantize_vec_kernel(const T* __restrict__ x, int64_t nvec, const float* __restrict__ scale,
                                     bool per_row, int64_t inner, const T* __restrict__ shift, int64_t cols,
-                                    float lo, float hi, int8_t* __restrict__ out) {
+                                    int lo, int hi, O* __restrict__ out) {
+  struct alignas(VEC * sizeof(O)) Out {
+    O v[VEC];
+  };
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
     const Divider d = make_divider(per_row ? scale[(v * VEC) / inner] : scale[0]);
-    const int ilo = static_cast<int>(lo), ihi = static_cast<int>(hi);
     const uint4 raw = reinterpret_cast<const uint4*>(x)[v];
     const T* e = reinterpret_cast<const T*>(&raw);
-    union {
-      StoreT word;
-      int8_t b[VEC];
-    } o;
+    Out o;
     if (shift != nullptr) {
       const uint4 sraw = *reinterpret_cast<const uint4*>(shift + (v * VEC) % cols);
       const T* se = reinterpret_cast<const T*>(&sraw);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), d, ilo, ihi);
+      for (int j = 0; j < VEC; ++j) o.v[j] = code_as<O>(quant1(shifted(to_f32(e[j]), to_f32(se[j]), T()), d, lo, hi));
     } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.b[j] = quant1(to_f32(e[j]), d, ilo, ihi);
+      for (int j = 0; j < VEC; ++j) o.v[j] = code_as<O>(quant1(to_f32(e[j]), d, lo, hi));
     }
-    reinterpret_cast<StoreT*>(out)[v] = o.word;
+    reinterpret_cast<Out*>(out)[v] = o;
   }
 }
 
-template <typename T, int VEC, typename StoreT>
+template <typename T, int VEC, typename O>
 static void quantize_any(const T* x, int64_t n, const float* scale, bool per_row, int64_t inner, const T* shift,
-                         int64_t cols, float lo, float hi, int8_t* out, cudaStream_t stream) {
+                         int64_t cols, int lo, int hi, O* out, cudaStream_t stream) {
   const int threads = 256;
   const bool vec = n % VEC == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out) % sizeof(StoreT) == 0 && (!per_row || inner % VEC == 0) &&
+                   reinterpret_cast<uintptr_t>(out) % (VEC * sizeof(O)) == 0 && (!per_row || inner % VEC == 0) &&
                    (shift == nullptr || (cols % VEC == 0 && reinterpret_cast<uintptr_t>(shift) % 16 == 0));
   if (vec) {
     const int64_t nvec = n / VEC;
-    quantize_vec_kernel<T, VEC, StoreT><<<grid_for(nvec, threads), threads, 0, stream>>>(
-        x, nvec, scale, per_row, inner, shift, cols, lo, hi, out);
+    quantize_vec_kernel<T, VEC, O><<<grid_for(nvec, threads), threads, 0, stream>>>(x, nvec, scale, per_row, inner,
+                                                                                   shift, cols, lo, hi, out);
   } else {
-    quantize_kernel<T><<<grid_for(n, threads), threads, 0, stream>>>(x, n, scale, per_row, inner, shift, cols, lo,
-                                                                     hi, out);
+    quantize_kernel<T, O><<<grid_for(n, threads), threads, 0, stream>>>(x, n, scale, per_row, inner, shift, cols, lo,
+                                                                        hi, out);
   }
 }
 
+template <typename T, int VEC>
+static std::string quantize_to(const void* x, int64_t n, const float* scale, bool per_row, int64_t inner,
+                               const void* shift, int64_t cols, int lo, int hi, void* out, int out_code,
+                               cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const T* st = static_cast<const T*>(shift);
+  switch (out_code) {
+    case 0: quantize_any<T, VEC>(xt, n, scale, per_row, inner, st, cols, lo, hi, static_cast<int8_t*>(out), stream); break;
+    case 1: quantize_any<T, VEC>(xt, n, scale, per_row, inner, st, cols, lo, hi, static_cast<float*>(out), stream); break;
+    case 2:
+      quantize_any<T, VEC>(xt, n, scale, per_row, inner, st, cols, lo, hi, static_cast<__nv_bfloat16*>(out), stream);
+      break;
+    case 3: quantize_any<T, VEC>(xt, n, scale, per_row, inner, st, cols, lo, hi, static_cast<__half*>(out), stream); break;
+    default: return "unsupported output dtype";
+  }
+  return "";
+}
+
 std::string launch_quantize(const void* x, int dtype_code, int64_t n, const float* scale, bool per_row,
-                            int64_t inner, const void* shift, int64_t cols, int bits, int8_t* out,
+                            int64_t inner, const void* shift, int64_t cols, int bits, void* out, int out_code,
                             cudaStream_t stream) {
   if (n <= 0) return "";
   if (bits != 4 && bits != 8) return "bits must be 4 or 8";
   if (per_row && inner <= 0) return "inner must be > 0";
   if (shift != nullptr && (cols <= 0 || n % cols != 0)) return "the shift length must divide the element count";
-  const float lo = -static_cast<float>(1 << (bits - 1)), hi = static_cast<float>((1 << (bits - 1)) - 1);
+  const int lo = -(1 << (bits - 1)), hi = (1 << (bits - 1)) - 1;
+  std::string err;
   switch (dtype_code) {
-    case 1:
-      quantize_any<float, 4, uint32_t>(static_cast<const float*>(x), n, scale, per_row, inner,
-                                       static_cast<const float*>(shift), cols, lo, hi, out, stream);
-      break;
+    case 1: err = quantize_to<float, 4>(x, n, scale, per_row, inner, shift, cols, lo, hi, out, out_code, stream); break;
     case 2:
-      quantize_any<__nv_bfloat16, 8, uint2>(static_cast<const __nv_bfloat16*>(x), n, scale, per_row, inner,
-                                            static_cast<const __nv_bfloat16*>(shift), cols, lo, hi, out, stream);
+      err = quantize_to<__nv_bfloat16, 8>(x, n, scale, per_row, inner, shift, cols, lo, hi, out, out_code, stream);
       break;
-    case 3:
-      quantize_any<__half, 8, uint2>(static_cast<const __half*>(x), n, scale, per_row, inner,
-                                     static_cast<const __half*>(shift), cols, lo, hi, out, stream);
-      break;
-    default:
-      return "unsupported dtype";
+    case 3: err = quantize_to<__half, 8>(x, n, scale, per_row, inner, shift, cols, lo, hi, out, out_code, stream); break;
+    default: return "unsupported dtype";
   }
+  if (!err.empty()) return err;
   return last_error("quantize kernel");
 }
 

@@ -42,9 +42,10 @@ GemmFn gemm_fn(int config, int out_code);
 
 // x: contiguous float tensor data of `n` elements (dtype code 1 f32, 2 bf16, 3 f16);
 // scale: float32, scale[i / inner] when per_row, else scale[0]; shift: nullptr, or `cols` values of x's
-// dtype, element i quantizing x[i] + shift[i % cols] (the add rounded in x's dtype).
+// dtype, element i quantizing x[i] + shift[i % cols] (the add rounded in x's dtype); out: the codes as
+// int8 (out_code 0) or as float32 / bfloat16 / float16 values (1 / 2 / 3).
 std::string launch_quantize(const void* x, int dtype_code, int64_t n, const float* scale, bool per_row,
-                            int64_t inner, const void* shift, int64_t cols, int bits, int8_t* out,
+                            int64_t inner, const void* shift, int64_t cols, int bits, void* out, int out_code,
                             cudaStream_t stream);
 
 // The LSQ quantizer's backward (the lsq_backward op) over v (R, C), C % 8 == 0, every pointer 16-byte

@@ -475,7 +475,7 @@ def _scale_runs(x_shape, scale: torch.Tensor):
     return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
 
 
-def quantize_int(x, scale, bits, shift=None):
+def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     _cpu("quantize_int", x, scale)
     if shift is not None:
         _cpu("quantize_int", shift)
@@ -491,7 +491,7 @@ def quantize_int(x, scale, bits, shift=None):
     out = torch.empty(tuple(x.shape), dtype=torch.int8)
     nel = xc.numel()
     if nel == 0:
-        return out
+        return out if out_dtype is None else out.to(out_dtype)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if scale.numel() == 1:
         s = float(scale.detach().to(torch.float32).reshape(()).item())
@@ -501,7 +501,7 @@ def quantize_int(x, scale, bits, shift=None):
         _require(sv.numel() * inner == nel, "quantize_int", "scale layout")
         args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, 0.0, lo, hi, out.data_ptr(), sv.data_ptr(), inner)
     _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
-    return out
+    return out if out_dtype is None else out.to(out_dtype)   # small integers: exact in any float dtype
 
 
 # --------------------------------------------------------------------- int_bmm

@@ -11,13 +11,13 @@ def code_range(bits: int):
     return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
 
 
-def quantize_int(x, scale, bits, shift=None):
+def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     lo, hi = code_range(bits)
     if shift is not None:
         x = x + shift.to(x.dtype)   # the add rounds in x's dtype, as the op defines
     q = torch.round(x.to(torch.float32) / scale.to(torch.float32))  # round half to even, true division
     q = torch.nan_to_num(q, nan=0.0).clamp(lo, hi)
-    return q.to(torch.int8).contiguous()
+    return q.to(out_dtype or torch.int8).contiguous()
 
 
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
