@@ -64,6 +64,7 @@ def op_times(x, g, layer, bits):
         "lsq_act_codes": lambda: ops.lsq_backward(x, sa, g, bits, ba, sw, False, torch.bfloat16),
         "lsq_weight": lambda: ops.lsq_backward(w, sw, prod_w, bits, None, sa, False, None),
         "codes_to_bf16": lambda: qw.to(torch.bfloat16),
+        "quantize_weight_as_bf16": lambda: ops.quantize_int(w, sw, bits, None, torch.bfloat16),
     }
     out = {}
     with torch.no_grad():
