@@ -49,7 +49,20 @@ def _sm_count(index: int) -> int:
 
 
 def gpu_key(device=None) -> str:
-    p = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    if isinstance(device, int):
+        index = device
+    else:
+        index = getattr(device, "index", None)
+        if index is None:
+            index = torch.cuda.current_device()
+    return _gpu_key(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_key(index: int) -> str:
+    # cached: every tuned launch looks its table up, and reading the device properties and formatting the
+    # name cost tens of µs of host time per call
+    p = torch.cuda.get_device_properties(index)
     name = re.sub(r"[^A-Za-z0-9]+", "_", p.name).strip("_")
     return f"{name}-sm{p.major}{p.minor}-{p.multi_processor_count}sm-v{__version__}"
 
