@@ -345,15 +345,20 @@ def test_dispatcher_routes_to_cutlass_and_tunes():
 
 
 @needs_sm90
-@pytest.mark.parametrize("w_bits,a_bits,per_channel", [(8, 8, False), (4, 4, True), (8, 4, False)])
-def test_qlinear_trains_on_cutlass_bf16(w_bits, a_bits, per_channel):
-    """A bf16 QLinear step on the GPU against the float32 STE reference of the same quantized math."""
+@pytest.mark.parametrize("w_bits,a_bits,per_channel,dtype", [(8, 8, False, torch.bfloat16),
+                                                             (4, 4, True, torch.bfloat16),
+                                                             (8, 4, False, torch.bfloat16),
+                                                             (8, 8, False, torch.float16),
+                                                             (4, 8, True, torch.float32)])
+def test_qlinear_trains_on_cutlass_bf16(w_bits, a_bits, per_channel, dtype):
+    """A QLinear step on the GPU (bf16, and fp16 / fp32) against the float32 STE reference of the same
+    quantized math."""
     import _qat_ref as ref
     from bie_core import QLinear
     torch.manual_seed(0)
     layer = QLinear(256, 192, w_bits=w_bits, a_bits=a_bits, bias=True, per_channel=per_channel,
-                    backend="cutlass", device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+                    backend="cutlass", device="cuda", dtype=dtype)
+    x = torch.randn(64, 256, device="cuda", dtype=dtype)
     xl = x.clone().requires_grad_()
     y = layer(xl)
     g = torch.randn_like(y)

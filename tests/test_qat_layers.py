@@ -163,6 +163,26 @@ def test_qlinear_matches_lsq_reference(w_bits, a_bits, per_channel, bias):
     _grads_match([xl, layer.weight, layer.act_shift, layer.act_scale, layer.weight_scale] + bl, rp)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qlinear_weight_gradient_alone(dtype):
+    """Only the weight (and its scale) trains: the backward skips the activation's LSQ pass and quantizes x
+    itself for the weight-gradient product; the weight gradients equal those of a full backward."""
+    torch.manual_seed(6)
+    layer = QLinear(32, 12, w_bits=8, a_bits=4, dtype=dtype)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.2)
+    x = (torch.randn(5, 32) * 2).to(dtype)
+    gy = torch.randn(5, 12).to(dtype)
+    (layer(x.clone().requires_grad_()) * gy).sum().backward()
+    full = (layer.weight.grad.clone(), layer.weight_scale.grad.clone())
+    layer.zero_grad()
+    layer.act_shift.requires_grad_(False)
+    layer.act_scale.requires_grad_(False)
+    (layer(x) * gy).sum().backward()
+    assert layer.act_shift.grad is None and layer.act_scale.grad is None
+    assert torch.equal(layer.weight.grad, full[0]) and torch.equal(layer.weight_scale.grad, full[1])
+
+
 def test_qlinear_round_half_even_and_exact_accumulation():
     layer = QLinear(4, 1, w_bits=8, a_bits=8)
     layer(torch.ones(1, 4))  # initialise
