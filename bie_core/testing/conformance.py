@@ -197,7 +197,8 @@ def check_cache_invalidation(kernel: Kernel, op: OpDef, case: Case, gen: torch.G
 
 
 def check_opcheck(op: OpDef, backend: str, case: Case) -> None:
-    torch.library.opcheck(op.overload, tuple(case.args) + (backend,),
+    args = tuple(case.args) + tuple(op.defaults[len(case.args):])   # the backend follows every argument
+    torch.library.opcheck(op.overload, args + (backend,),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 

@@ -113,16 +113,46 @@ def sign_embedding_bag(indices, bits, dim, dtype):
     return torch.where(total >= 0, 1, -1).to(dtype)
 
 
-def quantize_int(x, scale, bits):
+def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    v = (x.cpu().to(torch.float32) / scale.cpu().to(torch.float32)).to(torch.float64)
+    x = x.cpu()
+    if shift is not None:   # the add in x's dtype: float64 sum (exact for two floats of one dtype), one rounding
+        x = (x.to(torch.float64) + shift.cpu().to(x.dtype).to(torch.float64)).to(x.dtype)
+    v = (x.to(torch.float32) / scale.cpu().to(torch.float32)).to(torch.float64)
     v = torch.nan_to_num(v, nan=0.0)
     fl = torch.floor(v)
     frac = v - fl
     # round half to even, written out: below .5 down, above .5 up, exactly .5 to the even neighbour
     up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(fl, 2) == 1))
     r = torch.where(up, fl + 1, fl)
-    return r.clamp(lo, hi).to(torch.int8)
+    return r.clamp(lo, hi).to(out_dtype or torch.int8)
+
+
+def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    """The LSQ derivatives by autograd (float64) of s * (Q + inside * (q - q.detach())), the quantizer with
+    a straight-through round, masked where q is outside the clip range (or not finite)."""
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    v = v.cpu()
+    if shift is not None:
+        v = (v.to(torch.float64) + shift.cpu().to(v.dtype).to(torch.float64)).to(v.dtype)
+    s32 = scale.cpu().to(torch.float32).reshape(-1, 1) if rowwise else scale.cpu().to(torch.float32).reshape(())
+    q32 = v.to(torch.float32) / s32                                 # the op's true float32 division
+    inside = (q32 >= lo) & (q32 <= hi)
+    codes = quantize_int(v, s32, bits).to(torch.float64)
+    g = prod.cpu().to(torch.float32)
+    if factor is not None:
+        g = g * factor.cpu().to(torch.float32).reshape(())
+    s = s32.to(torch.float64).clone().requires_grad_()
+    vv = torch.where(inside, v.to(torch.float64), 0.0).requires_grad_()
+    q = vv / s
+    y = s * (codes + torch.where(inside, q - q.detach(), 0.0))
+    y.backward(g.to(torch.float64))
+    n = v.shape[1] if rowwise else v.numel()
+    grad_scale = (s.grad.reshape(-1) if rowwise else s.grad.reshape(())) / (max(n, 1) * hi) ** 0.5
+    grad_v = vv.grad.to(torch.float32).to(v.dtype)      # g (float32) where inside: exact through float64
+    grad_shift = grad_v.to(torch.float64).sum(0).to(torch.float32) if shift is not None else torch.empty(0)
+    out_codes = codes.to(codes_dtype) if codes_dtype is not None else torch.empty(0, dtype=torch.int8)
+    return grad_v, grad_scale.to(torch.float32), grad_shift, out_codes
 
 
 def pack_int4(codes):
