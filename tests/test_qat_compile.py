@@ -9,15 +9,16 @@ from bie_core import BinaryLinear, QLinear
 
 
 @pytest.mark.parametrize("make", [lambda: BinaryLinear(32, 16, bias=True),
-                                  lambda: QLinear(32, 16, w_bits=4, a_bits=4, per_channel=False)],
-                         ids=["BinaryLinear", "QLinear"])
+                                  lambda: QLinear(32, 16, w_bits=4, a_bits=4, per_channel=False),
+                                  lambda: QLinear(32, 16, w_bits=8, a_bits=8, dtype=torch.bfloat16)],
+                         ids=["BinaryLinear", "QLinear", "QLinear-bf16"])
 def test_compile_fullgraph_forward_backward(make):
     torch._dynamo.reset()
     torch.manual_seed(0)
     layer = make()
     eager = make()
     eager.load_state_dict(layer.state_dict())
-    x = torch.randn(4, 32)
+    x = torch.randn(4, 32).to(layer.weight.dtype)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     y = compiled(x)                      # first call initialises act_scale inside the graph
     ye = eager(x)

@@ -26,6 +26,7 @@ import os
 import torch
 
 from .. import ops
+from ..dispatch import resolve
 from ..ops.integer import code_range
 
 
@@ -148,6 +149,22 @@ def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
     return y, xs, qa, qw
 
 
+def _codes_in(weight, swf, w_bits, gd, backend):
+    """The weight's codes straight in the gradient's half dtype (one pass over W; PyTorch's conversion of
+    the saved int8 codes ran at ~1 TB/s on the H100), when a fused kernel serves that quantization; None
+    (convert the saved codes) for float32 gradients, a per-channel scale, a packed layer, or where only
+    the plain-PyTorch reference would serve it (its several passes cost more than the conversion)."""
+    if weight is None or swf.dim() != 0 or gd == torch.float32:
+        return None
+    args = (weight.detach(), swf, w_bits, None, gd)
+    if torch.compiler.is_compiling():
+        return ops.quantize_int(*args, backend=backend)   # the registered op: traced (and fused) as it is
+    r = resolve(ops.quantize_int, *args, backend=backend or "")
+    if r.decision.kernel.reference:
+        return None
+    return r(*args)
+
+
 class QLinearFn(torch.autograd.Function):
     """Saves x itself (not x + ba, nor the activation codes): the backward's ``lsq_backward`` recomputes
     both in the pass it makes anyway, and hands the codes to the weight-gradient product."""
@@ -174,10 +191,9 @@ class QLinearFn(torch.autograd.Function):
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         codes = None   # the activation codes in the gradient's precision, for the weight-gradient product
         if need[0] or need[4] or need[5]:
-            if weight is not None and swf.dim() == 0 and gd != torch.float32:
-                # the weight codes straight in the gradient's dtype (one pass over W; a conversion of
-                # the int8 codes by PyTorch ran at ~1 TB/s), the per-tensor scale applied after
-                w_hat, f = ops.quantize_int(weight.detach(), swf, w_bits, None, gd, backend=backend), swf
+            w_hat = _codes_in(weight, swf, w_bits, gd, backend)
+            if w_hat is not None:
+                f = swf
             else:
                 w_hat, f = _operand(qw, swf, 2, gd)
             gxs, gsa, gba, codes = ops.lsq_backward(x2d.detach(), saf, gm @ w_hat, a_bits, shift, f, False,
