@@ -255,10 +255,6 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
 LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "264"))
 
 
-def _lsq_fits(t) -> bool:
-    return t.is_contiguous() and t.data_ptr() % 16 == 0
-
-
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """One pass of the ``integer_lsq.cu`` kernel for 2-D v with a multiple of 8 columns and 16-byte aligned
     rows; anything else (and empty v): the op's definition in plain PyTorch."""
@@ -269,7 +265,7 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
         return lsq_backward_math(v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
     vc, pc = v.detach().contiguous(), prod.detach().contiguous()
     sh = None if shift is None else shift.detach().to(v.dtype).contiguous()
-    if not (_lsq_fits(vc) and _lsq_fits(pc) and (sh is None or _lsq_fits(sh))):
+    if not (_aligned(vc) and _aligned(pc) and (sh is None or _aligned(sh))):
         return lsq_backward_math(v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
     s = scale.detach().reshape(-1).to(torch.float32).contiguous()
     f = None if factor is None else factor.detach().reshape(1).to(torch.float32).contiguous()

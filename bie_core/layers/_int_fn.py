@@ -21,67 +21,22 @@ scale (the whole activation batch, all of W, or one row of W per channel).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from .. import ops
 from ..dispatch import resolve
-from ..ops.integer import code_range
 
 
-def _lsq(v, s, codes, bits, g_hat, per_row: bool = False):
-    """(d v, d s) of the LSQ quantizer ``s * clamp(round(v / s))``; all float32."""
-    lo, hi = code_range(bits)
-    q = v / s
-    inside = (q.clamp(lo, hi) == q).to(torch.float32)  # one comparison instead of two and an "and"
-    term = g_hat * (codes.to(torch.float32) - q * inside)
-    if per_row:
-        n = v[0].numel()
-        ds = term.flatten(1).sum(1) / math.sqrt(n * hi)
-    else:
-        ds = term.sum() / math.sqrt(v.numel() * hi)
-    return g_hat * inside, ds
-
-
-#: Large CUDA tensors run the LSQ backward through one torch.compile'd (Inductor) kernel instead of
-#: about fifteen eager element-wise passes; BIE_QAT_FUSED=0 turns this off.
-_FUSED = os.environ.get("BIE_QAT_FUSED", "1") != "0"
-_FUSED_MIN = 1 << 18
-_fused_state: dict = {}
-
-
-def _lsq_math(v, s, codes, prod, f, lo: int, hi: int, per_row: bool, denom: float):
-    """The LSQ backward written once for the compiler: (d v in v's dtype, d s)."""
-    q = v.to(torch.float32) / s
-    inside = (q >= lo) & (q <= hi)
-    g_hat = prod.to(torch.float32)
-    if f is not None:
-        g_hat = g_hat * f
-    term = g_hat * (codes.to(torch.float32) - torch.where(inside, q, 0.0))
-    ds = (term.flatten(1).sum(1) if per_row else term.sum()) / denom
-    return torch.where(inside, g_hat, 0.0).to(v.dtype), ds
-
-
-def _fused():
-    if "fn" not in _fused_state:
-        _fused_state["fn"] = torch.compile(_lsq_math, fullgraph=True)
-    return _fused_state["fn"]
-
-
-def _lsq_grad(v, s, codes, bits, prod, f=None, per_row: bool = False):
-    """(d v in v's dtype, d s) for ``g_hat = float32(prod) * f``; eager float32 math (``_lsq``) unless the
-    tensor is a large CUDA one, where the same arithmetic runs fused."""
-    if (_FUSED and v.is_cuda and v.numel() >= _FUSED_MIN and not _fused_state.get("failed")
-            and not torch.compiler.is_compiling()):
-        lo, hi = code_range(bits)
-        n = v[0].numel() if per_row else v.numel()
-        try:
-            return _fused()(v, s, codes, prod, f, lo, hi, per_row, math.sqrt(n * hi))
-        except Exception as exc:  # noqa: BLE001 - no compiler/Triton here: the eager math is the definition
-            _fused_state["failed"] = repr(exc)
-    gv, ds = _lsq(v.to(torch.float32), s, codes, bits, _f32(prod, f), per_row)
-    return gv.to(v.dtype), ds
+def _lsq_grad(v, s, bits, prod, f=None, per_row: bool = False, backend: str = ""):
+    """(d v in v's dtype and shape, d s) of the LSQ quantizer over a tensor of any rank, through the
+    ``lsq_backward`` op on its (rows, rest) matrix: rows are the leading dim (one scale per row when
+    ``per_row``, a conv weight's output channels)."""
+    rows = v.shape[0]
+    cols = math.prod(v.shape[1:])
+    gv, ds, _, _ = ops.lsq_backward(v.detach().reshape(rows, cols), s.reshape(-1) if per_row else s.reshape(()),
+                                    prod.reshape(rows, cols), bits, None, f, per_row, None, backend=backend)
+    return gv.reshape(v.shape), ds
 
 
 def _col(s, dim):
@@ -107,11 +62,6 @@ def _operand(codes, s, dim, gd):
 
 def _gdtype(g):
     return g.dtype if g.dtype in (torch.float16, torch.bfloat16) else torch.float32
-
-
-def _f32(prod, factor):
-    prod = prod.to(torch.float32)
-    return prod if factor is None else prod * factor
 
 
 def _scale(sa, sw):
@@ -208,10 +158,7 @@ class QLinearFn(torch.autograd.Function):
                 x_hat, f = codes * saf, None      # float32 gradients: the dequantized value, as the definition
             else:
                 x_hat, f = codes, saf             # 4/8-bit codes are exact in half precision; scale after
-            per_row = sw.dim() > 0
-            w = weight.detach()
-            grad_w, gsw, _, _ = ops.lsq_backward(w, swf.reshape(-1) if per_row else swf, gm.t() @ x_hat, w_bits,
-                                                 None, f, per_row, None, backend=backend)
+            grad_w, gsw = _lsq_grad(weight, swf, w_bits, gm.t() @ x_hat, f, per_row=sw.dim() > 0, backend=backend)
             grad_sw = gsw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum(0, dtype=torch.float32)
@@ -224,6 +171,7 @@ class QConv2dFn(torch.autograd.Function):
         y, xs, qa, qw = q_conv2d(x, weight, qw, sw, ba, sa, bias, geom, backend)
         ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
         ctx.geom = geom
+        ctx.backend = backend
         return y
 
     @staticmethod
@@ -238,14 +186,14 @@ class QConv2dFn(torch.autograd.Function):
         if need[0] or need[4] or need[5]:
             w_hat, f = _operand(qw, swf, 4, gd)
             prod = torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups)
-            gxs, grad_sa = _lsq_grad(xs, saf, qa, a_bits, prod, f)
+            gxs, grad_sa = _lsq_grad(xs, saf, a_bits, prod, f, backend=ctx.backend)
             grad_x = gxs if need[0] else None
             grad_ba = gxs.sum((0, 2, 3), dtype=torch.float32) if need[4] else None
             grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
         if (need[1] or need[3]) and weight is not None:
             x_hat, f = _operand(qa, saf, 4, gd)
             prod = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups)
-            grad_w, grad_sw = _lsq_grad(weight.detach(), _col(swf, 4), qw, w_bits, prod, f, per_row=sw.dim() > 0)
+            grad_w, grad_sw = _lsq_grad(weight, swf, w_bits, prod, f, per_row=sw.dim() > 0, backend=ctx.backend)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum((0, 2, 3), dtype=torch.float32)
@@ -262,6 +210,7 @@ class QMatMulFn(torch.autograd.Function):
         out = ops.int_bmm(qx, qyt, bits, bits, _scale(cx, cy), x.dtype, backend=backend)
         ctx.save_for_backward(x, y, qx, qyt, cx, cy)
         ctx.bits = bits
+        ctx.backend = backend
         return out
 
     @staticmethod
@@ -274,12 +223,13 @@ class QMatMulFn(torch.autograd.Function):
         grad_x = grad_y = grad_cx = grad_cy = None
         if need[0] or need[2]:
             y_hat, f = _operand(qyt, cyf, 3, gd)          # (B, N, K)
-            gx, grad_cx = _lsq_grad(x, cxf, qx, ctx.bits, gm @ y_hat, f)
+            gx, grad_cx = _lsq_grad(x, cxf, ctx.bits, gm @ y_hat, f, backend=ctx.backend)
             grad_x = gx if need[0] else None
             grad_cx = grad_cx.reshape(cx.shape) if need[2] else None
         if need[1] or need[3]:
             x_hat, f = _operand(qx, cxf, 3, gd)           # (B, M, K)
-            gyt, grad_cy = _lsq_grad(y.transpose(1, 2), cyf, qyt, ctx.bits, gm.transpose(1, 2) @ x_hat, f)
+            gyt, grad_cy = _lsq_grad(y.transpose(1, 2), cyf, ctx.bits, gm.transpose(1, 2) @ x_hat, f,
+                                     backend=ctx.backend)
             grad_y = gyt.transpose(1, 2) if need[1] else None
             grad_cy = grad_cy.reshape(cy.shape) if need[3] else None
         return grad_x, grad_y, grad_cx, grad_cy, None, None

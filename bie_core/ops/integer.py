@@ -202,6 +202,11 @@ lsq_backward = define_op(OpDef(
     decompose=lambda *args, backend="": _lsq_decompose(*args)))
 
 
+#: The decomposition compiles the definition for CUDA tensors of at least this many elements (once per process).
+_FUSED_MIN = 1 << 18
+_fused_state: dict = {}
+
+
 def _lsq_decompose(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """Without a fused kernel: the definition, through one torch.compile'd (Inductor) kernel for large
     CUDA tensors (about fifteen eager element-wise passes otherwise); BIE_QAT_FUSED=0 turns that off."""
@@ -218,10 +223,6 @@ def _lsq_decompose(v, scale, prod, bits, shift=None, factor=None, rowwise=False,
         except Exception as exc:  # noqa: BLE001 - no compiler/Triton here: the eager math is the definition
             _fused_state["failed"] = repr(exc)
     return lsq_backward_math(*args)
-
-
-_FUSED_MIN = 1 << 18
-_fused_state: dict = {}
 
 
 # -------------------------------------------------------------- pack / unpack int4
