@@ -446,9 +446,11 @@ def _thin_calls(monkeypatch, cw):
 @needs_cuda
 @pytest.mark.parametrize("bits,gs,fmt,sdt", THIN)
 def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
-    """The thin GEMV kernel (M <= 8): every row count, odd N, K off the 128-k stage and group grid (but % 8 == 0),
-    fp16/bf16 statistics and activations, act-order, misaligned x, K splits over 1..16 warps (uneven ranges),
-    NaN-poisoned outputs, determinism; against the float64 product and the wqv kernel."""
+    """The thin GEMV kernel (M <= 16): every row count, odd N, K off the 128-k stage and group grid (but % 8 == 0),
+    fp16/bf16 statistics and activations, act-order, misaligned x, K splits over 1..16 warps (uneven ranges), x
+    staged whole, copied per stage (2-8 rows, planned) or staged in K slices (forced: 2 and 3 slices, every row
+    count, the one-row variant too), NaN-poisoned outputs, determinism; against the float64 product and the wqv
+    kernel."""
     from bie_backend_cuda import weight_only as cw
     k, n = (1000, 200) if gs != 256 else (1288, 136)
     act = bits in (3, 4)
@@ -456,14 +458,16 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE
+    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES
     try:
-        for warps, grid, inter in ((0, 0, True), (1, 3, False), (3, 0, True), (16, 1, False)):   # K splits,
-            # persistent blocks (items per block), both code layouts
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 8, warps, grid, inter
-            _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 9),
-                         what=f"thin warps={warps}", shift=warps)
-        assert len(calls) == 4 * 8 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..8 too (before wgmma)
+        for warps, grid, inter, slices in ((0, 0, True, 0), (1, 3, False, 0), (3, 0, True, 2), (16, 1, False, 3),
+                                           (0, 5, True, 3)):
+            # K splits, persistent blocks (items per block), both code layouts, K slices (grids of 1-2 blocks
+            # per slice)
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = 16, warps, grid, inter, slices
+            _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17),
+                         what=f"thin warps={warps} slices={slices}", shift=warps)
+        assert len(calls) == 5 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
         cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 0, 0, True
@@ -471,7 +475,7 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
         cw.THIN_M = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
     finally:
-        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = keep
+        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
@@ -484,7 +488,8 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(6)
     calls = _thin_calls(monkeypatch, cw)
-    for m in (1, 3, 8):
+    monkeypatch.setattr(cw, "THIN_M", 16)
+    for m in (1, 3, 8, 12, 16):   # 8-16 rows of K = 28672 staged in K slices (planned)
         x = torch.randn((m, k), generator=gen).bfloat16().cuda()
         y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
         _close(y, w64, x, torch.bfloat16, k, f"K=28672 M={m}")
@@ -492,7 +497,7 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
         _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
                        static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                        lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
-    assert len(calls) >= 3
+    assert len(calls) >= 5
     # a long single row (97 KiB staged copy of x), and 8 rows too long for the staged copy (> 128 KiB): per-stage
     # x copies serve them
     keep = cw.THIN_M
@@ -505,17 +510,19 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
             _close(y, w64, x, torch.float16, k, f"K={k} M={m}")
     finally:
         cw.THIN_M = keep
-    assert len(calls) >= 5
+    assert len(calls) >= 7
 
 
 @needs_cuda
-@pytest.mark.parametrize("thin", [True, False])
-def test_wq_programmatic_launch_chain(thin, monkeypatch):
+@pytest.mark.parametrize("kernel", ["thin", "thin-sliced", "skinny"])
+def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     """Programmatic dependent launch of the thin (wqt) and skinny (wqv) kernels: each call prefetches its weights
     while the previous kernel runs and must read x (and use workspaces and counters) only after it. A chain of layers
     where every x is the previous call's output (the kernel right before), eagerly and in a CUDA graph replayed with
     new inputs; the first call of each layout (built by the kernels just before it) is launched without PDL. Every
-    chain starts from a new x, so a read of an earlier chain's stale outputs fails."""
+    chain starts from a new x, so a read of an earlier chain's stale outputs fails. thin-sliced: x staged in two K
+    slices, so every call is the thin kernel + the slices' reduction kernel (16 rows too)."""
+    thin = kernel != "skinny"
     from bie_backend_cuda import weight_only as cw
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90")
@@ -532,9 +539,10 @@ def test_wq_programmatic_launch_chain(thin, monkeypatch):
             f = getattr(ops, name)
             if name not in ("wqt_gemm", "wqv_gemm"):
                 return f
-            return lambda *a: calls.append((name, a[-1])) or f(*a)
+            return lambda *a: calls.append((name, a[-2] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
-    monkeypatch.setattr(cw, "THIN_M", 4 if thin else 0)
+    monkeypatch.setattr(cw, "THIN_M", (16 if kernel == "thin-sliced" else 4) if thin else 0)
+    monkeypatch.setattr(cw, "THIN_SLICES", 2 if kernel == "thin-sliced" else 0)
     gen = torch.Generator().manual_seed(12)
 
     def chain(x_):
@@ -550,7 +558,7 @@ def test_wq_programmatic_launch_chain(thin, monkeypatch):
             assert float(yi.float().abs().max()) > 0, f"{what} layer {i}: all zero"
             _close(yi, c[4], xi, torch.bfloat16, k, f"{what} layer {i}")
 
-    for m in (1, 3):
+    for m in (1, 3, 16) if kernel == "thin-sliced" else (1, 3):
         for rep in range(3):   # first use (no PDL), then PDL with new inputs every time
             x = torch.randn((m, k), generator=gen).bfloat16().cuda()
             ins, outs = chain(x)
@@ -558,8 +566,9 @@ def test_wq_programmatic_launch_chain(thin, monkeypatch):
     names = [c[0] for c in calls[:5]]
     assert names == (["wqt_gemm"] * 5 if thin else ["wqv_gemm"] * 5), names
     assert [c[1] for c in calls[:5]] == [False] * 5 and all(c[1] for c in calls[5:]), calls
-    static_x = torch.randn((1, k), generator=gen).bfloat16().cuda()
-    _graph_replays(chain, static_x, lambda: torch.randn((1, k), generator=gen).bfloat16().cuda(),
+    mg = 16 if kernel == "thin-sliced" else 1
+    static_x = torch.randn((mg, k), generator=gen).bfloat16().cuda()
+    _graph_replays(chain, static_x, lambda: torch.randn((mg, k), generator=gen).bfloat16().cuda(),
                    lambda out: check(*out, "graph replay"), 3)
 
 
@@ -569,17 +578,24 @@ def test_wq_thin_rejects_bad_input():
     ops = _build.ops()
     i32 = lambda *sh: torch.zeros(sh, dtype=torch.int32, device="cuda")  # noqa: E731
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(RuntimeError, match="at most 8 rows"):
-        ops.wqt_gemm(torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
+    with pytest.raises(RuntimeError, match="at most 16 rows"):
+        ops.wqt_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
+    x9 = torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="more than 8 rows need x staged"):
+        ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+                     0, 0, False, -1)
+    with pytest.raises(RuntimeError, match="slices must be"):
+        ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+                     0, 0, False, -2)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
     with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
 
 
 @needs_cuda

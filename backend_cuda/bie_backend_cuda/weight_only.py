@@ -391,9 +391,11 @@ def _thin_rows(m: int, n: int, k: int) -> bool:
     stages = -(-k // 128)
     fits = m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024
     return m <= THIN_M_BIG and (m == 1 or (fits and k <= THIN_ROWS_MAX_K))
-#: warps per block of the thin kernel (its K split) and its persistent blocks; 0 = planned
+#: warps per block of the thin kernel (its K split), its persistent blocks and its K slices (x staged per block over
+#: one slice of K, the slices' partials summed by a second kernel; -1 never); 0 = planned
 THIN_WARPS = 0
 THIN_GRID = 0
+THIN_SLICES = 0
 #: launch the thin and skinny kernels as programmatic dependents of the previous kernel in the stream (sm_90): their
 #: blocks take the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the
 #: previous kernel has finished. Not on a layout's first use (the kernels that built it ran just before).
@@ -445,7 +447,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         if not lay.generic:
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
-                                         _pdl(lay))
+                                         _pdl(lay), THIN_SLICES)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout

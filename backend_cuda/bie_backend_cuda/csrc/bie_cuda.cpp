@@ -449,17 +449,19 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   return out;
 }
 
-// Thin GEMV (M <= 8): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm;
+// Thin GEMV (M <= 16): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm;
 // 2/4/8-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
-// block, grid: persistent blocks (0: planned; benchmarks sweep them). pdl: launch as a programmatic dependent of the
+// block, grid: persistent blocks, slices: K slices of x staged per block (-1 never; 0: planned for all three;
+// benchmarks sweep them). pdl: launch as a programmatic dependent of the
 // previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for it), so the caller
 // must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
-                at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl) {
+                at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl, int64_t slices) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
   check_skinny_operands(x, st, K, "wqt_gemm");
-  TORCH_CHECK(x.size(0) <= 8, "bie_cuda.wqt_gemm: at most 8 rows");
+  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqt_gemm: at most 16 rows");
+  TORCH_CHECK(slices >= -1 && slices < (1 << 20), "bie_cuda.wqt_gemm: slices must be -1..2^20");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqt_gemm: bits must be 2, 4 or 8");
@@ -486,9 +488,15 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.smem_limit = smem_optin();
   // programmatic dependent launch only where the device has it (sm_90+)
   p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
-  const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps);
+  const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps, (int)slices);
   TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
               p.smem_limit, ")");
+  TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wqt_gemm: more than 8 rows need x staged per block (slices >= 0)");
+  Tensor ws;   // the K slices' float32 partials
+  if (p.kslices > 1) {
+    ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
   check_launch(bie::launch_wqt_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqt_gemm");
   return out;
 }

@@ -85,7 +85,7 @@ struct WqvArgs {
 int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget);
 cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
 
-// Thin weight-only GEMV (M <= 8, 2/4-bit codes, groups >= 32 or per-channel), see wq_thin.cu ("wqt").
+// Thin weight-only GEMV (M <= 16, 2/4/8-bit codes, groups >= 32 or per-channel), see wq_thin.cu ("wqt").
 struct WqtArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // A-fragment codes of the skinny kernel
@@ -108,8 +108,13 @@ struct WqtArgs {
   int sms;               // multiprocessors of the device (set by the plan)
   int smem;              // dynamic shared memory per block (set by the plan)
   int pdl;               // programmatic dependent launch (sm_90): overlap the previous kernel's tail
+  int mx;                // x staged once per block (1) or copied per stage (8) (set by the plan)
+  int kslices;           // K slices (x staged per block over its slice; > 1: float32 partials in ws, then a reduction)
+  int slice_stages;      // stages per K slice (nstages when not sliced)
+  float* ws;             // (kslices, M, N) partials when kslices > 1
 };
-int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force);
+// slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
+int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);
 
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);

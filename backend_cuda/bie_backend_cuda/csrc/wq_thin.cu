@@ -5,52 +5,105 @@
 namespace bie {
 using namespace thin;
 
-// Host plan: K range per warp (whole groups) and warps per block. Returns the dynamic shared memory.
-int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force) {
+// Host plan: how x is held (whole rows staged per block, staged per K slice, or copied per stage), the K range per
+// warp (whole stages) and warps per block. Returns the dynamic shared memory.
+int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force) {
   const int ks = 16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8));   // k per 512-byte vector (16 J)
   const int fs = thin_fs(p.gs_shift);
   p.kstage = stage_k(bits);
   p.nstages = ceil_div((int64_t)p.kblocks * ks, p.kstage);
   p.sms = num_sms;
-  const bool one = thin_mx(p) == 1;
+  p.kslices = 1;
+  p.slice_stages = p.nstages;
+  const bool big = (int64_t)p.N * p.K > (1ll << 26);
+  // K slices: where the whole rows do not fit, 9-16 rows (no per-stage copies of that many rows), and 5-8 rows or
+  // any rows of a big layer (per-stage copies of several rows read x from L2 once per warp and stage; measured
+  // slower than the skinny kernel there, cuda_h100_thin.md); small layers keep per-stage copies up to 4 rows
+  const bool whole = thin_mx(p) == 1;
+  const bool fits = thin_xbytes(p, p.nstages) <= std::min(128 * 1024, p.smem_limit - 64 * 1024);   // (as thin_mx)
+  const bool sliced = slices_force > 0 || (slices_force == 0 && !fits && (p.M > 4 || big)) || (p.M > 8 && !fits);
+  p.mx = sliced || whole ? 1 : 8;
+  const bool one = p.mx == 1;
+  const int mr = p.M > 8 ? 2 : 1;   // 8-row tiles of the output fragments
   const int wbytes = bits == 8   ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
                      : bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                  : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
+  // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane)
+  const int64_t per_warp = wbytes + 2 * 512 * mr;
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
   // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
-  // the rings would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs)
-  const bool big = (int64_t)p.N * p.K > (1ll << 26);
+  // the rings would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs).
+  // K slices: 8 warps (a longer K range per warp and item, and room for longer slices beside the rings).
   // 8-bit codes, one row, small layers with N >= 4096 and K <= 4096: 4 warps and two blocks per multiprocessor
   // (H100, session 14, benchmarks/results/cuda_h100_thin.md: 4096x4096 7.7-8.0 us against 8.7-8.9 with 8 warps and
   // every resident block, in three runs; 11008x4096 level at 18 us). Not elsewhere: K = 11008 (4096x11008) was 23%
   // slower that way and 2048x2048 12% slower; 2- and 4-bit codes measured best with the default below.
   const bool w8_one_small = bits == 8 && p.M == 1 && !big && p.N >= 4096 && p.K <= 4096;
   int w = warps_force > 0 ? warps_force
+          : sliced        ? 8
                           : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : (w8_one_small ? 4 : 8));
   if (w8_one_small && warps_force <= 0 && p.grid_force <= 0) p.grid_force = 2 * num_sms;
-  const int64_t xbytes = one ? thin_xbytes(p) : 0;
-  while (w > 1 && w * (int64_t)(wbytes + 2 * 512) + xbytes > p.smem_limit) w /= 2;
-  w = std::max(1, std::min(w, std::min(16, p.nstages)));
-  p.st_per_warp = ceil_div(p.nstages, w);
-  p.warps = ceil_div(p.nstages, p.st_per_warp);
-  p.smem = (int)(p.warps * (int64_t)(wbytes + 2 * 512) + xbytes);
+  if (sliced) {
+    // the longest slice that fits beside the rings (fewer warps while not even one stage would), then slices of
+    // equal length
+    const int64_t stage_bytes = thin_xbytes(p, 2) - thin_xbytes(p, 1), fixed = thin_xbytes(p, 1) - stage_bytes;
+    int n = 0;
+    for (;;) {
+      const int64_t avail = p.smem_limit - w * per_warp - fixed;
+      n = avail > 0 ? (int)std::min<int64_t>(p.nstages, avail / stage_bytes) : 0;
+      if (n >= 1 || w == 1) break;
+      w /= 2;
+    }
+    p.kslices = slices_force > 0 ? std::min(slices_force, p.nstages) : ceil_div(p.nstages, std::max(n, 1));
+    p.slice_stages = ceil_div(p.nstages, p.kslices);
+    p.kslices = ceil_div(p.nstages, p.slice_stages);   // (no empty slice)
+  }
+  const int64_t xbytes = one ? thin_xbytes(p, p.slice_stages) : 0;
+  while (w > 1 && w * per_warp + xbytes > p.smem_limit) w /= 2;
+  w = std::max(1, std::min(w, std::min(16, p.slice_stages)));
+  p.st_per_warp = ceil_div(p.slice_stages, w);
+  p.warps = ceil_div(p.slice_stages, p.st_per_warp);
+  const int64_t smem = p.warps * per_warp + xbytes;
+  p.smem = (int)std::min<int64_t>(smem, 1 << 30);
   return p.smem;
 }
 
+namespace {
+// The K slices' float32 partials summed in slice order (deterministic), + bias, in the output dtype. Launched as a
+// programmatic dependent of the thin kernel: it waits for it before reading the partials.
+__global__ void wqt_reduce_kernel(const WqtArgs p) {
+  frag::griddep_launch_dependents();
+  frag::griddep_wait();
+  const int64_t total = (int64_t)p.M * p.N;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = 0.f;
+    for (int s = 0; s < p.kslices; ++s) v += __ldcg(p.ws + s * total + i);
+    if (p.bias) v += load_f32(p.bias, p.bias_dtype, i % p.N);
+    store_f32(p.out, p.out_dtype, i, v);
+  }
+}
+}  // namespace
+
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (p.M > 8) return cudaErrorInvalidValue;
+  if (p.M > 16 || (p.M > 8 && p.mx != 1) || (p.kslices > 1 && (p.ws == nullptr || p.mx != 1)))
+    return cudaErrorInvalidValue;
+  cudaError_t e = cudaErrorInvalidValue;
   if (cdtype == kF16) {
-    if (bits == 8) return thin::launch<8, __half>(p, st);
-    if (bits == 4) return thin::launch<4, __half>(p, st);
-    if (bits == 2) return thin::launch<2, __half>(p, st);
+    if (bits == 8) e = thin::launch<8, __half>(p, st);
+    if (bits == 4) e = thin::launch<4, __half>(p, st);
+    if (bits == 2) e = thin::launch<2, __half>(p, st);
   } else if (cdtype == kBF16) {
-    if (bits == 8) return thin::launch<8, __nv_bfloat16>(p, st);
-    if (bits == 4) return thin::launch<4, __nv_bfloat16>(p, st);
-    if (bits == 2) return thin::launch<2, __nv_bfloat16>(p, st);
+    if (bits == 8) e = thin::launch<8, __nv_bfloat16>(p, st);
+    if (bits == 4) e = thin::launch<4, __nv_bfloat16>(p, st);
+    if (bits == 2) e = thin::launch<2, __nv_bfloat16>(p, st);
   }
-  return cudaErrorInvalidValue;
+  if (e != cudaSuccess || p.kslices <= 1) return e;
+  const int64_t total = (int64_t)p.M * p.N;
+  const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, 4 * (int64_t)p.sms));
+  // (a programmatic dependent of the thin kernel where the device has it: its launch overlaps that kernel's tail)
+  return launch_kernel(wqt_reduce_kernel, dim3((unsigned)grid), dim3(256), 0, st, p.pdl != 0, p);
 }
 
 }  // namespace bie

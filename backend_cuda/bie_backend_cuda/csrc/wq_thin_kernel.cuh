@@ -186,7 +186,9 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
 // ONE (MX == 1 and M == 1, decode): the flush updates only the two C fragments of row 0 (columns g and g + 8), from
 // one 16-byte table entry per group {sum(x), sum(magic * x) of columns g, of columns g + 8}; 2-bit codes are spread
 // (Spread above).
-template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE>
+// MR: 8-row tiles of the output (2 for 9-16 rows: x staged, MX == 1, not ONE). With K slices (p.kslices > 1) block b
+// covers the stages of slice b % kslices only (and stages only those of x), and writes float32 partials to p.ws.
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR>
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
@@ -201,16 +203,21 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  static_assert(MR == 1 || (MR == 2 && MX == 1 && !ONE), "two row tiles only with x staged per block");
   const int M = p.M, nblk = (p.N + 15) >> 4;
+  // this block's K slice (its stages [bs0, bs1)) and its items: blocks item0, item0 + istep, ... of the slice's
+  // blocks (the grid is a multiple of kslices)
+  const int ksl = p.kslices, slice = blockIdx.x % ksl, item0 = blockIdx.x / ksl, istep = gridDim.x / ksl;
+  const int bs0 = slice * p.slice_stages, bs1 = min(p.nstages, bs0 + p.slice_stages);
   uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
   const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
   if (lane < 4) reinterpret_cast<uint32_t*>(wsm + S * SB)[lane] = 0u;
-  // the warps' partials of an item, double-buffered by item parity (one barrier per item)
+  // the warps' partials of an item, double-buffered by item parity (one barrier per item), MR float4 per lane
   float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
-  // MX == 1: the block's copy of x (M rows of nstages * KS values, zero past K; the 16-byte pad puts the rows of
-  // one ldmatrix on distinct bank quads), after the partials' buffers
-  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512));
-  const int xpitch = p.nstages * KS * 2 + 16;
+  // MX == 1: the block's copy of x (M rows of its slice's slice_stages * KS values, zero past K; the 16-byte pad
+  // puts the rows of one ldmatrix on distinct bank quads), after the partials' buffers
+  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512 * MR));
+  const int xpitch = p.slice_stages * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
   // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
@@ -220,8 +227,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
   // are in flight while this one finishes (no ramp per block).
-  const int st0 = min(p.nstages, warp * p.st_per_warp);
-  const int st1 = min(p.nstages, st0 + p.st_per_warp);
+  const int st0 = min(bs1, bs0 + warp * p.st_per_warp);
+  const int st1 = min(bs1, st0 + p.st_per_warp);
   const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
   const int kb_end = min(st1 * VPS, p.kblocks);
   const T* X = static_cast<const T*>(p.x);
@@ -230,7 +237,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 
   // Issue cursor: item inb, per-lane copy pointers at stage snext of it. Copies past the end (codes past
   // kblocks, x past K, statistics rows past G) read no bytes and zero-fill.
-  int inb = blockIdx.x, snext, kb_next, xk, sgrp;
+  int inb = item0, snext, kb_next, xk, sgrp;
   const uint4* wsrc;
   const T* xsrc;
   const uint32_t* ssrc;
@@ -270,7 +277,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
       if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
       if (++snext == st1) {
-        inb += gridDim.x;
+        inb += istep;
         start_item();
       } else {
         wsrc += VPS * vstride;
@@ -303,7 +310,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     // the block's rows of x, loaded after the wait (through L2: ld.global.cg, as the cp.async copies) and stored
     // to shared memory; four 16-byte loads in flight per thread. Each unit of the sum(x) table is UL consecutive
     // chunks of one row (rows are whole stages, KS / 8 chunks), held by UL aligned lanes: summed with shuffles.
-    const int per_row = p.nstages * (KS / 8);   // 16-byte chunks
+    const int per_row = (bs1 - bs0) * (KS / 8);   // 16-byte chunks of the slice
+    const T* xs0 = X + (int64_t)bs0 * KS;
     const int total = M * per_row;
     constexpr int UL = FS > 0 ? 2 * FS : KS / 8;
     for (int c0 = threadIdx.x - lane; c0 < total; c0 += 4 * blockDim.x) {   // (warp-uniform: the shuffles)
@@ -311,7 +319,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
-        v[i] = c < total && cc * 8 < p.K ? ldg_cg16(X + (int64_t)row * p.K + cc * 8) : make_uint4(0u, 0u, 0u, 0u);
+        v[i] = c < total && bs0 * KS + cc * 8 < p.K ? ldg_cg16(xs0 + (int64_t)row * p.K + cc * 8)
+                                                     : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -343,18 +352,24 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     __syncthreads();    // ... for every thread of the block, and x and its sums are in shared memory
   }
 
-  float tot[4], acc[4], accx[4];
+  // row tile r holds rows 8 r .. 8 r + 7 of x (fragments: rows 8 r + 2t, + 1; columns g, g + 8)
+  float tot[MR][4] = {}, acc[MR][4] = {}, accx[MR][4] = {};
   const uint32_t ones = V2<T>::one_bits;
   const uint32_t aones[4] = {ones, ones, ones, ones};
-  // ldmatrix: lane L gives row L % 8 of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
-  const bool xzero = (lane & 7) >= M;
+  // ldmatrix: lane L gives row L % 8 (+ 8 r) of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
+  bool xzero[MR];
+  uint32_t xstep[MR];
+#pragma unroll
+  for (int r = 0; r < MR; ++r) {
+    xzero[r] = (lane & 7) + 8 * r >= M;
+    xstep[r] = xzero[r] ? 0u : 64u;
+  }
   const uint32_t xoff = (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
-  const uint32_t xstep = xzero ? 0u : 64u;
 
   // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3); MX == 1: accx (rows 2t,
   // 2t + 1 of sum(x), the same for every column) from the table
   auto flush = [&](uint32_t srow, int unit) {
-    if (ONE) {   // row 0 only: C fragments 0 (column g) and 2 (column g + 8); lanes t > 0 hold zero rows of x
+    if constexpr (ONE) {   // row 0 only: C fragments 0 (column g) and 2 (column g + 8); lanes t > 0 hold zero rows of x
       const uint4 e = lds128(sxtab + unit * 16);
       const float sx = __uint_as_float(e.x), mx0 = __uint_as_float(e.y), mx1 = __uint_as_float(e.z);
       float s0, z0, s1, z1;
@@ -363,14 +378,17 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       // gptq: s * (acc - sum(magic x) - z sum(x)); gba: s * (acc - sum(magic x)) - z sum(x)
       const float c0 = GPTQ ? s0 * fmaf(z0, sx, mx0) : fmaf(s0, mx0, z0 * sx);
       const float c1 = GPTQ ? s1 * fmaf(z1, sx, mx1) : fmaf(s1, mx1, z1 * sx);
-      tot[0] = fmaf(s0, acc[0], tot[0] - c0);
-      tot[2] = fmaf(s1, acc[2], tot[2] - c1);
+      tot[0][0] = fmaf(s0, acc[0][0], tot[0][0] - c0);
+      tot[0][2] = fmaf(s1, acc[0][2], tot[0][2] - c1);
       return;
     }
     if (MX == 1) {
-      const float2 sx = t < RP ? lds64f(sxtab + (unit * RP + t) * 8) : make_float2(0.f, 0.f);
-      accx[0] = accx[2] = sx.x;
-      accx[1] = accx[3] = sx.y;
+#pragma unroll
+      for (int r = 0; r < MR; ++r) {   // row pair 4 r + t
+        const float2 sx = 4 * r + t < RP ? lds64f(sxtab + (unit * RP + 4 * r + t) * 8) : make_float2(0.f, 0.f);
+        accx[r][0] = accx[r][2] = sx.x;
+        accx[r][1] = accx[r][3] = sx.y;
+      }
     }
     float s0, z0, s1, z1;
     decode_stat(lds32(srow + g * 4), SBF, s0, z0);
@@ -378,49 +396,65 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     const float c0 = GPTQ ? s0 * (z0 + MAGF) : fmaf(s0, MAGF, z0);
     const float c1 = GPTQ ? s1 * (z1 + MAGF) : fmaf(s1, MAGF, z1);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
-      tot[e] = fmaf(s_, acc[e], fmaf(-c_, accx[e], tot[e]));
-    }
-  };
-
-  // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity)
-  int parity = 0;
-  auto finish_item = [&](int nb) {
-    red[(parity * nwarps + warp) * 32 + lane] = make_float4(tot[0], tot[1], tot[2], tot[3]);
-    __syncthreads();
-    if (warp == 0) {
-      float4 r = red[parity * nwarps * 32 + lane];
-      for (int w2 = 1; w2 < nwarps; ++w2) {
-        const float4 q = red[(parity * nwarps + w2) * 32 + lane];
-        r.x += q.x;
-        r.y += q.y;
-        r.z += q.z;
-        r.w += q.w;
-      }
-      const float rv[4] = {r.x, r.y, r.z, r.w};
+    for (int r = 0; r < MR; ++r)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        // C fragment e: x row m = 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
-        const int m = 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
-        if (m < M && col < p.N) {
-          float v = rv[e];
-          if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
-          store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
+        const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
+        tot[r][e] = fmaf(s_, acc[r][e], fmaf(-c_, accx[r][e], tot[r][e]));
+      }
+  };
+
+  // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity); with K slices, the
+  // slice's float32 partial goes to p.ws (bias and output dtype in the reduction kernel, wq_thin.cu)
+  int parity = 0;
+  auto finish_item = [&](int nb) {
+#pragma unroll
+    for (int r = 0; r < MR; ++r)
+      red[((parity * nwarps + warp) * MR + r) * 32 + lane] = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int r = 0; r < MR; ++r) {
+        float4 q0 = red[(parity * nwarps * MR + r) * 32 + lane];
+        for (int w2 = 1; w2 < nwarps; ++w2) {
+          const float4 q = red[((parity * nwarps + w2) * MR + r) * 32 + lane];
+          q0.x += q.x;
+          q0.y += q.y;
+          q0.z += q.z;
+          q0.w += q.w;
+        }
+        const float rv[4] = {q0.x, q0.y, q0.z, q0.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          // C fragment e of tile r: x row m = 8 r + 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
+          const int m = 8 * r + 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
+          if (m < M && col < p.N) {
+            float v = rv[e];
+            if (ksl > 1) {
+              p.ws[((int64_t)slice * M + m) * p.N + col] = v;
+            } else {
+              if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+              store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
+            }
+          }
         }
       }
     }
     parity ^= 1;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+    for (int r = 0; r < MR; ++r)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tot[r][e] = 0.f;
   };
 #pragma unroll
-  for (int e = 0; e < 4; ++e) tot[e] = 0.f;
+  for (int r = 0; r < MR; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[r][e] = 0.f;
 
   if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
-    for (int nb = blockIdx.x; nb < nblk; nb += gridDim.x) finish_item(nb);
+    for (int nb = item0; nb < nblk; nb += istep) finish_item(nb);
   } else {
-    int nb = blockIdx.x, s = st0;
+    int nb = item0, s = st0;
     // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
     // compile-time offset; an item ends inside the unrolled body
     while (nb < nblk) {
@@ -434,11 +468,17 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           uint4 w[VPS];
 #pragma unroll
           for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-          const uint32_t xa = xzero ? zrow : (MX == 1 ? xbuf + (lane & 7) * xpitch + s * (KS * 2) + (lane >> 3) * 16 : base + xoff);
+          uint32_t xa[MR];
+#pragma unroll
+          for (int r = 0; r < MR; ++r)
+            xa[r] = xzero[r] ? zrow
+                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + (s - bs0) * (KS * 2) + (lane >> 3) * 16
+                                        : base + xoff);
 #pragma unroll
           for (int c = 0; c < KS / 32; ++c) {
-            uint32_t b[4];
-            ldsm_x4(xa + c * xstep, b);
+            uint32_t b[MR][4];
+#pragma unroll
+            for (int r = 0; r < MR; ++r) ldsm_x4(xa[r] + c * xstep[r], b[r]);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int j = 2 * c + h;   // k16 step in the stage
@@ -449,21 +489,25 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               } else {
                 extract_a<BITS, T>(w[j / J], j % J, a);
               }
-              if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
-                mma_zero<T>(acc, a, b[2 * h], b[2 * h + 1]);
-                if (MX != 1) mma_zero<T>(accx, aones, b[2 * h], b[2 * h + 1]);
-              } else {
-                mma<T>(acc, a, b[2 * h], b[2 * h + 1]);
-                if (MX != 1) mma<T>(accx, aones, b[2 * h], b[2 * h + 1]);
+#pragma unroll
+              for (int r = 0; r < MR; ++r) {
+                if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
+                  mma_zero<T>(acc[r], a, b[r][2 * h], b[r][2 * h + 1]);
+                  if (MX != 1) mma_zero<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
+                } else {
+                  mma<T>(acc[r], a, b[r][2 * h], b[r][2 * h + 1]);
+                  if (MX != 1) mma<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
+                }
               }
+              // (the sum(x) table is indexed by the stage within the block's slice)
               if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
-                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, s * GPS + j / (FS > 0 ? FS : 1));
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (s - bs0) * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) flush(base + SO, s);
+          if (FS == 0) flush(base + SO, s - bs0);
           if (++s == st1) {
             finish_item(nb);
-            nb += gridDim.x;
+            nb += istep;
             s = st0;
           }
         }
@@ -474,10 +518,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #endif
 }
 
-template <int BITS, typename T, int MX, int FS, bool ONE>
+template <int BITS, typename T, int MX, int FS, bool ONE, int MR>
 cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE> : wqt_kernel<BITS, T, true, false, MX, FS, ONE>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE> : wqt_kernel<BITS, T, false, false, MX, FS, ONE>);
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -485,19 +529,22 @@ cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   int per_sm = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, p.warps * 32, smem);
   if (e != cudaSuccess) return e;
-  const int items = ceil_div(p.N, 16);
-  const int grid = p.grid_force > 0 ? p.grid_force : std::max(1, std::min(items, std::max(1, per_sm) * p.sms));
+  // (with K slices: the same number of blocks per slice, each slice's blocks looping over all column blocks)
+  const int items = ceil_div(p.N, 16), ksl = std::max(1, p.kslices);
+  const int per_slice = p.grid_force > 0 ? std::max(1, p.grid_force / ksl)
+                                         : std::max(1, std::min(items, std::max(1, per_sm) * p.sms / ksl));
+  const int grid = per_slice * ksl;
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
-template <int BITS, typename T, int MX, bool ONE>
+template <int BITS, typename T, int MX, bool ONE, int MR>
 cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
   switch (thin_fs(p.gs_shift)) {
-    case 2: return launch_t<BITS, T, MX, 2, ONE>(p, st);
-    case 4: return launch_t<BITS, T, MX, 4, ONE>(p, st);
-    case 8: return launch_t<BITS, T, MX, 8, ONE>(p, st);
-    default: return launch_t<BITS, T, MX, 0, ONE>(p, st);
+    case 2: return launch_t<BITS, T, MX, 2, ONE, MR>(p, st);
+    case 4: return launch_t<BITS, T, MX, 4, ONE, MR>(p, st);
+    case 8: return launch_t<BITS, T, MX, 8, ONE, MR>(p, st);
+    default: return launch_t<BITS, T, MX, 0, ONE, MR>(p, st);
   }
 }
 
@@ -505,8 +552,10 @@ cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
 
 template <int BITS, typename T>
 cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
-  if (thin_mx(p) != 1) return launch_m<BITS, T, 8, false>(p, st);
-  return p.M == 1 ? launch_m<BITS, T, 1, true>(p, st) : launch_m<BITS, T, 1, false>(p, st);
+  // (x staged or copied per stage, as planned: wqt_plan)
+  if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
+  if (p.M > 8) return launch_m<BITS, T, 1, false, 2>(p, st);
+  return p.M == 1 ? launch_m<BITS, T, 1, true, 1>(p, st) : launch_m<BITS, T, 1, false, 1>(p, st);
 }
 
 }  // namespace thin
