@@ -462,6 +462,8 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   check_skinny_operands(x, st, K, "wqt_gemm");
   TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqt_gemm: at most 16 rows");
   TORCH_CHECK(slices >= -1 && slices < (1 << 20), "bie_cuda.wqt_gemm: slices must be -1..2^20");
+  TORCH_CHECK(x.size(0) <= 8 || slices >= 0,
+              "bie_cuda.wqt_gemm: more than 8 rows need x staged per block (slices >= 0, not -1)");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqt_gemm: bits must be 2, 4 or 8");
@@ -491,7 +493,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps, (int)slices);
   TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
               p.smem_limit, ")");
-  TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wqt_gemm: more than 8 rows need x staged per block (slices >= 0)");
+  TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wqt_gemm: internal error: more than 8 rows planned without staged x");
   Tensor ws;   // the K slices' float32 partials
   if (p.kslices > 1) {
     ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));

@@ -111,6 +111,7 @@ struct WqtArgs {
   int mx;                // x staged once per block (1) or copied per stage (8) (set by the plan)
   int kslices;           // K slices (x staged per block over its slice; > 1: float32 partials in ws, then a reduction)
   int slice_stages;      // stages per K slice (nstages when not sliced)
+  int cols;              // the warps of a block split the columns (each takes whole items over the slice), not K
   float* ws;             // (kslices, M, N) partials when kslices > 1
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced

@@ -28,8 +28,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const int wbytes = bits == 8   ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
                      : bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                  : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
-  // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane)
-  const int64_t per_warp = wbytes + 2 * 512 * mr;
+  // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
+  // writes its own partial sums; no barrier per item, whose reduction by one warp was the bottleneck at 16 rows)
+  p.cols = sliced ? 1 : 0;
+  // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
+  const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
   // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
@@ -55,15 +58,38 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
       if (n >= 1 || w == 1) break;
       w /= 2;
     }
-    p.kslices = slices_force > 0 ? std::min(slices_force, p.nstages) : ceil_div(p.nstages, std::max(n, 1));
+    if (slices_force > 0) {
+      p.kslices = std::min(slices_force, p.nstages);
+    } else {
+      // from the fewest slices that fit up to 4x as many: the one that spreads the work (items x stages) most evenly
+      // over the warps of the device (one block per SM: the slice fills its shared memory), more slices only when
+      // at least 2% better (each slice adds float32 partials to write and sum)
+      const int64_t items = ceil_div(p.N, 16), lo = ceil_div(p.nstages, std::max(n, 1));
+      double best = -1.0;
+      for (int64_t ks = lo; ks <= std::min<int64_t>(p.nstages, 4 * lo); ++ks) {
+        const int64_t ss = ceil_div(p.nstages, ks), kk = ceil_div(p.nstages, ss);
+        const int64_t wps = std::max<int64_t>(1, num_sms / kk) * w;   // warps per slice
+        const double eff = (double)(items * p.nstages) / ((double)ceil_div(items, wps) * ss * num_sms * w);
+        if (eff > best * 1.02) {
+          best = eff;
+          p.kslices = (int)kk;
+        }
+      }
+    }
     p.slice_stages = ceil_div(p.nstages, p.kslices);
     p.kslices = ceil_div(p.nstages, p.slice_stages);   // (no empty slice)
   }
   const int64_t xbytes = one ? thin_xbytes(p, p.slice_stages) : 0;
   while (w > 1 && w * per_warp + xbytes > p.smem_limit) w /= 2;
-  w = std::max(1, std::min(w, std::min(16, p.slice_stages)));
-  p.st_per_warp = ceil_div(p.slice_stages, w);
-  p.warps = ceil_div(p.slice_stages, p.st_per_warp);
+  if (p.cols) {   // every warp covers the whole slice
+    w = std::max(1, std::min(w, 16));
+    p.st_per_warp = p.slice_stages;
+    p.warps = w;
+  } else {
+    w = std::max(1, std::min(w, std::min(16, p.slice_stages)));
+    p.st_per_warp = ceil_div(p.slice_stages, w);
+    p.warps = ceil_div(p.slice_stages, p.st_per_warp);
+  }
   const int64_t smem = p.warps * per_warp + xbytes;
   p.smem = (int)std::min<int64_t>(smem, 1 << 30);
   return p.smem;

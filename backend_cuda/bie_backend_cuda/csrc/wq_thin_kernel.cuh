@@ -206,8 +206,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   static_assert(MR == 1 || (MR == 2 && MX == 1 && !ONE), "two row tiles only with x staged per block");
   const int M = p.M, nblk = (p.N + 15) >> 4;
   // this block's K slice (its stages [bs0, bs1)) and its items: blocks item0, item0 + istep, ... of the slice's
-  // blocks (the grid is a multiple of kslices)
-  const int ksl = p.kslices, slice = blockIdx.x % ksl, item0 = blockIdx.x / ksl, istep = gridDim.x / ksl;
+  // blocks (the grid is a multiple of kslices). p.cols: the warps split the columns, not K: warp w of the block takes
+  // items item0 * nwarps + w, + istep * nwarps, ... over the whole slice (no cross-warp reduction, no barrier)
+  const bool cols = p.cols != 0;
+  const int ksl = p.kslices, slice = blockIdx.x % ksl;
+  const int item0 = cols ? (blockIdx.x / ksl) * nwarps + warp : blockIdx.x / ksl;
+  const int istep = cols ? (gridDim.x / ksl) * nwarps : gridDim.x / ksl;
   const int bs0 = slice * p.slice_stages, bs1 = min(p.nstages, bs0 + p.slice_stages);
   uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
   const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
@@ -216,7 +220,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
   // MX == 1: the block's copy of x (M rows of its slice's slice_stages * KS values, zero past K; the 16-byte pad
   // puts the rows of one ldmatrix on distinct bank quads), after the partials' buffers
-  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + 2 * 512 * MR));
+  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + (cols ? 0 : 2 * 512 * MR)));
   const int xpitch = p.slice_stages * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
@@ -227,8 +231,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
   // are in flight while this one finishes (no ramp per block).
-  const int st0 = min(bs1, bs0 + warp * p.st_per_warp);
-  const int st1 = min(bs1, st0 + p.st_per_warp);
+  const int st0 = cols ? bs0 : min(bs1, bs0 + warp * p.st_per_warp);
+  const int st1 = cols ? bs1 : min(bs1, st0 + p.st_per_warp);
   const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
   const int kb_end = min(st1 * VPS, p.kblocks);
   const T* X = static_cast<const T*>(p.x);
@@ -404,24 +408,30 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
   };
 
-  // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity); with K slices, the
-  // slice's float32 partial goes to p.ws (bias and output dtype in the reduction kernel, wq_thin.cu)
+  // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity), or (p.cols) the warp's
+  // own sums; with K slices, the slice's float32 partial goes to p.ws (bias and output dtype in the reduction
+  // kernel, wq_thin.cu)
   int parity = 0;
   auto finish_item = [&](int nb) {
+    if (!cols) {
 #pragma unroll
-    for (int r = 0; r < MR; ++r)
-      red[((parity * nwarps + warp) * MR + r) * 32 + lane] = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
-    __syncthreads();
-    if (warp == 0) {
+      for (int r = 0; r < MR; ++r)
+        red[((parity * nwarps + warp) * MR + r) * 32 + lane] = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
+      __syncthreads();
+    }
+    if (cols || warp == 0) {
 #pragma unroll
       for (int r = 0; r < MR; ++r) {
-        float4 q0 = red[(parity * nwarps * MR + r) * 32 + lane];
-        for (int w2 = 1; w2 < nwarps; ++w2) {
-          const float4 q = red[((parity * nwarps + w2) * MR + r) * 32 + lane];
-          q0.x += q.x;
-          q0.y += q.y;
-          q0.z += q.z;
-          q0.w += q.w;
+        float4 q0 = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
+        if (!cols) {
+          q0 = red[(parity * nwarps * MR + r) * 32 + lane];
+          for (int w2 = 1; w2 < nwarps; ++w2) {
+            const float4 q = red[((parity * nwarps + w2) * MR + r) * 32 + lane];
+            q0.x += q.x;
+            q0.y += q.y;
+            q0.z += q.z;
+            q0.w += q.w;
+          }
         }
         const float rv[4] = {q0.x, q0.y, q0.z, q0.w};
 #pragma unroll
