@@ -23,8 +23,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--cases", default=DEFAULT)
-    ap.add_argument("--warps", default="0,8,16")
-    ap.add_argument("--slices", default="0,2,4,8")
+    ap.add_argument("--warps", default="0,8")
+    ap.add_argument("--slices", default="0,1,2,4,8")
     args = ap.parse_args()
     from bie_backend_cuda import weight_only as cw
     warm_gpu(2.0)

@@ -25,7 +25,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
   const int mr = p.M > 8 ? 2 : 1;   // 8-row tiles of the output fragments
-  const int wbytes = bits == 8   ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
+  const int wbytes = mr == 2      ? (bits == 8 ? thin_warp_bytes<8, 1, 2>(fs)
+                                                 : bits == 4 ? thin_warp_bytes<4, 1, 2>(fs) : thin_warp_bytes<2, 1, 2>(fs))
+                     : bits == 8 ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
                      : bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                  : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
@@ -37,14 +39,14 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
   // the rings would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs).
-  // K slices: 8 warps (a longer K range per warp and item, and room for longer slices beside the rings).
+  // K slices: 16 warps (session 17, 5-16 rows: 4-14 % faster than 8 on the big layers, level on 4096x4096).
   // 8-bit codes, one row, small layers with N >= 4096 and K <= 4096: 4 warps and two blocks per multiprocessor
   // (H100, session 14, benchmarks/results/cuda_h100_thin.md: 4096x4096 7.7-8.0 us against 8.7-8.9 with 8 warps and
   // every resident block, in three runs; 11008x4096 level at 18 us). Not elsewhere: K = 11008 (4096x11008) was 23%
   // slower that way and 2048x2048 12% slower; 2- and 4-bit codes measured best with the default below.
   const bool w8_one_small = bits == 8 && p.M == 1 && !big && p.N >= 4096 && p.K <= 4096;
   int w = warps_force > 0 ? warps_force
-          : sliced        ? 8
+          : sliced        ? 16
                           : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : (w8_one_small ? 4 : 8));
   if (w8_one_small && warps_force <= 0 && p.grid_force <= 0) p.grid_force = 2 * num_sms;
   if (sliced) {
@@ -61,20 +63,12 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
     if (slices_force > 0) {
       p.kslices = std::min(slices_force, p.nstages);
     } else {
-      // from the fewest slices that fit up to 4x as many: the one that spreads the work (items x stages) most evenly
-      // over the warps of the device (one block per SM: the slice fills its shared memory), more slices only when
-      // at least 2% better (each slice adds float32 partials to write and sum)
+      // the fewest slices that fit, but enough that every warp of the device gets an item (small layers: 4096x4096
+      // has 256 column blocks for 2112 warps). Measured on the H100 (benchmarks/results/cuda_h100_thin.md, session
+      // 17): more slices than that cost more (float32 partials to write and sum, shorter streams per item) than an
+      // uneven spread of items over the SMs (a block with fewer items leaves its bandwidth to the others)
       const int64_t items = ceil_div(p.N, 16), lo = ceil_div(p.nstages, std::max(n, 1));
-      double best = -1.0;
-      for (int64_t ks = lo; ks <= std::min<int64_t>(p.nstages, 4 * lo); ++ks) {
-        const int64_t ss = ceil_div(p.nstages, ks), kk = ceil_div(p.nstages, ss);
-        const int64_t wps = std::max<int64_t>(1, num_sms / kk) * w;   // warps per slice
-        const double eff = (double)(items * p.nstages) / ((double)ceil_div(items, wps) * ss * num_sms * w);
-        if (eff > best * 1.02) {
-          best = eff;
-          p.kslices = (int)kk;
-        }
-      }
+      p.kslices = (int)std::min<int64_t>(p.nstages, std::max<int64_t>(lo, ceil_div((int64_t)num_sms * w, items)));
     }
     p.slice_stages = ceil_div(p.nstages, p.kslices);
     p.kslices = ceil_div(p.nstages, p.slice_stages);   // (no empty slice)

@@ -21,18 +21,25 @@ template <int BITS> struct XPitch { static constexpr int v = Stage<BITS>::K * 2 
 // Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
 // stay in flight at 16-24 resident warps; 8-bit stages carry 2 KiB of codes, so fewer of them; 2-bit stages carry
 // up to 512 bytes of statistics (groups of 32), so 6 (16 warps with K = 28672 still fit).
-template <int BITS, int MX> struct Thin {
-  static constexpr int S = BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? 8 : 6) : (BITS == 4 ? 4 : 3));
+// Two row tiles (MR = 2, 9-16 rows): 4 stages (BIE_WQT_S16, lab knob), enough in flight at 16 warps per SM, and a
+// loop body unrolled over half as many slots (Nsight Compute, session 17: 19 % of the stall samples of the 8-slot
+// kernel were instruction fetch).
+#ifndef BIE_WQT_S16
+#define BIE_WQT_S16 4
+#endif
+template <int BITS, int MX, int MR = 1> struct Thin {
+  static constexpr int S = MR == 2 ? BIE_WQT_S16
+                                   : BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? 8 : 6) : (BITS == 4 ? 4 : 3));
 };
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
 // rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
-template <int BITS, int MX, int FS> struct Slot {
+template <int BITS, int MX, int FS, int MR = 1> struct Slot {
   static constexpr int KS = Stage<BITS>::K;
   static constexpr int VPS = KS / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 2 (8 / 4 / 2-bit)
   static constexpr int GPS = FS > 0 ? KS / (16 * FS) : 1;      // statistics rows per stage
   static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS>::v), BYTES = SO + GPS * 64;
-  static constexpr int WARP_BYTES = Thin<BITS, MX>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
+  static constexpr int WARP_BYTES = Thin<BITS, MX, MR>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
 // The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
@@ -57,18 +64,18 @@ inline int thin_mx(const WqtArgs& p) {
   return (p.M == 1 || big || p.M > 8) && thin_xbytes(p, p.nstages) <= cap ? 1 : 8;
 }
 
-template <int BITS, int MX, int FS> constexpr int warp_bytes() { return Slot<BITS, MX, FS>::WARP_BYTES; }
+template <int BITS, int MX, int FS, int MR> constexpr int warp_bytes() { return Slot<BITS, MX, FS, MR>::WARP_BYTES; }
 
 // FS of a group size (2/4/8 k16 steps for 32/64/128, else 0)
 inline int thin_fs(int gs_shift) { return (gs_shift >= 5 && gs_shift <= 7) ? 1 << (gs_shift - 4) : 0; }
 
-template <int BITS, int MX>
+template <int BITS, int MX, int MR = 1>
 int thin_warp_bytes(int fs) {
   switch (fs) {
-    case 2: return warp_bytes<BITS, MX, 2>();
-    case 4: return warp_bytes<BITS, MX, 4>();
-    case 8: return warp_bytes<BITS, MX, 8>();
-    default: return warp_bytes<BITS, MX, 0>();
+    case 2: return warp_bytes<BITS, MX, 2, MR>();
+    case 4: return warp_bytes<BITS, MX, 4, MR>();
+    case 8: return warp_bytes<BITS, MX, 8, MR>();
+    default: return warp_bytes<BITS, MX, 0, MR>();
   }
 }
 

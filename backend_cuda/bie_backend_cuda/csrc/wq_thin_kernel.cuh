@@ -192,12 +192,12 @@ template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, i
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
-  using SL = Slot<BITS, MX, FS>;
+  using SL = Slot<BITS, MX, FS, MR>;
   constexpr int KS = Stage<BITS>::K, XPITCH = XPitch<BITS>::v;
   constexpr int LKS = KS == 256 ? 8 : 7;   // log2(KS)
   constexpr int J = Layout<BITS>::J;
   constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
-  constexpr int S = Thin<BITS, MX>::S;
+  constexpr int S = Thin<BITS, MX, MR>::S;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);   // (as extract_a)
   extern __shared__ __align__(16) uint8_t smem_raw[];
 
