@@ -299,7 +299,7 @@ def bench_thin(rows, quick, sweep, several_rows=False):
     for m, n, k, bits, gs in cases:
         wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
         nset = len(sets)
-        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL
+        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL, cw.THIN_M_LOWBIT
         try:
             cw.THIN_M = cw.THIN_M_BIG = 8   # (the thin kernel for every row count of this table)
             t = time_graph(fns)
@@ -308,10 +308,11 @@ def bench_thin(rows, quick, sweep, several_rows=False):
             t_nopdl = time_graph(fns)
             cw.PDL = keep[5]
             ref = fns[0]().float()
-            cw.THIN_M = cw.THIN_M_BIG = 0
+            cw.THIN_M = cw.THIN_M_BIG = cw.THIN_M_LOWBIT = 0
             t_wqv = time_graph(fns)
             err = float((ref - fns[0]().float()).norm() / fns[0]().float().norm())
             cw.THIN_M = cw.THIN_M_BIG = 8
+            cw.THIN_M_LOWBIT = keep[6]
             sw = {}
             if several_rows:
                 for w in (4, 8, 16):
@@ -325,7 +326,7 @@ def bench_thin(rows, quick, sweep, several_rows=False):
                             cw.THIN_WARPS, cw.THIN_GRID = w, grid
                             sw[f"{'i' if inter else 'c'}{w}w/{grid}b"] = time_graph(fns, repeats=5)
         finally:
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL = keep
+            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL, cw.THIN_M_LOWBIT = keep
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = byts / BW * 1e6

@@ -362,13 +362,13 @@ def test_wq_skinny_kernel_every_m(bits, gs, fmt, sdt):
     assert cw.skinny_ok(s, z, fmt)
     gen = torch.Generator().manual_seed(bits + 3)
     prepared = cw.prepare(qw, s, z, gi)
-    keep = cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M
+    keep = cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M, cw.THIN_M_LOWBIT
     try:
         for inter in (True, False):
-            cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M = 16, inter, 0   # the wqv kernel itself (thin kernel off)
+            cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M, cw.THIN_M_LOWBIT = 16, inter, 0, 0   # the wqv kernel (thin off)
             _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared)
     finally:
-        cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M = keep
+        cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M, cw.THIN_M_LOWBIT = keep
     # the old small-M kernel agrees (both are fp32-accumulated)
     old = cw.SKINNY_M
     try:
@@ -406,9 +406,9 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 21, sdtype=torch.float16)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(4)
-    keep = cw.SKINNY_M, cw.THIN_M
+    keep = cw.SKINNY_M, cw.THIN_M, cw.THIN_M_LOWBIT
     for m, tune in ((1, 0), (16, 0), (7, 1 << 4), (3, (8 << 4) | (40 << 8))):
-        cw.TUNE_SKINNY, cw.SKINNY_M, cw.THIN_M = tune, 16, 0
+        cw.TUNE_SKINNY, cw.SKINNY_M, cw.THIN_M, cw.THIN_M_LOWBIT = tune, 16, 0, 0
         try:
             x = torch.randn((m, k), generator=gen).bfloat16().cuda()
             y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
@@ -418,7 +418,7 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
                            static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                            lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
         finally:
-            cw.TUNE_SKINNY, (cw.SKINNY_M, cw.THIN_M) = 0, keep
+            cw.TUNE_SKINNY, (cw.SKINNY_M, cw.THIN_M, cw.THIN_M_LOWBIT) = 0, keep
 
 
 THIN = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4) for gs, fmt, sdt in
@@ -458,7 +458,7 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES
+    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT
     try:
         for warps, grid, inter, slices in ((0, 0, True, 0), (1, 3, False, 0), (3, 0, True, 2), (16, 1, False, 3),
                                            (0, 5, True, 3)):
@@ -472,10 +472,10 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
         cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 0, 0, True
         a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-        cw.THIN_M = 0
+        cw.THIN_M = cw.THIN_M_LOWBIT = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
     finally:
-        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = keep
+        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
@@ -543,6 +543,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
     monkeypatch.setattr(cw, "THIN_M", (16 if kernel == "thin-sliced" else 4) if thin else 0)
     monkeypatch.setattr(cw, "THIN_SLICES", 2 if kernel == "thin-sliced" else 0)
+    monkeypatch.setattr(cw, "THIN_M_LOWBIT", 16 if thin else 0)
     gen = torch.Generator().manual_seed(12)
 
     def chain(x_):
@@ -612,15 +613,15 @@ def test_wq_skinny_plan_of_exactly_48k_shared_memory():
     z = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, packed_rows(n, 8)), device="cuda", dtype=torch.int32, generator=gen)
     x = torch.randn((4, k), device="cuda", generator=gen).bfloat16()
     prepared = cw.prepare(qw, s, z, None)
-    keep = cw.SKINNY_M, cw.THIN_M_BIG
+    keep = cw.SKINNY_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT
     try:
-        cw.THIN_M_BIG = 0   # (the skinny kernel itself, not the thin one)
+        cw.THIN_M_BIG = cw.THIN_M_LOWBIT = 0   # (the skinny kernel itself, not the thin one)
         a = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
         torch.cuda.synchronize()
         cw.SKINNY_M = 0
         b = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
     finally:
-        cw.SKINNY_M, cw.THIN_M_BIG = keep
+        cw.SKINNY_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
 
 
@@ -665,21 +666,28 @@ def test_wgmma_row_ranges():
 
 
 def test_thin_row_ranges():
-    """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): up to 4 rows on small layers;
-    on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as csrc/wq_thin.cuh thin_mx) and K is
-    at most THIN_ROWS_MAX_K."""
+    """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): 2- and 4-bit codes (1 and 3
+    bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices); 8-bit codes up to 4 rows
+    on small layers, and on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as
+    csrc/wq_thin.cuh thin_mx) and K is at most THIN_ROWS_MAX_K."""
     from bie_backend_cuda import weight_only as cw
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096)] == [1, 2, 3, 4]
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 28672, 8192)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672)] == [1]               # K > THIN_ROWS_MAX_K
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 1024, 65536)] == [1, 2, 3, 4]      # small layer: per-stage x
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 65536)] == [1]               # K too long to stage 2 rows
-    keep = cw.THIN_M, cw.THIN_M_BIG
+    for bits in (1, 2, 3, 4):
+        for n, k in ((4096, 4096), (28672, 8192), (8192, 28672), (1024, 65536), (8192, 65536)):
+            assert [m for m in range(1, 33) if cw._thin_rows(m, n, k, bits)] == list(range(1, 17))
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 8)] == [1, 2, 3, 4]
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 28672, 8192, 8)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672, 8)] == [1]               # K > THIN_ROWS_MAX_K
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 1024, 65536, 8)] == [1, 2, 3, 4]      # small layer: per-stage x
+    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 65536, 8)] == [1]               # K too long to stage 2 rows
+    keep = cw.THIN_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT
     try:
-        cw.THIN_M = cw.THIN_M_BIG = 0
-        assert not any(cw._thin_rows(m, n, k) for m in (1, 2) for n, k in ((4096, 4096), (28672, 8192)))
+        cw.THIN_M = cw.THIN_M_BIG = cw.THIN_M_LOWBIT = 0
+        assert not any(cw._thin_rows(m, n, k, b) for m in (1, 2) for n, k in ((4096, 4096), (28672, 8192))
+                       for b in (2, 4, 8))
+        cw.THIN_M_LOWBIT = 8
+        assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 4)] == list(range(1, 9))
     finally:
-        cw.THIN_M, cw.THIN_M_BIG = keep
+        cw.THIN_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT = keep
 
 
 WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, act in
@@ -703,10 +711,11 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
     prepared = cw.prepare(qw, s, z, gi)
     for i, m in enumerate((1, 9, 16, 17, 32, 33, 65, 127, 129, 333)):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
-        keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS
+        keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT
         try:
             for ntok_max, splits in ((0, 0), (1 << 20, 0), (0, 1), (1 << 20, 3)):   # 128/64-row tiles, split-K
                 cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = 1, 1 << 30, ntok_max, splits
+                cw.THIN_M_LOWBIT = 0   # (9-16 rows of 2/4-bit codes: this kernel, not the thin one)
                 x = torch.randn((m, k), generator=gen).to(dtype).cuda()
                 bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
                 out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
@@ -714,7 +723,7 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
                 _close(out, w64, x, dtype, k, f"wgmma M={m} ntok_max={ntok_max} splits={splits} {dtype}", bias)
                 assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
         finally:
-            cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = keep
+            cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT = keep
     # small M through the same kernel (rows of the tile masked) agrees with the skinny kernel
     keep = cw.WQW_MIN_M
     try:

@@ -378,16 +378,21 @@ THIN_SMALL_LAYER = 1 << 26
 #: on big layers, several rows go to the thin kernel only up to this K (H100, session 8: M=2 on 8192x28672 thin 52.1 us,
 #: skinny 50.0; on 28672x8192 thin 44.9 against 51.6)
 THIN_ROWS_MAX_K = 16384
+#: 2- and 4-bit codes (1 and 3 bits through their layouts): up to this many rows on any layer, x staged whole or in K
+#: slices (csrc/wq_thin.cu). H100, session 17 (benchmarks/results/cuda_h100_thin.md): W4 g128 at 5-16 rows 1.1-1.3x
+#: faster than the skinny / wgmma kernels on 4096x4096, 28672x8192 and 8192x28672; 8-bit codes were level at 16 rows
+THIN_M_LOWBIT = 16
 
 
-def _thin_rows(m: int, n: int, k: int) -> bool:
-    """The thin kernel serves m rows of an n x k layer (the measured thresholds above). On big layers it serves more
-    than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cuh thin_mx): with per-stage
-    copies of several rows the skinny kernel is faster there."""
+def _thin_rows(m: int, n: int, k: int, bits: int = 4) -> bool:
+    """The thin kernel serves m rows of an n x k layer of `bits`-bit codes (the measured thresholds above). 8-bit
+    codes: on big layers more than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cuh
+    thin_mx): with per-stage copies of several rows the skinny kernel is faster there."""
+    if _KERNEL_BITS.get(bits) in (2, 4) and m <= THIN_M_LOWBIT:
+        return True
     if n * k <= THIN_SMALL_LAYER:
         return m <= THIN_M
-    # x rounded to 128-k stages (+ its sum(x) table, sized for groups of 32: four units per stage); 2-bit codes
-    # round to 256 k, so at the edge the kernel may copy x per stage instead of staging it (correct, slower)
+    # x rounded to 128-k stages (+ its sum(x) table, sized for groups of 32: four units per stage)
     stages = -(-k // 128)
     fits = m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024
     return m <= THIN_M_BIG and (m == 1 or (fits and k <= THIN_ROWS_MAX_K))
@@ -442,7 +447,7 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
-    if _thin_rows(m, qweight.shape[1], k) and thin_ok(x, scales, zeros, format, bits, group_size, k):
+    if _thin_rows(m, qweight.shape[1], k, bits) and thin_ok(x, scales, zeros, format, bits, group_size, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
         if not lay.generic:
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,

@@ -35,12 +35,14 @@ def main():
         m, n, k, bits, gs = (int(v) for v in case.split("x"))
         wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
         base = bf16_linear_us(m, n, k)
-        keep = cw.THIN_WARPS, cw.THIN_SLICES
+        keep = cw.THIN_WARPS, cw.THIN_SLICES, cw.THIN_M_LOWBIT
         res = {}
         try:
+            cw.THIN_M_LOWBIT = 0   # (the path without the thin kernel's 5-16 rows: skinny / wgmma kernels)
             before = time_graph(fns)
+            cw.THIN_M_LOWBIT = keep[2]
             ref = fns[0]().float()
-            cw._thin_rows = lambda m_, n_, k_: True
+            cw._thin_rows = lambda *a: True
             for warps in (int(v) for v in args.warps.split(",")):
                 for slices in (int(v) for v in args.slices.split(",")):
                     cw.THIN_WARPS, cw.THIN_SLICES = warps, slices
@@ -54,7 +56,7 @@ def main():
                     res[(warps, slices)] = time_graph(fns)
         finally:
             cw._thin_rows = thin_rows
-            cw.THIN_WARPS, cw.THIN_SLICES = keep
+            cw.THIN_WARPS, cw.THIN_SLICES, cw.THIN_M_LOWBIT = keep
         times = {c: t for c, t in res.items() if isinstance(t, float)}
         best = min(times, key=times.get)
         floor = (wbytes + m * k * 2 + m * n * 2) / 3.0e12 * 1e6

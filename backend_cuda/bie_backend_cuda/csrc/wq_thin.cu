@@ -63,12 +63,25 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
     if (slices_force > 0) {
       p.kslices = std::min(slices_force, p.nstages);
     } else {
-      // the fewest slices that fit, but enough that every warp of the device gets an item (small layers: 4096x4096
-      // has 256 column blocks for 2112 warps). Measured on the H100 (benchmarks/results/cuda_h100_thin.md, session
-      // 17): more slices than that cost more (float32 partials to write and sum, shorter streams per item) than an
-      // uneven spread of items over the SMs (a block with fewer items leaves its bandwidth to the others)
+      // the slice count with the least modelled time: the codes of the busiest block (one block per SM; each warp
+      // takes the block's item w, w + the slice's warps, ...: blocks differ by one item per warp) plus the float32
+      // partials (written and summed once per slice), device-wide traffic that weighs 2x per byte against one SM's
+      // share (a fit of the H100 sweeps, benchmarks/results/cuda_h100_thin.md, session 17: 28672x8192 at 8 rows is
+      // fastest with 2 slices, 8192x28672 with 8, 4096x4096 with 8). From the fewest slices that fit.
       const int64_t items = ceil_div(p.N, 16), lo = ceil_div(p.nstages, std::max(n, 1));
-      p.kslices = (int)std::min<int64_t>(p.nstages, std::max<int64_t>(lo, ceil_div((int64_t)num_sms * w, items)));
+      const int64_t vbytes = (int64_t)p.kstage / (16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8))) * 512;   // per stage
+      double best = -1.0;
+      for (int64_t ks = lo; ks <= std::min<int64_t>(p.nstages, std::max<int64_t>(4 * lo, 32)); ++ks) {
+        const int64_t ss = ceil_div(p.nstages, ks), kk = ceil_div(p.nstages, ss);
+        const int64_t wps = std::max<int64_t>(1, num_sms / kk) * w;   // warps per slice
+        int64_t items0 = 0;                                              // the items of block 0 (the most)
+        for (int64_t i = 0; i < w; ++i) items0 += i < items ? ceil_div(items - i, wps) : 0;
+        const double cost = (double)items0 * ss * vbytes + (kk > 1 ? 2.0 * kk * p.M * (double)p.N * 8.0 / num_sms : 0.0);
+        if (best < 0 || cost < best) {
+          best = cost;
+          p.kslices = (int)kk;
+        }
+      }
     }
     p.slice_stages = ceil_div(p.nstages, p.kslices);
     p.kslices = ceil_div(p.nstages, p.slice_stages);   // (no empty slice)
