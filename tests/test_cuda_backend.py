@@ -667,13 +667,16 @@ def test_wgmma_row_ranges():
 
 def test_thin_row_ranges():
     """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): 2- and 4-bit codes (1 and 3
-    bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices); 8-bit codes up to 4 rows
+    bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices) except 2 rows of a big
+    layer whose K is above THIN_ROWS_MAX_K; 8-bit codes up to 4 rows
     on small layers, and on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as
     csrc/wq_thin.cuh thin_mx) and K is at most THIN_ROWS_MAX_K."""
     from bie_backend_cuda import weight_only as cw
     for bits in (1, 2, 3, 4):
-        for n, k in ((4096, 4096), (28672, 8192), (8192, 28672), (1024, 65536), (8192, 65536)):
+        for n, k in ((4096, 4096), (28672, 8192), (1024, 65536)):
             assert [m for m in range(1, 33) if cw._thin_rows(m, n, k, bits)] == list(range(1, 17))
+        for n, k in ((8192, 28672), (8192, 65536)):   # 2 rows of a long K: the skinny kernel
+            assert [m for m in range(1, 33) if cw._thin_rows(m, n, k, bits)] == [1] + list(range(3, 17))
     assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 8)] == [1, 2, 3, 4]
     assert [m for m in range(1, 17) if cw._thin_rows(m, 28672, 8192, 8)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
     assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672, 8)] == [1]               # K > THIN_ROWS_MAX_K
@@ -685,7 +688,7 @@ def test_thin_row_ranges():
         assert not any(cw._thin_rows(m, n, k, b) for m in (1, 2) for n, k in ((4096, 4096), (28672, 8192))
                        for b in (2, 4, 8))
         cw.THIN_M_LOWBIT = 8
-        assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 4)] == list(range(1, 9))
+        assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 4)] == list(range(3, 9))
     finally:
         cw.THIN_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT = keep
 

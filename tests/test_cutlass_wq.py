@@ -52,8 +52,13 @@ def test_capability_says_why():
     from bie_backend_cutlass import weight_only as wo
     assert "rows" in wo._defer(_problem(wo.MIN_M - 1, 4096, 4096))
     assert wo._defer(_problem(wo.MIN_M, 4096, 4096)) is None
-    assert "rows" in wo._defer(_problem(wo.MIN_M_BIG - 1, 28672, 8192))
-    assert wo._defer(_problem(wo.MIN_M_BIG, 28672, 8192)) is None
+    assert "rows" in wo._defer(_problem(wo.MIN_M_BIG - 1, 28672, 8192, bits=8))
+    assert wo._defer(_problem(wo.MIN_M_BIG, 28672, 8192, bits=8)) is None
+    # 4-bit codes: bie-backend-cuda's thin GEMV up to 8 rows on big layers, up to 16 with a long K
+    assert "rows" in wo._defer(_problem(wo.MIN_M_BIG_4BIT - 1, 28672, 8192))
+    assert wo._defer(_problem(wo.MIN_M_BIG_4BIT, 28672, 8192)) is None
+    assert "rows" in wo._defer(_problem(16, 8192, 28672))
+    assert wo._defer(_problem(17, 8192, 28672)) is None
     assert wo._check(_problem(1, 4096, 4096)) is None
     assert "multiple of the K tile" in wo._check(_problem(1024, 4096, 4096, gs=32))
     assert wo._check(_problem(1024, 4096, 4096, gs=-1)) is None

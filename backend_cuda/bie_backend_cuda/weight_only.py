@@ -378,17 +378,20 @@ THIN_SMALL_LAYER = 1 << 26
 #: on big layers, several rows go to the thin kernel only up to this K (H100, session 8: M=2 on 8192x28672 thin 52.1 us,
 #: skinny 50.0; on 28672x8192 thin 44.9 against 51.6)
 THIN_ROWS_MAX_K = 16384
-#: 2- and 4-bit codes (1 and 3 bits through their layouts): up to this many rows on any layer, x staged whole or in K
-#: slices (csrc/wq_thin.cu). H100, session 17 (benchmarks/results/cuda_h100_thin.md): W4 g128 at 5-16 rows 1.1-1.3x
-#: faster than the skinny / wgmma kernels on 4096x4096, 28672x8192 and 8192x28672; 8-bit codes were level at 16 rows
+#: 2- and 4-bit codes (1 and 3 bits through their layouts): THIN_LOWBIT_MIN_M .. THIN_M_LOWBIT rows on any layer
+#: (besides the rows above), x staged whole or in K slices (csrc/wq_thin.cu). H100, session 17
+#: (benchmarks/results/cuda_h100_thin.md): W4 g128 at 5-16 rows 1.1-1.3x faster than the skinny / wgmma kernels on
+#: 4096x4096, 28672x8192 and 8192x28672, at 3-4 rows on 8192x28672 1.05x; 2 rows there stay on the skinny kernel
+#: (50.1 against 52.5 us); 8-bit codes were level at 16 rows and keep the rules above
 THIN_M_LOWBIT = 16
+THIN_LOWBIT_MIN_M = 3
 
 
 def _thin_rows(m: int, n: int, k: int, bits: int = 4) -> bool:
     """The thin kernel serves m rows of an n x k layer of `bits`-bit codes (the measured thresholds above). 8-bit
     codes: on big layers more than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cuh
     thin_mx): with per-stage copies of several rows the skinny kernel is faster there."""
-    if _KERNEL_BITS.get(bits) in (2, 4) and m <= THIN_M_LOWBIT:
+    if _KERNEL_BITS.get(bits) in (2, 4) and THIN_LOWBIT_MIN_M <= m <= THIN_M_LOWBIT:
         return True
     if n * k <= THIN_SMALL_LAYER:
         return m <= THIN_M

@@ -72,6 +72,14 @@ TILE_K = 64
 #: automatic selection when no faster kernel (only the plain-PyTorch reference) is installed; tests set MIN_M = 1.
 MIN_M = 65
 MIN_M_BIG = 5
+#: 4-bit codes on big layers: bie-backend-cuda's thin GEMV takes up to 16 rows since session 17 (x staged in K
+#: slices); measured against this kernel (benchmarks/results/cuda_h100_thin.md, H100): faster or level up to 8 rows
+#: (28672x8192 M=8 51.4 against 51.7 us as dispatched; 8192x28672 52.9 against 56.4 for the best tile), and on
+#: layers with K above MIN_M_BIG_4BIT_LONG_K up to 16 rows (8192x28672 M=16 58.0 against 56.4-61.0), but slower from
+#: 9 rows on 28672x8192 (M=16 61.0 against 54.4)
+MIN_M_BIG_4BIT = 9
+MIN_M_BIG_4BIT_LONG_K = 17
+LONG_K = 16384
 SMALL_LAYER = 1 << 26
 
 def _ops():
@@ -270,7 +278,10 @@ def _check(p) -> Optional[str]:
 def _defer(p) -> Optional[str]:
     """Few rows are memory-bound: bie-backend-cuda's GEMV / small-M kernels are faster there (see MIN_M)."""
     m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    lo = MIN_M if n * k <= SMALL_LAYER else min(MIN_M, MIN_M_BIG)
+    big = MIN_M_BIG
+    if p.attrs.get("bits") == 4:
+        big = max(big, MIN_M_BIG_4BIT_LONG_K if k > LONG_K else MIN_M_BIG_4BIT)
+    lo = MIN_M if n * k <= SMALL_LAYER else min(MIN_M, big)
     if m < lo:
         return f"M={m} < {lo} rows on a {n}x{k} layer, where the memory-bound small-M kernels are faster"
     return None
@@ -287,5 +298,6 @@ def register(registry, priority: int) -> None:
                               defer=_defer),
         description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
                     "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
-                    f"epilogue; stream-K tiles for few rows; automatic selection from {MIN_M_BIG} rows on layers "
-                    f"above {SMALL_LAYER} weights, from {MIN_M} on smaller ones")
+                    f"epilogue; stream-K tiles for few rows; automatic selection from {MIN_M_BIG} rows (4-bit codes: "
+                    f"{MIN_M_BIG_4BIT}, {MIN_M_BIG_4BIT_LONG_K} with K above {LONG_K}) on layers above "
+                    f"{SMALL_LAYER} weights, from {MIN_M} on smaller ones")

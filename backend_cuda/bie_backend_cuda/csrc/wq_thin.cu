@@ -16,12 +16,15 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   p.kslices = 1;
   p.slice_stages = p.nstages;
   const bool big = (int64_t)p.N * p.K > (1ll << 26);
-  // K slices: where the whole rows do not fit, 9-16 rows (no per-stage copies of that many rows), and 5-8 rows or
-  // any rows of a big layer (per-stage copies of several rows read x from L2 once per warp and stage; measured
-  // slower than the skinny kernel there, cuda_h100_thin.md); small layers keep per-stage copies up to 4 rows
+  // K slices (each block stages x over its slice of K, its warps split the columns): from 5 rows always (H100,
+  // session 17, cuda_h100_thin.md: 28672x8192 at 5 rows 51-53 us sliced against 55.5 with x staged whole and the
+  // warps splitting K, 4096x4096 7.8 against 9.5), and for 2-4 rows of a big layer whose rows do not fit whole
+  // (per-stage copies of several rows read x from L2 once per warp and stage: slower than the skinny kernel there).
+  // 2-4 rows that fit stay whole (28672x8192: 46.2 / 47.8 us against 49.5 / 51.1 sliced); small layers keep
+  // per-stage copies up to 4 rows. 9-16 rows are never copied per stage.
   const bool whole = thin_mx(p) == 1;
   const bool fits = thin_xbytes(p, p.nstages) <= std::min(128 * 1024, p.smem_limit - 64 * 1024);   // (as thin_mx)
-  const bool sliced = slices_force > 0 || (slices_force == 0 && !fits && (p.M > 4 || big)) || (p.M > 8 && !fits);
+  const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
   const int mr = p.M > 8 ? 2 : 1;   // 8-row tiles of the output fragments
