@@ -365,7 +365,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   uint32_t xstep[MR];
 #pragma unroll
   for (int r = 0; r < MR; ++r) {
-    xzero[r] = (lane & 7) + 8 * r >= M;
+    xzero[r] = (MR == 1 || r == 1) && (lane & 7) + 8 * r >= M;   // (two row tiles: M > 8, tile 0 is all rows of x)
     xstep[r] = xzero[r] ? 0u : 64u;
   }
   const uint32_t xoff = (uint32_t)(XO + (lane & 7) * XPITCH + (lane >> 3) * 16);
@@ -386,26 +386,27 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       tot[0][2] = fmaf(s1, acc[0][2], tot[0][2] - c1);
       return;
     }
-    if (MX == 1) {
-#pragma unroll
-      for (int r = 0; r < MR; ++r) {   // row pair 4 r + t
-        const float2 sx = 4 * r + t < RP ? lds64f(sxtab + (unit * RP + 4 * r + t) * 8) : make_float2(0.f, 0.f);
-        accx[r][0] = accx[r][2] = sx.x;
-        accx[r][1] = accx[r][3] = sx.y;
-      }
-    }
     float s0, z0, s1, z1;
     decode_stat(lds32(srow + g * 4), SBF, s0, z0);
     decode_stat(lds32(srow + 32 + g * 4), SBF, s1, z1);
     const float c0 = GPTQ ? s0 * (z0 + MAGF) : fmaf(s0, MAGF, z0);
     const float c1 = GPTQ ? s1 * (z1 + MAGF) : fmaf(s1, MAGF, z1);
 #pragma unroll
-    for (int r = 0; r < MR; ++r)
+    for (int r = 0; r < MR; ++r) {
+      // MX == 1: sum(x) of row pair 4 r + t (rows 8 r + 2t, + 1; the same for every column) from the table, loaded
+      // here per tile (short live ranges: two row tiles of 2-bit codes in groups of 32 spilled otherwise)
+      float ax[4] = {accx[r][0], accx[r][1], accx[r][2], accx[r][3]};
+      if (MX == 1) {
+        const float2 sx = 4 * r + t < RP ? lds64f(sxtab + (unit * RP + 4 * r + t) * 8) : make_float2(0.f, 0.f);
+        ax[0] = ax[2] = sx.x;
+        ax[1] = ax[3] = sx.y;
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
-        tot[r][e] = fmaf(s_, acc[r][e], fmaf(-c_, accx[r][e], tot[r][e]));
+        tot[r][e] = fmaf(s_, acc[r][e], fmaf(-c_, ax[e], tot[r][e]));
       }
+    }
   };
 
   // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity), or (p.cols) the warp's
