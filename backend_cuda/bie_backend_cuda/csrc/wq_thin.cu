@@ -52,6 +52,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
           : sliced        ? 16
                           : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : (w8_one_small ? 4 : 8));
   if (w8_one_small && warps_force <= 0 && p.grid_force <= 0) p.grid_force = 2 * num_sms;
+  w = std::min(w, thin_max_warps(bits, fs, mr));
   if (sliced) {
     // the longest slice that fits beside the rings (fewer warps while not even one stage would), then slices of
     // equal length
@@ -92,11 +93,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const int64_t xbytes = one ? thin_xbytes(p, p.slice_stages) : 0;
   while (w > 1 && w * per_warp + xbytes > p.smem_limit) w /= 2;
   if (p.cols) {   // every warp covers the whole slice
-    w = std::max(1, std::min(w, 16));
+    w = std::max(1, std::min(w, thin_max_warps(bits, fs, mr)));
     p.st_per_warp = p.slice_stages;
     p.warps = w;
   } else {
-    w = std::max(1, std::min(w, std::min(16, p.slice_stages)));
+    w = std::max(1, std::min(w, std::min(thin_max_warps(bits, fs, mr), p.slice_stages)));
     p.st_per_warp = ceil_div(p.slice_stages, w);
     p.warps = ceil_div(p.slice_stages, p.st_per_warp);
   }

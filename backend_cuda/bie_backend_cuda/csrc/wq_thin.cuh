@@ -64,6 +64,9 @@ inline int thin_mx(const WqtArgs& p) {
   return (p.M == 1 || big || p.M > 8) && thin_xbytes(p, p.nstages) <= cap ? 1 : 8;
 }
 
+// warps per block a kernel allows (its register budget: wq_thin_kernel.cuh BIE_WQT_BOUNDS)
+__host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) { return mr == 2 && bits == 2 && fs == 2 ? 8 : 16; }
+
 template <int BITS, int MX, int FS, int MR> constexpr int warp_bytes() { return Slot<BITS, MX, FS, MR>::WARP_BYTES; }
 
 // FS of a group size (2/4/8 k16 steps for 32/64/128, else 0)

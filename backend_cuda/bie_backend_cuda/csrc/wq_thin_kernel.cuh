@@ -44,10 +44,12 @@ namespace {
 
 // Register budget: by default ptxas may use up to 128 registers (no spills; 86-128 used, so 16-20 resident
 // warps per SM). Lab knob BIE_WQT_MAXNREG caps them (80: 24 warps per SM, small spills).
+// Two row tiles of 2-bit codes in groups of 32 need more than 128 registers (they spilled): those kernels take at
+// most 8 warps per block (wqt_plan, thin_max_warps) and up to 255 registers.
 #ifdef BIE_WQT_MAXNREG
 #define BIE_WQT_BOUNDS __maxnreg__(BIE_WQT_MAXNREG)
 #else
-#define BIE_WQT_BOUNDS __launch_bounds__(512, 1)
+#define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR), 1)
 #endif
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
