@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 17 final device calls (carry .whl). MODE=tests: build bie-backend-cuda and the CUTLASS weight-only family,
 # SASS check of bie-backend-cuda, every CUDA test, the conformance kit under --bie-backend=cuda, the CUTLASS
-# weight-only tests. MODE=bench: the bie-backend-cuda product table (bench_cuda.py --only wq --quick) and
+# weight-only tests. MODE=bench: (BENCH_CUDA=1: the bie-backend-cuda product table, bench_cuda.py --only wq --quick) and
 # bench_cutlass_wq.py at 1, 5, 8, 12, 16 rows (W4 g128; as dispatched with both backends installed).
 set -o pipefail
 source benchmarks/cutlass_setup.sh
@@ -24,7 +24,7 @@ if [ "$MODE" = tests ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_wq.py \
       2>&1 | tee $OUT/tests_cutlass_wq.log | grep -E "FAILED|passed|failed" | tail -5
 else
-  (cd benchmarks && timeout 280 python3 bench_cuda.py --only wq --quick --json $OUT/bench_cuda_wq.json > $OUT/bench_cuda_wq.txt 2>&1; tail -40 $OUT/bench_cuda_wq.txt)
+  [ -n "${BENCH_CUDA:-}" ] && (cd benchmarks && timeout 280 python3 bench_cuda.py --only wq --quick --json $OUT/bench_cuda_wq.json > $OUT/bench_cuda_wq.txt 2>&1; tail -40 $OUT/bench_cuda_wq.txt)
   (cd benchmarks && timeout 250 python3 bench_cutlass_wq.py --quick --ms 1,5,8,12,16 --json $OUT/bench_cutlass_wq.json 2>&1 | tee $OUT/bench_cutlass_wq.txt | grep -E "^W")
 fi
 echo "done at $(( $(date +%s) - START )) s"
