@@ -1,5 +1,6 @@
-// Thin weight-only GEMV ("wqt"): at most 8 rows of x, 2/4/8-bit codes (1/3-bit
-// through the wider layouts), groups of at least 32 or per-channel.
+// Thin weight-only GEMV ("wqt"): at most 16 rows of x (9-16: two 8-row tiles),
+// 2/4/8-bit codes (1/3-bit through the wider layouts), groups of at least 32 or
+// per-channel.
 //
 // Why another skinny kernel: at M <= 8 the work is reading the weights once,
 // and the older skinny kernel ("wqv", weight_only.cu) was measured
@@ -27,6 +28,11 @@
 //     on into the next one.
 //   - programmatic dependent launch (sm_90): the first ring stages are issued
 //     before the kernel waits for the previous one (x, outputs after).
+//   - K slices (p.kslices > 1, from 5 rows or where the rows of x do not fit
+//     whole): block b covers slice b % kslices of K and stages only that part
+//     of x; its warps then split the columns (p.cols: each streams whole items
+//     over the slice, no barrier per item) and write float32 partials, summed
+//     in slice order by wqt_reduce_kernel (wq_thin.cu).
 // Measured on the H100 (benchmarks/results/cuda_h100_thin.md): 2.7-2.8 TB/s
 // (88-93 % of the roof) at M = 1 on the big layers with PDL, 2.5 TB/s without;
 // faster than wqv and wgmma on small layers up to 4 rows and on big ones at
