@@ -69,9 +69,11 @@ def bie_register_kernels(registry):
                         attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
     registry.register("wq_gemm", weight_only.wq_gemm, priority=PRIORITY, name="wq_gemm",
                       capability=wq_cap, prepare=weight_only.prepare,
-                      description="M <= 8: memory-bound skinny kernel (weights as the MMA A operand, cp.async "
-                                  "ring); M <= 64: fp16/bf16 tensor-core GEMM on fragment-ordered codes; split-K with "
-                                  "deterministic reduction; dequantize + cuBLAS above M=64")
+                      description="M <= 16 (2/4-bit codes; 8-bit to 4 rows): thin GEMV (weights as the MMA A "
+                                  "operand, a cp.async ring per warp, x staged per block or per K slice); M <= 8: "
+                                  "skinny kernel; sm_90, 9-256 rows: wgmma with the codes dequantized in registers; "
+                                  "M <= 64: fp16/bf16 tensor-core GEMM on fragment-ordered codes; split-K with "
+                                  "deterministic reductions; dequantize + cuBLAS above")
     registry.register("wq_gemm_grad_input", weight_only.wq_gemm_grad_input, priority=PRIORITY,
                       name="wq_gemm_grad_input", capability=wq_cap, prepare=weight_only.prepare,
                       description="dequantize (fused kernel) + cuBLAS")
