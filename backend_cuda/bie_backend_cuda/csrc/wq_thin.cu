@@ -10,7 +10,8 @@ using namespace thin;
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force) {
   const int ks = 16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8));   // k per 512-byte vector (16 J)
   const int fs = thin_fs(p.gs_shift);
-  p.kstage = stage_k(bits);
+  const int mr = p.M > 8 ? 2 : 1;   // 8-row tiles of the output fragments
+  p.kstage = stage_k(bits, mr);
   p.nstages = ceil_div((int64_t)p.kblocks * ks, p.kstage);
   p.sms = num_sms;
   p.kslices = 1;
@@ -27,7 +28,6 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
-  const int mr = p.M > 8 ? 2 : 1;   // 8-row tiles of the output fragments
   const int wbytes = mr == 2      ? (bits == 8 ? thin_warp_bytes<8, 1, 2>(fs)
                                                  : bits == 4 ? thin_warp_bytes<4, 1, 2>(fs) : thin_warp_bytes<2, 1, 2>(fs))
                      : bits == 8 ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))

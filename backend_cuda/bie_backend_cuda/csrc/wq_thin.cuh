@@ -13,10 +13,16 @@ namespace thin {
 
 // k per ring stage: 128, and 256 for 2-bit codes (two 512-byte vectors per stage, as 4-bit: the per-stage wait, copy
 // and address work is paid once per 1 KiB of codes)
-template <int BITS> struct Stage { static constexpr int K = BITS == 2 ? 256 : 128; };
-inline int stage_k(int bits) { return bits == 2 ? 256 : 128; }
+// Two row tiles of 4-bit codes (BIE_WQT_K16, lab knob): 256-k stages as well (half the per-stage bookkeeping per byte)
+#ifndef BIE_WQT_K16
+#define BIE_WQT_K16 128
+#endif
+template <int BITS, int MR = 1> struct Stage {
+  static constexpr int K = BITS == 2 ? 256 : (MR == 2 && BITS == 4 ? BIE_WQT_K16 : 128);
+};
+inline int stage_k(int bits, int mr = 1) { return bits == 2 ? 256 : (mr == 2 && bits == 4 ? BIE_WQT_K16 : 128); }
 // bytes per x row of a stage in the ring: the stage's k * 2 + 16, so that ldmatrix's 8 rows hit 8 distinct bank quads
-template <int BITS> struct XPitch { static constexpr int v = Stage<BITS>::K * 2 + 16; };
+template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<BITS, MR>::K * 2 + 16; };
 
 // Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
 // stay in flight at 16-24 resident warps; 8-bit stages carry 2 KiB of codes, so fewer of them; 2-bit stages carry
@@ -35,10 +41,10 @@ template <int BITS, int MX, int MR = 1> struct Thin {
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
 // rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
 template <int BITS, int MX, int FS, int MR = 1> struct Slot {
-  static constexpr int KS = Stage<BITS>::K;
+  static constexpr int KS = Stage<BITS, MR>::K;
   static constexpr int VPS = KS / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 2 (8 / 4 / 2-bit)
   static constexpr int GPS = FS > 0 ? KS / (16 * FS) : 1;      // statistics rows per stage
-  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS>::v), BYTES = SO + GPS * 64;
+  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS, MR>::v), BYTES = SO + GPS * 64;
   static constexpr int WARP_BYTES = Thin<BITS, MX, MR>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 

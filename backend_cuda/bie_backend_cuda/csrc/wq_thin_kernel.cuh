@@ -201,7 +201,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   using SL = Slot<BITS, MX, FS, MR>;
-  constexpr int KS = Stage<BITS>::K, XPITCH = XPitch<BITS>::v;
+  constexpr int KS = Stage<BITS, MR>::K, XPITCH = XPitch<BITS, MR>::v;
   constexpr int LKS = KS == 256 ? 8 : 7;   // log2(KS)
   constexpr int J = Layout<BITS>::J;
   constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
