@@ -369,7 +369,7 @@ TUNE_SKINNY = 0
 SKINNY_M = 8
 #: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4/8-bit kernel codes, groups >= 32 or
 #: per-channel, K % 8 == 0, sm_80+): up to THIN_M rows on layers of at most THIN_SMALL_LAYER weights, up to THIN_M_BIG on
-#: larger ones; 0 turns it off (benchmarks compare). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
+#: larger ones; 0 turns it off (benchmarks compare; with THIN_M_LOWBIT = 0 below for 2/4-bit codes). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
 #: and wgmma kernels on 4096x4096 up to 4 rows (the wgmma kernel is faster from 8), and than the skinny kernel on the
 #: big layers at 1 row and at 2-4 rows when x can be staged per block (slower there from 8 rows).
 THIN_M = 4

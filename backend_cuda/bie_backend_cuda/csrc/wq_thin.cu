@@ -24,7 +24,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // 2-4 rows that fit stay whole (28672x8192: 46.2 / 47.8 us against 49.5 / 51.1 sliced); small layers keep
   // per-stage copies up to 4 rows. 9-16 rows are never copied per stage.
   const bool whole = thin_mx(p) == 1;
-  const bool fits = thin_xbytes(p, p.nstages) <= std::min(128 * 1024, p.smem_limit - 64 * 1024);   // (as thin_mx)
+  const bool fits = thin_fits(p);
   const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
@@ -73,7 +73,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
       // share (a fit of the H100 sweeps, benchmarks/results/cuda_h100_thin.md, session 17: 28672x8192 at 8 rows is
       // fastest with 2 slices, 8192x28672 with 8, 4096x4096 with 8). From the fewest slices that fit.
       const int64_t items = ceil_div(p.N, 16), lo = ceil_div(p.nstages, std::max(n, 1));
-      const int64_t vbytes = (int64_t)p.kstage / (16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8))) * 512;   // per stage
+      const int64_t vbytes = (int64_t)p.kstage / ks * 512;   // code bytes per stage
       double best = -1.0;
       for (int64_t ks = lo; ks <= std::min<int64_t>(p.nstages, std::max<int64_t>(4 * lo, 32)); ++ks) {
         const int64_t ss = ceil_div(p.nstages, ks), kk = ceil_div(p.nstages, ss);

@@ -51,9 +51,8 @@ template <int BITS, int MX, int FS, int MR = 1> struct Slot {
 // The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
 // of more than 2^26 weights; else per-stage copies (MX = 8). Measured on the H100 (cuda_h100_thin.md, run 9): staging
 // 2-4 rows made 28672x8192 5-10% faster, but 4096x4096 15% slower (the block waits for all of x before starting).
-// Rows that do not fit whole are staged per K slice instead (wqt_plan: 9-16 rows always, 5-8 rows or big layers when
-// the whole rows do not fit): each block then covers one slice of K, and the slices' partials are summed by a
-// second kernel.
+// From 5 rows, and for rows of a big layer that do not fit whole, x is staged per K slice instead (wqt_plan): each
+// block then covers one slice of K, and the slices' partials are summed by a second kernel.
 // (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes; one row: 16 bytes
 // per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);
@@ -63,11 +62,14 @@ inline int64_t thin_xbytes(const WqtArgs& p, int stages) {
   const int64_t units = fs > 0 ? (int64_t)stages * (p.kstage / (16 * fs)) : stages;
   return (int64_t)p.M * ((int64_t)stages * p.kstage * 2 + 16) + units * (p.M == 1 ? 16 : ((p.M + 1) / 2) * 8);
 }
+// all of the rows of x fit the block's staging: at most 128 KiB, leaving at least 64 KiB of the device's shared memory
+// for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)
+inline bool thin_fits(const WqtArgs& p) {
+  return thin_xbytes(p, p.nstages) <= std::min(128 * 1024, p.smem_limit - 64 * 1024);
+}
 inline int thin_mx(const WqtArgs& p) {
   const bool big = (int64_t)p.N * p.K > (1ll << 26);
-  // leave at least 64 KiB of the device's shared memory for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)
-  const int cap = std::min(128 * 1024, p.smem_limit - 64 * 1024);
-  return (p.M == 1 || big || p.M > 8) && thin_xbytes(p, p.nstages) <= cap ? 1 : 8;
+  return (p.M == 1 || big || p.M > 8) && thin_fits(p) ? 1 : 8;
 }
 
 // warps per block a kernel allows (its register budget: wq_thin_kernel.cuh BIE_WQT_BOUNDS)
