@@ -808,6 +808,123 @@ def test_binary_linear_fused(m, n, k):
                        rb.binary_linear(x.cpu(), None, w.cpu(), k, None, None, None, None))
 
 
+# ------------------------------------------------------------ binary conv2d
+# (N, C, H, W, O, kernel, stride, padding, dilation): odd channel counts (1, 5, 33: a part word; 130: five words),
+# every tap count a k step can split (1x1 .. 7x7), strides, dilation, asymmetric kernels and padding, 1 and 2
+# blocks of channels, windows that cross images inside one block of 128 pixels
+CONV = [
+    (1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1)),
+    (2, 3, 7, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (1, 8, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (2, 16, 8, 8, 8, (1, 1), (1, 1), (0, 0), (1, 1)),
+    (1, 5, 11, 6, 3, (3, 2), (2, 1), (2, 0), (1, 1)),
+    (1, 6, 12, 12, 6, (3, 3), (1, 1), (2, 2), (2, 2)),
+    (2, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (1, 130, 9, 10, 33, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (3, 64, 8, 8, 128, (1, 1), (2, 2), (0, 0), (1, 1)),
+    (2, 33, 13, 11, 70, (5, 5), (1, 2), (2, 1), (1, 2)),
+    (3, 32, 7, 7, 65, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (1, 3, 20, 18, 8, (7, 7), (2, 2), (3, 3), (1, 1)),   # a stem conv: 49 taps (pad 0 is refused there)
+    (5, 96, 5, 5, 31, (3, 1), (1, 1), (1, 0), (1, 1)),
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", CONV, ids=[str(i) for i in range(len(CONV))])
+def test_binary_conv2d_direct(case):
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    n, c, h, w_, o, ks, st, pd, dl = case
+    gen = torch.Generator().manual_seed(sum(case[:5]))
+    k = c * ks[0] * ks[1]
+    wb = _bits((o, (k + 7) // 8), k, gen)
+    p = cb.prepare_conv(wb)
+    geo = (list(ks), list(st), list(pd), list(dl), 1)
+    for i, pad_value in enumerate((-1.0, 0.0, 1.0)):
+        if pad_value == 0.0 and ks[0] * ks[1] > 32:
+            with pytest.raises(RuntimeError, match="at most 32 taps"):
+                cb.binary_conv2d(torch.randn(n, c, h, w_, device="cuda"), wb, *geo, 0.0, None, None, None)
+            continue
+        for j, dt in enumerate((torch.float32, torch.float16, torch.bfloat16, torch.int8)):
+            if dt is torch.int8:
+                x = torch.randint(-3, 4, (n, c, h, w_), generator=gen, dtype=torch.int8).cuda()
+            else:
+                x = torch.randn((n, c, h, w_), generator=gen).to("cuda", dt)
+                x[torch.rand(x.shape, generator=gen).cuda() < 0.05] = 0
+            if (i + j) % 3 == 1:
+                x = x.contiguous(memory_format=torch.channels_last)
+            elif (i + j) % 3 == 2:   # a strided view (every other column of a wider tensor)
+                x = torch.cat([x, x], 3)[:, :, :, ::2]
+                assert not x.is_contiguous()
+            for bn in (32, 64):
+                got = cb.binary_conv2d(x, wb, *geo, pad_value, None, None, None, prepared=p, bn=bn)
+                ref = rb.binary_conv2d(x.cpu(), wb.cpu(), *geo, pad_value, None, None, None)
+                assert got.is_contiguous() and torch.equal(got.cpu(), ref), f"count pad={pad_value} {dt} bn={bn}"
+        for odt in (torch.float32, torch.float16, torch.bfloat16):
+            x = torch.randn((n, c, h, w_), generator=gen).to("cuda", odt)
+            scale = (torch.rand((o,) if i != 1 else (), generator=gen) + 0.05).cuda()
+            bias = torch.randn(o, generator=gen).to("cuda", odt) if i != 2 else None
+            got = cb.binary_conv2d(x, wb, *geo, pad_value, scale, bias, odt, prepared=p)
+            ref = rb.binary_conv2d(x.cpu(), wb.cpu(), *geo, pad_value, scale.cpu(), _cpu(bias), odt)
+            assert got.dtype == odt and torch.equal(got.cpu(), ref), f"{odt} pad={pad_value}"
+
+
+@needs_cuda
+def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
+    """ResNet-18 shapes through the dispatcher (bie-backend-cuda's direct conv chosen, also when
+    bie-backend-cutlass is installed), replayed from a CUDA graph; grouped convs are refused by capability;
+    bad native arguments raise."""
+    import bie_core
+    from bie_core import ops
+    from bie_backend_cuda import _build
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(12)
+    for (c, hw, st) in ((256, 14, 1), (64, 56, 2)):
+        x = torch.randn((8, c, hw, hw), generator=gen).to("cuda", torch.bfloat16).contiguous(
+            memory_format=torch.channels_last)
+        wb = _bits((2 * c, c * 9 // 8), c * 9, gen)
+        scale = torch.rand(2 * c, generator=gen).cuda()
+        args = (x, wb, [3, 3], [st, st], [1, 1], [1, 1], 1, -1.0, scale, None, torch.bfloat16)
+        assert bie_core.explain(ops.binary_conv2d, *args).chosen()["binary_conv2d"] == "cuda:binary_conv2d_direct"
+        ref = rb.binary_conv2d(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
+        y = ops.binary_conv2d(*args)
+        assert torch.equal(y.cpu(), ref)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ops.binary_conv2d(*args)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg = ops.binary_conv2d(*args)
+        x.copy_(torch.randn(x.shape, generator=gen).to("cuda", torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref2 = rb.binary_conv2d(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
+        assert torch.equal(yg.cpu(), ref2) and not torch.equal(ref, ref2)
+    x = torch.randn((2, 8, 6, 6), device="cuda")
+    wb = _bits((4, 4 * 9 // 8), 4 * 9, gen)
+    e = bie_core.explain(ops.binary_conv2d, x, wb, [3, 3], [1, 1], [1, 1], [1, 1], 2, -1.0, None, None, None)
+    assert "groups=2" in str(e)
+    ops_ = _build.ops()
+    w_ok = torch.zeros((4, 24), dtype=torch.int32, device="cuda")
+    pc, taps = torch.zeros(4, dtype=torch.int32, device="cuda"), torch.zeros((4, 9), dtype=torch.int32, device="cuda")
+    geom = [3, 3, 1, 1, 1, 1, 1, 1]
+    xs = torch.randn((2, 64, 6, 6), device="cuda")
+    assert ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 32).shape == (2, 4, 6, 6)
+    with pytest.raises(RuntimeError, match="wp must be contiguous int32"):
+        ops_.binary_conv2d(xs, w_ok[:, :16], pc, taps, geom, 0, None, None, None, 32)
+    with pytest.raises(RuntimeError, match="wtap"):
+        ops_.binary_conv2d(xs, w_ok, pc, taps[:, :4], geom, 0, None, None, None, 32)
+    with pytest.raises(RuntimeError, match="too small"):
+        ops_.binary_conv2d(torch.randn((1, 64, 1, 1), device="cuda"), w_ok, pc, taps, [3, 3, 1, 1, 0, 0, 1, 1], 0,
+                           None, None, None, 32)
+    with pytest.raises(RuntimeError, match="x must be"):
+        ops_.binary_conv2d(xs.double(), w_ok, pc, taps, geom, 0, None, None, None, 32)
+    with pytest.raises(RuntimeError, match="bn must be"):
+        ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 48)
+
+
 # ------------------------------------------------------- native bad input
 @needs_cuda
 def test_native_bad_input_raises_not_crashes():

@@ -159,3 +159,67 @@ def sign_embedding(indices, bits, scale, dim, dtype):
 def sign_embedding_bag(indices, bits, dim, dtype):
     bb = bits if bits.stride(-1) == 1 or bits.shape[-1] == 1 else bits.contiguous()
     return _build.ops().sign_embedding_bag(indices, bb, dim, dtype)
+
+
+# ------------------------------------------------------------------- conv2d
+def conv_weight(w: torch.Tensor, c: int, kh: int, kw: int):
+    """The direct conv kernel's weight layout from the canonical packed OIHW weight w (O, ceil(C*kh*kw/8)):
+    (words (O, KWP) int32: K in (tap, channel word) order, bit b of word (t, cw) = channel 32*cw + b, 0 past C
+    and past the kh*kw*ceil(C/32) words; popc (O,) int32; per-tap popc (O, kh*kw) int32). Device ops only."""
+    o, kb = w.shape
+    k = c * kh * kw
+    cw = -(-c // 32)
+    kwords = kh * kw * cw
+    kwp = -(-kwords // 8) * 8
+    shifts = torch.arange(8, device=w.device, dtype=torch.uint8)
+    bits = ((w.unsqueeze(-1) >> shifts) & 1).reshape(o, kb * 8)[:, :k]             # OIHW order, LSB first
+    t = bits.reshape(o, c, kh, kw).permute(0, 2, 3, 1)                               # (O, kh, kw, C)
+    t = F.pad(t, (0, cw * 32 - c)).reshape(o, kh * kw, cw * 32)
+    taps = t.sum(-1, dtype=torch.int32)
+    t = F.pad(t.reshape(o, kwords * 32), (0, (kwp - kwords) * 32))
+    packed = (t.reshape(o, kwp * 4, 8) << shifts).sum(-1, dtype=torch.uint8)        # little-endian words
+    words = packed.contiguous().view(torch.int32)
+    return words, taps.sum(-1, dtype=torch.int32).contiguous(), taps.contiguous()
+
+
+class PreparedConv:
+    """One packed conv weight and its direct-conv layouts, built on first use per (C, kernel) (prepare only
+    sees the weight)."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w
+        self._cache: dict = {}
+
+    def layout(self, c: int, kh: int, kw: int):
+        key = (c, kh, kw)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = conv_weight(self.w, c, kh, kw)
+        return hit
+
+
+def prepare_conv(w: torch.Tensor) -> PreparedConv:
+    return PreparedConv(w)
+
+
+def unprepare_conv(p: PreparedConv):
+    return (p.w,)
+
+
+# channels per block: 64 wherever the layer has more than 32 output channels
+def conv_block_channels(o: int) -> int:
+    return 32 if o <= 32 else 64
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  prepared=None, bn=0):
+    """groups == 1 (the capability check routes grouped convs elsewhere). bn: channels per block (0: chosen)."""
+    if groups != 1:
+        raise ValueError(f"bie-backend-cuda's binary_conv2d serves groups=1, got groups={groups}")
+    p = prepared if prepared is not None else prepare_conv(w)
+    kh, kw = kernel_size
+    words, popc, taps = p.layout(x.shape[1], kh, kw)
+    pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
+    geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
+    return _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype,
+                                      bn or conv_block_channels(w.shape[0]))

@@ -34,6 +34,30 @@ def _wq_check(p):
     return None
 
 
+# K words (32 channels of one tap each) the conv kernel keeps a shared-memory offset table for: <= 94 KiB of shared
+# memory in all, within every sm_80+ GPU's per-block limit
+CONV_MAX_KWORDS = 6144
+
+
+def _conv_check(p):
+    d = p.dims
+    n, c, h, w, o, kh, kw = d["N"], d["C"], d["H"], d["W"], d["O"], d["KH"], d["KW"]
+    if p.attrs.get("groups", 1) != 1:
+        return f"groups={p.attrs.get('groups')} (the direct conv serves groups=1)"
+    if p.attrs.get("pad_value") == 0.0 and kh * kw > 32:
+        return f"pad_value 0 with a {kh}x{kw} kernel (more than 32 taps)"
+    cw = -(-c // 32)
+    if kh * kw * cw > CONV_MAX_KWORDS:
+        return f"K of {kh * kw * cw} words of 32 channels > {CONV_MAX_KWORDS}"
+    st, pd, dl = p.attrs["stride"], p.attrs["padding"], p.attrs["dilation"]
+    ho = (h + 2 * pd[0] - dl[0] * (kh - 1) - 1) // st[0] + 1
+    wo = (w + 2 * pd[1] - dl[1] * (kw - 1) - 1) // st[1] + 1
+    hp, wp = h + 2 * pd[0], w + 2 * pd[1]
+    if n * hp * wp * cw >= 2 ** 31 or n * ho * wo >= 2 ** 31 or o >= 65535 * 64:
+        return f"conv of {n}x{c}x{h}x{w} (output {o}x{ho}x{wo}) outside the 32-bit index range served"
+    return None
+
+
 @hookimpl
 def bie_register_kernels(registry):
     cuda = ("cuda",)
@@ -61,6 +85,14 @@ def bie_register_kernels(registry):
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80))
     registry.register("binary_bmm", binary.binary_bmm_simt, priority=SIMT_PRIORITY, name="binary_bmm_simt",
                       capability=Capability(devices=cuda, dtypes=FLOATS))
+    registry.register("binary_conv2d", binary.binary_conv2d, priority=PRIORITY, name="binary_conv2d_direct",
+                      capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=SM80,
+                                            check=_conv_check),
+                      prepare=binary.prepare_conv, unprepare=binary.unprepare_conv,
+                      description="direct conv on 1-bit tensor cores (mma m16n8k256 AND+popc): one kernel packs "
+                                  "the padded input's sign words, the conv reads each window straight from them "
+                                  "(no im2col), popcount correction, scale/bias/dtype and the NCHW store fused; "
+                                  "groups=1, any kernel/stride/padding/dilation, pad -1/+1/0")
     registry.register("sign_embedding", binary.sign_embedding, priority=PRIORITY, name="sign_embedding",
                       capability=Capability(devices=cuda, dtypes=FLOATS))
     registry.register("sign_embedding_bag", binary.sign_embedding_bag, priority=PRIORITY,

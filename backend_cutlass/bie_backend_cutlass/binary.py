@@ -391,6 +391,18 @@ def _conv_check(p):
     return None
 
 
+def _conv_defer(p):
+    """bie-backend-cuda's direct conv (no im2col buffer, windows read straight from packed sign words) is faster
+    than the im2col + GEMM path here wherever it serves the shape (benchmarks/results/cuda_h100_conv.md)."""
+    try:
+        from bie_backend_cuda.plugin import _conv_check as cuda_conv_check
+    except ImportError:
+        return None
+    if cuda_conv_check(p) is not None:
+        return None
+    return "bie-backend-cuda's direct conv (binary_conv2d_direct) serves this shape without an im2col buffer"
+
+
 def register(registry, priority: int) -> None:
     from bie_core import Capability
     from bie_core.ops import get_op
@@ -418,7 +430,8 @@ def register(registry, priority: int) -> None:
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
                       description="batched CUTLASS 1-bit GEMM (AND+popc), per-batch popcount terms")
     registry.register("binary_conv2d", binary_conv2d, priority=priority, name="binary_conv2d",
-                      capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=CC, check=_conv_check),
+                      capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=CC, check=_conv_check,
+                                            defer=_conv_defer),
                       prepare=prepare_weight, unprepare=unprepare_weight,
                       description="channel packing + im2col of sign bits (pad -1/+1 as 0/1 bits, pad 0 as the "
                                   "average via a doubled K), CUTLASS 1-bit GEMM writing NCHW from its epilogue; "

@@ -157,7 +157,8 @@ Tensor row_popc(const Tensor& b) {
 
 // The binary GEMMs' epilogue operands: per-channel or scalar scale, per-channel bias (floating types).
 // The returned tensors keep the contiguous copies alive while the kernel is queued.
-static std::pair<Tensor, Tensor> set_scale_bias(bie::BinGemmArgs& p, const std::optional<Tensor>& scale,
+template <typename Args>  // BinGemmArgs or BinConvArgs
+static std::pair<Tensor, Tensor> set_scale_bias(Args& p, const std::optional<Tensor>& scale,
                                                 const std::optional<Tensor>& bias, at::ScalarType odt, int64_t N,
                                                 const at::Device& dev, const char* who) {
   Tensor scale_c, bias_c;
@@ -630,6 +631,101 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
   return out;
 }
 
+
+// The direct binary conv2d (binary_conv.cu), groups == 1. x (N, C, H, W) float32/float16/bfloat16/int8, any strides;
+// wp (O, KWP) int32 weight words in (tap, channel word) K order (bie_backend_cuda.binary.conv_weight), wpop (O) and
+// wtap (O, KH*KW) int32 popcounts; geom = [KH, KW, SH, SW, PH, PW, DH, DW]; pad_mode 0: pad -1, 1: +1, 2: 0.
+// bn: output channels per block (32 or 64). Returns (N, O, Ho, Wo) contiguous NCHW.
+Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, const Tensor& wtap,
+                     std::vector<int64_t> geom, int64_t pad_mode, const std::optional<Tensor>& scale,
+                     const std::optional<Tensor>& bias, std::optional<at::ScalarType> out_dtype, int64_t bn) {
+  const char* who = "binary_conv2d";
+  check_cuda(x, "x");
+  check_cuda(wp, "wp");
+  check_cuda(wpop, "wpop");
+  check_cuda(wtap, "wtap");
+  TORCH_CHECK(x.dim() == 4, "bie_cuda.binary_conv2d: x must be 4-D (N, C, H, W)");
+  const auto xt = x.scalar_type();
+  TORCH_CHECK(xt == at::kFloat || xt == at::kHalf || xt == at::kBFloat16 || xt == at::kChar,
+              "bie_cuda.binary_conv2d: x must be float32, float16, bfloat16 or int8");
+  TORCH_CHECK(geom.size() == 8, "bie_cuda.binary_conv2d: geom must be [KH, KW, SH, SW, PH, PW, DH, DW]");
+  const int64_t KH = geom[0], KW = geom[1], SH = geom[2], SW = geom[3], PH = geom[4], PW = geom[5], DH = geom[6],
+                DW = geom[7];
+  TORCH_CHECK(KH > 0 && KW > 0 && SH > 0 && SW > 0 && DH > 0 && DW > 0 && PH >= 0 && PW >= 0 && KH * KW <= 4096,
+              "bie_cuda.binary_conv2d: kernel, stride, dilation must be > 0 (kernel at most 4096 taps), padding >= 0");
+  TORCH_CHECK(pad_mode >= 0 && pad_mode <= 2, "bie_cuda.binary_conv2d: pad_mode must be 0 (-1), 1 (+1) or 2 (0)");
+  TORCH_CHECK(pad_mode != 2 || KH * KW <= 32, "bie_cuda.binary_conv2d: pad value 0 serves kernels of at most 32 taps");
+  TORCH_CHECK(bn == 32 || bn == 64, "bie_cuda.binary_conv2d: bn must be 32 or 64");
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  TORCH_CHECK(C > 0, "bie_cuda.binary_conv2d: x has no channels");
+  const int64_t Ho = (H + 2 * PH - DH * (KH - 1) - 1) / SH + 1, Wo = (W + 2 * PW - DW * (KW - 1) - 1) / SW + 1;
+  TORCH_CHECK(H + 2 * PH - DH * (KH - 1) - 1 >= 0 && W + 2 * PW - DW * (KW - 1) - 1 >= 0,
+              "bie_cuda.binary_conv2d: input too small for the kernel");
+  const int64_t CW = (C + 31) / 32, KWORDS = KH * KW * CW, KWP = (KWORDS + 7) / 8 * 8;
+  const int64_t O = wp.size(0);
+  TORCH_CHECK(wp.dim() == 2 && wp.scalar_type() == at::kInt && wp.is_contiguous() && wp.size(1) == KWP,
+              "bie_cuda.binary_conv2d: wp must be contiguous int32 (O, ", KWP, ") for C=", C, ", kernel ", KH, "x",
+              KW, "; got ", wp.sizes());
+  TORCH_CHECK(wpop.scalar_type() == at::kInt && wpop.is_contiguous() && wpop.numel() == O,
+              "bie_cuda.binary_conv2d: wpop must be contiguous int32 with O values");
+  TORCH_CHECK(wtap.scalar_type() == at::kInt && wtap.is_contiguous() && wtap.numel() == O * KH * KW,
+              "bie_cuda.binary_conv2d: wtap must be contiguous int32 (O, KH*KW)");
+  TORCH_CHECK(wp.device() == x.device() && wpop.device() == x.device() && wtap.device() == x.device(),
+              "bie_cuda.binary_conv2d: weights on another device");
+  const int64_t Hp = H + 2 * PH, Wp = W + 2 * PW;
+  // 32-bit word offsets inside the kernels; K (a count) in int32
+  TORCH_CHECK(N * Hp * Wp * CW < (1ll << 31) && N * Ho * Wo < (1ll << 31) && C * KH * KW < (1ll << 30) &&
+                  O < 65535ll * bn && N * Hp * Wp < (1ll << 31),
+              "bie_cuda.binary_conv2d: problem outside the 32-bit index range served");
+  TORCH_CHECK(bie::conv_smem_bytes((int)KWP, (int)bn) <= (size_t)smem_optin(),
+              "bie_cuda.binary_conv2d: ", KWORDS, " K words need more shared memory than this GPU has");
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::ScalarType odt = binary_out_dtype(out_dtype, who);
+  auto out = at::empty({N, O, Ho, Wo}, x.options().dtype(odt));
+  if (N == 0 || O == 0 || Ho == 0 || Wo == 0) return out;
+  auto packed = at::empty({N * Hp * Wp * CW}, x.options().dtype(at::kInt));
+  auto ppop = at::empty({N * Hp * Wp}, x.options().dtype(at::kInt));
+  bie::BinConvArgs p{};
+  p.x = x.data_ptr();
+  p.x_dtype = dtype_code(xt);
+  p.sn = x.stride(0);
+  p.sc = x.stride(1);
+  p.sh = x.stride(2);
+  p.sw = x.stride(3);
+  p.N = (int)N;
+  p.C = (int)C;
+  p.H = (int)H;
+  p.W = (int)W;
+  p.PH = (int)PH;
+  p.PW = (int)PW;
+  p.Hp = (int)Hp;
+  p.Wp = (int)Wp;
+  p.CW = (int)CW;
+  p.pad_mode = (int)pad_mode;
+  p.packed = reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>());
+  p.ppop = ppop.data_ptr<int32_t>();
+  p.wp = reinterpret_cast<const uint32_t*>(wp.data_ptr<int32_t>());
+  p.wpop = wpop.data_ptr<int32_t>();
+  p.wtap = wtap.data_ptr<int32_t>();
+  p.O = (int)O;
+  p.KH = (int)KH;
+  p.KW = (int)KW;
+  p.SH = (int)SH;
+  p.SW = (int)SW;
+  p.DH = (int)DH;
+  p.DW = (int)DW;
+  p.Ho = (int)Ho;
+  p.Wo = (int)Wo;
+  p.K = (int)(C * KH * KW);
+  p.KWORDS = (int)KWORDS;
+  p.KWP = (int)KWP;
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(odt);
+  const auto keep = set_scale_bias(p, scale, bias, odt, O, x.device(), who);
+  check_launch(bie::launch_bconv_pack(p, stream()), "binary_conv2d (packing)");
+  check_launch(bie::launch_bconv(p, (int)bn, stream()), "binary_conv2d");
+  return out;
+}
 }  // namespace
 
 TORCH_LIBRARY(bie_cuda, m) {
@@ -638,6 +734,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("row_popc", &row_popc);
   m.def("binary_mm", &binary_mm);
   m.def("binary_mm_wgmma", &binary_mm_wgmma);
+  m.def("binary_conv2d", &binary_conv2d);
   m.def("sign_embedding", &sign_embedding);
   m.def("sign_embedding_bag", &sign_embedding_bag);
   m.def("wq_gemm", &wq_gemm);

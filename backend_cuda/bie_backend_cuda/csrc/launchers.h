@@ -38,6 +38,34 @@ cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bi
 cudaError_t launch_sign_embedding_bag(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, int64_t V,
                                       int64_t nbags, int64_t L, int64_t dim, void* out, int dtype, cudaStream_t st);
 
+// Direct binary conv2d (binary_conv.cu), groups == 1. Strides of x in elements; padded geometry Hp = H + 2 PH,
+// Wp = W + 2 PW; CW = ceil(C / 32) sign words per pixel; KWORDS = KH * KW * CW words of K, KWP that rounded up to
+// a multiple of 8 (one mma k step = 256 bits); K = C * KH * KW. pad_mode 0: pad -1, 1: +1, 2: 0.
+struct BinConvArgs {
+  const void* x;
+  int x_dtype;
+  int64_t sn, sc, sh, sw;
+  int N, C, H, W, PH, PW, Hp, Wp, CW, pad_mode;
+  uint32_t* packed;  // [N][Hp][Wp][CW], written by launch_bconv_pack
+  int32_t* ppop;     // [N][Hp][Wp]
+  const uint32_t* wp;    // [O][KWP] weight words in (tap, channel word) order, 0 past C and past KWORDS
+  const int32_t* wpop;   // [O] popcount of each weight row
+  const int32_t* wtap;   // [O][KH * KW] popcount per tap (pad 0 only)
+  int O, KH, KW, SH, SW, DH, DW, Ho, Wo, K, KWORDS, KWP;
+  void* out;  // (N, O, Ho, Wo) contiguous
+  int out_dtype;
+  const void* scale;
+  int scale_dtype;
+  int64_t scale_stride;
+  const void* bias;
+  int bias_dtype;
+};
+constexpr int kConvMaxChunk = 256;  // weight words per shared-memory chunk
+int conv_chunk_words(int kwp);
+size_t conv_smem_bytes(int kwp, int bn);  // dynamic shared memory of the conv kernel with BN = bn channels
+cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st);
+cudaError_t launch_bconv(const BinConvArgs& p, int bn, cudaStream_t st);  // bn: 32 or 64 channels per block
+
 struct WqArgs {
   const void* x;
   const uint4* qw;
