@@ -60,8 +60,8 @@ def bench(rows, quick, with_cutlass):
         t_nchw = time_graph([lambda x=x: cb.binary_conv2d(x, wb, *args, prepared=p) for x in xs_nchw])
         t_pad0 = time_graph([lambda x=x: cb.binary_conv2d(x, wb, [3, 3], [st, st], [1, 1], [1, 1], 1, 0.0, scale,
                                                           None, torch.bfloat16, prepared=p) for x in xs_nchw])
-        bn_other = 32 if cb.conv_block_channels(o) == 64 else 64
-        t_bn = time_graph([lambda x=x: cb.binary_conv2d(x, wb, *args, prepared=p, bn=bn_other) for x in xs_nchw])
+        t_tiles = [time_graph([lambda x=x: cb.binary_conv2d(x, wb, *args, prepared=p, tile=t) for x in xs_nchw])
+                   for t in (1, 2, 3, 4)]
         t_cut = None
         if ct is not None:
             pc = ct.prepare_weight(wb)
@@ -73,20 +73,20 @@ def bench(rows, quick, with_cutlass):
         best = min(t_cl, t_nchw)
         floor = max((xbytes + ybytes) / BW, 2.0 * BATCH * o * ho * ho * k / B1_MMA) * 1e6
         rows.append(dict(shape=f"C={c} O={o} H=W={hw} s={st}", cuda_nchw_us=t_nchw, cuda_cl_us=t_cl,
-                         cuda_pad0_us=t_pad0, cuda_other_bn_us=t_bn, cutlass_us=t_cut, cudnn_cl_us=base,
+                         cuda_pad0_us=t_pad0, cuda_tiles_us=t_tiles, cutlass_us=t_cut, cudnn_cl_us=base,
                          cudnn_nchw_us=base_nchw, speedup_nchw=base / t_nchw, speedup_cl=base / t_cl,
                          floor_us=floor, pct_floor=100 * floor / best))
         print(rows[-1], flush=True)
 
 
 def table(rows) -> str:
-    head = ("| ResNet-18 3x3, batch 64 | bie cuda µs (NCHW in) | (channels_last in) | pad 0 | other BN | "
+    head = ("| ResNet-18 3x3, batch 64 | bie cuda µs (NCHW in) | (channels_last in) | pad 0 | tiles 1/2/3/4 | "
             "CUTLASS im2col µs | cuDNN bf16 µs (CL) | cuDNN NCHW | speedup vs cuDNN CL | floor µs | % of floor |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         cut = "-" if r["cutlass_us"] is None else f"{r['cutlass_us']:.1f}"
         out.append(f"| {r['shape']} | {r['cuda_nchw_us']:.1f} | {r['cuda_cl_us']:.1f} | {r['cuda_pad0_us']:.1f} | "
-                   f"{r['cuda_other_bn_us']:.1f} | {cut} | {r['cudnn_cl_us']:.1f} | {r['cudnn_nchw_us']:.1f} | "
+                   f"{'/'.join(f'{t:.1f}' for t in r['cuda_tiles_us'])} | {cut} | {r['cudnn_cl_us']:.1f} | {r['cudnn_nchw_us']:.1f} | "
                    f"**{r['speedup_nchw']:.2f}x** / {r['speedup_cl']:.2f}x | {r['floor_us']:.1f} | "
                    f"{r['pct_floor']:.0f}% |")
     return "\n".join(out)

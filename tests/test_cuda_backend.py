@@ -855,11 +855,10 @@ def test_binary_conv2d_direct(case):
                 x = x.contiguous(memory_format=torch.channels_last)
             elif (i + j) % 3 == 2:   # a strided view (every other column of a wider tensor)
                 x = torch.cat([x, x], 3)[:, :, :, ::2]
-                assert not x.is_contiguous()
-            for bn in (32, 64):
-                got = cb.binary_conv2d(x, wb, *geo, pad_value, None, None, None, prepared=p, bn=bn)
-                ref = rb.binary_conv2d(x.cpu(), wb.cpu(), *geo, pad_value, None, None, None)
-                assert got.is_contiguous() and torch.equal(got.cpu(), ref), f"count pad={pad_value} {dt} bn={bn}"
+            ref = rb.binary_conv2d(x.cpu(), wb.cpu(), *geo, pad_value, None, None, None)
+            for tile in (1, 2, 3, 4):
+                got = cb.binary_conv2d(x, wb, *geo, pad_value, None, None, None, prepared=p, tile=tile)
+                assert got.is_contiguous() and torch.equal(got.cpu(), ref), f"count pad={pad_value} {dt} tile={tile}"
         for odt in (torch.float32, torch.float16, torch.bfloat16):
             x = torch.randn((n, c, h, w_), generator=gen).to("cuda", odt)
             scale = (torch.rand((o,) if i != 1 else (), generator=gen) + 0.05).cuda()
@@ -903,7 +902,7 @@ def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
         ref2 = rb.binary_conv2d(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
         assert torch.equal(yg.cpu(), ref2) and not torch.equal(ref, ref2)
     x = torch.randn((2, 8, 6, 6), device="cuda")
-    wb = _bits((4, 4 * 9 // 8), 4 * 9, gen)
+    wb = _bits((4, (4 * 9 + 7) // 8), 4 * 9, gen)
     e = bie_core.explain(ops.binary_conv2d, x, wb, [3, 3], [1, 1], [1, 1], [1, 1], 2, -1.0, None, None, None)
     assert "groups=2" in str(e)
     ops_ = _build.ops()
@@ -911,18 +910,18 @@ def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
     pc, taps = torch.zeros(4, dtype=torch.int32, device="cuda"), torch.zeros((4, 9), dtype=torch.int32, device="cuda")
     geom = [3, 3, 1, 1, 1, 1, 1, 1]
     xs = torch.randn((2, 64, 6, 6), device="cuda")
-    assert ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 32).shape == (2, 4, 6, 6)
+    assert ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 0).shape == (2, 4, 6, 6)
     with pytest.raises(RuntimeError, match="wp must be contiguous int32"):
         ops_.binary_conv2d(xs, w_ok[:, :16], pc, taps, geom, 0, None, None, None, 32)
     with pytest.raises(RuntimeError, match="wtap"):
         ops_.binary_conv2d(xs, w_ok, pc, taps[:, :4], geom, 0, None, None, None, 32)
     with pytest.raises(RuntimeError, match="too small"):
         ops_.binary_conv2d(torch.randn((1, 64, 1, 1), device="cuda"), w_ok, pc, taps, [3, 3, 1, 1, 0, 0, 1, 1], 0,
-                           None, None, None, 32)
+                           None, None, None, 0)
     with pytest.raises(RuntimeError, match="x must be"):
         ops_.binary_conv2d(xs.double(), w_ok, pc, taps, geom, 0, None, None, None, 32)
-    with pytest.raises(RuntimeError, match="bn must be"):
-        ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 48)
+    with pytest.raises(RuntimeError, match="tile must be"):
+        ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 5)
 
 
 # ------------------------------------------------------- native bad input

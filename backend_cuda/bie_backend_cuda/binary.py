@@ -206,14 +206,10 @@ def unprepare_conv(p: PreparedConv):
     return (p.w,)
 
 
-# channels per block: 64 wherever the layer has more than 32 output channels
-def conv_block_channels(o: int) -> int:
-    return 32 if o <= 32 else 64
-
-
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                  prepared=None, bn=0):
-    """groups == 1 (the capability check routes grouped convs elsewhere). bn: channels per block (0: chosen)."""
+                  prepared=None, tile=0):
+    """groups == 1 (the capability check routes grouped convs elsewhere). tile: 0 chosen by shape, 1-4 forced
+    (1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32; tests, benchmarks)."""
     if groups != 1:
         raise ValueError(f"bie-backend-cuda's binary_conv2d serves groups=1, got groups={groups}")
     p = prepared if prepared is not None else prepare_conv(w)
@@ -222,4 +218,4 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     return _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype,
-                                      bn or conv_block_channels(w.shape[0]))
+                                      tile)

@@ -53,7 +53,7 @@ def _conv_check(p):
     ho = (h + 2 * pd[0] - dl[0] * (kh - 1) - 1) // st[0] + 1
     wo = (w + 2 * pd[1] - dl[1] * (kw - 1) - 1) // st[1] + 1
     hp, wp = h + 2 * pd[0], w + 2 * pd[1]
-    if n * hp * wp * cw >= 2 ** 31 or n * ho * wo >= 2 ** 31 or o >= 65535 * 64:
+    if n * hp * wp * cw >= 2 ** 31 - 1024 or n * ho * wo >= 2 ** 31 - 1024 or o >= 65535 * 32:
         return f"conv of {n}x{c}x{h}x{w} (output {o}x{ho}x{wo}) outside the 32-bit index range served"
     return None
 

@@ -635,10 +635,11 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
 // The direct binary conv2d (binary_conv.cu), groups == 1. x (N, C, H, W) float32/float16/bfloat16/int8, any strides;
 // wp (O, KWP) int32 weight words in (tap, channel word) K order (bie_backend_cuda.binary.conv_weight), wpop (O) and
 // wtap (O, KH*KW) int32 popcounts; geom = [KH, KW, SH, SW, PH, PW, DH, DW]; pad_mode 0: pad -1, 1: +1, 2: 0.
-// bn: output channels per block (32 or 64). Returns (N, O, Ho, Wo) contiguous NCHW.
+// tile: 0 chosen by shape, 1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32.
+// Returns (N, O, Ho, Wo) contiguous NCHW.
 Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, const Tensor& wtap,
                      std::vector<int64_t> geom, int64_t pad_mode, const std::optional<Tensor>& scale,
-                     const std::optional<Tensor>& bias, std::optional<at::ScalarType> out_dtype, int64_t bn) {
+                     const std::optional<Tensor>& bias, std::optional<at::ScalarType> out_dtype, int64_t tile) {
   const char* who = "binary_conv2d";
   check_cuda(x, "x");
   check_cuda(wp, "wp");
@@ -655,7 +656,7 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
               "bie_cuda.binary_conv2d: kernel, stride, dilation must be > 0 (kernel at most 4096 taps), padding >= 0");
   TORCH_CHECK(pad_mode >= 0 && pad_mode <= 2, "bie_cuda.binary_conv2d: pad_mode must be 0 (-1), 1 (+1) or 2 (0)");
   TORCH_CHECK(pad_mode != 2 || KH * KW <= 32, "bie_cuda.binary_conv2d: pad value 0 serves kernels of at most 32 taps");
-  TORCH_CHECK(bn == 32 || bn == 64, "bie_cuda.binary_conv2d: bn must be 32 or 64");
+  TORCH_CHECK(tile >= 0 && tile <= 4, "bie_cuda.binary_conv2d: tile must be 0 (chosen) or 1-4");
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   TORCH_CHECK(C > 0, "bie_cuda.binary_conv2d: x has no channels");
   const int64_t Ho = (H + 2 * PH - DH * (KH - 1) - 1) / SH + 1, Wo = (W + 2 * PW - DW * (KW - 1) - 1) / SW + 1;
@@ -674,17 +675,16 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
               "bie_cuda.binary_conv2d: weights on another device");
   const int64_t Hp = H + 2 * PH, Wp = W + 2 * PW;
   // 32-bit word offsets inside the kernels; K (a count) in int32
-  TORCH_CHECK(N * Hp * Wp * CW < (1ll << 31) && N * Ho * Wo < (1ll << 31) && C * KH * KW < (1ll << 30) &&
-                  O < 65535ll * bn && N * Hp * Wp < (1ll << 31),
+  TORCH_CHECK(N * Hp * Wp * CW < (1ll << 31) - 1024 && N * Ho * Wo < (1ll << 31) - 1024 && C * KH * KW < (1ll << 30) &&
+                  O < 65535ll * 32 && N * Hp * Wp < (1ll << 31),
               "bie_cuda.binary_conv2d: problem outside the 32-bit index range served");
-  TORCH_CHECK(bie::conv_smem_bytes((int)KWP, (int)bn) <= (size_t)smem_optin(),
+  TORCH_CHECK(bie::conv_smem_bytes((int)KWP, tile ? (int)tile : 1) <= (size_t)smem_optin(),
               "bie_cuda.binary_conv2d: ", KWORDS, " K words need more shared memory than this GPU has");
   c10::cuda::CUDAGuard guard(x.device());
   const at::ScalarType odt = binary_out_dtype(out_dtype, who);
   auto out = at::empty({N, O, Ho, Wo}, x.options().dtype(odt));
   if (N == 0 || O == 0 || Ho == 0 || Wo == 0) return out;
   auto packed = at::empty({N * Hp * Wp * CW}, x.options().dtype(at::kInt));
-  auto ppop = at::empty({N * Hp * Wp}, x.options().dtype(at::kInt));
   bie::BinConvArgs p{};
   p.x = x.data_ptr();
   p.x_dtype = dtype_code(xt);
@@ -703,7 +703,6 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
   p.CW = (int)CW;
   p.pad_mode = (int)pad_mode;
   p.packed = reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>());
-  p.ppop = ppop.data_ptr<int32_t>();
   p.wp = reinterpret_cast<const uint32_t*>(wp.data_ptr<int32_t>());
   p.wpop = wpop.data_ptr<int32_t>();
   p.wtap = wtap.data_ptr<int32_t>();
@@ -723,7 +722,7 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
   p.out_dtype = dtype_code(odt);
   const auto keep = set_scale_bias(p, scale, bias, odt, O, x.device(), who);
   check_launch(bie::launch_bconv_pack(p, stream()), "binary_conv2d (packing)");
-  check_launch(bie::launch_bconv(p, (int)bn, stream()), "binary_conv2d");
+  check_launch(bie::launch_bconv(p, tile ? (int)tile : bie::conv_auto_tile(p, num_sms()), stream()), "binary_conv2d");
   return out;
 }
 }  // namespace

@@ -4,27 +4,26 @@
 // with xpad = x padded by the pad value (-1, +1 or 0), then float32(dot) * scale + bias in the output dtype.
 //
 // Two kernels, no im2col buffer:
-//  1. bconv_pack: x (any strides: NCHW, channels_last, views; float32/float16/bfloat16/int8) -> the sign words
-//     of the padded input, [N][Hp][Wp][CW] uint32 (bit b of word cw: channel 32*cw + b, 1 = +1; bits past C are
-//     0), the padding ring holding the pad value's bits (pad 0: 0 bits), and per padded pixel its number of +1
-//     channels (ppop). One read of x, 1/16 of it written back (bf16).
+//  1. packing: x (float32/float16/bfloat16/int8, any strides) -> the sign words of the *padded* input,
+//     [N][Hp][Wp][CW] uint32 (bit b of word cw: channel 32*cw + b, 1 = +1; bits past C are 0), the padding ring
+//     holding the pad value's bits (pad 0: 0 bits). One read of x, 1/16 of it written back (bf16). Three
+//     variants by layout: contiguous channel planes (NCHW: vector loads along the plane), contiguous channels
+//     (channels_last: a warp ballot per word), any strides.
 //  2. bconv_mma: a GEMM whose rows are output pixels and columns output channels; K runs over (tap, channel
 //     word). Row p's K word q sits at packed[base(p) + delta[q]] (delta: a per-word table in shared memory), so
 //     the A fragments of mma.m16n8k256.and.popc are read straight from global memory (a window is a few cache
 //     lines, shared by neighbouring pixels and taps through L1). A chunk of weights [BN channels][KC words] is
 //     staged in shared memory. The ±1 dot product comes from AND counts (XOR+popc is emulated on sm_90):
 //         dot = 4 popc(a & w) - 2 popc(a) - 2 popc(w over the valid taps) + K_valid
-//     popc(a) of a window = the sum of its taps' ppop; with pad 0 the taps that fall in the padding count neither
-//     in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is scaled, biased and staged in
-//     shared memory as [channel][pixel], then written as NCHW rows (consecutive threads, consecutive pixels).
+//     popc(a) of a window comes from one more MMA against an all-ones column; with pad 0 the taps that fall in the
+//     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
+//     scaled, biased and staged in shared memory as [channel][pixel], then written as NCHW rows.
 #include "common.cuh"
 
 namespace bie {
 namespace {
 
-constexpr int kConvBM = 128;              // output pixels per block: 4 warps x 32 (two m16 tiles each)
 constexpr int kConvThreads = 128;
-constexpr int kStageLd = kConvBM + 4;     // staging row (floats): +4 makes the fragment writes conflict-free
 
 // ------------------------------------------------------------------ packing
 template <typename T>
@@ -32,46 +31,145 @@ __device__ __forceinline__ bool sign_bit(T v) { return to_f32(v) >= 0.f; }   // 
 template <>
 __device__ __forceinline__ bool sign_bit<int8_t>(int8_t v) { return v >= 0; }
 
-// block (32, 8): 32 consecutive padded pixels (lanes: consecutive w, so NCHW reads coalesce) x the channel words
-template <typename T>
-__global__ void __launch_bounds__(256) bconv_pack_kernel(BinConvArgs p) {
-  __shared__ int s_pop[8][33];
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t npix = (int64_t)p.N * p.Hp * p.Wp;
-  const int64_t pix = (int64_t)blockIdx.x * 32 + tx;
-  int pop = 0;
-  if (pix < npix) {
-    const int wq = (int)(pix % p.Wp);
-    const int64_t t = pix / p.Wp;
-    const int hq = (int)(t % p.Hp);
-    const int n = (int)(t / p.Hp);
-    const int h = hq - p.PH, w = wq - p.PW;
-    const bool inside = h >= 0 && h < p.H && w >= 0 && w < p.W;
-    const T* x = static_cast<const T*>(p.x) + (inside ? n * p.sn + h * p.sh + w * p.sw : 0);
-    uint32_t* dst = p.packed + pix * p.CW;
-    for (int cw = ty; cw < p.CW; cw += 8) {
-      const int nb = min(32, p.C - cw * 32);   // channels in this word
-      uint32_t word = 0;
-      if (inside) {
-        const T* xc = x + (int64_t)cw * 32 * p.sc;
+__device__ __forceinline__ uint32_t* packed_word(const BinConvArgs& p, int n, int hq, int wq, int cw) {
+  return p.packed + ((int64_t)((n * p.Hp + hq) * p.Wp + wq)) * p.CW + cw;
+}
+
+// The padding ring of the packed input: `ring` pixels per image, thread per (image, ring pixel, word).
+// (32-bit indices throughout: N * Hp * Wp * CW < 2^31 - 1024 is checked on the host; 64-bit division is a
+// subroutine call)
+__device__ __forceinline__ void write_ring(const BinConvArgs& p, int i) {
+  const int ring = p.Hp * p.Wp - p.H * p.W;
+  const int cw = i % p.CW;
+  const int t = i / p.CW;
+  const int n = t / ring;
+  int u = t - n * ring, hq, wq;
+  if (u < 2 * p.PH * p.Wp) {                 // the PH rows above and below
+    hq = u / p.Wp;
+    wq = u - hq * p.Wp;
+    if (hq >= p.PH) hq += p.H;
+  } else {                                   // the PW columns left and right of the H image rows
+    u -= 2 * p.PH * p.Wp;
+    hq = p.PH + u / (2 * p.PW);
+    wq = u % (2 * p.PW);
+    if (wq >= p.PW) wq += p.W;
+  }
+  const int nb = min(32, p.C - cw * 32);
+  *packed_word(p, n, hq, wq, cw) = p.pad_mode == 1 ? (nb == 32 ? ~0u : ((1u << nb) - 1u)) : 0u;
+}
+
+// V elements of x from p (p aligned to the vector: checked on the host)
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec { T v[V]; };
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+  Vec<T, V> r;
+  constexpr int bytes = sizeof(T) * V;
+  if constexpr (bytes == 16) *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p));
+  else if constexpr (bytes == 8) *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
+  else if constexpr (bytes == 4) *reinterpret_cast<uint32_t*>(&r) = __ldg(reinterpret_cast<const uint32_t*>(p));
+  else
 #pragma unroll
-        for (int b = 0; b < 32; ++b)
-          if (b < nb) word |= (uint32_t)sign_bit(xc[b * p.sc]) << b;
-      } else if (p.pad_mode == 1) {
-        word = nb == 32 ? ~0u : ((1u << nb) - 1u);
-      }
-      dst[cw] = word;
-      pop += __popc(word);
+    for (int i = 0; i < V; ++i) r.v[i] = p[i];
+  return r;
+}
+
+// Plane mode (each channel's H x W plane contiguous: NCHW and its channel slices): grid (plane blocks + ring
+// blocks, CW, N); thread t of a plane block reads V consecutive pixels of each of 32 channels (a block reads runs
+// of 256 V elements per channel) and writes V words. Ring blocks write the padding ring.
+template <typename T, int V>
+__global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int plane_blocks) {
+  const int cw = blockIdx.y, n = blockIdx.z;
+  if ((int)blockIdx.x >= plane_blocks) {
+    const int ring = p.Hp * p.Wp - p.H * p.W;
+    const int t = ((int)blockIdx.x - plane_blocks) * 256 + threadIdx.x;
+    if (t < ring) write_ring(p, (n * ring + t) * p.CW + cw);
+    return;
+  }
+  const int hw = p.H * p.W;
+  const int pix0 = (blockIdx.x * 256 + threadIdx.x) * V;
+  if (pix0 >= hw) return;
+  const T* x = static_cast<const T*>(p.x) + n * p.sn + (int64_t)cw * 32 * p.sc + pix0;
+  const int nb = min(32, p.C - cw * 32);
+  uint32_t word[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) word[i] = 0;
+#pragma unroll
+  for (int b = 0; b < 32; ++b) {
+    if (b < nb) {
+      const Vec<T, V> v = load_vec<T, V>(x + b * p.sc);
+#pragma unroll
+      for (int i = 0; i < V; ++i) word[i] |= (uint32_t)sign_bit(v.v[i]) << b;
     }
   }
-  s_pop[ty][tx] = pop;
-  __syncthreads();
-  if (ty == 0 && pix < npix) {
-    int sum = 0;
 #pragma unroll
-    for (int y = 0; y < 8; ++y) sum += s_pop[y][tx];
-    p.ppop[pix] = sum;
+  for (int i = 0; i < V; ++i) {
+    const int pix = pix0 + i;
+    const int h = pix / p.W, w = pix - h * p.W;
+    *packed_word(p, n, h + p.PH, w + p.PW, cw) = word[i];
   }
+}
+
+// Channel mode (channels contiguous: channels_last and its views): a warp packs 32 consecutive (pixel, word)
+// pairs; for each, its lanes read 32 consecutive channels and one ballot makes the word, kept by lane j.
+// Threads past the words write the padding ring.
+template <typename T>
+__global__ void __launch_bounds__(256) bconv_pack_channels_kernel(BinConvArgs p, int words) {
+  const int lane = threadIdx.x & 31;
+  const int i0 = (blockIdx.x * 256 + threadIdx.x) & ~31;   // this warp's first word
+  if (i0 >= words) {
+    const int ring_words = p.N * (p.Hp * p.Wp - p.H * p.W) * p.CW;
+    const int r = i0 - (words + 31) / 32 * 32 + lane;
+    if (r >= 0 && r < ring_words) write_ring(p, r);
+    return;
+  }
+  uint32_t mine = 0;
+  const int hw = p.H * p.W;
+#pragma unroll 4
+  for (int j = 0; j < 32; ++j) {
+    const int i = i0 + j;
+    if (i >= words) break;                      // warp-uniform
+    const int cw = i % p.CW;
+    const int pix = i / p.CW;
+    const int n = pix / hw, rem = pix - n * hw;
+    const int h = rem / p.W, w = rem - h * p.W;
+    const int c = cw * 32 + lane;
+    bool bit = false;
+    if (c < p.C) bit = sign_bit(static_cast<const T*>(p.x)[n * p.sn + h * p.sh + w * p.sw + c]);
+    const uint32_t word = __ballot_sync(0xffffffffu, bit);
+    if (lane == j) mine = word;
+  }
+  const int i = i0 + lane;
+  if (i < words) {
+    const int cw = i % p.CW;
+    const int pix = i / p.CW;
+    const int n = pix / hw, rem = pix - n * hw;
+    const int h = rem / p.W, w = rem - h * p.W;
+    *packed_word(p, n, h + p.PH, w + p.PW, cw) = mine;
+  }
+}
+
+// Any strides: thread per (padded pixel, word), 32 scalar loads; the ring included.
+template <typename T>
+__global__ void __launch_bounds__(256) bconv_pack_any_kernel(BinConvArgs p) {
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  if (i >= p.N * p.Hp * p.Wp * p.CW) return;
+  const int cw = i % p.CW;
+  const int pix = i / p.CW;
+  const int wq = pix % p.Wp, t = pix / p.Wp;
+  const int hq = t % p.Hp, n = t / p.Hp;
+  const int h = hq - p.PH, w = wq - p.PW;
+  const int nb = min(32, p.C - cw * 32);
+  uint32_t word = 0;
+  if (h >= 0 && h < p.H && w >= 0 && w < p.W) {
+    const T* xc = static_cast<const T*>(p.x) + n * p.sn + h * p.sh + w * p.sw + (int64_t)cw * 32 * p.sc;
+#pragma unroll
+    for (int b = 0; b < 32; ++b)
+      if (b < nb) word |= (uint32_t)sign_bit(xc[b * p.sc]) << b;
+  } else if (p.pad_mode == 1) {
+    word = nb == 32 ? ~0u : ((1u << nb) - 1u);
+  }
+  p.packed[i] = word;
 }
 
 // --------------------------------------------------------------------- conv
@@ -85,32 +183,44 @@ __device__ __forceinline__ void mma_b1(int (&c)[4], const uint32_t (&a)[4], uint
 #endif
 }
 
-// Shared memory (dynamic): delta[KWP] | per-pixel popc(a), invalid-tap mask, output offset [BM] each |
-// per-channel popc(w), scale, bias [BN] each | union { weights [BN][kc + 4] words, staging [BN][kStageLd] floats }.
-// A weight row of kc + 4 words (kc % 8 == 0) puts the 8 channels x 4 words of a B fragment in 32 distinct banks.
-template <int NT>
-__global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs p, int kc) {
-  constexpr int BN = NT * 8;
+// Output pixel -> (image, offset of the pixel in its NCHW plane, first word of its window in packed)
+struct PixelAt {
+  int n, rem, ho, wo;
+};
+__device__ __forceinline__ PixelAt pixel_at(const BinConvArgs& p, int pix) {
+  const int P = p.Ho * p.Wo;
+  PixelAt r;
+  r.n = pix / P;
+  r.rem = pix - r.n * P;
+  r.ho = r.rem / p.Wo;
+  r.wo = r.rem - r.ho * p.Wo;
+  return r;
+}
+
+// Shared memory (dynamic): delta[KWP] | per-channel popc(w), scale, bias [BN] each |
+// union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
+// A weight row of kc + 4 words (kc % 8 == 0) puts the 8 channels x 4 words of a B fragment in 32 distinct banks;
+// a staging row of BM + 4 floats does the same for the accumulator writes.
+// popc(a) of each window comes from the MMA itself: one more n8 tile whose column 0 is all ones over the K words
+// (so pad 0's padding, written as 0 bits, and the bits past C never count), read back from lane 4 gid.
+template <int MT, int NT>
+__global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, int kc) {
+  constexpr int BN = NT * 8, BM = MT * 16 * 4, LDS = BM + 4;
   extern __shared__ __align__(16) unsigned char smem[];
   int* s_delta = reinterpret_cast<int*>(smem);
-  int* s_popa = s_delta + p.KWP;
-  uint32_t* s_inv = reinterpret_cast<uint32_t*>(s_popa + kConvBM);
-  int64_t* s_obase = reinterpret_cast<int64_t*>(s_inv + kConvBM);   // KWP % 8 == 0 keeps this 8-byte aligned
-  int* s_wpop = reinterpret_cast<int*>(s_obase + kConvBM);
+  int* s_wpop = s_delta + p.KWP;
   float* s_scale = reinterpret_cast<float*>(s_wpop + BN);
   float* s_bias = s_scale + BN;
-  uint32_t* s_w = reinterpret_cast<uint32_t*>(s_bias + BN);          // 16-byte aligned: see conv_smem_bytes
+  uint32_t* s_w = reinterpret_cast<uint32_t*>(s_bias + BN);   // 16-byte aligned: KWP % 8 == 0, BN % 32 == 0
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-  const int P = p.Ho * p.Wo;
-  const int64_t npix = (int64_t)p.N * P;
-  const int64_t p0 = (int64_t)blockIdx.x * kConvBM;
+  const int npix = p.N * p.Ho * p.Wo;
+  const int p0 = blockIdx.x * BM;
   const int o0 = blockIdx.y * BN;
-  const int taps = p.KH * p.KW;
 
   // K word -> offset (words) from a window's first word; the padding words past K read word 0 of the window
-  // (their weight bits are 0, and popc(a) comes from ppop, so what they read never counts)
+  // (their weight bits are 0, and so are those of the ones column)
   for (int q = tid; q < p.KWP; q += kConvThreads) {
     int d = 0;
     if (q < p.KWORDS) {
@@ -120,30 +230,6 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
     }
     s_delta[q] = d;
   }
-  // per pixel: popc of its window, the taps in the padding (pad 0 only), its NCHW output offset
-  {
-    const int64_t pix = p0 + tid;
-    int popa = 0;
-    uint32_t inv = 0;
-    int64_t ob = -1;
-    if (pix < npix) {
-      const int n = (int)(pix / P), rem = (int)(pix - (int64_t)n * P);
-      const int ho = rem / p.Wo, wo = rem - ho * p.Wo;
-      const int64_t pb = ((int64_t)n * p.Hp + ho * p.SH) * p.Wp + wo * p.SW;
-      for (int r = 0; r < p.KH; ++r) {
-        const int hh = ho * p.SH + r * p.DH - p.PH;
-        for (int s = 0; s < p.KW; ++s) {
-          popa += __ldg(p.ppop + pb + r * p.DH * p.Wp + s * p.DW);
-          const int ww = wo * p.SW + s * p.DW - p.PW;
-          if (p.pad_mode == 2 && (hh < 0 || hh >= p.H || ww < 0 || ww >= p.W)) inv |= 1u << (r * p.KW + s);
-        }
-      }
-      ob = (int64_t)n * p.O * P + rem;
-    }
-    s_popa[tid] = popa;
-    s_inv[tid] = inv;
-    s_obase[tid] = ob;
-  }
   for (int j = tid; j < BN; j += kConvThreads) {
     const int o = o0 + j;
     s_wpop[j] = o < p.O ? __ldg(p.wpop + o) : 0;
@@ -151,29 +237,31 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
     s_bias[j] = (p.bias && o < p.O) ? load_f32(p.bias, p.bias_dtype, o) : 0.f;
   }
 
-  // this thread's four A rows (pixels warp*32 + mt*16 + gid + 8h): word offset of each window's first word
-  int base[2][2];
+  // this thread's A rows (pixels warp*16*MT + mt*16 + gid + 8h): word offset of each window's first word
+  int base[MT][2];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t pix = p0 + warp * 32 + mt * 16 + gid + 8 * h;
+      const int pix = p0 + warp * 16 * MT + mt * 16 + gid + 8 * h;
       int b = 0;
       if (pix < npix) {
-        const int n = (int)(pix / P), rem = (int)(pix - (int64_t)n * P);
-        const int ho = rem / p.Wo, wo = rem - ho * p.Wo;
-        b = (int)((((int64_t)n * p.Hp + ho * p.SH) * p.Wp + wo * p.SW) * p.CW);
+        const PixelAt a = pixel_at(p, pix);
+        b = ((a.n * p.Hp + a.ho * p.SH) * p.Wp + a.wo * p.SW) * p.CW;
       }
       base[mt][h] = b;
     }
 
-  int acc[2][NT][4];
+  int acc[MT][NT][4], pop[MT][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pop[mt][i] = 0;
+  }
 
   const uint32_t* __restrict__ packed = p.packed;
   const int ldw = kc + 4;
@@ -189,12 +277,13 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
       *reinterpret_cast<uint4*>(s_w + row * ldw + c4 * 4) = v;
     }
     __syncthreads();
-#pragma unroll 2
+#pragma unroll 4
     for (int s = 0; s < kn; s += 8) {
-      const int d0 = s_delta[k0 + s + tig], d1 = s_delta[k0 + s + tig + 4];
-      uint32_t a[2][4];
+      const int q0 = k0 + s + tig;
+      const int d0 = s_delta[q0], d1 = s_delta[q0 + 4];
+      uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
         a[mt][0] = __ldg(packed + base[mt][0] + d0);
         a[mt][1] = __ldg(packed + base[mt][1] + d0);
         a[mt][2] = __ldg(packed + base[mt][0] + d1);
@@ -205,21 +294,35 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
         const uint32_t* wr = s_w + (nt * 8 + gid) * ldw + s + tig;
         const uint32_t b0 = wr[0], b1 = wr[4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) mma_b1(acc[mt][nt], a[mt], b0, b1);
+        for (int mt = 0; mt < MT; ++mt) mma_b1(acc[mt][nt], a[mt], b0, b1);
       }
+      const uint32_t o0b = (gid == 0 && q0 < p.KWORDS) ? ~0u : 0u;
+      const uint32_t o1b = (gid == 0 && q0 + 4 < p.KWORDS) ? ~0u : 0u;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) mma_b1(pop[mt], a[mt], o0b, o1b);
     }
   }
   __syncthreads();   // the weight chunk's space becomes the output staging tile
 
   // epilogue: dot -> value, staged as [channel][pixel]
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = warp * 32 + mt * 16 + gid + 8 * h;
-      const int popa = s_popa[row];
-      const uint32_t inv = s_inv[row];
-      const int kv = p.K - (p.pad_mode == 2 ? __popc(inv) * p.C : 0);
+      const int row = warp * 16 * MT + mt * 16 + gid + 8 * h;
+      const int popa = __shfl_sync(0xffffffffu, pop[mt][2 * h], lane & ~3);   // column 0: lane 4 gid
+      uint32_t inv = 0;   // pad 0: the taps of this window in the padding
+      if (p.pad_mode == 2 && p0 + row < npix) {
+        const PixelAt a = pixel_at(p, p0 + row);
+        for (int r = 0; r < p.KH; ++r) {
+          const int hh = a.ho * p.SH + r * p.DH - p.PH;
+          for (int s = 0; s < p.KW; ++s) {
+            const int ww = a.wo * p.SW + s * p.DW - p.PW;
+            if (hh < 0 || hh >= p.H || ww < 0 || ww >= p.W) inv |= 1u << (r * p.KW + s);
+          }
+        }
+      }
+      const int kv = p.K - __popc(inv) * p.C;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -227,7 +330,8 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
           const int col = nt * 8 + 2 * tig + j;
           int wv = s_wpop[col];
           if (inv && o0 + col < p.O)
-            for (uint32_t m = inv; m; m &= m - 1) wv -= __ldg(p.wtap + (int64_t)(o0 + col) * taps + (__ffs(m) - 1));
+            for (uint32_t m = inv; m; m &= m - 1)
+              wv -= __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
           const int dot = 4 * acc[mt][nt][2 * h + j] - 2 * popa - 2 * wv + kv;
           float y;
           if (p.out_dtype == kI32) {
@@ -238,24 +342,26 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
             if (p.scale) y = __fmul_rn(y, s_scale[col]);
             if (p.bias) y = __fadd_rn(y, s_bias[col]);
           }
-          s_out[col * kStageLd + row] = y;
+          s_out[col * LDS + row] = y;
         }
     }
   __syncthreads();
 
-  // NCHW rows: thread tid writes pixel p0 + tid of every channel of the tile
-  const int64_t ob = s_obase[tid];
-  if (ob >= 0) {
-    const int ncol = min(BN, p.O - o0);
-    for (int col = 0; col < ncol; ++col) {
-      const float y = s_out[col * kStageLd + tid];
-      const int64_t off = ob + (int64_t)(o0 + col) * P;
-      switch (p.out_dtype) {
-        case kI32: static_cast<int32_t*>(p.out)[off] = __float_as_int(y); break;
-        case kF32: static_cast<float*>(p.out)[off] = y; break;
-        case kF16: static_cast<__half*>(p.out)[off] = __float2half_rn(y); break;
-        default: static_cast<__nv_bfloat16*>(p.out)[off] = __float2bfloat16_rn(y); break;
-      }
+  // NCHW rows: consecutive threads write consecutive pixels of one channel
+  const int ncol = min(BN, p.O - o0);
+  const int64_t P = (int64_t)p.Ho * p.Wo;
+  for (int e = tid; e < ncol * BM; e += kConvThreads) {
+    const int col = e / BM, row = e - col * BM;
+    const int pix = p0 + row;
+    if (pix >= npix) continue;
+    const PixelAt a = pixel_at(p, pix);
+    const int64_t off = ((int64_t)a.n * p.O + o0 + col) * P + a.rem;
+    const float y = s_out[col * LDS + row];
+    switch (p.out_dtype) {
+      case kI32: static_cast<int32_t*>(p.out)[off] = __float_as_int(y); break;
+      case kF32: static_cast<float*>(p.out)[off] = y; break;
+      case kF16: static_cast<__half*>(p.out)[off] = __float2half_rn(y); break;
+      default: static_cast<__nv_bfloat16*>(p.out)[off] = __float2bfloat16_rn(y); break;
     }
   }
 }
@@ -264,40 +370,88 @@ __global__ void __launch_bounds__(kConvThreads, 4) bconv_mma_kernel(BinConvArgs 
 
 int conv_chunk_words(int kwp) { return std::min(kwp, kConvMaxChunk); }
 
-size_t conv_smem_bytes(int kwp, int bn) {
+// tile: 1 = 128 pixels x 64 channels, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32
+static int tile_bm(int tile) { return tile <= 2 ? 128 : 64; }
+static int tile_bn(int tile) { return (tile & 1) ? 64 : 32; }
+
+size_t conv_smem_bytes(int kwp, int tile) {
+  const int bn = tile_bn(tile), bm = tile_bm(tile);
   const int kc = conv_chunk_words(kwp);
-  const size_t tables = (size_t)kwp * 4 + kConvBM * (4 + 4 + 8) + (size_t)bn * 12;
-  const size_t tile = std::max((size_t)bn * (kc + 4) * 4, (size_t)bn * kStageLd * 4);
-  return ((tables + 15) / 16) * 16 + tile;
+  const size_t tables = (size_t)kwp * 4 + (size_t)bn * 12;
+  const size_t stage = std::max((size_t)bn * (kc + 4) * 4, (size_t)bn * (bm + 4) * 4);
+  return ((tables + 15) / 16) * 16 + stage;
+}
+
+int conv_auto_tile(const BinConvArgs& p, int sms) {
+  // the largest tile that still gives every SM several blocks (the kernel is latency-bound per block)
+  const int64_t npix = (int64_t)p.N * p.Ho * p.Wo;
+  for (int tile = 1; tile <= 4; tile += (tile == 1 ? 2 : 1)) {   // 128x64, 64x64, 64x32
+    const int64_t blocks = ((npix + tile_bm(tile) - 1) / tile_bm(tile)) * ((p.O + tile_bn(tile) - 1) / tile_bn(tile));
+    if (blocks >= 6ll * sms) return tile;
+  }
+  return 4;
+}
+
+template <typename T>
+static cudaError_t pack_typed(const BinConvArgs& p, cudaStream_t st) {
+  const int hw = p.H * p.W;
+  const int64_t ring = (int64_t)p.Hp * p.Wp - hw;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p.x);
+  if (p.sw == 1 && p.sh == p.W) {   // plane mode
+    auto launch = [&](auto kernel, int v) {
+      const int plane_blocks = (hw + 256 * v - 1) / (256 * v);
+      const int ring_blocks = (int)((ring + 255) / 256);
+      kernel<<<dim3(plane_blocks + ring_blocks, p.CW, p.N), 256, 0, st>>>(p, plane_blocks);
+    };
+    auto aligned = [&](int v) {
+      const int64_t e = (int64_t)sizeof(T) * v;
+      return hw % v == 0 && (p.sc * (int64_t)sizeof(T)) % e == 0 && (p.sn * (int64_t)sizeof(T)) % e == 0 &&
+             addr % e == 0;
+    };
+    constexpr int V4 = sizeof(T) >= 2 ? 4 : 8;   // 8 or 16 bytes per load
+    if (aligned(V4)) launch(bconv_pack_plane_kernel<T, V4>, V4);
+    else if (aligned(2)) launch(bconv_pack_plane_kernel<T, 2>, 2);
+    else launch(bconv_pack_plane_kernel<T, 1>, 1);
+  } else if (p.sc == 1) {           // channel mode
+    const int64_t words = (int64_t)p.N * hw * p.CW;
+    const int64_t threads = (words + 31) / 32 * 32 + (int64_t)p.N * ring * p.CW;
+    bconv_pack_channels_kernel<T><<<(unsigned)((threads + 255) / 256), 256, 0, st>>>(p, (int)words);
+  } else {
+    const int64_t words = (int64_t)p.N * p.Hp * p.Wp * p.CW;
+    bconv_pack_any_kernel<T><<<(unsigned)((words + 255) / 256), 256, 0, st>>>(p);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st) {
-  const int64_t npix = (int64_t)p.N * p.Hp * p.Wp;
-  const dim3 grid((unsigned)((npix + 31) / 32)), block(32, 8);
   switch (p.x_dtype) {
-    case kF32: bconv_pack_kernel<float><<<grid, block, 0, st>>>(p); break;
-    case kF16: bconv_pack_kernel<__half><<<grid, block, 0, st>>>(p); break;
-    case kBF16: bconv_pack_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(p); break;
-    case kI8: bconv_pack_kernel<int8_t><<<grid, block, 0, st>>>(p); break;
+    case kF32: return pack_typed<float>(p, st);
+    case kF16: return pack_typed<__half>(p, st);
+    case kBF16: return pack_typed<__nv_bfloat16>(p, st);
+    case kI8: return pack_typed<int8_t>(p, st);
     default: return cudaErrorInvalidValue;
   }
-  BIE_LAUNCH_CHECK();
 }
 
-cudaError_t launch_bconv(const BinConvArgs& p, int bn, cudaStream_t st) {
+cudaError_t launch_bconv(const BinConvArgs& p, int tile, cudaStream_t st) {
+  if (tile < 1 || tile > 4) return cudaErrorInvalidValue;
   const int64_t npix = (int64_t)p.N * p.Ho * p.Wo;
   const int kc = conv_chunk_words(p.KWP);
-  const size_t smem = conv_smem_bytes(p.KWP, bn);
-  const dim3 grid((unsigned)((npix + kConvBM - 1) / kConvBM), (unsigned)((p.O + bn - 1) / bn));
+  const size_t smem = conv_smem_bytes(p.KWP, tile);
+  const int bm = tile_bm(tile), bn = tile_bn(tile);
+  const dim3 grid((unsigned)((npix + bm - 1) / bm), (unsigned)((p.O + bn - 1) / bn));
   auto run = [&](auto kernel) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     kernel<<<grid, kConvThreads, smem, st>>>(p, kc);
     return cudaGetLastError();
   };
-  if (bn == 32) return run(bconv_mma_kernel<4>);
-  if (bn == 64) return run(bconv_mma_kernel<8>);
-  return cudaErrorInvalidValue;
+  switch (tile) {
+    case 1: return run(bconv_mma_kernel<2, 8>);
+    case 2: return run(bconv_mma_kernel<2, 4>);
+    case 3: return run(bconv_mma_kernel<1, 8>);
+    default: return run(bconv_mma_kernel<1, 4>);
+  }
 }
 
 }  // namespace bie

@@ -47,7 +47,6 @@ struct BinConvArgs {
   int64_t sn, sc, sh, sw;
   int N, C, H, W, PH, PW, Hp, Wp, CW, pad_mode;
   uint32_t* packed;  // [N][Hp][Wp][CW], written by launch_bconv_pack
-  int32_t* ppop;     // [N][Hp][Wp]
   const uint32_t* wp;    // [O][KWP] weight words in (tap, channel word) order, 0 past C and past KWORDS
   const int32_t* wpop;   // [O] popcount of each weight row
   const int32_t* wtap;   // [O][KH * KW] popcount per tap (pad 0 only)
@@ -62,9 +61,11 @@ struct BinConvArgs {
 };
 constexpr int kConvMaxChunk = 256;  // weight words per shared-memory chunk
 int conv_chunk_words(int kwp);
-size_t conv_smem_bytes(int kwp, int bn);  // dynamic shared memory of the conv kernel with BN = bn channels
+// conv tiles: 1 = 128 pixels x 64 channels, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32
+size_t conv_smem_bytes(int kwp, int tile);   // dynamic shared memory of the conv kernel
+int conv_auto_tile(const BinConvArgs& p, int sms);
 cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st);
-cudaError_t launch_bconv(const BinConvArgs& p, int bn, cudaStream_t st);  // bn: 32 or 64 channels per block
+cudaError_t launch_bconv(const BinConvArgs& p, int tile, cudaStream_t st);
 
 struct WqArgs {
   const void* x;
