@@ -912,14 +912,14 @@ def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
     xs = torch.randn((2, 64, 6, 6), device="cuda")
     assert ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 0).shape == (2, 4, 6, 6)
     with pytest.raises(RuntimeError, match="wp must be contiguous int32"):
-        ops_.binary_conv2d(xs, w_ok[:, :16], pc, taps, geom, 0, None, None, None, 32)
+        ops_.binary_conv2d(xs, w_ok[:, :16], pc, taps, geom, 0, None, None, None, 0)
     with pytest.raises(RuntimeError, match="wtap"):
-        ops_.binary_conv2d(xs, w_ok, pc, taps[:, :4], geom, 0, None, None, None, 32)
+        ops_.binary_conv2d(xs, w_ok, pc, taps[:, :4], geom, 0, None, None, None, 0)
     with pytest.raises(RuntimeError, match="too small"):
         ops_.binary_conv2d(torch.randn((1, 64, 1, 1), device="cuda"), w_ok, pc, taps, [3, 3, 1, 1, 0, 0, 1, 1], 0,
                            None, None, None, 0)
     with pytest.raises(RuntimeError, match="x must be"):
-        ops_.binary_conv2d(xs.double(), w_ok, pc, taps, geom, 0, None, None, None, 32)
+        ops_.binary_conv2d(xs.double(), w_ok, pc, taps, geom, 0, None, None, None, 0)
     with pytest.raises(RuntimeError, match="tile must be"):
         ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 5)
 

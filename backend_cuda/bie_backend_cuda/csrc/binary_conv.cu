@@ -58,27 +58,17 @@ __device__ __forceinline__ void write_ring(const BinConvArgs& p, int i) {
   *packed_word(p, n, hq, wq, cw) = p.pad_mode == 1 ? (nb == 32 ? ~0u : ((1u << nb) - 1u)) : 0u;
 }
 
-// V elements of x from p (p aligned to the vector: checked on the host)
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec { T v[V]; };
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
-  Vec<T, V> r;
-  constexpr int bytes = sizeof(T) * V;
-  if constexpr (bytes == 16) *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p));
-  else if constexpr (bytes == 8) *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
-  else if constexpr (bytes == 4) *reinterpret_cast<uint32_t*>(&r) = __ldg(reinterpret_cast<const uint32_t*>(p));
-  else
-#pragma unroll
-    for (int i = 0; i < V; ++i) r.v[i] = p[i];
-  return r;
-}
-
 // Plane mode (each channel's H x W plane contiguous: NCHW and its channel slices): grid (plane blocks + ring
-// blocks, CW, N); thread t of a plane block reads V consecutive pixels of each of 32 channels (a block reads runs
-// of 256 V elements per channel) and writes V words. Ring blocks write the padding ring.
-template <typename T, int V>
-__global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int plane_blocks) {
+// blocks, CW, N). A plane block copies a run of 256 pixels of each of its 32 channels into shared memory with
+// cp.async (every load in flight at once, no registers held: a register load-then-use loop is scheduled a few
+// loads at a time and waits a memory latency per batch), then thread t makes pixel t's word. Each channel's
+// run is copied from the E-byte boundary at or below its start (E = 16, 8 or 4: the largest the channel and image
+// strides and the pointer keep aligned), the last copy cut at the run's end. Ring blocks write the padding ring.
+constexpr int kPackRun = 256;
+template <typename T>
+__global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int plane_blocks, int E) {
+  constexpr int ROW = kPackRun * sizeof(T) + 16;   // bytes per channel row in shared memory
+  __shared__ __align__(16) unsigned char s_x[32 * ROW];
   const int cw = blockIdx.y, n = blockIdx.z;
   if ((int)blockIdx.x >= plane_blocks) {
     const int ring = p.Hp * p.Wp - p.H * p.W;
@@ -87,27 +77,42 @@ __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, in
     return;
   }
   const int hw = p.H * p.W;
-  const int pix0 = (blockIdx.x * 256 + threadIdx.x) * V;
-  if (pix0 >= hw) return;
-  const T* x = static_cast<const T*>(p.x) + n * p.sn + (int64_t)cw * 32 * p.sc + pix0;
+  const int pix0 = blockIdx.x * kPackRun;
+  const int npx = min(kPackRun, hw - pix0);
   const int nb = min(32, p.C - cw * 32);
-  uint32_t word[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) word[i] = 0;
-#pragma unroll
-  for (int b = 0; b < 32; ++b) {
-    if (b < nb) {
-      const Vec<T, V> v = load_vec<T, V>(x + b * p.sc);
-#pragma unroll
-      for (int i = 0; i < V; ++i) word[i] |= (uint32_t)sign_bit(v.v[i]) << b;
-    }
+  const unsigned char* x0 = static_cast<const unsigned char*>(p.x) +
+                            ((int64_t)n * p.sn + (int64_t)cw * 32 * p.sc + pix0) * (int64_t)sizeof(T);
+  const int64_t csb = p.sc * (int64_t)sizeof(T);   // channel stride, bytes
+  const int chunks = (npx * (int)sizeof(T) + 2 * E - 1) / E;   // covers the run from its aligned-down start
+  for (int i = threadIdx.x; i < nb * chunks; i += 256) {
+    const int c = i / chunks, k = i - c * chunks;
+    const unsigned char* start = x0 + c * csb;
+    const unsigned char* a0 = reinterpret_cast<const unsigned char*>(reinterpret_cast<uintptr_t>(start) & ~(uintptr_t)(E - 1));
+    const unsigned char* src = a0 + (int64_t)k * E;
+    const int64_t left = (start + (int64_t)npx * sizeof(T)) - src;   // bytes of the run from src on
+    const int bytes = left <= 0 ? 0 : (left < E ? (int)left : E);
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(s_x + c * ROW + k * E);
+    const void* from = bytes ? static_cast<const void*>(src) : static_cast<const void*>(start);
+    if (E == 16)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+    else if (E == 8)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+    else
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
   }
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int pix = pix0 + i;
-    const int h = pix / p.W, w = pix - h * p.W;
-    *packed_word(p, n, h + p.PH, w + p.PW, cw) = word[i];
+  asm volatile("cp.async.wait_all;\n" ::);
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t >= npx) return;
+  uint32_t word = 0;
+  for (int b = 0; b < nb; ++b) {
+    const int mis = (int)(reinterpret_cast<uintptr_t>(x0 + b * csb) & (uintptr_t)(E - 1));
+    const T v = *reinterpret_cast<const T*>(s_x + b * ROW + mis + t * (int)sizeof(T));
+    word |= (uint32_t)sign_bit(v) << b;
   }
+  const int pix = pix0 + t;
+  const int h = pix / p.W, w = pix - h * p.W;
+  *packed_word(p, n, h + p.PH, w + p.PW, cw) = word;
 }
 
 // Channel mode (channels contiguous: channels_last and its views): a warp packs 32 consecutive (pixel, word)
@@ -125,17 +130,22 @@ __global__ void __launch_bounds__(256) bconv_pack_channels_kernel(BinConvArgs p,
   }
   uint32_t mine = 0;
   const int hw = p.H * p.W;
-#pragma unroll 4
+  // 32 loads in flight together, then 32 ballots
+  T v[32];
+#pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int i = i0 + j;
-    if (i >= words) break;                      // warp-uniform
+    const int i = min(i0 + j, words - 1);
     const int cw = i % p.CW;
     const int pix = i / p.CW;
     const int n = pix / hw, rem = pix - n * hw;
     const int h = rem / p.W, w = rem - h * p.W;
-    const int c = cw * 32 + lane;
-    bool bit = false;
-    if (c < p.C) bit = sign_bit(static_cast<const T*>(p.x)[n * p.sn + h * p.sh + w * p.sw + c]);
+    const int c = min(cw * 32 + lane, p.C - 1);
+    v[j] = static_cast<const T*>(p.x)[n * p.sn + h * p.sh + w * p.sw + c];
+  }
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int i = min(i0 + j, words - 1);
+    const bool bit = (i % p.CW) * 32 + lane < p.C && sign_bit(v[j]);
     const uint32_t word = __ballot_sync(0xffffffffu, bit);
     if (lane == j) mine = word;
   }
@@ -163,9 +173,12 @@ __global__ void __launch_bounds__(256) bconv_pack_any_kernel(BinConvArgs p) {
   uint32_t word = 0;
   if (h >= 0 && h < p.H && w >= 0 && w < p.W) {
     const T* xc = static_cast<const T*>(p.x) + n * p.sn + h * p.sh + w * p.sw + (int64_t)cw * 32 * p.sc;
+    T v[32];
 #pragma unroll
-    for (int b = 0; b < 32; ++b)
-      if (b < nb) word |= (uint32_t)sign_bit(xc[b * p.sc]) << b;
+    for (int b = 0; b < 32; ++b) v[b] = xc[min(b, nb - 1) * p.sc];
+#pragma unroll
+    for (int b = 0; b < 32; ++b) word |= (uint32_t)sign_bit(v[b]) << b;
+    word &= nb == 32 ? ~0u : ((1u << nb) - 1u);
   } else if (p.pad_mode == 1) {
     word = nb == 32 ? ~0u : ((1u << nb) - 1u);
   }
@@ -197,8 +210,14 @@ __device__ __forceinline__ PixelAt pixel_at(const BinConvArgs& p, int pix) {
   return r;
 }
 
-// Shared memory (dynamic): delta[KWP] | per-channel popc(w), scale, bias [BN] each |
-// union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int nbytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(nbytes));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+// Shared memory (dynamic): delta[KWP] | per channel -2 popc(w), scale, bias [BN] each | per pixel its NCHW
+// offset [BM] | union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
 // A weight row of kc + 4 words (kc % 8 == 0) puts the 8 channels x 4 words of a B fragment in 32 distinct banks;
 // a staging row of BM + 4 floats does the same for the accumulator writes.
 // popc(a) of each window comes from the MMA itself: one more n8 tile whose column 0 is all ones over the K words
@@ -208,16 +227,29 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   constexpr int BN = NT * 8, BM = MT * 16 * 4, LDS = BM + 4;
   extern __shared__ __align__(16) unsigned char smem[];
   int* s_delta = reinterpret_cast<int*>(smem);
-  int* s_wpop = s_delta + p.KWP;
-  float* s_scale = reinterpret_cast<float*>(s_wpop + BN);
+  int* s_wterm = s_delta + p.KWP;
+  float* s_scale = reinterpret_cast<float*>(s_wterm + BN);
   float* s_bias = s_scale + BN;
-  uint32_t* s_w = reinterpret_cast<uint32_t*>(s_bias + BN);   // 16-byte aligned: KWP % 8 == 0, BN % 32 == 0
+  int64_t* s_obase = reinterpret_cast<int64_t*>(s_bias + BN);   // 8-byte aligned: KWP % 8 == 0, BN % 32 == 0
+  uint32_t* s_w = reinterpret_cast<uint32_t*>(s_obase + BM);     // 16-byte aligned
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int npix = p.N * p.Ho * p.Wo;
   const int p0 = blockIdx.x * BM;
   const int o0 = blockIdx.y * BN;
+  const int ldw = kc + 4;
+
+  // a chunk of weight words [BN][kn] into shared memory (cp.async: no register round trip; rows past O zero-filled)
+  auto load_chunk = [&](int k0, int kn) {
+    const int v4 = kn / 4;
+    for (int i = tid; i < BN * v4; i += kConvThreads) {
+      const int row = i / v4, c4 = i - row * v4;
+      const int o = o0 + row;
+      cp_async16(s_w + row * ldw + c4 * 4, p.wp + (int64_t)(o < p.O ? o : 0) * p.KWP + k0 + c4 * 4, o < p.O ? 16 : 0);
+    }
+  };
+  load_chunk(0, min(kc, p.KWP));
 
   // K word -> offset (words) from a window's first word; the padding words past K read word 0 of the window
   // (their weight bits are 0, and so are those of the ones column)
@@ -232,9 +264,18 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   }
   for (int j = tid; j < BN; j += kConvThreads) {
     const int o = o0 + j;
-    s_wpop[j] = o < p.O ? __ldg(p.wpop + o) : 0;
+    s_wterm[j] = o < p.O ? -2 * __ldg(p.wpop + o) : 0;
     s_scale[j] = (p.scale && o < p.O) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * o) : 1.f;
     s_bias[j] = (p.bias && o < p.O) ? load_f32(p.bias, p.bias_dtype, o) : 0.f;
+  }
+  for (int r = tid; r < BM; r += kConvThreads) {
+    const int pix = p0 + r;
+    int64_t ob = -1;
+    if (pix < npix) {
+      const PixelAt a = pixel_at(p, pix);
+      ob = (int64_t)a.n * p.O * (p.Ho * p.Wo) + a.rem;
+    }
+    s_obase[r] = ob;
   }
 
   // this thread's A rows (pixels warp*16*MT + mt*16 + gid + 8h): word offset of each window's first word
@@ -264,31 +305,31 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   }
 
   const uint32_t* __restrict__ packed = p.packed;
-  const int ldw = kc + 4;
   for (int k0 = 0; k0 < p.KWP; k0 += kc) {
     const int kn = min(kc, p.KWP - k0);
-    __syncthreads();   // the previous chunk's readers are done (and the tables above are written)
-    const int v4 = kn / 4;
-    for (int i = tid; i < BN * v4; i += kConvThreads) {
-      const int row = i / v4, c4 = i - row * v4;
-      const int o = o0 + row;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (o < p.O) v = __ldg(reinterpret_cast<const uint4*>(p.wp + (int64_t)o * p.KWP + k0) + c4);
-      *reinterpret_cast<uint4*>(s_w + row * ldw + c4 * 4) = v;
+    if (k0 > 0) {
+      __syncthreads();   // the previous chunk's readers are done
+      load_chunk(k0, kn);
     }
+    cp_async_wait_all();
     __syncthreads();
-#pragma unroll 4
-    for (int s = 0; s < kn; s += 8) {
-      const int q0 = k0 + s + tig;
-      const int d0 = s_delta[q0], d1 = s_delta[q0 + 4];
-      uint32_t a[MT][4];
+    // A fragments one k step ahead (registers): the next step's loads are in flight during this step's MMAs
+    auto load_a = [&](uint32_t (&f)[MT][4], int q) {
+      const int d0 = s_delta[q], d1 = s_delta[q + 4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = __ldg(packed + base[mt][0] + d0);
-        a[mt][1] = __ldg(packed + base[mt][1] + d0);
-        a[mt][2] = __ldg(packed + base[mt][0] + d1);
-        a[mt][3] = __ldg(packed + base[mt][1] + d1);
+        f[mt][0] = __ldg(packed + base[mt][0] + d0);
+        f[mt][1] = __ldg(packed + base[mt][1] + d0);
+        f[mt][2] = __ldg(packed + base[mt][0] + d1);
+        f[mt][3] = __ldg(packed + base[mt][1] + d1);
       }
+    };
+    uint32_t a[MT][4], an[MT][4];
+    load_a(a, k0 + tig);
+#pragma unroll 2
+    for (int s = 0; s < kn; s += 8) {
+      const int q0 = k0 + s + tig;
+      if (s + 8 < kn) load_a(an, q0 + 8);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const uint32_t* wr = s_w + (nt * 8 + gid) * ldw + s + tig;
@@ -299,12 +340,18 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       const uint32_t o0b = (gid == 0 && q0 < p.KWORDS) ? ~0u : 0u;
       const uint32_t o1b = (gid == 0 && q0 + 4 < p.KWORDS) ? ~0u : 0u;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma_b1(pop[mt], a[mt], o0b, o1b);
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_b1(pop[mt], a[mt], o0b, o1b);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[mt][i] = an[mt][i];
+      }
     }
   }
   __syncthreads();   // the weight chunk's space becomes the output staging tile
 
-  // epilogue: dot -> value, staged as [channel][pixel]
+  // epilogue: dot = 4 acc + (K_valid - 2 popc(a)) [per pixel] - 2 popc(w over the valid taps) [per channel],
+  // then the value, staged as [channel][pixel]
+  const bool scaled = p.out_dtype != kI32;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -322,46 +369,72 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
           }
         }
       }
-      const int kv = p.K - __popc(inv) * p.C;
+      const int rterm = p.K - __popc(inv) * p.C - 2 * popa;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int col = nt * 8 + 2 * tig + j;
-          int wv = s_wpop[col];
+          int wterm = s_wterm[col];
           if (inv && o0 + col < p.O)
             for (uint32_t m = inv; m; m &= m - 1)
-              wv -= __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
-          const int dot = 4 * acc[mt][nt][2 * h + j] - 2 * popa - 2 * wv + kv;
-          float y;
-          if (p.out_dtype == kI32) {
-            y = __int_as_float(dot);
-          } else {
+              wterm += 2 * __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
+          const int dot = 4 * acc[mt][nt][2 * h + j] + rterm + wterm;
+          float y = __int_as_float(dot);
+          if (scaled) {
             // float32(dot) * float32(scale) + float32(bias): two roundings, like the reference
-            y = (float)dot;
-            if (p.scale) y = __fmul_rn(y, s_scale[col]);
-            if (p.bias) y = __fadd_rn(y, s_bias[col]);
+            y = __fadd_rn(__fmul_rn((float)dot, s_scale[col]), s_bias[col]);
           }
           s_out[col * LDS + row] = y;
         }
     }
   __syncthreads();
 
-  // NCHW rows: consecutive threads write consecutive pixels of one channel
+  // NCHW rows: consecutive threads write consecutive pixels of one channel; 4 pixels per thread where each
+  // plane is a multiple of 4 pixels (then a group of 4 never straddles two images and its offset is aligned)
   const int ncol = min(BN, p.O - o0);
   const int64_t P = (int64_t)p.Ho * p.Wo;
-  for (int e = tid; e < ncol * BM; e += kConvThreads) {
-    const int col = e / BM, row = e - col * BM;
-    const int pix = p0 + row;
-    if (pix >= npix) continue;
-    const PixelAt a = pixel_at(p, pix);
-    const int64_t off = ((int64_t)a.n * p.O + o0 + col) * P + a.rem;
-    const float y = s_out[col * LDS + row];
-    switch (p.out_dtype) {
-      case kI32: static_cast<int32_t*>(p.out)[off] = __float_as_int(y); break;
-      case kF32: static_cast<float*>(p.out)[off] = y; break;
-      case kF16: static_cast<__half*>(p.out)[off] = __float2half_rn(y); break;
-      default: static_cast<__nv_bfloat16*>(p.out)[off] = __float2bfloat16_rn(y); break;
+  if (P % 4 == 0) {
+    for (int e = tid; e < ncol * (BM / 4); e += kConvThreads) {
+      const int col = e / (BM / 4), row = (e - col * (BM / 4)) * 4;
+      const int64_t ob = s_obase[row];
+      if (ob < 0) continue;
+      const float4 y = *reinterpret_cast<const float4*>(s_out + col * LDS + row);
+      const int64_t off = ob + (int64_t)(o0 + col) * P;
+      switch (p.out_dtype) {
+        case kI32:
+        case kF32: *reinterpret_cast<float4*>(static_cast<float*>(p.out) + off) = y; break;
+        case kF16: {
+          const __half2 lo = __floats2half2_rn(y.x, y.y), hi = __floats2half2_rn(y.z, y.w);
+          uint2 v;
+          v.x = *reinterpret_cast<const uint32_t*>(&lo);
+          v.y = *reinterpret_cast<const uint32_t*>(&hi);
+          *reinterpret_cast<uint2*>(static_cast<__half*>(p.out) + off) = v;
+          break;
+        }
+        default: {
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+          uint2 v;
+          v.x = *reinterpret_cast<const uint32_t*>(&lo);
+          v.y = *reinterpret_cast<const uint32_t*>(&hi);
+          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + off) = v;
+          break;
+        }
+      }
+    }
+  } else {
+    for (int e = tid; e < ncol * BM; e += kConvThreads) {
+      const int col = e / BM, row = e - col * BM;
+      const int64_t ob = s_obase[row];
+      if (ob < 0) continue;
+      const int64_t off = ob + (int64_t)(o0 + col) * P;
+      const float y = s_out[col * LDS + row];
+      switch (p.out_dtype) {
+        case kI32:
+        case kF32: static_cast<float*>(p.out)[off] = y; break;   // int32: the dot's bits
+        case kF16: static_cast<__half*>(p.out)[off] = __float2half_rn(y); break;
+        default: static_cast<__nv_bfloat16*>(p.out)[off] = __float2bfloat16_rn(y); break;
+      }
     }
   }
 }
@@ -377,7 +450,7 @@ static int tile_bn(int tile) { return (tile & 1) ? 64 : 32; }
 size_t conv_smem_bytes(int kwp, int tile) {
   const int bn = tile_bn(tile), bm = tile_bm(tile);
   const int kc = conv_chunk_words(kwp);
-  const size_t tables = (size_t)kwp * 4 + (size_t)bn * 12;
+  const size_t tables = (size_t)kwp * 4 + (size_t)bn * 12 + (size_t)bm * 8;
   const size_t stage = std::max((size_t)bn * (kc + 4) * 4, (size_t)bn * (bm + 4) * 4);
   return ((tables + 15) / 16) * 16 + stage;
 }
@@ -398,20 +471,13 @@ static cudaError_t pack_typed(const BinConvArgs& p, cudaStream_t st) {
   const int64_t ring = (int64_t)p.Hp * p.Wp - hw;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(p.x);
   if (p.sw == 1 && p.sh == p.W) {   // plane mode
-    auto launch = [&](auto kernel, int v) {
-      const int plane_blocks = (hw + 256 * v - 1) / (256 * v);
-      const int ring_blocks = (int)((ring + 255) / 256);
-      kernel<<<dim3(plane_blocks + ring_blocks, p.CW, p.N), 256, 0, st>>>(p, plane_blocks);
+    auto fits = [&](int e) {
+      return (p.sc * (int64_t)sizeof(T)) % e == 0 && (p.sn * (int64_t)sizeof(T)) % e == 0 && addr % e == 0;
     };
-    auto aligned = [&](int v) {
-      const int64_t e = (int64_t)sizeof(T) * v;
-      return hw % v == 0 && (p.sc * (int64_t)sizeof(T)) % e == 0 && (p.sn * (int64_t)sizeof(T)) % e == 0 &&
-             addr % e == 0;
-    };
-    constexpr int V4 = sizeof(T) >= 2 ? 4 : 8;   // 8 or 16 bytes per load
-    if (aligned(V4)) launch(bconv_pack_plane_kernel<T, V4>, V4);
-    else if (aligned(2)) launch(bconv_pack_plane_kernel<T, 2>, 2);
-    else launch(bconv_pack_plane_kernel<T, 1>, 1);
+    const int E = fits(16) ? 16 : (fits(8) ? 8 : 4);
+    const int plane_blocks = (hw + kPackRun - 1) / kPackRun;
+    const int ring_blocks = (int)((ring + 255) / 256);
+    bconv_pack_plane_kernel<T><<<dim3(plane_blocks + ring_blocks, p.CW, p.N), 256, 0, st>>>(p, plane_blocks, E);
   } else if (p.sc == 1) {           // channel mode
     const int64_t words = (int64_t)p.N * hw * p.CW;
     const int64_t threads = (words + 31) / 32 * 32 + (int64_t)p.N * ring * p.CW;
