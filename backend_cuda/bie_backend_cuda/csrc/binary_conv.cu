@@ -58,61 +58,91 @@ __device__ __forceinline__ void write_ring(const BinConvArgs& p, int i) {
   *packed_word(p, n, hq, wq, cw) = p.pad_mode == 1 ? (nb == 32 ? ~0u : ((1u << nb) - 1u)) : 0u;
 }
 
-// Plane mode (each channel's H x W plane contiguous: NCHW and its channel slices): grid (plane blocks + ring
-// blocks, CW, N). A plane block copies a run of 256 pixels of each of its 32 channels into shared memory with
-// cp.async (every load in flight at once, no registers held: a register load-then-use loop is scheduled a few
-// loads at a time and waits a memory latency per batch), then thread t makes pixel t's word. Each channel's
-// run is copied from the E-byte boundary at or below its start (E = 16, 8 or 4: the largest the channel and image
-// strides and the pointer keep aligned), the last copy cut at the run's end. Ring blocks write the padding ring.
+// Plane mode (each channel's H x W plane contiguous: NCHW and its channel slices). An item is (image, word, run
+// of 256 pixels): its 32 channels' runs are copied into shared memory with cp.async (every load in flight at
+// once, no registers held: a register load-then-use loop is scheduled a few loads at a time and waits a memory
+// latency per batch), then thread t makes pixel t's word. Blocks loop over items with two buffers, so the next
+// item's copies are in flight while this one is packed. Each channel's run is copied from the E-byte boundary at
+// or below its start (E = 16, 8 or 4: the largest the channel and image strides and the pointer keep aligned),
+// the last copy cut at the run's end. Blocks past the item loop (blockIdx.x >= loop_blocks) write the ring.
 constexpr int kPackRun = 256;
 template <typename T>
-__global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int plane_blocks, int E) {
-  constexpr int ROW = kPackRun * sizeof(T) + 16;   // bytes per channel row in shared memory
-  __shared__ __align__(16) unsigned char s_x[32 * ROW];
-  const int cw = blockIdx.y, n = blockIdx.z;
-  if ((int)blockIdx.x >= plane_blocks) {
-    const int ring = p.Hp * p.Wp - p.H * p.W;
-    const int t = ((int)blockIdx.x - plane_blocks) * 256 + threadIdx.x;
-    if (t < ring) write_ring(p, (n * ring + t) * p.CW + cw);
+constexpr int pack_row_bytes() { return kPackRun * sizeof(T) + 16; }
+
+template <typename T>
+__global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int loop_blocks, int runs, int E) {
+  constexpr int ROW = pack_row_bytes<T>();
+  extern __shared__ __align__(16) unsigned char s_x[];   // [2][32][ROW]
+  if ((int)blockIdx.x >= loop_blocks) {
+    const int ring_words = p.N * (p.Hp * p.Wp - p.H * p.W) * p.CW;
+    const int r = ((int)blockIdx.x - loop_blocks) * 256 + threadIdx.x;
+    if (r < ring_words) write_ring(p, r);
     return;
   }
   const int hw = p.H * p.W;
-  const int pix0 = blockIdx.x * kPackRun;
-  const int npx = min(kPackRun, hw - pix0);
-  const int nb = min(32, p.C - cw * 32);
-  const unsigned char* x0 = static_cast<const unsigned char*>(p.x) +
-                            ((int64_t)n * p.sn + (int64_t)cw * 32 * p.sc + pix0) * (int64_t)sizeof(T);
+  const int items = runs * p.CW * p.N;
   const int64_t csb = p.sc * (int64_t)sizeof(T);   // channel stride, bytes
-  const int chunks = (npx * (int)sizeof(T) + 2 * E - 1) / E;   // covers the run from its aligned-down start
-  for (int i = threadIdx.x; i < nb * chunks; i += 256) {
-    const int c = i / chunks, k = i - c * chunks;
-    const unsigned char* start = x0 + c * csb;
-    const unsigned char* a0 = reinterpret_cast<const unsigned char*>(reinterpret_cast<uintptr_t>(start) & ~(uintptr_t)(E - 1));
-    const unsigned char* src = a0 + (int64_t)k * E;
-    const int64_t left = (start + (int64_t)npx * sizeof(T)) - src;   // bytes of the run from src on
-    const int bytes = left <= 0 ? 0 : (left < E ? (int)left : E);
-    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(s_x + c * ROW + k * E);
-    const void* from = bytes ? static_cast<const void*>(src) : static_cast<const void*>(start);
-    if (E == 16)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
-    else if (E == 8)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
-    else
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+  auto first_byte = [&](int item) {
+    const int run = item % runs, t = item / runs;
+    const int cw = t % p.CW, n = t / p.CW;
+    return static_cast<const unsigned char*>(p.x) +
+           ((int64_t)n * p.sn + (int64_t)cw * 32 * p.sc + run * kPackRun) * (int64_t)sizeof(T);
+  };
+  auto issue = [&](int item, unsigned char* buf) {
+    const int run = item % runs, cw = (item / runs) % p.CW;
+    const int npx = min(kPackRun, hw - run * kPackRun);
+    const int nb = min(32, p.C - cw * 32);
+    const unsigned char* x0 = first_byte(item);
+    const int chunks = (npx * (int)sizeof(T) + 2 * E - 2) / E;   // the run from its aligned-down start
+    for (int i = threadIdx.x; i < nb * chunks; i += 256) {
+      const int c = i / chunks, k = i - c * chunks;
+      const unsigned char* start = x0 + c * csb;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(
+          (reinterpret_cast<uintptr_t>(start) & ~(uintptr_t)(E - 1)) + (uintptr_t)k * E);
+      const int64_t left = (start + (int64_t)npx * sizeof(T)) - src;   // bytes of the run from src on
+      const int bytes = left <= 0 ? 0 : (left < E ? (int)left : E);
+      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(buf + c * ROW + k * E);
+      const void* from = bytes ? static_cast<const void*>(src) : static_cast<const void*>(start);
+      if (E == 16)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+      else if (E == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+      else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  int item = blockIdx.x;
+  if (item < items) issue(item, s_x);
+  for (int k = 0; item < items; item += loop_blocks, ++k) {
+    unsigned char* buf = s_x + (k & 1) * 32 * ROW;
+    const int next = item + loop_blocks;
+    if (next < items) {
+      issue(next, s_x + ((k + 1) & 1) * 32 * ROW);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();
+    const int run = item % runs, t = item / runs;
+    const int cw = t % p.CW, n = t / p.CW;
+    const int npx = min(kPackRun, hw - run * kPackRun);
+    const int nb = min(32, p.C - cw * 32);
+    const unsigned char* x0 = first_byte(item);
+    const int i = threadIdx.x;
+    if (i < npx) {
+      uint32_t word = 0;
+      for (int b = 0; b < nb; ++b) {
+        const int mis = (int)(reinterpret_cast<uintptr_t>(x0 + b * csb) & (uintptr_t)(E - 1));
+        const T v = *reinterpret_cast<const T*>(buf + b * ROW + mis + i * (int)sizeof(T));
+        word |= (uint32_t)sign_bit(v) << b;
+      }
+      const int pix = run * kPackRun + i;
+      const int h = pix / p.W, w = pix - h * p.W;
+      *packed_word(p, n, h + p.PH, w + p.PW, cw) = word;
+    }
+    __syncthreads();   // this buffer is refilled two items on
   }
-  asm volatile("cp.async.wait_all;\n" ::);
-  __syncthreads();
-  const int t = threadIdx.x;
-  if (t >= npx) return;
-  uint32_t word = 0;
-  for (int b = 0; b < nb; ++b) {
-    const int mis = (int)(reinterpret_cast<uintptr_t>(x0 + b * csb) & (uintptr_t)(E - 1));
-    const T v = *reinterpret_cast<const T*>(s_x + b * ROW + mis + t * (int)sizeof(T));
-    word |= (uint32_t)sign_bit(v) << b;
-  }
-  const int pix = pix0 + t;
-  const int h = pix / p.W, w = pix - h * p.W;
-  *packed_word(p, n, h + p.PH, w + p.PW, cw) = word;
 }
 
 // Channel mode (channels contiguous: channels_last and its views): a warp packs 32 consecutive (pixel, word)
@@ -128,35 +158,31 @@ __global__ void __launch_bounds__(256) bconv_pack_channels_kernel(BinConvArgs p,
     if (r >= 0 && r < ring_words) write_ring(p, r);
     return;
   }
-  uint32_t mine = 0;
+  // lane l locates word i0 + l once (the divisions), the warp then walks the 32 words with shuffles:
+  // 32 loads in flight together, then 32 ballots (word j's ballot is kept by lane j)
   const int hw = p.H * p.W;
-  // 32 loads in flight together, then 32 ballots
+  const int i = min(i0 + lane, words - 1);
+  const int cw = i % p.CW, pix = i / p.CW;
+  const int n = pix / hw, rem = pix - n * hw;
+  const int h = rem / p.W, w = rem - h * p.W;
+  const int64_t off = n * p.sn + h * p.sh + w * p.sw + cw * 32;   // channel stride 1
+  const int nbc = min(32, p.C - cw * 32);
+  const T* x = static_cast<const T*>(p.x);
+  const T* src[32];   // every address first (shuffles), then every load
+#pragma unroll
+  for (int j = 0; j < 32; ++j)
+    src[j] = x + __shfl_sync(0xffffffffu, off, j) + min(lane, __shfl_sync(0xffffffffu, nbc, j) - 1);
   T v[32];
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int i = min(i0 + j, words - 1);
-    const int cw = i % p.CW;
-    const int pix = i / p.CW;
-    const int n = pix / hw, rem = pix - n * hw;
-    const int h = rem / p.W, w = rem - h * p.W;
-    const int c = min(cw * 32 + lane, p.C - 1);
-    v[j] = static_cast<const T*>(p.x)[n * p.sn + h * p.sh + w * p.sw + c];
-  }
+  for (int j = 0; j < 32; ++j) v[j] = __ldg(src[j]);
+  uint32_t mine = 0;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int i = min(i0 + j, words - 1);
-    const bool bit = (i % p.CW) * 32 + lane < p.C && sign_bit(v[j]);
-    const uint32_t word = __ballot_sync(0xffffffffu, bit);
+    const int nbj = __shfl_sync(0xffffffffu, nbc, j);
+    const uint32_t word = __ballot_sync(0xffffffffu, lane < nbj && sign_bit(v[j]));
     if (lane == j) mine = word;
   }
-  const int i = i0 + lane;
-  if (i < words) {
-    const int cw = i % p.CW;
-    const int pix = i / p.CW;
-    const int n = pix / hw, rem = pix - n * hw;
-    const int h = rem / p.W, w = rem - h * p.W;
-    *packed_word(p, n, h + p.PH, w + p.PW, cw) = mine;
-  }
+  if (i0 + lane < words) *packed_word(p, n, h + p.PH, w + p.PW, cw) = mine;
 }
 
 // Any strides: thread per (padded pixel, word), 32 scalar loads; the ring included.
@@ -201,11 +227,10 @@ struct PixelAt {
   int n, rem, ho, wo;
 };
 __device__ __forceinline__ PixelAt pixel_at(const BinConvArgs& p, int pix) {
-  const int P = p.Ho * p.Wo;
   PixelAt r;
-  r.n = pix / P;
-  r.rem = pix - r.n * P;
-  r.ho = r.rem / p.Wo;
+  r.n = p.div_plane.div(pix);
+  r.rem = pix - r.n * (p.Ho * p.Wo);
+  r.ho = p.div_wo.div(r.rem);
   r.wo = r.rem - r.ho * p.Wo;
   return r;
 }
@@ -217,7 +242,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int nbyte
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 // Shared memory (dynamic): delta[KWP] | per channel -2 popc(w), scale, bias [BN] each | per pixel its NCHW
-// offset [BM] | union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
+// offset (int64), its window's first word, K_valid, its taps in the padding (pad 0) [BM] each | union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
 // A weight row of kc + 4 words (kc % 8 == 0) puts the 8 channels x 4 words of a B fragment in 32 distinct banks;
 // a staging row of BM + 4 floats does the same for the accumulator writes.
 // popc(a) of each window comes from the MMA itself: one more n8 tile whose column 0 is all ones over the K words
@@ -231,7 +256,10 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   float* s_scale = reinterpret_cast<float*>(s_wterm + BN);
   float* s_bias = s_scale + BN;
   int64_t* s_obase = reinterpret_cast<int64_t*>(s_bias + BN);   // 8-byte aligned: KWP % 8 == 0, BN % 32 == 0
-  uint32_t* s_w = reinterpret_cast<uint32_t*>(s_obase + BM);     // 16-byte aligned
+  int* s_base = reinterpret_cast<int*>(s_obase + BM);
+  int* s_kv = s_base + BM;
+  uint32_t* s_inv = reinterpret_cast<uint32_t*>(s_kv + BM);
+  uint32_t* s_w = s_inv + BM;                                      // 16-byte aligned (BM % 64 == 0)
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
@@ -268,30 +296,39 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     s_scale[j] = (p.scale && o < p.O) ? load_f32(p.scale, p.scale_dtype, p.scale_stride * o) : 1.f;
     s_bias[j] = (p.bias && o < p.O) ? load_f32(p.bias, p.bias_dtype, o) : 0.f;
   }
+  // per pixel of the tile: NCHW offset, first word of its window, and (pad 0) its taps in the padding
   for (int r = tid; r < BM; r += kConvThreads) {
     const int pix = p0 + r;
     int64_t ob = -1;
+    int b = 0;
+    uint32_t inv = 0;
     if (pix < npix) {
       const PixelAt a = pixel_at(p, pix);
       ob = (int64_t)a.n * p.O * (p.Ho * p.Wo) + a.rem;
+      b = ((a.n * p.Hp + a.ho * p.SH) * p.Wp + a.wo * p.SW) * p.CW;
+      if (p.pad_mode == 2) {
+        for (int i = 0; i < p.KH; ++i) {
+          const int hh = a.ho * p.SH + i * p.DH - p.PH;
+          for (int j = 0; j < p.KW; ++j) {
+            const int ww = a.wo * p.SW + j * p.DW - p.PW;
+            if (hh < 0 || hh >= p.H || ww < 0 || ww >= p.W) inv |= 1u << (i * p.KW + j);
+          }
+        }
+      }
     }
     s_obase[r] = ob;
+    s_base[r] = b;
+    s_kv[r] = p.K - __popc(inv) * p.C;
+    s_inv[r] = inv;
   }
+  __syncthreads();
 
   // this thread's A rows (pixels warp*16*MT + mt*16 + gid + 8h): word offset of each window's first word
   int base[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int pix = p0 + warp * 16 * MT + mt * 16 + gid + 8 * h;
-      int b = 0;
-      if (pix < npix) {
-        const PixelAt a = pixel_at(p, pix);
-        b = ((a.n * p.Hp + a.ho * p.SH) * p.Wp + a.wo * p.SW) * p.CW;
-      }
-      base[mt][h] = b;
-    }
+    for (int h = 0; h < 2; ++h) base[mt][h] = s_base[warp * 16 * MT + mt * 16 + gid + 8 * h];
 
   int acc[MT][NT][4], pop[MT][4];
 #pragma unroll
@@ -352,40 +389,38 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   // epilogue: dot = 4 acc + (K_valid - 2 popc(a)) [per pixel] - 2 popc(w over the valid taps) [per channel],
   // then the value, staged as [channel][pixel]
   const bool scaled = p.out_dtype != kI32;
+  int rterm[MT][2];
+  uint32_t inv_any = 0;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp * 16 * MT + mt * 16 + gid + 8 * h;
       const int popa = __shfl_sync(0xffffffffu, pop[mt][2 * h], lane & ~3);   // column 0: lane 4 gid
-      uint32_t inv = 0;   // pad 0: the taps of this window in the padding
-      if (p.pad_mode == 2 && p0 + row < npix) {
-        const PixelAt a = pixel_at(p, p0 + row);
-        for (int r = 0; r < p.KH; ++r) {
-          const int hh = a.ho * p.SH + r * p.DH - p.PH;
-          for (int s = 0; s < p.KW; ++s) {
-            const int ww = a.wo * p.SW + s * p.DW - p.PW;
-            if (hh < 0 || hh >= p.H || ww < 0 || ww >= p.W) inv |= 1u << (r * p.KW + s);
-          }
-        }
-      }
-      const int rterm = p.K - __popc(inv) * p.C - 2 * popa;
+      rterm[mt][h] = s_kv[row] - 2 * popa;
+      inv_any |= s_inv[row];
+    }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int col = nt * 8 + 2 * tig + j;
-          int wterm = s_wterm[col];
-          if (inv && o0 + col < p.O)
-            for (uint32_t m = inv; m; m &= m - 1)
-              wterm += 2 * __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
-          const int dot = 4 * acc[mt][nt][2 * h + j] + rterm + wterm;
-          float y = __int_as_float(dot);
-          if (scaled) {
-            // float32(dot) * float32(scale) + float32(bias): two roundings, like the reference
-            y = __fadd_rn(__fmul_rn((float)dot, s_scale[col]), s_bias[col]);
+    for (int j = 0; j < 2; ++j) {
+      const int col = nt * 8 + 2 * tig + j;
+      const int wterm = s_wterm[col];
+      const float sc = s_scale[col], bi = s_bias[col];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp * 16 * MT + mt * 16 + gid + 8 * h;
+          int dot = 4 * acc[mt][nt][2 * h + j] + rterm[mt][h] + wterm;
+          if (inv_any) {   // pad 0 near the border: the weight bits of the taps in the padding do not count
+            const uint32_t inv = s_inv[row];
+            if (inv && o0 + col < p.O)
+              for (uint32_t m = inv; m; m &= m - 1)
+                dot += 2 * __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
           }
-          s_out[col * LDS + row] = y;
+          // float32(dot) * float32(scale) + float32(bias): two roundings, like the reference
+          s_out[col * LDS + row] = scaled ? __fadd_rn(__fmul_rn((float)dot, sc), bi) : __int_as_float(dot);
         }
     }
   __syncthreads();
@@ -450,7 +485,7 @@ static int tile_bn(int tile) { return (tile & 1) ? 64 : 32; }
 size_t conv_smem_bytes(int kwp, int tile) {
   const int bn = tile_bn(tile), bm = tile_bm(tile);
   const int kc = conv_chunk_words(kwp);
-  const size_t tables = (size_t)kwp * 4 + (size_t)bn * 12 + (size_t)bm * 8;
+  const size_t tables = (size_t)kwp * 4 + (size_t)bn * 12 + (size_t)bm * 20;
   const size_t stage = std::max((size_t)bn * (kc + 4) * 4, (size_t)bn * (bm + 4) * 4);
   return ((tables + 15) / 16) * 16 + stage;
 }
@@ -475,9 +510,19 @@ static cudaError_t pack_typed(const BinConvArgs& p, cudaStream_t st) {
       return (p.sc * (int64_t)sizeof(T)) % e == 0 && (p.sn * (int64_t)sizeof(T)) % e == 0 && addr % e == 0;
     };
     const int E = fits(16) ? 16 : (fits(8) ? 8 : 4);
-    const int plane_blocks = (hw + kPackRun - 1) / kPackRun;
-    const int ring_blocks = (int)((ring + 255) / 256);
-    bconv_pack_plane_kernel<T><<<dim3(plane_blocks + ring_blocks, p.CW, p.N), 256, 0, st>>>(p, plane_blocks, E);
+    const int runs = (hw + kPackRun - 1) / kPackRun;
+    const int64_t items = (int64_t)runs * p.CW * p.N;
+    const int smem = 2 * 32 * pack_row_bytes<T>();
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t e = cudaFuncSetAttribute(bconv_pack_plane_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bconv_pack_plane_kernel<T>, 256, smem);
+    if (e != cudaSuccess) return e;
+    const int loop_blocks = (int)std::min<int64_t>(items, (int64_t)std::max(1, per_sm) * std::max(1, sms));
+    const int ring_blocks = (int)((p.N * ring * p.CW + 255) / 256);
+    bconv_pack_plane_kernel<T><<<loop_blocks + ring_blocks, 256, smem, st>>>(p, loop_blocks, runs, E);
   } else if (p.sc == 1) {           // channel mode
     const int64_t words = (int64_t)p.N * hw * p.CW;
     const int64_t threads = (words + 31) / 32 * 32 + (int64_t)p.N * ring * p.CW;
@@ -499,8 +544,11 @@ cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st) {
   }
 }
 
-cudaError_t launch_bconv(const BinConvArgs& p, int tile, cudaStream_t st) {
+cudaError_t launch_bconv(const BinConvArgs& args, int tile, cudaStream_t st) {
   if (tile < 1 || tile > 4) return cudaErrorInvalidValue;
+  BinConvArgs p = args;
+  p.div_plane = FastDiv::make((uint32_t)(p.Ho * p.Wo));
+  p.div_wo = FastDiv::make((uint32_t)p.Wo);
   const int64_t npix = (int64_t)p.N * p.Ho * p.Wo;
   const int kc = conv_chunk_words(p.KWP);
   const size_t smem = conv_smem_bytes(p.KWP, tile);

@@ -41,6 +41,20 @@ cudaError_t launch_sign_embedding_bag(const void* idx, bool idx64, const uint8_t
 // Direct binary conv2d (binary_conv.cu), groups == 1. Strides of x in elements; padded geometry Hp = H + 2 PH,
 // Wp = W + 2 PW; CW = ceil(C / 32) sign words per pixel; KWORDS = KH * KW * CW words of K, KWP that rounded up to
 // a multiple of 8 (one mma k step = 256 bits); K = C * KH * KW. pad_mode 0: pad -1, 1: +1, 2: 0.
+// n / d and n % d for 0 <= n < 2^31 by a multiply and a shift (d fixed per launch: set with FastDiv::make)
+struct FastDiv {
+  uint32_t d, m, l;
+  static FastDiv make(uint32_t d) {
+    uint32_t l = 0;
+    while ((1ull << l) < d) ++l;
+    const uint32_t m = (uint32_t)(((1ull << 32) * ((1ull << l) - d)) / d + 1);
+    return FastDiv{d, m, l};
+  }
+#ifdef __CUDACC__
+  __device__ __forceinline__ int div(int n) const { return (int)((__umulhi((uint32_t)n, m) + (uint32_t)n) >> l); }
+#endif
+};
+
 struct BinConvArgs {
   const void* x;
   int x_dtype;
@@ -51,6 +65,7 @@ struct BinConvArgs {
   const int32_t* wpop;   // [O] popcount of each weight row
   const int32_t* wtap;   // [O][KH * KW] popcount per tap (pad 0 only)
   int O, KH, KW, SH, SW, DH, DW, Ho, Wo, K, KWORDS, KWP;
+  FastDiv div_plane, div_wo;   // by Ho * Wo and by Wo (set by the launcher)
   void* out;  // (N, O, Ho, Wo) contiguous
   int out_dtype;
   const void* scale;
