@@ -39,3 +39,11 @@ if [ -n "${BENCH:-}" ]; then
   (cd benchmarks && timeout 300 python3 bench_cuda_conv.py ${BENCH_ARGS:-} --json $OUT/bench_conv.json 2>&1 | tee $OUT/bench_conv.txt | grep -v "^{")
 fi
 echo "done at $(( $(date +%s) - START )) s"
+if [ -n "${NCU:-}" ]; then
+  for shp in "64 56" "512 7"; do
+    timeout 150 ncu -k regex:bconv -s 2 -c 2 --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        --section MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+        python3 benchmarks/lab/conv_one.py $shp > "$OUT/ncu_${shp// /_}.txt" 2>&1
+    grep -E "bconv|Duration|DRAM Throughput|Memory Throughput|Issued Warp|No Eligible|Active Warps Per|Warp Cycles Per Issued|L2 Hit|L1/TEX Hit|Registers Per|Grid Size|Achieved Occ|Theoretical Occ|Dynamic Shared" "$OUT/ncu_${shp// /_}.txt" | cut -c1-110 | head -40
+  done
+fi

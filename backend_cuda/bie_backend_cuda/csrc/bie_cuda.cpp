@@ -678,8 +678,6 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
   TORCH_CHECK(N * Hp * Wp * CW < (1ll << 31) - 1024 && N * Ho * Wo < (1ll << 31) - 1024 && C * KH * KW < (1ll << 30) &&
                   O < 65535ll * 32 && N * Hp * Wp < (1ll << 31),
               "bie_cuda.binary_conv2d: problem outside the 32-bit index range served");
-  TORCH_CHECK(bie::conv_smem_bytes((int)KWP, tile ? (int)tile : 1) <= (size_t)smem_optin(),
-              "bie_cuda.binary_conv2d: ", KWORDS, " K words need more shared memory than this GPU has");
   c10::cuda::CUDAGuard guard(x.device());
   const at::ScalarType odt = binary_out_dtype(out_dtype, who);
   auto out = at::empty({N, O, Ho, Wo}, x.options().dtype(odt));
@@ -721,6 +719,12 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
   const auto keep = set_scale_bias(p, scale, bias, odt, O, x.device(), who);
+  {  // the largest tile without the windows' range (the launcher stages that only where it fits)
+    bie::BinConvArgs q = p;
+    q.span_cap = 0;
+    TORCH_CHECK(bie::conv_smem_bytes(q, 1) <= (size_t)smem_optin(),
+                "bie_cuda.binary_conv2d: ", KWORDS, " K words need more shared memory than this GPU has");
+  }
   check_launch(bie::launch_bconv_pack(p, stream()), "binary_conv2d (packing)");
   check_launch(bie::launch_bconv(p, tile ? (int)tile : bie::conv_auto_tile(p, num_sms()), stream()), "binary_conv2d");
   return out;

@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   int* s_base = reinterpret_cast<int*>(s_obase + BM);
   int* s_kv = s_base + BM;
   uint32_t* s_inv = reinterpret_cast<uint32_t*>(s_kv + BM);
-  uint32_t* s_w = s_inv + BM;                                      // 16-byte aligned (BM % 64 == 0)
+  uint32_t* s_span = s_inv + BM;                                   // 16-byte aligned (BM % 64 == 0)
+  uint32_t* s_w = s_span + p.span_cap;                             // span_cap % 4 == 0
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
@@ -300,12 +301,12 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   for (int r = tid; r < BM; r += kConvThreads) {
     const int pix = p0 + r;
     int64_t ob = -1;
-    int b = 0;
     uint32_t inv = 0;
+    // rows past the last pixel read the last pixel's window (in range of the staged words; never stored)
+    const PixelAt a = pixel_at(p, min(pix, npix - 1));
+    const int b = ((a.n * p.Hp + a.ho * p.SH) * p.Wp + a.wo * p.SW) * p.CW;
     if (pix < npix) {
-      const PixelAt a = pixel_at(p, pix);
       ob = (int64_t)a.n * p.O * (p.Ho * p.Wo) + a.rem;
-      b = ((a.n * p.Hp + a.ho * p.SH) * p.Wp + a.wo * p.SW) * p.CW;
       if (p.pad_mode == 2) {
         for (int i = 0; i < p.KH; ++i) {
           const int hh = a.ho * p.SH + i * p.DH - p.PH;
@@ -323,12 +324,36 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   }
   __syncthreads();
 
+  // The words the tile's windows read form one contiguous range of packed ([N][Hp][Wp][CW] order, windows start
+  // in pixel order). Where it fits the block's share (span_cap words, from the host's bound) it is copied to
+  // shared memory with the weights, in one memory round trip: the A fragments are then shared-memory loads,
+  // instead of a global round trip per k step. Otherwise (or span_cap 0) they are read from global memory.
+  const uint32_t* a_src = p.packed;
+  int lo = 0;
+  {
+    const int last = min(BM, npix - p0) - 1;
+    lo = s_base[0] & ~3;
+    const int hi = s_base[last] + p.max_delta + p.CW;
+    const int span = (hi - lo + 3) & ~3;
+    if (span <= p.span_cap) {
+      const int total = p.N * p.Hp * p.Wp * p.CW;
+      for (int c = tid; c < span / 4; c += kConvThreads) {
+        const int w0 = lo + 4 * c;
+        const int left = total - w0;
+        cp_async16(s_span + 4 * c, p.packed + (left > 0 ? w0 : 0), left >= 4 ? 16 : (left > 0 ? 4 * left : 0));
+      }
+      a_src = s_span;
+    } else {
+      lo = 0;
+    }
+  }
+
   // this thread's A rows (pixels warp*16*MT + mt*16 + gid + 8h): word offset of each window's first word
   int base[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) base[mt][h] = s_base[warp * 16 * MT + mt * 16 + gid + 8 * h];
+    for (int h = 0; h < 2; ++h) base[mt][h] = s_base[warp * 16 * MT + mt * 16 + gid + 8 * h] - lo;
 
   int acc[MT][NT][4], pop[MT][4];
 #pragma unroll
@@ -341,7 +366,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     for (int i = 0; i < 4; ++i) pop[mt][i] = 0;
   }
 
-  const uint32_t* __restrict__ packed = p.packed;
   for (int k0 = 0; k0 < p.KWP; k0 += kc) {
     const int kn = min(kc, p.KWP - k0);
     if (k0 > 0) {
@@ -355,10 +379,10 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       const int d0 = s_delta[q], d1 = s_delta[q + 4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        f[mt][0] = __ldg(packed + base[mt][0] + d0);
-        f[mt][1] = __ldg(packed + base[mt][1] + d0);
-        f[mt][2] = __ldg(packed + base[mt][0] + d1);
-        f[mt][3] = __ldg(packed + base[mt][1] + d1);
+        f[mt][0] = a_src[base[mt][0] + d0];
+        f[mt][1] = a_src[base[mt][1] + d0];
+        f[mt][2] = a_src[base[mt][0] + d1];
+        f[mt][3] = a_src[base[mt][1] + d1];
       }
     };
     uint32_t a[MT][4], an[MT][4];
@@ -482,10 +506,20 @@ int conv_chunk_words(int kwp) { return std::min(kwp, kConvMaxChunk); }
 static int tile_bm(int tile) { return tile <= 2 ? 128 : 64; }
 static int tile_bn(int tile) { return (tile & 1) ? 64 : 32; }
 
-size_t conv_smem_bytes(int kwp, int tile) {
+// Words of packed that one tile's windows can span (a bound): the tile's pixels cover at most R output rows, the
+// rows of their windows at most R * SH + (images crossed + 1) * (KH - 1) * DH + 1 input rows, whole padded rows.
+int conv_span_bound(const BinConvArgs& p, int tile) {
+  const int64_t bm = tile_bm(tile);
+  const int64_t R = (bm + p.Wo - 1) / p.Wo + 1;
+  const int64_t images = (bm + (int64_t)p.Ho * p.Wo - 1) / ((int64_t)p.Ho * p.Wo) + 1;
+  const int64_t rows = std::min<int64_t>(R * p.SH + (images + 1) * (p.KH - 1) * p.DH + 1, (int64_t)images * p.Hp + p.Hp);
+  return (int)std::min<int64_t>(rows * p.Wp * p.CW + 8, 1 << 30);
+}
+
+size_t conv_smem_bytes(const BinConvArgs& p, int tile) {
   const int bn = tile_bn(tile), bm = tile_bm(tile);
-  const int kc = conv_chunk_words(kwp);
-  const size_t tables = (size_t)kwp * 4 + (size_t)bn * 12 + (size_t)bm * 20;
+  const int kc = conv_chunk_words(p.KWP);
+  const size_t tables = (size_t)p.KWP * 4 + (size_t)bn * 12 + (size_t)bm * 20 + (size_t)p.span_cap * 4;
   const size_t stage = std::max((size_t)bn * (kc + 4) * 4, (size_t)bn * (bm + 4) * 4);
   return ((tables + 15) / 16) * 16 + stage;
 }
@@ -549,9 +583,16 @@ cudaError_t launch_bconv(const BinConvArgs& args, int tile, cudaStream_t st) {
   BinConvArgs p = args;
   p.div_plane = FastDiv::make((uint32_t)(p.Ho * p.Wo));
   p.div_wo = FastDiv::make((uint32_t)p.Wo);
+  p.max_delta = ((p.KH - 1) * p.DH * p.Wp + (p.KW - 1) * p.DW) * p.CW;
+  // the windows' words in shared memory where they fit 64 KiB and the GPU's per-block limit
+  int dev = 0, optin = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  p.span_cap = (conv_span_bound(p, tile) + 3) & ~3;
+  if (p.span_cap * 4 > 64 * 1024 || conv_smem_bytes(p, tile) > (size_t)optin) p.span_cap = 0;
   const int64_t npix = (int64_t)p.N * p.Ho * p.Wo;
   const int kc = conv_chunk_words(p.KWP);
-  const size_t smem = conv_smem_bytes(p.KWP, tile);
+  const size_t smem = conv_smem_bytes(p, tile);
   const int bm = tile_bm(tile), bn = tile_bn(tile);
   const dim3 grid((unsigned)((npix + bm - 1) / bm), (unsigned)((p.O + bn - 1) / bn));
   auto run = [&](auto kernel) {

@@ -66,6 +66,8 @@ struct BinConvArgs {
   const int32_t* wtap;   // [O][KH * KW] popcount per tap (pad 0 only)
   int O, KH, KW, SH, SW, DH, DW, Ho, Wo, K, KWORDS, KWP;
   FastDiv div_plane, div_wo;   // by Ho * Wo and by Wo (set by the launcher)
+  int max_delta;               // offset of a window's last word from its first (set by the launcher)
+  int span_cap;                // words of the windows' range a block may stage in shared memory (launcher)
   void* out;  // (N, O, Ho, Wo) contiguous
   int out_dtype;
   const void* scale;
@@ -77,7 +79,8 @@ struct BinConvArgs {
 constexpr int kConvMaxChunk = 256;  // weight words per shared-memory chunk
 int conv_chunk_words(int kwp);
 // conv tiles: 1 = 128 pixels x 64 channels, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32
-size_t conv_smem_bytes(int kwp, int tile);   // dynamic shared memory of the conv kernel
+size_t conv_smem_bytes(const BinConvArgs& p, int tile);   // dynamic shared memory (p.span_cap set)
+int conv_span_bound(const BinConvArgs& p, int tile);
 int conv_auto_tile(const BinConvArgs& p, int sms);
 cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st);
 cudaError_t launch_bconv(const BinConvArgs& p, int tile, cudaStream_t st);
