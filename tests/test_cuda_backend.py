@@ -856,7 +856,7 @@ def test_binary_conv2d_direct(case):
             elif (i + j) % 3 == 2:   # a strided view (every other column of a wider tensor)
                 x = torch.cat([x, x], 3)[:, :, :, ::2]
             ref = rb.binary_conv2d(x.cpu(), wb.cpu(), *geo, pad_value, None, None, None)
-            for tile in (1, 2, 3, 4):
+            for tile in (1, 2, 3, 4, 5 + (i + j) % 4):   # 5-8: windows read from global memory
                 got = cb.binary_conv2d(x, wb, *geo, pad_value, None, None, None, prepared=p, tile=tile)
                 assert got.is_contiguous() and torch.equal(got.cpu(), ref), f"count pad={pad_value} {dt} tile={tile}"
         for odt in (torch.float32, torch.float16, torch.bfloat16):
@@ -921,7 +921,7 @@ def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
     with pytest.raises(RuntimeError, match="x must be"):
         ops_.binary_conv2d(xs.double(), w_ok, pc, taps, geom, 0, None, None, None, 0)
     with pytest.raises(RuntimeError, match="tile must be"):
-        ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 5)
+        ops_.binary_conv2d(xs, w_ok, pc, taps, geom, 0, None, None, None, 9)
 
 
 # ------------------------------------------------------- native bad input

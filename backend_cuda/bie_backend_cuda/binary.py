@@ -209,7 +209,8 @@ def unprepare_conv(p: PreparedConv):
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
                   prepared=None, tile=0):
     """groups == 1 (the capability check routes grouped convs elsewhere). tile: 0 chosen by shape, 1-4 forced
-    (1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32; tests, benchmarks)."""
+    (1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32; 5-8: the same reading
+    the windows from global memory instead of staging them in shared memory; tests, benchmarks)."""
     if groups != 1:
         raise ValueError(f"bie-backend-cuda's binary_conv2d serves groups=1, got groups={groups}")
     p = prepared if prepared is not None else prepare_conv(w)

@@ -635,7 +635,8 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
 // The direct binary conv2d (binary_conv.cu), groups == 1. x (N, C, H, W) float32/float16/bfloat16/int8, any strides;
 // wp (O, KWP) int32 weight words in (tap, channel word) K order (bie_backend_cuda.binary.conv_weight), wpop (O) and
 // wtap (O, KH*KW) int32 popcounts; geom = [KH, KW, SH, SW, PH, PW, DH, DW]; pad_mode 0: pad -1, 1: +1, 2: 0.
-// tile: 0 chosen by shape, 1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32.
+// tile: 0 chosen by shape, 1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32;
+// 5-8: tiles 1-4 reading the windows from global memory, never staged in shared memory (tests).
 // Returns (N, O, Ho, Wo) contiguous NCHW.
 Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, const Tensor& wtap,
                      std::vector<int64_t> geom, int64_t pad_mode, const std::optional<Tensor>& scale,
@@ -656,7 +657,7 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
               "bie_cuda.binary_conv2d: kernel, stride, dilation must be > 0 (kernel at most 4096 taps), padding >= 0");
   TORCH_CHECK(pad_mode >= 0 && pad_mode <= 2, "bie_cuda.binary_conv2d: pad_mode must be 0 (-1), 1 (+1) or 2 (0)");
   TORCH_CHECK(pad_mode != 2 || KH * KW <= 32, "bie_cuda.binary_conv2d: pad value 0 serves kernels of at most 32 taps");
-  TORCH_CHECK(tile >= 0 && tile <= 4, "bie_cuda.binary_conv2d: tile must be 0 (chosen) or 1-4");
+  TORCH_CHECK(tile >= 0 && tile <= 8, "bie_cuda.binary_conv2d: tile must be 0 (chosen) or 1-8");
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   TORCH_CHECK(C > 0, "bie_cuda.binary_conv2d: x has no channels");
   const int64_t Ho = (H + 2 * PH - DH * (KH - 1) - 1) / SH + 1, Wo = (W + 2 * PW - DW * (KW - 1) - 1) / SW + 1;
@@ -726,7 +727,8 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
                 "bie_cuda.binary_conv2d: ", KWORDS, " K words need more shared memory than this GPU has");
   }
   check_launch(bie::launch_bconv_pack(p, stream()), "binary_conv2d (packing)");
-  check_launch(bie::launch_bconv(p, tile ? (int)tile : bie::conv_auto_tile(p, num_sms()), stream()), "binary_conv2d");
+  const int t = tile == 0 ? bie::conv_auto_tile(p, num_sms()) : (int)(tile > 4 ? tile - 4 : tile);
+  check_launch(bie::launch_bconv(p, t, tile <= 4, stream()), "binary_conv2d");
   return out;
 }
 }  // namespace

@@ -578,7 +578,7 @@ cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st) {
   }
 }
 
-cudaError_t launch_bconv(const BinConvArgs& args, int tile, cudaStream_t st) {
+cudaError_t launch_bconv(const BinConvArgs& args, int tile, bool stage_windows, cudaStream_t st) {
   if (tile < 1 || tile > 4) return cudaErrorInvalidValue;
   BinConvArgs p = args;
   p.div_plane = FastDiv::make((uint32_t)(p.Ho * p.Wo));
@@ -589,7 +589,7 @@ cudaError_t launch_bconv(const BinConvArgs& args, int tile, cudaStream_t st) {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   p.span_cap = (conv_span_bound(p, tile) + 3) & ~3;
-  if (p.span_cap * 4 > 64 * 1024 || conv_smem_bytes(p, tile) > (size_t)optin) p.span_cap = 0;
+  if (!stage_windows || p.span_cap * 4 > 64 * 1024 || conv_smem_bytes(p, tile) > (size_t)optin) p.span_cap = 0;
   const int64_t npix = (int64_t)p.N * p.Ho * p.Wo;
   const int kc = conv_chunk_words(p.KWP);
   const size_t smem = conv_smem_bytes(p, tile);

@@ -83,7 +83,8 @@ size_t conv_smem_bytes(const BinConvArgs& p, int tile);   // dynamic shared memo
 int conv_span_bound(const BinConvArgs& p, int tile);
 int conv_auto_tile(const BinConvArgs& p, int sms);
 cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st);
-cudaError_t launch_bconv(const BinConvArgs& p, int tile, cudaStream_t st);
+// stage_windows false: the A fragments always from global memory (tests of that path)
+cudaError_t launch_bconv(const BinConvArgs& p, int tile, bool stage_windows, cudaStream_t st);
 
 struct WqArgs {
   const void* x;
