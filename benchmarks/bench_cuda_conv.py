@@ -61,7 +61,7 @@ def bench(rows, quick, with_cutlass):
         t_pad0 = time_graph([lambda x=x: cb.binary_conv2d(x, wb, [3, 3], [st, st], [1, 1], [1, 1], 1, 0.0, scale,
                                                           None, torch.bfloat16, prepared=p) for x in xs_nchw])
         t_tiles = [time_graph([lambda x=x: cb.binary_conv2d(x, wb, *args, prepared=p, tile=t) for x in xs_nchw])
-                   for t in (1, 2, 3, 4)]
+                   for t in (1, 2, 3, 4, 5)]
         t_cut = None
         if ct is not None:
             pc = ct.prepare_weight(wb)
@@ -80,7 +80,7 @@ def bench(rows, quick, with_cutlass):
 
 
 def table(rows) -> str:
-    head = ("| ResNet-18 3x3, batch 64 | bie cuda µs (NCHW in) | (channels_last in) | pad 0 | tiles 1/2/3/4 | "
+    head = ("| ResNet-18 3x3, batch 64 | bie cuda µs (NCHW in) | (channels_last in) | pad 0 | tiles 1/2/3/4 / 1 unstaged | "
             "CUTLASS im2col µs | cuDNN bf16 µs (CL) | cuDNN NCHW | speedup vs cuDNN CL | floor µs | % of floor |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
