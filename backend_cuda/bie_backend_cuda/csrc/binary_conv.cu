@@ -18,6 +18,8 @@
 //     popc(a) of a window comes from one more MMA against an all-ones column; with pad 0 the taps that fall in the
 //     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
 //     scaled, biased and staged in shared memory as [channel][pixel], then written as NCHW rows.
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace bie {
@@ -61,10 +63,12 @@ __device__ __forceinline__ void write_ring(const BinConvArgs& p, int i) {
 // Plane mode (each channel's H x W plane contiguous: NCHW and its channel slices). An item is (image, word, run
 // of 256 pixels): its 32 channels' runs are copied into shared memory with cp.async (every load in flight at
 // once, no registers held: a register load-then-use loop is scheduled a few loads at a time and waits a memory
-// latency per batch), then thread t makes pixel t's word. Blocks loop over items with two buffers, so the next
-// item's copies are in flight while this one is packed. Each channel's run is copied from the E-byte boundary at
-// or below its start (E = 16, 8 or 4: the largest the channel and image strides and the pointer keep aligned),
-// the last copy cut at the run's end. Blocks past the item loop (blockIdx.x >= loop_blocks) write the ring.
+// latency per batch). Warp w then packs pixels 32w..32w+31 with ballots: one per channel (lane = pixel; lane c
+// keeps channel c's 32 pixel bits), then 32 more to transpose those 32 x 32 bits (lane j keeps pixel j's word):
+// a few instructions per 32 signs. Blocks loop over items with two buffers, so the next item's copies are in
+// flight while this one is packed. Each channel's run is copied from the E-byte boundary at or below its start
+// (E = 16, 8 or 4: the largest the channel and image strides and the pointer keep aligned), the last copy cut at
+// the run's end. Blocks past the item loop (blockIdx.x >= loop_blocks) write the padding ring.
 constexpr int kPackRun = 256;
 template <typename T>
 constexpr int pack_row_bytes() { return kPackRun * sizeof(T) + 16; }
@@ -73,52 +77,53 @@ template <typename T>
 __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int loop_blocks, int runs, int E) {
   constexpr int ROW = pack_row_bytes<T>();
   extern __shared__ __align__(16) unsigned char s_x[];   // [2][32][ROW]
+  __shared__ int s_mis[2][32];                           // each channel's offset from its copy's start
   if ((int)blockIdx.x >= loop_blocks) {
     const int ring_words = p.N * (p.Hp * p.Wp - p.H * p.W) * p.CW;
     const int r = ((int)blockIdx.x - loop_blocks) * 256 + threadIdx.x;
     if (r < ring_words) write_ring(p, r);
     return;
   }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int hw = p.H * p.W;
   const int items = runs * p.CW * p.N;
   const int64_t csb = p.sc * (int64_t)sizeof(T);   // channel stride, bytes
-  auto first_byte = [&](int item) {
+  auto issue = [&](int item, int stage) {
     const int run = item % runs, t = item / runs;
     const int cw = t % p.CW, n = t / p.CW;
-    return static_cast<const unsigned char*>(p.x) +
-           ((int64_t)n * p.sn + (int64_t)cw * 32 * p.sc + run * kPackRun) * (int64_t)sizeof(T);
-  };
-  auto issue = [&](int item, unsigned char* buf) {
-    const int run = item % runs, cw = (item / runs) % p.CW;
     const int npx = min(kPackRun, hw - run * kPackRun);
     const int nb = min(32, p.C - cw * 32);
-    const unsigned char* x0 = first_byte(item);
+    const unsigned char* x0 = static_cast<const unsigned char*>(p.x) +
+                              ((int64_t)n * p.sn + (int64_t)cw * 32 * p.sc + run * kPackRun) * (int64_t)sizeof(T);
     const int chunks = (npx * (int)sizeof(T) + 2 * E - 2) / E;   // the run from its aligned-down start
-    for (int i = threadIdx.x; i < nb * chunks; i += 256) {
-      const int c = i / chunks, k = i - c * chunks;
+    unsigned char* buf = s_x + stage * 32 * ROW;
+    for (int c = warp; c < nb; c += 8) {
       const unsigned char* start = x0 + c * csb;
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(
-          (reinterpret_cast<uintptr_t>(start) & ~(uintptr_t)(E - 1)) + (uintptr_t)k * E);
-      const int64_t left = (start + (int64_t)npx * sizeof(T)) - src;   // bytes of the run from src on
-      const int bytes = left <= 0 ? 0 : (left < E ? (int)left : E);
-      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(buf + c * ROW + k * E);
-      const void* from = bytes ? static_cast<const void*>(src) : static_cast<const void*>(start);
-      if (E == 16)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
-      else if (E == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
-      else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+      const uintptr_t a0 = reinterpret_cast<uintptr_t>(start) & ~(uintptr_t)(E - 1);
+      const uintptr_t end = reinterpret_cast<uintptr_t>(start) + (uintptr_t)npx * sizeof(T);
+      if (lane == 0) s_mis[stage][c] = (int)(reinterpret_cast<uintptr_t>(start) - a0);
+      for (int k = lane; k < chunks; k += 32) {
+        const uintptr_t src = a0 + (uintptr_t)k * E;
+        const int bytes = src >= end ? 0 : (end - src < (uintptr_t)E ? (int)(end - src) : E);
+        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(buf + c * ROW + k * E);
+        const void* from = reinterpret_cast<const void*>(bytes ? src : reinterpret_cast<uintptr_t>(start));
+        if (E == 16)
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+        else if (E == 8)
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+        else
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+      }
     }
     asm volatile("cp.async.commit_group;\n" ::);
   };
   int item = blockIdx.x;
-  if (item < items) issue(item, s_x);
+  if (item < items) issue(item, 0);
   for (int k = 0; item < items; item += loop_blocks, ++k) {
-    unsigned char* buf = s_x + (k & 1) * 32 * ROW;
+    const int stage = k & 1;
     const int next = item + loop_blocks;
     if (next < items) {
-      issue(next, s_x + ((k + 1) & 1) * 32 * ROW);
+      issue(next, stage ^ 1);
       asm volatile("cp.async.wait_group 1;\n" ::);
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::);
@@ -128,18 +133,27 @@ __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, in
     const int cw = t % p.CW, n = t / p.CW;
     const int npx = min(kPackRun, hw - run * kPackRun);
     const int nb = min(32, p.C - cw * 32);
-    const unsigned char* x0 = first_byte(item);
-    const int i = threadIdx.x;
-    if (i < npx) {
-      uint32_t word = 0;
-      for (int b = 0; b < nb; ++b) {
-        const int mis = (int)(reinterpret_cast<uintptr_t>(x0 + b * csb) & (uintptr_t)(E - 1));
-        const T v = *reinterpret_cast<const T*>(buf + b * ROW + mis + i * (int)sizeof(T));
-        word |= (uint32_t)sign_bit(v) << b;
+    const int px = warp * 32 + lane;
+    if (warp * 32 < npx) {   // warp-uniform
+      const unsigned char* buf = s_x + stage * 32 * ROW + px * (int)sizeof(T);
+      uint32_t mask = 0;     // lane c: channel c's bits of the warp's 32 pixels
+#pragma unroll 8
+      for (int c = 0; c < nb; ++c) {
+        const T v = *reinterpret_cast<const T*>(buf + c * ROW + s_mis[stage][c]);
+        const uint32_t m = __ballot_sync(0xffffffffu, sign_bit(v));
+        if (lane == c) mask = m;
       }
-      const int pix = run * kPackRun + i;
-      const int h = pix / p.W, w = pix - h * p.W;
-      *packed_word(p, n, h + p.PH, w + p.PW, cw) = word;
+      uint32_t word = 0;     // lane j: pixel j's word (bit c: channel c)
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const uint32_t m = __ballot_sync(0xffffffffu, (mask >> j) & 1u);
+        if (lane == j) word = m;
+      }
+      if (px < npx) {
+        const int pix = run * kPackRun + px;
+        const int h = pix / p.W, w = pix - h * p.W;
+        *packed_word(p, n, h + p.PH, w + p.PW, cw) = word;
+      }
     }
     __syncthreads();   // this buffer is refilled two items on
   }
@@ -240,6 +254,54 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int nbyte
                "l"(src), "r"(nbytes));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+// V staged values (floats, 16-byte aligned) -> V outputs at dst (aligned to V outputs)
+template <typename OutT, int V>
+__device__ __forceinline__ void store_vec(OutT* dst, const float* src) {
+  if constexpr (sizeof(OutT) == 4) {
+#pragma unroll
+    for (int i = 0; i < V; i += 4) *reinterpret_cast<float4*>(dst + i) = *reinterpret_cast<const float4*>(src + i);
+  } else {
+    uint32_t packed[V / 2];
+#pragma unroll
+    for (int i = 0; i < V; i += 2) {
+      const float2 f = *reinterpret_cast<const float2*>(src + i);
+      OutT two[2] = {from_f32<OutT>(f.x), from_f32<OutT>(f.y)};
+      packed[i / 2] = *reinterpret_cast<const uint32_t*>(two);
+    }
+    if constexpr (V == 8) *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    else *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+  }
+}
+
+// The staged tile [channel][pixel] -> NCHW: V consecutive pixels of one channel per thread, V = 8 or 4 where each
+// plane is a multiple of V pixels (then a group never straddles two images and its offset is aligned), else 1.
+template <typename OutT, int BM, int LDS>
+__device__ __forceinline__ void store_rows(const BinConvArgs& p, const float* s_out, const int64_t* s_obase, int o0,
+                                           int ncol) {
+  OutT* out = static_cast<OutT*>(p.out);
+  const int64_t P = (int64_t)p.Ho * p.Wo;
+  auto run = [&](auto vec) {
+    constexpr int V = decltype(vec)::value;
+    constexpr int G = BM / V;   // groups per channel
+    for (int e = threadIdx.x; e < ncol * G; e += kConvThreads) {
+      const int col = e / G, row = (e - col * G) * V;
+      const int64_t ob = s_obase[row];
+      if (ob < 0) continue;
+      OutT* dst = out + ob + (int64_t)(o0 + col) * P;
+      const float* src = s_out + col * LDS + row;
+      if constexpr (V == 1) {
+        if constexpr (sizeof(OutT) == 4) *dst = *src;
+        else *dst = from_f32<OutT>(*src);
+      } else {
+        store_vec<OutT, V>(dst, src);
+      }
+    }
+  };
+  if (P % 8 == 0) run(std::integral_constant<int, 8>{});
+  else if (P % 4 == 0) run(std::integral_constant<int, 4>{});
+  else run(std::integral_constant<int, 1>{});
+}
 
 // Shared memory (dynamic): delta[KWP] | per channel -2 popc(w), scale, bias [BN] each | per pixel its NCHW
 // offset (int64), its window's first word, K_valid, its taps in the padding (pad 0) [BM] each | union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
@@ -449,52 +511,13 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     }
   __syncthreads();
 
-  // NCHW rows: consecutive threads write consecutive pixels of one channel; 4 pixels per thread where each
-  // plane is a multiple of 4 pixels (then a group of 4 never straddles two images and its offset is aligned)
+  // NCHW rows: consecutive threads write consecutive pixels of one channel
   const int ncol = min(BN, p.O - o0);
-  const int64_t P = (int64_t)p.Ho * p.Wo;
-  if (P % 4 == 0) {
-    for (int e = tid; e < ncol * (BM / 4); e += kConvThreads) {
-      const int col = e / (BM / 4), row = (e - col * (BM / 4)) * 4;
-      const int64_t ob = s_obase[row];
-      if (ob < 0) continue;
-      const float4 y = *reinterpret_cast<const float4*>(s_out + col * LDS + row);
-      const int64_t off = ob + (int64_t)(o0 + col) * P;
-      switch (p.out_dtype) {
-        case kI32:
-        case kF32: *reinterpret_cast<float4*>(static_cast<float*>(p.out) + off) = y; break;
-        case kF16: {
-          const __half2 lo = __floats2half2_rn(y.x, y.y), hi = __floats2half2_rn(y.z, y.w);
-          uint2 v;
-          v.x = *reinterpret_cast<const uint32_t*>(&lo);
-          v.y = *reinterpret_cast<const uint32_t*>(&hi);
-          *reinterpret_cast<uint2*>(static_cast<__half*>(p.out) + off) = v;
-          break;
-        }
-        default: {
-          const __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
-          uint2 v;
-          v.x = *reinterpret_cast<const uint32_t*>(&lo);
-          v.y = *reinterpret_cast<const uint32_t*>(&hi);
-          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + off) = v;
-          break;
-        }
-      }
-    }
-  } else {
-    for (int e = tid; e < ncol * BM; e += kConvThreads) {
-      const int col = e / BM, row = e - col * BM;
-      const int64_t ob = s_obase[row];
-      if (ob < 0) continue;
-      const int64_t off = ob + (int64_t)(o0 + col) * P;
-      const float y = s_out[col * LDS + row];
-      switch (p.out_dtype) {
-        case kI32:
-        case kF32: static_cast<float*>(p.out)[off] = y; break;   // int32: the dot's bits
-        case kF16: static_cast<__half*>(p.out)[off] = __float2half_rn(y); break;
-        default: static_cast<__nv_bfloat16*>(p.out)[off] = __float2bfloat16_rn(y); break;
-      }
-    }
+  switch (p.out_dtype) {
+    case kI32:   // the dot's bits, as staged
+    case kF32: store_rows<float, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
+    case kF16: store_rows<__half, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
+    default: store_rows<__nv_bfloat16, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
   }
 }
 
