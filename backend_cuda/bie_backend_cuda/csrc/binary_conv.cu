@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, in
         const int bytes = src >= end ? 0 : (end - src < (uintptr_t)E ? (int)(end - src) : E);
         const uint32_t dst = (uint32_t)__cvta_generic_to_shared(buf + c * ROW + k * E);
         const void* from = reinterpret_cast<const void*>(bytes ? src : reinterpret_cast<uintptr_t>(start));
-        if (E == 16)
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
+        if (E == 16)   // .cg: streamed once, not kept in L1
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
         else if (E == 8)
           asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(from), "r"(bytes));
         else
@@ -486,29 +486,44 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       rterm[mt][h] = s_kv[row] - 2 * popa;
       inv_any |= s_inv[row];
     }
+  // (the two branch-free variants without padded taps, and the general one: a per-element test of those
+  // conditions costs as much as the arithmetic)
+  auto stage = [&](auto scaled_c, auto padded_c) {
+    constexpr bool SCALED = decltype(scaled_c)::value, PADDED = decltype(padded_c)::value;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int col = nt * 8 + 2 * tig + j;
-      const int wterm = s_wterm[col];
-      const float sc = s_scale[col], bi = s_bias[col];
+      for (int j = 0; j < 2; ++j) {
+        const int col = nt * 8 + 2 * tig + j;
+        const int wterm = s_wterm[col];
+        const float sc = s_scale[col], bi = s_bias[col];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = warp * 16 * MT + mt * 16 + gid + 8 * h;
-          int dot = 4 * acc[mt][nt][2 * h + j] + rterm[mt][h] + wterm;
-          if (inv_any) {   // pad 0 near the border: the weight bits of the taps in the padding do not count
-            const uint32_t inv = s_inv[row];
-            if (inv && o0 + col < p.O)
-              for (uint32_t m = inv; m; m &= m - 1)
-                dot += 2 * __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp * 16 * MT + mt * 16 + gid + 8 * h;
+            int dot = 4 * acc[mt][nt][2 * h + j] + rterm[mt][h] + wterm;
+            if constexpr (PADDED) {   // pad 0 near the border: the weight bits of the padded taps do not count
+              const uint32_t inv = s_inv[row];
+              if (inv && o0 + col < p.O)
+                for (uint32_t m = inv; m; m &= m - 1)
+                  dot += 2 * __ldg(p.wtap + (int64_t)(o0 + col) * (p.KH * p.KW) + (__ffs(m) - 1));
+            }
+            // float32(dot) * float32(scale) + float32(bias): two roundings, like the reference
+            if constexpr (SCALED) s_out[col * LDS + row] = __fadd_rn(__fmul_rn((float)dot, sc), bi);
+            else s_out[col * LDS + row] = __int_as_float(dot);
           }
-          // float32(dot) * float32(scale) + float32(bias): two roundings, like the reference
-          s_out[col * LDS + row] = scaled ? __fadd_rn(__fmul_rn((float)dot, sc), bi) : __int_as_float(dot);
-        }
-    }
+      }
+  };
+  using T_ = std::true_type;
+  using F_ = std::false_type;
+  if (inv_any) {
+    if (scaled) stage(T_{}, T_{});
+    else stage(F_{}, T_{});
+  } else {
+    if (scaled) stage(T_{}, F_{});
+    else stage(F_{}, F_{});
+  }
   __syncthreads();
 
   // NCHW rows: consecutive threads write consecutive pixels of one channel
