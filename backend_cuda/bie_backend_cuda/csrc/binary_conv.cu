@@ -21,7 +21,6 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "wq_fragments.cuh"   // griddep_wait / griddep_launch_dependents
 
 namespace bie {
 namespace {
@@ -76,7 +75,6 @@ constexpr int pack_row_bytes() { return kPackRun * sizeof(T) + 16; }
 
 template <typename T>
 __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, int loop_blocks, int runs, int E) {
-  frag::griddep_launch_dependents();   // the conv kernel may start its prologue (it waits before reading packed)
   constexpr int ROW = pack_row_bytes<T>();
   extern __shared__ __align__(16) unsigned char s_x[];   // [2][32][ROW]
   __shared__ int s_mis[2][32];                           // each channel's offset from its copy's start
@@ -166,7 +164,6 @@ __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, in
 // Threads past the words write the padding ring.
 template <typename T>
 __global__ void __launch_bounds__(256) bconv_pack_channels_kernel(BinConvArgs p, int words) {
-  frag::griddep_launch_dependents();   // the conv kernel may start its prologue (it waits before reading packed)
   const int lane = threadIdx.x & 31;
   const int i0 = (blockIdx.x * 256 + threadIdx.x) & ~31;   // this warp's first word
   if (i0 >= words) {
@@ -205,7 +202,6 @@ __global__ void __launch_bounds__(256) bconv_pack_channels_kernel(BinConvArgs p,
 // Any strides: thread per (padded pixel, word), 32 scalar loads; the ring included.
 template <typename T>
 __global__ void __launch_bounds__(256) bconv_pack_any_kernel(BinConvArgs p) {
-  frag::griddep_launch_dependents();   // the conv kernel may start its prologue (it waits before reading packed)
   const int i = blockIdx.x * 256 + threadIdx.x;
   if (i >= p.N * p.Hp * p.Wp * p.CW) return;
   const int cw = i % p.CW;
@@ -314,8 +310,7 @@ __device__ __forceinline__ void store_rows(const BinConvArgs& p, const float* s_
 // popc(a) of each window comes from the MMA itself: one more n8 tile whose column 0 is all ones over the K words
 // (so pad 0's padding, written as 0 bits, and the bits past C never count), read back from lane 4 gid.
 template <int MT, int NT>
-__global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p) {
-  const int kc = p.kc;
+__global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, int kc) {
   constexpr int BN = NT * 8, BM = MT * 16 * 4, LDS = BM + 4;
   extern __shared__ __align__(16) unsigned char smem[];
   int* s_delta = reinterpret_cast<int*>(smem);
@@ -390,10 +385,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p) 
     s_inv[r] = inv;
   }
   __syncthreads();
-
-  // Launched as a programmatic dependent of the packing kernel (sm_90): everything above overlapped its tail;
-  // from here on its output is read.
-  frag::griddep_wait();
 
   // The words the tile's windows read form one contiguous range of packed ([N][Hp][Wp][CW] order, windows start
   // in pixel order). Where it fits the block's share (span_cap words, from the host's bound) it is copied to
@@ -630,7 +621,6 @@ cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st) {
 cudaError_t launch_bconv(const BinConvArgs& args, int tile, bool stage_windows, cudaStream_t st) {
   if (tile < 1 || tile > 4) return cudaErrorInvalidValue;
   BinConvArgs p = args;
-  p.kc = conv_chunk_words(p.KWP);
   p.div_plane = FastDiv::make((uint32_t)(p.Ho * p.Wo));
   p.div_wo = FastDiv::make((uint32_t)p.Wo);
   p.max_delta = ((p.KH - 1) * p.DH * p.Wp + (p.KW - 1) * p.DW) * p.CW;
@@ -641,15 +631,15 @@ cudaError_t launch_bconv(const BinConvArgs& args, int tile, bool stage_windows, 
   p.span_cap = (conv_span_bound(p, tile) + 3) & ~3;
   if (!stage_windows || p.span_cap * 4 > 64 * 1024 || conv_smem_bytes(p, tile) > (size_t)optin) p.span_cap = 0;
   const int64_t npix = (int64_t)p.N * p.Ho * p.Wo;
+  const int kc = conv_chunk_words(p.KWP);
   const size_t smem = conv_smem_bytes(p, tile);
-  int major = 0;   // programmatic dependent launch (after the packing kernel) from sm_90
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   const int bm = tile_bm(tile), bn = tile_bn(tile);
   const dim3 grid((unsigned)((npix + bm - 1) / bm), (unsigned)((p.O + bn - 1) / bn));
   auto run = [&](auto kernel) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    return launch_kernel(kernel, grid, dim3(kConvThreads), (int)smem, st, major >= 9, p);
+    kernel<<<grid, kConvThreads, smem, st>>>(p, kc);
+    return cudaGetLastError();
   };
   switch (tile) {
     case 1: return run(bconv_mma_kernel<2, 8>);

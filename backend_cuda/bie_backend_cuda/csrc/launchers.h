@@ -68,7 +68,6 @@ struct BinConvArgs {
   FastDiv div_plane, div_wo;   // by Ho * Wo and by Wo (set by the launcher)
   int max_delta;               // offset of a window's last word from its first (set by the launcher)
   int span_cap;                // words of the windows' range a block may stage in shared memory (launcher)
-  int kc;                      // weight words per shared-memory chunk (launcher)
   void* out;  // (N, O, Ho, Wo) contiguous
   int out_dtype;
   const void* scale;
