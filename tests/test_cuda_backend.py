@@ -829,6 +829,29 @@ CONV = [
 ]
 
 
+@pytest.mark.parametrize("c,kh,kw", [(1, 1, 1), (37, 3, 2), (64, 3, 3), (130, 1, 3)])
+def test_conv_weight_layout(c, kh, kw):
+    """The direct conv's weight words (device ops only, so checked on the CPU too): K in (tap, channel word) order,
+    bit b of word (t, cw) = channel 32 cw + b, zero past C and past the taps' words, rows of a multiple of 8 words;
+    per-row and per-tap popcounts."""
+    from bie_backend_cuda.binary import conv_weight
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(c + kh + kw)
+    o, k = 5, c * kh * kw
+    w = _bits((o, (k + 7) // 8), k, gen, device="cpu")
+    words, popc, taps = conv_weight(w, c, kh, kw)
+    cw = -(-c // 32)
+    assert words.dtype == torch.int32 and words.shape[1] % 8 == 0 and words.shape[1] >= kh * kw * cw
+    bits = ((words.contiguous().view(torch.uint8).unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1)
+    bits = bits.reshape(o, -1)
+    body = bits[:, :kh * kw * cw * 32].reshape(o, kh, kw, cw * 32)
+    signs = rb.unpack_signs(w, k, torch.float32).reshape(o, c, kh, kw)
+    assert torch.equal(body[..., :c].permute(0, 3, 1, 2).float() * 2 - 1, signs)
+    assert int(body[..., c:].sum()) == 0 and int(bits[:, kh * kw * cw * 32:].sum()) == 0
+    assert torch.equal(popc, (signs > 0).sum((1, 2, 3)).int())
+    assert torch.equal(taps, (signs > 0).sum(1).reshape(o, kh * kw).int())
+
+
 @needs_cuda
 @pytest.mark.parametrize("case", CONV, ids=[str(i) for i in range(len(CONV))])
 def test_binary_conv2d_direct(case):
