@@ -166,15 +166,12 @@ def conv_weight(w: torch.Tensor, c: int, kh: int, kw: int):
     """The direct conv kernel's weight layout from the canonical packed OIHW weight w (O, ceil(C*kh*kw/8)):
     (words (O, KWP) int32: K in (tap, channel word) order, bit b of word (t, cw) = channel 32*cw + b, 0 past C
     and past the kh*kw*ceil(C/32) words; popc (O,) int32; per-tap popc (O, kh*kw) int32). Device ops only."""
-    o, kb = w.shape
-    k = c * kh * kw
-    cw = -(-c // 32)
-    kwords = kh * kw * cw
+    from bie_core.ops.binary import conv_weight_tap_bits
+    o = w.shape[0]
+    kwords = kh * kw * -(-c // 32)
     kwp = -(-kwords // 8) * 8
     shifts = torch.arange(8, device=w.device, dtype=torch.uint8)
-    bits = ((w.unsqueeze(-1) >> shifts) & 1).reshape(o, kb * 8)[:, :k]             # OIHW order, LSB first
-    t = bits.reshape(o, c, kh, kw).permute(0, 2, 3, 1)                               # (O, kh, kw, C)
-    t = F.pad(t, (0, cw * 32 - c)).reshape(o, kh * kw, cw * 32)
+    t = conv_weight_tap_bits(w, c, kh, kw)                                            # (O, kh*kw, 32 ceil(C/32))
     taps = t.sum(-1, dtype=torch.int32)
     t = F.pad(t.reshape(o, kwords * 32), (0, (kwp - kwords) * 32))
     packed = (t.reshape(o, kwp * 4, 8) << shifts).sum(-1, dtype=torch.uint8)        # little-endian words

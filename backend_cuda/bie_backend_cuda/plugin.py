@@ -49,9 +49,9 @@ def _conv_check(p):
     cw = -(-c // 32)
     if kh * kw * cw > CONV_MAX_KWORDS:
         return f"K of {kh * kw * cw} words of 32 channels > {CONV_MAX_KWORDS}"
+    from bie_core.ops.binary import conv_out_size
     st, pd, dl = p.attrs["stride"], p.attrs["padding"], p.attrs["dilation"]
-    ho = (h + 2 * pd[0] - dl[0] * (kh - 1) - 1) // st[0] + 1
-    wo = (w + 2 * pd[1] - dl[1] * (kw - 1) - 1) // st[1] + 1
+    ho, wo = conv_out_size(h, kh, st[0], pd[0], dl[0]), conv_out_size(w, kw, st[1], pd[1], dl[1])
     hp, wp = h + 2 * pd[0], w + 2 * pd[1]
     if n * hp * wp * cw >= 2 ** 31 - 1024 or n * ho * wo >= 2 ** 31 - 1024 or o >= 65535 * 32:
         return f"conv of {n}x{c}x{h}x{w} (output {o}x{ho}x{wo}) outside the 32-bit index range served"

@@ -258,14 +258,12 @@ def unprepare_weight(p: PreparedSigns):
 
 
 def _conv_weight(w: torch.Tensor, cg: int, kh: int, kw: int, copies: int):
-    o, kb = w.shape
-    k = cg * kh * kw
+    from bie_core.ops.binary import conv_weight_tap_bits
+    o = w.shape[0]
     cgw = -(-cg // 32)
     words = -(-(kh * kw * cgw) // 4) * 4  # per copy, a multiple of 128 bits
     shifts = torch.arange(8, device=w.device, dtype=torch.uint8)
-    bits = ((w.unsqueeze(-1) >> shifts) & 1).reshape(o, kb * 8)[:, :k]
-    t = bits.reshape(o, cg, kh, kw).permute(0, 2, 3, 1)                       # (O, kh, kw, Cg)
-    t = F.pad(t, (0, cgw * 32 - cg)).reshape(o, kh * kw * cgw * 32)
+    t = conv_weight_tap_bits(w, cg, kh, kw).reshape(o, kh * kw * cgw * 32)      # tap-major, channels padded
     t = F.pad(t, (0, words * 32 - t.shape[1]))
     packed = (t.reshape(o, words * 4, 8) << shifts).sum(-1, dtype=torch.uint8)
     term = (t.sum(1, dtype=torch.int32) * (-2 * copies)).to(torch.int32).contiguous()

@@ -294,6 +294,17 @@ def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def conv_weight_tap_bits(w: torch.Tensor, c: int, kh: int, kw: int) -> torch.Tensor:
+    """The sign bits of a packed OIHW conv weight w (O, ceil(c*kh*kw/8)), reordered tap-major for kernels that read
+    each tap's channels as whole 32-bit words: (O, kh*kw, ceil(c/32)*32) uint8 0/1, zero past c. Device ops only
+    (the layout step shared by GPU backends' conv weight preparation)."""
+    o, kb = w.shape
+    shifts = torch.arange(8, device=w.device, dtype=torch.uint8)
+    bits = ((w.unsqueeze(-1) >> shifts) & 1).reshape(o, kb * 8)[:, :c * kh * kw]     # OIHW order, LSB first
+    t = bits.reshape(o, c, kh, kw).permute(0, 2, 3, 1)                                   # (O, kh, kw, C)
+    return torch.nn.functional.pad(t, (0, -(-c // 32) * 32 - c)).reshape(o, kh * kw, -(-c // 32) * 32)
+
+
 def _conv_fake(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
     ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
@@ -464,6 +475,6 @@ sign_embedding_bag = define_op(OpDef(
     fake=_bag_fake, problem=_bag_problem, validate=_bag_validate, cases=_bag_cases, weight_args=(1,)))
 
 
-__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "linear_scale", "binary_bmm", "binary_conv2d",
+__all__ = ["conv_weight_tap_bits", "pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "linear_scale", "binary_bmm", "binary_conv2d",
            "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size"]
 

@@ -7,13 +7,15 @@
 //  1. packing: x (float32/float16/bfloat16/int8, any strides) -> the sign words of the *padded* input,
 //     [N][Hp][Wp][CW] uint32 (bit b of word cw: channel 32*cw + b, 1 = +1; bits past C are 0), the padding ring
 //     holding the pad value's bits (pad 0: 0 bits). One read of x, 1/16 of it written back (bf16). Three
-//     variants by layout: contiguous channel planes (NCHW: vector loads along the plane), contiguous channels
-//     (channels_last: a warp ballot per word), any strides.
+//     variants by layout: contiguous channel planes (NCHW: cp.async runs into shared memory, then ballots),
+//     contiguous channels (channels_last: a warp ballot per word), any strides (a thread per word).
 //  2. bconv_mma: a GEMM whose rows are output pixels and columns output channels; K runs over (tap, channel
-//     word). Row p's K word q sits at packed[base(p) + delta[q]] (delta: a per-word table in shared memory), so
-//     the A fragments of mma.m16n8k256.and.popc are read straight from global memory (a window is a few cache
-//     lines, shared by neighbouring pixels and taps through L1). A chunk of weights [BN channels][KC words] is
-//     staged in shared memory. The ±1 dot product comes from AND counts (XOR+popc is emulated on sm_90):
+//     word). Row p's K word q sits at packed[base(p) + delta[q]] (delta: a per-word table in shared memory); the
+//     words a tile's windows read are one contiguous range of packed, staged in shared memory with the weight
+//     chunk [BN channels][KC words] where it fits (else read from global memory), so the A fragments of
+//     mma.m16n8k256.and.popc are gathered there with no im2col buffer. (mma_b1 and cp_async16 below repeat
+//     binary.cu's helpers; moving both into one header changed this kernel's instruction schedule, so it waits
+//     for a GPU run to be checked.) The ±1 dot product comes from AND counts (XOR+popc is emulated on sm_90):
 //         dot = 4 popc(a & w) - 2 popc(a) - 2 popc(w over the valid taps) + K_valid
 //     popc(a) of a window comes from one more MMA against an all-ones column; with pad 0 the taps that fall in the
 //     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
