@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 19 device calls: bie-backend-cuda's direct binary conv at C = 256 / 512 (where the conv kernel, not the
 # bytes, is the time). Builds bie-backend-cuda; PROF=1: per-kernel times + Nsight Compute (sections, and the SASS
-# lines with the most stall samples) of the conv kernel on channels_last input; TESTS=1: the conv tests + kit;
+# lines with the most stall samples, NCU=1) of the conv kernel on channels_last input; TESTS=1: the conv tests + kit;
 # BENCH=1: bench_cuda_conv.py.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
@@ -31,7 +31,9 @@ if [ -n "${TESTS:-}" ]; then
   echo "tests done at $(( $(date +%s) - START )) s"
 fi
 if [ -n "${PROF:-}" ]; then
-  timeout 100 python3 benchmarks/lab/conv_kernels.py 2>&1 | tee $OUT/conv_kernels.txt
+  timeout 100 python3 benchmarks/lab/conv_kernels.py 2>&1 | grep -v -i warn | tee $OUT/conv_kernels.txt
+fi
+if [ -n "${NCU:-}" ]; then
   for shp in "256 14" "512 7"; do
     tag=${shp// /_}
     timeout 150 ncu -k regex:bconv_mma -s 2 -c 1 --section SpeedOfLight --section WarpStateStats --section Occupancy \

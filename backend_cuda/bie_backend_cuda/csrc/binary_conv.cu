@@ -285,18 +285,22 @@ __device__ __forceinline__ void store_rows(const BinConvArgs& p, const float* s_
   const int64_t P = (int64_t)p.Ho * p.Wo;
   auto run = [&](auto vec) {
     constexpr int V = decltype(vec)::value;
-    constexpr int G = BM / V;   // groups per channel
-    for (int e = threadIdx.x; e < ncol * G; e += kConvThreads) {
-      const int col = e / G, row = (e - col * G) * V;
+    constexpr int G = BM / V;   // groups per channel (a power of two, BM % V == 0)
+    constexpr int CSTEP = kConvThreads / G > 0 ? kConvThreads / G : 1;
+    // a thread keeps its pixel group and walks the channels (one table read, a pointer step per channel)
+    for (int e = threadIdx.x; e < G * CSTEP; e += kConvThreads) {
+      const int row = (e % G) * V, c0 = e / G;
       const int64_t ob = s_obase[row];
-      if (ob < 0) continue;
-      OutT* dst = out + ob + (int64_t)(o0 + col) * P;
-      const float* src = s_out + col * LDS + row;
-      if constexpr (V == 1) {
-        if constexpr (sizeof(OutT) == 4) *dst = *src;
-        else *dst = from_f32<OutT>(*src);
-      } else {
-        store_vec<OutT, V>(dst, src);
+      if (ob < 0 || c0 >= ncol) continue;
+      OutT* dst = out + ob + (int64_t)(o0 + c0) * P;
+      const float* src = s_out + c0 * LDS + row;
+      for (int col = c0; col < ncol; col += CSTEP, dst += CSTEP * P, src += CSTEP * LDS) {
+        if constexpr (V == 1) {
+          if constexpr (sizeof(OutT) == 4) *dst = *src;
+          else *dst = from_f32<OutT>(*src);
+        } else {
+          store_vec<OutT, V>(dst, src);
+        }
       }
     }
   };
@@ -306,12 +310,29 @@ __device__ __forceinline__ void store_rows(const BinConvArgs& p, const float* s_
 }
 
 // Shared memory (dynamic): delta[KWP] | per channel -2 popc(w), scale, bias [BN] each | per pixel its NCHW
-// offset (int64), its window's first word, K_valid, its taps in the padding (pad 0) [BM] each | union { weights [BN][kc + 4] words, staging [BN][BM + 4] floats }.
-// A weight row of kc + 4 words (kc % 8 == 0) puts the 8 channels x 4 words of a B fragment in 32 distinct banks;
-// a staging row of BM + 4 floats does the same for the accumulator writes.
+// offset (int64), its window's first word, K_valid, its taps in the padding (pad 0) [BM] each | the windows' words
+// [span_cap] | union { weights [BN][ldw] words, staging [BN][BM + 4] floats }.
+// K slots: in each 8-word k step the MMA's slots tig and tig + 4 (thread tig's two words of a row) take words 2 tig
+// and 2 tig + 1 (the sum over K does not depend on the order, as long as A and B agree). So a thread's B fragment
+// is one 8-byte load, and with an even number of channel words its two A words of a row are adjacent in the window
+// (one tap: PAIR), one table read and one address for both. The weight chunk is stored step-major,
+// [kc / 8][BN][8 words]: the B fragments of a step sit at compile-time offsets (one address per step), and a half
+// warp's 64-bit loads (4 channels x 4 word pairs) cover the 32 banks once. A staging row of BM + 4 floats puts the
+// accumulator writes in distinct banks.
 // popc(a) of each window comes from the MMA itself: one more n8 tile whose column 0 is all ones over the K words
 // (so pad 0's padding, written as 0 bits, and the bits past C never count), read back from lane 4 gid.
-template <int MT, int NT>
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds_u64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+template <int MT, int NT, bool PAIR>
 __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, int kc) {
   constexpr int BN = NT * 8, BM = MT * 16 * 4, LDS = BM + 4;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -331,15 +352,23 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   const int npix = p.N * p.Ho * p.Wo;
   const int p0 = blockIdx.x * BM;
   const int o0 = blockIdx.y * BN;
-  const int ldw = kc + 4;
 
-  // a chunk of weight words [BN][kn] into shared memory (cp.async: no register round trip; rows past O zero-filled)
+  // a chunk of weight words [BN][kn] into shared memory, step-major (cp.async: no register round trip; rows past O
+  // zero-filled); thread i copies 16-byte pieces i, i + 128, ... of the chunk, its (row, piece) stepped without a
+  // division
   auto load_chunk = [&](int k0, int kn) {
     const int v4 = kn / 4;
-    for (int i = tid; i < BN * v4; i += kConvThreads) {
-      const int row = i / v4, c4 = i - row * v4;
+    const int drow = kConvThreads / v4, dc = kConvThreads - drow * v4;
+    int row = tid / v4, c4 = tid - row * v4;
+    while (row < BN) {
       const int o = o0 + row;
-      cp_async16(s_w + row * ldw + c4 * 4, p.wp + (int64_t)(o < p.O ? o : 0) * p.KWP + k0 + c4 * 4, o < p.O ? 16 : 0);
+      cp_async16(s_w + ((c4 >> 1) * BN + row) * 8 + (c4 & 1) * 4, p.wp + (int64_t)(o < p.O ? o : 0) * p.KWP + k0 + c4 * 4, o < p.O ? 16 : 0);
+      row += drow;
+      c4 += dc;
+      if (c4 >= v4) {
+        c4 -= v4;
+        ++row;
+      }
     }
   };
   load_chunk(0, min(kc, p.KWP));
@@ -391,9 +420,10 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   // The words the tile's windows read form one contiguous range of packed ([N][Hp][Wp][CW] order, windows start
   // in pixel order). Where it fits the block's share (span_cap words, from the host's bound) it is copied to
   // shared memory with the weights, in one memory round trip: the A fragments are then shared-memory loads,
-  // instead of a global round trip per k step. Otherwise (or span_cap 0) they are read from global memory.
-  const uint32_t* a_src = p.packed;
+  // instead of a global round trip per k step. Otherwise (span_cap 0; or, never by the bound, a longer range)
+  // they are read from global memory (a second copy of the main loop, not executed otherwise).
   int lo = 0;
+  bool staged = false;
   {
     const int last = min(BM, npix - p0) - 1;
     lo = s_base[0] & ~3;
@@ -406,7 +436,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
         const int left = total - w0;
         cp_async16(s_span + 4 * c, p.packed + (left > 0 ? w0 : 0), left >= 4 ? 16 : (left > 0 ? 4 * left : 0));
       }
-      a_src = s_span;
+      staged = true;
     } else {
       lo = 0;
     }
@@ -430,48 +460,76 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     for (int i = 0; i < 4; ++i) pop[mt][i] = 0;
   }
 
-  for (int k0 = 0; k0 < p.KWP; k0 += kc) {
-    const int kn = min(kc, p.KWP - k0);
-    if (k0 > 0) {
-      __syncthreads();   // the previous chunk's readers are done
-      load_chunk(k0, kn);
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    // A fragments one k step ahead (registers): the next step's loads are in flight during this step's MMAs
-    auto load_a = [&](uint32_t (&f)[MT][4], int q) {
-      const int d0 = s_delta[q], d1 = s_delta[q + 4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        f[mt][0] = a_src[base[mt][0] + d0];
-        f[mt][1] = a_src[base[mt][1] + d0];
-        f[mt][2] = a_src[base[mt][0] + d1];
-        f[mt][3] = a_src[base[mt][1] + d1];
-      }
+  const uint32_t span_addr = (uint32_t)__cvta_generic_to_shared(s_span);
+  const uint32_t delta_addr = (uint32_t)__cvta_generic_to_shared(s_delta);
+  const uint32_t w_addr = (uint32_t)__cvta_generic_to_shared(s_w) + (uint32_t)(gid * 8 + 2 * tig) * 4u;
+  auto mainloop = [&](auto staged_c) {
+    constexpr bool STAGED = decltype(staged_c)::value;
+    // word `off` of the window range (and the next one)
+    auto load_word = [&](int off) -> uint32_t {
+      if constexpr (STAGED) return lds_u32(span_addr + 4u * (uint32_t)off);
+      else return __ldg(p.packed + off);
     };
-    uint32_t a[MT][4], an[MT][4];
-    load_a(a, k0 + tig);
-#pragma unroll 2
-    for (int s = 0; s < kn; s += 8) {
-      const int q0 = k0 + s + tig;
-      if (s + 8 < kn) load_a(an, q0 + 8);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t* wr = s_w + (nt * 8 + gid) * ldw + s + tig;
-        const uint32_t b0 = wr[0], b1 = wr[4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_b1(acc[mt][nt], a[mt], b0, b1);
+    for (int k0 = 0; k0 < p.KWP; k0 += kc) {
+      const int kn = min(kc, p.KWP - k0);
+      if (k0 > 0) {
+        __syncthreads();   // the previous chunk's readers are done
+        load_chunk(k0, kn);
       }
-      const uint32_t o0b = (gid == 0 && q0 < p.KWORDS) ? ~0u : 0u;
-      const uint32_t o1b = (gid == 0 && q0 + 4 < p.KWORDS) ? ~0u : 0u;
+      cp_async_wait_all();
+      __syncthreads();
+      // A fragments of the k step at K word q = k0 + s (this thread: words q + 2 tig, q + 2 tig + 1 of its rows),
+      // one step ahead in registers: the next step's loads are in flight during this step's MMAs
+      auto load_a = [&](uint32_t (&f)[MT][4], int q) {
+        const int qt = q + 2 * tig;
+        if constexpr (PAIR) {   // (two 32-bit loads, not one 64-bit: the MMA wants a0..a3 in consecutive registers)
+          const int d = (int)lds_u32(delta_addr + 4u * (uint32_t)qt);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_b1(pop[mt], a[mt], o0b, o1b);
+          for (int mt = 0; mt < MT; ++mt) {
+            const int r0 = base[mt][0] + d, r1 = base[mt][1] + d;
+            f[mt][0] = load_word(r0);
+            f[mt][2] = load_word(r0 + 1);
+            f[mt][1] = load_word(r1);
+            f[mt][3] = load_word(r1 + 1);
+          }
+        } else {
+          const uint2 d = lds_u64(delta_addr + 4u * (uint32_t)qt);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[mt][i] = an[mt][i];
+          for (int mt = 0; mt < MT; ++mt) {
+            f[mt][0] = load_word(base[mt][0] + (int)d.x);
+            f[mt][1] = load_word(base[mt][1] + (int)d.x);
+            f[mt][2] = load_word(base[mt][0] + (int)d.y);
+            f[mt][3] = load_word(base[mt][1] + (int)d.y);
+          }
+        }
+      };
+      auto step = [&](const uint32_t (&a)[MT][4], int s) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint2 b = lds_u64(w_addr + (uint32_t)(s * BN + nt * 64) * 4u);   // (step s / 8, rows nt * 8 + gid)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma_b1(acc[mt][nt], a[mt], b.x, b.y);
+        }
+        const int qt = k0 + s + 2 * tig;
+        const uint32_t o0b = (gid == 0 && qt < p.KWORDS) ? ~0u : 0u;
+        const uint32_t o1b = (gid == 0 && qt + 1 < p.KWORDS) ? ~0u : 0u;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_b1(pop[mt], a[mt], o0b, o1b);
+      };
+      // two register sets in turn (no copies between steps)
+      uint32_t a0[MT][4], a1[MT][4];
+      load_a(a0, k0);
+      for (int s = 0; s < kn; s += 16) {
+        if (s + 8 < kn) load_a(a1, k0 + s + 8);
+        step(a0, s);
+        if (s + 8 >= kn) break;
+        if (s + 16 < kn) load_a(a0, k0 + s + 16);
+        step(a1, s + 8);
       }
     }
-  }
+  };
+  if (staged) mainloop(std::true_type{});
+  else mainloop(std::false_type{});
   __syncthreads();   // the weight chunk's space becomes the output staging tile
 
   // epilogue: dot = 4 acc + (K_valid - 2 popc(a)) [per pixel] - 2 popc(w over the valid taps) [per channel],
@@ -560,7 +618,7 @@ size_t conv_smem_bytes(const BinConvArgs& p, int tile) {
   const int bn = tile_bn(tile), bm = tile_bm(tile);
   const int kc = conv_chunk_words(p.KWP);
   const size_t tables = (size_t)p.KWP * 4 + (size_t)bn * 12 + (size_t)bm * 20 + (size_t)p.span_cap * 4;
-  const size_t stage = std::max((size_t)bn * (kc + 4) * 4, (size_t)bn * (bm + 4) * 4);
+  const size_t stage = std::max((size_t)bn * kc * 4, (size_t)bn * (bm + 4) * 4);
   return ((tables + 15) / 16) * 16 + stage;
 }
 
@@ -643,11 +701,13 @@ cudaError_t launch_bconv(const BinConvArgs& args, int tile, bool stage_windows, 
     kernel<<<grid, kConvThreads, smem, st>>>(p, kc);
     return cudaGetLastError();
   };
+  // an even number of channel words: thread tig's two words of a k step are adjacent (see the kernel)
+  const bool pair = p.CW % 2 == 0;
   switch (tile) {
-    case 1: return run(bconv_mma_kernel<2, 8>);
-    case 2: return run(bconv_mma_kernel<2, 4>);
-    case 3: return run(bconv_mma_kernel<1, 8>);
-    default: return run(bconv_mma_kernel<1, 4>);
+    case 1: return pair ? run(bconv_mma_kernel<2, 8, true>) : run(bconv_mma_kernel<2, 8, false>);
+    case 2: return pair ? run(bconv_mma_kernel<2, 4, true>) : run(bconv_mma_kernel<2, 4, false>);
+    case 3: return pair ? run(bconv_mma_kernel<1, 8, true>) : run(bconv_mma_kernel<1, 8, false>);
+    default: return pair ? run(bconv_mma_kernel<1, 4, true>) : run(bconv_mma_kernel<1, 4, false>);
   }
 }
 
