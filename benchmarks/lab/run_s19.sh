@@ -50,3 +50,14 @@ if [ -n "${BENCH:-}" ]; then
   (cd benchmarks && timeout 300 python3 bench_cuda_conv.py ${BENCH_ARGS:-} --json $OUT/bench_conv.json 2>&1 | tee $OUT/bench_conv.txt | grep -v "^{")
 fi
 echo "done at $(( $(date +%s) - START )) s"
+if [ -n "${PHASES:-}" ]; then   # a second build with the conv kernel's phase instrument (lab only)
+  export BIE_CUDA_DEFINES=BIE_CONV_PHASES BIE_CUDA_CACHE=/tmp/bie_cuda_cache_phases
+  python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_phases.log 2>&1
+  tail -1 $OUT/build_phases.log
+  for shp in "64 56" "128 28" "256 14" "512 7"; do
+    echo "== C, HW = $shp (channels_last)" | tee -a $OUT/phases.txt
+    timeout 60 python3 benchmarks/lab/conv_phases.py run $shp cl > /tmp/ph.log 2>&1
+    python3 benchmarks/lab/conv_phases.py show /tmp/ph.log | tee -a $OUT/phases.txt
+  done
+  echo "phases done at $(( $(date +%s) - START )) s"
+fi

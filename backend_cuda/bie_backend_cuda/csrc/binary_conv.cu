@@ -20,6 +20,7 @@
 //     popc(a) of a window comes from one more MMA against an all-ones column; with pad 0 the taps that fall in the
 //     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
 //     scaled, biased and staged in shared memory as [channel][pixel], then written as NCHW rows.
+#include <cstdio>   // (printf: the BIE_CONV_PHASES lab instrument)
 #include <type_traits>
 
 #include "common.cuh"
@@ -332,6 +333,15 @@ __device__ __forceinline__ uint2 lds_u64(uint32_t addr) {
   return v;
 }
 
+// Lab instrument (BIE_CUDA_DEFINES=BIE_CONV_PHASES, never in the product build): thread 0 of each block prints the
+// global timer at the kernel's phase boundaries (benchmarks/lab/conv_phases.py reads them).
+#ifdef BIE_CONV_PHASES
+#define BIE_CONV_MARK(i)                                                              \
+  if (threadIdx.x == 0) ph_[i] = clock64();
+#else
+#define BIE_CONV_MARK(i)
+#endif
+
 template <int MT, int NT, bool PAIR>
 __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, int kc) {
   constexpr int BN = NT * 8, BM = MT * 16 * 4, LDS = BM + 4;
@@ -349,6 +359,10 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+#ifdef BIE_CONV_PHASES
+  unsigned long long ph_[6] = {};
+#endif
+  BIE_CONV_MARK(0)
   const int npix = p.N * p.Ho * p.Wo;
   const int p0 = blockIdx.x * BM;
   const int o0 = blockIdx.y * BN;
@@ -416,6 +430,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     s_inv[r] = inv;
   }
   __syncthreads();
+  BIE_CONV_MARK(1)
 
   // The words the tile's windows read form one contiguous range of packed ([N][Hp][Wp][CW] order, windows start
   // in pixel order). Where it fits the block's share (span_cap words, from the host's bound) it is copied to
@@ -478,6 +493,9 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       }
       cp_async_wait_all();
       __syncthreads();
+      if (k0 == 0) {
+        BIE_CONV_MARK(2)
+      }
       // A fragments of the k step at K word q = k0 + s (this thread: words q + 2 tig, q + 2 tig + 1 of its rows),
       // one step ahead in registers: the next step's loads are in flight during this step's MMAs
       auto load_a = [&](uint32_t (&f)[MT][4], int q) {
@@ -530,6 +548,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   };
   if (staged) mainloop(std::true_type{});
   else mainloop(std::false_type{});
+  BIE_CONV_MARK(3)
   __syncthreads();   // the weight chunk's space becomes the output staging tile
 
   // epilogue: dot = 4 acc + (K_valid - 2 popc(a)) [per pixel] - 2 popc(w over the valid taps) [per channel],
@@ -586,6 +605,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   }
   __syncthreads();
 
+  BIE_CONV_MARK(4)
   // NCHW rows: consecutive threads write consecutive pixels of one channel
   const int ncol = min(BN, p.O - o0);
   switch (p.out_dtype) {
@@ -594,6 +614,17 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     case kF16: store_rows<__half, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
     default: store_rows<__nv_bfloat16, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
   }
+#ifdef BIE_CONV_PHASES
+  BIE_CONV_MARK(5)
+  if (threadIdx.x == 0) {
+    unsigned smid;
+    unsigned long long gt;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    printf("PH %d %d %u %llu %llu %llu %llu %llu %llu %llu\n", blockIdx.x, blockIdx.y, smid, gt, ph_[0], ph_[1], ph_[2],
+           ph_[3], ph_[4], ph_[5]);
+  }
+#endif
 }
 
 }  // namespace
