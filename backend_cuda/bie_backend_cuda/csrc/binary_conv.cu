@@ -257,6 +257,9 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int nbyte
                "l"(src), "r"(nbytes));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // V staged values (floats, 16-byte aligned) -> V outputs at dst (aligned to V outputs)
 template <typename OutT, int V>
@@ -312,7 +315,10 @@ __device__ __forceinline__ void store_rows(const BinConvArgs& p, const float* s_
 
 // Shared memory (dynamic): delta[KWP] | per channel -2 popc(w), scale, bias [BN] each | per pixel its NCHW
 // offset (int64), its window's first word, K_valid, its taps in the padding (pad 0) [BM] each | the windows' words
-// [span_cap] | union { weights [BN][ldw] words, staging [BN][BM + 4] floats }.
+// [span_cap] | union { two weight chunks [BN][kc] words, staging [BN][BM + 4] floats }.
+// The weights come in chunks of kc K words (all of K where it is at most 64 words), two buffers in turn: the MMAs
+// of a chunk run while the next one is copied (timed per phase on the H100, the weights' copy from L2 was 40-45%
+// of a block's time at C = 256 / 512 when it preceded all the MMAs: benchmarks/results/cuda_h100_conv.md).
 // K slots: in each 8-word k step the MMA's slots tig and tig + 4 (thread tig's two words of a row) take words 2 tig
 // and 2 tig + 1 (the sum over K does not depend on the order, as long as A and B agree). So a thread's B fragment
 // is one 8-byte load, and with an even number of channel words its two A words of a row are adjacent in the window
@@ -355,7 +361,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   int* s_kv = s_base + BM;
   uint32_t* s_inv = reinterpret_cast<uint32_t*>(s_kv + BM);
   uint32_t* s_span = s_inv + BM;                                   // 16-byte aligned (BM % 64 == 0)
-  uint32_t* s_w = s_span + p.span_cap;                             // span_cap % 4 == 0
+  uint32_t* s_w = s_span + p.span_cap;                             // span_cap % 4 == 0; chunk buffers 0, 1
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
@@ -370,22 +376,28 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   // a chunk of weight words [BN][kn] into shared memory, step-major (cp.async: no register round trip; rows past O
   // zero-filled); thread i copies 16-byte pieces i, i + 128, ... of the chunk, its (row, piece) stepped without a
   // division
-  auto load_chunk = [&](int k0, int kn) {
+  // (blocks start at different rows, so that the blocks sharing these weights do not all ask L2 for the same lines
+  // at once)
+  auto load_chunk = [&](uint32_t* buf, int k0, int kn) {
     const int v4 = kn / 4;
     const int drow = kConvThreads / v4, dc = kConvThreads - drow * v4;
-    int row = tid / v4, c4 = tid - row * v4;
-    while (row < BN) {
-      const int o = o0 + row;
-      cp_async16(s_w + ((c4 >> 1) * BN + row) * 8 + (c4 & 1) * 4, p.wp + (int64_t)(o < p.O ? o : 0) * p.KWP + k0 + c4 * 4, o < p.O ? 16 : 0);
-      row += drow;
+    const int rot = (int)(blockIdx.x * 8u) & (BN - 1);
+    int r = tid / v4, c4 = tid - r * v4;
+    while (r < BN) {
+      const int row = (r + rot) & (BN - 1), o = o0 + row;
+      cp_async16(buf + ((c4 >> 1) * BN + row) * 8 + (c4 & 1) * 4, p.wp + (int64_t)(o < p.O ? o : 0) * p.KWP + k0 + c4 * 4,
+                 o < p.O ? 16 : 0);
+      r += drow;
       c4 += dc;
       if (c4 >= v4) {
         c4 -= v4;
-        ++row;
+        ++r;
       }
     }
   };
-  load_chunk(0, min(kc, p.KWP));
+  const int nchunks = (p.KWP + kc - 1) / kc;
+  load_chunk(s_w, 0, min(kc, p.KWP));
+  cp_async_commit();   // group: chunk 0
 
   // K word -> offset (words) from a window's first word; the padding words past K read word 0 of the window
   // (their weight bits are 0, and so are those of the ones column)
@@ -456,6 +468,9 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       lo = 0;
     }
   }
+  cp_async_commit();   // group: the windows' range (empty where not staged)
+  if (nchunks > 1) load_chunk(s_w + BN * kc, kc, min(kc, p.KWP - kc));
+  cp_async_commit();   // group: chunk 1 (empty with one chunk)
 
   // this thread's A rows (pixels warp*16*MT + mt*16 + gid + 8h): word offset of each window's first word
   int base[MT][2];
@@ -485,17 +500,15 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       if constexpr (STAGED) return lds_u32(span_addr + 4u * (uint32_t)off);
       else return __ldg(p.packed + off);
     };
-    for (int k0 = 0; k0 < p.KWP; k0 += kc) {
-      const int kn = min(kc, p.KWP - k0);
-      if (k0 > 0) {
-        __syncthreads();   // the previous chunk's readers are done
-        load_chunk(k0, kn);
-      }
-      cp_async_wait_all();
+    for (int c = 0; c < nchunks; ++c) {
+      const int k0 = c * kc, kn = min(kc, p.KWP - k0);
+      if (c + 1 < nchunks) cp_async_wait_group<1>();   // chunk c (and the windows) landed; chunk c + 1 may fly
+      else cp_async_wait_group<0>();
       __syncthreads();
-      if (k0 == 0) {
+      if (c == 0) {
         BIE_CONV_MARK(2)
       }
+      const uint32_t wb = w_addr + (uint32_t)((c & 1) * BN * kc) * 4u;
       // A fragments of the k step at K word q = k0 + s (this thread: words q + 2 tig, q + 2 tig + 1 of its rows),
       // one step ahead in registers: the next step's loads are in flight during this step's MMAs
       auto load_a = [&](uint32_t (&f)[MT][4], int q) {
@@ -524,7 +537,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       auto step = [&](const uint32_t (&a)[MT][4], int s) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint2 b = lds_u64(w_addr + (uint32_t)(s * BN + nt * 64) * 4u);   // (step s / 8, rows nt * 8 + gid)
+          const uint2 b = lds_u64(wb + (uint32_t)(s * BN + nt * 64) * 4u);   // (step s / 8, rows nt * 8 + gid)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) mma_b1(acc[mt][nt], a[mt], b.x, b.y);
         }
@@ -544,6 +557,11 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
         if (s + 16 < kn) load_a(a0, k0 + s + 16);
         step(a1, s + 8);
       }
+      if (c + 2 < nchunks) {
+        __syncthreads();   // every warp is done with this buffer
+        load_chunk(s_w + (c & 1) * BN * kc, k0 + 2 * kc, min(kc, p.KWP - k0 - 2 * kc));
+      }
+      cp_async_commit();   // (one group per chunk, empty past the last)
     }
   };
   if (staged) mainloop(std::true_type{});
@@ -629,7 +647,7 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
 
 }  // namespace
 
-int conv_chunk_words(int kwp) { return std::min(kwp, kConvMaxChunk); }
+int conv_chunk_words(int kwp) { return kwp <= 2 * kConvChunk ? kwp : kConvChunk; }
 
 // tile: 1 = 128 pixels x 64 channels, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32
 static int tile_bm(int tile) { return tile <= 2 ? 128 : 64; }
@@ -649,7 +667,7 @@ size_t conv_smem_bytes(const BinConvArgs& p, int tile) {
   const int bn = tile_bn(tile), bm = tile_bm(tile);
   const int kc = conv_chunk_words(p.KWP);
   const size_t tables = (size_t)p.KWP * 4 + (size_t)bn * 12 + (size_t)bm * 20 + (size_t)p.span_cap * 4;
-  const size_t stage = std::max((size_t)bn * kc * 4, (size_t)bn * (bm + 4) * 4);
+  const size_t stage = std::max((size_t)bn * kc * 4 * (kc < p.KWP ? 2 : 1), (size_t)bn * (bm + 4) * 4);
   return ((tables + 15) / 16) * 16 + stage;
 }
 

@@ -76,7 +76,7 @@ struct BinConvArgs {
   const void* bias;
   int bias_dtype;
 };
-constexpr int kConvMaxChunk = 256;  // weight words per shared-memory chunk
+constexpr int kConvChunk = 32;  // weight words per pipelined shared-memory chunk (layers with more than 64 K words)
 int conv_chunk_words(int kwp);
 // conv tiles: 1 = 128 pixels x 64 channels, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32
 size_t conv_smem_bytes(const BinConvArgs& p, int tile);   // dynamic shared memory (p.span_cap set)
