@@ -20,6 +20,7 @@
 //     popc(a) of a window comes from one more MMA against an all-ones column; with pad 0 the taps that fall in the
 //     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
 //     scaled, biased and staged in shared memory as [channel][pixel], then written as NCHW rows.
+#include <atomic>
 #include <cstdio>   // (printf: the BIE_CONV_PHASES lab instrument)
 #include <type_traits>
 
@@ -256,7 +257,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int nbyte
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
                "l"(src), "r"(nbytes));
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -683,6 +683,8 @@ int conv_auto_tile(const BinConvArgs& p, int sms) {
   return 4;
 }
 
+constexpr int kMaxDevices = 64;
+
 template <typename T>
 static cudaError_t pack_typed(const BinConvArgs& p, cudaStream_t st) {
   const int hw = p.H * p.W;
@@ -696,13 +698,20 @@ static cudaError_t pack_typed(const BinConvArgs& p, cudaStream_t st) {
     const int runs = (hw + kPackRun - 1) / kPackRun;
     const int64_t items = (int64_t)runs * p.CW * p.N;
     const int smem = 2 * 32 * pack_row_bytes<T>();
-    int dev = 0, sms = 0, per_sm = 0;
+    int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaError_t e = cudaFuncSetAttribute(bconv_pack_plane_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bconv_pack_plane_kernel<T>, 256, smem);
-    if (e != cudaSuccess) return e;
+    // resident blocks per SM: asked once per device (the attribute is per device too), not on every call
+    static std::atomic<int> per_sm_of[kMaxDevices];
+    int per_sm = dev < kMaxDevices ? per_sm_of[dev].load(std::memory_order_relaxed) : 0;
+    if (per_sm == 0) {
+      cudaError_t e = cudaFuncSetAttribute(bconv_pack_plane_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bconv_pack_plane_kernel<T>, 256, smem);
+      if (e != cudaSuccess) return e;
+      per_sm = std::max(1, per_sm);
+      if (dev < kMaxDevices) per_sm_of[dev].store(per_sm, std::memory_order_relaxed);
+    }
     const int loop_blocks = (int)std::min<int64_t>(items, (int64_t)std::max(1, per_sm) * std::max(1, sms));
     const int ring_blocks = (int)((p.N * ring * p.CW + 255) / 256);
     bconv_pack_plane_kernel<T><<<loop_blocks + ring_blocks, 256, smem, st>>>(p, loop_blocks, runs, E);
