@@ -826,6 +826,11 @@ CONV = [
     (3, 32, 7, 7, 65, (3, 3), (1, 1), (1, 1), (1, 1)),
     (1, 3, 20, 18, 8, (7, 7), (2, 2), (3, 3), (1, 1)),   # a stem conv: 49 taps (pad 0 is refused there)
     (5, 96, 5, 5, 31, (3, 1), (1, 1), (1, 0), (1, 1)),
+    # more than 64 K words: the weights in 32-word chunks through two buffers (a partial last chunk; odd channel
+    # words, whose two words of a k step are read apart, and even ones)
+    (1, 96, 7, 6, 20, (5, 5), (1, 1), (2, 2), (1, 1)),
+    (1, 288, 5, 6, 40, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 256, 6, 5, 72, (3, 3), (2, 1), (1, 1), (1, 1)),
 ]
 
 
