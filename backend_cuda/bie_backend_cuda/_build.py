@@ -24,8 +24,8 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu",
            "wq_thin_w4_f16.cu", "wq_thin_w4_bf16.cu", "wq_thin_w2_f16.cu", "wq_thin_w2_bf16.cu", "wq_thin_w8_f16.cu",
            "wq_thin_w8_bf16.cu")
-HEADERS = ("common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh", "wgmma_rs.cuh", "wq_fragments.cuh", "wq_thin.cuh",
-           "wq_thin_kernel.cuh")
+HEADERS = ("b1_common.cuh", "common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh", "wgmma_rs.cuh",
+           "wq_fragments.cuh", "wq_thin.cuh", "wq_thin_kernel.cuh")
 _lock = threading.Lock()
 _loaded: str | None = None
 _error: BaseException | None = None

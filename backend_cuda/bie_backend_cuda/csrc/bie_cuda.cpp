@@ -728,11 +728,8 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
   }
   check_launch(bie::launch_bconv_pack(p, stream()), "binary_conv2d (packing)");
   const int t = tile == 0 ? bie::conv_auto_tile(p, num_sms()) : (int)(tile > 4 ? tile - 4 : tile);
-  // tiles 1-4 stage the windows in shared memory, 5-8 read them from global memory (L1). The automatic choice
-  // stages them from 8 channel words (C > 224) only: with fewer, a k step's words of 8 neighbouring pixels fall
-  // in the same banks (measured on the H100, ResNet-18 layers at batch 64, tile 1: C = 64 47.0 vs 49.2 us,
-  // stride 2 38.9 vs 43.2; C = 128 level; C = 256 20.0 vs 19.5: benchmarks/results/cuda_h100_conv.md)
-  const bool stage = tile == 0 ? CW >= 8 : tile <= 4;
+  // tiles 1-4 stage the windows in shared memory, 5-8 read them through L1; tile 0 chooses both
+  const bool stage = tile == 0 ? bie::conv_auto_stage(p) : tile <= 4;
   check_launch(bie::launch_bconv(p, t, stage, stream()), "binary_conv2d");
   return out;
 }

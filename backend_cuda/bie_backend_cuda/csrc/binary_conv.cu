@@ -11,11 +11,10 @@
 //     contiguous channels (channels_last: a warp ballot per word), any strides (a thread per word).
 //  2. bconv_mma: a GEMM whose rows are output pixels and columns output channels; K runs over (tap, channel
 //     word). Row p's K word q sits at packed[base(p) + delta[q]] (delta: a per-word table in shared memory); the
-//     words a tile's windows read are one contiguous range of packed, staged in shared memory with the weight
-//     chunk [BN channels][KC words] where it fits (else read from global memory), so the A fragments of
-//     mma.m16n8k256.and.popc are gathered there with no im2col buffer. (mma_b1 and cp_async16 below repeat
-//     binary.cu's helpers; moving both into one header changed this kernel's instruction schedule, so it waits
-//     for a GPU run to be checked.) The ±1 dot product comes from AND counts (XOR+popc is emulated on sm_90):
+//     words a tile's windows read are one contiguous range of packed, staged in shared memory where it fits and
+//     the tile asks for it (else read through L1), the weights copied in chunks beside it, so the A fragments of
+//     mma.m16n8k256.and.popc are gathered with no im2col buffer (helpers shared with binary.cu in
+//     b1_common.cuh). The ±1 dot product comes from AND counts (XOR+popc is emulated on sm_90):
 //         dot = 4 popc(a & w) - 2 popc(a) - 2 popc(w over the valid taps) + K_valid
 //     popc(a) of a window comes from one more MMA against an all-ones column; with pad 0 the taps that fall in the
 //     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
@@ -24,6 +23,7 @@
 #include <cstdio>   // (printf: the BIE_CONV_PHASES lab instrument)
 #include <type_traits>
 
+#include "b1_common.cuh"
 #include "common.cuh"
 
 namespace bie {
@@ -32,10 +32,6 @@ namespace {
 constexpr int kConvThreads = 128;
 
 // ------------------------------------------------------------------ packing
-template <typename T>
-__device__ __forceinline__ bool sign_bit(T v) { return to_f32(v) >= 0.f; }   // sgn(0) = +1, NaN -> -1
-template <>
-__device__ __forceinline__ bool sign_bit<int8_t>(int8_t v) { return v >= 0; }
 
 __device__ __forceinline__ uint32_t* packed_word(const BinConvArgs& p, int n, int hq, int wq, int cw) {
   return p.packed + ((int64_t)((n * p.Hp + hq) * p.Wp + wq)) * p.CW + cw;
@@ -144,7 +140,7 @@ __global__ void __launch_bounds__(256) bconv_pack_plane_kernel(BinConvArgs p, in
 #pragma unroll 8
       for (int c = 0; c < nb; ++c) {
         const T v = *reinterpret_cast<const T*>(buf + c * ROW + s_mis[stage][c]);
-        const uint32_t m = __ballot_sync(0xffffffffu, sign_bit(v));
+        const uint32_t m = __ballot_sync(0xffffffffu, nonneg(v));
         if (lane == c) mask = m;
       }
       uint32_t word = 0;     // lane j: pixel j's word (bit c: channel c)
@@ -197,7 +193,7 @@ __global__ void __launch_bounds__(256) bconv_pack_channels_kernel(BinConvArgs p,
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int nbj = __shfl_sync(0xffffffffu, nbc, j);
-    const uint32_t word = __ballot_sync(0xffffffffu, lane < nbj && sign_bit(v[j]));
+    const uint32_t word = __ballot_sync(0xffffffffu, lane < nbj && nonneg(v[j]));
     if (lane == j) mine = word;
   }
   if (i0 + lane < words) *packed_word(p, n, h + p.PH, w + p.PW, cw) = mine;
@@ -221,7 +217,7 @@ __global__ void __launch_bounds__(256) bconv_pack_any_kernel(BinConvArgs p) {
 #pragma unroll
     for (int b = 0; b < 32; ++b) v[b] = xc[min(b, nb - 1) * p.sc];
 #pragma unroll
-    for (int b = 0; b < 32; ++b) word |= (uint32_t)sign_bit(v[b]) << b;
+    for (int b = 0; b < 32; ++b) word |= (uint32_t)nonneg(v[b]) << b;
     word &= nb == 32 ? ~0u : ((1u << nb) - 1u);
   } else if (p.pad_mode == 1) {
     word = nb == 32 ? ~0u : ((1u << nb) - 1u);
@@ -230,15 +226,6 @@ __global__ void __launch_bounds__(256) bconv_pack_any_kernel(BinConvArgs p) {
 }
 
 // --------------------------------------------------------------------- conv
-__device__ __forceinline__ void mma_b1(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
 // Output pixel -> (image, offset of the pixel in its NCHW plane, first word of its window in packed)
 struct PixelAt {
@@ -252,14 +239,6 @@ __device__ __forceinline__ PixelAt pixel_at(const BinConvArgs& p, int pix) {
   r.wo = r.rem - r.ho * p.Wo;
   return r;
 }
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int nbytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(nbytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // V staged values (floats, 16-byte aligned) -> V outputs at dst (aligned to V outputs)
 template <typename OutT, int V>
@@ -502,8 +481,8 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     };
     for (int c = 0; c < nchunks; ++c) {
       const int k0 = c * kc, kn = min(kc, p.KWP - k0);
-      if (c + 1 < nchunks) cp_async_wait_group<1>();   // chunk c (and the windows) landed; chunk c + 1 may fly
-      else cp_async_wait_group<0>();
+      if (c + 1 < nchunks) cp_async_wait<1>();   // chunk c (and the windows) landed; chunk c + 1 may fly
+      else cp_async_wait<0>();
       __syncthreads();
       if (c == 0) {
         BIE_CONV_MARK(2)
@@ -539,13 +518,13 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
         for (int nt = 0; nt < NT; ++nt) {
           const uint2 b = lds_u64(wb + (uint32_t)(s * BN + nt * 64) * 4u);   // (step s / 8, rows nt * 8 + gid)
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_b1(acc[mt][nt], a[mt], b.x, b.y);
+          for (int mt = 0; mt < MT; ++mt) mma_b1_and(acc[mt][nt], a[mt], b.x, b.y);
         }
         const int qt = k0 + s + 2 * tig;
         const uint32_t o0b = (gid == 0 && qt < p.KWORDS) ? ~0u : 0u;
         const uint32_t o1b = (gid == 0 && qt + 1 < p.KWORDS) ? ~0u : 0u;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_b1(pop[mt], a[mt], o0b, o1b);
+        for (int mt = 0; mt < MT; ++mt) mma_b1_and(pop[mt], a[mt], o0b, o1b);
       };
       // two register sets in turn (no copies between steps)
       uint32_t a0[MT][4], a1[MT][4];
@@ -681,6 +660,14 @@ int conv_auto_tile(const BinConvArgs& p, int sms) {
   if (blocks(1) >= 2ll * sms) return 1;
   if (blocks(3) >= 1ll * sms) return 3;
   return 4;
+}
+
+bool conv_auto_stage(const BinConvArgs& p) {
+  // the windows in shared memory from 8 channel words only: with fewer, a k step's words of 8 neighbouring pixels
+  // fall in the same banks, and reading them through L1 measured faster (H100, ResNet-18 layers at batch 64, tile
+  // 1: C = 64 47.0 vs 49.2 us, stride 2 38.9 vs 43.2; C = 128 level; C = 256 20.0 vs 19.5;
+  // benchmarks/results/cuda_h100_conv.md)
+  return p.CW >= 8;
 }
 
 constexpr int kMaxDevices = 64;

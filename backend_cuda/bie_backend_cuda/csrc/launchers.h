@@ -82,6 +82,7 @@ int conv_chunk_words(int kwp);
 size_t conv_smem_bytes(const BinConvArgs& p, int tile);   // dynamic shared memory (p.span_cap set)
 int conv_span_bound(const BinConvArgs& p, int tile);
 int conv_auto_tile(const BinConvArgs& p, int sms);
+bool conv_auto_stage(const BinConvArgs& p);   // stage the windows in shared memory (tile 0)
 cudaError_t launch_bconv_pack(const BinConvArgs& p, cudaStream_t st);
 // stage_windows false: the A fragments always from global memory (tests of that path)
 cudaError_t launch_bconv(const BinConvArgs& p, int tile, bool stage_windows, cudaStream_t st);
