@@ -139,10 +139,11 @@ def test_binary_gemm_wgmma(m, n, k):
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile=tile).cpu(), exp), tile
     if m >= cb.WGMMA_MIN_M:
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
-    for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16)):
+    # (2-byte outputs are converted by the conversion warps: with and without bias each)
+    for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16, torch.float16, torch.bfloat16)):
         sdt = (torch.float32, torch.bfloat16, torch.float16)[(i + m) % 3]
         scale = (torch.rand((n,) if (i + m) % 2 == 0 else (), generator=gen) + 0.05).to(sdt).cuda()
-        bias = torch.randn(n, generator=gen).to(dt).cuda() if i != 1 else None
+        bias = torch.randn(n, generator=gen).to(dt).cuda() if i not in (1, 4) else None
         got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile="wgmma").cpu()
         ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
         assert torch.equal(got, ref), f"{dt}: max diff {(got.double() - ref.double()).abs().max()}"
@@ -155,6 +156,32 @@ def test_binary_gemm_wgmma(m, n, k):
     av = wide[:, :kb]
     exp = rb.binary_gemm(av.cpu(), b.cpu(), k, None, None, None)
     assert torch.equal(cb.binary_gemm(av, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(), exp)
+
+
+@needs_cuda
+@needs_hopper
+@pytest.mark.parametrize("k", [65408, 65536])
+def test_binary_gemm_wgmma_long_k(k):
+    """2-byte outputs: below K = 65536 the math warps stage 16-bit popcounts for the conversion warps (65408: the
+    largest, with an all-ones row against an all-ones weight row, popc = K); from 65536 they convert themselves.
+    Bit-exact either side, with scales and bias."""
+    from bie_backend_cuda import binary as cb
+    rb, _ = _ref()
+    gen = torch.Generator().manual_seed(k)
+    m, n, kb = 130, 264, k // 8
+    a, b = _bits((m, kb), k, gen), _bits((n, kb), k, gen)
+    a[0] = 255
+    b[0] = 255
+    b[1] = 0
+    prep = cb.prepare_weight(b)
+    for dt in (torch.bfloat16, torch.float16):
+        scale = (torch.rand(n, generator=gen) + 0.05).cuda()
+        for bias in (None, torch.randn(n, generator=gen).to(dt).cuda()):
+            got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile="wgmma").cpu()
+            ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
+            assert torch.equal(got, ref), f"{dt} bias={bias is not None}: max diff {(got.double() - ref.double()).abs().max()}"
+    assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(),
+                       rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None))
 
 
 @needs_cuda

@@ -1,0 +1,47 @@
+#!/bin/bash
+# Session 20 device calls: bie-backend-cuda's Hopper 1-bit wgmma GEMM with the conversion warps (the math warps
+# stage 16-bit popcounts; a conversion warp per math warpgroup makes the outputs while the next tile's wgmmas
+# run). Builds bie-backend-cuda; TESTS=1: the binary GEMM tests + kit binary ops; SASS check; AB=1: bw_ab.py with
+# the product build, then with a second build holding BIE_BW_MATH_EPILOGUE (the old epilogue).
+set -o pipefail
+source benchmarks/cutlass_setup.sh
+(nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
+START=$(date +%s)
+if [ -n "${AB:-}" ]; then   # the old-epilogue build in the background, into its own cache
+  (BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old MAX_JOBS=6 \
+     python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_old.log 2>&1) &
+  OLDPID=$!
+fi
+python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_cuda.log 2>&1
+tail -1 $OUT/build_cuda.log; echo "cuda build done at $(( $(date +%s) - START )) s"
+grep -q "cuda ready" $OUT/build_cuda.log || { grep -E "error" $OUT/build_cuda.log | head -20; exit 1; }
+(cd benchmarks && timeout 120 python3 sass_check.py) > $OUT/sass_check.txt 2>&1; tail -3 $OUT/sass_check.txt
+SO=$(tail -1 $OUT/build_cuda.log | awk '{print $NF}')
+cuobjdump -sass $SO > /tmp/all.sass; python3 - <<'PY' | tee $OUT/sass_wgmma.txt
+import re
+txt = open("/tmp/all.sass").read()
+for blk in re.split(r"\n\s+Function : ", txt)[1:]:
+    name = blk.split("\n", 1)[0]
+    if "bgemm_wgmma" not in name:
+        continue
+    ins = re.findall(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", blk)
+    cnt = lambda p: sum(1 for i in ins if i.startswith(p))
+    print(name[:70], "instr", len(ins), "BGMMA", cnt("BGMMA"), "I2FP", cnt("I2FP"), "STG", cnt("STG"), "STSM", cnt("STSM"),
+          "CALL" if cnt("CALL") else "no CALL", "LOCAL" if cnt("LDL") or cnt("STL") else "no local")
+PY
+if [ -n "${TESTS:-}" ]; then
+  timeout 400 python3 -m pytest -q -p no:cacheprovider --tb=short -rf -k "binary or wgmma or sign" tests/test_cuda_backend.py \
+      2>&1 | tee $OUT/tests_binary.log | grep -E "FAILED|Error|passed|failed" | tail -15
+  echo "tests done at $(( $(date +%s) - START )) s"
+fi
+if [ -n "${AB:-}" ]; then
+  timeout 200 python3 benchmarks/lab/bw_ab.py new --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
+  wait $OLDPID; tail -1 $OUT/build_old.log
+  BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+  timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+fi
+if [ -n "${KIT:-}" ]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing \
+      2>&1 | tee $OUT/kit_cuda.log | grep -E "passed|failed|FAILED|total" | tail -5
+fi
+echo "done at $(( $(date +%s) - START )) s"
