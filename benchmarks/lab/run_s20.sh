@@ -7,7 +7,7 @@ set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
 START=$(date +%s)
-if [ -n "${AB:-}" ]; then   # the old-epilogue build in the background, into its own cache
+if [ -n "${AB:-}" ] && [ -z "${NOOLD:-}" ]; then   # the old-epilogue build in the background, into its own cache
   (BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old MAX_JOBS=6 \
      python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_old.log 2>&1) &
   OLDPID=$!
@@ -36,8 +36,8 @@ if [ -n "${TESTS:-}" ]; then
 fi
 if [ -n "${AB:-}" ]; then
   timeout 200 python3 benchmarks/lab/bw_ab.py new --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
-  wait $OLDPID; tail -1 $OUT/build_old.log
-  BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+  [ -n "${NOOLD:-}" ] || { wait $OLDPID; tail -1 $OUT/build_old.log
+  BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt; }
   timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
 fi
 if [ -n "${KIT:-}" ]; then

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    regs_dec<56>();
+    regs_dec<96>();
     if (tid == 0) {
       constexpr int SLICE = STAGE_BYTES / CL;
       int ks = 0, group = cid, slot = 0, phase = 0;
@@ -253,27 +253,50 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
         // without a bias nothing is added (the reference adds none: -0.0 stays -0.0)
         auto convert = [&](auto has_bias) {
           constexpr bool HB = decltype(has_bias)::value;
-#pragma unroll 1
-          for (int r = 0; r < 64; ++r) {
-            const uint8_t* srow = staged + r * EPI_LD;
-            const uint4 v = *reinterpret_cast<const uint4*>(srow + lane * 16);
-            const float rf = *reinterpret_cast<const float*>(srow + 512);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-            uint32_t o[4];
+          // rows in groups of CR, the next group's shared loads issued before this group's arithmetic (one warp
+          // alone on its scheduler slot: without loads in flight it waits out each load's latency)
+          constexpr int CR = 4;
+          uint4 v[CR];
+          float rf[CR];
+          auto load = [&](int r0) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              // (the halves by PRMT, so that each element costs one extraction and one LEA)
-              const int d0 = 4 * (int)__byte_perm(w[e], 0u, 0x4410) + ct[2 * e];
-              const int d1 = 4 * (int)__byte_perm(w[e], 0u, 0x4432) + ct[2 * e + 1];
-              float y0 = __fmul_rn(__fadd_rn(__int_as_float(d0), rf), sc[2 * e]);
-              float y1 = __fmul_rn(__fadd_rn(__int_as_float(d1), rf), sc[2 * e + 1]);
-              if constexpr (HB) {
-                y0 = __fadd_rn(y0, bi[2 * e]);
-                y1 = __fadd_rn(y1, bi[2 * e + 1]);
-              }
-              o[e] = pack2<OT>(y0, y1);
+            for (int i = 0; i < CR; ++i) {
+              const uint8_t* srow = staged + (r0 + i) * EPI_LD;
+              v[i] = *reinterpret_cast<const uint4*>(srow + lane * 16);
+              rf[i] = *reinterpret_cast<const float*>(srow + 512);
             }
-            if (act && r < rows) *reinterpret_cast<uint4*>(dst + (int64_t)r * p.N) = make_uint4(o[0], o[1], o[2], o[3]);
+          };
+          load(0);
+#pragma unroll 1
+          for (int r0 = 0; r0 < 64; r0 += CR) {
+            uint4 cv_[CR];
+            float crf[CR];
+#pragma unroll
+            for (int i = 0; i < CR; ++i) {
+              cv_[i] = v[i];
+              crf[i] = rf[i];
+            }
+            if (r0 + CR < 64) load(r0 + CR);
+#pragma unroll
+            for (int i = 0; i < CR; ++i) {
+              const uint32_t w[4] = {cv_[i].x, cv_[i].y, cv_[i].z, cv_[i].w};
+              uint32_t o[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                // (the halves by PRMT, so that each element costs one extraction and one LEA)
+                const int d0 = 4 * (int)__byte_perm(w[e], 0u, 0x4410) + ct[2 * e];
+                const int d1 = 4 * (int)__byte_perm(w[e], 0u, 0x4432) + ct[2 * e + 1];
+                float y0 = __fmul_rn(__fadd_rn(__int_as_float(d0), crf[i]), sc[2 * e]);
+                float y1 = __fmul_rn(__fadd_rn(__int_as_float(d1), crf[i]), sc[2 * e + 1]);
+                if constexpr (HB) {
+                  y0 = __fadd_rn(y0, bi[2 * e]);
+                  y1 = __fadd_rn(y1, bi[2 * e + 1]);
+                }
+                o[e] = pack2<OT>(y0, y1);
+              }
+              if (act && r0 + i < rows)
+                *reinterpret_cast<uint4*>(dst + (int64_t)(r0 + i) * p.N) = make_uint4(o[0], o[1], o[2], o[3]);
+            }
           }
         };
         if (p.bias != nullptr)
@@ -317,7 +340,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   }
 
   // ------------------------------------------------------------------- math
-  regs_inc<224>();
+  regs_inc<208>();   // (128 x 96 + 256 x 208 = the register file)
   const int cw = wg - 1;                        // math warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid & 127, warp = t >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
