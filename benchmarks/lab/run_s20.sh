@@ -37,8 +37,8 @@ fi
 if [ -n "${AB:-}" ]; then
   timeout 200 python3 benchmarks/lab/bw_ab.py new --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
   [ -n "${NOOLD:-}" ] || { wait $OLDPID; tail -1 $OUT/build_old.log
-  BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt; }
-  timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+  BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+  timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt; }
 fi
 if [ -n "${KIT:-}" ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing \
