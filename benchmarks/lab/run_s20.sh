@@ -30,12 +30,12 @@ for blk in re.split(r"\n\s+Function : ", txt)[1:]:
           "CALL" if cnt("CALL") else "no CALL", "LOCAL" if cnt("LDL") or cnt("STL") else "no local")
 PY
 if [ -n "${TESTS:-}" ]; then
-  timeout 400 python3 -m pytest -q -p no:cacheprovider --tb=short -rf -k "binary or wgmma or sign" tests/test_cuda_backend.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf -k "binary or wgmma or sign" tests/test_cuda_backend.py \
       2>&1 | tee $OUT/tests_binary.log | grep -E "FAILED|Error|passed|failed" | tail -15
   echo "tests done at $(( $(date +%s) - START )) s"
 fi
 if [ -n "${AB:-}" ]; then
-  timeout 200 python3 benchmarks/lab/bw_ab.py new --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
+  timeout 150 python3 benchmarks/lab/bw_ab.py new --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
   [ -n "${NOOLD:-}" ] || { wait $OLDPID; tail -1 $OUT/build_old.log
   BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
   timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt; }

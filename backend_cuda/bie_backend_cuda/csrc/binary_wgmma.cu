@@ -76,6 +76,11 @@ constexpr bool kOffloadable = false;
 #else
 constexpr bool kOffloadable = true;
 #endif
+// registers per thread: 168 at launch (__launch_bounds__(384, 1)); warpgroup 0 gives some back and the two math
+// warpgroups take exactly those (setmaxnreg.inc waits for registers released into the block's pool: asking more
+// than was released would wait forever)
+constexpr int kRegsLaunch = 168, kRegsAux = 88, kRegsMath = 208;
+static_assert(128 * (kRegsLaunch - kRegsAux) == 256 * (kRegsMath - kRegsLaunch), "unbalanced register reallocation");
 constexpr int kMagicBits = 0x4B400000;     // the float 1.5 * 2^23, whose ulp is 1
 constexpr float kMagic = 12582912.f;
 constexpr int OFF_EPI = STAGES * SLOT_BYTES;
@@ -160,7 +165,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    regs_dec<96>();
+    regs_dec<kRegsAux>();
     if (tid == 0) {
       constexpr int SLICE = STAGE_BYTES / CL;
       int ks = 0, group = cid, slot = 0, phase = 0;
@@ -340,7 +345,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   }
 
   // ------------------------------------------------------------------- math
-  regs_inc<208>();   // (128 x 96 + 256 x 208 = the register file)
+  regs_inc<kRegsMath>();
   const int cw = wg - 1;                        // math warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid & 127, warp = t >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
