@@ -41,7 +41,10 @@ if [ -n "${AB:-}" ]; then
   timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt; }
 fi
 if [ -n "${KIT:-}" ]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing \
+  timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda -k "${KIT_K:-binary}" bie_core/testing \
       2>&1 | tee $OUT/kit_cuda.log | grep -E "passed|failed|FAILED|total" | tail -5
+fi
+if [ -n "${CONV:-}" ]; then   # the direct conv as dispatched (session 19's staging rule)
+  (cd benchmarks && timeout 200 python3 bench_cuda_conv.py --json $OUT/bench_conv.json 2>&1 | tee $OUT/bench_conv.txt | grep -v "^{")
 fi
 echo "done at $(( $(date +%s) - START )) s"
