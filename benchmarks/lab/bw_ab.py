@@ -1,6 +1,7 @@
 """Lab (session 20): the Hopper 1-bit wgmma GEMM (cluster 1, bf16 out, per-channel scale) at the shapes of the
-issues, against cuBLAS bf16 in the same process. Run twice, with the product build and with a build whose
-BIE_CUDA_DEFINES hold BIE_BW_MATH_EPILOGUE (the conversion in the math warps), to compare the epilogues.
+issues, against cuBLAS bf16 in the same process. Session 20 ran it on the conversion-warp kernels (commits
+d86f20b, c37740e, 9a141e9; not kept, see benchmarks/results/cuda_h100_binary_wgmma.md) and, in call 1, on a
+build of d86f20b with BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE (the epilogue kept since).
 python benchmarks/lab/bw_ab.py [tag] [--cublas]"""
 import os
 import sys

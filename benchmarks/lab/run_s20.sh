@@ -1,8 +1,10 @@
 #!/bin/bash
 # Session 20 device calls: bie-backend-cuda's Hopper 1-bit wgmma GEMM with the conversion warps (the math warps
 # stage 16-bit popcounts; a conversion warp per math warpgroup makes the outputs while the next tile's wgmmas
-# run). Builds bie-backend-cuda; TESTS=1: the binary GEMM tests + kit binary ops; SASS check; AB=1: bw_ab.py with
-# the product build, then with a second build holding BIE_BW_MATH_EPILOGUE (the old epilogue).
+# run; commits d86f20b, c37740e, 9a141e9, measured slower and not kept). Builds bie-backend-cuda; TESTS=1: the
+# binary GEMM tests; KIT=1: the kit's binary ops; SASS counts of the wgmma kernels; AB=1: bw_ab.py with the
+# build, then (unless NOOLD=1) with a second build holding BIE_BW_MATH_EPILOGUE (a knob of those commits only);
+# CONV=1: bench_cuda_conv.py.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt

@@ -63,29 +63,7 @@ constexpr int EPI_BYTES = 64 * EPI_LD;     // per math warpgroup
 // {-2 popc(w_c), -2 popc(w_c+1), scale_c, scale_c+1, bias_c, bias_c+1, -, -}: one 16-byte load gives a thread
 // what it needs of a column pair without bias, two with
 constexpr int COL_BYTES = BN / 2 * 32;
-// warpgroup 0: producer thread, column warp and, per math warpgroup, a conversion warp (or, where the math warps
-// convert: 4-byte outputs, K >= 65536, a store warp); warpgroups 1, 2: math. (ptxas compiles the whole kernel for
-// the registers __launch_bounds__ leaves a thread, 168 here: a fourth warpgroup would leave the math warps 128,
-// too few for their 128 accumulators.)
 constexpr int THREADS = 384;
-// 2-byte outputs with K < 65536: the math warps stage the raw popcounts (16 bits each) and the conversion warps
-// turn them into outputs while the next tile's wgmmas run. BIE_BW_MATH_EPILOGUE (lab knob) keeps the
-// conversion in the math warps for every output type, as before session 20.
-#ifdef BIE_BW_MATH_EPILOGUE
-constexpr bool kOffloadable = false;
-#else
-constexpr bool kOffloadable = true;
-#endif
-// registers per thread: 168 at launch (__launch_bounds__(384, 1)); warpgroup 0 gives some back and the two math
-// warpgroups take exactly those (setmaxnreg.inc waits for registers released into the block's pool: asking more
-// than was released would wait forever)
-constexpr int kRegsLaunch = 168, kRegsAux = 88, kRegsMath = 208;
-static_assert(128 * (kRegsLaunch - kRegsAux) == 256 * (kRegsMath - kRegsLaunch), "unbalanced register reallocation");
-constexpr int kMagicBits = 0x4B400000;     // the float 1.5 * 2^23, whose ulp is 1
-constexpr float kMagic = 12582912.f;
-// (off) columns of a tile the math warps convert themselves; the conversion warp converts the rest. Measured on
-// the H100 (session 20): a conversion warp converting all 256 columns could not keep up with the wgmmas.
-constexpr int kMathCols = 128;
 constexpr int OFF_EPI = STAGES * SLOT_BYTES;
 constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
@@ -148,9 +126,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   const int total = ((ngroups - cid + ncl - 1) / ncl) * ns;         // iterations (stages), the same in a cluster
 
   const int tid = threadIdx.x, wg = tid >> 7;
-  // off: the conversion warps turn the staged popcounts into outputs (exact while 4 popc - 2 popc(w) and K stay
-  // below 2^22 and the popcounts fit 16 bits: K < 65536)
-  const bool off = kOffloadable && sizeof(OT) == 2 && p.K < 65536;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bar_full + 8 * s, 1);
@@ -158,9 +133,9 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
     }
     for (int b = 0; b < 2; ++b) {
       mbar_init(bar_col_full + 8 * b, 32);     // the lanes of the column warp
-      mbar_init(bar_col_empty + 8 * b, off ? 10 : 8);   // the math warps (and the conversion warps) of this block
-      mbar_init(bar_epi_full + 8 * b, 1);      // math warpgroup b: its staged block is complete
-      mbar_init(bar_epi_empty + 8 * b, 1);   // its conversion warps / store warp have read it
+      mbar_init(bar_col_empty + 8 * b, 8);     // the math warps of this block
+      mbar_init(bar_epi_full + 8 * b, 1);      // math warpgroup b: its staged outputs are complete
+      mbar_init(bar_epi_empty + 8 * b, 1);     // its store warp: the staged outputs have been read
     }
     mbar_init_fence();
   }
@@ -168,7 +143,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
-    regs_dec<kRegsAux>();
+    regs_dec<40>();
     if (tid == 0) {
       constexpr int SLICE = STAGE_BYTES / CL;
       int ks = 0, group = cid, slot = 0, phase = 0;
@@ -219,116 +194,10 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       }
     }
     if (tid >= 64 && tid < 128) {
-    const int cv = (tid >> 5) & 3, lane = tid & 31;
-    if (off) {
-      // Conversion warps, one per math warpgroup: the staged 16-bit popcounts become
-      // float32(dot) * scale (+ bias), rounded as the reference does, written to global memory with one
-      // 16-byte store per lane (a row's 512 bytes per warp instruction). Lane l converts columns 8 l .. 8 l + 7
-      // of every row, so it reads their terms once per tile. float32(dot) without a conversion instruction
-      // (Hopper converts at a quarter of the FP32 rate): the bits kMagicBits + 4 popc - 2 popc(w) are the float
-      // 1.5 * 2^23 + (4 popc - 2 popc(w)) exactly (|4 popc - 2 popc(w)| <= 4K < 2^22), and adding the row's
-      // float32(K - 2 popc(a)) - 1.5 * 2^23 (exact: an integer below 2^24) rounds to nothing: the sum, dot, is an
-      // integer below 2^24.
-      const int sw = cv - 2;
-      const uint8_t* staged = smem + OFF_EPI + sw * EPI_BYTES;
-      const int ntl = total / ns;
-      // lane l: rows 2i + l / 16 of the block, 16-byte chunk l % 16 of the math warps' columns (copied) and of
-      // the staged popcounts (converted: columns kMathCols + 8 (l % 16) ..)
-      const int rsub = lane >> 4, ch = lane & 15;
-      int group = cid;
-      for (int i = 0; i < ntl; ++i, group += ncl) {
-        const int mg = group / nt;
-        const int m0 = (mg * CL + rank) * BM + sw * 64, n0 = (group - mg * nt) * BN;
-        const int b = i & 1;
-        mbar_wait(bar_col_full + 8 * b, (i >> 1) & 1);
-        int ct[8];
-        float sc[8], bi[8];
-        const uint8_t* rec = smem + OFF_COL + b * COL_BYTES + (kMathCols / 2 + 4 * ch) * 32;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int4 cs = *reinterpret_cast<const int4*>(rec + 32 * k);
-          const float2 bb = *reinterpret_cast<const float2*>(rec + 32 * k + 16);
-          ct[2 * k] = cs.x + kMagicBits;
-          ct[2 * k + 1] = cs.y + kMagicBits;
-          sc[2 * k] = __int_as_float(cs.z);
-          sc[2 * k + 1] = __int_as_float(cs.w);
-          bi[2 * k] = bb.x;
-          bi[2 * k + 1] = bb.y;
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_col_empty + 8 * b);
-        mbar_wait(bar_epi_full + 8 * sw, i & 1);
-        // N % 8 == 0: a lane's 8 columns are all inside or all outside
-        const bool act_copy = n0 + 8 * ch < p.N, act_conv = n0 + kMathCols + 8 * ch < p.N;
-        OT* dst = static_cast<OT*>(p.out) + (int64_t)(m0 + rsub) * p.N + n0 + 8 * ch;
-        const int rows = min(64, p.M - m0);
-        // without a bias nothing is added (the reference adds none: -0.0 stays -0.0)
-        auto convert = [&](auto has_bias) {
-          constexpr bool HB = decltype(has_bias)::value;
-          // row pairs in groups of CR, the next group's shared loads issued before this group's arithmetic (one
-          // warp alone on its scheduler slot: without loads in flight it waits out each load's latency)
-          constexpr int CR = 2;
-          uint4 cp[CR], v[CR];
-          float rf[CR];
-          auto load = [&](int rp0) {
-#pragma unroll
-            for (int i2 = 0; i2 < CR; ++i2) {
-              const uint8_t* srow = staged + (2 * (rp0 + i2) + rsub) * EPI_LD;
-              cp[i2] = *reinterpret_cast<const uint4*>(srow + ch * 16);
-              v[i2] = *reinterpret_cast<const uint4*>(srow + kMathCols * 2 + ch * 16);
-              rf[i2] = *reinterpret_cast<const float*>(srow + 512);
-            }
-          };
-          load(0);
-#pragma unroll 1
-          for (int rp0 = 0; rp0 < 32; rp0 += CR) {
-            uint4 ccp[CR], cv_[CR];
-            float crf[CR];
-#pragma unroll
-            for (int i2 = 0; i2 < CR; ++i2) {
-              ccp[i2] = cp[i2];
-              cv_[i2] = v[i2];
-              crf[i2] = rf[i2];
-            }
-            if (rp0 + CR < 32) load(rp0 + CR);
-#pragma unroll
-            for (int i2 = 0; i2 < CR; ++i2) {
-              const int r = 2 * (rp0 + i2);   // (+ rsub: dst holds it)
-              const uint32_t w[4] = {cv_[i2].x, cv_[i2].y, cv_[i2].z, cv_[i2].w};
-              uint32_t o[4];
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                // (the halves by PRMT, so that each element costs one extraction and one LEA)
-                const int d0 = 4 * (int)__byte_perm(w[e], 0u, 0x4410) + ct[2 * e];
-                const int d1 = 4 * (int)__byte_perm(w[e], 0u, 0x4432) + ct[2 * e + 1];
-                float y0 = __fmul_rn(__fadd_rn(__int_as_float(d0), crf[i2]), sc[2 * e]);
-                float y1 = __fmul_rn(__fadd_rn(__int_as_float(d1), crf[i2]), sc[2 * e + 1]);
-                if constexpr (HB) {
-                  y0 = __fadd_rn(y0, bi[2 * e]);
-                  y1 = __fadd_rn(y1, bi[2 * e + 1]);
-                }
-                o[e] = pack2<OT>(y0, y1);
-              }
-              if (r + rsub < rows) {
-                OT* d = dst + (int64_t)r * p.N;
-                if (act_copy) *reinterpret_cast<uint4*>(d) = ccp[i2];
-                if (act_conv) *reinterpret_cast<uint4*>(d + kMathCols) = make_uint4(o[0], o[1], o[2], o[3]);
-              }
-            }
-          }
-        };
-        if (p.bias != nullptr)
-          convert(std::true_type{});
-        else
-          convert(std::false_type{});
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_epi_empty + 8 * sw);
-      }
-    } else {
       // Store warps, one per math warpgroup: each staged block of outputs goes to global memory by bulk
       // copies (one per row, issued by the TMA engine), so the math warps start the next tile while the
       // stores drain instead of writing global memory themselves.
-      const int sw = cv - 2;
+      const int sw = (tid - 64) >> 5, lane = tid & 31;
       const uint32_t staged = base + OFF_EPI + sw * EPI_BYTES;
       const int ntl = total / ns;
       int group = cid, k = 0;
@@ -352,13 +221,12 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       }
       bulk_wait_all();   // the block's shared memory stays allocated until the copies are done
     }
-    }
     if (CL > 1) cluster_sync();   // no block leaves while the others may still write to it
     return;
   }
 
   // ------------------------------------------------------------------- math
-  regs_inc<kRegsMath>();
+  regs_inc<232>();
   const int cw = wg - 1;                        // math warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int t = tid & 127, warp = t >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
@@ -422,62 +290,14 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
       r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
       const int ka0 = p.K - 2 * r0, ka1 = p.K - 2 * r1;
+      const int cbuf = tiles_done & 1;
+      const uint8_t* col_rec = smem + OFF_COL + cbuf * COL_BYTES;
+      mbar_wait(bar_col_full + 8 * cbuf, (tiles_done >> 1) & 1);
       const int row_lo = warp * 16 + g;               // staging rows of this thread: row_lo, row_lo + 8
       // stmatrix (2-byte outputs): lane l names row l % 8 of matrix l / 8 = {(j, rows 0-7), (j, rows 8-15),
       // (j + 1, rows 0-7), (j + 1, rows 8-15)} of this warp's 16 rows
       const uint32_t stm = (uint32_t)__cvta_generic_to_shared(epi) +
                            (uint32_t)((warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * EPI_LD + (lane >> 4) * 16);
-      if (off) {
-        // columns [0, kMathCols) converted here as below; the raw popcounts of the others (16 bits each, in the
-        // outputs' places) and each row's term (in the row's pad, bytes 512..515) staged for the conversion warp
-        const int cbuf = tiles_done & 1;
-        const uint8_t* col_rec = smem + OFF_COL + cbuf * COL_BYTES;
-        mbar_wait(bar_col_full + 8 * cbuf, (tiles_done >> 1) & 1);
-        mbar_wait(bar_epi_empty + 8 * cw, (tiles_done & 1) ^ 1);
-        if (q == 0) {
-          *reinterpret_cast<float*>(epi + row_lo * EPI_LD + 512) = __fsub_rn((float)ka0, kMagic);
-          *reinterpret_cast<float*>(epi + (row_lo + 8) * EPI_LD + 512) = __fsub_rn((float)ka1, kMagic);
-        }
-        auto stage_split = [&](auto has_bias) {
-          constexpr bool HB = decltype(has_bias)::value;
-          uint32_t packed[4];
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            if (j < kMathCols / 8) {
-              const uint8_t* rec = col_rec + (4 * j + q) * 32;   // columns 8j + 2q, 8j + 2q + 1
-              const int4 cs = *reinterpret_cast<const int4*>(rec);
-              const int d00 = 4 * (int)acc[4 * j] + ka0 + cs.x, d01 = 4 * (int)acc[4 * j + 1] + ka0 + cs.y;
-              const int d10 = 4 * (int)acc[4 * j + 2] + ka1 + cs.x, d11 = 4 * (int)acc[4 * j + 3] + ka1 + cs.y;
-              const float s0 = __int_as_float(cs.z), s1 = __int_as_float(cs.w);
-              float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
-              float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
-              if constexpr (HB) {
-                const float2 bi = *reinterpret_cast<const float2*>(rec + 16);
-                y00 = __fadd_rn(y00, bi.x);
-                y01 = __fadd_rn(y01, bi.y);
-                y10 = __fadd_rn(y10, bi.x);
-                y11 = __fadd_rn(y11, bi.y);
-              }
-              packed[2 * (j & 1)] = pack2<OT>(y00, y01);
-              packed[2 * (j & 1) + 1] = pack2<OT>(y10, y11);
-            } else {
-              packed[2 * (j & 1)] = __byte_perm(acc[4 * j], acc[4 * j + 1], 0x5410);
-              packed[2 * (j & 1) + 1] = __byte_perm(acc[4 * j + 2], acc[4 * j + 3], 0x5410);
-            }
-            if (j & 1) stmatrix_x4(stm + (uint32_t)((j - 1) * 16), packed);
-          }
-        };
-        if (p.bias != nullptr)
-          stage_split(std::true_type{});
-        else
-          stage_split(std::false_type{});
-        named_barrier(1 + cw, 128);                // the staged block is complete
-        if (t == 0) mbar_arrive(bar_epi_full + 8 * cw);
-        if (lane == 0) mbar_arrive(bar_col_empty + 8 * cbuf);   // column terms read
-      } else {
-      const int cbuf = tiles_done & 1;
-      const uint8_t* col_rec = smem + OFF_COL + cbuf * COL_BYTES;
-      mbar_wait(bar_col_full + 8 * cbuf, (tiles_done >> 1) & 1);
 #pragma unroll
       for (int ps = 0; ps < PASSES; ++ps) {
         // the store warp has read the previous block of staged outputs
@@ -532,7 +352,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
         named_barrier(1 + cw, 128);                // the staged rows are complete
         if (t == 0) mbar_arrive(bar_epi_full + 8 * cw);
         if (ps == PASSES - 1 && lane == 0) mbar_arrive(bar_col_empty + 8 * cbuf);   // column terms read
-      }
       }
     }
     if (++c_ks == ns) {
