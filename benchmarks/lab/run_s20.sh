@@ -17,9 +17,9 @@ fi
 python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_cuda.log 2>&1
 tail -1 $OUT/build_cuda.log; echo "cuda build done at $(( $(date +%s) - START )) s"
 grep -q "cuda ready" $OUT/build_cuda.log || { grep -E "error" $OUT/build_cuda.log | head -20; exit 1; }
-(cd benchmarks && timeout 120 python3 sass_check.py) > $OUT/sass_check.txt 2>&1; tail -3 $OUT/sass_check.txt
 SO=$(tail -1 $OUT/build_cuda.log | awk '{print $NF}')
-cuobjdump -sass $SO > /tmp/all.sass; python3 - <<'PY' | tee $OUT/sass_wgmma.txt
+cuobjdump -sass $SO > /tmp/all.sass && python3 benchmarks/sass_check.py /tmp/all.sass > $OUT/sass_check.txt 2>&1; tail -3 $OUT/sass_check.txt
+python3 - <<'PY' | tee $OUT/sass_wgmma.txt
 import re
 txt = open("/tmp/all.sass").read()
 for blk in re.split(r"\n\s+Function : ", txt)[1:]:
