@@ -40,6 +40,9 @@
 // The codes are the skinny layout of weight_only.cu (interleaved or not), so
 // the prepared weight is shared with the wqv and wgmma kernels.
 #pragma once
+#ifdef BIE_WQT_PHASES
+#include <cstdio>
+#endif
 #include "common.cuh"
 #include "wq_fragments.cuh"
 #include "wq_thin.cuh"
@@ -185,6 +188,16 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
   return ONE && BITS == 2 ? Spread<T>::magic((cc >> 1) & 1, 2 * (cc & 1) + nh) : magf;
 }
 
+// Lab instrument (BIE_CUDA_DEFINES=BIE_WQT_PHASES, never in the product build): thread 0 of each block records clock64
+// at the kernel's phase boundaries (entry; first stages issued; after griddepcontrol.wait; x staged; loop done) and
+// prints them with the SM and the global timer at entry and end (benchmarks/lab/thin_phases.py reads them).
+#ifdef BIE_WQT_PHASES
+#define BIE_WQT_MARK(i) \
+  if (threadIdx.x == 0) ph_[i] = clock64();
+#else
+#define BIE_WQT_MARK(i)
+#endif
+
 // SBF: bf16 statistics (else fp16). MX: 1 = the rows of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
 // at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
 // then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
@@ -208,6 +221,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   constexpr int S = Thin<BITS, MX, MR>::S;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);   // (as extract_a)
   extern __shared__ __align__(16) uint8_t smem_raw[];
+#ifdef BIE_WQT_PHASES
+  unsigned long long ph_[5] = {}, gt0_ = 0;
+  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt0_));
+#endif
+  BIE_WQT_MARK(0)
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -317,8 +335,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (MX != 1) griddep_wait();
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(ring + i * SB);
+  BIE_WQT_MARK(1)
   if (MX == 1) {
     griddep_wait();
+    BIE_WQT_MARK(2)
     // the block's rows of x, loaded after the wait (through L2: ld.global.cg, as the cp.async copies) and stored
     // to shared memory; four 16-byte loads in flight per thread. Each unit of the sum(x) table is UL consecutive
     // chunks of one row (rows are whole stages, KS / 8 chunks), held by UL aligned lanes: summed with shuffles.
@@ -363,6 +383,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     cp_wait<S - 2>();   // this thread's first stage has landed ...
     __syncthreads();    // ... for every thread of the block, and x and its sums are in shared memory
   }
+  BIE_WQT_MARK(3)
 
   // row tile r holds rows 8 r .. 8 r + 7 of x (fragments: rows 8 r + 2t, + 1; columns g, g + 8)
   float tot[MR][4] = {}, acc[MR][4] = {}, accx[MR][4] = {};
@@ -534,6 +555,17 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
   }
   cp_wait<0>();
+#ifdef BIE_WQT_PHASES
+  BIE_WQT_MARK(4)
+  if (threadIdx.x == 0) {
+    unsigned smid;
+    unsigned long long gt1;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt1));
+    printf("PH %u %d %llu %llu %llu %llu %llu %llu\n", smid, (int)blockIdx.x, gt0_, gt1, ph_[1] - ph_[0], ph_[2] - ph_[1],
+           ph_[3] - ph_[2], ph_[4] - ph_[3]);
+  }
+#endif
 #endif
 }
 
