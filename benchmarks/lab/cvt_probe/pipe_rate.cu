@@ -2,7 +2,8 @@
 // epilogue is bound by the conversion pipe. Each of W warps (1 block per SM, W = 4 / 8 / 16) runs a loop of 8
 // independent chains of one instruction kind; reports cycles per warp instruction per scheduler (SMSP) and lanes per
 // clock per SM. Kinds: I2FP.F32.S32 ((float)int), F2FP.BF16.F32.PACK_AB (__floats2bfloat162_rn), FADD, FMUL, LOP3,
-// PRMT, IMAD, and the exact magic-number int->float (IADD + FADD).
+// PRMT, IMAD, the exact magic-number int->float (IADD + FADD), and a bf16 pair rounded by integer
+// arithmetic (what would replace F2FP if the conversion pipe is what bounds the epilogues).
 //   nvcc -arch=sm_90a -O3 -o pipe_rate pipe_rate.cu && ./pipe_rate ; cuobjdump -sass pipe_rate | grep -c I2FP
 #include <cstdio>
 #include <cstdint>
@@ -37,6 +38,12 @@ __global__ void rate(long long* cyc, uint32_t* sink, uint32_t seed) {
       if (KIND == 4) asm volatile("lop3.b32 %0, %0, %1, 0x0F0F0F0F, 0x6A;" : "+r"(u[c]) : "r"(i));
       if (KIND == 5) u[c] = __byte_perm(u[c], (uint32_t)i, 0x5410);
       if (KIND == 6) u[c] = u[c] * 4u + (uint32_t)i;
+      if (KIND == 8) {   // bf16 pair by integer round-to-nearest-even (as c10::BFloat16; no NaN case) + PRMT
+        const uint32_t a0 = __float_as_uint(f[c]), a1 = u[c];
+        const uint32_t r0 = a0 + 0x7FFFu + ((a0 >> 16) & 1u), r1 = a1 + 0x7FFFu + ((a1 >> 16) & 1u);
+        u[c] = __byte_perm(r0, r1, 0x7632);
+        f[c] = __uint_as_float(u[c] ^ (uint32_t)i);
+      }
       if (KIND == 7) f[c] = __fadd_rn(__int_as_float(0x4B400000 + (int)(u[c] & 0xFFFF)), -12582912.f), u[c] = __float_as_uint(f[c]) + (uint32_t)i;
     }
   }
@@ -87,6 +94,7 @@ int main() {
   run<5>("PRMT", 1, sms, cyc, sink);
   run<6>("IMAD", 1, sms, cyc, sink);
   run<7>("magic int->float (LOP3+IADD+FADD,+IADD)", 1, sms, cyc, sink);
+  run<8>("bf16 pair by integer RNE (~7 INT ops + LOP3)", 1, sms, cyc, sink);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) printf("error %s\n", cudaGetErrorString(e));
   return 0;
