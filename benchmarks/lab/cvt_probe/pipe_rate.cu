@@ -1,6 +1,7 @@
 // Lab probe (session 20, not yet run): issue rate of the epilogue's instructions on one SM, to tell whether an
 // epilogue is bound by the conversion pipe. Each of W warps (1 block per SM, W = 4 / 8 / 16) runs a loop of 8
-// independent chains of one instruction kind; reports cycles per warp instruction per scheduler (SMSP) and lanes per
+// independent chains of one step (one instruction of a kind, plus the ops noted); reports cycles per warp step per
+// scheduler (SMSP) and lanes per
 // clock per SM. Kinds: I2FP.F32.S32 ((float)int), F2FP.BF16.F32.PACK_AB (__floats2bfloat162_rn), FADD, FMUL, LOP3,
 // PRMT, IMAD, the exact magic-number int->float (IADD + FADD), and a bf16 pair rounded by integer
 // arithmetic (what would replace F2FP if the conversion pipe is what bounds the epilogues).
@@ -72,7 +73,7 @@ void run(const char* name, int per_iter, int sms, long long* cyc, uint32_t* sink
     const double c = (double)v[v.size() / 2];
     // warp instructions of the kind per SMSP over the loop: warps / 4 x ITERS x CH x per_iter
     const double wi = warps / 4.0 * ITERS * CH * per_iter;
-    printf("%-34s warps %2d: %.2f cycles per warp instruction per SMSP = %.0f lanes/clk/SM\n", name, warps, c / wi,
+    printf("%-44s warps %2d: %.2f cycles per warp step per SMSP = %.0f lanes/clk/SM\n", name, warps, c / wi,
            32.0 * 4 * wi / c);
   }
 }
