@@ -1,9 +1,9 @@
 // Lab probe (session 20, not yet run): issue rate of the epilogue's instructions on one SM, to tell whether an
 // epilogue is bound by the conversion pipe. Each of W warps (1 block per SM, W = 4 / 8 / 16) runs a loop of 8
 // independent chains of one step (one instruction of a kind, plus the ops noted); reports cycles per warp step per
-// scheduler (SMSP) and lanes per clock per SM. Kinds: I2FP.F32.S32 ((float)int), F2FP.BF16.F32.PACK_AB (__floats2bfloat162_rn), FADD, FMUL, LOP3,
-// PRMT, IMAD, the exact magic-number int->float (IADD + FADD), and a bf16 pair rounded by integer
-// arithmetic (what would replace F2FP if the conversion pipe is what bounds the epilogues).
+// scheduler (SMSP) and lanes per clock per SM. Kinds: I2FP.F32.S32 ((float)int), F2FP.BF16.F32.PACK_AB
+// (__floats2bfloat162_rn), FADD, FMUL, LOP3, PRMT, IMAD, the exact magic-number int->float (IADD + FADD), and a
+// bf16 pair rounded by integer arithmetic (what would replace F2FP if the conversion pipe bounds the epilogues).
 //   nvcc -arch=sm_90a -O3 -o pipe_rate pipe_rate.cu && ./pipe_rate ; cuobjdump -sass pipe_rate | grep -c I2FP
 #include <cstdio>
 #include <cstdint>
