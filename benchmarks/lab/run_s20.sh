@@ -3,14 +3,16 @@
 # stage 16-bit popcounts; a conversion warp per math warpgroup makes the outputs while the next tile's wgmmas
 # run; commits d86f20b, c37740e, 9a141e9, measured slower and not kept). Builds bie-backend-cuda; TESTS=1: the
 # binary GEMM tests; KIT=1: the kit's binary ops; SASS counts of the wgmma kernels; AB=1: bw_ab.py with the
-# build, then (unless NOOLD=1) with a second build holding BIE_BW_MATH_EPILOGUE (a knob of those commits only);
-# CONV=1: bench_cuda_conv.py.
+# build, then (unless NOOLD=1) with a second build holding ALT_DEFINES (in session 20 BIE_BW_MATH_EPILOGUE, a knob of
+# those commits only; now by default the epilogue conversion knobs BIE_BW_EPI_MAGIC BIE_BW_EPI_INTRNE, whose build
+# also runs the wgmma tests when TESTS=1); CONV=1: bench_cuda_conv.py.
+ALT_DEFINES=${ALT_DEFINES:-"BIE_BW_EPI_MAGIC BIE_BW_EPI_INTRNE"}
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
 START=$(date +%s)
 if [ -n "${AB:-}" ] && [ -z "${NOOLD:-}" ]; then   # the old-epilogue build in the background, into its own cache
-  (BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old MAX_JOBS=6 \
+  (BIE_CUDA_DEFINES="$ALT_DEFINES" BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old MAX_JOBS=6 \
      python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_old.log 2>&1) &
   OLDPID=$!
 fi
@@ -39,7 +41,9 @@ fi
 if [ -n "${AB:-}" ]; then
   timeout 150 python3 benchmarks/lab/bw_ab.py new --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
   [ -n "${NOOLD:-}" ] || { wait $OLDPID; tail -1 $OUT/build_old.log
-  BIE_CUDA_DEFINES=BIE_BW_MATH_EPILOGUE BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py old 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+  BIE_CUDA_DEFINES="$ALT_DEFINES" BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 benchmarks/lab/bw_ab.py alt 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt
+  [ -z "${TESTS:-}" ] || BIE_CUDA_DEFINES="$ALT_DEFINES" BIE_CUDA_CACHE=/tmp/bie_cuda_cache_old timeout 150 python3 -m pytest -q \
+      -p no:cacheprovider --tb=short -k "wgmma" tests/test_cuda_backend.py 2>&1 | tail -3 | tee $OUT/tests_alt.log
   timeout 150 python3 benchmarks/lab/bw_ab.py new 2>&1 | grep -v -i warn | tee -a $OUT/bw_ab.txt; }
 fi
 if [ -n "${KIT:-}" ]; then

@@ -88,10 +88,34 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
 #endif
 }
 
+// Lab knobs for the epilogue's conversions (BIE_CUDA_DEFINES; never in the product build): Hopper's conversion
+// instructions are reported slow (triton-lang/triton#4563), and the epilogue spends 1.5 per output (I2FP, half an
+// F2FP) while the tensor cores idle. benchmarks/lab/cvt_probe/pipe_rate.cu measures the rates; these variants let
+// the whole kernel be timed without them.
+//   BIE_BW_EPI_MAGIC: float32(dot) as the float with the bits of 1.5 * 2^23 + dot, minus 1.5 * 2^23 (exact while
+//     |dot| < 2^22, i.e. K < 2^22; one FADD instead of I2FP).
+//   BIE_BW_EPI_INTRNE: bf16 pairs rounded to nearest even with integer operations (as c10::BFloat16, NaN -> 0x7FC0)
+//     instead of F2FP.
+__device__ __forceinline__ float dot_to_f32(int d) {
+#ifdef BIE_BW_EPI_MAGIC
+  return __fsub_rn(__int_as_float(0x4B400000 + d), 12582912.f);
+#else
+  return (float)d;
+#endif
+}
+
 template <typename OT> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+#ifdef BIE_BW_EPI_INTRNE
+  auto rne = [](float f) {
+    const uint32_t u = __float_as_uint(f);
+    return (f != f) ? 0x7FC00000u : u + 0x7FFFu + ((u >> 16) & 1u);
+  };
+  return __byte_perm(rne(a), rne(b), 0x7632);
+#else
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
+#endif
 }
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
   __half2 v = __floats2half2_rn(a, b);
@@ -324,8 +348,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
             } else {
               const float s0 = __int_as_float(cs.z), s1 = __int_as_float(cs.w);
               // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA)
-              float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
-              float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
+              float y00 = __fmul_rn(dot_to_f32(d00), s0), y01 = __fmul_rn(dot_to_f32(d01), s1);
+              float y10 = __fmul_rn(dot_to_f32(d10), s0), y11 = __fmul_rn(dot_to_f32(d11), s1);
               if constexpr (HB) {
                 const float2 bi = *reinterpret_cast<const float2*>(rec + 16);
                 y00 = __fadd_rn(y00, bi.x);
