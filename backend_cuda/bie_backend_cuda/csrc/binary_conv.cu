@@ -613,14 +613,9 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   }
 #ifdef BIE_CONV_PHASES
   BIE_CONV_MARK(5)
-  if (threadIdx.x == 0) {
-    unsigned smid;
-    unsigned long long gt;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
-    printf("PH %d %d %u %llu %llu %llu %llu %llu %llu %llu\n", blockIdx.x, blockIdx.y, smid, gt, ph_[0], ph_[1], ph_[2],
-           ph_[3], ph_[4], ph_[5]);
-  }
+  if (threadIdx.x == 0)
+    printf("PH %d %d %u %llu %llu %llu %llu %llu %llu %llu\n", blockIdx.x, blockIdx.y, sm_id(), global_timer_ns(), ph_[0],
+           ph_[1], ph_[2], ph_[3], ph_[4], ph_[5]);
 #endif
 }
 

@@ -223,7 +223,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
 #ifdef BIE_WQT_PHASES
   unsigned long long ph_[5] = {}, gt0_ = 0;
-  if (threadIdx.x == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt0_));
+  if (threadIdx.x == 0) gt0_ = global_timer_ns();
 #endif
   BIE_WQT_MARK(0)
 
@@ -557,14 +557,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   cp_wait<0>();
 #ifdef BIE_WQT_PHASES
   BIE_WQT_MARK(4)
-  if (threadIdx.x == 0) {
-    unsigned smid;
-    unsigned long long gt1;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt1));
-    printf("PH %u %d %llu %llu %llu %llu %llu %llu\n", smid, (int)blockIdx.x, gt0_, gt1, ph_[1] - ph_[0], ph_[2] - ph_[1],
-           ph_[3] - ph_[2], ph_[4] - ph_[3]);
-  }
+  if (threadIdx.x == 0)
+    printf("PH %u %d %llu %llu %llu %llu %llu %llu\n", sm_id(), (int)blockIdx.x, gt0_, global_timer_ns(), ph_[1] - ph_[0],
+           ph_[2] - ph_[1], ph_[3] - ph_[2], ph_[4] - ph_[3]);
 #endif
 #endif
 }

@@ -12,18 +12,13 @@
 #include <algorithm>
 #include <cuda_bf16.h>
 
+#include "../../../backend_cuda/bie_backend_cuda/csrc/hopper.cuh"
+
 constexpr int EPI_LD = 528, TILES = 40;
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred done;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra W_%=;\n}\n"
-               ::"r"(bar), "r"(parity) : "memory");
-}
+using namespace bie::hop;   // mbar_init / mbar_arrive / mbar_wait of the product kernels
+
+// (the wait with a 1 ms suspend-time hint, which hopper.cuh does not have)
 __device__ __forceinline__ void mbar_wait_hint(uint32_t bar, uint32_t parity) {
   asm volatile("{\n.reg .pred done;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, 1000000;\n@!done bra W_%=;\n}\n"
                ::"r"(bar), "r"(parity) : "memory");
@@ -37,7 +32,7 @@ __global__ void __launch_bounds__(384, 1) probe(int mode, int store, __nv_bfloat
   for (int i = tid; i < 2 * 64 * EPI_LD / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(staged)[i] = (i * 2654435761u) & 0x0FFF0FFFu;   // popcounts < 4096
   if (tid == 0) mbar_init(bar, 2);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  mbar_init_fence();
   __syncthreads();
   if (warp == 2 || warp == 3) {
     const int sw = warp - 2;
