@@ -485,15 +485,16 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT
+    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE
     try:
-        for warps, grid, inter, slices in ((0, 0, True, 0), (1, 3, False, 0), (3, 0, True, 2), (16, 1, False, 3),
-                                           (0, 5, True, 3)):
+        for warps, grid, inter, slices, xpre in ((0, 0, True, 0, -2), (1, 3, False, 0, 0), (3, 0, True, 2, 1),
+                                                 (16, 1, False, 3, 7), (0, 5, True, 3, -1)):
             # K splits, persistent blocks (items per block), both code layouts, K slices (grids of 1-2 blocks
-            # per slice)
+            # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers)
             cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = 16, warps, grid, inter, slices
+            cw.THIN_XPRE = xpre
             _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17),
-                         what=f"thin warps={warps} slices={slices}", shift=warps)
+                         what=f"thin warps={warps} slices={slices} xpre={xpre}", shift=warps)
         assert len(calls) == 5 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
@@ -502,7 +503,7 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
         cw.THIN_M = cw.THIN_M_LOWBIT = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
     finally:
-        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT = keep
+        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
@@ -566,7 +567,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
             f = getattr(ops, name)
             if name not in ("wqt_gemm", "wqv_gemm"):
                 return f
-            return lambda *a: calls.append((name, a[-2] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
+            return lambda *a: calls.append((name, a[-3] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
     monkeypatch.setattr(cw, "THIN_M", (16 if kernel == "thin-sliced" else 4) if thin else 0)
     monkeypatch.setattr(cw, "THIN_SLICES", 2 if kernel == "thin-sliced" else 0)
@@ -608,22 +609,25 @@ def test_wq_thin_rejects_bad_input():
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="at most 16 rows"):
         ops.wqt_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     x9 = torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="more than 8 rows need x staged"):
         ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -1)
+                     0, 0, False, -1, -2)
     with pytest.raises(RuntimeError, match="slices must be"):
         ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -2)
+                     0, 0, False, -2, -2)
+    with pytest.raises(RuntimeError, match="xpre must be"):
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+                     0, 0, False, 0, 8)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
 
 
 @needs_cuda

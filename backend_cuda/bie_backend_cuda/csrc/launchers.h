@@ -162,6 +162,8 @@ struct WqtArgs {
   int slice_stages;      // stages per K slice (nstages when not sliced)
   int cols;              // the warps of a block split the columns (each takes whole items over the slice), not K
   float* ws;             // (kslices, M, N) partials when kslices > 1
+  int xpre;              // x staged per block: copied with cp.async after this many first ring stages, or (-1)
+                         // loaded after all of them through registers (set by the plan unless forced)
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);

@@ -30,11 +30,6 @@ template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<B
 // Two row tiles (MR = 2, 9-16 rows): 4 stages (BIE_WQT_S16, lab knob), enough in flight at 16 warps per SM, and a
 // loop body unrolled over half as many slots (Nsight Compute, session 17: 19 % of the stall samples of the 8-slot
 // kernel were instruction fetch).
-// x staged per block (MX = 1): how many of the first ring stages a block issues before it waits for the previous
-// kernel and copies its rows of x (lab knob; the rest follow the copy of x, see the kernel's prologue).
-#ifndef BIE_WQT_PRE
-#define BIE_WQT_PRE 1
-#endif
 #ifndef BIE_WQT_S16
 #define BIE_WQT_S16 4
 #endif

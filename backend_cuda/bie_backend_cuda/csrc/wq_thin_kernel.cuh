@@ -333,13 +333,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // kernel just before: weight_only.py launches a freshly prepared layout without PDL) before it waits for the
   // previous kernel, whose output may be x. Per-stage x copies (MX = 8) wait before the first stage.
   if (MX != 1) griddep_wait();
-#ifdef BIE_WQT_XREG
-  constexpr int PRE = S - 1;   // (lab: the session-17 prologue, every first stage before x)
-#else
-  constexpr int PRE = MX == 1 ? (BIE_WQT_PRE < S - 1 ? BIE_WQT_PRE : S - 1) : S - 1;
-#endif
+  // x staged per block (MX == 1): p.xpre >= 0 copies x with cp.async after the first xpre ring stages (the rest
+  // follow it); -1 issues every first stage, then loads x through registers (see below)
+  const bool xasync = MX == 1 && p.xpre >= 0;
+  const int pre = xasync ? min(p.xpre, S - 1) : S - 1;
 #pragma unroll
-  for (int i = 0; i < PRE; ++i) issue(ring + i * SB);
+  for (int i = 0; i < S - 1; ++i)
+    if (i < pre) issue(ring + i * SB);
   BIE_WQT_MARK(1)
   if (MX == 1) {
     griddep_wait();
@@ -347,70 +347,71 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     const int per_row = (bs1 - bs0) * (KS / 8);   // 16-byte chunks of the slice
     const T* xs0 = X + (int64_t)bs0 * KS;
     const int total = M * per_row;
-    // Each unit of the sum(x) table is UL consecutive chunks of one row (rows are whole stages, KS / 8 chunks), held
-    // by UL aligned lanes: summed with shuffles.
+    // sum(x) table: each unit is UL consecutive chunks of one row (rows are whole stages, KS / 8 chunks), held by
+    // UL aligned lanes and summed with shuffles (called by whole warps); ONE: with the magic-weighted sums of the
+    // chunk's codes of column halves 0 and 1 (powers of two: exact)
     constexpr int UL = FS > 0 ? 2 * FS : KS / 8;
-#ifndef BIE_WQT_XREG
-    // The block's rows of x, copied after the wait (x may be the previous kernel's output) with cp.async, all in
-    // flight at once, and ahead of all but PRE of the first ring stages: the session-17 prologue issued every first
-    // stage, then loaded x through registers four chunks per thread at a time, and each of those round trips queued
-    // behind the ring's HBM misses (BIE_WQT_PHASES, session 21: 3.5 us for one row of x, 6.4 us for 16 rows, before
-    // the first mma). The x chunks form their own commit group (the main loop's waits only count more groups
-    // ahead of each stage, so they stay correct); chunks past K are zero-filled.
-    for (int c = threadIdx.x; c < total; c += blockDim.x) {
-      const int row = c / per_row, cc = c - row * per_row;
-      cp_async16(xbuf + row * xpitch + cc * 16, xs0 + (int64_t)row * p.K + cc * 8, bs0 * KS + cc * 8 < p.K ? 16 : 0);
-    }
-    cp_commit();
+    auto sum_chunk = [&](const uint4& v, int c, int row, int cc) {
+      float sum = sum8<T>(v);
+      float ms0 = ONE ? chunk_magic<BITS, T, ONE>(cc, 0, MAGF) * sum : 0.f;
+      float ms1 = ONE ? chunk_magic<BITS, T, ONE>(cc, 1, MAGF) * sum : 0.f;
 #pragma unroll
-    for (int i = PRE; i < S - 1; ++i) issue(ring + i * SB);
-    cp_wait<S - 1 - PRE>();   // this thread's x chunks (and the stages before them) have landed ...
-    __syncthreads();          // ... and every thread's: the sums read chunks other threads copied
-    for (int c0 = threadIdx.x - lane; c0 < total; c0 += blockDim.x) {   // (warp-uniform: the shuffles)
-      const int c = c0 + lane, row = c / per_row, cc = c - row * per_row;
-      const uint4 vv = c < total ? lds128(xbuf + row * xpitch + cc * 16) : make_uint4(0u, 0u, 0u, 0u);
-      {
-#else
-    // the block's rows of x, loaded after the wait (through L2: ld.global.cg, as the cp.async copies) and stored
-    // to shared memory; four 16-byte loads in flight per thread
-    for (int c0 = threadIdx.x - lane; c0 < total; c0 += 4 * blockDim.x) {   // (warp-uniform: the shuffles)
-      uint4 v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
-        v[i] = c < total && bs0 * KS + cc * 8 < p.K ? ldg_cg16(xs0 + (int64_t)row * p.K + cc * 8)
-                                                     : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
-        if (c < total) sts128(xbuf + row * xpitch + cc * 16, v[i]);
-        const uint4 vv = v[i];
-#endif
-        float sum = sum8<T>(vv);
-        // ONE: the magic-weighted sums of the chunk's codes of column halves 0 and 1 (powers of two: exact)
-        float ms0 = ONE ? chunk_magic<BITS, T, ONE>(cc, 0, MAGF) * sum : 0.f;
-        float ms1 = ONE ? chunk_magic<BITS, T, ONE>(cc, 1, MAGF) * sum : 0.f;
-#pragma unroll
-        for (int o = UL / 2; o > 0; o >>= 1) {
-          sum += __shfl_xor_sync(0xffffffffu, sum, o);
-          if (ONE) {
-            ms0 += __shfl_xor_sync(0xffffffffu, ms0, o);
-            ms1 += __shfl_xor_sync(0xffffffffu, ms1, o);
-          }
-        }
-        if (c < total && lane % UL == 0) {
-          if (ONE)
-            sts128(sxtab + (cc / UL) * 16, make_uint4(__float_as_uint(sum), __float_as_uint(ms0), __float_as_uint(ms1), 0u));
-          else
-            sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+      for (int o = UL / 2; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (ONE) {
+          ms0 += __shfl_xor_sync(0xffffffffu, ms0, o);
+          ms1 += __shfl_xor_sync(0xffffffffu, ms1, o);
         }
       }
+      if (c < total && lane % UL == 0) {
+        if (ONE)
+          sts128(sxtab + (cc / UL) * 16, make_uint4(__float_as_uint(sum), __float_as_uint(ms0), __float_as_uint(ms1), 0u));
+        else
+          sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+      }
+    };
+    if (xasync) {
+      // x copied with cp.async, all of it in flight at once and ahead of all but `pre` first stages: loaded after
+      // every first stage, each round trip of x queued behind the ring's HBM misses (BIE_WQT_PHASES, session 21:
+      // 3.5 us before the first mma for one row of 28672x8192). Its own commit group (the main loop's waits then
+      // count one more group ahead of each stage: still correct); chunks past K are zero-filled.
+      for (int c = threadIdx.x; c < total; c += blockDim.x) {
+        const int row = c / per_row, cc = c - row * per_row;
+        cp_async16(xbuf + row * xpitch + cc * 16, xs0 + (int64_t)row * p.K + cc * 8, bs0 * KS + cc * 8 < p.K ? 16 : 0);
+      }
+      cp_commit();
+#pragma unroll
+      for (int i = 0; i < S - 1; ++i)
+        if (i >= pre) issue(ring + i * SB);
+      cp_wait_n(S - 1 - pre);   // this thread's chunks of x (and the stages before them) have landed ...
+      __syncthreads();          // ... and every thread's: the sums read chunks other threads copied
+      for (int c0 = threadIdx.x - lane; c0 < total; c0 += blockDim.x) {   // (warp-uniform: the shuffles)
+        const int c = c0 + lane, row = c / per_row, cc = c - row * per_row;
+        sum_chunk(c < total ? lds128(xbuf + row * xpitch + cc * 16) : make_uint4(0u, 0u, 0u, 0u), c, row, cc);
+      }
+    } else {
+      // x loaded after the first stages (through L2: ld.global.cg, as the cp.async copies) and stored to shared
+      // memory, four 16-byte loads in flight per thread: on big layers the first stages, issued before the wait,
+      // overlap the previous kernel's tail, which outweighs the later x (session 21: 45.9 against 49.4 us at one row
+      // of 28672x8192 with xpre = 1)
+      for (int c0 = threadIdx.x - lane; c0 < total; c0 += 4 * blockDim.x) {   // (warp-uniform: the shuffles)
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
+          v[i] = c < total && bs0 * KS + cc * 8 < p.K ? ldg_cg16(xs0 + (int64_t)row * p.K + cc * 8)
+                                                       : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
+          if (c < total) sts128(xbuf + row * xpitch + cc * 16, v[i]);
+          sum_chunk(v[i], c, row, cc);
+        }
+      }
+      cp_wait<S - 2>();   // this thread's first stage has landed
     }
-#ifdef BIE_WQT_XREG
-    cp_wait<S - 2>();   // this thread's first stage has landed ...
-#endif
-    __syncthreads();    // ... for every thread of the block, and x and its sums are in shared memory
+    __syncthreads();      // every thread's first stage, x and its sums are in shared memory
   }
   BIE_WQT_MARK(3)
 
