@@ -5,9 +5,6 @@
 namespace bie {
 using namespace thin;
 
-// at most this many code bytes per multiprocessor, one row of x is copied early (wqt_plan)
-constexpr int64_t kThinXEarlyBytesPerSm = 256 * 1024;
-
 // Host plan: how x is held (whole rows staged per block, staged per K slice, or copied per stage), the K range per
 // warp (whole stages) and warps per block. Returns the dynamic shared memory.
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force) {
@@ -103,14 +100,6 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
     w = std::max(1, std::min(w, std::min(thin_max_warps(bits, fs, mr), p.slice_stages)));
     p.st_per_warp = ceil_div(p.slice_stages, w);
     p.warps = ceil_div(p.slice_stages, p.st_per_warp);
-  }
-  // x staged per block (see the kernel's prologue): at one row of a layer whose codes are a few ring stages per SM,
-  // x copied with cp.async right after the first stage (H100, session 21: 4096x4096 W4 5.6 against 7.0 us, W2 5.0
-  // against 5.5); elsewhere after every first stage, which the programmatic launch overlaps with the previous
-  // kernel's tail (28672x8192: 45.9 against 49.4 us at one row, 52.4 against 55.5 at 8, 60.7 against 64 at 16).
-  if (p.xpre < -1) {
-    const int64_t code_bytes_per_sm = (int64_t)p.N * p.K / 8 * bits / std::max(1, num_sms);
-    p.xpre = one && p.M == 1 && code_bytes_per_sm <= kThinXEarlyBytesPerSm ? 1 : -1;
   }
   const int64_t smem = p.warps * per_warp + xbytes;
   p.smem = (int)std::min<int64_t>(smem, 1 << 30);

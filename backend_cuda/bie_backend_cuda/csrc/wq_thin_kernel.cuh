@@ -334,8 +334,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // previous kernel, whose output may be x. Per-stage x copies (MX = 8) wait before the first stage.
   if (MX != 1) griddep_wait();
   // x staged per block (MX == 1): p.xpre >= 0 copies x with cp.async after the first xpre ring stages (the rest
-  // follow it); -1 issues every first stage, then loads x through registers (see below)
-  const bool xasync = MX == 1 && p.xpre >= 0;
+  // follow it); -1 issues every first stage, then loads x through registers (see below). 8-bit codes always take
+  // the second way (the plan never picks the first for them, and its code spilled the one-row kernel of groups of 32)
+  const bool xasync = MX == 1 && BITS != 8 && p.xpre >= 0;
   const int pre = xasync ? min(p.xpre, S - 1) : S - 1;
 #pragma unroll
   for (int i = 0; i < S - 1; ++i)
@@ -595,7 +596,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 }
 
 template <int BITS, typename T, int MX, int FS, bool ONE, int MR>
-cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
+cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
+  WqtArgs p = plan;
   auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR>)
                   : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
@@ -610,6 +612,7 @@ cudaError_t launch_t(const WqtArgs& p, cudaStream_t st) {
   const int per_slice = p.grid_force > 0 ? std::max(1, p.grid_force / ksl)
                                          : std::max(1, std::min(items, std::max(1, per_sm) * p.sms / ksl));
   const int grid = per_slice * ksl;
+  if (p.xpre < -1) p.xpre = thin_xpre(p, BITS, per_slice);
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
