@@ -4,7 +4,7 @@
 #   sweep plus a few more, an xpre sweep on shapes the plan was not fitted to, and bench_cuda.py --only wq --quick
 #   (the product table, tinygemm as peer).
 # MODE=tests: build bie-backend-cuda and the CUTLASS weight-only family, SASS check, every CUDA test, the conformance
-#   kit under --bie-backend=cuda, the CUTLASS weight-only tests.
+#   kit under --bie-backend=cuda, the CUTLASS weight-only tests; SWEEP=1: then an xpre sweep on more layer shapes.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 MODE=${MODE:-bench}
@@ -36,5 +36,9 @@ else
   wait $CPID; tail -1 /tmp/build_cutlass.log
   timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_cutlass_wq.py \
       2>&1 | tee $OUT/tests_cutlass_wq.log | grep -E "FAILED|passed|failed" | tail -5
+  # then (SWEEP=1) the x staging on more layer shapes than the plan was fitted to
+  [ -n "${SWEEP:-}" ] && [ $(el) -lt 440 ] && timeout 140 python3 benchmarks/lab/thin_ab.py sweep2 --xpre -2,-1,1,2 \
+      --cases ${SWEEP_CASES:-1x1024x4096x4x128,1x6144x4096x4x128,1x5120x5120x4x128,1x13824x5120x4x128,1x5120x13824x4x128,1x8192x8192x4x128,4x5120x5120x4x128,8x5120x5120x4x128,16x5120x5120x4x128} \
+      2>&1 | grep -v -i warn | tee $OUT/thin_sweep2.txt
 fi
 echo "done at $(el) s"
