@@ -57,21 +57,26 @@ template <int BITS, int MX, int FS, int MR = 1> struct Slot {
 // per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);
 // bytes of `stages` stages of the block's rows of x and their sum(x) table
+// Loads of x in flight per thread in the register prologue (0: the kernel's choice, 8 or 4; lab knob).
+#ifndef BIE_WQT_XL
+#define BIE_WQT_XL 0
+#endif
 // How a block stages x (MX = 1; WqtArgs::xpre, the kernel's prologue), given the blocks of a K slice: copied with
-// cp.async after the first stage (none at 9-16 rows; two when K > 8192) where every block (every warp, when the warps
-// split the columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one
-// pass over K: there x early is worth more than the first stages overlapping the previous kernel's tail. Elsewhere
-// (-1) every first stage is issued before the wait, then x is loaded. 8-bit codes: always -1.
+// cp.async after the first stage (two when K > 8192) where every block (every warp, when the warps split the
+// columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one pass over K:
+// there x early is worth more than the first stages overlapping the previous kernel's tail. Elsewhere, and at 9-16
+// rows, and for 8-bit codes (-1): every first stage is issued before the wait, then x is loaded.
 // H100, session 21 (benchmarks/results/cuda_h100_thin.md), W4 g128 unless noted, us, -1 against the choice:
-// 4096x4096 one row 6.70 / 5.40, 8 rows 8.13 / 6.74, 16 rows 8.52 / 8.32; W2 g64 one row 5.38 / 4.93;
-// 4096x11008 12.78 / 11.45; 4096x14336 14.7 / 13.9. Where blocks loop over several items -1 is the best measured:
-// 11008x4096, 14336x4096, 28672x8192 and 8192x28672 at one row, 28672x8192 at 4 and 16 rows (cp.async after one
-// stage: 5-13 % slower); W8 per-channel on 4096x4096 8.35 against 8.57.
+// 4096x4096 one row 6.70 / 5.40, 8 rows 8.13 / 6.74; W2 g64 one row 5.38 / 4.93; 4096x11008 12.78 / 11.45;
+// 4096x14336 14.7 / 13.9; 5120x5120 at 8 rows 11.1 / 10.7. Where blocks loop over several items -1 was the best
+// measured but for 5120x5120 and 13824x5120 at one row (cp.async after two stages 11 % and 4 % faster there; 3-10 %
+// slower on 5120x13824, 8192x8192, 6144x4096, 11008x4096, 14336x4096); at 16 rows of 5120x5120 -1 was 9 % faster
+// than cp.async after 0-2 stages (4096x4096: 2 % slower); W8 per-channel on 4096x4096 8.35 against 8.57.
 inline int thin_xpre(const WqtArgs& p, int bits, int blocks_per_slice) {
-  if (p.mx != 1 || bits == 8) return -1;
+  if (p.mx != 1 || bits == 8 || p.M > 8) return -1;
   const int64_t items = (p.N + 15) / 16, takers = (int64_t)blocks_per_slice * (p.cols ? p.warps : 1);
   if (items > takers) return -1;
-  return p.M > 8 ? 0 : (p.K > 8192 ? 2 : 1);
+  return p.K > 8192 ? 2 : 1;
 }
 
 inline int64_t thin_xbytes(const WqtArgs& p, int stages) {

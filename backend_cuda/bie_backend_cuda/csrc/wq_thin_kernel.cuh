@@ -392,19 +392,22 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
     } else {
       // x loaded after the first stages (through L2: ld.global.cg, as the cp.async copies) and stored to shared
-      // memory, four 16-byte loads in flight per thread: on big layers the first stages, issued before the wait,
+      // memory, XL 16-byte loads in flight per thread: on big layers the first stages, issued before the wait,
       // overlap the previous kernel's tail, which outweighs the later x (session 21: 45.9 against 49.4 us at one row
-      // of 28672x8192 with xpre = 1)
-      for (int c0 = threadIdx.x - lane; c0 < total; c0 += 4 * blockDim.x) {   // (warp-uniform: the shuffles)
-        uint4 v[4];
+      // of 28672x8192 with xpre = 1). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
+      // (~3000 cycles, BIE_WQT_PHASES): 8 in flight where x is several batches (2-16 rows in K slices; 4 before),
+      // but for two row tiles of 2-bit codes (their registers spilled with 8).
+      constexpr int XL = BIE_WQT_XL > 0 ? BIE_WQT_XL : (ONE || (BITS == 2 && MR == 2) ? 4 : 8);
+      for (int c0 = threadIdx.x - lane; c0 < total; c0 += XL * blockDim.x) {   // (warp-uniform: the shuffles)
+        uint4 v[XL];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < XL; ++i) {
           const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
           v[i] = c < total && bs0 * KS + cc * 8 < p.K ? ldg_cg16(xs0 + (int64_t)row * p.K + cc * 8)
                                                        : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < XL; ++i) {
           const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
           if (c < total) sts128(xbuf + row * xpitch + cc * 16, v[i]);
           sum_chunk(v[i], c, row, cc);
