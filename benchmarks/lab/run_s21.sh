@@ -17,7 +17,7 @@ build() {  # build DEFINES CACHE LOG
 build "" /tmp/bie_cuda_cache $OUT/build_cuda.log & P1=$!
 build "$ALT_DEFINES" /tmp/bie_cuda_cache_alt /tmp/build_alt.log & P2=$!
 build "BIE_WQT_PHASES" /tmp/bie_cuda_cache_phases /tmp/build_phases.log & P3=$!
-(cd benchmarks/lab/cvt_probe && nvcc -arch=sm_90a -O3 -o /tmp/pipe_rate pipe_rate.cu & nvcc -arch=sm_90a -O3 -o /tmp/cvt_probe cvt_probe.cu & wait)
+(cd benchmarks/lab/cvt_probe && { nvcc -arch=sm_90a -O3 -o /tmp/pipe_rate pipe_rate.cu & nvcc -arch=sm_90a -O3 -o /tmp/cvt_probe cvt_probe.cu & wait; })  # (as run in call 1 the braces were missing: cvt_probe.cu was compiled from the repo root and failed)
 timeout 60 /tmp/pipe_rate > $OUT/probes.txt 2>&1; echo "== cvt_probe" >> $OUT/probes.txt
 timeout 60 /tmp/cvt_probe >> $OUT/probes.txt 2>&1; cat $OUT/probes.txt; echo "probes done at $(el) s"
 wait $P1; tail -1 $OUT/build_cuda.log; echo "product build done at $(el) s"

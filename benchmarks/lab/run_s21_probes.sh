@@ -10,7 +10,7 @@ set -o pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 START=$(date +%s)
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
-(cd benchmarks/lab/cvt_probe && nvcc -arch=sm_90a -O3 -o /tmp/pipe_rate pipe_rate.cu & nvcc -arch=sm_90a -O3 -o /tmp/cvt_probe cvt_probe.cu & wait)
+(cd benchmarks/lab/cvt_probe && { nvcc -arch=sm_90a -O3 -o /tmp/pipe_rate pipe_rate.cu & nvcc -arch=sm_90a -O3 -o /tmp/cvt_probe cvt_probe.cu & wait; })
 timeout 60 /tmp/pipe_rate | tee $OUT/pipe_rate.txt
 timeout 60 /tmp/cvt_probe | tee $OUT/cvt_probe.txt
 echo "probes done at $(( $(date +%s) - START )) s"

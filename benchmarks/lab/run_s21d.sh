@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 21, last device calls: the thin kernel with the planned x staging (thin_xpre, wq_thin.cuh).
-# MODE=bench: build, SASS check, weight-only tests, thin_ab.py as planned (with bf16 cuBLAS) on the shapes of the
-#   sweep plus a few more, an xpre sweep on shapes the plan was not fitted to, and bench_cuda.py --only wq --quick
+# MODE=bench: build, SASS check, weight-only tests, thin_ab.py as planned (with bf16 cuBLAS; PLANNED= the cases) on
+#   the shapes of the sweep plus a few more, an xpre sweep on shapes the plan was not fitted to (not with NOCHECK=1),
+#   and bench_cuda.py --only wq --quick
 #   (the product table, tinygemm as peer).
 # MODE=tests: build bie-backend-cuda and the CUTLASS weight-only family, SASS check, every CUDA test, the conformance
 #   kit under --bie-backend=cuda, the CUTLASS weight-only tests; SWEEP=1: then an xpre sweep on more layer shapes.
@@ -23,8 +24,8 @@ cuobjdump -sass $SO > /tmp/all.sass && python3 benchmarks/sass_check.py /tmp/all
 if [ "$MODE" = bench ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short -rf -k "wq or thin" tests/test_cuda_backend.py \
       > /tmp/tests_wq.log 2>&1; grep -E "FAILED|Error|passed|failed" /tmp/tests_wq.log | tail -8; echo "tests done at $(el) s"
-  timeout 150 python3 benchmarks/lab/thin_ab.py planned --bf16 --cases 1x4096x4096x4x128,8x4096x4096x4x128,16x4096x4096x4x128,1x4096x4096x2x64,1x4096x11008x4x128,1x4096x14336x4x128,1x11008x4096x4x128,1x28672x8192x4x128,16x28672x8192x4x128,16x8192x28672x4x128 2>&1 | grep -v -i warn | tee $OUT/thin_planned.txt
-  timeout 120 python3 benchmarks/lab/thin_ab.py check --xpre -2,-1,0,1,2 --cases 5x4096x4096x4x128,12x4096x4096x4x128,1x2048x2048x4x128,1x4096x4096x4x64,8x4096x11008x4x128,1x5120x5120x4x128 2>&1 | grep -v -i warn | tee -a $OUT/thin_planned.txt
+  timeout 150 python3 benchmarks/lab/thin_ab.py planned --bf16 --cases ${PLANNED:-1x4096x4096x4x128,8x4096x4096x4x128,16x4096x4096x4x128,1x4096x4096x2x64,1x4096x11008x4x128,1x4096x14336x4x128,1x11008x4096x4x128,1x28672x8192x4x128,16x28672x8192x4x128,16x8192x28672x4x128} 2>&1 | grep -v -i warn | tee $OUT/thin_planned.txt
+  [ -z "${NOCHECK:-}" ] && timeout 120 python3 benchmarks/lab/thin_ab.py check --xpre -2,-1,0,1,2 --cases 5x4096x4096x4x128,12x4096x4096x4x128,1x2048x2048x4x128,1x4096x4096x4x64,8x4096x11008x4x128,1x5120x5120x4x128 2>&1 | grep -v -i warn | tee -a $OUT/thin_planned.txt
   echo "thin_ab done at $(el) s"
   (cd benchmarks && timeout 280 python3 bench_cuda.py --only wq --quick --json $OUT/bench_cuda_wq.json > $OUT/bench_cuda_wq.txt 2>&1; tail -30 $OUT/bench_cuda_wq.txt)
 else

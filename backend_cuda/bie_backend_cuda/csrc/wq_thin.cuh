@@ -57,10 +57,6 @@ template <int BITS, int MX, int FS, int MR = 1> struct Slot {
 // per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);
 // bytes of `stages` stages of the block's rows of x and their sum(x) table
-// Loads of x in flight per thread in the register prologue (0: the kernel's choice, 8 or 4; lab knob).
-#ifndef BIE_WQT_XL
-#define BIE_WQT_XL 0
-#endif
 // How a block stages x (MX = 1; WqtArgs::xpre, the kernel's prologue), given the blocks of a K slice: copied with
 // cp.async after the first stage (two when K > 8192) where every block (every warp, when the warps split the
 // columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one pass over K:

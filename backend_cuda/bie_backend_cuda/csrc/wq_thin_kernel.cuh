@@ -395,9 +395,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       // memory, XL 16-byte loads in flight per thread: on big layers the first stages, issued before the wait,
       // overlap the previous kernel's tail, which outweighs the later x (session 21: 45.9 against 49.4 us at one row
       // of 28672x8192 with xpre = 1). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
-      // (~3000 cycles, BIE_WQT_PHASES): 8 in flight where x is several batches (2-16 rows in K slices; 4 before),
-      // but for two row tiles of 2-bit codes (their registers spilled with 8).
-      constexpr int XL = BIE_WQT_XL > 0 ? BIE_WQT_XL : (ONE || (BITS == 2 && MR == 2) ? 4 : 8);
+      // (~3000 cycles, BIE_WQT_PHASES), but 8 loads in flight (4 batches at 16 rows instead of 2) measured level on
+      // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 (session 21, call 6).
+      constexpr int XL = 4;
       for (int c0 = threadIdx.x - lane; c0 < total; c0 += XL * blockDim.x) {   // (warp-uniform: the shuffles)
         uint4 v[XL];
 #pragma unroll
