@@ -6,6 +6,7 @@
 # build, then (unless NOOLD=1) with a second build holding ALT_DEFINES (in session 20 BIE_BW_MATH_EPILOGUE, a knob of
 # those commits only; now by default the epilogue conversion knobs BIE_BW_EPI_MAGIC BIE_BW_EPI_INTRNE, whose build
 # also runs the wgmma tests when TESTS=1); CONV=1: bench_cuda_conv.py.
+# (BIE_BW_EPI_MAGIC / BIE_BW_EPI_INTRNE: knobs of binary_wgmma.cu up to commit 8942891, removed after session 21's A/B)
 ALT_DEFINES=${ALT_DEFINES:-"BIE_BW_EPI_MAGIC BIE_BW_EPI_INTRNE"}
 set -o pipefail
 source benchmarks/cutlass_setup.sh

@@ -6,6 +6,7 @@
 #     check, bw_ab.py product vs ALT vs product, and the wgmma tests on the ALT build;
 #  3. thin_phases.py at 16 / 8 / 1 rows of the big layers and 16 rows of 4096^2.
 # Steps are skipped once the call nears its 600 s limit, so a late step never costs the earlier ones.
+# (BIE_BW_EPI_MAGIC / BIE_BW_EPI_INTRNE: knobs of binary_wgmma.cu up to commit 8942891, removed after session 21's A/B)
 ALT_DEFINES=${ALT_DEFINES:-"BIE_BW_EPI_MAGIC BIE_BW_EPI_INTRNE"}
 set -o pipefail
 source benchmarks/cutlass_setup.sh

@@ -3,6 +3,7 @@
 # GEMM (is the epilogue bound by the conversion pipe? why was a lone conversion warp slow?) and of #6's W4 M = 16
 # (how much of a call is the per-slice x staging?). About 4-5 minutes: two small nvcc builds, then
 # bie-backend-cuda built with the thin kernel's phase instrument.
+# (The epilogue knobs named below were removed after session 21's A/B: they measured slower.)
 # Then, if pipe_rate shows I2FP / F2FP slow: AB=1 TESTS=1 bash benchmarks/lab/run_s20.sh times the wgmma GEMM built
 # with the epilogue conversion knobs (ALT_DEFINES, default BIE_BW_EPI_MAGIC BIE_BW_EPI_INTRNE) against the product
 # build, and runs the wgmma tests on that build.

@@ -88,34 +88,16 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
 #endif
 }
 
-// Lab knobs for the epilogue's conversions (BIE_CUDA_DEFINES; never in the product build): Hopper's conversion
-// instructions are reported slow (triton-lang/triton#4563), and the epilogue spends 1.5 per output (I2FP, half an
-// F2FP) while the tensor cores idle. benchmarks/lab/cvt_probe/pipe_rate.cu measures the rates; these variants let
-// the whole kernel be timed without them.
-//   BIE_BW_EPI_MAGIC: float32(dot) as the float with the bits of 1.5 * 2^23 + dot, minus 1.5 * 2^23 (exact while
-//     |dot| < 2^22, i.e. K < 2^22; one FADD instead of I2FP).
-//   BIE_BW_EPI_INTRNE: bf16 pairs rounded to nearest even with integer operations (as c10::BFloat16, NaN -> 0x7FC0)
-//     instead of F2FP.
-__device__ __forceinline__ float dot_to_f32(int d) {
-#ifdef BIE_BW_EPI_MAGIC
-  return __fsub_rn(__int_as_float(0x4B400000 + d), 12582912.f);
-#else
-  return (float)d;
-#endif
-}
+// The epilogue's conversions (1.5 per output: an I2FP per popcount, half an F2FP per bf16 pair) run at a quarter of
+// the FP32 rate on sm_90 (benchmarks/lab/cvt_probe/pipe_rate.cu, session 21); exact integer-only replacements (a
+// magic-number int -> float, integer round-to-nearest-even) cost more issue slots and measured 7-15 % slower over the
+// whole kernel (benchmarks/results/cuda_h100_binary_wgmma.md, session 21; lab knobs of commits up to 8942891).
+__device__ __forceinline__ float dot_to_f32(int d) { return (float)d; }
 
 template <typename OT> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
-#ifdef BIE_BW_EPI_INTRNE
-  auto rne = [](float f) {
-    const uint32_t u = __float_as_uint(f);
-    return (f != f) ? 0x7FC00000u : u + 0x7FFFu + ((u >> 16) & 1u);
-  };
-  return __byte_perm(rne(a), rne(b), 0x7632);
-#else
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
-#endif
 }
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
   __half2 v = __floats2half2_rn(a, b);
