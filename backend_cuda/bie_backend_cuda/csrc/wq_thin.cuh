@@ -56,7 +56,6 @@ template <int BITS, int MX, int FS, int MR = 1> struct Slot {
 // (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes; one row: 16 bytes
 // per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);
-// bytes of `stages` stages of the block's rows of x and their sum(x) table
 // How a block stages x (MX = 1; WqtArgs::xpre, the kernel's prologue), given the blocks of a K slice: copied with
 // cp.async after the first stage (two when K > 8192) where every block (every warp, when the warps split the
 // columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one pass over K:
@@ -75,6 +74,7 @@ inline int thin_xpre(const WqtArgs& p, int bits, int blocks_per_slice) {
   return p.K > 8192 ? 2 : 1;
 }
 
+// bytes of `stages` stages of the block's rows of x and their sum(x) table
 inline int64_t thin_xbytes(const WqtArgs& p, int stages) {
   const int fs = thin_fs(p.gs_shift);
   const int64_t units = fs > 0 ? (int64_t)stages * (p.kstage / (16 * fs)) : stages;
