@@ -485,20 +485,17 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = (cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE,
-            cw.THIN_NB)
+    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE
     try:
-        for warps, grid, inter, slices, xpre, nb in ((0, 0, True, 0, -2, 1), (1, 3, False, 0, 0, 2),
-                                                     (3, 0, True, 2, 1, 1), (16, 1, False, 3, 7, 2),
-                                                     (0, 5, True, 3, -1, 2), (0, 0, True, 0, -2, 2)):
+        for warps, grid, inter, slices, xpre in ((0, 0, True, 0, -2), (1, 3, False, 0, 0), (3, 0, True, 2, 1),
+                                                 (16, 1, False, 3, 7), (0, 5, True, 3, -1)):
             # K splits, persistent blocks (items per block), both code layouts, K slices (grids of 1-2 blocks
-            # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers),
-            # one or two column blocks per item (9-16 rows of 4-bit codes; N = 200: an odd count of 13)
+            # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers)
             cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = 16, warps, grid, inter, slices
-            cw.THIN_XPRE, cw.THIN_NB = xpre, nb
+            cw.THIN_XPRE = xpre
             _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17),
-                         what=f"thin warps={warps} slices={slices} xpre={xpre} nb={nb}", shift=warps)
-        assert len(calls) == 6 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
+                         what=f"thin warps={warps} slices={slices} xpre={xpre}", shift=warps)
+        assert len(calls) == 5 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
         cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 0, 0, True
@@ -506,8 +503,7 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
         cw.THIN_M = cw.THIN_M_LOWBIT = 0
         b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
     finally:
-        (cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE,
-         cw.THIN_NB) = keep
+        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE = keep
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
@@ -521,17 +517,15 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
     gen = torch.Generator().manual_seed(6)
     calls = _thin_calls(monkeypatch, cw)
     monkeypatch.setattr(cw, "THIN_M", 16)
-    for m, nb in ((1, 1), (3, 1), (8, 1), (12, 1), (16, 1), (12, 2), (16, 2)):   # 8-16 rows in K slices (planned)
-        monkeypatch.setattr(cw, "THIN_NB", nb)   # (two column blocks per item at 9-16 rows)
+    for m in (1, 3, 8, 12, 16):   # 8-16 rows of K = 28672 staged in K slices (planned)
         x = torch.randn((m, k), generator=gen).bfloat16().cuda()
         y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
         _close(y, w64, x, torch.bfloat16, k, f"K=28672 M={m}")
         static_x = x.clone()
         _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
                        static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
-                       lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m} nb={nb}"), 2)
-    monkeypatch.setattr(cw, "THIN_NB", 1)
-    assert len(calls) >= 7
+                       lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
+    assert len(calls) >= 5
     # a long single row (97 KiB staged copy of x), and 8 rows too long for the staged copy (> 128 KiB): per-stage
     # x copies serve them
     keep = cw.THIN_M
@@ -573,7 +567,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
             f = getattr(ops, name)
             if name not in ("wqt_gemm", "wqv_gemm"):
                 return f
-            return lambda *a: calls.append((name, a[-4] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
+            return lambda *a: calls.append((name, a[-3] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
     monkeypatch.setattr(cw, "THIN_M", (16 if kernel == "thin-sliced" else 4) if thin else 0)
     monkeypatch.setattr(cw, "THIN_SLICES", 2 if kernel == "thin-sliced" else 0)
@@ -615,28 +609,25 @@ def test_wq_thin_rejects_bad_input():
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="at most 16 rows"):
         ops.wqt_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, 1)
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     x9 = torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="more than 8 rows need x staged"):
         ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -1, -2, 1)
+                     0, 0, False, -1, -2)
     with pytest.raises(RuntimeError, match="slices must be"):
         ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -2, -2, 1)
+                     0, 0, False, -2, -2)
     with pytest.raises(RuntimeError, match="xpre must be"):
         ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, 0, 8, 1)
-    with pytest.raises(RuntimeError, match="nb must be 1 or 2"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, 0, -2, 3)
+                     0, 0, False, 0, 8)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, 1)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, 1)
+        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, 1)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, 1)
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
 
 
 @needs_cuda

@@ -407,9 +407,6 @@ THIN_SLICES = 0
 #: how the thin kernel stages x per block: -2 planned, -1 after every first ring stage (through registers), n >= 0
 #: copied with cp.async after the first n stages (wq_thin_kernel.cuh's prologue; the plan: wq_thin.cu)
 THIN_XPRE = -2
-#: column blocks per warp and item at 9-16 rows of 4-bit codes: 2 shares the x fragments and the per-stage work
-#: between two (13 % fewer instructions per byte, at most 8 warps; session 21, not yet measured), 1 the measured default
-THIN_NB = 1
 #: launch the thin and skinny kernels as programmatic dependents of the previous kernel in the stream (sm_90): their
 #: blocks take the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the
 #: previous kernel has finished. Not on a layout's first use (the kernels that built it ran just before).
@@ -461,7 +458,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         if not lay.generic:
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
-                                         _pdl(lay), THIN_SLICES, THIN_XPRE, THIN_NB)
+                                         _pdl(lay), THIN_SLICES, THIN_XPRE)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout

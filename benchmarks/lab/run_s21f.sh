@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 21, device call 8: two column blocks per warp and item for 9-16 rows of 4-bit codes (THIN_NB = 2; the
+# Session 21, device call 8 (tree e388123; the code was reverted after it): two column blocks per warp and item for
+# 9-16 rows of 4-bit codes (THIN_NB = 2; the
 # product default stays 1). One build holds both; SASS check, the thin tests (they force nb = 2 on odd column-block
 # counts, both code layouts, 1-16 warps, forced K slices, K = 28672 with graph replay), then thin_ab.py --knob THIN_NB=1,2.
 set -o pipefail

@@ -454,14 +454,13 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 // 2/4/8-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
 // block, grid: persistent blocks, slices: K slices of x staged per block (-1 never; 0: planned for all three;
 // benchmarks sweep them), xpre: how x is staged per block (-2: planned; -1: after every first ring stage, through
-// registers; n >= 0: cp.async after the first n stages; see the kernel's prologue), nb: column blocks per warp and
-// item at 9-16 rows of 4-bit codes (1 or 2). pdl: launch as a programmatic
+// registers; n >= 0: cp.async after the first n stages; see the kernel's prologue). pdl: launch as a programmatic
 // dependent of the previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for
 // it), so the caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl, int64_t slices,
-                int64_t xpre, int64_t nb) {
+                int64_t xpre) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
   check_skinny_operands(x, st, K, "wqt_gemm");
   TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqt_gemm: at most 16 rows");
@@ -475,7 +474,6 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
   TORCH_CHECK(xpre >= -2 && xpre <= 7, "bie_cuda.wqt_gemm: xpre must be -2..7");
-  TORCH_CHECK(nb == 1 || nb == 2, "bie_cuda.wqt_gemm: nb must be 1 or 2");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqt_gemm");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqt_gemm: problem too large");
@@ -494,7 +492,6 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.inter = inter ? 1 : 0;
   p.grid_force = (int)grid;
   p.xpre = (int)xpre;
-  p.nb = (int)nb;
   p.smem_limit = smem_optin();
   // programmatic dependent launch only where the device has it (sm_90+)
   p.pdl = pdl && compute_major() >= 9 ? 1 : 0;

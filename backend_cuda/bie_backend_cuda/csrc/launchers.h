@@ -164,7 +164,6 @@ struct WqtArgs {
   float* ws;             // (kslices, M, N) partials when kslices > 1
   int xpre;              // x staged per block: copied with cp.async after this many first ring stages, or (-1)
                          // loaded after all of them through registers (set by the plan unless forced)
-  int nb;                // column blocks per warp and item at 9-16 rows of 4-bit codes (1 or 2; else 1)
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);

@@ -28,11 +28,8 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
-  // two column blocks per item (p.nb, as asked): only two row tiles of 4-bit codes have the kernels
-  p.nb = mr == 2 && bits == 4 && p.nb == 2 ? 2 : 1;
-  const int wbytes = mr == 2      ? (bits == 8   ? thin_warp_bytes<8, 1, 2>(fs)
-                                     : bits == 4 ? (p.nb == 2 ? thin_warp_bytes<4, 1, 2, 2>(fs) : thin_warp_bytes<4, 1, 2>(fs))
-                                                 : thin_warp_bytes<2, 1, 2>(fs))
+  const int wbytes = mr == 2      ? (bits == 8 ? thin_warp_bytes<8, 1, 2>(fs)
+                                                 : bits == 4 ? thin_warp_bytes<4, 1, 2>(fs) : thin_warp_bytes<2, 1, 2>(fs))
                      : bits == 8 ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
                      : bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
                                  : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
@@ -55,7 +52,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
           : sliced        ? 16
                           : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : (w8_one_small ? 4 : 8));
   if (w8_one_small && warps_force <= 0 && p.grid_force <= 0) p.grid_force = 2 * num_sms;
-  w = std::min(w, thin_max_warps(bits, fs, mr, p.nb));
+  w = std::min(w, thin_max_warps(bits, fs, mr));
   if (sliced) {
     // the longest slice that fits beside the rings (fewer warps while not even one stage would), then slices of
     // equal length
@@ -96,11 +93,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const int64_t xbytes = one ? thin_xbytes(p, p.slice_stages) : 0;
   while (w > 1 && w * per_warp + xbytes > p.smem_limit) w /= 2;
   if (p.cols) {   // every warp covers the whole slice
-    w = std::max(1, std::min(w, thin_max_warps(bits, fs, mr, p.nb)));
+    w = std::max(1, std::min(w, thin_max_warps(bits, fs, mr)));
     p.st_per_warp = p.slice_stages;
     p.warps = w;
   } else {
-    w = std::max(1, std::min(w, std::min(thin_max_warps(bits, fs, mr, p.nb), p.slice_stages)));
+    w = std::max(1, std::min(w, std::min(thin_max_warps(bits, fs, mr), p.slice_stages)));
     p.st_per_warp = ceil_div(p.slice_stages, w);
     p.warps = ceil_div(p.slice_stages, p.st_per_warp);
   }

@@ -38,15 +38,13 @@ template <int BITS, int MX, int MR = 1> struct Thin {
                                    : BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? 8 : 6) : (BITS == 4 ? 4 : 3));
 };
 
-// Ring slot of one stage: codes (NB x VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages
-// its rows of x once, shared by all warps and items) | GPS statistics rows of NB x 64 bytes. NB: column blocks per
-// item (WqtArgs::nb: 2 only for two row tiles of 4-bit codes).
-template <int BITS, int MX, int FS, int MR = 1, int NB = 1> struct Slot {
+// Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
+// rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
+template <int BITS, int MX, int FS, int MR = 1> struct Slot {
   static constexpr int KS = Stage<BITS, MR>::K;
   static constexpr int VPS = KS / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 2 (8 / 4 / 2-bit)
   static constexpr int GPS = FS > 0 ? KS / (16 * FS) : 1;      // statistics rows per stage
-  static constexpr int XO = NB * VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS, MR>::v);
-  static constexpr int BYTES = SO + GPS * 64 * NB;
+  static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS, MR>::v), BYTES = SO + GPS * 64;
   static constexpr int WARP_BYTES = Thin<BITS, MX, MR>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
@@ -93,25 +91,20 @@ inline int thin_mx(const WqtArgs& p) {
 }
 
 // warps per block a kernel allows (its register budget: wq_thin_kernel.cuh BIE_WQT_BOUNDS)
-// (two column blocks per item: 151-155 registers)
-__host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr, int nb = 1) {
-  return mr == 2 && ((bits == 2 && fs == 2) || nb == 2) ? 8 : 16;
-}
+__host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) { return mr == 2 && bits == 2 && fs == 2 ? 8 : 16; }
 
-template <int BITS, int MX, int FS, int MR, int NB> constexpr int warp_bytes() {
-  return Slot<BITS, MX, FS, MR, NB>::WARP_BYTES;
-}
+template <int BITS, int MX, int FS, int MR> constexpr int warp_bytes() { return Slot<BITS, MX, FS, MR>::WARP_BYTES; }
 
 // FS of a group size (2/4/8 k16 steps for 32/64/128, else 0)
 inline int thin_fs(int gs_shift) { return (gs_shift >= 5 && gs_shift <= 7) ? 1 << (gs_shift - 4) : 0; }
 
-template <int BITS, int MX, int MR = 1, int NB = 1>
+template <int BITS, int MX, int MR = 1>
 int thin_warp_bytes(int fs) {
   switch (fs) {
-    case 2: return warp_bytes<BITS, MX, 2, MR, NB>();
-    case 4: return warp_bytes<BITS, MX, 4, MR, NB>();
-    case 8: return warp_bytes<BITS, MX, 8, MR, NB>();
-    default: return warp_bytes<BITS, MX, 0, MR, NB>();
+    case 2: return warp_bytes<BITS, MX, 2, MR>();
+    case 4: return warp_bytes<BITS, MX, 4, MR>();
+    case 8: return warp_bytes<BITS, MX, 8, MR>();
+    default: return warp_bytes<BITS, MX, 0, MR>();
   }
 }
 

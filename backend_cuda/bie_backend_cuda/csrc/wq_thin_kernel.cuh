@@ -58,7 +58,7 @@ namespace {
 #ifdef BIE_WQT_MAXNREG
 #define BIE_WQT_BOUNDS __maxnreg__(BIE_WQT_MAXNREG)
 #else
-#define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR, NB), 1)
+#define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR), 1)
 #endif
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -209,14 +209,11 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
 // (Spread above).
 // MR: 8-row tiles of the output (2 for 9-16 rows: x staged, MX == 1, not ONE). With K slices (p.kslices > 1) block b
 // covers the stages of slice b % kslices only (and stages only those of x), and writes float32 partials to p.ws.
-// NB: column blocks per item (2: two adjacent 16-column blocks per warp share the x fragments and the per-stage copy,
-// wait and address work; 13 % fewer instructions per byte of codes for two row tiles of 4-bit codes, 235 per 2 KiB
-// stage against 135 per 1 KiB; only with p.cols).
-template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, int NB>
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR>
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
-  using SL = Slot<BITS, MX, FS, MR, NB>;
+  using SL = Slot<BITS, MX, FS, MR>;
   constexpr int KS = Stage<BITS, MR>::K, XPITCH = XPitch<BITS, MR>::v;
   constexpr int LKS = KS == 256 ? 8 : 7;   // log2(KS)
   constexpr int J = Layout<BITS>::J;
@@ -233,7 +230,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   static_assert(MR == 1 || (MR == 2 && MX == 1 && !ONE), "two row tiles only with x staged per block");
-  const int M = p.M, nblk = (p.N + 15) >> 4, nitems = (nblk + NB - 1) / NB;
+  const int M = p.M, nblk = (p.N + 15) >> 4;
   // this block's K slice (its stages [bs0, bs1)) and its items: blocks item0, item0 + istep, ... of the slice's
   // blocks (the grid is a multiple of kslices). p.cols: the warps split the columns, not K: warp w of the block takes
   // items item0 * nwarps + w, + istep * nwarps, ... over the whole slice (no cross-warp reduction, no barrier)
@@ -277,36 +274,26 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   const int64_t xrow2 = 2 * (int64_t)p.K;
   // the codes of one column block: every 8th vector (interleaved layout) or consecutive vectors
   const int vstride = p.inter ? 8 * 32 : 32;
-  const bool scopy = lane < GPS * 4 * NB;
-  // NB > 1: the item's column blocks inb * NB + n are NB adjacent vectors (interleaved: an item never straddles a
-  // group of 8) or kblocks vectors apart; nbl of them exist (the last item of an odd count has one)
-  const int nstride = p.inter ? 32 : p.kblocks * 32;
-  int nbl = 1;
+  const bool scopy = lane < GPS * 4;
   auto start_item = [&]() {
     snext = st0;
     kb_next = st0 * VPS;
-    const int cb = inb * NB;
-    if (NB > 1) nbl = min(NB, nblk - cb);
-    wsrc = p.qw + (p.inter ? ((int64_t)(cb >> 3) * p.kblocks * 8 + (cb & 7)) * 32 : (int64_t)cb * p.kblocks * 32) +
+    wsrc = p.qw + (p.inter ? ((int64_t)(inb >> 3) * p.kblocks * 8 + (inb & 7)) * 32 : (int64_t)inb * p.kblocks * 32) +
            lane + (int64_t)st0 * VPS * vstride;
     // x: lane copies the 16-byte chunk (lane % 16) of rows lane / 16 + 2i (row 0 only when MX == 1)
     xk = st0 * KS + (lane & 15) * 8;
     xsrc = X + (int64_t)(lane >> 4) * p.K + xk;
-    // statistics: lanes < 4 * NB * GPS copy the 16-byte chunk (lane % (4 NB)) of group row lane / (4 NB) of the stage
-    sgrp = ((st0 * KS) >> gsh) + lane / (4 * NB);
-    ssrc = p.st + (int64_t)sgrp * p.Np + cb * 16 + (lane % (4 * NB)) * 4;
+    // statistics: lanes < 4 * GPS copy the 16-byte quarter (lane % 4) of group row lane / 4 of the stage
+    sgrp = ((st0 * KS) >> gsh) + (lane >> 2);
+    ssrc = p.st + (int64_t)sgrp * p.Np + inb * 16 + (lane & 3) * 4;
   };
   start_item();
 
   // Copies the next stage (if any) into ring slot `slot`; always commits one group.
   auto issue = [&](uint32_t slot) {
-    if (inb < nitems && st0 < st1) {
+    if (inb < nblk && st0 < st1) {
 #pragma unroll
-      for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int v = 0; v < VPS; ++v)
-          cp_async16(slot + (n * VPS + v) * 512 + lane * 16, wsrc + n * nstride + v * vstride,
-                     kb_next + v < kb_end && (NB == 1 || n < nbl) ? 16 : 0);
+      for (int v = 0; v < VPS; ++v) cp_async16(slot + v * 512 + lane * 16, wsrc + v * vstride, kb_next + v < kb_end ? 16 : 0);
       if (MX != 1) {   // 16 lanes per row, 256 bytes of it per pass (K % 8 == 0: a chunk is all inside K or outside)
 #pragma unroll
         for (int q = 0; q < KS / 128; ++q) {
@@ -318,7 +305,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
                          xsrc + i * xrow2 + q * 128, xb);
         }
       }
-      if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G && (NB == 1 || (lane % (4 * NB)) / 4 < nbl) ? 16 : 0);
+      if (scopy) cp_async16(slot + SO + lane * 16, ssrc, sgrp < p.G ? 16 : 0);
       if (++snext == st1) {
         inb += istep;
         start_item();
@@ -433,7 +420,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   BIE_WQT_MARK(3)
 
   // row tile r holds rows 8 r .. 8 r + 7 of x (fragments: rows 8 r + 2t, + 1; columns g, g + 8)
-  float tot[NB][MR][4] = {}, acc[NB][MR][4] = {}, accx[MR][4] = {};
+  float tot[MR][4] = {}, acc[MR][4] = {}, accx[MR][4] = {};
   const uint32_t ones = V2<T>::one_bits;
   const uint32_t aones[4] = {ones, ones, ones, ones};
   // ldmatrix: lane L gives row L % 8 (+ 8 r) of matrix L / 8 (matrices = k 0-7, 8-15, 16-23, 24-31 of a 32-k chunk)
@@ -448,8 +435,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 
   // group end: tot += s * acc - C * accx for columns g (e = 0, 1) and g + 8 (e = 2, 3); MX == 1: accx (rows 2t,
   // 2t + 1 of sum(x), the same for every column) from the table
-  auto flush = [&](int n, uint32_t srow, int unit) {   // column block n of the item
-    srow += n * 64;
+  auto flush = [&](uint32_t srow, int unit) {
     if constexpr (ONE) {   // row 0 only: C fragments 0 (column g) and 2 (column g + 8); lanes t > 0 hold zero rows of x
       const uint4 e = lds128(sxtab + unit * 16);
       const float sx = __uint_as_float(e.x), mx0 = __uint_as_float(e.y), mx1 = __uint_as_float(e.z);
@@ -459,8 +445,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       // gptq: s * (acc - sum(magic x) - z sum(x)); gba: s * (acc - sum(magic x)) - z sum(x)
       const float c0 = GPTQ ? s0 * fmaf(z0, sx, mx0) : fmaf(s0, mx0, z0 * sx);
       const float c1 = GPTQ ? s1 * fmaf(z1, sx, mx1) : fmaf(s1, mx1, z1 * sx);
-      tot[0][0][0] = fmaf(s0, acc[0][0][0], tot[0][0][0] - c0);
-      tot[0][0][2] = fmaf(s1, acc[0][0][2], tot[0][0][2] - c1);
+      tot[0][0] = fmaf(s0, acc[0][0], tot[0][0] - c0);
+      tot[0][2] = fmaf(s1, acc[0][2], tot[0][2] - c1);
       return;
     }
     float s0, z0, s1, z1;
@@ -481,7 +467,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float s_ = e < 2 ? s0 : s1, c_ = e < 2 ? c0 : c1;
-        tot[n][r][e] = fmaf(s_, acc[n][r][e], fmaf(-c_, ax[e], tot[n][r][e]));
+        tot[r][e] = fmaf(s_, acc[r][e], fmaf(-c_, ax[e], tot[r][e]));
       }
     }
   };
@@ -490,43 +476,39 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // own sums; with K slices, the slice's float32 partial goes to p.ws (bias and output dtype in the reduction
   // kernel, wq_thin.cu)
   int parity = 0;
-  auto finish_item = [&](int nb) {   // (NB > 1 only with p.cols: launch_t)
+  auto finish_item = [&](int nb) {
     if (!cols) {
 #pragma unroll
       for (int r = 0; r < MR; ++r)
-        red[((parity * nwarps + warp) * MR + r) * 32 + lane] =
-            make_float4(tot[0][r][0], tot[0][r][1], tot[0][r][2], tot[0][r][3]);
+        red[((parity * nwarps + warp) * MR + r) * 32 + lane] = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
       __syncthreads();
     }
     if (cols || warp == 0) {
 #pragma unroll
-      for (int n = 0; n < NB; ++n) {
-#pragma unroll
-        for (int r = 0; r < MR; ++r) {
-          float4 q0 = make_float4(tot[n][r][0], tot[n][r][1], tot[n][r][2], tot[n][r][3]);
-          if (!cols) {
-            q0 = red[(parity * nwarps * MR + r) * 32 + lane];
-            for (int w2 = 1; w2 < nwarps; ++w2) {
-              const float4 q = red[((parity * nwarps + w2) * MR + r) * 32 + lane];
-              q0.x += q.x;
-              q0.y += q.y;
-              q0.z += q.z;
-              q0.w += q.w;
-            }
+      for (int r = 0; r < MR; ++r) {
+        float4 q0 = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
+        if (!cols) {
+          q0 = red[(parity * nwarps * MR + r) * 32 + lane];
+          for (int w2 = 1; w2 < nwarps; ++w2) {
+            const float4 q = red[((parity * nwarps + w2) * MR + r) * 32 + lane];
+            q0.x += q.x;
+            q0.y += q.y;
+            q0.z += q.z;
+            q0.w += q.w;
           }
-          const float rv[4] = {q0.x, q0.y, q0.z, q0.w};
+        }
+        const float rv[4] = {q0.x, q0.y, q0.z, q0.w};
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            // C fragment e of tile r: x row m = 8 r + 2t + (e & 1), output column 16 (NB nb + n) + g + 8 (e >> 1)
-            const int m = 8 * r + 2 * t + (e & 1), col = (nb * NB + n) * 16 + g + 8 * (e >> 1);
-            if (m < M && col < p.N) {
-              float v = rv[e];
-              if (ksl > 1) {
-                p.ws[((int64_t)slice * M + m) * p.N + col] = v;
-              } else {
-                if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
-                store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
-              }
+        for (int e = 0; e < 4; ++e) {
+          // C fragment e of tile r: x row m = 8 r + 2t + (e & 1), output column 16 nb + g + 8 (e >> 1)
+          const int m = 8 * r + 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
+          if (m < M && col < p.N) {
+            float v = rv[e];
+            if (ksl > 1) {
+              p.ws[((int64_t)slice * M + m) * p.N + col] = v;
+            } else {
+              if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+              store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
             }
           }
         }
@@ -534,38 +516,32 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
     parity ^= 1;
 #pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-      for (int r = 0; r < MR; ++r)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tot[n][r][e] = 0.f;
-  };
-#pragma unroll
-  for (int n = 0; n < NB; ++n)
-#pragma unroll
     for (int r = 0; r < MR; ++r)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) tot[n][r][e] = 0.f;
+      for (int e = 0; e < 4; ++e) tot[r][e] = 0.f;
+  };
+#pragma unroll
+  for (int r = 0; r < MR; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tot[r][e] = 0.f;
 
   if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
-    for (int nb = item0; nb < nitems; nb += istep) finish_item(nb);
+    for (int nb = item0; nb < nblk; nb += istep) finish_item(nb);
   } else {
     int nb = item0, s = st0;
     // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
     // compile-time offset; an item ends inside the unrolled body
-    while (nb < nitems) {
+    while (nb < nblk) {
 #pragma unroll
       for (int u = 0; u < S; ++u) {
-        if (nb < nitems) {
+        if (nb < nblk) {
           cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
           __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
           issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
           const uint32_t base = ring + u * SB;
-          uint4 w[NB][VPS];
+          uint4 w[VPS];
 #pragma unroll
-          for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int v = 0; v < VPS; ++v) w[n][v] = lds128(base + (n * VPS + v) * 512 + lane * 16);
+          for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
           uint32_t xa[MR];
 #pragma unroll
           for (int r = 0; r < MR; ++r)
@@ -580,39 +556,29 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int j = 2 * c + h;   // k16 step in the stage
-              const bool first = j % (FS > 0 ? FS : KS / 16) == 0;   // a group's (or, FS == 0, a stage's) first step
+              uint32_t a[4];
+              if (ONE && BITS == 2) {
+                const uint32_t ws[4] = {w[j / J].x, w[j / J].y, w[j / J].z, w[j / J].w};
+                Spread<T>::extract(ws[(j % J) >> 1], j & 1, a);
+              } else {
+                extract_a<BITS, T>(w[j / J], j % J, a);
+              }
 #pragma unroll
-              for (int n = 0; n < NB; ++n) {
-                uint32_t a[4];
-                if (ONE && BITS == 2) {
-                  const uint32_t ws[4] = {w[n][j / J].x, w[n][j / J].y, w[n][j / J].z, w[n][j / J].w};
-                  Spread<T>::extract(ws[(j % J) >> 1], j & 1, a);
+              for (int r = 0; r < MR; ++r) {
+                if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
+                  mma_zero<T>(acc[r], a, b[r][2 * h], b[r][2 * h + 1]);
+                  if (MX != 1) mma_zero<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
                 } else {
-                  extract_a<BITS, T>(w[n][j / J], j % J, a);
-                }
-#pragma unroll
-                for (int r = 0; r < MR; ++r) {
-                  if (first) {
-                    mma_zero<T>(acc[n][r], a, b[r][2 * h], b[r][2 * h + 1]);
-                    if (MX != 1) mma_zero<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
-                  } else {
-                    mma<T>(acc[n][r], a, b[r][2 * h], b[r][2 * h + 1]);
-                    if (MX != 1) mma<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
-                  }
+                  mma<T>(acc[r], a, b[r][2 * h], b[r][2 * h + 1]);
+                  if (MX != 1) mma<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
                 }
               }
               // (the sum(x) table is indexed by the stage within the block's slice)
-              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0) {
-#pragma unroll
-                for (int n = 0; n < NB; ++n)
-                  flush(n, base + SO + (j / (FS > 0 ? FS : 1)) * 64 * NB, (s - bs0) * GPS + j / (FS > 0 ? FS : 1));
-              }
+              if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (s - bs0) * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) {
-#pragma unroll
-            for (int n = 0; n < NB; ++n) flush(n, base + SO, s - bs0);
-          }
+          if (FS == 0) flush(base + SO, s - bs0);
           if (++s == st1) {
             finish_item(nb);
             nb += istep;
@@ -632,13 +598,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #endif
 }
 
-template <int BITS, typename T, int MX, int FS, bool ONE, int MR, int NB>
+template <int BITS, typename T, int MX, int FS, bool ONE, int MR>
 cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   WqtArgs p = plan;
-  // two column blocks per item only where the warps split the columns (wqt_plan: always at 9-16 rows)
-  if (NB > 1 && !p.cols) return cudaErrorInvalidValue;
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, NB> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, NB>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, NB> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, NB>);
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -656,13 +620,13 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
-template <int BITS, typename T, int MX, bool ONE, int MR, int NB = 1>
+template <int BITS, typename T, int MX, bool ONE, int MR>
 cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
   switch (thin_fs(p.gs_shift)) {
-    case 2: return launch_t<BITS, T, MX, 2, ONE, MR, NB>(p, st);
-    case 4: return launch_t<BITS, T, MX, 4, ONE, MR, NB>(p, st);
-    case 8: return launch_t<BITS, T, MX, 8, ONE, MR, NB>(p, st);
-    default: return launch_t<BITS, T, MX, 0, ONE, MR, NB>(p, st);
+    case 2: return launch_t<BITS, T, MX, 2, ONE, MR>(p, st);
+    case 4: return launch_t<BITS, T, MX, 4, ONE, MR>(p, st);
+    case 8: return launch_t<BITS, T, MX, 8, ONE, MR>(p, st);
+    default: return launch_t<BITS, T, MX, 0, ONE, MR>(p, st);
   }
 }
 
@@ -672,12 +636,7 @@ template <int BITS, typename T>
 cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
   // (x staged or copied per stage, as planned: wqt_plan)
   if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
-  if (p.M > 8) {
-    if constexpr (BITS == 4) {
-      if (p.nb == 2) return launch_m<BITS, T, 1, false, 2, 2>(p, st);
-    }
-    return launch_m<BITS, T, 1, false, 2>(p, st);
-  }
+  if (p.M > 8) return launch_m<BITS, T, 1, false, 2>(p, st);
   return p.M == 1 ? launch_m<BITS, T, 1, true, 1>(p, st) : launch_m<BITS, T, 1, false, 1>(p, st);
 }
 
