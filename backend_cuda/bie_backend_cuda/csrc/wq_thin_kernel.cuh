@@ -372,10 +372,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
     };
     if (xasync) {
-      // x copied with cp.async, all of it in flight at once and ahead of all but `pre` first stages: loaded after
-      // every first stage, each round trip of x queued behind the ring's HBM misses (BIE_WQT_PHASES, session 21:
-      // 3.5 us before the first mma for one row of 28672x8192). Its own commit group (the main loop's waits then
-      // count one more group ahead of each stage: still correct); chunks past K are zero-filled.
+      // x copied with cp.async, all of it in flight at once and ahead of all but `pre` first stages (the register
+      // path below loads x after every first stage, and each of its round trips queues behind the ring's HBM
+      // misses: BIE_WQT_PHASES, session 21, 3.5 us before the first mma for one row of 28672x8192). x is its own
+      // commit group (the main loop's waits then count one more group ahead of each stage: still correct); chunks
+      // past K are zero-filled.
       for (int c = threadIdx.x; c < total; c += blockDim.x) {
         const int row = c / per_row, cc = c - row * per_row;
         cp_async16(xbuf + row * xpitch + cc * 16, xs0 + (int64_t)row * p.K + cc * 8, bs0 * KS + cc * 8 < p.K ? 16 : 0);
@@ -415,8 +416,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
       cp_wait<S - 2>();   // this thread's first stage has landed
     }
-    __syncthreads();      // every thread's first stage, x and its sums are in shared memory
-  }
+    __syncthreads();      // x and its sums are in shared memory for every warp (each warp's main loop waits for its
+  }                       // own ring's stages)
   BIE_WQT_MARK(3)
 
   // row tile r holds rows 8 r .. 8 r + 7 of x (fragments: rows 8 r + 2t, + 1; columns g, g + 8)
