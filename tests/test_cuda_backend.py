@@ -139,7 +139,7 @@ def test_binary_gemm_wgmma(m, n, k):
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile=tile).cpu(), exp), tile
     if m >= cb.WGMMA_MIN_M:
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
-    # (2-byte outputs are converted by the conversion warps: with and without bias each)
+    # (2-byte outputs with and without bias each)
     for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16, torch.float16, torch.bfloat16)):
         sdt = (torch.float32, torch.bfloat16, torch.float16)[(i + m) % 3]
         scale = (torch.rand((n,) if (i + m) % 2 == 0 else (), generator=gen) + 0.05).to(sdt).cuda()
@@ -162,9 +162,8 @@ def test_binary_gemm_wgmma(m, n, k):
 @needs_hopper
 @pytest.mark.parametrize("k", [65408, 65536])
 def test_binary_gemm_wgmma_long_k(k):
-    """2-byte outputs: below K = 65536 the math warps stage 16-bit popcounts for the conversion warps (65408: the
-    largest, with an all-ones row against an all-ones weight row, popc = K); from 65536 they convert themselves.
-    Bit-exact either side, with scales and bias."""
+    """2-byte outputs at the edge of 16-bit popcounts: K = 65408 (an all-ones row against an all-ones weight row:
+    popc = K, the largest below 2^16) and K = 65536. Bit-exact, with scales and bias."""
     from bie_backend_cuda import binary as cb
     rb, _ = _ref()
     gen = torch.Generator().manual_seed(k)

@@ -318,8 +318,9 @@ __device__ __forceinline__ uint2 lds_u64(uint32_t addr) {
   return v;
 }
 
-// Lab instrument (BIE_CUDA_DEFINES=BIE_CONV_PHASES, never in the product build): thread 0 of each block prints the
-// global timer at the kernel's phase boundaries (benchmarks/lab/conv_phases.py reads them).
+// Lab instrument (BIE_CUDA_DEFINES=BIE_CONV_PHASES, never in the product build): thread 0 of each block records clock64
+// at the kernel's phase boundaries and prints them with its SM and the global timer at the end
+// (benchmarks/lab/conv_phases.py reads them).
 #ifdef BIE_CONV_PHASES
 #define BIE_CONV_MARK(i)                                                              \
   if (threadIdx.x == 0) ph_[i] = clock64();

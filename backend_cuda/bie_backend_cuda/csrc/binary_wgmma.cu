@@ -88,12 +88,6 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
 #endif
 }
 
-// The epilogue's conversions (1.5 per output: an I2FP per popcount, half an F2FP per bf16 pair) run at a quarter of
-// the FP32 rate on sm_90 (benchmarks/lab/cvt_probe/pipe_rate.cu, session 21); exact integer-only replacements (a
-// magic-number int -> float, integer round-to-nearest-even) cost more issue slots and measured 7-15 % slower over the
-// whole kernel (benchmarks/results/cuda_h100_binary_wgmma.md, session 21; lab knobs of commits up to 8942891).
-__device__ __forceinline__ float dot_to_f32(int d) { return (float)d; }
-
 template <typename OT> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -329,9 +323,12 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
               *reinterpret_cast<int2*>(dst1) = make_int2(d10, d11);
             } else {
               const float s0 = __int_as_float(cs.z), s1 = __int_as_float(cs.w);
-              // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA)
-              float y00 = __fmul_rn(dot_to_f32(d00), s0), y01 = __fmul_rn(dot_to_f32(d01), s1);
-              float y10 = __fmul_rn(dot_to_f32(d10), s0), y11 = __fmul_rn(dot_to_f32(d11), s1);
+              // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA). (The
+              // conversions, I2FP here and F2FP in pack2, run at a quarter of the FP32 rate on sm_90; exact
+              // integer-only replacements measured 7-15 % slower over the kernel: cuda_h100_binary_wgmma.md,
+              // session 21.)
+              float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
+              float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
               if constexpr (HB) {
                 const float2 bi = *reinterpret_cast<const float2*>(rec + 16);
                 y00 = __fadd_rn(y00, bi.x);
