@@ -3,8 +3,8 @@
 # Build bie-backend-cuda, the dequantize and large-M tests, then benchmarks/lab/overlap_m.py (LAB_ARGS), then
 # (BENCH=1) bench_cuda.py --only wq --quick (the product table).
 set -o pipefail
+source benchmarks/cutlass_setup.sh   # installs the packages (and the CUTLASS headers, unused here)
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
-pip install -q --no-build-isolation --no-deps -e . -e backends/cpu -e backend_cuda > /dev/null 2>&1
 START=$(date +%s); el() { echo $(( $(date +%s) - START )); }
 export MAX_JOBS=10
 python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_cuda.log 2>&1
