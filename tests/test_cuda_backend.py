@@ -320,13 +320,10 @@ def test_wq_dequant_columns_exact(bits, gs, act, fmt):
             got = cw.wq_dequantize(qw, s, z, gi, bits, gs, k, fmt, dt)
             assert torch.equal(got.cpu(), ref), f"whole weight {bits}-bit {fmt} g{gs} N={n} {dt}"
             buf = torch.full((k, 264), float("nan"), dtype=dt, device="cuda")
-            # sms: the whole-GPU launch, and the persistent one the overlapped large-M path runs beside cuBLAS
-            # (blocks looping over column blocks and word rows: one block, fewer blocks than column blocks, more)
-            for (n0, nc), sms in zip(((0, 256), (256, 256), (512, 260), (n - 232, 232), (3, 1), (n - 5, 5),
-                                      (0, 264), (n - 264, 264), (7, 257)), (0, 0, 0, 0, 0, 0, 1, 3, 16)):
+            for n0, nc in ((0, 256), (256, 256), (512, 260), (n - 232, 232), (3, 1), (n - 5, 5)):
                 buf.fill_(float("nan"))
-                ops.wq_dequant_canonical(qw, s, z, gi, bits, gs, k, fmt == "gptq", dt, n0, buf[:, :nc], sms)
-                assert torch.equal(buf[:, :nc].cpu(), ref[:, n0:n0 + nc]), f"columns [{n0}, {n0 + nc}) sms={sms} {dt}"
+                ops.wq_dequant_canonical(qw, s, z, gi, bits, gs, k, fmt == "gptq", dt, n0, buf[:, :nc])
+                assert torch.equal(buf[:, :nc].cpu(), ref[:, n0:n0 + nc]), f"columns [{n0}, {n0 + nc}) {dt}"
                 assert bool(buf[:, nc:].isnan().all()), f"columns [{n0}, {n0 + nc}): wrote past its columns"
 
 
@@ -346,14 +343,11 @@ def test_wq_large_m_and_bad_column_ranges():
     ops = cw._build.ops()
     qw, s, z, gi, _ = _wq_case(64, 40, 4, 32, "gptq", False, 3)
     with pytest.raises(RuntimeError, match="outside N"):
-        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 32, torch.empty(64, 16).half().cuda(), 0)
+        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 32, torch.empty(64, 16).half().cuda())
     with pytest.raises(RuntimeError, match="out must be"):
-        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 0, torch.empty(16, 64).half().cuda().t(),
-                                 0)
+        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 0, torch.empty(16, 64).half().cuda().t())
     with pytest.raises(RuntimeError, match="n0 needs out"):
-        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 8, None, 0)
-    with pytest.raises(RuntimeError, match="sms must be"):
-        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 0, None, -1)
+        ops.wq_dequant_canonical(qw, s, z, None, 4, 32, 64, True, torch.float16, 8, None)
 
 
 @needs_cuda

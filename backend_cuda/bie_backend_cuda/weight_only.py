@@ -357,7 +357,7 @@ def _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, lay=N
     (float32 math as the reference) for 1/2/4/8 bits, else from the layout."""
     if bits in (1, 2, 4, 8):
         return _build.ops().wq_dequant_canonical(qweight, scales, zeros, g_idx, bits, group_size, k, fmt == "gptq",
-                                                  dtype, 0, None, 0)
+                                                  dtype, 0, None)
     return _dequant(lay, original_order=True).to(dtype)
 
 
@@ -450,87 +450,6 @@ def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
     return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
 
 
-#: M > LARGE_M on layers of at least OVERLAP_MIN_WEIGHTS weights, 16-bit activations: the weight is dequantized in
-#: column chunks on a side stream by a persistent launch on OVERLAP_SMS SMs while cuBLAS multiplies the previous
-#: chunk on the others (its SM count target lowered by as many through torch's SM carve-out when OVERLAP_CARVEOUT),
-#: so the dequantize's HBM traffic hides under the compute-bound GEMM instead of preceding it; two chunk buffers
-#: instead of the whole bf16 weight. OVERLAP_SMS = 0 turns it off (the whole weight, then one GEMM).
-OVERLAP_SMS = 16
-OVERLAP_MIN_WEIGHTS = 1 << 26
-#: chunks per layer (their width rounded up to 256 columns); OVERLAP_CHUNK_COLS > 0 sets the width instead
-OVERLAP_CHUNKS = 8
-OVERLAP_CHUNK_COLS = 0
-OVERLAP_CARVEOUT = True
-_SIDE_STREAMS = {}
-
-
-def _overlap_ok(x, n, k, cd) -> bool:
-    return (OVERLAP_SMS > 0 and n * k >= OVERLAP_MIN_WEIGHTS and cd in (torch.float16, torch.bfloat16)
-            and x.is_cuda and _overlap_cols(n) < n)
-
-
-def _overlap_cols(n: int) -> int:
-    if OVERLAP_CHUNK_COLS > 0:
-        return OVERLAP_CHUNK_COLS
-    return -(-n // max(1, OVERLAP_CHUNKS) // 256) * 256
-
-
-def _side_stream(device) -> torch.cuda.Stream:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    st = _SIDE_STREAMS.get(idx)
-    if st is None:
-        st = _SIDE_STREAMS[idx] = torch.cuda.Stream(device=device)
-    return st
-
-
-def _overlapped_mm(xc, qweight, scales, zeros, g_idx, bits, group_size, k, gptq, cd):
-    """xc @ W (K, N) in cd, W dequantized chunk by chunk on a side stream while cuBLAS multiplies the previous chunk
-    straight into its columns of y. Chunk i + 1 is dequantized into the buffer GEMM i - 1 read (two buffers), so it
-    waits for that GEMM, and GEMM i + 1 waits for it. The side stream forks from and joins the caller's stream
-    (CUDA-graph capture works; the buffers are freed only after the join)."""
-    ops = _build.ops()
-    m, n = xc.shape[0], qweight.shape[1]
-    nc = _overlap_cols(n)
-    chunks = [(n0, min(nc, n - n0)) for n0 in range(0, n, nc)]
-    main = torch.cuda.current_stream(xc.device)
-    side = _side_stream(xc.device)
-    y = torch.empty((m, n), dtype=cd, device=xc.device)
-    bufs = [torch.empty((k, nc), dtype=cd, device=xc.device) for _ in range(min(2, len(chunks)))]
-
-    def dequantize(i, sms):
-        n0, w = chunks[i]
-        out = bufs[i % 2][:, :w]
-        ops.wq_dequant_canonical(qweight, scales, zeros, g_idx, bits, group_size, k, gptq, cd, n0, out, sms)
-        return out
-
-    dequantize(0, 0)    # the first chunk on the whole GPU: nothing runs beside it yet
-    side.wait_stream(main)
-    ready, done = [None] * len(chunks), [None] * len(chunks)
-    carve = OVERLAP_CARVEOUT and hasattr(torch._C, "_set_sm_carveout_experimental")
-    before = torch._C._get_sm_carveout_experimental() if carve else None
-    try:
-        for i, (n0, w) in enumerate(chunks):
-            if i + 1 < len(chunks):
-                with torch.cuda.stream(side):
-                    if i >= 1:
-                        side.wait_event(done[i - 1])
-                    dequantize(i + 1, OVERLAP_SMS)
-                    ready[i + 1] = torch.cuda.Event()
-                    ready[i + 1].record(side)
-            if i >= 1:
-                main.wait_event(ready[i])
-            if carve:
-                torch._C._set_sm_carveout_experimental(OVERLAP_SMS if i + 1 < len(chunks) else before)
-            torch.mm(xc, bufs[i % 2][:, :w], out=y[:, n0:n0 + w])
-            done[i] = torch.cuda.Event()
-            done[i].record(main)
-    finally:
-        if carve:
-            torch._C._set_sm_carveout_experimental(before)
-        main.wait_stream(side)
-    return y
-
-
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     k = x.shape[1]
     m = x.shape[0]
@@ -550,11 +469,8 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype
-        if _overlap_ok(x, qweight.shape[1], k, cd):
-            y = _overlapped_mm(x.to(cd), qweight, scales, zeros, g_idx, bits, group_size, k, format == "gptq", cd)
-        else:
-            w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
-            y = x.to(cd) @ w
+        w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
+        y = x.to(cd) @ w
         if bias is not None:
             y = y.to(torch.float32) + bias.to(torch.float32)
         return y.to(x.dtype)

@@ -31,7 +31,7 @@ def chunked(ops, x, qw, s, z, bits, gs, k, nc):
     buf = torch.empty((k, nc), dtype=x.dtype, device=x.device)
     for n0 in range(0, n, nc):
         w = buf[:, :min(nc, n - n0)]
-        ops.wq_dequant_canonical(qw, s, z, None, bits, gs, k, True, x.dtype, n0, w, 0)
+        ops.wq_dequant_canonical(qw, s, z, None, bits, gs, k, True, x.dtype, n0, w)
         torch.mm(x, w, out=y[:, n0:n0 + w.shape[1]])
     return y
 
@@ -53,7 +53,7 @@ def main():
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         fns = [lambda s_=s_: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq") for s_ in sets]
         deq = time_graph([lambda s_=s_: ops.wq_dequant_canonical(s_[0], s_[1], s_[2], None, bits, gs, k, True,
-                                                                 torch.bfloat16, 0, None, 0) for s_ in sets])
+                                                                 torch.bfloat16, 0, None) for s_ in sets])
         base = bf16_linear_us(m, n, k)
         w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
         ref = x.float() @ w

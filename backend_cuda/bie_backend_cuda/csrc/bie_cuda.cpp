@@ -584,12 +584,10 @@ Tensor wq_dequant(const Tensor& qw, const Tensor& s, const Tensor& zp, const std
 }
 
 // Dequantize straight from the canonical tensors (bits 1, 2, 4, 8): W (K, N), or with out (K rows, nc columns of
-// stride 1, rows of any stride >= nc, in out_dtype) its columns [n0, n0 + nc) into out (returned). sms > 0 launches
-// it persistent on about that many SMs, to run beside a GEMM on another stream (weight_only.py's overlapped path).
+// stride 1, rows of any stride >= nc, in out_dtype) its columns [n0, n0 + nc) into out (returned).
 Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const Tensor& zeros,
                             const std::optional<Tensor>& g_idx, int64_t bits, int64_t group_size, int64_t K,
-                            bool gptq, at::ScalarType out_dtype, int64_t n0, const std::optional<Tensor>& out_opt,
-                            int64_t sms) {
+                            bool gptq, at::ScalarType out_dtype, int64_t n0, const std::optional<Tensor>& out_opt) {
   for (const Tensor* t : {&qweight, &scales, &zeros}) check_cuda(*t, "wq_dequant_canonical operand");
   TORCH_CHECK(bits == 1 || bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_dequant_canonical: bits 1/2/4/8");
   const int64_t N = qweight.size(1), G = scales.size(0);
@@ -613,7 +611,6 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
     gp = gi.data_ptr<int32_t>();
   }
   TORCH_CHECK(K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_dequant_canonical: problem too large");
-  TORCH_CHECK(sms >= 0 && sms <= 4096, "bie_cuda.wq_dequant_canonical: sms must be 0 (the whole GPU) or 1..4096");
   Tensor out;
   if (out_opt.has_value() && out_opt->defined()) {
     out = *out_opt;
@@ -633,7 +630,7 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
                                                 zr.data_ptr(), gptq ? bie::kI32 : dtype_code(zr.scalar_type()), gptq,
                                                 gp, group_size > 0 ? (int)group_size : -1, (int)G, (int)bits, (int)K,
                                                 (int)N, (int)n0, (int)out.size(1), out.stride(0), out.data_ptr(),
-                                                dtype_code(out_dtype), (int)sms, stream()),
+                                                dtype_code(out_dtype), stream()),
                "wq_dequant_canonical");
   return out;
 }

@@ -194,10 +194,9 @@ struct WqwArgs {
 };
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st);
 
-// columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo); sms > 0: a persistent
-// launch on about that many SMs (one 1024-thread block each), to run beside a GEMM
+// columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
                                         bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N, int n0,
-                                        int nc, int64_t ldo, void* out, int odt, int sms, cudaStream_t st);
+                                        int nc, int64_t ldo, void* out, int odt, cudaStream_t st);
 
 }  // namespace bie

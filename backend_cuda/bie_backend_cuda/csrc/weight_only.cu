@@ -908,15 +908,11 @@ __global__ void wq_dequant_cols_kernel(const int32_t* __restrict__ qw, const voi
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   constexpr float TWO23 = 8388608.f;
   const int nw = (N * BITS + 31) / 32;
-  const int wrows = (K + PER - 1) / PER;
-  // Column blocks of blockDim.x threads (4 columns each) over blockIdx.x, word rows over blockIdx.y and threadIdx.y.
-  // The default launch has one column block per blockIdx.x and blockDim.y = 1; the persistent launch (a few
-  // 1024-thread blocks that run beside a GEMM, see launch_cols_b) loops over both.
-  for (int cb = blockIdx.x; cb * (int)blockDim.x * 4 < nc; cb += gridDim.x) {
-  const int c0 = (cb * blockDim.x + threadIdx.x) * 4;   // first of this thread's columns in the chunk
-  if (c0 >= nc) continue;
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;   // first of this thread's columns in the chunk
+  if (c0 >= nc) return;
   const int ncol = min(4, nc - c0), n = n0 + c0;
-  for (int wr = blockIdx.y * blockDim.y + threadIdx.y; wr < wrows; wr += gridDim.y * blockDim.y) {
+  const int wrows = (K + PER - 1) / PER;
+  for (int wr = blockIdx.y; wr < wrows; wr += gridDim.y) {
     uint32_t word[4];
     if (vec) {
       const uint4 v = *reinterpret_cast<const uint4*>(qw + (int64_t)wr * N + n);
@@ -986,53 +982,41 @@ __global__ void wq_dequant_cols_kernel(const int32_t* __restrict__ qw, const voi
       }
     }
   }
-  }
 }
 
 template <int BITS>
 static cudaError_t launch_cols_b(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt, bool gptq,
                                  const int32_t* gidx, int gs, int G, int K, int N, int n0, int nc, int64_t ldo,
-                                 void* out, int odt, int sms, cudaStream_t st) {
+                                 void* out, int odt, cudaStream_t st) {
   constexpr int PER = 32 / BITS;
   if (K == 0 || nc == 0) return cudaSuccess;
   const bool vec = N % 4 == 0 && n0 % 4 == 0 && nc % 4 == 0 && ldo % 4 == 0 && ((uintptr_t)out % 16) == 0 &&
                    ((uintptr_t)qw % 16) == 0;
-  const int cblocks = ceil_div(ceil_div(nc, 4), 128), wrows = (K + PER - 1) / PER;
-  dim3 grid((unsigned)cblocks, (unsigned)std::min(wrows, 65535)), block(128, 1);
-  size_t smem = 0;
-  if (sms > 0) {
-    // Persistent launch on about `sms` SMs, beside a GEMM that leaves them free (weight_only.py, the overlapped
-    // dequantize + cuBLAS): blocks of 1024 threads, each asking for more than half an SM's shared memory (unused)
-    // so that no two share an SM and the blocks spread over `sms` SMs whichever way they are placed.
-    block = dim3(128, 8);
-    const int gx = std::min(cblocks, sms);
-    grid = dim3((unsigned)gx, (unsigned)std::max(1, std::min(sms / gx, ceil_div(wrows, 8))));
-    smem = 120 * 1024;
-  }
-  auto go = [&](auto kernel, auto* o) -> cudaError_t {
-    if (smem) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (e != cudaSuccess) return e;
-    }
-    kernel<<<grid, block, smem, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, o);
-    return cudaGetLastError();
-  };
+  const dim3 grid((unsigned)ceil_div(ceil_div(nc, 4), 128), (unsigned)std::min((K + PER - 1) / PER, 65535));
   switch (odt) {
-    case kF32: return go(wq_dequant_cols_kernel<BITS, float>, (float*)out);
-    case kF16: return go(wq_dequant_cols_kernel<BITS, __half>, (__half*)out);
-    case kBF16: return go(wq_dequant_cols_kernel<BITS, __nv_bfloat16>, (__nv_bfloat16*)out);
+    case kF32:
+      wq_dequant_cols_kernel<BITS, float><<<grid, 128, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, (float*)out);
+      break;
+    case kF16:
+      wq_dequant_cols_kernel<BITS, __half><<<grid, 128, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, (__half*)out);
+      break;
+    case kBF16:
+      wq_dequant_cols_kernel<BITS, __nv_bfloat16>
+          <<<grid, 128, 0, st>>>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, vec, (__nv_bfloat16*)out);
+      break;
     default: return cudaErrorInvalidValue;
   }
+  BIE_LAUNCH_CHECK();
 }
 
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
                                         bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N, int n0,
-                                        int nc, int64_t ldo, void* out, int odt, int sms, cudaStream_t st) {
+                                        int nc, int64_t ldo, void* out, int odt, cudaStream_t st) {
   switch (bits) {
-    case 1: return launch_cols_b<1>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, sms, st);
-    case 2: return launch_cols_b<2>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, sms, st);
-    case 4: return launch_cols_b<4>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, sms, st);
-    case 8: return launch_cols_b<8>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, sms, st);
+    case 1: return launch_cols_b<1>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
+    case 2: return launch_cols_b<2>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
+    case 4: return launch_cols_b<4>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
+    case 8: return launch_cols_b<8>(qw, scales, sdt, zeros, zdt, gptq, gidx, gs, G, K, N, n0, nc, ldo, out, odt, st);
   }
   return cudaErrorInvalidValue;
 }
