@@ -438,6 +438,8 @@ WQW_MIN_M_8BIT = 17
 WQW_NTOK64_MAX_M = 64
 #: K splits of the wgmma kernel; 0 = chosen from the grid (split when the tiles leave SMs idle)
 WQW_SPLITS = 0
+#: rows of x per wgmma block (16, 32, 64 or 128); 0 = chosen from the rows (_wqw_ntok)
+WQW_NTOK = 0
 
 
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
@@ -463,7 +465,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout
         if not lay.generic:
-            ntok = 16 if m <= 16 else (32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128))
+            ntok = WQW_NTOK or (16 if m <= 16 else (32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128)))
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):

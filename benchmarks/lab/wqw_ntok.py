@@ -1,0 +1,74 @@
+"""Lab: rows of x per block of the Hopper wgmma weight-only kernel (wqw), by row count.
+
+bie-backend-cuda serves 9-256 rows (17-256 once the thin kernel takes 3-16) with the wgmma kernel, its tile rows
+(ntok) chosen from M: 16 up to 16 rows, 32 up to 32, 64 up to WQW_NTOK64_MAX_M, else 128. The product table showed
+M=32 slower than M=64 on 28672x8192 (119 against 96 µs). This times every ntok (weight_only.WQW_NTOK forced) at
+each M, beside the path as planned, dequantize + cuBLAS (above LARGE_M) and bf16 F.linear; weights rotate over a
+pool larger than L2 (bench_cuda's method).
+
+    python3 benchmarks/lab/wqw_ntok.py [--ms 17,24,32,48,64,96,128,192,256] [--shapes 28672x8192,...] [--json f]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from bench_cuda import _wq_pool, bf16_linear_us  # noqa: E402
+from gpu_timing import time_graph, warm_gpu  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="17,24,32,40,48,64,96,128,192,256")
+    ap.add_argument("--shapes", default="28672x8192,8192x28672,4096x4096")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from bie_backend_cuda import weight_only as cw
+    warm_gpu(2.0)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = []
+    for shape in args.shapes.split(","):
+        n, k = (int(v) for v in shape.split("x"))
+        for m in (int(v) for v in args.ms.split(",")):
+            _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
+            base = bf16_linear_us(m, n, k)
+            row = dict(m=m, n=n, k=k, bf16_us=base)
+            line = [f"M={m} {n}x{k}: bf16 {base:.1f}"]
+            ref = fns[0]().float()
+            for ntok in (0, 16, 32, 64, 128):
+                if ntok and (ntok > 2 * max(m, 16) or (ntok == 16 and m > 64)):
+                    continue
+                cw.WQW_NTOK = ntok
+                try:
+                    y = fns[0]().float()
+                    err = float((y - ref).norm() / ref.norm())
+                    t = time_graph(fns)
+                finally:
+                    cw.WQW_NTOK = 0
+                row[f"ntok{ntok}_us"] = t
+                line.append(f"{'planned' if not ntok else f'ntok {ntok}'} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
+            old = cw.WQW_MAX_M
+            cw.WQW_MAX_M = 0   # the path without the wgmma kernel: dequantize + cuBLAS above LARGE_M, else small-M
+            try:
+                t = time_graph(fns)
+            finally:
+                cw.WQW_MAX_M = old
+            row["no_wqw_us"] = t
+            line.append(f"without wqw {t:.1f} ({base / t:.2f}x)")
+            print(" | ".join(line), flush=True)
+            rows.append(row)
+            del sets, fns
+            torch.cuda.empty_cache()
+    if args.json:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=os.environ.get("BIE_COMMIT", "?"))
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
