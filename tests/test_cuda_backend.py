@@ -695,6 +695,31 @@ def test_wgmma_row_ranges():
         cw.WQW_MIN_M = keep
 
 
+def test_wgmma_tile_rows_plan():
+    """The wgmma kernel's tile rows (_wqw_ntok) on an H100's 132 SMs: the choices measured best in session 22
+    (cuda_h100_wqw.md), from the grid-fill model mirrored from the launcher."""
+    from bie_backend_cuda import weight_only as cw
+    plan = {(m, n, k): cw._wqw_ntok(m, n, k, 132) for m in (9, 16, 17, 24, 32, 40, 64, 96, 128, 160, 192, 256)
+            for n, k in ((28672, 8192), (8192, 28672), (4096, 4096))}
+    for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):
+        assert [plan[(m, n, k)] for m in (9, 16, 40, 64, 96, 128, 256)] == [16, 16, 64, 64, 128, 128, 128]
+    assert [plan[(m, 28672, 8192)] for m in (17, 24, 32, 160, 192)] == [64, 64, 64, 64, 64]
+    assert [plan[(m, 8192, 28672)] for m in (17, 24, 32, 160, 192)] == [32, 32, 32, 128, 128]
+    assert [plan[(m, 4096, 4096)] for m in (17, 32, 192)] == [32, 32, 128]
+    for m in range(1, 257):   # every planned tile has a grid the launcher can build
+        for n, k in ((128, 128), (13824, 5120), (4096, 11008)):
+            t = cw._wqw_ntok(m, n, k, 132)
+            assert t in (16, 32, 64, 128) and 0 < cw._wqw_wave_fill(m, n, k, t, 132) <= 1
+    keep = cw.WQW_NTOK64_MAX_M, cw.WQW_NTOK
+    try:
+        cw.WQW_NTOK64_MAX_M = 64    # the fixed rule: 32 up to 32 rows, 64 up to this, else 128
+        assert [cw._wqw_ntok(m, 28672, 8192, 132) for m in (17, 32, 33, 64, 65, 192)] == [32, 32, 64, 64, 128, 128]
+        cw.WQW_NTOK = 128
+        assert cw._wqw_ntok(17, 28672, 8192, 132) == 128
+    finally:
+        cw.WQW_NTOK64_MAX_M, cw.WQW_NTOK = keep
+
+
 def test_thin_row_ranges():
     """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): 2- and 4-bit codes (1 and 3
     bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices) except 2 rows of a big
@@ -744,19 +769,25 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
     prepared = cw.prepare(qw, s, z, gi)
     for i, m in enumerate((1, 9, 16, 17, 32, 33, 65, 127, 129, 333)):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
-        keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT
+        keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT, cw.WQW_NTOK
         try:
-            for ntok_max, splits in ((0, 0), (1 << 20, 0), (0, 1), (1 << 20, 3)):   # 128/64-row tiles, split-K
+            # 128/64-row tiles above 32 rows, split-K; then 64-row tiles at any row count (the plan takes them for
+            # 17-32 rows of layers whose 32-row grid fills the SMs badly)
+            for ntok_max, splits, ntok in ((0, 0, 0), (1 << 20, 0, 0), (0, 1, 0), (1 << 20, 3, 0), (0, 0, 64)):
+                if ntok and m < 17:
+                    continue
                 cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = 1, 1 << 30, ntok_max, splits
+                cw.WQW_NTOK = ntok
                 cw.THIN_M_LOWBIT = 0   # (9-16 rows of 2/4-bit codes: this kernel, not the thin one)
                 x = torch.randn((m, k), generator=gen).to(dtype).cuda()
                 bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
                 out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
                 out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
-                _close(out, w64, x, dtype, k, f"wgmma M={m} ntok_max={ntok_max} splits={splits} {dtype}", bias)
+                _close(out, w64, x, dtype, k, f"wgmma M={m} ntok_max={ntok_max} splits={splits} ntok={ntok} {dtype}",
+                       bias)
                 assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
         finally:
-            cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT = keep
+            cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT, cw.WQW_NTOK = keep
     # small M through the same kernel (rows of the tile masked) agrees with the skinny kernel
     keep = cw.WQW_MIN_M
     try:

@@ -434,12 +434,51 @@ WQW_SMALL_LAYER = 1 << 26
 WQW_SMALL_MIN_M = 5
 #: 8-bit codes stay on the small-M kernel up to 16 rows (28672x8192 per-channel at M=16: 105 vs 116 us)
 WQW_MIN_M_8BIT = 17
-#: rows of x per wgmma block above 32 rows: 64 up to this many rows, else 128
-WQW_NTOK64_MAX_M = 64
+#: rows of x per wgmma block above 32 rows: 64 up to this many rows, else 128; -1 = planned (_wqw_ntok)
+WQW_NTOK64_MAX_M = -1
 #: K splits of the wgmma kernel; 0 = chosen from the grid (split when the tiles leave SMs idle)
 WQW_SPLITS = 0
-#: rows of x per wgmma block (16, 32, 64 or 128); 0 = chosen from the rows (_wqw_ntok)
+#: rows of x per wgmma block (16, 32, 64 or 128); 0 = planned (_wqw_ntok)
 WQW_NTOK = 0
+_SMS = {}
+
+
+def _num_sms(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def _wqw_wave_fill(m: int, n: int, k: int, ntok: int, sms: int) -> float:
+    """How full the wgmma kernel's last wave of blocks is on average: blocks / (waves x blocks per wave), for the
+    grid csrc/bie_cuda.cpp wqw_gemm launches (its tiles, blocks per SM and K-split rule, mirrored here)."""
+    tiles = -(-m // ntok) * (-(-n // 128) * 128 // (64 if ntok <= 32 else 128))
+    slots = sms * {16: 4, 32: 3, 64: 2, 128: 1}[ntok]
+    splits = max(1, min(-(-k // 128) // 4, slots // tiles)) if tiles * 3 < slots * 2 else 1
+    blocks = tiles * splits
+    return blocks / (-(-blocks // slots) * slots)
+
+
+def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
+    """Rows of x per wgmma block. 17-32 rows (memory-bound): 32-row tiles unless 64-row tiles fill the SMs clearly
+    better (28672x8192: the 32-row grid is 1.13 waves, 122 µs, against 96 µs with 64-row tiles); 33-64: 64;
+    above: 128 unless 64-row tiles waste clearly less on padding rows and partial waves (192 rows of 28672x8192:
+    299 against 344 µs). H100, benchmarks/results/cuda_h100_wqw.md (session 22)."""
+    if WQW_NTOK:
+        return WQW_NTOK
+    if m <= 16:
+        return 16
+    if WQW_NTOK64_MAX_M >= 0:
+        return 32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128)
+    if m <= 32:
+        return 64 if _wqw_wave_fill(m, n, k, 64, sms) > _wqw_wave_fill(m, n, k, 32, sms) + 0.1 else 32
+    if m <= 64:
+        return 64
+
+    def fill(t):
+        return m / (-(-m // t) * t) * _wqw_wave_fill(m, n, k, t, sms)
+    return 64 if fill(64) > fill(128) + 0.05 else 128
 
 
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
@@ -465,7 +504,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout
         if not lay.generic:
-            ntok = WQW_NTOK or (16 if m <= 16 else (32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128)))
+            ntok = _wqw_ntok(m, lay.n, k, _num_sms(x.device))
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):

@@ -1,10 +1,11 @@
 """Lab: rows of x per block of the Hopper wgmma weight-only kernel (wqw), by row count.
 
 bie-backend-cuda serves 9-256 rows (17-256 once the thin kernel takes 3-16) with the wgmma kernel, its tile rows
-(ntok) chosen from M: 16 up to 16 rows, 32 up to 32, 64 up to WQW_NTOK64_MAX_M, else 128. The product table showed
-M=32 slower than M=64 on 28672x8192 (119 against 96 µs). This times every ntok (weight_only.WQW_NTOK forced) at
-each M, beside the path as planned, dequantize + cuBLAS (above LARGE_M) and bf16 F.linear; weights rotate over a
-pool larger than L2 (bench_cuda's method).
+(ntok) planned by weight_only._wqw_ntok. Until session 22 they followed M alone (16 up to 16 rows, 32 up to 32, 64 up
+to 64, else 128), and the product table showed M=32 slower than M=64 on 28672x8192 (119 against 96 µs). This times
+the tiles (weight_only.WQW_NTOK forced) at each M beside the plan, the path without the wgmma kernel (dequantize +
+cuBLAS above LARGE_M, else the small-M kernel) and bf16 F.linear; weights rotate over a pool larger than L2
+(bench_cuda's method).
 
     python3 benchmarks/lab/wqw_ntok.py [--ms 17,24,32,48,64,96,128,192,256] [--shapes 28672x8192,...] [--json f]
 """
@@ -27,6 +28,8 @@ def main():
     ap.add_argument("--ms", default="17,24,32,40,48,64,96,128,192,256")
     ap.add_argument("--shapes", default="28672x8192,8192x28672,4096x4096")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fast", action="store_true", help="only the candidate tiles of the plan (32/64 up to 32 rows, "
+                    "64/128 above 64), no path without the wgmma kernel")
     args = ap.parse_args()
     from bie_backend_cuda import weight_only as cw
     warm_gpu(2.0)
@@ -40,8 +43,8 @@ def main():
             row = dict(m=m, n=n, k=k, bf16_us=base)
             line = [f"M={m} {n}x{k}: bf16 {base:.1f}"]
             ref = fns[0]().float()
-            for ntok in (0, 16, 32, 64, 128):
-                if ntok and (ntok > 2 * max(m, 16) or (ntok == 16 and m > 64)):
+            for ntok in (0,) + ((16, 32, 64) if m <= 32 else (32, 64) if m <= 64 else (64, 128)):
+                if ntok and args.fast and (ntok == 16 or (ntok == 32 and m > 32)):
                     continue
                 cw.WQW_NTOK = ntok
                 try:
@@ -52,6 +55,12 @@ def main():
                     cw.WQW_NTOK = 0
                 row[f"ntok{ntok}_us"] = t
                 line.append(f"{'planned' if not ntok else f'ntok {ntok}'} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
+            if args.fast:
+                print(" | ".join(line), flush=True)
+                rows.append(row)
+                del sets, fns
+                torch.cuda.empty_cache()
+                continue
             old = cw.WQW_MAX_M
             cw.WQW_MAX_M = 0   # the path without the wgmma kernel: dequantize + cuBLAS above LARGE_M, else small-M
             try:
