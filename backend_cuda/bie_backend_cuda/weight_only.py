@@ -450,21 +450,38 @@ def _num_sms(device) -> int:
     return _SMS[idx]
 
 
-def _wqw_wave_fill(m: int, n: int, k: int, ntok: int, sms: int) -> float:
-    """How full the wgmma kernel's last wave of blocks is on average: blocks / (waves x blocks per wave), for the
-    grid csrc/bie_cuda.cpp wqw_gemm launches (its tiles, blocks per SM and K-split rule, mirrored here)."""
+def _wqw_grid(m: int, n: int, k: int, ntok: int, sms: int):
+    """(blocks, blocks per wave, stages per block) of the grid csrc/bie_cuda.cpp wqw_gemm launches for ntok-row
+    tiles: its tiles, blocks per SM and K-split rule, mirrored here for the plan."""
     tiles = -(-m // ntok) * (-(-n // 128) * 128 // (64 if ntok <= 32 else 128))
     slots = sms * {16: 4, 32: 3, 64: 2, 128: 1}[ntok]
-    splits = max(1, min(-(-k // 128) // 4, slots // tiles)) if tiles * 3 < slots * 2 else 1
-    blocks = tiles * splits
+    stages = -(-k // 128)
+    splits = max(1, min(stages // 4, slots // tiles)) if tiles * 3 < slots * 2 else 1
+    return tiles * splits, slots, -(-stages // splits)
+
+
+def _wqw_wave_fill(m: int, n: int, k: int, ntok: int, sms: int) -> float:
+    """How full the waves of the wgmma kernel's grid are on average: blocks / (waves x blocks per wave)."""
+    blocks, slots, _ = _wqw_grid(m, n, k, ntok, sms)
     return blocks / (-(-blocks // slots) * slots)
 
 
+#: a pair of 64-row blocks on an SM takes this much longer per stage than one 128-row block (H100: 128 rows of
+#: 28672x8192, the same waves: 201 against 173 µs)
+WQW_NTOK64_STAGE_COST = 1.16
+
+
 def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
-    """Rows of x per wgmma block. 17-32 rows (memory-bound): 32-row tiles unless 64-row tiles fill the SMs clearly
-    better (28672x8192: the 32-row grid is 1.13 waves, 122 µs, against 96 µs with 64-row tiles); 33-64: 64;
-    above: 128 unless 64-row tiles waste clearly less on padding rows and partial waves (192 rows of 28672x8192:
-    299 against 344 µs). H100, benchmarks/results/cuda_h100_wqw.md (session 22)."""
+    """Rows of x per wgmma block.
+    - 17-32 rows (memory-bound): 32-row tiles unless 64-row tiles fill the waves clearly better (28672x8192: the
+      32-row grid is 1.13 waves, 122 µs, against 96 µs with 64-row tiles).
+    - 33-64: 64.
+    - above: the tile of the lower modelled time, waves (fractional past the first: blocks of a partial wave run
+      beside the others) x stages per block x the 64-row blocks' per-stage cost. 64-row tiles win where they pad
+      fewer rows or fill the waves better (192 rows of 28672x8192: 289 against 345 µs; of 5120x13824: 87 against
+      139), 128-row tiles where the waves are equal (128 rows of 28672x8192: 173 against 201; 192 rows of
+      8192x28672: 298 against 336).
+    Measured on the H100, benchmarks/results/cuda_h100_wqw.md (session 22); every measured choice agrees."""
     if WQW_NTOK:
         return WQW_NTOK
     if m <= 16:
@@ -476,9 +493,10 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
     if m <= 64:
         return 64
 
-    def fill(t):
-        return m / (-(-m // t) * t) * _wqw_wave_fill(m, n, k, t, sms)
-    return 64 if fill(64) > fill(128) + 0.05 else 128
+    def cost(t):
+        blocks, slots, per_block = _wqw_grid(m, n, k, t, sms)
+        return max(1.0, blocks / slots) * per_block * (WQW_NTOK64_STAGE_COST if t == 64 else 1.0)
+    return 64 if cost(64) < cost(128) else 128
 
 
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
