@@ -499,6 +499,19 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
     return 64 if cost(64) < cost(128) else 128
 
 
+#: rows from which 4-bit codes in groups of 32 or more (or per channel) take the warp-specialised wgmma kernel
+#: (csrc/wq_wgmma.cu "wqm": the weight dequantized into shared memory by a producer warpgroup while two consumer
+#: warpgroups run wgmma on 128-row x 256-column tiles); 0 turns it off
+WQM_MIN_M = 0
+#: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK)
+WQM_NTOK = 256
+
+
+def _wqm_rows(m: int, bits: int, gs_shift: int) -> bool:
+    """The warp-specialised kernel serves m rows of these codes (kernel bits of the layout, its group shift)."""
+    return 0 < WQM_MIN_M <= m and bits == 4 and (gs_shift == -1 or gs_shift >= 5)
+
+
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
     """The wgmma kernel serves m rows of this layer (the measured thresholds above)."""
     if WQW_MIN_M <= 0 or m > WQW_MAX_M:
@@ -518,6 +531,13 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
                                          _pdl(lay), THIN_SLICES, THIN_XPRE)
+    if (WQM_MIN_M > 0 and m >= WQM_MIN_M and _KERNEL_BITS.get(bits) == 4 and _is_hopper(x.device)
+            and wqw_ok(x, scales, zeros, format, k)):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
+                      inter=True)   # (the interleaved skinny layout, shared with the other kernels)
+        if not lay.generic and _wqm_rows(m, lay.bits, lay.gs_shift):
+            return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
+                                         lay.kblocks, lay.gptq, x.dtype, WQM_NTOK, 0, lay.st_bf16)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernel reads the interleaved layout

@@ -28,6 +28,8 @@ def main():
     ap.add_argument("--ms", default="17,24,32,40,48,64,96,128,192,256")
     ap.add_argument("--shapes", default="28672x8192,8192x28672,4096x4096")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--wqm", action="store_true", help="also the warp-specialised many-row kernel (WQM_MIN_M = 1)")
+    ap.add_argument("--tiles", default=None, help="only these tiles of the register-A kernel (e.g. 64,128; 0 = planned)")
     ap.add_argument("--fast", action="store_true", help="only the candidate tiles of the plan (32/64 up to 32 rows, "
                     "64/128 above 64), no path without the wgmma kernel")
     args = ap.parse_args()
@@ -43,8 +45,13 @@ def main():
             row = dict(m=m, n=n, k=k, bf16_us=base)
             line = [f"M={m} {n}x{k}: bf16 {base:.1f}"]
             ref = fns[0]().float()
-            for ntok in (0,) + ((16, 32, 64) if m <= 32 else (32, 64) if m <= 64 else (64, 128)):
+            tiles = (0,) + ((16, 32, 64) if m <= 32 else (32, 64) if m <= 64 else (64, 128))
+            if args.tiles is not None:
+                tiles = tuple(int(v) for v in args.tiles.split(","))
+            for ntok in tiles:
                 if ntok and args.fast and (ntok == 16 or (ntok == 32 and m > 32)):
+                    continue
+                if ntok and m > cw.WQW_MAX_M:
                     continue
                 cw.WQW_NTOK = ntok
                 try:
@@ -55,6 +62,16 @@ def main():
                     cw.WQW_NTOK = 0
                 row[f"ntok{ntok}_us"] = t
                 line.append(f"{'planned' if not ntok else f'ntok {ntok}'} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
+            if args.wqm:   # the warp-specialised many-row kernel (4-bit codes)
+                cw.WQM_MIN_M = 1
+                try:
+                    y = fns[0]().float()
+                    err = float((y - ref).norm() / ref.norm())
+                    t = time_graph(fns)
+                finally:
+                    cw.WQM_MIN_M = 0
+                row["wqm_us"] = t
+                line.append(f"wqm {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
             if args.fast:
                 print(" | ".join(line), flush=True)
                 rows.append(row)

@@ -41,6 +41,7 @@
 #include "common.cuh"
 #include "hopper.cuh"
 #include "wgmma_rs.cuh"
+#include "wgmma_ss.cuh"
 #include "wq_fragments.cuh"
 
 namespace bie {
@@ -377,6 +378,233 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 #endif
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Many rows, 4-bit codes: the warp-specialised kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). Y = X W in tiles of 128
+// rows x 256 columns with both wgmma operands in shared memory, so the tensor cores never wait for a
+// dequantization: warpgroup 0 produces, warpgroups 1 and 2 consume (64 rows of the tile each).
+//   - Producer, per 64-k stage: cp.async of the x tile (128 rows x 128 bytes, the 128-byte swizzle) into an operand
+//     slot, counted on the slot's "full" mbarrier as it lands (cp.async.mbarrier.arrive.noinc); cp.async of the
+//     code block and statistics rows of the stage CD ahead into a ring of code slots; then the stage's code block
+//     (the skinny kernel's interleaved A-fragment layout: one prepared copy for every kernel) is dequantized
+//     exactly as the register-A kernel does (dequant / convert_pair / dequant_wide) and each (k, k + 1) pair is
+//     stored into the slot's weight tile, column n's 64 k forming one swizzled 128-byte row (K-major B).
+//   - Consumers: per stage four wgmma.m64n256k16 (A: their 64 rows of x, B: the weight tile), one group kept in
+//     flight; a slot is released (its "empty" mbarrier, one arrival per warp) once the wgmmas reading it retired.
+//   - Persistent blocks walk the tiles with the row tiles of a column tile adjacent (its codes are read from L2
+//     by the neighbouring blocks); the ring runs on across tiles, so the next tile's stages load during the
+//     epilogue.
+namespace wqm {
+constexpr int BM = 128, BN = 256, BK = 64;     // BK: one 4-bit code block (Layout<4>::J = 4 k16 steps)
+constexpr int THREADS = 384;
+constexpr int STAGES = 3;                      // operand slots
+constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, SLOT = A_BYTES + B_BYTES;
+constexpr int CD = 5;                          // code blocks loaded ahead of the one being dequantized
+constexpr int CSLOTS = CD + 2;                 // (+2: a slot is refilled one stage after every producer read it)
+constexpr int CODE_BYTES = BN / 16 * 32 * 16;  // 16 column blocks x 32 lanes x 16 bytes
+constexpr int STAT_BYTES = 2 * BN * 4;         // statistics rows of a stage: 1, or 2 for groups of 32
+constexpr int CSLOT = CODE_BYTES + STAT_BYTES;
+constexpr int OFF_CODE = STAGES * SLOT;
+constexpr int OFF_BAR = OFF_CODE + CSLOTS * CSLOT;
+constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
+static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
+}  // namespace wqm
+
+__device__ __forceinline__ void cp_mbar_arrive_noinc(uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+template <typename T, typename S, bool GPTQ>
+__global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace wqw;   // (and through it frag: cp.async, extract_a; hop: mbarriers, descriptors)
+  using namespace wqm;
+  constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int g = lane >> 2, t4 = lane & 3;
+  if (tid == 0) {
+    for (int i = 0; i < STAGES; ++i) {
+      mbar_init(bar_full + 8 * i, 256);   // 128 producer threads' x copies (noinc) + their dequantized tiles
+      mbar_init(bar_empty + 8 * i, 8);    // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int rt_n = (p.M + BM - 1) / BM, ct_n = (p.Np + BN - 1) / BN;
+  const int ntiles = rt_n * ct_n, nst = p.kblocks;
+  const int my_tiles = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int total = my_tiles * nst;   // stages this block runs, over its tiles
+  auto tile_of = [&](int it, int& rt, int& ct) {
+    const int t = (int)blockIdx.x + (it / nst) * (int)gridDim.x;
+    ct = t / rt_n;
+    rt = t - ct * rt_n;
+  };
+
+  if (wg == 0) {
+    // ------------------------------------------------------------------ producer
+    const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row of this thread
+    const T* X = static_cast<const T*>(p.x);
+    const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage
+    auto load_codes = [&](int it) {
+      if (it >= total) return;
+      int rt, ct;
+      tile_of(it, rt, ct);
+      const int kb = it % nst;
+      const uint32_t cs = base + OFF_CODE + (uint32_t)((it % CSLOTS) * CSLOT);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {   // this thread's vectors: column blocks 4 * warp + q (8 per 128 columns)
+        const int cbi = warp * 4 + q, grp = ct * 2 + (cbi >> 3);
+        const bool ok = grp * 128 < p.Np;
+        const uint4* src = p.qw + ((int64_t)grp * p.kblocks + kb) * 256 + (cbi & 7) * 32 + lane;
+        cp_async16(cs + (uint32_t)((cbi * 32 + lane) * 16), ok ? src : p.qw, ok ? 16 : 0);
+      }
+      if (tid < nsr * 64) {   // statistics: 256 columns x 4 bytes = 64 chunks per row
+        const int r = tid >> 6, c4 = (tid & 63) * 4;
+        const int gi = p.gs_shift < 0 ? 0 : min(((kb * BK) >> p.gs_shift) + r, p.G - 1);
+        const int col = ct * BN + c4;
+        const bool ok = col < p.Np;
+        cp_async16(cs + CODE_BYTES + (uint32_t)(r * BN * 4 + c4 * 4), ok ? p.stw + (int64_t)gi * p.Np + col : p.stw,
+                   ok ? 16 : 0);
+      }
+    };
+#pragma unroll 1
+    for (int i = 0; i < CD; ++i) {
+      load_codes(i);
+      cp_commit();
+    }
+#pragma unroll 1
+    for (int it = 0; it < total; ++it) {
+      const int slot = it % STAGES;
+      const uint32_t sA = base + (uint32_t)(slot * SLOT), sB = sA + A_BYTES;
+      mbar_wait(bar_empty + 8 * slot, ((it / STAGES) & 1) ^ 1);
+      int rt, ct;
+      tile_of(it, rt, ct);
+      const int k0 = (it % nst) * BK;
+      const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = xr + 16 * i, row = rt * BM + r;
+        const bool ok = kin && row < p.M;
+        cp_async16(sA + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
+                   ok ? 16 : 0);
+      }
+      cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
+      load_codes(it + CD);
+      cp_commit();
+      cp_wait<CD>();             // this thread's copies of stage it's code block have landed
+      named_barrier(1, 128);     // and every producer thread's (the statistics rows are shared)
+      const uint32_t cs = base + OFF_CODE + (uint32_t)((it % CSLOTS) * CSLOT);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int cbi = warp * 4 + q;
+        const uint4 v = lds128(cs + (uint32_t)((cbi * 32 + lane) * 16));
+        const int n0 = cbi * 16 + g;   // A-fragment rows g and g + 8: weight columns n0 and n0 + 8
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t a[4];
+          extract_a<4, S>(v, j, a);
+          const int sr = nsr == 2 ? (j >> 1) : 0;   // groups of 32: steps 0-1 and 2-3
+          const uint32_t sq = cs + CODE_BYTES + (uint32_t)(sr * BN * 4 + n0 * 4);
+          const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
+          if constexpr (WIDE) {
+            const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
+            const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = dequant_wide<4, GPTQ>(a[r], sf[r & 1], zf[r & 1]);
+          } else {
+            const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
+            const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = convert_pair<S, T>(wqw::dequant<4, S, GPTQ>(a[r], s2[r & 1], z2[r & 1]));
+          }
+          // a[r]: column n0 + 8 (r & 1), k 16 j + 2 t4 + 8 (r >> 1) and the next: 16-byte chunk 2 j + (r >> 1)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int n = n0 + 8 * (r & 1);
+            sts32(sB + (uint32_t)(n * 128 + (((2 * j + (r >> 1)) ^ (n & 7)) << 4) + 4 * t4), a[r]);
+          }
+        }
+      }
+      fence_proxy_async();   // the weight tile's stores, visible to the tensor cores' (async) proxy
+      mbar_arrive(bar_full + 8 * slot);
+    }
+    cp_wait<0>();
+  } else {
+    // ------------------------------------------------------------------ consumers
+    const int cw = wg - 1;   // rows 64 cw .. 64 cw + 63 of the tile
+    float acc[128];
+    int it = 0;
+#pragma unroll 1
+    for (int ti = 0; ti < my_tiles; ++ti) {
+      int rt, ct;
+      tile_of(it, rt, ct);
+#pragma unroll 1
+      for (int kb = 0; kb < nst; ++kb, ++it) {
+        const int slot = it % STAGES;
+        mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
+        fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
+        const uint32_t sA = base + (uint32_t)(slot * SLOT + cw * 64 * 128), sB = base + (uint32_t)(slot * SLOT + A_BYTES);
+        const uint64_t da = desc_sw128(sA), db = desc_sw128(sB);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) WgmmaSS256<T>::run(acc, da + 2 * j, db + 2 * j, (kb | j) ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot
+        if (kb > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
+      }
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
+      // epilogue: D register 4 j + e: row 16 (warp % 4) + g + 8 (e >> 1), column 8 j + 2 t4 + (e & 1); one
+      // unrolled store loop per output type (a run-time type switch per element made the kernel ~0.5 MB of code)
+      const int row0 = rt * BM + cw * 64 + 16 * (warp & 3) + g;
+      auto store_tile = [&](auto* out) {
+        using OT = std::remove_pointer_t<decltype(out)>;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int c = ct * BN + 8 * j + 2 * t4;
+          if (c >= p.N) continue;
+          const bool two = c + 1 < p.N;
+          const float b0 = p.bias ? load_f32(p.bias, p.bias_dtype, c) : 0.f;
+          const float b1 = p.bias && two ? load_f32(p.bias, p.bias_dtype, c + 1) : 0.f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row >= p.M) continue;
+            OT* dst = out + (int64_t)row * p.N + c;
+            dst[0] = from_f32<OT>(acc[4 * j + 2 * h] + b0);
+            if (two) dst[1] = from_f32<OT>(acc[4 * j + 2 * h + 1] + b1);
+          }
+        }
+      };
+      if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
+      else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
+      else store_tile(static_cast<__nv_bfloat16*>(p.out));
+    }
+  }
+#endif
+}
+
+template <typename T, typename S>
+static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
+  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
+  if (e != cudaSuccess) return e;
+  int dev = 0, sms = 0;
+  if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+  const int64_t tiles = (int64_t)((p.M + wqm::BM - 1) / wqm::BM) * ((p.Np + wqm::BN - 1) / wqm::BN);
+  k<<<(unsigned)std::min<int64_t>(tiles, sms), wqm::THREADS, wqm::SMEM, st>>>(p);
+  BIE_LAUNCH_CHECK();
+}
+
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
   const int64_t total = (int64_t)p.M * p.N, plane = total;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -428,6 +656,14 @@ static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
 }
 
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st) {
+  if (p.ntok == WQM_NTOK) {   // the warp-specialised many-row kernel (4-bit codes, groups of 32 or more)
+    if (bits != 4) return cudaErrorInvalidValue;
+    if (cdtype == kF16)
+      return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, st) : launch_wqm_t<__half, __half>(p, st);
+    if (cdtype == kBF16)
+      return p.st_bf16 ? launch_wqm_t<__nv_bfloat16, __nv_bfloat16>(p, st) : launch_wqm_t<__nv_bfloat16, __half>(p, st);
+    return cudaErrorInvalidValue;
+  }
   if (cdtype == kF16)
     return p.st_bf16 ? launch_wqw_dt<__half, __nv_bfloat16>(p, bits, st) : launch_wqw_dt<__half, __half>(p, bits, st);
   if (cdtype == kBF16)
