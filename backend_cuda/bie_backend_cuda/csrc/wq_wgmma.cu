@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
-      mbar_init(bar_full + 8 * i, 256);   // 128 producer threads' x copies (noinc) + their dequantized tiles
+      mbar_init(bar_full + 8 * i, 192);   // 64 x-copying threads' copies (noinc) + 128 dequantizing threads
       mbar_init(bar_empty + 8 * i, 8);    // one arrival per consumer warp
     }
     mbar_init_fence();
@@ -450,24 +450,31 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
 
   if (wg == 0) {
     // ------------------------------------------------------------------ producer
-    const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row of this thread
+    // Warps 0-1 copy x, warps 2-3 the code blocks and statistics (all four dequantize): a thread's
+    // cp.async.mbarrier.arrive counts when all its earlier copies have landed, so the x copies that signal a slot
+    // must not share threads with the code prefetch (that would hold every slot for a fresh HBM round trip).
+    const bool xcopy = warp < 2;
+    const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row (0..7) of this thread
+    const int ct_id = tid - 64;              // 0..63 among the code-copying threads
     const T* X = static_cast<const T*>(p.x);
     const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage
     auto load_codes = [&](int it) {
-      if (it >= total) return;
+      if (xcopy || it >= total) return;
       int rt, ct;
       tile_of(it, rt, ct);
       const int kb = it % nst;
       const uint32_t cs = base + OFF_CODE + (uint32_t)((it % CSLOTS) * CSLOT);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {   // this thread's vectors: column blocks 4 * warp + q (8 per 128 columns)
-        const int cbi = warp * 4 + q, grp = ct * 2 + (cbi >> 3);
+      for (int q = 0; q < 8; ++q) {   // vectors ct_id + 64 q: column block (of 16, 8 per 128 columns) and lane
+        const int vi = ct_id + 64 * q, cbi = vi >> 5, vl = vi & 31, grp = ct * 2 + (cbi >> 3);
         const bool ok = grp * 128 < p.Np;
-        const uint4* src = p.qw + ((int64_t)grp * p.kblocks + kb) * 256 + (cbi & 7) * 32 + lane;
-        cp_async16(cs + (uint32_t)((cbi * 32 + lane) * 16), ok ? src : p.qw, ok ? 16 : 0);
+        const uint4* src = p.qw + ((int64_t)grp * p.kblocks + kb) * 256 + (cbi & 7) * 32 + vl;
+        cp_async16(cs + (uint32_t)(vi * 16), ok ? src : p.qw, ok ? 16 : 0);
       }
-      if (tid < nsr * 64) {   // statistics: 256 columns x 4 bytes = 64 chunks per row
-        const int r = tid >> 6, c4 = (tid & 63) * 4;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {   // statistics: 256 columns x 4 bytes = 64 chunks per row
+        if (r >= nsr) break;
+        const int c4 = ct_id * 4;
         const int gi = p.gs_shift < 0 ? 0 : min(((kb * BK) >> p.gs_shift) + r, p.G - 1);
         const int col = ct * BN + c4;
         const bool ok = col < p.Np;
@@ -487,20 +494,22 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
       mbar_wait(bar_empty + 8 * slot, ((it / STAGES) & 1) ^ 1);
       int rt, ct;
       tile_of(it, rt, ct);
-      const int k0 = (it % nst) * BK;
-      const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
+      if (xcopy) {
+        const int k0 = (it % nst) * BK;
+        const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = xr + 16 * i, row = rt * BM + r;
-        const bool ok = kin && row < p.M;
-        cp_async16(sA + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
-                   ok ? 16 : 0);
+        for (int i = 0; i < 16; ++i) {
+          const int r = xr + 8 * i, row = rt * BM + r;
+          const bool ok = kin && row < p.M;
+          cp_async16(sA + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
+                     ok ? 16 : 0);
+        }
+        cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies (x only) have landed
       }
-      cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
       load_codes(it + CD);
       cp_commit();
-      cp_wait<CD>();             // this thread's copies of stage it's code block have landed
-      named_barrier(1, 128);     // and every producer thread's (the statistics rows are shared)
+      if (!xcopy) cp_wait<CD>();   // this thread's copies of stage it's code block have landed
+      named_barrier(1, 128);       // and every code-copying thread's (each thread reads others' vectors)
       const uint32_t cs = base + OFF_CODE + (uint32_t)((it % CSLOTS) * CSLOT);
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
