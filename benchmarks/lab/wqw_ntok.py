@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--ms", default="17,24,32,40,48,64,96,128,192,256")
     ap.add_argument("--shapes", default="28672x8192,8192x28672,4096x4096")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bf16-stats", action="store_true", help="bf16 scales (default: fp16, as bench_cuda)")
     ap.add_argument("--wqm", action="store_true", help="also the warp-specialised many-row kernel (WQM_MIN_M = 1)")
     ap.add_argument("--tiles", default=None, help="only these tiles of the register-A kernel (e.g. 64,128; 0 = planned)")
     ap.add_argument("--fast", action="store_true", help="only the candidate tiles of the plan (32/64 up to 32 rows, "
@@ -41,6 +42,12 @@ def main():
         n, k = (int(v) for v in shape.split("x"))
         for m in (int(v) for v in args.ms.split(",")):
             _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
+            if args.bf16_stats:   # bf16 statistics (no fp16 -> bf16 conversion in the wgmma kernels' dequantization)
+                from bie_backend_cuda import weight_only as cw_
+                sets = [(q_, sc_.to(torch.bfloat16), z_) for q_, sc_, z_ in sets]
+                preps = [cw_.prepare(*s_, None) for s_ in sets]
+                fns = [lambda s_=s_, p_=p_: cw_.wq_gemm(x, s_[0], s_[1], s_[2], None, None, 4, 128, "gptq", prepared=p_)
+                       for s_, p_ in zip(sets, preps)]
             base = bf16_linear_us(m, n, k)
             row = dict(m=m, n=n, k=k, bf16_us=base)
             line = [f"M={m} {n}x{k}: bf16 {base:.1f}"]

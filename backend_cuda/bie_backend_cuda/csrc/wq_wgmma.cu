@@ -516,13 +516,23 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
         const int cbi = warp * 4 + q;
         const uint4 v = lds128(cs + (uint32_t)((cbi * 32 + lane) * 16));
         const int n0 = cbi * 16 + g;   // A-fragment rows g and g + 8: weight columns n0 and n0 + 8
+        // the statistics of the stage's (first) group, and of its second for groups of 32 (steps 2-3)
+        const uint32_t sq = cs + CODE_BYTES + (uint32_t)(n0 * 4);
+        const uint32_t swa0 = lds32(sq), swa1 = lds32(sq + 32);
+        const uint32_t swb0 = nsr == 2 ? lds32(sq + BN * 4) : swa0, swb1 = nsr == 2 ? lds32(sq + BN * 4 + 32) : swa1;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t a[4];
           extract_a<4, S>(v, j, a);
-          const int sr = nsr == 2 ? (j >> 1) : 0;   // groups of 32: steps 0-1 and 2-3
-          const uint32_t sq = cs + CODE_BYTES + (uint32_t)(sr * BN * 4 + n0 * 4);
-          const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
+#ifdef BIE_WQM_NODEQ   // lab: the stage without the dequantization arithmetic (wrong results; timing only)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int n = n0 + 8 * (r & 1);
+            sts32(sB + (uint32_t)(n * 128 + (((2 * j + (r >> 1)) ^ (n & 7)) << 4) + 4 * t4), a[r]);
+          }
+          continue;
+#endif
+          const uint32_t sw0 = j < 2 ? swa0 : swb0, sw1 = j < 2 ? swa1 : swb1;
           if constexpr (WIDE) {
             const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
             const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
