@@ -778,7 +778,7 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
         try:
             # 128/64-row tiles above 32 rows, split-K; then 64-row tiles at any row count (the plan takes them for
             # 17-32 rows of layers whose 32-row grid fills the SMs badly)
-            # (last: the warp-specialised kernel, 4-bit codes (3-bit through them) in groups of 32 or more)
+            # (last: the pipelined kernel, 4-bit codes (3-bit through them) in groups of 32 or more)
             for ntok_max, splits, ntok, wqm in ((0, 0, 0, 0), (1 << 20, 0, 0, 0), (0, 1, 0, 0), (1 << 20, 3, 0, 0),
                                                 (0, 0, 64, 0), (0, 0, 0, 1)):
                 if (ntok and m < 17) or (wqm and (bits not in (3, 4) or gs == 16)):
@@ -813,9 +813,9 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
 @pytest.mark.parametrize("fmt,sdt,gs,act", [("gptq", torch.float16, 128, True), ("gba", torch.bfloat16, 32, False),
                                             ("gptq", torch.bfloat16, -1, False)])
 def test_wqm_tiles(fmt, sdt, gs, act):
-    """The warp-specialised many-row kernel: more tiles than SMs (the persistent loop and the operand / code rings
-    running on across tiles), a column group past N (N = 11520 + 100: 128-column groups in an odd count, the
-    last partly past N), M off the 128-row tile, K off the 64-k block, fp16 / bf16 activations with fp16 / bf16
+    """The pipelined many-row kernel: more tiles than SMs (the persistent loop and the operand / code rings
+    running on across tiles), N = 11620 (91 column groups of 128, the last partly past N), M off the 256-row
+    tile, K off the 64-k block, fp16 / bf16 activations with fp16 / bf16
     statistics (both conversions), bias; NaN-poisoned outputs, deterministic, against the float64 reference."""
     from bie_backend_cuda import weight_only as cw
     k, n = 200, 11620

@@ -499,16 +499,16 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
     return 64 if cost(64) < cost(128) else 128
 
 
-#: rows from which 4-bit codes in groups of 32 or more (or per channel) take the warp-specialised wgmma kernel
-#: (csrc/wq_wgmma.cu "wqm": the weight dequantized into shared memory by a producer warpgroup while two consumer
-#: warpgroups run wgmma on 128-row x 256-column tiles); 0 turns it off
+#: rows from which 4-bit codes in groups of 32 or more (or per channel) take the pipelined wgmma kernel
+#: (csrc/wq_wgmma.cu "wqm": tiles of 256 rows x 128 columns, register-A wgmmas, mbarrier rings and no block-wide
+#: barrier); 0 turns it off
 WQM_MIN_M = 0
 #: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK)
 WQM_NTOK = 256
 
 
 def _wqm_rows(m: int, bits: int, gs_shift: int) -> bool:
-    """The warp-specialised kernel serves m rows of these codes (kernel bits of the layout, its group shift)."""
+    """The pipelined kernel serves m rows of these codes (kernel bits of the layout, its group shift)."""
     return 0 < WQM_MIN_M <= m and bits == 4 and (gs_shift == -1 or gs_shift >= 5)
 
 

@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--shapes", default="28672x8192,8192x28672,4096x4096")
     ap.add_argument("--json", default=None)
     ap.add_argument("--bf16-stats", action="store_true", help="bf16 scales (default: fp16, as bench_cuda)")
-    ap.add_argument("--wqm", action="store_true", help="also the warp-specialised many-row kernel (WQM_MIN_M = 1)")
+    ap.add_argument("--wqm", action="store_true", help="also the pipelined many-row kernel (WQM_MIN_M = 1)")
     ap.add_argument("--tiles", default=None, help="only these tiles of the register-A kernel (e.g. 64,128; 0 = planned)")
     ap.add_argument("--fast", action="store_true", help="only the candidate tiles of the plan (32/64 up to 32 rows, "
                     "64/128 above 64), no path without the wgmma kernel")
@@ -69,7 +69,7 @@ def main():
                     cw.WQW_NTOK = 0
                 row[f"ntok{ntok}_us"] = t
                 line.append(f"{'planned' if not ntok else f'ntok {ntok}'} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
-            if args.wqm:   # the warp-specialised many-row kernel (4-bit codes)
+            if args.wqm:   # the pipelined many-row kernel (4-bit codes)
                 cw.WQM_MIN_M = 1
                 try:
                     y = fns[0]().float()

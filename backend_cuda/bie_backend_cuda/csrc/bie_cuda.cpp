@@ -517,9 +517,9 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
               "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
   TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || ntok == bie::WQM_NTOK,
-              "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQM_NTOK, " (the warp-specialised kernel)");
+              "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQM_NTOK, " (the pipelined kernel)");
   TORCH_CHECK(ntok != bie::WQM_NTOK || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
-              "bie_cuda.wqw_gemm: the warp-specialised kernel takes 4-bit codes in groups of 32 or more (or per channel)");
+              "bie_cuda.wqw_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
   const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqw_gemm");

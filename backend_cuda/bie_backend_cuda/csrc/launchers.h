@@ -187,13 +187,13 @@ struct WqwArgs {
   int M, N, Np, K, G, gs_shift;
   int kblocks;
   int gptq;
-  int ntok;              // rows of x per block: 16, 32, 64 or 128; WQM_NTOK: the warp-specialised many-row kernel
+  int ntok;              // rows of x per block: 16, 32, 64 or 128; WQM_NTOK: the pipelined many-row kernel
   int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
   float* ws;             // (splits, M, N) when splits > 1
 };
-// ntok value selecting the warp-specialised kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
-// more or per-channel; tiles of 128 rows x 256 columns, no K split)
+// ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
+// more or per-channel; tiles of 256 rows x 128 columns, no K split)
 constexpr int WQM_NTOK = 256;
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st);
 

@@ -41,7 +41,6 @@
 #include "common.cuh"
 #include "hopper.cuh"
 #include "wgmma_rs.cuh"
-#include "wgmma_ss.cuh"
 #include "wq_fragments.cuh"
 
 namespace bie {
@@ -380,32 +379,35 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 
 
 // ---------------------------------------------------------------------------------------------------------------
-// Many rows, 4-bit codes: the warp-specialised kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). Y = X W in tiles of 128
-// rows x 256 columns with both wgmma operands in shared memory, so the tensor cores never wait for a
-// dequantization: warpgroup 0 produces, warpgroups 1 and 2 consume (64 rows of the tile each).
-//   - Producer, per 64-k stage: cp.async of the x tile (128 rows x 128 bytes, the 128-byte swizzle) into an operand
-//     slot, counted on the slot's "full" mbarrier as it lands (cp.async.mbarrier.arrive.noinc); cp.async of the
-//     code block and statistics rows of the stage CD ahead into a ring of code slots; then the stage's code block
-//     (the skinny kernel's interleaved A-fragment layout: one prepared copy for every kernel) is dequantized
-//     exactly as the register-A kernel does (dequant / convert_pair / dequant_wide) and each (k, k + 1) pair is
-//     stored into the slot's weight tile, column n's 64 k forming one swizzled 128-byte row (K-major B).
-//   - Consumers: per stage four wgmma.m64n256k16 (A: their 64 rows of x, B: the weight tile), one group kept in
-//     flight; a slot is released (its "empty" mbarrier, one arrival per warp) once the wgmmas reading it retired.
-//   - Persistent blocks walk the tiles with the row tiles of a column tile adjacent (its codes are read from L2
-//     by the neighbouring blocks); the ring runs on across tiles, so the next tile's stages load during the
-//     epilogue.
+// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). The register-A design of
+// the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from registers, x the B operand
+// from shared memory), reorganised for many rows:
+//   - tiles of 128 output columns x 256 rows of x (m64n256k16: 64 columns per consumer warpgroup), so each
+//     dequantized fragment feeds 256 rows of tensor work;
+//   - every thread copies its share of the stage AHEAD stages ahead: the x tile (256 rows x 128 bytes, the
+//     128-byte swizzle), the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for
+//     every kernel) and the statistics rows, into a ring of slots, counted on the slot's "full" mbarrier as they
+//     land (cp.async.mbarrier.arrive.noinc). (A producer warp beside the two warpgroups would be cleaner, but ptxas
+//     budgets registers per warpgroup: 288 threads capped them at 168, the kernel spilled and ptxas serialised
+//     the wgmmas, C7512.)
+//   - both warpgroups dequantize their fragments (as the kernel above: dequant / convert_pair / dequant_wide),
+//     issue the stage's four wgmmas and retire them; with no block-wide barrier in the loop the two run free of
+//     each other (up to AHEAD stages apart), so one's dequantization overlaps the other's tensor work; a slot is
+//     released (its "empty" mbarrier, one arrival per warp) once the wgmmas that read it have retired.
+//   - Persistent blocks walk the tiles with the row tiles of a column tile adjacent (its codes are read from L2 by
+//     neighbouring blocks); the ring runs on across tiles.
+// (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
+// single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
+// benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
-constexpr int BM = 128, BN = 256, BK = 64;     // BK: one 4-bit code block (Layout<4>::J = 4 k16 steps)
-constexpr int THREADS = 384;
-constexpr int STAGES = 3;                      // operand slots
-constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, SLOT = A_BYTES + B_BYTES;
-constexpr int CD = 5;                          // code blocks loaded ahead of the one being dequantized
-constexpr int CSLOTS = CD + 2;                 // (+2: a slot is refilled one stage after every producer read it)
-constexpr int CODE_BYTES = BN / 16 * 32 * 16;  // 16 column blocks x 32 lanes x 16 bytes
-constexpr int STAT_BYTES = 2 * BN * 4;         // statistics rows of a stage: 1, or 2 for groups of 32
-constexpr int CSLOT = CODE_BYTES + STAT_BYTES;
-constexpr int OFF_CODE = STAGES * SLOT;
-constexpr int OFF_BAR = OFF_CODE + CSLOTS * CSLOT;
+constexpr int NT = 256, COLS = 128, BK = 64;   // x rows and output columns per tile; k per stage (one code block)
+constexpr int THREADS = 256;                  // two warpgroups (ptxas budgets registers per warpgroup: a third,
+                                              // or one more warp, would cap them at 168 and serialise the wgmmas)
+constexpr int STAGES = 5;
+constexpr int AHEAD = 3;                       // stages whose copies are in flight ahead of the one consumed
+constexpr int X_BYTES = NT * BK * 2, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
+constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
+constexpr int OFF_BAR = STAGES * SLOT;
 constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
 static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 }  // namespace wqm
@@ -414,9 +416,6 @@ __device__ __forceinline__ void cp_mbar_arrive_noinc(uint32_t bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 #endif
-}
-__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 template <typename T, typename S, bool GPTQ>
@@ -432,176 +431,123 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
-      mbar_init(bar_full + 8 * i, 192);   // 64 x-copying threads' copies (noinc) + 128 dequantizing threads
+      mbar_init(bar_full + 8 * i, 256);   // every thread's copies (noinc arrivals)
       mbar_init(bar_empty + 8 * i, 8);    // one arrival per consumer warp
     }
     mbar_init_fence();
   }
   __syncthreads();
-  const int rt_n = (p.M + BM - 1) / BM, ct_n = (p.Np + BN - 1) / BN;
+  const int rt_n = (p.M + NT - 1) / NT, ct_n = p.Np / COLS;
   const int ntiles = rt_n * ct_n, nst = p.kblocks;
   const int my_tiles = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-  const int total = my_tiles * nst;   // stages this block runs, over its tiles
-  auto tile_of = [&](int it, int& rt, int& ct) {
-    const int t = (int)blockIdx.x + (it / nst) * (int)gridDim.x;
+  auto tile_of = [&](int ti, int& rt, int& ct) {   // the block's ti-th tile
+    const int t = (int)blockIdx.x + ti * (int)gridDim.x;
     ct = t / rt_n;
     rt = t - ct * rt_n;
   };
+  const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
-  if (wg == 0) {
-    // ------------------------------------------------------------------ producer
-    // Warps 0-1 copy x, warps 2-3 the code blocks and statistics (all four dequantize): a thread's
-    // cp.async.mbarrier.arrive counts when all its earlier copies have landed, so the x copies that signal a slot
-    // must not share threads with the code prefetch (that would hold every slot for a fresh HBM round trip).
-    const bool xcopy = warp < 2;
-    const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row (0..7) of this thread
-    const int ct_id = tid - 64;              // 0..63 among the code-copying threads
-    const T* X = static_cast<const T*>(p.x);
-    const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage
-    auto load_codes = [&](int it) {
-      if (xcopy || it >= total) return;
-      int rt, ct;
-      tile_of(it, rt, ct);
-      const int kb = it % nst;
-      const uint32_t cs = base + OFF_CODE + (uint32_t)((it % CSLOTS) * CSLOT);
+  // Copies of the block's stage it2 (it2 = tile number x nst + code block): the x tile, the code block and the
+  // statistics rows, each thread its share; its arrival on the slot's "full" barrier counts when they have landed.
+  const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row (0..31)
+  const T* X = static_cast<const T*>(p.x);
+  const int total = my_tiles * nst;
+  auto issue = [&](int it2) {
+    if (it2 >= total) return;
+    const int slot = it2 % STAGES;
+    const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
+    mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
+    int rt, ct;
+    tile_of(it2 / nst, rt, ct);
+    const int kb = it2 % nst, k0 = kb * BK;
+    const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {   // vectors ct_id + 64 q: column block (of 16, 8 per 128 columns) and lane
-        const int vi = ct_id + 64 * q, cbi = vi >> 5, vl = vi & 31, grp = ct * 2 + (cbi >> 3);
-        const bool ok = grp * 128 < p.Np;
-        const uint4* src = p.qw + ((int64_t)grp * p.kblocks + kb) * 256 + (cbi & 7) * 32 + vl;
-        cp_async16(cs + (uint32_t)(vi * 16), ok ? src : p.qw, ok ? 16 : 0);
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {   // statistics: 256 columns x 4 bytes = 64 chunks per row
-        if (r >= nsr) break;
-        const int c4 = ct_id * 4;
-        const int gi = p.gs_shift < 0 ? 0 : min(((kb * BK) >> p.gs_shift) + r, p.G - 1);
-        const int col = ct * BN + c4;
-        const bool ok = col < p.Np;
-        cp_async16(cs + CODE_BYTES + (uint32_t)(r * BN * 4 + c4 * 4), ok ? p.stw + (int64_t)gi * p.Np + col : p.stw,
-                   ok ? 16 : 0);
-      }
-    };
-#pragma unroll 1
-    for (int i = 0; i < CD; ++i) {
-      load_codes(i);
-      cp_commit();
+    for (int i = 0; i < NT / 32; ++i) {
+      const int r = xr + 32 * i, row = rt * NT + r;
+      const bool ok = kin && row < p.M;
+      cp_async16(sx + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
+                 ok ? 16 : 0);
     }
+    // the code block: 8 column blocks x 32 lanes of 16 bytes, one per thread
+    cp_async16(sc + (uint32_t)(tid * 16), p.qw + ((int64_t)ct * p.kblocks + kb) * 256 + tid, 16);
+    if (tid < 32 * nsr) {   // statistics rows: 128 columns x 4 bytes = 32 chunks each
+      const int r = tid >> 5, c4 = (tid & 31) * 4;
+      const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
+      cp_async16(ss + (uint32_t)(r * COLS * 4 + c4 * 4), p.stw + (int64_t)gi * p.Np + ct * COLS + c4, 16);
+    }
+    cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
+  };
 #pragma unroll 1
-    for (int it = 0; it < total; ++it) {
-      const int slot = it % STAGES;
-      const uint32_t sA = base + (uint32_t)(slot * SLOT), sB = sA + A_BYTES;
-      mbar_wait(bar_empty + 8 * slot, ((it / STAGES) & 1) ^ 1);
+  for (int i = 0; i < AHEAD; ++i) issue(i);
+  {
+    const int cw = wg;                       // columns 64 cw .. 64 cw + 63 of the tile
+    const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block (of 8)
+    float acc[NT / 2];
+    int it = 0;
+#pragma unroll 1
+    for (int ti = 0; ti < my_tiles; ++ti) {
       int rt, ct;
-      tile_of(it, rt, ct);
-      if (xcopy) {
-        const int k0 = (it % nst) * BK;
-        const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int r = xr + 8 * i, row = rt * BM + r;
-          const bool ok = kin && row < p.M;
-          cp_async16(sA + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
-                     ok ? 16 : 0);
-        }
-        cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies (x only) have landed
-      }
-      load_codes(it + CD);
-      cp_commit();
-      if (!xcopy) cp_wait<CD>();   // this thread's copies of stage it's code block have landed
-      named_barrier(1, 128);       // and every code-copying thread's (each thread reads others' vectors)
-      const uint32_t cs = base + OFF_CODE + (uint32_t)((it % CSLOTS) * CSLOT);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int cbi = warp * 4 + q;
-        const uint4 v = lds128(cs + (uint32_t)((cbi * 32 + lane) * 16));
-        const int n0 = cbi * 16 + g;   // A-fragment rows g and g + 8: weight columns n0 and n0 + 8
-        // the statistics of the stage's (first) group, and of its second for groups of 32 (steps 2-3)
-        const uint32_t sq = cs + CODE_BYTES + (uint32_t)(n0 * 4);
+      tile_of(ti, rt, ct);
+#pragma unroll 1
+      for (int kb = 0; kb < nst; ++kb, ++it) {
+        issue(it + AHEAD);
+        const int slot = it % STAGES;
+        const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
+        mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
+        const uint4 v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
+        const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
         const uint32_t swa0 = lds32(sq), swa1 = lds32(sq + 32);
-        const uint32_t swb0 = nsr == 2 ? lds32(sq + BN * 4) : swa0, swb1 = nsr == 2 ? lds32(sq + BN * 4 + 32) : swa1;
+        const uint32_t swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0, swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
+        uint32_t af[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          uint32_t a[4];
-          extract_a<4, S>(v, j, a);
-#ifdef BIE_WQM_NODEQ   // lab: the stage without the dequantization arithmetic (wrong results; timing only)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int n = n0 + 8 * (r & 1);
-            sts32(sB + (uint32_t)(n * 128 + (((2 * j + (r >> 1)) ^ (n & 7)) << 4) + 4 * t4), a[r]);
-          }
-          continue;
-#endif
+          extract_a<4, S>(v, j, af[j]);
           const uint32_t sw0 = j < 2 ? swa0 : swb0, sw1 = j < 2 ? swa1 : swb1;
           if constexpr (WIDE) {
             const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
             const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[r] = dequant_wide<4, GPTQ>(a[r], sf[r & 1], zf[r & 1]);
+            for (int r = 0; r < 4; ++r) af[j][r] = dequant_wide<4, GPTQ>(af[j][r], sf[r & 1], zf[r & 1]);
           } else {
             const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
             const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
 #pragma unroll
-            for (int r = 0; r < 4; ++r) a[r] = convert_pair<S, T>(wqw::dequant<4, S, GPTQ>(a[r], s2[r & 1], z2[r & 1]));
-          }
-          // a[r]: column n0 + 8 (r & 1), k 16 j + 2 t4 + 8 (r >> 1) and the next: 16-byte chunk 2 j + (r >> 1)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int n = n0 + 8 * (r & 1);
-            sts32(sB + (uint32_t)(n * 128 + (((2 * j + (r >> 1)) ^ (n & 7)) << 4) + 4 * t4), a[r]);
+            for (int r = 0; r < 4; ++r)
+              af[j][r] = convert_pair<S, T>(wqw::dequant<4, S, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]));
           }
         }
-      }
-      fence_proxy_async();   // the weight tile's stores, visible to the tensor cores' (async) proxy
-      mbar_arrive(bar_full + 8 * slot);
-    }
-    cp_wait<0>();
-  } else {
-    // ------------------------------------------------------------------ consumers
-    const int cw = wg - 1;   // rows 64 cw .. 64 cw + 63 of the tile
-    float acc[128];
-    int it = 0;
-#pragma unroll 1
-    for (int ti = 0; ti < my_tiles; ++ti) {
-      int rt, ct;
-      tile_of(it, rt, ct);
-#pragma unroll 1
-      for (int kb = 0; kb < nst; ++kb, ++it) {
-        const int slot = it % STAGES;
-        mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
         fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
-        const uint32_t sA = base + (uint32_t)(slot * SLOT + cw * 64 * 128), sB = base + (uint32_t)(slot * SLOT + A_BYTES);
-        const uint64_t da = desc_sw128(sA), db = desc_sw128(sB);
+        hold(af);
+        hold(acc);
         wgmma_fence();
+        const uint64_t dx = desc_sw128(sx);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) WgmmaSS256<T>::run(acc, da + 2 * j, db + 2 * j, (kb | j) ? 1 : 0);
+        for (int j = 0; j < 4; ++j) WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb | j) ? 1 : 0);
         wgmma_commit();
-        wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot
-        if (kb > 0 && lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
+        // Retire them before the next fragments are written: ptxas serialises register-A wgmmas as soon as
+        // registers of a wgmma's A operand are defined while any is in flight (C7513, even into a second register
+        // set), so the overlap comes from the other consumer warpgroup, which runs free of this one.
+        wgmma_wait<0>();
+        hold(af);
+        hold(acc);
+        if (lane == 0) mbar_arrive(bar_empty + 8 * slot);
       }
-      wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
-      // epilogue: D register 4 j + e: row 16 (warp % 4) + g + 8 (e >> 1), column 8 j + 2 t4 + (e & 1); one
-      // unrolled store loop per output type (a run-time type switch per element made the kernel ~0.5 MB of code)
-      const int row0 = rt * BM + cw * 64 + 16 * (warp & 3) + g;
+      // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
+      // x 8 i + 2 t4 + (e & 1)
+      const int c0 = ct * COLS + 64 * cw + 16 * (warp & 3) + g;
+      float bv[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
       auto store_tile = [&](auto* out) {
         using OT = std::remove_pointer_t<decltype(out)>;
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const int c = ct * BN + 8 * j + 2 * t4;
-          if (c >= p.N) continue;
-          const bool two = c + 1 < p.N;
-          const float b0 = p.bias ? load_f32(p.bias, p.bias_dtype, c) : 0.f;
-          const float b1 = p.bias && two ? load_f32(p.bias, p.bias_dtype, c + 1) : 0.f;
+        for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 8 * h;
-            if (row >= p.M) continue;
-            OT* dst = out + (int64_t)row * p.N + c;
-            dst[0] = from_f32<OT>(acc[4 * j + 2 * h] + b0);
-            if (two) dst[1] = from_f32<OT>(acc[4 * j + 2 * h + 1] + b1);
+          for (int e = 0; e < 4; ++e) {
+            const int row = rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
+            if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[4 * i + e] + bv[e >> 1]);
           }
-        }
       };
       if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
       else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
@@ -619,7 +565,7 @@ static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
   int dev = 0, sms = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
   if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  const int64_t tiles = (int64_t)((p.M + wqm::BM - 1) / wqm::BM) * ((p.Np + wqm::BN - 1) / wqm::BN);
+  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS);
   k<<<(unsigned)std::min<int64_t>(tiles, sms), wqm::THREADS, wqm::SMEM, st>>>(p);
   BIE_LAUNCH_CHECK();
 }
