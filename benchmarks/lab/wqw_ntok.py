@@ -69,16 +69,16 @@ def main():
                     cw.WQW_NTOK = 0
                 row[f"ntok{ntok}_us"] = t
                 line.append(f"{'planned' if not ntok else f'ntok {ntok}'} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
-            if args.wqm:   # the pipelined many-row kernel (4-bit codes)
-                cw.WQM_MIN_M = 1
+            for code in ((256, 512) if args.wqm else ()):   # the pipelined many-row kernel's two tiles (4-bit codes)
+                cw.WQM_MIN_M, keep_code, cw.WQM_NTOK = 1, cw.WQM_NTOK, code
                 try:
                     y = fns[0]().float()
                     err = float((y - ref).norm() / ref.norm())
                     t = time_graph(fns)
                 finally:
-                    cw.WQM_MIN_M = 0
-                row["wqm_us"] = t
-                line.append(f"wqm {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
+                    cw.WQM_MIN_M, cw.WQM_NTOK = 0, keep_code
+                row[f"wqm{code}_us"] = t
+                line.append(f"wqm{code} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
             if args.fast:
                 print(" | ".join(line), flush=True)
                 rows.append(row)

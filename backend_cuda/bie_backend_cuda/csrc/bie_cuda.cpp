@@ -516,9 +516,10 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
-  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || ntok == bie::WQM_NTOK,
-              "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQM_NTOK, " (the pipelined kernel)");
-  TORCH_CHECK(ntok != bie::WQM_NTOK || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
+  const bool wqm = ntok == bie::WQM_NTOK || ntok == bie::WQM_NTOK_WIDE;
+  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || wqm, "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128, ",
+              bie::WQM_NTOK, " or ", bie::WQM_NTOK_WIDE, " (the pipelined kernel's two tiles)");
+  TORCH_CHECK(!wqm || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
               "bie_cuda.wqw_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
   const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
@@ -546,7 +547,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   const int64_t slots = (int64_t)num_sms() * (ntok == 16 ? 4 : (ntok == 32 ? 3 : (ntok == 64 ? 2 : 1)));
   const int64_t stages = (kblocks * 16 * vector_steps(bits) + 127) / 128;
   int64_t splits = 1;
-  if (ntok == bie::WQM_NTOK) force_splits = 1;   // (no K split: persistent tiles)
+  if (wqm) force_splits = 1;   // (no K split: persistent tiles)
   else if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, slots / tiles));
   if (force_splits > 0) splits = std::min<int64_t>(force_splits, stages);
   p.splits = (int)splits;

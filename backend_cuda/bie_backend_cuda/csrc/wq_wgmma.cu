@@ -379,11 +379,11 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 
 
 // ---------------------------------------------------------------------------------------------------------------
-// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). The register-A design of
-// the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from registers, x the B operand
-// from shared memory), reorganised for many rows:
-//   - tiles of 128 output columns x 256 rows of x (m64n256k16: 64 columns per consumer warpgroup), so each
-//     dequantized fragment feeds 256 rows of tensor work;
+// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK or WQM_NTOK_WIDE). The
+// register-A design of the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from
+// registers, x the B operand from shared memory), reorganised for many rows:
+//   - 64 output columns per warpgroup, tiles of 256 rows of x with two warpgroups (m64n256k16) or 128 rows with
+//     four (m64n128k16), so each dequantized fragment feeds 128-256 rows of tensor work;
 //   - every thread copies its share of the stage AHEAD stages ahead: the x tile (256 rows x 128 bytes, the
 //     128-byte swizzle), the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for
 //     every kernel) and the statistics rows, into a ring of slots, counted on the slot's "full" mbarrier as they
@@ -400,16 +400,24 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
-constexpr int NT = 256, COLS = 128, BK = 64;   // x rows and output columns per tile; k per stage (one code block)
-constexpr int THREADS = 256;                  // two warpgroups (ptxas budgets registers per warpgroup: a third,
-                                              // or one more warp, would cap them at 168 and serialise the wgmmas)
-constexpr int STAGES = 5;
-constexpr int AHEAD = 3;                       // stages whose copies are in flight ahead of the one consumed
-constexpr int X_BYTES = NT * BK * 2, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
-constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
-constexpr int OFF_BAR = STAGES * SLOT;
-constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
-static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
+// Two shapes (template WGS): 2 warpgroups on 256 rows x 128 columns (m64n256k16, 128 accumulators a thread), or
+// 4 warpgroups on 128 rows x 256 columns (m64n128k16, 64 accumulators: 512 threads fit in 128 registers each).
+// ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would cost a whole warpgroup's
+// registers (288 threads capped them at 168: the 2-warpgroup kernel spilled and ptxas serialised its wgmmas).
+template <int WGS> struct Shape {
+  static constexpr int NT = WGS == 2 ? 256 : 128;   // rows of x per tile
+  static constexpr int COLS = 64 * WGS;             // output columns per tile
+  static constexpr int GROUPS = COLS / 128;         // 128-column code groups per tile
+  static constexpr int THREADS = 128 * WGS;
+  static constexpr int X_BYTES = NT * 128, CODE_BYTES = GROUPS * 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
+  static constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
+  static constexpr int STAGES = WGS == 2 ? 5 : 7;
+  static constexpr int AHEAD = STAGES - 2;        // stages whose copies are in flight ahead of the one consumed
+  static constexpr int OFF_BAR = STAGES * SLOT;
+  static constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
+  static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
+};
+constexpr int BK = 64;   // k per stage: one 4-bit code block
 }  // namespace wqm
 
 __device__ __forceinline__ void cp_mbar_arrive_noinc(uint32_t bar) {
@@ -418,11 +426,14 @@ __device__ __forceinline__ void cp_mbar_arrive_noinc(uint32_t bar) {
 #endif
 }
 
-template <typename T, typename S, bool GPTQ>
-__global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
+template <typename T, typename S, bool GPTQ, int WGS>
+__global__ void __launch_bounds__(wqm::Shape<WGS>::THREADS, 1) wqm_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: cp.async, extract_a; hop: mbarriers, descriptors)
   using namespace wqm;
+  using SH = Shape<WGS>;
+  constexpr int NT = SH::NT, COLS = SH::COLS, THREADS = SH::THREADS, STAGES = SH::STAGES, AHEAD = SH::AHEAD;
+  constexpr int X_BYTES = SH::X_BYTES, CODE_BYTES = SH::CODE_BYTES, SLOT = SH::SLOT, OFF_BAR = SH::OFF_BAR;
   constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -431,13 +442,13 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
-      mbar_init(bar_full + 8 * i, 256);   // every thread's copies (noinc arrivals)
-      mbar_init(bar_empty + 8 * i, 8);    // one arrival per consumer warp
+      mbar_init(bar_full + 8 * i, THREADS);   // every thread's copies (noinc arrivals)
+      mbar_init(bar_empty + 8 * i, THREADS / 32);   // one arrival per warp
     }
     mbar_init_fence();
   }
   __syncthreads();
-  const int rt_n = (p.M + NT - 1) / NT, ct_n = p.Np / COLS;
+  const int rt_n = (p.M + NT - 1) / NT, ct_n = (p.Np + COLS - 1) / COLS;
   const int ntiles = rt_n * ct_n, nst = p.kblocks;
   const int my_tiles = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   auto tile_of = [&](int ti, int& rt, int& ct) {   // the block's ti-th tile
@@ -449,7 +460,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
 
   // Copies of the block's stage it2 (it2 = tile number x nst + code block): the x tile, the code block and the
   // statistics rows, each thread its share; its arrival on the slot's "full" barrier counts when they have landed.
-  const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row (0..31)
+  const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row
   const T* X = static_cast<const T*>(p.x);
   const int total = my_tiles * nst;
   auto issue = [&](int it2) {
@@ -462,18 +473,23 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
     const int kb = it2 % nst, k0 = kb * BK;
     const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
 #pragma unroll
-    for (int i = 0; i < NT / 32; ++i) {
-      const int r = xr + 32 * i, row = rt * NT + r;
+    for (int i = 0; i < NT * 8 / THREADS; ++i) {
+      const int r = xr + (THREADS / 8) * i, row = rt * NT + r;
       const bool ok = kin && row < p.M;
       cp_async16(sx + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
                  ok ? 16 : 0);
     }
-    // the code block: 8 column blocks x 32 lanes of 16 bytes, one per thread
-    cp_async16(sc + (uint32_t)(tid * 16), p.qw + ((int64_t)ct * p.kblocks + kb) * 256 + tid, 16);
-    if (tid < 32 * nsr) {   // statistics rows: 128 columns x 4 bytes = 32 chunks each
-      const int r = tid >> 5, c4 = (tid & 31) * 4;
+    {   // the code block: per 128-column group 8 column blocks x 32 lanes of 16 bytes, one per thread
+      const int grp = ct * SH::GROUPS + (tid >> 8);
+      const bool ok = grp * 128 < p.Np;
+      cp_async16(sc + (uint32_t)(tid * 16), ok ? p.qw + ((int64_t)grp * p.kblocks + kb) * 256 + (tid & 255) : p.qw,
+                 ok ? 16 : 0);
+    }
+    if (tid < (COLS / 4) * nsr) {   // statistics rows: COLS columns x 4 bytes
+      const int r = tid / (COLS / 4), c4 = (tid % (COLS / 4)) * 4, col = ct * COLS + c4;
       const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
-      cp_async16(ss + (uint32_t)(r * COLS * 4 + c4 * 4), p.stw + (int64_t)gi * p.Np + ct * COLS + c4, 16);
+      const bool ok = col < p.Np;
+      cp_async16(ss + (uint32_t)(r * COLS * 4 + c4 * 4), ok ? p.stw + (int64_t)gi * p.Np + col : p.stw, ok ? 16 : 0);
     }
     cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
   };
@@ -481,7 +497,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   for (int i = 0; i < AHEAD; ++i) issue(i);
   {
     const int cw = wg;                       // columns 64 cw .. 64 cw + 63 of the tile
-    const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block (of 8)
+    const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
     float acc[NT / 2];
     int it = 0;
 #pragma unroll 1
@@ -557,17 +573,22 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
 #endif
 }
 
-template <typename T, typename S>
-static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
-  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
+template <typename T, typename S, int WGS>
+static cudaError_t launch_wqm_s(const WqwArgs& p, cudaStream_t st) {
+  using SH = wqm::Shape<WGS>;
+  auto k = p.gptq ? wqm_kernel<T, S, true, WGS> : wqm_kernel<T, S, false, WGS>;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SH::SMEM);
   if (e != cudaSuccess) return e;
   int dev = 0, sms = 0;
   if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
   if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS);
-  k<<<(unsigned)std::min<int64_t>(tiles, sms), wqm::THREADS, wqm::SMEM, st>>>(p);
+  const int64_t tiles = (int64_t)((p.M + SH::NT - 1) / SH::NT) * ((p.Np + SH::COLS - 1) / SH::COLS);
+  k<<<(unsigned)std::min<int64_t>(tiles, sms), SH::THREADS, SH::SMEM, st>>>(p);
   BIE_LAUNCH_CHECK();
+}
+template <typename T, typename S>
+static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
+  return p.ntok == WQM_NTOK ? launch_wqm_s<T, S, 2>(p, st) : launch_wqm_s<T, S, 4>(p, st);
 }
 
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
@@ -621,7 +642,7 @@ static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
 }
 
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st) {
-  if (p.ntok == WQM_NTOK) {   // the warp-specialised many-row kernel (4-bit codes, groups of 32 or more)
+  if (p.ntok == WQM_NTOK || p.ntok == WQM_NTOK_WIDE) {   // the pipelined many-row kernel (4-bit codes, groups >= 32)
     if (bits != 4) return cudaErrorInvalidValue;
     if (cdtype == kF16)
       return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, st) : launch_wqm_t<__half, __half>(p, st);
