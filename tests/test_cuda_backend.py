@@ -774,17 +774,17 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
     for i, m in enumerate((1, 9, 16, 17, 32, 33, 65, 127, 129, 333)):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
         keep = (cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT, cw.WQW_NTOK,
-                cw.WQM_MIN_M, cw.WQM_NTOK)
+                cw.WQM_MIN_M)
         try:
             # 128/64-row tiles above 32 rows, split-K; then 64-row tiles at any row count (the plan takes them for
             # 17-32 rows of layers whose 32-row grid fills the SMs badly)
             # (last: the pipelined kernel, 4-bit codes (3-bit through them) in groups of 32 or more)
             for ntok_max, splits, ntok, wqm in ((0, 0, 0, 0), (1 << 20, 0, 0, 0), (0, 1, 0, 0), (1 << 20, 3, 0, 0),
-                                                (0, 0, 64, 0), (0, 0, 0, 256), (0, 0, 0, 512)):
+                                                (0, 0, 64, 0), (0, 0, 0, 256)):
                 if (ntok and m < 17) or (wqm and (bits not in (3, 4) or gs == 16)):
                     continue
                 cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = 1, 1 << 30, ntok_max, splits
-                cw.WQW_NTOK, cw.WQM_MIN_M, cw.WQM_NTOK = ntok, 1 if wqm else 0, wqm or keep[-1]
+                cw.WQW_NTOK, cw.WQM_MIN_M = ntok, 1 if wqm else 0
                 cw.THIN_M_LOWBIT = 0   # (9-16 rows of 2/4-bit codes: this kernel, not the thin one)
                 x = torch.randn((m, k), generator=gen).to(dtype).cuda()
                 bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
@@ -795,7 +795,7 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
                 assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
         finally:
             (cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT, cw.WQW_NTOK,
-             cw.WQM_MIN_M, cw.WQM_NTOK) = keep
+             cw.WQM_MIN_M) = keep
     # small M through the same kernel (rows of the tile masked) agrees with the skinny kernel
     keep = cw.WQW_MIN_M
     try:
@@ -810,10 +810,9 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
 
 
 @needs_hopper
-@pytest.mark.parametrize("code", [256, 512])
 @pytest.mark.parametrize("fmt,sdt,gs,act", [("gptq", torch.float16, 128, True), ("gba", torch.bfloat16, 32, False),
                                             ("gptq", torch.bfloat16, -1, False)])
-def test_wqm_tiles(fmt, sdt, gs, act, code):
+def test_wqm_tiles(fmt, sdt, gs, act):
     """The pipelined many-row kernel: more tiles than SMs (the persistent loop and the operand / code rings
     running on across tiles), N = 11620 (91 column groups of 128, the last partly past N), M off the 256-row
     tile, K off the 64-k block, fp16 / bf16 activations with fp16 / bf16
@@ -823,18 +822,18 @@ def test_wqm_tiles(fmt, sdt, gs, act, code):
     qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77, sdtype=sdt)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(5)
-    keep = cw.WQM_MIN_M, cw.WQM_NTOK
+    keep = cw.WQM_MIN_M
     try:
         for m, dtype in ((300, torch.bfloat16), (129, torch.float16), (17, torch.bfloat16)):   # (> 16: past the thin kernel)
             x = torch.randn((m, k), generator=gen).to(dtype).cuda()
             bias = torch.randn(n, generator=gen).to(dtype).cuda() if m != 129 else None
-            cw.WQM_MIN_M, cw.WQM_NTOK = 1, code
+            cw.WQM_MIN_M = 1
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
             out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
             _close(out, w64, x, dtype, k, f"wqm M={m} N={n} {dtype} {fmt} g{gs}", bias)
             assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
     finally:
-        cw.WQM_MIN_M, cw.WQM_NTOK = keep
+        cw.WQM_MIN_M = keep
 
 
 @needs_hopper

@@ -503,9 +503,8 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
 #: (csrc/wq_wgmma.cu "wqm": tiles of 256 rows x 128 columns, register-A wgmmas, mbarrier rings and no block-wide
 #: barrier); 0 turns it off
 WQM_MIN_M = 0
-#: the op's tile code for that kernel (csrc/launchers.h): 256 = 256 rows x 128 columns (two warpgroups), 512 = 128
-#: rows x 256 columns (four warpgroups)
-WQM_NTOK = 512
+#: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
+WQM_NTOK = 256
 
 
 def _wqm_rows(m: int, bits: int, gs_shift: int) -> bool:

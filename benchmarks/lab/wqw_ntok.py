@@ -69,7 +69,7 @@ def main():
                     cw.WQW_NTOK = 0
                 row[f"ntok{ntok}_us"] = t
                 line.append(f"{'planned' if not ntok else f'ntok {ntok}'} {t:.1f} ({base / t:.2f}x{'' if err < 1e-3 else f', diff {err:.1e}'})")
-            for code in ((256, 512) if args.wqm else ()):   # the pipelined many-row kernel's two tiles (4-bit codes)
+            for code in ((256,) if args.wqm else ()):   # the pipelined many-row kernel (4-bit codes)
                 cw.WQM_MIN_M, keep_code, cw.WQM_NTOK = 1, cw.WQM_NTOK, code
                 try:
                     y = fns[0]().float()

@@ -516,9 +516,9 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
-  const bool wqm = ntok == bie::WQM_NTOK || ntok == bie::WQM_NTOK_WIDE;
-  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || wqm, "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128, ",
-              bie::WQM_NTOK, " or ", bie::WQM_NTOK_WIDE, " (the pipelined kernel's two tiles)");
+  const bool wqm = ntok == bie::WQM_NTOK;
+  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || wqm,
+              "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQM_NTOK, " (the pipelined many-row kernel)");
   TORCH_CHECK(!wqm || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
               "bie_cuda.wqw_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");

@@ -379,11 +379,12 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 
 
 // ---------------------------------------------------------------------------------------------------------------
-// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK or WQM_NTOK_WIDE). The
+// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). The
 // register-A design of the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from
 // registers, x the B operand from shared memory), reorganised for many rows:
-//   - 64 output columns per warpgroup, tiles of 256 rows of x with two warpgroups (m64n256k16) or 128 rows with
-//     four (m64n128k16), so each dequantized fragment feeds 128-256 rows of tensor work;
+//   - 64 output columns per warpgroup, tiles of 256 rows of x and 128 columns (two warpgroups, m64n256k16), so each
+//     dequantized fragment feeds 256 rows of tensor work (Shape<4>, four warpgroups on 128 rows x 256 columns in
+//     128 registers a thread, measured slower at every shape: session 22);
 //   - every thread copies its share of the stage AHEAD stages ahead: the x tile (256 rows x 128 bytes, the
 //     128-byte swizzle), the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for
 //     every kernel) and the statistics rows, into a ring of slots, counted on the slot's "full" mbarrier as they
@@ -588,7 +589,7 @@ static cudaError_t launch_wqm_s(const WqwArgs& p, cudaStream_t st) {
 }
 template <typename T, typename S>
 static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
-  return p.ntok == WQM_NTOK ? launch_wqm_s<T, S, 2>(p, st) : launch_wqm_s<T, S, 4>(p, st);
+  return launch_wqm_s<T, S, 2>(p, st);   // (four warpgroups on 128 x 256 tiles measured slower at every shape)
 }
 
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
@@ -642,7 +643,7 @@ static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
 }
 
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st) {
-  if (p.ntok == WQM_NTOK || p.ntok == WQM_NTOK_WIDE) {   // the pipelined many-row kernel (4-bit codes, groups >= 32)
+  if (p.ntok == WQM_NTOK) {   // the pipelined many-row kernel (4-bit codes, groups of 32 or more)
     if (bits != 4) return cudaErrorInvalidValue;
     if (cdtype == kF16)
       return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, st) : launch_wqm_t<__half, __half>(p, st);
