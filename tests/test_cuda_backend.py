@@ -724,6 +724,24 @@ def test_wgmma_tile_rows_plan():
         cw.WQW_NTOK64_MAX_M, cw.WQW_NTOK = keep
 
 
+def test_wqm_row_ranges():
+    """Which calls the pipelined many-row kernel takes on an H100's 132 SMs (measured in session 22): 193-256 rows of
+    4-bit codes in groups of 32 or more, on layers of at least 80 128-column groups; forced with WQM_MIN_M = 1."""
+    from bie_backend_cuda import weight_only as cw
+    assert [m for m in range(1, 600) if cw._wqm_rows(m, 28672, 4, 7, 132)] == list(range(193, 257))
+    assert [m for m in range(1, 600) if cw._wqm_rows(m, 11008, 4, -1, 132)] == list(range(193, 257))
+    assert not any(cw._wqm_rows(m, n, 4, 7, 132) for m in (200, 256) for n in (8192, 5120, 4096))
+    assert not any(cw._wqm_rows(224, 28672, b, gs, 132) for b, gs in ((2, 7), (8, 7), (4, 4)))
+    keep = cw.WQM_MIN_M
+    try:
+        cw.WQM_MIN_M = 0
+        assert not cw._wqm_rows(224, 28672, 4, 7, 132)
+        cw.WQM_MIN_M = 1
+        assert cw._wqm_rows(3, 128, 4, 5, 132) and not cw._wqm_rows(3, 128, 4, 4, 132)
+    finally:
+        cw.WQM_MIN_M = keep
+
+
 def test_thin_row_ranges():
     """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): 2- and 4-bit codes (1 and 3
     bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices) except 2 rows of a big

@@ -499,17 +499,28 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
     return 64 if cost(64) < cost(128) else 128
 
 
-#: rows from which 4-bit codes in groups of 32 or more (or per channel) take the pipelined wgmma kernel
-#: (csrc/wq_wgmma.cu "wqm": tiles of 256 rows x 128 columns, register-A wgmmas, mbarrier rings and no block-wide
-#: barrier); 0 turns it off
-WQM_MIN_M = 0
+#: 4-bit codes in groups of 32 or more (or per channel) take the pipelined many-row wgmma kernel (csrc/wq_wgmma.cu
+#: "wqm": tiles of 256 rows x 128 columns, register-A wgmmas, mbarrier rings and no block-wide barrier) from
+#: WQM_MIN_M to WQM_MAX_M rows where its tiles fill at least WQM_MIN_FILL of the SMs. H100 (session 22,
+#: results/cuda_h100_wqw.md): 224-256 rows of 28672x8192 / 25600x5120 / 14336x4096 / 13824x5120 / 11008x4096
+#: 13-25 % faster than the 64-row tiles of the register-A kernel; slower with fewer tiles (8192x28672: 64 tiles,
+#: 489 against 284-299 µs; it has no K split), at 160-192 rows (level or slower) and from 512 rows (dequantize +
+#: cuBLAS faster). WQM_MIN_M = 0 turns it off; 1 forces it (tests).
+WQM_MIN_M = 193
+WQM_MAX_M = 256
+WQM_MIN_FILL = 0.6
 #: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
 WQM_NTOK = 256
 
 
-def _wqm_rows(m: int, bits: int, gs_shift: int) -> bool:
-    """The pipelined kernel serves m rows of these codes (kernel bits of the layout, its group shift)."""
-    return 0 < WQM_MIN_M <= m and bits == 4 and (gs_shift == -1 or gs_shift >= 5)
+def _wqm_rows(m: int, n: int, bits: int, gs_shift: int, sms: int) -> bool:
+    """The pipelined many-row kernel serves m rows of an n-column layer of these codes (the layout's kernel bits and
+    group shift)."""
+    if WQM_MIN_M <= 0 or bits != 4 or not (gs_shift == -1 or gs_shift >= 5):
+        return False
+    if WQM_MIN_M == 1:
+        return True
+    return WQM_MIN_M <= m <= WQM_MAX_M and -(-m // 256) * -(-n // 128) >= WQM_MIN_FILL * sms
 
 
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
@@ -532,10 +543,10 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
                                          _pdl(lay), THIN_SLICES, THIN_XPRE)
     if (WQM_MIN_M > 0 and m >= WQM_MIN_M and _KERNEL_BITS.get(bits) == 4 and _is_hopper(x.device)
-            and wqw_ok(x, scales, zeros, format, k)):
+            and _wqm_rows(m, qweight.shape[1], 4, -1, _num_sms(x.device)) and wqw_ok(x, scales, zeros, format, k)):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # (the interleaved skinny layout, shared with the other kernels)
-        if not lay.generic and _wqm_rows(m, lay.bits, lay.gs_shift):
+        if not lay.generic and _wqm_rows(m, lay.n, lay.bits, lay.gs_shift, _num_sms(x.device)):
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, WQM_NTOK, 0, lay.st_bf16)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
