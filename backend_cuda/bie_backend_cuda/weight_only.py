@@ -33,6 +33,11 @@ def group_size_ok(group_size: int) -> bool:
     return group_size == -1 or (group_size >= 16 and group_size & (group_size - 1) == 0)
 
 
+def _gs_shift(group_size: int) -> int:
+    """log2 of a power-of-two group size, -1 for per-channel statistics (the layouts' gs_shift)."""
+    return -1 if group_size == -1 else group_size.bit_length() - 1
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp16 tensor cores for fp16 and fp32 activations (SPEC: fp16 accuracy), bf16 for bf16."""
     return torch.bfloat16 if dtype is torch.bfloat16 else torch.float16
@@ -211,7 +216,7 @@ def build_layout_skinny(qweight, scales, zeros, g_idx, bits, group_size, k, fmt,
     lo = s16.view(torch.int16).to(torch.int32) & 0xFFFF
     hi = z16.view(torch.int16).to(torch.int32) << 16
     st = (lo | hi).contiguous()
-    gs_shift = -1 if group_size == -1 else group_size.bit_length() - 1
+    gs_shift = _gs_shift(group_size)
     return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw=qw, perm=perm, st=st,
                   st_bf16=sd is torch.bfloat16, inter=inter)
 
@@ -249,7 +254,7 @@ def build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdtype
     else:
         zp[:, :n] = (-zeros.to(torch.float32)).to(cdtype)
         c32[:, :n] = s32[:, :n] * magic + zeros.to(torch.float32)
-    gs_shift = -1 if group_size == -1 else group_size.bit_length() - 1
+    gs_shift = _gs_shift(group_size)
     return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw, s, zp, s32, c32, perm)
 
 
@@ -542,11 +547,11 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
                                          _pdl(lay), THIN_SLICES, THIN_XPRE)
-    if (WQM_MIN_M > 0 and m >= WQM_MIN_M and _KERNEL_BITS.get(bits) == 4 and _is_hopper(x.device)
-            and _wqm_rows(m, qweight.shape[1], 4, -1, _num_sms(x.device)) and wqw_ok(x, scales, zeros, format, k)):
+    if (_wqm_rows(m, qweight.shape[1], _KERNEL_BITS.get(bits), _gs_shift(group_size), _num_sms(x.device))
+            and wqw_ok(x, scales, zeros, format, k)):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # (the interleaved skinny layout, shared with the other kernels)
-        if not lay.generic and _wqm_rows(m, lay.n, lay.bits, lay.gs_shift, _num_sms(x.device)):
+        if not lay.generic:
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, WQM_NTOK, 0, lay.st_bf16)
     if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 22: where the warp-specialised kernel's stage time goes: the product build with fp16 and with bf16
+# Session 22 (tree 3db4031, the first, shared-memory-operand many-row kernel; its BIE_WQM_NODEQ knob went with
+# that version): where its stage time went: the product build with fp16 and with bf16
 # statistics, then a build with BIE_WQM_NODEQ (the producer stores the extracted codes without the dequantization
 # arithmetic: wrong results, timing only). LAB_ARGS: the cases (wqw_ntok.py).
 set -o pipefail

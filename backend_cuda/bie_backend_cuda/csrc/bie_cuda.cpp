@@ -556,7 +556,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
     ws = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
   }
-  check_launch(bie::launch_wqw_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqw_gemm");
+  check_launch(bie::launch_wqw_gemm(p, (int)bits, dtype_code(x.scalar_type()), num_sms(), stream()), "wqw_gemm");
   return out;
 }
 

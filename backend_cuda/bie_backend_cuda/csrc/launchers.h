@@ -195,7 +195,7 @@ struct WqwArgs {
 // ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
 // more or per-channel; tiles of 256 rows x 128 columns, no K split)
 constexpr int WQM_NTOK = 256;
-cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st);
+cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st);
 
 // columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,

@@ -150,6 +150,24 @@ __device__ __forceinline__ uint32_t dequant_wide(uint32_t qm, float s, float zq)
   return wqw::as_u32<__half>(__floats2half2_rn(w0, w1));
 }
 
+// The four A registers of a k16 step (qm = code + MAGIC in S, from extract_a) dequantized in place into T, for
+// A-fragment rows g (registers 0, 2) and g + 8 (1, 3), whose statistics words (s | zq << 16 in S) are sw0 and sw1.
+template <int BITS, typename T, typename S, bool GPTQ>
+__device__ __forceinline__ void dequant_fragment(uint32_t (&a)[4], uint32_t sw0, uint32_t sw1) {
+  if constexpr (std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value) {
+    // bf16 statistics, fp16 tensor cores: float32 arithmetic, one rounding to fp16
+    const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
+    const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = dequant_wide<BITS, GPTQ>(a[r], sf[r & 1], zf[r & 1]);
+  } else {
+    const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
+    const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = convert_pair<S, T>(wqw::dequant<BITS, S, GPTQ>(a[r], s2[r & 1], z2[r & 1]));
+  }
+}
+
 template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
 __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <= 64 ? (NTOK == 32 ? 3 : 2) : 1))
     wqw_kernel(const WqwArgs p) {
@@ -161,7 +179,6 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
   constexpr int STAGES = stages<NTOK>();
   constexpr int D = STAGES - 1;   // stages loaded ahead
   const int SB = stage_bytes<BITS, NTOK>(p.gs_shift);
-  constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
   // Few rows (memory-bound): no per-weight dequantization. The tensor cores take qm = code + MAGIC as it is,
   // and a second wgmma with an all-ones A gives sum(x) per row of x; per group, in float32,
   //   y += s * sum(x * qm) - C * sum(x),  C = s * (zero + MAGIC) (gptq) or s * MAGIC - zq (gba).
@@ -312,19 +329,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
         const int j = v * J + jj;
         extract_a<BITS, S>(vec, jj, af[j]);
         const uint32_t sq = stat + (uint32_t)(p.gs_shift >= 0 ? ((16 * j) >> p.gs_shift) * SROW : 0);
-        const uint32_t sw0 = lds32(sq), sw1 = lds32(sq + 32);
-        if constexpr (WIDE) {   // bf16 statistics, fp16 tensor cores: float32 arithmetic, one rounding to fp16
-          const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
-          const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
-#pragma unroll
-          for (int r = 0; r < 4; ++r) af[j][r] = dequant_wide<BITS, GPTQ>(af[j][r], sf[r & 1], zf[r & 1]);
-        } else {
-          const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
-          const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            af[j][r] = convert_pair<S, T>(dequant<BITS, S, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]));
-        }
+        dequant_fragment<BITS, T, S, GPTQ>(af[j], lds32(sq), lds32(sq + 32));
       }
     }
     hold(af);   // every fragment is final before the wgmmas start
@@ -383,8 +388,8 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // register-A design of the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from
 // registers, x the B operand from shared memory), reorganised for many rows:
 //   - 64 output columns per warpgroup, tiles of 256 rows of x and 128 columns (two warpgroups, m64n256k16), so each
-//     dequantized fragment feeds 256 rows of tensor work (Shape<4>, four warpgroups on 128 rows x 256 columns in
-//     128 registers a thread, measured slower at every shape: session 22);
+//     dequantized fragment feeds 256 rows of tensor work (four warpgroups on 128 rows x 256 columns, in 128
+//     registers a thread, measured slower at every shape: session 22);
 //   - every thread copies its share of the stage AHEAD stages ahead: the x tile (256 rows x 128 bytes, the
 //     128-byte swizzle), the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for
 //     every kernel) and the statistics rows, into a ring of slots, counted on the slot's "full" mbarrier as they
@@ -401,41 +406,24 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
-// Two shapes (template WGS): 2 warpgroups on 256 rows x 128 columns (m64n256k16, 128 accumulators a thread), or
-// 4 warpgroups on 128 rows x 256 columns (m64n128k16, 64 accumulators: 512 threads fit in 128 registers each).
-// ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would cost a whole warpgroup's
-// registers (288 threads capped them at 168: the 2-warpgroup kernel spilled and ptxas serialised its wgmmas).
-template <int WGS> struct Shape {
-  static constexpr int NT = WGS == 2 ? 256 : 128;   // rows of x per tile
-  static constexpr int COLS = 64 * WGS;             // output columns per tile
-  static constexpr int GROUPS = COLS / 128;         // 128-column code groups per tile
-  static constexpr int THREADS = 128 * WGS;
-  static constexpr int X_BYTES = NT * 128, CODE_BYTES = GROUPS * 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
-  static constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
-  static constexpr int STAGES = WGS == 2 ? 5 : 7;
-  static constexpr int AHEAD = STAGES - 2;        // stages whose copies are in flight ahead of the one consumed
-  static constexpr int OFF_BAR = STAGES * SLOT;
-  static constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
-  static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
-};
-constexpr int BK = 64;   // k per stage: one 4-bit code block
+constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
+// Two warpgroups and no more: ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would
+// cost a whole warpgroup's registers (288 threads capped them at 168: the kernel spilled and ptxas serialised its
+// wgmmas, C7512).
+constexpr int THREADS = 256;
+constexpr int STAGES = 5, AHEAD = 3;   // ring slots; stages whose copies are in flight ahead of the one consumed
+constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
+constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
+constexpr int OFF_BAR = STAGES * SLOT;
+constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
+static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 }  // namespace wqm
 
-__device__ __forceinline__ void cp_mbar_arrive_noinc(uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-
-template <typename T, typename S, bool GPTQ, int WGS>
-__global__ void __launch_bounds__(wqm::Shape<WGS>::THREADS, 1) wqm_kernel(const WqwArgs p) {
+template <typename T, typename S, bool GPTQ>
+__global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: cp.async, extract_a; hop: mbarriers, descriptors)
   using namespace wqm;
-  using SH = Shape<WGS>;
-  constexpr int NT = SH::NT, COLS = SH::COLS, THREADS = SH::THREADS, STAGES = SH::STAGES, AHEAD = SH::AHEAD;
-  constexpr int X_BYTES = SH::X_BYTES, CODE_BYTES = SH::CODE_BYTES, SLOT = SH::SLOT, OFF_BAR = SH::OFF_BAR;
-  constexpr bool WIDE = std::is_same<S, __nv_bfloat16>::value && std::is_same<T, __half>::value;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
@@ -480,17 +468,12 @@ __global__ void __launch_bounds__(wqm::Shape<WGS>::THREADS, 1) wqm_kernel(const 
       cp_async16(sx + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
                  ok ? 16 : 0);
     }
-    {   // the code block: per 128-column group 8 column blocks x 32 lanes of 16 bytes, one per thread
-      const int grp = ct * SH::GROUPS + (tid >> 8);
-      const bool ok = grp * 128 < p.Np;
-      cp_async16(sc + (uint32_t)(tid * 16), ok ? p.qw + ((int64_t)grp * p.kblocks + kb) * 256 + (tid & 255) : p.qw,
-                 ok ? 16 : 0);
-    }
+    // the code block: 8 column blocks x 32 lanes of 16 bytes, one per thread
+    cp_async16(sc + (uint32_t)(tid * 16), p.qw + ((int64_t)ct * p.kblocks + kb) * 256 + tid, 16);
     if (tid < (COLS / 4) * nsr) {   // statistics rows: COLS columns x 4 bytes
-      const int r = tid / (COLS / 4), c4 = (tid % (COLS / 4)) * 4, col = ct * COLS + c4;
+      const int r = tid / (COLS / 4), c4 = (tid % (COLS / 4)) * 4;
       const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
-      const bool ok = col < p.Np;
-      cp_async16(ss + (uint32_t)(r * COLS * 4 + c4 * 4), ok ? p.stw + (int64_t)gi * p.Np + col : p.stw, ok ? 16 : 0);
+      cp_async16(ss + (uint32_t)(r * COLS * 4 + c4 * 4), p.stw + (int64_t)gi * p.Np + ct * COLS + c4, 16);
     }
     cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
   };
@@ -519,19 +502,7 @@ __global__ void __launch_bounds__(wqm::Shape<WGS>::THREADS, 1) wqm_kernel(const 
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           extract_a<4, S>(v, j, af[j]);
-          const uint32_t sw0 = j < 2 ? swa0 : swb0, sw1 = j < 2 ? swa1 : swb1;
-          if constexpr (WIDE) {
-            const float sf[2] = {__uint_as_float(sw0 << 16), __uint_as_float(sw1 << 16)};
-            const float zf[2] = {__uint_as_float(sw0 & 0xFFFF0000u), __uint_as_float(sw1 & 0xFFFF0000u)};
-#pragma unroll
-            for (int r = 0; r < 4; ++r) af[j][r] = dequant_wide<4, GPTQ>(af[j][r], sf[r & 1], zf[r & 1]);
-          } else {
-            const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
-            const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-              af[j][r] = convert_pair<S, T>(wqw::dequant<4, S, GPTQ>(af[j][r], s2[r & 1], z2[r & 1]));
-          }
+          dequant_fragment<4, T, S, GPTQ>(af[j], j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
         }
         fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
         hold(af);
@@ -574,22 +545,15 @@ __global__ void __launch_bounds__(wqm::Shape<WGS>::THREADS, 1) wqm_kernel(const 
 #endif
 }
 
-template <typename T, typename S, int WGS>
-static cudaError_t launch_wqm_s(const WqwArgs& p, cudaStream_t st) {
-  using SH = wqm::Shape<WGS>;
-  auto k = p.gptq ? wqm_kernel<T, S, true, WGS> : wqm_kernel<T, S, false, WGS>;
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SH::SMEM);
-  if (e != cudaSuccess) return e;
-  int dev = 0, sms = 0;
-  if ((e = cudaGetDevice(&dev)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-  const int64_t tiles = (int64_t)((p.M + SH::NT - 1) / SH::NT) * ((p.Np + SH::COLS - 1) / SH::COLS);
-  k<<<(unsigned)std::min<int64_t>(tiles, sms), SH::THREADS, SH::SMEM, st>>>(p);
-  BIE_LAUNCH_CHECK();
-}
 template <typename T, typename S>
-static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
-  return launch_wqm_s<T, S, 2>(p, st);   // (four warpgroups on 128 x 256 tiles measured slower at every shape)
+static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) {
+  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
+  if (e != cudaSuccess) return e;
+  // persistent: one block per SM, never more than there are tiles (Np is a whole number of 128-column tiles)
+  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS);
+  k<<<(unsigned)std::min<int64_t>(tiles, num_sms), wqm::THREADS, wqm::SMEM, st>>>(p);
+  BIE_LAUNCH_CHECK();
 }
 
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
@@ -642,13 +606,14 @@ static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
   }
 }
 
-cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, cudaStream_t st) {
+cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st) {
   if (p.ntok == WQM_NTOK) {   // the pipelined many-row kernel (4-bit codes, groups of 32 or more)
     if (bits != 4) return cudaErrorInvalidValue;
     if (cdtype == kF16)
-      return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, st) : launch_wqm_t<__half, __half>(p, st);
+      return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, num_sms, st) : launch_wqm_t<__half, __half>(p, num_sms, st);
     if (cdtype == kBF16)
-      return p.st_bf16 ? launch_wqm_t<__nv_bfloat16, __nv_bfloat16>(p, st) : launch_wqm_t<__nv_bfloat16, __half>(p, st);
+      return p.st_bf16 ? launch_wqm_t<__nv_bfloat16, __nv_bfloat16>(p, num_sms, st)
+                       : launch_wqm_t<__nv_bfloat16, __half>(p, num_sms, st);
     return cudaErrorInvalidValue;
   }
   if (cdtype == kF16)
