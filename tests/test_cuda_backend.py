@@ -139,17 +139,14 @@ def test_binary_gemm_wgmma(m, n, k):
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile=tile).cpu(), exp), tile
     if m >= cb.WGMMA_MIN_M:
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
-    # (2-byte outputs with and without bias each, through both epilogues: converted at the end of the tile, or
-    # staged as 16-bit popcounts and converted during the next tile)
+    # (2-byte outputs with and without bias each)
     for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16, torch.float16, torch.bfloat16)):
         sdt = (torch.float32, torch.bfloat16, torch.float16)[(i + m) % 3]
         scale = (torch.rand((n,) if (i + m) % 2 == 0 else (), generator=gen) + 0.05).to(sdt).cuda()
         bias = torch.randn(n, generator=gen).to(dt).cuda() if i not in (1, 4) else None
+        got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile="wgmma").cpu()
         ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
-        tiles = ("wgmma", "wgmma:inline", "wgmma:deferred") if dt != torch.float32 else ("wgmma",)
-        for tile in tiles:
-            got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile=tile).cpu()
-            assert torch.equal(got, ref), f"{dt} {tile}: max diff {(got.double() - ref.double()).abs().max()}"
+        assert torch.equal(got, ref), f"{dt}: max diff {(got.double() - ref.double()).abs().max()}"
     # a view with a row stride larger than the row (16-byte aligned), and all-ones / all-zeros rows
     wide = torch.zeros(m, kb + 16, dtype=torch.uint8, device="cuda")
     wide[:, :kb] = a
@@ -165,9 +162,9 @@ def test_binary_gemm_wgmma(m, n, k):
 @needs_hopper
 @pytest.mark.parametrize("m,n,k", [(2600, 2312, 3072), (4100, 1032, 1024)])
 def test_binary_gemm_wgmma_many_tiles(m, n, k):
-    """More tiles than SMs, so every block runs several: the deferred epilogue converts a tile's staged
-    popcounts during the next tile's stages (three stages at K = 3072, one at K = 1024) and the last one after
-    the loop. Tails in M and N; bit-exact against the reference for both epilogues and every 2-byte output."""
+    """More tiles than SMs, so every block runs several (the staging buffers, column-term buffers and slot
+    phases wrap around; three stages per tile at K = 3072, one at K = 1024). Tails in M and N; bit-exact against
+    the reference for 2-byte outputs with and without bias, and int32."""
     from bie_backend_cuda import binary as cb
     rb, _ = _ref()
     gen = torch.Generator().manual_seed(m + n + k)
@@ -179,7 +176,7 @@ def test_binary_gemm_wgmma_many_tiles(m, n, k):
         scale = (torch.rand(n, generator=gen) + 0.05).cuda()
         bias = torch.randn(n, generator=gen).to(dt).cuda() if with_bias else None
         ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
-        for tile in ("wgmma:inline", "wgmma:deferred", 0):
+        for tile in ("wgmma", 0):
             got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile=tile).cpu()
             assert torch.equal(got, ref), f"{dt} {tile}: max diff {(got.double() - ref.double()).abs().max()}"
     assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(),
@@ -204,11 +201,9 @@ def test_binary_gemm_wgmma_long_k(k):
     for dt in (torch.bfloat16, torch.float16):
         scale = (torch.rand(n, generator=gen) + 0.05).cuda()
         for bias in (None, torch.randn(n, generator=gen).to(dt).cuda()):
+            got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile="wgmma").cpu()
             ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
-            # K = 65408: the deferred epilogue's 16-bit popcounts at their largest; K = 65536: inline only
-            for tile in ("wgmma", "wgmma:inline") + (("wgmma:deferred",) if k < 65536 else ()):
-                got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile=tile).cpu()
-                assert torch.equal(got, ref), f"{dt} {tile} bias={bias is not None}: max diff {(got.double() - ref.double()).abs().max()}"
+            assert torch.equal(got, ref), f"{dt} bias={bias is not None}: max diff {(got.double() - ref.double()).abs().max()}"
     assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(),
                        rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None))
 
@@ -223,15 +218,6 @@ def test_binary_gemm_wgmma_refuses_clearly():
     assert prep.image is None
     with pytest.raises(ValueError, match="k % 128"):
         cb.binary_gemm(a, b, 200, None, None, None, prepared=prep, tile="wgmma")
-    a2, b2 = _bits((300, 128), 1024, gen), _bits((64, 128), 1024, gen)
-    prep2 = cb.prepare_weight(b2)
-    with pytest.raises(ValueError, match="unknown wgmma tile"):
-        cb.binary_gemm(a2, b2, 1024, None, None, None, prepared=prep2, tile="wgmma:later")
-    # the deferred epilogue stages 16-bit popcounts into 2-byte outputs: not for int32 / float32 outputs
-    with pytest.raises(RuntimeError, match="deferred epilogue needs float16 / bfloat16"):
-        cb.binary_gemm(a2, b2, 1024, None, None, torch.float32, prepared=prep2, tile="wgmma:deferred")
-    with pytest.raises(RuntimeError, match="deferred epilogue needs float16 / bfloat16"):
-        cb.binary_gemm(a2, b2, 1024, None, None, torch.bfloat16, prepared=prep2, tile="wgmma2:deferred")
     rb, _ = _ref()   # the automatic choice falls back to mma.sync
     assert torch.equal(cb.binary_gemm(a, b, 200, None, None, None, prepared=prep).cpu(),
                        rb.binary_gemm(a.cpu(), b.cpu(), 200, None, None, None))

@@ -253,10 +253,9 @@ Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optiona
 // The Hopper 1-bit wgmma GEMM (binary_wgmma.cu): a (M, >= k/8) uint8 with 16-byte aligned contiguous rows,
 // img the prepared weight image of n rows (bie_backend_cuda.binary.wgmma_image), pw (n) int32 the weight
 // rows' popcounts. k % 128 == 0, n % 8 == 0, sm_90 only. cluster: blocks per cluster (0 automatic, 1, 2, 4).
-// epilogue: 0 automatic, 1 inline, 2 deferred (2-byte outputs, k < 65536, no cluster; binary_wgmma.cu).
 Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int64_t k, int64_t n,
                        const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
-                       std::optional<at::ScalarType> out_dtype, int64_t cluster, int64_t epilogue) {
+                       std::optional<at::ScalarType> out_dtype, int64_t cluster) {
   check_cuda(a, "a");
   check_cuda(img, "img");
   check_cuda(pw, "pw");
@@ -283,14 +282,8 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.get_device());
   TORCH_CHECK(major == 9, "bie_cuda.binary_mm_wgmma: needs a Hopper (sm_90) GPU");
   const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_mm_wgmma");
-  TORCH_CHECK(epilogue >= 0 && epilogue <= 2, "bie_cuda.binary_mm_wgmma: epilogue must be 0 (automatic), 1 (inline) or 2 (deferred), got ", epilogue);
-  TORCH_CHECK(epilogue != 2 || bie::binary_gemm_wgmma_can_defer((int)k, dtype_code(odt), (int)cluster),
-              "bie_cuda.binary_mm_wgmma: the deferred epilogue needs float16 / bfloat16 output, k < 65536 and no cluster (got ",
-              odt, ", k=", k, ", cluster=", cluster, ")");
   auto out = at::empty({M, n}, a.options().dtype(odt));
-  auto pa = at::empty({std::max<int64_t>(M, 1)}, a.options().dtype(at::kInt));   // scratch: popc of a's rows
   bie::BinGemmArgs p{};
-  p.pa = pa.data_ptr<int32_t>();
   p.a = a.data_ptr<uint8_t>();
   p.b = img.data_ptr<uint8_t>();
   p.pw = pw.data_ptr<int32_t>();
@@ -302,7 +295,7 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
   const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device(), "binary_mm_wgmma");
-  check_launch(bie::launch_binary_gemm_wgmma(p, (int)cluster, (int)epilogue, num_sms(), stream()), "binary_mm_wgmma");
+  check_launch(bie::launch_binary_gemm_wgmma(p, (int)cluster, num_sms(), stream()), "binary_mm_wgmma");
   return out;
 }
 

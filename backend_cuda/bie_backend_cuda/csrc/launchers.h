@@ -21,7 +21,6 @@ struct BinGemmArgs {
   int64_t scale_stride;
   const void* bias;
   int bias_dtype;
-  int32_t* pa;   // the wgmma kernel's scratch: popc of every row of a (M int32)
 };
 
 cudaError_t launch_pack_signs(const void* x, int dtype, uint8_t* out, int64_t rows, int64_t K, int64_t sr, int64_t sk,
@@ -31,10 +30,8 @@ cudaError_t launch_unpack_signs(const uint8_t* bits, int64_t rows, int64_t k, in
 cudaError_t launch_row_popc(const uint8_t* b, int64_t ldb, int64_t rows, int64_t KB, int32_t* out, cudaStream_t st);
 cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st);
 cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_t st);
-// sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw and pa required, batch 1; cluster 0 (auto),
-// 1, 2, 4; epilogue 0 (auto), 1 inline, 2 deferred (where binary_gemm_wgmma_can_defer)
-bool binary_gemm_wgmma_can_defer(int K, int out_dtype, int cluster);
-cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int epilogue, int num_sms, cudaStream_t st);
+// sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
+cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
 cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
                                   int scale_dtype, int64_t V, int64_t L, int64_t dim, void* out, int dtype,
                                   cudaStream_t st);
