@@ -1,7 +1,8 @@
 """Lab (session 23): the Hopper 1-bit wgmma GEMM with its two epilogues, inline (converted at the end of each
 tile while the tensor cores idle) and deferred (16-bit popcounts staged, converted during the next tile's
 stages), bf16 out with a per-channel scale (and with a bias: --bias), at the issues' shapes, against cuBLAS bf16
-in the same process. Three graph runs each, interleaved.
+in the same process. Three graph runs each, interleaved. (Ran in call 1 at 5fd63f2, whose kernel is not kept: the
+tile suffixes ":inline" / ":deferred" no longer exist.)
 python benchmarks/lab/bw_epi.py [--bias] [--shapes 8192x8192x8192,...]"""
 import argparse
 import os

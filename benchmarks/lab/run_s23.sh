@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 23: build bie-backend-cuda, SASS check, the binary GEMM tests (TESTS: a -k expression; ALL=1 every
-# CUDA test and the kit), bw_epi.py (inline against deferred epilogue; BIAS=1 also with a bias), and with
+# CUDA test and the kit), bw_pp.py (cooperative against ping-pong schedule; BIAS=1 also with a bias), and with
 # BENCH=1 bench_cuda.py --only binary --quick (the product table).
 set -o pipefail
 source benchmarks/cutlass_setup.sh
@@ -22,8 +22,8 @@ else
       -k "${TESTS:-wgmma and binary}" 2>&1 | tee $OUT/tests_cuda.log | grep -E "FAILED|Error|passed|failed" | tail -10
 fi
 echo "tests done at $(el) s"
-timeout 150 python3 benchmarks/lab/bw_epi.py $EPI_ARGS 2>&1 | grep -v -i warn | tee $OUT/bw_epi.txt
-[ -n "$BIAS" ] && timeout 60 python3 benchmarks/lab/bw_epi.py --bias --shapes 4096x4096x4096,8192x8192x8192 2>&1 | grep -v -i warn | tee -a $OUT/bw_epi.txt
+timeout 200 python3 benchmarks/lab/bw_pp.py $LAB_ARGS 2>&1 | grep -v -i warn | tee $OUT/bw_pp.txt
+[ -n "$BIAS" ] && timeout 60 python3 benchmarks/lab/bw_pp.py --bias --shapes 4096x4096x4096,8192x8192x8192 2>&1 | grep -v -i warn | tee -a $OUT/bw_pp.txt
 echo "lab done at $(el) s"
 if [ -n "$BENCH" ]; then
   (cd benchmarks && timeout 200 python3 bench_cuda.py --only binary --quick --json $OUT/bench_cuda_binary.json > $OUT/bench_cuda_binary.txt 2>&1; tail -14 $OUT/bench_cuda_binary.txt | cut -c1-200)
