@@ -163,11 +163,12 @@ def test_binary_gemm_wgmma(m, n, k):
 
 @needs_cuda
 @needs_hopper
-@pytest.mark.parametrize("m,n,k", [(2600, 2312, 3072), (4100, 1032, 1024)])
+@pytest.mark.parametrize("m,n,k", [(2600, 2312, 3072), (4100, 1032, 1024), (4096, 4096, 1024), (1152, 4104, 8192)])
 def test_binary_gemm_wgmma_many_tiles(m, n, k):
     """More tiles than SMs, so every block runs several (the staging buffers, column-term buffers and slot
-    phases wrap around; three stages per tile at K = 3072, one at K = 1024). Tails in M and N; bit-exact against
-    the reference for 2-byte outputs with and without bias, and int32."""
+    phases wrap around; one to eight stages per tile, fewer and more than the ping-pong ring's four slots, and up
+    to eight tiles per block). Tails in M and N; bit-exact against the reference for 2-byte outputs with and
+    without bias, and int32, for both schedules and the automatic choice."""
     from bie_backend_cuda import binary as cb
     rb, _ = _ref()
     gen = torch.Generator().manual_seed(m + n + k)

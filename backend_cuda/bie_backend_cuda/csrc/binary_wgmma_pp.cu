@@ -8,8 +8,8 @@
 // accumulators at the end of every tile while the tensor cores idle, ~3 µs a tile against ~5 µs of stages at
 // K = 8192 (cuda_h100_binary_wgmma.md). Here each math warpgroup owns whole 128x128 tiles (two m64n128k256
 // wgmmas per 256 bits of K, sharing the weight operand; 128 accumulators per thread), and the ring of stages
-// runs through the block's tiles in order, tile i for warpgroup i % 2: while one warpgroup works through its
-// epilogue, the producer fills the next tile's stages and the other warpgroup consumes them. The price: a
+// runs through the block's tiles in order, tile i for warpgroup i % 2, the warpgroups taking turns (a "turn"
+// mbarrier each): while one warpgroup works through its epilogue, the other consumes the next tile's stages. The price: a
 // stage now serves 128x128 outputs instead of 128x256 (32 KB of operands per 2^25 bit operations against
 // 48 KB per 2^26), and the A operand comes from shared memory (the accumulators leave no registers for A
 // fragments), so popc(a) per row comes from a short pass over a before the GEMM (a_popc_kernel).
@@ -52,7 +52,7 @@ constexpr int THREADS = 384;
 constexpr int OFF_EPI = STAGES * SLOT_BYTES;
 constexpr int OFF_REC = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_REC + 4 * REC_BYTES;
-constexpr int NBAR = 2 * STAGES + 4 + 4 + 2 + 2;
+constexpr int NBAR = 2 * STAGES + 4 + 4 + 2 + 2 + 2;
 constexpr int SMEM_BYTES = OFF_BAR + NBAR * 8 + 1024;   // + alignment of the ring (swizzle atoms)
 
 // popc of every row of a (KB bytes, 16-byte aligned rows, KB % 16 == 0): one warp per row
@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs 
   const uint32_t bar_rec_empty = bar_rec_full + 4 * 8;
   const uint32_t bar_epi_full = bar_rec_empty + 4 * 8;     // per math warpgroup
   const uint32_t bar_epi_empty = bar_epi_full + 2 * 8;
+  const uint32_t bar_turn = bar_epi_empty + 2 * 8;         // per math warpgroup: its turn at the ring
   constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs are staged in two halves of 64 columns
   constexpr int CP = BN / PASSES;
 
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs 
     for (int w = 0; w < 2; ++w) {
       mbar_init(bar_epi_full + 8 * w, 1);     // math warpgroup w: its staged outputs are complete
       mbar_init(bar_epi_empty + 8 * w, 1);    // its store warp: the staged outputs have been read
+      mbar_init(bar_turn + 8 * w, 4);         // the other math warpgroup's warps: past their tile's stages
     }
     mbar_init_fence();
   }
@@ -200,11 +202,17 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs 
   uint32_t acc[128];                            // rows 0-63 of the tile in acc[0..63], rows 64-127 in acc[64..127]
   int done = 0;                                 // tiles of this warpgroup so far
   for (int k = cw; k < nu; k += 2, ++done) {
+    // Turns: a warpgroup starts tile k once the other has waited for every stage of tile k - 1. Besides
+    // alternating the main loops, this keeps every waiter of a "full" barrier within one phase of it (a
+    // parity wait cannot tell phase p from p + 2: without turns, the second warpgroup's wait for the first
+    // stage of its tile could pass on an earlier phase of the same slot).
+    if (k > 0) mbar_wait(bar_turn + 8 * cw, (done - 1 + cw) & 1);
     int pos = k * ns;                           // the tile's first stage in the block's ring order
     int prev_slot = -1;
     for (int ks = 0; ks < ns; ++ks, ++pos) {
       const int slot = pos % STAGES, phase = (pos / STAGES) & 1;
       mbar_wait(bar_full + 8 * slot, phase);
+      if (ks == ns - 1 && lane == 0) mbar_arrive(bar_turn + 8 * (1 - cw));   // the other warpgroup's turn
       const uint32_t sb = base + slot * SLOT_BYTES;
       const uint64_t db = desc_sw128(sb), da0 = desc_sw128(sb + B_BYTES), da1 = desc_sw128(sb + B_BYTES + 64 * KSB);
       wgmma_fence();
