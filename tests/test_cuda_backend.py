@@ -136,7 +136,7 @@ def test_binary_gemm_wgmma(m, n, k):
     assert prep.image is not None
     exp = rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None)
     # blocks per cluster sharing the weight stages; the ping-pong schedule
-    for tile in ("wgmma1", "wgmma2", "wgmma4", "wgmma-pp"):
+    for tile in ("wgmma1", "wgmma2", "wgmma4", "wgmma-pp", "wgmma-pp2"):
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile=tile).cpu(), exp), tile
     if m >= cb.WGMMA_MIN_M:
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
@@ -180,7 +180,7 @@ def test_binary_gemm_wgmma_many_tiles(m, n, k):
         scale = (torch.rand(n, generator=gen) + 0.05).cuda()
         bias = torch.randn(n, generator=gen).to(dt).cuda() if with_bias else None
         ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
-        for tile in ("wgmma", "wgmma-pp", 0):
+        for tile in ("wgmma", "wgmma-pp", "wgmma-pp2", 0):
             got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile=tile).cpu()
             assert torch.equal(got, ref), f"{dt} {tile}: max diff {(got.double() - ref.double()).abs().max()}"
     for tile in ("wgmma", "wgmma-pp"):

@@ -108,8 +108,8 @@ def _wgmma_choice(m: int, n: int, k: int, prepared: PreparedSigns, tile):
                              f"(k={k}, kb={prepared.kb}, image={'yes' if prepared.image is not None else 'no'})")
         return None
     if forced:
-        if tile == "wgmma-pp":
-            return 0, 1
+        if tile in ("wgmma-pp", "wgmma-pp2"):   # ping-pong, one / two stages of wgmmas in flight
+            return 0, 1 if tile == "wgmma-pp" else 2
         if tile[5:] not in ("", "1", "2", "4"):
             raise ValueError(f"unknown wgmma tile {tile!r}: wgmma, wgmma1, wgmma2, wgmma4 or wgmma-pp")
         return int(tile[5:] or 0), 0

@@ -25,7 +25,7 @@ for spec in args.shapes.split(","):
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if args.bias else None
     times = {}
     for rep in range(3):
-        for tile in ("wgmma1", "wgmma-pp"):
+        for tile in ("wgmma1", "wgmma-pp", "wgmma-pp2"):
             fns = [lambda w=w, p=p, t=tile: cb.binary_gemm(a, w, k, scale, bias, torch.bfloat16, prepared=p, tile=t)
                    for w, p in zip(ws, preps)]
             times.setdefault(tile, []).append(time_graph(fns))

@@ -71,7 +71,8 @@ __global__ void a_popc_kernel(const uint8_t* __restrict__ a, int64_t lda, int M,
   if (lane == 0) out[r] = s;
 }
 
-template <typename OT>
+// INFLIGHT: stages whose wgmmas may still run while the next stage's are issued (1 or 2; lab A/B)
+template <typename OT, int INFLIGHT>
 __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs p,
                                                                const __grid_constant__ CUtensorMap tmap_a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs 
     // stage of its tile could pass on an earlier phase of the same slot).
     if (k > 0) mbar_wait(bar_turn + 8 * cw, (done - 1 + cw) & 1);
     int pos = k * ns;                           // the tile's first stage in the block's ring order
-    int prev_slot = -1;
+    int prev_slot = -1, prev2_slot = -1;
     for (int ks = 0; ks < ns; ++ks, ++pos) {
       const int slot = pos % STAGES, phase = (pos / STAGES) & 1;
       mbar_wait(bar_full + 8 * slot, phase);
@@ -222,12 +223,21 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs 
         wgmma_b1_n128_ss(acc + 64, da1 + (uint64_t)(2 * j), db + (uint64_t)(2 * j), (ks > 0 || j > 0) ? 1 : 0);
       }
       wgmma_commit();
-      wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot
-      if (prev_slot >= 0 && lane == 0) mbar_arrive(bar_empty + 8 * prev_slot);
+      if constexpr (INFLIGHT == 1) {
+        wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot
+        if (prev_slot >= 0 && lane == 0) mbar_arrive(bar_empty + 8 * prev_slot);
+      } else {
+        wgmma_wait<2>();   // the stage before the previous one has retired
+        if (prev2_slot >= 0 && lane == 0) mbar_arrive(bar_empty + 8 * prev2_slot);
+        prev2_slot = prev_slot;
+      }
       prev_slot = slot;
     }
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(bar_empty + 8 * prev_slot);   // the last slot: the other warpgroup goes on
+    if (lane == 0) {   // the last slots: the other warpgroup goes on
+      if (INFLIGHT == 2 && prev2_slot >= 0) mbar_arrive(bar_empty + 8 * prev2_slot);
+      mbar_arrive(bar_empty + 8 * prev_slot);
+    }
 
     // ------------------------------------------------------------ epilogue
     const int rb = (done & 1), ruse = done >> 1;
@@ -297,9 +307,9 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_pp_kernel(const BinGemmArgs 
 #endif
 }
 
-template <typename OT>
+template <typename OT, int INFLIGHT>
 static cudaError_t launch_t(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
-  auto kernel = bgemm_pp_kernel<OT>;
+  auto kernel = bgemm_pp_kernel<OT, INFLIGHT>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
   if (e != cudaSuccess) return e;
   const int units = ceil_div(p.M, BM) * ceil_div(p.N, BN);
@@ -309,21 +319,22 @@ static cudaError_t launch_t(const BinGemmArgs& p, int num_sms, cudaStream_t st) 
   a_popc_kernel<<<(unsigned)ceil_div(p.M, 8), 256, 0, st>>>(p.a, p.lda, p.M, p.KB, p.pa);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  bgemm_pp_kernel<OT><<<(unsigned)std::min(units, num_sms), THREADS, SMEM_BYTES, st>>>(p, tmap_a);
+  kernel<<<(unsigned)std::min(units, num_sms), THREADS, SMEM_BYTES, st>>>(p, tmap_a);
   BIE_LAUNCH_CHECK();
 }
 
 }  // namespace bpp
 
 // The ping-pong schedule of the 1-bit wgmma GEMM: p as launch_binary_gemm_wgmma, plus p.pa (M int32 scratch).
-cudaError_t launch_binary_gemm_wgmma_pp(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
+cudaError_t launch_binary_gemm_wgmma_pp(const BinGemmArgs& p, int inflight, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (p.pa == nullptr) return cudaErrorInvalidValue;
+  if (p.pa == nullptr || (inflight != 1 && inflight != 2)) return cudaErrorInvalidValue;
   switch (p.out_dtype) {
-    case kI32: return bpp::launch_t<int32_t>(p, num_sms, st);
-    case kF32: return bpp::launch_t<float>(p, num_sms, st);
-    case kF16: return bpp::launch_t<__half>(p, num_sms, st);
-    case kBF16: return bpp::launch_t<__nv_bfloat16>(p, num_sms, st);
+    case kI32: return inflight == 1 ? bpp::launch_t<int32_t, 1>(p, num_sms, st) : bpp::launch_t<int32_t, 2>(p, num_sms, st);
+    case kF32: return inflight == 1 ? bpp::launch_t<float, 1>(p, num_sms, st) : bpp::launch_t<float, 2>(p, num_sms, st);
+    case kF16: return inflight == 1 ? bpp::launch_t<__half, 1>(p, num_sms, st) : bpp::launch_t<__half, 2>(p, num_sms, st);
+    case kBF16:
+      return inflight == 1 ? bpp::launch_t<__nv_bfloat16, 1>(p, num_sms, st) : bpp::launch_t<__nv_bfloat16, 2>(p, num_sms, st);
   }
   return cudaErrorInvalidValue;
 }

@@ -34,7 +34,8 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
 // sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
 // the same GEMM, ping-pong schedule (binary_wgmma_pp.cu); p.pa: scratch for M int32
-cudaError_t launch_binary_gemm_wgmma_pp(const BinGemmArgs& p, int num_sms, cudaStream_t st);
+// inflight: stages of wgmmas left running while the next is issued (1 or 2)
+cudaError_t launch_binary_gemm_wgmma_pp(const BinGemmArgs& p, int inflight, int num_sms, cudaStream_t st);
 cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
                                   int scale_dtype, int64_t V, int64_t L, int64_t dim, void* out, int dtype,
                                   cudaStream_t st);
