@@ -21,11 +21,10 @@ from bie_core.native_build import link_flags
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 # (the thin GEMV's kernels are split by width and type so that ninja compiles them in parallel)
-SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "binary_wgmma_pp.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu",
+SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu",
            "wq_thin_w4_f16.cu", "wq_thin_w4_bf16.cu", "wq_thin_w2_f16.cu", "wq_thin_w2_bf16.cu", "wq_thin_w8_f16.cu",
            "wq_thin_w8_bf16.cu")
-HEADERS = ("b1_common.cuh", "b1_wgmma_common.cuh", "common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh",
-           "wgmma_b1_ss.cuh", "wgmma_rs.cuh",
+HEADERS = ("b1_common.cuh", "common.cuh", "hopper.cuh", "launchers.h", "wgmma_b1.cuh", "wgmma_rs.cuh",
            "wq_fragments.cuh", "wq_thin.cuh", "wq_thin_kernel.cuh")
 _lock = threading.Lock()
 _loaded: str | None = None

@@ -97,10 +97,8 @@ def prepare_weight(b: torch.Tensor) -> PreparedSigns:
     return PreparedSigns(bb, popc, kb, image)
 
 
-def _wgmma_choice(m: int, n: int, k: int, prepared: PreparedSigns, tile):
-    """None: not the wgmma kernel; else (blocks per cluster, schedule): "wgmma" / "wgmma1" / "wgmma2" / "wgmma4"
-    force the cooperative schedule (with that many blocks per cluster; 0: the kernel chooses), "wgmma-pp" the
-    ping-pong one (schedule 1)."""
+def _wgmma_cluster(m: int, k: int, prepared: PreparedSigns, tile):
+    """None: not the wgmma kernel; else its blocks per cluster (0: the kernel chooses)."""
     forced = isinstance(tile, str) and tile.startswith("wgmma")
     if prepared.image is None or k != 8 * prepared.kb:   # the image assumes k % 128 == 0 (whole bytes)
         if forced:
@@ -108,26 +106,20 @@ def _wgmma_choice(m: int, n: int, k: int, prepared: PreparedSigns, tile):
                              f"(k={k}, kb={prepared.kb}, image={'yes' if prepared.image is not None else 'no'})")
         return None
     if forced:
-        if tile in ("wgmma-pp", "wgmma-pp2"):   # ping-pong, one / two stages of wgmmas in flight
-            return 0, 1 if tile == "wgmma-pp" else 2
-        if tile[5:] not in ("", "1", "2", "4"):
-            raise ValueError(f"unknown wgmma tile {tile!r}: wgmma, wgmma1, wgmma2, wgmma4 or wgmma-pp")
-        return int(tile[5:] or 0), 0
-    if tile != 0 or m < WGMMA_MIN_M:
-        return None
-    return 0, 0
+        return int(tile[5:] or 0)
+    return 0 if tile == 0 and m >= WGMMA_MIN_M else None
 
 
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile=0):
     """tile: 0 chooses by shape; "wgmma" forces the Hopper kernel ("wgmma1" / "wgmma2" / "wgmma4": with that
-    many blocks per cluster; "wgmma-pp": its ping-pong schedule), 1-5 an mma.sync tile (tests, benchmarks)."""
+    many blocks per cluster), 1-5 an mma.sync tile (tests, benchmarks)."""
     if prepared is None:
         prepared = prepare_weight(b)
     aa = _align(a, a.shape[1])
-    choice = _wgmma_choice(aa.shape[0], prepared.bits.shape[0], k, prepared, tile)
-    if choice is not None:
+    cluster = _wgmma_cluster(aa.shape[0], k, prepared, tile)
+    if cluster is not None:
         return _build.ops().binary_mm_wgmma(aa, prepared.image, prepared.popc, k, prepared.bits.shape[0], scale,
-                                            bias, out_dtype, *choice)
+                                            bias, out_dtype, cluster)
     out = _build.ops().binary_mm(aa.unsqueeze(0), prepared.bits.unsqueeze(0), k, prepared.popc, scale, bias,
                                  out_dtype, 0, tile)
     return out[0]

@@ -1,7 +1,8 @@
 """Lab (session 23): the Hopper 1-bit wgmma GEMM, cooperative schedule (tile "wgmma1": both math warpgroups on
 one 128x256 tile) against the ping-pong schedule (tile "wgmma-pp": each math warpgroup on its own 128x128
 tiles, taking turns), bf16 out with a per-channel scale (--bias: and a bias), against cuBLAS bf16 in the same
-process. Three graph runs each, interleaved.
+process. Three graph runs each, interleaved. The ping-pong kernel (binary_wgmma_pp.cu) is not kept: it lived in
+commits 211159b..d229814 (calls 3-5 of session 23 ran it there; "wgmma-pp2": two stages of wgmmas in flight).
 python benchmarks/lab/bw_pp.py [--bias] [--shapes 8192x8192x8192,...]"""
 import argparse
 import os

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 23: build bie-backend-cuda, SASS check, the binary GEMM tests (TESTS: a -k expression; ALL=1 every
 # CUDA test and the kit), bw_pp.py (cooperative against ping-pong schedule; BIAS=1 also with a bias), and with
-# BENCH=1 bench_cuda.py --only binary --quick (the product table).
+# BENCH=1 bench_cuda.py --only binary --quick (the product table). Calls 3-5 ran it at 211159b / 05ae10b / d229814,
+# the trees that held the ping-pong kernel; call 1 ran its bw_epi.py version at 5fd63f2.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt

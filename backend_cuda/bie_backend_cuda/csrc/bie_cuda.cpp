@@ -252,12 +252,10 @@ Tensor binary_mm(const Tensor& a, const Tensor& b, int64_t k, const std::optiona
 
 // The Hopper 1-bit wgmma GEMM (binary_wgmma.cu): a (M, >= k/8) uint8 with 16-byte aligned contiguous rows,
 // img the prepared weight image of n rows (bie_backend_cuda.binary.wgmma_image), pw (n) int32 the weight
-// rows' popcounts. k % 128 == 0, n % 8 == 0, sm_90 only. schedule 0: cooperative (binary_wgmma.cu; cluster:
-// blocks per cluster, 0 automatic, 1, 2, 4); schedule 1 / 2: ping-pong (binary_wgmma_pp.cu, with one / two
-// stages of wgmmas in flight; cluster must be 0).
+// rows' popcounts. k % 128 == 0, n % 8 == 0, sm_90 only. cluster: blocks per cluster (0 automatic, 1, 2, 4).
 Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int64_t k, int64_t n,
                        const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
-                       std::optional<at::ScalarType> out_dtype, int64_t cluster, int64_t schedule) {
+                       std::optional<at::ScalarType> out_dtype, int64_t cluster) {
   check_cuda(a, "a");
   check_cuda(img, "img");
   check_cuda(pw, "pw");
@@ -266,9 +264,6 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   TORCH_CHECK(n > 0 && n % 8 == 0 && n < (1ll << 30), "bie_cuda.binary_mm_wgmma: n must be a positive multiple of 8, got ", n);
   TORCH_CHECK(cluster == 0 || cluster == 1 || cluster == 2 || cluster == 4,
               "bie_cuda.binary_mm_wgmma: cluster must be 0 (automatic), 1, 2 or 4, got ", cluster);
-  TORCH_CHECK(schedule == 0 || ((schedule == 1 || schedule == 2) && cluster == 0),
-              "bie_cuda.binary_mm_wgmma: schedule must be 0 (cooperative) or 1 / 2 (ping-pong, without clusters), got ",
-              schedule, " with cluster ", cluster);
   const int64_t KB = k / 8, M = a.size(0);
   TORCH_CHECK(M < (1ll << 30), "bie_cuda.binary_mm_wgmma: too many rows");
   TORCH_CHECK(a.size(1) >= KB && (a.size(1) <= 1 || a.stride(1) == 1),
@@ -288,14 +283,10 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   TORCH_CHECK(major == 9, "bie_cuda.binary_mm_wgmma: needs a Hopper (sm_90) GPU");
   const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_mm_wgmma");
   auto out = at::empty({M, n}, a.options().dtype(odt));
-  // the ping-pong kernel's scratch: popc of a's rows (freed at return; the caching allocator keeps it for this
-  // stream's kernels)
-  const Tensor pa = at::empty({schedule >= 1 ? std::max<int64_t>(M, 1) : 1}, a.options().dtype(at::kInt));
   bie::BinGemmArgs p{};
   p.a = a.data_ptr<uint8_t>();
   p.b = img.data_ptr<uint8_t>();
   p.pw = pw.data_ptr<int32_t>();
-  p.pa = pa.data_ptr<int32_t>();
   p.lda = M > 1 ? a.stride(0) : KB;
   p.M = (int)M;
   p.N = (int)n;
@@ -304,9 +295,7 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
   const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device(), "binary_mm_wgmma");
-  check_launch(schedule >= 1 ? bie::launch_binary_gemm_wgmma_pp(p, (int)schedule, num_sms(), stream())
-                              : bie::launch_binary_gemm_wgmma(p, (int)cluster, num_sms(), stream()),
-               "binary_mm_wgmma");
+  check_launch(bie::launch_binary_gemm_wgmma(p, (int)cluster, num_sms(), stream()), "binary_mm_wgmma");
   return out;
 }
 

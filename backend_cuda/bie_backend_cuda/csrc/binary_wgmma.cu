@@ -41,7 +41,6 @@
 
 #include "common.cuh"
 #include "hopper.cuh"
-#include "b1_wgmma_common.cuh"
 #include "wgmma_b1.cuh"
 
 namespace bie {
@@ -79,6 +78,24 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr)
                : "memory");
 #endif
+}
+
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
+template <typename OT> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // CL: blocks per cluster along M. The CL blocks of a cluster work on CL vertically adjacent tiles of the
@@ -354,6 +371,41 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 #endif
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda)
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess)
+      return (EncodeTiledFn) nullptr;
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of A: rows of KB bytes, lda apart; boxes of 128 rows x 128 bytes in the 128-byte swizzle
+// (the layout the ldmatrix addressing above expects); rows past M and bytes past KB read as zeros.
+static cudaError_t make_tmap_a(const BinGemmArgs& p, CUtensorMap* map) {
+  const EncodeTiledFn enc = encode_tiled();
+  if (!enc) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {(cuuint64_t)p.KB, (cuuint64_t)p.M};
+  const cuuint64_t strides[1] = {(cuuint64_t)p.lda};
+  const cuuint32_t box[2] = {(cuuint32_t)KSB, (cuuint32_t)BM};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.a), dims, strides, box, estr,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <typename OT, int CL>
 static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
   auto kernel = bgemm_wgmma_kernel<OT, CL>;
@@ -384,7 +436,7 @@ static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st)
   }
   cfg.gridDim = dim3(CL * std::min(groups, resident));
   CUtensorMap tmap_a;
-  e = make_tmap_a(p, KSB, BM, &tmap_a);
+  e = make_tmap_a(p, &tmap_a);
   if (e != cudaSuccess) return e;
   e = cudaLaunchKernelEx(&cfg, kernel, p, tmap_a);
   if (e != cudaSuccess) return e;

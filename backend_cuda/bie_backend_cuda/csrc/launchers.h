@@ -21,7 +21,6 @@ struct BinGemmArgs {
   int64_t scale_stride;
   const void* bias;
   int bias_dtype;
-  int32_t* pa;   // the ping-pong wgmma kernel's scratch: popc of every row of a (M int32)
 };
 
 cudaError_t launch_pack_signs(const void* x, int dtype, uint8_t* out, int64_t rows, int64_t K, int64_t sr, int64_t sk,
@@ -33,9 +32,6 @@ cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int
 cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_t st);
 // sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
-// the same GEMM, ping-pong schedule (binary_wgmma_pp.cu); p.pa: scratch for M int32
-// inflight: stages of wgmmas left running while the next is issued (1 or 2)
-cudaError_t launch_binary_gemm_wgmma_pp(const BinGemmArgs& p, int inflight, int num_sms, cudaStream_t st);
 cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
                                   int scale_dtype, int64_t V, int64_t L, int64_t dim, void* out, int dtype,
                                   cudaStream_t st);
