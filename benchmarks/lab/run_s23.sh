@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 23: build bie-backend-cuda, SASS check, the binary GEMM tests (TESTS: a -k expression; ALL=1 every
 # CUDA test and the kit), bw_pp.py (cooperative against ping-pong schedule; BIAS=1 also with a bias), and with
-# BENCH=1 bench_cuda.py --only binary --quick (the product table); NOLAB=1 skips the lab. Calls 3-5 ran it at 211159b / 05ae10b / d229814,
+# BENCH=1 bench_cuda.py --only binary --quick (the product table); NOLAB=1 skips the lab; AB=1
+# runs bw_ab.py (the product kernel at six shapes, with cuBLAS). Calls 3-5 ran it at 211159b / 05ae10b / d229814,
 # the trees that held the ping-pong kernel; call 1 ran its bw_epi.py version at 5fd63f2.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
@@ -25,6 +26,7 @@ fi
 echo "tests done at $(el) s"
 [ -z "$NOLAB" ] && timeout 200 python3 benchmarks/lab/bw_pp.py $LAB_ARGS 2>&1 | grep -v -i warn | tee $OUT/bw_pp.txt
 [ -n "$BIAS" ] && timeout 60 python3 benchmarks/lab/bw_pp.py --bias --shapes 4096x4096x4096,8192x8192x8192 2>&1 | grep -v -i warn | tee -a $OUT/bw_pp.txt
+[ -n "$AB" ] && timeout 120 python3 benchmarks/lab/bw_ab.py product --cublas 2>&1 | grep -v -i warn | tee $OUT/bw_ab.txt
 echo "lab done at $(el) s"
 if [ -n "$BENCH" ]; then
   (cd benchmarks && timeout 200 python3 bench_cuda.py --only binary --quick --json $OUT/bench_cuda_binary.json > $OUT/bench_cuda_binary.txt 2>&1; tail -14 $OUT/bench_cuda_binary.txt | cut -c1-200)

@@ -2,7 +2,8 @@
 # Session 23 (lab): the wgmma binary GEMM's tile-end variants (BIE_BW_MODE, read once per process: 0 = session
 # 22's kernel, 1 = the tile's last slot released before the epilogue, 2 = 1 + the math warpgroups staggered):
 # build, the binary wgmma tests under modes 2 and 1 (TESTS_ALL=1: every binary test under mode 2), then
-# bw_ab.py in separate processes per mode, twice in turn (--cublas on the first).
+# bw_ab.py in separate processes per mode, twice in turn (--cublas on the first). Ran in call 7 at ca29b57 (the knob
+# is gone since: mode 1 is the product).
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt

@@ -37,7 +37,6 @@
 // aligned (the tensor map's rule too).
 #include <cuda.h>   // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "common.cuh"
@@ -68,7 +67,7 @@ constexpr int THREADS = 384;
 constexpr int OFF_EPI = STAGES * SLOT_BYTES;
 constexpr int OFF_COL = OFF_EPI + 2 * EPI_BYTES;
 constexpr int OFF_BAR = OFF_COL + 2 * COL_BYTES;
-constexpr int SMEM_BYTES = OFF_BAR + (2 * STAGES + 9) * 8 + 1024;   // + alignment of the ring (swizzle atoms)
+constexpr int SMEM_BYTES = OFF_BAR + (2 * STAGES + 8) * 8 + 1024;   // + alignment of the ring (swizzle atoms)
 
 // four 8x8 matrices of 16-bit elements (here: 8 rows x 16 bytes of bits each) from shared memory; lane l
 // gives the row address of row l % 8 of matrix l / 8 and receives row l / 4, bytes 4 (l % 4).. of each
@@ -104,11 +103,7 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) 
 // them, which divides the weights' L2 -> SM traffic by CL. A slot is refilled only when the math warps of
 // every block have released it, so the blocks run in lockstep; on the H100 that cost more than the traffic
 // saved (L2 ran at ~35% of its peak at CL = 1), hence the default CL = 1.
-// MODE (lab A/B, session 23): 0 as session 22 (a tile's last slot is released with the next tile's first stage);
-// 1 releases it when the tile's wgmmas have retired, before the epilogue; 2 also staggers the math warpgroups:
-// warpgroup 1 starts each tile once warpgroup 0 has issued the tile's third stage (second when it has two), so
-// that the end of one's tile (the wgmmas draining, the epilogue) overlaps the other's last stages.
-template <typename OT, int CL, int MODE>
+template <typename OT, int CL>
 __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmArgs p,
                                                                   const __grid_constant__ CUtensorMap tmap_a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -119,9 +114,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
   const uint32_t bar_col_full = bar_empty + STAGES * 8, bar_col_empty = bar_col_full + 16;   // 2 buffers each
   const uint32_t bar_epi_full = bar_col_empty + 16, bar_epi_empty = bar_epi_full + 16;    // per math warpgroup
-  const uint32_t bar_stagger = bar_epi_empty + 16;   // MODE 2: warpgroup 0's warps have issued a tile's lead stages
-  const bool stagger = MODE == 2 && (p.KB + KSB - 1) / KSB >= 2;
-  const int lead = min(2, (p.KB + KSB - 1) / KSB - 1);   // stages warpgroup 0 leads by
   constexpr int PASSES = sizeof(OT) == 2 ? 1 : 2;   // 4-byte outputs are staged in two halves of 128 columns
   constexpr int CP = BN / PASSES;
 
@@ -145,7 +137,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       mbar_init(bar_epi_full + 8 * b, 1);      // math warpgroup b: its staged outputs are complete
       mbar_init(bar_epi_empty + 8 * b, 1);     // its store warp: the staged outputs have been read
     }
-    mbar_init(bar_stagger, 4);
     mbar_init_fence();
   }
   if (CL > 1) cluster_sync(); else __syncthreads();
@@ -263,11 +254,19 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
   int tiles_done = 0;                           // epilogues so far (column buffer and phase)
   int c_ks = 0, slot = 0, phase = 0, prev_slot = -1;
 
+  // a slot whose wgmmas have retired goes back to the producer (of every block of the cluster)
+  auto release = [&](int s) {
+    if (s < 0 || lane != 0) return;
+    if (CL > 1) {
+#pragma unroll
+      for (int r = 0; r < CL; ++r) mbar_arrive_cluster(bar_empty + 8 * s, r);
+    } else {
+      mbar_arrive(bar_empty + 8 * s);
+    }
+  };
+
   auto step = [&](uint32_t (&a)[16]) {
     if (c_ks == 0) pa0 = pa1 = 0;
-    // (a parity wait is safe here: warpgroup 0 cannot arrive for tile t + 1 before warpgroup 1 has started tile t,
-    // whose slots it would need: lead + stages per tile >= 3 = STAGES)
-    if (stagger && cw == 1 && c_ks == 0) mbar_wait(bar_stagger, tiles_done & 1);
     mbar_wait(bar_full + 8 * slot, phase);
     load_a(a, base + slot * SLOT_BYTES);
     const uint64_t d0 = desc_sw128(base + slot * SLOT_BYTES);
@@ -277,30 +276,22 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       wgmma_b1_n256(acc, a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3], d0 + (uint64_t)(2 * j),
                     (c_ks > 0 || j > 0) ? 1 : 0);
     wgmma_commit();
-    if (stagger && cw == 0 && c_ks == lead && lane == 0) mbar_arrive(bar_stagger);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       pa0 += __popc(a[4 * j]) + __popc(a[4 * j + 2]);
       pa1 += __popc(a[4 * j + 1]) + __popc(a[4 * j + 3]);
     }
     wgmma_wait<1>();   // the previous stage's wgmmas have retired: release its slot, refill its registers
-    if (prev_slot >= 0 && lane == 0) {
-      if (CL > 1) {
-#pragma unroll
-        for (int r = 0; r < CL; ++r) mbar_arrive_cluster(bar_empty + 8 * prev_slot, r);
-      } else {
-        mbar_arrive(bar_empty + 8 * prev_slot);
-      }
-    }
+    release(prev_slot);
     prev_slot = slot;
     if (++slot == STAGES) { slot = 0; phase ^= 1; }
     if (c_ks == ns - 1) {
       // ------------------------------------------------------------ epilogue
       wgmma_wait<0>();
-      if (MODE >= 1) {   // the tile's last slot: the producer refills it during the epilogue
-        if (lane == 0) mbar_arrive(bar_empty + 8 * prev_slot);
-        prev_slot = -1;
-      }
+      // the tile's last slot goes back now, not with the next tile's first stage: the producer refills it during
+      // the epilogue (1-4 % faster at 384-8192 rows: cuda_h100_binary_wgmma.md, session 23)
+      release(prev_slot);
+      prev_slot = -1;
       int r0 = pa0, r1 = pa1;
       r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
       r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
@@ -423,9 +414,9 @@ static cudaError_t make_tmap_a(const BinGemmArgs& p, CUtensorMap* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename OT, int CL, int MODE>
+template <typename OT, int CL>
 static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
-  auto kernel = bgemm_wgmma_kernel<OT, CL, MODE>;
+  auto kernel = bgemm_wgmma_kernel<OT, CL>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
   if (e != cudaSuccess) return e;
   const int groups = ceil_div(ceil_div(p.M, BM), CL) * ceil_div(p.N, BN);
@@ -462,17 +453,10 @@ static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st)
 
 template <typename OT>
 static cudaError_t launch_t(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st) {
-  // lab knob (session 23 A/B): BIE_BW_MODE=0 / 1 / 2 (see the kernel), default 2
-  static const int mode = [] {
-    const char* e = std::getenv("BIE_BW_MODE");
-    return e && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
-  }();
   switch (cluster) {
-    case 1:
-      return mode == 0 ? launch_cl<OT, 1, 0>(p, num_sms, st)
-                       : mode == 1 ? launch_cl<OT, 1, 1>(p, num_sms, st) : launch_cl<OT, 1, 2>(p, num_sms, st);
-    case 2: return launch_cl<OT, 2, 0>(p, num_sms, st);
-    case 4: return launch_cl<OT, 4, 0>(p, num_sms, st);
+    case 1: return launch_cl<OT, 1>(p, num_sms, st);
+    case 2: return launch_cl<OT, 2>(p, num_sms, st);
+    case 4: return launch_cl<OT, 4>(p, num_sms, st);
   }
   return cudaErrorInvalidValue;
 }
