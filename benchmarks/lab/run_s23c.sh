@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 23 (lab): the wgmma binary GEMM's epilogue converting float32(dot) by the magic-number bits instead of
 # I2FP (BIE_CUDA_DEFINES=BIE_BW_EPI2, a second build in its own cache) against the product build: both built in
-# parallel, the binary wgmma tests on the variant, then bw_ab.py on each build in turn, twice.
+# parallel, the binary wgmma tests on the variant, then bw_ab.py on each build in turn, twice. Ran in call 9 at
+# c4d6530; the define is gone since (no gain at 8192³).
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt

@@ -21,9 +21,13 @@
 // retired. The epilogue converts the accumulators with the reference's roundings and stages them in shared
 // memory (stmatrix for 2-byte outputs; padded rows, no bank conflicts).
 //
-// Measured (H100, cuda_h100_binary_wgmma.md): a stage costs ~0.6 us (the tensor cores' rate) and each
-// tile ~1-2 us more, when both math warpgroups convert their accumulators at once and the tensor cores
-// idle; at 4096^3 the 32 MB of bf16 output are a third of the time at HBM speed. Clusters sharing the
+// Measured (H100, cuda_h100_binary_wgmma.md): a stage costs ~0.6 us and each tile ~3 us more, when both
+// math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
+// output are a third of the time at HBM speed. The 0.6 us is a latency, not the tensor cores' rate: a
+// warpgroup's four wgmmas of a stage are a chain of dependent accumulations that alone keeps the tensor cores
+// about half busy, and the two warpgroups' chains together nearly fill them. So running the warpgroups out of
+// phase (staggered, or ping-pong on separate tiles) does not hide the epilogue: each warpgroup's own cycle stays
+// stages x 0.6 us + its epilogue (session 23). Clusters sharing the
 // weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2 traffic but
 // measured slower, so the default is CL = 1.
 //
@@ -335,19 +339,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
               // conversions, I2FP here and F2FP in pack2, run at a quarter of the FP32 rate on sm_90; exact
               // integer-only replacements measured 7-15 % slower over the kernel: cuda_h100_binary_wgmma.md,
               // session 21.)
-#ifdef BIE_BW_EPI2
-              // lab (session 23): float32(dot) as the bits 0x4B400000 + dot (the float 1.5 2^23 + dot, exact for
-              // |dot| < 2^22) less 1.5 2^23, instead of a conversion instruction
-              constexpr int MAGIC = 0x4B400000;
-              const float F = 12582912.f;
-              float y00 = __fmul_rn(__fsub_rn(__int_as_float(d00 + MAGIC), F), s0);
-              float y01 = __fmul_rn(__fsub_rn(__int_as_float(d01 + MAGIC), F), s1);
-              float y10 = __fmul_rn(__fsub_rn(__int_as_float(d10 + MAGIC), F), s0);
-              float y11 = __fmul_rn(__fsub_rn(__int_as_float(d11 + MAGIC), F), s1);
-#else
               float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
               float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
-#endif
               if constexpr (HB) {
                 const float2 bi = *reinterpret_cast<const float2*>(rec + 16);
                 y00 = __fadd_rn(y00, bi.x);
