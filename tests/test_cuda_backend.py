@@ -165,7 +165,7 @@ def test_binary_gemm_wgmma_many_tiles(m, n, k):
     """More tiles than SMs, so every block runs several (the staging buffers, column-term buffers and slot
     phases wrap around; one to eight stages per tile, fewer and more than the ring's slots, and up to eight
     tiles per block). Tails in M and N; bit-exact against the reference for 2-byte outputs with and without
-    bias, and int32, forced and as the automatic choice."""
+    bias, and int32, forced (one block per cluster and two) and as the automatic choice."""
     from bie_backend_cuda import binary as cb
     rb, _ = _ref()
     gen = torch.Generator().manual_seed(m + n + k)
@@ -177,7 +177,7 @@ def test_binary_gemm_wgmma_many_tiles(m, n, k):
         scale = (torch.rand(n, generator=gen) + 0.05).cuda()
         bias = torch.randn(n, generator=gen).to(dt).cuda() if with_bias else None
         ref = rb.binary_gemm(a.cpu(), b.cpu(), k, scale.cpu(), None if bias is None else bias.cpu(), dt)
-        for tile in ("wgmma", 0):
+        for tile in ("wgmma", "wgmma2", 0):   # (clusters of 2: the slot releases cross blocks)
             got = cb.binary_gemm(a, b, k, scale, bias, dt, prepared=prep, tile=tile).cpu()
             assert torch.equal(got, ref), f"{dt} {tile}: max diff {(got.double() - ref.double()).abs().max()}"
     assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile="wgmma").cpu(),
