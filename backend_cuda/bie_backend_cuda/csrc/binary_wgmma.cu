@@ -23,11 +23,9 @@
 //
 // Measured (H100, cuda_h100_binary_wgmma.md): a stage costs ~0.6 us and each tile ~3 us more, when both
 // math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
-// output are a third of the time at HBM speed. The 0.6 us is a latency, not the tensor cores' rate: a
-// warpgroup's four wgmmas of a stage are a chain of dependent accumulations that alone keeps the tensor cores
-// about half busy, and the two warpgroups' chains together nearly fill them. So running the warpgroups out of
-// phase (staggered, or ping-pong on separate tiles) does not hide the epilogue: each warpgroup's own cycle stays
-// stages x 0.6 us + its epilogue (session 23). Clusters sharing the
+// output are a third of the time at HBM speed. Session 23 found the 0.6 us to hold whatever a stage's work
+// (ping-pong on 128x128 tiles, warpgroups staggered: both slower), so the epilogue is not hidden by running the
+// warpgroups out of phase; what sets the 0.6 us is not settled (the ring's turnover is a candidate). Clusters sharing the
 // weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2 traffic but
 // measured slower, so the default is CL = 1.
 //
