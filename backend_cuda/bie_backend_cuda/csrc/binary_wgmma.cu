@@ -23,9 +23,9 @@
 //
 // Measured (H100, cuda_h100_binary_wgmma.md): a stage costs ~0.6 us and each tile ~3 us more, when both
 // math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
-// output are a third of the time at HBM speed. Session 23 found the 0.6 us to hold whatever a stage's work
-// (ping-pong on 128x128 tiles, warpgroups staggered: both slower), so the epilogue is not hidden by running the
-// warpgroups out of phase; what sets the 0.6 us is not settled (the ring's turnover is a candidate). Clusters sharing the
+// output are a third of the time at HBM speed. The 0.6 us is the tensor rate of the two warpgroups' chains
+// together (two ring slots: 0.79 us, so three are enough); running the warpgroups out of phase (ping-pong on
+// 128x128 tiles, staggered) measured slower, as each warpgroup's own cycle keeps its epilogue (session 23). Clusters sharing the
 // weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2 traffic but
 // measured slower, so the default is CL = 1.
 //
