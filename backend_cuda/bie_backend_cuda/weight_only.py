@@ -547,20 +547,15 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
                                          _pdl(lay), THIN_SLICES, THIN_XPRE)
-    if (_wqm_rows(m, qweight.shape[1], _KERNEL_BITS.get(bits), _gs_shift(group_size), _num_sms(x.device))
-            and wqw_ok(x, scales, zeros, format, k)):
+    wqm = _wqm_rows(m, qweight.shape[1], _KERNEL_BITS.get(bits), _gs_shift(group_size), _num_sms(x.device))
+    if (wqm or _wqw_rows(m, qweight.shape[1], k, bits)) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
-                      inter=True)   # (the interleaved skinny layout, shared with the other kernels)
+                      inter=True)   # the wgmma kernels read the interleaved layout
         if not lay.generic:
+            # the pipelined many-row kernel (no K split), or the register-A kernel with its planned tile rows
+            ntok, splits = (WQM_NTOK, 0) if wqm else (_wqw_ntok(m, lay.n, k, _num_sms(x.device)), WQW_SPLITS)
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
-                                         lay.kblocks, lay.gptq, x.dtype, WQM_NTOK, 0, lay.st_bf16)
-    if _wqw_rows(m, qweight.shape[1], k, bits) and wqw_ok(x, scales, zeros, format, k):
-        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
-                      inter=True)   # the wgmma kernel reads the interleaved layout
-        if not lay.generic:
-            ntok = _wqw_ntok(m, lay.n, k, _num_sms(x.device))
-            return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
-                                         lay.kblocks, lay.gptq, x.dtype, ntok, WQW_SPLITS, lay.st_bf16)
+                                         lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):
         # dequantize (one coalesced pass over the canonical weight) + cuBLAS
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype

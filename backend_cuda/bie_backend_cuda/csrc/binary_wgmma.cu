@@ -25,9 +25,9 @@
 // math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
 // output are a third of the time at HBM speed. The 0.6 us is the tensor rate of the two warpgroups' chains
 // together (two ring slots: 0.79 us, so three are enough); running the warpgroups out of phase (ping-pong on
-// 128x128 tiles, staggered) measured slower, as each warpgroup's own cycle keeps its epilogue (session 23). Clusters sharing the
-// weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the L2 traffic but
-// measured slower, so the default is CL = 1.
+// 128x128 tiles, staggered) measured slower, as each warpgroup's own cycle keeps its epilogue (session 23).
+// Clusters sharing the weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the
+// L2 traffic but measured slower, so the default is CL = 1.
 //
 // The prepared weight image (bie_backend_cuda.binary.wgmma_image builds it):
 // [N/256 column tiles][K/1024 stages][256 rows][128 bytes], each row in the
