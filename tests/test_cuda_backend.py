@@ -862,20 +862,23 @@ def test_wqm_tiles(fmt, sdt, gs, act):
     tile, K off the 64-k block, fp16 / bf16 activations with fp16 / bf16
     statistics (both conversions), bias; NaN-poisoned outputs, deterministic, against the float64 reference."""
     from bie_backend_cuda import weight_only as cw
-    k, n = 200, 11620
-    qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77, sdtype=sdt)
-    prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(5)
     keep = cw.WQM_MIN_M
     try:
-        for m, dtype in ((300, torch.bfloat16), (129, torch.float16), (17, torch.bfloat16)):   # (> 16: past the thin kernel)
-            x = torch.randn((m, k), generator=gen).to(dtype).cuda()
-            bias = torch.randn(n, generator=gen).to(dtype).cuda() if m != 129 else None
-            cw.WQM_MIN_M = 1
-            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-            out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
-            _close(out, w64, x, dtype, k, f"wqm M={m} N={n} {dtype} {fmt} g{gs}", bias)
-            assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
+        # K = 200: four 64-k stages a tile, the last partly past K; K = 56: one stage a tile, so the next stage's
+        # fragment is always the next tile's (the three-deep wgmma pipeline crosses every tile boundary)
+        for k in (200, 56):
+            n = 11620
+            qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77 + k, sdtype=sdt)
+            prepared = cw.prepare(qw, s, z, gi)
+            for m, dtype in ((300, torch.bfloat16), (129, torch.float16), (17, torch.bfloat16)):   # (> 16: past the thin kernel)
+                x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+                bias = torch.randn(n, generator=gen).to(dtype).cuda() if m != 129 else None
+                cw.WQM_MIN_M = 1
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
+                _close(out, w64, x, dtype, k, f"wqm M={m} N={n} K={k} {dtype} {fmt} g{gs}", bias)
+                assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
     finally:
         cw.WQM_MIN_M = keep
 

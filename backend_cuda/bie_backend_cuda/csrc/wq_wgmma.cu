@@ -76,6 +76,10 @@ template <int N> __device__ __forceinline__ void hold(float (&a)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) hold(a[i]);
 }
+template <int N> __device__ __forceinline__ void hold(uint32_t (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) hold(a[i]);
+}
 template <int N> __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 #pragma unroll
   for (int j = 0; j < N; ++j)
@@ -482,6 +486,73 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   {
     const int cw = wg;                       // columns 64 cw .. 64 cw + 63 of the tile
     const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
+#if !defined(BIE_WQM_SERIAL)
+    float acc[NT / 2];
+    // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
+    uint4 v = make_uint4(0, 0, 0, 0);
+    uint32_t swa0 = 0, swa1 = 0, swb0 = 0, swb1 = 0;
+    auto load_stage = [&](int it) {
+      const int slot = it % STAGES;
+      const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
+      mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
+      v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
+      const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
+      swa0 = lds32(sq);
+      swa1 = lds32(sq + 32);
+      swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0;
+      swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
+    };
+    uint32_t af[4][4];
+    // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
+    auto build = [&](int j, uint32_t (&a)[4]) {
+      extract_a<4, S>(v, j, a);
+      dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
+    };
+    int it = 0;
+    if (total > 0) {
+      load_stage(0);
+      build(0, af[0]);
+    }
+    int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
+#pragma unroll 1
+    for (int ti = 0; ti < my_tiles; ++ti) {
+      int rt, ct;
+      tile_of(ti, rt, ct);
+#pragma unroll 1
+      for (int kb = 0; kb < nst; ++kb, ++it) {
+        issue(it + AHEAD);
+        const int slot = it % STAGES;
+        const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
+        fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
+        // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
+        // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
+        // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
+        // an operand of a wgmma still in flight.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          hold(af[j]);
+          wgmma_fence();
+          WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb | j) ? 1 : 0);
+          wgmma_commit();
+          wgmma_wait<3>();
+          if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
+            if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
+            pending = -1;
+          }
+          if (j < 3) {
+            build(j + 1, af[j + 1]);
+          } else if (it + 1 < total) {
+            load_stage(it + 1);
+            build(0, af[0]);
+          }
+        }
+        pending = slot;
+      }
+      wgmma_wait<0>();
+      hold(acc);
+      if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
+      pending = -1;
+#else   // lab: the session-22 loop (every stage's wgmmas retired before the next fragments), for A/Bs
     float acc[NT / 2];
     int it = 0;
 #pragma unroll 1
@@ -520,6 +591,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
         hold(acc);
         if (lane == 0) mbar_arrive(bar_empty + 8 * slot);
       }
+#endif
       // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
       // x 8 i + 2 t4 + (e & 1)
       const int c0 = ct * COLS + 64 * cw + 16 * (warp & 3) + g;
