@@ -415,7 +415,16 @@ constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns p
 // cost a whole warpgroup's registers (288 threads capped them at 168: the kernel spilled and ptxas serialised its
 // wgmmas, C7512).
 constexpr int THREADS = 256;
-constexpr int STAGES = 5, AHEAD = 3;   // ring slots; stages whose copies are in flight ahead of the one consumed
+#ifndef BIE_WQM_STAGES
+#define BIE_WQM_STAGES 5
+#endif
+#ifndef BIE_WQM_AHEAD
+#define BIE_WQM_AHEAD 3
+#endif
+// ring slots; stages whose copies are in flight ahead of the one consumed (a slot is released two stages after its
+// copies were issued at the earliest: AHEAD <= STAGES - 2)
+constexpr int STAGES = BIE_WQM_STAGES, AHEAD = BIE_WQM_AHEAD;
+static_assert(AHEAD <= STAGES - 2, "wqm: ring depth");
 constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
 constexpr int OFF_BAR = STAGES * SLOT;
