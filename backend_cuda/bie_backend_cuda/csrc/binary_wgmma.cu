@@ -37,7 +37,7 @@
 // Requirements (checked by the binding): sm_90, K % 128 == 0 (whole 16-byte
 // chunks), N % 8 == 0 (whole 16-byte output chunks), rows of a 16-byte
 // aligned (the tensor map's rule too).
-#include <cuda.h>   // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
+#include "tensor_map.h"   // CUtensorMap, its encoder (fetched from the driver at run time)
 
 #include <type_traits>
 
@@ -381,39 +381,10 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
 #endif
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda)
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-#if CUDART_VERSION >= 12050
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-#else
-    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
-#endif
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess)
-      return (EncodeTiledFn) nullptr;
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
-
 // The tensor map of A: rows of KB bytes, lda apart; boxes of 128 rows x 128 bytes in the 128-byte swizzle
 // (the layout the ldmatrix addressing above expects); rows past M and bytes past KB read as zeros.
 static cudaError_t make_tmap_a(const BinGemmArgs& p, CUtensorMap* map) {
-  const EncodeTiledFn enc = encode_tiled();
-  if (!enc) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {(cuuint64_t)p.KB, (cuuint64_t)p.M};
-  const cuuint64_t strides[1] = {(cuuint64_t)p.lda};
-  const cuuint32_t box[2] = {(cuuint32_t)KSB, (cuuint32_t)BM};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.a), dims, strides, box, estr,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return make_tmap_rows_sw128(map, p.a, 1, (uint64_t)p.KB, (uint64_t)p.M, (uint64_t)p.lda, KSB, BM);
 }
 
 template <typename OT, int CL>

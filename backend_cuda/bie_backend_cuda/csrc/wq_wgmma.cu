@@ -40,6 +40,7 @@
 
 #include "common.cuh"
 #include "hopper.cuh"
+#include "tensor_map.h"
 #include "wgmma_rs.cuh"
 #include "wq_fragments.cuh"
 
@@ -433,7 +434,7 @@ static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 }  // namespace wqm
 
 template <typename T, typename S, bool GPTQ>
-__global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
+__global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: cp.async, extract_a; hop: mbarriers, descriptors)
   using namespace wqm;
@@ -444,7 +445,11 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
+#if defined(BIE_WQM_CPASYNC)
       mbar_init(bar_full + 8 * i, THREADS);   // every thread's copies (noinc arrivals)
+#else
+      mbar_init(bar_full + 8 * i, 1);   // the issuing thread's arrival with the stage's byte count
+#endif
       mbar_init(bar_empty + 8 * i, THREADS / 32);   // one arrival per warp
     }
     mbar_init_fence();
@@ -460,11 +465,36 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
   };
   const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
+  const int total = my_tiles * nst;
+#if !defined(BIE_WQM_CPASYNC)
+  // Copies of the block's stage it2 (it2 = tile number x nst + code block), issued by thread 0 alone through the
+  // TMA engine: the x tile (a box of 256 rows x 64 k of the tensor map, landing in the 128-byte swizzle the wgmma
+  // descriptor names; rows past M and k past K read as zeros), the code block (4 KB, contiguous in the prepared
+  // layout) and the statistics rows (512 bytes each); the slot's "full" barrier completes when all bytes landed.
+  // (Every thread copying its share by cp.async cost each warp ~100 instructions a stage, and the warps were
+  // issue-bound: session 24.)
+  auto issue = [&](int it2) {
+    if (tid != 0 || it2 >= total) return;
+    const int slot = it2 % STAGES;
+    const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
+    const uint32_t full = bar_full + 8 * slot;
+    mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
+    int rt, ct;
+    tile_of(it2 / nst, rt, ct);
+    const int kb = it2 % nst, k0 = kb * BK;
+    mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
+    tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
+    bulk_g2s(sc, p.qw + ((int64_t)ct * p.kblocks + kb) * 256, CODE_BYTES, full);
+    for (int r = 0; r < nsr; ++r) {
+      const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
+      bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, COLS * 4, full);
+    }
+  };
+#else   // lab: every thread copies its share by cp.async (session 22's copies), for A/Bs
   // Copies of the block's stage it2 (it2 = tile number x nst + code block): the x tile, the code block and the
   // statistics rows, each thread its share; its arrival on the slot's "full" barrier counts when they have landed.
   const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row
   const T* X = static_cast<const T*>(p.x);
-  const int total = my_tiles * nst;
   auto issue = [&](int it2) {
     if (it2 >= total) return;
     const int slot = it2 % STAGES;
@@ -490,12 +520,12 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
     }
     cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
   };
+#endif
 #pragma unroll 1
   for (int i = 0; i < AHEAD; ++i) issue(i);
   {
     const int cw = wg;                       // columns 64 cw .. 64 cw + 63 of the tile
     const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
-#if !defined(BIE_WQM_SERIAL)
     float acc[NT / 2];
     // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -532,7 +562,9 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
         issue(it + AHEAD);
         const int slot = it % STAGES;
         const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
+#if defined(BIE_WQM_CPASYNC)
         fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
+#endif
         // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
         // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
         // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
@@ -561,46 +593,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p) {
       hold(acc);
       if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
       pending = -1;
-#else   // lab: the session-22 loop (every stage's wgmmas retired before the next fragments), for A/Bs
-    float acc[NT / 2];
-    int it = 0;
-#pragma unroll 1
-    for (int ti = 0; ti < my_tiles; ++ti) {
-      int rt, ct;
-      tile_of(ti, rt, ct);
-#pragma unroll 1
-      for (int kb = 0; kb < nst; ++kb, ++it) {
-        issue(it + AHEAD);
-        const int slot = it % STAGES;
-        const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
-        mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
-        const uint4 v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
-        const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
-        const uint32_t swa0 = lds32(sq), swa1 = lds32(sq + 32);
-        const uint32_t swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0, swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
-        uint32_t af[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          extract_a<4, S>(v, j, af[j]);
-          dequant_fragment<4, T, S, GPTQ>(af[j], j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
-        }
-        fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
-        hold(af);
-        hold(acc);
-        wgmma_fence();
-        const uint64_t dx = desc_sw128(sx);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb | j) ? 1 : 0);
-        wgmma_commit();
-        // Retire them before the next fragments are written: ptxas serialises register-A wgmmas as soon as
-        // registers of a wgmma's A operand are defined while any is in flight (C7513, even into a second register
-        // set), so the overlap comes from the other consumer warpgroup, which runs free of this one.
-        wgmma_wait<0>();
-        hold(af);
-        hold(acc);
-        if (lane == 0) mbar_arrive(bar_empty + 8 * slot);
-      }
-#endif
       // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
       // x 8 i + 2 t4 + (e & 1)
       const int c0 = ct * COLS + 64 * cw + 16 * (warp & 3) + g;
@@ -633,7 +625,10 @@ static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) 
   if (e != cudaSuccess) return e;
   // persistent: one block per SM, never more than there are tiles (Np is a whole number of 128-column tiles)
   const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS);
-  k<<<(unsigned)std::min<int64_t>(tiles, num_sms), wqm::THREADS, wqm::SMEM, st>>>(p);
+  CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
+  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
+  if (e != cudaSuccess) return e;
+  k<<<(unsigned)std::min<int64_t>(tiles, num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
   BIE_LAUNCH_CHECK();
 }
 
