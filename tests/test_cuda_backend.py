@@ -866,9 +866,10 @@ def test_wqm_tiles(fmt, sdt, gs, act):
     keep = cw.WQM_MIN_M
     try:
         # K = 200: four 64-k stages a tile, the last partly past K; K = 56: one stage a tile, so the next stage's
-        # fragment is always the next tile's (the three-deep wgmma pipeline crosses every tile boundary)
-        for k in (200, 56):
-            n = 11620
+        # fragment is always the next tile's (the three-deep wgmma pipeline crosses every tile boundary).
+        # N = 11620: 91 column tiles (single blocks); 11520: 90 (pairs of blocks sharing x by multicast, the second
+        # block's half of the last row tile wholly past M at 300 rows)
+        for k, n in ((200, 11620), (200, 11520), (56, 11520)):
             qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77 + k, sdtype=sdt)
             prepared = cw.prepare(qw, s, z, gi)
             for m, dtype in ((300, torch.bfloat16), (129, torch.float16), (17, torch.bfloat16)):   # (> 16: past the thin kernel)
