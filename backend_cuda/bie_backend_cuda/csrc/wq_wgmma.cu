@@ -433,7 +433,7 @@ constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the sl
 static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 }  // namespace wqm
 
-template <typename T, typename S, bool GPTQ, int CL>
+template <typename T, typename S, bool GPTQ>
 __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: cp.async, extract_a; hop: mbarriers, descriptors)
@@ -450,24 +450,18 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
 #else
       mbar_init(bar_full + 8 * i, 1);   // the issuing thread's arrival with the stage's byte count
 #endif
-      mbar_init(bar_empty + 8 * i, (THREADS / 32) * CL);   // one arrival per warp of every block of the cluster
+      mbar_init(bar_empty + 8 * i, THREADS / 32);   // one arrival per warp
     }
     mbar_init_fence();
   }
-  // Clusters of CL blocks take CL adjacent column tiles of one row tile together: each block fetches 1/CL of the
-  // x tile and multicasts it to all, so a slot is refilled only once every block's warps have released it.
-  const int rank = CL > 1 ? (int)cluster_rank() : 0;
-  const int cid = CL > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
-  const int ncl = CL > 1 ? (int)cluster_count_x() : (int)gridDim.x;
-  if (CL > 1) cluster_sync(); else __syncthreads();   // (the barriers initialised in every block of the cluster)
-  const int rt_n = (p.M + NT - 1) / NT, ct_n = (p.Np + COLS - 1) / COLS;   // (ct_n % CL == 0: the launcher)
-  const int ntiles = rt_n * (ct_n / CL), nst = p.kblocks;
-  const int my_tiles = ntiles > cid ? (ntiles - 1 - cid) / ncl + 1 : 0;
-  auto tile_of = [&](int ti, int& rt, int& ct) {   // the block's ti-th tile (the cluster's, and this block's column)
-    const int t = cid + ti * ncl;
-    const int cp = t / rt_n;
-    rt = t - cp * rt_n;
-    ct = cp * CL + rank;
+  __syncthreads();
+  const int rt_n = (p.M + NT - 1) / NT, ct_n = (p.Np + COLS - 1) / COLS;
+  const int ntiles = rt_n * ct_n, nst = p.kblocks;
+  const int my_tiles = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  auto tile_of = [&](int ti, int& rt, int& ct) {   // the block's ti-th tile
+    const int t = (int)blockIdx.x + ti * (int)gridDim.x;
+    ct = t / rt_n;
+    rt = t - ct * rt_n;
   };
   const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
@@ -492,11 +486,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     tile_of(it2 / nst, rt, ct);
     const int kb = it2 % nst, k0 = kb * BK;
     mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
-    if (CL > 1)
-      tma_load_2d_multicast(sx + (uint32_t)(rank * (X_BYTES / CL)), &tmap_x, k0, rt * NT + rank * (NT / CL), full,
-                            (uint16_t)((1u << CL) - 1));
-    else
-      tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
+    tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
     bulk_g2s(sc, p.qw + ((int64_t)ct * p.kblocks + kb) * 256, CODE_BYTES, full);
     for (int r = 0; r < nsr; ++r) {
       const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
@@ -571,15 +561,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
       build(0, af[0]);
     }
     int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
-    auto release = [&](int slot) {   // one arrival per warp, on the slot's "empty" barrier in every block
-      if (lane != 0) return;
-      if (CL > 1) {
-#pragma unroll
-        for (int r = 0; r < CL; ++r) mbar_arrive_cluster(bar_empty + 8 * slot, (uint32_t)r);
-      } else {
-        mbar_arrive(bar_empty + 8 * slot);
-      }
-    };
 #pragma unroll 1
     for (int ti = 0; ti < my_tiles; ++ti) {
       int rt, ct;
@@ -604,7 +585,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
           wgmma_commit();
           wgmma_wait<3>();
           if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
-            release(pending);
+            if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
             pending = -1;
           }
           if (j < 3) {
@@ -618,7 +599,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
       }
       wgmma_wait<0>();
       hold(acc);
-      release(pending);
+      if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
       pending = -1;
       // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
       // x 8 i + 2 t4 + (e & 1)
@@ -642,55 +623,21 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
       else store_tile(static_cast<__nv_bfloat16*>(p.out));
     }
   }
-  if (CL > 1) cluster_sync();   // no block leaves while another may still multicast into it or arrive on its barriers
 #endif
 }
 
-#ifndef BIE_WQM_CL
-#define BIE_WQM_CL 2
-#endif
-template <typename T, typename S, int CL>
-static cudaError_t launch_wqm_cl(const WqwArgs& p, int num_sms, cudaStream_t st) {
-  auto k = p.gptq ? wqm_kernel<T, S, true, CL> : wqm_kernel<T, S, false, CL>;
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.blockDim = dim3(wqm::THREADS);
-  cfg.dynamicSmemBytes = wqm::SMEM;
-  cfg.stream = st;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CL;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  // persistent: as many clusters as can be resident (one block per SM; clusters fit in a GPC, so this can be fewer
-  // than num_sms / CL), never more than there are cluster tiles (CL column tiles of one row tile)
-  const int64_t units = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS / CL);
-  int resident = num_sms / CL;
-  if (CL > 1) {
-    cfg.gridDim = dim3(CL * resident);
-    int n = 0;
-    e = cudaOccupancyMaxActiveClusters(&n, k, &cfg);
-    if (e != cudaSuccess) return e;
-    if (n <= 0) return cudaErrorInvalidConfiguration;
-    resident = std::min(resident, n);
-  }
-  cfg.gridDim = dim3((unsigned)(CL * std::min<int64_t>(units, resident)));
-  CUtensorMap tmap_x;   // rows of x in boxes of 256 / CL rows x 64 k (128 bytes), the 128-byte swizzle
-  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT / CL);
-  if (e != cudaSuccess) return e;
-  e = cudaLaunchKernelEx(&cfg, k, p, tmap_x);
-  if (e != cudaSuccess) return e;
-  BIE_LAUNCH_CHECK();
-}
-
-// Pairs of blocks sharing the x tile where the column tiles pair up (Np / 128 even), else single blocks.
 template <typename T, typename S>
 static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) {
-  if (BIE_WQM_CL == 2 && (p.Np / wqm::COLS) % 2 == 0) return launch_wqm_cl<T, S, 2>(p, num_sms, st);
-  return launch_wqm_cl<T, S, 1>(p, num_sms, st);
+  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
+  if (e != cudaSuccess) return e;
+  // persistent: one block per SM, never more than there are tiles (Np is a whole number of 128-column tiles)
+  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS);
+  CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
+  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
+  if (e != cudaSuccess) return e;
+  k<<<(unsigned)std::min<int64_t>(tiles, num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
+  BIE_LAUNCH_CHECK();
 }
 
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
