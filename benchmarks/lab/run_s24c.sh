@@ -15,6 +15,10 @@ wait
 tail -1 $OUT/build_prod.log; echo "builds done at $(el) s"
 [ -n "$TESTS" ] && BIE_CUDA_CACHE=/tmp/cache_prod timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda \
     tests/test_cuda_backend.py -k "$TESTS" 2>&1 | tee $OUT/tests_prod.log | grep -E "FAILED|Error|passed|failed" | tail -10
+if [ -n "$TESTV" ]; then i=0; for v in "${VS[@]}"; do
+  BIE_CUDA_CACHE=/tmp/cache_v$i BIE_CUDA_DEFINES="$v" timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
+      --bie-backend=cuda tests/test_cuda_backend.py -k "$TESTV" 2>&1 | tee $OUT/tests_v$i.log | grep -E "FAILED|Error|passed|failed" | tail -6
+  i=$((i+1)); done; fi
 echo "tests done at $(el) s"
 for rep in $(seq ${REPS:-2}); do
   BIE_CUDA_CACHE=/tmp/cache_prod timeout 120 python3 benchmarks/lab/wqm_ab.py product ${ABARGS} 2>&1 | grep -v -i warn | tee -a $OUT/wqm_ab.txt

@@ -411,6 +411,16 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
+#if defined(BIE_WQM_WIDE)   // lab: 128 rows x 256 columns, four warpgroups (m64n128k16, 64 accumulators a thread)
+constexpr int NT = 128, COLS = 256, BK = 64;
+constexpr int THREADS = 512;
+#ifndef BIE_WQM_STAGES
+#define BIE_WQM_STAGES 7
+#endif
+#ifndef BIE_WQM_AHEAD
+#define BIE_WQM_AHEAD 5
+#endif
+#else
 constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
 // Two warpgroups and no more: ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would
 // cost a whole warpgroup's registers (288 threads capped them at 168: the kernel spilled and ptxas serialised its
@@ -422,11 +432,13 @@ constexpr int THREADS = 256;
 #ifndef BIE_WQM_AHEAD
 #define BIE_WQM_AHEAD 3
 #endif
+#endif
+constexpr int CGROUPS = COLS / 128;   // 128-column groups of the prepared code layout per tile
 // ring slots; stages whose copies are in flight ahead of the one consumed (a slot is released two stages after its
 // copies were issued at the earliest: AHEAD <= STAGES - 2)
 constexpr int STAGES = BIE_WQM_STAGES, AHEAD = BIE_WQM_AHEAD;
 static_assert(AHEAD <= STAGES - 2, "wqm: ring depth");
-constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
+constexpr int X_BYTES = NT * 128, CODE_BYTES = CGROUPS * 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
 constexpr int OFF_BAR = STAGES * SLOT;
 constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
@@ -485,12 +497,20 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     int rt, ct;
     tile_of(it2 / nst, rt, ct);
     const int kb = it2 % nst, k0 = kb * BK;
-    mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
-    tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
-    bulk_g2s(sc, p.qw + ((int64_t)ct * p.kblocks + kb) * 256, CODE_BYTES, full);
+    // column groups of the tile inside Np (the last tile of a wide tile may hold one: the other's registers
+    // compute on stale codes, never stored)
+    const int ng = CGROUPS == 1 ? 1 : min(CGROUPS, p.Np / 128 - ct * CGROUPS);
+    bool with_x = true;
+#if defined(BIE_WQM_XONCE)
+    with_x = it2 < STAGES;   // lab: x fetched for the first ring fill only (wrong results: the x traffic's cost)
+#endif
+    mbar_arrive_expect_tx(full, (uint32_t)((with_x ? X_BYTES : 0) + ng * 4096 + nsr * ng * 512));
+    if (with_x) tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
+    for (int c = 0; c < ng; ++c)
+      bulk_g2s(sc + (uint32_t)(c * 4096), p.qw + ((int64_t)(ct * CGROUPS + c) * p.kblocks + kb) * 256, 4096, full);
     for (int r = 0; r < nsr; ++r) {
       const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
-      bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, COLS * 4, full);
+      bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, ng * 512, full);
     }
   };
 #else   // lab: every thread copies its share by cp.async (session 22's copies), for A/Bs
@@ -632,7 +652,7 @@ static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) 
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
   if (e != cudaSuccess) return e;
   // persistent: one block per SM, never more than there are tiles (Np is a whole number of 128-column tiles)
-  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS);
+  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * ((p.Np + wqm::COLS - 1) / wqm::COLS);
   CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
   e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
   if (e != cudaSuccess) return e;
