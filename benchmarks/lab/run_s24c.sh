@@ -21,9 +21,9 @@ if [ -n "$TESTV" ]; then i=0; for v in "${VS[@]}"; do
   i=$((i+1)); done; fi
 echo "tests done at $(el) s"
 for rep in $(seq ${REPS:-2}); do
-  BIE_CUDA_CACHE=/tmp/cache_prod timeout 120 python3 benchmarks/lab/wqm_ab.py product ${ABARGS} 2>&1 | grep -v -i warn | tee -a $OUT/wqm_ab.txt
+  BIE_CUDA_CACHE=/tmp/cache_prod timeout ${ABT:-120} python3 benchmarks/lab/wqm_ab.py product ${ABARGS} 2>&1 | grep -v -i warn | tee -a $OUT/wqm_ab.txt
   i=0; for v in "${VS[@]}"; do
-    BIE_CUDA_CACHE=/tmp/cache_v$i BIE_CUDA_DEFINES="$v" timeout 120 python3 benchmarks/lab/wqm_ab.py "$v" --no-other ${ABARGS} 2>&1 | grep -v -i warn | tee -a $OUT/wqm_ab.txt
+    BIE_CUDA_CACHE=/tmp/cache_v$i BIE_CUDA_DEFINES="$v" timeout ${ABT:-120} python3 benchmarks/lab/wqm_ab.py "$v" --no-other ${ABARGS} 2>&1 | grep -v -i warn | tee -a $OUT/wqm_ab.txt
     i=$((i+1)); done
 done
 echo "done at $(el) s"

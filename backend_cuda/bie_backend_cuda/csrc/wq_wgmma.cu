@@ -394,51 +394,39 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // registers, x the B operand from shared memory), reorganised for many rows:
 //   - 64 output columns per warpgroup, tiles of 256 rows of x and 128 columns (two warpgroups, m64n256k16), so each
 //     dequantized fragment feeds 256 rows of tensor work (four warpgroups on 128 rows x 256 columns, in 128
-//     registers a thread, measured slower at every shape: session 22);
-//   - every thread copies its share of the stage AHEAD stages ahead: the x tile (256 rows x 128 bytes, the
-//     128-byte swizzle), the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for
-//     every kernel) and the statistics rows, into a ring of slots, counted on the slot's "full" mbarrier as they
-//     land (cp.async.mbarrier.arrive.noinc). (A producer warp beside the two warpgroups would be cleaner, but ptxas
-//     budgets registers per warpgroup: 288 threads capped them at 168, the kernel spilled and ptxas serialised
-//     the wgmmas, C7512.)
-//   - both warpgroups dequantize their fragments (as the kernel above: dequant / convert_pair / dequant_wide),
-//     issue the stage's four wgmmas and retire them; with no block-wide barrier in the loop the two run free of
-//     each other (up to AHEAD stages apart), so one's dequantization overlaps the other's tensor work; a slot is
-//     released (its "empty" mbarrier, one arrival per warp) once the wgmmas that read it have retired.
+//     registers a thread, measured slower at every shape: sessions 22 and 24);
+//   - thread 0 issues each stage's copies AHEAD stages ahead through the TMA engine into a ring of slots: the x tile
+//     (a tensor-map box of 256 rows x 64 k in the 128-byte swizzle), the code block (the skinny kernel's
+//     interleaved A-fragment layout: one prepared copy for every kernel) and the statistics rows (bulk copies),
+//     all counted in bytes on the slot's "full" mbarrier. (A producer warp beside the two warpgroups would be
+//     cleaner, but ptxas budgets registers per warpgroup: 288 threads capped them at 168, the kernel spilled and
+//     ptxas serialised the wgmmas, C7512.)
+//   - each warpgroup keeps up to three wgmmas in flight: the fragment of the next k16 step is dequantized (as the
+//     kernel above: dequant / convert_pair / dequant_wide) into its own register set while the tensor cores work
+//     (four sets rotate, so no set is rewritten while a wgmma reading it is in flight: ptxas keeps them
+//     asynchronous); a slot is released (its "empty" mbarrier, one arrival per warp) once its wgmmas have retired,
+//     two steps into the next stage. No block-wide barrier: the two warpgroups run free of each other.
 //   - Persistent blocks walk the tiles with the row tiles of a column tile adjacent (its codes are read from L2 by
 //     neighbouring blocks); the ring runs on across tiles.
+// Session 24 (H100, 1024 rows of 28672x8192): retiring every stage's wgmmas before the next fragments 1123 us; three
+// in flight 1032; copies by TMA instead of every thread's cp.async 944-955 (the warps were issue-bound). The math
+// alone (the ring filled once and re-read) runs in 683 us; pairs of blocks sharing x by multicast ran 1.6x slower
+// (the blocks lockstep), and x fetched once (the x traffic's whole cost) saved only 8 %.
 // (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
-#if defined(BIE_WQM_WIDE)   // lab: 128 rows x 256 columns, four warpgroups (m64n128k16, 64 accumulators a thread)
-constexpr int NT = 128, COLS = 256, BK = 64;
-constexpr int THREADS = 512;
-#ifndef BIE_WQM_STAGES
-#define BIE_WQM_STAGES 7
-#endif
-#ifndef BIE_WQM_AHEAD
-#define BIE_WQM_AHEAD 5
-#endif
-#else
 constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
 // Two warpgroups and no more: ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would
 // cost a whole warpgroup's registers (288 threads capped them at 168: the kernel spilled and ptxas serialised its
 // wgmmas, C7512).
 constexpr int THREADS = 256;
-#ifndef BIE_WQM_STAGES
-#define BIE_WQM_STAGES 5
-#endif
-#ifndef BIE_WQM_AHEAD
-#define BIE_WQM_AHEAD 3
-#endif
-#endif
-constexpr int CGROUPS = COLS / 128;   // 128-column groups of the prepared code layout per tile
 // ring slots; stages whose copies are in flight ahead of the one consumed (a slot is released two stages after its
-// copies were issued at the earliest: AHEAD <= STAGES - 2)
-constexpr int STAGES = BIE_WQM_STAGES, AHEAD = BIE_WQM_AHEAD;
+// copies were issued at the earliest: AHEAD <= STAGES - 2). Six slots, or copies four stages ahead, measured the
+// same (session 24).
+constexpr int STAGES = 5, AHEAD = 3;
 static_assert(AHEAD <= STAGES - 2, "wqm: ring depth");
-constexpr int X_BYTES = NT * 128, CODE_BYTES = CGROUPS * 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
+constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
 constexpr int OFF_BAR = STAGES * SLOT;
 constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
@@ -457,11 +445,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
-#if defined(BIE_WQM_CPASYNC)
-      mbar_init(bar_full + 8 * i, THREADS);   // every thread's copies (noinc arrivals)
-#else
       mbar_init(bar_full + 8 * i, 1);   // the issuing thread's arrival with the stage's byte count
-#endif
       mbar_init(bar_empty + 8 * i, THREADS / 32);   // one arrival per warp
     }
     mbar_init_fence();
@@ -478,7 +462,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
   const int total = my_tiles * nst;
-#if !defined(BIE_WQM_CPASYNC)
   // Copies of the block's stage it2 (it2 = tile number x nst + code block), issued by thread 0 alone through the
   // TMA engine: the x tile (a box of 256 rows x 64 k of the tensor map, landing in the 128-byte swizzle the wgmma
   // descriptor names; rows past M and k past K read as zeros), the code block (4 KB, contiguous in the prepared
@@ -487,9 +470,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   // issue-bound: session 24.)
   auto issue = [&](int it2) {
     if (tid != 0 || it2 >= total) return;
-#if defined(BIE_WQM_NOWAIT)
-    if (it2 >= STAGES) return;   // lab: the ring filled once, then re-read (wrong results: timing of the math only)
-#endif
     const int slot = it2 % STAGES;
     const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
     const uint32_t full = bar_full + 8 * slot;
@@ -497,53 +477,14 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     int rt, ct;
     tile_of(it2 / nst, rt, ct);
     const int kb = it2 % nst, k0 = kb * BK;
-    // column groups of the tile inside Np (the last tile of a wide tile may hold one: the other's registers
-    // compute on stale codes, never stored)
-    const int ng = CGROUPS == 1 ? 1 : min(CGROUPS, p.Np / 128 - ct * CGROUPS);
-    bool with_x = true;
-#if defined(BIE_WQM_XONCE)
-    with_x = it2 < STAGES;   // lab: x fetched for the first ring fill only (wrong results: the x traffic's cost)
-#endif
-    mbar_arrive_expect_tx(full, (uint32_t)((with_x ? X_BYTES : 0) + ng * 4096 + nsr * ng * 512));
-    if (with_x) tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
-    for (int c = 0; c < ng; ++c)
-      bulk_g2s(sc + (uint32_t)(c * 4096), p.qw + ((int64_t)(ct * CGROUPS + c) * p.kblocks + kb) * 256, 4096, full);
+    mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
+    tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
+    bulk_g2s(sc, p.qw + ((int64_t)ct * p.kblocks + kb) * 256, CODE_BYTES, full);
     for (int r = 0; r < nsr; ++r) {
       const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
-      bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, ng * 512, full);
+      bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, COLS * 4, full);
     }
   };
-#else   // lab: every thread copies its share by cp.async (session 22's copies), for A/Bs
-  // Copies of the block's stage it2 (it2 = tile number x nst + code block): the x tile, the code block and the
-  // statistics rows, each thread its share; its arrival on the slot's "full" barrier counts when they have landed.
-  const int xc = tid & 7, xr = tid >> 3;   // x chunk (16 bytes of a 128-byte row) and first row
-  const T* X = static_cast<const T*>(p.x);
-  auto issue = [&](int it2) {
-    if (it2 >= total) return;
-    const int slot = it2 % STAGES;
-    const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
-    mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
-    int rt, ct;
-    tile_of(it2 / nst, rt, ct);
-    const int kb = it2 % nst, k0 = kb * BK;
-    const bool kin = k0 + xc * 8 < p.K;   // K % 8 == 0: a chunk is all inside or all outside
-#pragma unroll
-    for (int i = 0; i < NT * 8 / THREADS; ++i) {
-      const int r = xr + (THREADS / 8) * i, row = rt * NT + r;
-      const bool ok = kin && row < p.M;
-      cp_async16(sx + (uint32_t)(r * 128 + ((xc ^ (r & 7)) << 4)), ok ? X + (int64_t)row * p.K + k0 + xc * 8 : X,
-                 ok ? 16 : 0);
-    }
-    // the code block: 8 column blocks x 32 lanes of 16 bytes, one per thread
-    cp_async16(sc + (uint32_t)(tid * 16), p.qw + ((int64_t)ct * p.kblocks + kb) * 256 + tid, 16);
-    if (tid < (COLS / 4) * nsr) {   // statistics rows: COLS columns x 4 bytes
-      const int r = tid / (COLS / 4), c4 = (tid % (COLS / 4)) * 4;
-      const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
-      cp_async16(ss + (uint32_t)(r * COLS * 4 + c4 * 4), p.stw + (int64_t)gi * p.Np + ct * COLS + c4, 16);
-    }
-    cp_mbar_arrive_noinc(bar_full + 8 * slot);   // counts when this thread's copies so far have landed
-  };
-#endif
 #pragma unroll 1
   for (int i = 0; i < AHEAD; ++i) issue(i);
   {
@@ -556,9 +497,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     auto load_stage = [&](int it) {
       const int slot = it % STAGES;
       const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
-#if defined(BIE_WQM_NOWAIT)
-      if (it < STAGES)
-#endif
       mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
       v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
       const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
@@ -571,9 +509,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
     auto build = [&](int j, uint32_t (&a)[4]) {
       extract_a<4, S>(v, j, a);
-#if !defined(BIE_WQM_NODEQ)   // (lab: the codes as they are, no dequantization arithmetic)
       dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
-#endif
     };
     int it = 0;
     if (total > 0) {
@@ -590,9 +526,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
         issue(it + AHEAD);
         const int slot = it % STAGES;
         const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
-#if defined(BIE_WQM_CPASYNC)
-        fence_proxy_async();   // the x tile landed by cp.async (generic proxy) is read by the tensor cores
-#endif
         // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
         // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
         // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
