@@ -751,12 +751,15 @@ def test_wgmma_tile_rows_plan():
 
 
 def test_wqm_row_ranges():
-    """Which calls the pipelined many-row kernel takes on an H100's 132 SMs (measured in session 22): 193-256 rows of
-    4-bit codes in groups of 32 or more, on layers of at least 80 128-column groups; forced with WQM_MIN_M = 1."""
+    """Which calls the pipelined many-row kernel takes on an H100's 132 SMs (measured in sessions 22 and 24): 193-256
+    rows of 4-bit codes in groups of 32 or more on layers of at least 80 128-column groups, and 257-512 rows where its
+    tiles make one wave at least 90 % full (8192 columns: 128 tiles); forced with WQM_MIN_M = 1."""
     from bie_backend_cuda import weight_only as cw
-    assert [m for m in range(1, 600) if cw._wqm_rows(m, 28672, 4, 7, 132)] == list(range(193, 257))
-    assert [m for m in range(1, 600) if cw._wqm_rows(m, 11008, 4, -1, 132)] == list(range(193, 257))
+    assert [m for m in range(1, 1100) if cw._wqm_rows(m, 28672, 4, 7, 132)] == list(range(193, 257))
+    assert [m for m in range(1, 1100) if cw._wqm_rows(m, 11008, 4, -1, 132)] == list(range(193, 257))
+    assert [m for m in range(1, 1100) if cw._wqm_rows(m, 8192, 4, 7, 132)] == list(range(257, 513))
     assert not any(cw._wqm_rows(m, n, 4, 7, 132) for m in (200, 256) for n in (8192, 5120, 4096))
+    assert not any(cw._wqm_rows(m, n, 4, 7, 132) for m in (300, 512, 768, 1024) for n in (13824, 5120, 4096))
     assert not any(cw._wqm_rows(224, 28672, b, gs, 132) for b, gs in ((2, 7), (8, 7), (4, 4)))
     keep = cw.WQM_MIN_M
     try:

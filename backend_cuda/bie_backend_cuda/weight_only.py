@@ -505,15 +505,20 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
 
 
 #: 4-bit codes in groups of 32 or more (or per channel) take the pipelined many-row wgmma kernel (csrc/wq_wgmma.cu
-#: "wqm": tiles of 256 rows x 128 columns, register-A wgmmas, mbarrier rings and no block-wide barrier) from
-#: WQM_MIN_M to WQM_MAX_M rows where its tiles fill at least WQM_MIN_FILL of the SMs. H100 (session 22,
-#: results/cuda_h100_wqw.md): 224-256 rows of 28672x8192 / 25600x5120 / 14336x4096 / 13824x5120 / 11008x4096
-#: 13-25 % faster than the 64-row tiles of the register-A kernel; slower with fewer tiles (8192x28672: 64 tiles,
-#: 489 against 284-299 µs; it has no K split), at 160-192 rows (level or slower) and from 512 rows (dequantize +
-#: cuBLAS faster). WQM_MIN_M = 0 turns it off; 1 forces it (tests).
+#: "wqm": tiles of 256 rows x 128 columns, register-A wgmmas three deep, TMA copies, no block-wide barrier):
+#: - WQM_MIN_M to WQM_MAX_M rows where its tiles fill at least WQM_MIN_FILL of the SMs. H100 (session 24,
+#:   results/cuda_h100_wqw.md): 256 rows of 28672x8192 263 µs against 348 for the register-A kernel (bf16 212),
+#:   of 13824x5120 83 against 113, of 11008x4096 69 against 92; with fewer tiles it loses (8192x28672: 64 tiles,
+#:   427 against 292; it has no K split);
+#: - up to WQM_ONE_WAVE_MAX_M rows where its tiles make one wave at least WQM_ONE_WAVE_FILL full (its time is
+#:   waves x stages: 384 / 512 rows of 8192x28672 435 / 468 µs against 462 / 538 for dequantize + cuBLAS; with more
+#:   waves dequantize + cuBLAS is level or faster, and from 768 rows faster everywhere measured).
+#: WQM_MIN_M = 0 turns it off; 1 forces it (tests).
 WQM_MIN_M = 193
 WQM_MAX_M = 256
 WQM_MIN_FILL = 0.6
+WQM_ONE_WAVE_MAX_M = 512
+WQM_ONE_WAVE_FILL = 0.9
 #: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
 WQM_NTOK = 256
 
@@ -525,7 +530,10 @@ def _wqm_rows(m: int, n: int, bits: int, gs_shift: int, sms: int) -> bool:
         return False
     if WQM_MIN_M == 1:
         return True
-    return WQM_MIN_M <= m <= WQM_MAX_M and -(-m // 256) * -(-n // 128) >= WQM_MIN_FILL * sms
+    tiles = -(-m // 256) * -(-n // 128)
+    if WQM_MIN_M <= m <= WQM_MAX_M:
+        return tiles >= WQM_MIN_FILL * sms
+    return WQM_MAX_M < m <= WQM_ONE_WAVE_MAX_M and WQM_ONE_WAVE_FILL * sms <= tiles <= sms
 
 
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
