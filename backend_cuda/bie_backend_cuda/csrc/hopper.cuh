@@ -90,13 +90,6 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
                : "memory");
 #endif
 }
-// an L2 prefetch of `bytes` (a multiple of 16) from global memory through the TMA engine: nothing lands in shared
-// memory and no barrier counts it
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
 // a box of a 2-D tensor map (coordinates: element x along the contiguous dimension, row y) -> shared memory,
 // completion counted in bytes on an mbarrier; the map's box, swizzle and out-of-bounds fill apply
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int x, int y, uint32_t bar) {

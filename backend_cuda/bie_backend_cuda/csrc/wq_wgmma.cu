@@ -425,11 +425,6 @@ constexpr int THREADS = 256;
 // copies were issued at the earliest: AHEAD <= STAGES - 2). Six slots, or copies four stages ahead, measured the
 // same (session 24).
 constexpr int STAGES = 5, AHEAD = 3;
-#ifndef BIE_WQM_PREFETCH
-#define BIE_WQM_PREFETCH 8
-#endif
-// the code blocks are also prefetched into L2 this many stages ahead of their copies (0: not)
-constexpr int PREFETCH = BIE_WQM_PREFETCH;
 static_assert(AHEAD <= STAGES - 2, "wqm: ring depth");
 constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
@@ -488,12 +483,6 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     for (int r = 0; r < nsr; ++r) {
       const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
       bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, COLS * 4, full);
-    }
-    if (PREFETCH > 0 && it2 + PREFETCH < total) {   // the code block PREFETCH stages further on, into L2
-      const int it3 = it2 + PREFETCH;
-      int rt3, ct3;
-      tile_of(it3 / nst, rt3, ct3);
-      bulk_prefetch_l2(p.qw + ((int64_t)ct3 * p.kblocks + it3 % nst) * 256, CODE_BYTES);
     }
   };
 #pragma unroll 1
