@@ -860,18 +860,18 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
 @pytest.mark.parametrize("fmt,sdt,gs,act", [("gptq", torch.float16, 128, True), ("gba", torch.bfloat16, 32, False),
                                             ("gptq", torch.bfloat16, -1, False)])
 def test_wqm_tiles(fmt, sdt, gs, act):
-    """The pipelined many-row kernel: more tiles than SMs (the persistent loop and the operand / code rings
-    running on across tiles), N = 11620 (91 column groups of 128, the last partly past N), M off the 256-row
-    tile, K off the 64-k block, fp16 / bf16 activations with fp16 / bf16
-    statistics (both conversions), bias; NaN-poisoned outputs, deterministic, against the float64 reference."""
+    """The pipelined many-row kernel: more tiles than SMs (the persistent loop, the copy ring and the three-deep
+    wgmma pipeline running on across tiles), N = 11620 (91 column groups of 128, the last partly past N) and 11520,
+    M off the 256-row tile (rows past M read as zeros by the TMA box), K off the 64-k block and K = 56 (one stage a
+    tile), fp16 / bf16 activations with fp16 / bf16 statistics (both conversions), bias; NaN-poisoned outputs,
+    deterministic, against the float64 reference."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator().manual_seed(5)
     keep = cw.WQM_MIN_M
     try:
         # K = 200: four 64-k stages a tile, the last partly past K; K = 56: one stage a tile, so the next stage's
         # fragment is always the next tile's (the three-deep wgmma pipeline crosses every tile boundary).
-        # N = 11620: 91 column tiles (single blocks); 11520: 90 (pairs of blocks sharing x by multicast, the second
-        # block's half of the last row tile wholly past M at 300 rows)
+        # N = 11620: 91 column tiles, the last partly past N; 11520: 90, all whole
         for k, n in ((200, 11620), (200, 11520), (56, 11520)):
             qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77 + k, sdtype=sdt)
             prepared = cw.prepare(qw, s, z, gi)
