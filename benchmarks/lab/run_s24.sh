@@ -3,6 +3,7 @@
 # the session-22 loop (BIE_WQM_SERIAL: every stage's wgmmas retired before the next fragments). Both built in
 # parallel in their own caches; SASS of the wqm kernels; the wgmma weight-only tests on the product build
 # (TESTS selects, ALL=1 every CUDA test + the kit); wqm_ab.py on each build.
+# (BIE_WQM_SERIAL existed at 1663066 only; at later commits both builds are the same kernel.)
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt

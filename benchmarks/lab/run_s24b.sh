@@ -3,6 +3,7 @@
 # defines, e.g. "BIE_WQM_STAGES=6 BIE_WQM_AHEAD=4" or BIE_WQM_CPASYNC), each built in its own cache; the tests
 # selected by TESTS on the product; Nsight Compute (stall sampling, speed of light) on the product at 1024 rows of
 # 28672x8192 unless NONCU; wqm_ab.py on both, twice.
+# (The ring-depth and cp.async variants exist at 5f792bf..f8542ed; the product has none of these defines since.)
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
