@@ -73,14 +73,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// an arrival on the mbarrier when all this thread's earlier cp.async copies have landed; counted among the
-// barrier's initial arrivals (noinc)
-__device__ __forceinline__ void cp_mbar_arrive_noinc(uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-
 // ---- bulk copies through the TMA engine (16-byte aligned, sizes multiple of 16)
 // global -> shared, completion counted in bytes on an mbarrier
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

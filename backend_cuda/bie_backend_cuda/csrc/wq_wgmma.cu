@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //     cleaner, but ptxas budgets registers per warpgroup: 288 threads capped them at 168, the kernel spilled and
 //     ptxas serialised the wgmmas, C7512.)
 //   - each warpgroup keeps up to three wgmmas in flight: the fragment of the next k16 step is dequantized (as the
-//     kernel above: dequant / convert_pair / dequant_wide) into its own register set while the tensor cores work
+//     kernel above: dequant_fragment) into its own register set while the tensor cores work
 //     (four sets rotate, so no set is rewritten while a wgmma reading it is in flight: ptxas keeps them
 //     asynchronous); a slot is released (its "empty" mbarrier, one arrival per warp) once its wgmmas have retired,
 //     two steps into the next stage. No block-wide barrier: the two warpgroups run free of each other.
@@ -436,7 +436,7 @@ static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 template <typename T, typename S, bool GPTQ>
 __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace wqw;   // (and through it frag: cp.async, extract_a; hop: mbarriers, descriptors)
+  using namespace wqw;   // (and through it frag: extract_a; hop: mbarriers, TMA copies, descriptors)
   using namespace wqm;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
