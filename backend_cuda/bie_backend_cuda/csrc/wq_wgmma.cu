@@ -420,7 +420,11 @@ constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns p
 // Two warpgroups and no more: ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would
 // cost a whole warpgroup's registers (288 threads capped them at 168: the kernel spilled and ptxas serialised its
 // wgmmas, C7512).
-constexpr int THREADS = 256;
+#ifndef BIE_WQM_WS
+#define BIE_WQM_WS 0
+#endif
+constexpr bool WS = BIE_WQM_WS != 0;   // lab: a producer warpgroup of its own (setmaxnreg 40 / 232)
+constexpr int CONSUMERS = 256, THREADS = WS ? 384 : 256;
 // ring slots; stages whose copies are in flight ahead of the one consumed (a slot is released two stages after its
 // copies were issued at the earliest: AHEAD <= STAGES - 2). Six slots, or copies four stages ahead, measured the
 // same (session 24).
@@ -446,7 +450,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
       mbar_init(bar_full + 8 * i, 1);   // the issuing thread's arrival with the stage's byte count
-      mbar_init(bar_empty + 8 * i, THREADS / 32);   // one arrival per warp
+      mbar_init(bar_empty + 8 * i, CONSUMERS / 32);   // one arrival per consumer warp
     }
     mbar_init_fence();
   }
@@ -469,7 +473,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   // (Every thread copying its share by cp.async cost each warp ~100 instructions a stage, and the warps were
   // issue-bound: session 24.)
   auto issue = [&](int it2) {
-    if (tid != 0 || it2 >= total) return;
+    if ((!WS && tid != 0) || it2 >= total) return;
     const int slot = it2 % STAGES;
     const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
     const uint32_t full = bar_full + 8 * slot;
@@ -485,10 +489,22 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
       bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, COLS * 4, full);
     }
   };
+  if (WS) {
+    if (wg == 0) {
+      regs_dec<40>();
+      if (tid == 0) {
 #pragma unroll 1
-  for (int i = 0; i < AHEAD; ++i) issue(i);
+        for (int i = 0; i < total; ++i) issue(i);
+      }
+      return;
+    }
+    regs_inc<232>();
+  } else {
+#pragma unroll 1
+    for (int i = 0; i < AHEAD; ++i) issue(i);
+  }
   {
-    const int cw = wg;                       // columns 64 cw .. 64 cw + 63 of the tile
+    const int cw = WS ? wg - 1 : wg;         // columns 64 cw .. 64 cw + 63 of the tile
     const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
     float acc[NT / 2];
     // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
@@ -523,7 +539,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
       tile_of(ti, rt, ct);
 #pragma unroll 1
       for (int kb = 0; kb < nst; ++kb, ++it) {
-        issue(it + AHEAD);
+        if (!WS) issue(it + AHEAD);
         const int slot = it % STAGES;
         const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
         // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
