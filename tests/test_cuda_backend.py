@@ -883,6 +883,41 @@ def test_wqm_tiles(fmt, sdt, gs, act):
                 out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
                 _close(out, w64, x, dtype, k, f"wqm M={m} N={n} K={k} {dtype} {fmt} g{gs}", bias)
                 assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
+                if k == 200 and m != 17:
+                    # the last partial wave's tiles split in K (forced: 2, 3 uneven parts of the 4 code blocks, 9
+                    # clamped to 4): float32 partials and their reduction; with more tiles than SMs (300 rows)
+                    # whole tiles and split ones in one launch
+                    for splits in (2, 3, 9):
+                        cw.WQM_SPLITS = splits
+                        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                        out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
+                        _close(out, w64, x, dtype, k, f"wqm split {splits} M={m} N={n} {dtype} {fmt} g{gs}", bias)
+                        assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
+                    cw.WQM_SPLITS = 0
+    finally:
+        cw.WQM_MIN_M = keep
+        cw.WQM_SPLITS = 0
+
+
+@needs_hopper
+def test_wqm_tail_split_auto():
+    """The launcher's own split of the last partial wave (K = 1024: 16 code blocks, two parts of 8 where the tail
+    leaves half of the SMs idle) and its absence (no tail), against the float64 reference, deterministic."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator().manual_seed(9)
+    keep = cw.WQM_MIN_M
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    try:
+        cw.WQM_MIN_M = 1
+        k = 1024
+        for n in (128 * (sms // 2 - 3), 128 * (sms + 5), 128 * sms):   # all tiles split; whole + tail; no tail
+            qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 3, sdtype=torch.float16)
+            prepared = cw.prepare(qw, s, z, gi)
+            x = torch.randn((200, k), generator=gen).bfloat16().cuda()
+            bias = torch.randn(n, generator=gen).bfloat16().cuda()
+            y = cw.wq_gemm(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
+            _close(y, w64, x, torch.bfloat16, k, f"wqm auto split N={n}", bias)
+            assert torch.equal(y, cw.wq_gemm(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared))
     finally:
         cw.WQM_MIN_M = keep
 

@@ -521,6 +521,9 @@ WQM_ONE_WAVE_MAX_M = 512
 WQM_ONE_WAVE_FILL = 0.9
 #: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
 WQM_NTOK = 256
+#: K parts of the tiles of its last partial wave: 0 lets the launcher choose (split where that wave would leave at
+#: least half of the SMs idle), 1 never splits, s > 1 forces s (tests)
+WQM_SPLITS = 0
 
 
 def _wqm_rows(m: int, n: int, bits: int, gs_shift: int, sms: int) -> bool:
@@ -561,7 +564,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
                       inter=True)   # the wgmma kernels read the interleaved layout
         if not lay.generic:
             # the pipelined many-row kernel (no K split), or the register-A kernel with its planned tile rows
-            ntok, splits = (WQM_NTOK, 0) if wqm else (_wqw_ntok(m, lay.n, k, _num_sms(x.device)), WQW_SPLITS)
+            ntok, splits = (WQM_NTOK, WQM_SPLITS) if wqm else (_wqw_ntok(m, lay.n, k, _num_sms(x.device)), WQW_SPLITS)
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.st_bf16)
     if m > LARGE_M and bits in (1, 2, 4, 8):

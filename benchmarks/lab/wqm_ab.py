@@ -1,4 +1,4 @@
-"""Lab (session 24): the pipelined many-row wgmma weight-only kernel (wqm, forced with WQM_MIN_M = 1) against the
+"""Lab (sessions 24-25): the pipelined many-row wgmma weight-only kernel (wqm, forced with WQM_MIN_M = 1) against the
 path the op takes without it (dequantize + cuBLAS above 256 rows, the register-A kernel at <= 256) and bf16
 F.linear, at many rows. W4 g128 GPTQ, fp16 scales, bf16 x; weights rotate over a pool larger than L2 (bench_cuda's
 method). Run once per build (BIE_CUDA_CACHE / BIE_CUDA_DEFINES select the variant); the label names it.
@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--ms", default="256,512,1024,2048")
     ap.add_argument("--shapes", default="28672x8192,8192x28672,4096x4096")
     ap.add_argument("--no-other", action="store_true", help="only the wqm kernel (no bf16 / dispatched path)")
+    ap.add_argument("--nosplit", action="store_true", help="also time wqm with its tail split off (WQM_SPLITS = 1)")
     args = ap.parse_args()
     from bie_backend_cuda import weight_only as cw
     warm_gpu(1.0)
@@ -46,8 +47,12 @@ def main():
                 err = float((y - ref).norm() / ref.norm())
                 t = time_graph(fns)
                 line.append(f"wqm {t:.1f}" + ("" if args.no_other else f" ({base / t:.3f}x)") + f" diff {err:.1e}")
+                if args.nosplit:
+                    cw.WQM_SPLITS = 1
+                    line.append(f"nosplit {time_graph(fns):.1f}")
             finally:
                 cw.WQM_MIN_M = keep
+                cw.WQM_SPLITS = 0
             print(" | ".join(line), flush=True)
             del sets, fns
             torch.cuda.empty_cache()

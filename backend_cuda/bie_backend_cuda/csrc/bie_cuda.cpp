@@ -547,14 +547,29 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   const int64_t slots = (int64_t)num_sms() * (ntok == 16 ? 4 : (ntok == 32 ? 3 : (ntok == 64 ? 2 : 1)));
   const int64_t stages = (kblocks * 16 * vector_steps(bits) + 127) / 128;
   int64_t splits = 1;
-  if (wqm) force_splits = 1;   // (no K split: persistent tiles)
-  else if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, slots / tiles));
-  if (force_splits > 0) splits = std::min<int64_t>(force_splits, stages);
-  p.splits = (int)splits;
   Tensor ws;
-  if (splits > 1) {
-    ws = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
-    p.ws = ws.data_ptr<float>();
+  if (wqm) {
+    // Persistent blocks, one per SM: the tiles of whole waves run whole; the last wave's `tail` tiles, when they
+    // would leave at least half of the SMs idle, are split in K so that their parts fill the SMs (at least
+    // WQM_MIN_PART_STAGES code blocks a part): float32 partials, then a reduction of only those tiles.
+    const int64_t sms = num_sms(), tail = tiles >= sms ? tiles % sms : tiles;
+    if (force_splits > 0) splits = std::min<int64_t>(force_splits, kblocks);
+    else if (tail > 0) splits = std::min<int64_t>(sms / tail, kblocks / bie::WQM_MIN_PART_STAGES);
+    if (tail == 0 || splits < 1) splits = 1;
+    p.splits = (int)splits;
+    p.whole_tiles = (int)(splits > 1 ? tiles - tail : tiles);
+    if (splits > 1) {
+      ws = at::empty({splits * tail * bie::WQM_NTOK * 128}, x.options().dtype(at::kFloat));
+      p.ws = ws.data_ptr<float>();
+    }
+  } else {
+    if (tiles * 3 < slots * 2) splits = std::max<int64_t>(1, std::min<int64_t>(stages / 4, slots / tiles));
+    if (force_splits > 0) splits = std::min<int64_t>(force_splits, stages);
+    p.splits = (int)splits;
+    if (splits > 1) {
+      ws = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
+      p.ws = ws.data_ptr<float>();
+    }
   }
   check_launch(bie::launch_wqw_gemm(p, (int)bits, dtype_code(x.scalar_type()), num_sms(), stream()), "wqw_gemm");
   return out;

@@ -392,49 +392,68 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). The
 // register-A design of the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from
 // registers, x the B operand from shared memory), reorganised for many rows:
-//   - 64 output columns per warpgroup, tiles of 256 rows of x and 128 columns (two warpgroups, m64n256k16), so each
-//     dequantized fragment feeds 256 rows of tensor work (four warpgroups on 128 rows x 256 columns, in 128
-//     registers a thread, measured slower at every shape: sessions 22 and 24);
-//   - thread 0 issues each stage's copies AHEAD stages ahead through the TMA engine into a ring of slots: the x tile
-//     (a tensor-map box of 256 rows x 64 k in the 128-byte swizzle), the code block (the skinny kernel's
-//     interleaved A-fragment layout: one prepared copy for every kernel) and the statistics rows (bulk copies),
-//     all counted in bytes on the slot's "full" mbarrier. (A producer warp beside the two warpgroups would be
-//     cleaner, but ptxas budgets registers per warpgroup: 288 threads capped them at 168, the kernel spilled and
-//     ptxas serialised the wgmmas, C7512.)
-//   - each warpgroup keeps up to three wgmmas in flight: the fragment of the next k16 step is dequantized (as the
-//     kernel above: dequant_fragment) into its own register set while the tensor cores work
-//     (four sets rotate, so no set is rewritten while a wgmma reading it is in flight: ptxas keeps them
-//     asynchronous); a slot is released (its "empty" mbarrier, one arrival per warp) once its wgmmas have retired,
-//     two steps into the next stage. No block-wide barrier: the two warpgroups run free of each other.
-//   - Persistent blocks walk the tiles with the row tiles of a column tile adjacent (its codes are read from L2 by
-//     neighbouring blocks); the ring runs on across tiles.
-// Session 24 (H100, 1024 rows of 28672x8192): retiring every stage's wgmmas before the next fragments 1123 us; three
-// in flight 1032; copies by TMA instead of every thread's cp.async 944-955 (the warps were issue-bound). The math
-// alone (the ring filled once and re-read) runs in 683 us; pairs of blocks sharing x by multicast ran 1.6x slower
-// (the blocks lockstep), and x fetched once (the x traffic's whole cost) saved only 8 %.
+//   - 64 output columns per consumer warpgroup, tiles of 256 rows of x and 128 columns (two consumer warpgroups,
+//     m64n256k16), so each dequantized fragment feeds 256 rows of tensor work (four warpgroups on 128 rows x 256
+//     columns, in 128 registers a thread, measured slower at every shape: sessions 22 and 24);
+//   - a producer warpgroup of its own: one thread issues every stage's copies through the TMA engine into a ring of
+//     slots as soon as a slot is free: the x tile (a tensor-map box of 256 rows x 64 k in the 128-byte swizzle),
+//     the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for every kernel) and the
+//     statistics rows (bulk copies), all counted in bytes on the slot's "full" mbarrier. The producer hands its
+//     registers to the consumers (setmaxnreg 40 / 232: ptxas then allocates the consumer code past the 168 that
+//     384 threads leave, no spills). Session 25: 1024 rows of 28672x8192 in 740 instead of 990 us, when thread 0
+//     of the first consumer warpgroup issued the copies three stages ahead in its own instruction stream;
+//   - each consumer warpgroup keeps up to three wgmmas in flight: the fragment of the next k16 step is dequantized
+//     (as the kernel above: dequant_fragment) into its own register set while the tensor cores work (four sets
+//     rotate, so no set is rewritten while a wgmma reading it is in flight: ptxas keeps them asynchronous); a slot
+//     is released (its "empty" mbarrier, one arrival per consumer warp) once its wgmmas have retired, two steps
+//     into the next stage. No block-wide barrier: the warpgroups run free of each other.
+//   - Persistent blocks walk work units with the row tiles of a column tile adjacent (its codes are read from L2 by
+//     neighbouring blocks); the ring runs on across units. A unit is a whole tile, or, for the tiles of a last
+//     partial wave (WqwArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
+//     wqm_tail_reduce_kernel sums them in a fixed order (deterministic), so the last wave is as short as the SMs
+//     allow instead of a whole tile's stages on a few SMs.
+// Session 24 (H100, 1024 rows of 28672x8192, copies issued from a consumer warp): retiring every stage's wgmmas
+// before the next fragments 1123 us; three in flight 1032; copies by TMA instead of every thread's cp.async 944-955.
 // (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
 constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
-// Two warpgroups and no more: ptxas budgets registers per warpgroup, so a copy-only producer warp beside them would
-// cost a whole warpgroup's registers (288 threads capped them at 168: the kernel spilled and ptxas serialised its
-// wgmmas, C7512).
-#ifndef BIE_WQM_WS
-#define BIE_WQM_WS 0
-#endif
-constexpr bool WS = BIE_WQM_WS != 0;   // lab: a producer warpgroup of its own (setmaxnreg 40 / 232)
-constexpr int CONSUMERS = 256, THREADS = WS ? 384 : 256;
-// ring slots; stages whose copies are in flight ahead of the one consumed (a slot is released two stages after its
-// copies were issued at the earliest: AHEAD <= STAGES - 2). Six slots, or copies four stages ahead, measured the
-// same (session 24).
-constexpr int STAGES = 5, AHEAD = 3;
-static_assert(AHEAD <= STAGES - 2, "wqm: ring depth");
+constexpr int CONSUMERS = 256, THREADS = 128 + CONSUMERS;   // warpgroup 0 copies, warpgroups 1-2 compute
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;      // 128 x (168 - 40) == 256 x (232 - 168)
+static_assert(128 * (168 - PRODUCER_REGS) >= CONSUMERS * (CONSUMER_REGS - 168), "wqm: register hand-over");
+constexpr int STAGES = 5;   // ring slots (a sixth does not fit in shared memory)
 constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
 constexpr int OFF_BAR = STAGES * SLOT;
 constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
 static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
+
+// Work unit ui of a block (units u = blockIdx.x + ui * gridDim.x): tiles [0, whole) run whole; unit whole + v
+// (v < tail * splits) is K range v / tail of tile whole + v % tail, its partials in ws plane v.
+struct Unit {
+  int rt, ct, kb0, kb1, plane;   // row tile, column tile, code blocks [kb0, kb1), ws plane (-1: whole tile)
+};
+__device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
+  const int rt_n = (p.M + NT - 1) / NT, ntiles = rt_n * (p.Np / COLS);
+  const int u = (int)blockIdx.x + ui * (int)gridDim.x;
+  Unit w{0, 0, 0, p.kblocks, -1};
+  int t = u;
+  if (u >= p.whole_tiles) {
+    const int tail = ntiles - p.whole_tiles, v = u - p.whole_tiles, part = v / tail;
+    t = p.whole_tiles + (v - part * tail);
+    w.kb0 = (int)((int64_t)part * p.kblocks / p.splits);
+    w.kb1 = (int)((int64_t)(part + 1) * p.kblocks / p.splits);
+    w.plane = v;
+  }
+  w.ct = t / rt_n;
+  w.rt = t - w.ct * rt_n;
+  return w;
+}
+__host__ __device__ inline int units(const WqwArgs& p) {
+  const int ntiles = ((p.M + NT - 1) / NT) * (p.Np / COLS);
+  return p.whole_tiles + (ntiles - p.whole_tiles) * p.splits;
+}
 }  // namespace wqm
 
 template <typename T, typename S, bool GPTQ>
@@ -449,150 +468,165 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
-      mbar_init(bar_full + 8 * i, 1);   // the issuing thread's arrival with the stage's byte count
+      mbar_init(bar_full + 8 * i, 1);                 // the producer's arrival with the stage's byte count
       mbar_init(bar_empty + 8 * i, CONSUMERS / 32);   // one arrival per consumer warp
     }
     mbar_init_fence();
   }
   __syncthreads();
-  const int rt_n = (p.M + NT - 1) / NT, ct_n = (p.Np + COLS - 1) / COLS;
-  const int ntiles = rt_n * ct_n, nst = p.kblocks;
-  const int my_tiles = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-  auto tile_of = [&](int ti, int& rt, int& ct) {   // the block's ti-th tile
-    const int t = (int)blockIdx.x + ti * (int)gridDim.x;
-    ct = t / rt_n;
-    rt = t - ct * rt_n;
-  };
+  const int nu = units(p);
+  const int my_units = nu > (int)blockIdx.x ? (nu - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
-  const int total = my_tiles * nst;
-  // Copies of the block's stage it2 (it2 = tile number x nst + code block), issued by thread 0 alone through the
-  // TMA engine: the x tile (a box of 256 rows x 64 k of the tensor map, landing in the 128-byte swizzle the wgmma
-  // descriptor names; rows past M and k past K read as zeros), the code block (4 KB, contiguous in the prepared
-  // layout) and the statistics rows (512 bytes each); the slot's "full" barrier completes when all bytes landed.
-  // (Every thread copying its share by cp.async cost each warp ~100 instructions a stage, and the warps were
-  // issue-bound: session 24.)
-  auto issue = [&](int it2) {
-    if ((!WS && tid != 0) || it2 >= total) return;
-    const int slot = it2 % STAGES;
-    const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
-    const uint32_t full = bar_full + 8 * slot;
-    mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
-    int rt, ct;
-    tile_of(it2 / nst, rt, ct);
-    const int kb = it2 % nst, k0 = kb * BK;
-    mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
-    tma_load_2d(sx, &tmap_x, k0, rt * NT, full);
-    bulk_g2s(sc, p.qw + ((int64_t)ct * p.kblocks + kb) * 256, CODE_BYTES, full);
-    for (int r = 0; r < nsr; ++r) {
-      const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
-      bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + ct * COLS, COLS * 4, full);
-    }
-  };
-  if (WS) {
-    if (wg == 0) {
-      regs_dec<40>();
-      if (tid == 0) {
+  if (wg == 0) {
+    // The producer: thread 0 walks the block's stages (it2 counts them over all units) and issues each one's
+    // copies into slot it2 % STAGES once the consumers released it: the x tile (a box of 256 rows x 64 k of the
+    // tensor map, landing in the 128-byte swizzle the wgmma descriptor names; rows past M and k past K read as
+    // zeros), the code block (4 KB, contiguous in the prepared layout) and the statistics rows (512 bytes each);
+    // the slot's "full" barrier completes when all bytes landed.
+    regs_dec<PRODUCER_REGS>();
+    if (tid == 0) {
+      int it2 = 0;
 #pragma unroll 1
-        for (int i = 0; i < total; ++i) issue(i);
-      }
-      return;
-    }
-    regs_inc<232>();
-  } else {
+      for (int ui = 0; ui < my_units; ++ui) {
+        const Unit w = unit_of(p, ui);
 #pragma unroll 1
-    for (int i = 0; i < AHEAD; ++i) issue(i);
-  }
-  {
-    const int cw = WS ? wg - 1 : wg;         // columns 64 cw .. 64 cw + 63 of the tile
-    const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
-    float acc[NT / 2];
-    // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
-    uint4 v = make_uint4(0, 0, 0, 0);
-    uint32_t swa0 = 0, swa1 = 0, swb0 = 0, swb1 = 0;
-    auto load_stage = [&](int it) {
-      const int slot = it % STAGES;
-      const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
-      mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
-      v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
-      const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
-      swa0 = lds32(sq);
-      swa1 = lds32(sq + 32);
-      swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0;
-      swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
-    };
-    uint32_t af[4][4];
-    // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
-    auto build = [&](int j, uint32_t (&a)[4]) {
-      extract_a<4, S>(v, j, a);
-      dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
-    };
-    int it = 0;
-    if (total > 0) {
-      load_stage(0);
-      build(0, af[0]);
-    }
-    int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
-#pragma unroll 1
-    for (int ti = 0; ti < my_tiles; ++ti) {
-      int rt, ct;
-      tile_of(ti, rt, ct);
-#pragma unroll 1
-      for (int kb = 0; kb < nst; ++kb, ++it) {
-        if (!WS) issue(it + AHEAD);
-        const int slot = it % STAGES;
-        const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
-        // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
-        // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
-        // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
-        // an operand of a wgmma still in flight.
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          hold(af[j]);
-          wgmma_fence();
-          WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb | j) ? 1 : 0);
-          wgmma_commit();
-          wgmma_wait<3>();
-          if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
-            if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
-            pending = -1;
-          }
-          if (j < 3) {
-            build(j + 1, af[j + 1]);
-          } else if (it + 1 < total) {
-            load_stage(it + 1);
-            build(0, af[0]);
+        for (int kb = w.kb0; kb < w.kb1; ++kb, ++it2) {
+          const int slot = it2 % STAGES;
+          const uint32_t sx = base + (uint32_t)(slot * SLOT), sc = sx + X_BYTES, ss = sc + CODE_BYTES;
+          const uint32_t full = bar_full + 8 * slot;
+          mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
+          const int k0 = kb * BK;
+          mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
+          tma_load_2d(sx, &tmap_x, k0, w.rt * NT, full);
+          bulk_g2s(sc, p.qw + ((int64_t)w.ct * p.kblocks + kb) * 256, CODE_BYTES, full);
+          for (int r = 0; r < nsr; ++r) {
+            const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
+            bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + w.ct * COLS, COLS * 4, full);
           }
         }
-        pending = slot;
       }
-      wgmma_wait<0>();
-      hold(acc);
-      if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
-      pending = -1;
-      // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
-      // x 8 i + 2 t4 + (e & 1)
-      const int c0 = ct * COLS + 64 * cw + 16 * (warp & 3) + g;
-      float bv[2] = {0.f, 0.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
-      auto store_tile = [&](auto* out) {
-        using OT = std::remove_pointer_t<decltype(out)>;
-#pragma unroll
-        for (int i = 0; i < NT / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
-            if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[4 * i + e] + bv[e >> 1]);
-          }
-      };
-      if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
-      else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
-      else store_tile(static_cast<__nv_bfloat16*>(p.out));
     }
+    return;
+  }
+  regs_inc<CONSUMER_REGS>();
+  int total = 0;   // the block's stages
+  for (int ui = 0; ui < my_units; ++ui) {
+    const Unit w = unit_of(p, ui);
+    total += w.kb1 - w.kb0;
+  }
+  const int cw = wg - 1;                   // columns 64 cw .. 64 cw + 63 of the tile
+  const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
+  float acc[NT / 2];
+  // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
+  uint4 v = make_uint4(0, 0, 0, 0);
+  uint32_t swa0 = 0, swa1 = 0, swb0 = 0, swb1 = 0;
+  auto load_stage = [&](int it) {
+    const int slot = it % STAGES;
+    const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
+    mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
+    v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
+    const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
+    swa0 = lds32(sq);
+    swa1 = lds32(sq + 32);
+    swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0;
+    swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
+  };
+  uint32_t af[4][4];
+  // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
+  auto build = [&](int j, uint32_t (&a)[4]) {
+    extract_a<4, S>(v, j, a);
+    dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
+  };
+  int it = 0;
+  if (total > 0) {
+    load_stage(0);
+    build(0, af[0]);
+  }
+  int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
+#pragma unroll 1
+  for (int ui = 0; ui < my_units; ++ui) {
+    const Unit w = unit_of(p, ui);
+#pragma unroll 1
+    for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
+      const int slot = it % STAGES;
+      const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
+      // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
+      // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
+      // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
+      // an operand of a wgmma still in flight.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        hold(af[j]);
+        wgmma_fence();
+        WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb != w.kb0 || j) ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<3>();
+        if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
+          if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
+          pending = -1;
+        }
+        if (j < 3) {
+          build(j + 1, af[j + 1]);
+        } else if (it + 1 < total) {
+          load_stage(it + 1);
+          build(0, af[0]);
+        }
+      }
+      pending = slot;
+    }
+    wgmma_wait<0>();
+    hold(acc);
+    if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
+    pending = -1;
+    // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
+    // x 8 i + 2 t4 + (e & 1)
+    const int cl = 64 * cw + 16 * (warp & 3) + g;   // column in the tile
+    if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
+      float* ws = p.ws + (int64_t)w.plane * NT * COLS;
+#pragma unroll
+      for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ws[(8 * i + 2 * t4 + (e & 1)) * COLS + cl + 8 * (e >> 1)] = acc[4 * i + e];
+      continue;
+    }
+    const int c0 = w.ct * COLS + cl;
+    float bv[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
+    auto store_tile = [&](auto* out) {
+      using OT = std::remove_pointer_t<decltype(out)>;
+#pragma unroll
+      for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = w.rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
+          if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[4 * i + e] + bv[e >> 1]);
+        }
+    };
+    if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
+    else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
+    else store_tile(static_cast<__nv_bfloat16*>(p.out));
   }
 #endif
+}
+
+// The tail tiles' outputs: the sum of their `splits` float32 partial planes in K order, plus the bias.
+__global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
+  using namespace wqm;
+  const int rt_n = (p.M + NT - 1) / NT, ntiles = rt_n * (p.Np / COLS), tail = ntiles - p.whole_tiles;
+  const int64_t plane = NT * COLS, total = (int64_t)tail * plane;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int tt = (int)(i / plane), r = (int)(i % plane) / COLS, c = (int)(i % COLS);
+    const int t = p.whole_tiles + tt, ct = t / rt_n, rt = t - ct * rt_n;
+    const int row = rt * NT + r, col = ct * COLS + c;
+    if (row >= p.M || col >= p.N) continue;
+    float v = 0.f;
+    for (int part = 0; part < p.splits; ++part) v += p.ws[((int64_t)part * tail + tt) * plane + (i % plane)];
+    if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+    store_f32(p.out, p.out_dtype, (int64_t)row * p.N + col, v);
+  }
 }
 
 template <typename T, typename S>
@@ -600,12 +634,18 @@ static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) 
   auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
   if (e != cudaSuccess) return e;
-  // persistent: one block per SM, never more than there are tiles (Np is a whole number of 128-column tiles)
-  const int64_t tiles = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * ((p.Np + wqm::COLS - 1) / wqm::COLS);
+  // persistent: one block per SM, never more than there are work units (Np is a whole number of 128-column tiles)
   CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
   e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
   if (e != cudaSuccess) return e;
-  k<<<(unsigned)std::min<int64_t>(tiles, num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
+  k<<<(unsigned)std::min(wqm::units(p), num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
+  if (p.splits > 1) {
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const int64_t tail = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS) - p.whole_tiles;
+    const int64_t n = tail * wqm::NT * wqm::COLS;
+    wqm_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
+  }
   BIE_LAUNCH_CHECK();
 }
 
