@@ -497,8 +497,13 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
           const uint32_t full = bar_full + 8 * slot;
           mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
           const int k0 = kb * BK;
-          mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
-          tma_load_2d(sx, &tmap_x, k0, w.rt * NT, full);
+#ifdef BIE_WQM_XONCE   // lab: x copied into the first STAGES slots only (wrong results; the x traffic's cost)
+          const bool xc = it2 < STAGES;
+#else
+          constexpr bool xc = true;
+#endif
+          mbar_arrive_expect_tx(full, (uint32_t)((xc ? X_BYTES : 0) + CODE_BYTES + nsr * COLS * 4));
+          if (xc) tma_load_2d(sx, &tmap_x, k0, w.rt * NT, full);
           bulk_g2s(sc, p.qw + ((int64_t)w.ct * p.kblocks + kb) * 256, CODE_BYTES, full);
           for (int r = 0; r < nsr; ++r) {
             const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
