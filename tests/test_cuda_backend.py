@@ -902,7 +902,8 @@ def test_wqm_tiles(fmt, sdt, gs, act):
 @needs_hopper
 def test_wqm_tail_split_auto():
     """The launcher's own split of the last partial wave (K = 1024: 16 code blocks, two parts of 8 where the tail
-    leaves half of the SMs idle) and its absence (no tail), against the float64 reference, deterministic."""
+    leaves half of the SMs idle) and its absence, with pairs of blocks sharing x (an even number of column tiles)
+    and single blocks (odd), against the float64 reference, deterministic."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator().manual_seed(9)
     keep = cw.WQM_MIN_M
@@ -910,7 +911,9 @@ def test_wqm_tail_split_auto():
     try:
         cw.WQM_MIN_M = 1
         k = 1024
-        for n in (128 * (sms // 2 - 3), 128 * (sms + 5), 128 * sms):   # all tiles split; whole + tail; no tail
+        # pairs: 30 units (all split), 75 (whole units and a split tail), 66 (no tail on an H100); single blocks:
+        # 63 tiles (all split), sms + 5 (whole and a split tail)
+        for n in (128 * 60, 128 * 150, 128 * 132, 128 * 63, 128 * (sms + 5 - (sms + 5) % 2 + 1)):
             qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 3, sdtype=torch.float16)
             prepared = cw.prepare(qw, s, z, gi)
             x = torch.randn((200, k), generator=gen).bfloat16().cuda()
