@@ -36,6 +36,7 @@
 // after the barrier that follows every warpgroup's retirement of the wgmmas that
 // read it. K is split over blocks when the tiles leave SMs idle (float32
 // partials, reduced in a fixed order by wqw_reduce_kernel: deterministic).
+#include <cstdio>
 #include <type_traits>
 
 #include "common.cuh"
@@ -708,6 +709,9 @@ int64_t wqm_plan(WqwArgs& p, int num_sms, int force_splits) {
     p.cl = 1;
     resident = num_sms;
   }
+#ifdef BIE_WQM_RESIDENT   // lab: the resident clusters forced
+  resident = std::min(resident, (int)BIE_WQM_RESIDENT);
+#endif
   p.clusters = resident;
   // The tile units of whole waves run whole; the last wave's `tail` units, when they would leave at least half of
   // the clusters idle, are split in K so that their parts fill the device (at least WQM_MIN_PART_STAGES code blocks
@@ -719,6 +723,10 @@ int64_t wqm_plan(WqwArgs& p, int num_sms, int force_splits) {
   if (tail == 0 || splits < 1) splits = 1;
   p.splits = splits;
   p.whole_tiles = splits > 1 ? tiles - tail : tiles;
+#ifdef BIE_WQM_SHOWPLAN   // lab
+  fprintf(stderr, "wqm_plan: cl %d resident %d (query %d) tiles %d splits %d whole %d\n", p.cl, resident,
+          resident_clusters(2, num_sms), tiles, splits, p.whole_tiles);
+#endif
   return splits > 1 ? (int64_t)splits * tail * p.cl * NT * COLS : 0;
 }
 
