@@ -751,22 +751,20 @@ def test_wgmma_tile_rows_plan():
 
 
 def test_wqm_row_ranges():
-    """Which calls the pipelined many-row kernel takes on an H100's 132 SMs (measured in sessions 22 and 24): 193-256
-    rows of 4-bit codes in groups of 32 or more on layers of at least 80 128-column groups, and 257-512 rows where its
-    tiles make one wave at least 90 % full (8192 columns: 128 tiles); forced with WQM_MIN_M = 1."""
+    """Which calls the pipelined many-row kernel takes (measured on the H100 in session 25): 129-2048 rows of 4-bit
+    codes in groups of 32 or more, or per channel, whatever the layer; never 2- or 8-bit codes or groups of 16;
+    off with WQM_MIN_M = 0, forced for any rows with WQM_MIN_M = 1."""
     from bie_backend_cuda import weight_only as cw
-    assert [m for m in range(1, 1100) if cw._wqm_rows(m, 28672, 4, 7, 132)] == list(range(193, 257))
-    assert [m for m in range(1, 1100) if cw._wqm_rows(m, 11008, 4, -1, 132)] == list(range(193, 257))
-    assert [m for m in range(1, 1100) if cw._wqm_rows(m, 8192, 4, 7, 132)] == list(range(257, 513))
-    assert not any(cw._wqm_rows(m, n, 4, 7, 132) for m in (200, 256) for n in (8192, 5120, 4096))
-    assert not any(cw._wqm_rows(m, n, 4, 7, 132) for m in (300, 512, 768, 1024) for n in (13824, 5120, 4096))
-    assert not any(cw._wqm_rows(224, 28672, b, gs, 132) for b, gs in ((2, 7), (8, 7), (4, 4)))
+    assert [m for m in range(1, 5000) if cw._wqm_rows(m, 4, 7)] == list(range(129, 2049))
+    assert [m for m in range(1, 5000) if cw._wqm_rows(m, 4, -1)] == list(range(129, 2049))
+    assert [m for m in range(1, 5000) if cw._wqm_rows(m, 4, 5)] == list(range(129, 2049))
+    assert not any(cw._wqm_rows(m, b, gs) for m in (129, 1024, 2048) for b, gs in ((2, 7), (8, 7), (4, 4), (1, 7)))
     keep = cw.WQM_MIN_M
     try:
         cw.WQM_MIN_M = 0
-        assert not cw._wqm_rows(224, 28672, 4, 7, 132)
+        assert not any(cw._wqm_rows(m, 4, 7) for m in (129, 224, 2048))
         cw.WQM_MIN_M = 1
-        assert cw._wqm_rows(3, 128, 4, 5, 132) and not cw._wqm_rows(3, 128, 4, 4, 132)
+        assert cw._wqm_rows(3, 4, 5) and cw._wqm_rows(9000, 4, 7) and not cw._wqm_rows(3, 4, 4)
     finally:
         cw.WQM_MIN_M = keep
 
@@ -902,8 +900,7 @@ def test_wqm_tiles(fmt, sdt, gs, act):
 @needs_hopper
 def test_wqm_tail_split_auto():
     """The launcher's own split of the last partial wave (K = 1024: 16 code blocks, two parts of 8 where the tail
-    leaves half of the SMs idle) and its absence, with pairs of blocks sharing x (an even number of column tiles)
-    and single blocks (odd), against the float64 reference, deterministic."""
+    leaves half of the SMs idle) and its absence (no tail), against the float64 reference, deterministic."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator().manual_seed(9)
     keep = cw.WQM_MIN_M
@@ -911,9 +908,7 @@ def test_wqm_tail_split_auto():
     try:
         cw.WQM_MIN_M = 1
         k = 1024
-        # pairs: 30 units (all split), 75 (whole units and a split tail), 66 (no tail on an H100); single blocks:
-        # 63 tiles (all split), sms + 5 (whole and a split tail)
-        for n in (128 * 60, 128 * 150, 128 * 132, 128 * 63, 128 * (sms + 5 - (sms + 5) % 2 + 1)):
+        for n in (128 * (sms // 2 - 3), 128 * (sms + 5), 128 * sms):   # all tiles split; whole + tail; no tail
             qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 3, sdtype=torch.float16)
             prepared = cw.prepare(qw, s, z, gi)
             x = torch.randn((200, k), generator=gen).bfloat16().cuda()

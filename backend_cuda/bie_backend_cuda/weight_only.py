@@ -505,20 +505,15 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
 
 
 #: 4-bit codes in groups of 32 or more (or per channel) take the pipelined many-row wgmma kernel (csrc/wq_wgmma.cu
-#: "wqm": tiles of 256 rows x 128 columns, register-A wgmmas three deep, TMA copies, no block-wide barrier):
-#: - WQM_MIN_M to WQM_MAX_M rows where its tiles fill at least WQM_MIN_FILL of the SMs. H100 (session 24,
-#:   results/cuda_h100_wqw.md): 256 rows of 28672x8192 263 µs against 348 for the register-A kernel (bf16 212),
-#:   of 13824x5120 83 against 113, of 11008x4096 69 against 92; with fewer tiles it loses (8192x28672: 64 tiles,
-#:   427 against 292; it has no K split);
-#: - up to WQM_ONE_WAVE_MAX_M rows where its tiles make one wave at least WQM_ONE_WAVE_FILL full (its time is
-#:   waves x stages: 384 / 512 rows of 8192x28672 435 / 468 µs against 462 / 538 for dequantize + cuBLAS; with more
-#:   waves dequantize + cuBLAS is level or faster, and from 768 rows faster everywhere measured).
-#: WQM_MIN_M = 0 turns it off; 1 forces it (tests).
-WQM_MIN_M = 193
-WQM_MAX_M = 256
-WQM_MIN_FILL = 0.6
-WQM_ONE_WAVE_MAX_M = 512
-WQM_ONE_WAVE_FILL = 0.9
+#: "wqm": tiles of 256 rows x 128 columns, a producer warpgroup issuing TMA copies, register-A wgmmas three deep,
+#: the last partial wave's tiles split in K) for WQM_MIN_M to WQM_MAX_M rows. H100, session 25
+#: (results/cuda_h100_wqw.md), against the path it replaces (the register-A kernel up to 256 rows, dequantize +
+#: cuBLAS above): faster on every measured layer from 129 to 2048 rows but two cases within 5 % (4096x4096 at
+#: 384 / 512 rows, 13824x5120 at 2048); 1024 rows of 28672x8192 745 µs against 990 before session 25 (bf16 cuBLAS
+#: 710); at 4096 rows dequantize + cuBLAS is 3-8 % faster on every layer measured.
+#: WQM_MIN_M = 0 turns it off; 1 forces it for any rows (tests).
+WQM_MIN_M = 129
+WQM_MAX_M = 2048
 #: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
 WQM_NTOK = 256
 #: K parts of the tiles of its last partial wave: 0 lets the launcher choose (split where that wave would leave at
@@ -526,17 +521,12 @@ WQM_NTOK = 256
 WQM_SPLITS = 0
 
 
-def _wqm_rows(m: int, n: int, bits: int, gs_shift: int, sms: int) -> bool:
-    """The pipelined many-row kernel serves m rows of an n-column layer of these codes (the layout's kernel bits and
-    group shift)."""
+def _wqm_rows(m: int, bits: int, gs_shift: int) -> bool:
+    """The pipelined many-row kernel serves m rows of a layer of these codes (the layout's kernel bits and group
+    shift)."""
     if WQM_MIN_M <= 0 or bits != 4 or not (gs_shift == -1 or gs_shift >= 5):
         return False
-    if WQM_MIN_M == 1:
-        return True
-    tiles = -(-m // 256) * -(-n // 128)
-    if WQM_MIN_M <= m <= WQM_MAX_M:
-        return tiles >= WQM_MIN_FILL * sms
-    return WQM_MAX_M < m <= WQM_ONE_WAVE_MAX_M and WQM_ONE_WAVE_FILL * sms <= tiles <= sms
+    return WQM_MIN_M == 1 or WQM_MIN_M <= m <= WQM_MAX_M
 
 
 def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
@@ -558,12 +548,12 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
             return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
                                          _pdl(lay), THIN_SLICES, THIN_XPRE)
-    wqm = _wqm_rows(m, qweight.shape[1], _KERNEL_BITS.get(bits), _gs_shift(group_size), _num_sms(x.device))
+    wqm = _wqm_rows(m, _KERNEL_BITS.get(bits), _gs_shift(group_size))
     if (wqm or _wqw_rows(m, qweight.shape[1], k, bits)) and wqw_ok(x, scales, zeros, format, k):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
                       inter=True)   # the wgmma kernels read the interleaved layout
         if not lay.generic:
-            # the pipelined many-row kernel (no K split), or the register-A kernel with its planned tile rows
+            # the pipelined many-row kernel, or the register-A kernel with its planned tile rows
             ntok, splits = (WQM_NTOK, WQM_SPLITS) if wqm else (_wqw_ntok(m, lay.n, k, _num_sms(x.device)), WQW_SPLITS)
             return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
                                          lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.st_bf16)

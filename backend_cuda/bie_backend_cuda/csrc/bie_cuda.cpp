@@ -549,9 +549,17 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   int64_t splits = 1;
   Tensor ws;
   if (wqm) {
-    const int64_t need = bie::wqm_plan(p, num_sms(), (int)force_splits);
-    if (need > 0) {
-      ws = at::empty({need}, x.options().dtype(at::kFloat));
+    // Persistent blocks, one per SM: the tiles of whole waves run whole; the last wave's `tail` tiles, when they
+    // would leave at least half of the SMs idle, are split in K so that their parts fill the SMs (at least
+    // WQM_MIN_PART_STAGES code blocks a part): float32 partials, then a reduction of only those tiles.
+    const int64_t sms = num_sms(), tail = tiles >= sms ? tiles % sms : tiles;
+    if (force_splits > 0) splits = std::min<int64_t>(force_splits, kblocks);
+    else if (tail > 0) splits = std::min<int64_t>(sms / tail, kblocks / bie::WQM_MIN_PART_STAGES);
+    if (tail == 0 || splits < 1) splits = 1;
+    p.splits = (int)splits;
+    p.whole_tiles = (int)(splits > 1 ? tiles - tail : tiles);
+    if (splits > 1) {
+      ws = at::empty({splits * tail * bie::WQM_NTOK * 128}, x.options().dtype(at::kFloat));
       p.ws = ws.data_ptr<float>();
     }
   } else {

@@ -92,17 +92,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
       : "memory");
 #endif
 }
-// tma_load_2d into the same shared-memory offset of every block of `mask` in the cluster, completion counted on the
-// mbarrier at the same offset in each of them
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, int x, int y, uint32_t bar,
-                                                      uint16_t mask) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(tmap), "r"(x), "r"(y), "r"(bar), "h"(mask)
-      : "memory");
-#endif
-}
 // shared -> global, tracked by this thread's bulk groups (not by an mbarrier)
 __device__ __forceinline__ void bulk_s2g(void* dst, uint32_t src, uint32_t bytes) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -191,9 +191,7 @@ struct WqwArgs {
   int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
   float* ws;             // (splits, M, N) when splits > 1; wqm: (splits x tail tiles) planes of 256 x 128
-  int whole_tiles;       // wqm: tile units computed whole; the rest (the last partial wave) split `splits` ways in K
-  int cl;                // wqm: blocks per cluster (1, or 2 sharing the x tile: a tile unit of 2 column tiles)
-  int clusters;          // wqm: resident clusters (the persistent grid)
+  int whole_tiles;       // wqm: tiles computed whole; the rest (the last partial wave) split `splits` ways in K
 };
 // ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
 // more or per-channel; tiles of 256 rows x 128 columns, the last partial wave's tiles split in K)
@@ -201,9 +199,6 @@ constexpr int WQM_NTOK = 256;
 // the fewest code blocks (64 k each) a K part of a split tail tile may have (launcher's automatic split)
 constexpr int WQM_MIN_PART_STAGES = 8;
 cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st);
-// The pipelined kernel's plan (p.M, Np, kblocks set): cluster size, resident clusters, the tail's K split
-// (force_splits > 0 forces it, 1: none); returns the float32 workspace it needs (elements, into p.ws).
-int64_t wqm_plan(WqwArgs& p, int num_sms, int force_splits);
 
 // columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,

@@ -36,7 +36,6 @@
 // after the barrier that follows every warpgroup's retirement of the wgmmas that
 // read it. K is split over blocks when the tiles leave SMs idle (float32
 // partials, reduced in a fixed order by wqw_reduce_kernel: deterministic).
-#include <cstdio>
 #include <type_traits>
 
 #include "common.cuh"
@@ -415,6 +414,10 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //     allow instead of a whole tile's stages on a few SMs.
 // Session 24 (H100, 1024 rows of 28672x8192, copies issued from a consumer warp): retiring every stage's wgmmas
 // before the next fragments 1123 us; three in flight 1032; copies by TMA instead of every thread's cp.async 944-955.
+// Tried in session 25 and left out: clusters of two blocks on adjacent column tiles sharing the x tile by TMA
+// multicast (each block's producer waits for both blocks' releases of a slot): 2.1x slower at every shape, although
+// x read once per block instead of every stage (lab BIE_WQM_XONCE, wrong results) was 9-16 % faster (commits
+// 7e47f53 and 54f7d76 hold those variants).
 // (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
@@ -430,40 +433,34 @@ constexpr int OFF_BAR = STAGES * SLOT;
 constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
 static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 
-// Clusters of CL blocks (2 where the column tiles pair up, WqwArgs::cl) take CL adjacent column tiles of one row
-// tile together, a "tile unit": each block fetches 1/CL of the x tile and multicasts it to all, so that x crosses
-// from L2 once per unit instead of once per tile (x is 32 of the 37 KB a stage brings; x read once per block
-// instead of every stage was 9-16 % faster, session 25). A slot is then refilled only once the consumers of every
-// block of the cluster released it.
-// Work unit ui of a cluster (units u = cid + ui * clusters): tile units [0, whole) run whole; unit whole + v
-// (v < tail * splits) is K range v / tail of tile unit whole + v % tail, its partials in ws plane v * CL + rank.
+// Work unit ui of a block (units u = blockIdx.x + ui * gridDim.x): tiles [0, whole) run whole; unit whole + v
+// (v < tail * splits) is K range v / tail of tile whole + v % tail, its partials in ws plane v.
 struct Unit {
-  int rt, ct, kb0, kb1, plane;   // row tile, this block's column tile, code blocks [kb0, kb1), ws plane (-1: whole)
+  int rt, ct, kb0, kb1, plane;   // row tile, column tile, code blocks [kb0, kb1), ws plane (-1: whole tile)
 };
-__host__ __device__ inline int tile_units(const WqwArgs& p) { return ((p.M + NT - 1) / NT) * (p.Np / COLS / p.cl); }
-__host__ __device__ inline int units(const WqwArgs& p) {
-  return p.whole_tiles + (tile_units(p) - p.whole_tiles) * p.splits;
-}
-__device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui, int cid, int ncl, int rank, int cl) {
-  const int rt_n = (p.M + NT - 1) / NT;
-  const int u = cid + ui * ncl;
+__device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
+  const int rt_n = (p.M + NT - 1) / NT, ntiles = rt_n * (p.Np / COLS);
+  const int u = (int)blockIdx.x + ui * (int)gridDim.x;
   Unit w{0, 0, 0, p.kblocks, -1};
   int t = u;
   if (u >= p.whole_tiles) {
-    const int tail = tile_units(p) - p.whole_tiles, v = u - p.whole_tiles, part = v / tail;
+    const int tail = ntiles - p.whole_tiles, v = u - p.whole_tiles, part = v / tail;
     t = p.whole_tiles + (v - part * tail);
     w.kb0 = (int)((int64_t)part * p.kblocks / p.splits);
     w.kb1 = (int)((int64_t)(part + 1) * p.kblocks / p.splits);
-    w.plane = v * cl + rank;
+    w.plane = v;
   }
-  const int cp = t / rt_n;
-  w.rt = t - cp * rt_n;
-  w.ct = cp * cl + rank;
+  w.ct = t / rt_n;
+  w.rt = t - w.ct * rt_n;
   return w;
+}
+__host__ __device__ inline int units(const WqwArgs& p) {
+  const int ntiles = ((p.M + NT - 1) / NT) * (p.Np / COLS);
+  return p.whole_tiles + (ntiles - p.whole_tiles) * p.splits;
 }
 }  // namespace wqm
 
-template <typename T, typename S, bool GPTQ, int CL>
+template <typename T, typename S, bool GPTQ>
 __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: extract_a; hop: mbarriers, TMA copies, descriptors)
@@ -475,33 +472,28 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
     for (int i = 0; i < STAGES; ++i) {
-      mbar_init(bar_full + 8 * i, 1);                      // the producer's arrival with the stage's byte count
-      mbar_init(bar_empty + 8 * i, CL * CONSUMERS / 32);   // one arrival per consumer warp of every block
+      mbar_init(bar_full + 8 * i, 1);                 // the producer's arrival with the stage's byte count
+      mbar_init(bar_empty + 8 * i, CONSUMERS / 32);   // one arrival per consumer warp
     }
     mbar_init_fence();
   }
-  const int rank = CL > 1 ? (int)cluster_rank() : 0;
-  const int cid = CL > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
-  const int ncl = CL > 1 ? (int)cluster_count_x() : (int)gridDim.x;
-  if (CL > 1) cluster_sync();   // (every block's barriers initialised before any multicast or remote arrival)
-  else __syncthreads();
+  __syncthreads();
   const int nu = units(p);
-  const int my_units = nu > cid ? (nu - 1 - cid) / ncl + 1 : 0;
+  const int my_units = nu > (int)blockIdx.x ? (nu - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
   if (wg == 0) {
     // The producer: thread 0 walks the block's stages (it2 counts them over all units) and issues each one's
-    // copies into slot it2 % STAGES once the consumers (of every block of the cluster) released it: its share of
-    // the x tile (a box of 256 / CL rows x 64 k of the tensor map, multicast to the cluster, landing in the
-    // 128-byte swizzle the wgmma descriptor names; rows past M and k past K read as zeros), the code block (4 KB,
-    // contiguous in the prepared layout) and the statistics rows (512 bytes each). The slot's "full" barrier
-    // completes when all bytes landed, the other blocks' shares of x included.
+    // copies into slot it2 % STAGES once the consumers released it: the x tile (a box of 256 rows x 64 k of the
+    // tensor map, landing in the 128-byte swizzle the wgmma descriptor names; rows past M and k past K read as
+    // zeros), the code block (4 KB, contiguous in the prepared layout) and the statistics rows (512 bytes each);
+    // the slot's "full" barrier completes when all bytes landed.
     regs_dec<PRODUCER_REGS>();
     if (tid == 0) {
       int it2 = 0;
 #pragma unroll 1
       for (int ui = 0; ui < my_units; ++ui) {
-        const Unit w = unit_of(p, ui, cid, ncl, rank, CL);
+        const Unit w = unit_of(p, ui);
 #pragma unroll 1
         for (int kb = w.kb0; kb < w.kb1; ++kb, ++it2) {
           const int slot = it2 % STAGES;
@@ -509,19 +501,8 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
           const uint32_t full = bar_full + 8 * slot;
           mbar_wait(bar_empty + 8 * slot, ((it2 / STAGES) & 1) ^ 1);
           const int k0 = kb * BK;
-#ifdef BIE_WQM_XONCE   // lab: x copied into the first STAGES slots only (wrong results; the x traffic's cost)
-          const bool xc = it2 < STAGES;
-#else
-          constexpr bool xc = true;
-#endif
-          mbar_arrive_expect_tx(full, (uint32_t)((xc ? X_BYTES : 0) + CODE_BYTES + nsr * COLS * 4));
-          if (xc) {
-            if (CL > 1)
-              tma_load_2d_multicast(sx + (uint32_t)(rank * (X_BYTES / CL)), &tmap_x, k0, w.rt * NT + rank * (NT / CL),
-                                    full, (uint16_t)((1u << CL) - 1));
-            else
-              tma_load_2d(sx, &tmap_x, k0, w.rt * NT, full);
-          }
+          mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
+          tma_load_2d(sx, &tmap_x, k0, w.rt * NT, full);
           bulk_g2s(sc, p.qw + ((int64_t)w.ct * p.kblocks + kb) * 256, CODE_BYTES, full);
           for (int r = 0; r < nsr; ++r) {
             const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
@@ -530,241 +511,146 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
         }
       }
     }
-  } else {
-    regs_inc<CONSUMER_REGS>();
-    int total = 0;   // the block's stages
-    for (int ui = 0; ui < my_units; ++ui) {
-      const Unit w = unit_of(p, ui, cid, ncl, rank, CL);
-      total += w.kb1 - w.kb0;
-    }
-    const int cw = wg - 1;                   // columns 64 cw .. 64 cw + 63 of the tile
-    const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
-    float acc[NT / 2];
-    // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
-    uint4 v = make_uint4(0, 0, 0, 0);
-    uint32_t swa0 = 0, swa1 = 0, swb0 = 0, swb1 = 0;
-    auto load_stage = [&](int it) {
-      const int slot = it % STAGES;
-      const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
-      mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
-      v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
-      const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
-      swa0 = lds32(sq);
-      swa1 = lds32(sq + 32);
-      swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0;
-      swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
-    };
-    // a slot's release: one arrival per warp on its "empty" barrier in every block of the cluster
-    auto release = [&](int slot) {
-      if (lane != 0) return;
-      if (CL > 1) {
-#pragma unroll
-        for (int r = 0; r < CL; ++r) mbar_arrive_cluster(bar_empty + 8 * slot, (uint32_t)r);
-      } else {
-        mbar_arrive(bar_empty + 8 * slot);
-      }
-    };
-    uint32_t af[4][4];
-    // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
-    auto build = [&](int j, uint32_t (&a)[4]) {
-      extract_a<4, S>(v, j, a);
-      dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
-    };
-    int it = 0;
-    if (total > 0) {
-      load_stage(0);
-      build(0, af[0]);
-    }
-    int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
-#pragma unroll 1
-    for (int ui = 0; ui < my_units; ++ui) {
-      const Unit w = unit_of(p, ui, cid, ncl, rank, CL);
-#pragma unroll 1
-      for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
-        const int slot = it % STAGES;
-        const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
-        // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
-        // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
-        // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
-        // an operand of a wgmma still in flight.
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          hold(af[j]);
-          wgmma_fence();
-          WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb != w.kb0 || j) ? 1 : 0);
-          wgmma_commit();
-          wgmma_wait<3>();
-          if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
-            release(pending);
-            pending = -1;
-          }
-          if (j < 3) {
-            build(j + 1, af[j + 1]);
-          } else if (it + 1 < total) {
-            load_stage(it + 1);
-            build(0, af[0]);
-          }
-        }
-        pending = slot;
-      }
-      wgmma_wait<0>();
-      hold(acc);
-      release(pending);
-      pending = -1;
-      // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
-      // x 8 i + 2 t4 + (e & 1)
-      const int cl = 64 * cw + 16 * (warp & 3) + g;   // column in the tile
-      if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
-        float* ws = p.ws + (int64_t)w.plane * NT * COLS;
-#pragma unroll
-        for (int i = 0; i < NT / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) ws[(8 * i + 2 * t4 + (e & 1)) * COLS + cl + 8 * (e >> 1)] = acc[4 * i + e];
-        continue;
-      }
-      const int c0 = w.ct * COLS + cl;
-      float bv[2] = {0.f, 0.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
-      auto store_tile = [&](auto* out) {
-        using OT = std::remove_pointer_t<decltype(out)>;
-#pragma unroll
-        for (int i = 0; i < NT / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = w.rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
-            if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[4 * i + e] + bv[e >> 1]);
-          }
-      };
-      if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
-      else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
-      else store_tile(static_cast<__nv_bfloat16*>(p.out));
-    }
+    return;
   }
-  if (CL > 1) cluster_sync();   // no block leaves while another may still multicast into it or arrive on its barriers
+  regs_inc<CONSUMER_REGS>();
+  int total = 0;   // the block's stages
+  for (int ui = 0; ui < my_units; ++ui) {
+    const Unit w = unit_of(p, ui);
+    total += w.kb1 - w.kb0;
+  }
+  const int cw = wg - 1;                   // columns 64 cw .. 64 cw + 63 of the tile
+  const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
+  float acc[NT / 2];
+  // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
+  uint4 v = make_uint4(0, 0, 0, 0);
+  uint32_t swa0 = 0, swa1 = 0, swb0 = 0, swb1 = 0;
+  auto load_stage = [&](int it) {
+    const int slot = it % STAGES;
+    const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
+    mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
+    v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
+    const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
+    swa0 = lds32(sq);
+    swa1 = lds32(sq + 32);
+    swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0;
+    swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
+  };
+  uint32_t af[4][4];
+  // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
+  auto build = [&](int j, uint32_t (&a)[4]) {
+    extract_a<4, S>(v, j, a);
+    dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
+  };
+  int it = 0;
+  if (total > 0) {
+    load_stage(0);
+    build(0, af[0]);
+  }
+  int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
+#pragma unroll 1
+  for (int ui = 0; ui < my_units; ++ui) {
+    const Unit w = unit_of(p, ui);
+#pragma unroll 1
+    for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
+      const int slot = it % STAGES;
+      const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
+      // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
+      // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
+      // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
+      // an operand of a wgmma still in flight.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        hold(af[j]);
+        wgmma_fence();
+        WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb != w.kb0 || j) ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<3>();
+        if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
+          if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
+          pending = -1;
+        }
+        if (j < 3) {
+          build(j + 1, af[j + 1]);
+        } else if (it + 1 < total) {
+          load_stage(it + 1);
+          build(0, af[0]);
+        }
+      }
+      pending = slot;
+    }
+    wgmma_wait<0>();
+    hold(acc);
+    if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
+    pending = -1;
+    // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
+    // x 8 i + 2 t4 + (e & 1)
+    const int cl = 64 * cw + 16 * (warp & 3) + g;   // column in the tile
+    if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
+      float* ws = p.ws + (int64_t)w.plane * NT * COLS;
+#pragma unroll
+      for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ws[(8 * i + 2 * t4 + (e & 1)) * COLS + cl + 8 * (e >> 1)] = acc[4 * i + e];
+      continue;
+    }
+    const int c0 = w.ct * COLS + cl;
+    float bv[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
+    auto store_tile = [&](auto* out) {
+      using OT = std::remove_pointer_t<decltype(out)>;
+#pragma unroll
+      for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = w.rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
+          if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[4 * i + e] + bv[e >> 1]);
+        }
+    };
+    if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
+    else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
+    else store_tile(static_cast<__nv_bfloat16*>(p.out));
+  }
 #endif
 }
 
 // The tail tiles' outputs: the sum of their `splits` float32 partial planes in K order, plus the bias.
 __global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
   using namespace wqm;
-  const int rt_n = (p.M + NT - 1) / NT, tail = tile_units(p) - p.whole_tiles;
-  const int64_t plane = NT * COLS, total = (int64_t)tail * p.cl * plane;
+  const int rt_n = (p.M + NT - 1) / NT, ntiles = rt_n * (p.Np / COLS), tail = ntiles - p.whole_tiles;
+  const int64_t plane = NT * COLS, total = (int64_t)tail * plane;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    const int q = (int)(i / plane), tt = q / p.cl, rank = q - tt * p.cl;   // tail unit, its block's tile
-    const int r = (int)(i % plane) / COLS, c = (int)(i % COLS);
-    const int t = p.whole_tiles + tt, cp = t / rt_n, rt = t - cp * rt_n;
-    const int row = rt * NT + r, col = (cp * p.cl + rank) * COLS + c;
+    const int tt = (int)(i / plane), r = (int)(i % plane) / COLS, c = (int)(i % COLS);
+    const int t = p.whole_tiles + tt, ct = t / rt_n, rt = t - ct * rt_n;
+    const int row = rt * NT + r, col = ct * COLS + c;
     if (row >= p.M || col >= p.N) continue;
     float v = 0.f;
-    for (int part = 0; part < p.splits; ++part)
-      v += p.ws[(((int64_t)part * tail + tt) * p.cl + rank) * plane + (i % plane)];
+    for (int part = 0; part < p.splits; ++part) v += p.ws[((int64_t)part * tail + tt) * plane + (i % plane)];
     if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
     store_f32(p.out, p.out_dtype, (int64_t)row * p.N + col, v);
   }
 }
 
-#ifndef BIE_WQM_CL
-#define BIE_WQM_CL 2   // lab knob: 1 never pairs blocks
-#endif
-namespace wqm {
-// Clusters of `cl` blocks the device keeps resident at once (one block per SM; a cluster's blocks share a GPC, so
-// this can be fewer than num_sms / cl), asked once per device.
-static int resident_clusters(int cl, int num_sms) {
-  if (cl == 1) return num_sms;
-  static int cache[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev >= 0 && dev < 64 && cache[dev] > 0) return cache[dev];
-  auto k = wqm_kernel<__nv_bfloat16, __half, true, 2>;   // (every instantiation has the same resources)
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) return 0;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3(2 * (num_sms / 2));
-  cfg.blockDim = dim3(THREADS);
-  cfg.dynamicSmemBytes = SMEM;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess || n <= 0) {
-    cudaGetLastError();
-    return 0;
-  }
-  n = std::min(n, num_sms / 2);
-  if (dev >= 0 && dev < 64) cache[dev] = n;
-  return n;
-}
-}  // namespace wqm
-
-int64_t wqm_plan(WqwArgs& p, int num_sms, int force_splits) {
-  using namespace wqm;
-  p.cl = (BIE_WQM_CL == 2 && (p.Np / COLS) % 2 == 0) ? 2 : 1;
-  int resident = resident_clusters(p.cl, num_sms);
-  if (resident <= 0) {   // (clusters cannot be resident: single blocks)
-    p.cl = 1;
-    resident = num_sms;
-  }
-#ifdef BIE_WQM_RESIDENT   // lab: the resident clusters forced
-  resident = std::min(resident, (int)BIE_WQM_RESIDENT);
-#endif
-  p.clusters = resident;
-  // The tile units of whole waves run whole; the last wave's `tail` units, when they would leave at least half of
-  // the clusters idle, are split in K so that their parts fill the device (at least WQM_MIN_PART_STAGES code blocks
-  // a part): float32 partials, then a reduction of only those tiles.
-  const int tiles = tile_units(p), tail = tiles >= resident ? tiles % resident : tiles;
-  int splits = 1;
-  if (force_splits > 0) splits = std::min(force_splits, p.kblocks);
-  else if (tail > 0) splits = std::min(resident / tail, p.kblocks / WQM_MIN_PART_STAGES);
-  if (tail == 0 || splits < 1) splits = 1;
-  p.splits = splits;
-  p.whole_tiles = splits > 1 ? tiles - tail : tiles;
-#ifdef BIE_WQM_SHOWPLAN   // lab
-  fprintf(stderr, "wqm_plan: cl %d resident %d (query %d) tiles %d splits %d whole %d\n", p.cl, resident,
-          resident_clusters(2, num_sms), tiles, splits, p.whole_tiles);
-#endif
-  return splits > 1 ? (int64_t)splits * tail * p.cl * NT * COLS : 0;
-}
-
-template <typename T, typename S, int CL>
-static cudaError_t launch_wqm_cl(const WqwArgs& p, cudaStream_t st) {
-  auto k = p.gptq ? wqm_kernel<T, S, true, CL> : wqm_kernel<T, S, false, CL>;
+template <typename T, typename S>
+static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) {
+  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
   if (e != cudaSuccess) return e;
-  CUtensorMap tmap_x;   // rows of x in boxes of 256 / CL rows x 64 k (128 bytes), the 128-byte swizzle
-  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT / CL);
+  // persistent: one block per SM, never more than there are work units (Np is a whole number of 128-column tiles)
+  CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
+  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  // persistent: the resident clusters (wqm_plan), never more than there are work units
-  cfg.gridDim = dim3((unsigned)(CL * std::min(wqm::units(p), p.clusters)));
-  cfg.blockDim = dim3(wqm::THREADS);
-  cfg.dynamicSmemBytes = wqm::SMEM;
-  cfg.stream = st;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CL;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, k, p, tmap_x);
-  if (e != cudaSuccess) return e;
+  k<<<(unsigned)std::min(wqm::units(p), num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
   if (p.splits > 1) {
-    const int64_t n = (int64_t)(wqm::tile_units(p) - p.whole_tiles) * CL * wqm::NT * wqm::COLS;
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const int64_t tail = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS) - p.whole_tiles;
+    const int64_t n = tail * wqm::NT * wqm::COLS;
     wqm_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
   }
   BIE_LAUNCH_CHECK();
-}
-
-template <typename T, typename S>
-static cudaError_t launch_wqm_t(const WqwArgs& p, cudaStream_t st) {
-  if (p.cl == 2) return launch_wqm_cl<T, S, 2>(p, st);
-  if (p.cl == 1) return launch_wqm_cl<T, S, 1>(p, st);
-  return cudaErrorInvalidValue;
 }
 
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
@@ -821,9 +707,10 @@ cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, int num_sms,
   if (p.ntok == WQM_NTOK) {   // the pipelined many-row kernel (4-bit codes, groups of 32 or more)
     if (bits != 4) return cudaErrorInvalidValue;
     if (cdtype == kF16)
-      return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, st) : launch_wqm_t<__half, __half>(p, st);
+      return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, num_sms, st) : launch_wqm_t<__half, __half>(p, num_sms, st);
     if (cdtype == kBF16)
-      return p.st_bf16 ? launch_wqm_t<__nv_bfloat16, __nv_bfloat16>(p, st) : launch_wqm_t<__nv_bfloat16, __half>(p, st);
+      return p.st_bf16 ? launch_wqm_t<__nv_bfloat16, __nv_bfloat16>(p, num_sms, st)
+                       : launch_wqm_t<__nv_bfloat16, __half>(p, num_sms, st);
     return cudaErrorInvalidValue;
   }
   if (cdtype == kF16)
