@@ -446,8 +446,11 @@ __device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
   if (u >= p.whole_tiles) {
     const int tail = ntiles - p.whole_tiles, v = u - p.whole_tiles, part = v / tail;
     t = p.whole_tiles + (v - part * tail);
-    w.kb0 = (int)((int64_t)part * p.kblocks / p.splits);
-    w.kb1 = (int)((int64_t)(part + 1) * p.kblocks / p.splits);
+    // parts of q or q + 1 code blocks, the longer first (32-bit arithmetic: a 64-bit division is a subroutine
+    // call in the SASS)
+    const int q = p.kblocks / p.splits, r = p.kblocks - q * p.splits;
+    w.kb0 = part * q + min(part, r);
+    w.kb1 = w.kb0 + q + (part < r ? 1 : 0);
     w.plane = v;
   }
   w.ct = t / rt_n;
