@@ -3,7 +3,8 @@
 # ';'-separated lists of compile-time defines), all built in parallel in their own caches; the tests selected by
 # TESTS on the product; wqm_ab.py on each build, REPS times.
 # (The wqm lab defines BIE_WQM_STAGES/_AHEAD/_CPASYNC/_NOWAIT/_NODEQ/_XONCE/_WIDE exist at f8542ed, BIE_WQM_CL at
-# 9e9c183, BIE_WQM_PREFETCH at e3e7072; the product has none of them: check out that commit to rerun an A/B.)
+# 9e9c183, BIE_WQM_PREFETCH at e3e7072; session 25: BIE_WQM_WS at ad3a27d, BIE_WQM_XONCE at 54f7d76, BIE_WQM_CL at
+# d23fbb8; the product has none of them: check out that commit to rerun an A/B.)
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
