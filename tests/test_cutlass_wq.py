@@ -59,6 +59,11 @@ def test_capability_says_why():
     assert wo._defer(_problem(wo.MIN_M_BIG_4BIT, 28672, 8192)) is None
     assert "rows" in wo._defer(_problem(16, 8192, 28672))
     assert wo._defer(_problem(17, 8192, 28672)) is None
+    # 4-bit codes with a long K: bie-backend-cuda's many-row kernel at 129-256 rows
+    assert [m for m in range(100, 600) if wo._defer(_problem(m, 8192, 28672))] == list(range(129, 257))
+    assert "many-row" in wo._defer(_problem(200, 8192, 28672, act=True, fmt="gba", dtype=torch.float16))
+    assert not any(wo._defer(_problem(m, n, k)) for m in (129, 256) for n, k in ((28672, 8192), (4096, 16384)))
+    assert wo._defer(_problem(200, 8192, 28672, bits=8)) is None
     assert wo._check(_problem(1, 4096, 4096)) is None
     assert "multiple of the K tile" in wo._check(_problem(1024, 4096, 4096, gs=32))
     assert wo._check(_problem(1024, 4096, 4096, gs=-1)) is None

@@ -81,6 +81,12 @@ MIN_M_BIG_4BIT = 9
 MIN_M_BIG_4BIT_LONG_K = 17
 LONG_K = 16384
 SMALL_LAYER = 1 << 26
+#: 4-bit codes on layers with K above LONG_K at these rows (inclusive): bie-backend-cuda's many-row wgmma kernel is
+#: faster (H100, one call, benchmarks/results/s25/cutlass_vs_wqm/: 8192x28672 M=129 187.0 us against 202.6 as
+#: dispatched here, 204.7 for the best tile forced; M=256 195.5 against 237.7 / 205.7); from 512 rows, and on
+#: 28672x8192 and 4096x4096 at every measured row count, this kernel is faster or level. (Where bie-backend-cuda
+#: cannot take the call, e.g. float32 scales, the dispatcher comes back here: its slower paths still serve first.)
+LONG_K_CUDA_ROWS = (129, 256)
 
 def _ops():
     return _build.ops(EXTENSION)
@@ -284,6 +290,9 @@ def _defer(p) -> Optional[str]:
     lo = MIN_M if n * k <= SMALL_LAYER else min(MIN_M, big)
     if m < lo:
         return f"M={m} < {lo} rows on a {n}x{k} layer, where the memory-bound small-M kernels are faster"
+    if p.attrs.get("bits") == 4 and k > LONG_K and LONG_K_CUDA_ROWS[0] <= m <= LONG_K_CUDA_ROWS[1]:
+        return (f"M={m} rows of 4-bit codes with K={k} > {LONG_K}: bie-backend-cuda's many-row wgmma kernel is "
+                f"faster at {LONG_K_CUDA_ROWS[0]}-{LONG_K_CUDA_ROWS[1]} rows")
     return None
 
 
