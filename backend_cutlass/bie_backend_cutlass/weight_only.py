@@ -84,8 +84,8 @@ SMALL_LAYER = 1 << 26
 #: 4-bit codes on layers with K above LONG_K at these rows (inclusive): bie-backend-cuda's many-row wgmma kernel is
 #: faster (H100, one call, benchmarks/results/s25/cutlass_vs_wqm/: 8192x28672 M=129 187.0 us against 202.6 as
 #: dispatched here, 204.7 for the best tile forced; M=256 195.5 against 237.7 / 205.7); from 512 rows, and on
-#: 28672x8192 and 4096x4096 at every measured row count, this kernel is faster or level. (Where bie-backend-cuda
-#: cannot take the call, e.g. float32 scales, the dispatcher comes back here: its slower paths still serve first.)
+#: 28672x8192 and 4096x4096 at every measured row count, this kernel is faster or level. (The problem does not
+#: describe the scales' dtype: with float32 scales bie-backend-cuda still takes these calls, on dequantize + cuBLAS.)
 LONG_K_CUDA_ROWS = (129, 256)
 
 def _ops():

@@ -438,13 +438,17 @@ static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 struct Unit {
   int rt, ct, kb0, kb1, plane;   // row tile, column tile, code blocks [kb0, kb1), ws plane (-1: whole tile)
 };
+__host__ __device__ inline int row_tiles(const WqwArgs& p) { return (p.M + NT - 1) / NT; }
+__host__ __device__ inline int tiles(const WqwArgs& p) { return row_tiles(p) * (p.Np / COLS); }
+// tiles of the last partial wave, split in K (none when splits == 1: whole_tiles is then every tile)
+__host__ __device__ inline int tail_tiles(const WqwArgs& p) { return tiles(p) - p.whole_tiles; }
 __device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
-  const int rt_n = (p.M + NT - 1) / NT, ntiles = rt_n * (p.Np / COLS);
+  const int rt_n = row_tiles(p);
   const int u = (int)blockIdx.x + ui * (int)gridDim.x;
   Unit w{0, 0, 0, p.kblocks, -1};
   int t = u;
   if (u >= p.whole_tiles) {
-    const int tail = ntiles - p.whole_tiles, v = u - p.whole_tiles, part = v / tail;
+    const int tail = tail_tiles(p), v = u - p.whole_tiles, part = v / tail;
     t = p.whole_tiles + (v - part * tail);
     // parts of q or q + 1 code blocks, the longer first (32-bit arithmetic: a 64-bit division is a subroutine
     // call in the SASS)
@@ -457,10 +461,7 @@ __device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
   w.rt = t - w.ct * rt_n;
   return w;
 }
-__host__ __device__ inline int units(const WqwArgs& p) {
-  const int ntiles = ((p.M + NT - 1) / NT) * (p.Np / COLS);
-  return p.whole_tiles + (ntiles - p.whole_tiles) * p.splits;
-}
+__host__ __device__ inline int units(const WqwArgs& p) { return p.whole_tiles + tail_tiles(p) * p.splits; }
 }  // namespace wqm
 
 template <typename T, typename S, bool GPTQ>
@@ -622,7 +623,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
 // The tail tiles' outputs: the sum of their `splits` float32 partial planes in K order, plus the bias.
 __global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
   using namespace wqm;
-  const int rt_n = (p.M + NT - 1) / NT, ntiles = rt_n * (p.Np / COLS), tail = ntiles - p.whole_tiles;
+  const int rt_n = row_tiles(p), tail = tail_tiles(p);
   const int64_t plane = NT * COLS, total = (int64_t)tail * plane;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int tt = (int)(i / plane), r = (int)(i % plane) / COLS, c = (int)(i % COLS);
@@ -649,8 +650,7 @@ static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) 
   if (p.splits > 1) {
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    const int64_t tail = (int64_t)((p.M + wqm::NT - 1) / wqm::NT) * (p.Np / wqm::COLS) - p.whole_tiles;
-    const int64_t n = tail * wqm::NT * wqm::COLS;
+    const int64_t n = (int64_t)wqm::tail_tiles(p) * wqm::NT * wqm::COLS;
     wqm_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
   }
   BIE_LAUNCH_CHECK();
