@@ -513,14 +513,16 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE
     try:
         for warps, grid, inter, slices, xpre in ((0, 0, True, 0, -2), (1, 3, False, 0, 0), (3, 0, True, 2, 1),
-                                                 (16, 1, False, 3, 7), (0, 5, True, 3, -1)):
+                                                 (16, 1, False, 3, 7), (0, 5, True, 3, -1), (0, 0, True, 2, -3),
+                                                 (16, 2, False, 3, -3), (5, 0, True, 0, -3)):
             # K splits, persistent blocks (items per block), both code layouts, K slices (grids of 1-2 blocks
-            # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers)
+            # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers;
+            # in chunks by bulk copies, with warps that have no item: 13 items, 16 warps, one block per slice)
             cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = 16, warps, grid, inter, slices
             cw.THIN_XPRE = xpre
             _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17),
                          what=f"thin warps={warps} slices={slices} xpre={xpre}", shift=warps)
-        assert len(calls) == 5 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
+        assert len(calls) == 8 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
         # the wqv kernel agrees (both accumulate in float32)
         x = torch.randn((5, k), generator=gen).bfloat16().cuda()
         cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 0, 0, True

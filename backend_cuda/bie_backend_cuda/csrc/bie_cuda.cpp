@@ -454,7 +454,8 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 // 2/4/8-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
 // block, grid: persistent blocks, slices: K slices of x staged per block (-1 never; 0: planned for all three;
 // benchmarks sweep them), xpre: how x is staged per block (-2: planned; -1: after every first ring stage, through
-// registers; n >= 0: cp.async after the first n stages; see the kernel's prologue). pdl: launch as a programmatic
+// registers; n >= 0: cp.async after the first n stages; -3: in chunks by bulk copies, with K slices on sm_90; see the
+// kernel's prologue). pdl: launch as a programmatic
 // dependent of the previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for
 // it), so the caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
@@ -473,7 +474,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
   TORCH_CHECK(warps >= 0 && warps <= 16, "bie_cuda.wqt_gemm: warps must be 0..16");
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
-  TORCH_CHECK(xpre >= -2 && xpre <= 7, "bie_cuda.wqt_gemm: xpre must be -2..7");
+  TORCH_CHECK(xpre >= -3 && xpre <= 7, "bie_cuda.wqt_gemm: xpre must be -3..7");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqt_gemm");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqt_gemm: problem too large");
@@ -495,6 +496,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   p.smem_limit = smem_optin();
   // programmatic dependent launch only where the device has it (sm_90+)
   p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
+  p.bulk = compute_major() >= 9 ? 1 : 0;
   const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps, (int)slices);
   TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
               p.smem_limit, ")");

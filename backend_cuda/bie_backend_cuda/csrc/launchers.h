@@ -162,8 +162,11 @@ struct WqtArgs {
   int slice_stages;      // stages per K slice (nstages when not sliced)
   int cols;              // the warps of a block split the columns (each takes whole items over the slice), not K
   float* ws;             // (kslices, M, N) partials when kslices > 1
-  int xpre;              // x staged per block: copied with cp.async after this many first ring stages, or (-1)
-                         // loaded after all of them through registers (set by the plan unless forced)
+  int xpre;              // x staged per block: copied with cp.async after this many first ring stages, (-1)
+                         // loaded after all of them through registers, or (-3, K slices on sm_90) copied by bulk
+                         // copies in chunks that the warps wait for one by one (set by the plan unless forced)
+  int bulk;              // the device has bulk (TMA-engine) copies and mbarriers (sm_90)
+  int rr;                // with cols: the last partial round of items dealt to the blocks in turn (set by the plan)
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);

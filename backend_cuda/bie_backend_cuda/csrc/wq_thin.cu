@@ -1,4 +1,6 @@
 // The thin weight-only GEMV ("wqt"): host plan and dispatch. The kernel and its design: wq_thin_kernel.cuh.
+#include <cstdlib>
+
 #include "common.cuh"
 #include "wq_thin.cuh"
 
@@ -36,6 +38,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
   // writes its own partial sums; no barrier per item, whose reduction by one warp was the bottleneck at 16 rows)
   p.cols = sliced ? 1 : 0;
+  // (lab, session 26: BIE_WQT_RR=0/1 forces the last round's order; planned: on)
+  p.rr = p.cols;
+  if (const char* e = std::getenv("BIE_WQT_RR")) p.rr = p.cols && std::atoi(e) != 0;
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers

@@ -74,11 +74,20 @@ inline int thin_xpre(const WqtArgs& p, int bits, int blocks_per_slice) {
   return p.K > 8192 ? 2 : 1;
 }
 
-// bytes of `stages` stages of the block's rows of x and their sum(x) table
+// x in chunks (xpre = -3): at most this many, each with two mbarriers (its bytes landed; its sum(x) entries written)
+constexpr int THIN_XCHUNKS = 8;
+// bytes of `stages` stages of the block's rows of x and their sum(x) table (+ the chunks' mbarriers)
 inline int64_t thin_xbytes(const WqtArgs& p, int stages) {
   const int fs = thin_fs(p.gs_shift);
   const int64_t units = fs > 0 ? (int64_t)stages * (p.kstage / (16 * fs)) : stages;
-  return (int64_t)p.M * ((int64_t)stages * p.kstage * 2 + 16) + units * (p.M == 1 ? 16 : ((p.M + 1) / 2) * 8);
+  return (int64_t)p.M * ((int64_t)stages * p.kstage * 2 + 16) + units * (p.M == 1 ? 16 : ((p.M + 1) / 2) * 8) +
+         2 * THIN_XCHUNKS * 8;
+}
+// stages per chunk of x (xpre = -3): an even number (a chunk's 16-byte pieces of a row are then a multiple of 32 for
+// every stage k), at most THIN_XCHUNKS chunks per slice
+__host__ __device__ inline int thin_chunk_stages(int slice_stages) {
+  const int c = (slice_stages + THIN_XCHUNKS - 1) / THIN_XCHUNKS;
+  return (c + 1) & ~1;
 }
 // all of the rows of x fit the block's staging: at most 128 KiB, leaving at least 64 KiB of the device's shared memory
 // for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)

@@ -40,10 +40,12 @@
 // The codes are the skinny layout of weight_only.cu (interleaved or not), so
 // the prepared weight is shared with the wqv and wgmma kernels.
 #pragma once
+#include <climits>
 #ifdef BIE_WQT_PHASES
 #include <cstdio>
 #endif
 #include "common.cuh"
+#include "hopper.cuh"
 #include "wq_fragments.cuh"
 #include "wq_thin.cuh"
 
@@ -236,8 +238,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // items item0 * nwarps + w, + istep * nwarps, ... over the whole slice (no cross-warp reduction, no barrier)
   const bool cols = p.cols != 0;
   const int ksl = p.kslices, slice = blockIdx.x % ksl;
-  const int item0 = cols ? (blockIdx.x / ksl) * nwarps + warp : blockIdx.x / ksl;
   const int istep = cols ? (gridDim.x / ksl) * nwarps : gridDim.x / ksl;
+  // p.rr (with p.cols): warp w of block b of a slice (blocks B) takes items w B + b, + istep, ...: the blocks' item
+  // counts then differ by at most one, where items b nwarps + w, + istep, ... gave the first blocks one more item in
+  // every warp (28672x8192 at 16 rows: 46 of a slice's 66 blocks 32 items, the other 20 blocks 16)
+  const int item0 = !cols ? blockIdx.x / ksl
+                          : (p.rr ? warp * (gridDim.x / ksl) + blockIdx.x / ksl : (blockIdx.x / ksl) * nwarps + warp);
   const int bs0 = slice * p.slice_stages, bs1 = min(p.nstages, bs0 + p.slice_stages);
   uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
   const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
@@ -253,6 +259,18 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
   const int RP = (M + 1) >> 1;
   const uint32_t sxtab = xbuf + M * xpitch;
+  // x in chunks (p.xpre == -3, K slices on sm_90, not ONE): after the table, THIN_XCHUNKS mbarriers "x landed"
+  // (each warp's lane 0 arrives once with the bytes of its rows' copies) and THIN_XCHUNKS "sums written" (one
+  // arrival per warp once it wrote the table entries of its rows)
+  const bool xchunked = MX == 1 && !ONE && cols && p.xpre == -3;
+  auto xbar = [&]() { return sxtab + (uint32_t)((FS > 0 ? p.slice_stages * GPS : p.slice_stages) * RP * 8); };
+  if (xchunked) {
+    if (threadIdx.x == 0) {
+      for (int c = 0; c < 2 * THIN_XCHUNKS; ++c) hop::mbar_init(xbar() + 8 * c, nwarps);
+      hop::mbar_init_fence();
+    }
+    __syncthreads();
+  }
 
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
@@ -342,7 +360,58 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   for (int i = 0; i < S - 1; ++i)
     if (i < pre) issue(ring + i * SB);
   BIE_WQT_MARK(1)
-  if (MX == 1) {
+  // x in chunks (p.xpre == -3): the main loop starts as soon as the first chunk of x is in shared memory, instead of
+  // after all of it (16 rows of a 4096-k slice are 128 KiB per block, ~7 us with every SM reading its copy from L2
+  // at once: BIE_WQT_PHASES, session 21). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
+  // by chunk (the bytes inside K; the rest of a row is zeroed by its warp); a warp about to use a chunk's stages
+  // first waits for its bytes, writes the sum(x) entries of its own rows, and then waits until every warp wrote
+  // theirs.
+  // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it per stage)
+  int xnext = xchunked ? bs0 : INT_MAX;
+  auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
+    const int chs = thin_chunk_stages(p.slice_stages), cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
+    const int64_t xk0 = (int64_t)bs0 * KS;   // the slice's first k
+    hop::mbar_wait(xbar() + 8 * c, 0);
+    constexpr int UL = FS > 0 ? 2 * FS : KS / 8;   // 16-byte pieces per sum(x) unit
+    const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8);
+    for (int row = warp; row < M; row += nwarps) {
+      for (int cc0 = pc0; cc0 < pc1; cc0 += 32) {
+        const int cc = cc0 + lane;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (cc < pc1) {
+          const uint32_t a = xbuf + row * xpitch + cc * 16;
+          if (xk0 + cc * 8 < p.K) v = lds128(a);
+          else sts128(a, v);   // past K: zeros (the bulk copies stop at K)
+        }
+        float sum = sum8<T>(v);
+#pragma unroll
+        for (int o = UL / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (cc < pc1 && lane % UL == 0) sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + c));
+    return bs0 + min(bs1 - bs0, cs0 + chs);   // the next chunk's first stage
+  };
+  if (MX == 1 && xchunked) {
+    griddep_wait();
+    BIE_WQT_MARK(2)
+    if (lane == 0) {
+      const int chs = thin_chunk_stages(p.slice_stages), slen = bs1 - bs0, nch = (slen + chs - 1) / chs;
+      const int64_t xk0 = (int64_t)bs0 * KS;
+      for (int c = 0; c < nch; ++c) {
+        const int64_t k0 = xk0 + (int64_t)c * chs * KS, k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
+        const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
+        uint32_t mine = 0;
+        for (int row = warp; row < M; row += nwarps) mine += bytes;
+        hop::mbar_arrive_expect_tx(xbar() + 8 * c, mine);
+        if (bytes)
+          for (int row = warp; row < M; row += nwarps)
+            hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(c * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
+                          xbar() + 8 * c);
+      }
+    }
+  } else if (MX == 1) {
     griddep_wait();
     BIE_WQT_MARK(2)
     const int per_row = (bs1 - bs0) * (KS / 8);   // 16-byte chunks of the slice
@@ -539,6 +608,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
           __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
           issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
+          if (MX == 1 && !ONE && s >= xnext) {   // x in chunks: the first pass reaches a chunk of x (see the prologue)
+            const int c = (s - bs0) / thin_chunk_stages(p.slice_stages);
+            xnext = chunk_sums(c);
+            hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + c), 0);
+          }
           const uint32_t base = ring + u * SB;
           uint4 w[VPS];
 #pragma unroll
@@ -589,6 +663,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
     }
   }
+  // x in chunks: a warp with fewer passes than chunks (no item) still writes its rows' sums, and no block leaves with
+  // bulk copies in flight
+  if (MX == 1 && !ONE)
+    while (xnext < bs1) xnext = chunk_sums((xnext - bs0) / thin_chunk_stages(p.slice_stages));
   cp_wait<0>();
 #ifdef BIE_WQT_PHASES
   BIE_WQT_MARK(4)
@@ -616,7 +694,9 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   const int per_slice = p.grid_force > 0 ? std::max(1, p.grid_force / ksl)
                                          : std::max(1, std::min(items, std::max(1, per_sm) * p.sms / ksl));
   const int grid = per_slice * ksl;
-  if (p.xpre < -1) p.xpre = thin_xpre(p, BITS, per_slice);
+  if (p.xpre == -2) p.xpre = thin_xpre(p, BITS, per_slice);
+  // x in chunks needs bulk copies (sm_90) and warps that each pass over the whole slice (K slices)
+  if (p.xpre == -3 && (MX != 1 || ONE || !p.cols || !p.bulk)) p.xpre = -1;
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
