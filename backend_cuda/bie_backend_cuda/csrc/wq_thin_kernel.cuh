@@ -364,8 +364,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // after all of it (16 rows of a 4096-k slice are 128 KiB per block, ~7 us with every SM reading its copy from L2
   // at once: BIE_WQT_PHASES, session 21). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
   // by chunk (the bytes inside K; the rest of a row is zeroed by its warp); a warp about to use a chunk's stages
-  // first waits for its bytes, writes the sum(x) entries of its own rows, and then waits until every warp wrote
-  // theirs.
+  // waits until every warp wrote the sum(x) entries of its rows in that chunk. A warp writes those of the next chunk
+  // as it enters one (both of the first two at the first), so that the wait is for warps more than a chunk behind
+  // only: waiting for every warp's entries of the chunk just entered (lab, session 26) cost more than the early
+  // start won (16 rows of 11008x4096 18.3 against 15.7 us).
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it per stage)
   int xnext = xchunked ? bs0 : INT_MAX;
   auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
@@ -391,7 +393,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
     __syncwarp();
     if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + c));
-    return bs0 + min(bs1 - bs0, cs0 + chs);   // the next chunk's first stage
   };
   if (MX == 1 && xchunked) {
     griddep_wait();
@@ -608,10 +609,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
           __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
           issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
-          if (MX == 1 && !ONE && s >= xnext) {   // x in chunks: the first pass reaches a chunk of x (see the prologue)
-            const int c = (s - bs0) / thin_chunk_stages(p.slice_stages);
-            xnext = chunk_sums(c);
+          if (MX == 1 && !ONE && s >= xnext) {   // x in chunks: the first pass enters chunk c (see the prologue)
+            const int chs = thin_chunk_stages(p.slice_stages), c = (s - bs0) / chs;
+            if (c == 0) chunk_sums(0);
+            if ((c + 1) * chs < bs1 - bs0) chunk_sums(c + 1);
             hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + c), 0);
+            xnext = bs0 + min(bs1 - bs0, (c + 1) * chs);
           }
           const uint32_t base = ring + u * SB;
           uint4 w[VPS];
@@ -666,7 +669,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // x in chunks: a warp with fewer passes than chunks (no item) still writes its rows' sums, and no block leaves with
   // bulk copies in flight
   if (MX == 1 && !ONE)
-    while (xnext < bs1) xnext = chunk_sums((xnext - bs0) / thin_chunk_stages(p.slice_stages));
+    if (xnext < bs1) {   // (the chunks past those whose sums it wrote entering the last chunk it reached)
+      const int chs = thin_chunk_stages(p.slice_stages);
+      for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
+    }
   cp_wait<0>();
 #ifdef BIE_WQT_PHASES
   BIE_WQT_MARK(4)
