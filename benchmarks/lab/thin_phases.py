@@ -16,6 +16,9 @@ if sys.argv[1] == "run":
     from bench_cuda import _wq_pool
     m, n, k, bits, gs = (int(v) for v in sys.argv[2].split("x"))
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    if "BIE_LAB_XPRE" in os.environ:   # (session 26: a forced way of staging x, cw.THIN_XPRE)
+        from bie_backend_cuda import weight_only as cw
+        cw.THIN_XPRE = int(os.environ["BIE_LAB_XPRE"])
     gen = torch.Generator(device="cuda").manual_seed(20)
     _, _, _, fns = _wq_pool(m, n, k, bits, gs, gen)
     for i in range(3):
@@ -29,7 +32,8 @@ if sys.argv[1] == "run":
 else:
     lines = open(sys.argv[2]).read().split("MEASURE")[-1].splitlines()
     rows = [list(map(int, l.split()[1:])) for l in lines if l.startswith("PH ")]
-    names = ["issue first stages", "wait previous kernel", "stage x + sums", "main loop"]
+    names = ["issue first stages", "wait previous kernel", "stage x + sums", "main loop",
+             "of which the first chunk of x (xpre -3)"][:len(rows[0]) - 4]
     t0 = min(r[2] for r in rows)
     print(f"{len(rows)} blocks; cycles per block (median / max):",
           ", ".join(f"{nm} {statistics.median(r[4 + i] for r in rows):.0f}/{max(r[4 + i] for r in rows)}"

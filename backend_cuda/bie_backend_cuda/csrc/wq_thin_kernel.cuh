@@ -224,7 +224,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);   // (as extract_a)
   extern __shared__ __align__(16) uint8_t smem_raw[];
 #ifdef BIE_WQT_PHASES
-  unsigned long long ph_[5] = {}, gt0_ = 0;
+  unsigned long long ph_[6] = {}, gt0_ = 0;
   if (threadIdx.x == 0) gt0_ = global_timer_ns();
 #endif
   BIE_WQT_MARK(0)
@@ -615,6 +615,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
             if ((c + 1) * chs < bs1 - bs0) chunk_sums(c + 1);
             hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + c), 0);
             xnext = bs0 + min(bs1 - bs0, (c + 1) * chs);
+            if (c == 0) BIE_WQT_MARK(5)   // (lab: the first chunk's wait)
           }
           const uint32_t base = ring + u * SB;
           uint4 w[VPS];
@@ -677,8 +678,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #ifdef BIE_WQT_PHASES
   BIE_WQT_MARK(4)
   if (threadIdx.x == 0)
-    printf("PH %u %d %llu %llu %llu %llu %llu %llu\n", sm_id(), (int)blockIdx.x, gt0_, global_timer_ns(), ph_[1] - ph_[0],
-           ph_[2] - ph_[1], ph_[3] - ph_[2], ph_[4] - ph_[3]);
+    printf("PH %u %d %llu %llu %llu %llu %llu %llu %llu\n", sm_id(), (int)blockIdx.x, gt0_, global_timer_ns(), ph_[1] - ph_[0],
+           ph_[2] - ph_[1], ph_[3] - ph_[2], ph_[4] - ph_[3], ph_[5] ? ph_[5] - ph_[3] : 0ull);
 #endif
 #endif
 }
