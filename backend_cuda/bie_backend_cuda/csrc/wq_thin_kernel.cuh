@@ -615,7 +615,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
             if ((c + 1) * chs < bs1 - bs0) chunk_sums(c + 1);
             hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + c), 0);
             xnext = bs0 + min(bs1 - bs0, (c + 1) * chs);
-            if (c == 0) BIE_WQT_MARK(5)   // (lab: the first chunk's wait)
+            if (c == 0) { BIE_WQT_MARK(5) }   // (lab: the first chunk's wait)
           }
           const uint32_t base = ring + u * SB;
           uint4 w[VPS];
