@@ -569,6 +569,44 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
 
 
 @needs_cuda
+def test_wq_thin_chunked_x_on_a_big_layer(monkeypatch):
+    """Where the plan stages x in chunks by bulk copies (K slices of 4-bit codes in groups of 128, more than 2^27
+    weights, sm_90), with the blocks' items in turn: 5-16 rows against the float64 product of the dequantized weight
+    (random codes made on the GPU), forced chunks and the register staging agree, also under CUDA-graph replay."""
+    from bie_backend_cuda import weight_only as cw
+    from bie_core.ops.weight_only import num_groups, packed_rows
+    k, n = 28672, 4736   # 135.8M weights
+    gen = torch.Generator(device="cuda").manual_seed(26)
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (packed_rows(k, 4), n), device="cuda", dtype=torch.int32, generator=gen)
+    s = (torch.rand((num_groups(k, 128), n), device="cuda", generator=gen) + 0.5).half() / 16
+    z = torch.randint(-2 ** 31, 2 ** 31 - 1, (num_groups(k, 128), packed_rows(n, 4)), device="cuda", dtype=torch.int32,
+                      generator=gen)
+    prepared = cw.prepare(qw, s, z, None)
+    cols = torch.arange(0, n, 37, device="cuda")   # the reference on every 37th column (float64 on the GPU)
+    w64 = cw.wq_dequantize(qw, s, z, None, 4, 128, k, "gptq", torch.float32)[:, cols].double()
+    monkeypatch.setattr(cw, "THIN_M", 16)
+    run = lambda x_: cw.wq_gemm(x_, qw, s, z, None, None, 4, 128, "gptq", prepared=prepared)  # noqa: E731
+    keep = cw.THIN_XPRE
+    try:
+        for m in (5, 8, 13, 16):
+            x = torch.randn((m, k), device="cuda", generator=gen).bfloat16()
+            y = run(x)
+            exp = x.double() @ w64
+            err = float((y[:, cols].double() - exp).abs().max() / exp.abs().max())
+            assert err < 1e-2, f"M={m}: relative error {err}"
+            cw.THIN_XPRE = -3
+            torch.testing.assert_close(run(x), y, rtol=0, atol=0)
+            cw.THIN_XPRE = -1
+            torch.testing.assert_close(run(x).float(), y.float(), rtol=1e-2, atol=1e-2 * float(y.float().abs().max()))
+            cw.THIN_XPRE = keep
+            static_x = x.clone()
+            _graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).bfloat16(),
+                           lambda out: torch.testing.assert_close(out, run(static_x), rtol=0, atol=0), 2)
+    finally:
+        cw.THIN_XPRE = keep
+
+
+@needs_cuda
 @pytest.mark.parametrize("kernel", ["thin", "thin-sliced", "skinny"])
 def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     """Programmatic dependent launch of the thin (wqt) and skinny (wqv) kernels: each call prefetches its weights

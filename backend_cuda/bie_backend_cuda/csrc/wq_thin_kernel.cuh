@@ -370,6 +370,23 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // start won (16 rows of 11008x4096 18.3 against 15.7 us).
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it per stage)
   int xnext = xchunked ? bs0 : INT_MAX;
+  // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
+  // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
+  // at 16 rows: about 45 cycles per copy; BIE_WQT_PHASES, session 26.)
+  auto issue_x = [&](int c) {
+    const int chs = thin_chunk_stages(p.slice_stages), slen = bs1 - bs0;
+    if (lane != 0 || c * chs >= slen) return;
+    const int64_t xk0 = (int64_t)bs0 * KS, k0 = xk0 + (int64_t)c * chs * KS;
+    const int64_t k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
+    const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
+    uint32_t mine = 0;
+    for (int row = warp; row < M; row += nwarps) mine += bytes;
+    hop::mbar_arrive_expect_tx(xbar() + 8 * c, mine);
+    if (bytes)
+      for (int row = warp; row < M; row += nwarps)
+        hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(c * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
+                      xbar() + 8 * c);
+  };
   auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
     const int chs = thin_chunk_stages(p.slice_stages), cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
     const int64_t xk0 = (int64_t)bs0 * KS;   // the slice's first k
@@ -397,21 +414,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (MX == 1 && xchunked) {
     griddep_wait();
     BIE_WQT_MARK(2)
-    if (lane == 0) {
-      const int chs = thin_chunk_stages(p.slice_stages), slen = bs1 - bs0, nch = (slen + chs - 1) / chs;
-      const int64_t xk0 = (int64_t)bs0 * KS;
-      for (int c = 0; c < nch; ++c) {
-        const int64_t k0 = xk0 + (int64_t)c * chs * KS, k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
-        const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
-        uint32_t mine = 0;
-        for (int row = warp; row < M; row += nwarps) mine += bytes;
-        hop::mbar_arrive_expect_tx(xbar() + 8 * c, mine);
-        if (bytes)
-          for (int row = warp; row < M; row += nwarps)
-            hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(c * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
-                          xbar() + 8 * c);
-      }
-    }
+    issue_x(0);
+    issue_x(1);
   } else if (MX == 1) {
     griddep_wait();
     BIE_WQT_MARK(2)
@@ -611,6 +615,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
           if (MX == 1 && !ONE && s >= xnext) {   // x in chunks: the first pass enters chunk c (see the prologue)
             const int chs = thin_chunk_stages(p.slice_stages), c = (s - bs0) / chs;
+            issue_x(c + 2);
             if (c == 0) chunk_sums(0);
             if ((c + 1) * chs < bs1 - bs0) chunk_sums(c + 1);
             hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + c), 0);
@@ -672,6 +677,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   if (MX == 1 && !ONE)
     if (xnext < bs1) {   // (the chunks past those whose sums it wrote entering the last chunk it reached)
       const int chs = thin_chunk_stages(p.slice_stages);
+      for (int c = (xnext - bs0) / chs + 2; c * chs < bs1 - bs0; ++c) issue_x(c);   // (copies issued: up to c + 2)
       for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
     }
   cp_wait<0>();
