@@ -166,7 +166,8 @@ struct WqtArgs {
                          // loaded after all of them through registers, or (-3, K slices on sm_90) copied by bulk
                          // copies in chunks that the warps wait for one by one (set by the plan unless forced)
   int bulk;              // the device has bulk (TMA-engine) copies and mbarriers (sm_90)
-  int rr;                // with cols: the last partial round of items dealt to the blocks in turn (set by the plan)
+  int rr;                // with cols: the items dealt to the slice's blocks in turn (set by the plan)
+  int xl;                // one row of x through registers: 16-byte loads in flight per thread (set by the plan)
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);

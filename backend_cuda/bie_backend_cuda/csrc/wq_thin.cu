@@ -38,9 +38,12 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
   // writes its own partial sums; no barrier per item, whose reduction by one warp was the bottleneck at 16 rows)
   p.cols = sliced ? 1 : 0;
-  // (lab, session 26: BIE_WQT_RR=0/1 forces the last round's order; planned: on)
+  // the items of a K slice dealt to its blocks in turn (p.rr, wq_thin_kernel.cuh), and one row of x loaded 8 pieces
+  // at a time per thread (p.xl); lab knobs BIE_WQT_RR=0/1 and BIE_WQT_XL=1..8 (session 26) override them
   p.rr = p.cols;
+  p.xl = 8;
   if (const char* e = std::getenv("BIE_WQT_RR")) p.rr = p.cols && std::atoi(e) != 0;
+  if (const char* e = std::getenv("BIE_WQT_XL")) p.xl = std::atoi(e);
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers

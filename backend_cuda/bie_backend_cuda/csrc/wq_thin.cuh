@@ -68,9 +68,11 @@ inline int thin_fs(int gs_shift);
 // slower on 5120x13824, 8192x8192, 6144x4096, 11008x4096, 14336x4096); at 16 rows of 5120x5120 -1 was 9 % faster
 // than cp.async after 0-2 stages (4096x4096: 2 % slower); W8 per-channel on 4096x4096 8.35 against 8.57.
 // K slices of 4-bit codes in groups of 128 on layers of more than 2^27 weights (sm_90): in chunks (-3). H100, session
-// 26 (benchmarks/results/cuda_h100_thin.md), us, against -1 with the same item order: 5 rows of 28672x8192 XX; 16
-// rows of 8192x28672 XX. Not on smaller layers (16 rows of 11008x4096 17.9 against 15.4: the first chunk's wait is a
-// larger part of a shorter call), nor for 2-bit codes or groups of 32 (16 rows of 28672x8192 1-1.5 us slower).
+// 26 (benchmarks/results/cuda_h100_thin.md, call 4), us, against -1 with the same item order: 5 rows of 28672x8192
+// 48.9-49.1 against 50.7, 16 rows 57.3-58.1 against 59.1-59.3, 16 rows of 8192x28672 56.3-56.9 against 58.0-58.1.
+// Not on smaller layers (16 rows of 11008x4096 19.0 against 16.1: the first chunks' wait is a larger part of a
+// shorter call), nor for 2-bit codes or groups of 32 (16 rows of 28672x8192: 55.7 against 50.7-51.0, 72.7 against
+// 70.5).
 inline int thin_xpre(const WqtArgs& p, int bits, int blocks_per_slice) {
   if (p.mx == 1 && p.cols && p.bulk && bits == 4 && thin_fs(p.gs_shift) == 8 && p.M > 1 &&
       (int64_t)p.N * p.K > (1ll << 27))

@@ -471,18 +471,22 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       // overlap the previous kernel's tail, which outweighs the later x (session 21: 45.9 against 49.4 us at one row
       // of 28672x8192 with xpre = 1). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
       // (~3000 cycles, BIE_WQT_PHASES), but 8 loads in flight (4 batches at 16 rows instead of 2) measured level on
-      // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 (session 21, call 6).
-      constexpr int XL = 4;
-      for (int c0 = threadIdx.x - lane; c0 < total; c0 += XL * blockDim.x) {   // (warp-uniform: the shuffles)
-        uint4 v[XL];
+      // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 (session 21, call 6). One row (ONE):
+      // p.xl loads in flight (the plan: 8), so that the row of a K up to 32768 is one batch at 16 warps (8192x28672:
+      // two batches of 4 took 7,200 cycles against 3,500 for 28672x8192's one, BIE_WQT_PHASES, session 26).
+      constexpr int XLM = ONE ? 8 : 4;
+      const int xl = ONE ? max(1, min(XLM, p.xl)) : XLM;
+      for (int c0 = threadIdx.x - lane; c0 < total; c0 += xl * blockDim.x) {   // (warp-uniform: the shuffles)
+        uint4 v[XLM];
 #pragma unroll
-        for (int i = 0; i < XL; ++i) {
+        for (int i = 0; i < XLM; ++i) {
           const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
-          v[i] = c < total && bs0 * KS + cc * 8 < p.K ? ldg_cg16(xs0 + (int64_t)row * p.K + cc * 8)
-                                                       : make_uint4(0u, 0u, 0u, 0u);
+          v[i] = i < xl && c < total && bs0 * KS + cc * 8 < p.K ? ldg_cg16(xs0 + (int64_t)row * p.K + cc * 8)
+                                                                 : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
-        for (int i = 0; i < XL; ++i) {
+        for (int i = 0; i < XLM; ++i) {
+          if (i >= xl) break;   // (uniform)
           const int c = c0 + lane + i * blockDim.x, row = c / per_row, cc = c - row * per_row;
           if (c < total) sts128(xbuf + row * xpitch + cc * 16, v[i]);
           sum_chunk(v[i], c, row, cc);
