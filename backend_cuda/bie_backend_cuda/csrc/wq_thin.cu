@@ -38,12 +38,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
   // writes its own partial sums; no barrier per item, whose reduction by one warp was the bottleneck at 16 rows)
   p.cols = sliced ? 1 : 0;
-  // the items of a K slice dealt to its blocks in turn (p.rr, wq_thin_kernel.cuh), and one row of x loaded 8 pieces
-  // at a time per thread (p.xl); lab knobs BIE_WQT_RR=0/1 and BIE_WQT_XL=1..8 (session 26) override them
+  // the items of a K slice dealt to its blocks in turn (p.rr, wq_thin_kernel.cuh; lab knob BIE_WQT_RR=0/1, session 26)
   p.rr = p.cols;
-  p.xl = 8;
   if (const char* e = std::getenv("BIE_WQT_RR")) p.rr = p.cols && std::atoi(e) != 0;
-  if (const char* e = std::getenv("BIE_WQT_XL")) p.xl = std::atoi(e);
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
@@ -109,6 +106,13 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
     p.st_per_warp = ceil_div(p.slice_stages, w);
     p.warps = ceil_div(p.slice_stages, p.st_per_warp);
   }
+  // One row of x through registers (p.xl, wq_thin_kernel.cuh): 8 16-byte pieces in flight per thread where a thread
+  // has more than 4, so that the row is one batch of loads; else 4. H100, session 26 (cuda_h100_thin.md), us, 4 / 8
+  // forced: one row of 8192x28672 (7 pieces a thread) 48.3 / 47.5, W2 g64 31.8 / 31.2; 28672x8192 (2 pieces) 46.0 /
+  // 46.6, W8 87.5 / 88.0 (8 runs the sums of the empty slots too). Lab knob BIE_WQT_XL=1..8.
+  const int64_t pieces = (int64_t)p.M * p.slice_stages * (p.kstage / 8);
+  p.xl = ceil_div(pieces, (int64_t)p.warps * 32) > 4 ? 8 : 4;
+  if (const char* e = std::getenv("BIE_WQT_XL")) p.xl = std::atoi(e);
   const int64_t smem = p.warps * per_warp + xbytes;
   p.smem = (int)std::min<int64_t>(smem, 1 << 30);
   return p.smem;

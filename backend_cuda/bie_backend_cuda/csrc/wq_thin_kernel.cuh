@@ -472,8 +472,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       // of 28672x8192 with xpre = 1). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
       // (~3000 cycles, BIE_WQT_PHASES), but 8 loads in flight (4 batches at 16 rows instead of 2) measured level on
       // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 (session 21, call 6). One row (ONE):
-      // p.xl loads in flight (the plan: 8), so that the row of a K up to 32768 is one batch at 16 warps (8192x28672:
-      // two batches of 4 took 7,200 cycles against 3,500 for 28672x8192's one, BIE_WQT_PHASES, session 26).
+      // p.xl loads in flight (the plan: 8 where a thread has more than 4 pieces), so that the row of a K up to 32768
+      // is one batch at 16 warps (8192x28672: two batches of 4 took 7,200 cycles against 3,500 for 28672x8192's one,
+      // BIE_WQT_PHASES, session 26).
       constexpr int XLM = ONE ? 8 : 4;
       const int xl = ONE ? max(1, min(XLM, p.xl)) : XLM;
       for (int c0 = threadIdx.x - lane; c0 < total; c0 += xl * blockDim.x) {   // (warp-uniform: the shuffles)
