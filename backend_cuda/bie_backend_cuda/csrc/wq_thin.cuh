@@ -92,11 +92,12 @@ inline int64_t thin_xbytes(const WqtArgs& p, int stages) {
   return (int64_t)p.M * ((int64_t)stages * p.kstage * 2 + 16) + units * (p.M == 1 ? 16 : ((p.M + 1) / 2) * 8) +
          2 * THIN_XCHUNKS * 8;
 }
-// stages per chunk of x (xpre = -3): an even number (a chunk's 16-byte pieces of a row are then a multiple of 32 for
-// every stage k), at most THIN_XCHUNKS chunks per slice
-__host__ __device__ inline int thin_chunk_stages(int slice_stages) {
-  const int c = (slice_stages + THIN_XCHUNKS - 1) / THIN_XCHUNKS;
-  return (c + 1) & ~1;
+// stages per chunk of x (xpre = -3): a multiple of the ring's slots `ring` (the kernel tests for a new chunk in its
+// first slot only) and even (a chunk's 16-byte pieces of a row are then a multiple of 32 for every stage k), at most
+// THIN_XCHUNKS chunks per slice
+__host__ __device__ inline int thin_chunk_stages(int slice_stages, int ring) {
+  const int c = (slice_stages + THIN_XCHUNKS - 1) / THIN_XCHUNKS, q = ring % 2 == 0 ? ring : 2 * ring;
+  return (c + q - 1) / q * q;
 }
 // all of the rows of x fit the block's staging: at most 128 KiB, leaving at least 64 KiB of the device's shared memory
 // for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)

@@ -211,7 +211,7 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
 // (Spread above).
 // MR: 8-row tiles of the output (2 for 9-16 rows: x staged, MX == 1, not ONE). With K slices (p.kslices > 1) block b
 // covers the stages of slice b % kslices only (and stages only those of x), and writes float32 partials to p.ws.
-template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR>
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, bool XC>
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
@@ -262,7 +262,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // x in chunks (p.xpre == -3, K slices on sm_90, not ONE): after the table, THIN_XCHUNKS mbarriers "x landed"
   // (each warp's lane 0 arrives once with the bytes of its rows' copies) and THIN_XCHUNKS "sums written" (one
   // arrival per warp once it wrote the table entries of its rows)
-  const bool xchunked = MX == 1 && !ONE && cols && p.xpre == -3;
+  // (XC: a kernel of its own, launched only with p.xpre == -3 and K slices: its code, replicated over the unrolled
+  // ring, nearly doubled the other kernels' size and made them slower, 8 rows of 4096x4096 6.9 -> 8.4 us, session 26)
+  static_assert(!XC || (MX == 1 && !ONE), "x in chunks: staged x, several rows");
+  constexpr bool xchunked = XC;
   auto xbar = [&]() { return sxtab + (uint32_t)((FS > 0 ? p.slice_stages * GPS : p.slice_stages) * RP * 8); };
   if (xchunked) {
     if (threadIdx.x == 0) {
@@ -370,11 +373,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // start won (16 rows of 11008x4096 18.3 against 15.7 us).
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it per stage)
   int xnext = xchunked ? bs0 : INT_MAX;
+  const int chs = xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
   // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
   // at 16 rows: about 45 cycles per copy; BIE_WQT_PHASES, session 26.)
   auto issue_x = [&](int c) {
-    const int chs = thin_chunk_stages(p.slice_stages), slen = bs1 - bs0;
+    const int slen = bs1 - bs0;
     if (lane != 0 || c * chs >= slen) return;
     const int64_t xk0 = (int64_t)bs0 * KS, k0 = xk0 + (int64_t)c * chs * KS;
     const int64_t k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
@@ -388,7 +392,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
                       xbar() + 8 * c);
   };
   auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
-    const int chs = thin_chunk_stages(p.slice_stages), cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
+    const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
     const int64_t xk0 = (int64_t)bs0 * KS;   // the slice's first k
     hop::mbar_wait(xbar() + 8 * c, 0);
     constexpr int UL = FS > 0 ? 2 * FS : KS / 8;   // 16-byte pieces per sum(x) unit
@@ -411,7 +415,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     __syncwarp();
     if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + c));
   };
-  if (MX == 1 && xchunked) {
+  if (xchunked) {
     griddep_wait();
     BIE_WQT_MARK(2)
     issue_x(0);
@@ -618,8 +622,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
           __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
           issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
-          if (MX == 1 && !ONE && s >= xnext) {   // x in chunks: the first pass enters chunk c (see the prologue)
-            const int chs = thin_chunk_stages(p.slice_stages), c = (s - bs0) / chs;
+          // x in chunks: the first pass enters chunk c (see the prologue). Chunks are whole turns of the ring, so that
+          // this code is in the loop body once: the first pass starts at slot 0, so its stage s - bs0 sits in slot
+          // (s - bs0) % S
+          if (xchunked && u == 0 && s >= xnext) {
+            const int c = (s - bs0) / chs;
             issue_x(c + 2);
             if (c == 0) chunk_sums(0);
             if ((c + 1) * chs < bs1 - bs0) chunk_sums(c + 1);
@@ -679,9 +686,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   }
   // x in chunks: a warp with fewer passes than chunks (no item) still writes its rows' sums, and no block leaves with
   // bulk copies in flight
-  if (MX == 1 && !ONE)
+  if (xchunked)
     if (xnext < bs1) {   // (the chunks past those whose sums it wrote entering the last chunk it reached)
-      const int chs = thin_chunk_stages(p.slice_stages);
       for (int c = (xnext - bs0) / chs + 2; c * chs < bs1 - bs0; ++c) issue_x(c);   // (copies issued: up to c + 2)
       for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
     }
@@ -695,11 +701,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #endif
 }
 
-template <int BITS, typename T, int MX, int FS, bool ONE, int MR>
+template <int BITS, typename T, int MX, int FS, bool ONE, int MR, bool XC = false>
 cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   WqtArgs p = plan;
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR>);
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -713,8 +719,13 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
                                          : std::max(1, std::min(items, std::max(1, per_sm) * p.sms / ksl));
   const int grid = per_slice * ksl;
   if (p.xpre == -2) p.xpre = thin_xpre(p, BITS, per_slice);
-  // x in chunks needs bulk copies (sm_90) and warps that each pass over the whole slice (K slices)
-  if (p.xpre == -3 && (MX != 1 || ONE || !p.cols || !p.bulk)) p.xpre = -1;
+  // x in chunks: its own kernels (4-bit codes in groups of 128, x staged, several rows: where the plan takes it), with
+  // bulk copies (sm_90) and warps that each pass over the whole slice (K slices); elsewhere through registers
+  constexpr bool xc_kernel = BITS == 4 && FS == 8 && MX == 1 && !ONE;
+  if (p.xpre == -3 && !(xc_kernel && p.cols && p.bulk)) p.xpre = -1;
+  if constexpr (xc_kernel && !XC) {
+    if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true>(p, st);
+  }
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
