@@ -411,7 +411,8 @@ THIN_GRID = 0
 THIN_SLICES = 0
 #: how the thin kernel stages x per block: -2 planned, -1 after every first ring stage (through registers), n >= 0
 #: copied with cp.async after the first n stages, -3 in chunks by bulk copies that the warps wait for one by one (K
-#: slices on sm_90; elsewhere -1) (wq_thin_kernel.cuh's prologue; the plan: thin_xpre, wq_thin.cuh)
+#: slices of 4-bit codes in groups of 128 on sm_90; elsewhere -1) (wq_thin_kernel.cuh's prologue; the plan:
+#: thin_xpre, wq_thin.cuh)
 THIN_XPRE = -2
 #: launch the thin and skinny kernels as programmatic dependents of the previous kernel in the stream (sm_90): their
 #: blocks take the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the

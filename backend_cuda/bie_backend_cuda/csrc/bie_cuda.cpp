@@ -454,10 +454,10 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 // 2/4/8-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
 // block, grid: persistent blocks, slices: K slices of x staged per block (-1 never; 0: planned for all three;
 // benchmarks sweep them), xpre: how x is staged per block (-2: planned; -1: after every first ring stage, through
-// registers; n >= 0: cp.async after the first n stages; -3: in chunks by bulk copies, with K slices on sm_90; see the
-// kernel's prologue). pdl: launch as a programmatic
-// dependent of the previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for
-// it), so the caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
+// registers; n >= 0: cp.async after the first n stages; -3: in chunks by bulk copies, with K slices of 4-bit codes in
+// groups of 128 on sm_90, else as -1; see the kernel's prologue). pdl: launch as a programmatic dependent of the
+// previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for it), so the
+// caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
 Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl, int64_t slices,

@@ -32,7 +32,11 @@
 //     whole): block b covers slice b % kslices of K and stages only that part
 //     of x; its warps then split the columns (p.cols: each streams whole items
 //     over the slice, no barrier per item) and write float32 partials, summed
-//     in slice order by wqt_reduce_kernel (wq_thin.cu).
+//     in slice order by wqt_reduce_kernel (wq_thin.cu). Session 26: a slice's
+//     items are dealt to its blocks in turn (p.rr: blocks differ by at most
+//     one item), and on big layers of 4-bit codes in groups of 128 x arrives in
+//     chunks by bulk copies that the warps wait for one by one (XC kernels,
+//     p.xpre == -3), so the first mma no longer waits for the whole slice of x.
 // Measured on the H100 (benchmarks/results/cuda_h100_thin.md): 2.7-2.8 TB/s
 // (88-93 % of the roof) at M = 1 on the big layers with PDL, 2.5 TB/s without;
 // faster than wqv and wgmma on small layers up to 4 rows and on big ones at
