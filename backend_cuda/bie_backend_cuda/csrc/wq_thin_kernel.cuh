@@ -375,7 +375,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // as it enters one (both of the first two at the first), so that the wait is for warps more than a chunk behind
   // only: waiting for every warp's entries of the chunk just entered (lab, session 26) cost more than the early
   // start won (16 rows of 11008x4096 18.3 against 15.7 us).
-  // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it per stage)
+  // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it once per
+  // turn of the ring)
   int xnext = xchunked ? bs0 : INT_MAX;
   const int chs = xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
