@@ -895,18 +895,15 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
 
 
 @needs_hopper
-@pytest.mark.parametrize("wide", ["1", "2"])
 @pytest.mark.parametrize("fmt,sdt,gs,act", [("gptq", torch.float16, 128, True), ("gba", torch.bfloat16, 32, False),
                                             ("gptq", torch.bfloat16, -1, False)])
-def test_wqm_tiles(fmt, sdt, gs, act, wide, monkeypatch):
-    """The pipelined many-row kernel, both tiles (BIE_WQM_F: 1 = 256 rows x 128 columns, 2 = 128 x 256 where the
-    padded N is a multiple of 256): more tiles than SMs (the persistent loop, the copy ring and the three-deep
-    wgmma pipeline running on across tiles), N = 11620 (91 column groups of 128, the last partly past N: the
-    256 x 128 tile either way) and 11520 (45 tiles of 256 columns), M off the row tile (rows past M read as zeros
-    by the TMA box), K off the 64-k block and K = 56 (one stage a tile), fp16 / bf16 activations with fp16 / bf16
-    statistics (both conversions), bias; NaN-poisoned outputs, deterministic, against the float64 reference."""
+def test_wqm_tiles(fmt, sdt, gs, act):
+    """The pipelined many-row kernel: more tiles than SMs (the persistent loop, the copy ring and the three-deep
+    wgmma pipeline running on across tiles), N = 11620 (91 column groups of 128, the last partly past N) and 11520,
+    M off the 256-row tile (rows past M read as zeros by the TMA box), K off the 64-k block and K = 56 (one stage a
+    tile), fp16 / bf16 activations with fp16 / bf16 statistics (both conversions), bias; NaN-poisoned outputs,
+    deterministic, against the float64 reference."""
     from bie_backend_cuda import weight_only as cw
-    monkeypatch.setenv("BIE_WQM_F", wide)
     gen = torch.Generator().manual_seed(5)
     keep = cw.WQM_MIN_M
     try:
@@ -941,22 +938,17 @@ def test_wqm_tiles(fmt, sdt, gs, act, wide, monkeypatch):
 
 
 @needs_hopper
-@pytest.mark.parametrize("wide", ["1", "2"])
-def test_wqm_tail_split_auto(wide, monkeypatch):
-    """The launcher's own split of the last partial wave (K = 1024: 16 code blocks, parts of at least 8 where the
-    tail leaves SMs idle) and its absence (no tail), both tiles, against the float64 reference, deterministic."""
+def test_wqm_tail_split_auto():
+    """The launcher's own split of the last partial wave (K = 1024: 16 code blocks, two parts of 8 where the tail
+    leaves half of the SMs idle) and its absence (no tail), against the float64 reference, deterministic."""
     from bie_backend_cuda import weight_only as cw
-    monkeypatch.setenv("BIE_WQM_F", wide)
     gen = torch.Generator().manual_seed(9)
     keep = cw.WQM_MIN_M
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    c = 128 * int(wide)   # the tile's columns (200 rows: two 128-row tiles or one of 256)
-    rt = 2 if wide == "2" else 1
     try:
         cw.WQM_MIN_M = 1
         k = 1024
-        # all tiles split; whole + tail; no tail
-        for n in (c * (sms // (2 * rt) - 3), c * (sms // rt + 5), c * (sms // rt)):
+        for n in (128 * (sms // 2 - 3), 128 * (sms + 5), 128 * sms):   # all tiles split; whole + tail; no tail
             qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 3, sdtype=torch.float16)
             prepared = cw.prepare(qw, s, z, gi)
             x = torch.randn((200, k), generator=gen).bfloat16().cuda()

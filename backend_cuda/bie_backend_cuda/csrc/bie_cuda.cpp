@@ -8,15 +8,11 @@
 #include <torch/library.h>
 
 #include <cuda_runtime.h>
-#include <cstdlib>
 #include <optional>
 
 #include "launchers.h"
 
 namespace {
-
-// the many-row weight-only kernel's tile where Np % 256 == 0: 2 = 128 rows x 256 columns, 1 = 256 x 128
-constexpr int WQM_WIDE_DEFAULT = 1;
 
 using at::Tensor;
 
@@ -549,13 +545,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   // split K when the tiles alone leave SMs idle: as many splits as keep the grid within one wave of blocks
   // (blocks per SM: 4 for 16-row tiles, 3 for 32 (64 columns each), 2 for 64 rows, 1 for 128), >= 4 stages per split
   // (H100 sweep in benchmarks/results/cuda_h100_wqw.md: one full wave beat two)
-  // the many-row kernel's tile (wq_wgmma.cu, wqm::Geo): 128 rows x 256 columns where Np allows (F = 2), else
-  // 256 x 128; lab knob BIE_WQM_F = 1 / 2
-  p.wqm_f = wqm && Np % 256 == 0 ? WQM_WIDE_DEFAULT : 1;
-  if (const char* e = std::getenv("BIE_WQM_F")) p.wqm_f = wqm && Np % 256 == 0 && std::atoi(e) == 2 ? 2 : 1;
-  const int64_t tile_rows = wqm ? bie::WQM_NTOK / p.wqm_f : ntok;
-  const int64_t tile_cols = wqm ? 128 * p.wqm_f : (ntok <= 32 ? 64 : 128);
-  const int64_t tiles = ((M + tile_rows - 1) / tile_rows) * (Np / tile_cols);
+  const int64_t tiles = ((M + ntok - 1) / ntok) * (Np / (ntok <= 32 ? 64 : 128));
   const int64_t slots = (int64_t)num_sms() * (ntok == 16 ? 4 : (ntok == 32 ? 3 : (ntok == 64 ? 2 : 1)));
   const int64_t stages = (kblocks * 16 * vector_steps(bits) + 127) / 128;
   int64_t splits = 1;
@@ -571,7 +561,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
     p.splits = (int)splits;
     p.whole_tiles = (int)(splits > 1 ? tiles - tail : tiles);
     if (splits > 1) {
-      ws = at::empty({splits * tail * tile_rows * tile_cols}, x.options().dtype(at::kFloat));
+      ws = at::empty({splits * tail * bie::WQM_NTOK * 128}, x.options().dtype(at::kFloat));
       p.ws = ws.data_ptr<float>();
     }
   } else {

@@ -194,13 +194,11 @@ struct WqwArgs {
   int ntok;              // rows of x per block: 16, 32, 64 or 128; WQM_NTOK: the pipelined many-row kernel
   int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
-  float* ws;             // (splits, M, N) when splits > 1; wqm: (splits x tail tiles) planes of one tile
+  float* ws;             // (splits, M, N) when splits > 1; wqm: (splits x tail tiles) planes of 256 x 128
   int whole_tiles;       // wqm: tiles computed whole; the rest (the last partial wave) split `splits` ways in K
-  int wqm_f;             // wqm tile: 1 = 256 rows x 128 columns, 2 = 128 rows x 256 columns (Np % 256 == 0)
 };
 // ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
-// more or per-channel; tiles of 256 rows x 128 columns or 128 x 256 (WqwArgs::wqm_f), the last partial wave's
-// tiles split in K)
+// more or per-channel; tiles of 256 rows x 128 columns, the last partial wave's tiles split in K)
 constexpr int WQM_NTOK = 256;
 // the fewest code blocks (64 k each) a K part of a split tail tile may have (launcher's automatic split)
 constexpr int WQM_MIN_PART_STAGES = 8;

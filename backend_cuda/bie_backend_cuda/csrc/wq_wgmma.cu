@@ -422,42 +422,33 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
 namespace wqm {
-// Two tile shapes, F = 64-column fragments per consumer warpgroup:
-//   F = 1: 256 rows of x x 128 columns (each warpgroup m64n256k16 on its 64 columns);
-//   F = 2: 128 rows of x x 256 columns (each warpgroup two m64n128k16 per k16 step, one per 64-column fragment,
-//          sharing the x tile's descriptor). The same tensor work a stage with two thirds of the bytes copied into
-//          shared memory (x 16 KB + codes 8 KB against 32 + 4): session 25 measured the x tile's L2 traffic at
-//          9-16 % of the kernel's time; the price is twice the dequantization per tensor operation.
-// The launcher takes F = 2 where Np is a multiple of 256 (WqwArgs::wqm_f).
-template <int F> struct Geo {
-  static constexpr int NT = 256 / F, COLS = 128 * F, BK = 64;   // rows of x, output columns per tile; k per stage
-  static constexpr int X_BYTES = NT * 128, CODE_BYTES = F * 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
-  static constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
-  static constexpr int STAGES = F == 1 ? 5 : 8;   // ring slots (as many as fit in shared memory)
-  static constexpr int OFF_BAR = STAGES * SLOT;
-  static constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
-  static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
-};
+constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
 constexpr int CONSUMERS = 256, THREADS = 128 + CONSUMERS;   // warpgroup 0 copies, warpgroups 1-2 compute
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;      // 128 x (168 - 40) == 256 x (232 - 168)
 static_assert(128 * (168 - PRODUCER_REGS) >= CONSUMERS * (CONSUMER_REGS - 168), "wqm: register hand-over");
+constexpr int STAGES = 5;   // ring slots (a sixth does not fit in shared memory)
+constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
+constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
+constexpr int OFF_BAR = STAGES * SLOT;
+constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
+static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 
 // Work unit ui of a block (units u = blockIdx.x + ui * gridDim.x): tiles [0, whole) run whole; unit whole + v
 // (v < tail * splits) is K range v / tail of tile whole + v % tail, its partials in ws plane v.
 struct Unit {
   int rt, ct, kb0, kb1, plane;   // row tile, column tile, code blocks [kb0, kb1), ws plane (-1: whole tile)
 };
-__host__ __device__ inline int row_tiles(const WqwArgs& p, int nt) { return (p.M + nt - 1) / nt; }
-__host__ __device__ inline int tiles(const WqwArgs& p, int nt, int cols) { return row_tiles(p, nt) * (p.Np / cols); }
+__host__ __device__ inline int row_tiles(const WqwArgs& p) { return (p.M + NT - 1) / NT; }
+__host__ __device__ inline int tiles(const WqwArgs& p) { return row_tiles(p) * (p.Np / COLS); }
 // tiles of the last partial wave, split in K (none when splits == 1: whole_tiles is then every tile)
-__host__ __device__ inline int tail_tiles(const WqwArgs& p, int nt, int cols) { return tiles(p, nt, cols) - p.whole_tiles; }
-__device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui, int nt, int cols) {
-  const int rt_n = row_tiles(p, nt);
+__host__ __device__ inline int tail_tiles(const WqwArgs& p) { return tiles(p) - p.whole_tiles; }
+__device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
+  const int rt_n = row_tiles(p);
   const int u = (int)blockIdx.x + ui * (int)gridDim.x;
   Unit w{0, 0, 0, p.kblocks, -1};
   int t = u;
   if (u >= p.whole_tiles) {
-    const int tail = tail_tiles(p, nt, cols), v = u - p.whole_tiles, part = v / tail;
+    const int tail = tail_tiles(p), v = u - p.whole_tiles, part = v / tail;
     t = p.whole_tiles + (v - part * tail);
     // parts of q or q + 1 code blocks, the longer first (32-bit arithmetic: a 64-bit division is a subroutine
     // call in the SASS)
@@ -470,22 +461,17 @@ __device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui, int nt, int co
   w.rt = t - w.ct * rt_n;
   return w;
 }
-__host__ __device__ inline int units(const WqwArgs& p, int nt, int cols) {
-  return p.whole_tiles + tail_tiles(p, nt, cols) * p.splits;
-}
+__host__ __device__ inline int units(const WqwArgs& p) { return p.whole_tiles + tail_tiles(p) * p.splits; }
 }  // namespace wqm
 
-template <typename T, typename S, bool GPTQ, int F>
+template <typename T, typename S, bool GPTQ>
 __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: extract_a; hop: mbarriers, TMA copies, descriptors)
   using namespace wqm;
-  using G = Geo<F>;
-  constexpr int NT = G::NT, COLS = G::COLS, BK = G::BK, STAGES = G::STAGES, SLOT = G::SLOT;
-  constexpr int X_BYTES = G::X_BYTES, CODE_BYTES = G::CODE_BYTES;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t bar_full = base + G::OFF_BAR, bar_empty = bar_full + STAGES * 8;
+  const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, t4 = lane & 3;
   if (tid == 0) {
@@ -496,22 +482,22 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     mbar_init_fence();
   }
   __syncthreads();
-  const int nu = units(p, NT, COLS);
+  const int nu = units(p);
   const int my_units = nu > (int)blockIdx.x ? (nu - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   const int nsr = (p.gs_shift >= 0 && p.gs_shift < 6) ? 2 : 1;   // statistics rows per stage (groups of 32: 2)
 
   if (wg == 0) {
     // The producer: thread 0 walks the block's stages (it2 counts them over all units) and issues each one's
-    // copies into slot it2 % STAGES once the consumers released it: the x tile (a box of NT rows x 64 k of the
+    // copies into slot it2 % STAGES once the consumers released it: the x tile (a box of 256 rows x 64 k of the
     // tensor map, landing in the 128-byte swizzle the wgmma descriptor names; rows past M and k past K read as
-    // zeros), the F code blocks of 128 columns (4 KB each, contiguous in the prepared layout) and the statistics
-    // rows (COLS x 4 bytes each); the slot's "full" barrier completes when all bytes landed.
+    // zeros), the code block (4 KB, contiguous in the prepared layout) and the statistics rows (512 bytes each);
+    // the slot's "full" barrier completes when all bytes landed.
     regs_dec<PRODUCER_REGS>();
     if (tid == 0) {
       int it2 = 0;
 #pragma unroll 1
       for (int ui = 0; ui < my_units; ++ui) {
-        const Unit w = unit_of(p, ui, NT, COLS);
+        const Unit w = unit_of(p, ui);
 #pragma unroll 1
         for (int kb = w.kb0; kb < w.kb1; ++kb, ++it2) {
           const int slot = it2 % STAGES;
@@ -521,9 +507,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
           const int k0 = kb * BK;
           mbar_arrive_expect_tx(full, (uint32_t)(X_BYTES + CODE_BYTES + nsr * COLS * 4));
           tma_load_2d(sx, &tmap_x, k0, w.rt * NT, full);
-#pragma unroll
-          for (int h = 0; h < F; ++h)
-            bulk_g2s(sc + (uint32_t)(h * 4096), p.qw + ((int64_t)(F * w.ct + h) * p.kblocks + kb) * 256, 4096, full);
+          bulk_g2s(sc, p.qw + ((int64_t)w.ct * p.kblocks + kb) * 256, CODE_BYTES, full);
           for (int r = 0; r < nsr; ++r) {
             const int gi = p.gs_shift < 0 ? 0 : min((k0 >> p.gs_shift) + r, p.G - 1);
             bulk_g2s(ss + (uint32_t)(r * COLS * 4), p.stw + (int64_t)gi * p.Np + w.ct * COLS, COLS * 4, full);
@@ -536,44 +520,31 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   regs_inc<CONSUMER_REGS>();
   int total = 0;   // the block's stages
   for (int ui = 0; ui < my_units; ++ui) {
-    const Unit w = unit_of(p, ui, NT, COLS);
+    const Unit w = unit_of(p, ui);
     total += w.kb1 - w.kb0;
   }
-  const int cw = wg - 1;   // columns 64 F cw .. 64 F (cw + 1) - 1 of the tile
-  // fragment f's 16-column block of the tile (of COLS / 16)
-  auto cblock = [&](int f) { return 4 * (F * cw + f) + (warp & 3); };
-  float acc[F][NT / 2];
-  // Stage `it`'s operands for this warp: its code vectors and statistics words (two rows for groups of 32).
-  uint4 v[F];
-  uint32_t swa0[F], swa1[F], swb0[F], swb1[F];
-#pragma unroll
-  for (int f = 0; f < F; ++f) {
-    v[f] = make_uint4(0, 0, 0, 0);
-    swa0[f] = swa1[f] = swb0[f] = swb1[f] = 0;
-  }
+  const int cw = wg - 1;                   // columns 64 cw .. 64 cw + 63 of the tile
+  const int cb = 4 * cw + (warp & 3);      // this warp's 16-column block of the tile
+  float acc[NT / 2];
+  // Stage `it`'s operands for this warp: its code vector and statistics words (two rows for groups of 32).
+  uint4 v = make_uint4(0, 0, 0, 0);
+  uint32_t swa0 = 0, swa1 = 0, swb0 = 0, swb1 = 0;
   auto load_stage = [&](int it) {
     const int slot = it % STAGES;
     const uint32_t sc = base + (uint32_t)(slot * SLOT) + X_BYTES, ss = sc + CODE_BYTES;
     mbar_wait(bar_full + 8 * slot, (it / STAGES) & 1);
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-      const int cb = cblock(f);
-      v[f] = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
-      const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
-      swa0[f] = lds32(sq);
-      swa1[f] = lds32(sq + 32);
-      swb0[f] = nsr == 2 ? lds32(sq + COLS * 4) : swa0[f];
-      swb1[f] = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1[f];
-    }
+    v = lds128(sc + (uint32_t)((cb * 32 + lane) * 16));
+    const uint32_t sq = ss + (uint32_t)((cb * 16 + g) * 4);
+    swa0 = lds32(sq);
+    swa1 = lds32(sq + 32);
+    swb0 = nsr == 2 ? lds32(sq + COLS * 4) : swa0;
+    swb1 = nsr == 2 ? lds32(sq + COLS * 4 + 32) : swa1;
   };
-  uint32_t af[4][F][4];
-  // k16 step j's A fragments of the loaded stage, dequantized into their own register set af[j]
-  auto build = [&](int j, uint32_t (&a)[F][4]) {
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-      extract_a<4, S>(v[f], j, a[f]);
-      dequant_fragment<4, T, S, GPTQ>(a[f], j < 2 ? swa0[f] : swb0[f], j < 2 ? swa1[f] : swb1[f]);   // (g32: two)
-    }
+  uint32_t af[4][4];
+  // k16 step j's A fragment of the loaded stage, dequantized into its own register set af[j]
+  auto build = [&](int j, uint32_t (&a)[4]) {
+    extract_a<4, S>(v, j, a);
+    dequant_fragment<4, T, S, GPTQ>(a, j < 2 ? swa0 : swb0, j < 2 ? swa1 : swb1);   // (groups of 32: two)
   };
   int it = 0;
   if (total > 0) {
@@ -583,24 +554,23 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
   int pending = -1;   // the ring slot whose wgmmas may still be in flight, released once they retire
 #pragma unroll 1
   for (int ui = 0; ui < my_units; ++ui) {
-    const Unit w = unit_of(p, ui, NT, COLS);
+    const Unit w = unit_of(p, ui);
 #pragma unroll 1
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
       const int slot = it % STAGES;
       const uint64_t dx = desc_sw128(base + (uint32_t)(slot * SLOT));
-      // Four k16 steps, up to three steps' wgmmas in flight: step j's F wgmmas are issued as one group, the group
-      // three back has retired (wait 3), so its register set is free and takes the fragments of step j + 1 (of the
-      // next stage after j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set
-      // rewritten is never an operand of a wgmma still in flight.
+      // Four k16 steps, up to three wgmmas in flight: step j's wgmma is issued, the one three back has retired
+      // (wait 3), so its register set is free and takes the fragment of step j + 1 (of the next stage after
+      // j = 3) while the tensor cores work. Each step owns its registers (af[j]): the set rewritten is never
+      // an operand of a wgmma still in flight.
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         hold(af[j]);
         wgmma_fence();
-#pragma unroll
-        for (int f = 0; f < F; ++f) WgmmaRS<T, NT>::run(acc[f], af[j][f], dx + 2 * j, (kb != w.kb0 || j) ? 1 : 0);
+        WgmmaRS<T, NT>::run(acc, af[j], dx + 2 * j, (kb != w.kb0 || j) ? 1 : 0);
         wgmma_commit();
         wgmma_wait<3>();
-        if (j == 2 && pending >= 0) {   // the previous stage's wgmmas have retired
+        if (j == 2 && pending >= 0) {   // the previous stage's four wgmmas have retired
           if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
           pending = -1;
         }
@@ -614,52 +584,46 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
       pending = slot;
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int f = 0; f < F; ++f) hold(acc[f]);
+    hold(acc);
     if (lane == 0) mbar_arrive(bar_empty + 8 * pending);
     pending = -1;
-    // epilogue: fragment f's D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of its 64, row of
+    // epilogue: D register 4 i + e: output column 16 (warp % 4) + g + 8 (e >> 1) of the warpgroup's 64, row of
     // x 8 i + 2 t4 + (e & 1)
+    const int cl = 64 * cw + 16 * (warp & 3) + g;   // column in the tile
+    if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
+      float* ws = p.ws + (int64_t)w.plane * NT * COLS;
 #pragma unroll
-    for (int f = 0; f < F; ++f) {
-      const int cl = 64 * (F * cw + f) + 16 * (warp & 3) + g;   // column in the tile
-      if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
-        float* ws = p.ws + (int64_t)w.plane * NT * COLS;
+      for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
-        for (int i = 0; i < NT / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) ws[(8 * i + 2 * t4 + (e & 1)) * COLS + cl + 8 * (e >> 1)] = acc[f][4 * i + e];
-        continue;
-      }
-      const int c0 = w.ct * COLS + cl;
-      float bv[2] = {0.f, 0.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
-      auto store_tile = [&](auto* out) {
-        using OT = std::remove_pointer_t<decltype(out)>;
-#pragma unroll
-        for (int i = 0; i < NT / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = w.rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
-            if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[f][4 * i + e] + bv[e >> 1]);
-          }
-      };
-      if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
-      else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
-      else store_tile(static_cast<__nv_bfloat16*>(p.out));
+        for (int e = 0; e < 4; ++e) ws[(8 * i + 2 * t4 + (e & 1)) * COLS + cl + 8 * (e >> 1)] = acc[4 * i + e];
+      continue;
     }
+    const int c0 = w.ct * COLS + cl;
+    float bv[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
+    auto store_tile = [&](auto* out) {
+      using OT = std::remove_pointer_t<decltype(out)>;
+#pragma unroll
+      for (int i = 0; i < NT / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = w.rt * NT + 8 * i + 2 * t4 + (e & 1), c = c0 + 8 * (e >> 1);
+          if (row < p.M && c < p.N) out[(int64_t)row * p.N + c] = from_f32<OT>(acc[4 * i + e] + bv[e >> 1]);
+        }
+    };
+    if (p.out_dtype == kF32) store_tile(static_cast<float*>(p.out));
+    else if (p.out_dtype == kF16) store_tile(static_cast<__half*>(p.out));
+    else store_tile(static_cast<__nv_bfloat16*>(p.out));
   }
 #endif
 }
 
 // The tail tiles' outputs: the sum of their `splits` float32 partial planes in K order, plus the bias.
-template <int F>
 __global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
   using namespace wqm;
-  constexpr int NT = Geo<F>::NT, COLS = Geo<F>::COLS;
-  const int rt_n = row_tiles(p, NT), tail = tail_tiles(p, NT, COLS);
+  const int rt_n = row_tiles(p), tail = tail_tiles(p);
   const int64_t plane = NT * COLS, total = (int64_t)tail * plane;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int tt = (int)(i / plane), r = (int)(i % plane) / COLS, c = (int)(i % COLS);
@@ -673,29 +637,23 @@ __global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
   }
 }
 
-template <typename T, typename S, int F>
-static cudaError_t launch_wqm_f(const WqwArgs& p, int num_sms, cudaStream_t st) {
-  using G = wqm::Geo<F>;
-  auto k = p.gptq ? wqm_kernel<T, S, true, F> : wqm_kernel<T, S, false, F>;
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, G::SMEM);
+template <typename T, typename S>
+static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) {
+  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
+  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
   if (e != cudaSuccess) return e;
-  // persistent: one block per SM, never more than there are work units (Np is a whole number of COLS-column tiles)
-  CUtensorMap tmap_x;   // rows of x in boxes of NT rows x 64 k (128 bytes), the 128-byte swizzle
-  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, G::NT);
+  // persistent: one block per SM, never more than there are work units (Np is a whole number of 128-column tiles)
+  CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
+  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
   if (e != cudaSuccess) return e;
-  k<<<(unsigned)std::min(wqm::units(p, G::NT, G::COLS), num_sms), wqm::THREADS, G::SMEM, st>>>(p, tmap_x);
+  k<<<(unsigned)std::min(wqm::units(p), num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
   if (p.splits > 1) {
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    const int64_t n = (int64_t)wqm::tail_tiles(p, G::NT, G::COLS) * G::NT * G::COLS;
-    wqm_tail_reduce_kernel<F><<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
+    const int64_t n = (int64_t)wqm::tail_tiles(p) * wqm::NT * wqm::COLS;
+    wqm_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
   }
   BIE_LAUNCH_CHECK();
-}
-template <typename T, typename S>
-static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) {
-  if (p.wqm_f == 2) return p.Np % 256 ? cudaErrorInvalidValue : launch_wqm_f<T, S, 2>(p, num_sms, st);
-  return launch_wqm_f<T, S, 1>(p, num_sms, st);
 }
 
 __global__ void wqw_reduce_kernel(const WqwArgs p) {
