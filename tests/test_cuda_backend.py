@@ -895,15 +895,18 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
 
 
 @needs_hopper
+@pytest.mark.parametrize("epi", ["1", "0"])
 @pytest.mark.parametrize("fmt,sdt,gs,act", [("gptq", torch.float16, 128, True), ("gba", torch.bfloat16, 32, False),
                                             ("gptq", torch.bfloat16, -1, False)])
-def test_wqm_tiles(fmt, sdt, gs, act):
+def test_wqm_tiles(fmt, sdt, gs, act, epi, monkeypatch):
     """The pipelined many-row kernel: more tiles than SMs (the persistent loop, the copy ring and the three-deep
-    wgmma pipeline running on across tiles), N = 11620 (91 column groups of 128, the last partly past N) and 11520,
-    M off the 256-row tile (rows past M read as zeros by the TMA box), K off the 64-k block and K = 56 (one stage a
-    tile), fp16 / bf16 activations with fp16 / bf16 statistics (both conversions), bias; NaN-poisoned outputs,
-    deterministic, against the float64 reference."""
+    wgmma pipeline running on across tiles), N = 11620 (91 column groups of 128, the last partly past N; N % 8 != 0:
+    direct output stores) and 11520 (whole lines through shared memory, or direct with BIE_WQM_EPI=0), M off the
+    256-row tile (rows past M read as zeros by the TMA box; the staged epilogue's second round of 128 rows partly
+    or wholly past M), K off the 64-k block and K = 56 (one stage a tile), fp16 / bf16 activations with fp16 / bf16
+    statistics (both conversions), bias; NaN-poisoned outputs, deterministic, against the float64 reference."""
     from bie_backend_cuda import weight_only as cw
+    monkeypatch.setenv("BIE_WQM_EPI", epi)
     gen = torch.Generator().manual_seed(5)
     keep = cw.WQM_MIN_M
     try:

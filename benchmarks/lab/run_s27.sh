@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 27, lab call: build bie-backend-cuda, the SASS check, the wgmma weight-only tests (both wqm tiles), then
-# wqm_s27.py: the two tiles of the many-row kernel and forced tail splits against bf16 at 256-2048 rows.
+# wqm_s27.py (WQM_ARGS): variants of the many-row kernel (call 1: its two tiles, forced tail splits; call 2: the
+# staged epilogue) against bf16 at 192-2048 rows.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 export BIE_CUDA_CACHE=/tmp/cache_prod
@@ -22,7 +23,7 @@ for p in parts[1:]:
               f"CALL {len(re.findall(r' CALL', p))} LDL/STL {len(re.findall(r'(LDL|STL)', p))}")
 PY
 grep FAIL $OUT/sass_check.txt | head -3
-timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda tests/test_cuda_backend.py -k "wqm or wgmma" \
+timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda tests/test_cuda_backend.py -k "${TEST_K:-wqm or wgmma}" \
     2>&1 | tee $OUT/tests_wqm.log | grep -E "FAILED|Error|passed|failed" | tail -8
 echo "tests done at $(el) s"
 timeout $((590 - $(el))) python3 benchmarks/lab/wqm_s27.py ${WQM_ARGS} 2>&1 | grep -v -i warn | tee $OUT/wqm_s27.txt

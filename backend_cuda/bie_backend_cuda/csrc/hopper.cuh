@@ -118,6 +118,13 @@ __device__ __forceinline__ void bulk_wait_all() {
 }
 
 // ---- barriers among a subset of warps, register reallocation between warpgroups
+// four 8x8 blocks of 16-bit pairs (a thread's register m: row lane / 4, columns 2 (lane % 4) + 0 / 1 of block m)
+// stored transposed: lane 8 m + r names the shared-memory address of stored row r (= column r) of block m
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

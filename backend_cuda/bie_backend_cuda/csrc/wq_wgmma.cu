@@ -430,7 +430,12 @@ constexpr int STAGES = 5;   // ring slots (a sixth does not fit in shared memory
 constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
 constexpr int OFF_BAR = STAGES * SLOT;
-constexpr int SMEM = OFF_BAR + 2 * STAGES * 8 + 1024;   // + alignment of the slots (swizzle atoms)
+// The staged epilogue (WqwArgs::wqm_epi): each consumer warpgroup's 64 columns pass through a buffer of EPI_ROWS rows
+// of x (row stride EPI_STRIDE: 128 bytes + 16, so the eight rows an stmatrix writes fall in distinct banks) and
+// leave as whole 128-byte lines of output rows.
+constexpr int EPI_ROWS = 128, EPI_STRIDE = 144, EPI_WG_BYTES = EPI_ROWS * EPI_STRIDE;
+constexpr int OFF_EPI = OFF_BAR + 128;
+constexpr int SMEM = OFF_EPI + 2 * EPI_WG_BYTES + 1024;   // + alignment of the slots (swizzle atoms)
 static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 
 // Work unit ui of a block (units u = blockIdx.x + ui * gridDim.x): tiles [0, whole) run whole; unit whole + v
@@ -603,6 +608,43 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
+    if (p.wqm_epi && p.out_dtype != kF32 && (p.N & 7) == 0) {
+      // Staged: per round of EPI_ROWS rows, the warps write their 16 columns with stmatrix .trans (D's columns
+      // are rows of x, so the transposed 8x8 blocks are pieces of output rows), then the warpgroup stores whole
+      // 128-byte lines, 16 bytes a thread (the direct stores below write 2 bytes a thread, four rows an
+      // instruction). Needs N % 8 == 0 (16-byte aligned output rows).
+      const uint32_t sb = base + (uint32_t)(OFF_EPI + cw * EPI_WG_BYTES);
+      const int tw = tid - 128 * wg, q = lane >> 3, c8 = lane & 7;
+      const bool bf = p.out_dtype == kBF16;
+#pragma unroll
+      for (int r0 = 0; r0 < NT; r0 += EPI_ROWS) {
+        named_barrier(1 + cw, 128);   // the previous round's reads are done
+#pragma unroll
+        for (int i = r0 / 8; i < (r0 + EPI_ROWS) / 8; i += 2) {
+          uint32_t rg[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {   // block (i + m / 2, h = m % 2): columns g + 8 h, rows 2 t4, 2 t4 + 1
+            const float a = acc[4 * (i + m / 2) + 2 * (m & 1)] + bv[m & 1];
+            const float b = acc[4 * (i + m / 2) + 2 * (m & 1) + 1] + bv[m & 1];
+            rg[m] = bf ? as_u32<__nv_bfloat16>(__floats2bfloat162_rn(a, b)) : as_u32<__half>(__floats2half2_rn(a, b));
+          }
+          // lane 8 q + c8 names row c8 of block q: row of x 8 (i + q / 2) + c8, columns 16 (warp % 4) + 8 (q % 2)
+          stmatrix_x4_trans(sb + (uint32_t)((8 * (i + (q >> 1)) + c8 - r0) * EPI_STRIDE + (16 * (warp & 3) + 8 * (q & 1)) * 2),
+                            rg);
+        }
+        named_barrier(1 + cw, 128);   // the round's rows are in the buffer
+        const int col = w.ct * COLS + 64 * cw + 8 * (tw & 7);
+#pragma unroll 4
+        for (int rr = tw >> 3; rr < EPI_ROWS; rr += 16) {
+          const int row = w.rt * NT + r0 + rr;
+          if (row < p.M && col < p.N) {
+            const uint4 val = lds128(sb + (uint32_t)(rr * EPI_STRIDE + (tw & 7) * 16));
+            *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + (int64_t)row * p.N + col) = val;
+          }
+        }
+      }
+      continue;
+    }
     auto store_tile = [&](auto* out) {
       using OT = std::remove_pointer_t<decltype(out)>;
 #pragma unroll
