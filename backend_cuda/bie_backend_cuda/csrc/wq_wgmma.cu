@@ -407,6 +407,12 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //     rotate, so no set is rewritten while a wgmma reading it is in flight: ptxas keeps them asynchronous); a slot
 //     is released (its "empty" mbarrier, one arrival per consumer warp) once its wgmmas have retired, two steps
 //     into the next stage. No block-wide barrier: the warpgroups run free of each other.
+//   - 16-bit outputs leave through shared memory (session 27): each warp writes its 16 columns x 128 rows of x
+//     per round with stmatrix .trans (the D fragment's columns are rows of x, so the transposed 8x8 blocks are
+//     pieces of output rows) and its warpgroup stores whole 128-byte lines, 16 bytes a thread. The direct stores
+//     (2 bytes a thread, four rows an instruction, still used for float32 outputs, N % 8 != 0 and the split
+//     tiles' partials) had cost ~6 % at 1024 rows: 4096x4096 50.7 -> 47.4 us, 11008x4096 157.0 -> 150.0
+//     (benchmarks/results/cuda_h100_wqw.md, session 27).
 //   - Persistent blocks walk work units with the row tiles of a column tile adjacent (its codes are read from L2 by
 //     neighbouring blocks); the ring runs on across units. A unit is a whole tile, or, for the tiles of a last
 //     partial wave (WqwArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
@@ -417,7 +423,9 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // Tried in session 25 and left out: clusters of two blocks on adjacent column tiles sharing the x tile by TMA
 // multicast (each block's producer waits for both blocks' releases of a slot): 2.1x slower at every shape, although
 // x read once per block instead of every stage (lab BIE_WQM_XONCE, wrong results) was 9-16 % faster (commits
-// 7e47f53 and 54f7d76 hold those variants).
+// 7e47f53 and 54f7d76 hold those variants). Tried in session 27 and left out: tiles of 128 rows x 256 columns (each
+// warpgroup two m64n128k16 per k16 step on its two 64-column fragments; x's bytes a stage halved, the codes' doubled):
+// 15-30 % slower at every measured shape (commit faac848).
 // (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
 // single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
 // benchmarks/results/cuda_h100_wqw.md, session 22.)
