@@ -791,14 +791,14 @@ def test_wgmma_tile_rows_plan():
 
 
 def test_wqm_row_ranges():
-    """Which calls the pipelined many-row kernel takes (measured on the H100 in session 25): 129-2048 rows of 4-bit
+    """Which calls the pipelined many-row kernel takes (measured on the H100 in sessions 25 and 27): 129-4096 rows of 4-bit
     codes in groups of 32 or more, or per channel, whatever the layer; never 2- or 8-bit codes or groups of 16;
     off with WQM_MIN_M = 0, forced for any rows with WQM_MIN_M = 1."""
     from bie_backend_cuda import weight_only as cw
-    assert [m for m in range(1, 5000) if cw._wqm_rows(m, 4, 7)] == list(range(129, 2049))
-    assert [m for m in range(1, 5000) if cw._wqm_rows(m, 4, -1)] == list(range(129, 2049))
-    assert [m for m in range(1, 5000) if cw._wqm_rows(m, 4, 5)] == list(range(129, 2049))
-    assert not any(cw._wqm_rows(m, b, gs) for m in (129, 1024, 2048) for b, gs in ((2, 7), (8, 7), (4, 4), (1, 7)))
+    assert [m for m in range(1, 9000) if cw._wqm_rows(m, 4, 7)] == list(range(129, 4097))
+    assert [m for m in range(1, 9000) if cw._wqm_rows(m, 4, -1)] == list(range(129, 4097))
+    assert [m for m in range(1, 9000) if cw._wqm_rows(m, 4, 5)] == list(range(129, 4097))
+    assert not any(cw._wqm_rows(m, b, gs) for m in (129, 1024, 4096) for b, gs in ((2, 7), (8, 7), (4, 4), (1, 7)))
     keep = cw.WQM_MIN_M
     try:
         cw.WQM_MIN_M = 0

@@ -104,7 +104,7 @@ def bie_register_kernels(registry):
                       description="M <= 16 (2/4-bit codes; 8-bit to 4 rows): thin GEMV (weights as the MMA A "
                                   "operand, a cp.async ring per warp, x staged per block or per K slice); M <= 8: "
                                   "skinny kernel; sm_90, 9-256 rows: wgmma with the codes dequantized in registers "
-                                  "(4-bit codes at 129-2048 rows: its pipelined many-row variant); "
+                                  "(4-bit codes at 129-4096 rows: its pipelined many-row variant); "
                                   "M <= 64: fp16/bf16 tensor-core GEMM on fragment-ordered codes; split-K with "
                                   "deterministic reductions; dequantize + cuBLAS above")
     registry.register("wq_gemm_grad_input", weight_only.wq_gemm_grad_input, priority=PRIORITY,

@@ -508,14 +508,16 @@ def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
 
 #: 4-bit codes in groups of 32 or more (or per channel) take the pipelined many-row wgmma kernel (csrc/wq_wgmma.cu
 #: "wqm": tiles of 256 rows x 128 columns, a producer warpgroup issuing TMA copies, register-A wgmmas three deep,
-#: the last partial wave's tiles split in K) for WQM_MIN_M to WQM_MAX_M rows. H100, session 25
-#: (results/cuda_h100_wqw.md), against the path it replaces (the register-A kernel up to 256 rows, dequantize +
-#: cuBLAS above): faster on every measured layer from 129 to 2048 rows but two cases within 5 % (4096x4096 at
-#: 384 / 512 rows, 13824x5120 at 2048); 1024 rows of 28672x8192 745 µs against 990 before session 25 (bf16 cuBLAS
-#: 710); at 4096 rows dequantize + cuBLAS is 3-8 % faster on every layer measured.
+#: the last partial wave's tiles split in K, 16-bit outputs stored in whole lines through shared memory) for
+#: WQM_MIN_M to WQM_MAX_M rows. H100, session 25 (results/cuda_h100_wqw.md), against the path it replaces (the
+#: register-A kernel up to 256 rows, dequantize + cuBLAS above): faster on every measured layer from 129 to 2048
+#: rows but two cases within 5 % (4096x4096 at 384 / 512 rows, 13824x5120 at 2048). Session 27 (the staged
+#: epilogue, results/s27/final): at 4096 rows faster than dequantize + cuBLAS on five of seven layers (0.93-1.00x
+#: bf16 against 0.91-0.94x), level on 8192x28672, 0.7-1.5 % slower on 4096x4096 and 28672x8192; and it never
+#: materialises the dense weight (dequantize + cuBLAS allocates N x K 16-bit values a call), so it serves to 4096.
 #: WQM_MIN_M = 0 turns it off; 1 forces it for any rows (tests).
 WQM_MIN_M = 129
-WQM_MAX_M = 2048
+WQM_MAX_M = 4096
 #: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
 WQM_NTOK = 256
 #: K parts of the tiles of its last partial wave: 0 lets the launcher choose (split where that wave would leave at
