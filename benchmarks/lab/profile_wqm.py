@@ -1,5 +1,8 @@
-"""Lab (session 24): one layer for Nsight Compute: W4 g128 GPTQ 28672x8192 at M rows (default 1024) through the
-many-row wgmma kernel (WQM_MIN_M = 1), three calls (profile the last: ncu -s 2 -c 1)."""
+"""Lab (sessions 24, 27): one layer for Nsight Compute: W4 g128 GPTQ N x K (default 28672x8192) at M rows (default
+1024) through the many-row wgmma kernel (WQM_MIN_M = 1), three calls (profile the last: ncu -s 2 -c 1).
+
+    python3 benchmarks/lab/profile_wqm.py [M] [NxK]
+"""
 import sys
 
 import torch
@@ -10,7 +13,7 @@ from bench_cuda import _rand_wq  # noqa: E402
 from bie_backend_cuda import weight_only as cw
 
 m = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-n, k = 28672, 8192
+n, k = (int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "28672x8192").split("x"))
 gen = torch.Generator(device="cuda").manual_seed(1)
 q, s, z = _rand_wq(k, n, 4, 128, gen)
 p = cw.prepare(q, s, z, None)
