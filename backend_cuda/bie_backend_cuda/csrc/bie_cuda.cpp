@@ -564,7 +564,6 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
     // outputs staged in shared memory, stored in whole lines (lab knob BIE_WQM_EPI = 0 / 1)
     p.wqm_epi = 1;
     if (const char* e = std::getenv("BIE_WQM_EPI")) p.wqm_epi = std::atoi(e) != 0;
-    if (const char* e = std::getenv("BIE_WQM_WALK")) p.wqm_walk = std::atoi(e) != 0;
     if (splits > 1) {
       ws = at::empty({splits * tail * bie::WQM_NTOK * 128}, x.options().dtype(at::kFloat));
       p.ws = ws.data_ptr<float>();

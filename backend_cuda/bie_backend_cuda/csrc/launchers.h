@@ -197,7 +197,6 @@ struct WqwArgs {
   float* ws;             // (splits, M, N) when splits > 1; wqm: (splits x tail tiles) planes of 256 x 128
   int whole_tiles;       // wqm: tiles computed whole; the rest (the last partial wave) split `splits` ways in K
   int wqm_epi;           // wqm: 16-bit outputs through shared memory in whole lines (N % 8 == 0), else direct
-  int wqm_walk;          // wqm (lab): 0 = the row tiles of a column tile adjacent in the walk, 1 = column tiles of a row tile
 };
 // ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
 // more or per-channel; tiles of 256 rows x 128 columns, the last partial wave's tiles split in K)

@@ -470,14 +470,8 @@ __device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
     w.kb1 = w.kb0 + q + (part < r ? 1 : 0);
     w.plane = v;
   }
-  if (p.wqm_walk) {   // lab: the column tiles of a row tile adjacent
-    const int ct_n = p.Np / COLS;
-    w.rt = t / ct_n;
-    w.ct = t - w.rt * ct_n;
-  } else {
-    w.ct = t / rt_n;
-    w.rt = t - w.ct * rt_n;
-  }
+  w.ct = t / rt_n;
+  w.rt = t - w.ct * rt_n;
   return w;
 }
 __host__ __device__ inline int units(const WqwArgs& p) { return p.whole_tiles + tail_tiles(p) * p.splits; }
