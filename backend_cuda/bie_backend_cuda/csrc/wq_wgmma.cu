@@ -69,6 +69,9 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void sts_f32(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
 // Keeps a register's value alive (and unmoved) up to this point: the A
 // fragments of an in-flight wgmma must not be reallocated before its wait.
 __device__ __forceinline__ void hold(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
@@ -410,9 +413,9 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //   - 16-bit outputs leave through shared memory (session 27): each warp writes its 16 columns x 128 rows of x
 //     per round with stmatrix .trans (the D fragment's columns are rows of x, so the transposed 8x8 blocks are
 //     pieces of output rows) and its warpgroup stores whole 128-byte lines, 16 bytes a thread. The direct stores
-//     (2 bytes a thread, four rows an instruction, still used for float32 outputs, N % 8 != 0 and the split
-//     tiles' partials) had cost ~6 % at 1024 rows: 4096x4096 50.7 -> 47.4 us, 11008x4096 157.0 -> 150.0
-//     (benchmarks/results/cuda_h100_wqw.md, session 27).
+//     (2 bytes a thread, four rows an instruction, still used for float32 outputs and N % 8 != 0) had cost ~6 %
+//     at 1024 rows: 4096x4096 50.7 -> 47.4 us, 11008x4096 157.0 -> 150.0 (benchmarks/results/cuda_h100_wqw.md,
+//     session 27). The split tiles' float32 partials are staged the same way (four rounds of 64 rows).
 //   - Persistent blocks walk work units with the row tiles of a column tile adjacent (its codes are read from L2 by
 //     neighbouring blocks); the ring runs on across units. A unit is a whole tile, or, for the tiles of a last
 //     partial wave (WqwArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
@@ -605,6 +608,31 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     const int cl = 64 * cw + 16 * (warp & 3) + g;   // column in the tile
     if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
       float* ws = p.ws + (int64_t)w.plane * NT * COLS;
+      if (p.wqm_epi) {
+        // staged as the 16-bit outputs: per round of 64 rows each thread writes its values into the warpgroup's
+        // buffer (row pitch 272 bytes: the four rows and eight columns of a store fall in distinct banks), then the
+        // warpgroup stores whole 256-byte row pieces, 16 bytes a thread
+        constexpr int PR = 64, PP = 272;
+        static_assert(PR * PP <= EPI_WG_BYTES, "wqm: partials' staging");
+        const uint32_t sb = base + (uint32_t)(OFF_EPI + cw * EPI_WG_BYTES);
+        const int tw = tid - 128 * wg;
+#pragma unroll
+        for (int r0 = 0; r0 < NT; r0 += PR) {
+          named_barrier(1 + cw, 128);   // the previous round's reads are done
+#pragma unroll
+          for (int i = r0 / 8; i < (r0 + PR) / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              sts_f32(sb + (uint32_t)((8 * i + 2 * t4 + (e & 1) - r0) * PP + (16 * (warp & 3) + g + 8 * (e >> 1)) * 4),
+                      acc[4 * i + e]);
+          named_barrier(1 + cw, 128);
+#pragma unroll 4
+          for (int rr = tw >> 4; rr < PR; rr += 8)
+            *reinterpret_cast<uint4*>(ws + (int64_t)(r0 + rr) * COLS + 64 * cw + 4 * (tw & 15)) =
+                lds128(sb + (uint32_t)(rr * PP + (tw & 15) * 16));
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
