@@ -653,7 +653,18 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           for (int c = 0; c < KS / 32; ++c) {
             uint32_t b[MR][4];
 #pragma unroll
-            for (int r = 0; r < MR; ++r) ldsm_x4(xa[r] + c * xstep[r], b[r]);
+            for (int r = 0; r < MR; ++r) {
+#ifdef BIE_WQT_LAB_HALFX
+              // lab bound (BIE_CUDA_DEFINES=BIE_WQT_LAB_HALFX, wrong results for rows 8-15, never in the product build):
+              // the second row tile reuses the first's x fragments, so a 16-row item reads half the x bytes
+              if (r == 1) {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) b[1][q] = b[0][q];
+                continue;
+              }
+#endif
+              ldsm_x4(xa[r] + c * xstep[r], b[r]);
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int j = 2 * c + h;   // k16 step in the stage
