@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--ms", default="256,512,1024,2048")
     ap.add_argument("--shapes", default="4096x4096,11008x4096,4096x11008,28672x8192,8192x28672,13824x5120,5120x13824")
     ap.add_argument("--splits", default="", help="SHAPE:M=s,s,...;... forced tail splits timed with every variant")
-    ap.add_argument("--env", default="BIE_WQM_F=1,2", help="NAME=a,b,...: the variants")
+    ap.add_argument("--env", default="BIE_WQM_EPI=0,1", help="NAME=a,b,...: the variants")
     args = ap.parse_args()
     env, vals = args.env.split("=")
     variants = vals.split(",")

@@ -69,6 +69,9 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void sts32f(uint32_t addr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
 
 __device__ __forceinline__ uint32_t bf16x2_of_bytes(uint32_t x, uint32_t s0, uint32_t s1) {
   // two bytes of x (selectors 0x5440 + i) -> exact bf16 pair via float32 magic

@@ -69,9 +69,6 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void sts_f32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
-}
 // Keeps a register's value alive (and unmoved) up to this point: the A
 // fragments of an in-flight wgmma must not be reallocated before its wait.
 __device__ __forceinline__ void hold(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
@@ -623,7 +620,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
           for (int i = r0 / 8; i < (r0 + PR) / 8; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              sts_f32(sb + (uint32_t)((8 * i + 2 * t4 + (e & 1) - r0) * PP + (16 * (warp & 3) + g + 8 * (e >> 1)) * 4),
+              sts32f(sb + (uint32_t)((8 * i + 2 * t4 + (e & 1) - r0) * PP + (16 * (warp & 3) + g + 8 * (e >> 1)) * 4),
                       acc[4 * i + e]);
           named_barrier(1 + cw, 128);
 #pragma unroll 4
