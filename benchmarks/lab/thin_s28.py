@@ -1,0 +1,47 @@
+"""Lab (session 28): the thin kernel at 9-16 rows against its K slices (weight_only.THIN_SLICES; 0 = as planned) and
+warps (THIN_WARPS), in a build whose two-row-tile ring depth is BIE_WQT_S16 (a compile-time define). Two timings
+each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio.
+    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps,...]"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from bench_cuda import _wq_pool, bf16_linear_us  # noqa: E402
+from gpu_timing import time_graph, warm_gpu  # noqa: E402
+
+cases = sys.argv[sys.argv.index("--cases") + 1] if "--cases" in sys.argv else \
+    "16x28672x8192x4x128,16x8192x28672x4x128,16x4096x4096x4x128"
+ways = sys.argv[sys.argv.index("--ways") + 1] if "--ways" in sys.argv else "0:0,2:0,3:0,4:0"
+ways = [tuple(int(v) for v in w.split(":")) for w in ways.split(",")]
+tag = os.environ.get("BIE_CUDA_DEFINES", "") or "product"
+from bie_backend_cuda import weight_only as cw  # noqa: E402
+warm_gpu(2.0)
+gen = torch.Generator(device="cuda").manual_seed(28)
+for case in cases.split(","):
+    m, n, k, bits, gs = (int(v) for v in case.split("x"))
+    _, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
+    ref = fns[0]().float()
+    time_graph(fns)   # (untimed: the first timing after a different case ran slow in the product tables)
+    res = {}
+    for sl, wp in ways:
+        cw.THIN_SLICES, cw.THIN_WARPS = sl, wp
+        try:
+            got = fns[0]().float()
+            err = float((got - ref).abs().max() / ref.abs().max())
+            res[(sl, wp)] = ([time_graph(fns) for _ in range(2)], err)
+        except RuntimeError as e:   # (a forced plan that does not fit)
+            res[(sl, wp)] = ([float("nan")] * 2, str(e).split("\n")[0][:60])
+    cw.THIN_SLICES = cw.THIN_WARPS = 0
+    b = bf16_linear_us(m, n, k)
+    line = f"[{tag}] {case}: " + ", ".join(
+        f"s{sl}/w{wp} " + "/".join(f"{v:.2f}" for v in r) + (f" (err {e})" if isinstance(e, str) else
+                                                             f" (err {e:.1e})" if e > 2e-2 else "")
+        for (sl, wp), (r, e) in res.items())
+    ok = [w for w in res if res[w][0][0] == res[w][0][0]]
+    best = min(ok, key=lambda w: min(res[w][0]))
+    line += f" | bf16 {b:.1f} | best s{best[0]}/w{best[1]} {b / min(res[best][0]):.2f}x"
+    print(line, flush=True)
+    del sets, fns
+    torch.cuda.empty_cache()
