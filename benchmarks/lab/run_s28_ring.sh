@@ -1,18 +1,22 @@
 #!/bin/bash
-# Session 28: the 16-row thin kernel's ring depth (BIE_WQT_S16 = 4, the product, against 6 and 8) with its K slices
+# Session 28: the 16-row thin kernel's ring depth or block size (BIE_WQT_S16 = 4, the product, against 6 and 8) with its K slices
 # forced (more slices leave shared memory for deeper rings beside the staged x). The three builds run at once.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
 START=$(date +%s); el() { echo $(( $(date +%s) - START )); }
 VARIANTS=${VARIANTS:-"4 6 8"}
+# variant 4 is the product; w20 / w24: BIE_WQT_LAB_MAXWARPS (blocks of 20 / 24 warps); else the ring depth
+def() { case $1 in w*) echo BIE_WQT_LAB_MAXWARPS=${1#w};; *) echo BIE_WQT_S16=$1;; esac; }
+# per-variant ways: WAYS_<variant> (e.g. WAYS_w20=0:0,0:20), else WAYS
 for s in $VARIANTS; do
-  ( export MAX_JOBS=6 BIE_CUDA_CACHE=/tmp/cache_s$s; [ $s = 4 ] || export BIE_CUDA_DEFINES=BIE_WQT_S16=$s
+  ( export MAX_JOBS=6 BIE_CUDA_CACHE=/tmp/cache_s$s; [ $s = 4 ] || export BIE_CUDA_DEFINES=$(def $s)
     python3 -c "from bie_backend_cuda import _build; print('cuda ready:', _build.load())" > $OUT/build_s$s.log 2>&1 ) &
 done
 wait; echo "builds done at $(el) s"; tail -qn1 $OUT/build_s*.log
 for s in $VARIANTS; do
-  export BIE_CUDA_CACHE=/tmp/cache_s$s; if [ $s = 4 ]; then unset BIE_CUDA_DEFINES; else export BIE_CUDA_DEFINES=BIE_WQT_S16=$s; fi
-  timeout 150 python3 benchmarks/lab/thin_s28.py ${CASES:+--cases $CASES} ${WAYS:+--ways $WAYS} 2>&1 | grep -v -i warn | tee -a $OUT/ring.txt
+  export BIE_CUDA_CACHE=/tmp/cache_s$s; if [ $s = 4 ]; then unset BIE_CUDA_DEFINES; else export BIE_CUDA_DEFINES=$(def $s); fi
+  W=WAYS_$s; W=${!W:-$WAYS}
+  timeout 150 python3 benchmarks/lab/thin_s28.py ${CASES:+--cases $CASES} ${W:+--ways $W} 2>&1 | grep -v -i warn | tee -a $OUT/ring.txt
   echo "s$s done at $(el) s"
 done

@@ -110,7 +110,14 @@ inline int thin_mx(const WqtArgs& p) {
 }
 
 // warps per block a kernel allows (its register budget: wq_thin_kernel.cuh BIE_WQT_BOUNDS)
-__host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) { return mr == 2 && bits == 2 && fs == 2 ? 8 : 16; }
+// Lab knob BIE_WQT_LAB_MAXWARPS (never in the product build): a larger block (its launch bounds then cap the registers
+// at 65536 / (32 x warps): 20 warps -> 96, 24 -> 80, spills possible), for THIN_WARPS sweeps of occupancy.
+#ifndef BIE_WQT_LAB_MAXWARPS
+#define BIE_WQT_LAB_MAXWARPS 16
+#endif
+__host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) {
+  return mr == 2 && bits == 2 && fs == 2 ? 8 : BIE_WQT_LAB_MAXWARPS;
+}
 
 template <int BITS, int MX, int FS, int MR> constexpr int warp_bytes() { return Slot<BITS, MX, FS, MR>::WARP_BYTES; }
 
