@@ -682,6 +682,9 @@ def test_wq_thin_rejects_bad_input():
     with pytest.raises(RuntimeError, match="slices must be"):
         ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
                      0, 0, False, -2, -2)
+    with pytest.raises(RuntimeError, match="warps must be 0..16"):
+        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+                     17, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="xpre must be"):
         ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
                      0, 0, False, 0, 8)

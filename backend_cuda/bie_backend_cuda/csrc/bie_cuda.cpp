@@ -473,8 +473,7 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
               "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqt_gemm: bits must be 2, 4 or 8");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
-  // (the plan caps a forced count at the kernels' block size, thin_max_warps: 16, more in a lab build)
-  TORCH_CHECK(warps >= 0 && warps <= 32, "bie_cuda.wqt_gemm: warps must be 0..32");
+  TORCH_CHECK(warps >= 0 && warps <= bie::wqt_max_warps(), "bie_cuda.wqt_gemm: warps must be 0..", bie::wqt_max_warps());
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
   TORCH_CHECK(xpre >= -3 && xpre <= 7, "bie_cuda.wqt_gemm: xpre must be -3..7");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);

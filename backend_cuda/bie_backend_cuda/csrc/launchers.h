@@ -171,6 +171,8 @@ struct WqtArgs {
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);
+// the most warps a thin block may have (16; more in a lab build with BIE_WQT_LAB_MAXWARPS): warps_force's range
+int wqt_max_warps();
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);
 
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);

@@ -7,6 +7,8 @@
 namespace bie {
 using namespace thin;
 
+int wqt_max_warps() { return BIE_WQT_LAB_MAXWARPS; }
+
 // Host plan: how x is held (whole rows staged per block, staged per K slice, or copied per stage), the K range per
 // warp (whole stages) and warps per block. Returns the dynamic shared memory.
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force) {
