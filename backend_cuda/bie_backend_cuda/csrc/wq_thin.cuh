@@ -33,9 +33,14 @@ template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<B
 #ifndef BIE_WQT_S16
 #define BIE_WQT_S16 4
 #endif
+// One row tile of 4-bit codes with x staged (one row, and 2-8 rows sliced or whole): 8 stages (BIE_WQT_S8, lab knob;
+// session 28: the two-tile kernel with 4 stages, halving its x reads, ran 9 rows faster than this one ran 8)
+#ifndef BIE_WQT_S8
+#define BIE_WQT_S8 8
+#endif
 template <int BITS, int MX, int MR = 1> struct Thin {
   static constexpr int S = MR == 2 ? BIE_WQT_S16
-                                   : BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? 8 : 6) : (BITS == 4 ? 4 : 3));
+                                   : BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? BIE_WQT_S8 : 6) : (BITS == 4 ? 4 : 3));
 };
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
