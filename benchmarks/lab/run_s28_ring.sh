@@ -1,13 +1,15 @@
 #!/bin/bash
-# Session 28: the 16-row thin kernel's ring depth or block size (BIE_WQT_S16 = 4, the product, against 6 and 8) with its K slices
-# forced (more slices leave shared memory for deeper rings beside the staged x). The three builds run at once.
+# Session 28: the thin kernel's ring depth or block size against the product (BIE_WQT_S16 = 4 against 6 and 8 by
+# default), with its K slices forced (more slices leave shared memory for deeper rings beside the staged x). The
+# builds run at once.
 set -o pipefail
 source benchmarks/cutlass_setup.sh
 (nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
 START=$(date +%s); el() { echo $(( $(date +%s) - START )); }
 VARIANTS=${VARIANTS:-"4 6 8"}
-# variant 4 is the product; w20 / w24: BIE_WQT_LAB_MAXWARPS (blocks of 20 / 24 warps); else the ring depth
-def() { case $1 in w*) echo BIE_WQT_LAB_MAXWARPS=${1#w};; *) echo BIE_WQT_S16=$1;; esac; }
+# variant 4 is the product; w20 / w24: BIE_WQT_LAB_MAXWARPS (blocks of 20 / 24 warps); s8_N: the one-tile kernels'
+# ring depth BIE_WQT_S8=N; else the two-tile ring depth BIE_WQT_S16
+def() { case $1 in w*) echo BIE_WQT_LAB_MAXWARPS=${1#w};; s8_*) echo BIE_WQT_S8=${1#s8_};; *) echo BIE_WQT_S16=$1;; esac; }
 # per-variant ways: WAYS_<variant> (e.g. WAYS_w20=0:0,0:20), else WAYS
 for s in $VARIANTS; do
   ( export MAX_JOBS=6 BIE_CUDA_CACHE=/tmp/cache_s$s; [ $s = 4 ] || export BIE_CUDA_DEFINES=$(def $s)
