@@ -535,6 +535,36 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("gs,fmt,sdt", [(gs, fmt, sdt) for bits, gs, fmt, sdt in THIN if bits == 4])
+def test_wq_thin_one_tile_rings(gs, fmt, sdt, monkeypatch):
+    """1-8 rows of 4-bit codes through both rings of the one-tile kernels, 4 stages and 8 (the plan takes 8 where it
+    measured better, mostly on layers of more than 2^26 weights; forced here by the lab knob BIE_WQT_DEEP), with
+    every x staging, 1-16 warps and K slices: against the float64 product, and the two rings bit-identical (same
+    stage order, same sums)."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = (3000, 72) if gs != 256 else (3336, 72)
+    qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, True, 31 + max(gs, 0), sdtype=sdt)
+    prepared = cw.prepare(qw, s, z, gi)
+    gen = torch.Generator().manual_seed(29)
+    calls = _thin_calls(monkeypatch, cw)
+    monkeypatch.setattr(cw, "THIN_M", 16)
+    ways = ((1, 0, -2, 0), (1, 1, 0, 0), (1, 3, 1, 0), (1, 16, 2, 2), (1, 5, -1, 3), (2, 0, -2, 0), (3, 3, 1, 0),
+            (4, 16, -1, 0), (5, 0, -2, 0), (6, 16, -3, 2), (8, 7, -1, 3), (8, 0, -3, 0))
+    for m, warps, xpre, slices in ways:
+        monkeypatch.setattr(cw, "THIN_WARPS", warps)
+        monkeypatch.setattr(cw, "THIN_XPRE", xpre)
+        monkeypatch.setattr(cw, "THIN_SLICES", slices)
+        x = torch.randn((m, k), generator=gen).bfloat16().cuda()
+        outs = []
+        for deep in ("0", "1"):
+            monkeypatch.setenv("BIE_WQT_DEEP", deep)
+            outs.append(cw.wq_gemm(x, qw, s, z, gi, None, 4, gs, fmt, prepared=prepared))
+            _close(outs[-1], w64, x, torch.bfloat16, k, f"M={m} deep={deep} warps={warps} xpre={xpre} slices={slices}")
+        assert torch.equal(outs[0], outs[1]), f"M={m}: the 4- and 8-stage rings disagree"
+    assert len(calls) == 2 * len(ways)
+
+
+@needs_cuda
 def test_wq_thin_big_layer_and_graphs(monkeypatch):
     """A 28672-wide K (many stages per warp, every ring slot reused) and CUDA-graph replay with new inputs."""
     from bie_backend_cuda import weight_only as cw

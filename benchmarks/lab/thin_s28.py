@@ -1,7 +1,9 @@
 """Lab (session 28): the thin kernel at 9-16 rows against its K slices (weight_only.THIN_SLICES; 0 = as planned) and
 warps (THIN_WARPS), in a build whose two-row-tile ring depth is BIE_WQT_S16 (a compile-time define). Two timings
-each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio.
-    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps,...]"""
+each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio. A third field
+of a way sets BIE_WQT_LAB (session 29: the bounds of a build with BIE_WQT_LAB_BOUNDS, wq_thin.cu), or with a d in
+front BIE_WQT_DEEP (d0 / d1: one row's 4- or 8-stage ring forced).
+    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN],...]"""
 import os
 import sys
 
@@ -14,7 +16,7 @@ from gpu_timing import time_graph, warm_gpu  # noqa: E402
 cases = sys.argv[sys.argv.index("--cases") + 1] if "--cases" in sys.argv else \
     "16x28672x8192x4x128,16x8192x28672x4x128,16x4096x4096x4x128"
 ways = sys.argv[sys.argv.index("--ways") + 1] if "--ways" in sys.argv else "0:0,2:0,3:0,4:0"
-ways = [tuple(int(v) for v in w.split(":")) for w in ways.split(",")]
+ways = [(int(w.split(":")[0]), int(w.split(":")[1]), (w + ":0").split(":")[2]) for w in ways.split(",")]
 tag = os.environ.get("BIE_CUDA_DEFINES", "") or "product"
 from bie_backend_cuda import weight_only as cw  # noqa: E402
 warm_gpu(2.0)
@@ -25,23 +27,30 @@ for case in cases.split(","):
     ref = fns[0]().float()
     time_graph(fns)   # (untimed: the first timing after a different case ran slow in the product tables)
     res = {}
-    for sl, wp in ways:
+    for sl, wp, lab in ways:
         cw.THIN_SLICES, cw.THIN_WARPS = sl, wp
+        os.environ["BIE_WQT_LAB"] = "0" if lab.startswith("d") else lab
+        if lab.startswith("d"):
+            os.environ["BIE_WQT_DEEP"] = lab[1:]
+        else:
+            os.environ.pop("BIE_WQT_DEEP", None)
         try:
             got = fns[0]().float()
             err = float((got - ref).abs().max() / ref.abs().max())
-            res[(sl, wp)] = ([time_graph(fns) for _ in range(2)], err)
+            res[(sl, wp, lab)] = ([time_graph(fns) for _ in range(2)], err)
         except RuntimeError as e:   # (a forced plan that does not fit)
-            res[(sl, wp)] = ([float("nan")] * 2, str(e).split("\n")[0][:60])
+            res[(sl, wp, lab)] = ([float("nan")] * 2, str(e).split("\n")[0][:60])
     cw.THIN_SLICES = cw.THIN_WARPS = 0
+    os.environ["BIE_WQT_LAB"] = "0"
+    os.environ.pop("BIE_WQT_DEEP", None)
     b = bf16_linear_us(m, n, k)
     line = f"[{tag}] {case}: " + ", ".join(
-        f"s{sl}/w{wp} " + "/".join(f"{v:.2f}" for v in r) + (f" (err {e})" if isinstance(e, str) else
+        f"s{sl}/w{wp}" + (f"/{lab}" if lab != "0" else "") + " " + "/".join(f"{v:.2f}" for v in r) + (f" (err {e})" if isinstance(e, str) else
                                                              f" (err {e:.1e})" if e > 2e-2 else "")
-        for (sl, wp), (r, e) in res.items())
+        for (sl, wp, lab), (r, e) in res.items())
     ok = [w for w in res if res[w][0][0] == res[w][0][0]]
     best = min(ok, key=lambda w: min(res[w][0]))
-    line += f" | bf16 {b:.1f} | best s{best[0]}/w{best[1]} {b / min(res[best][0]):.2f}x"
+    line += f" | bf16 {b:.1f} | best s{best[0]}/w{best[1]}/{best[2]} {b / min(res[best][0]):.2f}x"
     print(line, flush=True)
     del sets, fns
     torch.cuda.empty_cache()

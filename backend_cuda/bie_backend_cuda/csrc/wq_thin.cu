@@ -32,10 +32,20 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
+  // 4-bit codes, one row tile, x staged: the 8-stage ring instead of 4 on layers of more than 2^26 weights for one row
+  // in groups of at most 128, for 2-4 rows (x staged whole), and for 5-8 rows per channel or in groups of 256 or more.
+  // H100, session 29 (cuda_h100_thin.md; lab knob BIE_WQT_DEEP=0/1 forces either), us, 8 / 4 stages: one row of
+  // 28672x8192 g128 46.0 / 47.2, g32 55.0 / 56.4-56.9, 8192x28672 per channel 50.7-50.9 / 49.5-49.8, 5120x5120
+  // 9.7 / 8.3, 11008x4096 12.4 / 11.3; 2 / 4 rows of 28672x8192 46.5 / 47.8, 47.8 / 49.6; 8 rows per channel 49.7 /
+  // 54.5, in groups of 128 53.0 / 49.5, of 32 64.3 / 63.9; 6 rows of 11008x4096 13.6 / 13.2.
+  const bool deep_ring = p.M == 1 ? fs > 0 : (p.M <= 4 || fs == 0);
+  p.deep = bits == 4 && one && mr == 1 && big && deep_ring;
+  if (const char* e = std::getenv("BIE_WQT_DEEP")) p.deep = bits == 4 && one && mr == 1 && std::atoi(e) != 0;
   const int wbytes = mr == 2      ? (bits == 8 ? thin_warp_bytes<8, 1, 2>(fs)
                                                  : bits == 4 ? thin_warp_bytes<4, 1, 2>(fs) : thin_warp_bytes<2, 1, 2>(fs))
                      : bits == 8 ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
-                     : bits == 4 ? (one ? thin_warp_bytes<4, 1>(fs) : thin_warp_bytes<4, 8>(fs))
+                     : bits == 4 ? (one ? (p.deep ? thin_warp_bytes<4, 1, 1, true>(fs) : thin_warp_bytes<4, 1>(fs))
+                                        : thin_warp_bytes<4, 8>(fs))
                                  : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));
   // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
   // writes its own partial sums; no barrier per item, whose reduction by one warp was the bottleneck at 16 rows)
@@ -115,6 +125,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const int64_t pieces = (int64_t)p.M * p.slice_stages * (p.kstage / 8);
   p.xl = ceil_div(pieces, (int64_t)p.warps * 32) > 4 ? 8 : 4;
   if (const char* e = std::getenv("BIE_WQT_XL")) p.xl = std::atoi(e);
+#ifdef BIE_WQT_LAB_BOUNDS
+  // lab bounds (BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, wrong results, never in the product build), bits of BIE_WQT_LAB:
+  // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile
+  if (const char* e = std::getenv("BIE_WQT_LAB")) p.lab = std::atoi(e);
+#endif
   const int64_t smem = p.warps * per_warp + xbytes;
   p.smem = (int)std::min<int64_t>(smem, 1 << 30);
   return p.smem;
@@ -151,6 +166,9 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
     if (bits == 2) e = thin::launch<2, __nv_bfloat16>(p, st);
   }
   if (e != cudaSuccess || p.kslices <= 1) return e;
+#ifdef BIE_WQT_LAB_BOUNDS
+  if (p.lab & 1) return e;
+#endif
   const int64_t total = (int64_t)p.M * p.N;
   const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, 4 * (int64_t)p.sms));
   // (a programmatic dependent of the thin kernel where the device has it: its launch overlaps that kernel's tail)

@@ -33,24 +33,28 @@ template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<B
 #ifndef BIE_WQT_S16
 #define BIE_WQT_S16 4
 #endif
-// One row tile of 4-bit codes with x staged (one row, and 2-8 rows sliced or whole): 8 stages (BIE_WQT_S8, lab knob;
-// session 28: the two-tile kernel with 4 stages, halving its x reads, ran 9 rows faster than this one ran 8)
+// One row tile of 4-bit codes with x staged (one row, and 2-8 rows sliced or whole): 4 stages (BIE_WQT_S8, lab knob),
+// or 8 (DEEP) where the plan measured that better (wqt_plan: mostly big layers). H100, session 29 (cuda_h100_thin.md),
+// W4 g128, us, 8 stages against 4: one row of 28672x8192 46.0-46.6 / 47.2-47.6, of 4096x4096 5.55-5.65 / 5.23-5.32,
+// of 5120x5120 9.7 / 8.3; 5 rows of 28672x8192 50.1-51.2 / 48.9-49.1, 8 rows 53.0-53.1 / 49.5 (session 28: the
+// two-tile kernel with 4 stages, halving its x reads, ran 9 rows faster than the 8-stage one ran 8).
 #ifndef BIE_WQT_S8
-#define BIE_WQT_S8 8
+#define BIE_WQT_S8 4
 #endif
-template <int BITS, int MX, int MR = 1> struct Thin {
+template <int BITS, int MX, int MR = 1, bool DEEP = false> struct Thin {
   static constexpr int S = MR == 2 ? BIE_WQT_S16
-                                   : BITS == 8 ? (MX == 1 ? 4 : 3) : (MX == 1 ? (BITS == 4 ? BIE_WQT_S8 : 6) : (BITS == 4 ? 4 : 3));
+                           : BITS == 8 ? (MX == 1 ? 4 : 3)
+                                       : (MX == 1 ? (BITS == 4 ? (DEEP ? 8 : BIE_WQT_S8) : 6) : (BITS == 4 ? 4 : 3));
 };
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
 // rows of x once, shared by all warps and items) | GPS statistics rows of 64 bytes.
-template <int BITS, int MX, int FS, int MR = 1> struct Slot {
+template <int BITS, int MX, int FS, int MR = 1, bool DEEP = false> struct Slot {
   static constexpr int KS = Stage<BITS, MR>::K;
   static constexpr int VPS = KS / (16 * Layout<BITS>::J);      // vectors per stage: 4 / 2 / 2 (8 / 4 / 2-bit)
   static constexpr int GPS = FS > 0 ? KS / (16 * FS) : 1;      // statistics rows per stage
   static constexpr int XO = VPS * 512, SO = XO + (MX == 1 ? 0 : MX * XPitch<BITS, MR>::v), BYTES = SO + GPS * 64;
-  static constexpr int WARP_BYTES = Thin<BITS, MX, MR>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
+  static constexpr int WARP_BYTES = Thin<BITS, MX, MR, DEEP>::S * BYTES + 16;   // + a 16-byte zero row for ldmatrix
 };
 
 // The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
@@ -124,18 +128,20 @@ __host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) {
   return mr == 2 && bits == 2 && fs == 2 ? 8 : BIE_WQT_LAB_MAXWARPS;
 }
 
-template <int BITS, int MX, int FS, int MR> constexpr int warp_bytes() { return Slot<BITS, MX, FS, MR>::WARP_BYTES; }
+template <int BITS, int MX, int FS, int MR, bool DEEP> constexpr int warp_bytes() {
+  return Slot<BITS, MX, FS, MR, DEEP>::WARP_BYTES;
+}
 
 // FS of a group size (2/4/8 k16 steps for 32/64/128, else 0)
 inline int thin_fs(int gs_shift) { return (gs_shift >= 5 && gs_shift <= 7) ? 1 << (gs_shift - 4) : 0; }
 
-template <int BITS, int MX, int MR = 1>
+template <int BITS, int MX, int MR = 1, bool DEEP = false>
 int thin_warp_bytes(int fs) {
   switch (fs) {
-    case 2: return warp_bytes<BITS, MX, 2, MR>();
-    case 4: return warp_bytes<BITS, MX, 4, MR>();
-    case 8: return warp_bytes<BITS, MX, 8, MR>();
-    default: return warp_bytes<BITS, MX, 0, MR>();
+    case 2: return warp_bytes<BITS, MX, 2, MR, DEEP>();
+    case 4: return warp_bytes<BITS, MX, 4, MR, DEEP>();
+    case 8: return warp_bytes<BITS, MX, 8, MR, DEEP>();
+    default: return warp_bytes<BITS, MX, 0, MR, DEEP>();
   }
 }
 

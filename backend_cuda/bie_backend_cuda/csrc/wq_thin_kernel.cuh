@@ -212,16 +212,16 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
 // (Spread above).
 // MR: 8-row tiles of the output (2 for 9-16 rows: x staged, MX == 1, not ONE). With K slices (p.kslices > 1) block b
 // covers the stages of slice b % kslices only (and stages only those of x), and writes float32 partials to p.ws.
-template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, bool XC>
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, bool XC, bool DEEP>
 __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
-  using SL = Slot<BITS, MX, FS, MR>;
+  using SL = Slot<BITS, MX, FS, MR, DEEP>;
   constexpr int KS = Stage<BITS, MR>::K, XPITCH = XPitch<BITS, MR>::v;
   constexpr int LKS = KS == 256 ? 8 : 7;   // log2(KS)
   constexpr int J = Layout<BITS>::J;
   constexpr int VPS = SL::VPS, GPS = SL::GPS, XO = SL::XO, SO = SL::SO, SB = SL::BYTES;
-  constexpr int S = Thin<BITS, MX, MR>::S;
+  constexpr int S = Thin<BITS, MX, MR, DEEP>::S;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);   // (as extract_a)
   extern __shared__ __align__(16) uint8_t smem_raw[];
 #ifdef BIE_WQT_PHASES
@@ -591,6 +591,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           if (m < M && col < p.N) {
             float v = rv[e];
             if (ksl > 1) {
+#ifdef BIE_WQT_LAB_BOUNDS
+              if (p.lab & 2) continue;
+#endif
               p.ws[((int64_t)slice * M + m) * p.N + col] = v;
             } else {
               if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
@@ -674,6 +677,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               }
 #pragma unroll
               for (int r = 0; r < MR; ++r) {
+#ifdef BIE_WQT_LAB_BOUNDS
+                if (r == 1 && (p.lab & 4)) continue;
+#endif
                 if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
                   mma_zero<T>(acc[r], a, b[r][2 * h], b[r][2 * h + 1]);
                   if (MX != 1) mma_zero<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
@@ -714,11 +720,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #endif
 }
 
-template <int BITS, typename T, int MX, int FS, bool ONE, int MR, bool XC = false>
+template <int BITS, typename T, int MX, int FS, bool ONE, int MR, bool XC = false, bool DEEP = false>
 cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   WqtArgs p = plan;
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC> : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC> : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC>);
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC, DEEP>
+                               : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC, DEEP>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC, DEEP>
+                               : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC, DEEP>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -737,19 +745,19 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   constexpr bool xc_kernel = BITS == 4 && FS == 8 && MX == 1 && !ONE;
   if (p.xpre == -3 && !(xc_kernel && p.cols && p.bulk)) p.xpre = -1;
   if constexpr (xc_kernel && !XC) {
-    if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true>(p, st);
+    if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true, DEEP>(p, st);
   }
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
-template <int BITS, typename T, int MX, bool ONE, int MR>
+template <int BITS, typename T, int MX, bool ONE, int MR, bool DEEP = false>
 cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
   switch (thin_fs(p.gs_shift)) {
-    case 2: return launch_t<BITS, T, MX, 2, ONE, MR>(p, st);
-    case 4: return launch_t<BITS, T, MX, 4, ONE, MR>(p, st);
-    case 8: return launch_t<BITS, T, MX, 8, ONE, MR>(p, st);
-    default: return launch_t<BITS, T, MX, 0, ONE, MR>(p, st);
+    case 2: return launch_t<BITS, T, MX, 2, ONE, MR, false, DEEP>(p, st);
+    case 4: return launch_t<BITS, T, MX, 4, ONE, MR, false, DEEP>(p, st);
+    case 8: return launch_t<BITS, T, MX, 8, ONE, MR, false, DEEP>(p, st);
+    default: return launch_t<BITS, T, MX, 0, ONE, MR, false, DEEP>(p, st);
   }
 }
 
@@ -760,6 +768,9 @@ cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
   // (x staged or copied per stage, as planned: wqt_plan)
   if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
   if (p.M > 8) return launch_m<BITS, T, 1, false, 2>(p, st);
+  // (4-bit codes: the 8-stage ring where the plan takes it, Thin)
+  if constexpr (BITS == 4)
+    if (p.deep) return p.M == 1 ? launch_m<BITS, T, 1, true, 1, true>(p, st) : launch_m<BITS, T, 1, false, 1, true>(p, st);
   return p.M == 1 ? launch_m<BITS, T, 1, true, 1>(p, st) : launch_m<BITS, T, 1, false, 1>(p, st);
 }
 
