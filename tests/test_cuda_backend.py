@@ -565,48 +565,6 @@ def test_wq_thin_one_tile_rings(gs, fmt, sdt, monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bits,gs,fmt,sdt", [(2, 64, "gba", torch.bfloat16), (4, 128, "gptq", torch.float16),
-                                             (4, -1, "gba", torch.bfloat16), (8, 32, "gba", torch.bfloat16)])
-def test_wq_thin_slices_summed_in_clusters(bits, gs, fmt, sdt, monkeypatch):
-    """K slices summed inside a cluster (sm_90: the slices' blocks exchange their sums through distributed shared
-    memory) against the float32 partials and the reduction kernel (BIE_WQT_CRED=0): the same bits, at 1-16 rows,
-    2-8 slices, 1-16 warps, one or several items per warp (the exchange slot reused), and under CUDA-graph replay."""
-    from bie_backend_cuda import weight_only as cw
-    k, n = 4104, 392
-    qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, bits == 4, 41 + bits, sdtype=sdt)
-    prepared = cw.prepare(qw, s, z, gi)
-    gen = torch.Generator().manual_seed(30)
-    calls = _thin_calls(monkeypatch, cw)
-    monkeypatch.setattr(cw, "THIN_M", 16)
-    ways = ((1, 2, 0, 0), (3, 3, 5, 2), (5, 2, 0, 0), (8, 4, 16, 2), (9, 2, 0, 0), (12, 3, 7, 4), (16, 2, 0, 0),
-            (16, 4, 16, 1), (16, 8, 0, 0), (13, 5, 3, 6))
-    run = lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)  # noqa: E731
-    for m, slices, warps, grid in ways:
-        monkeypatch.setattr(cw, "THIN_SLICES", slices)
-        monkeypatch.setattr(cw, "THIN_WARPS", warps)
-        monkeypatch.setattr(cw, "THIN_GRID", grid * slices)
-        x = torch.randn((m, k), generator=gen).bfloat16().cuda()
-        outs, peaks = [], []
-        for cred in ("0", "1"):
-            monkeypatch.setenv("BIE_WQT_CRED", cred)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            outs.append(run(x))
-            torch.cuda.synchronize()
-            peaks.append(torch.cuda.max_memory_allocated() - base)
-            _close(outs[-1], w64, x, torch.bfloat16, k, f"M={m} slices={slices} cred={cred}")
-        assert torch.equal(outs[0], outs[1]), f"M={m} slices={slices}: cluster sums differ from the reduction kernel"
-        if torch.cuda.get_device_capability()[0] >= 9:   # (the cluster path took it: no float32 partials allocated)
-            assert peaks[0] - peaks[1] >= slices * m * n * 4, f"M={m} slices={slices}: peaks {peaks}"
-        if m in (5, 16):
-            static_x = x.clone()
-            _graph_replays(run, static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
-                           lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
-    assert len(calls) >= 2 * len(ways)
-
-
-@needs_cuda
 def test_wq_thin_big_layer_and_graphs(monkeypatch):
     """A 28672-wide K (many stages per warp, every ring slot reused) and CUDA-graph replay with new inputs."""
     from bie_backend_cuda import weight_only as cw

@@ -2,9 +2,8 @@
 warps (THIN_WARPS), in a build whose two-row-tile ring depth is BIE_WQT_S16 (a compile-time define). Two timings
 each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio. A third field
 of a way sets BIE_WQT_LAB (session 29: the bounds of a build with BIE_WQT_LAB_BOUNDS, wq_thin.cu), or with a d in
-front BIE_WQT_DEEP (d0 / d1: the one-tile 4- or 8-stage ring forced), with a c BIE_WQT_CRED (c0 / c1: K slices summed
-by the reduction kernel / inside clusters).
-    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN|cN],...]"""
+front BIE_WQT_DEEP (d0 / d1: one row's 4- or 8-stage ring forced).
+    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN],...]"""
 import os
 import sys
 
@@ -30,13 +29,11 @@ for case in cases.split(","):
     res = {}
     for sl, wp, lab in ways:
         cw.THIN_SLICES, cw.THIN_WARPS = sl, wp
-        os.environ["BIE_WQT_LAB"] = "0" if not lab.isdigit() else lab
-        os.environ.pop("BIE_WQT_DEEP", None)
-        os.environ.pop("BIE_WQT_CRED", None)
+        os.environ["BIE_WQT_LAB"] = "0" if lab.startswith("d") else lab
         if lab.startswith("d"):
             os.environ["BIE_WQT_DEEP"] = lab[1:]
-        if lab.startswith("c"):
-            os.environ["BIE_WQT_CRED"] = lab[1:]
+        else:
+            os.environ.pop("BIE_WQT_DEEP", None)
         try:
             got = fns[0]().float()
             err = float((got - ref).abs().max() / ref.abs().max())
@@ -46,7 +43,6 @@ for case in cases.split(","):
     cw.THIN_SLICES = cw.THIN_WARPS = 0
     os.environ["BIE_WQT_LAB"] = "0"
     os.environ.pop("BIE_WQT_DEEP", None)
-    os.environ.pop("BIE_WQT_CRED", None)
     b = bf16_linear_us(m, n, k)
     line = f"[{tag}] {case}: " + ", ".join(
         f"s{sl}/w{wp}" + (f"/{lab}" if lab != "0" else "") + " " + "/".join(f"{v:.2f}" for v in r) + (f" (err {e})" if isinstance(e, str) else

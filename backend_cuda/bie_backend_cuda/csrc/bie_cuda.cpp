@@ -502,8 +502,8 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
               p.smem_limit, ")");
   TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wqt_gemm: internal error: more than 8 rows planned without staged x");
-  Tensor ws;   // the K slices' float32 partials (none where a cluster sums them)
-  if (p.kslices > 1 && !p.cred) {
+  Tensor ws;   // the K slices' float32 partials
+  if (p.kslices > 1) {
     ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
   }

@@ -10,9 +10,6 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <algorithm>
-#include <mutex>
-#include <utility>
-#include <vector>
 
 #include "launchers.h"
 
@@ -70,78 +67,6 @@ inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 // Launch kernel k(args); pdl: as a programmatic dependent of the previous kernel in the stream (sm_90), so that its
 // prologue overlaps that kernel's tail. Only for kernels that call griddep_wait() before touching anything the
 // previous kernel may write (wq_fragments.cuh).
-// launch_kernel with blocks in clusters of `cluster` consecutive blocks along x (sm_90; 1 = none)
-template <typename Kernel, typename Args>
-inline cudaError_t launch_kernel_cluster(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t st, bool pdl,
-                                         unsigned cluster, const Args& args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
-}
-// clusters of `cluster` blocks of this kernel resident at once on the current device (0 where none fits); the
-// driver's answer is kept per kernel, device and configuration (it is asked on every launch otherwise)
-template <typename Kernel>
-inline cudaError_t max_active_clusters(Kernel k, dim3 block, int smem, unsigned cluster, int* n) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  struct Key {
-    const void* k;
-    int dev, smem;
-    unsigned threads, cluster;
-    bool operator==(const Key& o) const {
-      return k == o.k && dev == o.dev && smem == o.smem && threads == o.threads && cluster == o.cluster;
-    }
-  };
-  static std::mutex mu;
-  static std::vector<std::pair<Key, int>> known;
-  const Key key{(const void*)k, dev, smem, block.x * block.y * block.z, cluster};
-  {
-    std::lock_guard<std::mutex> g(mu);
-    for (const auto& kv : known)
-      if (kv.first == key) {
-        *n = kv.second;
-        return cudaSuccess;
-      }
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cluster);
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaOccupancyMaxActiveClusters(n, (void*)k, &cfg);
-  if (e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> g(mu);
-  known.push_back({key, *n});
-  return cudaSuccess;
-}
 template <typename Kernel, typename Args>
 inline cudaError_t launch_kernel(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t st, bool pdl, const Args& args) {
   cudaLaunchConfig_t cfg = {};

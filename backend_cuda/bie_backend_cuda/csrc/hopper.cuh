@@ -178,29 +178,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
       : "memory");
 #endif
 }
-// mbar_wait for arrivals from other blocks of the cluster (their release.cluster arrivals, acquired at cluster scope)
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-// 16 bytes to the same shared-memory offset in block `rank` of the cluster
-__device__ __forceinline__ void st_cluster_f4(uint32_t addr, uint32_t rank, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "st.shared::cluster.v4.f32 [remote], {%2, %3, %4, %5};\n}\n" ::"r"(addr),
-      "r"(rank), "f"(a), "f"(b), "f"(c), "f"(d)
-      : "memory");
-#endif
-}
 // global -> the same shared-memory offset in every block of `mask`, completion counted in bytes on the
 // mbarrier at the same offset in each of them
 __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,

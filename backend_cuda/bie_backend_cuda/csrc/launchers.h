@@ -169,8 +169,6 @@ struct WqtArgs {
   int rr;                // with cols: the items dealt to the slice's blocks in turn (set by the plan)
   int xl;                // one row of x through registers: 16-byte loads in flight per thread (set by the plan)
   int deep;              // 4-bit codes, one row tile: the 8-stage ring instead of 4 (set by the plan)
-  int cred;              // K slices summed inside clusters of kslices blocks, no ws (sm_90; set by the plan)
-  int cred_off;          // with cred: where the blocks' exchange buffers start in dynamic shared memory
   int lab;               // lab bounds (only in a build with BIE_WQT_LAB_BOUNDS; wq_thin.cu): what to leave out
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced

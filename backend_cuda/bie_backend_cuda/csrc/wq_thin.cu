@@ -130,23 +130,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile
   if (const char* e = std::getenv("BIE_WQT_LAB")) p.lab = std::atoi(e);
 #endif
-  int64_t smem = p.warps * per_warp + xbytes;
-  // K slices summed inside a cluster (sm_90): the kslices blocks of a cluster cover the same items, blocks 1.. put each
-  // item's partials in block 0's shared memory and block 0 sums them in slice order (as the reduction kernel does, so
-  // the results are the same bits) and writes the output: no float32 partials in global memory and no second kernel,
-  // whose wait on the whole grid cost 4-5 us at 16 rows of 28672x8192 (session 29, lab bound BIE_WQT_LAB=1). For 2-4
-  // slices where the buffers ((kslices - 1) x 512 bytes per row tile and warp) fit; lab knob BIE_WQT_CRED=0/1 (up to 8).
-  p.cred = 0;
-  if (p.cols && p.kslices > 1 && p.bulk) {
-    bool want = p.kslices <= 4;
-    if (const char* e = std::getenv("BIE_WQT_CRED")) want = std::atoi(e) != 0 && p.kslices <= 8;
-    const int64_t off = (smem + 15) / 16 * 16, need = off + p.warps * ((int64_t)(p.kslices - 1) * mr * 512 + 16);
-    if (want && need <= p.smem_limit) {
-      p.cred = 1;
-      p.cred_off = (int)off;
-      smem = need;
-    }
-  }
+  const int64_t smem = p.warps * per_warp + xbytes;
   p.smem = (int)std::min<int64_t>(smem, 1 << 30);
   return p.smem;
 }
@@ -169,8 +153,7 @@ __global__ void wqt_reduce_kernel(const WqtArgs p) {
 
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (p.M > 16 || (p.M > 8 && p.mx != 1) || (p.kslices > 1 && ((p.ws == nullptr && !p.cred) || p.mx != 1)) ||
-      (p.cred && (p.kslices < 2 || p.kslices > 8 || !p.cols)))
+  if (p.M > 16 || (p.M > 8 && p.mx != 1) || (p.kslices > 1 && (p.ws == nullptr || p.mx != 1)))
     return cudaErrorInvalidValue;
   cudaError_t e = cudaErrorInvalidValue;
   if (cdtype == kF16) {
@@ -182,7 +165,7 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
     if (bits == 4) e = thin::launch<4, __nv_bfloat16>(p, st);
     if (bits == 2) e = thin::launch<2, __nv_bfloat16>(p, st);
   }
-  if (e != cudaSuccess || p.kslices <= 1 || p.cred) return e;
+  if (e != cudaSuccess || p.kslices <= 1) return e;
 #ifdef BIE_WQT_LAB_BOUNDS
   if (p.lab & 1) return e;
 #endif

@@ -275,21 +275,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
     __syncthreads();
   }
-  // K slices summed in the cluster (p.cred, sm_90; wqt_plan): block `slice` of a cluster is its rank, every block of a
-  // cluster takes the same items. Per warp an exchange slot in block 0 ((ksl - 1) x MR x 512 bytes: the other slices'
-  // sums of one item), its "full" mbarrier (32 arrivals per other slice) and, in blocks 1.., an "empty" one (block 0's
-  // warp arrives once it has read the slot). Initialised before any block of the cluster may arrive on them.
-  const bool cred = p.cred != 0;
-  const uint32_t cr_slot = smem_u32(smem_raw + p.cred_off) + warp * ((ksl - 1) * MR * 512 + 16);
-  const uint32_t cr_full = cr_slot + (ksl - 1) * MR * 512, cr_empty = cr_full + 8;
-  if (cred) {
-    if (lane == 0) {
-      hop::mbar_init(cr_full, 32 * (ksl - 1));
-      hop::mbar_init(cr_empty, 32);
-    }
-    hop::mbar_init_fence();
-    hop::cluster_sync();
-  }
 
   // This warp's K range (the same for every item); the block loops over 16-column blocks ("items")
   // blockIdx.x, + gridDim.x, ... and its ring runs on from one item into the next, so the next item's codes
@@ -575,8 +560,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 
   // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity), or (p.cols) the warp's
   // own sums; with K slices, the slice's float32 partial goes to p.ws (bias and output dtype in the reduction
-  // kernel, wq_thin.cu), or (p.cred) to block 0 of the cluster, which sums the slices in order and stores the output
-  int parity = 0, citem = 0;
+  // kernel, wq_thin.cu)
+  int parity = 0;
   auto finish_item = [&](int nb) {
     if (!cols) {
 #pragma unroll
@@ -584,22 +569,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
         red[((parity * nwarps + warp) * MR + r) * 32 + lane] = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
       __syncthreads();
     }
-    bool handed = false;   // (p.cred, slices 1..: this item's sums went to block 0)
-    if (cred) {
-      if (slice != 0) {
-        if (citem > 0) hop::mbar_wait_cluster(cr_empty, (citem - 1) & 1);   // block 0 has read the previous item's
-#pragma unroll
-        for (int r = 0; r < MR; ++r)
-          hop::st_cluster_f4(cr_slot + ((slice - 1) * MR + r) * 512 + lane * 16, 0, tot[r][0], tot[r][1], tot[r][2],
-                             tot[r][3]);
-        hop::mbar_arrive_cluster(cr_full, 0);
-        handed = true;
-      } else {
-        hop::mbar_wait_cluster(cr_full, citem & 1);
-      }
-      ++citem;
-    }
-    if (!handed && (cols || warp == 0)) {
+    if (cols || warp == 0) {
 #pragma unroll
       for (int r = 0; r < MR; ++r) {
         float4 q0 = make_float4(tot[r][0], tot[r][1], tot[r][2], tot[r][3]);
@@ -613,14 +583,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
             q0.w += q.w;
           }
         }
-        if (cred)   // (slice order, as the reduction kernel)
-          for (int s2 = 1; s2 < ksl; ++s2) {
-            const uint4 q = lds128(cr_slot + ((s2 - 1) * MR + r) * 512 + lane * 16);
-            q0.x += __uint_as_float(q.x);
-            q0.y += __uint_as_float(q.y);
-            q0.z += __uint_as_float(q.z);
-            q0.w += __uint_as_float(q.w);
-          }
         const float rv[4] = {q0.x, q0.y, q0.z, q0.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -628,7 +590,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           const int m = 8 * r + 2 * t + (e & 1), col = nb * 16 + g + 8 * (e >> 1);
           if (m < M && col < p.N) {
             float v = rv[e];
-            if (ksl > 1 && !cred) {
+            if (ksl > 1) {
 #ifdef BIE_WQT_LAB_BOUNDS
               if (p.lab & 2) continue;
 #endif
@@ -641,8 +603,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
         }
       }
     }
-    if (cred && slice == 0)   // (the slot read: the other blocks may write the next item's)
-      for (int s2 = 1; s2 < ksl; ++s2) hop::mbar_arrive_cluster(cr_empty, s2);
     parity ^= 1;
 #pragma unroll
     for (int r = 0; r < MR; ++r)
@@ -751,8 +711,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
     }
   cp_wait<0>();
-  // (p.cred: no block leaves while another of its cluster may still arrive on its barriers)
-  if (cred) hop::cluster_sync();
 #ifdef BIE_WQT_PHASES
   BIE_WQT_MARK(4)
   if (threadIdx.x == 0)
@@ -780,16 +738,8 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   const int items = ceil_div(p.N, 16), ksl = std::max(1, p.kslices);
   const int per_slice = p.grid_force > 0 ? std::max(1, p.grid_force / ksl)
                                          : std::max(1, std::min(items, std::max(1, per_sm) * p.sms / ksl));
-  int per_slice_c = per_slice;
-  if (p.cred) {   // clusters of the kslices blocks of the same items: as many as are resident at once
-    int nc = 0;
-    e = max_active_clusters(k, dim3((unsigned)(p.warps * 32)), smem, (unsigned)ksl, &nc);
-    if (e != cudaSuccess) return e;
-    if (nc < 1) return cudaErrorInvalidConfiguration;
-    if (p.grid_force <= 0) per_slice_c = std::min(per_slice, nc);
-  }
-  const int grid = per_slice_c * ksl;
-  if (p.xpre == -2) p.xpre = thin_xpre(p, BITS, per_slice_c);
+  const int grid = per_slice * ksl;
+  if (p.xpre == -2) p.xpre = thin_xpre(p, BITS, per_slice);
   // x in chunks: its own kernels (4-bit codes in groups of 128, x staged, several rows: where the plan takes it), with
   // bulk copies (sm_90) and warps that each pass over the whole slice (K slices); elsewhere through registers
   constexpr bool xc_kernel = BITS == 4 && FS == 8 && MX == 1 && !ONE;
@@ -798,8 +748,7 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
     if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true, DEEP>(p, st);
   }
   // may overlap the previous kernel in the stream (see the kernel's prologue)
-  return launch_kernel_cluster(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0,
-                               p.cred ? (unsigned)ksl : 1u, p);
+  return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
 template <int BITS, typename T, int MX, bool ONE, int MR, bool DEEP = false>
