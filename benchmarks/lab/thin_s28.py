@@ -2,8 +2,8 @@
 warps (THIN_WARPS), in a build whose two-row-tile ring depth is BIE_WQT_S16 (a compile-time define). Two timings
 each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio. A third field
 of a way sets BIE_WQT_LAB (session 29: the bounds of a build with BIE_WQT_LAB_BOUNDS, wq_thin.cu), or with a d in
-front BIE_WQT_DEEP (d0 / d1: one row's 4- or 8-stage ring forced).
-    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN],...]"""
+front BIE_WQT_DEEP (d0 / d1: the one-tile 4- or 8-stage ring forced), or KEY=V: BIE_WQT_KEY=V (e.g. RED4=0).
+    python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN|KEY=V],...]"""
 import os
 import sys
 
@@ -17,6 +17,7 @@ cases = sys.argv[sys.argv.index("--cases") + 1] if "--cases" in sys.argv else \
     "16x28672x8192x4x128,16x8192x28672x4x128,16x4096x4096x4x128"
 ways = sys.argv[sys.argv.index("--ways") + 1] if "--ways" in sys.argv else "0:0,2:0,3:0,4:0"
 ways = [(int(w.split(":")[0]), int(w.split(":")[1]), (w + ":0").split(":")[2]) for w in ways.split(",")]
+knobs = {"BIE_WQT_DEEP"} | {"BIE_WQT_" + lab.split("=")[0] for _, _, lab in ways if "=" in lab}
 tag = os.environ.get("BIE_CUDA_DEFINES", "") or "product"
 from bie_backend_cuda import weight_only as cw  # noqa: E402
 warm_gpu(2.0)
@@ -29,11 +30,13 @@ for case in cases.split(","):
     res = {}
     for sl, wp, lab in ways:
         cw.THIN_SLICES, cw.THIN_WARPS = sl, wp
-        os.environ["BIE_WQT_LAB"] = "0" if lab.startswith("d") else lab
+        os.environ["BIE_WQT_LAB"] = lab if lab.isdigit() else "0"
+        for key in knobs:
+            os.environ.pop(key, None)
         if lab.startswith("d"):
             os.environ["BIE_WQT_DEEP"] = lab[1:]
-        else:
-            os.environ.pop("BIE_WQT_DEEP", None)
+        elif "=" in lab:
+            os.environ["BIE_WQT_" + lab.split("=")[0]] = lab.split("=")[1]
         try:
             got = fns[0]().float()
             err = float((got - ref).abs().max() / ref.abs().max())
@@ -42,7 +45,8 @@ for case in cases.split(","):
             res[(sl, wp, lab)] = ([float("nan")] * 2, str(e).split("\n")[0][:60])
     cw.THIN_SLICES = cw.THIN_WARPS = 0
     os.environ["BIE_WQT_LAB"] = "0"
-    os.environ.pop("BIE_WQT_DEEP", None)
+    for key in knobs:
+        os.environ.pop(key, None)
     b = bf16_linear_us(m, n, k)
     line = f"[{tag}] {case}: " + ", ".join(
         f"s{sl}/w{wp}" + (f"/{lab}" if lab != "0" else "") + " " + "/".join(f"{v:.2f}" for v in r) + (f" (err {e})" if isinstance(e, str) else

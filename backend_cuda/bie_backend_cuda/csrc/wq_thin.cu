@@ -149,6 +149,43 @@ __global__ void wqt_reduce_kernel(const WqtArgs p) {
     store_f32(p.out, p.out_dtype, i, v);
   }
 }
+// The same sums, 4 outputs a thread (N % 4 == 0, output 16-byte aligned): every slice's float4 in flight at once, where
+// the kernel above waits for a round of scalar L2 loads per output; the same additions in the same order (same bits).
+__global__ void wqt_reduce4_kernel(const WqtArgs p) {
+  frag::griddep_launch_dependents();
+  frag::griddep_wait();
+  const int64_t total = (int64_t)p.M * p.N;
+  for (int64_t i = 4 * (blockIdx.x * (int64_t)blockDim.x + threadIdx.x); i < total;
+       i += 4 * (int64_t)gridDim.x * blockDim.x) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = 0; s < p.kslices; ++s) {
+      const float4 q = __ldcg(reinterpret_cast<const float4*>(p.ws + s * total + i));
+      v.x += q.x;
+      v.y += q.y;
+      v.z += q.z;
+      v.w += q.w;
+    }
+    if (p.bias) {
+      const int64_t n = i % p.N;
+      v.x += load_f32(p.bias, p.bias_dtype, n);
+      v.y += load_f32(p.bias, p.bias_dtype, n + 1);
+      v.z += load_f32(p.bias, p.bias_dtype, n + 2);
+      v.w += load_f32(p.bias, p.bias_dtype, n + 3);
+    }
+    if (p.out_dtype == kF32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(p.out) + i) = v;
+    } else if (p.out_dtype == kF16) {
+      const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+      *reinterpret_cast<uint2*>(static_cast<__half*>(p.out) + i) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    } else {
+      const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + i) =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    }
+  }
+}
 }  // namespace
 
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
@@ -170,9 +207,14 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
   if (p.lab & 1) return e;
 #endif
   const int64_t total = (int64_t)p.M * p.N;
-  const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, 4 * (int64_t)p.sms));
+  // 4 outputs a thread where rows are whole float4s and the output is aligned (lab knob BIE_WQT_RED4=0: never)
+  bool four = p.N % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  if (const char* e = std::getenv("BIE_WQT_RED4")) four = four && std::atoi(e) != 0;
+  const int64_t threads = four ? total / 4 : total;
+  const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((threads + 255) / 256, 4 * (int64_t)p.sms));
   // (a programmatic dependent of the thin kernel where the device has it: its launch overlaps that kernel's tail)
-  return launch_kernel(wqt_reduce_kernel, dim3((unsigned)grid), dim3(256), 0, st, p.pdl != 0, p);
+  return launch_kernel(four ? wqt_reduce4_kernel : wqt_reduce_kernel, dim3((unsigned)grid), dim3(256), 0, st,
+                       p.pdl != 0, p);
 }
 
 }  // namespace bie
