@@ -567,8 +567,8 @@ def test_wq_thin_one_tile_rings(gs, fmt, sdt, monkeypatch):
 @needs_cuda
 @pytest.mark.parametrize("n", [392, 203])
 def test_wq_thin_slices_reduction(n, monkeypatch):
-    """The K slices' reduction kernels: four outputs a thread (N % 4 == 0) and one (else, or BIE_WQT_RED4=0) give the
-    same bits, with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows."""
+    """The K slices' reduction kernels: four outputs a thread (N % 4 == 0, blocks of 256 / 128 / 64 threads) and one
+    (else, or BIE_WQT_RED4=0) give the same bits, with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows."""
     from bie_backend_cuda import weight_only as cw
     k = 2056
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 50 + n, sdtype=torch.bfloat16)
@@ -582,12 +582,12 @@ def test_wq_thin_slices_reduction(n, monkeypatch):
         x = torch.randn((m, k), generator=gen).to(dtype).cuda()
         bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
         outs = []
-        for red4 in ("1", "0"):
+        for red4 in ("1", "2", "3", "0"):   # (four outputs a thread in blocks of 256 / 128 / 64 threads; one)
             monkeypatch.setenv("BIE_WQT_RED4", red4)
             outs.append(cw.wq_gemm(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared))
             _close(outs[-1], w64, x, dtype, k, f"M={m} slices={slices} red4={red4}", bias)
-        assert torch.equal(outs[0], outs[1]), f"M={m} slices={slices}: the reduction kernels disagree"
-    assert len(calls) == 10
+            assert torch.equal(outs[0], outs[-1]), f"M={m} slices={slices} red4={red4}: the reduction kernels disagree"
+    assert len(calls) == 20
 
 
 @needs_cuda

@@ -207,13 +207,17 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
   if (p.lab & 1) return e;
 #endif
   const int64_t total = (int64_t)p.M * p.N;
-  // 4 outputs a thread where rows are whole float4s and the output is aligned (lab knob BIE_WQT_RED4=0: never)
-  bool four = p.N % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  if (const char* e = std::getenv("BIE_WQT_RED4")) four = four && std::atoi(e) != 0;
-  const int64_t threads = four ? total / 4 : total;
-  const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((threads + 255) / 256, 4 * (int64_t)p.sms));
+  // 4 outputs a thread where rows are whole float4s, the output is aligned and the one-output kernel would loop (more
+  // outputs than 4 blocks of 256 threads per SM). Lab knob BIE_WQT_RED4: 0 one output a thread, 1 / 2 / 3 four in
+  // blocks of 256 / 128 / 64 threads.
+  const bool can4 = p.N % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  int way = can4 && total > 4 * (int64_t)p.sms * 256 ? 1 : 0;
+  if (const char* e = std::getenv("BIE_WQT_RED4")) way = can4 ? std::min(3, std::max(0, std::atoi(e))) : 0;
+  const int64_t threads = way ? total / 4 : total;
+  const int bt = way ? 256 >> (way - 1) : 256;
+  const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((threads + bt - 1) / bt, 4 * (int64_t)p.sms * (256 / bt)));
   // (a programmatic dependent of the thin kernel where the device has it: its launch overlaps that kernel's tail)
-  return launch_kernel(four ? wqt_reduce4_kernel : wqt_reduce_kernel, dim3((unsigned)grid), dim3(256), 0, st,
+  return launch_kernel(way ? wqt_reduce4_kernel : wqt_reduce_kernel, dim3((unsigned)grid), dim3((unsigned)bt), 0, st,
                        p.pdl != 0, p);
 }
 
