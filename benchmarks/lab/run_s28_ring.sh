@@ -8,9 +8,9 @@ source benchmarks/cutlass_setup.sh
 START=$(date +%s); el() { echo $(( $(date +%s) - START )); }
 VARIANTS=${VARIANTS:-"4 6 8"}
 # variant 4 is the product; w20 / w24: BIE_WQT_LAB_MAXWARPS (blocks of 20 / 24 warps); s8_N: the one-tile kernels'
-# ring depth BIE_WQT_S8=N; b: the lab bounds build (BIE_WQT_LAB_BOUNDS; ways slices:warps:lab); else the two-tile ring
+# ring depth BIE_WQT_S8=N; b8_N: the 8-bit one-tile ring depth BIE_WQT_S8B=N; b: the lab bounds build (BIE_WQT_LAB_BOUNDS; ways slices:warps:lab); else the two-tile ring
 # depth BIE_WQT_S16
-def() { case $1 in w*) echo BIE_WQT_LAB_MAXWARPS=${1#w};; s8_*) echo BIE_WQT_S8=${1#s8_};; b) echo BIE_WQT_LAB_BOUNDS;; *) echo BIE_WQT_S16=$1;; esac; }
+def() { case $1 in w*) echo BIE_WQT_LAB_MAXWARPS=${1#w};; s8_*) echo BIE_WQT_S8=${1#s8_};; b8_*) echo BIE_WQT_S8B=${1#b8_};; b) echo BIE_WQT_LAB_BOUNDS;; *) echo BIE_WQT_S16=$1;; esac; }
 # per-variant ways and cases: WAYS_<variant> (e.g. WAYS_w20=0:0,0:20), else WAYS; CASES_<variant>, else CASES
 for s in $VARIANTS; do
   ( export MAX_JOBS=6 BIE_CUDA_CACHE=/tmp/cache_s$s; [ $s = 4 ] || export BIE_CUDA_DEFINES=$(def $s)

@@ -207,11 +207,13 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
   if (p.lab & 1) return e;
 #endif
   const int64_t total = (int64_t)p.M * p.N;
-  // 4 outputs a thread where rows are whole float4s, the output is aligned and the one-output kernel would loop (more
-  // outputs than 4 blocks of 256 threads per SM). Lab knob BIE_WQT_RED4: 0 one output a thread, 1 / 2 / 3 four in
-  // blocks of 256 / 128 / 64 threads.
+  // 4 outputs a thread where rows are whole float4s, the output is aligned and there are at least 3 blocks of 256
+  // outputs per SM. H100, session 29 (cuda_h100_thin.md, s29/final1 and s29/red4), us, four / one a thread: 16 rows of
+  // 28672x8192 55.0-56.1 / 58.3-58.8 and 55.8-56.0 / 57.1-57.7, 12 rows 54.0 / 56.3-56.8, 16 rows of 8192x28672
+  // 55.2-56.0 / 56.6-57.3; but 16 rows of 4096x4096 9.8-10.2 / 8.6-8.8 and 8 rows 7.3-7.5 / 6.6-6.8 (fewer, fatter
+  // blocks). Lab knob BIE_WQT_RED4: 0 one output a thread, 1 / 2 / 3 four in blocks of 256 / 128 / 64 threads.
   const bool can4 = p.N % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  int way = can4 && total > 4 * (int64_t)p.sms * 256 ? 1 : 0;
+  int way = can4 && total >= 3 * (int64_t)p.sms * 256 ? 1 : 0;
   if (const char* e = std::getenv("BIE_WQT_RED4")) way = can4 ? std::min(3, std::max(0, std::atoi(e))) : 0;
   const int64_t threads = way ? total / 4 : total;
   const int bt = way ? 256 >> (way - 1) : 256;

@@ -41,9 +41,13 @@ template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<B
 #ifndef BIE_WQT_S8
 #define BIE_WQT_S8 4
 #endif
+// 8-bit codes, one row tile, x staged: 4 stages (BIE_WQT_S8B, lab knob)
+#ifndef BIE_WQT_S8B
+#define BIE_WQT_S8B 4
+#endif
 template <int BITS, int MX, int MR = 1, bool DEEP = false> struct Thin {
   static constexpr int S = MR == 2 ? BIE_WQT_S16
-                           : BITS == 8 ? (MX == 1 ? 4 : 3)
+                           : BITS == 8 ? (MX == 1 ? BIE_WQT_S8B : 3)
                                        : (MX == 1 ? (BITS == 4 ? (DEEP ? 8 : BIE_WQT_S8) : 6) : (BITS == 4 ? 4 : 3));
 };
 
