@@ -535,15 +535,15 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("gs,fmt,sdt", [(gs, fmt, sdt) for bits, gs, fmt, sdt in THIN if bits == 4])
-def test_wq_thin_one_tile_rings(gs, fmt, sdt, monkeypatch):
-    """1-8 rows of 4-bit codes through both rings of the one-tile kernels, 4 stages and 8 (the plan takes 8 where it
-    measured better, mostly on layers of more than 2^26 weights; forced here by the lab knob BIE_WQT_DEEP), with
-    every x staging, 1-16 warps and K slices: against the float64 product, and the two rings bit-identical (same
-    stage order, same sums)."""
+@pytest.mark.parametrize("bits,gs,fmt,sdt", [c for c in THIN if c[0] in (4, 8)])
+def test_wq_thin_one_tile_rings(bits, gs, fmt, sdt, monkeypatch):
+    """1-8 rows of 4- and 8-bit codes through both rings of the one-tile kernels (4-bit: 4 stages and 8, the plan
+    taking 8 mostly on layers of more than 2^26 weights; 8-bit: 3 stages and 4, 4 on smaller layers; forced here by
+    the lab knob BIE_WQT_DEEP), with every x staging, 1-16 warps and K slices: against the float64 product, and the
+    two rings bit-identical (same stage order, same sums)."""
     from bie_backend_cuda import weight_only as cw
     k, n = (3000, 72) if gs != 256 else (3336, 72)
-    qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, True, 31 + max(gs, 0), sdtype=sdt)
+    qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, bits == 4, 31 + max(gs, 0), sdtype=sdt)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(29)
     calls = _thin_calls(monkeypatch, cw)
@@ -558,9 +558,9 @@ def test_wq_thin_one_tile_rings(gs, fmt, sdt, monkeypatch):
         outs = []
         for deep in ("0", "1"):
             monkeypatch.setenv("BIE_WQT_DEEP", deep)
-            outs.append(cw.wq_gemm(x, qw, s, z, gi, None, 4, gs, fmt, prepared=prepared))
+            outs.append(cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared))
             _close(outs[-1], w64, x, torch.bfloat16, k, f"M={m} deep={deep} warps={warps} xpre={xpre} slices={slices}")
-        assert torch.equal(outs[0], outs[1]), f"M={m}: the 4- and 8-stage rings disagree"
+        assert torch.equal(outs[0], outs[1]), f"M={m}: the two rings disagree"
     assert len(calls) == 2 * len(ways)
 
 

@@ -168,7 +168,7 @@ struct WqtArgs {
   int bulk;              // the device has bulk (TMA-engine) copies and mbarriers (sm_90)
   int rr;                // with cols: the items dealt to the slice's blocks in turn (set by the plan)
   int xl;                // one row of x through registers: 16-byte loads in flight per thread (set by the plan)
-  int deep;              // 4-bit codes, one row tile: the 8-stage ring instead of 4 (set by the plan)
+  int deep;              // 4- / 8-bit codes, one row tile: the 8- / 4-stage ring instead of 4 / 3 (set by the plan)
   int lab;               // lab bounds (only in a build with BIE_WQT_LAB_BOUNDS; wq_thin.cu): what to leave out
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced

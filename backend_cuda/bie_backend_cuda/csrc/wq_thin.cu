@@ -38,12 +38,14 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // 28672x8192 g128 46.0 / 47.2, g32 55.0 / 56.4-56.9, 8192x28672 per channel 50.7-50.9 / 49.5-49.8, 5120x5120
   // 9.7 / 8.3, 11008x4096 12.4 / 11.3; 2 / 4 rows of 28672x8192 46.5 / 47.8, 47.8 / 49.6; 8 rows per channel 49.7 /
   // 54.5, in groups of 128 53.0 / 49.5, of 32 64.3 / 63.9; 6 rows of 11008x4096 13.6 / 13.2.
+  // 8-bit codes: 4 stages instead of 3 on layers of at most 2^26 weights (Thin).
   const bool deep_ring = p.M == 1 ? fs > 0 : (p.M <= 4 || fs == 0);
-  p.deep = bits == 4 && one && mr == 1 && big && deep_ring;
-  if (const char* e = std::getenv("BIE_WQT_DEEP")) p.deep = bits == 4 && one && mr == 1 && std::atoi(e) != 0;
+  p.deep = one && mr == 1 && ((bits == 4 && big && deep_ring) || (bits == 8 && !big));
+  if (const char* e = std::getenv("BIE_WQT_DEEP")) p.deep = (bits == 4 || bits == 8) && one && mr == 1 && std::atoi(e) != 0;
   const int wbytes = mr == 2      ? (bits == 8 ? thin_warp_bytes<8, 1, 2>(fs)
                                                  : bits == 4 ? thin_warp_bytes<4, 1, 2>(fs) : thin_warp_bytes<2, 1, 2>(fs))
-                     : bits == 8 ? (one ? thin_warp_bytes<8, 1>(fs) : thin_warp_bytes<8, 8>(fs))
+                     : bits == 8 ? (one ? (p.deep ? thin_warp_bytes<8, 1, 1, true>(fs) : thin_warp_bytes<8, 1>(fs))
+                                        : thin_warp_bytes<8, 8>(fs))
                      : bits == 4 ? (one ? (p.deep ? thin_warp_bytes<4, 1, 1, true>(fs) : thin_warp_bytes<4, 1>(fs))
                                         : thin_warp_bytes<4, 8>(fs))
                                  : (one ? thin_warp_bytes<2, 1>(fs) : thin_warp_bytes<2, 8>(fs));

@@ -41,13 +41,16 @@ template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<B
 #ifndef BIE_WQT_S8
 #define BIE_WQT_S8 4
 #endif
-// 8-bit codes, one row tile, x staged: 4 stages (BIE_WQT_S8B, lab knob)
+// 8-bit codes, one row tile, x staged: 3 stages (BIE_WQT_S8B, lab knob), 4 (DEEP) on layers of at most 2^26 weights
+// (wqt_plan). H100, session 29 (cuda_h100_thin.md, s29/w8), us, 3 / 4 stages: one row of 28672x8192 per channel
+// 86.0-87.1 / 87.4-87.5, in groups of 128 86.1 / 88.5-88.9, of 8192x28672 90.8-91.1 / 91.6-91.7, of 4096x4096 8.55 /
+// 8.38; 8 rows of 28672x8192 103.7 / 104.1 (6 stages: slower everywhere, 9.9 on 4096x4096).
 #ifndef BIE_WQT_S8B
-#define BIE_WQT_S8B 4
+#define BIE_WQT_S8B 3
 #endif
 template <int BITS, int MX, int MR = 1, bool DEEP = false> struct Thin {
   static constexpr int S = MR == 2 ? BIE_WQT_S16
-                           : BITS == 8 ? (MX == 1 ? BIE_WQT_S8B : 3)
+                           : BITS == 8 ? (MX == 1 ? (DEEP ? 4 : BIE_WQT_S8B) : 3)
                                        : (MX == 1 ? (BITS == 4 ? (DEEP ? 8 : BIE_WQT_S8) : 6) : (BITS == 4 ? 4 : 3));
 };
 

@@ -768,8 +768,8 @@ cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
   // (x staged or copied per stage, as planned: wqt_plan)
   if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
   if (p.M > 8) return launch_m<BITS, T, 1, false, 2>(p, st);
-  // (4-bit codes: the 8-stage ring where the plan takes it, Thin)
-  if constexpr (BITS == 4)
+  // (4- and 8-bit codes: the deeper ring where the plan takes it, Thin)
+  if constexpr (BITS == 4 || BITS == 8)
     if (p.deep) return p.M == 1 ? launch_m<BITS, T, 1, true, 1, true>(p, st) : launch_m<BITS, T, 1, false, 1, true>(p, st);
   return p.M == 1 ? launch_m<BITS, T, 1, true, 1>(p, st) : launch_m<BITS, T, 1, false, 1>(p, st);
 }
