@@ -1,10 +1,11 @@
 """SASS checks of the bie-backend-cuda kernels (run on the GPU machine on `cuobjdump -sass` of the built library).
 
-    python3 benchmarks/sass_check.py /tmp/all.sass [binary] [wqv] [wqt]     (default: all three)
+    python3 benchmarks/sass_check.py /tmp/all.sass [binary] [wqv] [wqt] [wqm]     (default: all four)
 
 binary: every 1-bit GEMM kernel uses the native AND+popc MMA (BMMA / BGMMA), never XOR+popc (emulated on sm_90), no
 call and no local memory; wqv / wqt: the skinny and thin weight-only kernels use HMMA and their cp.async / ldmatrix
-paths, no call, no local memory. One line per family says OK or FAIL with the offending kernels.
+paths, no call, no local memory; wqm: the many-row wgmma weight-only kernels use wgmma (HGMMA), no call, no local
+memory. One line per family says OK or FAIL with the offending kernels.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ OPS = {
                "LDSM", "LDGSTS", "LDL", "STL"),
     "wqv": ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDS.128", "CALL", "LDL", "STL", "I2F", "F2F"),
     "wqt": ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.M88.4", "CALL", "LDL", "STL"),
+    "wqm": ("HGMMA", "CALL", "LDL", "STL"),
 }
-KERNEL = {"binary": "bgemm", "wqv": "wqv_kernel", "wqt": "wqt_kernel"}
+KERNEL = {"binary": "bgemm", "wqv": "wqv_kernel", "wqt": "wqt_kernel", "wqm": "wqm_kernel"}
 
 
 def counts(path: str) -> dict:
@@ -59,6 +61,10 @@ def report(fam: str, stats: dict) -> str:
         return "SASS check (wqv): " + ("FAIL " + str(bad) if bad or not stats else
                                        f"OK ({len(stats)} skinny kernels: HMMA, 16-byte cp.async ring, no CALL, "
                                        "no local memory)")
+    if fam == "wqm":
+        bad = [f for f, c in stats.items() if not no_local(c) or not c["HGMMA"]]
+        return "SASS check (wqm): " + ("FAIL " + str(bad) if bad or not stats else
+                                       f"OK ({len(stats)} many-row kernels: HGMMA, no CALL, no local memory)")
     bad = [f for f, c in stats.items() if not no_local(c) or not c["HMMA.16816.F32"] or not c["LDSM.16.M88.4"]]
     return "SASS check (wqt): " + ("FAIL " + str(bad) if bad or not stats else
                                    f"OK ({len(stats)} thin kernels: HMMA, LDSM, cp.async ring, no CALL, "
