@@ -127,6 +127,26 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   const int64_t pieces = (int64_t)p.M * p.slice_stages * (p.kstage / 8);
   p.xl = ceil_div(pieces, (int64_t)p.warps * 32) > 4 ? 8 : 4;
   if (const char* e = std::getenv("BIE_WQT_XL")) p.xl = std::atoi(e);
+#ifdef BIE_WQT_LAB_XWRAP
+  // lab bound (BIE_CUDA_DEFINES=BIE_WQT_LAB_XWRAP, wrong results, never in the product build): two row tiles holding
+  // only BIE_WQT_XW stages of x (a power of two), which the slice's stages re-read cyclically, so that one K slice
+  // (or slices_force) fits beside the ring: what streaming x through a ring, one pass over K, could reach
+  if (const char* e = std::getenv("BIE_WQT_XW")) {
+    const int W = std::atoi(e);
+    if (W > 0 && (W & (W - 1)) == 0 && mr == 2) {
+      p.kslices = slices_force > 0 ? std::min(slices_force, p.nstages) : 1;
+      p.slice_stages = ceil_div(p.nstages, p.kslices);
+      p.kslices = ceil_div(p.nstages, p.slice_stages);
+      p.xwrap = W;
+      p.xpre = -1;
+      p.mx = p.cols = p.rr = 1;
+      p.warps = warps_force > 0 ? warps_force : 16;
+      p.st_per_warp = p.slice_stages;
+      p.smem = (int)(p.warps * per_warp + thin_xbytes(p, W));
+      return p.smem;
+    }
+  }
+#endif
 #ifdef BIE_WQT_LAB_BOUNDS
   // lab bounds (BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, wrong results, never in the product build), bits of BIE_WQT_LAB:
   // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile

@@ -254,7 +254,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // MX == 1: the block's copy of x (M rows of its slice's slice_stages * KS values, zero past K; the 16-byte pad
   // puts the rows of one ldmatrix on distinct bank quads), after the partials' buffers
   const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + (cols ? 0 : 2 * 512 * MR)));
-  const int xpitch = p.slice_stages * KS * 2 + 16;
+#ifdef BIE_WQT_LAB_XWRAP
+  const int xmask = p.xwrap > 0 ? p.xwrap - 1 : -1;   // (lab bound: x held as p.xwrap stages, re-read cyclically)
+#else
+  constexpr int xmask = -1;
+#endif
+  const int xpitch = (xmask == -1 ? p.slice_stages : xmask + 1) * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
   // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
@@ -425,7 +430,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   } else if (MX == 1) {
     griddep_wait();
     BIE_WQT_MARK(2)
-    const int per_row = (bs1 - bs0) * (KS / 8);   // 16-byte chunks of the slice
+    const int per_row = (xmask == -1 ? bs1 - bs0 : min(bs1 - bs0, xmask + 1)) * (KS / 8);   // 16-byte chunks of the slice
     const T* xs0 = X + (int64_t)bs0 * KS;
     const int total = M * per_row;
     // sum(x) table: each unit is UL consecutive chunks of one row (rows are whole stages, KS / 8 chunks), held by
@@ -647,7 +652,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
           for (int r = 0; r < MR; ++r)
             xa[r] = xzero[r] ? zrow
-                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + (s - bs0) * (KS * 2) + (lane >> 3) * 16
+                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + ((s - bs0) & xmask) * (KS * 2) + (lane >> 3) * 16
                                         : base + xoff);
 #pragma unroll
           for (int c = 0; c < KS / 32; ++c) {
@@ -690,10 +695,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               }
               // (the sum(x) table is indexed by the stage within the block's slice)
               if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
-                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (s - bs0) * GPS + j / (FS > 0 ? FS : 1));
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, ((s - bs0) & xmask) * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) flush(base + SO, s - bs0);
+          if (FS == 0) flush(base + SO, (s - bs0) & xmask);
           if (++s == st1) {
             finish_item(nb);
             nb += istep;
