@@ -259,7 +259,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #else
   constexpr int xmask = -1;
 #endif
-  const int xpitch = (xmask == -1 ? p.slice_stages : xmask + 1) * KS * 2 + 16;
+  // x through a ring of THIN_XCHUNKS chunks of p.xring stages (XC kernels, p.xring > 0: every warp takes at most one
+  // item, one pass over its slice; see the prologue): the block holds xst stages of x, not the whole slice
+  const bool xr = XC && p.xring > 0;
+  const int xst = xr ? THIN_XCHUNKS * p.xring : (xmask == -1 ? p.slice_stages : xmask + 1);
+  const int xpitch = xst * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
   // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
@@ -272,10 +276,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // ring, nearly doubled the other kernels' size and made them slower, 8 rows of 4096x4096 6.9 -> 8.4 us, session 26)
   static_assert(!XC || (MX == 1 && !ONE), "x in chunks: staged x, several rows");
   constexpr bool xchunked = XC;
-  auto xbar = [&]() { return sxtab + (uint32_t)((FS > 0 ? p.slice_stages * GPS : p.slice_stages) * RP * 8); };
+  // (the ring: a third set of THIN_XCHUNKS mbarriers, "slot free": one arrival per warp once it left the chunk)
+  auto xbar = [&]() { return sxtab + (uint32_t)((FS > 0 ? xst * GPS : xst) * RP * 8); };
   if (xchunked) {
     if (threadIdx.x == 0) {
-      for (int c = 0; c < 2 * THIN_XCHUNKS; ++c) hop::mbar_init(xbar() + 8 * c, nwarps);
+      for (int c = 0; c < (xr ? 3 : 2) * THIN_XCHUNKS; ++c) hop::mbar_init(xbar() + 8 * c, nwarps);
       hop::mbar_init_fence();
     }
     __syncthreads();
@@ -380,7 +385,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it once per
   // turn of the ring)
   int xnext = xchunked ? bs0 : INT_MAX;
-  const int chs = xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
+  const int chs = xr ? p.xring : xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
+  // chunk c's slot of the block's x and of its mbarriers, and the parity of its use of that slot
+  auto xslot = [&](int c) { return xr ? c % THIN_XCHUNKS : c; };
+  auto xpar = [&](int c) { return xr ? (uint32_t)(c / THIN_XCHUNKS) & 1u : 0u; };
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
   // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
   // at 16 rows: about 45 cycles per copy; BIE_WQT_PHASES, session 26.)
@@ -392,41 +400,64 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
     uint32_t mine = 0;
     for (int row = warp; row < M; row += nwarps) mine += bytes;
-    hop::mbar_arrive_expect_tx(xbar() + 8 * c, mine);
+    const int sl = xslot(c);
+    hop::mbar_arrive_expect_tx(xbar() + 8 * sl, mine);
     if (bytes)
       for (int row = warp; row < M; row += nwarps)
-        hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(c * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
-                      xbar() + 8 * c);
+        hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(sl * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
+                      xbar() + 8 * sl);
   };
   auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
     const int64_t xk0 = (int64_t)bs0 * KS;   // the slice's first k
-    hop::mbar_wait(xbar() + 8 * c, 0);
+    const int sl = xslot(c);
+    hop::mbar_wait(xbar() + 8 * sl, xpar(c));
     constexpr int UL = FS > 0 ? 2 * FS : KS / 8;   // 16-byte pieces per sum(x) unit
     const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8);
+    const int po = sl * chs * (KS / 8) - pc0;   // piece cc of the slice sits at piece cc + po of the block's x
     for (int row = warp; row < M; row += nwarps) {
       for (int cc0 = pc0; cc0 < pc1; cc0 += 32) {
         const int cc = cc0 + lane;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (cc < pc1) {
-          const uint32_t a = xbuf + row * xpitch + cc * 16;
+          const uint32_t a = xbuf + row * xpitch + (cc + po) * 16;
           if (xk0 + cc * 8 < p.K) v = lds128(a);
           else sts128(a, v);   // past K: zeros (the bulk copies stop at K)
         }
         float sum = sum8<T>(v);
 #pragma unroll
         for (int o = UL / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (cc < pc1 && lane % UL == 0) sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+        if (cc < pc1 && lane % UL == 0) sts32f(sxtab + (((cc + po) / UL) * 2 * RP + row) * 4, sum);
       }
     }
     __syncwarp();
-    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + c));
+    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
+  };
+  // The ring (p.xring): a warp entering chunk c leaves chunk c - 1 (its "free" arrival), issues its rows' copies of
+  // chunk c + XD into the slot of chunk c + XD - THIN_XCHUNKS once every warp has left that one, writes its rows' sums
+  // of chunk c + XE (landed since two chunks), and waits until every warp wrote those of chunk c. So a warp may lead
+  // the block's slowest by XE chunks (the sums) and THIN_XCHUNKS - XD - 1 (the free slots) before it waits; every
+  // slot's mbarriers complete once per use, in order (THIN_XCHUNKS >= 2 XE + 2: a warp writes the sums of a slot only
+  // after every warp left its previous chunk). Warps without an item run the same steps after the loop, so every
+  // warp enters every chunk once: the plan gives each warp at most one item (wqt_plan, launch_t).
+  constexpr int XD = 4, XE = 2;
+  static_assert(THIN_XCHUNKS >= 2 * XE + 2 && XE < XD && XD < THIN_XCHUNKS, "thin: x ring distances");
+  auto enter_ring = [&](int c) {
+    const int nc = (bs1 - bs0 + chs - 1) / chs;
+    __syncwarp();   // (every lane's reads of chunk c - 1 are done)
+    if (c >= 1 && lane == 0) hop::mbar_arrive(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(c - 1)));
+    const int old = c + XD - THIN_XCHUNKS;   // the chunk whose slot chunk c + XD takes
+    if (old >= 0) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
+    if (c + XD < nc) issue_x(c + XD);
+    if (c == 0)
+      for (int e = 0; e < XE && e < nc; ++e) chunk_sums(e);
+    if (c + XE < nc) chunk_sums(c + XE);
+    hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + xslot(c)), xpar(c));
   };
   if (xchunked) {
     griddep_wait();
     BIE_WQT_MARK(2)
-    issue_x(0);
-    issue_x(1);
+    for (int c = 0; c < (xr ? XD : 2); ++c) issue_x(c);
   } else if (MX == 1) {
     griddep_wait();
     BIE_WQT_MARK(2)
@@ -623,6 +654,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     for (int nb = item0; nb < nblk; nb += istep) finish_item(nb);
   } else {
     int nb = item0, s = st0;
+    int xs = st0 - bs0;   // (XC) stage s's place in the block's x: s - bs0, wrapped in the ring
     // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
     // compile-time offset; an item ends inside the unrolled body
     while (nb < nblk) {
@@ -635,7 +667,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           // x in chunks: the first pass enters chunk c (see the prologue). Chunks are whole turns of the ring, so that
           // this code is in the loop body once: the first pass starts at slot 0, so its stage s - bs0 sits in slot
           // (s - bs0) % S
-          if (xchunked && u == 0 && s >= xnext) {
+          if (xchunked && u == 0 && s >= xnext && xr) {
+            const int c = (s - bs0) / chs;
+            enter_ring(c);
+            xnext = bs0 + min(bs1 - bs0, (c + 1) * chs);
+          } else if (xchunked && u == 0 && s >= xnext) {
             const int c = (s - bs0) / chs;
             issue_x(c + 2);
             if (c == 0) chunk_sums(0);
@@ -652,7 +688,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
           for (int r = 0; r < MR; ++r)
             xa[r] = xzero[r] ? zrow
-                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + ((s - bs0) & xmask) * (KS * 2) + (lane >> 3) * 16
+                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + (XC ? xs : (s - bs0) & xmask) * (KS * 2) + (lane >> 3) * 16
                                         : base + xoff);
 #pragma unroll
           for (int c = 0; c < KS / 32; ++c) {
@@ -695,14 +731,18 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               }
               // (the sum(x) table is indexed by the stage within the block's slice)
               if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
-                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, ((s - bs0) & xmask) * GPS + j / (FS > 0 ? FS : 1));
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (XC ? xs : (s - bs0) & xmask) * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) flush(base + SO, (s - bs0) & xmask);
+          if (FS == 0) flush(base + SO, XC ? xs : (s - bs0) & xmask);
+          if constexpr (XC) {
+            if (++xs == xst) xs = 0;
+          }
           if (++s == st1) {
             finish_item(nb);
             nb += istep;
             s = st0;
+            xs = st0 - bs0;
           }
         }
       }
@@ -710,7 +750,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   }
   // x in chunks: a warp with fewer passes than chunks (no item) still writes its rows' sums, and no block leaves with
   // bulk copies in flight
-  if (xchunked)
+  // (the ring: every chunk the warp has not entered, with the same steps)
+  if (xchunked && xr)
+    for (int c = (xnext - bs0 + chs - 1) / chs; c * chs < bs1 - bs0; ++c) enter_ring(c);
+  if (xchunked && !xr)
     if (xnext < bs1) {   // (the chunks past those whose sums it wrote entering the last chunk it reached)
       for (int c = (xnext - bs0) / chs + 2; c * chs < bs1 - bs0; ++c) issue_x(c);   // (copies issued: up to c + 2)
       for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
@@ -752,6 +795,9 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   if constexpr (xc_kernel && !XC) {
     if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true, DEEP>(p, st);
   }
+  // the x ring (p.xring) needs the XC kernel and at most one item per warp (one pass over the slice): the plan's
+  // promise, broken only by forced grids
+  if (p.xring > 0 && (!XC || items > (int64_t)per_slice * p.warps)) return cudaErrorInvalidValue;
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
