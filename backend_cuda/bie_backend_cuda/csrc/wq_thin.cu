@@ -80,6 +80,14 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
         q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
         q.kslices = ceil_div(p.nstages, q.slice_stages);
         q.xring = Thin<4, 1, 2>::S;   // stages per chunk: one turn of the two-tile ring
+        // copies issued 4 chunks ahead, sums written 2 ahead (lab knobs BIE_WQT_XRD / BIE_WQT_XRE; the kernel's
+        // rules: XE < XD < THIN_XCHUNKS and THIN_XCHUNKS >= 2 XE + 2)
+        const char* ed = std::getenv("BIE_WQT_XRD");
+        const char* ee = std::getenv("BIE_WQT_XRE");
+        q.xring_d = ed ? std::atoi(ed) : 4;
+        q.xring_e = ee ? std::atoi(ee) : 2;
+        if (!(q.xring_e >= 1 && q.xring_e < q.xring_d && q.xring_d < THIN_XCHUNKS && THIN_XCHUNKS >= 2 * q.xring_e + 2))
+          q.xring_d = 4, q.xring_e = 2;
         const int64_t smem = w * per_warp + thin_xbytes(q, THIN_XCHUNKS * q.xring) + THIN_XCHUNKS * 8;
         if ((int64_t)(num_sms / q.kslices) * w >= items && smem <= p.smem_limit) {
           q.xpre = -3;
@@ -87,6 +95,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
           q.warps = w;
           q.st_per_warp = q.slice_stages;
           q.smem = (int)smem;
+#ifdef BIE_WQT_LAB_BOUNDS
+          if (const char* e = std::getenv("BIE_WQT_LAB")) q.lab = std::atoi(e);   // (lab bounds: below)
+#endif
           p = q;
           return p.smem;
         }
@@ -185,7 +196,8 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
 #endif
 #ifdef BIE_WQT_LAB_BOUNDS
   // lab bounds (BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, wrong results, never in the product build), bits of BIE_WQT_LAB:
-  // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile
+  // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile; the x ring (wq_thin_kernel.cuh):
+  // 8 no wait for the other warps' sums, 16 no wait for a free slot, 32 no sums written
   if (const char* e = std::getenv("BIE_WQT_LAB")) p.lab = std::atoi(e);
 #endif
   const int64_t smem = p.warps * per_warp + xbytes;

@@ -415,6 +415,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     constexpr int UL = FS > 0 ? 2 * FS : KS / 8;   // 16-byte pieces per sum(x) unit
     const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8);
     const int po = sl * chs * (KS / 8) - pc0;   // piece cc of the slice sits at piece cc + po of the block's x
+#ifdef BIE_WQT_LAB_BOUNDS
+    if (!(xr && (p.lab & 32)))   // (lab bound 32, the ring: no sums written; wrong results)
+#endif
     for (int row = warp; row < M; row += nwarps) {
       for (int cc0 = pc0; cc0 < pc1; cc0 += 32) {
         const int cc = cc0 + lane;
@@ -440,18 +443,24 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // slot's mbarriers complete once per use, in order (THIN_XCHUNKS >= 2 XE + 2: a warp writes the sums of a slot only
   // after every warp left its previous chunk). Warps without an item run the same steps after the loop, so every
   // warp enters every chunk once: the plan gives each warp at most one item (wqt_plan, launch_t).
-  constexpr int XD = 4, XE = 2;
-  static_assert(THIN_XCHUNKS >= 2 * XE + 2 && XE < XD && XD < THIN_XCHUNKS, "thin: x ring distances");
+  // (XD, XE: the plan's p.xring_d / p.xring_e, which it checks against those rules; 4 and 2 by default)
+  const int XD = p.xring_d, XE = p.xring_e;
   auto enter_ring = [&](int c) {
     const int nc = (bs1 - bs0 + chs - 1) / chs;
     __syncwarp();   // (every lane's reads of chunk c - 1 are done)
     if (c >= 1 && lane == 0) hop::mbar_arrive(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(c - 1)));
     const int old = c + XD - THIN_XCHUNKS;   // the chunk whose slot chunk c + XD takes
+#ifdef BIE_WQT_LAB_BOUNDS
+    if (!(p.lab & 16))   // (lab bound 16: no wait for a free slot; races, wrong results)
+#endif
     if (old >= 0) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
     if (c + XD < nc) issue_x(c + XD);
     if (c == 0)
       for (int e = 0; e < XE && e < nc; ++e) chunk_sums(e);
     if (c + XE < nc) chunk_sums(c + XE);
+#ifdef BIE_WQT_LAB_BOUNDS
+    if (!(p.lab & 8))   // (lab bound 8: no wait for the other warps' sums; wrong results)
+#endif
     hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + xslot(c)), xpar(c));
   };
   if (xchunked) {
