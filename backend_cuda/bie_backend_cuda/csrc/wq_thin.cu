@@ -79,16 +79,21 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
         WqtArgs q = p;
         q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
         q.kslices = ceil_div(p.nstages, q.slice_stages);
-        q.xring = Thin<4, 1, 2>::S;   // stages per chunk: one turn of the two-tile ring
-        // copies issued 4 chunks ahead, sums written 2 ahead (lab knobs BIE_WQT_XRD / BIE_WQT_XRE; the kernel's
-        // rules: XE < XD < THIN_XCHUNKS and THIN_XCHUNKS >= 2 XE + 2)
+        // stages per chunk: one turn of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of it), 32 stages of x
+        // held (8 chunks; 4 of 8 stages)
+        constexpr int S2 = Thin<4, 1, 2>::S;
+        const char* es = std::getenv("BIE_WQT_XRS");
+        q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : S2;
+        q.xring_r = std::max(4, std::min(THIN_XCHUNKS, 32 / q.xring));
+        // copies issued R / 2 chunks ahead, sums written R / 4 ahead (lab knobs BIE_WQT_XRD / BIE_WQT_XRE; the
+        // kernel's rules: XE < XD < R and R >= 2 XE + 2)
         const char* ed = std::getenv("BIE_WQT_XRD");
         const char* ee = std::getenv("BIE_WQT_XRE");
-        q.xring_d = ed ? std::atoi(ed) : 4;
-        q.xring_e = ee ? std::atoi(ee) : 2;
-        if (!(q.xring_e >= 1 && q.xring_e < q.xring_d && q.xring_d < THIN_XCHUNKS && THIN_XCHUNKS >= 2 * q.xring_e + 2))
-          q.xring_d = 4, q.xring_e = 2;
-        const int64_t smem = w * per_warp + thin_xbytes(q, THIN_XCHUNKS * q.xring) + THIN_XCHUNKS * 8;
+        q.xring_d = ed ? std::atoi(ed) : q.xring_r / 2;
+        q.xring_e = ee ? std::atoi(ee) : q.xring_r / 4;
+        if (!(q.xring_e >= 1 && q.xring_e < q.xring_d && q.xring_d < q.xring_r && q.xring_r >= 2 * q.xring_e + 2))
+          q.xring_d = q.xring_r / 2, q.xring_e = q.xring_r / 4;
+        const int64_t smem = w * per_warp + thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8;
         if ((int64_t)(num_sms / q.kslices) * w >= items && smem <= p.smem_limit) {
           q.xpre = -3;
           q.mx = q.cols = q.rr = 1;

@@ -83,6 +83,9 @@ __device__ __forceinline__ float2 lds64f(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void sts64f(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1,%2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 // the sum of 8 fp16 / bf16 values (16 bytes), float32
 template <typename T> __device__ __forceinline__ float sum8(const uint4& v);
 template <> __device__ __forceinline__ float sum8<__nv_bfloat16>(const uint4& v) {
@@ -259,10 +262,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #else
   constexpr int xmask = -1;
 #endif
-  // x through a ring of THIN_XCHUNKS chunks of p.xring stages (XC kernels, p.xring > 0: every warp takes at most one
-  // item, one pass over its slice; see the prologue): the block holds xst stages of x, not the whole slice
+  // x through a ring of p.xring_r (<= THIN_XCHUNKS) chunks of p.xring stages (XC kernels, p.xring > 0: every warp
+  // takes at most one item, one pass over its slice; see the prologue): the block holds xst stages of x, not the
+  // whole slice
   const bool xr = XC && p.xring > 0;
-  const int xst = xr ? THIN_XCHUNKS * p.xring : (xmask == -1 ? p.slice_stages : xmask + 1);
+  const int XR = xr ? p.xring_r : THIN_XCHUNKS;
+  const int xst = xr ? XR * p.xring : (xmask == -1 ? p.slice_stages : xmask + 1);
   const int xpitch = xst * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
@@ -387,8 +392,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   int xnext = xchunked ? bs0 : INT_MAX;
   const int chs = xr ? p.xring : xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
   // chunk c's slot of the block's x and of its mbarriers, and the parity of its use of that slot
-  auto xslot = [&](int c) { return xr ? c % THIN_XCHUNKS : c; };
-  auto xpar = [&](int c) { return xr ? (uint32_t)(c / THIN_XCHUNKS) & 1u : 0u; };
+  auto xslot = [&](int c) { return xr ? c % XR : c; };
+  auto xpar = [&](int c) { return xr ? (uint32_t)(c / XR) & 1u : 0u; };
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
   // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
   // at 16 rows: about 45 cycles per copy; BIE_WQT_PHASES, session 26.)
@@ -407,7 +412,55 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
         hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(sl * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
                       xbar() + 8 * sl);
   };
+  // The ring's sums (whole warp): chunk c's bytes landed, the pieces past K zeroed (each warp zeroes every row's, for
+  // its own reads below; the copies stop at K), then the sum(x) units of the chunk, one (unit, 8-row tile) task per
+  // warp in turn, on the tensor cores: an all-ones A fragment times the tile's x fragments (as the main loop loads
+  // them) gives each row's sum in the C fragment, columns 2t, 2t + 1 = the table's row pair 4 r + t. Session 30: the
+  // warps' own rows summed with shuffles (chunk_sums below) cost ~7 us of 65 at 16 rows of 28672x8192 (lab bound 32).
+  auto ring_sums = [&](int c) {
+    const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs), sl = xslot(c);
+    const int64_t xk0 = (int64_t)bs0 * KS;
+    hop::mbar_wait(xbar() + 8 * sl, xpar(c));
+    const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8), po = sl * chs * (KS / 8) - pc0;
+    if (xk0 + (int64_t)pc1 * 8 > p.K) {
+      for (int i = lane; i < M * (pc1 - pc0); i += 32) {
+        const int row = i / (pc1 - pc0), cc = pc0 + i % (pc1 - pc0);
+        if (xk0 + cc * 8 >= p.K) sts128(xbuf + row * xpitch + (cc + po) * 16, make_uint4(0u, 0u, 0u, 0u));
+      }
+      __syncwarp();
+    }
+    constexpr int UK = FS > 0 ? 16 * FS : KS;   // k per sum(x) unit
+    const int units = (cs1 - cs0) * KS / UK, tiles = (M + 7) >> 3;
+    const uint32_t ones = V2<T>::one_bits;
+    const uint32_t a1[4] = {ones, ones, ones, ones};
+    for (int task = nwarps - 1 - warp; task < units * tiles; task += nwarps) {   // (the last warps first: the ones
+                                                                                 // the items leave idle)
+      const int r = task / units, u = task - r * units;
+      const bool zero = (lane & 7) + 8 * r >= M;
+      // ldmatrix as the main loop: lane L gives row L % 8 of the tile, k 8 (L / 8) .. of each 32-k piece
+      const uint32_t xa0 = zero ? zrow
+                                : xbuf + ((lane & 7) + 8 * r) * xpitch + (uint32_t)((sl * chs * KS + u * UK) * 2) + (lane >> 3) * 16;
+      const uint32_t step = zero ? 0u : 64u;
+      float sx[4];
+#pragma unroll
+      for (int q = 0; q < UK / 32; ++q) {
+        uint32_t b[4];
+        ldsm_x4(xa0 + q * step, b);
+        if (q == 0) mma_zero<T>(sx, a1, b[0], b[1]);
+        else mma<T>(sx, a1, b[0], b[1]);
+        mma<T>(sx, a1, b[2], b[3]);
+      }
+      if (g == 0 && 4 * r + t < RP)
+        sts64f(sxtab + (uint32_t)((((sl * chs * KS) / UK + u) * RP + 4 * r + t) * 8), sx[0], sx[1]);
+    }
+    __syncwarp();
+    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
+  };
   auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
+    if (xr) {
+      ring_sums(c);
+      return;
+    }
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
     const int64_t xk0 = (int64_t)bs0 * KS;   // the slice's first k
     const int sl = xslot(c);
@@ -437,19 +490,19 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
   };
   // The ring (p.xring): a warp entering chunk c leaves chunk c - 1 (its "free" arrival), issues its rows' copies of
-  // chunk c + XD into the slot of chunk c + XD - THIN_XCHUNKS once every warp has left that one, writes its rows' sums
-  // of chunk c + XE (landed since two chunks), and waits until every warp wrote those of chunk c. So a warp may lead
-  // the block's slowest by XE chunks (the sums) and THIN_XCHUNKS - XD - 1 (the free slots) before it waits; every
-  // slot's mbarriers complete once per use, in order (THIN_XCHUNKS >= 2 XE + 2: a warp writes the sums of a slot only
-  // after every warp left its previous chunk). Warps without an item run the same steps after the loop, so every
-  // warp enters every chunk once: the plan gives each warp at most one item (wqt_plan, launch_t).
+  // chunk c + XD into the slot of chunk c + XD - XR once every warp has left that one, writes its share of the sums of
+  // chunk c + XE (ring_sums; landed since XD - XE chunks), and waits until every warp wrote those of chunk c. So a warp
+  // may lead the block's slowest by XE chunks (the sums) and XR - XD - 1 (the free slots) before it waits; every
+  // slot's mbarriers complete once per use, in order (XR >= 2 XE + 2: a warp writes the sums of a slot only after
+  // every warp left its previous chunk). Warps without an item run the same steps after the loop, so every warp
+  // enters every chunk once: the plan gives each warp at most one item (wqt_plan, launch_t).
   // (XD, XE: the plan's p.xring_d / p.xring_e, which it checks against those rules; 4 and 2 by default)
   const int XD = p.xring_d, XE = p.xring_e;
   auto enter_ring = [&](int c) {
     const int nc = (bs1 - bs0 + chs - 1) / chs;
     __syncwarp();   // (every lane's reads of chunk c - 1 are done)
     if (c >= 1 && lane == 0) hop::mbar_arrive(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(c - 1)));
-    const int old = c + XD - THIN_XCHUNKS;   // the chunk whose slot chunk c + XD takes
+    const int old = c + XD - XR;   // the chunk whose slot chunk c + XD takes
 #ifdef BIE_WQT_LAB_BOUNDS
     if (!(p.lab & 16))   // (lab bound 16: no wait for a free slot; races, wrong results)
 #endif
