@@ -57,58 +57,6 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   if (const char* e = std::getenv("BIE_WQT_RR")) p.rr = p.cols && std::atoi(e) != 0;
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
-  // x through a ring (p.xring: the XC kernels, wq_thin_kernel.cuh): 9-16 rows of 4-bit codes in groups of 128 on
-  // layers of more than 2^27 weights. Each block holds THIN_XCHUNKS chunks of one ring turn of stages of x instead of
-  // its whole slice, so the slices need no longer fit: only as many as still give every warp at most one item
-  // (one pass over K). 28672x8192 then runs one slice (no partials, no reduction kernel) where the staged slices
-  // needed 2, 8192x28672 four where they needed 8 (and the warps looped over 1.7-1.9 items). H100, session 30
-  // (benchmarks/results/cuda_h100_thin.md): the bound (lab BIE_WQT_LAB_XWRAP, x not streamed at all) 50.3 against
-  // 54.9-56.3 us at 16 rows of 28672x8192, 50.9 against 55.5-56.3 of 8192x28672. Lab / test knob BIE_WQT_XRING: 0
-  // never, 1 wherever the kernel can (forced slices and warps too).
-  {
-    const char* e = std::getenv("BIE_WQT_XRING");
-    const int force = e ? std::atoi(e) : -1;
-    const bool can = mr == 2 && bits == 4 && fs == 8 && p.bulk && (p.xpre == -2 || p.xpre == -3) && slices_force >= 0;
-    if (can && force != 0 && (force == 1 || ((int64_t)p.N * p.K > (1ll << 27) && slices_force == 0 && warps_force <= 0))) {
-      const int w = std::min(warps_force > 0 ? warps_force : 16, thin_max_warps(bits, fs, mr));
-      const int64_t items = ceil_div(p.N, 16);
-      int ks = slices_force;   // else the most slices that keep one item per warp
-      for (int k = std::min(p.nstages, num_sms); ks == 0 && k >= 1; --k)
-        if ((int64_t)(num_sms / k) * w >= items) ks = k;
-      if (ks > 0) {
-        WqtArgs q = p;
-        q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
-        q.kslices = ceil_div(p.nstages, q.slice_stages);
-        // stages per chunk: one turn of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of it), 32 stages of x
-        // held (8 chunks; 4 of 8 stages)
-        constexpr int S2 = Thin<4, 1, 2>::S;
-        const char* es = std::getenv("BIE_WQT_XRS");
-        q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : S2;
-        q.xring_r = std::max(4, std::min(THIN_XCHUNKS, 32 / q.xring));
-        // copies issued R / 2 chunks ahead, sums written R / 4 ahead (lab knobs BIE_WQT_XRD / BIE_WQT_XRE; the
-        // kernel's rules: XE < XD < R and R >= 2 XE + 2)
-        const char* ed = std::getenv("BIE_WQT_XRD");
-        const char* ee = std::getenv("BIE_WQT_XRE");
-        q.xring_d = ed ? std::atoi(ed) : q.xring_r / 2;
-        q.xring_e = ee ? std::atoi(ee) : q.xring_r / 4;
-        if (!(q.xring_e >= 1 && q.xring_e < q.xring_d && q.xring_d < q.xring_r && q.xring_r >= 2 * q.xring_e + 2))
-          q.xring_d = q.xring_r / 2, q.xring_e = q.xring_r / 4;
-        const int64_t smem = w * per_warp + thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8;
-        if ((int64_t)(num_sms / q.kslices) * w >= items && smem <= p.smem_limit) {
-          q.xpre = -3;
-          q.mx = q.cols = q.rr = 1;
-          q.warps = w;
-          q.st_per_warp = q.slice_stages;
-          q.smem = (int)smem;
-#ifdef BIE_WQT_LAB_BOUNDS
-          if (const char* e = std::getenv("BIE_WQT_LAB")) q.lab = std::atoi(e);   // (lab bounds: below)
-#endif
-          p = q;
-          return p.smem;
-        }
-      }
-    }
-  }
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
   // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
@@ -201,8 +149,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
 #endif
 #ifdef BIE_WQT_LAB_BOUNDS
   // lab bounds (BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, wrong results, never in the product build), bits of BIE_WQT_LAB:
-  // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile; the x ring (wq_thin_kernel.cuh):
-  // 8 no wait for the other warps' sums, 16 no wait for a free slot, 32 no sums written
+  // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile
   if (const char* e = std::getenv("BIE_WQT_LAB")) p.lab = std::atoi(e);
 #endif
   const int64_t smem = p.warps * per_warp + xbytes;
