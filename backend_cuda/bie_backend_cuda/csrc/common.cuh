@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <algorithm>
+#include <type_traits>
 
 #include "launchers.h"
 
@@ -37,6 +38,26 @@ __device__ __forceinline__ void store_f32(void* p, int dtype, int64_t i, float v
     case kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
     default: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
   }
+}
+
+// Store four consecutive floating outputs at once (16 bytes of fp32, 8 of fp16 / bf16: the caller keeps the address
+// aligned to that), rounded to nearest.
+template <typename T> __device__ __forceinline__ void store4_f32(T* p, float a, float b, float c, float d) {
+  if constexpr (std::is_same<T, float>::value) {
+    *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+  } else if constexpr (std::is_same<T, __half>::value) {
+    const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
+    *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  } else {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
+// The same at elements i .. i + 3 of an output whose dtype is only known at run time.
+__device__ __forceinline__ void store4_f32(void* p, int dtype, int64_t i, float4 v) {
+  if (dtype == kF32) store4_f32(static_cast<float*>(p) + i, v.x, v.y, v.z, v.w);
+  else if (dtype == kF16) store4_f32(static_cast<__half*>(p) + i, v.x, v.y, v.z, v.w);
+  else store4_f32(static_cast<__nv_bfloat16*>(p) + i, v.x, v.y, v.z, v.w);
 }
 
 template <typename T> __device__ __forceinline__ T from_f32(float v);

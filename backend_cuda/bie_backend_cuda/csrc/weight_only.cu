@@ -948,15 +948,7 @@ __global__ void wq_dequant_cols_kernel(const int32_t* __restrict__ qw, const voi
       }
       OT* row = out + (int64_t)k * ldo + c0;
       if (vec) {
-        if constexpr (std::is_same<OT, float>::value) {
-          *reinterpret_cast<float4*>(row) = make_float4(v[0], v[1], v[2], v[3]);
-        } else if constexpr (std::is_same<OT, __half>::value) {
-          const __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
-          *reinterpret_cast<uint2*>(row) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-        } else {
-          const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
-          *reinterpret_cast<uint2*>(row) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-        }
+        store4_f32(row, v[0], v[1], v[2], v[3]);
       } else {
 #pragma unroll
         for (int c = 0; c < 4; ++c)

@@ -195,17 +195,7 @@ __global__ void wqt_reduce4_kernel(const WqtArgs p) {
       v.z += load_f32(p.bias, p.bias_dtype, n + 2);
       v.w += load_f32(p.bias, p.bias_dtype, n + 3);
     }
-    if (p.out_dtype == kF32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(p.out) + i) = v;
-    } else if (p.out_dtype == kF16) {
-      const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-      *reinterpret_cast<uint2*>(static_cast<__half*>(p.out) + i) =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-    } else {
-      const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.out) + i) =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-    }
+    store4_f32(p.out, p.out_dtype, i, v);
   }
 }
 }  // namespace
