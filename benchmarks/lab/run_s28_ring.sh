@@ -2,10 +2,7 @@
 # Session 28: the thin kernel's ring depth or block size against the product (BIE_WQT_S16 = 4 against 6 and 8 by
 # default), with its K slices forced (more slices leave shared memory for deeper rings beside the staged x). The
 # builds run at once.
-set -o pipefail
-source benchmarks/cutlass_setup.sh
-(nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,driver_version --format=csv,noheader; date -u; echo "commit ${BIE_COMMIT:-unknown}") | tee $OUT/env.txt
-START=$(date +%s); el() { echo $(( $(date +%s) - START )); }
+source benchmarks/lab/thin_lab.sh   # (set-up, env.txt, el; each variant below sets its own cache and jobs)
 VARIANTS=${VARIANTS:-"4 6 8"}
 # variant 4 is the product; w20 / w24: BIE_WQT_LAB_MAXWARPS (blocks of 20 / 24 warps); s8_N: the one-tile kernels'
 # ring depth BIE_WQT_S8=N; b8_N: the 8-bit one-tile ring depth BIE_WQT_S8B=N; b: the lab bounds build (BIE_WQT_LAB_BOUNDS; ways slices:warps:lab); else the two-tile ring
