@@ -663,6 +663,47 @@ def test_wq_thin_chunked_x_on_a_big_layer(monkeypatch):
 
 
 @needs_cuda
+def test_wq_thin_x_ring(monkeypatch):
+    """x through a ring of chunks that the block's last warp copies and sums (9-16 rows of 4-bit codes in groups of
+    128; the plan's rule is big layers, BIE_WQT_XRING=1 forces it here): one K slice (outputs stored directly) and
+    several (partials and the reduction), chunks reused (K of 66 stages: 17 chunks of 4 stages in 8 slots), a last
+    chunk of 2 stages with K past the last full stage, N off the 16-column items, warps and whole blocks without an
+    item, fp16 / bf16, gptq / gba, bias; against the float64 reference and under CUDA-graph replay. A grid too small
+    for one item per warp is refused (so the ring is what ran), and BIE_WQT_XRING=0 (x staged per slice) agrees."""
+    from bie_backend_cuda import weight_only as cw
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the x ring takes bulk copies (sm_90)")
+    calls = _thin_calls(monkeypatch, cw)
+    monkeypatch.setattr(cw, "THIN_M", 16)
+    gen = torch.Generator().manual_seed(30)
+    cases = ((8392, 2048, 16, 1, "gptq", torch.bfloat16, False), (8392, 1000, 9, 3, "gba", torch.float16, True),
+             (4104, 4736, 12, 0, "gptq", torch.bfloat16, True), (16384, 264, 13, 2, "gba", torch.bfloat16, False))
+    for i, (k, n, m, slices, fmt, dtype, with_bias) in enumerate(cases):
+        qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, fmt, False, 300 + i, sdtype=dtype)
+        prepared = cw.prepare(qw, s, z, gi)
+        run = lambda x_: cw.wq_gemm(x_, qw, s, z, gi, bias, 4, 128, fmt, prepared=prepared)  # noqa: E731
+        x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda() if with_bias else None
+        what = f"K={k} N={n} M={m} slices={slices}"
+        monkeypatch.setenv("BIE_WQT_XRING", "1")
+        monkeypatch.setattr(cw, "THIN_SLICES", slices)
+        y = run(x)
+        _close(y, w64, x, dtype, k, what, bias)
+        assert torch.equal(run(x), y), f"{what}: not deterministic"
+        monkeypatch.setattr(cw, "THIN_GRID", max(1, slices))   # one block a slice: more items than its 16 warps
+        with pytest.raises(RuntimeError):
+            run(x)
+        monkeypatch.setattr(cw, "THIN_GRID", 0)
+        static_x = x.clone()
+        _graph_replays(run, static_x, lambda: torch.randn((m, k), generator=gen).to(dtype).cuda(),
+                       lambda out: _close(out, w64, static_x, dtype, k, f"{what} graph replay", bias), 2)
+        monkeypatch.setenv("BIE_WQT_XRING", "0")
+        monkeypatch.setattr(cw, "THIN_SLICES", 0)
+        _close(run(x), w64, x, dtype, k, f"{what} staged slices", bias)
+    assert len(calls) >= 4 * 6
+
+
+@needs_cuda
 @pytest.mark.parametrize("kernel", ["thin", "thin-sliced", "skinny"])
 def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     """Programmatic dependent launch of the thin (wqt) and skinny (wqv) kernels: each call prefetches its weights

@@ -170,6 +170,9 @@ struct WqtArgs {
   int xl;                // one row of x through registers: 16-byte loads in flight per thread (set by the plan)
   int deep;              // 4- / 8-bit codes, one row tile: the 8- / 4-stage ring instead of 4 / 3 (set by the plan)
   int lab;               // lab bounds (only in a build with BIE_WQT_LAB_BOUNDS; wq_thin.cu): what to leave out
+  int xring;             // x through a ring of chunks of this many stages (0: the slice staged whole)
+  int xring_r;           // the ring's chunks (at most THIN_XCHUNKS)
+  int xring_d;           // the ring's producer issues a chunk's copies this many steps before it sums it
   int xwrap;             // lab bound (only in a build with BIE_WQT_LAB_XWRAP; wq_thin.cu): stages of x held
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced

@@ -57,6 +57,52 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   if (const char* e = std::getenv("BIE_WQT_RR")) p.rr = p.cols && std::atoi(e) != 0;
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
+  // x through a ring (p.xring: the XC kernels, wq_thin_kernel.cuh): 9-16 rows of 4-bit codes in groups of 128 on
+  // layers of more than 2^27 weights. Each block holds a ring of chunks of x instead of its whole slice, filled and
+  // summed by its last warp (the producer), so the slices need no longer fit: only as many as still give every other
+  // warp at most one item (one pass over K). 28672x8192 then runs one slice (no partials, no reduction kernel) where
+  // the staged slices needed 2, 8192x28672 three where they needed 8. H100, session 30
+  // (benchmarks/results/cuda_h100_thin.md): the bound (lab BIE_WQT_LAB_XWRAP, x not streamed at all) 50.3 against
+  // 54.9-56.3 us at 16 rows of 28672x8192, 50.9 against 55.5-56.3 of 8192x28672 (4 slices); a first ring whose
+  // warps each copied and summed their own row of every chunk ran 60.8-69.4 (reverted: 0c2e308). Lab / test knob
+  // BIE_WQT_XRING: 0 never, 1 wherever the kernel can (forced slices and warps too).
+  {
+    const char* e = std::getenv("BIE_WQT_XRING");
+    const int force = e ? std::atoi(e) : -1;
+    const bool can = mr == 2 && bits == 4 && fs == 8 && p.bulk && (p.xpre == -2 || p.xpre == -3) && slices_force >= 0;
+    if (can && force != 0 && (force == 1 || ((int64_t)p.N * p.K > (1ll << 27) && slices_force == 0 && warps_force <= 0))) {
+      const int w = std::min(warps_force > 0 ? warps_force : 16, thin_max_warps(bits, fs, mr));
+      const int64_t items = ceil_div(p.N, 16), iw = w - 1;   // (the last warp is the producer)
+      int ks = slices_force;   // else the most slices that keep one item per warp
+      for (int k = std::min(p.nstages, num_sms); ks == 0 && iw > 0 && k >= 1; --k)
+        if ((int64_t)(num_sms / k) * iw >= items) ks = k;
+      if (ks > 0 && iw > 0) {
+        WqtArgs q = p;
+        q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
+        q.kslices = ceil_div(p.nstages, q.slice_stages);
+        // stages per chunk: one turn of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of it), 32 stages of x
+        // held (8 chunks; 4 of 8 stages)
+        constexpr int S2 = Thin<4, 1, 2>::S;
+        const char* es = std::getenv("BIE_WQT_XRS");
+        q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : S2;
+        q.xring_r = std::max(4, std::min(THIN_XCHUNKS, 32 / q.xring));
+        // the producer issues a chunk's copies R / 2 steps before it sums it (lab knob BIE_WQT_XRD: 1 .. R - 1)
+        const char* ed = std::getenv("BIE_WQT_XRD");
+        q.xring_d = ed ? std::atoi(ed) : q.xring_r / 2;
+        if (q.xring_d < 1 || q.xring_d >= q.xring_r) q.xring_d = q.xring_r / 2;
+        const int64_t smem = w * per_warp + thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8;
+        if ((int64_t)(num_sms / q.kslices) * iw >= items && smem <= p.smem_limit) {
+          q.xpre = -3;
+          q.mx = q.cols = q.rr = 1;
+          q.warps = w;
+          q.st_per_warp = q.slice_stages;
+          q.smem = (int)smem;
+          p = q;
+          return p.smem;
+        }
+      }
+    }
+  }
   // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
   // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
   // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when

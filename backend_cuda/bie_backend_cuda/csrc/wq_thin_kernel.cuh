@@ -83,6 +83,9 @@ __device__ __forceinline__ float2 lds64f(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void sts64f(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1,%2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
 // the sum of 8 fp16 / bf16 values (16 bytes), float32
 template <typename T> __device__ __forceinline__ float sum8(const uint4& v);
 template <> __device__ __forceinline__ float sum8<__nv_bfloat16>(const uint4& v) {
@@ -239,12 +242,16 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // items item0 * nwarps + w, + istep * nwarps, ... over the whole slice (no cross-warp reduction, no barrier)
   const bool cols = p.cols != 0;
   const int ksl = p.kslices, slice = blockIdx.x % ksl;
-  const int istep = cols ? (gridDim.x / ksl) * nwarps : gridDim.x / ksl;
+  // x through a ring (XC kernels, p.xring > 0): the last warp is the ring's producer and takes no item
+  const bool xr = XC && p.xring > 0;
+  const int iwarps = xr ? nwarps - 1 : nwarps;   // the warps that take items
+  const int istep = cols ? (gridDim.x / ksl) * iwarps : gridDim.x / ksl;
   // p.rr (with p.cols): warp w of block b of a slice (blocks B) takes items w B + b, + istep, ...: the blocks' item
   // counts then differ by at most one, where items b nwarps + w, + istep, ... gave the first blocks one more item in
   // every warp (28672x8192 at 16 rows: 46 of a slice's 66 blocks 32 items, the other 20 blocks 16)
   const int item0 = !cols ? blockIdx.x / ksl
-                          : (p.rr ? warp * (gridDim.x / ksl) + blockIdx.x / ksl : (blockIdx.x / ksl) * nwarps + warp);
+                    : warp >= iwarps ? nblk
+                                     : (p.rr ? warp * (gridDim.x / ksl) + blockIdx.x / ksl : (blockIdx.x / ksl) * iwarps + warp);
   const int bs0 = slice * p.slice_stages, bs1 = min(p.nstages, bs0 + p.slice_stages);
   uint8_t* wsm = smem_raw + warp * SL::WARP_BYTES;
   const uint32_t ring = smem_u32(wsm), zrow = ring + S * SB;
@@ -259,7 +266,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #else
   constexpr int xmask = -1;
 #endif
-  const int xpitch = (xmask == -1 ? p.slice_stages : xmask + 1) * KS * 2 + 16;
+  // x through a ring of p.xring_r (<= THIN_XCHUNKS) chunks of p.xring stages (XC kernels, p.xring > 0: every item
+  // warp takes at most one item, one pass over its slice; see the prologue): the block holds xst stages of x, not the
+  // whole slice
+  const int XR = xr ? p.xring_r : THIN_XCHUNKS;
+  const int xst = xr ? XR * p.xring : (xmask == -1 ? p.slice_stages : xmask + 1);
+  const int xpitch = xst * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
   // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
@@ -272,10 +284,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // ring, nearly doubled the other kernels' size and made them slower, 8 rows of 4096x4096 6.9 -> 8.4 us, session 26)
   static_assert(!XC || (MX == 1 && !ONE), "x in chunks: staged x, several rows");
   constexpr bool xchunked = XC;
-  auto xbar = [&]() { return sxtab + (uint32_t)((FS > 0 ? p.slice_stages * GPS : p.slice_stages) * RP * 8); };
+  // The ring: "landed" and "ready" (x and its sums in place) complete with the producer's one arrival, and a third
+  // set, "slot free", with one arrival per item warp once it left the chunk.
+  auto xbar = [&]() { return sxtab + (uint32_t)((FS > 0 ? xst * GPS : xst) * RP * 8); };
   if (xchunked) {
     if (threadIdx.x == 0) {
-      for (int c = 0; c < 2 * THIN_XCHUNKS; ++c) hop::mbar_init(xbar() + 8 * c, nwarps);
+      for (int c = 0; c < (xr ? 3 : 2) * THIN_XCHUNKS; ++c)
+        hop::mbar_init(xbar() + 8 * c, !xr ? nwarps : c < 2 * THIN_XCHUNKS ? 1 : iwarps);
       hop::mbar_init_fence();
     }
     __syncthreads();
@@ -380,7 +395,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it once per
   // turn of the ring)
   int xnext = xchunked ? bs0 : INT_MAX;
-  const int chs = xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
+  const int chs = xr ? p.xring : xchunked ? thin_chunk_stages(p.slice_stages, S) : 1;   // stages per chunk (a multiple of S)
+  // chunk c's slot of the block's x and of its mbarriers, and the parity of its use of that slot
+  auto xslot = [&](int c) { return xr ? c % XR : c; };
+  auto xpar = [&](int c) { return xr ? (uint32_t)(c / XR) & 1u : 0u; };
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
   // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
   // at 16 rows: about 45 cycles per copy; BIE_WQT_PHASES, session 26.)
@@ -392,41 +410,134 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
     uint32_t mine = 0;
     for (int row = warp; row < M; row += nwarps) mine += bytes;
-    hop::mbar_arrive_expect_tx(xbar() + 8 * c, mine);
+    const int sl = xslot(c);
+    hop::mbar_arrive_expect_tx(xbar() + 8 * sl, mine);
     if (bytes)
       for (int row = warp; row < M; row += nwarps)
-        hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(c * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
-                      xbar() + 8 * c);
+        hop::bulk_g2s(xbuf + row * xpitch + (uint32_t)(sl * chs * KS * 2), X + (int64_t)row * p.K + k0, bytes,
+                      xbar() + 8 * sl);
+  };
+  // The ring's producer (the block's last warp, whole warp): chunk c's copies, every row (lane r issues row r's; the
+  // one "landed" arrival with all their bytes first)
+  auto ring_issue = [&](int c) {
+    const int slen = bs1 - bs0;
+    if (c * chs >= slen) return;
+    const int64_t xk0 = (int64_t)bs0 * KS, k0 = xk0 + (int64_t)c * chs * KS;
+    const int64_t k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
+    const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
+    const int sl = xslot(c);
+    if (lane == 0) hop::mbar_arrive_expect_tx(xbar() + 8 * sl, bytes * (uint32_t)M);
+    __syncwarp();
+    if (bytes && lane < M)
+      hop::bulk_g2s(xbuf + lane * xpitch + (uint32_t)(sl * chs * KS * 2), X + (int64_t)lane * p.K + k0, bytes,
+                    xbar() + 8 * sl);
+  };
+  // The ring's sums (the producer): chunk c's bytes landed, the pieces past K zeroed (the copies stop at K), then the
+  // sum(x) units of the chunk on the tensor cores: an all-ones A fragment times a tile's x fragments (as the main
+  // loop loads them) gives each row's sum in the C fragment, columns 2t, 2t + 1 = the table's row pair 4 r + t; then
+  // the chunk's one "ready" arrival. (Session 30, the reverted first ring: every warp summing its own row with
+  // shuffles as it entered a chunk cost ~7 us of 65 at 16 rows of 28672x8192, lab bound 32 in d2ba120.)
+  auto ring_sums = [&](int c) {
+    const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs), sl = xslot(c);
+    const int64_t xk0 = (int64_t)bs0 * KS;
+    hop::mbar_wait(xbar() + 8 * sl, xpar(c));
+    const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8), po = sl * chs * (KS / 8) - pc0;
+    if (xk0 + (int64_t)pc1 * 8 > p.K) {
+      for (int i = lane; i < M * (pc1 - pc0); i += 32) {
+        const int row = i / (pc1 - pc0), cc = pc0 + i % (pc1 - pc0);
+        if (xk0 + cc * 8 >= p.K) sts128(xbuf + row * xpitch + (cc + po) * 16, make_uint4(0u, 0u, 0u, 0u));
+      }
+      __syncwarp();
+    }
+    constexpr int UK = FS > 0 ? 16 * FS : KS;   // k per sum(x) unit
+    const int units = (cs1 - cs0) * KS / UK, tiles = (M + 7) >> 3;
+    const uint32_t ones = V2<T>::one_bits;
+    const uint32_t a1[4] = {ones, ones, ones, ones};
+    for (int task = 0; task < units * tiles; ++task) {
+      const int r = task / units, u = task - r * units;
+      const bool zero = (lane & 7) + 8 * r >= M;
+      // ldmatrix as the main loop: lane L gives row L % 8 of the tile, k 8 (L / 8) .. of each 32-k piece
+      const uint32_t xa0 = zero ? zrow
+                                : xbuf + ((lane & 7) + 8 * r) * xpitch + (uint32_t)((sl * chs * KS + u * UK) * 2) + (lane >> 3) * 16;
+      const uint32_t step = zero ? 0u : 64u;
+      float sx[4];
+#pragma unroll
+      for (int q = 0; q < UK / 32; ++q) {
+        uint32_t b[4];
+        ldsm_x4(xa0 + q * step, b);
+        if (q == 0) mma_zero<T>(sx, a1, b[0], b[1]);
+        else mma<T>(sx, a1, b[0], b[1]);
+        mma<T>(sx, a1, b[2], b[3]);
+      }
+      if (g == 0 && 4 * r + t < RP)
+        sts64f(sxtab + (uint32_t)((((sl * chs * KS) / UK + u) * RP + 4 * r + t) * 8), sx[0], sx[1]);
+    }
+    __syncwarp();
+    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
   };
   auto chunk_sums = [&](int c) {   // (whole warp) chunk c: wait for its bytes, zero-fill, this warp's rows' sums
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs);
     const int64_t xk0 = (int64_t)bs0 * KS;   // the slice's first k
-    hop::mbar_wait(xbar() + 8 * c, 0);
+    const int sl = xslot(c);
+    hop::mbar_wait(xbar() + 8 * sl, xpar(c));
     constexpr int UL = FS > 0 ? 2 * FS : KS / 8;   // 16-byte pieces per sum(x) unit
     const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8);
+    const int po = sl * chs * (KS / 8) - pc0;   // piece cc of the slice sits at piece cc + po of the block's x
     for (int row = warp; row < M; row += nwarps) {
       for (int cc0 = pc0; cc0 < pc1; cc0 += 32) {
         const int cc = cc0 + lane;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (cc < pc1) {
-          const uint32_t a = xbuf + row * xpitch + cc * 16;
+          const uint32_t a = xbuf + row * xpitch + (cc + po) * 16;
           if (xk0 + cc * 8 < p.K) v = lds128(a);
           else sts128(a, v);   // past K: zeros (the bulk copies stop at K)
         }
         float sum = sum8<T>(v);
 #pragma unroll
         for (int o = UL / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (cc < pc1 && lane % UL == 0) sts32f(sxtab + ((cc / UL) * 2 * RP + row) * 4, sum);
+        if (cc < pc1 && lane % UL == 0) sts32f(sxtab + (((cc + po) / UL) * 2 * RP + row) * 4, sum);
       }
     }
     __syncwarp();
-    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + c));
+    if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
+  };
+  // The ring (p.xring): an item warp entering chunk c leaves chunk c - 1 (its "free" arrival) and waits until the
+  // producer made chunk c ready; so the warps never wait for each other, only for the producer. The producer (the last
+  // warp, no item) runs ahead: at step c it issues the copies of chunk c + XD into the slot of chunk c + XD - XR once
+  // every item warp has left that one, then waits for chunk c's bytes, writes its sums and makes it ready (ring_sums).
+  // So it leads the slowest item warp by at most XR - XD - 1 chunks, and the copies of a chunk are XD steps old when
+  // it is summed. Every slot's mbarriers complete once per use, in order: the producer's arrivals on a slot follow
+  // its wait for every item warp to have left the slot's previous chunk (for the last XD chunks, whose copies it
+  // issues without a wait, through the copies issued XD steps before). Item warps without an item run the same steps
+  // after the loop; the plan gives each item warp at most one item (one pass; wqt_plan, launch_t).
+  const int XD = p.xring_d;
+  auto enter_ring = [&](int c) {
+    __syncwarp();   // (every lane's reads of chunk c - 1 are done)
+    if (c >= 1 && lane == 0) hop::mbar_arrive(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(c - 1)));
+    hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + xslot(c)), xpar(c));
+    // (and its bytes, as every reader of a bulk copy observes its barrier: complete by now, since ready follows it)
+    hop::mbar_wait(xbar() + 8 * xslot(c), xpar(c));
+  };
+  auto produce = [&]() {   // (the producer's steps after its prologue issued chunks 0 .. XD - 1)
+    const int nc = (bs1 - bs0 + chs - 1) / chs;
+    for (int c = 0; c < nc; ++c) {
+      if (c + XD < nc) {
+        const int old = c + XD - XR;   // the chunk whose slot chunk c + XD takes
+        if (old >= 0) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
+        ring_issue(c + XD);
+      }
+      ring_sums(c);
+    }
   };
   if (xchunked) {
     griddep_wait();
     BIE_WQT_MARK(2)
-    issue_x(0);
-    issue_x(1);
+    if (!xr) {
+      issue_x(0);
+      issue_x(1);
+    } else if (warp == nwarps - 1) {
+      for (int c = 0; c < XD; ++c) ring_issue(c);
+    }
   } else if (MX == 1) {
     griddep_wait();
     BIE_WQT_MARK(2)
@@ -623,6 +734,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     for (int nb = item0; nb < nblk; nb += istep) finish_item(nb);
   } else {
     int nb = item0, s = st0;
+    int xs = st0 - bs0;   // (XC) stage s's place in the block's x: s - bs0, wrapped in the ring
     // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
     // compile-time offset; an item ends inside the unrolled body
     while (nb < nblk) {
@@ -635,7 +747,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           // x in chunks: the first pass enters chunk c (see the prologue). Chunks are whole turns of the ring, so that
           // this code is in the loop body once: the first pass starts at slot 0, so its stage s - bs0 sits in slot
           // (s - bs0) % S
-          if (xchunked && u == 0 && s >= xnext) {
+          if (xchunked && u == 0 && s >= xnext && xr) {
+            const int c = (s - bs0) / chs;
+            enter_ring(c);
+            xnext = bs0 + min(bs1 - bs0, (c + 1) * chs);
+          } else if (xchunked && u == 0 && s >= xnext) {
             const int c = (s - bs0) / chs;
             issue_x(c + 2);
             if (c == 0) chunk_sums(0);
@@ -652,7 +768,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
           for (int r = 0; r < MR; ++r)
             xa[r] = xzero[r] ? zrow
-                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + ((s - bs0) & xmask) * (KS * 2) + (lane >> 3) * 16
+                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + (XC ? xs : (s - bs0) & xmask) * (KS * 2) + (lane >> 3) * 16
                                         : base + xoff);
 #pragma unroll
           for (int c = 0; c < KS / 32; ++c) {
@@ -695,14 +811,18 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               }
               // (the sum(x) table is indexed by the stage within the block's slice)
               if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
-                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, ((s - bs0) & xmask) * GPS + j / (FS > 0 ? FS : 1));
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (XC ? xs : (s - bs0) & xmask) * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) flush(base + SO, (s - bs0) & xmask);
+          if (FS == 0) flush(base + SO, XC ? xs : (s - bs0) & xmask);
+          if constexpr (XC) {
+            if (++xs == xst) xs = 0;
+          }
           if (++s == st1) {
             finish_item(nb);
             nb += istep;
             s = st0;
+            xs = st0 - bs0;
           }
         }
       }
@@ -710,7 +830,14 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   }
   // x in chunks: a warp with fewer passes than chunks (no item) still writes its rows' sums, and no block leaves with
   // bulk copies in flight
-  if (xchunked)
+  // (the ring: the producer's steps; an item warp enters every chunk it has not entered)
+  if (xchunked && xr) {
+    if (warp == nwarps - 1)
+      produce();
+    else
+      for (int c = (xnext - bs0 + chs - 1) / chs; c * chs < bs1 - bs0; ++c) enter_ring(c);
+  }
+  if (xchunked && !xr)
     if (xnext < bs1) {   // (the chunks past those whose sums it wrote entering the last chunk it reached)
       for (int c = (xnext - bs0) / chs + 2; c * chs < bs1 - bs0; ++c) issue_x(c);   // (copies issued: up to c + 2)
       for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
@@ -752,6 +879,9 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   if constexpr (xc_kernel && !XC) {
     if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true, DEEP>(p, st);
   }
+  // the x ring (p.xring) needs the XC kernel and at most one item per item warp (all but the producer; one pass over
+  // the slice): the plan's promise, broken only by forced grids
+  if (p.xring > 0 && (!XC || p.warps < 2 || items > (int64_t)per_slice * (p.warps - 1))) return cudaErrorInvalidValue;
   // may overlap the previous kernel in the stream (see the kernel's prologue)
   return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
