@@ -2,7 +2,8 @@
 warps (THIN_WARPS), in a build whose two-row-tile ring depth is BIE_WQT_S16 (a compile-time define). Two timings
 each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio. A third field
 of a way sets BIE_WQT_LAB (session 29: the bounds of a build with BIE_WQT_LAB_BOUNDS, wq_thin.cu), or with a d in
-front BIE_WQT_DEEP (d0 / d1: the one-tile 4- or 8-stage ring forced), or KEY=V: BIE_WQT_KEY=V (e.g. RED4=0).
+front BIE_WQT_DEEP (d0 / d1: the one-tile 4- or 8-stage ring forced), or KEY=V: BIE_WQT_KEY=V (e.g. RED4=0; several
+joined by +, e.g. XRS=8+XRLAB=1).
     python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN|KEY=V],...]"""
 import os
 import sys
@@ -17,7 +18,7 @@ cases = sys.argv[sys.argv.index("--cases") + 1] if "--cases" in sys.argv else \
     "16x28672x8192x4x128,16x8192x28672x4x128,16x4096x4096x4x128"
 ways = sys.argv[sys.argv.index("--ways") + 1] if "--ways" in sys.argv else "0:0,2:0,3:0,4:0"
 ways = [(int(w.split(":")[0]), int(w.split(":")[1]), (w + ":0").split(":")[2]) for w in ways.split(",")]
-knobs = {"BIE_WQT_DEEP"} | {"BIE_WQT_" + lab.split("=")[0] for _, _, lab in ways if "=" in lab}
+knobs = {"BIE_WQT_DEEP"} | {"BIE_WQT_" + kv.split("=")[0] for _, _, lab in ways if "=" in lab for kv in lab.split("+")}
 tag = os.environ.get("BIE_CUDA_DEFINES", "") or "product"
 from bie_backend_cuda import weight_only as cw  # noqa: E402
 warm_gpu(2.0)
@@ -36,7 +37,8 @@ for case in cases.split(","):
         if lab.startswith("d"):
             os.environ["BIE_WQT_DEEP"] = lab[1:]
         elif "=" in lab:
-            os.environ["BIE_WQT_" + lab.split("=")[0]] = lab.split("=")[1]
+            for kv in lab.split("+"):
+                os.environ["BIE_WQT_" + kv.split("=")[0]] = kv.split("=")[1]
         try:
             got = fns[0]().float()
             err = float((got - ref).abs().max() / ref.abs().max())

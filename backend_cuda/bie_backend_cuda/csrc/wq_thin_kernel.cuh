@@ -83,9 +83,6 @@ __device__ __forceinline__ float2 lds64f(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void sts64f(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1,%2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
-}
 // the sum of 8 fp16 / bf16 values (16 bytes), float32
 template <typename T> __device__ __forceinline__ float sum8(const uint4& v);
 template <> __device__ __forceinline__ float sum8<__nv_bfloat16>(const uint4& v) {
@@ -449,28 +446,41 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       }
       __syncwarp();
     }
+    // x as the A operand (all 16 rows of the block's x, row-major, one ldmatrix x4 per 16 k) times an all-ones B:
+    // D[m][n] = sum_k x[m][k] for every n, so lane 4 g + t holds row g's sum in c0 and row g + 8's in c2. One mma per
+    // 16 k for all rows, half as many as with x as B (one row tile per mma), in four independent chains (two units
+    // at a time, odd and even k16 steps apart) instead of one chain per task. (Session 31: the first form, one chain
+    // of 8 mma per unit and row tile, ran 64 / 58 us at chunks of 4 / 8 stages, 16 rows of 28672x8192.)
     constexpr int UK = FS > 0 ? 16 * FS : KS;   // k per sum(x) unit
-    const int units = (cs1 - cs0) * KS / UK, tiles = (M + 7) >> 3;
+    const int units = (cs1 - cs0) * KS / UK;
     const uint32_t ones = V2<T>::one_bits;
-    const uint32_t a1[4] = {ones, ones, ones, ones};
-    for (int task = 0; task < units * tiles; ++task) {
-      const int r = task / units, u = task - r * units;
-      const bool zero = (lane & 7) + 8 * r >= M;
-      // ldmatrix as the main loop: lane L gives row L % 8 of the tile, k 8 (L / 8) .. of each 32-k piece
-      const uint32_t xa0 = zero ? zrow
-                                : xbuf + ((lane & 7) + 8 * r) * xpitch + (uint32_t)((sl * chs * KS + u * UK) * 2) + (lane >> 3) * 16;
-      const uint32_t step = zero ? 0u : 64u;
-      float sx[4];
+    const int xrow = (lane & 7) + 8 * ((lane >> 3) & 1);   // ldmatrix x4, A layout: rows 0-7 / 8-15, k 0-7 / 8-15
+    const bool zero = xrow >= M;
+    const uint32_t xa0 = zero ? zrow : xbuf + xrow * xpitch + (uint32_t)(sl * chs * KS * 2) + (lane >> 4) * 16;
+    const uint32_t kstep = zero ? 0u : 32u, ustep = zero ? 0u : (uint32_t)UK * 2;
+    const uint32_t tab0 = sxtab + (uint32_t)(((sl * chs * KS) / UK) * 2 * RP) * 4;   // (float index unit 2 RP + row)
+    for (int u = 0; u < units && p.xring_lab == 0; u += 2) {
+      const int u1 = u + 1 < units ? u + 1 : u;   // (an odd last unit: computed twice, stored once)
+      float s[4][4];
 #pragma unroll
-      for (int q = 0; q < UK / 32; ++q) {
-        uint32_t b[4];
-        ldsm_x4(xa0 + q * step, b);
-        if (q == 0) mma_zero<T>(sx, a1, b[0], b[1]);
-        else mma<T>(sx, a1, b[0], b[1]);
-        mma<T>(sx, a1, b[2], b[3]);
+      for (int j = 0; j < UK / 16; ++j) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          uint32_t a[4];
+          ldsm_x4(xa0 + (uint32_t)(v ? u1 : u) * ustep + j * kstep, a);
+          if (j < 2) mma_zero<T>(s[2 * v + (j & 1)], a, ones, ones);
+          else mma<T>(s[2 * v + (j & 1)], a, ones, ones);
+        }
       }
-      if (g == 0 && 4 * r + t < RP)
-        sts64f(sxtab + (uint32_t)((((sl * chs * KS) / UK + u) * RP + 4 * r + t) * 8), sx[0], sx[1]);
+      if (t == 0) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const int uu = v ? u1 : u;
+          if (v && uu == u) break;
+          if (g < 2 * RP) sts32f(tab0 + (uu * 2 * RP + g) * 4, s[2 * v][0] + s[2 * v + 1][0]);
+          if (g + 8 < 2 * RP) sts32f(tab0 + (uu * 2 * RP + g + 8) * 4, s[2 * v][2] + s[2 * v + 1][2]);
+        }
+      }
     }
     __syncwarp();
     if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
