@@ -86,6 +86,8 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
         const char* es = std::getenv("BIE_WQT_XRS");
         q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : S2;
         q.xring_r = std::max(4, std::min(THIN_XCHUNKS, 32 / q.xring));
+        const char* er = std::getenv("BIE_WQT_XRR");   // (lab knob: the ring's chunks, 2 .. THIN_XCHUNKS)
+        if (er && std::atoi(er) >= 2) q.xring_r = std::min(THIN_XCHUNKS, std::atoi(er));
         // the producer issues a chunk's copies R / 2 steps before it sums it (lab knob BIE_WQT_XRD: 1 .. R - 1)
         const char* ed = std::getenv("BIE_WQT_XRD");
         q.xring_d = ed ? std::atoi(ed) : q.xring_r / 2;

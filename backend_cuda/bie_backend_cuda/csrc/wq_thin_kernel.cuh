@@ -421,7 +421,8 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (c * chs >= slen) return;
     const int64_t xk0 = (int64_t)bs0 * KS, k0 = xk0 + (int64_t)c * chs * KS;
     const int64_t k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
-    const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
+    // (lab bound p.xring_lab == 2: no copies, x left as it is)
+    const uint32_t bytes = k1 > k0 && p.xring_lab != 2 ? (uint32_t)(k1 - k0) * 2 : 0u;
     const int sl = xslot(c);
     if (lane == 0) hop::mbar_arrive_expect_tx(xbar() + 8 * sl, bytes * (uint32_t)M);
     __syncwarp();
@@ -459,7 +460,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     const uint32_t xa0 = zero ? zrow : xbuf + xrow * xpitch + (uint32_t)(sl * chs * KS * 2) + (lane >> 4) * 16;
     const uint32_t kstep = zero ? 0u : 32u, ustep = zero ? 0u : (uint32_t)UK * 2;
     const uint32_t tab0 = sxtab + (uint32_t)(((sl * chs * KS) / UK) * 2 * RP) * 4;   // (float index unit 2 RP + row)
-    for (int u = 0; u < units && p.xring_lab == 0; u += 2) {
+    for (int u = 0; u < units && (p.xring_lab == 0 || p.xring_lab == 3); u += 2) {
       const int u1 = u + 1 < units ? u + 1 : u;   // (an odd last unit: computed twice, stored once)
       float s[4][4];
 #pragma unroll
@@ -521,7 +522,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // issues without a wait, through the copies issued XD steps before). Item warps without an item run the same steps
   // after the loop; the plan gives each item warp at most one item (one pass; wqt_plan, launch_t).
   const int XD = p.xring_d;
+  // (lab bound p.xring_lab == 3: no coupling; item warps neither arrive nor wait, the producer does not wait for
+  // free slots; x overwritten under the readers)
   auto enter_ring = [&](int c) {
+    if (p.xring_lab == 3) return;
     __syncwarp();   // (every lane's reads of chunk c - 1 are done)
     if (c >= 1 && lane == 0) hop::mbar_arrive(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(c - 1)));
     hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + xslot(c)), xpar(c));
@@ -533,7 +537,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     for (int c = 0; c < nc; ++c) {
       if (c + XD < nc) {
         const int old = c + XD - XR;   // the chunk whose slot chunk c + XD takes
-        if (old >= 0) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
+        if (old >= 0 && p.xring_lab != 3) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
         ring_issue(c + XD);
       }
       ring_sums(c);
