@@ -666,8 +666,9 @@ def test_wq_thin_chunked_x_on_a_big_layer(monkeypatch):
 def test_wq_thin_x_ring(monkeypatch):
     """x through a ring of chunks that the block's last warp copies and sums (9-16 rows of 4-bit codes in groups of
     128; the plan's rule is big layers, BIE_WQT_XRING=1 forces it here): one K slice (outputs stored directly) and
-    several (partials and the reduction), chunks reused (K of 66 stages: 17 chunks of 4 stages in 8 slots), a last
-    chunk of 2 stages with K past the last full stage, N off the 16-column items, warps and whole blocks without an
+    several (partials and the reduction), chunks reused (K of 66 stages: 9 chunks of 8 stages in 4 slots, and with
+    BIE_WQT_XRS=4 17 chunks of 4 in 8 slots), a last chunk of 2 stages with K past the last full stage, a slice of 3
+    stages (K=4104 in six slices of 6, 6, 6, 6, 6, 3: an odd count of the producer's sum units), N off the 16-column items, warps and whole blocks without an
     item, fp16 / bf16, gptq / gba, bias; against the float64 reference and under CUDA-graph replay. A grid too small
     for one item per warp is refused (so the ring is what ran), and BIE_WQT_XRING=0 (x staged per slice) agrees."""
     from bie_backend_cuda import weight_only as cw
@@ -687,6 +688,10 @@ def test_wq_thin_x_ring(monkeypatch):
         what = f"K={k} N={n} M={m} slices={slices}"
         monkeypatch.setenv("BIE_WQT_XRING", "1")
         monkeypatch.setattr(cw, "THIN_SLICES", slices)
+        if i == 0:
+            monkeypatch.setenv("BIE_WQT_XRS", "4")
+            _close(run(x), w64, x, dtype, k, what + " chunks of 4 stages", bias)
+            monkeypatch.delenv("BIE_WQT_XRS")
         y = run(x)
         _close(y, w64, x, dtype, k, what, bias)
         assert torch.equal(run(x), y), f"{what}: not deterministic"
@@ -700,7 +705,7 @@ def test_wq_thin_x_ring(monkeypatch):
         monkeypatch.setenv("BIE_WQT_XRING", "0")
         monkeypatch.setattr(cw, "THIN_SLICES", 0)
         _close(run(x), w64, x, dtype, k, f"{what} staged slices", bias)
-    assert len(calls) >= 4 * 6
+    assert len(calls) >= 4 * 6 + 1
 
 
 @needs_cuda

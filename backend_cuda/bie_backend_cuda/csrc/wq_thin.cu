@@ -58,14 +58,16 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
   // x through a ring (p.xring: the XC kernels, wq_thin_kernel.cuh): 9-16 rows of 4-bit codes in groups of 128 on
-  // layers of more than 2^27 weights. Each block holds a ring of chunks of x instead of its whole slice, filled and
-  // summed by its last warp (the producer), so the slices need no longer fit: only as many as still give every other
-  // warp at most one item (one pass over K). 28672x8192 then runs one slice (no partials, no reduction kernel) where
-  // the staged slices needed 2, 8192x28672 three where they needed 8. H100, session 30
-  // (benchmarks/results/cuda_h100_thin.md): the bound (lab BIE_WQT_LAB_XWRAP, x not streamed at all) 50.3 against
-  // 54.9-56.3 us at 16 rows of 28672x8192, 50.9 against 55.5-56.3 of 8192x28672 (4 slices); a first ring whose
-  // warps each copied and summed their own row of every chunk ran 60.8-69.4 (reverted: 0c2e308). Lab / test knob
-  // BIE_WQT_XRING: 0 never, 1 wherever the kernel can (forced slices and warps too).
+  // layers of more than 2^27 weights whose items all fit one pass of one K slice (every warp but the producer at most
+  // one item: 28672x8192 on 132 SMs). Each block then holds a ring of chunks of x instead of its whole slice, filled
+  // and summed by its last warp (the producer), so x need not fit: one slice, no float32 partials, no reduction
+  // kernel, where x staged whole per slice needs two. H100, sessions 30-31 (benchmarks/results/cuda_h100_thin.md),
+  // 28672x8192, us, the ring / staged slices in the same call: 16 rows 53.7-54.4 / 55.7-58.3, 12 rows 53.0-55.6 /
+  // 54.4-54.5, 9 rows 52.6-53.0 / 57.9-58.2. Not where the items need several slices: 16 rows of 8192x28672 in three
+  // slices 56.6-58.7 against 56.4-57.7 staged in eight. Bounds (lab, wrong results): x not streamed at all
+  // (BIE_WQT_LAB_XWRAP, session 30) 50.3; the ring without its copies (BIE_WQT_XRLAB=2) 49.8-52.6; without its sums
+  // (=1) or without any waits (=3) no faster than the ring. Lab / test knob BIE_WQT_XRING: 0 never, 1 wherever the
+  // kernel can (forced slices and warps too, any number of slices).
   {
     const char* e = std::getenv("BIE_WQT_XRING");
     const int force = e ? std::atoi(e) : -1;
@@ -76,15 +78,17 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
       int ks = slices_force;   // else the most slices that keep one item per warp
       for (int k = std::min(p.nstages, num_sms); ks == 0 && iw > 0 && k >= 1; --k)
         if ((int64_t)(num_sms / k) * iw >= items) ks = k;
-      if (ks > 0 && iw > 0) {
+      if (ks > 0 && iw > 0 && (ks == 1 || force == 1)) {
         WqtArgs q = p;
         q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
         q.kslices = ceil_div(p.nstages, q.slice_stages);
-        // stages per chunk: one turn of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of it), 32 stages of x
-        // held (8 chunks; 4 of 8 stages)
+        // stages per chunk: two turns of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of one turn), 32 stages
+        // of x held (4 chunks; 8 of 4 stages). Each chunk step cost ~0.3 us (session 31, 16 rows of 28672x8192:
+        // chunks of 4 stages 56.7-57.3 us, of 8 54.4, in one call); 2 or 3 chunks of 16 or 8 stages were slower
+        // (57.7-64.1: the producer then waits for the slowest warp to leave a chunk before refilling it)
         constexpr int S2 = Thin<4, 1, 2>::S;
         const char* es = std::getenv("BIE_WQT_XRS");
-        q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : S2;
+        q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : 2 * S2;
         q.xring_r = std::max(4, std::min(THIN_XCHUNKS, 32 / q.xring));
         const char* er = std::getenv("BIE_WQT_XRR");   // (lab knob: the ring's chunks, 2 .. THIN_XCHUNKS)
         if (er && std::atoi(er) >= 2) q.xring_r = std::min(THIN_XCHUNKS, std::atoi(er));
