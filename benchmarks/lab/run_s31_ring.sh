@@ -1,8 +1,8 @@
 #!/bin/bash
-# Prepared in session 30 for the tree 0a8dfde (the producer-warp x ring, reverted right after; see results/s30/README.md):
-# build, the thin-kernel tests (test_wq_thin_x_ring among them), then 9-16 rows of the big layers with the ring as
-# planned, with chunks of 8 stages (BIE_WQT_XRS=8), with the copies 2 / 6 steps ahead (BIE_WQT_XRD), against the
-# staged slices (BIE_WQT_XRING=0). Run it at that commit: git checkout 0a8dfde -- backend_cuda tests
+# Session 31, the producer-warp x ring (calls 1-3, index results/s31/README.md): build, the thin-kernel tests
+# (test_wq_thin_x_ring among them), then 9-16 rows of the big layers per way of thin_s28.py. Its default ways were call
+# 1's (chunks of 4 stages then planned; XRS=8, copies 2 / 6 steps ahead, XRING=0 staged slices); calls 2-3 passed
+# CASES / WAYS (the commands in results/s31/README.md). Knobs: BIE_WQT_XRING, XRS, XRR, XRD, lab bounds XRLAB=1/2/3.
 source benchmarks/lab/thin_lab.sh
 lab_build
 lab_tests "thin"

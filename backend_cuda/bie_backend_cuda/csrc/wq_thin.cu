@@ -84,8 +84,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
         q.kslices = ceil_div(p.nstages, q.slice_stages);
         // stages per chunk: two turns of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of one turn), 32 stages
         // of x held (4 chunks; 8 of 4 stages). Each chunk step cost ~0.3 us (session 31, 16 rows of 28672x8192:
-        // chunks of 4 stages 56.7-57.3 us, of 8 54.4, in one call); 2 or 3 chunks of 16 or 8 stages were slower
-        // (57.7-64.1: the producer then waits for the slowest warp to leave a chunk before refilling it)
+        // chunks of 4 stages 56.7-57.3 us, of 8 54.4, in one call); 2 chunks of 16 or 8 stages were slower
+        // (57.7-64.1: the producer then waits for the slowest warp to leave a chunk before refilling it), 3 of 8 level
+        // (53.4-57.1 against 53.7-54.3; lab knob BIE_WQT_XRR)
         constexpr int S2 = Thin<4, 1, 2>::S;
         const char* es = std::getenv("BIE_WQT_XRS");
         q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : 2 * S2;

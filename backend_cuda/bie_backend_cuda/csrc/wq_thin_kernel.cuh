@@ -431,9 +431,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
                     xbar() + 8 * sl);
   };
   // The ring's sums (the producer): chunk c's bytes landed, the pieces past K zeroed (the copies stop at K), then the
-  // sum(x) units of the chunk on the tensor cores: an all-ones A fragment times a tile's x fragments (as the main
-  // loop loads them) gives each row's sum in the C fragment, columns 2t, 2t + 1 = the table's row pair 4 r + t; then
-  // the chunk's one "ready" arrival. (Session 30, the reverted first ring: every warp summing its own row with
+  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (Session 30, the reverted first ring: every warp summing its own row with
   // shuffles as it entered a chunk cost ~7 us of 65 at 16 rows of 28672x8192, lab bound 32 in d2ba120.)
   auto ring_sums = [&](int c) {
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs), sl = xslot(c);
