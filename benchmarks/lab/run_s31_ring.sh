@@ -5,7 +5,7 @@
 # CASES / WAYS (the commands in results/s31/README.md). Knobs: BIE_WQT_XRING, XRS, XRR, XRD, lab bounds XRLAB=1/2/3.
 source benchmarks/lab/thin_lab.sh
 lab_build
-lab_tests "thin"
+[ -n "$NOTESTS" ] || lab_tests "thin"   # (NOTESTS=1: none)
 echo "tests done at $(el) s"
 timeout 200 python3 benchmarks/lab/thin_s28.py --cases ${CASES:-16x28672x8192x4x128,12x28672x8192x4x128,9x28672x8192x4x128,16x8192x28672x4x128,9x8192x28672x4x128} \
   --ways ${WAYS:-0:0,0:0:XRS=8,0:0:XRD=2,0:0:XRD=6,0:0:XRING=0} 2>&1 | grep -v -i warn | tee $OUT/ring.txt

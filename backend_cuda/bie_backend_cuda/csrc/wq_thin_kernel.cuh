@@ -424,10 +424,15 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     // (lab bound p.xring_lab == 2: no copies, x left as it is)
     const uint32_t bytes = k1 > k0 && p.xring_lab != 2 ? (uint32_t)(k1 - k0) * 2 : 0u;
     const int sl = xslot(c);
+    // (lab bound p.xring_lab == 4: each block copies chunk (c + block) % chunks instead, the same bytes from other
+    // lines than its neighbours read at the same time; wrong results; slices of whole chunks inside K only)
+    int64_t src = k0;
+    if (p.xring_lab == 4 && slen % chs == 0 && (int64_t)bs1 * KS <= p.K)
+      src = xk0 + (int64_t)((c + (int)blockIdx.x) % (slen / chs)) * chs * KS;
     if (lane == 0) hop::mbar_arrive_expect_tx(xbar() + 8 * sl, bytes * (uint32_t)M);
     __syncwarp();
     if (bytes && lane < M)
-      hop::bulk_g2s(xbuf + lane * xpitch + (uint32_t)(sl * chs * KS * 2), X + (int64_t)lane * p.K + k0, bytes,
+      hop::bulk_g2s(xbuf + lane * xpitch + (uint32_t)(sl * chs * KS * 2), X + (int64_t)lane * p.K + src, bytes,
                     xbar() + 8 * sl);
   };
   // The ring's sums (the producer): chunk c's bytes landed, the pieces past K zeroed (the copies stop at K), then the
