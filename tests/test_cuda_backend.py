@@ -668,9 +668,10 @@ def test_wq_thin_x_ring(monkeypatch):
     128; the plan's rule is big layers, BIE_WQT_XRING=1 forces it here): one K slice (outputs stored directly) and
     several (partials and the reduction), chunks reused (K of 66 stages: 9 chunks of 8 stages in 4 slots, and with
     BIE_WQT_XRS=4 17 chunks of 4 in 8 slots), a last chunk of 2 stages with K past the last full stage, a slice of 3
-    stages (K=4104 in six slices of 6, 6, 6, 6, 6, 3: an odd count of the producer's sum units), N off the 16-column items, warps and whole blocks without an
-    item, fp16 / bf16, gptq / gba, bias; against the float64 reference and under CUDA-graph replay. A grid too small
-    for one item per warp is refused (so the ring is what ran), and BIE_WQT_XRING=0 (x staged per slice) agrees."""
+    stages (K=4104 in six slices of 6, 6, 6, 6, 6, 3: an odd count of the producer's sum units), N off the 16-column
+    items, warps and whole blocks without an item, fp16 / bf16, gptq / gba, bias; against the float64 reference and
+    under CUDA-graph replay. A grid too small for one item per warp is refused (so the ring is what ran), and
+    BIE_WQT_XRING=0 (x staged per slice) agrees."""
     from bie_backend_cuda import weight_only as cw
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the x ring takes bulk copies (sm_90)")

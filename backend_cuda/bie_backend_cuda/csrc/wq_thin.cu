@@ -67,8 +67,8 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // slices 56.6-58.7 against 56.4-57.7 staged in eight. Bounds (lab, wrong results): x not streamed at all
   // (BIE_WQT_LAB_XWRAP, session 30) 50.3; the ring without its copies (BIE_WQT_XRLAB=2) 49.8-52.6; without its sums
   // (=1), without any waits (=3) or with each block's chunks read from a rotated K place (=4) no faster than the
-  // ring. Lab / test knob BIE_WQT_XRING: 0 never, 1 wherever the
-  // kernel can (forced slices and warps too, any number of slices).
+  // ring. Lab / test knob BIE_WQT_XRING: 0 never, 1 wherever the kernel can (forced slices and warps too, any number
+  // of slices).
   {
     const char* e = std::getenv("BIE_WQT_XRING");
     const int force = e ? std::atoi(e) : -1;

@@ -436,8 +436,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
                     xbar() + 8 * sl);
   };
   // The ring's sums (the producer): chunk c's bytes landed, the pieces past K zeroed (the copies stop at K), then the
-  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (Session 30, the reverted first ring: every warp summing its own row with
-  // shuffles as it entered a chunk cost ~7 us of 65 at 16 rows of 28672x8192, lab bound 32 in d2ba120.)
+  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (Session 30, the
+  // reverted first ring: every warp summing its own row with shuffles as it entered a chunk cost ~7 us of 65 at 16
+  // rows of 28672x8192, lab bound 32 in d2ba120.)
   auto ring_sums = [&](int c) {
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs), sl = xslot(c);
     const int64_t xk0 = (int64_t)bs0 * KS;
