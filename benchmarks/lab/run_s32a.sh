@@ -4,8 +4,9 @@
 # GPU machine, repository root, carrying .whl: BIE_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/lab/run_s32a.sh
 source benchmarks/lab/thin_lab.sh
 lab_build
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-    --format=csv,noheader -lms 50 > $OUT/smi.csv 2>&1 &
+Q=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active
+nvidia-smi --query-gpu=$Q --format=csv,noheader > /dev/null 2>&1 || Q=timestamp,clocks.sm,power.draw,temperature.gpu
+nvidia-smi --query-gpu=$Q --format=csv,noheader -lms 50 > $OUT/smi.csv 2>&1 &
 SMI=$!
 run() { timeout $((560 - $(el))) python3 benchmarks/lab/wqm_power.py --rounds 4 --reps 30 "$@" 2>&1 | grep -v -i warn | tee -a $OUT/wqm_power.txt | grep -v phase; }
 run --ms 2048 --shapes 13824x5120 --splits 0,3,5,7
