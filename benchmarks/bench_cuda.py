@@ -182,6 +182,50 @@ def bench_wq(rows, quick):
         torch.cuda.empty_cache()
 
 
+def bench_wqm(rows, quick):
+    """The many-row weight-only kernel (W4 g128 GPTQ, 1024-4096 rows) against bf16 cuBLAS and against dequantize +
+    cuBLAS (the path it replaces), timed interleaved at the card's power cap (gpu_timing.time_interleaved): the
+    speedup is the median of the per-round ratios, the range their spread."""
+    import statistics
+    from bie_backend_cuda import weight_only as cw
+    from gpu_timing import time_interleaved
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    layers = [(4096, 4096), (11008, 4096), (4096, 11008), (28672, 8192), (8192, 28672), (13824, 5120), (5120, 13824)]
+    for n, k in layers:
+        for m in ((1024, 2048) if quick else (1024, 2048, 4096)):
+            wbytes, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
+            ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
+
+            def without(f):   # the same call with the many-row kernel off: dequantize + cuBLAS
+                def call():
+                    keep = cw.WQM_MIN_M
+                    cw.WQM_MIN_M = 0
+                    try:
+                        return f()
+                    finally:
+                        cw.WQM_MIN_M = keep
+                return call
+            assert cw._wqm_rows(m, 4, 7), "the many-row kernel does not serve these rows"
+            w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, 4, 128, k, "gptq", torch.float32)
+            ref = x.float() @ w
+            rel = float((fns[0]().float() - ref).norm() / ref.norm())
+            del w, ref
+            res = time_interleaved({"wqm": fns, "without": [without(f) for f in fns],
+                                    "bf16": [lambda w=w: F.linear(x, w) for w in ws]})
+            ratio = [b / t for b, t in zip(res["bf16"], res["wqm"])]
+            vs_without = [b / t for b, t in zip(res["without"], res["wqm"])]
+            med = {name: statistics.median(v) for name, v in res.items()}
+            row = dict(family="wqm W4A16 g128", shape=f"M={m} N={n} K={k}", us=med["wqm"], bf16_us=med["bf16"],
+                       without_us=med["without"], speedup=statistics.median(ratio), speedup_min=min(ratio),
+                       speedup_max=max(ratio), vs_without=statistics.median(vs_without),
+                       TFLOPs=2.0 * m * n * k / med["wqm"] / 1e6, rounds=len(ratio), rel_err=rel)
+            print(" | ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
+                  flush=True)
+            rows.append(row)
+            del sets, fns, ws
+            torch.cuda.empty_cache()
+
+
 def bench_wqw(rows, quick):
     """The Hopper wgmma weight-only kernel against the path that served the same rows before it (small-M
     kernel up to 64 rows, dequantize + cuBLAS above), bf16 cuBLAS and its two token tiles."""
@@ -411,6 +455,8 @@ def main():
         bench_thin(rows, args.quick, False, several_rows=True)
     if "wq" in only:
         bench_wq(rows, args.quick)
+    if "wqm" in only:
+        bench_wqm(rows, args.quick)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 commit=os.environ.get("BIE_COMMIT", "?"), calls_per_graph=CALLS)
