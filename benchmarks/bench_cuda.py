@@ -6,11 +6,12 @@ size in total, so weights stream from HBM), then the graph is replayed and
 timed with CUDA events; the figure is the median over repeats divided by the
 calls per graph. Speedups are against bf16 ``torch.nn.functional.linear``
 (cuBLAS) timed the same way; ``torch._weight_int4pack_mm`` (tinygemm) runs as
-a peer where this torch provides it. Roofline floors use the measured H100
+a peer where this torch provides it. The many-row rows (``--only wqm``, 1024-4096 rows, compute-bound, so at the
+card's power cap) are timed interleaved with their baselines instead (gpu_timing.time_interleaved). Roofline floors use the measured H100
 ceilings of ../shared/reference/performance-anchors.md §5 (3.0 TB/s, bf16
 798 TFLOP/s, 1-bit 15.9 POPS wgmma / 10.7 POPS mma.sync).
 
-    python benchmarks/bench_cuda.py [--quick] [--json out.json]
+    python benchmarks/bench_cuda.py [--quick] [--json out.json] [--only binary,wq,wqm,...]
 """
 from __future__ import annotations
 
