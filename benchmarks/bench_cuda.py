@@ -1,15 +1,13 @@
 """Benchmarks of bie-backend-cuda on the GPU in use (H100 figures in results/cuda_h100.md).
 
-Timing: each measured call is captured in a CUDA graph together with 31 more
-calls that rotate over a pool of distinct weight sets (more than 5x the L2
-size in total, so weights stream from HBM), then the graph is replayed and
-timed with CUDA events; the figure is the median over repeats divided by the
-calls per graph. Speedups are against bf16 ``torch.nn.functional.linear``
-(cuBLAS) timed the same way; ``torch._weight_int4pack_mm`` (tinygemm) runs as
-a peer where this torch provides it. The many-row rows (``--only wqm``, 1024-4096 rows, compute-bound, so at the
-card's power cap) are timed interleaved with their baselines instead (gpu_timing.time_interleaved). Roofline floors use the measured H100
-ceilings of ../shared/reference/performance-anchors.md §5 (3.0 TB/s, bf16
-798 TFLOP/s, 1-bit 15.9 POPS wgmma / 10.7 POPS mma.sync).
+Timing: each measured call is captured in a CUDA graph together with 31 more calls that rotate over a pool of
+distinct weight sets (more than 5x the L2 size in total, so weights stream from HBM), then the graph is replayed and
+timed with CUDA events; the figure is the median over repeats divided by the calls per graph. Speedups are against
+bf16 ``torch.nn.functional.linear`` (cuBLAS) timed the same way; ``torch._weight_int4pack_mm`` (tinygemm) runs as a
+peer where this torch provides it. The many-row rows (``--only wqm``, 1024-4096 rows, compute-bound, so at the
+card's power cap) are timed interleaved with their baselines instead (gpu_timing.time_interleaved). Roofline floors
+use the measured H100 ceilings of ../shared/reference/performance-anchors.md §5 (3.0 TB/s, bf16 798 TFLOP/s, 1-bit
+15.9 POPS wgmma / 10.7 POPS mma.sync).
 
     python benchmarks/bench_cuda.py [--quick] [--json out.json] [--only binary,wq,wqm,...]
 """
