@@ -36,9 +36,10 @@ def warm_gpu(seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
-def time_graph(fns, repeats: int = 7) -> float:
-    """µs per call: fns is a list of zero-arg callables (one per weight / input set)."""
-    for f in fns:  # warm-up (builds, prepares, tunes, allocates)
+def capture_graph(fns):
+    """A CUDA graph of CALLS calls cycling through fns (zero-arg callables, one per weight / input set), after one
+    eager call of each (builds, prepares, tunes, allocates) and one eager pass of the sequence on a side stream."""
+    for f in fns:
         f()
     torch.cuda.synchronize()
     seq = [fns[i % len(fns)] for i in range(CALLS)]
@@ -53,17 +54,29 @@ def time_graph(fns, repeats: int = 7) -> float:
     with torch.cuda.graph(g):
         for f in seq:
             f()
-    for _ in range(WARM_REPLAYS):   # (the first replays of a new graph over new weights read slow)
-        g.replay()
-    torch.cuda.synchronize()
+    return g
+
+
+def replay_us(g, reps: int) -> list:
+    """µs per call of each of `reps` timed replays of a graph from capture_graph."""
     times = []
-    for _ in range(repeats):
+    for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         g.replay()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / CALLS)
+    return times
+
+
+def time_graph(fns, repeats: int = 7) -> float:
+    """µs per call: fns is a list of zero-arg callables (one per weight / input set)."""
+    g = capture_graph(fns)
+    for _ in range(WARM_REPLAYS):   # (the first replays of a new graph over new weights read slow)
+        g.replay()
+    torch.cuda.synchronize()
+    times = replay_us(g, repeats)
     del g
     return statistics.median(times)
 
@@ -77,45 +90,17 @@ def time_interleaved(variants: dict, rounds: int = 5, phase_s: float = 0.3) -> d
     is captured once, then every round replays each variant in turn for about `phase_s` seconds (the median replay
     is that round's figure). A first, untimed round brings the card to the cap; callers compare variants round by
     round (the ratios of one round share its power state)."""
-    graphs = {}
-    for name, fns in variants.items():
-        for f in fns:
-            f()
-        torch.cuda.synchronize()
-        seq = [fns[i % len(fns)] for i in range(CALLS)]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for f in seq:
-                f()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for f in seq:
-                f()
-        graphs[name] = g
+    graphs = {name: capture_graph(fns) for name, fns in variants.items()}
     reps = {}
-    for name, g in graphs.items():   # replays per phase from one timed replay
+    for name, g in graphs.items():   # replays per phase, from one timed replay after an untimed one
         g.replay()
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        reps[name] = max(3, min(200, int(phase_s * 1000.0 / max(a.elapsed_time(b), 1e-3))))
+        once_ms = replay_us(g, 1)[0] * CALLS / 1000.0
+        reps[name] = max(3, min(200, int(phase_s * 1000.0 / max(once_ms, 1e-3))))
     out = {name: [] for name in graphs}
     for r in range(rounds + 1):
         for name, g in graphs.items():
-            times = []
-            for _ in range(reps[name]):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) * 1000.0 / CALLS)
+            times = replay_us(g, reps[name])
             if r > 0:
                 out[name].append(statistics.median(times))
     del graphs

@@ -13,7 +13,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from gpu_timing import CALLS, pool_size, time_interleaved, warm_gpu  # noqa: E402
+from gpu_timing import pool_size, time_interleaved, warm_gpu  # noqa: E402
 from bench_cuda import _wq_pool  # noqa: E402
 from bie_backend_cuda import binary as cb  # noqa: E402
 from bw_inputs import binary_inputs  # noqa: E402

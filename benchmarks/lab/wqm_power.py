@@ -20,25 +20,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench_cuda import _wq_pool  # noqa: E402
-from gpu_timing import CALLS, pool_size, warm_gpu  # noqa: E402
+from gpu_timing import capture_graph, pool_size, replay_us, warm_gpu  # noqa: E402
 
 
 def capture(fns):
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    seq = [fns[i % len(fns)] for i in range(CALLS)]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in seq:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in seq:
-            f()
+    g = capture_graph(fns)
     for _ in range(5):
         g.replay()
     torch.cuda.synchronize()
@@ -47,15 +33,7 @@ def capture(fns):
 
 def timed(g, reps):
     """µs per call of each of reps replays"""
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1000.0 / CALLS)
-    return out
+    return replay_us(g, reps)
 
 
 def main():
