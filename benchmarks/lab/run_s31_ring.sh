@@ -2,7 +2,7 @@
 # Session 31, the producer-warp x ring (calls 1-3, index results/s31/README.md): build, the thin-kernel tests
 # (test_wq_thin_x_ring among them), then 9-16 rows of the big layers per way of thin_s28.py. Its default ways were call
 # 1's (chunks of 4 stages then planned; XRS=8, copies 2 / 6 steps ahead, XRING=0 staged slices); calls 2-3 passed
-# CASES / WAYS (the commands in results/s31/README.md). Knobs: BIE_WQT_XRING, XRS, XRR, XRD, lab bounds XRLAB=1/2/3/4 (launchers.h).
+# CASES / WAYS (the commands in results/s31/README.md). Knobs: BIE_WQT_XRING, XRS, XRR, XRD, lab bounds XRLAB=1/2/3/4 (launchers.h; since session 32 read only in a lab build: prefix BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS).
 source benchmarks/lab/thin_lab.sh
 lab_build
 [ -n "$NOTESTS" ] || lab_tests "thin"   # (NOTESTS=1: none)

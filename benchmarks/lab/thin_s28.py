@@ -3,7 +3,7 @@ warps (THIN_WARPS), in a build whose two-row-tile ring depth is BIE_WQT_S16 (a c
 each, same process, CUDA graphs over rotated weights (bench_cuda's method); bf16 cuBLAS for the ratio. A third field
 of a way sets BIE_WQT_LAB (session 29: the bounds of a build with BIE_WQT_LAB_BOUNDS, wq_thin.cu), or with a d in
 front BIE_WQT_DEEP (d0 / d1: the one-tile 4- or 8-stage ring forced), or KEY=V: BIE_WQT_KEY=V (e.g. RED4=0; several
-joined by +, e.g. XRS=8+XRLAB=1).
+joined by +, e.g. XRS=8+XRLAB=1; XRLAB needs a BIE_WQT_LAB_BOUNDS build).
     python3 benchmarks/lab/thin_s28.py [--cases MxNxKxBITSxGS,...] [--ways slices:warps[:lab|dN|KEY=V],...]"""
 import os
 import sys

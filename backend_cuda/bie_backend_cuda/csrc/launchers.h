@@ -173,7 +173,7 @@ struct WqtArgs {
   int xring;             // x through a ring of chunks of this many stages (0: the slice staged whole)
   int xring_r;           // the ring's chunks (at most THIN_XCHUNKS)
   int xring_d;           // the ring's producer issues a chunk's copies this many steps before it sums it
-  int xring_lab;         // lab bound (env BIE_WQT_XRLAB; wrong results): 1 = the producer writes no sums, 2 = nor
+  int xring_lab;         // lab bound (env BIE_WQT_XRLAB in a BIE_WQT_LAB_BOUNDS build; wrong results): 1 = no sums, 2 = nor
                          // copies x, 3 = no waits for free slots or ready chunks (sums and copies as usual),
                          // 4 = each block's chunks copied from a K place rotated by its block index
   int xwrap;             // lab bound (only in a build with BIE_WQT_LAB_XWRAP; wq_thin.cu): stages of x held

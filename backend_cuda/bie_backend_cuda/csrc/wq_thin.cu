@@ -98,8 +98,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
         const char* ed = std::getenv("BIE_WQT_XRD");
         q.xring_d = ed ? std::atoi(ed) : q.xring_r / 2;
         if (q.xring_d < 1 || q.xring_d >= q.xring_r) q.xring_d = q.xring_r / 2;
-        const char* el = std::getenv("BIE_WQT_XRLAB");
-        q.xring_lab = el ? std::atoi(el) : 0;
+        q.xring_lab = 0;
+#ifdef BIE_WQT_LAB_BOUNDS
+        // (lab bounds, wrong results: only in a build with BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, never the product's)
+        if (const char* el = std::getenv("BIE_WQT_XRLAB")) q.xring_lab = std::atoi(el);
+#endif
         const int64_t smem = w * per_warp + thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8;
         if ((int64_t)(num_sms / q.kslices) * iw >= items && smem <= p.smem_limit) {
           q.xpre = -3;
