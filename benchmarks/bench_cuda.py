@@ -181,6 +181,19 @@ def bench_wq(rows, quick):
         torch.cuda.empty_cache()
 
 
+def with_knob(module, name: str, value, f):
+    """f as a zero-arg call made with module.name set to value (restored after): a dispatch knob flipped for one
+    variant of a timed comparison (also inside graph capture, where the choice is recorded)."""
+    def call():
+        keep = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            return f()
+        finally:
+            setattr(module, name, keep)
+    return call
+
+
 def bench_wqm(rows, quick):
     """The many-row weight-only kernel (W4 g128 GPTQ, 1024-4096 rows) against bf16 cuBLAS and against dequantize +
     cuBLAS (the path it replaces), timed interleaved at the card's power cap (gpu_timing.time_interleaved): the
@@ -192,24 +205,15 @@ def bench_wqm(rows, quick):
     layers = [(4096, 4096), (11008, 4096), (4096, 11008), (28672, 8192), (8192, 28672), (13824, 5120), (5120, 13824)]
     for n, k in layers:
         for m in ((1024, 2048) if quick else (1024, 2048, 4096)):
-            wbytes, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
+            _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
             ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
-
-            def without(f):   # the same call with the many-row kernel off: dequantize + cuBLAS
-                def call():
-                    keep = cw.WQM_MIN_M
-                    cw.WQM_MIN_M = 0
-                    try:
-                        return f()
-                    finally:
-                        cw.WQM_MIN_M = keep
-                return call
-            assert cw._wqm_rows(m, 4, 7), "the many-row kernel does not serve these rows"
+            assert cw._wqm_rows(m, 4, cw._gs_shift(128)), "the many-row kernel does not serve these rows"
             w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, 4, 128, k, "gptq", torch.float32)
             ref = x.float() @ w
             rel = float((fns[0]().float() - ref).norm() / ref.norm())
             del w, ref
-            res = time_interleaved({"wqm": fns, "without": [without(f) for f in fns],
+            # "without": the same calls with the many-row kernel off (dequantize + cuBLAS)
+            res = time_interleaved({"wqm": fns, "without": [with_knob(cw, "WQM_MIN_M", 0, f) for f in fns],
                                     "bf16": [lambda w=w: F.linear(x, w) for w in ws]})
             ratio = [b / t for b, t in zip(res["bf16"], res["wqm"])]
             vs_without = [b / t for b, t in zip(res["without"], res["wqm"])]

@@ -13,11 +13,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from gpu_timing import pool_size, time_interleaved, warm_gpu  # noqa: E402
+from gpu_timing import pool_size, replay_us, time_interleaved, warm_gpu  # noqa: E402
 from bench_cuda import _wq_pool  # noqa: E402
 from bie_backend_cuda import binary as cb  # noqa: E402
 from bw_inputs import binary_inputs  # noqa: E402
-from wqm_power import capture, timed  # noqa: E402
+from wqm_power import capture  # noqa: E402
 
 warm_gpu(1.0)
 m = n = k = 8192
@@ -32,7 +32,7 @@ for r in range(4):
     for name, g in graphs.items():
         reps = 130 if name == "b1" else 10   # ~0.5 s a phase
         t0 = time.time()
-        ts = timed(g, reps)
+        ts = replay_us(g, reps)
         print(f"  phase 8192^3 M={m} {name} round {r} {t0:.3f}-{time.time():.3f} med {statistics.median(ts):.1f} "
               f"min {min(ts):.1f} max {max(ts):.1f}", flush=True)
         if name == "b1":

@@ -24,16 +24,12 @@ from gpu_timing import capture_graph, pool_size, replay_us, warm_gpu  # noqa: E4
 
 
 def capture(fns):
+    """capture_graph, then five untimed replays (the first replays over new weights read slow)"""
     g = capture_graph(fns)
     for _ in range(5):
         g.replay()
     torch.cuda.synchronize()
     return g
-
-
-def timed(g, reps):
-    """µs per call of each of reps replays"""
-    return replay_us(g, reps)
 
 
 def main():
@@ -68,7 +64,7 @@ def main():
             for r in range(args.rounds):
                 for name, g in graphs.items():
                     t0 = time.time()
-                    ts = timed(g, args.reps)
+                    ts = replay_us(g, args.reps)
                     res[name].append(statistics.median(ts))
                     print(f"  phase {shape} M={m} {name} round {r} {t0:.3f}-{time.time():.3f} "
                           f"med {statistics.median(ts):.1f} min {min(ts):.1f} max {max(ts):.1f}", flush=True)

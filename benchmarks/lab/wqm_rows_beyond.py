@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_cuda import _wq_pool  # noqa: E402
+from bench_cuda import _wq_pool, with_knob  # noqa: E402
 from gpu_timing import pool_size, time_interleaved, warm_gpu  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -28,19 +28,10 @@ for shape in args.shapes.split(","):
     for m in (int(v) for v in args.ms.split(",")):
         _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
-
-        def forced(f):
-            def call():
-                keep = cw.WQM_MIN_M
-                cw.WQM_MIN_M = 1
-                try:
-                    return f()
-                finally:
-                    cw.WQM_MIN_M = keep
-            return call
-        a, b = fns[0]().float(), forced(fns[0])().float()
+        forced = [with_knob(cw, "WQM_MIN_M", 1, f) for f in fns]   # the many-row kernel at any rows
+        a, b = fns[0]().float(), forced[0]().float()
         err = float((a - b).norm() / b.norm())
-        res = time_interleaved({"op": fns, "wqm": [forced(f) for f in fns],
+        res = time_interleaved({"op": fns, "wqm": forced,
                                 "bf16": [lambda w=w: F.linear(x, w) for w in ws]}, rounds=4, phase_s=0.4)
         med = {name: statistics.median(v) for name, v in res.items()}
         r_op = [bb / t for bb, t in zip(res["bf16"], res["op"])]
