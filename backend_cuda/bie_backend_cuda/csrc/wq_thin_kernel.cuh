@@ -802,25 +802,79 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
 #pragma unroll
     for (int e = 0; e < 4; ++e) tot[r][e] = 0.f;
 
-  // The ring multiplied by warpgroups (WG): each item warp still streams its own 16-column item through its own ring,
-  // but the four warps of a warpgroup multiply together: one wgmma m64n16k16 per k16 step takes their four items' A
-  // fragments from registers (rows 16 w .. 16 w + 15: warp w's item) and x (16 rows) straight from the ring's boxes,
-  // where each warp needed an ldmatrix of x and two mma.sync (one per 8-row tile). The accumulator's fragments are the
-  // two tiles' (d[4 r + e] = tile r's e). An item warp without an item runs the pass too (its warpgroup's wgmmas need
-  // all four warps), on no codes, and stores nothing.
-  float wd[8] = {};
-  bool dummy = WG && warp < iwarps && item0 >= nblk;
-  if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
+  // The ring multiplied by warpgroups (WG): each item warp still streams its own 16-column item through its own ring
+  // (one pass over the block's slice), but the four warps of a warpgroup multiply together: one wgmma m64n16k16 per
+  // k16 step takes their four items' A fragments from registers (rows 16 w .. 16 w + 15: warp w's item) and x (16
+  // rows) straight from the ring's boxes, where each warp needed an ldmatrix of x and two mma.sync (one per 8-row
+  // tile); the accumulator's fragments are the two tiles' (d[4 r + e] = tile r's e). An item warp without an item runs
+  // the pass too (its warpgroup's wgmmas need all four warps), on no codes, and stores nothing.
+  // Within a stage the wgmmas run while the warp extracts the next steps' codes: one commit group per k16 step, at
+  // most three in flight; step j's A fragment lives in register set j % 4, rebuilt only after the wait that retires
+  // step j - 4 (ptxas keeps such sets apart). The stage's accumulator is read (flushed) only after all of its steps
+  // have retired: ptxas serialises wgmmas whose accumulators other instructions read while any wgmma is in flight
+  // (C7514; measured: an accumulator per stage parity, flushed a stage later, compiled that way).
+  auto wg_pass = [&]() {
+    float wd[8] = {};
+    uint32_t af[4][4];
+    auto hold_a = [&](uint32_t (&a)[4]) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[q])::"memory");
+    };
+    int xs = 0;   // the stage's place in the block's x ring
+    for (int s0 = bs0; s0 < bs1; s0 += S) {
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        const int s = s0 + u;
+        if (s < bs1) {
+          cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
+          __syncwarp();       // ... and every lane's
+          issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
+          // a chunk's first stage (chunks are whole turns of the ring: u == 0): the warp leaves the previous chunk
+          // (every wgmma reading it retired at the previous stage's end) and waits for this one
+          if (u == 0 && (s - bs0) % chs == 0) enter_ring((s - bs0) / chs);
+          const uint32_t base = ring + u * SB;
+          uint4 wv[2];
+          wv[0] = lds128(base + lane * 16);
+          wv[1] = lds128(base + 512 + lane * 16);
+          const uint32_t xsb = xbuf + (uint32_t)xs * THIN_WG_STAGE_BYTES;
+#pragma unroll
+          for (int j = 0; j < KS / 16; ++j) {
+            extract_a<BITS, T>(wv[j / J], j % J, af[j % 4]);
+            hop::wgmma_fence();   // (k16 step j: box j / 4, 32 bytes per step inside its 128-byte rows)
+            WgmmaRS<T, 16>::run(wd, af[j % 4], hop::desc_sw128(xsb + (j >> 2) * 2048 + (j & 3) * 32), j);
+            hop::wgmma_commit();
+            hop::wgmma_wait<3>();   // step j - 3 has retired: its set, (j + 1) % 4, is free for the next step
+            hold_a(af[(j + 1) % 4]);
+          }
+          hop::wgmma_wait<0>();
+#pragma unroll
+          for (int q = 0; q < 4; ++q) hold_a(af[q]);
+#pragma unroll
+          for (int r = 0; r < MR; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][e] = wd[4 * r + e];
+          flush(base + SO, xs);   // (one group per stage)
+          if (++xs == xst) xs = 0;
+        }
+      }
+    }
+    xnext = bs1;   // (every chunk entered)
+    finish_item(item0);
+  };
+
+  if constexpr (WG) {
+    if (warp < iwarps) wg_pass();
+  } else if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
     for (int nb = item0; nb < nblk; nb += istep) finish_item(nb);
   } else {
     int nb = item0, s = st0;
     int xs = st0 - bs0;   // (XC) stage s's place in the block's x: s - bs0, wrapped in the ring
     // stages in sequence over the block's items, unrolled by the ring size: slot u of every stage is a
     // compile-time offset; an item ends inside the unrolled body
-    while (nb < nblk || dummy) {
+    while (nb < nblk) {
 #pragma unroll
       for (int u = 0; u < S; ++u) {
-        if (nb < nblk || dummy) {
+        if (nb < nblk) {
           cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
           __syncwarp();       // ... and every lane's (x rows and statistics come from other lanes)
           issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
@@ -844,27 +898,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
           uint4 w[VPS];
 #pragma unroll
           for (int v = 0; v < VPS; ++v) w[v] = lds128(base + v * 512 + lane * 16);
-          if constexpr (WG) {
-            uint32_t a[KS / 16][4];
-#pragma unroll
-            for (int j = 0; j < KS / 16; ++j) extract_a<BITS, T>(w[j / J], j % J, a[j]);
-            const uint32_t xsb = xbuf + (uint32_t)xs * THIN_WG_STAGE_BYTES;
-            hop::wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < KS / 16; ++j)   // (k16 step j: box j / 4, 32 bytes per step inside its 128-byte rows)
-              WgmmaRS<T, 16>::run(wd, a[j], hop::desc_sw128(xsb + (j >> 2) * 2048 + (j & 3) * 32), j);
-            hop::wgmma_commit();
-            hop::wgmma_wait<0>();
-#pragma unroll
-            for (int j = 0; j < KS / 16; ++j)
-#pragma unroll
-              for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[j][q])::"memory");   // (live to the wait)
-#pragma unroll
-            for (int r = 0; r < MR; ++r)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[r][e] = wd[4 * r + e];
-            flush(base + SO, xs);   // (one group per stage)
-          } else {
           uint32_t xa[MR];
 #pragma unroll
           for (int r = 0; r < MR; ++r)
@@ -916,7 +949,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
             }
           }
           if (FS == 0) flush(base + SO, XC ? xs : (s - bs0) & xmask);
-          }   // (not WG)
           if constexpr (XC) {
             if (++xs == xst) xs = 0;
           }
@@ -925,7 +957,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
             nb += istep;
             s = st0;
             xs = st0 - bs0;
-            dummy = false;
           }
         }
       }
