@@ -663,11 +663,9 @@ def test_wq_thin_chunked_x_on_a_big_layer(monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("wg", ["0", "1"])
-def test_wq_thin_x_ring(monkeypatch, wg):
+def test_wq_thin_x_ring(monkeypatch):
     """x through a ring of chunks that the block's last warp copies and sums (9-16 rows of 4-bit codes in groups of
-    128; the plan's rule is big layers, BIE_WQT_XRING=1 forces it here), with the item warps multiplying one by one
-    (wg=0: mma.sync) or as warpgroups (wg=1: wgmma, x in TMA boxes; BIE_WQT_WG): one K slice (outputs stored directly) and
+    128; the plan's rule is big layers, BIE_WQT_XRING=1 forces it here): one K slice (outputs stored directly) and
     several (partials and the reduction), chunks reused (K of 66 stages: 9 chunks of 8 stages in 4 slots, and with
     BIE_WQT_XRS=4 17 chunks of 4 in 8 slots), a last chunk of 2 stages with K past the last full stage, a slice of 3
     stages (K=4104 in six slices of 6, 6, 6, 6, 6, 3: an odd count of the producer's sum units), N off the 16-column
@@ -679,7 +677,6 @@ def test_wq_thin_x_ring(monkeypatch, wg):
         pytest.skip("the x ring takes bulk copies (sm_90)")
     calls = _thin_calls(monkeypatch, cw)
     monkeypatch.setattr(cw, "THIN_M", 16)
-    monkeypatch.setenv("BIE_WQT_WG", wg)
     gen = torch.Generator().manual_seed(30)
     cases = ((8392, 2048, 16, 1, "gptq", torch.bfloat16, False), (8392, 1000, 9, 3, "gba", torch.float16, True),
              (4104, 4736, 12, 0, "gptq", torch.bfloat16, True), (16384, 264, 13, 2, "gba", torch.bfloat16, False))

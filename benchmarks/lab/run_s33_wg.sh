@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 33: the 16-row x ring multiplied by warpgroups (BIE_WQT_WG=1: one wgmma m64n16k16 per k16 step takes the
 # four item warps' A fragments from registers and x from the ring's TMA boxes) against the mma.sync ring and x staged
-# per slice. Build, the thin tests (test_wq_thin_x_ring runs both), then 9-16 rows of the big layers per way of
+# per slice. The knob exists only in the lab trees a3c1801 (call 1) and 594bb9d (call 2; git checkout one of them
+# first): measured slower, it was not kept (results/s33/README.md). Build, the thin tests (test_wq_thin_x_ring runs both), then 9-16 rows of the big layers per way of
 # thin_s28.py (knobs: XRING=1 forces the ring, WG=1 the warpgroups). NOTESTS=1: no tests.
 source benchmarks/lab/thin_lab.sh
 lab_build

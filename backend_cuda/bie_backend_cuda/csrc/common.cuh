@@ -85,11 +85,11 @@ inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 // Python exception (never exit(), never abort()).
 #define BIE_LAUNCH_CHECK() return cudaGetLastError()
 
-// Launch kernel k(args...); pdl: as a programmatic dependent of the previous kernel in the stream (sm_90), so that its
+// Launch kernel k(args); pdl: as a programmatic dependent of the previous kernel in the stream (sm_90), so that its
 // prologue overlaps that kernel's tail. Only for kernels that call griddep_wait() before touching anything the
 // previous kernel may write (wq_fragments.cuh).
-template <typename Kernel, typename... Args>
-inline cudaError_t launch_kernel(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t st, bool pdl, const Args&... args) {
+template <typename Kernel, typename Args>
+inline cudaError_t launch_kernel(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t st, bool pdl, const Args& args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -100,7 +100,7 @@ inline cudaError_t launch_kernel(Kernel k, dim3 grid, dim3 block, int smem, cuda
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }

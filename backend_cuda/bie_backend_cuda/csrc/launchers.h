@@ -177,8 +177,6 @@ struct WqtArgs {
                          // copies x, 3 = no waits for free slots or ready chunks (sums and copies as usual),
                          // 4 = each block's chunks copied from a K place rotated by its block index
   int xwrap;             // lab bound (only in a build with BIE_WQT_LAB_XWRAP; wq_thin.cu): stages of x held
-  int wg;                // with the x ring (9-16 rows, sm_90): the item warps multiply by warpgroups (wgmma, x read
-                         // by the tensor cores from the ring) instead of per-warp mma.sync (set by the plan)
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);

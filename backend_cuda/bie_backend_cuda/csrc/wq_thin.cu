@@ -74,11 +74,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
     const int force = e ? std::atoi(e) : -1;
     const bool can = mr == 2 && bits == 4 && fs == 8 && p.bulk && (p.xpre == -2 || p.xpre == -3) && slices_force >= 0;
     if (can && force != 0 && (force == 1 || ((int64_t)p.N * p.K > (1ll << 27) && slices_force == 0 && warps_force <= 0))) {
-      // the item warps multiplied by warpgroups (p.wg, wq_thin_kernel.cuh): 16 item warps and the producer (lab knob
-      // BIE_WQT_WG=0/1)
-      const char* eg = std::getenv("BIE_WQT_WG");
-      const bool wg = eg && std::atoi(eg) != 0;
-      const int w = wg ? THIN_WG_WARPS : std::min(warps_force > 0 ? warps_force : 16, thin_max_warps(bits, fs, mr));
+      const int w = std::min(warps_force > 0 ? warps_force : 16, thin_max_warps(bits, fs, mr));
       const int64_t items = ceil_div(p.N, 16), iw = w - 1;   // (the last warp is the producer)
       int ks = slices_force;   // else the most slices that keep one item per warp
       for (int k = std::min(p.nstages, num_sms); ks == 0 && iw > 0 && k >= 1; --k)
@@ -107,13 +103,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
         // (lab bounds, wrong results: only in a build with BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, never the product's)
         if (const char* el = std::getenv("BIE_WQT_XRLAB")) q.xring_lab = std::atoi(el);
 #endif
-        const int64_t smem = w * per_warp + (wg ? thin_wg_xbytes(q, q.xring_r * q.xring)
-                                                : thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8);
+        const int64_t smem = w * per_warp + thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8;
         if ((int64_t)(num_sms / q.kslices) * iw >= items && smem <= p.smem_limit) {
           q.xpre = -3;
           q.mx = q.cols = q.rr = 1;
           q.warps = w;
-          q.wg = wg ? 1 : 0;
           q.st_per_warp = q.slice_stages;
           q.smem = (int)smem;
           p = q;

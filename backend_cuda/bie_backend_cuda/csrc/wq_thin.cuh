@@ -135,17 +135,6 @@ __host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) {
   return mr == 2 && bits == 2 && fs == 2 ? 8 : BIE_WQT_LAB_MAXWARPS;
 }
 
-// The x ring multiplied by warpgroups (WqtArgs::wg, wq_thin_kernel.cuh): 16 item warps (four warpgroups) and the
-// producer. x is held in TMA boxes of 16 rows x 64 k in the 128-byte swizzle (2 KiB, 1024-byte aligned), 4 KiB per
-// 128-k stage whatever the rows (rows past M and k past K are the boxes' zero fill).
-constexpr int THIN_WG_WARPS = 17;
-constexpr int THIN_WG_STAGE_BYTES = 16 * 128 * 2;
-// bytes of `stages` stages of x in that layout, their sum(x) table, the ring's three sets of mbarriers and the
-// 1024 bytes that align the boxes
-inline int64_t thin_wg_xbytes(const WqtArgs& p, int stages) {
-  return (int64_t)stages * THIN_WG_STAGE_BYTES + (int64_t)stages * ((p.M + 1) / 2) * 8 + 3 * THIN_XCHUNKS * 8 + 1024;
-}
-
 template <int BITS, int MX, int FS, int MR, bool DEEP> constexpr int warp_bytes() {
   return Slot<BITS, MX, FS, MR, DEEP>::WARP_BYTES;
 }

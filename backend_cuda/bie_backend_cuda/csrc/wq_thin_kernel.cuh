@@ -50,8 +50,6 @@
 #endif
 #include "common.cuh"
 #include "hopper.cuh"
-#include "tensor_map.h"   // CUtensorMap (the x ring's boxes, WG kernels), its encoder
-#include "wgmma_rs.cuh"
 #include "wq_fragments.cuh"
 #include "wq_thin.cuh"
 
@@ -66,7 +64,7 @@ namespace {
 #ifdef BIE_WQT_MAXNREG
 #define BIE_WQT_BOUNDS __maxnreg__(BIE_WQT_MAXNREG)
 #else
-#define BIE_WQT_BOUNDS __launch_bounds__(32 * (WG ? THIN_WG_WARPS : thin_max_warps(BITS, FS, MR)), 1)
+#define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR), 1)
 #endif
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -214,10 +212,8 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
 // (Spread above).
 // MR: 8-row tiles of the output (2 for 9-16 rows: x staged, MX == 1, not ONE). With K slices (p.kslices > 1) block b
 // covers the stages of slice b % kslices only (and stages only those of x), and writes float32 partials to p.ws.
-// WG (the x ring only, 4-bit codes in groups of 128, sm_90): the item warps multiply as warpgroups, see "The ring
-// multiplied by warpgroups" below; tmx (WG kernels only) maps the rows of x in boxes of 64 k x 16 rows.
-template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, bool XC, bool DEEP, bool WG>
-__global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant__ CUtensorMap tmx) {
+template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, bool XC, bool DEEP>
+__global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   using SL = Slot<BITS, MX, FS, MR, DEEP>;
@@ -237,7 +233,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   static_assert(MR == 1 || (MR == 2 && MX == 1 && !ONE), "two row tiles only with x staged per block");
-  static_assert(!WG || (XC && MR == 2 && BITS == 4 && FS == 8 && KS == 128), "warpgroups: the 16-row x ring of 4-bit codes in groups of 128");
   const int M = p.M, nblk = (p.N + 15) >> 4;
   // this block's K slice (its stages [bs0, bs1)) and its items: blocks item0, item0 + istep, ... of the slice's
   // blocks (the grid is a multiple of kslices). p.cols: the warps split the columns, not K: warp w of the block takes
@@ -262,9 +257,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
   float4* red = reinterpret_cast<float4*>(smem_raw + nwarps * SL::WARP_BYTES);
   // MX == 1: the block's copy of x (M rows of its slice's slice_stages * KS values, zero past K; the 16-byte pad
   // puts the rows of one ldmatrix on distinct bank quads), after the partials' buffers
-  const uint32_t xbuf0 = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + (cols ? 0 : 2 * 512 * MR)));
-  // (WG: the boxes of the 128-byte swizzle start on 1024-byte boundaries; the plan adds the 1024 bytes)
-  const uint32_t xbuf = WG ? (xbuf0 + 1023u) & ~1023u : xbuf0;
+  const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + (cols ? 0 : 2 * 512 * MR)));
 #ifdef BIE_WQT_LAB_XWRAP
   const int xmask = p.xwrap > 0 ? p.xwrap - 1 : -1;   // (lab bound: x held as p.xwrap stages, re-read cyclically)
 #else
@@ -280,7 +273,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
   // ONE: units of 16 bytes {sum(x), sum(magic * x) of column halves 0 and 1, 0} (thin_xbytes)
   const int RP = (M + 1) >> 1;
-  const uint32_t sxtab = WG ? xbuf + (uint32_t)(xst * THIN_WG_STAGE_BYTES) : xbuf + M * xpitch;
+  const uint32_t sxtab = xbuf + M * xpitch;
   // x in chunks (p.xpre == -3, K slices on sm_90, not ONE): after the table, THIN_XCHUNKS mbarriers "x landed"
   // (each warp's lane 0 arrives once with the bytes of its rows' copies) and THIN_XCHUNKS "sums written" (one
   // arrival per warp once it wrote the table entries of its rows)
@@ -431,17 +424,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
     // (lab bound p.xring_lab == 2: no copies, x left as it is)
     const uint32_t bytes = k1 > k0 && p.xring_lab != 2 ? (uint32_t)(k1 - k0) * 2 : 0u;
     const int sl = xslot(c);
-    if constexpr (WG) {   // the chunk's boxes (64 k x 16 rows, 2 KiB each; k past K and rows past M: zero fill)
-      const int nbox = (min(slen, (c + 1) * chs) - c * chs) * (KS / 64);
-      const uint32_t wbytes = p.xring_lab != 2 ? (uint32_t)nbox * 2048u : 0u;
-      if (lane == 0) hop::mbar_arrive_expect_tx(xbar() + 8 * sl, wbytes);
-      __syncwarp();
-      if (wbytes)
-        for (int b = lane; b < nbox; b += 32)
-          hop::tma_load_2d(xbuf + (uint32_t)(sl * chs) * THIN_WG_STAGE_BYTES + (uint32_t)b * 2048u, &tmx,
-                           (int)(k0 + 64 * b), 0, xbar() + 8 * sl);
-      return;
-    }
     // (lab bound p.xring_lab == 4: each block copies chunk (c + block) % chunks instead, the same bytes from other
     // lines than its neighbours read at the same time; wrong results; slices of whole chunks inside K only)
     int64_t src = k0;
@@ -461,42 +443,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs), sl = xslot(c);
     const int64_t xk0 = (int64_t)bs0 * KS;
     hop::mbar_wait(xbar() + 8 * sl, xpar(c));
-    if constexpr (WG) {
-      // the same sums from the boxes: row r's 16-byte piece q of a box sits at r * 128 + ((q ^ (r % 8)) * 16); rows
-      // past M and k past K are zeros already (one unit = one 128-k stage = two boxes)
-      const int units = cs1 - cs0;
-      const uint32_t ones = V2<T>::one_bits;
-      const uint32_t xrow = (lane & 7) + 8 * ((lane >> 3) & 1), sw = xrow & 7;
-      const uint32_t rbase = xbuf + (uint32_t)(sl * chs) * THIN_WG_STAGE_BYTES + xrow * 128;
-      const uint32_t tab0 = sxtab + (uint32_t)(sl * chs * 2 * RP) * 4;
-      for (int u = 0; u < units && (p.xring_lab == 0 || p.xring_lab == 3); u += 2) {
-        const int u1 = u + 1 < units ? u + 1 : u;
-        float s[4][4];
-#pragma unroll
-        for (int j = 0; j < KS / 16; ++j) {
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            uint32_t a[4];
-            const uint32_t q = 2 * (j & 3) + (lane >> 4);
-            ldsm_x4(rbase + (uint32_t)(v ? u1 : u) * THIN_WG_STAGE_BYTES + (j >> 2) * 2048 + ((q ^ sw) << 4), a);
-            if (j < 2) mma_zero<T>(s[2 * v + (j & 1)], a, ones, ones);
-            else mma<T>(s[2 * v + (j & 1)], a, ones, ones);
-          }
-        }
-        if (t == 0) {
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const int uu = v ? u1 : u;
-            if (v && uu == u) break;
-            if (g < 2 * RP) sts32f(tab0 + (uu * 2 * RP + g) * 4, s[2 * v][0] + s[2 * v + 1][0]);
-            if (g + 8 < 2 * RP) sts32f(tab0 + (uu * 2 * RP + g + 8) * 4, s[2 * v][2] + s[2 * v + 1][2]);
-          }
-        }
-      }
-      __syncwarp();
-      if (lane == 0) hop::mbar_arrive(xbar() + 8 * (THIN_XCHUNKS + sl));
-      return;
-    }
     const int pc0 = cs0 * (KS / 8), pc1 = cs1 * (KS / 8), po = sl * chs * (KS / 8) - pc0;
     if (xk0 + (int64_t)pc1 * 8 > p.K) {
       for (int i = lane; i < M * (pc1 - pc0); i += 32) {
@@ -802,69 +748,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
 #pragma unroll
     for (int e = 0; e < 4; ++e) tot[r][e] = 0.f;
 
-  // The ring multiplied by warpgroups (WG): each item warp still streams its own 16-column item through its own ring
-  // (one pass over the block's slice), but the four warps of a warpgroup multiply together: one wgmma m64n16k16 per
-  // k16 step takes their four items' A fragments from registers (rows 16 w .. 16 w + 15: warp w's item) and x (16
-  // rows) straight from the ring's boxes, where each warp needed an ldmatrix of x and two mma.sync (one per 8-row
-  // tile); the accumulator's fragments are the two tiles' (d[4 r + e] = tile r's e). An item warp without an item runs
-  // the pass too (its warpgroup's wgmmas need all four warps), on no codes, and stores nothing.
-  // Within a stage the wgmmas run while the warp extracts the next steps' codes: one commit group per k16 step, at
-  // most three in flight; step j's A fragment lives in register set j % 4, rebuilt only after the wait that retires
-  // step j - 4 (ptxas keeps such sets apart). The stage's accumulator is read (flushed) only after all of its steps
-  // have retired: ptxas serialises wgmmas whose accumulators other instructions read while any wgmma is in flight
-  // (C7514; measured: an accumulator per stage parity, flushed a stage later, compiled that way).
-  auto wg_pass = [&]() {
-    float wd[8] = {};
-    uint32_t af[4][4];
-    auto hold_a = [&](uint32_t (&a)[4]) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[q])::"memory");
-    };
-    int xs = 0;   // the stage's place in the block's x ring
-    for (int s0 = bs0; s0 < bs1; s0 += S) {
-#pragma unroll
-      for (int u = 0; u < S; ++u) {
-        const int s = s0 + u;
-        if (s < bs1) {
-          cp_wait<S - 2>();   // this lane's copies of the stage have landed ...
-          __syncwarp();       // ... and every lane's
-          issue(ring + ((u + S - 1) % S) * SB);   // S - 1 stages ahead, into the slot read last
-          // a chunk's first stage (chunks are whole turns of the ring: u == 0): the warp leaves the previous chunk
-          // (every wgmma reading it retired at the previous stage's end) and waits for this one
-          if (u == 0 && (s - bs0) % chs == 0) enter_ring((s - bs0) / chs);
-          const uint32_t base = ring + u * SB;
-          uint4 wv[2];
-          wv[0] = lds128(base + lane * 16);
-          wv[1] = lds128(base + 512 + lane * 16);
-          const uint32_t xsb = xbuf + (uint32_t)xs * THIN_WG_STAGE_BYTES;
-#pragma unroll
-          for (int j = 0; j < KS / 16; ++j) {
-            extract_a<BITS, T>(wv[j / J], j % J, af[j % 4]);
-            hop::wgmma_fence();   // (k16 step j: box j / 4, 32 bytes per step inside its 128-byte rows)
-            WgmmaRS<T, 16>::run(wd, af[j % 4], hop::desc_sw128(xsb + (j >> 2) * 2048 + (j & 3) * 32), j);
-            hop::wgmma_commit();
-            hop::wgmma_wait<3>();   // step j - 3 has retired: its set, (j + 1) % 4, is free for the next step
-            hold_a(af[(j + 1) % 4]);
-          }
-          hop::wgmma_wait<0>();
-#pragma unroll
-          for (int q = 0; q < 4; ++q) hold_a(af[q]);
-#pragma unroll
-          for (int r = 0; r < MR; ++r)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][e] = wd[4 * r + e];
-          flush(base + SO, xs);   // (one group per stage)
-          if (++xs == xst) xs = 0;
-        }
-      }
-    }
-    xnext = bs1;   // (every chunk entered)
-    finish_item(item0);
-  };
-
-  if constexpr (WG) {
-    if (warp < iwarps) wg_pass();
-  } else if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
+  if (st0 >= st1) {   // no K for this warp (more warps than stages): zero partials, the items' barriers only
     for (int nb = item0; nb < nblk; nb += istep) finish_item(nb);
   } else {
     int nb = item0, s = st0;
@@ -986,25 +870,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p, const __grid_constant
 #endif
 }
 
-template <int BITS, typename T, int MX, int FS, bool ONE, int MR, bool XC = false, bool DEEP = false, bool WG = false>
+template <int BITS, typename T, int MX, int FS, bool ONE, int MR, bool XC = false, bool DEEP = false>
 cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
   WqtArgs p = plan;
-  // x in chunks: its own kernels (4-bit codes in groups of 128, x staged, several rows: where the plan takes it), with
-  // bulk copies (sm_90) and warps that each pass over the whole slice (K slices); elsewhere through registers
-  constexpr bool xc_kernel = BITS == 4 && FS == 8 && MX == 1 && !ONE;
-  // the ring multiplied by warpgroups: its own kernels, with the block the plan gave them (p.wg only with the ring)
-  if constexpr (xc_kernel && MR == 2 && !WG) {
-    if (p.wg) {
-      if (p.xpre != -3 || !p.cols || !p.bulk) return cudaErrorInvalidValue;
-      return launch_t<BITS, T, MX, FS, ONE, MR, true, DEEP, true>(p, st);
-    }
-  }
-  if (p.wg && !WG) return cudaErrorInvalidValue;
-  if (WG && (p.xring <= 0 || p.warps != THIN_WG_WARPS)) return cudaErrorInvalidValue;
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC, DEEP, WG>
-                               : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC, DEEP, WG>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC, DEEP, WG>
-                               : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC, DEEP, WG>);
+  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC, DEEP>
+                               : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC, DEEP>)
+                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC, DEEP>
+                               : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC, DEEP>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -1018,20 +890,18 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
                                          : std::max(1, std::min(items, std::max(1, per_sm) * p.sms / ksl));
   const int grid = per_slice * ksl;
   if (p.xpre == -2) p.xpre = thin_xpre(p, BITS, per_slice);
+  // x in chunks: its own kernels (4-bit codes in groups of 128, x staged, several rows: where the plan takes it), with
+  // bulk copies (sm_90) and warps that each pass over the whole slice (K slices); elsewhere through registers
+  constexpr bool xc_kernel = BITS == 4 && FS == 8 && MX == 1 && !ONE;
   if (p.xpre == -3 && !(xc_kernel && p.cols && p.bulk)) p.xpre = -1;
   if constexpr (xc_kernel && !XC) {
     if (p.xpre == -3) return launch_t<BITS, T, MX, FS, ONE, MR, true, DEEP>(p, st);
-  }
-  CUtensorMap tmx{};   // (WG: the rows of x in boxes of 64 k x 16 rows, 128-byte swizzle; zero fill past M and K)
-  if constexpr (WG) {
-    e = make_tmap_rows_sw128(&tmx, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, 16);
-    if (e != cudaSuccess) return e;
   }
   // the x ring (p.xring) needs the XC kernel and at most one item per item warp (all but the producer; one pass over
   // the slice): the plan's promise, broken only by forced grids
   if (p.xring > 0 && (!XC || p.warps < 2 || items > (int64_t)per_slice * (p.warps - 1))) return cudaErrorInvalidValue;
   // may overlap the previous kernel in the stream (see the kernel's prologue)
-  return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p, tmx);
+  return launch_kernel(k, dim3((unsigned)grid), dim3((unsigned)(p.warps * 32)), smem, st, p.pdl != 0, p);
 }
 
 template <int BITS, typename T, int MX, bool ONE, int MR, bool DEEP = false>
