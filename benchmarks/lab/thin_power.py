@@ -1,0 +1,81 @@
+"""Lab (session 34): is the 16-row thin GEMV slower than one row because of the SM clock?
+
+For each case a CUDA graph (bench_cuda's method: rotated weights, 32 calls a graph) is replayed back to back for
+--seconds while `nvidia-smi` samples the SM clock, the power draw and the clock-event reasons every 50 ms; each
+case prints µs per call and the medians of those samples over its window. Cases: W4 g128 at 1 and 16 rows, 16 rows
+with x all zeros (the same instructions and bytes; the tensor cores' operands no longer toggle), bf16 cuBLAS at 16
+rows. GPU machine, repository root:
+    python3 benchmarks/lab/thin_power.py [--seconds 3] [--shape 28672x8192] > $OUT/power.txt
+"""
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from bench_cuda import _wq_pool  # noqa: E402
+from gpu_timing import capture_graph, pool_size, CALLS, warm_gpu  # noqa: E402
+
+secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 3.0
+shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "28672x8192"
+n, k = (int(v) for v in shape.split("x"))
+log = "/tmp/smi_power.csv"
+smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active",
+                        "--format=csv,noheader,nounits", "-lms", "50"], stdout=open(log, "w"), stderr=subprocess.DEVNULL)
+warm_gpu(2.0)
+gen = torch.Generator(device="cuda").manual_seed(34)
+
+
+def run(name, fns):
+    g = capture_graph(fns)
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    times = []
+    while time.time() - t0 < secs:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / (20 * CALLS))
+    t1 = time.time()
+    time.sleep(0.3)   # (the sampler's last lines)
+    clk, pw, why = [], [], {}
+    for line in open(log):
+        f = [v.strip() for v in line.split(",")]
+        try:
+            ts = time.mktime(time.strptime(f[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + f[0].split(".")[1])
+        except (ValueError, IndexError):
+            continue
+        if t0 + 0.5 <= ts <= t1:
+            clk.append(float(f[1]))
+            pw.append(float(f[3]))
+            why[f[4]] = why.get(f[4], 0) + 1
+    print(f"{name}: {statistics.median(times):.2f} us/call (min {min(times):.2f}, {len(times)} batches) | "
+          f"SM clock median {statistics.median(clk) if clk else float('nan'):.0f} MHz (min {min(clk) if clk else 0:.0f}) | "
+          f"power median {statistics.median(pw) if pw else float('nan'):.0f} W (max {max(pw) if pw else 0:.0f}) | "
+          f"samples {len(clk)} | reasons {why}", flush=True)
+    del g
+
+
+for m in (1, 16):
+    _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
+    run(f"W4 g128 {m} rows of {n}x{k}", fns)
+    if m == 16:
+        x.zero_()
+        run(f"W4 g128 {m} rows of {n}x{k}, x all zeros", fns)
+        x.normal_()
+        run(f"W4 g128 {m} rows of {n}x{k} again", fns)
+    del sets, fns
+    torch.cuda.empty_cache()
+ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
+xb = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
+run(f"bf16 cuBLAS 16 rows of {n}x{k}", [lambda w=w: F.linear(xb, w) for w in ws])
+smi.terminate()
