@@ -65,17 +65,23 @@ def run(name, fns):
     del g
 
 
-for m in (1, 16):
+cases = sys.argv[sys.argv.index("--cases") + 1].split(",") if "--cases" in sys.argv else ["1", "16", "bf16"]
+if "read" in cases:   # a pure read of 117 MB int32 sets (torch.sum), for the power of streaming alone
+    pool = [torch.randint(0, 1 << 30, (n * k // 8,), device="cuda", dtype=torch.int32) for _ in range(4)]
+    run(f"torch.sum of {n * k // 2 >> 20} MiB int32 sets", [lambda t=t: t.sum() for t in pool])
+    del pool
+for m in [int(c) for c in cases if c.isdigit()]:
     _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
     run(f"W4 g128 {m} rows of {n}x{k}", fns)
-    if m == 16:
+    if m > 1 or "zero1" in cases:
         x.zero_()
         run(f"W4 g128 {m} rows of {n}x{k}, x all zeros", fns)
         x.normal_()
         run(f"W4 g128 {m} rows of {n}x{k} again", fns)
     del sets, fns
     torch.cuda.empty_cache()
-ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
-xb = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
-run(f"bf16 cuBLAS 16 rows of {n}x{k}", [lambda w=w: F.linear(xb, w) for w in ws])
+if "bf16" in cases:
+  ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
+  xb = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
+  run(f"bf16 cuBLAS 16 rows of {n}x{k}", [lambda w=w: F.linear(xb, w) for w in ws])
 smi.terminate()
