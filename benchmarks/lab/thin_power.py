@@ -67,8 +67,9 @@ def run(name, fns):
 
 cases = sys.argv[sys.argv.index("--cases") + 1].split(",") if "--cases" in sys.argv else ["1", "16", "bf16"]
 if "read" in cases:   # a pure read of 117 MB int32 sets (torch.sum), for the power of streaming alone
-    pool = [torch.randint(0, 1 << 30, (n * k // 8,), device="cuda", dtype=torch.int32) for _ in range(4)]
-    run(f"torch.sum of {n * k // 2 >> 20} MiB int32 sets", [lambda t=t: t.sum() for t in pool])
+    pool = [torch.rand(n * k // 8, device="cuda") for _ in range(4)]
+    run(f"torch.sum of {n * k // 2 >> 20} MiB float32 sets", [lambda t=t: t.sum() for t in pool])
+    run(f"torch.amax of {n * k // 2 >> 20} MiB float32 sets", [lambda t=t: t.amax() for t in pool])
     del pool
 for m in [int(c) for c in cases if c.isdigit()]:
     _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
