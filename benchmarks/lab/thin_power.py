@@ -26,6 +26,11 @@ n, k = (int(v) for v in shape.split("x"))
 log = "/tmp/smi_power.csv"
 smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active",
                         "--format=csv,noheader,nounits", "-lms", "50"], stdout=open(log, "w"), stderr=subprocess.DEVNULL)
+# the memory's own power (nvidia-smi -q only: "GPU Memory Power Readings", an average), sampled as often as -q allows
+memlog = "/tmp/smi_mem.txt"
+mem = subprocess.Popen(["bash", "-c", "while true; do echo \"T $(date +%s.%N)\"; nvidia-smi -q -d POWER | "
+                        "grep -A1 'GPU Memory Power Readings' | tail -1; done"], stdout=open(memlog, "w"),
+                       stderr=subprocess.DEVNULL)
 warm_gpu(2.0)
 gen = torch.Generator(device="cuda").manual_seed(34)
 
@@ -58,9 +63,19 @@ def run(name, fns):
             clk.append(float(f[1]))
             pw.append(float(f[3]))
             why[f[4]] = why.get(f[4], 0) + 1
+    memw, ts = [], None
+    for line in open(memlog):
+        if line.startswith("T "):
+            ts = float(line.split()[1])
+        elif ":" in line and ts is not None and t0 + 0.5 <= ts <= t1:
+            try:
+                memw.append(float(line.split(":")[1].split()[0]))
+            except (ValueError, IndexError):
+                pass
     print(f"{name}: {statistics.median(times):.2f} us/call (min {min(times):.2f}, {len(times)} batches) | "
           f"SM clock median {statistics.median(clk) if clk else float('nan'):.0f} MHz (min {min(clk) if clk else 0:.0f}) | "
           f"power median {statistics.median(pw) if pw else float('nan'):.0f} W (max {max(pw) if pw else 0:.0f}) | "
+          f"memory power median {statistics.median(memw) if memw else float('nan'):.0f} W ({len(memw)}) | "
           f"samples {len(clk)} | reasons {why}", flush=True)
     del g
 
@@ -86,3 +101,4 @@ if "bf16" in cases:
   xb = torch.randn(16, k, device="cuda", dtype=torch.bfloat16)
   run(f"bf16 cuBLAS 16 rows of {n}x{k}", [lambda w=w: F.linear(xb, w) for w in ws])
 smi.terminate()
+mem.terminate()
