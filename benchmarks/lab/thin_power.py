@@ -19,13 +19,14 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench_cuda import _wq_pool  # noqa: E402
 from gpu_timing import capture_graph, pool_size, CALLS, warm_gpu  # noqa: E402
+from smi_phases import SMI_FIELDS, read_samples  # noqa: E402
 
 secs = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 3.0
 shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "28672x8192"
 n, k = (int(v) for v in shape.split("x"))
 log = "/tmp/smi_power.csv"
-smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active",
-                        "--format=csv,noheader,nounits", "-lms", "50"], stdout=open(log, "w"), stderr=subprocess.DEVNULL)
+smi = subprocess.Popen(["nvidia-smi", "--query-gpu=" + SMI_FIELDS, "--format=csv,noheader,nounits", "-lms", "50"],
+                       stdout=open(log, "w"), stderr=subprocess.DEVNULL)
 # the memory's own power (nvidia-smi -q only: "GPU Memory Power Readings", an average), sampled as often as -q allows
 memlog = "/tmp/smi_mem.txt"
 mem = subprocess.Popen(["bash", "-c", "while true; do echo \"T $(date +%s.%N)\"; nvidia-smi -q -d POWER | "
@@ -52,17 +53,9 @@ def run(name, fns):
         times.append(a.elapsed_time(b) * 1000.0 / (20 * CALLS))
     t1 = time.time()
     time.sleep(0.3)   # (the sampler's last lines)
-    clk, pw, why = [], [], {}
-    for line in open(log):
-        f = [v.strip() for v in line.split(",")]
-        try:
-            ts = time.mktime(time.strptime(f[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + f[0].split(".")[1])
-        except (ValueError, IndexError):
-            continue
-        if t0 + 0.5 <= ts <= t1:
-            clk.append(float(f[1]))
-            pw.append(float(f[3]))
-            why[f[4]] = why.get(f[4], 0) + 1
+    inside = [x for x in read_samples(log) if t0 + 0.5 <= x[0] <= t1]
+    clk, pw = [x[1] for x in inside], [x[2] for x in inside]
+    why = {r: sum(x[3] == r for x in inside) for r in sorted({x[3] for x in inside})}
     memw, ts = [], None
     for line in open(memlog):
         if line.startswith("T "):
@@ -81,7 +74,7 @@ def run(name, fns):
 
 
 cases = sys.argv[sys.argv.index("--cases") + 1].split(",") if "--cases" in sys.argv else ["1", "16", "bf16"]
-if "read" in cases:   # a pure read of 117 MB int32 sets (torch.sum), for the power of streaming alone
+if "read" in cases:   # a pure read of the codes' bytes in float32 sets (torch.sum / amax), for the power of streaming alone
     pool = [torch.rand(n * k // 8, device="cuda") for _ in range(4)]
     run(f"torch.sum of {n * k // 2 >> 20} MiB float32 sets", [lambda t=t: t.sum() for t in pool])
     run(f"torch.amax of {n * k // 2 >> 20} MiB float32 sets", [lambda t=t: t.amax() for t in pool])
