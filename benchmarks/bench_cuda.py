@@ -6,10 +6,10 @@ timed with CUDA events; the figure is the median over repeats divided by the cal
 bf16 ``torch.nn.functional.linear`` (cuBLAS) timed the same way; ``torch._weight_int4pack_mm`` (tinygemm) runs as a
 peer where this torch provides it. The many-row rows (``--only wqm``, 1024-4096 rows, compute-bound, so at the
 card's power cap) are timed interleaved with their baselines instead (gpu_timing.time_interleaved). Roofline floors
-use the measured H100 ceilings of ../shared/reference/performance-anchors.md §5 (3.0 TB/s, bf16 798 TFLOP/s, 1-bit
-15.9 POPS wgmma / 10.7 POPS mma.sync).
+use measured H100 ceilings (3.0 TB/s, bf16 798 TFLOP/s, 1-bit 15.9 POPS wgmma / 10.7 POPS mma.sync; the
+ceilings are microbenchmark figures of this card, see benchmarks/results/cuda_h100.md).
 
-    python benchmarks/bench_cuda.py [--quick] [--json out.json] [--only binary,wq,wqm,...]
+    python benchmarks/bench_cuda.py [--quick] [--json out.json] [--only binary,wq,wqm]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import CALLS, pool_size, time_graph, warm_gpu  # noqa: F401 (sweep_wq imports them from here)
+from gpu_timing import CALLS, pool_size, time_graph, warm_gpu
 
 BW = 3.0e12
 BF16_FLOPS = 798e12
@@ -144,20 +144,11 @@ def bench_wq(rows, quick):
         wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
         nset = len(sets)
         if m <= 16:
-            # one untimed pass first: the first timing of a memory-bound case right after the compute-bound 1024-row
-            # case ran 3-19 % slow in every product table of sessions 25-27 (one row of 8192x28672: 49.6 / 51.9 /
-            # 57.2 / 54.1 us, timed again 48.1-48.3)
+            # one untimed pass first: a memory-bound case timed right after a compute-bound one reads slow while the
+            # card's clock recovers from the power cap
             time_graph(fns)
         t = time_graph(fns)
         t_again = time_graph(fns) if m <= 16 else float("nan")   # the same version timed twice: the spread
-        t_old = float("nan")
-        if m <= cw.SKINNY_M:   # the general small-M kernel that served these rows before the skinny kernel
-            keep = cw.SKINNY_M
-            cw.SKINNY_M = 0
-            try:
-                t_old = time_graph(fns)
-            finally:
-                cw.SKINNY_M = keep
         # accuracy vs bf16 matmul of the dequantized weight (first set)
         w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
         ref = x.float() @ w
@@ -166,7 +157,7 @@ def bench_wq(rows, quick):
         base = bf16_linear_us(m, n, k)
         byts = wbytes + m * k * 2 + m * n * 2
         floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
-        row = dict(family=f"W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again, old_us=t_old,
+        row = dict(family=f"W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again,
                    bf16_us=base,
                    speedup=base / t,
                    TBps=byts / t / 1e6, floor_us=floor, frac_roof=floor / t, rel_err=rel)
@@ -229,191 +220,6 @@ def bench_wqm(rows, quick):
             torch.cuda.empty_cache()
 
 
-def bench_wqw(rows, quick):
-    """The Hopper wgmma weight-only kernel against the path that served the same rows before it (small-M
-    kernel up to 64 rows, dequantize + cuBLAS above), bf16 cuBLAS and its two token tiles."""
-    from bie_backend_cuda import weight_only as cw
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    shapes = [(4096, 4096, 4, 128), (28672, 8192, 4, 128), (8192, 28672, 4, 128), (28672, 8192, 2, 64),
-              (28672, 8192, 8, -1)]
-    for n, k, bits, gs in shapes:
-        if bits == 4:
-            ms = (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096) if not quick else (1, 16, 64, 128, 1024)
-        else:
-            ms = (16, 64, 256)
-        wbytes = n * k * bits // 8 + (n * k // (k if gs == -1 else gs)) * 2 * 2
-        sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
-        preps = [cw.prepare(*s_, None) for s_ in sets]
-        for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-                   for s_, p in zip(sets, preps)]
-            keep = cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M
-            res = {}
-            try:
-                for name, mn, nt in (("ntok128", 1, 0), ("ntok64", 1, 1 << 30), ("before", 0, 0)):
-                    if m <= 32 and name == "ntok128":   # 16/32-row tiles serve these whatever the knob
-                        continue
-                    cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = mn, 1 << 30, nt
-                    res[name] = time_graph(fns, repeats=5)
-                cw.WQW_MIN_M, cw.WQW_NTOK64_MAX_M = 1, 0
-                w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, bits, gs, k, "gptq", torch.float32)
-                ref = x.float() @ w
-                rel = float((fns[0]().float() - ref).norm() / ref.norm())
-            finally:
-                cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M = keep
-            base = bf16_linear_us(m, n, k)
-            best = min(res.get("ntok128", 1e9), res.get("ntok64", 1e9))
-            if m <= 32:
-                res["ntok128"] = float("nan")
-            byts = wbytes + m * k * 2 + m * n * 2
-            floor = max(byts / BW, 2.0 * m * n * k / BF16_FLOPS) * 1e6
-            row = dict(family=f"wqw W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=best,
-                       ntok128_us=res.get("ntok128"), ntok64_us=res.get("ntok64", float("nan")),
-                       before_us=res["before"], bf16_us=base, speedup=base / best,
-                       vs_before=res["before"] / best, TFLOPs=2.0 * m * n * k / best / 1e6,
-                       floor_us=floor, frac_roof=floor / best, rel_err=rel)
-            print(" | ".join(f"{a}={b:.3g}" if isinstance(b, float) else f"{a}={b}" for a, b in row.items()),
-                  flush=True)
-            rows.append(row)
-        del sets, preps
-        torch.cuda.empty_cache()
-
-
-def sweep_wqw_splits(rows):
-    """K splits of the wgmma kernel's memory-bound tiles (few rows) on the big layers."""
-    from bie_backend_cuda import weight_only as cw
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    for n, k in [(28672, 8192), (8192, 28672), (4096, 4096)]:
-        wbytes = n * k // 2 + (n * k // 128) * 4
-        sets = [_rand_wq(k, n, 4, 128, gen) for _ in range(pool_size(wbytes))]
-        preps = [cw.prepare(*s_, None) for s_ in sets]
-        for m in (16, 32):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, 4, 128, "gptq", prepared=p)
-                   for s_, p in zip(sets, preps)]
-            keep = cw.WQW_MIN_M, cw.WQW_SPLITS
-            res = []
-            try:
-                cw.WQW_MIN_M = 1
-                for sp in (0, 1, 2, 3, 4, 6, 8):
-                    cw.WQW_SPLITS = sp
-                    res.append((time_graph(fns, repeats=5), sp))
-            finally:
-                cw.WQW_MIN_M, cw.WQW_SPLITS = keep
-            line = f"wqw splits M={m} N={n} K={k}: " + ", ".join(f"{sp}:{t_:.1f}us" for t_, sp in res)
-            print(line, flush=True)
-            rows.append(dict(family="wqw splits", shape=f"M={m} N={n} K={k}",
-                             results=[dict(splits=sp, us=t_) for t_, sp in res]))
-        del sets, preps
-        torch.cuda.empty_cache()
-
-
-def sweep_skinny(rows):
-    """Launch knobs of the skinny kernel (blocks per SM to aim for, shared-memory budget per block)."""
-    from bie_backend_cuda import weight_only as cw
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    for m, n, k, bits, gs in [(1, 28672, 8192, 4, 128), (1, 8192, 28672, 4, 128), (1, 4096, 4096, 4, 128),
-                              (8, 28672, 8192, 4, 128), (1, 28672, 8192, 2, 64), (1, 28672, 8192, 8, -1)]:
-        wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
-        res = []
-        for inter in (True, False):
-            cw.INTERLEAVE = inter
-            for mult in (1, 2, 4, 6, 8):
-                for budget in (0, 120):
-                    cw.TUNE_SKINNY = (mult << 4) | (budget << 8)
-                    res.append((time_graph(fns, repeats=5), mult, budget + (1000 if inter else 0)))
-        cw.TUNE_SKINNY, cw.INTERLEAVE = 0, True
-        res.sort()
-        byts = wbytes + m * k * 2 + m * n * 2
-        line = (f"sweep W{bits} g{gs} M={m} N={n} K={k}: " +
-                ", ".join(f"{t_:.1f}us(x{mu} b{bu})" for t_, mu, bu in res[:5]) +
-                f" | worst {res[-1][0]:.1f}us(x{res[-1][1]} b{res[-1][2]}) | best {byts / res[0][0] / 1e6:.2f} TB/s")
-        print(line, flush=True)
-        rows.append(dict(family="sweep", shape=f"W{bits} g{gs} M={m} N={n} K={k}",
-                         results=[dict(us=t_, mult=mu, budget_kib=bu) for t_, mu, bu in res]))
-        del sets, fns
-        torch.cuda.empty_cache()
-
-
-def bench_thin(rows, quick, sweep, several_rows=False):
-    """The thin GEMV kernel (wqt, M <= 8) against the wqv kernel it replaces, bf16 cuBLAS and tinygemm; with
-    sweep, every warps-per-block setting (the K split of a 16-column block); several_rows: M = 2, 4, 8 only (warps
-    swept, interleaved layout, all resident blocks)."""
-    from bie_backend_cuda import weight_only as cw
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    shapes = [(4096, 4096), (28672, 8192), (8192, 28672)]
-    cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((1, 4, 8) if not quick else (1,))]
-    cases += [(1, n, k, 2, 64) for n, k in shapes]
-    cases += [(1, n, k, 8, -1) for n, k in shapes[:2]]
-    if several_rows:
-        cases = [(m, n, k, 4, 128) for n, k in shapes for m in ((2, 4, 8) if not quick else (1, 2, 4))]
-    for m, n, k, bits, gs in cases:
-        wbytes, sets, x, fns = _wq_pool(m, n, k, bits, gs, gen)
-        nset = len(sets)
-        keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL, cw.THIN_M_LOWBIT
-        try:
-            cw.THIN_M = cw.THIN_M_BIG = 8   # (the thin kernel for every row count of this table)
-            t = time_graph(fns)
-            t_again = time_graph(fns)
-            cw.PDL = False   # each call waits for the previous one to finish before loading anything
-            t_nopdl = time_graph(fns)
-            cw.PDL = keep[5]
-            ref = fns[0]().float()
-            cw.THIN_M = cw.THIN_M_BIG = cw.THIN_M_LOWBIT = 0
-            t_wqv = time_graph(fns)
-            err = float((ref - fns[0]().float()).norm() / fns[0]().float().norm())
-            cw.THIN_M = cw.THIN_M_BIG = 8
-            cw.THIN_M_LOWBIT = keep[6]
-            sw = {}
-            if several_rows:
-                for w in (4, 8, 16):
-                    cw.THIN_WARPS = w
-                    sw[f"i{w}w/0b"] = time_graph(fns, repeats=5)
-            elif sweep:
-                for inter in (True, False):
-                    cw.INTERLEAVE = inter
-                    for w in (4, 8, 16):
-                        for grid in (0, 264):
-                            cw.THIN_WARPS, cw.THIN_GRID = w, grid
-                            sw[f"{'i' if inter else 'c'}{w}w/{grid}b"] = time_graph(fns, repeats=5)
-        finally:
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_M_BIG, cw.THIN_GRID, cw.INTERLEAVE, cw.PDL, cw.THIN_M_LOWBIT = keep
-        base = bf16_linear_us(m, n, k)
-        byts = wbytes + m * k * 2 + m * n * 2
-        floor = byts / BW * 1e6
-        row = dict(family=f"thin W{bits}A16 g{gs}", shape=f"M={m} N={n} K={k}", us=t, us_again=t_again,
-                   nopdl_us=t_nopdl, wqv_us=t_wqv, bf16_us=base, speedup=base / min(t, t_again), vs_wqv=t_wqv / min(t, t_again),
-                   TBps=byts / min(t, t_again) / 1e6, floor_us=floor, frac_roof=floor / min(t, t_again),
-                   rel_diff_wqv=err, sweep_warps=sw)
-        if bits == 4 and hasattr(torch, "_weight_int4pack_mm"):
-            try:
-                row["tinygemm_us"] = _tinygemm(m, n, k, gs, nset)
-            except Exception as exc:  # noqa: BLE001 - a peer, reported as missing
-                row["tinygemm_us"] = float("nan")
-                row["tinygemm_err"] = str(exc)[:120]
-        print(f"thin W{bits} g{gs} M={m} {n}x{k}: {t:.1f}/{t_again:.1f} us (no PDL {t_nopdl:.1f}, wqv {t_wqv:.1f}, "
-              f"bf16 {base:.1f}, "
-              f"tinygemm {row.get('tinygemm_us', float('nan')):.1f}) = {row['speedup']:.2f}x bf16, "
-              f"{row['TBps']:.2f} TB/s, {100 * row['frac_roof']:.0f}% roof, diff {err:.1e}"
-              + (" | warps " + ", ".join(f"{w}:{v:.1f}" for w, v in sw.items()) if sw else ""), flush=True)
-        rows.append(row)
-        del sets, fns
-        torch.cuda.empty_cache()
-
-
-def profile_skinny():
-    """A few plain calls of the skinny kernel for Nsight Compute (ncu -k regex:wqv_kernel)."""
-    from bie_backend_cuda import weight_only as cw
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    for m, n, k, bits, gs in [(1, 28672, 8192, 4, 128), (1, 28672, 8192, 2, 64)]:
-        qw, s_, z = _rand_wq(k, n, bits, gs, gen)
-        p = cw.prepare(qw, s_, z, None)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            cw.wq_gemm(x, qw, s_, z, None, None, bits, gs, "gptq", prepared=p)
-        torch.cuda.synchronize()
-
 
 def _tinygemm(m, n, k, gs, nset):
     packs = []
@@ -443,19 +249,6 @@ def main():
     only = set(args.only.split(","))
     if "binary" in only:
         bench_binary(rows, args.quick)
-    if "prof" in only:
-        profile_skinny()
-        return
-    if "sweep" in only:
-        sweep_skinny(rows)
-    if "wqwsplit" in only:
-        sweep_wqw_splits(rows)
-    if "wqw" in only:
-        bench_wqw(rows, args.quick)
-    if "thin" in only or "thinsweep" in only:
-        bench_thin(rows, args.quick, "thinsweep" in only)
-    if "thinrows" in only:
-        bench_thin(rows, args.quick, False, several_rows=True)
     if "wq" in only:
         bench_wq(rows, args.quick)
     if "wqm" in only:

@@ -84,9 +84,9 @@ def time_graph(fns, repeats: int = 7) -> float:
 def time_interleaved(variants: dict, rounds: int = 5, phase_s: float = 0.3) -> dict:
     """Compute-bound comparisons at the card's steady power state: {name: fns} -> {name: µs per call, one per round}.
 
-    A dense GEMM of 1024+ rows holds the H100 at its 700 W cap (SM clock 1.3-1.5 GHz instead of 1.98; session 32,
-    results/s32): a baseline timed alone, first, on a card still below the cap read up to 6 % fast, and single
-    timings of the same case moved 0.86-0.96x between calls. Here each variant's graph (CALLS calls over its pool)
+    A dense GEMM of 1024+ rows holds the H100 at its 700 W cap (SM clock 1.3-1.5 GHz instead of 1.98;
+    benchmarks/results/cuda_h100.md): a baseline timed alone, first, on a card still below the cap reads fast, so
+    single timings of one case move by several percent between calls. Here each variant's graph (CALLS calls over its pool)
     is captured once, then every round replays each variant in turn for about `phase_s` seconds (the median replay
     is that round's figure). A first, untimed round brings the card to the cap; callers compare variants round by
     round (the ratios of one round share its power state)."""

@@ -1,3 +1,0 @@
-// coop 128x256 c2x1, whole-tile buffers, epilogue bf16(4*acc + r + c) only (not the op's output)
-#include "bwc_epi.h"
-BWC_EPI_VARIANT(8, 0)
