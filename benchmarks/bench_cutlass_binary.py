@@ -5,9 +5,9 @@ Timing as benchmarks/bench_cuda.py: each measured call is captured in a CUDA gra
 calls rotating over a pool of distinct weight sets (GEMM) or input sets (conv), more than 5x the
 50 MB L2 in total, then the graph is replayed and timed with CUDA events; the figure is the median
 of 7 replays divided by 32. Baselines timed the same way: bf16 ``F.linear`` (cuBLAS) for GEMMs and
-cuDNN bf16 conv2d (channels_last, ``cudnn.benchmark=True``) for convs. Floors use the measured H100
-ceilings of ../shared/reference/performance-anchors.md: 3.0 TB/s, 1-bit 15.9 POPS (wgmma) and
-10.7 POPS (mma.sync, the instruction these CUTLASS 2.x kernels use).
+cuDNN bf16 conv2d (channels_last, ``cudnn.benchmark=True``) for convs. Floors use the H100 ceilings
+measured by microbenchmarks on the card (results/cuda_h100.md): 3.0 TB/s, 1-bit 15.9 POPS (wgmma)
+and 10.7 POPS (mma.sync, the instruction these CUTLASS 2.x kernels use).
 
     python benchmarks/bench_cutlass_binary.py [--quick] [--json out.json]
 """

@@ -1,5 +1,5 @@
 """Weight-only layers on CPU: native vs reference wq_gemm time, and storage
-per weight, at LLM shapes (SPEC §3; issue 4).
+per weight, at LLM shapes (docs/spec.md §3).
 
     python benchmarks/bench_weight_only_cpu.py [--quick] [--out benchmarks/results/weight_only_cpu.md]
 

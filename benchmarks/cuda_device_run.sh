@@ -20,12 +20,6 @@ if [ "$MODE" != "bench" ]; then
   timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda \
       tests/test_cuda_backend.py 2>&1 | tee $OUT/test.log | grep -E "FAILED|Error|passed|failed|^total|^op |^[a-z_]+ +[0-9-]" | head -80
 fi
-if [ "$MODE" = "prof" ] || [ "$MODE" = "all+prof" ]; then
-  timeout 240 ncu -k regex:"bgemm_tc_kernel|wq_gemm_kernel" -c 3 --section SpeedOfLight --section WarpStateStats \
-      --section Occupancy --section LaunchStats python3 benchmarks/profile_cuda.py > $OUT/ncu.txt 2>&1
-  grep -E "bgemm|wq_gemm|Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Stall|Registers|Waves|Block Limit|Warp Cycles|Issue" $OUT/ncu.txt | head -90
-fi
-if [ "$MODE" != "tests" ] && [ "$MODE" != "prof" ]; then
-  if [ -n "$SWEEP" ]; then (cd benchmarks && timeout 300 python3 sweep_wq.py 2>&1 | tee $OUT/sweep.log); fi
+if [ "$MODE" != "tests" ]; then
   timeout 400 python3 benchmarks/bench_cuda.py ${BENCH_ARGS:---quick} --json $OUT/bench.json 2>&1 | tee $OUT/bench.log
 fi
