@@ -1,6 +1,6 @@
 """The dispatcher: which kernel serves a call, and why the others do not.
 
-Precedence, most specific first (SPEC §1):
+Precedence, most specific first (docs/spec.md §1):
 
 1. per-layer ``backend=`` (passed to every op as its trailing ``backend`` argument)
 2. ``with bie_core.use_backend(...)`` (a ContextVar: thread- and task-local)

@@ -1,4 +1,4 @@
-"""Checkpoints of bie models: canonical tensors only (SPEC §2), no code.
+"""Checkpoints of bie models: canonical tensors only (docs/spec.md §2), no code.
 
 * ``save_checkpoint(model, path)``: ``*.safetensors`` through safetensors, any
   other suffix through ``torch.save`` of the plain state dict.

@@ -172,7 +172,7 @@ def main(argv=None):
         if policy is not None:
             bie_core.pack(model)                            # drop latent float weights
             acc_packed = accuracy(model, data[2], data[3])
-            assert acc_packed == acc, "packing changed the result"  # same function (SPEC §3)
+            assert acc_packed == acc, "packing changed the result"  # same function (docs/spec.md §3)
         results[name] = {"policy": policy or "float", "epochs": epochs, "lr": lr, "seconds": round(seconds, 1),
                          "test_acc": acc, "bytes_trained": float_bytes, "bytes_deployed": model_bytes(model),
                          "curve": curve, "kernels": [list(r) for r in served]}

@@ -1,5 +1,5 @@
 """Plain-PyTorch straight-through re-implementations of the QAT layers' math
-(SPEC §3), written independently of bie's autograd Functions: values come
+(docs/spec.md §3), written independently of bie's autograd Functions: values come
 from float ops, gradients from autograd through detach() tricks.
 
 Each function takes leaf tensors and returns the output; calling
@@ -18,7 +18,7 @@ def sgn(t):
 
 
 def ste_sign_act(xs, sa):
-    """+-1 with d/dxs = mask and d/dsa = mask * sgn / sqrt(numel) (SPEC's binary sa gradient)."""
+    """+-1 with d/dxs = mask and d/dsa = mask * sgn / sqrt(numel) (the binary sa gradient of docs/spec.md §3)."""
     xs = xs.float()
     m = ((xs / sa.detach().float()).abs() <= 1).float()
     s = sgn(xs)

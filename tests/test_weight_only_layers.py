@@ -272,7 +272,7 @@ def test_mbwq_state_dict_roundtrip_adopts_groups():
     torch.testing.assert_close(other(x), m(x), rtol=0, atol=0)
 
 
-# ------------------------------------------------------------------ memory (SPEC / issue: <= 4.3 bits)
+# ------------------------------------------------------------------ memory (<= 4.3 bits per weight)
 @pytest.mark.parametrize("fmt", ["gptq", "gba"])
 def test_4bit_g128_bits_per_weight_inference_and_training(fmt):
     m = MPQLinear(4096, 4096, bits=4, group_size=128, format=fmt, trainable=True)

@@ -1,4 +1,4 @@
-"""Fine-tuning packed weights (SPEC §4) with stock PyTorch: the loss goes down,
+"""Fine-tuning packed weights (docs/spec.md §4) with stock PyTorch: the loss goes down,
 codes change in place, no float copy of W, DiodeMix / PackedAdam / GaLore /
 zero-point updates, optimizer state round trip."""
 from __future__ import annotations

@@ -39,7 +39,7 @@ def _gs_shift(group_size: int) -> int:
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp16 tensor cores for fp16 and fp32 activations (SPEC: fp16 accuracy), bf16 for bf16."""
+    """fp16 tensor cores for fp16 and fp32 activations (docs/spec.md §3: fp16 accuracy), bf16 for bf16."""
     return torch.bfloat16 if dtype is torch.bfloat16 else torch.float16
 
 

@@ -26,7 +26,7 @@ format / activation dtype, kept per weight version by the dispatcher's cache):
 Building the layout runs device ops and one host synchronisation (comparing the
 sorted ``g_idx``); calls never synchronise.
 
-Weights that keep changing: when the packed weights are fine-tuned (SPEC §4) the
+Weights that keep changing: when the packed weights are fine-tuned (docs/spec.md §4) the
 optimizer rewrites ``qweight`` in place every step, and the dispatcher re-prepares
 on every new version. Rebuilding this layout each step (an unpack and a reordering
 pass over the whole weight) is not worth it, so a weight tensor seen at more than

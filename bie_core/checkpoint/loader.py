@@ -120,7 +120,7 @@ def load_quantized(model: nn.Module, source: Union[str, os.PathLike, Mapping[str
         quantize_config: overrides the one found next to the checkpoint.
         checkpoint_format: "gptq"/"v1" or "gptq_v2"/"v2"; overrides the config.
         dtype: dtype of the layers' scales and bias (default: the checkpoint's).
-        trainable: make the packed weights trainable (SPEC §4).
+        trainable: make the packed weights trainable (docs/spec.md §4).
         strict: every model tensor must come from the checkpoint and every
             checkpoint tensor must be used (tied weights excepted).
         on_overflow: v1 zero points stored as 2^b - 1 ("wrap" reads them as 0

@@ -59,7 +59,7 @@ def check_dtype(layer: str, dtype) -> None:
 
 
 def sgn(t: torch.Tensor) -> torch.Tensor:
-    """SPEC sign for backward passes: +1 where t >= 0 (so sgn(0) = sgn(-0.0) = +1), else -1.
+    """The sign of docs/spec.md §2, for backward passes: +1 where t >= 0 (so sgn(0) = sgn(-0.0) = +1), else -1.
 
     Returns float32. Computed as sign(sign(t) + 0.5): three vectorised float
     passes, several times faster on CPU than ``torch.where(t >= 0, 1., -1.)``
@@ -213,7 +213,7 @@ class QATLayer(nn.Module):
         return bool(self._packed_keys) and self._packed_keys[0][0] in self._buffers
 
     def pack(self) -> PackReport:
-        """Replace the latent float weight by the canonical packed form (SPEC §2).
+        """Replace the latent float weight by the canonical packed form (docs/spec.md §2).
 
         Inference gives exactly the same outputs before and after; the layer can
         no longer train its weight (activation scales/shifts stay parameters).
@@ -332,7 +332,7 @@ def lsq_init(mean_abs: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def binary_init(mean_abs: torch.Tensor) -> torch.Tensor:
-    """Binary activation clip scale ``2 * mean|v|`` (SPEC §3)."""
+    """Binary activation clip scale ``2 * mean|v|`` (docs/spec.md §3)."""
     return 2.0 * mean_abs
 
 

@@ -1,4 +1,4 @@
-"""Autograd rules of the binary layers (SPEC §3), around the dispatcher's ops.
+"""Autograd rules of the binary layers (docs/spec.md §3), around the dispatcher's ops.
 
 Forward (linear; conv is the same through the convolution):
 
@@ -15,7 +15,7 @@ Backward, straight-through estimator (STE):
     d bias = sum of g over rows
 
 ``sa`` receives only that last gradient (its factor on the output is treated as
-part of the quantizer, as in the SPEC), and ``sw`` (derived from W: mean|W|)
+part of the quantizer, as in docs/spec.md §3), and ``sw`` (derived from W: mean|W|)
 is a constant for autograd. Backward math is done in float32 whatever the
 activation dtype, and cast back.
 """

@@ -1,4 +1,4 @@
-"""Autograd rules of the 4/8-bit QAT layers (SPEC §3), around the dispatcher's ops.
+"""Autograd rules of the 4/8-bit QAT layers (docs/spec.md §3), around the dispatcher's ops.
 
 Forward (linear; conv and batched matmul are the same through their product):
 

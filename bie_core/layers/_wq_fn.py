@@ -1,6 +1,6 @@
 """Autograd of the weight-only layers, in stock PyTorch.
 
-How the weight gradient reaches the optimizer (SPEC §4) without integer
+How the weight gradient reaches the optimizer (docs/spec.md §4) without integer
 tensors that require grad and without a float copy of W:
 
 * The packed codes, scales and zeros are *buffers* (integer codes cannot

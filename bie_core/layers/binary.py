@@ -1,11 +1,11 @@
-"""Binary (1-bit weight and activation) linear and conv2d layers (SPEC §3).
+"""Binary (1-bit weight and activation) linear and conv2d layers (docs/spec.md §3).
 
 ``y = sa * sw * (sgn(x + ba) (*) sgn(W)) (+ bias)`` where ``(*)`` is a matrix
 product or a convolution.
 
 * ``ba`` (``act_shift``): learnable shift, shape ``(in,)``, starts at 0.
 * ``sa`` (``act_scale``): learnable, initialised on the first forward to
-  ``2 * mean|x|`` of that batch (SPEC §3); the STE passes gradients where
+  ``2 * mean|x|`` of that batch (docs/spec.md §3); the STE passes gradients where
   ``|x + ba| <= sa``.
 * ``sw``: ``mean|W|``, per tensor (default) or per output channel
   (``per_channel=True``); derived from the latent weight, not learned.

@@ -1,4 +1,4 @@
-"""Binary embeddings (SPEC §3): packed sign rows with a per-row scale, and a
+"""Binary embeddings (docs/spec.md §3): packed sign rows with a per-row scale, and a
 bag variant that combines the rows of a bag by majority vote of their bits.
 
 * :class:`BinaryEmbedding`: ``E[i] = scale[i] * sgn(W[i])`` with

@@ -1,4 +1,4 @@
-"""4/8-bit weight-and-activation QAT layers: QLinear, QConv2d (SPEC §3).
+"""4/8-bit weight-and-activation QAT layers: QLinear, QConv2d (docs/spec.md §3).
 
 ``y = sa * sw * (Qa @ Qw.T) (+ bias)`` with ``Qa = clamp(round((x + ba) / sa))``
 and ``Qw = clamp(round(W / sw))`` in ``[-2^(b-1), 2^(b-1)-1]``, round half to

@@ -1,5 +1,5 @@
 """Weight-only quantized linear layers: MPQLinear (GPTQ / GBA groups) and
-MBWQLinear (exl2-style mixed bit widths). SPEC §2-4.
+MBWQLinear (exl2-style mixed bit widths). docs/spec.md §2-4.
 
 Math layout: ``y = x @ W (+ bias)`` with ``W`` (in_features K, out_features N),
 as GPTQ stores it (an ``nn.Linear`` weight is ``W.T``).
@@ -25,7 +25,7 @@ silent off-by-one impossible, the canonical key is ``zeros``, never
 ``qzeros``: a raw ecosystem state_dict given to ``load_state_dict`` is
 refused with a message pointing to the converting loaders.
 
-Training (SPEC §4): with ``trainable=True`` the layer's ``weight_handle`` (a
+Training (docs/spec.md §4): with ``trainable=True`` the layer's ``weight_handle`` (a
 4-byte float32 parameter seen as (K, N)) receives ``x.T @ g`` as its
 gradient, and its ``bie_optimizer_hook`` (``bie_core.optim.packed``) applies
 Adam to the dequantized weight and writes new codes in place. See
@@ -91,7 +91,7 @@ class MPQLinear(WeightOnlyLinear):
         dtype: dtype of scales, float zeros and bias (float16, bfloat16, float32).
             Activations may be any of the three whatever this is.
         format: "gptq" (integer zeros) or "gba" (float zeros).
-        backend: per-layer backend choice (SPEC §1).
+        backend: per-layer backend choice (docs/spec.md §1).
         trainable: fine-tune the packed weight (see module doc).
 
     A freshly constructed layer has all codes, zeros and bias 0 (W = 0); fill

@@ -1,6 +1,6 @@
 """Binary (1-bit) ops: sign packing, binary GEMM / batched GEMM / conv2d, packed embeddings.
 
-Canonical sign bits (SPEC §2): ``sgn(v) = +1 if v >= 0 else -1``; bit 1 means
+Canonical sign bits (docs/spec.md §2): ``sgn(v) = +1 if v >= 0 else -1``; bit 1 means
 +1; packed along the reduction dimension K, least significant bit first, 8
 values per uint8 (byte ``b``, bit ``j`` holds element ``8b + j``); padding
 bits are 0 and the true K travels beside the bits. NaN packs as -1.

@@ -1,6 +1,6 @@
 """Weight-only quantized ops: GPTQ / GreenBit (GBA) groups and exl2-style mixed bit widths.
 
-Canonical formats (SPEC §2; the layers in ``bie_core.layers.weight_only``
+Canonical formats (docs/spec.md §2; the layers in ``bie_core.layers.weight_only``
 hold exactly these tensors in ``state_dict``):
 
 Bit streams
@@ -179,7 +179,7 @@ def _check_mbwq_weights(op: str, qweight, scales, zeros, q_perm, group_bits, gro
 def wq_tolerance(dtype: torch.dtype, k: int, x_rms: float, w_rms: float) -> tuple:
     """(rtol, atol) for comparing a weight-only GEMM with the float64 product.
 
-    ``eps`` is fp16's unit roundoff for float32 and float16 activations (SPEC:
+    ``eps`` is fp16's unit roundoff for float32 and float16 activations (docs/spec.md §3:
     "to fp16 accuracy": a kernel may dequantize into fp16 and use fp16 tensor
     cores with fp32 accumulation even for fp32 inputs) and bf16's for bf16.
     ``rtol = eps`` covers rounding the output; ``atol`` covers the

@@ -1,4 +1,4 @@
-"""Fine-tuning packed weight-only layers (SPEC §4): Adam on the dequantized
+"""Fine-tuning packed weight-only layers (docs/spec.md §4): Adam on the dequantized
 weight, written back as codes.
 
 A trainable ``MPQLinear`` / ``MBWQLinear`` exposes one parameter for its

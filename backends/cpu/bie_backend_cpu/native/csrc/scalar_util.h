@@ -3,7 +3,7 @@
 // its own target: no inline function is shared between variants).
 //
 // Rounding is exactly PyTorch's: float32 -> float16 and -> bfloat16 round to
-// nearest, ties to even; a NaN stays a NaN. Sign rule (SPEC §2): a value is
+// nearest, ties to even; a NaN stays a NaN. Sign rule (docs/spec.md §2): a value is
 // +1 when v >= 0 (so -0.0 is +1) and -1 otherwise, NaN included.
 
 static inline uint32_t bie_f32_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
