@@ -12,23 +12,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
 
 import torch
 
 from bench_cuda import _rand_wq, bf16_linear_us
+from bench_env import git_commit
 from gpu_timing import pool_size, time_graph, warm_gpu
-
-
-def _commit() -> str:
-    env = os.environ.get("BIE_COMMIT")
-    if env:
-        return env
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        return "?"
 
 
 def bench(rows, n, k, bits, gs, ms, gen):
@@ -98,7 +87,7 @@ def main():
         bench(rows, 28672, 8192, 8, -1, (16, 128, 1024, 4096), gen)
     if args.json:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                    commit=_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat())
+                    commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat())
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
 

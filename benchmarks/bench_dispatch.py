@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from bench_env import cpu_model, git_commit
 
 import bie_core
 from bie_backend_cpu.reference.binary import binary_gemm as ref_gemm
@@ -108,19 +108,7 @@ def main():
         "bie+layer": timeit(lambda: op(a, b, 64, None, None, None, "cpu")),
     }
     added = noop_res["bie"] - noop_res["torchlib"]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "?"
-    cpu = "?"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    commit, cpu = git_commit(), cpu_model()
     lines = [
         "# Dispatcher overhead (cached decision), tiny binary GEMM 1x64 by 64x64",
         "",

@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from bench_env import cpu_model, git_commit
 
 import bie_core
 from bie_core import dispatch, ops
@@ -206,27 +206,6 @@ def crossover(ms, k, n, reps, gen):
     return out
 
 
-def _machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return cpu
-
-
-def _commit():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=Path(__file__).parent).strip()
-    except Exception:
-        return "unknown"
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "mlx_cpu.md"))
@@ -242,8 +221,8 @@ def main():
 
     lines = ["# bie-backend-mlx on the MLX CPU backend (Linux)", ""]
     lines.append(f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
-    lines.append(f"- commit: {_commit()}")
-    lines.append(f"- machine: {_machine()}, {os.cpu_count()} logical CPUs, {platform.system()} "
+    lines.append(f"- commit: {git_commit()}")
+    lines.append(f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} "
                  f"{platform.release()}")
     lines.append(f"- software: python {platform.python_version()}, torch {torch.__version__} "
                  f"({torch.get_num_threads()} threads), mlx {mx.__version__}")

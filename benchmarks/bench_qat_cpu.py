@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import copy
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import torch
+from bench_env import cpu_model, git_commit
 import torch.utils.benchmark as tb
 from torch import nn
 
@@ -184,27 +184,6 @@ def _register_zero_backend(n: int) -> None:
     bie_core.register_backend(BackendDescriptor("zero", "1.0", ("cpu",), load=Zero), Zero())
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return cpu
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -218,8 +197,8 @@ def main():
     tiny, tiny_kernels = tiny_inference()
     lines = ["# QAT layers on the CPU: forward + backward, and tiny-inference overhead", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}",
-             f"- commit: {args.commit or commit()}",
-             f"- machine: {machine()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}, "
+             f"- commit: {args.commit or git_commit()}",
+             f"- machine: {cpu_model()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}, "
              f"python {platform.python_version()}",
              "- method: `python benchmarks/bench_qat_cpu.py` (median of torch.utils.benchmark blocked runs; "
              "inputs require grad; `out.sum().backward()`)",
