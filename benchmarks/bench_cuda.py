@@ -14,14 +14,12 @@ ceilings are microbenchmark figures of this card, see benchmarks/results/cuda_h1
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import CALLS, pool_size, time_graph, warm_gpu
+from gpu_timing import CALLS, pool_size, run_meta, time_graph, warm_gpu, write_json
 
 BW = 3.0e12
 BF16_FLOPS = 798e12
@@ -253,15 +251,11 @@ def main():
         bench_wq(rows, args.quick)
     if "wqm" in only:
         bench_wqm(rows, args.quick)
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                commit=os.environ.get("BIE_COMMIT", "?"), calls_per_graph=CALLS)
+    meta = run_meta(calls_per_graph=CALLS)
     print(json.dumps(meta))
     for r in rows:
         print(" | ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    write_json(args.json, meta, rows)
 
 
 if __name__ == "__main__":

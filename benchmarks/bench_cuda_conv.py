@@ -13,14 +13,12 @@ replays / 32. Baseline: cuDNN bf16 ``F.conv2d`` on channels_last input and weigh
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import pool_size, time_graph, warm_gpu
+from gpu_timing import pool_size, run_meta, time_graph, warm_gpu, write_json
 
 BW = 3.0e12
 B1_MMA = 10.7e15
@@ -101,15 +99,10 @@ def main():
     warm_gpu()
     rows = []
     bench(rows, args.quick, not args.no_cutlass)
-    p = torch.cuda.get_device_properties(0)
-    meta = dict(device=p.name, sms=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                commit=os.environ.get("BIE_COMMIT", "unknown"))
+    meta = run_meta()
     print(json.dumps(meta))
     print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    write_json(args.json, meta, rows)
 
 
 if __name__ == "__main__":

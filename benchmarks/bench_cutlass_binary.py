@@ -14,14 +14,13 @@ and 10.7 POPS (mma.sync, the instruction these CUTLASS 2.x kernels use).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import pool_size, time_graph
+from gpu_timing import pool_size, run_meta, time_graph, write_json
 
 BW = 3.0e12
 B1_WGMMA = 15.9e15
@@ -185,16 +184,11 @@ def main():
         bench_linear(rows, args.quick)
     if "conv" in only:
         bench_conv(rows, args.quick)
-    p = torch.cuda.get_device_properties(0)
-    meta = dict(device=p.name, sms=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                commit=os.environ.get("BIE_COMMIT", "unknown"))
+    meta = run_meta()
     print(json.dumps(meta))
     for r in rows:
         print(" | ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    write_json(args.json, meta, rows)
 
 
 if __name__ == "__main__":

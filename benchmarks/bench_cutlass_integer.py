@@ -16,7 +16,6 @@ benchmark mode), bf16 ``nn.Linear`` training step.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import gpu_timing
-from gpu_timing import time_graph
+from gpu_timing import run_meta, time_graph, write_json
 
 BF16_PEAK = 798e12     # measured cuBLAS bf16 8192^3 on this H100 (performance-anchors.md)
 S8_WGMMA = 1889e12     # measured wgmma s8 probe
@@ -218,10 +217,8 @@ def main():
     ap.add_argument("--only", default="gemm,conv,train")
     args = ap.parse_args()
     rows: list = []
-    env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               commit=os.environ.get("BIE_COMMIT", "unknown"))
-    print(json.dumps(env), flush=True)
+    meta = run_meta()
+    print(json.dumps(meta), flush=True)
     only = set(args.only.split(","))
     if "gemm" in only:
         bench_gemm(rows, args.quick)
@@ -229,9 +226,7 @@ def main():
         bench_conv(rows, args.quick)
     if "train" in only:
         bench_training_step(rows, args.quick)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(env=env, rows=rows), fh, indent=1)
+    write_json(args.json, meta, rows)
 
 
 if __name__ == "__main__":

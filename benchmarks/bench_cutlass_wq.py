@@ -10,14 +10,11 @@ the L2 (gpu_timing), x is one bf16 tensor; GPTQ, fp16 scales, random codes.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 
 import torch
 
 from bench_cuda import _rand_wq, bf16_linear_us
-from bench_env import git_commit
-from gpu_timing import pool_size, time_graph, warm_gpu
+from gpu_timing import pool_size, run_meta, time_graph, warm_gpu, write_json
 
 
 def bench(rows, n, k, bits, gs, ms, gen):
@@ -85,11 +82,7 @@ def main():
         bench(rows, n, k, 4, 128, ms, gen)
     if not args.quick:
         bench(rows, 28672, 8192, 8, -1, (16, 128, 1024, 4096), gen)
-    if args.json:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                    commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat())
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    write_json(args.json, run_meta(), rows)
 
 
 if __name__ == "__main__":

@@ -105,3 +105,23 @@ def time_interleaved(variants: dict, rounds: int = 5, phase_s: float = 0.3) -> d
                 out[name].append(statistics.median(times))
     del graphs
     return out
+
+
+def run_meta(**extra) -> dict:
+    """What a GPU results page records about the run: device, SM count, torch and CUDA versions, UTC date and the
+    commit measured (bench_env.git_commit), plus any extra fields."""
+    import datetime
+
+    from bench_env import git_commit
+    p = torch.cuda.get_device_properties(0)
+    return dict(device=p.name, sms=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                commit=git_commit(), **extra)
+
+
+def write_json(path, meta: dict, rows: list) -> None:
+    """Write {meta, rows} to path (nothing when path is empty)."""
+    if path:
+        import json
+        with open(path, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
