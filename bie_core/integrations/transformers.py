@@ -420,6 +420,11 @@ def register() -> None:
     if auto.AUTO_QUANTIZATION_CONFIG_MAPPING.get(METHOD) is not BieConfig:
         auto.AUTO_QUANTIZATION_CONFIG_MAPPING.pop(METHOD, None)   # a stale class from a reloaded module
         register_quantization_config(METHOD)(BieConfig)
+    # bie's GreenBit checkpoints say quant_method "gba": no other library
+    # claims the name, so they load with or without a BieConfig argument
+    if auto.AUTO_QUANTIZATION_CONFIG_MAPPING.get("gba") is not BieConfig:
+        auto.AUTO_QUANTIZATION_CONFIG_MAPPING.pop("gba", None)
+        register_quantization_config("gba")(BieConfig)
     if auto.AUTO_QUANTIZER_MAPPING.get(METHOD) is not BieHfQuantizer:
         auto.AUTO_QUANTIZER_MAPPING.pop(METHOD, None)
         register_quantizer(METHOD)(BieHfQuantizer)
