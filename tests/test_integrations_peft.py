@@ -96,9 +96,23 @@ def test_lora_on_weight_only_layers_matches_float_reference(kind):
     assert base.weight_handle.grad is None      # frozen packed weight
 
 
-def test_lora_on_qlinear_matches_reference():
-    q = _bie("qlinear")
-    q(_x())                                     # initialise the LSQ scales
+def _dynamic_linear():
+    dyn = pytest.importorskip("bie_core.layers.dynamic", reason="DynamicQLinear is not in this tree")
+    if not hasattr(dyn, "DynamicQLinear"):
+        pytest.skip("bie_core.layers.dynamic has no DynamicQLinear")
+    return dyn.DynamicQLinear.from_float(_float_linear())
+
+
+@pytest.mark.parametrize("kind", ["qlinear", "dynamic"])
+def test_lora_on_activation_quantizing_layers_matches_reference(kind):
+    """QLinear / DynamicQLinear quantize their input: the reference is the
+    frozen layer itself plus the adapter written out by hand."""
+    if kind == "qlinear":
+        q = _bie("qlinear")
+        q(_x())                                     # initialise the LSQ scales
+    else:
+        q = _dynamic_linear()
+    assert type(q) in bie_peft.bie_layer_types()
     ref_q = copy.deepcopy(q)
     pm = _lora(Net(q))
     wrapped = pm.base_model.model.proj
@@ -119,7 +133,7 @@ def test_lora_on_qlinear_matches_reference():
     torch.testing.assert_close(wrapped.lora_A["default"].weight.grad, a.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(wrapped.lora_B["default"].weight.grad, b.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match=r"QLinear quantizes its input.*merging is refused"):
+    with pytest.raises(ValueError, match=type(q).__name__ + r" quantizes its input.*merging is refused"):
         pm.merge_and_unload()
 
 
@@ -182,11 +196,3 @@ def test_registration_uses_peft_custom_modules():
     plain = peft.LoraConfig(r=R, target_modules=["proj"])
     peft.get_peft_model(Net(_bie("mpq")), plain)
     assert MPQLinear in plain._custom_modules
-
-
-def test_dynamic_qlinear_is_wrapped_when_present():
-    dyn = pytest.importorskip("bie_core.layers.dynamic", reason="DynamicQLinear is not in this tree")
-    cls = getattr(dyn, "DynamicQLinear", None)
-    if cls is None:
-        pytest.skip("bie_core.layers.dynamic has no DynamicQLinear")
-    assert cls in bie_peft.bie_layer_types()
