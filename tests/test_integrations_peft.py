@@ -196,3 +196,39 @@ def test_registration_uses_peft_custom_modules():
     plain = peft.LoraConfig(r=R, target_modules=["proj"])
     peft.get_peft_model(Net(_bie("mpq")), plain)
     assert MPQLinear in plain._custom_modules
+
+
+class Only(nn.Module):
+    def __init__(self, proj):
+        super().__init__()
+        self.proj = proj
+
+    def forward(self, x):
+        return self.proj(x).float()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lora_on_the_gpu_matches_float_reference(dtype):
+    base = MPQLinear.from_float(_float_linear(), bits=4, group_size=32, dtype=dtype).cuda()
+    pm = _lora(Only(base))
+    wrapped = pm.base_model.model.proj
+    assert wrapped.lora_A["default"].weight.is_cuda
+    ref_lin = nn.Linear(K, N, bias=True).cuda()
+    with torch.no_grad():
+        ref_lin.weight.copy_(effective_weight(base))
+        ref_lin.bias.copy_(base.bias.float())
+    a = wrapped.lora_A["default"].weight.detach().clone().requires_grad_(True)
+    b = wrapped.lora_B["default"].weight.detach().clone().requires_grad_(True)
+    x = _x().cuda().to(dtype)
+    x1, x2 = x.clone().requires_grad_(True), x.float().requires_grad_(True)
+    y = pm(x1)
+    y_ref = ref_lin(x2) + (x2 @ a.t()) @ b.t() * wrapped.scaling["default"]
+    tol = dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(y, y_ref, **tol)
+    target = torch.randn_like(y_ref)
+    ((y - target) ** 2).mean().backward()
+    ((y_ref - target) ** 2).mean().backward()
+    torch.testing.assert_close(wrapped.lora_A["default"].weight.grad, a.grad, **tol)
+    torch.testing.assert_close(wrapped.lora_B["default"].weight.grad, b.grad, **tol)
+    torch.testing.assert_close(x1.grad.float(), x2.grad, **tol)

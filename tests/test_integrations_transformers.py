@@ -245,3 +245,57 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
         json.dump({**cfg, "intermediate_size": 128}, f)
     with pytest.raises(Exception, match=r"mlp.down_proj.*qweight has shape"):
         AUTO.from_pretrained(d, quantization_config=BieConfig())
+
+
+def test_dequantize_gives_the_float_twin(tmp_path):
+    q, d = _gptq_checkpoint(tmp_path)
+    m = AUTO.from_pretrained(d, quantization_config=BieConfig())
+    ids = _ids()
+    with torch.no_grad():
+        before = m(ids).logits
+    m = m.dequantize()
+    assert not any(isinstance(x, MPQLinear) for x in m.modules())
+    assert getattr(m.config, "quantization_config", None) is None
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).logits, before, rtol=1e-4, atol=1e-4)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_gptq_checkpoint_loads_onto_the_gpu_without_float_weights(tmp_path):
+    q, d = _gptq_checkpoint(tmp_path, "v1", act_order=True)
+    float_bytes = sum(p.numel() * 4 for p in _llama().parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    m = AUTO.from_pretrained(d, quantization_config=BieConfig(), device_map="cuda")
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    layers = [x for x in m.modules() if isinstance(x, MPQLinear)]
+    assert len(layers) == 14 and all(x.qweight.is_cuda for x in layers)
+    # packed linears + float embedding/head/norms: well under the float model
+    assert peak < 0.6 * float_bytes, (peak, float_bytes)
+    ids = _ids()
+    with torch.no_grad():
+        got = m(ids.cuda()).logits.cpu()
+        torch.testing.assert_close(got, q(ids).logits, rtol=2e-3, atol=2e-3)
+    m.save_pretrained(tmp_path / "from_gpu")
+    fresh = _llama(seed=9)
+    load_quantized(fresh, tmp_path / "from_gpu")
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(ids).logits, q(ids).logits, rtol=0, atol=0)
+
+
+@needs_cuda
+def test_float_checkpoint_quantized_on_load_on_the_gpu(tmp_path):
+    f = _llama()
+    f.save_pretrained(tmp_path / "float")
+    m = AUTO.from_pretrained(tmp_path / "float", quantization_config=BieConfig(bits=4, group_size=32),
+                             device_map="cuda")
+    ref = _llama()
+    quantize_model(ref, bits=4, group_size=32)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids.cuda()).logits.cpu(), ref(ids).logits, rtol=2e-3, atol=2e-3)
