@@ -292,10 +292,36 @@ def test_gptq_checkpoint_loads_onto_the_gpu_without_float_weights(tmp_path):
 def test_float_checkpoint_quantized_on_load_on_the_gpu(tmp_path):
     f = _llama()
     f.save_pretrained(tmp_path / "float")
+    float_bytes = sum(p.numel() * 4 for p in f.parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
     m = AUTO.from_pretrained(tmp_path / "float", quantization_config=BieConfig(bits=4, group_size=32),
                              device_map="cuda")
+    torch.cuda.synchronize()
+    # loaded on the CPU, each linear quantized on the GPU alone: never the whole float model there
+    assert torch.cuda.max_memory_allocated() - base < 0.6 * float_bytes
+    assert all(t.is_cuda for t in list(m.parameters()) + list(m.buffers()))
     ref = _llama()
     quantize_model(ref, bits=4, group_size=32)
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(m(ids.cuda()).logits.cpu(), ref(ids).logits, rtol=2e-3, atol=2e-3)
+
+
+def test_float_checkpoint_for_an_accelerator_loads_through_the_cpu():
+    """update_device_map sends a float checkpoint bound for one accelerator to
+    the CPU and remembers the target; quantized checkpoints load in place."""
+    qz = BieHfQuantizer(BieConfig(), pre_quantized=False)
+    assert qz.update_device_map({"": torch.device("cuda", 0)}) == {"": torch.device("cpu")}
+    assert qz._target_device == torch.device("cuda", 0)
+    assert qz.update_device_map({"": 1}) == {"": torch.device("cpu")} and qz._target_device == torch.device("cuda", 1)
+    for keep in ({"": torch.device("cpu")}, "auto", None, {"model": 0, "lm_head": 1}):
+        assert qz.update_device_map(keep) == keep and qz._target_device is None
+    pre = BieHfQuantizer(BieConfig(), pre_quantized=True)
+    assert pre.update_device_map({"": torch.device("cuda", 0)}) == {"": torch.device("cuda", 0)}
+    # the per-layer path itself (the target here is the CPU: the machine may have no accelerator)
+    f = _llama()
+    qz._target_device = torch.device("cpu")
+    qz._quantize_float_model(f)
+    assert sum(isinstance(x, MPQLinear) for x in f.modules()) == 14 and type(f.lm_head) is nn.Linear

@@ -251,6 +251,7 @@ class BieHfQuantizer(HfQuantizer):
     def __init__(self, quantization_config, **kwargs):
         super().__init__(quantization_config, **kwargs)
         self._dtype = None
+        self._target_device = None
 
     def validate_environment(self, *args, **kwargs):
         return
@@ -258,6 +259,21 @@ class BieHfQuantizer(HfQuantizer):
     def update_dtype(self, dtype):
         self._dtype = dtype
         return dtype
+
+    def update_device_map(self, device_map):
+        # A float checkpoint bound for one accelerator loads on the CPU; each
+        # linear then visits the accelerator alone to be quantized there, so
+        # the float model is never on the accelerator as a whole. (A GreenBit
+        # checkpoint whose quant_method transformers does not know comes this
+        # way too: its packed tensors move after conversion.)
+        self._target_device = None
+        if not self.pre_quantized and isinstance(device_map, dict) and set(device_map) == {""}:
+            dev = torch.device(device_map[""]) if not isinstance(device_map[""], int) else \
+                torch.device("cuda", device_map[""])
+            if dev.type not in ("cpu", "meta", "disk"):
+                self._target_device = dev
+                return {"": torch.device("cpu")}
+        return device_map
 
     def _checkpoint_config(self, files) -> dict:
         found = read_quant_config(os.fspath(files[0])) if files else None
@@ -325,13 +341,33 @@ class BieHfQuantizer(HfQuantizer):
                 c.desc_act = any(m.act_order for m in layers)
             self._packed = []
         elif not self.pre_quantized:
-            quantize_model(model, bits=c.bits, group_size=c.group_size, sym=c.sym, skip=c.skip, backend=c.backend,
-                           trainable=c.trainable)
-            c.source = "gptq"
+            self._quantize_float_model(model)
+        dev = getattr(self, "_target_device", None)
+        if dev is not None:
+            model.to(dev)
         if "peft" in sys.modules:            # LoRA on these layers needs bie's PEFT registration
             from . import peft as _peft
             _peft.register()
         return model
+
+    def _quantize_float_model(self, model) -> None:
+        """Round-to-nearest quantization of every nn.Linear not in ``skip``,
+        one layer at a time on the target device (when loading went through
+        the CPU), through ``bie_core.quantize_model``."""
+        c = self.quantization_config
+        dev = getattr(self, "_target_device", None)
+        names = [n for n, m in model.named_modules() if type(m) is nn.Linear
+                 and not any(n == s or n.endswith("." + s) for s in c.skip)]
+        for n in names:
+            holder = nn.Module()
+            holder.layer = model.get_submodule(n)
+            if dev is not None:
+                holder.layer.to(dev)
+            quantize_model(holder, bits=c.bits, group_size=c.group_size, sym=c.sym, skip=(), backend=c.backend,
+                           trainable=c.trainable)
+            _set(model, n, holder.layer)
+            del holder
+        c.source = "gptq"
 
     # ----------------------------------------------------------------- saving
     def get_state_dict_and_metadata(self, model, *args, **kwargs):
