@@ -21,12 +21,14 @@ What ``from_pretrained`` then does depends on the checkpoint at ``path``:
   checkpoint's quantization config (``bits``, ``group_size``, ``sym``,
   ``desc_act``, ``checkpoint_format``) wins over the ``BieConfig`` fields;
   ``backend`` and ``trainable`` always come from ``BieConfig``.
-* **A float checkpoint**: the model loads as usual, then every ``nn.Linear``
-  except those named in ``skip`` is quantized by round-to-nearest
-  (``MPQLinear.from_float``: ``bits`` 2/3/4/8 (1 too), ``group_size``, ``sym``),
-  one layer at a time on the device it was loaded to. The float model is
-  therefore on that device once, before quantization: to quantize a model
-  larger than the device, load it on the CPU, then ``.to(device)``.
+* **A float checkpoint**: every ``nn.Linear`` except those named in ``skip``
+  is quantized by round-to-nearest after loading (``MPQLinear.from_float``:
+  ``bits`` 2/3/4/8 (1 too), ``group_size``, ``sym``), one layer at a time.
+  With a single-device ``device_map`` on an accelerator the model loads on
+  the CPU and each linear visits the accelerator alone to be quantized there,
+  so the float model is never on the accelerator as a whole; other device
+  maps (``"auto"``, several devices) load the float layers where the map puts
+  them and quantize them in place.
 
 ``model.save_pretrained(dir)`` writes ``model.safetensors`` in the GPTQ layout
 and the ``quantization_config`` of a GPTQ checkpoint into ``config.json``
