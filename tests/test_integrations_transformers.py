@@ -325,3 +325,20 @@ def test_float_checkpoint_for_an_accelerator_loads_through_the_cpu():
     qz._target_device = torch.device("cpu")
     qz._quantize_float_model(f)
     assert sum(isinstance(x, MPQLinear) for x in f.modules()) == 14 and type(f.lm_head) is nn.Linear
+
+
+def test_gptq_checkpoint_without_a_config_is_read_from_its_shapes(tmp_path):
+    """No quantization_config anywhere: the tensors make it a GPTQ checkpoint,
+    and bits / group size come from their shapes, not from BieConfig's defaults."""
+    q, d = _gptq_checkpoint(tmp_path, bits=2, group_size=32)
+    cfg = json.load(open(d / "config.json"))
+    del cfg["quantization_config"]
+    with open(d / "config.json", "w") as f:
+        json.dump(cfg, f)
+    m = AUTO.from_pretrained(d, quantization_config=BieConfig())        # defaults: bits=4, group_size=128
+    layers = [x for x in m.modules() if isinstance(x, MPQLinear)]
+    assert len(layers) == 14 and all(x.bits == 2 and x.group_size == 32 for x in layers)
+    assert (m.config.quantization_config.bits, m.config.quantization_config.group_size) == (2, 32)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).logits, q(ids).logits, rtol=0, atol=0)

@@ -106,6 +106,7 @@ class BieConfig(QuantizationConfigMixin):
         self.skip = (skip,) if isinstance(skip, str) else tuple(skip or ())
         self.backend, self.trainable = backend, bool(trainable)
         self.checkpoint_format, self.desc_act, self.source = checkpoint_format, desc_act, source
+        self.checkpoint_says = ()      # the fields a quantized checkpoint's config stated
         self.post_init()
 
     def post_init(self):
@@ -154,10 +155,13 @@ class BieConfig(QuantizationConfigMixin):
         method = str(_name(d.get("quant_method", "gptq"))).lower()
         fields = {"bits": self.bits, "group_size": self.group_size, "sym": self.sym, "skip": self.skip,
                   "backend": self.backend, "trainable": self.trainable, "checkpoint_format": self.checkpoint_format}
-        fields.update(_config_fields(d, method))
+        found = _config_fields(d, method)
+        fields.update(found)
         if self.checkpoint_format is not None:     # an explicit argument overrides the file
             fields["checkpoint_format"] = self.checkpoint_format
-        return type(self)(**fields)
+        out = type(self)(**fields)
+        out.checkpoint_says = tuple(sorted(found))
+        return out
 
 
 def _config_fields(d: dict, method: str) -> dict:
@@ -311,9 +315,15 @@ class BieHfQuantizer(HfQuantizer):
         return model
 
     def _loader_config(self) -> dict:
+        """What load_quantized is told: the checkpoint's own bits and group
+        size where its config states them, else nothing for a GPTQ layer (the
+        shapes tell) and BieConfig's bits for a GreenBit one (they cannot)."""
         c = self.quantization_config
-        out = {"bits": c.bits, "sym": c.sym}
-        if c.group_size is not None:
+        says = set(getattr(c, "checkpoint_says", ()))
+        out = {"sym": c.sym}
+        if "bits" in says or c.source == "gba":
+            out["bits"] = c.bits
+        if "group_size" in says:
             out["group_size"] = c.group_size
         if c.source != "gba":
             out["checkpoint_format"] = c.checkpoint_format or "gptq"
@@ -337,10 +347,13 @@ class BieHfQuantizer(HfQuantizer):
                 _set(model, prefix, holder.get_submodule(prefix))
                 del slot, tensors, sd, holder
             layers = [m for m in model.modules() if isinstance(m, MPQLinear)]
-            if layers:
+            if layers:       # describe what was loaded (the file's config may have said less)
                 if c.source is None:
                     c.source = "gba" if all(m.format == "gba" for m in layers) else "gptq"
                 c.desc_act = any(m.act_order for m in layers)
+                kinds = {(m.bits, m.group_size, m.sym) for m in layers}
+                if len(kinds) == 1:
+                    c.bits, c.group_size, _ = kinds.pop()
             self._packed = []
         elif not self.pre_quantized:
             self._quantize_float_model(model)
