@@ -149,3 +149,19 @@ def test_constructor_arguments_and_clear_errors():
     assert q.weight.requires_grad and torch.equal(q.opt_weight, torch.ones(8, 32))
     with pytest.raises(ValueError, match=r"set_weight_data: got shape \(8, 16\)"):
         q.set_weight_data(torch.ones(8, 16))
+
+
+def test_mbwq_linear_cuda_adopts_a_mixed_width_bie_checkpoint():
+    from bie_core import MBWQLinear
+    torch.manual_seed(4)
+    ref = MBWQLinear.from_float(nn.Linear(128, 32, bias=False), bits={4: 0.5, 2: 0.5}, group_size=32,
+                                dtype=torch.float16)
+    layer = be.MBWQLinearCuda(128, 32, w_bit=4, group_size=32, requires_grad=False)
+    layer.load_state_dict(ref.state_dict())
+    assert layer.group_bits == ref.group_bits and sorted(set(layer.group_bits)) == [2, 4]
+    x = torch.randn(2, 128, dtype=torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BieFallbackWarning)
+        out = layer(x)
+    assert out.shape == (2, 32)                     # 2-D in, 2-D out
+    torch.testing.assert_close(out, ref(x), rtol=0, atol=0)
