@@ -159,7 +159,8 @@ class BinaryLinearCPP(_BinaryLinear):
 
 
 class BinaryLinearCuda(_BinaryLinear):
-    """``BinaryLinearCuda(input_features, out_features, device=None, dtype=torch.float, symmetric=True, *, bmm_type=BMM.ADAPTIVE)``."""
+    """``BinaryLinearCuda(input_features, out_features, device=None, dtype=torch.float, symmetric=True, *,
+    bmm_type=BMM.ADAPTIVE)``."""
     _prefer = "cuda"
 
 
@@ -182,13 +183,15 @@ class _BinaryConv2d(_Preference, BinaryConv2d):
 
 @_forward_with_preference
 class BinaryConv2dCPP(_BinaryConv2d):
-    """``BinaryConv2dCPP(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, device=None, dtype=torch.float)``."""
+    """``BinaryConv2dCPP(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, device=None,
+    dtype=torch.float)``."""
     _prefer = "cpu"
 
 
 @_forward_with_preference
 class BinaryConv2dCutlass(_BinaryConv2d):
-    """``BinaryConv2dCutlass(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, device=None, dtype=torch.float)``."""
+    """``BinaryConv2dCutlass(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, device=None,
+    dtype=torch.float)``."""
     _prefer = "cutlass"
 
 
@@ -231,7 +234,8 @@ class Q8LinearCutlass(_QLinear):
 
 @_forward_with_preference
 class Q4Conv2dCutlass(_Preference, QConv2d):
-    """``Q4Conv2dCutlass(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=4, w_bit=4, device=None, dtype=torch.float)``."""
+    """``Q4Conv2dCutlass(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=4, w_bit=4,
+    device=None, dtype=torch.float)``."""
     _prefer = "cutlass"
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,

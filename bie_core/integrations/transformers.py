@@ -114,7 +114,8 @@ class BieConfig(QuantizationConfigMixin):
         if isinstance(self.bits, bool) or self.bits not in WQ_BITS:
             raise ValueError(f"BieConfig: bits={self.bits!r} is not supported; allowed: {list(WQ_BITS)}")
         if isinstance(self.group_size, bool) or self.group_size not in GROUP_SIZES:
-            raise ValueError(f"BieConfig: group_size={self.group_size!r} is not supported; allowed: {list(GROUP_SIZES)}")
+            raise ValueError(f"BieConfig: group_size={self.group_size!r} is not supported; "
+                             f"allowed: {list(GROUP_SIZES)}")
         if self.checkpoint_format is not None and str(self.checkpoint_format).lower() not in _CHECKPOINT_FORMATS:
             raise ValueError(f"BieConfig: checkpoint_format={self.checkpoint_format!r} is not a GPTQ zero "
                              "convention; allowed: 'gptq' (v1, stored z - 1), 'gptq_v2' (stored z), None")
