@@ -22,6 +22,44 @@ def _handle_tensor(k: int, n: int, device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32, device=device).expand(k, n)
 
 
+class GradientHandle(nn.Parameter):
+    """The (K, N) float32 parameter of a weight-only layer whose *gradient* is
+    the weight gradient and whose *value* is one scalar seen as (K, N) (stride
+    0, 4 bytes; see ``_wq_fn``).
+
+    ``detach()`` returns an empty tensor: the handle has no value to read or
+    to overwrite. That is what lets a stock
+    ``torch.nn.parallel.DistributedDataParallel(model)`` wrap these layers:
+    its initial broadcast writes every parameter's ``detach()`` in place,
+    which PyTorch refuses for a stride-0 tensor, while its reducer all-reduces
+    the handle's (K, N) gradient like any other. Autograd, optimizers and
+    ``.grad`` use the Parameter itself, not ``detach()``.
+    """
+
+    def __new__(cls, data: torch.Tensor, requires_grad: bool = True):
+        return torch.Tensor._make_subclass(cls, data, requires_grad)
+
+    def detach(self) -> torch.Tensor:
+        return torch.empty(0, dtype=self.dtype, device=self.device)
+
+    def __deepcopy__(self, memo):
+        # copied as a fresh 4-byte view, not densely as nn.Parameter would;
+        # the layer's copy re-attaches its optimizer hook (__setstate__)
+        if id(self) not in memo:
+            memo[id(self)] = GradientHandle(_handle_tensor(*self.shape, self.device), self.requires_grad)
+        return memo[id(self)]
+
+    def __reduce_ex__(self, proto):
+        return (_rebuild_handle, (tuple(self.shape), self.requires_grad))
+
+    def __repr__(self):
+        return f"GradientHandle(shape={tuple(self.shape)}, requires_grad={self.requires_grad})"
+
+
+def _rebuild_handle(shape, requires_grad) -> GradientHandle:
+    return GradientHandle(_handle_tensor(*shape, "cpu"), requires_grad)
+
+
 class WeightOnlyLinear(nn.Module):
     """Base of MPQLinear and MBWQLinear (not used directly)."""
 
@@ -39,7 +77,7 @@ class WeightOnlyLinear(nn.Module):
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         self.backend = backend_string(backend, f"{name}(backend=)")
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
-        handle = nn.Parameter(_handle_tensor(in_features, out_features, device), requires_grad=bool(trainable))
+        handle = GradientHandle(_handle_tensor(in_features, out_features, device), requires_grad=bool(trainable))
         self.register_parameter(HANDLE, handle)
         self._attach_hook()
 
@@ -76,11 +114,17 @@ class WeightOnlyLinear(nn.Module):
         return self
 
     def __setstate__(self, state):
-        # deepcopy/pickle rebuild Parameters densely and without attributes
+        # deepcopy/pickle rebuild the handle without its attributes (and, from
+        # objects saved as a plain Parameter, densely): a 4-byte view on the
+        # layer's device again, same object where it is already a handle
         super().__setstate__(state)
         h = self._parameters.get(HANDLE)
         if h is not None:
-            h.data = _handle_tensor(self.in_features, self.out_features, self.qweight.device)
+            fresh = _handle_tensor(self.in_features, self.out_features, self.qweight.device)
+            if isinstance(h, GradientHandle):
+                h.data = fresh
+            else:
+                self._parameters[HANDLE] = GradientHandle(fresh, h.requires_grad)
             self._attach_hook()
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
