@@ -104,28 +104,50 @@ def current_preference(layer_backend: str = "") -> Optional[tuple]:
 
 
 def validate_choice(spec: Union[str, Sequence[str], None], source: str = "backend") -> Optional[tuple]:
-    """Check that every named backend exists and can run here; raise otherwise.
+    """Check an explicit choice; return its ``(names, source)``.
 
-    Unknown names raise :class:`UnknownBackendError` listing the known ones; a
-    known backend that is broken, incompatible or unavailable raises
+    A single name is strict: an unknown name raises
+    :class:`UnknownBackendError` listing the installed ones, and a backend
+    that is broken, incompatible or unavailable here raises
     :class:`BackendUnavailableError` chained with its original exception.
+    An ordered list (``"cuda,cpu"``) means "the first of these that works
+    here", as ``BIE_BACKEND`` does: entries that cannot run here are skipped
+    (names no installed plugin provides with a :class:`BieFallbackWarning`,
+    since they may be typos), and only a list with no usable entry raises.
     """
     if spec is None:
         return None
     pref = _parse(spec, source)
-    for name in pref[0]:
+    names = pref[0]
+    problems = []           # (exception, its cause, one-line reason) for every unusable entry
+    unknown = []
+    for name in names:
         rec = _REG.record(name)
         if rec is None:
-            raise UnknownBackendError(
+            unknown.append(name)
+            problems.append((UnknownBackendError(
                 f"{source}: unknown backend {name!r}; installed backends: {sorted(_REG.names())}. "
-                f"Install it (e.g. pip install bie-backend-{name}) or pick one of those.")
-        if rec.status != LOADED:
-            msg = f"{source}: backend {name!r} cannot be used here: {rec.cause}"
-            if rec.install_hint:
-                msg += f" ({rec.install_hint})"
+                f"Install it (e.g. pip install bie-backend-{name}) or pick one of those."), None,
+                f"{name}: not installed"))
+        elif rec.status != LOADED:
+            from .plugins.hints import fix_hint
+            reason = f"{rec.status}: {rec.cause}" if rec.cause else rec.status
+            hint = fix_hint(rec)
+            if hint:
+                reason += f" ({hint})"
+            msg = f"{source}: backend {name!r} cannot be used here: {reason}"
             if rec.traceback:
                 msg += "\n--- original error ---\n" + rec.traceback
-            raise BackendUnavailableError(msg) from rec.exception
+            problems.append((BackendUnavailableError(msg), rec.exception, f"{name}: {reason}"))
+    if len(names) == 1 and problems:
+        err, cause, _ = problems[0]
+        raise err from cause
+    if len(problems) == len(names):
+        lines = "\n".join(f"  {reason}" for _, _, reason in problems)
+        raise BackendUnavailableError(f"{source}: none of the backends {list(names)} can be used here:\n{lines}")
+    if unknown:
+        warnings.warn(f"bie: {source} names {unknown} that no installed plugin provides (skipped; installed: "
+                      f"{sorted(_REG.names())})", BieFallbackWarning, stacklevel=3)
     return pref
 
 
@@ -222,8 +244,10 @@ def _backend_rejections(problem: Problem, only: Optional[Iterable[str]] = None) 
         if only is None and devs and ANY_DEVICE not in devs and problem.device_type not in devs:
             continue
         reason = f"{rec.status}: {rec.cause}" if rec.cause else rec.status
-        if rec.install_hint:
-            reason += f" ({rec.install_hint})"
+        from .plugins.hints import fix_hint
+        hint = fix_hint(rec)
+        if hint:
+            reason += f" ({hint})"
         out.append(Rejection(f"backend {rec.name}", None, [reason]))
     return out
 

@@ -44,6 +44,8 @@ def backend_string(spec: Union[str, Sequence[str], None], source: str) -> Option
     comma-joined string the ops take (None: no per-layer choice)."""
     if spec is None or spec == "":
         return None
+    if source.endswith("(backend=)"):      # "BinaryLinear(backend=)" -> "BinaryLinear(backend='nope')"
+        source = f"{source[:-1]}{spec!r})"
     pref = dispatch.validate_choice(spec, source)
     return ",".join(pref[0])
 

@@ -1,9 +1,11 @@
 """pytest plugin of bie-core (``pytest11`` entry point): the conformance kit.
 
-``pytest --bie-backend=NAME`` (or ``NAME1,NAME2``) adds, to whatever else the
-run collects, the conformance items of each named backend (see
-:mod:`bie_core.testing.conformance`) and prints an op × backend coverage
-matrix at the end. Inputs are fresh random on every run; the seed is printed
+``python -m pytest --pyargs bie_core.testing --bie-backend=NAME`` (or
+``NAME1,NAME2``) runs the conformance items of each named backend (see
+:mod:`bie_core.testing.conformance`) from any directory and prints an
+op × backend coverage matrix at the end. Paths given on the command line are
+collected as well; without any (plain ``pytest --bie-backend=NAME``), only the
+kit runs, not the ``testpaths`` or the directory's tests. Inputs are fresh random on every run; the seed is printed
 in the header and ``--bie-seed=N`` reproduces a run. ``--bie-device`` picks
 the device (default: the first device type the backend serves that exists
 here).
@@ -66,6 +68,16 @@ def _device_for(rec, requested):
         if d == "mps" and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
             return torch.device("mps")
     return torch.device(devs[0])
+
+
+def pytest_ignore_collect(collection_path, config):
+    # kit mode without paths on the command line: collect nothing but the kit
+    # (the items are added below), rather than the ini's testpaths or the
+    # whole directory tree
+    if _backends(config) and getattr(config, "args_source", None) in (
+            pytest.Config.ArgsSource.TESTPATHS, pytest.Config.ArgsSource.INVOCATION_DIR):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(session, config, items):

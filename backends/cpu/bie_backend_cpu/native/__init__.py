@@ -349,7 +349,14 @@ def report_lines() -> list:
 
 def build(verbose: bool = False) -> str:
     """``bie build cpu``: build (or rebuild) now; raise with the reason on failure."""
-    st = load(force_rebuild=True, verbose=verbose)
+    cur = _status
+    if cur.active and cur.build_seconds is not None:
+        # the plugin's first use compiled the kernels (and the fused entry)
+        # a moment ago in this process (``bie build`` loads the plugins
+        # first): compiling again would print every compiler message twice
+        st = cur
+    else:
+        st = load(force_rebuild=True, verbose=verbose)
     if st.state == "disabled":
         return "native kernels disabled by BIE_CPU_NATIVE=0 (nothing built)"
     if not st.active:
