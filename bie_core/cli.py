@@ -1,7 +1,9 @@
 """The ``bie`` command (also ``python -m bie_core``).
 
-    bie backends [--json] [-v]   every discovered plugin: distribution, version, status, cause,
-                                 devices, kernels (exit 0 even when a plugin is broken)
+    bie backends [--json] [-v]   a table of the discovered plugins: status, distribution, devices,
+                                 number of kernels, the cause and fix of any not loaded; -v adds
+                                 kernels, backend reports and tracebacks (exit 0 even when a
+                                 plugin is broken)
     bie explain [--backend B]    walk a small example through the dispatcher
     bie ops                      the op set with each op's schema and definition
     bie build NAME               build a backend's native code ahead of time
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -17,6 +20,7 @@ import torch
 
 def _cmd_backends(args) -> int:
     from . import backends
+    from .plugins.hints import fix_hint
     from .version import API_VERSION, __version__
     recs = backends()
     if args.json:
@@ -25,38 +29,52 @@ def _cmd_backends(args) -> int:
     print(f"bie-core {__version__} (plugin API {API_VERSION[0]}.{API_VERSION[1]}), torch {torch.__version__}")
     if not recs:
         print("no backend plugin found: pip install bie-backend-cpu (the reference) and an accelerated backend")
+        return 0
+    rows = [("backend", "status", "distribution", "devices", "kernels")]
     for r in recs:
-        dist = f"{r.distribution or '?'} {r.version or ''}".strip()
-        print(f"\n{r.name:10s} {r.status.upper():12s} {dist}  api {r.api_version or '?'}")
-        if r.description:
-            print(f"  {r.description}")
-        if r.devices:
-            print(f"  devices: {', '.join(r.devices)}")
-        if r.cause:
-            print(f"  cause: {r.cause}")
-            if r.install_hint and r.status != "loaded":
-                print(f"  fix: {r.install_hint}")
-        if r.traceback and args.verbose:
-            print("  traceback:\n    " + r.traceback.rstrip().replace("\n", "\n    "))
-        if r.kernels:
-            by_op: dict = {}
-            for k in r.kernels:
-                by_op.setdefault(k.op, []).append(k)
-            print(f"  kernels ({len(r.kernels)}):")
-            for op, ks in by_op.items():
-                names = ", ".join(f"{k.name}@{k.priority}" for k in ks)
-                print(f"    {op:22s} {names}")
-        if r.status == "loaded":
-            from .plugins.registry import get_registry
-            try:
-                for lines in get_registry().call_hook("bie_report", r.name):
-                    for line in (lines or []):
-                        print(f"  {line}")
-            except Exception as exc:  # a report hook must never break the listing
-                print(f"  (bie_report failed: {type(exc).__name__}: {exc})")
-    if any(r.status == "broken" for r in recs) and not args.verbose:
-        print("\n(bie backends -v shows the original tracebacks)")
+        rows.append((r.name, r.status.upper(), f"{r.distribution or '?'} {r.version or ''}".strip(),
+                     ",".join(r.devices) or "-", str(len(r.kernels))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            continue
+        r = recs[i - 1]
+        if r.status != "loaded":
+            print(f"    cause: {r.cause or r.status}")
+            hint = fix_hint(r)
+            if hint:
+                print(f"    fix: {hint}")
+    if args.verbose:
+        for r in recs:
+            _print_details(r)
+    else:
+        print("\n(bie backends -v: descriptions, kernels, backend reports and original tracebacks)")
     return 0
+
+
+def _print_details(r) -> None:
+    print(f"\n{r.name} ({r.status}, api {r.api_version or '?'})")
+    if r.description:
+        print(f"  {r.description}")
+    if r.traceback:
+        print("  traceback:\n    " + r.traceback.rstrip().replace("\n", "\n    "))
+    if r.kernels:
+        by_op: dict = {}
+        for k in r.kernels:
+            by_op.setdefault(k.op, []).append(k)
+        print(f"  kernels ({len(r.kernels)}):")
+        for op, ks in by_op.items():
+            names = ", ".join(f"{k.name}@{k.priority}" for k in ks)
+            print(f"    {op:22s} {names}")
+    if r.status == "loaded":
+        from .plugins.registry import get_registry
+        try:
+            for lines in get_registry().call_hook("bie_report", r.name):
+                for line in (lines or []):
+                    print(f"  {line}")
+        except Exception as exc:  # a report hook must never break the listing
+            print(f"  (bie_report failed: {type(exc).__name__}: {exc})")
 
 
 def _example_calls(device):
@@ -77,11 +95,32 @@ def _example_calls(device):
     yield "binary conv 3x3", ops.binary_conv2d, (img, wc, [3, 3], [1, 1], [1, 1], [1, 1], 1, -1.0, None, None, None)
 
 
+def _usable_device(spec: str):
+    """``torch.device(spec)`` if tensors can be made there, else None after
+    printing why (a device torch does not know, or one this torch lacks)."""
+    from .plugins.hints import cuda_cause, mps_cause
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        print(f"bie explain: --device {spec!r} is not a torch device; use cpu, cuda, cuda:N or mps", file=sys.stderr)
+        return None
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        cause = {"cuda": cuda_cause, "mps": mps_cause}.get(device.type, lambda: "")() or \
+            (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"bie explain: --device {spec}: cannot create tensors there: {cause}", file=sys.stderr)
+        return None
+    return device
+
+
 def _cmd_explain(args) -> int:
     from . import explain
     from .errors import BieError
     from .dispatch import validate_choice
-    device = torch.device(args.device)
+    device = _usable_device(args.device)
+    if device is None:
+        return 2
     pref = args.backend
     validate_choice(pref, "bie explain --backend")  # unknown or unusable: exit 2 with the reason
     print(f"bie explain on {device}" + (f" with backend={pref}" if pref else " (automatic selection)"))
@@ -124,7 +163,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd")
     b = sub.add_parser("backends", help="list discovered backend plugins")
     b.add_argument("--json", action="store_true")
-    b.add_argument("-v", "--verbose", action="store_true", help="show original tracebacks")
+    b.add_argument("-v", "--verbose", action="store_true",
+                   help="also each backend's description, kernels, report and original traceback")
     e = sub.add_parser("explain", help="walk a small example through the dispatcher")
     e.add_argument("--backend", default=None)
     e.add_argument("--device", default="cpu")
@@ -135,8 +175,18 @@ def main(argv=None) -> int:
     if args.cmd is None:
         args = p.parse_args(["backends"])
     try:
-        return {"backends": _cmd_backends, "explain": _cmd_explain, "ops": _cmd_ops,
-                "build": _cmd_build}[args.cmd](args)
+        rc = {"backends": _cmd_backends, "explain": _cmd_explain, "ops": _cmd_ops,
+              "build": _cmd_build}[args.cmd](args)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # the reader went away (``bie backends --json | head``): not an error of
+        # ours; point stdout at devnull so the interpreter's final flush is quiet
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 0
     except Exception as err:
         from .errors import BieError
         if isinstance(err, BieError):

@@ -8,7 +8,7 @@ import torch
 from .registry import LOADED, UNAVAILABLE
 
 
-def _cuda_cause() -> str:
+def cuda_cause() -> str:
     """Why torch cannot run CUDA here ('' if it can)."""
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         return (f"torch {torch.__version__} is built without CUDA: install a CUDA build of torch "
@@ -19,7 +19,7 @@ def _cuda_cause() -> str:
     return ""
 
 
-def _mps_cause() -> str:
+def mps_cause() -> str:
     mps = getattr(torch.backends, "mps", None)
     if mps is None or not mps.is_built():
         return f"torch {torch.__version__} is built without MPS (Apple silicon's Metal)"
@@ -29,22 +29,18 @@ def _mps_cause() -> str:
 
 
 def fix_hint(rec) -> str:
-    """The fix to show beside a backend record's cause ('' when the cause
-    says it all). A backend that is installed and sound but cannot run here
-    (UNAVAILABLE) gets the machine's reason, e.g. a torch without CUDA; a
-    missing or broken one gets its descriptor's install hint."""
+    """The fix to show beside a backend record's cause. A CUDA backend that
+    is installed and sound but cannot run because this torch has no CUDA (or
+    sees no device) gets that reason, not an install command for a package
+    that is already installed; any other record not loaded gets its
+    descriptor's install hint (which names what is missing, e.g. mlx itself)."""
     if rec.status == LOADED:
         return ""
-    if rec.status == UNAVAILABLE:
-        dist = rec.distribution or f"backend {rec.name}"
-        devs = set(rec.devices or ())
-        cause = ""
-        if "cuda" in devs:
-            cause = _cuda_cause()
-        elif devs == {"mps"}:
-            cause = _mps_cause()
-        return f"{dist} is installed, but {cause}" if cause else ""
+    if rec.status == UNAVAILABLE and "cuda" in (rec.devices or ()):
+        cause = cuda_cause()
+        if cause:
+            return f"{rec.distribution or f'backend {rec.name}'} is installed, but {cause}"
     return rec.install_hint or ""
 
 
-__all__ = ["fix_hint"]
+__all__ = ["fix_hint", "cuda_cause", "mps_cause"]
