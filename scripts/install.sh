@@ -9,7 +9,7 @@ PIP="$PY -m pip install --disable-pip-version-check -q"
 
 # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels
 $PY -c "import torch" 2>/dev/null || $PIP "torch==2.13.0"
-$PIP "pluggy>=1.3" "pytest>=7" "setuptools>=61" wheel safetensors tqdm matplotlib scikit-learn numpy ninja
+$PIP "pluggy>=1.3" "pytest>=7" "setuptools>=77" wheel safetensors tqdm matplotlib scikit-learn numpy ninja
 # MLX's CPU build runs on Linux, so the MLX backend is tested here too
 $PIP "mlx[cpu]" || echo "install.sh: mlx[cpu] not available on this platform; bie-backend-mlx will report itself unavailable"
 if [ -f requirements-test.txt ]; then $PIP -r requirements-test.txt; fi

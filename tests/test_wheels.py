@@ -71,6 +71,8 @@ def test_every_distribution_has_an_sdist_and_a_wheel_with_its_metadata(built):
     assert any(d.startswith("peft") and 'extra == "hf"' in d for d in deps["bie_core"])
     assert "ninja" in deps["bie_backend_cpu"]
     assert "numpy" in deps["bie_backend_mlx"]
+    for accel in ("bie_backend_cuda", "bie_backend_cutlass", "bie_backend_mlx"):   # the reference comes along
+        assert any(d.startswith("bie-backend-cpu") for d in deps[accel]), accel
 
 
 def test_license_copies_are_identical():
@@ -82,13 +84,14 @@ def test_license_copies_are_identical():
 
 def test_wheels_in_a_fresh_venv_pass_the_kit_outside_the_repository(built, tmp_path):
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", venv], tmp_path, os.environ)
+    # no pip inside (faster, and no ensurepip needed): this interpreter's pip installs into it
+    _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv], tmp_path, os.environ)
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")
     py = bindir / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-    _run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-index", "--no-deps",
-          *sorted(built.glob("*.whl"))], tmp_path, env)
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "--disable-pip-version-check", "-q",
+          "--no-index", "--no-deps", *sorted(built.glob("*.whl"))], tmp_path, env)
     away = tmp_path / "elsewhere"
     away.mkdir()
     where = _run([py, "-c", "import bie_core, bie_backend_cpu, bie_backend_mlx; "
