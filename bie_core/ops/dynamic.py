@@ -27,6 +27,9 @@ the scale product rounded once to float32 (per token: ``scale_x[m] * weight_scal
 """
 from __future__ import annotations
 
+import ctypes
+import math
+
 import torch
 
 from ._common import FLOAT_DTYPES, FP32_TOL, check, check_same_device, check_tensor, problem, randint_codes, randn
@@ -78,6 +81,36 @@ def affine_qparams(xmin: torch.Tensor, xmax: torch.Tensor, qmax: int):
     scale32 = torch.where(finite, scale.to(f32), torch.full_like(s32, float("nan")))
     zp = torch.where(finite, z, torch.zeros_like(z)).to(torch.int32)
     return scale32.reshape(1), zp.reshape(1)
+
+
+def _f32(v: float) -> float:
+    return ctypes.c_float(v).value         # round to float32 (to nearest even; overflow to inf)
+
+
+def affine_qparams_host(xmin: float, xmax: float, qmax: int) -> tuple:
+    """:func:`affine_qparams` on Python floats (a CPU kernel's fast path: no tensor ops): (scale as a float
+    holding a float32 value, zero point int). Tests keep the two equal."""
+    if not (math.isfinite(xmin) and math.isfinite(xmax)):
+        return float("nan"), 0
+    lo, hi = min(_f32(xmin), 0.0), max(_f32(xmax), 0.0)
+    scale = (hi - lo) / qmax
+    s32 = _f32(scale)
+    if s32 == 0 or math.isinf(_f32(1.0 / s32)):
+        scale = 0.1
+    if scale < SMALL_SCALE:
+        org = _f32(scale)
+        scale = SMALL_SCALE
+        if lo == 0:
+            hi = _f32(SMALL_SCALE * qmax)
+        elif hi == 0:
+            lo = _f32(-SMALL_SCALE * qmax)
+        else:
+            amp = _f32(SMALL_SCALE / org)
+            lo, hi = _f32(lo * amp), _f32(hi * amp)
+    lo_q, hi_q = lo / scale, hi / scale
+    z = -lo_q if -abs(lo_q) < qmax - abs(hi_q) else qmax - hi_q
+    z = min(max(z, 0.0), float(qmax))
+    return _f32(scale), int(round(z))     # Python's round is half to even
 
 
 def affine_codes(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmax: int) -> torch.Tensor:
