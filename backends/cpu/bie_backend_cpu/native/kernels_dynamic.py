@@ -21,6 +21,8 @@ from . import kernels as nk
 from .kernels import I64, VP, IGemmArgs, _blocks, _check, _layouts, _ptr, _require, _threads
 
 F64 = ctypes.c_double
+#: multiply-adds below which the GEMM runs single-threaded (~20 us of VNNI work)
+SERIAL_MACS = 1 << 21
 
 
 class DQuantArgs(ctypes.Structure):
@@ -106,7 +108,10 @@ def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=Fals
     affine = scheme == "per_tensor_affine"
     csum = pre.get(("rowsum",), lambda: _row_sums(weight)) if affine else None
     flags, s32, b32 = nk._epilogue(weight_scale, bias, n)
-    mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, 4 * _threads())
+    # small products run on the calling thread: a parallel region's wake-up and join cost more than the
+    # arithmetic there (and much more on a loaded machine)
+    min_tasks = 1 if m * n * k <= SERIAL_MACS else 4 * _threads()
+    mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, min_tasks)
     args = IGemmArgs(a.data_ptr(), a.stride(0), lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k, lay.kp,
                      lay.p, lay.pw, mb, pb, _ptr(s32), _ptr(b32), flags, nk.OUT_CODE[x.dtype], out.data_ptr(),
                      rs.data_ptr(), 0 if affine else 1, _ptr(csum), (128 - zp) if affine else 0)
