@@ -66,8 +66,9 @@ class DynamicQLinear(nn.Module):
 
     The weight starts at zero codes and unit scales: build layers with :meth:`from_float`,
     :meth:`from_torch` or load a checkpoint. ``check_finite`` (default True): a NaN or infinite input
-    raises ValueError (one reduction over x); set it False to skip the check, and the outputs of affected
-    rows (per token) or of the whole call (per tensor) are NaN instead.
+    raises ValueError (seen from the output's first column, whose value is NaN then; x is scanned only in
+    that case); set it False to skip the check, and the outputs of affected rows (per token) or of the
+    whole call (per tensor) are NaN instead.
     """
 
     check_finite: bool = True
@@ -131,11 +132,6 @@ class DynamicQLinear(nn.Module):
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"{self._name()}: input of shape {tuple(x.shape)} must end in in_features="
                              f"{self.in_features}")
-        if self.check_finite and not torch.compiler.is_compiling() and not bool(torch.isfinite(x).all()):
-            bad = int((~torch.isfinite(x)).sum())
-            raise ValueError(f"{self._name()}: the input has {bad} non-finite value(s) (NaN or inf); dynamic "
-                             "quantization needs a finite range (set check_finite=False to get NaN outputs "
-                             "instead)")
         lead = tuple(x.shape[:-1])
         x2 = x.reshape(-1, self.in_features)
         args = (x2, self.qweight, self.weight_scale, self.bias, self.act_scheme, self.reduce_range)
@@ -143,7 +139,19 @@ class DynamicQLinear(nn.Module):
             y = _DynamicLinearFn.apply(*args, self.backend or "")
         else:
             y = ops.dynamic_int8_linear(*args, backend=self.backend)
+        if self.check_finite and not torch.compiler.is_compiling():
+            self._check_finite(x, y)
         return y.reshape(lead + (self.out_features,))
+
+    def _check_finite(self, x, y) -> None:
+        # A non-finite value makes its row's (per token) or every (per tensor) scale non-finite and the
+        # outputs computed with it NaN (the ops' definition): a NaN in the output's first column is the cue,
+        # M values read instead of another pass over x; x itself is checked only then.
+        if y.shape[0] and bool(torch.isnan(y[:, 0]).any()) and not bool(torch.isfinite(x).all()):
+            bad = int((~torch.isfinite(x)).sum())
+            raise ValueError(f"{self._name()}: the input has {bad} non-finite value(s) (NaN or inf); dynamic "
+                             "quantization needs a finite range (set check_finite=False to get NaN outputs "
+                             "instead)")
 
     # ------------------------------------------------------------ checkpoints
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

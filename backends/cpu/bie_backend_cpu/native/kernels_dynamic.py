@@ -2,7 +2,7 @@
 the library's int GEMM (VNNI ``vpdpbusd`` / AVX2 ``vpmaddwd``), whose epilogue also applies the zero-point
 correction and the per-row scale (``bie_igemm_args.ccorr`` / ``rscale``).
 
-per_tensor_affine: the min/max pass is torch's ``aminmax``; the scale and zero point follow
+per_tensor_affine: a min/max pass of the same driver per row, then over the rows; the scale and zero point follow
 ``bie_core.ops.dynamic.affine_qparams_host`` (Python floats, the same rule as the tensor form); the codes
 enter the GEMM shifted to int8 (``q - 128``), the shift and the zero point folded back exactly with the
 weight's row sums: ``acc = sum((q - 128) * w) + (128 - zp) * sum(w)``.
@@ -51,7 +51,12 @@ def _quantize(x, scheme, reduce_range):
     qmax = act_qmax(scheme, reduce_range)
     if scheme == "per_tensor_affine":
         if xr.numel():
-            lo, hi = torch.aminmax(xr)
+            # per-row min/max in the driver (on the calling thread for small inputs), then over the rows
+            mm = torch.empty((m, 2), dtype=torch.float32)
+            margs = DQuantArgs(xr.data_ptr(), nk.DTYPE_CODE[xr.dtype], m, k, max(xr.stride(0), k), 2, 0.0, 0.0,
+                               qmax, None, mm.data_ptr())
+            _check(_lib().bie_dquant(ctypes.byref(margs)), "dynamic_quantize_act")
+            lo, hi = (mm[0, 0], mm[0, 1]) if m == 1 else (mm[:, 0].min(), mm[:, 1].max())
             scale, zp = affine_qparams_host(float(lo), float(hi), qmax)
         else:
             scale, zp = affine_qparams_host(0.0, 0.0, qmax)

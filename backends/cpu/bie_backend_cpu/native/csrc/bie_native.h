@@ -92,13 +92,14 @@ typedef struct {
 // mode 0 (per_tensor_affine): q = clamp(rint(fma(x, inv, zp)), 0, qmax), stored as q - 128 (int8 operand);
 // mode 1 (per_token_symmetric): s = amax|row| / 127 (1 if 0, NaN if the row has a NaN) written to
 // rscale[m], q = clamp(rint(x / s), -127, 127). NaN codes are 0.
+// mode 2: no codes; rscale[2m], rscale[2m + 1] = min and max of row m (both NaN if it holds a NaN).
 typedef struct {
   const void* x;      // (M, K) rows of dtype, element stride 1, row stride ldx elements
   int64_t dtype, M, K, ldx, mode;
   double inv, zp;     // mode 0: float32 values carried as double
   int64_t qmax;
   int8_t* out;        // (M, K) contiguous
-  float* rscale;      // mode 1: M values written
+  float* rscale;      // mode 1: M values written; mode 2: 2 * M values
 } bie_dquant_args;
 
 typedef struct {

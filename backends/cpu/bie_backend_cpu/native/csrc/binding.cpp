@@ -419,12 +419,13 @@ int bie_bbmm(const bie_bbmm_args* a) {
 }
 
 int bie_dquant(const bie_dquant_args* a) {
-  if (a->M < 0 || a->K < 0 || a->ldx < a->K || (a->mode != 0 && a->mode != 1) || a->qmax < 1 || a->qmax > 255 ||
-      (a->mode == 1 && !a->rscale))
+  if (a->M < 0 || a->K < 0 || a->ldx < a->K || a->mode < 0 || a->mode > 2 || a->qmax < 1 || a->qmax > 255 ||
+      (a->mode != 0 && !a->rscale) || (a->mode != 2 && !a->out))
     return BIE_EBADARG;
   const bie_range_fn fn = pick_dquant(g_level.load());
   if (!fn) return BIE_EBADARG;
-  const int64_t grain = (int64_t{1} << 15) / (a->K > 0 ? a->K : 1) + 1;   // light: threads beyond ~32K elements
+  // light, and one parallel region more per call: threads only beyond ~1M elements
+  const int64_t grain = (int64_t{1} << 20) / (a->K > 0 ? a->K : 1) + 1;
   return run(fn, a, a->M, grain);
 }
 

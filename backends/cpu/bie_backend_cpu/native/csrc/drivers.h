@@ -508,6 +508,39 @@ static void dquant_rows(const bie_dquant_args* p, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const char* x = (const char*)p->x + r * p->ldx * es;
     int8_t* o = p->out + r * K;
+    if (p->mode == 2) {          // the row's min and max (NaN if it holds one) for the per-tensor range
+      bie_v8f lo8, hi8;
+      bie_v8i nan8 = {0, 0, 0, 0, 0, 0, 0, 0};
+      float lo = __builtin_inff(), hi = -__builtin_inff();
+      for (int e = 0; e < 8; ++e) lo8[e] = lo, hi8[e] = hi;
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8) {
+        bie_v8f v;
+        if constexpr (DT == BIE_F32) {
+          __builtin_memcpy(&v, x + 4 * k, 32);
+        } else {
+          for (int e = 0; e < 8; ++e) v[e] = bie_load_f32<DT>(x, k + e);
+        }
+        nan8 |= (v != v);
+        lo8 = v < lo8 ? v : lo8;
+        hi8 = v > hi8 ? v : hi8;
+      }
+      int bad = 0;
+      for (int e = 0; e < 8; ++e) {
+        lo = lo8[e] < lo ? lo8[e] : lo;
+        hi = hi8[e] > hi ? hi8[e] : hi;
+        bad |= nan8[e] != 0;
+      }
+      for (; k < K; ++k) {
+        const float v = bie_load_f32<DT>(x, k);
+        bad |= v != v;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+      }
+      p->rscale[2 * r] = bad ? __builtin_nanf("") : lo;
+      p->rscale[2 * r + 1] = bad ? __builtin_nanf("") : hi;
+      continue;
+    }
     if (p->mode == 0) {
       const float inv = (float)p->inv, zp = (float)p->zp, qm = (float)p->qmax;
       for (int64_t k = 0; k < K; ++k) {
