@@ -23,13 +23,14 @@ import json
 import os
 import platform
 import statistics
-import subprocess
+import sys
 import time
 import warnings
 
 import torch
 
-from bie_core import DynamicQLinear
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bie_core import DynamicQLinear  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 11008)]
 MS = [1, 16, 256]
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the raw figures here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load_start = [round(v, 1) for v in os.getloadavg()]
     shapes = SHAPES[:1] if args.quick else SHAPES
     rounds = 5 if args.quick else args.rounds
     torch.manual_seed(0)
@@ -88,35 +90,48 @@ def main() -> None:
             print(f"K={k} N={n} M={m:4d}  bie {r['bie_ms']:8.3f} ms  tok {r['bie_tok_ms']:8.3f}  fbgemm "
                   f"{r['fbgemm_ms']:8.3f}  fp32 {r['fp32_ms']:8.3f}  bie/fbgemm {r['vs_fbgemm']:.2f}x  "
                   f"tok/fbgemm {r['tok_vs_fbgemm']:.2f}x  vs fp32 {r['vs_fp32']:.1f}x", flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = "?"
+    from bench_env import cpu_model, git_commit
     from bie_backend_cpu import native
     st = native.status()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-            "cpu": platform.processor() or platform.machine(), "threads": args.threads, "rounds": rounds,
-            "torch": torch.__version__, "native": f"{st.state} {st.level}", "engine": torch.backends.quantized.engine}
-    try:
-        with open("/proc/cpuinfo") as f:
-            meta["cpu"] = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(), "cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads,
+            "rounds": rounds, "torch": torch.__version__, "python": platform.python_version(),
+            "native": f"{st.state} {st.level}", "quantized_engine": torch.backends.quantized.engine,
+            "load_start": load_start, "load_end": [round(v, 1) for v in os.getloadavg()]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.out:
-        lines = [f"| K x N | M | bie (ms) | bie per-token (ms) | fbgemm (ms) | fp32 (ms) | bie vs fbgemm | "
-                 "per-token vs fbgemm | bie vs fp32 |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['K']}x{r['N']} | {r['M']} | {r['bie_ms']:.3f} | {r['bie_tok_ms']:.3f} | "
-                         f"{r['fbgemm_ms']:.3f} | {r['fp32_ms']:.3f} | {r['vs_fbgemm']:.2f}x | "
-                         f"{r['tok_vs_fbgemm']:.2f}x | {r['vs_fp32']:.1f}x |")
         with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        print(json.dumps(meta))
+            f.write(_page(meta, rows))
+    print(json.dumps(meta))
 
+
+def _page(meta: dict, rows: list) -> str:
+    lines = [
+        "# DynamicQLinear on CPU: against torch's dynamic int8 Linear (fbgemm) and fp32 nn.Linear", "",
+        f"- date: {meta['date']}", f"- commit: {meta['commit']}",
+        f"- machine: {meta['cpu']}, {meta['cores']} cores, torch {meta['torch']} ({meta['threads']} threads), Python "
+        f"{meta['python']}; torch's quantized engine `{meta['quantized_engine']}`; bie native kernels {meta['native']}",
+        f"- load average at start {', '.join(map(str, meta['load_start']))}, at end "
+        f"{', '.join(map(str, meta['load_end']))} (the machine is shared with other jobs)",
+        "- command: `python benchmarks/bench_dynamic_cpu.py --threads 2 --out benchmarks/results/dynamic_cpu.md "
+        "--json benchmarks/results/dynamic_cpu.json`",
+        f"- method: the four contenders run interleaved (one sample of each per round, {meta['rounds']} rounds; a "
+        "sample is 10 calls at M=1, 3 at M=16, 1 at M=256); the table gives the median sample per call. Every call "
+        "quantizes its activations.", "",
+        "| K x N | M | bie (ms) | bie per-token (ms) | fbgemm (ms) | fp32 (ms) | bie vs fbgemm | per-token vs fbgemm "
+        "| bie vs fp32 |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['K']}x{r['N']} | {r['M']} | {r['bie_ms']:.3f} | {r['bie_tok_ms']:.3f} | {r['fbgemm_ms']:.3f} "
+                     f"| {r['fp32_ms']:.3f} | {r['vs_fbgemm']:.2f}x | {r['tok_vs_fbgemm']:.2f}x | {r['vs_fp32']:.1f}x |")
+    lines += ["",
+              "`bie`: `DynamicQLinear.from_torch` of the fbgemm module (the same per-channel int8 weights, "
+              "per_tensor_affine activations with the module's reduce_range), so both compute the same integers; "
+              "`bie per-token`: the same weights with per_token_symmetric activations; `fbgemm`: "
+              "`torch.ao.quantization.quantize_dynamic` with the per-channel qconfig; `fp32`: `nn.Linear`. "
+              "Ratios above 1 mean bie is faster.", ""]
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

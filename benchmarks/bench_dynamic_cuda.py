@@ -19,17 +19,15 @@ table prints µs per call and the speed-ups bf16/bie and int_mm+q/bie; the JSON 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_timing import pool_size, time_interleaved, warm_gpu  # noqa: E402
+from gpu_timing import pool_size, run_meta, time_interleaved, warm_gpu, write_json  # noqa: E402
 
 import bie_core  # noqa: E402
 from bie_core import ops  # noqa: E402
@@ -95,20 +93,12 @@ def main() -> None:
                   f"{ratios['bf16_over_bie']:8.2f}x {ratios['int_mm+q_over_bie']:11.2f}x", flush=True)
         del ws_list, w8_list, wb_list
         torch.cuda.empty_cache()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = "?"
     from bie_backend_cuda import dynamic as cd
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-            "epilogue": "eager (torch.compile failed: " + cd._state["failed"] + ")" if cd._state.get("failed")
-            else "torch.compile"}
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    epilogue = ("eager passes (torch.compile failed: " + cd._state["failed"] + ")" if cd._state.get("failed")
+                else "torch.compile")
+    meta = run_meta(epilogue=epilogue, rounds=args.rounds)
+    write_json(args.out, meta, rows)
     print(json.dumps(meta))
-
 
 if __name__ == "__main__":
     main()
