@@ -39,6 +39,22 @@ def test_cuda_matches_reference(cuda_dynamic, scheme, rr, dtype):
             torch.testing.assert_close(got.cpu(), exp, **tol)
 
 
+def test_cuda_non_finite_rows(cuda_dynamic):
+    from bie_backend_cpu.reference import dynamic as rd
+    x = torch.randn(20, 64)
+    x[1, 3], x[2, 4], x[5, 0] = float("nan"), float("inf"), -float("inf")
+    w = torch.randint(-128, 128, (16, 64), dtype=torch.int32).to(torch.int8)
+    ws = torch.rand(16) * 0.01 + 1e-3
+    for scheme, rr in SCHEMES:
+        got = cuda_dynamic.dynamic_int8_linear(x.cuda(), w.cuda(), ws.cuda(), None, scheme, rr).cpu()
+        exp = rd.dynamic_int8_linear(x, w, ws, None, scheme, rr)
+        assert torch.equal(got.isnan(), exp.isnan()) and exp.isnan().any()
+        torch.testing.assert_close(got.nan_to_num(), exp.nan_to_num(), rtol=1e-6, atol=1e-6)
+        codes, scale, _ = cuda_dynamic.dynamic_quantize_act(x.cuda(), scheme, rr)
+        rc, rs, _ = rd.dynamic_quantize_act(x, scheme, rr)
+        assert torch.equal(codes.cpu(), rc) and torch.equal(scale.cpu().isfinite(), rs.isfinite())
+
+
 def test_layer_on_cuda_dispatches_to_the_cuda_kernel():
     import bie_core
     from bie_core import DynamicQLinear

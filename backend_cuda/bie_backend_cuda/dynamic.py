@@ -2,9 +2,10 @@
 exact int32 accumulation), and the scale epilogue.
 
 * Quantization, bit-exact with the reference, in eager PyTorch (IEEE division and round half to even are
-  what its CUDA element-wise kernels compute): per_token_symmetric reads x once for the row abs-max
-  (``vector_norm(inf)``) and once for the codes, in place; per_tensor_affine takes ``aminmax``, the core's
-  tensor rule for scale and zero point (no host synchronisation), and the fma codes through float64.
+  what its CUDA element-wise kernels compute): per_token_symmetric reads x once for the row range
+  (``aminmax``, which propagates NaN) and once for the codes, in place; per_tensor_affine takes
+  ``aminmax``, the core's tensor rule for scale and zero point (no host synchronisation), and the fma
+  codes through float64.
 * GEMM: ``torch._int_mm(a, weight.T)`` (cuBLASLt wants K and N multiples of 8 and more than 16 rows: fewer
   rows are padded with zero rows, sliced off after). The affine codes enter shifted to int8 (``q - 128``);
   the shift and the zero point are folded back exactly with the weight's row sums, prepared once.
@@ -32,7 +33,8 @@ def prepare(weight):
 
 def _quantize_token(x):
     xf = x if x.dtype == torch.float32 else x.float()
-    amax = torch.linalg.vector_norm(xf, ord=float("inf"), dim=1)      # max |x| per row, NaN propagates
+    lo, hi = torch.aminmax(xf, dim=1)                                  # one read of x; NaN propagates
+    amax = torch.maximum(-lo, hi)
     s = amax / 127.0
     s = torch.where(s == 0, torch.ones_like(s), s)
     q = torch.div(xf, s.view(-1, 1))
