@@ -1,4 +1,5 @@
-"""DynamicQLinear: int8 weights, activations quantized at every call from their own range (docs/dynamic.md).
+"""DynamicQLinear: int8 weights, activations quantized at every call from their own range (docs/spec.md §3,
+docs/dynamic.md).
 
 ``y = dynamic_int8_linear(x, qweight, weight_scale, bias)``: the int8 codes of x come from the call's
 statistics (per tensor, affine uint8 with torch's scale/zero-point rule; or per token, symmetric int8), the
