@@ -123,8 +123,9 @@ def _page(meta: dict, rows: list) -> str:
         "| K x N | M | bie (ms) | bie per-token (ms) | fbgemm (ms) | fp32 (ms) | bie vs fbgemm | per-token vs fbgemm "
         "| bie vs fp32 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['K']}x{r['N']} | {r['M']} | {r['bie_ms']:.3f} | {r['bie_tok_ms']:.3f} | {r['fbgemm_ms']:.3f} "
-                     f"| {r['fp32_ms']:.3f} | {r['vs_fbgemm']:.2f}x | {r['tok_vs_fbgemm']:.2f}x | {r['vs_fp32']:.1f}x |")
+        lines.append(f"| {r['K']}x{r['N']} | {r['M']} | {r['bie_ms']:.3f} | {r['bie_tok_ms']:.3f} | "
+                     f"{r['fbgemm_ms']:.3f} | {r['fp32_ms']:.3f} | {r['vs_fbgemm']:.2f}x | {r['tok_vs_fbgemm']:.2f}x | "
+                     f"{r['vs_fp32']:.1f}x |")
     lines += ["",
               "`bie`: `DynamicQLinear.from_torch` of the fbgemm module (the same per-channel int8 weights, "
               "per_tensor_affine activations with the module's reduce_range), so both compute the same integers; "

@@ -274,7 +274,8 @@ def _dl_decompose(x, weight, weight_scale, bias, scheme, reduce_range=False, bac
 
 dynamic_int8_linear = define_op(OpDef(
     name="dynamic_int8_linear", family="dynamic", decompose=_dl_decompose,
-    schema="(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str scheme, bool reduce_range=False) -> Tensor",
+    schema=("(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, str scheme, bool reduce_range=False) "
+            "-> Tensor"),
     doc=("Dynamically quantized int8 linear: (codes, scale, zp) = dynamic_quantize_act(x, scheme, reduce_range), "
          "acc = (codes - zp) @ weight.T exactly (weight (N, K) int8, K <= 65535), y = (float32(acc) * (scale * "
          "float32(weight_scale)) + float32(bias)).to(x.dtype); weight_scale (1,) or (N,), scale per tensor or "
