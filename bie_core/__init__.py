@@ -60,3 +60,9 @@ from .checkpoint import load_quantized, quantize_model, save_quantized  # noqa: 
 from .layers.weight_only import MBWQLinear, MPQLinear  # noqa: E402
 
 __all__ += ["MPQLinear", "MBWQLinear", "load_quantized", "save_quantized", "quantize_model"]
+
+# dynamically quantized int8 linear layers and interoperation with torch's dynamic quantization
+from . import interop  # noqa: E402
+from .layers.dynamic import DynamicQLinear  # noqa: E402
+
+__all__ += ["DynamicQLinear", "interop"]

@@ -12,6 +12,12 @@ A *policy* says what each candidate layer becomes:
   match no rule stay float;
 * a :class:`Policy` (rules, default, first/last handling, backend).
 
+Dynamic int8 (``DynamicQLinear``, docs/dynamic.md): ``"dynamic"`` (alias ``"dynamic_int8"``: per-tensor
+affine activations, torch's rule) or ``"dynamic_per_token"`` (per-token symmetric activations); the weight is
+quantized per output channel when the spec says ``per_channel``. torch's own dynamic Linear
+(``torch.ao.nn.quantized.dynamic.Linear``) is a candidate too: a dynamic spec converts it exactly
+(``DynamicQLinear.from_torch``), any other spec keeps it.
+
 A spec may also be a dict, e.g. ``{"kind": "w4a4", "per_channel": True}`` or
 ``{"kind": "binary", "pad_value": 0.0}``.
 
@@ -35,6 +41,7 @@ from torch import nn
 
 from .layers import BinaryConv2d, BinaryEmbedding, BinaryLinear, QConv2d, QLinear
 from .layers._base import backend_string, tensor_bytes
+from .layers.dynamic import DynamicQLinear, _is_torch_dynamic_linear
 
 CANDIDATE_TYPES = (nn.Linear, nn.Conv2d, nn.Embedding)
 
@@ -43,8 +50,21 @@ _KINDS = {
     "w8a8": (8, 8), "int8": (8, 8),
     "w4a4": (4, 4), "int4": (4, 4),
     "w4a8": (4, 8), "w8a4": (8, 4),
+    "dynamic": (8, 8), "dynamic_int8": (8, 8), "dynamic_per_token": (8, 8),
     "float": None, "fp": None, "none": None,
 }
+#: the dynamic kinds and their activation scheme
+_DYNAMIC = {"dynamic": "per_tensor_affine", "dynamic_int8": "per_tensor_affine",
+            "dynamic_per_token": "per_token_symmetric"}
+
+
+def _torch_dynamic_bytes(m) -> int:
+    w, b = m._packed_params._weight_bias()
+    return w.numel() + (b.numel() * b.element_size() if b is not None else 0)
+
+
+def _is_candidate(m) -> bool:
+    return type(m) in CANDIDATE_TYPES or _is_torch_dynamic_linear(m)
 
 
 @dataclass
@@ -184,6 +204,8 @@ def _conv_padding(conv: nn.Conv2d) -> Optional[tuple]:
 
 
 def _float_bits(m: nn.Module) -> str:
+    if _is_torch_dynamic_linear(m):
+        return "w8a8 dynamic (torch)"
     w = getattr(m, "weight", None)
     return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(
         getattr(w, "dtype", None), str(getattr(w, "dtype", "-")).replace("torch.", ""))
@@ -191,6 +213,19 @@ def _float_bits(m: nn.Module) -> str:
 
 def _build(m: nn.Module, spec: LayerSpec, backend: Optional[str]) -> tuple:
     """(new layer, None) or (None, reason it stays float)."""
+    if _is_torch_dynamic_linear(m):
+        if spec.kind not in _DYNAMIC:
+            return None, f"torch dynamic Linear converts only to a dynamic kind ({', '.join(_DYNAMIC)}): kept"
+        if spec.kind == "dynamic_per_token":
+            new = DynamicQLinear.from_torch(m, backend=backend)
+            new.act_scheme, new.reduce_range = "per_token_symmetric", False
+            return new, None
+        return DynamicQLinear.from_torch(m, backend=backend), None
+    if spec.kind in _DYNAMIC:
+        if not isinstance(m, nn.Linear):
+            return None, f"{spec.kind} applies to linear layers only: kept float"
+        return DynamicQLinear.from_float(m, per_channel=spec.per_channel, act_scheme=_DYNAMIC[spec.kind],
+                                         backend=backend), None
     w = m.weight
     fk = {"device": w.device, "dtype": w.dtype, "backend": backend}
     bits = spec.bits
@@ -237,6 +272,8 @@ def _bits_label(new: nn.Module) -> str:
         return "w1a1"
     if isinstance(new, BinaryEmbedding):
         return "w1"
+    if isinstance(new, DynamicQLinear):
+        return "w8a8 dynamic"
     return f"w{new.w_bits}a{new.a_bits}"
 
 
@@ -254,7 +291,7 @@ def convert(model: nn.Module, policy: Union[str, dict, Policy, LayerSpec] = "bin
     if keep_first_last is not None:
         keep_first = keep_last = bool(keep_first_last)
     default_backend = backend_string(backend if backend is not None else pol.backend, "convert(backend=)")
-    if type(model) in CANDIDATE_TYPES:
+    if _is_candidate(model):
         raise ValueError(f"convert: the model itself is a {type(model).__name__}; convert a module that contains it "
                          "(e.g. nn.Sequential(layer)) so it can be replaced in place")
     # every (parent, attribute) under which each candidate is reachable (a shared module is replaced everywhere)
@@ -262,7 +299,7 @@ def convert(model: nn.Module, policy: Union[str, dict, Policy, LayerSpec] = "bin
     names: dict = {}
     for pname, parent in model.named_modules(remove_duplicate=False):
         for cname, child in parent._modules.items():
-            if child is not None and type(child) in CANDIDATE_TYPES:
+            if child is not None and _is_candidate(child):
                 full = f"{pname}.{cname}" if pname else cname
                 where.setdefault(id(child), []).append((parent, cname))
                 names.setdefault(id(child), (full, child))
@@ -277,7 +314,7 @@ def convert(model: nn.Module, policy: Union[str, dict, Policy, LayerSpec] = "bin
     last = len(candidates) - 1
     for i, (name, m) in enumerate(it):
         spec, why = pol.spec_for(name, m)
-        before = tensor_bytes(m)
+        before = _torch_dynamic_bytes(m) if _is_torch_dynamic_linear(m) else tensor_bytes(m)
         row = ConversionRow(name, type(m).__name__, type(m).__name__, _float_bits(m), "-", before, before)
         if spec.bits is None:
             row.note = f"float ({why})"

@@ -112,6 +112,17 @@ def bie_register_kernels(registry):
                       description="dequantize (fused kernel) + cuBLAS")
     registry.register("wq_dequantize", weight_only.wq_dequantize, priority=PRIORITY, name="wq_dequantize",
                       capability=wq_cap, prepare=weight_only.prepare)
+    if _has_op("dynamic_int8_linear"):
+        from . import dynamic
+        registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_act, priority=PRIORITY,
+                          name="dynamic_quantize_act", capability=Capability(devices=cuda, dtypes=FLOATS),
+                          description="eager element-wise passes (row abs-max + codes in place)")
+        registry.register("dynamic_int8_linear", dynamic.dynamic_int8_linear, priority=PRIORITY,
+                          name="dynamic_int8_linear_int_mm", prepare=dynamic.prepare,
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
+                                                divisibility={"K": 8, "N": 8}),
+                          description="activation quantization + torch._int_mm (cuBLASLt int8) + one fused "
+                                      "(torch.compile) scale/zero-point/bias epilogue")
 
 
 @hookimpl

@@ -66,6 +66,9 @@ def _table():
         "int_bmm": (integer.int_bmm, None, {"attrs": {"bits": (4, 8)}}),
         "int_conv2d": (integer.int_conv2d, integer.prepare_conv_weight, {"attrs": {"bits": (4, 8)}}),
     }
+    from . import dynamic
+    t["dynamic_quantize_act"] = (dynamic.dynamic_quantize_act, None, {})
+    t["dynamic_int8_linear"] = (dynamic.dynamic_int8_linear, integer.prepare_codes_t, {})
     try:
         from . import weight_only
     except ImportError as exc:  # the core op family is not there (older bie-core)

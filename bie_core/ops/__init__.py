@@ -11,6 +11,7 @@ from .binary import (binary_bmm, binary_conv2d, binary_gemm, binary_linear, conv
                      sign_embedding, sign_embedding_bag, unpack_signs)
 from .integer import (code_range, int_bmm, int_conv2d, int_gemm, lsq_backward, pack_int4, quantize_int,
                       unpack_int4)
+from .dynamic import dynamic_int8_linear, dynamic_quantize_act
 
 try:  # the weight-only family (GPTQ / GBA / mixed widths)
     from .weight_only import *  # noqa: F401,F403
@@ -21,4 +22,5 @@ except ImportError as _e:  # pragma: no cover - only while the module is being w
 __all__ = ["Case", "OpDef", "all_ops", "define_op", "get_op",
            "pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "binary_bmm", "binary_conv2d",
            "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size",
-           "quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range"]
+           "quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range",
+           "dynamic_quantize_act", "dynamic_int8_linear"]

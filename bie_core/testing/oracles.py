@@ -387,6 +387,82 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
     return gx.to(grad.dtype)
 
 
+def _affine_params_scalar(xmin, xmax, qmax):
+    """torch's ChooseQuantizationParams written as scalar branches on numpy float32/float64 values."""
+    import numpy as np
+    f32 = np.float32
+    if not (np.isfinite(xmin) and np.isfinite(xmax)):
+        return f32("nan"), 0
+    lo, hi = min(f32(xmin), f32(0.0)), max(f32(xmax), f32(0.0))
+    scale = (float(hi) - float(lo)) / qmax
+    if f32(scale) == 0 or np.isinf(f32(1.0) / f32(scale)):
+        scale = 0.1
+    thr = f32(6.1e-5)
+    if scale < float(thr):
+        org = f32(scale)
+        scale = float(thr)
+        if lo == 0:
+            hi = f32(thr * f32(qmax))
+        elif hi == 0:
+            lo = f32(-thr * f32(qmax))
+        else:
+            amp = f32(thr / org)
+            lo, hi = f32(lo * amp), f32(hi * amp)
+    z_min, z_max = 0 - float(lo) / scale, qmax - float(hi) / scale
+    err_min, err_max = 0 - abs(float(lo) / scale), qmax - abs(float(hi) / scale)
+    z = z_min if err_min < err_max else z_max
+    if z < 0:
+        zp = 0
+    elif z > qmax:
+        zp = qmax
+    else:
+        zp = int(_rne(torch.tensor(z, dtype=torch.float64)))
+    return f32(scale), zp
+
+
+def dynamic_quantize_act(x, scheme, reduce_range=False):
+    import numpy as np
+    xs = x.cpu().to(torch.float32)
+    if scheme == "per_tensor_affine":
+        qmax = 127 if reduce_range else 255
+        vals = xs.reshape(-1).tolist()
+        nonfinite = any(not np.isfinite(v) for v in vals)
+        mn = min(vals) if vals else 0.0
+        mx = max(vals) if vals else 0.0
+        scale, zp = _affine_params_scalar(float("nan") if nonfinite else mn, mx, qmax)
+        inv = float(np.float32(1.0) / scale)
+        # x * inv is exact in float64 (two float32 values); + zp then one rounding to float32 (an fma)
+        t = torch.tensor([float(np.float32(v * inv + zp)) for v in vals], dtype=torch.float64).reshape(xs.shape)
+        codes = _rne(torch.nan_to_num(t, nan=0.0)).clamp(0, qmax).to(torch.uint8)
+        return codes, torch.tensor([scale], dtype=torch.float32), torch.tensor([zp], dtype=torch.int32)
+    rows = []
+    scales = []
+    for row in xs:
+        amax = max((abs(v) for v in row.tolist()), default=0.0)
+        if any(v != v for v in row.tolist()):
+            amax = float("nan")
+        s = np.float32(amax) / np.float32(127.0)
+        s = np.float32(1.0) if s == 0 else s
+        scales.append(float(s))
+        q = (row / torch.tensor(float(s), dtype=torch.float32)).to(torch.float64)
+        rows.append(_rne(torch.nan_to_num(q, nan=0.0)).clamp(-127, 127))
+    codes = torch.stack(rows).to(torch.int8) if rows else torch.zeros(xs.shape, dtype=torch.int8)
+    return codes, torch.tensor(scales, dtype=torch.float32), torch.zeros((0,), dtype=torch.int32)
+
+
+def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=False):
+    codes, scale, zp = dynamic_quantize_act(x, scheme, reduce_range)
+    a = codes.to(torch.int64) - (zp.to(torch.int64) if zp.numel() else 0)
+    acc = (a.unsqueeze(1) * weight.cpu().to(torch.int64).unsqueeze(0)).sum(-1)
+    sx = scale.reshape(-1, 1) if scheme == "per_token_symmetric" else scale.reshape(1, 1)
+    s = (sx * weight_scale.cpu().to(torch.float32).reshape(1, -1)).to(torch.float64)   # one float32 rounding
+    y = acc.to(torch.float32).to(torch.float64) * s
+    y = y.to(torch.float32).to(torch.float64)
+    if bias is not None:
+        y = y + bias.cpu().to(torch.float32).to(torch.float64).reshape(1, -1)
+    return y.to(torch.float32).to(x.dtype)
+
+
 def get(op_name: str):
     """The oracle for an op, or None if this module has none."""
     fn = globals().get(op_name)

@@ -37,6 +37,9 @@ int bie_avx512icl_bgemm(const void*, int64_t, int64_t);
 int bie_avx512icl_bconv(const void*, int64_t, int64_t);
 int bie_avx512icl_igemm(const void*, int64_t, int64_t);
 int bie_avx512icl_iconv(const void*, int64_t, int64_t);
+int bie_avx2_dquant(const void*, int64_t, int64_t);
+int bie_avx512_dquant(const void*, int64_t, int64_t);
+int bie_avx512icl_dquant(const void*, int64_t, int64_t);
 }
 
 namespace {
@@ -61,6 +64,7 @@ struct Isa {
   bie_range_fn pack, conv_pack, quant, bgemm, bconv, igemm;
   int int_layout;
   bie_range_fn iconv, semb;
+  bie_range_fn dquant;  // null for the portable variant
 };
 
 float sgnf(float v) { return v >= 0.f ? 1.f : -1.f; }
@@ -257,16 +261,48 @@ void test_igemm(const Isa& isa) {
     int32_t* out = alloc<int32_t>((size_t)(M * N));
     bie_igemm_args g{a, lda, bl, colsum, isa.int_layout, M, N, K, Kp, P, PW, ri(1, 7), ri(1, 5), nullptr, nullptr,
                      0, BIE_I32, out};
+    // the dynamic linear's epilogue on every other case: + cmul * ccorr[n], per-row x per-column float scale
+    // (vector levels: the portable level's own int GEMM has no such epilogue, its dynamic op is the reference)
+    const bool dyn = isa.int_layout != BIE_INT_ROWS && ri(0, 1) == 1, fout = dyn && ri(0, 1) == 1;
+    const int64_t rs_stride = ri(0, 1), nrs = rs_stride ? M : 1;
+    int32_t* ccorr = dyn ? alloc<int32_t>((size_t)N) : nullptr;
+    float* rscale = fout ? alloc<float>((size_t)nrs) : nullptr;
+    float* svec = fout ? alloc<float>((size_t)N) : nullptr;
+    const int64_t cmul = ri(-127, 128);
+    if (dyn) {
+      for (int64_t j = 0; j < N; ++j) ccorr[j] = (int32_t)ri(-30000, 30000);
+      g.ccorr = ccorr;
+      g.cmul = cmul;
+    }
+    if (fout) {
+      for (int64_t i = 0; i < nrs; ++i) rscale[i] = 0.001f * (float)ri(1, 1000);
+      for (int64_t j = 0; j < N; ++j) svec[j] = 0.01f * (float)ri(1, 100);
+      g.rscale = rscale;
+      g.rs_stride = rs_stride;
+      g.scale = svec;
+      g.flags = BIE_EPI_SCALE | BIE_EPI_SCALE_VEC;
+      g.out_type = BIE_F32;
+    }
     const int64_t tasks = ((M + g.mb - 1) / g.mb) * ((P + g.pb - 1) / g.pb);
     CHECK(isa.igemm(&g, 0, tasks) == 0, "%s igemm rc", isa.name);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
         int64_t acc = 0;
         for (int64_t k = 0; k < K; ++k) acc += (int64_t)a[i * lda + k] * b[(size_t)(j * K + k)];
-        CHECK(out[i * N + j] == acc, "%s igemm M=%ld N=%ld K=%ld: %d vs %ld", isa.name, (long)M, (long)N, (long)K,
-              out[i * N + j], (long)acc);
+        if (dyn) acc += cmul * (int64_t)ccorr[j];
+        if (fout) {
+          const float want = (float)acc * (rscale[i * rs_stride] * svec[j]);
+          float got;
+          std::memcpy(&got, out + i * N + j, 4);
+          CHECK(got == want, "%s igemm dyn M=%ld N=%ld K=%ld: %g vs %g", isa.name, (long)M, (long)N, (long)K,
+                (double)got, (double)want);
+        } else {
+          CHECK(out[i * N + j] == acc, "%s igemm M=%ld N=%ld K=%ld: %d vs %ld", isa.name, (long)M, (long)N,
+                (long)K, out[i * N + j], (long)acc);
+        }
       }
     std::free(a); std::free(bl); std::free(colsum); std::free(out);
+    std::free(ccorr); std::free(rscale); std::free(svec);
   }
 }
 
@@ -397,21 +433,69 @@ void test_semb(const Isa& isa) {
 }
 }  // namespace
 
+// ------------------------------------------------------ dynamic quantization
+void test_dquant(const Isa& isa) {
+  if (!isa.dquant) return;
+  for (int it = 0; it < 200; ++it) {
+    const int64_t M = ri(1, 9), K = ri(0, 300), ldx = K + ri(0, 5), mode = ri(0, 2), qmax = ri(0, 1) ? 255 : 127;
+    const size_t nel = (size_t)((M - 1) * ldx + K);
+    float* x = alloc<float>(nel);
+    for (size_t i = 0; i < nel; ++i) x[i] = rf() * 3.f;
+    int8_t* out = mode == 2 ? nullptr : alloc<int8_t>((size_t)(M * K));
+    float* rs = mode == 0 ? nullptr : alloc<float>((size_t)(mode == 2 ? 2 * M : M));
+    const float inv = 1.0f / (0.01f * (float)ri(1, 100)), zp = (float)ri(0, qmax);
+    bie_dquant_args q{x, BIE_F32, M, K, ldx, mode, inv, zp, qmax, out, rs};
+    CHECK(isa.dquant(&q, 0, M) == 0, "%s dquant rc", isa.name);
+    for (int64_t r = 0; r < M; ++r) {
+      const float* row = x + r * ldx;
+      bool nan = false;
+      float amax = 0.f, lo = INFINITY, hi = -INFINITY;
+      for (int64_t k = 0; k < K; ++k) {
+        nan |= std::isnan(row[k]);
+        if (!std::isnan(row[k])) {
+          amax = std::fabs(row[k]) > amax ? std::fabs(row[k]) : amax;
+          lo = row[k] < lo ? row[k] : lo;
+          hi = row[k] > hi ? row[k] : hi;
+        }
+      }
+      if (mode == 2) {
+        CHECK(nan ? (std::isnan(rs[2 * r]) && std::isnan(rs[2 * r + 1])) : (rs[2 * r] == lo && rs[2 * r + 1] == hi),
+              "%s dquant minmax row %ld", isa.name, (long)r);
+        continue;
+      }
+      float s = nan ? NAN : amax / 127.0f;
+      if (s == 0.f) s = 1.f;
+      if (mode == 1) CHECK(std::memcmp(&rs[r], &s, 4) == 0 || (nan && std::isnan(rs[r])), "%s dquant scale", isa.name);
+      for (int64_t k = 0; k < K; ++k) {
+        float t = mode == 0 ? std::nearbyint(std::fma(row[k], inv, zp)) : std::nearbyint(row[k] / s);
+        if (std::isnan(t)) t = 0.f;
+        const float lo_q = mode == 0 ? 0.f : -127.f, hi_q = mode == 0 ? (float)qmax : 127.f;
+        t = t < lo_q ? lo_q : t > hi_q ? hi_q : t;
+        const int8_t want = mode == 0 ? (int8_t)((int32_t)t - 128) : (int8_t)(int32_t)t;
+        CHECK(out[r * K + k] == want, "%s dquant mode %ld %g -> %d, want %d", isa.name, (long)mode, (double)row[k],
+              out[r * K + k], want);
+      }
+    }
+    std::free(x); std::free(out); std::free(rs);
+  }
+}
+
 int main() {
   __builtin_cpu_init();
   std::vector<Isa> isas = {{"portable", bie_portable_pack, bie_portable_bconv_pack, bie_portable_quant,
                             bie_portable_bgemm, bie_portable_bconv, bie_portable_igemm, BIE_INT_ROWS,
-                            bie_portable_iconv, bie_portable_semb}};
+                            bie_portable_iconv, bie_portable_semb, nullptr}};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     isas.push_back({"avx2", bie_avx2_pack, bie_avx2_bconv_pack, bie_avx2_quant, bie_avx2_bgemm, bie_avx2_bconv,
-                    bie_avx2_igemm, BIE_INT_MADD8, bie_avx2_iconv, bie_avx2_semb});
+                    bie_avx2_igemm, BIE_INT_MADD8, bie_avx2_iconv, bie_avx2_semb, bie_avx2_dquant});
   if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     isas.push_back({"avx512", bie_avx512_pack, bie_avx512_bconv_pack, bie_avx512_quant, bie_avx2_bgemm,
-                    bie_avx2_bconv, bie_avx512_igemm, BIE_INT_MADD16, bie_avx512_iconv, bie_avx512_semb});
+                    bie_avx2_bconv, bie_avx512_igemm, BIE_INT_MADD16, bie_avx512_iconv, bie_avx512_semb,
+                    bie_avx512_dquant});
   if (__builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("avx512vnni"))
     isas.push_back({"avx512icl", bie_avx512_pack, bie_avx512_bconv_pack, bie_avx512_quant, bie_avx512icl_bgemm,
                     bie_avx512icl_bconv, bie_avx512icl_igemm, BIE_INT_VNNI16, bie_avx512icl_iconv,
-                    bie_avx512_semb});
+                    bie_avx512_semb, bie_avx512icl_dquant});
   for (const Isa& isa : isas) {
     test_pack(isa);
     test_bgemm(isa);
@@ -420,6 +504,7 @@ int main() {
     test_quant(isa);
     test_iconv(isa);
     test_semb(isa);
+    test_dquant(isa);
     std::printf("%s: done\n", isa.name);
   }
   if (failures) {

@@ -17,7 +17,7 @@ MISSING: list = []
 
 
 def _reference_fn(op_name: str):
-    for mod in (reference.binary, reference.integer, getattr(reference, "weight_only", None)):
+    for mod in (reference.binary, reference.integer, reference.dynamic, getattr(reference, "weight_only", None)):
         if mod is not None and hasattr(mod, op_name):
             return getattr(mod, op_name)
     return None

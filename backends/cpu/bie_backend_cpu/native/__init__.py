@@ -319,6 +319,17 @@ def register_kernels(registry) -> NativeStatus:
     registry.register("mbwq_gemm_grad_input", nm.mbwq_gemm_grad_input, priority=PRIORITY,
                       name="native.mbwq_gemm_grad_input", prepare=nm.prepare, capability=mb_cap,
                       description=f"{tag}: native dequantization per width segment + torch matmul, * channel_scale")
+    from bie_core.ops.dynamic import MAX_K as DYN_MAX_K
+
+    from . import kernels_dynamic as nd
+    registry.register("dynamic_quantize_act", nd.dynamic_quantize_act, priority=PRIORITY,
+                      name="native.dynamic_quantize_act", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
+                      description=f"{tag}: per-row abs-max and quantization in one pass (vector extensions)")
+    registry.register("dynamic_int8_linear", nd.dynamic_int8_linear, priority=PRIORITY,
+                      name="native.dynamic_int8_linear", prepare=nk.prepare,
+                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": DYN_MAX_K}),
+                      description=f"{tag}: vectorised activation quantization + int8 GEMM, zero-point "
+                                  "correction, per-row x per-column scales and bias in the epilogue")
     del torch
     return st
 

@@ -40,7 +40,7 @@ HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h", "wq_ke
 FUSED_NAME = "bie_cpu_fused"
 FUSED_SOURCES = ("fused.cpp",)
 FUSED_HEADERS = ("bie_native.h", "scalar_util.h")
-ABI_VERSION = 5  # BIE_NATIVE_ABI in bie_native.h
+ABI_VERSION = 6  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias
 #: separately, exactly as the reference does (no fused multiply-add).
@@ -149,7 +149,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bie_cpu_features.restype = c_uint
     lib.bie_cpu_features.argtypes = []
     for fn in ("bie_pack", "bie_quant", "bie_bgemm", "bie_igemm", "bie_ibmm", "bie_bbmm", "bie_iconv", "bie_semb",
-               "bie_wq_gemm", "bie_wq_dequant"):
+               "bie_wq_gemm", "bie_wq_dequant", "bie_dquant"):
         getattr(lib, fn).restype = c_int
         getattr(lib, fn).argtypes = [vp]
     lib.bie_bconv.restype = c_int

@@ -65,7 +65,8 @@ class BConvArgs(ctypes.Structure):
 class IGemmArgs(ctypes.Structure):
     _fields_ = [("a", VP), ("lda", I64), ("bl", VP), ("colsum", VP), ("layout", I64), ("M", I64), ("N", I64),
                 ("K", I64), ("Kp", I64), ("P", I64), ("PW", I64), ("mb", I64), ("pb", I64), ("scale", VP),
-                ("bias", VP), ("flags", I64), ("out_type", I64), ("out", VP)]
+                ("bias", VP), ("flags", I64), ("out_type", I64), ("out", VP),
+                ("rscale", VP), ("rs_stride", I64), ("ccorr", VP), ("cmul", I64)]
 
 
 class QuantArgs(ctypes.Structure):

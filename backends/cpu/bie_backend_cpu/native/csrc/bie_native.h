@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_NATIVE_ABI 5
+#define BIE_NATIVE_ABI 6
 
 enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
 
@@ -80,7 +80,27 @@ typedef struct {
   const float* scale; const float* bias;
   int64_t flags, out_type;
   void* out;          // (M, N) contiguous
+  // dynamic int8 linear (null/0 otherwise): acc += cmul * ccorr[n] (exact int32; the zero point and the
+  // uint8 -> int8 shift of the activation codes), and the scale of row m is rscale[m * rs_stride] * scale[n]
+  const float* rscale;
+  int64_t rs_stride;
+  const int32_t* ccorr;
+  int64_t cmul;
 } bie_igemm_args;
+
+// dynamic activation quantization of float rows (dynamic_quantize_act):
+// mode 0 (per_tensor_affine): q = clamp(rint(fma(x, inv, zp)), 0, qmax), stored as q - 128 (int8 operand);
+// mode 1 (per_token_symmetric): s = amax|row| / 127 (1 if 0, NaN if the row has a NaN) written to
+// rscale[m], q = clamp(rint(x / s), -127, 127). NaN codes are 0.
+// mode 2: no codes; rscale[2m], rscale[2m + 1] = min and max of row m (both NaN if it holds a NaN).
+typedef struct {
+  const void* x;      // (M, K) rows of dtype, element stride 1, row stride ldx elements
+  int64_t dtype, M, K, ldx, mode;
+  double inv, zp;     // mode 0: float32 values carried as double
+  int64_t qmax;
+  int8_t* out;        // (M, K) contiguous
+  float* rscale;      // mode 1: M values written; mode 2: 2 * M values
+} bie_dquant_args;
 
 typedef struct {
   const void* x;      // n contiguous elements of dtype (float types)

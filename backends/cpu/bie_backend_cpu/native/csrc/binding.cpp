@@ -31,17 +31,20 @@ int bie_avx2_quant(const void*, int64_t, int64_t);
 int bie_avx2_bgemm(const void*, int64_t, int64_t);
 int bie_avx2_bconv(const void*, int64_t, int64_t);
 int bie_avx2_igemm(const void*, int64_t, int64_t);
+int bie_avx2_dquant(const void*, int64_t, int64_t);
 int bie_avx2_iconv(const void*, int64_t, int64_t);
 int bie_avx2_semb(const void*, int64_t, int64_t);
 int bie_avx512_pack(const void*, int64_t, int64_t);
 int bie_avx512_bconv_pack(const void*, int64_t, int64_t);
 int bie_avx512_quant(const void*, int64_t, int64_t);
 int bie_avx512_igemm(const void*, int64_t, int64_t);
+int bie_avx512_dquant(const void*, int64_t, int64_t);
 int bie_avx512_iconv(const void*, int64_t, int64_t);
 int bie_avx512_semb(const void*, int64_t, int64_t);
 int bie_avx512icl_bgemm(const void*, int64_t, int64_t);
 int bie_avx512icl_bconv(const void*, int64_t, int64_t);
 int bie_avx512icl_igemm(const void*, int64_t, int64_t);
+int bie_avx512icl_dquant(const void*, int64_t, int64_t);
 int bie_avx512icl_iconv(const void*, int64_t, int64_t);
 #endif
 }
@@ -248,6 +251,18 @@ bie_range_fn pick_igemm(int l) {
   return bie_portable_igemm;
 }
 
+// dynamic activation quantization: vector levels only (the Python wrapper serves the portable level
+// with the reference)
+bie_range_fn pick_dquant(int l) {
+#if BIE_X86
+  if (l >= L_AVX512ICL) return bie_avx512icl_dquant;
+  if (l >= L_AVX512) return bie_avx512_dquant;
+  if (l >= L_AVX2) return bie_avx2_dquant;
+#endif
+  (void)l;
+  return nullptr;
+}
+
 // int conv: vector levels only. The portable (scalar) variant is slower than
 // the reference (an fp64 conv) at the benchmark shapes and crashed in a
 // Python process on a second call with a cached weight layout (not reproduced
@@ -401,6 +416,17 @@ int bie_bbmm(const bie_bbmm_args* a) {
     return BIE_EBADARG;
   bbmm_ctx c{a, pick_bgemm(g_level.load()), cdiv(g->M, g->mb) * cdiv(g->P, g->pb)};
   return run(bbmm_range, &c, a->batch * c.per, 1);
+}
+
+int bie_dquant(const bie_dquant_args* a) {
+  if (a->M < 0 || a->K < 0 || a->ldx < a->K || a->mode < 0 || a->mode > 2 || a->qmax < 1 || a->qmax > 255 ||
+      (a->mode != 0 && !a->rscale) || (a->mode != 2 && !a->out))
+    return BIE_EBADARG;
+  const bie_range_fn fn = pick_dquant(g_level.load());
+  if (!fn) return BIE_EBADARG;
+  // light, and one parallel region more per call: threads only beyond ~1M elements
+  const int64_t grain = (int64_t{1} << 20) / (a->K > 0 ? a->K : 1) + 1;
+  return run(fn, a, a->M, grain);
 }
 
 // the k step of the A rows a level's conv driver reads (VNNI quads, else int16 pairs)

@@ -440,6 +440,7 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   if (!As) return BIE_ENOMEM;
   alignas(64) int32_t tile[IMR * INR * IPW];
   alignas(64) int32_t dots[INR * IPW];
+  alignas(64) float comb[INR * IPW];
   const int osz = out_size(p->out_type);
   const int fl = (int)p->flags;
   const float ss = (fl & BIE_EPI_SCALE) ? p->scale[0] : 1.0f;
@@ -473,10 +474,18 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
           for (int64_t c = 0; c < nc; ++c) {
             int32_t v = tile[r * INR * IPW + c];
             if (IVNNI) v = (int32_t)((uint32_t)v - 128u * (uint32_t)p->colsum[j0 + c]);  // wraps exactly
+            if (p->ccorr) v = (int32_t)((uint32_t)v + (uint32_t)p->cmul * (uint32_t)p->ccorr[j0 + c]);
             dots[c] = v;
           }
-          finish_row(dots, nc, (int)p->out_type, fl,
-                     (fl & BIE_EPI_SCALE_VEC) ? p->scale + j0 : nullptr, ss,
+          const float* sv = (fl & BIE_EPI_SCALE_VEC) ? p->scale + j0 : nullptr;
+          int rfl = fl;
+          if (p->rscale) {          // the row's scale times the column's, one float32 rounding (the op's order)
+            const float rs = p->rscale[(i + r) * p->rs_stride];
+            for (int64_t c = 0; c < nc; ++c) comb[c] = rs * (sv ? sv[c] : ss);
+            sv = comb;
+            rfl |= BIE_EPI_SCALE | BIE_EPI_SCALE_VEC;
+          }
+          finish_row(dots, nc, (int)p->out_type, rfl, sv, ss,
                      (fl & BIE_EPI_BIAS) ? p->bias + j0 : nullptr, 0.0f,
                      (char*)p->out + ((i + r) * p->N + j0) * osz);
         }
@@ -485,6 +494,110 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   }
   __builtin_free(As);
   return BIE_OK;
+}
+// ------------------------------------------------------------- dynamic activation quantization
+// task = one row. Vector extensions (compiled for this variant's ISA) for the abs-max reduction; the
+// element loops are plain code the compiler vectorises (rint, fma and the division are exact IEEE).
+typedef float bie_v8f __attribute__((vector_size(32)));
+typedef int32_t bie_v8i __attribute__((vector_size(32)));
+
+template <int DT>
+static void dquant_rows(const bie_dquant_args* p, int64_t r0, int64_t r1) {
+  const int es = bie_esize(DT);
+  const int64_t K = p->K;
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* x = (const char*)p->x + r * p->ldx * es;
+    int8_t* o = p->out + r * K;
+    if (p->mode == 2) {          // the row's min and max (NaN if it holds one) for the per-tensor range
+      bie_v8f lo8, hi8;
+      bie_v8i nan8 = {0, 0, 0, 0, 0, 0, 0, 0};
+      float lo = __builtin_inff(), hi = -__builtin_inff();
+      for (int e = 0; e < 8; ++e) lo8[e] = lo, hi8[e] = hi;
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8) {
+        bie_v8f v;
+        if constexpr (DT == BIE_F32) {
+          __builtin_memcpy(&v, x + 4 * k, 32);
+        } else {
+          for (int e = 0; e < 8; ++e) v[e] = bie_load_f32<DT>(x, k + e);
+        }
+        nan8 |= (v != v);
+        lo8 = v < lo8 ? v : lo8;
+        hi8 = v > hi8 ? v : hi8;
+      }
+      int bad = 0;
+      for (int e = 0; e < 8; ++e) {
+        lo = lo8[e] < lo ? lo8[e] : lo;
+        hi = hi8[e] > hi ? hi8[e] : hi;
+        bad |= nan8[e] != 0;
+      }
+      for (; k < K; ++k) {
+        const float v = bie_load_f32<DT>(x, k);
+        bad |= v != v;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+      }
+      p->rscale[2 * r] = bad ? __builtin_nanf("") : lo;
+      p->rscale[2 * r + 1] = bad ? __builtin_nanf("") : hi;
+      continue;
+    }
+    if (p->mode == 0) {
+      const float inv = (float)p->inv, zp = (float)p->zp, qm = (float)p->qmax;
+      for (int64_t k = 0; k < K; ++k) {
+        float t = __builtin_rintf(__builtin_fmaf(bie_load_f32<DT>(x, k), inv, zp));
+        t = t == t ? t : 0.0f;
+        t = t < 0.0f ? 0.0f : t;
+        t = t > qm ? qm : t;
+        o[k] = (int8_t)((int32_t)t - 128);
+      }
+      continue;
+    }
+    bie_v8f m8 = {0, 0, 0, 0, 0, 0, 0, 0};
+    bie_v8i nan8 = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      bie_v8f v;
+      if constexpr (DT == BIE_F32) {
+        __builtin_memcpy(&v, x + 4 * k, 32);
+      } else {
+        for (int e = 0; e < 8; ++e) v[e] = bie_load_f32<DT>(x, k + e);
+      }
+      const bie_v8f a = v < 0 ? -v : v;
+      nan8 |= (a != a);
+      m8 = a > m8 ? a : m8;
+    }
+    float amax = 0.0f;
+    int bad = 0;
+    for (int e = 0; e < 8; ++e) {
+      amax = m8[e] > amax ? m8[e] : amax;
+      bad |= nan8[e] != 0;
+    }
+    for (; k < K; ++k) {
+      const float a = __builtin_fabsf(bie_load_f32<DT>(x, k));
+      bad |= a != a;
+      amax = a > amax ? a : amax;
+    }
+    float s = bad ? __builtin_nanf("") : amax / 127.0f;
+    if (s == 0.0f) s = 1.0f;
+    p->rscale[r] = s;
+    for (int64_t j = 0; j < K; ++j) {
+      float t = __builtin_rintf(bie_load_f32<DT>(x, j) / s);
+      t = t == t ? t : 0.0f;
+      t = t < -127.0f ? -127.0f : t;
+      t = t > 127.0f ? 127.0f : t;
+      o[j] = (int8_t)(int32_t)t;
+    }
+  }
+}
+
+static int drv_dquant(const void* args, int64_t t0, int64_t t1) {
+  const bie_dquant_args* p = (const bie_dquant_args*)args;
+  switch (p->dtype) {
+    case BIE_F32: dquant_rows<BIE_F32>(p, t0, t1); return BIE_OK;
+    case BIE_F16: dquant_rows<BIE_F16>(p, t0, t1); return BIE_OK;
+    case BIE_BF16: dquant_rows<BIE_BF16>(p, t0, t1); return BIE_OK;
+  }
+  return BIE_EBADARG;
 }
 #endif  // BIE_WITH_INT
 

@@ -198,6 +198,7 @@ BIE_EXPORT(avx2, quant)
 BIE_EXPORT(avx2, bgemm)
 BIE_EXPORT(avx2, bconv)
 BIE_EXPORT(avx2, igemm)
+BIE_EXPORT(avx2, dquant)
 BIE_EXPORT(avx2, iconv)
 BIE_EXPORT(avx2, semb)
 

@@ -63,6 +63,7 @@ BIE_EXPORT(avx512, pack)
 BIE_EXPORT(avx512, bconv_pack)
 BIE_EXPORT(avx512, quant)
 BIE_EXPORT(avx512, igemm)
+BIE_EXPORT(avx512, dquant)
 BIE_EXPORT(avx512, iconv)
 BIE_EXPORT(avx512, semb)
 

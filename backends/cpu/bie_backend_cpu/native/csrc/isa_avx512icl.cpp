@@ -86,6 +86,7 @@ static inline void itile(const uint8_t* A, int64_t lda, const void* B, int64_t p
 BIE_EXPORT(avx512icl, bgemm)
 BIE_EXPORT(avx512icl, bconv)
 BIE_EXPORT(avx512icl, igemm)
+BIE_EXPORT(avx512icl, dquant)
 BIE_EXPORT(avx512icl, iconv)
 
 #if defined(__clang__)

@@ -1,0 +1,107 @@
+"""Dynamic int8 linear on CUDA: activation quantization, ``torch._int_mm`` (cuBLASLt int8 tensor cores,
+exact int32 accumulation), and the scale epilogue.
+
+* Quantization, bit-exact with the reference, in eager PyTorch (IEEE division and round half to even are
+  what its CUDA element-wise kernels compute): per_token_symmetric reads x once for the row range
+  (``aminmax``, which propagates NaN) and once for the codes, in place; per_tensor_affine takes
+  ``aminmax``, the core's tensor rule for scale and zero point (no host synchronisation), and the fma
+  codes through float64.
+* GEMM: ``torch._int_mm(a, weight.T)`` (cuBLASLt wants K and N multiples of 8 and more than 16 rows: fewer
+  rows are padded with zero rows, sliced off after). The affine codes enter shifted to int8 (``q - 128``);
+  the shift and the zero point are folded back exactly with the weight's row sums, prepared once.
+* Epilogue ``float32(acc) * (scale_x * weight_scale) + bias`` cast to x's dtype: one element-wise kernel
+  through ``torch.compile`` (Inductor) when it works here, else eager in-place passes (same values up to
+  a possibly fused multiply-add: within the op's float32 tolerance).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from bie_core.ops.dynamic import act_qmax, affine_codes, affine_qparams
+
+#: the rows cuBLASLt's int8 GEMM requires (torch._int_mm checks M > 16)
+MIN_ROWS = 17
+_state: dict = {}
+
+
+def prepare(weight):
+    """The weight's row sums (int32), for the zero-point correction of the affine scheme."""
+    return weight.detach().sum(1, dtype=torch.int32)
+
+
+def _quantize_token(x):
+    xf = x if x.dtype == torch.float32 else x.float()
+    lo, hi = torch.aminmax(xf, dim=1)                                  # one read of x; NaN propagates
+    amax = torch.maximum(-lo, hi)
+    s = amax / 127.0
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    q = torch.div(xf, s.view(-1, 1))
+    q = q.round_().nan_to_num_(0.0).clamp_(-127, 127)
+    return q.to(torch.int8), s
+
+
+def _quantize_affine(x, qmax):
+    xf = x if x.dtype == torch.float32 else x.float()
+    lo, hi = torch.aminmax(xf)
+    scale, zp = affine_qparams(lo, hi, qmax)
+    q = affine_codes(xf, scale, zp, qmax)                              # int32 in [0, qmax]
+    return (q - 128).to(torch.int8), scale, zp
+
+
+def dynamic_quantize_act(x, scheme, reduce_range=False):
+    if scheme == "per_tensor_affine":
+        a, scale, zp = _quantize_affine(x, act_qmax(scheme, reduce_range))
+        return (a.view(torch.uint8) ^ 0x80), scale, zp
+    q, s = _quantize_token(x)
+    return q, s, torch.zeros((0,), dtype=torch.int32, device=x.device)
+
+
+def _epilogue_math(acc, sx, sw, bias, out_dtype: torch.dtype):
+    y = acc.to(torch.float32) * (sx.view(-1, 1) * sw.view(1, -1))
+    if bias is not None:
+        y = y + bias.to(torch.float32).view(1, -1)
+    return y.to(out_dtype)
+
+
+def _epilogue_eager(acc, sx, sw, bias, out_dtype):
+    y = torch.mul(sx.view(-1, 1), sw.view(1, -1)).expand(acc.shape).contiguous()
+    y.mul_(acc)                                                         # float32(acc) * scale, in place
+    if bias is not None:
+        y.add_(bias.to(torch.float32).view(1, -1))
+    return y.to(out_dtype)
+
+
+def _epilogue(acc, sx, sw, bias, out_dtype):
+    if os.environ.get("BIE_CUDA_DYNAMIC_COMPILE", "1") != "0" and not _state.get("failed") \
+            and not torch.compiler.is_compiling():
+        try:
+            if "fn" not in _state:
+                _state["fn"] = torch.compile(_epilogue_math, fullgraph=True, dynamic=True)
+            return _state["fn"](acc, sx, sw, bias, out_dtype)
+        except Exception as exc:  # noqa: BLE001 - no Triton/compiler here: the eager passes compute the same
+            _state["failed"] = repr(exc)
+    return _epilogue_eager(acc, sx, sw, bias, out_dtype)
+
+
+def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
+    m = x.shape[0]
+    n = weight.shape[0]
+    if m == 0:
+        return x.new_empty((0, n))
+    affine = scheme == "per_tensor_affine"
+    if affine:
+        a, sx, zp = _quantize_affine(x, act_qmax(scheme, reduce_range))
+    else:
+        a, sx = _quantize_token(x)
+    if m < MIN_ROWS:
+        a = torch.cat([a, a.new_zeros((MIN_ROWS - m, a.shape[1]))])
+    acc = torch._int_mm(a, weight.t())[:m]
+    if affine:
+        rowsum = prepared if prepared is not None else prepare(weight)
+        acc = acc + (128 - zp) * rowsum.view(1, -1)                    # exact in int32 (K <= 65535)
+    return _epilogue(acc, sx.to(torch.float32), weight_scale.to(torch.float32), bias, x.dtype).contiguous()
+
+
+__all__ = ["dynamic_quantize_act", "dynamic_int8_linear", "prepare"]
