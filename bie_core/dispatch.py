@@ -572,20 +572,10 @@ def make_router(op):
         key_fn = make_key_fn(op, *_needs(name))
         table = _tables[name] = {}
 
-    def route(*args):
-        # torch.library drops a trailing argument equal to its default, so the
-        # backend string is present only when it is not "".
-        if len(args) > nargs:
-            pref = _layer_pref(args[nargs])
-            args = args[:nargs]
-        else:
-            if len(args) < nargs:   # trailing arguments equal to their schema defaults were dropped
-                args = args + defaults[len(args):]
-            pref = ctx_get()
-            if pref is None:
-                pref = _global_pref
-                if pref is None:
-                    pref = _env_pref if _env_read else _read_env()
+    def lookup(args: tuple, pref) -> Decision:
+        """The cached decision for ``args`` under ``pref`` (decided, validated
+        and cached on a miss), recorded for ``explain``: the one lookup behind
+        both a dispatched call and :func:`resolve`."""
         if gen != reg.generation:  # kernels changed or caches were cleared
             refresh()
         key = (pref, key_fn(*args))
@@ -607,7 +597,23 @@ def make_router(op):
         rec = rec_get()
         if rec is not None:
             rec.append((_layer_name.get(), d))
-        k = d.kernel
+        return d
+
+    def route(*args):
+        # torch.library drops a trailing argument equal to its default, so the
+        # backend string is present only when it is not "".
+        if len(args) > nargs:
+            pref = _layer_pref(args[nargs])
+            args = args[:nargs]
+        else:
+            if len(args) < nargs:   # trailing arguments equal to their schema defaults were dropped
+                args = args + defaults[len(args):]
+            pref = ctx_get()
+            if pref is None:
+                pref = _global_pref
+                if pref is None:
+                    pref = _env_pref if _env_read else _read_env()
+        k = lookup(args, pref).kernel
         if k.prepare is None:
             return k.fn(*args)
         if not k.prepare_static:
@@ -619,33 +625,21 @@ def make_router(op):
         if len(args) < nargs:
             args = tuple(args) + defaults[len(args):]
         pref = _layer_pref(backend) if backend else current_preference()
-        if gen != reg.generation:
-            refresh()
-        akey = key_fn(*args)
-        key = (pref, akey)
-        d = table.get(key)
-        if d is None:
-            if validate is not None:
-                validate(*args)
-            d = decide(op, args, pref)
-            if len(table) >= _MAX_DECISIONS:
-                table.clear()
-            table[key] = d
-            if value_idx:
-                _mark_validated(args, value_idx)
-        elif value_idx and not _values_validated(args, value_idx):
-            validate(*args)
-            _mark_validated(args, value_idx)
-        rec = rec_get()
-        if rec is not None:
-            rec.append((_layer_name.get(), d))
+        d = lookup(args, pref)
         k = d.kernel
-        weights = ()
-        call = k.fn
+        weights, prepared = (), None
         if k.prepare is not None:
             weights, static = k.prepare_inputs(op, args)
-            call = functools.partial(k.fn, prepared=prepared_cache.get(k, weights, static or None))
-        return Resolved(op, d, call, gen, pref, akey, key_fn, weight_idx if weights else (), weights, value_idx)
+            prepared = prepared_cache.get(k, weights, static or None)
+        call = None
+        if k.bind is not None:
+            # the kernel's own per-signature plan (layouts looked up, sizes and
+            # buffers fixed once); None: it has no faster call for these arguments
+            call = k.bind(*args, prepared=prepared) if k.prepare is not None else k.bind(*args)
+        if call is None:
+            call = k.fn if k.prepare is None else functools.partial(k.fn, prepared=prepared)
+        return Resolved(op, d, call, gen, pref, key_fn(*args), key_fn, weight_idx if weights else (), weights,
+                        value_idx)
 
     route.__name__ = f"bie_route_{name}"
     route.resolve = resolve

@@ -184,6 +184,14 @@ class Kernel:
     #: ``group_size``...): passed to it as keyword arguments and part of the
     #: cache key.
     prepare_static: Sequence[str] = ()
+    #: Optional ``bind(*args, prepared=...) -> callable or None``: the kernel's
+    #: plan for one call signature (the dispatcher's decision key: shapes,
+    #: dtypes, devices, every non-tensor argument) and one prepared layout,
+    #: made once by :func:`bie_core.dispatch.resolve`. The callable takes the
+    #: op's arguments and must compute exactly what ``fn`` does for any
+    #: arguments of that signature with the same weight tensors; None means
+    #: "no faster call here" (``fn`` is used).
+    bind: Optional[Callable] = None
     description: str = ""
     #: The reference kernel of an op is the executable definition that the
     #: conformance kit compares every other kernel with.

@@ -12,6 +12,9 @@ import torch
 from torch import nn
 
 from ._base import FLOAT_DTYPES, _dt, backend_string
+from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
+
+_Tensor = torch.Tensor
 
 HANDLE = "weight_handle"
 
@@ -81,6 +84,41 @@ class WeightOnlyLinear(nn.Module):
         self.register_parameter(HANDLE, handle)
         self._attach_hook()
 
+    # ------------------------------------------------------- inference path
+    _lean = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # eager inference (eager_inference() written out: this runs on every call)
+        if (type(x) is _Tensor and not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
+                and not _function_mode()):
+            k = self.in_features
+            nd = x.dim()
+            if nd >= 1 and x.shape[-1] == k:
+                x2 = x if nd == 2 else x.reshape(-1, k)
+                fixed = self._lean_fixed()
+                backend = self.backend or ""
+                lc = self._lean
+                if lc is None or not lc.holds(x2, backend, *fixed):
+                    lc = self._rebind(x, x2, fixed, backend)
+                y = lc.call(x2)
+                return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
+        return self._forward(x)
+
+    def _rebind(self, x, x2, fixed, backend):
+        """Resolve the kernel for this input signature (the full input checks,
+        which raise on bad input, then the dispatcher's whole contract) and keep
+        it bound to the prepared weights (see ``_lean``). The call it makes is
+        the op ``_forward`` calls without grad, with the same arguments."""
+        self._check_input(x)
+        self._lean = None
+        lc = self._lean = self._lean_bind(x2, fixed, backend)
+        return lc
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_lean", None)  # a bound call of this process (closures, prepared layouts)
+        return state
+
     # ------------------------------------------------------------- the handle
     def _attach_hook(self) -> None:
         from ..optim.packed import PackedWeightHook  # late: optim imports nothing from layers
@@ -118,6 +156,7 @@ class WeightOnlyLinear(nn.Module):
         # objects saved as a plain Parameter, densely): a 4-byte view on the
         # layer's device again, same object where it is already a handle
         super().__setstate__(state)
+        self._lean = None
         h = self._parameters.get(HANDLE)
         if h is not None:
             fresh = _handle_tensor(self.in_features, self.out_features, self.qweight.device)

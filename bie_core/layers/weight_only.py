@@ -43,6 +43,7 @@ from .. import ops
 from ..ops.weight_only import FORMATS, MBWQ_BITS, WQ_BITS, mbwq_packed_rows, num_groups, packed_rows
 from ..quantize.rtn import group_index, rtn_stats, stats_from_range
 from ._base import FLOAT_DTYPES, _dt
+from ._lean import bind_one
 from ._wq_base import HANDLE, WeightOnlyLinear, check_finite
 from ._wq_fn import MBWQLinearFn, WQLinearFn
 
@@ -147,7 +148,17 @@ class MPQLinear(WeightOnlyLinear):
         self.act_order = not torch.equal(self.g_idx.to(torch.long), trivial)
 
     # ---------------------------------------------------------------- forward
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _lean_fixed(self) -> tuple:
+        b = self._buffers
+        return (b["qweight"], b["scales"], b["zeros"], b["g_idx"] if self.act_order else None,
+                self._parameters.get("bias"))
+
+    def _lean_bind(self, x2, fixed, backend):
+        qw, s, z, gi, bias = fixed
+        return bind_one(ops.wq_gemm, (x2, qw, s, z, gi, bias, self.bits, self.group_size, self.format), backend,
+                        fixed)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         x2 = x.reshape(-1, self.in_features)
         args = (self.qweight, self.scales, self.zeros, self._g_idx_arg())
@@ -484,7 +495,15 @@ class MBWQLinear(WeightOnlyLinear):
             s += ", trainable=True"
         return s
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _lean_fixed(self) -> tuple:
+        b = self._buffers
+        return (b["qweight"], b["scales"], b["zeros"], b["q_perm"], b["channel_scale"], self._parameters.get("bias"))
+
+    def _lean_bind(self, x2, fixed, backend):
+        return bind_one(ops.mbwq_gemm, (x2,) + fixed + (list(self.group_bits), list(self.group_rows)), backend,
+                        fixed)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         x2 = x.reshape(-1, self.in_features)
         args = (self.qweight, self.scales, self.zeros, self.q_perm, self.channel_scale)

@@ -106,7 +106,7 @@ class KernelRegistrar:
     def register(self, op: str, fn: Callable, *, capability: Capability | None = None,
                  priority: int = 0, name: str = "", prepare: Callable | None = None,
                  unprepare: Callable | None = None, description: str = "",
-                 reference: bool = False, prepare_static=()) -> Kernel:
+                 reference: bool = False, prepare_static=(), bind: Callable | None = None) -> Kernel:
         from ..ops import get_op  # late: the op table lives in bie_core.ops
 
         try:
@@ -122,7 +122,8 @@ class KernelRegistrar:
                                         f"that are not arguments of {op} {get_op(op).arg_names}")
         k = Kernel(backend=self.backend, op=op, fn=fn, capability=capability or Capability(),
                    priority=int(priority), name=name, prepare=prepare, unprepare=unprepare,
-                   description=description, reference=reference, prepare_static=tuple(prepare_static))
+                   description=description, reference=reference, prepare_static=tuple(prepare_static),
+                   bind=bind)
         self.kernels.append(k)
         return k
 

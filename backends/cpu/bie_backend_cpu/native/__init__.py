@@ -297,7 +297,7 @@ def register_kernels(registry) -> NativeStatus:
     from . import kernels_wq as nw
     wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": nw.BITS, "format": ("gptq", "gba")})
     registry.register("wq_gemm", nw.wq_gemm, priority=PRIORITY, name="native.wq_gemm", prepare=nw.prepare,
-                      capability=wq_cap,
+                      capability=wq_cap, bind=nw.bind_wq_gemm,
                       description=f"{tag}: fused dequant-in-registers GEMM for M <= {nw.FUSED_MAX_M}, else "
                                   "native dequantization + torch matmul; float32 accumulation")
     registry.register("wq_dequantize", nw.wq_dequantize, priority=PRIORITY, name="native.wq_dequantize",

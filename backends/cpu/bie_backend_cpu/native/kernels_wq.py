@@ -202,6 +202,35 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     return out.to(x.dtype).contiguous()
 
 
+def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    """``wq_gemm`` for one call signature (the dispatcher's ``bind``): the
+    layout looked up and the native argument block filled once, so a call only
+    sets the input, bias and output addresses. The fused-GEMV sizes only
+    (larger M is dominated by its matmul); None elsewhere."""
+    m, k = x.shape
+    if m == 0 or m > FUSED_MAX_M or x.device.type != "cpu":
+        return None
+    lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
+    if bias is not None and not (bias.dim() == 1 and bias.shape[0] == lay.n):
+        return None   # the unbound kernel raises its error
+    n, f32, xdt = lay.n, torch.float32, x.dtype
+    template = _args(lay, torch.empty(0), None, m, None)
+    direct = xdt == f32 and lay.identity and lay.kp == lay.k   # x is used as it is (contiguous)
+    run, copy, byref, check = _lib.bie_wq_gemm, WqArgs.from_buffer_copy, ctypes.byref, _check
+
+    def call(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
+        xp = x.contiguous() if direct else _x_prepared(x, lay)
+        out = torch.empty((m, n), dtype=f32)
+        a = copy(template)   # one argument block per call: calls may run in several threads
+        a.x, a.out = xp.data_ptr(), out.data_ptr()
+        if bias is not None:
+            b32 = bias if bias.dtype == f32 and bias.is_contiguous() else bias.detach().to(f32).contiguous()
+            a.bias = b32.data_ptr()
+        check(run(byref(a)), "wq_gemm")
+        return out if xdt == f32 else out.to(xdt)
+    return call
+
+
 def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype, prepared=None):
     lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
     w = _dequant_prepared(lay)

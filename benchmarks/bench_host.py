@@ -1,0 +1,256 @@
+"""Host time of one inference forward of each bie layer against ``nn.Linear``
+(or ``nn.Conv2d``) of the same shape, and the eval-mode cost of a QAT layer
+that was never packed against its packed twin.
+
+The target (issue: lean host path): an inference forward of ``MPQLinear``,
+``MBWQLinear``, ``BinaryLinear``, ``QLinear`` costs at most 1.2x the host time
+of ``nn.Linear``; a QAT layer in ``eval()`` without ``pack()`` at most 1.1x
+its packed twin.
+
+How host time is measured:
+
+* CPU: everything a call does is host time. Tiny shapes, 1 thread, every
+  layer and its float twin timed in alternating rounds of ``--calls`` calls
+  under ``torch.inference_mode()``; the ratio is the median over rounds of the
+  per-round ratios (load from other processes hits both sides of a round).
+* GPU (``--device cuda``): tiny shapes (the kernels take a few µs, far less
+  than a call's host time), the wall time of issuing ``--calls`` eager calls
+  with ``torch.cuda.synchronize()`` only outside the timed region: the time
+  of the Python call itself, apart from device time (the launch queue holds
+  far more than one round's launches, so issuing never waits for the GPU).
+  Also reported: the wall time per call with a synchronize after every round
+  included (what a user sees), for reference.
+
+    python benchmarks/bench_host.py [--device cpu|cuda] [--out-dir benchmarks/results]
+
+Writes ``host_path.md`` and ``host_path.json`` (CPU) or
+``host_path_cuda.md``/``.json`` (GPU) in ``--out-dir``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import bie_core
+from bie_core import BinaryConv2d, BinaryLinear, MPQLinear, QConv2d, QLinear
+from bie_core.layers.weight_only import MBWQLinear
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def issue_us(fn, x, calls: int, device) -> float:
+    """µs per call to issue ``calls`` calls (synchronized before, not inside)."""
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    dt = time.perf_counter() - t
+    _sync(device)
+    return dt / calls * 1e6
+
+
+def wall_us(fn, x, calls: int, device) -> float:
+    """µs per call including the device's completion of all of them."""
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    _sync(device)
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def compare(pairs: dict, device, rounds: int, calls: int) -> dict:
+    """{name: {layer_us, base_us, ratio, wall_ratio}} from alternating rounds."""
+    res = {name: {"layer": [], "base": [], "ratio": [], "wall": []} for name in pairs}
+    with torch.inference_mode():
+        for fn, base, x in pairs.values():        # warm-up: decisions, prepared layouts, caches
+            for _ in range(20):
+                fn(x)
+                base(x)
+        for _ in range(rounds):
+            for name, (fn, base, x) in pairs.items():
+                a = issue_us(fn, x, calls, device)
+                b = issue_us(base, x, calls, device)
+                r = res[name]
+                r["layer"].append(a)
+                r["base"].append(b)
+                r["ratio"].append(a / b)
+                if device.type == "cuda":
+                    r["wall"].append(wall_us(fn, x, calls, device) / wall_us(base, x, calls, device))
+    out = {}
+    for name, r in res.items():
+        out[name] = {"layer_us": statistics.median(r["layer"]), "base_us": statistics.median(r["base"]),
+                     "ratio": statistics.median(r["ratio"])}
+        if r["wall"]:
+            out[name]["wall_ratio"] = statistics.median(r["wall"])
+    return out
+
+
+def _ready(layer, x):
+    """Initialise first-batch scales (a training-mode forward), then eval()."""
+    layer(x)
+    return layer.eval()
+
+
+def build_cases(device, dtype, k: int, n: int, m: int, conv_hw: int):
+    """{name: (layer, float twin, input)}."""
+    g = torch.Generator().manual_seed(0)
+
+    def lin():
+        return nn.Linear(k, n, bias=True).to(device=device, dtype=dtype)
+
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    base = lin().eval()
+    cases = {}
+    for bits, gs in ((4, 32), (8, 32), (2, 32)):
+        cases[f"MPQLinear W{bits} g{gs}"] = (MPQLinear.from_float(lin(), bits=bits, group_size=gs, dtype=dtype).eval(),
+                                            base, x)
+    cases["MBWQLinear 4/2-bit"] = (MBWQLinear.from_float(lin(), bits={4: 0.5, 2: 0.5}, group_size=32,
+                                                         dtype=dtype).eval(), base, x)
+    for name, make in (("BinaryLinear", lambda: BinaryLinear(k, n, bias=True, device=device, dtype=dtype)),
+                       ("QLinear W8A8", lambda: QLinear(k, n, 8, 8, bias=True, device=device, dtype=dtype)),
+                       ("QLinear W4A4", lambda: QLinear(k, n, 4, 4, bias=True, device=device, dtype=dtype))):
+        layer = _ready(make(), x)
+        cases[f"{name} (eval, not packed)"] = (layer, base, x)
+        packed = _ready(make(), x)
+        packed.load_state_dict(layer.state_dict())
+        packed.pack()
+        cases[f"{name} (packed)"] = (packed, base, x)
+    c = k // 4
+    xc = torch.randn(1, c, conv_hw, conv_hw, generator=g).to(device=device, dtype=dtype)
+    conv = nn.Conv2d(c, c, 3, padding=1, bias=True).to(device=device, dtype=dtype).eval()
+    for name, make in (("BinaryConv2d", lambda: BinaryConv2d(c, c, 3, padding=1, bias=True, device=device, dtype=dtype)),
+                       ("QConv2d W8A8", lambda: QConv2d(c, c, 3, padding=1, bias=True, device=device, dtype=dtype))):
+        cases[f"{name} (eval, not packed)"] = (_ready(make(), xc), conv, xc)
+        packed = _ready(make(), xc)
+        packed.pack()
+        cases[f"{name} (packed)"] = (packed, conv, xc)
+    return cases
+
+
+def eval_vs_packed(device, dtype, rounds: int, calls: int, k: int, n: int, m: int) -> dict:
+    """A QAT layer in eval() without pack() against the same layer packed
+    (item: eval-mode caching), at a size where re-quantizing would show."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    pairs = {}
+    for name, make in (("QLinear W8A8", lambda: QLinear(k, n, 8, 8, device=device, dtype=dtype)),
+                       ("QLinear W4A4", lambda: QLinear(k, n, 4, 4, device=device, dtype=dtype)),
+                       ("BinaryLinear", lambda: BinaryLinear(k, n, device=device, dtype=dtype))):
+        layer = _ready(make(), x)
+        packed = _ready(make(), x)
+        packed.load_state_dict(layer.state_dict())
+        packed.pack()
+        pairs[f"{name} {k}x{n}"] = (layer, packed, x)
+    return compare(pairs, device, rounds, calls)
+
+
+def _git(*a) -> str:
+    try:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _machine(device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+
+
+def _kernels(cases: dict) -> dict:
+    """Which kernel served each layer (explain)."""
+    out = {}
+    for name, (layer, _, x) in cases.items():
+        with torch.inference_mode():
+            rep = bie_core.explain(layer, x)
+        out[name] = ", ".join(f"{op}: {q}" for op, q in rep.chosen().items())
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16/float16 (GPU default bf16)")
+    p.add_argument("--k", type=int, default=64)
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--m", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--calls", type=int, default=400)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-k", type=int, default=1024, help="size of the eval-without-pack comparison")
+    p.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    a = p.parse_args(argv)
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_host: --device cuda but CUDA is not available")
+    torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype) if a.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
+    rounds, calls = (3, 50) if a.quick else (a.rounds, a.calls)
+
+    cases = build_cases(device, dtype, a.k, a.n, a.m, 8)
+    kernels = _kernels(cases)
+    res = compare({k: v for k, v in cases.items()}, device, rounds, calls)
+    ev = eval_vs_packed(device, dtype, max(3, rounds // 3), max(10, calls // 20), a.eval_k, a.eval_k, a.m)
+
+    suffix = "" if device.type == "cpu" else f"_{device.type}"
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": _git("rev-parse", "--short",
+                                                                                              "HEAD"),
+            "machine": _machine(device), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "shape": {"M": a.m, "K": a.k, "N": a.n}, "rounds": rounds, "calls": calls,
+            "command": "python benchmarks/bench_host.py " + " ".join(argv if argv is not None else
+                                                                     __import__("sys").argv[1:])}
+    (out_dir / f"host_path{suffix}.json").write_text(json.dumps({"meta": meta, "layers": res, "kernels": kernels,
+                                                                 "eval_vs_packed": ev}, indent=1))
+    what = "issue time per call (µs; synchronize outside the timed loop)" if device.type == "cuda" else "µs per call"
+    lines = [f"# Host time of an inference forward: bie layers against nn.Linear / nn.Conv2d ({device.type})", "",
+             f"- date: {meta['date']}, commit {meta['commit']}",
+             f"- machine: {meta['machine']}; dtype {meta['dtype']}; M={a.m}, K={a.k}, N={a.n} "
+             f"(convs: {a.k // 4} channels, 3x3, 8x8 input)",
+             f"- command: `{meta['command']}`",
+             f"- method: alternating rounds ({rounds} x {calls} calls) under `torch.inference_mode()`; ratio = median "
+             "of per-round ratios. Target: ratio <= 1.2 (lean host path).", "",
+             f"| layer | kernel(s) | layer {what} | float twin | ratio |" + (" wall ratio |" if device.type == "cuda"
+                                                                              else ""),
+             "|---|---|---|---|---|" + ("---|" if device.type == "cuda" else "")]
+    for name, r in res.items():
+        row = f"| {name} | {kernels[name]} | {r['layer_us']:.2f} | {r['base_us']:.2f} | **{r['ratio']:.2f}x** |"
+        if "wall_ratio" in r:
+            row += f" {r['wall_ratio']:.2f}x |"
+        lines.append(row)
+    lines += ["", f"Eval without `pack()` against the same layer packed (M={a.m}; target <= 1.1x):", "",
+              "| layer | eval, not packed (µs) | packed (µs) | ratio |", "|---|---|---|---|"]
+    for name, r in ev.items():
+        lines.append(f"| {name} | {r['layer_us']:.1f} | {r['base_us']:.1f} | **{r['ratio']:.2f}x** |")
+    text = "\n".join(lines) + "\n"
+    (out_dir / f"host_path{suffix}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The eager inference path of the bie layers: the layer's kernel calls
+resolved once, bound to their prepared weights, and reused while nothing they
+were chosen from has changed.
+
+A layer's forward in inference (grad mode off, not compiling or tracing, no
+torch dispatch or function mode, a plain tensor input) asks its
+:class:`LeanCall` whether it still holds. It holds while
+
+* the registry generation is the same (no backend registered, no
+  ``clear_caches``),
+* the backend preference is the same object (per-layer ``backend=``,
+  ``use_backend``, ``set_backend``, ``BIE_BACKEND``),
+* the input has the same shape, dtype, device, contiguity and requires_grad
+  (the part of the dispatcher's decision key that varies from call to call),
+* every tensor of the layer that the call reads is the same object, on the
+  same storage, at the same version counter (an in-place update, an
+  optimizer step, ``load_state_dict``, ``.to()``, ``.half()`` or a replaced
+  tensor all fail this).
+
+Every other argument of the layer's ops is a constant of the layer. When it
+holds, the forward is the bound kernel call and nothing else; otherwise the
+layer resolves again through :func:`bie_core.dispatch.resolve`, which applies
+the full contract (validation, strict explicit choices, fallback warnings).
+``explain`` still records each decision on every call.
+
+Inference tensors (made under ``torch.inference_mode``) have no version
+counter: they are followed by storage alone (they cannot be modified in
+place outside inference mode), as the dispatcher's prepared-layout cache does.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import dispatch
+from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
+
+_REG = dispatch._REG
+_ctx_get = dispatch._context_pref.get
+_rec_get = dispatch._recorder.get
+_layer_name_get = dispatch._layer_name.get
+_Tensor = torch.Tensor
+
+
+def eager_inference(x) -> bool:
+    """Whether a forward with input ``x`` may take the bound path: no autograd
+    recording, not compiling or tracing (those must see the registered op),
+    no dispatch or function mode, a plain tensor."""
+    return (type(x) is _Tensor and not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
+            and not _function_mode())
+
+
+def preference(backend: str):
+    """The effective preference object for a call (what the router uses)."""
+    if backend:
+        return dispatch._layer_pref(backend)
+    p = _ctx_get()
+    if p is None:
+        p = dispatch._global_pref
+        if p is None:
+            p = dispatch._env_pref if dispatch._env_read else dispatch._read_env()
+    return p
+
+
+def tensor_state(t):
+    """(storage address, version) of a tensor; version None for an inference tensor."""
+    if t is None:
+        return None
+    try:
+        return (t.data_ptr(), t._version)
+    except RuntimeError:
+        return (t.data_ptr(), None)
+
+
+def _holds_source(kinds: tuple) -> str:
+    """Source of a validity check for tensors of the given kinds ("none",
+    "inference", "tensor"), written out with the bound values as closure
+    variables (the check runs on every call; attribute and loop overheads
+    would dominate it)."""
+    n = len(kinds)
+    ts = [f"t{i}" for i in range(n)]
+    outer = ["gen0", "pref0", "shape0", "dtype0", "dev0", "contig0", "rg0", "decisions"]
+    body = [
+        "    if _REG.generation != gen0: return False",
+        "    if backend: p = _layer_pref(backend)",
+        "    else:",
+        "        p = _ctx_get()",
+        "        if p is None: p = _pref_global()",
+        "    if p is not pref0 and p != pref0: return False",
+        "    if x.shape != shape0 or x.dtype != dtype0 or x.device != dev0: return False",
+        "    if x.is_contiguous() != contig0 or x.requires_grad != rg0: return False",
+    ]
+    for i, kind in enumerate(kinds):
+        if kind == "none":
+            body.append(f"    if t{i} is not None: return False")
+            continue
+        outer += [f"o{i}", f"p{i}"]
+        cond = f"t{i} is not o{i} or t{i}.data_ptr() != p{i}"
+        if kind == "tensor":
+            outer.append(f"v{i}")
+            cond += f" or t{i}._version != v{i}"
+        body.append(f"    if {cond}: return False")
+    body += ["    rec = _rec_get()",
+             "    if rec is not None:",
+             "        name = _layer_name_get()",
+             "        for d in decisions: rec.append((name, d))",
+             "    return True"]
+    return (f"def make({', '.join(outer)}):\n"
+            f"  def holds(x, backend{''.join(', ' + t for t in ts)}):\n"
+            + "\n".join("  " + line for line in body) + "\n  return holds\n")
+
+
+def _pref_global():
+    p = dispatch._global_pref
+    if p is None:
+        p = dispatch._env_pref if dispatch._env_read else dispatch._read_env()
+    return p
+
+
+_makers: dict = {}
+
+
+def _maker(kinds: tuple):
+    f = _makers.get(kinds)
+    if f is None:
+        ns = {"_REG": _REG, "_layer_pref": dispatch._layer_pref, "_ctx_get": _ctx_get, "_pref_global": _pref_global,
+              "_rec_get": _rec_get, "_layer_name_get": _layer_name_get}
+        exec(compile(_holds_source(kinds), f"<bie lean check {kinds}>", "exec"), ns)  # noqa: S102 - fixed template
+        f = _makers[kinds] = ns["make"]
+    return f
+
+
+class LeanCall:
+    """One layer's bound inference call and the state it was bound under.
+
+    ``call(x)`` computes the layer's 2-D output from its 2-D input ``x``;
+    ``holds(x, backend, *fixed)`` says whether it still computes what the
+    dispatcher would for input ``x`` and the layer's current tensors ``fixed``
+    (in the bound order), and records the decisions for ``explain`` when it
+    does; ``decisions`` are the dispatcher's decisions the call runs."""
+
+    __slots__ = ("call", "decisions", "holds")
+
+    def __init__(self, call, decisions: tuple, x: torch.Tensor, pref, fixed: tuple):
+        self.call = call
+        self.decisions = decisions
+        kinds, vals = [], []
+        for t in fixed:
+            st = tensor_state(t)
+            if st is None:
+                kinds.append("none")
+            elif st[1] is None:
+                kinds.append("inference")
+                vals += [t, st[0]]
+            else:
+                kinds.append("tensor")
+                vals += [t, st[0], st[1]]
+        self.holds = _maker(tuple(kinds))(_REG.generation, pref, x.shape, x.dtype, x.device, x.is_contiguous(),
+                                          x.requires_grad, decisions, *vals)
+
+
+def bind_one(op, args: tuple, backend: str, fixed: tuple) -> LeanCall:
+    """A :class:`LeanCall` for one op whose first argument is the layer input
+    and whose other arguments are layer constants (``fixed`` lists the layer
+    tensors among them)."""
+    r = dispatch.resolve(op, *args, backend=backend)
+    fn, rest = r.fn, args[1:]
+
+    def call(x):
+        return fn(x, *rest)
+    return LeanCall(call, (r.decision,), args[0], r._pref, fixed)
