@@ -348,7 +348,7 @@ def _warn_once(op_name: str, message: str) -> None:
         if key in _warned:
             return
         _warned.add(key)
-    warnings.warn(f"bie: {message}", BieFallbackWarning, stacklevel=5)
+    warnings.warn(f"bie: {message}", BieFallbackWarning, stacklevel=6)
 
 
 def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decision:

@@ -304,6 +304,29 @@ class QATLayer(nn.Module):
     #: never pickled or deep-copied (they hold locks and tensors of this process)
     _transient: tuple = ()
 
+    def _derived(self, slot: str, sources: tuple, build):
+        """``build()``, a value derived from the layer tensors ``sources`` (the
+        codes or sign bits of a latent weight), computed once per version of
+        them: kept while every source is the same object on the same storage at
+        the same version counter, so an in-place update, an optimizer step,
+        ``load_state_dict``, ``.to()`` or a dtype change derives it again.
+        Inference tensors have no version counter: derived every time."""
+        state = []
+        for t in sources:
+            if t is None:
+                state.append(None)
+                continue
+            try:
+                state.append((t.data_ptr(), t._version))
+            except RuntimeError:
+                return build()
+        c = self.__dict__.get(slot)
+        if c is not None and c[1] == state and all(a is b for a, b in zip(c[0], sources)):
+            return c[2]
+        v = build()
+        self.__dict__[slot] = (tuple(sources), state, v)
+        return v
+
     def __getstate__(self):
         state = super().__getstate__()
         for name in self._transient:

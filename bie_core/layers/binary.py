@@ -39,7 +39,15 @@ class _BinaryWeightMixin(TorchInit):
         if self.weight is None:
             return None, self.weight_bits, self.weight_scale
         w = self.weight
-        return w, ops.pack_signs(w.detach().flatten(1), backend=self.backend), self._sw(w)
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            # no gradient wanted: sign bits and sw derived once per version of the latent weight
+            bits, sw = self._derived("_eval_signs", (w,), lambda: self._signs_of(w))
+            return w, bits, sw
+        return (w,) + self._signs_of(w)
+
+    def _signs_of(self, w):
+        with torch.no_grad():
+            return ops.pack_signs(w.detach().flatten(1), backend=self.backend), self._sw(w)
 
     def _do_pack(self):
         with torch.no_grad():
@@ -77,7 +85,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
     _packed_keys = (("weight_bits", (torch.uint8,)), ("weight_scale", (torch.float32, torch.float16, torch.bfloat16)))
-    _transient = ("_resolved", "_signs")
+    _transient = ("_resolved", "_signs", "_eval_signs")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, per_channel: bool = False,
                  backend=None, device=None, dtype=None):
@@ -216,6 +224,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
     _packed_keys = BinaryLinear._packed_keys
+    _transient = ("_eval_signs",)
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = False, pad_value: float = -1.0, *, per_channel: bool = False,

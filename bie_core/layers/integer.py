@@ -26,10 +26,11 @@ import math
 import torch
 from torch import nn
 
-from .. import ops
+from .. import dispatch, ops
 from ..ops.binary import conv_out_size
 from ._base import QATLayer, TorchInit, check_dtype, lsq_init, pair
-from ._int_fn import QConv2dFn, QLinearFn, q_conv2d, q_linear
+from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, q_conv2d, q_linear
+from ._lean import LeanCall, eager_inference
 
 BITS = (4, 8)
 
@@ -43,6 +44,8 @@ def _check_bits(name: str, w_bits, a_bits) -> None:
 
 class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
+    _transient = ("_lean", "_eval_codes")
+    _lean = None
 
     def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict):
         self.w_bits, self.a_bits, self.per_channel = w_bits, a_bits, bool(per_channel)
@@ -64,8 +67,22 @@ class _IntWeightMixin(TorchInit):
         if self.weight is not None:
             if not self._weight_scale_ready:
                 self._init_weight_scale()
+            if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                # no gradient wanted: the codes of the latent weight, derived once per version
+                return None, self._latent_codes(), self.weight_scale
             return self.weight, None, self.weight_scale
         return None, self._packed_codes(), self.weight_scale
+
+    def _latent_codes(self) -> torch.Tensor:
+        """``quantize_int(W, sw)``, the codes the forward uses, kept per version of
+        the latent weight and its scale (eval-mode caching)."""
+        w, sw = self.weight, self.weight_scale
+
+        def build():
+            with torch.no_grad():
+                swf = sw.detach().to(torch.float32)
+                return ops.quantize_int(w.detach(), _col(swf, w.dim()), self.w_bits, backend=self.backend)
+        return self._derived("_eval_codes", (w, sw), build)
 
     def _packed_codes(self) -> torch.Tensor:
         q = self.qweight
@@ -166,6 +183,10 @@ class QLinear(_IntWeightMixin, QATLayer):
                 f"bias={self.bias is not None}" + self._bits_repr())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if eager_inference(x) and self.__dict__.get("_act_scale_ready"):
+            y = self._infer(x)
+            if y is not None:
+                return y
         self._check_float_input(x)
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             self._fail(f"input of shape {tuple(x.shape)} has {x.shape[-1] if x.dim() else 'no'} features in its "
@@ -178,6 +199,45 @@ class QLinear(_IntWeightMixin, QATLayer):
         # without autograd, skip the Function machinery (it is per-call overhead at small sizes)
         y = QLinearFn.apply(*args) if torch.is_grad_enabled() else q_linear(*args)[0]
         return y.reshape(lead + (self.out_features,))
+
+    def _infer(self, x: torch.Tensor):
+        """Eager inference: the activation quantization and the integer GEMM
+        resolved once for this input signature and bound (see ``_lean``), with
+        the weight codes and the float32 scales of the current tensors; the same
+        ops with the same arguments as ``q_linear``. None: the full path."""
+        k = self.in_features
+        nd = x.dim()
+        if nd < 1 or x.shape[-1] != k:
+            return None
+        x2 = x if nd == 2 else x.reshape(-1, k)
+        p = self._parameters
+        w = p["weight"]
+        fixed = (w if w is not None else self._buffers["qweight"], p["weight_scale"], p["act_shift"], p["act_scale"],
+                 p.get("bias"))
+        backend = self.backend or ""
+        lc = self._lean
+        if lc is None or not lc.holds(x2, backend, *fixed):
+            if w is not None and not self._weight_scale_ready:
+                return None
+            self._check_float_input(x)
+            self._lean = None
+            lc = self._lean = self._bind(x2, fixed, backend)
+        y = lc.call(x2)
+        return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
+
+    def _bind(self, x2, fixed, backend: str) -> LeanCall:
+        _, codes, sw = self._weight_operands()
+        saf, swf = _f32_scales(self.act_scale, sw)
+        ba, bias, a_bits, w_bits, dt = self.act_shift.detach(), fixed[4], self.a_bits, self.w_bits, x2.dtype
+        scale = saf * swf
+        r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=backend)
+        qa = r1(x2, saf, a_bits, ba, None)
+        r2 = dispatch.resolve(ops.int_gemm, qa, codes, a_bits, w_bits, scale, bias, dt, backend=backend)
+        quant, gemm = r1.fn, r2.fn
+
+        def call(x):
+            return gemm(quant(x, saf, a_bits, ba, None), codes, a_bits, w_bits, scale, bias, dt)
+        return LeanCall(call, (r1.decision, r2.decision), x2, r1._pref, fixed)
 
 
 class QConv2d(_IntWeightMixin, QATLayer):
