@@ -310,7 +310,9 @@ class QATLayer(nn.Module):
         them: kept while every source is the same object on the same storage at
         the same version counter, so an in-place update, an optimizer step,
         ``load_state_dict``, ``.to()`` or a dtype change derives it again.
-        Inference tensors have no version counter: derived every time."""
+        An inference tensor has no version counter and cannot be changed in
+        place outside inference mode: it is followed by its storage alone (as
+        the dispatcher's prepared layouts are)."""
         state = []
         for t in sources:
             if t is None:
@@ -319,7 +321,7 @@ class QATLayer(nn.Module):
             try:
                 state.append((t.data_ptr(), t._version))
             except RuntimeError:
-                return build()
+                state.append((t.data_ptr(), None))
         c = self.__dict__.get(slot)
         if c is not None and c[1] == state and all(a is b for a, b in zip(c[0], sources)):
             return c[2]

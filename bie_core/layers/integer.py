@@ -44,7 +44,7 @@ def _check_bits(name: str, w_bits, a_bits) -> None:
 
 class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
-    _transient = ("_lean", "_eval_codes")
+    _transient = ("_lean", "_eval_codes", "_codes_cache")
     _lean = None
 
     def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict):
@@ -96,14 +96,10 @@ class _IntWeightMixin(TorchInit):
         # is unchanged (8-bit: one reshaped view; 4-bit: codes unpacked once per
         # buffer version): the dispatcher caches backend-prepared layouts per
         # tensor object, so a fresh view per call would re-prepare every time.
-        key = (id(q), q.data_ptr(), q._version, q.device)
-        if self._codes_cache is None or self._codes_cache[0] != key:
-            if self.w_bits == 8:
-                codes = q.reshape(self._weight_shape)
-            else:
-                codes = ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
-            self._codes_cache = (key, codes)
-        return self._codes_cache[1]
+        if self.w_bits == 8:
+            return self._derived("_codes_cache", (q,), lambda: q.reshape(self._weight_shape))
+        return self._derived("_codes_cache", (q,), lambda: ops.unpack_int4(q, self._flat_k(), backend=self.backend)
+                             .reshape(self._weight_shape))
 
     def _do_pack(self) -> None:
         if not self._weight_scale_ready:
