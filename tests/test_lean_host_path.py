@@ -1,0 +1,309 @@
+"""The eager inference path of MPQLinear, MBWQLinear and QLinear (a bound
+kernel call kept while ``layers._lean.LeanCall.holds``), against the full
+path, and everything that must make it resolve again: weights changed in
+place, loading, dtype moves, replaced tensors, backend choices, new kernels.
+Also: a kernel's ``bind`` (the native wq_gemm plan) computes what its ``fn``
+does, and QAT layers in eval derive weight codes once per weight version."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import bie_core
+from bie_core import BinaryConv2d, Capability, MPQLinear, NoKernelError, QConv2d, QLinear, dispatch, explain, ops
+from bie_core.layers.weight_only import MBWQLinear
+from bie_core.plugins import BackendDescriptor, hookimpl
+
+
+def _mpq(k, n, bits=4, gs=32, dtype=torch.float32, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return MPQLinear.from_float(nn.Linear(k, n, bias=bias), bits=bits, group_size=gs, dtype=dtype).eval()
+
+
+def _mbwq(k, n, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return MBWQLinear.from_float(nn.Linear(k, n, bias=True), bits={4: 0.5, 2: 0.5}, group_size=32,
+                                 dtype=dtype).eval()
+
+
+def _full(layer, x):
+    with torch.no_grad():
+        return layer._forward(x) if hasattr(layer, "_forward") else layer(x)
+
+
+def _lean(layer, x):
+    with torch.inference_mode():
+        y = layer(x)
+    assert layer._lean is not None, "the bound inference path was not taken"
+    return y
+
+
+@pytest.mark.parametrize("make", [lambda d: _mpq(64, 48, 4, 32, d), lambda d: _mpq(100, 37, 3, 16, d, bias=False),
+                                  lambda d: _mpq(256, 40, 8, 128, d), lambda d: _mpq(64, 16, 2, -1, d),
+                                  lambda d: _mbwq(96, 24, d)],
+                         ids=["w4g32", "w3g16-odd", "w8g128", "w2-one-group", "mbwq"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1,), (5,), (2, 3)])
+def test_weight_only_same_result_as_full_path(make, dtype, shape):
+    layer = make(dtype)
+    x = torch.randn(shape + (layer.in_features,)).to(dtype)
+    full = _full(layer, x)
+    for _ in range(2):                                    # the first call binds, the second reuses
+        y = _lean(layer, x)
+        assert y.shape == full.shape and y.dtype == full.dtype and torch.equal(y, full)
+    lc = layer._lean
+    _lean(layer, x)
+    assert layer._lean is lc                              # nothing changed: the same bound call
+
+
+def test_weight_only_follows_weight_changes():
+    layer = _mpq(64, 32)
+    x = torch.randn(3, 64)
+    _lean(layer, x)
+    with torch.no_grad():                                 # in-place update of the packed codes
+        layer.qweight.copy_(layer.qweight.flip(1))
+    assert torch.equal(_lean(layer, x), _full(layer, x))
+    with torch.no_grad():
+        layer.scales.mul_(2)
+        layer.bias.add_(1)
+    assert torch.equal(_lean(layer, x), _full(layer, x))
+    other = _mpq(64, 32, seed=7)
+    layer.load_state_dict(other.state_dict())             # loading copies in place
+    assert torch.equal(_lean(layer, x), _full(other, x))
+    layer.scales = torch.rand_like(layer.scales)          # a replaced buffer
+    assert torch.equal(_lean(layer, x), _full(layer, x))
+    layer.to(torch.bfloat16)                              # dtype move: new storage for scales and bias
+    xb = x.to(torch.bfloat16)
+    assert torch.equal(_lean(layer, xb), _full(layer, xb))
+    layer.bias.data = torch.randn(32).to(torch.bfloat16)  # .data swap keeps the version counter
+    assert torch.equal(_lean(layer, xb), _full(layer, xb))
+
+
+def test_act_order_switch_and_mbwq_reload():
+    layer = _mpq(64, 16, 4, 32)
+    x = torch.randn(2, 64)
+    _lean(layer, x)
+    sd = layer.state_dict()
+    sd["g_idx"] = torch.arange(64, dtype=torch.int32).flip(0) // 32   # act-order: g_idx becomes an argument
+    layer.load_state_dict(sd)
+    assert layer.act_order
+    assert torch.equal(_lean(layer, x), _full(layer, x))
+    mb = _mbwq(96, 24)
+    xm = torch.randn(2, 96)
+    _lean(mb, xm)
+    mb.load_state_dict(_mbwq(96, 24, seed=3).state_dict())
+    assert torch.equal(_lean(mb, xm), _full(mb, xm))
+
+
+def _tagging_backend(name, log, op="wq_gemm", priority=500, max_m=4):
+    from bie_backend_cpu.reference import weight_only as rw
+
+    def fn(*args, prepared=None):
+        log.append(name)
+        return getattr(rw, op)(*args)
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            registry.register(op, fn, name=f"{name}_k", priority=priority,
+                              capability=Capability(devices=("cpu",), max_dims={"M": max_m}), prepare=lambda *w: None)
+    bie_core.register_backend(BackendDescriptor(name, "1.0", ("cpu",), load=P))
+
+
+def test_weight_only_follows_backend_choices_and_new_kernels(fresh_bie):
+    layer = _mpq(64, 24)
+    x = torch.randn(2, 64)
+    ref = _lean(layer, x)
+    log = []
+    _tagging_backend("tagger", log)                       # a new kernel: the registry generation changes
+    y = _lean(layer, x)
+    assert log == ["tagger"]
+    torch.testing.assert_close(y, ref)
+    log.clear()
+    with bie_core.use_backend("cpu"):                     # a context choice
+        assert torch.equal(_lean(layer, x), ref) and log == []
+    _lean(layer, x)
+    assert log == ["tagger"]
+    log.clear()
+    big = torch.randn(9, 64)                              # M=9: the tagger declines
+    _lean(layer, big)
+    assert log == []
+    layer.backend = "tagger"                              # per-layer explicit choice: strict
+    with pytest.raises(NoKernelError, match="tagger"):
+        _lean(layer, big)
+    _lean(layer, x)
+    assert log == ["tagger"]
+
+
+def test_explain_records_bound_calls_and_copies():
+    layer = _mpq(64, 24)
+    x = torch.randn(1, 64)
+    _lean(layer, x)
+    _lean(layer, x)
+    with torch.inference_mode():
+        chosen = explain(layer, x).chosen()
+    assert "wq_gemm" in chosen
+    clone = copy.deepcopy(layer)
+    assert clone._lean is None
+    assert torch.equal(_lean(clone, x), _lean(layer, x))
+
+
+def test_bad_input_names_the_layer():
+    layer = _mpq(64, 24)
+    _lean(layer, torch.randn(2, 64))
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"MPQLinear\(in_features=64"):
+            layer(torch.randn(2, 32))
+        with pytest.raises(TypeError, match="int64"):
+            layer(torch.ones(2, 64, dtype=torch.long))
+
+
+def test_grad_and_compile_take_the_registered_op():
+    layer = _mpq(32, 8)
+    x = torch.randn(2, 32, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer._lean is None and x.grad is not None
+
+
+# ------------------------------------------------------------ kernel binds
+@pytest.mark.parametrize("bits, gs, k, n, m, act_order, bias, dtype", [
+    (4, 128, 256, 40, 1, False, True, torch.float32), (2, 64, 128, 17, 3, False, False, torch.bfloat16),
+    (3, 32, 100, 33, 5, True, True, torch.float16), (8, -1, 64, 16, 96, False, True, torch.float32),
+    (4, 32, 64, 16, 97, False, True, torch.float32)])
+def test_native_wq_gemm_bind_computes_what_fn_does(bits, gs, k, n, m, act_order, bias, dtype):
+    from bie_backend_cpu import native
+    if not native.status().active:
+        pytest.skip("native CPU kernels are off or not built")
+    from bie_backend_cpu.native import kernels_wq as nw
+    torch.manual_seed(bits * 7 + m)
+    layer = MPQLinear(k, n, bits=bits, group_size=gs, bias=bias, dtype=torch.float32)
+    layer.qweight.random_(-2**31, 2**31 - 1)
+    with torch.no_grad():
+        layer.scales.uniform_(0.01, 0.1)
+        if bias:
+            layer.bias.normal_()
+    g_idx = torch.randint(0, layer.num_groups, (k,), dtype=torch.int32) if act_order else None
+    x = torch.randn(m, k).to(dtype)
+    args = (x, layer.qweight, layer.scales, layer.zeros, g_idx, layer.bias, bits, gs, "gptq")
+    prepared = nw.prepare(*args[1:5])
+    call = nw.bind_wq_gemm(*args, prepared=prepared)
+    if m > nw.FUSED_MAX_M:
+        assert call is None                               # large M: the unbound kernel serves
+        return
+    for xx in (x, torch.randn(m, k).to(dtype), torch.randn(k, m).to(dtype).t()):   # same signature, new values
+        a = (xx,) + args[1:]
+        assert torch.equal(call(*a), nw.wq_gemm(*a, prepared=prepared))
+
+
+def test_resolved_uses_the_kernel_bind(fresh_bie):
+    seen = []
+
+    def fn(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
+        return torch.zeros(x.shape[0], qweight.shape[1])
+
+    def bind(x, *rest):
+        seen.append(tuple(x.shape))
+        return lambda *a: torch.ones(a[0].shape[0], a[1].shape[1])
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            registry.register("wq_gemm", fn, name="bound", priority=900, capability=Capability(devices=("cpu",)),
+                              bind=bind)
+    bie_core.register_backend(BackendDescriptor("binder", "1.0", ("cpu",), load=P))
+    layer = _mpq(64, 8)
+    x = torch.randn(2, 64)
+    r = dispatch.resolve(ops.wq_gemm, x, layer.qweight, layer.scales, layer.zeros, None, layer.bias, 4, 32, "gptq")
+    assert seen == [(2, 64)] and r.kernel.name == "bound"
+    assert torch.equal(r(x, layer.qweight, layer.scales, layer.zeros, None, layer.bias, 4, 32, "gptq"),
+                       torch.ones(2, 8))
+    assert torch.equal(ops.wq_gemm(x, layer.qweight, layer.scales, layer.zeros, None, layer.bias, 4, 32, "gptq"),
+                       torch.zeros(2, 8))                 # a dispatched call runs fn
+
+
+# ------------------------------------------------------ QLinear and eval caching
+@pytest.mark.parametrize("w_bits, a_bits, per_channel, packed, dtype", [
+    (8, 8, False, False, torch.float32), (4, 4, True, False, torch.float32), (8, 8, True, True, torch.bfloat16),
+    (4, 8, False, True, torch.float32)])
+def test_qlinear_eval_paths_agree(w_bits, a_bits, per_channel, packed, dtype):
+    torch.manual_seed(w_bits + a_bits)
+    layer = QLinear(40, 12, w_bits, a_bits, bias=True, per_channel=per_channel, dtype=dtype)
+    x = torch.randn(3, 40).to(dtype)
+    y_train = layer(x.clone().requires_grad_())           # initialises both scales
+    if packed:
+        layer.pack()
+    layer.eval()
+    for xx in (x, x.reshape(1, 3, 40)):
+        y = _lean(layer, xx)
+        assert torch.equal(y.reshape(3, 12), y_train.detach())
+        assert torch.equal(_lean(layer, xx), y)
+
+
+def test_qlinear_eval_codes_follow_the_weight():
+    torch.manual_seed(3)
+    layer = QLinear(32, 8, 8, 8, bias=True)
+    x = torch.randn(2, 32)
+    layer(x)
+    layer.eval()
+    _lean(layer, x)
+    codes = layer._eval_codes[2]
+    _lean(layer, x)
+    with torch.no_grad():
+        layer(x)
+    assert layer._eval_codes[2] is codes                  # unchanged weight: derived once
+
+    def ref():
+        with torch.enable_grad():
+            return layer(x).detach()                      # the autograd path derives codes itself
+
+    with torch.no_grad():
+        layer.weight.mul_(-1)                             # in place (an optimizer step)
+    assert torch.equal(_lean(layer, x), ref()) and layer._eval_codes[2] is not codes
+    codes = layer._eval_codes[2]
+    with torch.no_grad():
+        layer.weight_scale.mul_(0.5)                      # the scale the codes were derived with
+    assert torch.equal(_lean(layer, x), ref()) and layer._eval_codes[2] is not codes
+    other = QLinear(32, 8, 8, 8, bias=True)
+    other(x)
+    layer.load_state_dict(other.state_dict())
+    assert torch.equal(_lean(layer, x), other.eval()(x).detach())
+    layer.to(torch.bfloat16)                              # dtype move: new storage, derived again
+    xb = x.to(torch.bfloat16)
+    assert torch.equal(_lean(layer, xb), ref_fn(layer, xb))
+
+
+def ref_fn(layer, x):
+    with torch.enable_grad():
+        return layer(x).detach()
+
+
+@pytest.mark.parametrize("make", [lambda: QConv2d(4, 6, 3, padding=1, bias=True),
+                                  lambda: BinaryConv2d(4, 6, 3, padding=1, bias=True)], ids=["QConv2d", "BinaryConv2d"])
+def test_conv_eval_caches_follow_the_weight(make):
+    torch.manual_seed(5)
+    layer = make()
+    x = torch.randn(2, 4, 6, 6)
+    layer(x)
+    layer.eval()
+    slot = "_eval_codes" if isinstance(layer, QConv2d) else "_eval_signs"
+
+    def ref():
+        return layer(x.clone().requires_grad_()).detach()   # grad path: derived on the fly
+
+    with torch.no_grad():
+        y = layer(x)
+        cached = layer.__dict__[slot][2]
+        assert torch.equal(layer(x), y) and layer.__dict__[slot][2] is cached
+    assert torch.equal(y, ref())
+    with torch.no_grad():
+        layer.weight.mul_(-1)
+        assert torch.equal(layer(x), ref())
+        assert layer.__dict__[slot][2] is not cached
+    layer.half()
+    with torch.no_grad():
+        assert torch.equal(layer(x.half()), layer(x.half().requires_grad_()).detach())
+    c = copy.deepcopy(layer)
+    assert c.__dict__.get(slot) is None
