@@ -1,0 +1,150 @@
+"""Models built of bie layers under torch.compile: one graph (no graph
+break), exact eager results, and no recompile from one decode step to the
+next (a varying number of rows M compiles at most once more, as a dynamic
+dimension; marked dynamic up front, never: sizes 0 and 1 are specialised). On CUDA (skipped elsewhere): manual
+CUDA graph capture and ``mode="reduce-overhead"`` replay the eager results, and
+eager inference makes no host sync."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
+
+from bie_core import BinaryLinear, MPQLinear, QLinear
+from bie_core.layers.weight_only import MBWQLinear
+
+
+class Block(nn.Module):
+    """A decoder-MLP-like stack of every bie linear family."""
+
+    def __init__(self, dtype=torch.float32, device=None, qat=True):
+        super().__init__()
+        torch.manual_seed(0)
+
+        def lin(k, n):
+            return nn.Linear(k, n, bias=True, device=device, dtype=torch.float32)
+        self.up = MPQLinear.from_float(lin(64, 128), bits=4, group_size=32, dtype=dtype)
+        self.down = MBWQLinear.from_float(lin(128, 64), bits={4: 0.5, 2: 0.5}, group_size=32, dtype=dtype)
+        self.w8 = MPQLinear.from_float(lin(64, 64), bits=8, group_size=-1, dtype=dtype)
+        self.qat = qat
+        if qat:
+            self.q = QLinear(64, 64, 8, 8, bias=True, device=device, dtype=dtype)
+            self.b = BinaryLinear(64, 64, device=device, dtype=dtype)
+
+    def forward(self, x):
+        h = self.w8(self.down(torch.nn.functional.silu(self.up(x))) + x)
+        if self.qat:
+            h = self.b(self.q(h)) + h
+        return h
+
+
+def _ready(model, x):
+    model(x)                     # first-batch scale initialisation of the QAT layers
+    model.eval()
+    for m in model.modules():
+        if hasattr(m, "pack") and not isinstance(m, (MPQLinear, MBWQLinear)):
+            m.pack()
+    return model
+
+
+def test_no_graph_break():
+    model = _ready(Block(), torch.randn(4, 64))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ex = torch._dynamo.explain(model)(torch.randn(1, 64))
+    assert ex.graph_break_count == 0, ex.break_reasons
+    assert ex.graph_count == 1
+
+
+@pytest.mark.parametrize("mark_dynamic", [False, True])
+def test_decode_steps_do_not_recompile(mark_dynamic):
+    model = _ready(Block(), torch.randn(4, 64))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    graphs = []
+    with torch.no_grad():
+        # prefill-like and decode-like row counts (a dimension of size 1 is always specialised, so the
+        # marked case starts at 2)
+        for step, m in enumerate((2, 2, 3, 5, 2, 7, 4) if mark_dynamic else (1, 1, 3, 5, 2, 7, 1)):
+            x = torch.randn(m, 64)
+            if mark_dynamic and step == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+            assert torch.equal(compiled(x), model(x))
+            graphs.append(counters["stats"]["unique_graphs"])
+    # automatic dynamic shapes: one graph for the first M, one dynamic graph for every other
+    assert graphs[-1] == (1 if mark_dynamic else 2), graphs
+    assert graphs[1] == graphs[0]                              # the same decode step again: nothing new
+
+
+def test_compile_leading_dims_and_bf16():
+    model = _ready(Block(dtype=torch.bfloat16, qat=False), torch.randn(4, 64, dtype=torch.bfloat16))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for shape in ((2, 3, 64), (4, 5, 64), (3, 2, 64)):     # (sizes 0 and 1 are always specialised)
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            assert torch.equal(compiled(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_graph_capture_replays_eager(dtype):
+    dev = torch.device("cuda")
+    model = _ready(Block(dtype=dtype, device=dev, qat=False), torch.randn(4, 64, device=dev, dtype=dtype))
+    x = torch.randn(1, 64, device=dev, dtype=dtype)
+    with torch.inference_mode():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                model(x)                                       # warm-up: decisions, prepared layouts
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = model(x)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, model(x))
+
+
+@cuda
+def test_cuda_eager_inference_makes_no_host_sync():
+    dev = torch.device("cuda")
+    model = _ready(Block(dtype=torch.bfloat16, device=dev, qat=False), torch.randn(4, 64, device=dev,
+                                                                                   dtype=torch.bfloat16))
+    x = torch.randn(1, 64, device=dev, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        model(x)
+        model(x)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                model(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@cuda
+def test_cuda_reduce_overhead_no_recompile():
+    dev = torch.device("cuda")
+    model = _ready(Block(dtype=torch.bfloat16, device=dev, qat=False), torch.randn(4, 64, device=dev,
+                                                                                   dtype=torch.bfloat16))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.inference_mode():
+        for _ in range(5):
+            x = torch.randn(1, 64, device=dev, dtype=torch.bfloat16)
+            y = compiled(x).clone()
+            torch.testing.assert_close(y, model(x), rtol=2e-2, atol=2e-2)
+    assert counters["stats"]["unique_graphs"] == 1
