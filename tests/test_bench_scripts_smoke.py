@@ -1,0 +1,53 @@
+"""The end-to-end and host-time benchmark scripts run (tiny sizes, CPU) and
+write what their pages are made of; the figures themselves live in
+benchmarks/results, not in tests."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_e2e_llm_smoke(tmp_path):
+    pytest.importorskip("transformers")
+    threads = torch.get_num_threads()
+    try:
+        _load("bench_e2e_llm").main(["--smoke", "--cases", "fp32,bie-w4-gptq,tinygemm-w4,bnb-nf4", "--reps", "1",
+                                     "--out-dir", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads((tmp_path / "e2e_llm_smoke.json").read_text())
+    runs = data["runs"]
+    assert {r["case"] for r in runs.values()} >= {"fp32", "bie-w4-gptq", "tinygemm-w4"}
+    for r in runs.values():
+        assert "error" not in r, r
+        assert r["decode_tokens_per_s"] > 0 and r["ttft_ms"] > 0
+    gptq = data["agreement"]["bie-w4-gptq"]
+    assert gptq["roundtrip_max_abs_diff"] == 0.0         # save_quantized -> load_quantized is exact
+    assert gptq["top1_agreement"] == 1.0 and gptq["max_abs_diff"] < 1e-4 * max(1.0, gptq["ref_max_abs"])
+    assert data["agreement"]["tinygemm-w4"]["top1_agreement"] > 0.9
+    md = (tmp_path / "e2e_llm_smoke.md").read_text()
+    assert "bie-w4-gptq" in md and "vs float" in md
+
+
+def test_host_bench_quick(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        _load("bench_host").main(["--quick", "--k", "32", "--n", "32", "--eval-k", "64", "--out-dir", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads((tmp_path / "host_path.json").read_text())
+    assert "MPQLinear W4 g32" in data["layers"] and "QLinear W8A8 64x64" in data["eval_vs_packed"]
+    assert all(r["ratio"] > 0 for r in data["layers"].values())
