@@ -1,5 +1,5 @@
 """BinaryLinear's inference path (``_infer``: a kernel resolved once and kept
-while ``dispatch.Resolved.valid`` says so) against the full path, and the
+while ``layers._lean.LeanCall.holds`` says so) against the full path, and the
 cache's invalidation: weights changed in place, backend choices, new kernels,
 dtype moves, loading, strict explicit choices, explain, copies."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _full(layer, x):
 def _lean(layer, x):
     with torch.inference_mode():
         y = layer(x)
-    assert layer._resolved is not None, "the inference path was not taken"
+    assert layer._lean is not None, "the inference path was not taken"
     return y
 
 
@@ -190,7 +190,7 @@ def test_copies_and_pickles_after_inference():
     layer(x)
     y = _lean(layer, x)
     for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
-        assert clone._resolved is None
+        assert clone._lean is None
         assert torch.equal(_lean(clone, x), y)
 
 
@@ -198,7 +198,7 @@ def test_compile_and_grad_take_the_full_path():
     layer = BinaryLinear(8, 3)
     x = torch.randn(2, 8, requires_grad=True)
     layer(x).sum().backward()
-    assert layer._resolved is None and x.grad is not None
+    assert layer._lean is None and x.grad is not None
     with torch.no_grad():
         layer(x)
-    assert layer._resolved is not None
+    assert layer._lean is not None

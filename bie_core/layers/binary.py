@@ -21,11 +21,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import dispatch, ops
+from .. import ops
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.binary import conv_out_size, packed_len
 from ._base import QATLayer, TorchInit, binary_init, check_dtype, pair
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
+from ._lean import bind_one
 
 
 class _BinaryWeightMixin(TorchInit):
@@ -85,7 +86,8 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
     _packed_keys = (("weight_bits", (torch.uint8,)), ("weight_scale", (torch.float32, torch.float16, torch.bfloat16)))
-    _transient = ("_resolved", "_signs", "_eval_signs")
+    _transient = ("_lean", "_signs", "_eval_signs")
+    _lean = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, per_channel: bool = False,
                  backend=None, device=None, dtype=None):
@@ -101,7 +103,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         self.act_shift = nn.Parameter(torch.zeros(in_features, **fk))
         self.act_scale = nn.Parameter(torch.zeros((), **fk))
         self._setup(backend)
-        self._resolved = None   # the inference path's kernel (see _infer)
+        self._lean = None       # the inference path's bound kernel call (see _infer)
         self._signs = None      # (weight, state, bits, sw) derived from the latent weight
         self.reset_parameters()
         self._tag_params()
@@ -123,7 +125,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         return s + (", packed" if self.packed else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (eager_fast_path() written out: this test runs on every call)
+        # (eager_inference() written out: this test runs on every call)
         if (type(x) is torch.Tensor and self.__dict__.get("_act_scale_ready") and not _grad_enabled()
                 and not _compiling() and not _dispatch_stack_len() and not _function_mode()):
             y = self._infer(x)
@@ -133,21 +135,19 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
 
     def _infer(self, x: torch.Tensor):
         """Inference with nothing recording or tracing: one call of the kernel
-        the dispatcher resolved for this signature, kept while valid.
+        the dispatcher resolved for this input signature, bound to the prepared
+        weight layout and kept while valid (see ``_lean``).
 
         The same op with the same arguments as ``_forward`` without grad (so
         the same result, bit for bit); what it skips is per-call work whose
         answer cannot have changed: the module attribute lookups, the decision
-        lookup (``Resolved.valid`` re-checks the registry generation, the
-        backend preference, every argument's signature, x's shape included,
-        and the weight's storage and version), and, for an unpacked layer,
-        re-deriving the sign bits and ``sw`` of an unchanged latent weight.
-        Returns None when the input needs the full path's checks (which then
-        raise)."""
+        lookup, and, for an unpacked layer, re-deriving the sign bits and ``sw``
+        of an unchanged latent weight. Returns None when the input needs the
+        full path's checks (which then raise)."""
         k = self.in_features
         nd = x.dim()
         if nd == 2:
-            x2d = x       # its shape is part of the signature Resolved.valid compares
+            x2d = x
         elif nd == 0 or x.shape[-1] != k:
             return None
         else:
@@ -156,26 +156,28 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         w = params.get("weight")
         if w is None:
             buffers = self._buffers
-            bits, sw = buffers["weight_bits"], buffers["weight_scale"]
+            fixed = (params["act_shift"], buffers["weight_bits"], params["act_scale"], buffers["weight_scale"],
+                     params.get("bias"))
         else:
-            bits, sw = self._latent_signs(w)
+            fixed = (params["act_shift"], w, params["act_scale"], None, params.get("bias"))
         backend = self.backend or ""
-        args = (x2d, params["act_shift"], bits, k, params["act_scale"], sw, params.get("bias"), x2d.dtype)
-        r = self.__dict__.get("_resolved")
-        if r is None or not r.valid(args, backend):
+        lc = self._lean
+        if lc is None or not lc.holds(x2d, backend, *fixed):
             # something changed (first call, backend choice, kernels, shapes,
             # dtypes, weights): the full input checks, fresh weight signs under
             # the current backend choice, and a new decision
-            if x.shape[-1] != k:
+            if x2d.shape[-1] != k:
                 return None
             self._check_float_input(x)
-            if w is not None:
+            self._lean = None
+            if w is None:
+                bits, sw = fixed[1], fixed[3]
+            else:
                 self._signs = None
                 bits, sw = self._latent_signs(w)
-                args = args[:2] + (bits,) + args[3:5] + (sw,) + args[6:]
-            self._resolved = None
-            r = self._resolved = dispatch.resolve(ops.binary_linear, *args, backend=backend)
-        y = r.fn(*args)
+            args = (x2d, fixed[0], bits, k, fixed[2], sw, fixed[4], x2d.dtype)
+            lc = self._lean = bind_one(ops.binary_linear, args, backend, fixed)
+        y = lc.call(x2d)
         return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
 
     def _latent_signs(self, w):
