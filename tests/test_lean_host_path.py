@@ -307,3 +307,42 @@ def test_conv_eval_caches_follow_the_weight(make):
         assert torch.equal(layer(x.half()), layer(x.half().requires_grad_()).detach())
     c = copy.deepcopy(layer)
     assert c.__dict__.get(slot) is None
+
+
+@pytest.mark.parametrize("m, k, n, scale, bias, out_dtype", [
+    (1, 64, 16, "scalar", True, torch.float32), (5, 100, 33, "vector", False, torch.bfloat16),
+    (3, 7, 9, None, False, None), (2, 64, 64, "scalar", True, torch.float16)])
+def test_native_int_gemm_bind_computes_what_fn_does(m, k, n, scale, bias, out_dtype):
+    from bie_backend_cpu import native
+    if not native.status().active:
+        pytest.skip("native CPU kernels are off or not built")
+    from bie_backend_cpu.native import kernels as nk
+    torch.manual_seed(m * k + n)
+    b = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    s = {"scalar": torch.rand(()) + 0.1, "vector": torch.rand(n) + 0.1, None: None}[scale]
+    bb = torch.randn(n) if bias else None
+    prepared = nk.prepare(b)
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+    call = nk.bind_int_gemm(a, b, 8, 8, s, bb, out_dtype, prepared=prepared)
+    assert call is not None
+    for aa in (a, torch.randint(-128, 128, (m, k), dtype=torch.int8),
+               torch.randint(-128, 128, (k, m), dtype=torch.int8).t()):
+        assert torch.equal(call(aa, b, 8, 8, s, bb, out_dtype), nk.int_gemm(aa, b, 8, 8, s, bb, out_dtype,
+                                                                             prepared=prepared))
+
+
+@pytest.mark.parametrize("shape, dtype, bits, shift, out_dtype", [
+    ((1, 64), torch.float32, 8, True, None), ((3, 17), torch.bfloat16, 4, False, None),
+    ((2, 5, 8), torch.float16, 8, True, torch.float32)])
+def test_native_quantize_int_bind_computes_what_fn_does(shape, dtype, bits, shift, out_dtype):
+    from bie_backend_cpu import native
+    if not native.status().active:
+        pytest.skip("native CPU kernels are off or not built")
+    from bie_backend_cpu.native import kernels as nk
+    torch.manual_seed(len(shape) + bits)
+    x = (torch.randn(shape) * 20).to(dtype)
+    sh = torch.randn(shape[-1]).to(dtype) if shift else None
+    call = nk.bind_quantize_int(x, torch.tensor(0.37), bits, sh, out_dtype)
+    assert nk.bind_quantize_int(x, torch.rand(shape[-1]), bits, sh, out_dtype) is None   # vector scale: unbound
+    for xx, sc in ((x, torch.tensor(0.37)), ((torch.randn(shape) * 20).to(dtype), torch.tensor(1.3).to(dtype))):
+        assert torch.equal(call(xx, sc, bits, sh, out_dtype), nk.quantize_int(xx, sc, bits, sh, out_dtype))

@@ -270,6 +270,7 @@ def register_kernels(registry) -> NativeStatus:
                       capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}),
                       description=f"{tag}: bit-packed im2col + XOR-popcount GEMM, any pad value")
     registry.register("int_gemm", nk.int_gemm, priority=PRIORITY, name="native.int_gemm", prepare=nk.prepare,
+                      bind=nk.bind_int_gemm,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES,
                                             attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
                                             max_dims={"K": INT_GEMM_MAX_K}),
@@ -292,6 +293,7 @@ def register_kernels(registry) -> NativeStatus:
                       name="native.sign_embedding_bag", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
                       description=f"{tag}: gather + per-bit majority vote")
     registry.register("quantize_int", nk.quantize_int, priority=PRIORITY, name="native.quantize_int",
+                      bind=nk.bind_quantize_int,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}),
                       description=f"{tag}: true division, round half to even, clamp; any broadcast scale")
     from . import kernels_wq as nw

@@ -450,10 +450,60 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
     a = a.detach()
     flags, s32, b32 = _epilogue(scale, bias, n)
     mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, 4 * _threads())
-    args = IGemmArgs(a.data_ptr(), a.stride(0), lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k, lay.kp,
+    # (one row: its stride says nothing, a (K, 1) column seen as (1, K) has stride 1)
+    args = IGemmArgs(a.data_ptr(), a.stride(0) if m > 1 else k, lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k,
+                     lay.kp,
                      lay.p, lay.pw, mb, pb, _ptr(s32), _ptr(b32), flags, OUT_CODE[out_dtype], out.data_ptr())
     _check(_lib.bie_igemm(ctypes.byref(args)), "int_gemm")
     return out
+
+
+def _f32_flat(t):
+    """float32 contiguous 1-D view of an epilogue tensor (no copy when it already is one)."""
+    if t is None:
+        return None
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        t = t.detach().to(torch.float32).contiguous()
+    return t.reshape(-1)
+
+
+def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    """``int_gemm`` for one call signature (the dispatcher's ``bind``): layout,
+    blocking and the native argument block fixed once; a call sets the
+    activation, epilogue and output addresses. None where ``int_gemm`` itself
+    would return early or raise (it then serves)."""
+    if a.dim() != 2 or b.dim() != 2 or a.dtype != torch.int8 or b.dtype != torch.int8 or a.shape[1] != b.shape[1] \
+            or out_dtype not in OUT_CODE or a.device.type != "cpu":
+        return None
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0 or (out_dtype is None and (scale is not None or bias is not None)) \
+            or (scale is not None and scale.numel() not in (1, n)) or (bias is not None and bias.numel() != n):
+        return None
+    kind = _lib.bie_int_layout()
+    lay = _layouts(prepared).get(("int", kind), lambda: _int_layout(b, kind))
+    mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, 4 * _threads())
+    flags = (0 if scale is None else EPI_SCALE | (EPI_SCALE_VEC if scale.numel() > 1 else 0)) | \
+        (0 if bias is None else EPI_BIAS | EPI_BIAS_VEC)
+    template = IGemmArgs(0, 0, lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k, lay.kp, lay.p, lay.pw, mb, pb,
+                         None, None, flags, OUT_CODE[out_dtype], 0)
+    odt = out_dtype or torch.int32
+    run, copy, byref = _lib.bie_igemm, IGemmArgs.from_buffer_copy, ctypes.byref
+
+    def call(a, b, a_bits, b_bits, scale, bias, out_dtype):
+        if a.stride(1) != 1:
+            a = a.contiguous()
+        s32, b32 = _f32_flat(scale), _f32_flat(bias)
+        out = torch.empty((m, n), dtype=odt)
+        args = copy(template)     # one argument block per call: calls may run in several threads
+        args.a, args.lda, args.out = a.data_ptr(), a.stride(0) if m > 1 else k, out.data_ptr()
+        if s32 is not None:
+            args.scale = s32.data_ptr()
+        if b32 is not None:
+            args.bias = b32.data_ptr()
+        _check(run(byref(args)), "int_gemm")
+        return out
+    return call
 
 
 # ---------------------------------------------------------------- quantize_int
@@ -502,6 +552,35 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
         args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, 0.0, lo, hi, out.data_ptr(), sv.data_ptr(), inner)
     _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
     return out if out_dtype is None else out.to(out_dtype)   # small integers: exact in any float dtype
+
+
+def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
+    """``quantize_int`` for one call signature (the dispatcher's ``bind``) with
+    a one-element scale (the activation quantization of the QAT layers): the
+    checks and the argument block made once; a call adds the shift, reads the
+    scale's value and sets the addresses. None otherwise."""
+    if x.device.type != "cpu" or scale.numel() != 1 or scale.dim() > x.dim() or bits not in (4, 8) \
+            or x.dtype not in DTYPE_CODE or x.numel() == 0:
+        return None
+    shape, dt = tuple(x.shape), x.dtype
+    # the scale is read through svec with one run over all elements (the native code takes svec[0] as the
+    # float32 scale, as it takes the scalar): no .item() per call
+    n = x.numel()
+    template = QuantArgs(0, DTYPE_CODE[dt], n, 0.0, -(1 << (bits - 1)), (1 << (bits - 1)) - 1, 0, None, n)
+    run, copy, byref, i8 = _lib.bie_quant, QuantArgs.from_buffer_copy, ctypes.byref, torch.int8
+
+    def call(x, scale, bits, shift=None, out_dtype=None):
+        if shift is not None:
+            x = x + (shift if shift.dtype == dt else shift.to(dt))   # in x's dtype, as the op defines
+        xc = x if x.is_contiguous() else x.contiguous()
+        out = torch.empty(shape, dtype=i8)
+        args = copy(template)
+        args.x, args.out = xc.data_ptr(), out.data_ptr()
+        s32 = scale if scale.dtype == torch.float32 else scale.detach().to(torch.float32)
+        args.svec = s32.data_ptr()
+        _check(run(byref(args)), "quantize_int")
+        return out if out_dtype is None else out.to(out_dtype)
+    return call
 
 
 # --------------------------------------------------------------------- int_bmm
