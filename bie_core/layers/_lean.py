@@ -84,7 +84,9 @@ def _holds_source(kinds: tuple) -> str:
         "    if backend: p = _layer_pref(backend)",
         "    else:",
         "        p = _ctx_get()",
-        "        if p is None: p = _pref_global()",
+        "        if p is None:",
+        "            p = _D._global_pref",
+        "            if p is None: p = _pref_global()",
         "    if p is not pref0 and p != pref0: return False",
         "    if x.shape != shape0 or x.dtype != dtype0 or x.device != dev0: return False",
         "    if x.is_contiguous() != contig0 or x.requires_grad != rg0: return False",
@@ -122,7 +124,7 @@ _makers: dict = {}
 def _maker(kinds: tuple):
     f = _makers.get(kinds)
     if f is None:
-        ns = {"_REG": _REG, "_layer_pref": dispatch._layer_pref, "_ctx_get": _ctx_get, "_pref_global": _pref_global,
+        ns = {"_D": dispatch, "_REG": _REG, "_layer_pref": dispatch._layer_pref, "_ctx_get": _ctx_get, "_pref_global": _pref_global,
               "_rec_get": _rec_get, "_layer_name_get": _layer_name_get}
         exec(compile(_holds_source(kinds), f"<bie lean check {kinds}>", "exec"), ns)  # noqa: S102 - fixed template
         f = _makers[kinds] = ns["make"]
