@@ -46,10 +46,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,10 +54,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_env import cpu_model, git_commit  # noqa: E402
 T0 = time.monotonic()
 
 #: (bits, group size) of the bie cases
@@ -365,27 +363,12 @@ def _free(device):
 
 
 # ---------------------------------------------------------------- results
-def _git(*a) -> str:
-    try:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
-    except OSError:
-        return "?"
-
-
 def _machine(device) -> str:
     import transformers
     if device.type == "cuda":
         what = torch.cuda.get_device_name(device)
     else:
-        what = platform.processor() or platform.machine()
-        try:
-            for line in open("/proc/cpuinfo"):
-                if line.startswith("model name"):
-                    what = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        what += f", {torch.get_num_threads()} threads"
+        what = f"{cpu_model()}, {torch.get_num_threads()} threads"
     return f"{what}; torch {torch.__version__}; transformers {transformers.__version__}"
 
 
@@ -513,7 +496,7 @@ def main(argv=None):
     data.setdefault("runs", {})
     data.setdefault("agreement", {})
     data.setdefault("skipped", {})
-    data["meta"] = [f"date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {_git('rev-parse', '--short', 'HEAD')}",
+    data["meta"] = [f"date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {git_commit()}",
                     f"machine: {_machine(device)}",
                     f"model: Llama-shaped ({kind}: hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
                     f"{cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}), random weights, {str(dtype)[6:]}; "

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +44,8 @@ from bie_core import BinaryConv2d, BinaryLinear, MPQLinear, QConv2d, QLinear
 from bie_core.layers.weight_only import MBWQLinear
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_env import cpu_model, git_commit  # noqa: E402
 
 
 def _sync(device):
@@ -166,25 +167,10 @@ def eval_vs_packed(device, dtype, rounds: int, calls: int, k: int, n: int, m: in
     return compare(pairs, device, rounds, calls)
 
 
-def _git(*a) -> str:
-    try:
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "?"
-    except OSError:
-        return "?"
-
-
 def _machine(device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    return f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
 def _kernels(cases: dict) -> dict:
@@ -226,8 +212,7 @@ def main(argv=None):
     suffix = "" if device.type == "cpu" else f"_{device.type}"
     out_dir = Path(a.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": _git("rev-parse", "--short",
-                                                                                              "HEAD"),
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
             "machine": _machine(device), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
             "shape": {"M": a.m, "K": a.k, "N": a.n}, "rounds": rounds, "calls": calls,
             "command": "python benchmarks/bench_host.py " + " ".join(argv if argv is not None else
