@@ -648,7 +648,8 @@ def make_router(op):
 
 class Resolved:
     """The kernel the dispatcher chose for one call signature, bound to its
-    prepared weight layout: ``r(*args)`` calls it with no dispatch work.
+    prepared weight layout (through the kernel's ``bind`` plan where it has
+    one): ``r(*args)`` calls it with no dispatch work.
 
     For callers that make the same call many times (a layer's inference path):
     check :meth:`valid` before each call and :func:`resolve` again when it says
