@@ -346,3 +346,20 @@ def test_native_quantize_int_bind_computes_what_fn_does(shape, dtype, bits, shif
     assert nk.bind_quantize_int(x, torch.rand(shape[-1]), bits, sh, out_dtype) is None   # vector scale: unbound
     for xx, sc in ((x, torch.tensor(0.37)), ((torch.randn(shape) * 20).to(dtype), torch.tensor(1.3).to(dtype))):
         assert torch.equal(call(xx, sc, bits, sh, out_dtype), nk.quantize_int(xx, sc, bits, sh, out_dtype))
+
+
+def test_moves_drop_bound_calls_and_derived_weights():
+    """.to()/.half() release what was bound to the old tensors at once (not at the next forward)."""
+    layer = _mpq(64, 16)
+    x = torch.randn(2, 64)
+    _lean(layer, x)
+    layer.to(torch.bfloat16)
+    assert layer._lean is None
+    q = QLinear(32, 8, 8, 8)
+    q(torch.randn(2, 32))
+    q.eval()
+    _lean(q, torch.randn(2, 32))
+    assert q._eval_codes is not None
+    q.half()
+    assert q._lean is None and q._eval_codes is None
+    assert torch.equal(_lean(q, torch.randn(2, 32).half()).isfinite(), torch.ones(2, 8, dtype=torch.bool))

@@ -329,6 +329,14 @@ class QATLayer(nn.Module):
         self.__dict__[slot] = (tuple(sources), state, v)
         return v
 
+    def _apply(self, fn, recurse=True):
+        # .to()/.half()/.cuda() replace the tensors: drop what was bound to or derived from the
+        # old ones now, rather than keep them alive until the next forward notices
+        super()._apply(fn, recurse)
+        for name in self._transient:
+            self.__dict__[name] = None
+        return self
+
     def __getstate__(self):
         state = super().__getstate__()
         for name in self._transient:

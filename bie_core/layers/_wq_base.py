@@ -145,6 +145,7 @@ class WeightOnlyLinear(nn.Module):
             super()._apply(fn, recurse)
         finally:
             self._parameters[HANDLE] = h
+        self._lean = None   # it holds the tensors converted away (and their prepared layouts)
         dev = self.qweight.device
         if h.device != dev or h.stride() != (0, 0):
             h.data = _handle_tensor(self.in_features, self.out_features, dev)
