@@ -296,13 +296,16 @@ def convert(model: nn.Module, policy: Union[str, dict, Policy, LayerSpec] = "bin
                          "(e.g. nn.Sequential(layer)) so it can be replaced in place")
     # every (parent, attribute) under which each candidate is reachable (a shared module is replaced everywhere)
     where: dict = {}
-    names: dict = {}
     for pname, parent in model.named_modules(remove_duplicate=False):
         for cname, child in parent._modules.items():
             if child is not None and _is_candidate(child):
-                full = f"{pname}.{cname}" if pname else cname
                 where.setdefault(id(child), []).append((parent, cname))
-                names.setdefault(id(child), (full, child))
+    # candidates in named_modules order (depth first, registration order), each under its first name: a model's
+    # classifier registered after nested blocks is the last candidate, not the second
+    names: dict = {}
+    for full, m in model.named_modules(remove_duplicate=False):
+        if id(m) in where:
+            names.setdefault(id(m), (full, m))
     candidates = list(names.values())
     show = progress if progress is not None else len(candidates) >= 50
     try:

@@ -39,6 +39,22 @@ def test_convert_binary_keeps_first_last_and_copies_weights():
     m(torch.randn(2, 1, 8, 8)).sum().backward()
 
 
+def test_convert_first_last_follow_registration_order_of_nested_modules():
+    # a classifier registered after nested blocks is the last candidate (a top-level child is not "earlier")
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3)
+            self.blocks = nn.Sequential(nn.Conv2d(8, 8, 3), nn.Sequential(nn.Conv2d(8, 8, 3)))
+            self.fc = nn.Linear(8, 4)
+
+    m = Net()
+    rep = convert(m, "w8a8")
+    assert [r.name for r in rep.rows] == ["stem", "blocks.0", "blocks.1.0", "fc"]
+    assert type(m.stem) is nn.Conv2d and type(m.fc) is nn.Linear
+    assert isinstance(m.blocks[0], QConv2d) and isinstance(m.blocks[1][0], QConv2d)
+
+
 def test_convert_rules_by_name_and_type_and_specs():
     m = small_cnn()
     convert(m, {"3": {"kind": "w4a4", "per_channel": True}, nn.Linear: "w8a8"}, keep_first_last=False)
