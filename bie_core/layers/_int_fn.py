@@ -26,6 +26,7 @@ import torch
 
 from .. import ops
 from ..dispatch import resolve
+from . import _int_qbwd
 
 
 def _lsq_grad(v, s, bits, prod, f=None, per_row: bool = False, backend: str = ""):
@@ -120,12 +121,14 @@ class QLinearFn(torch.autograd.Function):
     both in the pass it makes anyway, and hands the codes to the weight-gradient product."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend):
+    def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend,
+                quantized_backward: bool = False):
         saf, swf = _f32_scales(sa, sw)
         y, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend, (saf, swf))
         ctx.save_for_backward(x2d, weight, qw, sw, ba, sa, saf, swf)
         ctx.bits = (a_bits, w_bits)
         ctx.backend = backend
+        ctx.quantized_backward = quantized_backward
         return y
 
     @staticmethod
@@ -140,6 +143,8 @@ class QLinearFn(torch.autograd.Function):
         want_w = (need[1] or need[3]) and weight is not None
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         codes = None   # the activation codes in the gradient's precision, for the weight-gradient product
+        if ctx.quantized_backward:
+            return _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
         if need[0] or need[4] or need[5]:
             w_hat = _codes_in(weight, swf, w_bits, gd, backend)
             if w_hat is not None:
@@ -162,16 +167,41 @@ class QLinearFn(torch.autograd.Function):
             grad_sw = gsw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum(0, dtype=torch.float32)
-        return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None
+        return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None, None
+
+
+def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w):
+    """QLinearFn's backward with both products on int8 gradient codes (``_int_qbwd``)."""
+    a_bits, w_bits = ctx.bits
+    backend = ctx.backend
+    need = ctx.needs_input_grad
+    shift = ba.detach()
+    grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
+    if need[0] or need[4] or need[5]:
+        prod = _int_qbwd.linear_grad_input(g, qw, swf)
+        gxs, gsa, gba, _ = ops.lsq_backward(x2d.detach(), saf, prod, a_bits, shift, None, False, None,
+                                            backend=backend)
+        grad_x = gxs if need[0] else None
+        grad_ba = gba if need[4] else None
+        grad_sa = gsa.reshape(sa.shape) if need[5] else None
+    if want_w:
+        qa = ops.quantize_int(x2d.detach(), saf, a_bits, shift, backend=backend)
+        prod = _int_qbwd.linear_grad_weight(g, qa, saf)
+        grad_w, gsw = _lsq_grad(weight, swf, w_bits, prod, None, per_row=sw.dim() > 0, backend=backend)
+        grad_sw = gsw.reshape(sw.shape) if need[3] else None
+    if need[6]:
+        grad_bias = g.sum(0, dtype=torch.float32)
+    return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None, None
 
 
 class QConv2dFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
+    def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, quantized_backward: bool = False):
         y, xs, qa, qw = q_conv2d(x, weight, qw, sw, ba, sa, bias, geom, backend)
         ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
         ctx.geom = geom
         ctx.backend = backend
+        ctx.quantized_backward = quantized_backward and geom[5] == 1   # grouped convs keep the float products
         return y
 
     @staticmethod
@@ -183,21 +213,28 @@ class QConv2dFn(torch.autograd.Function):
         gm = g.to(gd)
         saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
+        qbwd = ctx.quantized_backward
         if need[0] or need[4] or need[5]:
-            w_hat, f = _operand(qw, swf, 4, gd)
-            prod = torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups)
+            if qbwd:
+                prod, f = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation), None
+            else:
+                w_hat, f = _operand(qw, swf, 4, gd)
+                prod = torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups)
             gxs, grad_sa = _lsq_grad(xs, saf, a_bits, prod, f, backend=ctx.backend)
             grad_x = gxs if need[0] else None
             grad_ba = gxs.sum((0, 2, 3), dtype=torch.float32) if need[4] else None
             grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
         if (need[1] or need[3]) and weight is not None:
-            x_hat, f = _operand(qa, saf, 4, gd)
-            prod = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups)
+            if qbwd:
+                prod, f = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation), None
+            else:
+                x_hat, f = _operand(qa, saf, 4, gd)
+                prod = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups)
             grad_w, grad_sw = _lsq_grad(weight, swf, w_bits, prod, f, per_row=sw.dim() > 0, backend=ctx.backend)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum((0, 2, 3), dtype=torch.float32)
-        return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None
+        return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None
 
 
 class QMatMulFn(torch.autograd.Function):

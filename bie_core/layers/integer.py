@@ -47,8 +47,11 @@ class _IntWeightMixin(TorchInit):
     _transient = ("_lean", "_eval_codes", "_codes_cache")
     _lean = None
 
-    def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict):
+    def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict,
+                   quantized_backward: bool = False):
         self.w_bits, self.a_bits, self.per_channel = w_bits, a_bits, bool(per_channel)
+        #: opt in to int8 gradient codes in the two backward products (``_int_qbwd``); settable at any time
+        self.quantized_backward = bool(quantized_backward)
         rows = self._weight_shape[0]
         self.weight_scale = nn.Parameter(torch.zeros((rows,) if per_channel else (), **fk),
                                          requires_grad=bool(learn_weight_scale))
@@ -139,6 +142,8 @@ class _IntWeightMixin(TorchInit):
             s += ", per_channel=True"
         if not self.weight_scale.requires_grad:
             s += ", learn_weight_scale=False"
+        if self.quantized_backward:
+            s += ", quantized_backward=True"
         if self.backend:
             s += f", backend={self.backend!r}"
         return s + (", packed" if self.packed else "")
@@ -153,7 +158,8 @@ class QLinear(_IntWeightMixin, QATLayer):
     """Linear layer with ``w_bits``-bit weights and ``a_bits``-bit activations (4 or 8)."""
 
     def __init__(self, in_features: int, out_features: int, w_bits: int = 8, a_bits: int = 8, bias: bool = False, *,
-                 per_channel: bool = False, learn_weight_scale: bool = True, backend=None, device=None, dtype=None):
+                 per_channel: bool = False, learn_weight_scale: bool = True, quantized_backward: bool = False,
+                 backend=None, device=None, dtype=None):
         super().__init__()
         for nm, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -166,7 +172,7 @@ class QLinear(_IntWeightMixin, QATLayer):
         self.bias = nn.Parameter(torch.empty(out_features, **fk)) if bias else None
         self.act_shift = nn.Parameter(torch.zeros(in_features, **fk))
         self.act_scale = nn.Parameter(torch.zeros((), **fk))
-        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk)
+        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk, quantized_backward)
         self._setup(backend)
         self.reset_parameters()
 
@@ -193,7 +199,7 @@ class QLinear(_IntWeightMixin, QATLayer):
         args = (x.reshape(-1, self.in_features), w, qw, sw, self.act_shift, self.act_scale, self.bias,
                 self.a_bits, self.w_bits, self.backend)
         # without autograd, skip the Function machinery (it is per-call overhead at small sizes)
-        y = QLinearFn.apply(*args) if torch.is_grad_enabled() else q_linear(*args)[0]
+        y = QLinearFn.apply(*args, self.quantized_backward) if torch.is_grad_enabled() else q_linear(*args)[0]
         return y.reshape(lead + (self.out_features,))
 
     def _infer(self, x: torch.Tensor):
@@ -243,7 +249,8 @@ class QConv2d(_IntWeightMixin, QATLayer):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = False, w_bits: int = 8, a_bits: int = 8, *, per_channel: bool = False,
-                 learn_weight_scale: bool = True, backend=None, device=None, dtype=None):
+                 learn_weight_scale: bool = True, quantized_backward: bool = False, backend=None, device=None,
+                 dtype=None):
         super().__init__()
         name = "QConv2d"
         for nm, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
@@ -268,7 +275,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
         self.bias = nn.Parameter(torch.empty(out_channels, **fk)) if bias else None
         self.act_shift = nn.Parameter(torch.zeros(in_channels, **fk))
         self.act_scale = nn.Parameter(torch.zeros((), **fk))
-        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk)
+        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk, quantized_backward)
         self._setup(backend)
         self.reset_parameters()
 
@@ -305,5 +312,5 @@ class QConv2d(_IntWeightMixin, QATLayer):
         w, qw, sw = self._weight_operands()
         geom = (self.a_bits, self.w_bits, self.stride, self.padding, self.dilation, self.groups)
         args = (x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
-        y = QConv2dFn.apply(*args) if torch.is_grad_enabled() else q_conv2d(*args)[0]
+        y = QConv2dFn.apply(*args, self.quantized_backward) if torch.is_grad_enabled() else q_conv2d(*args)[0]
         return y.squeeze(0) if unbatched else y

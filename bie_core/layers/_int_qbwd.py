@@ -1,0 +1,92 @@
+"""The opt-in quantized backward of QLinear / QConv2d (``quantized_backward=True``): the two backward products run
+as exact integer products (``int_gemm`` / ``int_conv2d``) on int8 gradient codes.
+
+The incoming gradient ``g`` is rounded to 8-bit codes (round half to even, absmax scaling: the largest magnitude
+of a group becomes 127) with one scale per group of values that share the reduction of the product, so each
+scale factors out of the integer sum:
+
+* input gradient ``g @ W_hat`` (linear): one scale per token (row of ``g``); the reduction runs over the output
+  features, so a per-channel weight scale is folded into ``g`` before rounding. Conv: one scale per sample (an
+  input pixel's gradient mixes several output pixels of the same sample);
+* weight gradient ``g.T @ x_hat``: one scale per output channel (column of ``g``), since this product reduces
+  over the tokens. The activation side is already integer: the forward's codes ``Qa`` with the scalar ``sa``.
+
+Everything after the products (clip masks, LSQ scale gradients) is unchanged; only the rounding of ``g`` differs
+from the exact STE gradients. Grouped convolutions keep the float products.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+
+_QMAX = 127.0
+
+
+def quantize_grad(g: torch.Tensor, dims) -> tuple:
+    """(int8 codes, float32 scale broadcasting to g): absmax over `dims` mapped to 127, round half to even."""
+    gf = g.to(torch.float32)
+    amax = gf.abs().amax(dim=dims, keepdim=True)
+    # an all-zero group gets scale 1 (its codes are 0 whatever the scale); a non-finite one stays non-finite
+    scale = torch.where(amax > 0, amax / _QMAX, torch.ones_like(amax))
+    codes = torch.round(gf / scale).clamp_(-_QMAX, _QMAX).to(torch.int8)
+    return codes, scale
+
+
+def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor) -> torch.Tensor:
+    """float32 ``g @ (sw * Qw)`` for g (M, N), weight codes Qw (N, K): per-token int8 codes of ``g * sw``."""
+    gs = g.to(torch.float32) * (swf.reshape(1, -1) if swf.dim() else swf)
+    cg, s_tok = quantize_grad(gs, 1)                                  # (M, N), (M, 1)
+    acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None)   # (M, K) int32, exact
+    return acc.to(torch.float32) * s_tok
+
+
+def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor) -> torch.Tensor:
+    """float32 ``g.T @ (sa * Qa)`` for g (M, N), activation codes Qa (M, K): per-channel int8 codes of g."""
+    cg, s_ch = quantize_grad(g, 0)                                    # (M, N), (1, N)
+    # (K, N) = Qa.T @ Qg: the per-channel scale then sits on the output columns (the op's epilogue scale)
+    out = ops.int_gemm(qa.t().contiguous(), cg.t().contiguous(), 8, 8, (s_ch.reshape(-1) * saf).contiguous(), None,
+                       torch.float32)
+    return out.t()
+
+
+def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_shape, stride, padding,
+                    dilation) -> torch.Tensor:
+    """float32 gradient of a (groups=1) conv's zero-padded input: the transposed convolution of the per-sample int8
+    codes of ``g * sw`` with the weight codes, as one ``int_conv2d`` (stride-1 conv of the zero-dilated gradient
+    with the flipped, transposed kernel)."""
+    n, o, ho, wo = g.shape
+    gs = g.to(torch.float32) * (swf.reshape(1, -1, 1, 1) if swf.dim() else swf)
+    cg, s_n = quantize_grad(gs, (1, 2, 3))                            # per sample
+    sh, sw_ = stride
+    if sh > 1 or sw_ > 1:     # zero insertion: code 0 is an exact zero
+        z = cg.new_zeros((n, o, (ho - 1) * sh + 1, (wo - 1) * sw_ + 1))
+        z[:, :, ::sh, ::sw_] = cg
+        cg = z
+    kh, kw = qw.shape[2], qw.shape[3]
+    pads = []
+    for i, (size, k) in enumerate(((in_shape[3], kw), (in_shape[2], kh))):   # F.pad order: last dim first
+        d, p = dilation[1 - i], padding[1 - i]
+        before = d * (k - 1) - p
+        # the output keeps `size` positions: what lies past them (rows the forward's stride skipped) is cut
+        after = size + d * (k - 1) - (cg.shape[3 - i] + before)
+        pads += [before, after]
+    cg = F.pad(cg, pads)      # negative amounts crop (padding wider than the kernel's reach)
+    wt = qw.flip((2, 3)).transpose(0, 1).contiguous()                 # (C, O, kh, kw)
+    acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None)
+    return acc.to(torch.float32) * s_n
+
+
+def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_shape, stride, padding,
+                     dilation) -> torch.Tensor:
+    """float32 ``d conv / d W`` (groups=1) against the activation codes Qa scaled by sa, with per-output-channel
+    int8 codes of g: one ``int_conv2d`` with batch and channels swapped (the gradient is the kernel, the forward's
+    stride becomes the dilation and its dilation the stride)."""
+    cg, s_o = quantize_grad(g, (0, 2, 3))                             # (1, O, 1, 1)
+    kh, kw = w_shape[2], w_shape[3]
+    x_t = qa.transpose(0, 1).contiguous()                             # (C, N, H, W)
+    g_t = cg.transpose(0, 1).contiguous()                             # (O, N, Ho, Wo)
+    out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
+                         (s_o.reshape(-1) * saf).contiguous(), None, torch.float32)    # (C, O, >=kh, >=kw)
+    return out[:, :, :kh, :kw].transpose(0, 1)
