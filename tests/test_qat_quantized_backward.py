@@ -119,3 +119,26 @@ def test_grouped_conv_keeps_float_products():
     quant(x)
     for a, b in zip(_grads(exact, x, g), _grads(quant, x, g)):
         assert torch.equal(a, b)
+
+
+def test_backward_weight_codes_planned_once_per_signature(monkeypatch):
+    # the bf16 backward quantizes W straight to bf16 codes through a kernel resolved once per weight signature
+    from bie_core import dispatch
+    from bie_core.layers import _int_fn
+    calls = []
+    real = _int_fn.resolve
+    monkeypatch.setattr(_int_fn, "resolve", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(_int_fn, "_WEIGHT_CODE_PLANS", {})
+    torch.manual_seed(2)
+    layer = QLinear(16, 8, dtype=torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
+    grads = []
+    for _ in range(3):
+        layer.zero_grad()
+        layer(x).float().square().sum().backward()
+        grads.append(layer.weight.grad.clone())
+    assert len(calls) == 1
+    assert torch.equal(grads[0], grads[2])
+    dispatch.clear_caches()                 # a registry change invalidates the plan
+    layer(x).float().sum().backward()
+    assert len(calls) == 2

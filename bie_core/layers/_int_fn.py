@@ -100,6 +100,10 @@ def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
     return y, xs, qa, qw
 
 
+#: resolved quantize_int calls of _codes_in, one per (backend, bits, dtype, weight signature)
+_WEIGHT_CODE_PLANS: dict = {}
+
+
 def _codes_in(weight, swf, w_bits, gd, backend):
     """The weight's codes straight in the gradient's half dtype (one pass over W; PyTorch's conversion of
     the saved int8 codes ran at ~1 TB/s on the H100), when a fused kernel serves that quantization; None
@@ -110,7 +114,13 @@ def _codes_in(weight, swf, w_bits, gd, backend):
     args = (weight.detach(), swf, w_bits, None, gd)
     if torch.compiler.is_compiling():
         return ops.quantize_int(*args, backend=backend)   # the registered op: traced (and fused) as it is
-    r = resolve(ops.quantize_int, *args, backend=backend or "")
+    # the decision is made once per weight signature and reused while the dispatcher says it still holds
+    # (Resolved.valid: registry, preference, argument signature), not planned again on every backward
+    plan_key = (backend or "", w_bits, gd, tuple(weight.shape), weight.dtype, weight.device)
+    r = _WEIGHT_CODE_PLANS.get(plan_key)
+    if r is None or not r.valid(args, backend or ""):
+        r = resolve(ops.quantize_int, *args, backend=backend or "")
+        _WEIGHT_CODE_PLANS[plan_key] = r
     if r.decision.kernel.reference:
         return None
     return r(*args)
