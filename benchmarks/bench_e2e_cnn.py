@@ -357,12 +357,24 @@ def main(argv=None) -> list:
                 torch.cuda.empty_cache()
             rows.append(row)
             print(json.dumps(row), flush=True)
-    relative(rows)
+            write_results(args, rows)    # after every case: a run cut short keeps what it measured
+    md = write_results(args, rows)
+    plot(rows, os.path.join(args.out, "e2e_cnn.png"), f"ResNet-18, batch {args.batch}, {_device_name(device)}")
+    print(md)
+    return rows
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({_cpu()})"
+
+
+def write_results(args, rows: list) -> str:
+    """Write DIR/e2e_cnn.json and .md from the rows so far (ratios against float added); the markdown."""
     from bench_env import git_commit
-    meta = dict(device=(torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({_cpu()})"),
-                torch=torch.__version__, commit=git_commit(), batch=args.batch, image=args.image, width=args.width,
-                compile_backend=args.compile_backend, autocast="bf16", memory_format="channels_last",
-                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    relative(rows)
+    meta = dict(device=_device_name(args.device), torch=torch.__version__, commit=git_commit(), batch=args.batch,
+                image=args.image, width=args.width, compile_backend=args.compile_backend, autocast="bf16",
+                memory_format="channels_last", date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 backends=",".join(r.name for r in bie_core.backends() if r.status == "loaded"))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "e2e_cnn.json"), "w") as f:
@@ -370,9 +382,7 @@ def main(argv=None) -> list:
     md = markdown(meta, rows)
     with open(os.path.join(args.out, "e2e_cnn.md"), "w") as f:
         f.write(md)
-    plot(rows, os.path.join(args.out, "e2e_cnn.png"), f"ResNet-18, batch {args.batch}, {meta['device']}")
-    print(md)
-    return rows
+    return md
 
 
 def _cpu() -> str:

@@ -194,19 +194,24 @@ def main(argv=None):
                 backends=",".join(r.name for r in bie_core.backends() if r.status == "loaded"))
     print(json.dumps(meta), flush=True)
     rows: list = []
+
+    def write() -> str:     # after each part: a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        md = markdown(meta, rows)
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write(md)
+        return md
+
     only = set(args.only.split(","))
+    if "step" in only:      # first: the shorter part, and the one a cut-short run should not lose
+        bench_training_steps(rows, args.quick)
+        write()
     if "forward" in only:
         bench_forward(rows, args.quick)
-    if "step" in only:
-        bench_training_steps(rows, args.quick)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    md = markdown(meta, rows)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(md)
-    print(md)
+    print(write())
 
 
 if __name__ == "__main__":
