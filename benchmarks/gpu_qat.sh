@@ -55,6 +55,9 @@ for stage in $STAGES; do
           | tee $OUT/e2e_compiled.log | grep -E "^\{|Error" | cut -c1-300
       ;;
     conv)
+      # the quantized backward's integer products on the GPU kernels, bit for bit against float64 products
+      timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_qat_quantized_backward.py 2>&1 \
+          | tee $OUT/test_qbwd.log | grep -E "FAILED|Error|passed|failed" | head -20
       L=$(left)
       timeout $(( L > 10 ? L - 10 : 1 )) python3 benchmarks/bench_qat_conv.py --json $OUT/qat_conv.json \
           --md $OUT/qat_conv.md 2>&1 | tee $OUT/qat_conv.log | grep -E "^\{|failed|Error" | cut -c1-300

@@ -20,6 +20,10 @@ def _grid(shape, dims, gen):
     return g
 
 
+DEVICES = ["cpu"] + [pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                  reason="needs CUDA"))]
+
+
 def _codes(shape, bits, gen):
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     return torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int8)
@@ -32,18 +36,19 @@ def test_quantize_grad_rounds_to_absmax_codes():
     assert codes.tolist() == [[0, 0, 0], [64, -127, 32], [127, 0, -64]]   # 63.5 -> 64, 0.5 -> 0 (half even)
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 5, 33), (64, 48, 17)])
-def test_linear_products_exact_on_code_grids(m, n, k):
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 5, 33), (64, 48, 17), (256, 128, 96)])
+def test_linear_products_exact_on_code_grids(m, n, k, device):
     gen = torch.Generator().manual_seed(m * 100 + k)
     qw = _codes((n, k), 4, gen)
     qa = _codes((m, k), 8, gen)
     g_rows = _grid((m, n), (1,), gen)
     sw = torch.tensor(1.0)
-    got = _int_qbwd.linear_grad_input(g_rows, qw, sw)
+    got = _int_qbwd.linear_grad_input(g_rows.to(device), qw.to(device), sw.to(device)).cpu()
     assert torch.equal(got, (g_rows.double() @ qw.double()).float())
     g_cols = _grid((m, n), (0,), gen)
     sa = torch.tensor(0.5)
-    got = _int_qbwd.linear_grad_weight(g_cols, qa, sa)
+    got = _int_qbwd.linear_grad_weight(g_cols.to(device), qa.to(device), sa.to(device)).cpu()
     assert torch.equal(got, (g_cols.double().t() @ qa.double() * 0.5).float())
 
 
@@ -54,11 +59,13 @@ CONV_GEOMS = [  # (n, c, h, w, o, k, stride, padding, dilation)
     (1, 3, 12, 12, 2, (3, 3), (1, 2), (2, 2), (2, 2)),
     (2, 5, 6, 7, 3, (1, 1), (2, 2), (0, 0), (1, 1)),
     (1, 2, 8, 8, 3, (2, 2), (3, 3), (4, 1), (1, 3)),     # padding wider than the kernel's reach
+    (4, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1)),  # a ResNet layer (channel counts the GPU kernels tile)
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("geom", CONV_GEOMS, ids=lambda g: "x".join(map(str, g[:5])) + f"-s{g[6]}p{g[7]}d{g[8]}")
-def test_conv_products_exact_on_code_grids(geom):
+def test_conv_products_exact_on_code_grids(geom, device):
     n, c, h, w, o, k, st, pd, dl = geom
     gen = torch.Generator().manual_seed(sum(geom[:5]))
     qw = _codes((o, c) + k, 8, gen)
@@ -66,11 +73,12 @@ def test_conv_products_exact_on_code_grids(geom):
     ho = (h + 2 * pd[0] - dl[0] * (k[0] - 1) - 1) // st[0] + 1
     wo = (w + 2 * pd[1] - dl[1] * (k[1] - 1) - 1) // st[1] + 1
     g = _grid((n, o, ho, wo), (1, 2, 3), gen)
-    got = _int_qbwd.conv_grad_input(g, qw, torch.tensor(1.0), (n, c, h, w), st, pd, dl)
+    d = device
+    got = _int_qbwd.conv_grad_input(g.to(d), qw.to(d), torch.tensor(1.0, device=d), (n, c, h, w), st, pd, dl).cpu()
     want = torch.nn.grad.conv2d_input((n, c, h, w), qw.double(), g.double(), st, pd, dl)
     assert torch.equal(got, want.float())
     g = _grid((n, o, ho, wo), (0, 2, 3), gen)
-    got = _int_qbwd.conv_grad_weight(g, qa, torch.tensor(0.25), qw.shape, st, pd, dl)
+    got = _int_qbwd.conv_grad_weight(g.to(d), qa.to(d), torch.tensor(0.25, device=d), qw.shape, st, pd, dl).cpu()
     want = torch.nn.grad.conv2d_weight(qa.double(), qw.shape, g.double(), st, pd, dl) * 0.25
     assert got.shape == qw.shape and torch.equal(got, want.float())
 
