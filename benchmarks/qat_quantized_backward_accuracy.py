@@ -114,8 +114,13 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "qat_quantized_backward.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    given = argv if argv is not None else sys.argv[1:]
+    cmd = " ".join(["python benchmarks/qat_quantized_backward_accuracy.py", *given])
     lines = ["# Quantized backward (int8 gradient codes) against exact STE gradients", "",
              ", ".join(f"{k}: {v}" for k, v in meta.items()), "",
+             f"`{cmd}`; each pair of runs (exact, int8 backward) starts from the same weights and sees the same "
+             "batches.",
+             "",
              "| task | policy | epochs | exact: test acc % (per seed) | int8 backward: test acc % (per seed) | "
              "mean difference (points) |", "|---|---|---|---|---|---|"]
     for task in args.tasks.split(","):
