@@ -6,7 +6,9 @@ Variants (each converted from the same float model with ``bie_core.convert``):
 * ``binary`` - every conv/linear but the first conv and the classifier binary (``convert(model, "binary")``),
   trained with ``DiodeMix`` (sign flips for the binary weights, AdamW for the rest);
 * ``w4a4``   - 4-bit weights and activations (``"w4a4"``), ``torch.optim.AdamW``;
-* ``w8a8``   - 8-bit weights and activations (``"w8a8"``), ``torch.optim.AdamW``.
+* ``w8a8``   - 8-bit weights and activations (``"w8a8"``), ``torch.optim.AdamW``;
+* ``w4a4-qbwd``, ``w8a8-qbwd`` (only when named in ``--variants``) - the same with ``quantized_backward=True``
+  (int8 gradient codes in both backward products).
 
 All run under bf16 autocast in channels_last, on synthetic ImageNet-shaped data (random images and labels held on
 the device, so the input pipeline costs nothing). Per variant and compile mode the script reports
@@ -50,6 +52,8 @@ import bie_core  # noqa: E402
 from bie_core.optim import DiodeMix  # noqa: E402
 
 VARIANTS = ("float", "binary", "w4a4", "w8a8")
+#: also selectable with --variants: the 4/8-bit models with quantized_backward=True on every QConv2d / QLinear
+QBWD_VARIANTS = ("w4a4-qbwd", "w8a8-qbwd")
 
 
 # ---------------------------------------------------------------------------------------------------- the model
@@ -99,8 +103,13 @@ def build(variant: str, width: int, num_classes: int, device, seed: int = 0) -> 
     classifier stay float: convert's default), channels_last, on `device`."""
     torch.manual_seed(seed)
     model = ResNet18(num_classes, width)
-    if variant != "float":
-        bie_core.convert(model, variant, progress=False)
+    kind, _, mode = variant.partition("-")
+    if kind != "float":
+        bie_core.convert(model, kind, progress=False)
+    if mode == "qbwd":
+        for m in model.modules():
+            if isinstance(m, (bie_core.QConv2d, bie_core.QLinear)):
+                m.quantized_backward = True
     return model.to(device=device, memory_format=torch.channels_last)
 
 
@@ -326,9 +335,9 @@ def parse_args(argv=None):
     a.compile = a.compile or "both"
     a.device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in a.variants if v not in VARIANTS]
+    bad = [v for v in a.variants if v not in VARIANTS + QBWD_VARIANTS]
     if bad:
-        p.error(f"unknown variants {bad}; allowed: {', '.join(VARIANTS)}")
+        p.error(f"unknown variants {bad}; allowed: {', '.join(VARIANTS + QBWD_VARIANTS)}")
     return a
 
 

@@ -5,7 +5,7 @@
 #   BIE_COMMIT=<sha> bash benchmarks/gpu_qat.sh e2e-compile        (a second call on the warm machine: builds cached)
 # Stages:
 #   e2e          benchmarks/bench_e2e_cnn.py eager: ResNet-18 at batch 128, channels_last, bf16 autocast, float /
-#                binary / w4a4 / w8a8 (~2 min)
+#                binary / w4a4 / w8a8 (~2 min; E2E_VARIANTS=...,w8a8-qbwd adds the quantized-backward models)
 #   e2e-compile  the same under torch.compile (inductor), as many variants as fit
 #   conv         benchmarks/bench_qat_conv.py: QConv2d / BinaryConv2d forward against cuDNN bf16 channels_last on
 #                ResNet-50 and ResNet-18 layers, QLinear / QConv2d training steps (exact and quantized backward)
@@ -44,7 +44,7 @@ for stage in $STAGES; do
   case $stage in
     e2e)      # eager, every variant: ~25 s each
       timeout $(( $(left) < 180 ? $(left) : 180 )) python3 benchmarks/bench_e2e_cnn.py --device cuda --compile off \
-          --explain --steps 100 --train-budget 10 --infer-budget 3 --out $OUT/e2e_eager 2>&1 | tee $OUT/e2e_eager.log \
+          --variants ${E2E_VARIANTS:-float,binary,w4a4,w8a8} --explain --steps 100 --train-budget 10 --infer-budget 3 --out $OUT/e2e_eager 2>&1 | tee $OUT/e2e_eager.log \
           | grep -E "^\{|Error" | cut -c1-300
       ;;
     e2e-compile)   # torch.compile: compiling ResNet-18's training and inference graphs takes 1-2 min a variant;

@@ -59,3 +59,15 @@ def test_converted_layers_are_the_requested_kind(bench):
     assert type(model.stem) is torch.nn.Conv2d and type(model.fc) is torch.nn.Linear
     binary = bench.build("binary", 8, 10, torch.device("cpu"))
     assert sum(isinstance(m, BinaryConv2d) for m in binary.modules()) == 19
+
+
+def test_quantized_backward_variant(bench):
+    from bie_core import QConv2d
+    model = bench.build("w8a8-qbwd", 8, 10, torch.device("cpu"))
+    convs = [m for m in model.modules() if isinstance(m, QConv2d)]
+    assert convs and all(m.quantized_backward and m.w_bits == 8 for m in convs)
+    assert not any(m.quantized_backward for m in bench.build("w8a8", 8, 10, torch.device("cpu")).modules()
+                   if isinstance(m, QConv2d))
+    x = torch.randn(2, 3, 32, 32)
+    model(x).sum().backward()
+    assert all(m.weight.grad is not None for m in convs)
