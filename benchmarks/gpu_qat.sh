@@ -15,6 +15,8 @@ START=$(date +%s)
 # every step is bounded so that the whole call ends within TOTAL_SECONDS (a device call may run 600 s)
 TOTAL=${TOTAL_SECONDS:-570}
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
+# seconds for the next step: what is left less a margin, at most $1, at least 5 (`timeout 0` would mean no limit)
+budget() { local l=$(( $(left) - 10 )); [ $l -gt $1 ] && l=$1; [ $l -lt 5 ] && l=5; echo $l; }
 source benchmarks/cutlass_setup.sh
 STAGES=${*:-e2e}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv | tee $OUT/env.txt
@@ -27,8 +29,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version -
 export BIE_BACKEND=${BIE_BACKEND:-cuda,cutlass,cpu}
 build() {
   local t=$(date +%s)
-  MAX_JOBS=8 timeout 300 python3 -c "from bie_backend_cuda import _build; print(_build.load())" > $OUT/build_cuda.log 2>&1 &
-  MAX_JOBS=8 timeout 300 python3 -c "from bie_backend_cutlass import _build, integer as m; print(_build.load(m.EXTENSION))" \
+  MAX_JOBS=8 timeout $(budget 330) python3 -c "from bie_backend_cuda import _build; print(_build.load())" > $OUT/build_cuda.log 2>&1 &
+  MAX_JOBS=8 timeout $(budget 330) python3 -c "from bie_backend_cutlass import _build, integer as m; print(_build.load(m.EXTENSION))" \
       > $OUT/build_cutlass_integer.log 2>&1 &
   wait
   for f in $OUT/build_*.log; do
@@ -43,23 +45,23 @@ for stage in $STAGES; do
   t=$(date +%s)
   case $stage in
     e2e)      # eager, every variant: ~25 s each
-      timeout $(( $(left) < 180 ? $(left) : 180 )) python3 benchmarks/bench_e2e_cnn.py --device cuda --compile off \
-          --variants ${E2E_VARIANTS:-float,binary,w4a4,w8a8} --explain --steps 100 --train-budget 10 --infer-budget 3 --out $OUT/e2e_eager 2>&1 | tee $OUT/e2e_eager.log \
+      timeout $(budget 180) python3 benchmarks/bench_e2e_cnn.py --device cuda --compile off \
+          --variants ${E2E_VARIANTS:-float,binary,w4a4,w8a8} --explain --steps 100 --train-budget 10 --infer-budget 3 \
+          --out $OUT/e2e_eager 2>&1 | tee $OUT/e2e_eager.log \
           | grep -E "^\{|Error" | cut -c1-300
       ;;
     e2e-compile)   # torch.compile: compiling ResNet-18's training and inference graphs takes 1-2 min a variant;
                    # the variants that do not fit before the call's end are recorded as skipped
-      L=$(left)
-      timeout $(( L > 10 ? L - 10 : 1 )) python3 benchmarks/bench_e2e_cnn.py --device cuda --compile on --steps 100 \
-          --train-budget 8 --infer-budget 3 --deadline $(( L > 150 ? L - 150 : 0 )) --out $OUT/e2e_compiled 2>&1 \
+      L=$(budget 600)
+      timeout $L python3 benchmarks/bench_e2e_cnn.py --device cuda --compile on --steps 100 \
+          --train-budget 8 --infer-budget 3 --deadline $(( L > 140 ? L - 140 : 0 )) --out $OUT/e2e_compiled 2>&1 \
           | tee $OUT/e2e_compiled.log | grep -E "^\{|Error" | cut -c1-300
       ;;
     conv)
       # the quantized backward's integer products on the GPU kernels, bit for bit against float64 products
-      timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_qat_quantized_backward.py 2>&1 \
+      timeout $(budget 150) python3 -m pytest -q -p no:cacheprovider --tb=short -rf tests/test_qat_quantized_backward.py 2>&1 \
           | tee $OUT/test_qbwd.log | grep -E "FAILED|Error|passed|failed" | head -20
-      L=$(left)
-      timeout $(( L > 10 ? L - 10 : 1 )) python3 benchmarks/bench_qat_conv.py --json $OUT/qat_conv.json \
+      timeout $(budget 600) python3 benchmarks/bench_qat_conv.py --json $OUT/qat_conv.json \
           --md $OUT/qat_conv.md 2>&1 | tee $OUT/qat_conv.log | grep -E "^\{|failed|Error" | cut -c1-300
       ;;
     *) echo "unknown stage $stage (e2e, e2e-compile, conv)";;
