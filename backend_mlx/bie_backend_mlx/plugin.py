@@ -32,6 +32,7 @@ from bie_core import Capability, hookimpl
 from bie_core.ops import all_ops
 
 from . import __version__, binary, integer
+from ._guard import guarded
 from ._interop import has_gpu
 
 MPS_PRIORITY = 100
@@ -89,7 +90,7 @@ def bie_register_kernels(registry):
         if has_gpu():
             devices.insert(0, ("mps", MPS_PRIORITY, "MLX on the Metal GPU"))
         for dev, prio, desc in devices:
-            registry.register(name, fn, capability=Capability(devices=(dev,), **cap), priority=prio,
+            registry.register(name, guarded(name, fn), capability=Capability(devices=(dev,), **cap), priority=prio,
                               prepare=prepare, name=f"{name}[{dev}]", description=desc)
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
+from ._guard import checked_index
 from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
 
 MLX_GROUPS = (128, 64, 32)
@@ -153,9 +154,9 @@ def _unpack_rows(qw: "mx.array", bits: int, length: int) -> "mx.array":
     return unpack_rows(qw, bits, length)
 
 
-def _group_index(g_idx: "mx.array | None", k: int, group_size: int) -> "mx.array":
+def _group_index(g_idx: "mx.array | None", k: int, group_size: int, groups: int, op: str) -> "mx.array":
     if g_idx is not None:
-        return g_idx.astype(mx.int32)
+        return checked_index(g_idx, groups, op, "g_idx")
     if group_size == -1:
         return mx.zeros((k,), mx.int32)
     return mx.arange(k, dtype=mx.int32) // group_size
@@ -197,7 +198,7 @@ def wq_decode_statistics(qstatistic, qscales_scales, qscales_zeros, qzeros_scale
 def _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> "mx.array":
     n = qweight.shape[1]
     q = _unpack_rows(_words(qweight), bits, k).astype(mx.float32)
-    gi = _group_index(maybe_mlx(g_idx), k, group_size)
+    gi = _group_index(maybe_mlx(g_idx), k, group_size, scales.shape[0], "wq_dequantize")
     s = mx.take(to_mlx(scales).astype(mx.float32), gi, axis=0)
     if fmt == "gptq":
         z = mx.take(_gptq_zeros(zeros, bits, n), gi, axis=0)
@@ -219,7 +220,7 @@ def _nan_to_num(t):
 def wq_quantize(w, scales, zeros, g_idx, bits, group_size, format):
     k, n = w.shape
     maxq = float((1 << bits) - 1)
-    gi = _group_index(maybe_mlx(g_idx), k, group_size)
+    gi = _group_index(maybe_mlx(g_idx), k, group_size, scales.shape[0], "wq_quantize")
     s = mx.take(to_mlx(scales).astype(mx.float32), gi, axis=0)
     wf = to_mlx(w).astype(mx.float32)
     if format == "gptq":
@@ -274,14 +275,15 @@ def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtyp
     grp = _row_groups(group_rows)
     wp = q * mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0) \
         - mx.take(to_mlx(zeros).astype(mx.float32), grp, axis=0)
-    inv = mx.argsort(to_mlx(q_perm).astype(mx.int32))     # W[q_perm[j]] = wp[j]
+    inv = mx.argsort(checked_index(to_mlx(q_perm), q_perm.shape[0], "mbwq_dequantize", "q_perm"))  # W[q_perm[j]] = wp[j]
     return to_torch(mx.take(wp, inv, axis=0).astype(mx_dtype(dtype)), qweight.device)
 
 
 @kernel
 def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
     grp = _row_groups(group_rows)
-    wp = mx.take(to_mlx(w).astype(mx.float32), to_mlx(q_perm).astype(mx.int32), axis=0)
+    perm = checked_index(to_mlx(q_perm), w.shape[0], "mbwq_quantize", "q_perm")
+    wp = mx.take(to_mlx(w).astype(mx.float32), perm, axis=0)
     maxq = mx.array([float((1 << b) - 1) for b in group_bits], mx.float32)[grp]
     z = mx.take(to_mlx(zeros).astype(mx.float32), grp, axis=0)
     s = mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0)
@@ -422,7 +424,10 @@ def build_wq_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdt
         counts = [gsz] * (g - 1) + [k - gsz * (g - 1)]
         order = torch.arange(k)
     else:
-        gi = g_idx.detach().to("cpu", torch.int64)
+        gi = g_idx.detach().to("cpu", torch.int64, copy=True)   # the values checked are the values used
+        if gi.numel() and (int(gi.min()) < 0 or int(gi.max()) >= g):
+            raise IndexError(f"bie::wq_gemm: g_idx values must be in [0, {g}), got values in "
+                             f"[{int(gi.min())}, {int(gi.max())}] (checked by bie-backend-mlx)")
         counts = torch.bincount(gi, minlength=g).tolist()
         order = torch.sort(gi, stable=True).indices
     gm = _pick_gm(counts)
@@ -456,7 +461,10 @@ def build_mbwq_layout(qweight, scales, zeros, q_perm, group_bits, group_rows, cd
     words = _words(qweight)
     s32 = to_mlx(scales).astype(mx.float32)
     b32 = -to_mlx(zeros).astype(mx.float32)
-    perm = q_perm.detach().to("cpu", torch.int64)
+    perm = q_perm.detach().to("cpu", torch.int64, copy=True)   # the values checked are the values used
+    if not (perm.numel() == k and bool(((perm >= 0) & (perm < k)).all())
+            and bool(torch.zeros(k, dtype=torch.bool).index_fill_(0, perm, True).all())):
+        raise IndexError(f"bie::mbwq_gemm: q_perm must be a permutation of 0..{k - 1} (checked by bie-backend-mlx)")
     segs = _segments(group_bits, group_rows)
     parts, srcs = [], []
     for bits in sorted(set(group_bits), reverse=True):

@@ -161,14 +161,24 @@ def define_op(op: OpDef) -> OpDef:
     route = dispatch.make_router(op)
     op._route = route
     _lib.impl(op.name, route, "CompositeExplicitAutograd")
-    torch.library.register_fake(op.qualname, _strip_backend(op.fake, len(op.arg_names)), lib=_lib)
+    torch.library.register_fake(op.qualname, _fake_impl(op.fake, op.validate, len(op.arg_names)), lib=_lib)
     _OPS[op.name] = op
     return op
 
 
-def _strip_backend(fake: Callable, nargs: int) -> Callable:
+def _fake_impl(fake: Callable, validate: Optional[Callable], nargs: int) -> Callable:
+    """The fake (meta) kernel: the op's validation, then the output's shape.
+
+    torch runs the fake kernel instead of the router whenever one argument is
+    a meta or fake tensor (``binary_gemm(a_cpu, b_meta)``, tracing), so it
+    validates exactly like a real call: mixed devices and wrong shapes raise
+    instead of producing an output of a made-up shape. Value checks are skipped
+    (fake tensors have no values; see ``_common.has_values``)."""
     def fake_impl(*args):
-        return fake(*args[:nargs])
+        args = args[:nargs]
+        if validate is not None:
+            validate(*args)
+        return fake(*args)
     fake_impl.__name__ = getattr(fake, "__name__", "fake")
     return fake_impl
 

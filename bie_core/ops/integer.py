@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_out_dtype,
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, check_out_dtype,
                       check_same_device, check_scale_bias, check_tensor, problem, randint_codes, randn)
 from ._opdef import Case, OpDef, define_op
 from .binary import conv_out_size
@@ -401,8 +401,11 @@ def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale,
     ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
     check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
+    check_conv_size(op, x.shape, w.shape[0], padding, ho, wo)
     check_scale_bias(op, scale, bias, w.shape[0])
     check_out_dtype(op, out_dtype, scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
     check_same_device(op, x=x, w=w, scale=scale, bias=bias)
 
 
