@@ -141,7 +141,7 @@ class QATLayer(nn.Module):
     _packed_keys: tuple = ()
 
     def _setup(self, backend) -> None:
-        self.backend = backend_string(backend, f"{type(self).__name__}(backend=)")
+        self.backend = backend_string(backend, f"{type(self).__name__}(backend={backend!r})")
         for name in self._lazy_scales:
             setattr(self, f"_{name}_ready", False)
 

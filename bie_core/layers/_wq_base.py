@@ -75,7 +75,7 @@ class WeightOnlyLinear(nn.Module):
             raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32 (the dtype of scales, zeros and "
                             f"bias), got {dtype}")
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
-        self.backend = backend_string(backend, f"{name}(backend=)")
+        self.backend = backend_string(backend, f"{name}(backend={backend!r})")
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         handle = GradientHandle(_handle_tensor(in_features, out_features, device), requires_grad=bool(trainable))
         self.register_parameter(HANDLE, handle)

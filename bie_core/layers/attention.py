@@ -44,7 +44,7 @@ class BinaryMultiheadAttention(nn.Module):
             raise ValueError(f"{name}: value_bits must be 4, 8 or None (float p @ v), got {value_bits!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout!r}")
-        backend = backend_string(backend, f"{name}(backend=)")
+        backend = backend_string(backend, f"{name}(backend={backend!r})")
         fk = {"backend": backend, "device": device, "dtype": dtype}
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout, self.value_bits = dropout, value_bits

@@ -594,14 +594,14 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     ph, pw = int(padding[0]), int(padding[1])
     dh, dw = int(dilation[0]), int(dilation[1])
     g = int(groups)
-    _require(min(kh, kw, sh, sw, dh, dw, g, cg) >= 1 and min(ph, pw) >= 0 and c == cg * g and o % g == 0 and o > 0,
+    _require(min(kh, kw, sh, sw, dh, dw, g, cg) >= 1 and min(ph, pw) >= 0 and c == cg * g and o % g == 0,
              "int_conv2d", f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={g}")
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
     _require((scale is None or scale.numel() in (1, o)) and (bias is None or bias.numel() == o)
              and (out_dtype is not None or (scale is None and bias is None)), "int_conv2d", "bad scale/bias")
     out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
-    if n == 0:
+    if n == 0 or o == 0:
         return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
     if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)

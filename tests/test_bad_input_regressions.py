@@ -1,0 +1,273 @@
+"""Regression tests for bad input that once crashed, computed silently wrong
+results or raised unclear errors (docs/bad-input.md), grouped by kind:
+
+1. the MLX backend validates what it indexes
+2. stale prepared layouts after writes through ``.data``
+3. a refused load leaves the layer exactly as it was
+4. fake (meta) kernels validate like the real ones
+5. non-finite values
+6. backends agree with the reference on odd but valid input
+7. checkpoint and config loading
+8. clear errors
+9. bounds: caches and plugin isolation
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import bie_core
+from bie_core import dispatch, ops
+
+mlx_only = pytest.mark.skipif("mlx" not in {r.name for r in bie_core.backends() if r.status == "loaded"},
+                              reason="bie-backend-mlx is not loaded here")
+
+
+def _kernel(op: str, backend: str):
+    ks = [k for k in bie_core.get_registry().kernels(op) if k.backend == backend and k.capability.serves_device("cpu")]
+    assert ks, f"no {backend} kernel for {op}"
+    return ks[0]
+
+
+def _run_isolated(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter: a crash there (a signal, an exit)
+    is a test failure here, not the end of the test run."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120)
+
+
+# --------------------------------------------------------------------- 1. MLX
+@mlx_only
+@pytest.mark.parametrize("op", ["binary_conv2d", "int_conv2d"])
+def test_mlx_conv_with_no_output_channels_gives_an_empty_result(op):
+    code = f"""
+    import torch, bie_core
+    from bie_core import ops
+    if "{op}" == "binary_conv2d":
+        args = (torch.randn(1, 3, 5, 5), torch.zeros(0, 4, dtype=torch.uint8), [3, 3], [1, 1], [0, 0], [1, 1], 1,
+                0.0, None, None, None)
+    else:
+        args = (torch.zeros(1, 3, 5, 5, dtype=torch.int8), torch.zeros(0, 3, 3, 3, dtype=torch.int8), 8, 8,
+                [1, 1], [0, 0], [1, 1], 1, None, None, None)
+    ref = getattr(ops, "{op}")(*args)
+    with bie_core.use_backend("mlx"):
+        out = getattr(ops, "{op}")(*args)
+    assert out.shape == ref.shape == (1, 0, 3, 3) and out.dtype == ref.dtype, (out.shape, ref.shape)
+    print("ok")
+    """
+    r = _run_isolated(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+@mlx_only
+def test_mlx_index_values_changed_behind_autograd_are_refused():
+    """Index values written through a numpy view (no version bump) after a
+    validated call: the MLX kernel checks the values it indexes with."""
+    code = """
+    import torch, bie_core
+    from bie_core import ops
+    idx = torch.tensor([0, 1, 2])
+    bits = torch.zeros(4, 1, dtype=torch.uint8)
+    scale = torch.ones(4)
+    with bie_core.use_backend("mlx"):
+        ops.sign_embedding(idx, bits, scale, 8, torch.float32)
+        idx.numpy()[1] = 10**9
+        try:
+            ops.sign_embedding(idx, bits, scale, 8, torch.float32)
+        except IndexError as e:
+            assert "sign_embedding" in str(e) and "1000000000" in str(e), e
+        else:
+            raise AssertionError("no error")
+        bag = torch.tensor([[0, 1]])
+        ops.sign_embedding_bag(bag, bits, 8, torch.float32)
+        bag.numpy()[0, 0] = -5
+        try:
+            ops.sign_embedding_bag(bag, bits, 8, torch.float32)
+        except IndexError as e:
+            assert "sign_embedding_bag" in str(e), e
+        else:
+            raise AssertionError("no error")
+        from bie_core.ops.weight_only import packed_rows
+        k, n = 16, 8
+        qw = torch.zeros(packed_rows(k, 4), n, dtype=torch.int32)
+        sc = torch.ones(2, n); z = torch.zeros(2, n)
+        g = torch.zeros(k, dtype=torch.int32)
+        ops.wq_dequantize(qw, sc, z, g, 4, 8, k, "gba", torch.float32)
+        g.numpy()[3] = 7
+        try:
+            ops.wq_dequantize(qw, sc, z, g, 4, 8, k, "gba", torch.float32)
+        except IndexError as e:
+            assert "g_idx" in str(e), e
+        else:
+            raise AssertionError("no error")
+    print("ok")
+    """
+    r = _run_isolated(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+@mlx_only
+def test_mlx_kernels_called_without_dispatch_validate_their_arguments():
+    """Called directly (no op validation in front), an MLX kernel still gives
+    the op's clear error instead of crashing."""
+    code = """
+    import torch, bie_core
+    reg = bie_core.get_registry()
+    def k(op):
+        return next(k for k in reg.kernels(op) if k.backend == "mlx")
+    cases = [
+        ("sign_embedding", (torch.tensor([5]), torch.zeros(2, 1, dtype=torch.uint8), torch.ones(2), 8,
+                            torch.float32), IndexError),
+        ("wq_gemm", (torch.randn(2, 16), torch.zeros(2, 8, dtype=torch.int32), torch.ones(2, 8),
+                     torch.zeros(2, 8), None, None, 4, 0, "gba"), ValueError),
+        ("binary_gemm", (torch.zeros(2, 1, dtype=torch.uint8), torch.zeros(3, 2, dtype=torch.uint8), 3, None, None,
+                         None), ValueError),
+        ("int_conv2d", (torch.zeros(1, 3, 5, 5, dtype=torch.int8), torch.zeros(2, 3, 3, 3, dtype=torch.int8), 8, 8,
+                        [0, 1], [0, 0], [1, 1], 1, None, None, None), ValueError),
+        ("mbwq_quantize", (torch.randn(8, 4), torch.ones(1, 4), torch.zeros(1, 4), torch.arange(8) + 3, [4], [8]),
+         IndexError),
+    ]
+    for op, args, exc in cases:
+        kern = k(op)
+        try:
+            kern.fn(*args) if kern.prepare is None else kern.fn(*args, prepared=None)
+        except exc as e:
+            assert f"bie::{op}" in str(e), (op, e)
+        else:
+            raise AssertionError(f"{op}: no error")
+    print("ok")
+    """
+    r = _run_isolated(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+# ------------------------------------------------------------------ 4. fake kernels
+def test_fake_kernel_refuses_mixed_devices():
+    a = torch.zeros(2, 1, dtype=torch.uint8)
+    b = torch.zeros(3, 1, dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match=r"bie::binary_gemm: all tensors must be on one device.*a on cpu, b on meta"):
+        torch.ops.bie.binary_gemm(a, b, 3, None, None, None)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda m: torch.ops.bie.binary_gemm(torch.zeros(2, 1, dtype=torch.uint8, device=m),
+                                         torch.zeros(3, 2, dtype=torch.uint8, device=m), 3, None, None, None),
+     r"bie::binary_gemm: packed rows must have"),
+    (lambda m: torch.ops.bie.wq_gemm(torch.zeros(2, 16, device=m), torch.zeros(2, 8, dtype=torch.int32, device=m),
+                                     torch.ones(2, 8, device=m), torch.zeros(2, 8, device=m), None, None, 4, 0,
+                                     "gba"),
+     r"bie::wq_gemm: group_size=0"),
+    (lambda m: torch.ops.bie.sign_embedding(torch.zeros(3, dtype=torch.int64, device=m),
+                                            torch.zeros(4, 1, dtype=torch.uint8, device=m),
+                                            torch.ones(5, device=m), 8, torch.float32),
+     r"bie::sign_embedding: scale must have one value per row"),
+])
+def test_fake_kernel_validates_shapes_on_meta(call, match):
+    with pytest.raises(ValueError, match=match):
+        call("meta")
+
+
+def test_fake_kernel_skips_values_but_checks_shapes_under_fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        idx = torch.zeros(3, dtype=torch.int64)
+        out = torch.ops.bie.sign_embedding(idx, torch.zeros(4, 1, dtype=torch.uint8), torch.ones(4), 8,
+                                           torch.float32)
+        assert out.shape == (3, 8)
+
+
+# ------------------------------------------------------------------ 6. agreement
+@mlx_only
+def test_mlx_binary_gemm_ignores_padding_bits():
+    a = torch.tensor([[0xFF]], dtype=torch.uint8)
+    b = torch.tensor([[0]], dtype=torch.uint8)
+    ref = ops.binary_gemm(a, b, 3, None, None, None)
+    assert ref.item() == -3
+    with bie_core.use_backend("mlx"):
+        assert ops.binary_gemm(a, b, 3, None, None, None).item() == -3
+        assert ops.binary_bmm(a[None], b[None], 3, None, None).item() == -3
+
+
+@pytest.mark.parametrize("op", ["binary_conv2d", "int_conv2d"])
+def test_conv_bias_with_integer_output_is_refused_everywhere(op):
+    if op == "binary_conv2d":
+        args = (torch.randn(1, 3, 5, 5), torch.zeros(2, 4, dtype=torch.uint8), [3, 3], [1, 1], [0, 0], [1, 1], 1,
+                0.0, None, torch.ones(2), None)
+    else:
+        args = (torch.zeros(1, 3, 5, 5, dtype=torch.int8), torch.zeros(2, 3, 3, 3, dtype=torch.int8), 8, 8,
+                [1, 1], [0, 0], [1, 1], 1, None, torch.ones(2), None)
+    for backend in [None] + [r.name for r in bie_core.backends() if r.status == "loaded"]:
+        with bie_core.use_backend(backend):
+            with pytest.raises(ValueError, match=rf"bie::{op}: a bias needs a floating out_dtype"):
+                getattr(ops, op)(*args)
+
+
+# ------------------------------------------------------------------ 8. clear errors
+@pytest.mark.parametrize("spec,exc,match", [
+    (5, TypeError, r"set_backend: a backend choice is a name .*got 5 of type int"),
+    (["cpu", 3], TypeError, r"set_backend: .*got \['cpu', 3\] of type list"),
+    ("nope", bie_core.UnknownBackendError, r"set_backend: unknown backend 'nope'; installed backends"),
+    ([], ValueError, r"set_backend: empty backend name"),
+])
+def test_set_backend_says_what_is_allowed(spec, exc, match):
+    with pytest.raises(exc, match=match):
+        bie_core.set_backend(spec)
+    assert bie_core.get_backend() is None
+
+
+def test_layer_backend_error_names_the_layer_and_value():
+    with pytest.raises(bie_core.UnknownBackendError, match=r"^BinaryLinear\(backend='zz'\): unknown backend 'zz'"):
+        bie_core.BinaryLinear(4, 4, backend="zz")
+    with pytest.raises(bie_core.UnknownBackendError, match=r"^MPQLinear\(backend='zz'\): unknown backend 'zz'"):
+        bie_core.MPQLinear(8, 8, backend="zz")
+
+
+def test_huge_conv_padding_is_refused_clearly():
+    with pytest.raises(ValueError, match=r"bie::binary_conv2d: padding=\[1000000000, 1000000000\].*at most 2\*\*40"):
+        ops.binary_conv2d(torch.randn(1, 1, 2, 2), torch.zeros(1, 1, dtype=torch.uint8), [1, 1], [1, 1],
+                          [10**9, 10**9], [1, 1], 1, 0.0, None, None, None)
+
+
+# ------------------------------------------------------------------ 9. bounds
+def test_parse_cache_is_bounded():
+    for i in range(3 * dispatch._MAX_PARSED):
+        dispatch._layer_pref(f"cpu,x{i}")
+    assert len(dispatch._parse_cache) <= dispatch._MAX_PARSED
+
+
+PLUGIN_RAISES = """
+from bie_core.plugins import BackendDescriptor
+class Boom(BaseException):
+    pass
+def _probe():
+    raise {exc}("plugin says {exc}")
+backend = BackendDescriptor(name="{name}", api_version="1.0", device_types=("cpu",), probe=_probe,
+                            load=lambda: None)
+"""
+
+PLUGIN_IMPORT_RAISES = """
+raise {exc}("plugin import says {exc}")
+"""
+
+
+@pytest.mark.parametrize("template", [PLUGIN_RAISES, PLUGIN_IMPORT_RAISES], ids=["probe", "import"])
+@pytest.mark.parametrize("exc", ["KeyboardInterrupt", "GeneratorExit", "SystemExit"])
+@pytest.mark.filterwarnings("ignore::bie_core.BieFallbackWarning")
+def test_plugin_base_exceptions_are_contained(plugin_factory, template, exc):
+    name = f"bad{exc.lower()}"
+    plugin_factory.make(name, template.format(exc=exc, name=name))
+    if exc == "KeyboardInterrupt":
+        # delivered once, after discovery finished (a real Ctrl-C is never lost)
+        with pytest.raises(KeyboardInterrupt, match="interrupted while loading a bie backend"):
+            bie_core.backends()
+    recs = {r.name: r for r in bie_core.backends()}
+    assert recs[name].status == "broken" and exc in recs[name].cause
+    a = torch.zeros(2, 1, dtype=torch.uint8)
+    for _ in range(2):   # later calls never meet the plugin's exception again
+        ops.binary_gemm(a, a, 8, None, None, None)
+    with pytest.raises(bie_core.BackendUnavailableError, match=name):
+        bie_core.set_backend(name)
