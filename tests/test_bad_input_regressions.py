@@ -271,3 +271,125 @@ def test_plugin_base_exceptions_are_contained(plugin_factory, template, exc):
         ops.binary_gemm(a, a, 8, None, None, None)
     with pytest.raises(bie_core.BackendUnavailableError, match=name):
         bie_core.set_backend(name)
+
+
+# ------------------------------------------------------------ 3. refused loads
+def _qat_layers():
+    from bie_core import BinaryConv2d, BinaryEmbedding, BinaryLinear, MBWQLinear, MPQLinear, QConv2d, QLinear
+    torch.manual_seed(0)
+    return [
+        ("BinaryLinear", lambda: BinaryLinear(12, 5, bias=True, per_channel=True), lambda: torch.randn(3, 12)),
+        ("BinaryConv2d", lambda: BinaryConv2d(3, 4, 3, padding=1, bias=True), lambda: torch.randn(2, 3, 5, 5)),
+        ("QLinear", lambda: QLinear(12, 5, w_bits=4, bias=True), lambda: torch.randn(3, 12)),
+        ("QConv2d", lambda: QConv2d(3, 4, 3, bias=True), lambda: torch.randn(2, 3, 5, 5)),
+        ("BinaryEmbedding", lambda: BinaryEmbedding(10, 12), lambda: torch.tensor([[1, 2, 9]])),
+        ("MPQLinear-gptq", lambda: MPQLinear(64, 16, bits=4, group_size=32, bias=True, dtype=torch.float32),
+         lambda: torch.randn(3, 64)),
+        ("MPQLinear-gba", lambda: MPQLinear(64, 16, bits=4, group_size=32, dtype=torch.float32, format="gba"),
+         lambda: torch.randn(3, 64)),
+        ("MBWQLinear", lambda: MBWQLinear(64, 16, bits={4: 0.5, 2: 0.5}, group_size=32, dtype=torch.float32),
+         lambda: torch.randn(3, 64)),
+    ]
+
+
+def _ready(layer, x):
+    """A layer with initialised (lazy) scales and realistic weights."""
+    from bie_core import MBWQLinear, MPQLinear
+    if isinstance(layer, (MPQLinear, MBWQLinear)):
+        lin = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+        kw = dict(group_size=32, dtype=torch.float32)
+        if isinstance(layer, MPQLinear):
+            kw.update(bits=4, format=layer.format)
+        else:
+            kw.update(bits={4: 0.5, 2: 0.5})
+        return type(layer).from_float(lin, **kw)
+    layer.train()
+    layer(x)
+    layer.eval()
+    return layer
+
+
+def _state(layer):
+    return ({k: (type(v).__name__, v.dtype, tuple(v.shape), v.detach().clone())
+             for k, v in list(layer.named_parameters()) + list(layer.named_buffers())},
+            getattr(layer, "packed", None), getattr(layer, "format", None), getattr(layer, "group_bits", None))
+
+
+def _same(a, b) -> bool:
+    if a[1:] != b[1:] or a[0].keys() != b[0].keys():
+        return False
+    return all(x[:3] == y[:3] and torch.equal(x[3], y[3]) for x, y in
+               ((a[0][k], b[0][k]) for k in a[0]) if not (x[3].is_floating_point() and x[3].isnan().any()))
+
+
+def _variants(sd):
+    """Careless and hostile edits of a valid state dict."""
+    for key, t in sd.items():
+        rest = {k: v for k, v in sd.items() if k != key}
+        yield f"missing {key}", rest
+        bigger = torch.cat([t.reshape(-1), t.reshape(-1)[:1]]) if t.numel() else torch.zeros(1, dtype=t.dtype)
+        yield f"misshaped {key}", dict(rest, **{key: bigger})
+        if t.is_floating_point():
+            yield f"nan {key}", dict(rest, **{key: torch.full_like(t, float("nan"))})
+            yield f"int {key}", dict(rest, **{key: t.to(torch.int64)})
+        else:
+            yield f"float {key}", dict(rest, **{key: t.to(torch.float32)})
+            yield f"huge {key}", dict(rest, **{key: torch.full_like(t, True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)})
+        yield f"not a tensor {key}", dict(rest, **{key: 3})
+    yield "unexpected key", dict(sd, **{"extra": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("name,make,inp", _qat_layers(), ids=[n for n, _, _ in _qat_layers()])
+def test_refused_load_state_dict_leaves_the_layer_as_it_was(name, make, inp):
+    x = inp()
+    refused = 0
+    for src_packed in (False, True):
+        src = _ready(make(), x)
+        if src_packed and hasattr(src, "pack"):
+            src.pack()
+        sd = src.state_dict()
+        for dst_packed in (False, True):
+            for label, bad in _variants(sd):
+                dst = _ready(make(), x)
+                if dst_packed and hasattr(dst, "pack"):
+                    dst.pack()
+                before = _state(dst)
+                y0 = dst(x)
+                try:
+                    dst.load_state_dict(bad)
+                except (RuntimeError, ValueError, TypeError) as e:
+                    refused += 1
+                    assert _same(before, _state(dst)), f"{name} {label}: refused load changed the layer ({e})"
+                    assert torch.equal(dst(x), y0), f"{name} {label}"
+    assert refused >= 8
+
+
+@pytest.mark.parametrize("name,make,inp", _qat_layers()[:2] + _qat_layers()[5:7],
+                         ids=[n for n, _, _ in _qat_layers()[:2] + _qat_layers()[5:7]])
+def test_refused_checkpoint_file_leaves_the_model_as_it_was(tmp_path, name, make, inp):
+    from bie_core.serialize import CheckpointError
+    x = inp()
+    src = _ready(make(), x)
+    if hasattr(src, "pack"):
+        src.pack()
+    refused = 0
+    for i, (label, bad) in enumerate(_variants(src.state_dict())):
+        if any(not isinstance(v, torch.Tensor) for v in bad.values()):
+            continue
+        path = tmp_path / f"c{i}.pt"
+        torch.save(bad, path)
+        dst = _ready(make(), x)
+        before, y0 = _state(dst), dst(x)
+        try:
+            bie_core.load_checkpoint(dst, path)
+        except CheckpointError:
+            refused += 1
+            assert _same(before, _state(dst)), f"{name} {label}: refused checkpoint changed the layer"
+            assert torch.equal(dst(x), y0)
+    assert refused >= 4
+
+
+def test_load_checkpoint_of_a_directory_is_a_clear_error(tmp_path):
+    from bie_core.serialize import CheckpointError
+    with pytest.raises(CheckpointError, match=r"is a directory; load_checkpoint reads one file"):
+        bie_core.load_checkpoint(bie_core.BinaryLinear(4, 4), tmp_path)

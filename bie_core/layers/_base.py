@@ -281,24 +281,27 @@ class QATLayer(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Order-free preparation: a checkpoint in packed form loads into a float
-        # layer (and the reverse) by switching this layer's form first.
+        # layer (and the reverse) by switching this layer's form first; all or
+        # nothing (see _load): a refused load leaves the layer as it was.
+        from ._load import load_atomically
+        if load_atomically(self, self._check_load, state_dict, prefix, local_metadata, strict, missing_keys,
+                           unexpected_keys, error_msgs):
+            for name in self._lazy_scales:
+                t = state_dict.get(prefix + name)
+                if isinstance(t, torch.Tensor):
+                    # zero is the "not initialised yet" placeholder (see module doc)
+                    setattr(self, f"_{name}_ready", bool((t != 0).all()))
+
+    def _check_load(self, state_dict, prefix) -> list:
         errors = self.adopt_format(state_dict, prefix)
         if errors:
-            error_msgs.extend(errors)
-            return
+            return errors
         for name in self._lazy_scales + ("weight_scale",):
             t = state_dict.get(prefix + name)
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                error_msgs.append(f"{self.layer_name()}: {prefix + name} is not finite "
-                                  f"({t.flatten()[:4].tolist()}); scales must be finite")
-                return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        for name in self._lazy_scales:
-            t = state_dict.get(prefix + name)
-            if isinstance(t, torch.Tensor):
-                # zero is the "not initialised yet" placeholder (see module doc)
-                setattr(self, f"_{name}_ready", bool((t != 0).all()))
+                return [f"{self.layer_name()}: {prefix + name} is not finite "
+                        f"({t.flatten()[:4].tolist()}); scales must be finite"]
+        return []
 
     #: attributes holding per-call caches (resolved kernels, derived weights):
     #: never pickled or deep-copied (they hold locks and tensors of this process)

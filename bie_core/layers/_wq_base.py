@@ -134,9 +134,23 @@ class WeightOnlyLinear(nn.Module):
     # (nn.Module.requires_grad_ reaches the handle like any parameter: that is
     # what makes model.requires_grad_(False) freeze packed weights.)
 
-    def _finish_load(self, prefix, missing_keys, unexpected_keys):
-        if prefix + HANDLE in missing_keys:
-            missing_keys.remove(prefix + HANDLE)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # all or nothing (see _load): the subclass adopts the incoming format and
+        # checks every tensor before anything is copied
+        from ._load import load_atomically
+        if load_atomically(self, self._check_load, state_dict, prefix, local_metadata, strict, missing_keys,
+                           unexpected_keys, error_msgs, skip=(HANDLE,)):
+            if prefix + HANDLE in missing_keys:   # not part of the canonical format
+                missing_keys.remove(prefix + HANDLE)
+            self._after_load()
+
+    def _check_load(self, state_dict, prefix) -> list:  # pragma: no cover - abstract
+        """Adopt the incoming format; return what is wrong with the incoming tensors."""
+        raise NotImplementedError
+
+    def _after_load(self) -> None:
+        pass
 
     # ---------------------------------------------------------------- checks
     def layer_name(self) -> str:

@@ -331,22 +331,22 @@ class MPQLinear(WeightOnlyLinear):
         return layer
 
     # --------------------------------------------------------------- loading
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _check_load(self, state_dict, prefix) -> list:
+        error_msgs: list = []
         if prefix + "qzeros" in state_dict:
             error_msgs.append(
                 f"{self.layer_name()}: {prefix}qzeros is the GPTQ ecosystem layout (stored z-1 'v1' or z 'v2', "
                 "which a state dict cannot tell apart); bie layers hold v2 zero points under 'zeros'. Load the "
                 "checkpoint with bie_core.load_quantized(model, path) or MPQLinear.from_gptq(..., "
                 "checkpoint_format='v1'|'v2')")
-            return
+            return error_msgs
         z = state_dict.get(prefix + "zeros")
         if isinstance(z, torch.Tensor):
             fmt = "gptq" if z.dtype == torch.int32 else "gba" if z.is_floating_point() else None
             if fmt is None:
                 error_msgs.append(f"{self.layer_name()}: {prefix}zeros has dtype {_dt(z.dtype)}; expected int32 "
                                   "(packed GPTQ zero points) or float (GBA zeros)")
-                return
+                return error_msgs
             if fmt != self.format:   # order-free: a GBA checkpoint switches a GPTQ layer and back
                 self.format = fmt
                 self._buffers["zeros"] = self._empty_zeros(fmt, self.qweight.device)
@@ -359,7 +359,7 @@ class MPQLinear(WeightOnlyLinear):
             hint = f" (that is the size for bits={guess[0]})" if guess else ""
             error_msgs.append(f"{self.layer_name()}: {prefix}qweight has shape {tuple(qw.shape)}, expected "
                               f"({packed_rows(k, b)}, {n}) for K={k}, bits={b}{hint}")
-            return
+            return error_msgs
         expected = {
             "qweight": ((packed_rows(k, b), n), (torch.int32,)),
             "scales": ((g, n), FLOAT_DTYPES),
@@ -369,22 +369,22 @@ class MPQLinear(WeightOnlyLinear):
         if self.bias is not None:
             expected["bias"] = ((n,), FLOAT_DTYPES)
         if not self._check_weight_state(state_dict, prefix, error_msgs, expected):
-            return
+            return error_msgs
         for key in ("scales", "zeros", "bias"):
             msg = check_finite(self, prefix + key, state_dict.get(prefix + key))
             if msg:
                 error_msgs.append(msg)
-                return
+                return error_msgs
         gi = state_dict.get(prefix + "g_idx")
         if isinstance(gi, torch.Tensor) and gi.numel():
             lo, hi = int(gi.min()), int(gi.max())
             if lo < 0 or hi >= g:
                 error_msgs.append(f"{self.layer_name()}: {prefix}g_idx values must be in [0, {g}) (G = "
                                   f"ceil({k}/{self.group_size})), got values in [{lo}, {hi}]")
-                return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        self._finish_load(prefix, missing_keys, unexpected_keys)
+                return error_msgs
+        return error_msgs
+
+    def _after_load(self) -> None:
         self._refresh_act_order()
 
 
@@ -577,21 +577,21 @@ class MBWQLinear(WeightOnlyLinear):
         return layer
 
     # ------------------------------------------------------------------ loading
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _check_load(self, state_dict, prefix) -> list:
+        error_msgs: list = []
         qg = state_dict.get(prefix + "q_groups")
         if isinstance(qg, torch.Tensor):
             if qg.dim() != 2 or qg.shape[1] != 2 or qg.dtype not in (torch.int32, torch.int64, torch.int16):
                 error_msgs.append(f"{self.layer_name()}: {prefix}q_groups must be an int (groups, 2) tensor of "
                                   f"(bits, rows), got {_dt(qg.dtype)} {tuple(qg.shape)}")
-                return
+                return error_msgs
             gb, gr = qg[:, 0].tolist(), qg[:, 1].tolist()
             if (gb, gr) != (self.group_bits, self.group_rows):
                 try:   # adopt the checkpoint's groups (shapes follow)
                     self._set_groups(gb, gr, self.qweight.device)
                 except ValueError as e:
                     error_msgs.append(f"{self.layer_name()}: {prefix}q_groups: {e}")
-                    return
+                    return error_msgs
         k, n, g = self.in_features, self.out_features, len(self.group_bits)
         expected = {
             "qweight": ((mbwq_packed_rows(self.group_bits, self.group_rows), n), (torch.int32,)),
@@ -602,21 +602,19 @@ class MBWQLinear(WeightOnlyLinear):
         if self.bias is not None:
             expected["bias"] = ((n,), FLOAT_DTYPES)
         if not self._check_weight_state(state_dict, prefix, error_msgs, expected):
-            return
+            return error_msgs
         for key in ("scales", "zeros", "channel_scale", "bias"):
             msg = check_finite(self, prefix + key, state_dict.get(prefix + key))
             if msg:
                 error_msgs.append(msg)
-                return
+                return error_msgs
         qp = state_dict.get(prefix + "q_perm")
         if isinstance(qp, torch.Tensor):
             ok = bool(((qp >= 0) & (qp < k)).all()) and torch.unique(qp).numel() == k
             if not ok:
                 error_msgs.append(f"{self.layer_name()}: {prefix}q_perm must be a permutation of 0..{k - 1}")
-                return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        self._finish_load(prefix, missing_keys, unexpected_keys)
+                return error_msgs
+        return error_msgs
 
 
 __all__ = ["MPQLinear", "MBWQLinear", "allocate_group_bits", "v1_to_v2_zeros", "GROUP_SIZES"]
