@@ -46,6 +46,12 @@ def save_checkpoint(model: nn.Module, path: Union[str, os.PathLike], *, pack_wei
     if pack_weights:
         pack(model)
     sd = model.state_dict()
+    # never write what load_checkpoint would refuse (a non-finite scale, say)
+    problems, undo = adopt_all(model, sd)
+    undo()
+    if problems:
+        raise CheckpointError(f"{type(model).__name__} cannot be saved: load_checkpoint would refuse it:\n"
+                              + _listing("layer problems", problems))
     if _is_safetensors(path):
         from safetensors.torch import save_file
         # safetensors refuses views that share storage; clones are cheap next to the disk write

@@ -393,3 +393,88 @@ def test_load_checkpoint_of_a_directory_is_a_clear_error(tmp_path):
     from bie_core.serialize import CheckpointError
     with pytest.raises(CheckpointError, match=r"is a directory; load_checkpoint reads one file"):
         bie_core.load_checkpoint(bie_core.BinaryLinear(4, 4), tmp_path)
+
+
+# ------------------------------------------------------------ 5. non-finite values
+@pytest.mark.parametrize("opt", ["DiodeMix", "PackedAdam"])
+def test_nan_in_packed_fine_tuning_raises_before_any_update(opt):
+    from bie_core import MPQLinear
+    from bie_core.optim import DiodeMix, PackedAdam
+    torch.manual_seed(0)
+    layer = MPQLinear.from_float(torch.nn.Linear(64, 16, bias=True), bits=4, group_size=32, dtype=torch.float32,
+                                 trainable=True)
+    o = (DiodeMix if opt == "DiodeMix" else PackedAdam)(layer.parameters(), lr=1e-2)
+    x = torch.randn(4, 64)
+    layer(x).square().sum().backward()
+    o.step()        # a finite step works
+    o.zero_grad()
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    x[1, 3] = float("nan")
+    layer(x).square().sum().backward()
+    with pytest.raises(ValueError, match=r"packed weight gradients are not finite in MPQLinear\(in_features=64"
+                                         r".*no parameter was updated"):
+        o.step()
+    after = layer.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_pack_refuses_a_nan_latent_weight_and_checkpoints_round_trip(tmp_path):
+    layer = bie_core.BinaryLinear(8, 4)
+    with torch.no_grad():
+        layer.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"BinaryLinear\(in_features=8.*latent weight has 1 non-finite values"):
+        layer.pack()
+    assert not layer.packed
+    # what the layer saves, it loads again
+    bie_core.save_checkpoint(layer, tmp_path / "a.safetensors")
+    bie_core.load_checkpoint(bie_core.BinaryLinear(8, 4), tmp_path / "a.safetensors")
+
+
+def test_a_layer_never_writes_a_checkpoint_it_refuses_to_read(tmp_path):
+    from bie_core import MPQLinear
+    from bie_core.serialize import CheckpointError
+    m = MPQLinear.from_float(torch.nn.Linear(64, 8), bits=4, group_size=32, dtype=torch.float32)
+    with torch.no_grad():
+        m.scales[0, 0] = float("inf")
+    with pytest.raises(CheckpointError, match=r"(?s)cannot be saved: load_checkpoint would refuse it.*scales"):
+        bie_core.save_checkpoint(m, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
+def test_mbwq_from_float_refuses_a_bad_channel_scale(bad):
+    cs = torch.ones(64)
+    cs[5] = bad
+    with pytest.raises(ValueError, match=r"MBWQLinear.from_float\(Linear\): channel_scale must be finite and non-zero"):
+        bie_core.MBWQLinear.from_float(torch.nn.Linear(64, 8), channel_scale=cs)
+
+
+def test_empty_first_batch_names_the_cause():
+    for x in (torch.randn(1, 3, 0, 5), torch.randn(0, 3, 5, 5)):
+        conv = bie_core.BinaryConv2d(3, 4, 3, padding=2)
+        with pytest.raises(ValueError, match=r"BinaryConv2d.*act_scale initialised from the first batch is not "
+                                             r"finite.*empty or contains inf or NaN"):
+            conv(x)
+
+
+# ------------------------------------------------------- 6. native weight-only GEMM near the float32 range
+@pytest.mark.parametrize("fmt", ["gptq", "gba"])
+@pytest.mark.parametrize("value", [3e38, float("inf"), -float("inf")])
+@pytest.mark.parametrize("m", [1, 3])
+def test_wq_gemm_near_float32_range_matches_the_reference(fmt, value, m):
+    from bie_backend_cpu.reference import weight_only as ref
+    from bie_core import MPQLinear
+    torch.manual_seed(1)
+    layer = MPQLinear.from_float(torch.nn.Linear(64, 16), bits=4, group_size=32, dtype=torch.float32, format=fmt)
+    x = torch.randn(m, 64)
+    x[0, 0] = value
+    args = (x, layer.qweight, layer.scales, layer.zeros, None, None, 4, 32, fmt)
+    want = ref.wq_gemm(*args)
+    for backend in [r.name for r in bie_core.backends() if r.status == "loaded"]:
+        with bie_core.use_backend(backend):
+            got = ops.wq_gemm(*args)
+        assert torch.equal(got.isnan(), want.isnan()), backend
+        assert torch.equal(torch.isinf(got), torch.isinf(want)), backend
+        fin = torch.isfinite(want)
+        if fin.any():
+            assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-3 * float(want[fin].abs().max())), backend

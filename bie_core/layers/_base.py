@@ -190,7 +190,7 @@ class QATLayer(nn.Module):
                 v /= torch.distributed.get_world_size()
             if not torch.compiler.is_compiling() and not bool(torch.isfinite(v).all()):
                 self._fail(f"{name} initialised from {source} is not finite ({v.flatten()[:4].tolist()}); "
-                           "the input contains inf or NaN", ValueError)
+                           f"{source} is empty or contains inf or NaN", ValueError)
             p.copy_(v.clamp_min(SCALE_EPS).to(p.dtype).reshape(p.shape))
         setattr(self, f"_{name}_ready", True)
 
@@ -223,6 +223,12 @@ class QATLayer(nn.Module):
         """
         name, before = self.layer_name(), tensor_bytes(self)
         if self._packed_keys and not self.packed:  # layers without weights have nothing to pack
+            w = self.weight.detach()
+            if not bool(torch.isfinite(w).all()):
+                bad = w[~torch.isfinite(w)]
+                self._fail(f"the latent weight has {bad.numel()} non-finite values (e.g. {bad[:4].tolist()}); "
+                           "packing stores signs and scales of finite weights only (fix or re-initialise the "
+                           "weight first)")
             self._check_scales_finite()
             self._do_pack()
         return PackReport(name, before, tensor_bytes(self))

@@ -551,9 +551,15 @@ class MBWQLinear(WeightOnlyLinear):
         layer = cls(k, n, bits=bits, group_size=group_size, bias=linear.bias is not None, dtype=dtype,
                     device=linear.weight.device, backend=backend, trainable=trainable)
         w = linear.weight.detach().t().to(torch.float32)
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError(f"{name}: the weight has non-finite values")
         if channel_scale is not None:
-            if channel_scale.shape != (k,) or not bool((channel_scale != 0).all()):
-                raise ValueError(f"{name}: channel_scale must be ({k},) without zeros, got {tuple(channel_scale.shape)}")
+            if not isinstance(channel_scale, torch.Tensor) or channel_scale.shape != (k,):
+                raise ValueError(f"{name}: channel_scale must be a ({k},) tensor, got "
+                                 f"{tuple(channel_scale.shape) if isinstance(channel_scale, torch.Tensor) else channel_scale!r}")
+            if not bool((torch.isfinite(channel_scale) & (channel_scale != 0)).all()):
+                bad = channel_scale[~(torch.isfinite(channel_scale) & (channel_scale != 0))]
+                raise ValueError(f"{name}: channel_scale must be finite and non-zero, got {bad[:4].tolist()}")
             layer.channel_scale.copy_(channel_scale)
             w = w / layer.channel_scale.to(torch.float32).unsqueeze(1)
         imp = importance if importance is not None else w.norm(dim=1)
