@@ -478,3 +478,72 @@ def test_wq_gemm_near_float32_range_matches_the_reference(fmt, value, m):
         fin = torch.isfinite(want)
         if fin.any():
             assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-3 * float(want[fin].abs().max())), backend
+
+
+# ------------------------------------------------------------ 2. writes through .data
+def _loaded_backends():
+    return [None] + [r.name for r in bie_core.backends() if r.status == "loaded"]
+
+
+def _data_write_cases():
+    from bie_core import BinaryEmbedding, BinaryLinear, MBWQLinear, MPQLinear, QLinear
+    torch.manual_seed(3)
+
+    def binary_packed():
+        layer = _ready(BinaryLinear(24, 8), torch.randn(2, 24))
+        layer.pack()
+        return layer, "weight_bits", torch.randn(3, 24)
+
+    def binary_float():
+        return _ready(BinaryLinear(24, 8), torch.randn(2, 24)), "weight", torch.randn(3, 24)
+
+    def qlinear4():
+        layer = _ready(QLinear(24, 8, w_bits=4), torch.randn(2, 24))
+        layer.pack()
+        return layer, "qweight", torch.randn(3, 24)
+
+    def mpq():
+        return (MPQLinear.from_float(torch.nn.Linear(64, 16), bits=4, group_size=32, dtype=torch.float32), "qweight",
+                torch.randn(3, 64))
+
+    def mbwq():
+        return (MBWQLinear.from_float(torch.nn.Linear(64, 16), bits={4: 0.5, 2: 0.5}, group_size=32,
+                                      dtype=torch.float32), "qweight", torch.randn(3, 64))
+
+    def emb():
+        layer = BinaryEmbedding(10, 16)
+        layer.pack()
+        return layer, "weight_bits", torch.tensor([[1, 2, 9]])
+    return {"BinaryLinear-packed": binary_packed, "BinaryLinear-float": binary_float, "QLinear-int4": qlinear4,
+            "MPQLinear": mpq, "MBWQLinear": mbwq, "BinaryEmbedding": emb}
+
+
+@pytest.mark.parametrize("case", list(_data_write_cases()))
+@pytest.mark.parametrize("backend", _loaded_backends())
+def test_write_through_data_then_invalidate_is_seen(case, backend):
+    """A write through ``.data`` bypasses the version counter; ``invalidate``
+    (docs/bad-input.md) makes the next call use the new values, on every
+    backend; a ``torch.no_grad()`` write is seen without it."""
+    layer, name, x = _data_write_cases()[case]()
+    other, _, _ = _data_write_cases()[case]()
+    t, new = getattr(layer, name), getattr(other, name)
+    if t.is_floating_point():
+        new = torch.randn_like(t)
+    else:
+        new = torch.randint(0, 256 if t.dtype == torch.uint8 else 2**31 - 1, t.shape, dtype=t.dtype)
+    layer.eval()
+    with bie_core.use_backend(backend), torch.no_grad():
+        layer(x)                              # prepares layouts of the old values
+        t.data.copy_(new)
+        fresh = copy_of(layer)                # new tensors: nothing prepared for them yet
+        bie_core.invalidate(layer)
+        assert torch.equal(layer(x), fresh(x)), "stale layout after .data write and invalidate()"
+        t.copy_(torch.flip(new, [0]))         # a tracked write: seen without invalidate
+        assert torch.equal(layer(x), copy_of(layer)(x)), "stale layout after a tracked write"
+
+
+def copy_of(layer):
+    import copy
+    c = copy.deepcopy(layer)
+    c.eval()
+    return c

@@ -322,7 +322,10 @@ def prepare(*weights):
     kernel of this backend that prepares them (the GEMM and its input
     gradient, say), so a layer's MLX layout exists once."""
     key = tuple(id(w) for w in weights)
-    state = tuple(_state(w) for w in weights)
+    # the registry generation: bie_core.clear_caches() (and invalidate) must
+    # drop these layouts too, e.g. after a write through .data
+    from bie_core.plugins.registry import get_registry
+    state = (get_registry().generation,) + tuple(_state(w) for w in weights)
     tensors = [w for w in weights if isinstance(w, torch.Tensor)]
     with LOCK:
         e = _SHARED.get(key)
