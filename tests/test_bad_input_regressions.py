@@ -547,3 +547,100 @@ def copy_of(layer):
     c = copy.deepcopy(layer)
     c.eval()
     return c
+
+
+# ------------------------------------------------------------ 7. checkpoint and config loading
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 32)
+
+
+def _gptq_dir(tmp_path):
+    from bie_core import quantize_model, save_quantized
+    torch.manual_seed(0)
+    m = _Tiny()
+    quantize_model(m, bits=4, group_size=32, skip=(), dtype=torch.float32)
+    d = tmp_path / "ckpt"
+    save_quantized(m, d)
+    return d
+
+
+def _load(d, **kw):
+    from bie_core import load_quantized
+    return load_quantized(_Tiny(), d, **kw)
+
+
+def test_quantize_config_that_is_a_device_is_refused(tmp_path):
+    from bie_core import CheckpointError
+    d = _gptq_dir(tmp_path)
+    (d / "quantize_config.json").unlink()
+    (d / "quantize_config.json").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match=r"quantize_config.json is not a regular file"):
+        _load(d)
+
+
+def test_oversized_quantize_config_is_refused(tmp_path):
+    from bie_core import CheckpointError
+    from bie_core.checkpoint.io import MAX_CONFIG_BYTES
+    d = _gptq_dir(tmp_path)
+    (d / "quantize_config.json").write_text('{"bits": 4, "pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
+    with pytest.raises(CheckpointError, match=r"quantize_config.json has \d+ bytes; at most \d+ are read"):
+        _load(d)
+
+
+@pytest.mark.parametrize("text,match", [
+    ('{"bits": 4, "group_size": 0}', r"quantize_config.json: group_size=0 is not supported; allowed: -1 .*positive"),
+    ('{"bits": 4, "group_size": 32, "sym": "no"}', r"quantize_config.json: sym='no' is not supported; allowed: true or false"),
+    ('{"bits": "4"}', r"quantize_config.json: bits='4' is not supported"),
+    ('{"bits": 4, "group_size": 32,', r"quantize_config.json is not valid JSON: Expecting"),
+    ('[4, 32]', r"quantize_config.json holds a JSON list, expected an object"),
+])
+def test_bad_quantize_config_names_file_and_value(tmp_path, text, match):
+    from bie_core import CheckpointError
+    d = _gptq_dir(tmp_path)
+    (d / "quantize_config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=match):
+        _load(d)
+
+
+def test_on_overflow_is_validated(tmp_path):
+    d = _gptq_dir(tmp_path)
+    with pytest.raises(ValueError, match=r"load_quantized: on_overflow='bogus'; allowed: \['wrap', 'error'\]"):
+        _load(d, on_overflow="bogus")
+    from bie_core.layers.weight_only import v1_to_v2_zeros
+    with pytest.raises(ValueError, match=r"on_overflow='bogus'"):
+        v1_to_v2_zeros(torch.zeros(2, 2, dtype=torch.int32), 4, on_overflow="bogus")
+
+
+def _sharded(d, shard_name):
+    import json
+    (d / "model.safetensors").rename(d.parent / "outside.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"up.qweight": shard_name, "up.qzeros": shard_name}}))
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "ABS", "link.safetensors"])
+def test_shard_index_cannot_leave_the_checkpoint_directory(tmp_path, shard):
+    from bie_core import CheckpointError
+    d = _gptq_dir(tmp_path)
+    if shard == "ABS":
+        shard = str(tmp_path / "outside.safetensors")
+    if shard == "link.safetensors":
+        (d / shard).symlink_to(tmp_path / "outside.safetensors")
+    _sharded(d, shard)
+    with pytest.raises(CheckpointError, match=r"model.safetensors.index.json: (weight_map names shard|shard '.*' "
+                                              r"resolves to .* outside the checkpoint directory)"):
+        _load(d)
+
+
+def test_several_weight_files_without_index_are_ambiguous(tmp_path):
+    import shutil
+    from bie_core import CheckpointError
+    d = _gptq_dir(tmp_path)
+    shutil.copy(d / "model.safetensors", d / "model-copy.safetensors")
+    with pytest.raises(CheckpointError, match=r"holds 2 weight files .* and no model.safetensors.index.json: which "
+                                              r"of them form the checkpoint is ambiguous"):
+        _load(d)
+    (d / "model-copy.safetensors").unlink()
+    _load(d)   # one file: fine

@@ -56,6 +56,10 @@ def _check_choice(layer: str, name: str, v, allowed) -> None:
         raise ValueError(f"{layer}: {name}={v!r} is not supported; allowed: {list(allowed)}")
 
 
+#: what to do with v1 zero points that overflow (see v1_to_v2_zeros)
+ON_OVERFLOW = ("wrap", "error")
+
+
 def v1_to_v2_zeros(z_stored: torch.Tensor, bits: int, on_overflow: str = "wrap", what: str = "qzeros") -> torch.Tensor:
     """Zero points from v1 stored values (``z - 1``), unpacked int codes.
 
@@ -65,6 +69,8 @@ def v1_to_v2_zeros(z_stored: torch.Tensor, bits: int, on_overflow: str = "wrap",
     take ``z = (stored + 1) mod 2^b`` (= 0, what the quantizer that wrote
     the file computed) and warn; ``on_overflow="error"`` raises instead.
     """
+    if on_overflow not in ON_OVERFLOW:
+        raise ValueError(f"{what}: on_overflow={on_overflow!r}; allowed: {list(ON_OVERFLOW)}")
     maxq = (1 << bits) - 1
     over = z_stored == maxq
     n_over = int(over.sum())
@@ -236,6 +242,7 @@ class MPQLinear(WeightOnlyLinear):
         from ..checkpoint.gptq_layout import infer_gptq_geometry
         what = name or "MPQLinear.from_gptq"
         _check_choice(what, "checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
+        _check_choice(what, "on_overflow", on_overflow, ON_OVERFLOW)
         k, n, bits, group_size = infer_gptq_geometry(qweight, qzeros, scales, g_idx, bits, group_size,
                                                      in_features, what)
         z = ops.wq_unpack(qzeros.to(torch.int32), bits, n, 1)
