@@ -154,6 +154,11 @@ def _gemm_cases(device, gen):
             b[:, -1] &= (1 << (k % 8)) - 1
             a, b = torch.cat([a, a], 1)[:, :kb], torch.cat([b, b], 1)[:, :kb]
         yield Case((a, b, k, None, None, None), f"count noncontiguous M={m} N={n} K={k}")
+    # rows that share memory (a stride-0 expand, overlapping windows): valid operands
+    a = randbits((1, 13), device=device, gen=gen, k=100).expand(6, 13)
+    b = randbits((40,), device=device, gen=gen, k=320).as_strided((7, 13), (2, 1))
+    yield Case((a, b, 100, None, None, None), "count stride-0 rows a, overlapping rows b M=6 N=7 K=100")
+    yield Case((b, a, 100, None, None, None), "count overlapping rows a, stride-0 rows b M=7 N=6 K=100")
     # padding bits set: they must not count
     yield Case((torch.tensor([[0xFF]], dtype=torch.uint8, device=device),
                 torch.tensor([[0]], dtype=torch.uint8, device=device), 3, None, None, None),
@@ -298,6 +303,9 @@ def _bmm_cases(device, gen):
         for dtype in FLOAT_DTYPES:
             yield Case((a, b, k, scale, dtype), f"{str(dtype)[6:]} B={bs} M={m} N={n} K={k}",
                        tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+    a = randbits((1, 1, 9), device=device, gen=gen, k=70).expand(3, 4, 9)
+    b = randbits((3, 1, 9), device=device, gen=gen, k=70).expand(3, 5, 9)
+    yield Case((a, b, 70, None, None), "count stride-0 batch and rows B=3 M=4 N=5 K=70")
     for (bs, m, n, k) in [(1, 1, 1, 3), (2, 3, 4, 13)]:
         a = dirty_bits((bs, m, packed_len(k)), device=device, gen=gen)
         b = dirty_bits((bs, n, packed_len(k)), device=device, gen=gen)

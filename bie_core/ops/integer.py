@@ -328,6 +328,11 @@ def _ig_cases(device, gen):
     a = randint_codes((10, 80), 8, device=device, gen=gen)[:, ::2]
     b = randint_codes((6, 40), 8, device=device, gen=gen)
     yield Case((a, b, 8, 8, None, None, None), "a8w8 noncontiguous a M=10 N=6 K=40")
+    # rows that share memory (a stride-0 expand, overlapping windows): valid operands
+    a = randint_codes((1, 40), 8, device=device, gen=gen).expand(5, 40)
+    yield Case((a, b, 8, 8, None, None, None), "a8w8 stride-0 rows a M=5 N=6 K=40")
+    a = randint_codes((60,), 8, device=device, gen=gen).as_strided((5, 40), (3, 1))
+    yield Case((a, b.expand(6, 40), 8, 8, None, None, None), "a8w8 overlapping rows a M=5 N=6 K=40")
 
 
 int_gemm = define_op(OpDef(
@@ -370,6 +375,9 @@ def _ib_cases(device, gen):
             yield Case((a, b, bits, bits, None, None), f"int{bits} count B={bs} M={m} N={n} K={k}")
             scale = (torch.rand((), generator=gen) * 0.01 + 1e-3).to(device)
             yield Case((a, b, bits, bits, scale, torch.float32), f"int{bits} float32 B={bs} M={m} N={n} K={k}")
+    a = randint_codes((1, 3, 40), 8, device=device, gen=gen).expand(4, 3, 40)
+    b = randint_codes((1, 5, 40), 8, device=device, gen=gen)[:, :1].expand(4, 5, 40)
+    yield Case((a, b, 8, 8, None, None), "int8 count stride-0 batch and rows B=4 M=3 N=5 K=40")
 
 
 int_bmm = define_op(OpDef(

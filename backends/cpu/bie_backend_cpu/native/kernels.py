@@ -229,7 +229,7 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     if m == 0 or n == 0:
         return out
     panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(b, k))
-    if a.stride(1) != 1:
+    if a.stride(1) != 1 or a.stride(0) < kb:   # (rows that overlap, e.g. a stride-0 expand: a dense copy)
         a = a.contiguous()
     a = a.detach()
     flags, s32, b32 = _epilogue(scale, bias, n)
@@ -445,7 +445,7 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
         return out
     kind = _lib.bie_int_layout()
     lay = _layouts(prepared).get(("int", kind), lambda: _int_layout(b, kind))
-    if a.stride(1) != 1:
+    if a.stride(1) != 1 or a.stride(0) < k:    # (rows that overlap, e.g. a stride-0 expand: a dense copy)
         a = a.contiguous()
     a = a.detach()
     flags, s32, b32 = _epilogue(scale, bias, n)
@@ -526,7 +526,7 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
         return _ri.int_bmm(a, b, a_bits, b_bits, scale, out_dtype)
     lay = _int_layout(b, kind)
     a = a.detach()
-    if a.stride(2) != 1 or a.stride(0) < 0:
+    if a.stride(2) != 1 or a.stride(1) < k or a.stride(0) < m * a.stride(1):   # overlapping rows or items
         a = a.contiguous()
     flags, s32, _ = _epilogue(scale, None, n)
     mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, max(1, -(-4 * _threads() // bs)))
@@ -555,7 +555,7 @@ def binary_bmm(a, b, k, scale, out_dtype):
         return out
     panels = _binary_panels(b, k)
     a = a.detach()
-    if a.stride(2) != 1 or a.stride(0) < 0:
+    if a.stride(2) != 1 or a.stride(1) < kb or a.stride(0) < m * a.stride(1):   # overlapping rows or items
         a = a.contiguous()
     flags, s32, _ = _epilogue(scale, None, n)
     p, kw = panels.shape[1], panels.shape[2]
