@@ -18,6 +18,7 @@ Design notes (why it looks like this):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
@@ -48,6 +49,39 @@ def backend_string(spec: Union[str, Sequence[str], None], source: str) -> Option
         source = f"{source[:-1]}{spec!r})"
     pref = dispatch.validate_choice(spec, source)
     return ",".join(pref[0])
+
+
+class NamedAllocationErrors:
+    """Mixin: a constructor whose sizes cannot be allocated (``in_features=2**40``)
+    raises a ValueError naming the layer and its arguments, not torch's bare
+    allocator error."""
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_names_allocation_errors", False):
+            return
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            try:
+                init(self, *args, **kwargs)
+            except (RuntimeError, MemoryError, OverflowError, ValueError) as e:
+                msg = str(e)
+                if isinstance(e, RuntimeError) and not any(s in msg for s in _ALLOC_ERRORS):
+                    raise
+                if isinstance(e, ValueError) and (msg.startswith(cls.__name__) or _TOO_BIG not in msg):
+                    raise   # a clear error of this layer, or of another kind
+                given = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+                raise ValueError(f"{cls.__name__}({given}): these sizes {_TOO_BIG} "
+                                 f"({msg.splitlines()[0][:200]})") from e
+        __init__._names_allocation_errors = True
+        cls.__init__ = __init__
+
+
+_TOO_BIG = "need more memory than can be allocated"
+_ALLOC_ERRORS = ("can't allocate memory", "Storage size calculation overflowed", "out of memory",
+                 "exceeds the maximum", "numel")
 
 
 def _distributed() -> bool:
@@ -129,7 +163,7 @@ class TorchInit:
         self.reset_scales()
 
 
-class QATLayer(nn.Module):
+class QATLayer(NamedAllocationErrors, nn.Module):
     """Base of the bie QAT layers (not used directly)."""
 
     #: Parameters that are latent float weights of binary layers: DiodeMix

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ._base import FLOAT_DTYPES, _dt, backend_string
+from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string
 
 HANDLE = "weight_handle"
 
@@ -60,7 +60,7 @@ def _rebuild_handle(shape, requires_grad) -> GradientHandle:
     return GradientHandle(_handle_tensor(*shape, "cpu"), requires_grad)
 
 
-class WeightOnlyLinear(nn.Module):
+class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
     """Base of MPQLinear and MBWQLinear (not used directly)."""
 
     #: buffers that make up the canonical packed weight (state_dict keys)

@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._base import backend_string
+from ._base import NamedAllocationErrors, backend_string
 from .binary import BinaryLinear
 from .matmul import BinaryMatMul, QMatMul
 
 
-class BinaryMultiheadAttention(nn.Module):
+class BinaryMultiheadAttention(NamedAllocationErrors, nn.Module):
     """Multi-head attention with binary projections and binary attention scores."""
 
     def __init__(self, embed_dim: int, num_heads: int, *, bias: bool = False, dropout: float = 0.0,
@@ -69,6 +69,10 @@ class BinaryMultiheadAttention(nn.Module):
                 raise ValueError(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
                                  f"{nm} must be 3-D (batch, length, features), got "
                                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        for nm, t, proj in (("query", query, self.q_proj), ("key", key, self.k_proj), ("value", value, self.v_proj)):
+            if t.shape[-1] != proj.in_features:
+                raise ValueError(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
+                                 f"{nm} has {t.shape[-1]} features, expected {proj.in_features}")
         q = self._heads(self.q_proj(query))                        # (B, H, L, d)
         k = self._heads(self.k_proj(key))                          # (B, H, S, d)
         v = self._heads(self.v_proj(value))                        # (B, H, S, d)

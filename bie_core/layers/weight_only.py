@@ -313,7 +313,7 @@ class MPQLinear(WeightOnlyLinear):
         if not bool(torch.isfinite(w).all()):
             raise ValueError(f"{name}: the weight has non-finite values")
         if calibration is not None and hessian is None:
-            acc = HessianAccumulator(k, device=w.device)
+            acc = HessianAccumulator(k, device=w.device, name=name)
             acc.add(calibration)
             hessian = acc.h
         with torch.no_grad():

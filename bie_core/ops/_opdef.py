@@ -113,7 +113,14 @@ class OpDef:
             args = tuple(args) + self.defaults[len(args):]
         if (not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
                 and not _function_mode()):
-            return self._route(*args, backend) if backend else self._route(*args)
+            try:
+                return self._route(*args, backend) if backend else self._route(*args)
+            except (AttributeError, TypeError):
+                # an argument of the wrong type can fail before validation (while the
+                # router builds its cache key): say which one
+                if self.validate is not None:
+                    self.validate.check_types(args)
+                raise
         return self.overload(*args, backend or "")
 
 
@@ -156,6 +163,8 @@ def define_op(op: OpDef) -> OpDef:
     op.arg_names = _arg_names(args_part)
     op.defaults = tuple(a.default_value if a.has_default_value() else None
                         for a in op.overload._schema.arguments[:len(op.arg_names)])
+    if op.validate is not None:
+        op.validate = _with_type_checks(op, op.validate)
     names = VALUE_ARG_NAMES if op.value_arg_names is None else op.value_arg_names
     op.value_args = tuple(i for i, n in enumerate(op.arg_names) if n in names)
     route = dispatch.make_router(op)
@@ -164,6 +173,63 @@ def define_op(op: OpDef) -> OpDef:
     torch.library.register_fake(op.qualname, _fake_impl(op.fake, op.validate, len(op.arg_names)), lib=_lib)
     _OPS[op.name] = op
     return op
+
+
+def _type_checker(op: "OpDef") -> Callable:
+    """Checks that every argument has the Python type the op's schema names
+    (``bie::OP: k must be an int, got '3'``), so that op validation never
+    meets a list where it expects a tensor. torch.library does this for calls
+    through ``torch.ops.bie``; the eager fast path calls the router directly."""
+    checks = []
+    for i, a in enumerate(op.overload._schema.arguments[:len(op.arg_names)]):
+        t = str(a.type)
+        optional = t.startswith("Optional[")
+        base = t[len("Optional["):-1] if optional else t
+        checks.append((i, a.name, base, optional))
+
+    def ok(v, base) -> bool:
+        if base == "Tensor":
+            return isinstance(v, torch.Tensor)
+        if base in ("int", "SymInt"):
+            return isinstance(v, int) and not isinstance(v, bool)
+        if base == "float":
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        if base == "bool":
+            return isinstance(v, bool)
+        if base == "str":
+            return isinstance(v, str)
+        if base == "ScalarType":
+            return isinstance(v, torch.dtype)
+        if base.startswith("List[") or base.endswith("]"):
+            inner = base[5:-1] if base.startswith("List[") else base[:base.index("[")]
+            return isinstance(v, (list, tuple)) and all(ok(x, inner) for x in v)
+        return True
+
+    def describe(base) -> str:
+        return {"Tensor": "a tensor", "int": "an int", "SymInt": "an int", "float": "a number", "bool": "a bool",
+                "str": "a string", "ScalarType": "a torch.dtype"}.get(base, f"a {base}")
+
+    def check_types(args) -> None:
+        for i, name, base, optional in checks:
+            v = args[i] if i < len(args) else None
+            if v is None and optional:
+                continue
+            if not ok(v, base):
+                want = describe(base) + (" or None" if optional else "")
+                if base.startswith("List[") or base.endswith("]"):
+                    want = "a list of ints"
+                raise TypeError(f"bie::{op.name}: {name} must be {want}, got {v!r} ({type(v).__name__})")
+    return check_types
+
+
+def _with_type_checks(op: "OpDef", validate: Callable) -> Callable:
+    check_types = _type_checker(op)
+
+    def validate_with_types(*args):
+        check_types(args)
+        validate(*args)
+    validate_with_types.check_types = check_types
+    return validate_with_types
 
 
 def _fake_impl(fake: Callable, validate: Optional[Callable], nargs: int) -> Callable:
