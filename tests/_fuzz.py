@@ -42,7 +42,7 @@ import warnings
 MODES = ("auto", "native", "reference", "mlx")
 
 # Exception types a careless call may get (everything else is unclear).
-CLEAR_TYPES = ("ValueError", "TypeError", "IndexError", "NoKernelError", "UnknownBackendError",
+CLEAR_TYPES = ("ValueError", "TypeError", "IndexError", "MemoryError", "NoKernelError", "UnknownBackendError",
                "BackendUnavailableError", "CheckpointError", "NotImplementedError", "RuntimeError")
 
 MAX_ELEMENTS = 1 << 16   # baseline cases larger than this are not used (speed)
@@ -118,7 +118,7 @@ def _mutate_tensor(t, rng):
     if kind == "transpose" and t.dim() >= 2:
         return kind, t.transpose(-1, -2)
     if kind in ("nan", "inf", "big_values") and t.is_floating_point() and t.numel():
-        t = t.clone()
+        t = t.clone(memory_format=torch.contiguous_format)
         flat = t.view(-1)
         v = {"nan": float("nan"), "inf": rng.choice([float("inf"), -float("inf")]),
              "big_values": rng.choice([3e38, -3e38, 6e4, 1e30])}[kind]
@@ -126,7 +126,7 @@ def _mutate_tensor(t, rng):
             flat[rng.randrange(flat.numel())] = v
         return kind, t
     if kind in ("extreme", "neg", "huge_index") and not t.is_floating_point() and t.dtype != torch.bool and t.numel():
-        t = t.clone()
+        t = t.clone(memory_format=torch.contiguous_format)
         flat = t.view(-1)
         info = torch.iinfo(t.dtype)
         v = {"extreme": rng.choice([info.min, info.max]), "neg": max(info.min, -1),
@@ -157,6 +157,7 @@ def _fill(t, rng):
 
 
 def _mutate_int(v, rng):
+    v = v if isinstance(v, int) else 1
     return rng.choice([0, -1, -(1 << 31), 1 << 40, v + 1, v - 1, v * 2, 7, True, 1.5, None, "3"])
 
 
@@ -444,18 +445,18 @@ def layer_case(seed: int, index: int):
 
 def run_layer_case(seed, index, mode):
     kind, thunk, bad = layer_case(seed, index)
-    label = f"{kind} careless={bad}"
     try:
         with _mode_ctx(mode):
             thunk()
     except Exception as e:
+        label = f"{kind} careless={bad}"
         tname, msg = type(e).__name__, str(e)
         if not any(c.__name__ in CLEAR_TYPES for c in type(e).__mro__):
             return "unclear", label, f"{tname}: {msg[:300]}"
         if kind not in msg and "bie::" not in msg:
             return "unclear", label, f"{tname} without '{kind}': {msg[:300]}"
         return "clear", label, f"{tname}: {msg[:160]}"
-    return "ok", label, ""
+    return "ok", f"{kind} careless={bad}", ""
 
 
 # ------------------------------------------------------------------ worker
@@ -532,10 +533,13 @@ def main(argv=None):
     torch.set_num_threads(1)
     import bie_core  # noqa: F401
     prog = open(a.progress, "a", buffering=1) if a.progress else None
+    crash_at = int(os.environ.get("BIE_FUZZ_SELFTEST_CRASH", "-1"))   # the harness's own test: die here
     for i in range(a.start, a.start + a.count):
         if prog:
             prog.write(f"{i}\n")
             prog.flush()
+        if i == crash_at:
+            os.abort()
         try:
             status, label, detail = run_case(a.seed, i, a.mode)
         except BaseException as e:  # a bug in the harness itself, reported as such

@@ -59,7 +59,14 @@ def guarded(op_name: str, fn):
         empty = _empty_result(op, args[:nargs])
         if empty is not None:
             return empty
-        return fn(*args, **kw)
+        try:
+            return fn(*args, **kw)
+        except (TypeError, ValueError, RuntimeError) as e:
+            if str(e).startswith("bie::"):
+                raise
+            # MLX refuses what validation let through (sizes beyond its int32 arguments, say)
+            raise ValueError(f"bie::{op_name}: bie-backend-mlx cannot compute this call: "
+                             f"{(str(e).splitlines() or [type(e).__name__])[0][:300]}") from e
 
     wrapper.__wrapped_kernel__ = fn
     return wrapper

@@ -269,14 +269,30 @@ def _row_groups(group_rows) -> "mx.array":
                                             torch.tensor(list(group_rows))).numpy())
 
 
-@kernel
-def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype):
+def _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, op) -> "mx.array":
     q = _mbwq_codes(qweight, group_bits, group_rows).astype(mx.float32)
     grp = _row_groups(group_rows)
     wp = q * mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0) \
         - mx.take(to_mlx(zeros).astype(mx.float32), grp, axis=0)
-    inv = mx.argsort(checked_index(to_mlx(q_perm), q_perm.shape[0], "mbwq_dequantize", "q_perm"))  # W[q_perm[j]] = wp[j]
-    return to_torch(mx.take(wp, inv, axis=0).astype(mx_dtype(dtype)), qweight.device)
+    inv = mx.argsort(checked_index(to_mlx(q_perm), q_perm.shape[0], op, "q_perm"))  # W[q_perm[j]] = wp[j]
+    return mx.take(wp, inv, axis=0)
+
+
+@kernel
+def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype):
+    w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_dequantize")
+    return to_torch(w.astype(mx_dtype(dtype)), qweight.device)
+
+
+def _finite(y: "mx.array") -> bool:
+    """Whether ``y`` holds no inf/NaN. quantized_matmul factors each group's
+    scale and bias out of its sum; with inf/NaN statistics or inputs near the
+    float32 range that order makes NaN where the reference's direct product
+    gives inf, or inf where it gives a finite value: such calls are computed
+    again with the dequantized weight (the reference's order)."""
+    ok = mx.all(mx.isfinite(y))
+    mx.eval(ok)
+    return bool(ok.item())
 
 
 @kernel
@@ -569,8 +585,11 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if x.shape[0] == 0:
         return _empty((0, lay.n), x.dtype, x.device)
     y = forward(lay, _as(to_mlx(x), cd))
+    if not _finite(y):
+        w = _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format)
+        y = to_mlx(x).astype(mx.float32) @ w
     if bias is not None:
-        y = y + _as(to_mlx(bias), cd)
+        y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
 
 
@@ -582,6 +601,9 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
     if grad.shape[0] == 0:
         return _empty((0, k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
+    if not _finite(gx):
+        w = _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, k, format)
+        gx = to_mlx(grad).astype(mx.float32) @ w.T
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 
@@ -600,8 +622,14 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
     if channel_scale is not None:
         xm = xm * _as(to_mlx(channel_scale), cd)
     y = forward(lay, xm)
+    if not _finite(y):
+        w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_gemm")
+        xf = to_mlx(x).astype(mx.float32)
+        if channel_scale is not None:
+            xf = xf * to_mlx(channel_scale).astype(mx.float32)
+        y = xf @ w
     if bias is not None:
-        y = y + _as(to_mlx(bias), cd)
+        y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
 
 
@@ -614,8 +642,11 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
     if grad.shape[0] == 0:
         return _empty((0, lay.k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
+    if not _finite(gx):
+        w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_gemm_grad_input")
+        gx = to_mlx(grad).astype(mx.float32) @ w.T
     if channel_scale is not None:
-        gx = gx * _as(to_mlx(channel_scale), cd)
+        gx = gx * _as(to_mlx(channel_scale), gx.dtype)
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 

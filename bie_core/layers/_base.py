@@ -74,7 +74,7 @@ class NamedAllocationErrors:
                     raise   # a clear error of this layer, or of another kind
                 given = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
                 raise ValueError(f"{cls.__name__}({given}): these sizes {_TOO_BIG} "
-                                 f"({msg.splitlines()[0][:200]})") from e
+                                 f"({(msg.splitlines() or [type(e).__name__])[0][:200]})") from e
         __init__._names_allocation_errors = True
         cls.__init__ = __init__
 

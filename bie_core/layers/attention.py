@@ -73,6 +73,13 @@ class BinaryMultiheadAttention(NamedAllocationErrors, nn.Module):
             if t.shape[-1] != proj.in_features:
                 raise ValueError(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
                                  f"{nm} has {t.shape[-1]} features, expected {proj.in_features}")
+        try:
+            return self._attend(query, key, value, attn_mask, key_padding_mask, need_weights)
+        except (ValueError, TypeError) as e:   # a projection's error, said in terms of this layer
+            raise type(e)(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
+                             f"{e}") from e
+
+    def _attend(self, query, key, value, attn_mask, key_padding_mask, need_weights):
         q = self._heads(self.q_proj(query))                        # (B, H, L, d)
         k = self._heads(self.k_proj(key))                          # (B, H, S, d)
         v = self._heads(self.v_proj(value))                        # (B, H, S, d)

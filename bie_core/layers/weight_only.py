@@ -452,6 +452,10 @@ class MBWQLinear(WeightOnlyLinear):
         super().__init__()
         name = type(self).__name__
         self._setup_common(in_features, out_features, dtype, bias, device, backend, trainable)
+        if not (isinstance(bits, (int, Mapping)) or (isinstance(bits, (list, tuple))
+                                                     and all(isinstance(b, int) for b in bits))):
+            raise TypeError(f"{name}: bits must be a width (int), a list of widths or proportions such as "
+                            f"{{4: 0.5, 2: 0.5}}, got {bits!r}")
         if group_rows is None:
             if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
                 raise ValueError(f"{name}: group_size must be a positive int, got {group_size!r}")

@@ -121,6 +121,11 @@ class OpDef:
                 if self.validate is not None:
                     self.validate.check_types(args)
                 raise
+            except RuntimeError as e:
+                named = allocation_error(e, self.name)
+                if named is None:
+                    raise
+                raise named from e
         return self.overload(*args, backend or "")
 
 
@@ -169,10 +174,36 @@ def define_op(op: OpDef) -> OpDef:
     op.value_args = tuple(i for i, n in enumerate(op.arg_names) if n in names)
     route = dispatch.make_router(op)
     op._route = route
-    _lib.impl(op.name, route, "CompositeExplicitAutograd")
+    _lib.impl(op.name, _naming_allocation_errors(route, op.name), "CompositeExplicitAutograd")
     torch.library.register_fake(op.qualname, _fake_impl(op.fake, op.validate, len(op.arg_names)), lib=_lib)
     _OPS[op.name] = op
     return op
+
+
+_ALLOC_ERRORS = ("can't allocate memory", "Storage size calculation overflowed", "out of memory")
+
+
+def allocation_error(e: BaseException, op_name: str) -> Optional[BaseException]:
+    """A MemoryError naming the op for torch's bare allocator errors (sizes
+    beyond memory), else None."""
+    msg = str(e)
+    if isinstance(e, RuntimeError) and any(s in msg for s in _ALLOC_ERRORS):
+        return MemoryError(f"bie::{op_name}: the call needs more memory than can be allocated "
+                           f"({(msg.splitlines() or [type(e).__name__])[0][:200]})")
+    return None
+
+
+def _naming_allocation_errors(route: Callable, op_name: str) -> Callable:
+    def route_naming_allocation_errors(*args):
+        try:
+            return route(*args)
+        except RuntimeError as e:
+            named = allocation_error(e, op_name)
+            if named is None:
+                raise
+            raise named from e
+    route_naming_allocation_errors.__name__ = route.__name__
+    return route_naming_allocation_errors
 
 
 def _type_checker(op: "OpDef") -> Callable:
@@ -190,10 +221,12 @@ def _type_checker(op: "OpDef") -> Callable:
     def ok(v, base) -> bool:
         if base == "Tensor":
             return isinstance(v, torch.Tensor)
+        # (a bool is an int, in Python and in torch's schema matching; cached
+        # decisions cannot tell True from 1 either)
         if base in ("int", "SymInt"):
-            return isinstance(v, int) and not isinstance(v, bool)
+            return isinstance(v, int)
         if base == "float":
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
+            return isinstance(v, (int, float))
         if base == "bool":
             return isinstance(v, bool)
         if base == "str":

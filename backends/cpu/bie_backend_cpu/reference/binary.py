@@ -69,7 +69,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     # pad AFTER taking signs: padded positions hold pad_value itself (-1, 0 or +1)
     sx = F.pad(sx, (padding[1], padding[1], padding[0], padding[0]), value=float(pad_value))
     sw = unpack_signs(w, k, torch.float64).reshape(w.shape[0], c // groups, kernel_size[0], kernel_size[1])
-    acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=groups)
+    acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=int(groups))
     return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
 
 

@@ -53,5 +53,5 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
 
 def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
     acc = F.conv2d(x.to(torch.float64), w.to(torch.float64), stride=tuple(stride), padding=tuple(padding),
-                   dilation=tuple(dilation), groups=groups)
+                   dilation=tuple(dilation), groups=int(groups))
     return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
