@@ -20,6 +20,7 @@ Every case ends in one of:
   op or layer (and, for a mutated argument, that argument or its value);
 * ``unclear``: any other exception;
 * ``mismatch``: it ran but disagrees with the reference;
+* ``refused``: an unmutated, valid call raised;
 * ``crash``: the process died (detected by the parent, which restarts the
   worker after the case).
 
@@ -74,7 +75,13 @@ def baselines(op):
 
 # ------------------------------------------------------------------ mutations
 def _arg_types(op):
-    return [str(a.type) for a in op.overload._schema.arguments[:len(op.arg_names)]]
+    from bie_core.ops._opdef import _arg_types as schema_types
+    out = []
+    for t in schema_types(op.schema):      # as written in the schema: ScalarType stays ScalarType
+        base = t.rstrip("?")
+        out.append(f"List[{base[:base.index('[')]}]" if base.endswith("]") else
+                   f"Optional[{base}]" if t.endswith("?") else base)
+    return out
 
 
 DTYPES = None
@@ -308,9 +315,11 @@ def run_op_case(seed, index, mode):
     try:
         with _mode_ctx(mode), torch.no_grad():
             out = fn(*args)
-    except NoKernelError as e:
+    except NoKernelError as e:   # a backend's capability declining the call: a clear, legitimate refusal
         return ("clear", label, str(e)[:160]) if op.name in str(e) else ("unclear", label, str(e)[:300])
     except Exception as e:
+        if not muts:   # the unmutated baseline is a valid call: refusing it is a bug
+            return "refused", label, f"a valid call raised {type(e).__name__}: {str(e)[:300]}"
         status, detail = classify_error(e, op.name, muts)
         return status, label, detail
     if any(isinstance(a, torch.Tensor) and a.device.type == "meta" for a in args):

@@ -53,7 +53,10 @@ def test_mlx_conv_with_no_output_channels_gives_an_empty_result(op):
     else:
         args = (torch.zeros(1, 3, 5, 5, dtype=torch.int8), torch.zeros(0, 3, 3, 3, dtype=torch.int8), 8, 8,
                 [1, 1], [0, 0], [1, 1], 1, None, None, None)
-    ref = getattr(ops, "{op}")(*args)
+    from bie_core.testing.conformance import call_kernel
+    from bie_core.ops import get_op
+    ref = call_kernel(bie_core.get_registry().reference_kernel("{op}"), get_op("{op}"), args)
+    assert ref.shape == getattr(ops, "{op}")(*args).shape
     with bie_core.use_backend("mlx"):
         out = getattr(ops, "{op}")(*args)
     assert out.shape == ref.shape == (1, 0, 3, 3) and out.dtype == ref.dtype, (out.shape, ref.shape)
@@ -644,3 +647,60 @@ def test_several_weight_files_without_index_are_ambiguous(tmp_path):
         _load(d)
     (d / "model-copy.safetensors").unlink()
     _load(d)   # one file: fine
+
+
+# ------------------------------------------------------------ 8. more clear errors
+def test_one_dimensional_matmul_inputs_are_refused_clearly():
+    with pytest.raises(ValueError, match=r"BinaryMatMul\(\): x and y must have at least 2 dims .* got shapes \(4,\)"):
+        bie_core.BinaryMatMul()(torch.randn(4), torch.randn(4))
+
+
+def test_empty_batched_matmul_computes():
+    mm = bie_core.BinaryMatMul()
+    mm(torch.randn(2, 3, 4), torch.randn(2, 4, 5))          # scales initialised from a real batch
+    assert mm(torch.randn(0, 3, 4), torch.randn(0, 4, 5)).shape == (0, 3, 5)
+    assert mm(torch.randn(2, 0, 4), torch.randn(2, 4, 5)).shape == (2, 0, 5)
+
+
+def test_calibration_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match=r"MPQLinear.from_float\(Linear\): calibration inputs must have 64 features "
+                                         r"in their last dimension .* got shape \(10, 32\)"):
+        bie_core.MPQLinear.from_float(torch.nn.Linear(64, 8), bits=4, group_size=32, calibration=torch.randn(10, 32))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: ops.binary_gemm(torch.zeros(2, 1, dtype=torch.uint8), [1], 3, None, None, None), TypeError,
+     r"bie::binary_gemm: b must be a tensor, got \[1\]"),
+    (lambda: ops.binary_gemm(torch.zeros(2, 1, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8), "3", None,
+                             None, None), TypeError, r"bie::binary_gemm: k must be an int, got '3'"),
+    (lambda: ops.binary_conv2d(torch.randn(1, 1, 3, 3), torch.zeros(1, 1, dtype=torch.uint8), [1, "1"], [1, 1],
+                               [0, 0], [1, 1], 1, 0.0, None, None, None), TypeError,
+     r"bie::binary_conv2d: kernel_size must be a list of ints"),
+    (lambda: ops.quantize_int(torch.randn(3), [1.0], 8), TypeError, r"bie::quantize_int: scale must be a tensor"),
+])
+def test_arguments_of_the_wrong_python_type_name_op_and_argument(call, exc, match):
+    with torch.no_grad():   # the eager path, which calls the router directly
+        with pytest.raises(exc, match=match):
+            call()
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: bie_core.QLinear(1 << 40, 8), r"QLinear\(1099511627776, 8\): these sizes need more memory"),
+    (lambda: bie_core.MPQLinear(1 << 40, 8), r"MPQLinear\(1099511627776, 8\): these sizes need more memory"),
+    (lambda: bie_core.BinaryMultiheadAttention(1 << 40, 2),
+     r"BinaryMultiheadAttention\(1099511627776, 2\): these sizes need more memory"),
+    (lambda: bie_core.MBWQLinear(64, 8, bits=1.5), r"MBWQLinear: bits must be a width"),
+])
+def test_layer_constructors_name_themselves(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_attention_names_itself_for_a_projection_error():
+    att = bie_core.BinaryMultiheadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"BinaryMultiheadAttention\(embed_dim=8, num_heads=2\): query has 9 "
+                                         r"features, expected 8"):
+        att(torch.randn(2, 3, 9))
+    with pytest.raises(TypeError, match=r"BinaryMultiheadAttention\(embed_dim=8, num_heads=2\): BinaryLinear.*"
+                                        r"float64"):
+        att(torch.randn(2, 3, 8, dtype=torch.float64))

@@ -79,6 +79,9 @@ def check_conv_size(op: str, x_shape, out_channels: int, padding, ho: int, wo: i
     n, c, h, w = x_shape
     padded = n * c * (h + 2 * padding[0]) * (w + 2 * padding[1])
     out = n * out_channels * ho * wo
+    check(h + 2 * padding[0] < 1 << 31 and w + 2 * padding[1] < 1 << 31, op,
+          f"padding={list(padding)} on input {tuple(x_shape)} makes a padded side of 2**31 or more; "
+          "sides are 32-bit in the kernels")
     check(padded <= MAX_CONV_ELEMENTS and out <= MAX_CONV_ELEMENTS, op,
           f"padding={list(padding)} on input {tuple(x_shape)} gives a padded input of {padded} and an "
           f"output of {out} elements; at most 2**40 are allowed")

@@ -129,6 +129,30 @@ class OpDef:
         return self.overload(*args, backend or "")
 
 
+def _arg_types(schema: str) -> tuple:
+    """The type of each argument as the schema text writes it (``Tensor?``, ``int[2]``, ``ScalarType?``)."""
+    return tuple(a.strip().split("=")[0].strip().rsplit(None, 1)[0] for a in _split_args(schema))
+
+
+def _split_args(schema: str) -> list:
+    inner = schema[schema.index("(") + 1: schema.rindex(")")] if "->" not in schema else \
+        schema[schema.index("(") + 1: schema.rsplit("->", 1)[0].rindex(")")]
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return parts
+
+
 def _arg_names(schema: str) -> tuple:
     inner = schema[schema.index("(") + 1: schema.rindex(")")]
     names = []
@@ -212,11 +236,13 @@ def _type_checker(op: "OpDef") -> Callable:
     meets a list where it expects a tensor. torch.library does this for calls
     through ``torch.ops.bie``; the eager fast path calls the router directly."""
     checks = []
-    for i, a in enumerate(op.overload._schema.arguments[:len(op.arg_names)]):
-        t = str(a.type)
-        optional = t.startswith("Optional[")
-        base = t[len("Optional["):-1] if optional else t
-        checks.append((i, a.name, base, optional))
+    # types as the schema text writes them (torch's parsed schema shows ScalarType as int)
+    for i, (name, t) in enumerate(zip(op.arg_names, _arg_types(op.schema))):
+        optional = t.endswith("?")
+        base = t.rstrip("?")
+        if base.endswith("]"):   # int[2], int[]
+            base = f"List[{base[:base.index('[')]}]"
+        checks.append((i, name, base, optional))
 
     def ok(v, base) -> bool:
         if base == "Tensor":
