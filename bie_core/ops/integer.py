@@ -403,6 +403,7 @@ def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale,
         check(len(v) == 2, op, f"{nm} must have 2 values, got {list(v)}")
     check(all(v > 0 for v in stride) and all(v > 0 for v in dilation) and all(v >= 0 for v in padding), op,
           f"stride and dilation must be > 0, padding >= 0; got {list(stride)}, {list(dilation)}, {list(padding)}")
+    check(w.shape[2] > 0 and w.shape[3] > 0, op, f"w {tuple(w.shape)} has an empty kernel (kh, kw must be > 0)")
     check(groups >= 1 and x.shape[1] % groups == 0 and w.shape[0] % groups == 0
           and w.shape[1] * groups == x.shape[1], op,
           f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={groups}")
