@@ -195,7 +195,8 @@ def _bl_validate(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
           f"w must be (out_features, ceil(k/8)) = (.., {packed_len(k)}) for k={k}, got {tuple(w.shape)}")
     if shift is not None:
         check_tensor(shift, op, "shift", dtypes=FLOAT_DTYPES)
-        check(shift.numel() == k, op, f"shift must have k={k} elements, got shape {tuple(shift.shape)}")
+        check(tuple(shift.shape) in ((k,), (1, k)), op,
+              f"shift must have shape ({k},) or (1, {k}) for k={k}, got {tuple(shift.shape)}")
     if act_scale is not None:
         check_tensor(act_scale, op, "act_scale", dtypes=FLOAT_DTYPES)
         check(act_scale.numel() == 1, op, f"act_scale must be one value, got shape {tuple(act_scale.shape)}")
@@ -484,7 +485,7 @@ def _bag_fake(idx, bits, dim, dtype):
 def _bag_validate(idx, bits, dim, dtype):
     op = "sign_embedding_bag"
     check_tensor(idx, op, "indices", dtypes=(torch.int64, torch.int32), dim=2)
-    check(idx.shape[1] > 0, op, "each bag needs at least one index")
+    check(idx.shape[1] > 0, op, f"indices must hold at least one index per bag, got shape {tuple(idx.shape)}")
     check_tensor(bits, op, "bits", dtypes=(torch.uint8,), dim=2)
     check(dim > 0 and bits.shape[1] == packed_len(dim), op,
           f"bits must be (num_embeddings, ceil(dim/8)) = (.., {packed_len(dim)}), got {tuple(bits.shape)}")
