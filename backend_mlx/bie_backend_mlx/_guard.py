@@ -39,6 +39,24 @@ def guarded(op_name: str, fn):
     defaults = op.defaults
     key_fn = make_key_fn(op, True, True)
     seen: set = set()
+    from bie_core.ops._opdef import _arg_types
+    types = _arg_types(op.schema)
+    int_args = tuple(i for i, t in enumerate(types) if t.rstrip("?") == "int")
+    list_args = tuple(i for i, t in enumerate(types) if t.startswith("int["))
+
+    def plain_ints(args):
+        # a bool is an int to bie (and to Python), not to MLX's slicing and conv arguments
+        if any(type(args[i]) is bool for i in int_args) or \
+                any(isinstance(args[i], (list, tuple)) and any(type(v) is bool for v in args[i]) for i in list_args):
+            args = list(args)
+            for i in int_args:
+                if type(args[i]) is bool:
+                    args[i] = int(args[i])
+            for i in list_args:
+                if isinstance(args[i], (list, tuple)):
+                    args[i] = [int(v) if type(v) is bool else v for v in args[i]]
+            args = tuple(args)
+        return args
 
     @functools.wraps(fn)
     def wrapper(*args, **kw):
@@ -59,6 +77,7 @@ def guarded(op_name: str, fn):
         empty = _empty_result(op, args[:nargs])
         if empty is not None:
             return empty
+        args = plain_ints(args)
         try:
             return fn(*args, **kw)
         except (TypeError, ValueError, RuntimeError) as e:
