@@ -199,7 +199,7 @@ def define_op(op: OpDef) -> OpDef:
     route = dispatch.make_router(op)
     op._route = route
     _lib.impl(op.name, _naming_allocation_errors(route, op.name), "CompositeExplicitAutograd")
-    torch.library.register_fake(op.qualname, _fake_impl(op.fake, op.validate, len(op.arg_names)), lib=_lib)
+    torch.library.register_fake(op.qualname, _fake_impl(op), lib=_lib)
     _OPS[op.name] = op
     return op
 
@@ -291,17 +291,34 @@ def _with_type_checks(op: "OpDef", validate: Callable) -> Callable:
     return validate_with_types
 
 
-def _fake_impl(fake: Callable, validate: Optional[Callable], nargs: int) -> Callable:
+def _symbolic(args) -> bool:
+    """Whether a call carries symbolic sizes (tracing with dynamic shapes)."""
+    for a in args:
+        if isinstance(a, torch.SymInt) or (isinstance(a, torch.Tensor) and
+                                           any(isinstance(s, torch.SymInt) for s in a.shape)):
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(v, torch.SymInt) for v in a):
+            return True
+    return False
+
+
+def _fake_impl(op: "OpDef") -> Callable:
     """The fake (meta) kernel: the op's validation, then the output's shape.
 
     torch runs the fake kernel instead of the router whenever one argument is
     a meta or fake tensor (``binary_gemm(a_cpu, b_meta)``, tracing), so it
     validates exactly like a real call: mixed devices and wrong shapes raise
     instead of producing an output of a made-up shape. Value checks are skipped
-    (fake tensors have no values; see ``_common.has_values``)."""
+    (fake tensors have no values; see ``_common.has_values``), and so is all of
+    validation when sizes are symbolic (dynamic-shape tracing: a check would
+    specialise them; the real call validates)."""
+    fake, validate, nargs = op.fake, op.validate, len(op.arg_names)
+
     def fake_impl(*args):
         args = args[:nargs]
-        if validate is not None:
+        if len(args) < nargs:   # torch drops trailing arguments equal to their defaults
+            args = tuple(args) + op.defaults[len(args):]
+        if validate is not None and not _symbolic(args):
             validate(*args)
         return fake(*args)
     fake_impl.__name__ = getattr(fake, "__name__", "fake")
