@@ -42,10 +42,11 @@ __all__ = [
 
 # QAT layers (binary, 4/8-bit), packing for inference
 from .layers import (BinaryConv2d, BinaryEmbedding, BinaryEmbeddingBag, BinaryLinear,  # noqa: E402
-                     BinaryMatMul, BinaryMultiheadAttention, PackReport, QConv2d, QLinear, QMatMul, pack)
+                     BinaryMatMul, BinaryMultiheadAttention, PackReport, QConv2d, QLinear, QMatMul, invalidate,
+                     pack)
 
 __all__ += ["BinaryLinear", "BinaryConv2d", "BinaryEmbedding", "BinaryEmbeddingBag", "QLinear", "QConv2d",
-            "BinaryMatMul", "QMatMul", "BinaryMultiheadAttention", "PackReport", "pack"]
+            "BinaryMatMul", "QMatMul", "BinaryMultiheadAttention", "PackReport", "pack", "invalidate"]
 
 # model conversion, checkpoints, optimizers
 from . import optim  # noqa: E402

@@ -290,7 +290,7 @@ def convert(model: nn.Module, policy: Union[str, dict, Policy, LayerSpec] = "bin
     keep_first, keep_last = pol.keep_first, pol.keep_last
     if keep_first_last is not None:
         keep_first = keep_last = bool(keep_first_last)
-    default_backend = backend_string(backend if backend is not None else pol.backend, "convert(backend=)")
+    default_backend = backend_string(backend if backend is not None else pol.backend, "convert")
     if _is_candidate(model):
         raise ValueError(f"convert: the model itself is a {type(model).__name__}; convert a module that contains it "
                          "(e.g. nn.Sequential(layer)) so it can be replaced in place")

@@ -55,16 +55,23 @@ _context_pref: contextvars.ContextVar = contextvars.ContextVar("bie_backend", de
 _global_pref: Optional[tuple] = None
 _env_pref: Optional[tuple] = None
 _env_read = False
+#: per-layer backend strings already parsed; a few per model, so a small cap
+#: only matters to a caller that makes up new strings (it is then cleared)
 _parse_cache: dict = {}
+_MAX_PARSED = 256
 
 
 def _parse(spec: Union[str, Sequence[str]], source: str) -> tuple:
     if isinstance(spec, str):
         names = tuple(s.strip() for s in spec.split(",") if s.strip())
+    elif isinstance(spec, (list, tuple)) and all(isinstance(s, str) for s in spec):
+        names = tuple(s.strip() for s in spec)
     else:
-        names = tuple(str(s).strip() for s in spec)
-    if not names:
-        raise ValueError(f"empty backend choice {spec!r} ({source})")
+        raise TypeError(f"{source}: a backend choice is a name ('cpu'), a comma-separated list ('mlx,cpu'), a "
+                        f"list of names or None (automatic); got {spec!r} of type {type(spec).__name__}")
+    if not names or not all(names):
+        raise ValueError(f"{source}: empty backend name in {spec!r}; give a name such as 'cpu', a "
+                         f"comma-separated list such as 'mlx,cpu', or None (automatic)")
     return (names, source)
 
 
@@ -85,7 +92,10 @@ def _read_env() -> Optional[tuple]:
 def _layer_pref(spec: str) -> tuple:
     p = _parse_cache.get(spec)
     if p is None:
-        p = _parse_cache[spec] = _parse(spec, "per-layer backend=")
+        p = _parse(spec, f"backend={spec!r}")
+        if len(_parse_cache) >= _MAX_PARSED:
+            _parse_cache.clear()
+        _parse_cache[spec] = p
     return p
 
 

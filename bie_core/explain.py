@@ -66,7 +66,7 @@ def explain(target: Any, *example_inputs, backend: str | None = None, backward: 
     """
     op = _as_opdef(target)
     if op is not None:
-        pref = dispatch.validate_choice(backend, "explain(backend=)") if backend else dispatch.current_preference()
+        pref = dispatch.validate_choice(backend, f"explain(backend={backend!r})") if backend else dispatch.current_preference()
         from .plugins.registry import get_registry
         get_registry().ensure_discovered()
         if op.validate is not None:

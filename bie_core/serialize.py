@@ -16,7 +16,6 @@ their own layouts from these tensors when they first serve a layer.
 from __future__ import annotations
 
 import os
-import pickle
 from typing import Mapping, Optional, Union
 
 import torch
@@ -24,7 +23,8 @@ from torch import nn
 
 from .errors import BieError
 from .layers import pack
-from .layers._base import _dt, iter_qat_layers
+from .layers._base import _dt
+from .layers._load import adopt_all
 from .version import __version__
 
 FORMAT = "bie-checkpoint"
@@ -46,6 +46,12 @@ def save_checkpoint(model: nn.Module, path: Union[str, os.PathLike], *, pack_wei
     if pack_weights:
         pack(model)
     sd = model.state_dict()
+    # never write what load_checkpoint would refuse (a non-finite scale, say)
+    problems, undo = adopt_all(model, sd)
+    undo()
+    if problems:
+        raise CheckpointError(f"{type(model).__name__} cannot be saved: load_checkpoint would refuse it:\n"
+                              + _listing("layer problems", problems))
     if _is_safetensors(path):
         from safetensors.torch import save_file
         # safetensors refuses views that share storage; clones are cheap next to the disk write
@@ -61,6 +67,10 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
     """The tensors of a checkpoint file, on the CPU, without executing anything."""
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {str(path)!r} is a directory; load_checkpoint reads one file "
+                              "(.safetensors or a torch.save state dict); a quantized model directory loads with "
+                              "bie_core.load_quantized(model, path)")
     if _is_safetensors(path):
         from safetensors.torch import load_file
         try:
@@ -69,7 +79,7 @@ def read_checkpoint(path: Union[str, os.PathLike]) -> dict:
             raise CheckpointError(f"checkpoint {str(path)!r} is not a readable safetensors file: {e}") from e
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+    except Exception as e:  # pickle, zip and torch errors of a corrupt or foreign file
         raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded with torch.load(weights_only=True) "
                               f"(corrupt, or it contains objects other than tensors): {e}") from e
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
@@ -91,14 +101,23 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *
     """Adopt the checkpoint's forms in every bie layer, then raise
     :class:`CheckpointError` if tensors are missing, unexpected, mis-shaped or
     of an incompatible dtype (integer vs floating, or a packed dtype)."""
-    problems = []
-    for name, layer in iter_qat_layers(model):
-        problems += layer.adopt_format(state_dict, f"{name}." if name else "")
+    problems, undo = adopt_all(model, state_dict)
+    try:
+        _compare(model, state_dict, strict, source, problems)
+    except BaseException:
+        undo()   # a refused checkpoint leaves every layer as it was
+        raise
+
+
+def _compare(model, state_dict, strict, source, problems) -> None:
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
     extra = [k for k in state_dict if k not in expected]
+    untyped = [f"{k}: checkpoint holds a {type(state_dict[k]).__name__}" for k in expected
+               if k in state_dict and not isinstance(state_dict[k], torch.Tensor)]
     shaped = [f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(v.shape)}"
-              for k, v in expected.items() if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)]
+              for k, v in expected.items() if k in state_dict and isinstance(state_dict[k], torch.Tensor)
+              and tuple(state_dict[k].shape) != tuple(v.shape)]
     typed = [f"{k}: checkpoint {_dt(state_dict[k].dtype)}, model {_dt(v.dtype)}"
              for k, v in expected.items() if k in state_dict and isinstance(state_dict[k], torch.Tensor)
              and (state_dict[k].is_floating_point() != v.is_floating_point()
@@ -108,6 +127,8 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *
         parts.append(_listing("missing tensors", missing))
     if extra and strict:
         parts.append(_listing("unexpected tensors", extra))
+    if untyped:
+        parts.append(_listing("entries that are not tensors", untyped))
     if shaped:
         parts.append(_listing("mis-shaped tensors", shaped))
     if typed:

@@ -3,14 +3,18 @@
 MLX has no popcount, so a binary dot product is computed as an exact +/-1
 matrix product in float32: every partial sum is an integer of magnitude at
 most K, exact in float32 whatever the summation order while K <= 2**24 (the
-capability declares that bound). Padding bits are 0 on both operands, i.e.
--1 * -1 = +1 per padding position, which is subtracted again, so prepared
-weights are unpacked once for the padded width and never sliced per call.
+capability declares that bound). Prepared weights are unpacked once for the
+padded width and never sliced per call. Padding bits carry no meaning (the
+reference ignores them, whatever their values), so the activation's padding
+bits are cleared (each padding position then holds -1) and the weight's
+padding positions are added back: ``sum(a_j * w_j) = full - sum_pad(-w_j)``,
+with ``sum_pad(w_j)`` per output row precomputed for every padding width.
 """
 from __future__ import annotations
 
 import mlx.core as mx
 
+from ._guard import checked_index
 from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
 
 #: Largest K for which float32 +/-1 sums are exact.
@@ -85,12 +89,19 @@ def unpack_signs(bits, k, dtype):
 
 # ----------------------------------------------------------------------- GEMM
 class PreparedSigns:
-    """+/-1 float32 rows over the padded width, plus the conv-shaped variants
-    built on first use (per kernel geometry)."""
+    """+/-1 float32 rows over the padded width; ``pad_sums[:, r]`` the sum of
+    each row's +/-1 values from bit r of its last byte on (what padding bits
+    from r on contribute against an all -1 padding); plus the conv-shaped
+    variants built on first use (per kernel geometry)."""
 
     def __init__(self, w: "mx.array", padded_k: int):
         self.w = w
         self.padded_k = padded_k
+        if padded_k:
+            last = w[:, padded_k - 8:]
+            self.pad_sums = mx.cumsum(last[:, ::-1], axis=1)[:, ::-1]     # (N, 8)
+        else:
+            self.pad_sums = None
         self.conv: dict = {}
 
 
@@ -99,11 +110,22 @@ def prepare_signs(b):
     return PreparedSigns(pm1(to_mlx(b)), b.shape[-1] * 8)
 
 
-def _dot(am: "mx.array", wt: "mx.array", k: int, padded_k: int) -> "mx.array":
-    """(.., M, Kp) +/-1 @ (.., Kp, N) -> exact int counts (float32), padding removed."""
-    acc = am @ wt
-    if padded_k != k:
-        acc = acc - float(padded_k - k)
+def clear_padding(bits: "mx.array", k: int) -> "mx.array":
+    """Packed rows with the padding bits beyond ``k`` set to 0."""
+    rem = k % 8
+    if not rem or bits.shape[-1] == 0:
+        return bits
+    mask = mx.full((bits.shape[-1],), 0xFF, mx.uint8)
+    mask[-1] = (1 << rem) - 1
+    return bits & mask
+
+
+def _dot(am: "mx.array", prepared: PreparedSigns, k: int) -> "mx.array":
+    """(M, Kp) +/-1 (padding positions -1) @ prepared weight -> exact int counts (float32)."""
+    acc = am @ prepared.w.T
+    rem = k % 8
+    if prepared.padded_k != k and prepared.pad_sums is not None:
+        acc = acc + prepared.pad_sums[:, rem]
     return acc
 
 
@@ -111,8 +133,8 @@ def _dot(am: "mx.array", wt: "mx.array", k: int, padded_k: int) -> "mx.array":
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     if prepared is None:
         prepared = prepare_signs(b)
-    am = pm1(to_mlx(a))
-    acc = _dot(am, prepared.w.T, k, prepared.padded_k)
+    am = pm1(clear_padding(to_mlx(a), k))
+    acc = _dot(am, prepared, k)
     return to_torch(finish(acc, scale, bias, out_dtype), a.device)
 
 
@@ -125,17 +147,19 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
     xm = to_mlx(x)
     if shift is not None:
         xm = xm + to_mlx(shift.to(x.dtype))   # the sum rounded in x's dtype, as the reference
-    am = pm1(pack_bool(xm >= 0))               # padded like the prepared weight
-    acc = _dot(am, prepared.w.T, k, prepared.padded_k)
+    am = pm1(pack_bool(xm >= 0))               # padded like the prepared weight, padding bits 0
+    acc = _dot(am, prepared, k)
     from bie_core.ops.binary import linear_scale
     return to_torch(finish(acc, linear_scale(act_scale, w_scale), bias, out_dtype), x.device)
 
 
 @kernel
 def binary_bmm(a, b, k, scale, out_dtype):
-    am = pm1(to_mlx(a))
-    bm = pm1(to_mlx(b))
-    acc = _dot(am, mx.swapaxes(bm, -1, -2), k, a.shape[-1] * 8)
+    am = pm1(clear_padding(to_mlx(a), k))
+    bm = pm1(clear_padding(to_mlx(b), k))
+    acc = am @ mx.swapaxes(bm, -1, -2)
+    if a.shape[-1] * 8 != k:   # padding positions are -1 on both sides: +1 each
+        acc = acc - float(a.shape[-1] * 8 - k)
     return to_torch(finish(acc, scale, None, out_dtype), a.device)
 
 
@@ -190,7 +214,7 @@ def prepare_embedding(bits, scale):
 def sign_embedding(indices, bits, scale, dim, dtype, prepared=None):
     if prepared is None:
         prepared = prepare_embedding(bits, scale)
-    idx = to_mlx(indices).astype(mx.int32).reshape(-1)
+    idx = checked_index(to_mlx(indices), bits.shape[0], "sign_embedding", "indices").reshape(-1)
     rows = pm1(mx.take(prepared.bits, idx, axis=0))[:, :dim]          # (L, D) float32 +/-1
     out = rows * mx.expand_dims(mx.take(prepared.scale, idx), -1)     # exact: +/-scale
     out = out.astype(mx_dtype(dtype)).reshape(tuple(indices.shape) + (dim,))
@@ -206,7 +230,7 @@ def prepare_bits(bits):
 def sign_embedding_bag(indices, bits, dim, dtype, prepared=None):
     if prepared is None:
         prepared = prepare_bits(bits)
-    idx = to_mlx(indices).astype(mx.int32)
+    idx = checked_index(to_mlx(indices), bits.shape[0], "sign_embedding_bag", "indices")
     b, length = idx.shape
     rows = unpack_bits(mx.take(prepared, idx.reshape(-1), axis=0))[:, :dim]   # (B*L, D) bool
     ones = mx.sum(rows.reshape(b, length, dim).astype(mx.int32), axis=1)

@@ -32,6 +32,7 @@ from bie_core import Capability, hookimpl
 from bie_core.ops import all_ops
 
 from . import __version__, binary, integer
+from ._guard import guarded
 from ._interop import has_gpu
 
 MPS_PRIORITY = 100
@@ -47,6 +48,17 @@ def _k_bound(p):
     return None
 
 
+def _conv_args_bound(p):
+    """MLX's conv2d takes 32-bit strides, paddings and dilations."""
+    big = [f"{k}={list(p.attrs[k])}" for k in ("stride", "padding", "dilation")
+           if any(v >= 1 << 31 for v in p.attrs.get(k, ()))]
+    return f"{', '.join(big)}: MLX's conv2d takes 32-bit values" if big else None
+
+
+def _conv_check(p):
+    return _k_bound(p) or _conv_args_bound(p)
+
+
 # op name -> (fn, prepare, capability keyword arguments)
 def _table():
     t = {
@@ -55,7 +67,7 @@ def _table():
         "binary_gemm": (binary.binary_gemm, binary.prepare_signs, {"check": _k_bound}),
         "binary_linear": (binary.binary_linear, binary.prepare_signs, {"check": _k_bound}),
         "binary_bmm": (binary.binary_bmm, None, {"check": _k_bound}),
-        "binary_conv2d": (binary.binary_conv2d, binary.prepare_signs, {"check": _k_bound}),
+        "binary_conv2d": (binary.binary_conv2d, binary.prepare_signs, {"check": _conv_check}),
         "sign_embedding": (binary.sign_embedding, binary.prepare_embedding, {}),
         "sign_embedding_bag": (binary.sign_embedding_bag, binary.prepare_bits, {}),
         "quantize_int": (integer.quantize_int, None, {"attrs": {"bits": (4, 8)}}),
@@ -64,7 +76,8 @@ def _table():
         "unpack_int4": (integer.unpack_int4, None, {}),
         "int_gemm": (integer.int_gemm, integer.prepare_codes_t, {"attrs": {"bits": (4, 8)}}),
         "int_bmm": (integer.int_bmm, None, {"attrs": {"bits": (4, 8)}}),
-        "int_conv2d": (integer.int_conv2d, integer.prepare_conv_weight, {"attrs": {"bits": (4, 8)}}),
+        "int_conv2d": (integer.int_conv2d, integer.prepare_conv_weight, {"attrs": {"bits": (4, 8)},
+                                                                          "check": _conv_args_bound}),
     }
     from . import dynamic
     t["dynamic_quantize_act"] = (dynamic.dynamic_quantize_act, None, {})
@@ -89,7 +102,7 @@ def bie_register_kernels(registry):
         if has_gpu():
             devices.insert(0, ("mps", MPS_PRIORITY, "MLX on the Metal GPU"))
         for dev, prio, desc in devices:
-            registry.register(name, fn, capability=Capability(devices=(dev,), **cap), priority=prio,
+            registry.register(name, guarded(name, fn), capability=Capability(devices=(dev,), **cap), priority=prio,
                               prepare=prepare, name=f"{name}[{dev}]", description=desc)
 
 

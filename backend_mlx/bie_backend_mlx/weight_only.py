@@ -47,6 +47,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
+from ._guard import checked_index
 from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
 
 MLX_GROUPS = (128, 64, 32)
@@ -153,9 +154,9 @@ def _unpack_rows(qw: "mx.array", bits: int, length: int) -> "mx.array":
     return unpack_rows(qw, bits, length)
 
 
-def _group_index(g_idx: "mx.array | None", k: int, group_size: int) -> "mx.array":
+def _group_index(g_idx: "mx.array | None", k: int, group_size: int, groups: int, op: str) -> "mx.array":
     if g_idx is not None:
-        return g_idx.astype(mx.int32)
+        return checked_index(g_idx, groups, op, "g_idx")
     if group_size == -1:
         return mx.zeros((k,), mx.int32)
     return mx.arange(k, dtype=mx.int32) // group_size
@@ -197,7 +198,7 @@ def wq_decode_statistics(qstatistic, qscales_scales, qscales_zeros, qzeros_scale
 def _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> "mx.array":
     n = qweight.shape[1]
     q = _unpack_rows(_words(qweight), bits, k).astype(mx.float32)
-    gi = _group_index(maybe_mlx(g_idx), k, group_size)
+    gi = _group_index(maybe_mlx(g_idx), k, group_size, scales.shape[0], "wq_dequantize")
     s = mx.take(to_mlx(scales).astype(mx.float32), gi, axis=0)
     if fmt == "gptq":
         z = mx.take(_gptq_zeros(zeros, bits, n), gi, axis=0)
@@ -219,7 +220,7 @@ def _nan_to_num(t):
 def wq_quantize(w, scales, zeros, g_idx, bits, group_size, format):
     k, n = w.shape
     maxq = float((1 << bits) - 1)
-    gi = _group_index(maybe_mlx(g_idx), k, group_size)
+    gi = _group_index(maybe_mlx(g_idx), k, group_size, scales.shape[0], "wq_quantize")
     s = mx.take(to_mlx(scales).astype(mx.float32), gi, axis=0)
     wf = to_mlx(w).astype(mx.float32)
     if format == "gptq":
@@ -268,20 +269,37 @@ def _row_groups(group_rows) -> "mx.array":
                                             torch.tensor(list(group_rows))).numpy())
 
 
-@kernel
-def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype):
+def _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, op) -> "mx.array":
     q = _mbwq_codes(qweight, group_bits, group_rows).astype(mx.float32)
     grp = _row_groups(group_rows)
     wp = q * mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0) \
         - mx.take(to_mlx(zeros).astype(mx.float32), grp, axis=0)
-    inv = mx.argsort(to_mlx(q_perm).astype(mx.int32))     # W[q_perm[j]] = wp[j]
-    return to_torch(mx.take(wp, inv, axis=0).astype(mx_dtype(dtype)), qweight.device)
+    inv = mx.argsort(checked_index(to_mlx(q_perm), q_perm.shape[0], op, "q_perm"))  # W[q_perm[j]] = wp[j]
+    return mx.take(wp, inv, axis=0)
+
+
+@kernel
+def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype):
+    w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_dequantize")
+    return to_torch(w.astype(mx_dtype(dtype)), qweight.device)
+
+
+def _finite(y: "mx.array") -> bool:
+    """Whether ``y`` holds no inf/NaN. quantized_matmul factors each group's
+    scale and bias out of its sum; with inf/NaN statistics or inputs near the
+    float32 range that order makes NaN where the reference's direct product
+    gives inf, or inf where it gives a finite value: such calls are computed
+    again with the dequantized weight (the reference's order)."""
+    ok = mx.all(mx.isfinite(y))
+    mx.eval(ok)
+    return bool(ok.item())
 
 
 @kernel
 def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
     grp = _row_groups(group_rows)
-    wp = mx.take(to_mlx(w).astype(mx.float32), to_mlx(q_perm).astype(mx.int32), axis=0)
+    perm = checked_index(to_mlx(q_perm), w.shape[0], "mbwq_quantize", "q_perm")
+    wp = mx.take(to_mlx(w).astype(mx.float32), perm, axis=0)
     maxq = mx.array([float((1 << b) - 1) for b in group_bits], mx.float32)[grp]
     z = mx.take(to_mlx(zeros).astype(mx.float32), grp, axis=0)
     s = mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0)
@@ -320,7 +338,10 @@ def prepare(*weights):
     kernel of this backend that prepares them (the GEMM and its input
     gradient, say), so a layer's MLX layout exists once."""
     key = tuple(id(w) for w in weights)
-    state = tuple(_state(w) for w in weights)
+    # the registry generation: bie_core.clear_caches() (and invalidate) must
+    # drop these layouts too, e.g. after a write through .data
+    from bie_core.plugins.registry import get_registry
+    state = (get_registry().generation,) + tuple(_state(w) for w in weights)
     tensors = [w for w in weights if isinstance(w, torch.Tensor)]
     with LOCK:
         e = _SHARED.get(key)
@@ -422,7 +443,10 @@ def build_wq_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdt
         counts = [gsz] * (g - 1) + [k - gsz * (g - 1)]
         order = torch.arange(k)
     else:
-        gi = g_idx.detach().to("cpu", torch.int64)
+        gi = g_idx.detach().to("cpu", torch.int64, copy=True)   # the values checked are the values used
+        if gi.numel() and (int(gi.min()) < 0 or int(gi.max()) >= g):
+            raise IndexError(f"bie::wq_gemm: g_idx values must be in [0, {g}), got values in "
+                             f"[{int(gi.min())}, {int(gi.max())}] (checked by bie-backend-mlx)")
         counts = torch.bincount(gi, minlength=g).tolist()
         order = torch.sort(gi, stable=True).indices
     gm = _pick_gm(counts)
@@ -456,7 +480,10 @@ def build_mbwq_layout(qweight, scales, zeros, q_perm, group_bits, group_rows, cd
     words = _words(qweight)
     s32 = to_mlx(scales).astype(mx.float32)
     b32 = -to_mlx(zeros).astype(mx.float32)
-    perm = q_perm.detach().to("cpu", torch.int64)
+    perm = q_perm.detach().to("cpu", torch.int64, copy=True)   # the values checked are the values used
+    if not (perm.numel() == k and bool(((perm >= 0) & (perm < k)).all())
+            and bool(torch.zeros(k, dtype=torch.bool).index_fill_(0, perm, True).all())):
+        raise IndexError(f"bie::mbwq_gemm: q_perm must be a permutation of 0..{k - 1} (checked by bie-backend-mlx)")
     segs = _segments(group_bits, group_rows)
     parts, srcs = [], []
     for bits in sorted(set(group_bits), reverse=True):
@@ -558,8 +585,11 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     if x.shape[0] == 0:
         return _empty((0, lay.n), x.dtype, x.device)
     y = forward(lay, _as(to_mlx(x), cd))
+    if not _finite(y):
+        w = _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format)
+        y = to_mlx(x).astype(mx.float32) @ w
     if bias is not None:
-        y = y + _as(to_mlx(bias), cd)
+        y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
 
 
@@ -571,6 +601,9 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
     if grad.shape[0] == 0:
         return _empty((0, k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
+    if not _finite(gx):
+        w = _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, k, format)
+        gx = to_mlx(grad).astype(mx.float32) @ w.T
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 
@@ -589,8 +622,14 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
     if channel_scale is not None:
         xm = xm * _as(to_mlx(channel_scale), cd)
     y = forward(lay, xm)
+    if not _finite(y):
+        w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_gemm")
+        xf = to_mlx(x).astype(mx.float32)
+        if channel_scale is not None:
+            xf = xf * to_mlx(channel_scale).astype(mx.float32)
+        y = xf @ w
     if bias is not None:
-        y = y + _as(to_mlx(bias), cd)
+        y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
 
 
@@ -603,8 +642,11 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
     if grad.shape[0] == 0:
         return _empty((0, lay.k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
+    if not _finite(gx):
+        w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_gemm_grad_input")
+        gx = to_mlx(grad).astype(mx.float32) @ w.T
     if channel_scale is not None:
-        gx = gx * _as(to_mlx(channel_scale), cd)
+        gx = gx * _as(to_mlx(channel_scale), gx.dtype)
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 

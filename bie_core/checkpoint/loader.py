@@ -25,7 +25,8 @@ from typing import Mapping, Optional, Union
 import torch
 from torch import nn
 
-from ..layers.weight_only import MPQLinear
+from ..layers.weight_only import ON_OVERFLOW, MPQLinear
+from ..ops.weight_only import WQ_BITS
 from .io import CheckpointError, as_state_dict, read_quant_config, write_safetensors
 
 GPTQ_KEYS = ("qweight", "qzeros", "scales", "g_idx", "bias")
@@ -59,6 +60,25 @@ def _zero_convention(cfg: Optional[dict], override: Optional[str]) -> str:
         raise CheckpointError(f"checkpoint_format={raw!r} is not a GPTQ zero convention; expected one of "
                               f"{sorted(_FORMATS)} ('gptq' is v1: stored z-1; 'gptq_v2' is v2: stored z)")
     return conv
+
+
+def _check_config(cfg: Optional[dict]) -> None:
+    """The quantize config's values have the types and ranges they must have."""
+    if not cfg:
+        return
+    src = cfg.get("__file__", "quantize_config")
+
+    def bad(key, allowed):
+        raise CheckpointError(f"{src}: {key}={cfg[key]!r} is not supported; allowed: {allowed}")
+    b = cfg.get("bits")
+    if b is not None and (isinstance(b, bool) or b not in WQ_BITS):
+        bad("bits", f"one of {list(WQ_BITS)}")
+    g = cfg.get("group_size")
+    if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not (g == -1 or g >= 1)):
+        bad("group_size", "-1 (one group per column) or a positive integer")
+    for key in ("sym", "desc_act"):
+        if key in cfg and not isinstance(cfg[key], bool):
+            bad(key, "true or false")
 
 
 def _check_method(cfg: Optional[dict]) -> None:
@@ -126,8 +146,14 @@ def load_quantized(model: nn.Module, source: Union[str, os.PathLike, Mapping[str
         on_overflow: v1 zero points stored as 2^b - 1 ("wrap" reads them as 0
             with a warning, "error" raises); see ``v1_to_v2_zeros``.
     """
+    if on_overflow not in ON_OVERFLOW:
+        raise ValueError(f"load_quantized: on_overflow={on_overflow!r}; allowed: {list(ON_OVERFLOW)}")
     sd, path = as_state_dict(source)
-    cfg = quantize_config if quantize_config is not None else read_quant_config(path)
+    if quantize_config is not None and not isinstance(quantize_config, Mapping):
+        raise TypeError(f"load_quantized: quantize_config must be a dict, got {type(quantize_config).__name__}")
+    cfg = dict(quantize_config, __file__="load_quantized(quantize_config=...)") if quantize_config is not None \
+        else read_quant_config(path)
+    _check_config(cfg)
     _check_method(cfg)
     conv = _zero_convention(cfg, checkpoint_format)
     cfg = cfg or {}

@@ -22,5 +22,21 @@ def pack(model: nn.Module) -> PackReport:
     return total
 
 
-__all__ = ["BinaryLinear", "BinaryConv2d", "BinaryEmbedding", "BinaryEmbeddingBag", "QLinear", "QConv2d",
+def invalidate(model: nn.Module) -> None:
+    """Forget every layout and cache derived from ``model``'s weights.
+
+    bie re-derives them by itself after any write that bumps a tensor's version
+    counter (``optimizer.step()``, ``load_state_dict``, ``with torch.no_grad():
+    layer.qweight.copy_(new)``). A write through ``tensor.data``, a numpy view
+    or DLPack bypasses that counter and cannot be seen at no cost: call this
+    after such a write (docs/bad-input.md)."""
+    from .. import dispatch
+    for m in model.modules():
+        for name in tuple(getattr(m, "_transient", ())) + ("_codes_cache",):
+            if name in m.__dict__:
+                m.__dict__[name] = None
+    dispatch.clear_caches()
+
+
+__all__ = ["invalidate", "BinaryLinear", "BinaryConv2d", "BinaryEmbedding", "BinaryEmbeddingBag", "QLinear", "QConv2d",
            "BinaryMatMul", "QMatMul", "BinaryMultiheadAttention", "QATLayer", "PackReport", "pack"]

@@ -18,6 +18,7 @@ Design notes (why it looks like this):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Union
@@ -48,6 +49,39 @@ def backend_string(spec: Union[str, Sequence[str], None], source: str) -> Option
         source = f"{source[:-1]}{spec!r})"
     pref = dispatch.validate_choice(spec, source)
     return ",".join(pref[0])
+
+
+class NamedAllocationErrors:
+    """Mixin: a constructor whose sizes cannot be allocated (``in_features=2**40``)
+    raises a ValueError naming the layer and its arguments, not torch's bare
+    allocator error."""
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_names_allocation_errors", False):
+            return
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            try:
+                init(self, *args, **kwargs)
+            except (RuntimeError, MemoryError, OverflowError, ValueError) as e:
+                msg = str(e)
+                if isinstance(e, RuntimeError) and not any(s in msg for s in _ALLOC_ERRORS):
+                    raise
+                if isinstance(e, ValueError) and (msg.startswith(cls.__name__) or _TOO_BIG not in msg):
+                    raise   # a clear error of this layer, or of another kind
+                given = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+                raise ValueError(f"{cls.__name__}({given}): these sizes {_TOO_BIG} "
+                                 f"({(msg.splitlines() or [type(e).__name__])[0][:200]})") from e
+        __init__._names_allocation_errors = True
+        cls.__init__ = __init__
+
+
+_TOO_BIG = "need more memory than can be allocated"
+_ALLOC_ERRORS = ("can't allocate memory", "Storage size calculation overflowed", "out of memory",
+                 "exceeds the maximum", "numel")
 
 
 def _distributed() -> bool:
@@ -129,7 +163,7 @@ class TorchInit:
         self.reset_scales()
 
 
-class QATLayer(nn.Module):
+class QATLayer(NamedAllocationErrors, nn.Module):
     """Base of the bie QAT layers (not used directly)."""
 
     #: Parameters that are latent float weights of binary layers: DiodeMix
@@ -141,7 +175,7 @@ class QATLayer(nn.Module):
     _packed_keys: tuple = ()
 
     def _setup(self, backend) -> None:
-        self.backend = backend_string(backend, f"{type(self).__name__}(backend=)")
+        self.backend = backend_string(backend, f"{type(self).__name__}(backend={backend!r})")
         for name in self._lazy_scales:
             setattr(self, f"_{name}_ready", False)
 
@@ -190,7 +224,7 @@ class QATLayer(nn.Module):
                 v /= torch.distributed.get_world_size()
             if not torch.compiler.is_compiling() and not bool(torch.isfinite(v).all()):
                 self._fail(f"{name} initialised from {source} is not finite ({v.flatten()[:4].tolist()}); "
-                           "the input contains inf or NaN", ValueError)
+                           f"{source} is empty or contains inf or NaN", ValueError)
             p.copy_(v.clamp_min(SCALE_EPS).to(p.dtype).reshape(p.shape))
         setattr(self, f"_{name}_ready", True)
 
@@ -223,6 +257,12 @@ class QATLayer(nn.Module):
         """
         name, before = self.layer_name(), tensor_bytes(self)
         if self._packed_keys and not self.packed:  # layers without weights have nothing to pack
+            w = self.weight.detach()
+            if not bool(torch.isfinite(w).all()):
+                bad = w[~torch.isfinite(w)]
+                self._fail(f"the latent weight has {bad.numel()} non-finite values (e.g. {bad[:4].tolist()}); "
+                           "packing stores signs and scales of finite weights only (fix or re-initialise the "
+                           "weight first)")
             self._check_scales_finite()
             self._do_pack()
         return PackReport(name, before, tensor_bytes(self))
@@ -281,24 +321,27 @@ class QATLayer(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Order-free preparation: a checkpoint in packed form loads into a float
-        # layer (and the reverse) by switching this layer's form first.
+        # layer (and the reverse) by switching this layer's form first; all or
+        # nothing (see _load): a refused load leaves the layer as it was.
+        from ._load import load_atomically
+        if load_atomically(self, self._check_load, state_dict, prefix, local_metadata, strict, missing_keys,
+                           unexpected_keys, error_msgs):
+            for name in self._lazy_scales:
+                t = state_dict.get(prefix + name)
+                if isinstance(t, torch.Tensor):
+                    # zero is the "not initialised yet" placeholder (see module doc)
+                    setattr(self, f"_{name}_ready", bool((t != 0).all()))
+
+    def _check_load(self, state_dict, prefix) -> list:
         errors = self.adopt_format(state_dict, prefix)
         if errors:
-            error_msgs.extend(errors)
-            return
+            return errors
         for name in self._lazy_scales + ("weight_scale",):
             t = state_dict.get(prefix + name)
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                error_msgs.append(f"{self.layer_name()}: {prefix + name} is not finite "
-                                  f"({t.flatten()[:4].tolist()}); scales must be finite")
-                return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        for name in self._lazy_scales:
-            t = state_dict.get(prefix + name)
-            if isinstance(t, torch.Tensor):
-                # zero is the "not initialised yet" placeholder (see module doc)
-                setattr(self, f"_{name}_ready", bool((t != 0).all()))
+                return [f"{self.layer_name()}: {prefix + name} is not finite "
+                        f"({t.flatten()[:4].tolist()}); scales must be finite"]
+        return []
 
     #: attributes holding per-call caches (resolved kernels, derived weights):
     #: never pickled or deep-copied (they hold locks and tensors of this process)

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ._base import FLOAT_DTYPES, _dt, backend_string
+from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 
 _Tensor = torch.Tensor
@@ -63,7 +63,7 @@ def _rebuild_handle(shape, requires_grad) -> GradientHandle:
     return GradientHandle(_handle_tensor(*shape, "cpu"), requires_grad)
 
 
-class WeightOnlyLinear(nn.Module):
+class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
     """Base of MPQLinear and MBWQLinear (not used directly)."""
 
     #: buffers that make up the canonical packed weight (state_dict keys)
@@ -78,7 +78,7 @@ class WeightOnlyLinear(nn.Module):
             raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32 (the dtype of scales, zeros and "
                             f"bias), got {dtype}")
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
-        self.backend = backend_string(backend, f"{name}(backend=)")
+        self.backend = backend_string(backend, f"{name}(backend={backend!r})")
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         handle = GradientHandle(_handle_tensor(in_features, out_features, device), requires_grad=bool(trainable))
         self.register_parameter(HANDLE, handle)
@@ -174,9 +174,23 @@ class WeightOnlyLinear(nn.Module):
     # (nn.Module.requires_grad_ reaches the handle like any parameter: that is
     # what makes model.requires_grad_(False) freeze packed weights.)
 
-    def _finish_load(self, prefix, missing_keys, unexpected_keys):
-        if prefix + HANDLE in missing_keys:
-            missing_keys.remove(prefix + HANDLE)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # all or nothing (see _load): the subclass adopts the incoming format and
+        # checks every tensor before anything is copied
+        from ._load import load_atomically
+        if load_atomically(self, self._check_load, state_dict, prefix, local_metadata, strict, missing_keys,
+                           unexpected_keys, error_msgs, skip=(HANDLE,)):
+            if prefix + HANDLE in missing_keys:   # not part of the canonical format
+                missing_keys.remove(prefix + HANDLE)
+            self._after_load()
+
+    def _check_load(self, state_dict, prefix) -> list:  # pragma: no cover - abstract
+        """Adopt the incoming format; return what is wrong with the incoming tensors."""
+        raise NotImplementedError
+
+    def _after_load(self) -> None:
+        pass
 
     # ---------------------------------------------------------------- checks
     def layer_name(self) -> str:

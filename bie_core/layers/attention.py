@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._base import backend_string
+from ._base import NamedAllocationErrors, backend_string
 from .binary import BinaryLinear
 from .matmul import BinaryMatMul, QMatMul
 
 
-class BinaryMultiheadAttention(nn.Module):
+class BinaryMultiheadAttention(NamedAllocationErrors, nn.Module):
     """Multi-head attention with binary projections and binary attention scores."""
 
     def __init__(self, embed_dim: int, num_heads: int, *, bias: bool = False, dropout: float = 0.0,
@@ -44,7 +44,7 @@ class BinaryMultiheadAttention(nn.Module):
             raise ValueError(f"{name}: value_bits must be 4, 8 or None (float p @ v), got {value_bits!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout!r}")
-        backend = backend_string(backend, f"{name}(backend=)")
+        backend = backend_string(backend, f"{name}(backend={backend!r})")
         fk = {"backend": backend, "device": device, "dtype": dtype}
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout, self.value_bits = dropout, value_bits
@@ -69,6 +69,17 @@ class BinaryMultiheadAttention(nn.Module):
                 raise ValueError(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
                                  f"{nm} must be 3-D (batch, length, features), got "
                                  f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        for nm, t, proj in (("query", query, self.q_proj), ("key", key, self.k_proj), ("value", value, self.v_proj)):
+            if t.shape[-1] != proj.in_features:
+                raise ValueError(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
+                                 f"{nm} has {t.shape[-1]} features, expected {proj.in_features}")
+        try:
+            return self._attend(query, key, value, attn_mask, key_padding_mask, need_weights)
+        except (ValueError, TypeError) as e:   # a projection's error, said in terms of this layer
+            raise type(e)(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
+                             f"{e}") from e
+
+    def _attend(self, query, key, value, attn_mask, key_padding_mask, need_weights):
         q = self._heads(self.q_proj(query))                        # (B, H, L, d)
         k = self._heads(self.k_proj(key))                          # (B, H, S, d)
         v = self._heads(self.v_proj(value))                        # (B, H, S, d)

@@ -12,6 +12,8 @@ broadcastable batch dims, and learn one clip scale per operand:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -46,8 +48,9 @@ class _MatMulBase(QATLayer):
         except RuntimeError:
             self._fail(f"batch dims of x {tuple(x.shape)} and y {tuple(y.shape)} do not broadcast")
         m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
-        x3 = x.expand(batch + (m, k)).reshape(-1, m, k)
-        y3 = y.expand(batch + (k, n)).reshape(-1, k, n)
+        b = math.prod(batch)   # (not -1: ambiguous when a matrix is empty)
+        x3 = x.expand(batch + (m, k)).reshape(b, m, k)
+        y3 = y.expand(batch + (k, n)).reshape(b, k, n)
         return x3, y3, batch + (m, n)
 
     def extra_repr(self) -> str:

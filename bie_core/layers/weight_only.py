@@ -57,6 +57,10 @@ def _check_choice(layer: str, name: str, v, allowed) -> None:
         raise ValueError(f"{layer}: {name}={v!r} is not supported; allowed: {list(allowed)}")
 
 
+#: what to do with v1 zero points that overflow (see v1_to_v2_zeros)
+ON_OVERFLOW = ("wrap", "error")
+
+
 def v1_to_v2_zeros(z_stored: torch.Tensor, bits: int, on_overflow: str = "wrap", what: str = "qzeros") -> torch.Tensor:
     """Zero points from v1 stored values (``z - 1``), unpacked int codes.
 
@@ -66,6 +70,8 @@ def v1_to_v2_zeros(z_stored: torch.Tensor, bits: int, on_overflow: str = "wrap",
     take ``z = (stored + 1) mod 2^b`` (= 0, what the quantizer that wrote
     the file computed) and warn; ``on_overflow="error"`` raises instead.
     """
+    if on_overflow not in ON_OVERFLOW:
+        raise ValueError(f"{what}: on_overflow={on_overflow!r}; allowed: {list(ON_OVERFLOW)}")
     maxq = (1 << bits) - 1
     over = z_stored == maxq
     n_over = int(over.sum())
@@ -247,6 +253,7 @@ class MPQLinear(WeightOnlyLinear):
         from ..checkpoint.gptq_layout import infer_gptq_geometry
         what = name or "MPQLinear.from_gptq"
         _check_choice(what, "checkpoint_format", checkpoint_format, CHECKPOINT_FORMATS)
+        _check_choice(what, "on_overflow", on_overflow, ON_OVERFLOW)
         k, n, bits, group_size = infer_gptq_geometry(qweight, qzeros, scales, g_idx, bits, group_size,
                                                      in_features, what)
         z = ops.wq_unpack(qzeros.to(torch.int32), bits, n, 1)
@@ -317,7 +324,7 @@ class MPQLinear(WeightOnlyLinear):
         if not bool(torch.isfinite(w).all()):
             raise ValueError(f"{name}: the weight has non-finite values")
         if calibration is not None and hessian is None:
-            acc = HessianAccumulator(k, device=w.device)
+            acc = HessianAccumulator(k, device=w.device, name=name)
             acc.add(calibration)
             hessian = acc.h
         with torch.no_grad():
@@ -342,22 +349,22 @@ class MPQLinear(WeightOnlyLinear):
         return layer
 
     # --------------------------------------------------------------- loading
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _check_load(self, state_dict, prefix) -> list:
+        error_msgs: list = []
         if prefix + "qzeros" in state_dict:
             error_msgs.append(
                 f"{self.layer_name()}: {prefix}qzeros is the GPTQ ecosystem layout (stored z-1 'v1' or z 'v2', "
                 "which a state dict cannot tell apart); bie layers hold v2 zero points under 'zeros'. Load the "
                 "checkpoint with bie_core.load_quantized(model, path) or MPQLinear.from_gptq(..., "
                 "checkpoint_format='v1'|'v2')")
-            return
+            return error_msgs
         z = state_dict.get(prefix + "zeros")
         if isinstance(z, torch.Tensor):
             fmt = "gptq" if z.dtype == torch.int32 else "gba" if z.is_floating_point() else None
             if fmt is None:
                 error_msgs.append(f"{self.layer_name()}: {prefix}zeros has dtype {_dt(z.dtype)}; expected int32 "
                                   "(packed GPTQ zero points) or float (GBA zeros)")
-                return
+                return error_msgs
             if fmt != self.format:   # order-free: a GBA checkpoint switches a GPTQ layer and back
                 self.format = fmt
                 self._buffers["zeros"] = self._empty_zeros(fmt, self.qweight.device)
@@ -370,7 +377,7 @@ class MPQLinear(WeightOnlyLinear):
             hint = f" (that is the size for bits={guess[0]})" if guess else ""
             error_msgs.append(f"{self.layer_name()}: {prefix}qweight has shape {tuple(qw.shape)}, expected "
                               f"({packed_rows(k, b)}, {n}) for K={k}, bits={b}{hint}")
-            return
+            return error_msgs
         expected = {
             "qweight": ((packed_rows(k, b), n), (torch.int32,)),
             "scales": ((g, n), FLOAT_DTYPES),
@@ -380,22 +387,22 @@ class MPQLinear(WeightOnlyLinear):
         if self.bias is not None:
             expected["bias"] = ((n,), FLOAT_DTYPES)
         if not self._check_weight_state(state_dict, prefix, error_msgs, expected):
-            return
+            return error_msgs
         for key in ("scales", "zeros", "bias"):
             msg = check_finite(self, prefix + key, state_dict.get(prefix + key))
             if msg:
                 error_msgs.append(msg)
-                return
+                return error_msgs
         gi = state_dict.get(prefix + "g_idx")
         if isinstance(gi, torch.Tensor) and gi.numel():
             lo, hi = int(gi.min()), int(gi.max())
             if lo < 0 or hi >= g:
                 error_msgs.append(f"{self.layer_name()}: {prefix}g_idx values must be in [0, {g}) (G = "
                                   f"ceil({k}/{self.group_size})), got values in [{lo}, {hi}]")
-                return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        self._finish_load(prefix, missing_keys, unexpected_keys)
+                return error_msgs
+        return error_msgs
+
+    def _after_load(self) -> None:
         self._refresh_act_order()
 
 
@@ -456,6 +463,10 @@ class MBWQLinear(WeightOnlyLinear):
         super().__init__()
         name = type(self).__name__
         self._setup_common(in_features, out_features, dtype, bias, device, backend, trainable)
+        if not (isinstance(bits, (int, Mapping)) or (isinstance(bits, (list, tuple))
+                                                     and all(isinstance(b, int) for b in bits))):
+            raise TypeError(f"{name}: bits must be a width (int), a list of widths or proportions such as "
+                            f"{{4: 0.5, 2: 0.5}}, got {bits!r}")
         if group_rows is None:
             if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
                 raise ValueError(f"{name}: group_size must be a positive int, got {group_size!r}")
@@ -570,9 +581,15 @@ class MBWQLinear(WeightOnlyLinear):
         layer = cls(k, n, bits=bits, group_size=group_size, bias=linear.bias is not None, dtype=dtype,
                     device=linear.weight.device, backend=backend, trainable=trainable)
         w = linear.weight.detach().t().to(torch.float32)
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError(f"{name}: the weight has non-finite values")
         if channel_scale is not None:
-            if channel_scale.shape != (k,) or not bool((channel_scale != 0).all()):
-                raise ValueError(f"{name}: channel_scale must be ({k},) without zeros, got {tuple(channel_scale.shape)}")
+            if not isinstance(channel_scale, torch.Tensor) or channel_scale.shape != (k,):
+                raise ValueError(f"{name}: channel_scale must be a ({k},) tensor, got "
+                                 f"{tuple(channel_scale.shape) if isinstance(channel_scale, torch.Tensor) else channel_scale!r}")
+            if not bool((torch.isfinite(channel_scale) & (channel_scale != 0)).all()):
+                bad = channel_scale[~(torch.isfinite(channel_scale) & (channel_scale != 0))]
+                raise ValueError(f"{name}: channel_scale must be finite and non-zero, got {bad[:4].tolist()}")
             layer.channel_scale.copy_(channel_scale)
             w = w / layer.channel_scale.to(torch.float32).unsqueeze(1)
         imp = importance if importance is not None else w.norm(dim=1)
@@ -596,21 +613,21 @@ class MBWQLinear(WeightOnlyLinear):
         return layer
 
     # ------------------------------------------------------------------ loading
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _check_load(self, state_dict, prefix) -> list:
+        error_msgs: list = []
         qg = state_dict.get(prefix + "q_groups")
         if isinstance(qg, torch.Tensor):
             if qg.dim() != 2 or qg.shape[1] != 2 or qg.dtype not in (torch.int32, torch.int64, torch.int16):
                 error_msgs.append(f"{self.layer_name()}: {prefix}q_groups must be an int (groups, 2) tensor of "
                                   f"(bits, rows), got {_dt(qg.dtype)} {tuple(qg.shape)}")
-                return
+                return error_msgs
             gb, gr = qg[:, 0].tolist(), qg[:, 1].tolist()
             if (gb, gr) != (self.group_bits, self.group_rows):
                 try:   # adopt the checkpoint's groups (shapes follow)
                     self._set_groups(gb, gr, self.qweight.device)
                 except ValueError as e:
                     error_msgs.append(f"{self.layer_name()}: {prefix}q_groups: {e}")
-                    return
+                    return error_msgs
         k, n, g = self.in_features, self.out_features, len(self.group_bits)
         expected = {
             "qweight": ((mbwq_packed_rows(self.group_bits, self.group_rows), n), (torch.int32,)),
@@ -621,21 +638,19 @@ class MBWQLinear(WeightOnlyLinear):
         if self.bias is not None:
             expected["bias"] = ((n,), FLOAT_DTYPES)
         if not self._check_weight_state(state_dict, prefix, error_msgs, expected):
-            return
+            return error_msgs
         for key in ("scales", "zeros", "channel_scale", "bias"):
             msg = check_finite(self, prefix + key, state_dict.get(prefix + key))
             if msg:
                 error_msgs.append(msg)
-                return
+                return error_msgs
         qp = state_dict.get(prefix + "q_perm")
         if isinstance(qp, torch.Tensor):
             ok = bool(((qp >= 0) & (qp < k)).all()) and torch.unique(qp).numel() == k
             if not ok:
                 error_msgs.append(f"{self.layer_name()}: {prefix}q_perm must be a permutation of 0..{k - 1}")
-                return
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        self._finish_load(prefix, missing_keys, unexpected_keys)
+                return error_msgs
+        return error_msgs
 
 
 __all__ = ["MPQLinear", "MBWQLinear", "allocate_group_bits", "v1_to_v2_zeros", "GROUP_SIZES"]

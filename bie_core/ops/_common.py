@@ -21,6 +21,18 @@ def check(cond: bool, op: str, msg: str, exc=ValueError) -> None:
         raise exc(f"bie::{op}: {msg}")
 
 
+def has_values(t) -> bool:
+    """Whether validation can read ``t``'s values: a real CPU tensor. Values of
+    accelerator tensors are bound-checked by their kernels (no host sync), and
+    fake or meta tensors (tracing, ``torch.compile``) have none."""
+    return t.device.type == "cpu" and not _is_fake(t)
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return type(t) is not torch.Tensor and is_fake(t)
+
+
 def check_tensor(t, op: str, name: str, *, dtypes=None, dim=None, min_dim=None) -> None:
     check(isinstance(t, torch.Tensor), op, f"{name} must be a tensor, got {type(t).__name__}", TypeError)
     if dtypes is not None:
@@ -56,6 +68,23 @@ def check_out_dtype(op: str, out_dtype, scale) -> None:
     else:
         check(out_dtype in FLOAT_DTYPES, op,
               f"out_dtype must be one of float32, float16, bfloat16 or None (int32), got {out_dtype}")
+
+
+#: Most elements a conv's padded input or output may have: far beyond any
+#: memory, but small enough that sizes never overflow int64 byte counts.
+MAX_CONV_ELEMENTS = 1 << 40
+
+
+def check_conv_size(op: str, x_shape, out_channels: int, padding, ho: int, wo: int) -> None:
+    n, c, h, w = x_shape
+    padded = n * c * (h + 2 * padding[0]) * (w + 2 * padding[1])
+    out = n * out_channels * ho * wo
+    check(h + 2 * padding[0] < 1 << 31 and w + 2 * padding[1] < 1 << 31, op,
+          f"padding={list(padding)} on input {tuple(x_shape)} makes a padded side of 2**31 or more; "
+          "sides are 32-bit in the kernels")
+    check(padded <= MAX_CONV_ELEMENTS and out <= MAX_CONV_ELEMENTS, op,
+          f"padding={list(padding)} on input {tuple(x_shape)} gives a padded input of {padded} and an "
+          f"output of {out} elements; at most 2**40 are allowed")
 
 
 def problem(op: str, device: torch.device, dtype=None, training=False, contiguous=True, **kw) -> Problem:
@@ -95,6 +124,12 @@ def randbits(shape, *, device, gen, k: int) -> torch.Tensor:
     if rem:
         t[..., -1] &= (1 << rem) - 1
     return t.to(device)
+
+
+def dirty_bits(shape, *, device, gen) -> torch.Tensor:
+    """Random packed sign bytes with random padding bits: every kernel must
+    ignore bits beyond k, whatever their values."""
+    return torch.randint(0, 256, tuple(shape), generator=gen, dtype=torch.int32).to(torch.uint8).to(device)
 
 
 def randint_codes(shape, bits: int, *, device, gen, extremes: bool = True) -> torch.Tensor:

@@ -113,8 +113,44 @@ class OpDef:
             args = tuple(args) + self.defaults[len(args):]
         if (not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
                 and not _function_mode()):
-            return self._route(*args, backend) if backend else self._route(*args)
+            try:
+                return self._route(*args, backend) if backend else self._route(*args)
+            except (AttributeError, TypeError):
+                # an argument of the wrong type can fail before validation (while the
+                # router builds its cache key): say which one
+                if self.validate is not None:
+                    self.validate.check_types(args)
+                raise
+            except RuntimeError as e:
+                named = allocation_error(e, self.name)
+                if named is None:
+                    raise
+                raise named from e
         return self.overload(*args, backend or "")
+
+
+def _arg_types(schema: str) -> tuple:
+    """The type of each argument as the schema text writes it (``Tensor?``, ``int[2]``, ``ScalarType?``)."""
+    return tuple(a.strip().split("=")[0].strip().rsplit(None, 1)[0] for a in _split_args(schema))
+
+
+def _split_args(schema: str) -> list:
+    inner = schema[schema.index("(") + 1: schema.rindex(")")] if "->" not in schema else \
+        schema[schema.index("(") + 1: schema.rsplit("->", 1)[0].rindex(")")]
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return parts
 
 
 def _arg_names(schema: str) -> tuple:
@@ -156,19 +192,135 @@ def define_op(op: OpDef) -> OpDef:
     op.arg_names = _arg_names(args_part)
     op.defaults = tuple(a.default_value if a.has_default_value() else None
                         for a in op.overload._schema.arguments[:len(op.arg_names)])
+    if op.validate is not None:
+        op.validate = _with_type_checks(op, op.validate)
     names = VALUE_ARG_NAMES if op.value_arg_names is None else op.value_arg_names
     op.value_args = tuple(i for i, n in enumerate(op.arg_names) if n in names)
     route = dispatch.make_router(op)
     op._route = route
-    _lib.impl(op.name, route, "CompositeExplicitAutograd")
-    torch.library.register_fake(op.qualname, _strip_backend(op.fake, len(op.arg_names)), lib=_lib)
+    _lib.impl(op.name, _naming_allocation_errors(route, op.name), "CompositeExplicitAutograd")
+    torch.library.register_fake(op.qualname, _fake_impl(op), lib=_lib)
     _OPS[op.name] = op
     return op
 
 
-def _strip_backend(fake: Callable, nargs: int) -> Callable:
+_ALLOC_ERRORS = ("can't allocate memory", "Storage size calculation overflowed", "out of memory")
+
+
+def allocation_error(e: BaseException, op_name: str) -> Optional[BaseException]:
+    """A MemoryError naming the op for torch's bare allocator errors (sizes
+    beyond memory), else None."""
+    msg = str(e)
+    if isinstance(e, RuntimeError) and any(s in msg for s in _ALLOC_ERRORS):
+        return MemoryError(f"bie::{op_name}: the call needs more memory than can be allocated "
+                           f"({(msg.splitlines() or [type(e).__name__])[0][:200]})")
+    return None
+
+
+def _naming_allocation_errors(route: Callable, op_name: str) -> Callable:
+    def route_naming_allocation_errors(*args):
+        try:
+            return route(*args)
+        except RuntimeError as e:
+            named = allocation_error(e, op_name)
+            if named is None:
+                raise
+            raise named from e
+    route_naming_allocation_errors.__name__ = route.__name__
+    return route_naming_allocation_errors
+
+
+def _type_checker(op: "OpDef") -> Callable:
+    """Checks that every argument has the Python type the op's schema names
+    (``bie::OP: k must be an int, got '3'``), so that op validation never
+    meets a list where it expects a tensor. torch.library does this for calls
+    through ``torch.ops.bie``; the eager fast path calls the router directly."""
+    checks = []
+    # types as the schema text writes them (torch's parsed schema shows ScalarType as int)
+    for i, (name, t) in enumerate(zip(op.arg_names, _arg_types(op.schema))):
+        optional = t.endswith("?")
+        base = t.rstrip("?")
+        if base.endswith("]"):   # int[2], int[]
+            base = f"List[{base[:base.index('[')]}]"
+        checks.append((i, name, base, optional))
+
+    def ok(v, base) -> bool:
+        if base == "Tensor":
+            return isinstance(v, torch.Tensor)
+        # (a bool is an int, in Python and in torch's schema matching; cached
+        # decisions cannot tell True from 1 either)
+        if base in ("int", "SymInt"):
+            return isinstance(v, int)
+        if base == "float":
+            return isinstance(v, (int, float))
+        if base == "bool":
+            return isinstance(v, bool)
+        if base == "str":
+            return isinstance(v, str)
+        if base == "ScalarType":
+            return isinstance(v, torch.dtype)
+        if base.startswith("List[") or base.endswith("]"):
+            inner = base[5:-1] if base.startswith("List[") else base[:base.index("[")]
+            return isinstance(v, (list, tuple)) and all(ok(x, inner) for x in v)
+        return True
+
+    def describe(base) -> str:
+        return {"Tensor": "a tensor", "int": "an int", "SymInt": "an int", "float": "a number", "bool": "a bool",
+                "str": "a string", "ScalarType": "a torch.dtype"}.get(base, f"a {base}")
+
+    def check_types(args) -> None:
+        for i, name, base, optional in checks:
+            v = args[i] if i < len(args) else None
+            if v is None and optional:
+                continue
+            if not ok(v, base):
+                want = describe(base) + (" or None" if optional else "")
+                if base.startswith("List[") or base.endswith("]"):
+                    want = "a list of ints"
+                raise TypeError(f"bie::{op.name}: {name} must be {want}, got {v!r} ({type(v).__name__})")
+    return check_types
+
+
+def _with_type_checks(op: "OpDef", validate: Callable) -> Callable:
+    check_types = _type_checker(op)
+
+    def validate_with_types(*args):
+        check_types(args)
+        validate(*args)
+    validate_with_types.check_types = check_types
+    return validate_with_types
+
+
+def _symbolic(args) -> bool:
+    """Whether a call carries symbolic sizes (tracing with dynamic shapes)."""
+    for a in args:
+        if isinstance(a, torch.SymInt) or (isinstance(a, torch.Tensor) and
+                                           any(isinstance(s, torch.SymInt) for s in a.shape)):
+            return True
+        if isinstance(a, (list, tuple)) and any(isinstance(v, torch.SymInt) for v in a):
+            return True
+    return False
+
+
+def _fake_impl(op: "OpDef") -> Callable:
+    """The fake (meta) kernel: the op's validation, then the output's shape.
+
+    torch runs the fake kernel instead of the router whenever one argument is
+    a meta or fake tensor (``binary_gemm(a_cpu, b_meta)``, tracing), so it
+    validates exactly like a real call: mixed devices and wrong shapes raise
+    instead of producing an output of a made-up shape. Value checks are skipped
+    (fake tensors have no values; see ``_common.has_values``), and so is all of
+    validation when sizes are symbolic (dynamic-shape tracing: a check would
+    specialise them; the real call validates)."""
+    fake, validate, nargs = op.fake, op.validate, len(op.arg_names)
+
     def fake_impl(*args):
-        return fake(*args[:nargs])
+        args = args[:nargs]
+        if len(args) < nargs:   # torch drops trailing arguments equal to their defaults
+            args = tuple(args) + op.defaults[len(args):]
+        if validate is not None and not _symbolic(args):
+            validate(*args)
+        return fake(*args)
     fake_impl.__name__ = getattr(fake, "__name__", "fake")
     return fake_impl
 

@@ -3,7 +3,9 @@
 Canonical sign bits (docs/spec.md §2): ``sgn(v) = +1 if v >= 0 else -1``; bit 1 means
 +1; packed along the reduction dimension K, least significant bit first, 8
 values per uint8 (byte ``b``, bit ``j`` holds element ``8b + j``); padding
-bits are 0 and the true K travels beside the bits. NaN packs as -1.
+bits are 0 and the true K travels beside the bits. NaN packs as -1. Every op
+ignores the padding bits of its inputs, whatever their values (packing writes
+them as 0; a buffer filled by other means may hold anything there).
 
 A binary dot product of two packed rows is ``K - 2 * popcount(a XOR b)``:
 padding bits are 0 on both sides, so they never count.
@@ -13,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, check, check_out_dtype,
-                      check_same_device, check_scale_bias, check_tensor, problem, randbits, randn)
+                      check_conv_size, check_same_device, check_scale_bias, check_tensor, dirty_bits,
+                      has_values, problem, randbits, randn)
 from ._opdef import Case, OpDef, define_op
 
 PACKABLE = FLOAT_DTYPES + (torch.int8,)
@@ -80,6 +83,7 @@ def _unpack_cases(device, gen):
     for dtype in PACKABLE:
         for shape, k in [((1, 1), 1), ((3, 1), 7), ((4, 2), 16), ((2, 3, 17), 129), ((8, 513), 4099)]:
             yield Case((randbits(shape, device=device, gen=gen, k=k), k, dtype), f"{str(dtype)[6:]} {shape} k={k}")
+    yield Case((dirty_bits((3, 2), device=device, gen=gen), 13, torch.float32), "float32 padding bits set k=13")
 
 
 unpack_signs = define_op(OpDef(
@@ -150,6 +154,21 @@ def _gemm_cases(device, gen):
             b[:, -1] &= (1 << (k % 8)) - 1
             a, b = torch.cat([a, a], 1)[:, :kb], torch.cat([b, b], 1)[:, :kb]
         yield Case((a, b, k, None, None, None), f"count noncontiguous M={m} N={n} K={k}")
+    # rows that share memory (a stride-0 expand, overlapping windows): valid operands
+    a = randbits((1, 13), device=device, gen=gen, k=100).expand(6, 13)
+    b = randbits((40,), device=device, gen=gen, k=320).as_strided((7, 13), (2, 1))
+    yield Case((a, b, 100, None, None, None), "count stride-0 rows a, overlapping rows b M=6 N=7 K=100")
+    yield Case((b, a, 100, None, None, None), "count overlapping rows a, stride-0 rows b M=7 N=6 K=100")
+    # padding bits set: they must not count
+    yield Case((torch.tensor([[0xFF]], dtype=torch.uint8, device=device),
+                torch.tensor([[0]], dtype=torch.uint8, device=device), 3, None, None, None),
+               "count padding bits set M=1 N=1 K=3")
+    for (m, n, k) in [(3, 5, 13), (7, 9, 100), (2, 17, 1001)]:
+        a = dirty_bits((m, packed_len(k)), device=device, gen=gen)
+        b = dirty_bits((n, packed_len(k)), device=device, gen=gen)
+        yield Case((a, b, k, None, None, None), f"count padding bits set M={m} N={n} K={k}")
+        yield Case((a, b, k, None, None, torch.float32), f"float32 padding bits set M={m} N={n} K={k}",
+                   tol=FP32_TOL)
 
 
 binary_gemm = define_op(OpDef(
@@ -176,7 +195,8 @@ def _bl_validate(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
           f"w must be (out_features, ceil(k/8)) = (.., {packed_len(k)}) for k={k}, got {tuple(w.shape)}")
     if shift is not None:
         check_tensor(shift, op, "shift", dtypes=FLOAT_DTYPES)
-        check(shift.numel() == k, op, f"shift must have k={k} elements, got shape {tuple(shift.shape)}")
+        check(tuple(shift.shape) in ((k,), (1, k)), op,
+              f"shift must have shape ({k},) or (1, {k}) for k={k}, got {tuple(shift.shape)}")
     if act_scale is not None:
         check_tensor(act_scale, op, "act_scale", dtypes=FLOAT_DTYPES)
         check(act_scale.numel() == 1, op, f"act_scale must be one value, got shape {tuple(act_scale.shape)}")
@@ -216,6 +236,10 @@ def _bl_cases(device, gen):
                    f"{str(dtype)[6:]} M={m} N={n} K={k}{' noncontig' if i % 2 else ''}"
                    f"{' per-channel' if i % 3 == 0 else ''}{' bias' if bias is not None else ''}",
                    tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+    for (m, n, k) in [(1, 3, 5), (4, 6, 13), (3, 5, 250)]:
+        w = dirty_bits((n, packed_len(k)), device=device, gen=gen)
+        x = randn((m, k), device=device, gen=gen, zeros_frac=0.05)
+        yield Case((x, None, w, k, None, None, None, None), f"count weight padding bits set M={m} N={n} K={k}")
 
 
 def linear_scale(act_scale, w_scale):
@@ -280,6 +304,13 @@ def _bmm_cases(device, gen):
         for dtype in FLOAT_DTYPES:
             yield Case((a, b, k, scale, dtype), f"{str(dtype)[6:]} B={bs} M={m} N={n} K={k}",
                        tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+    a = randbits((1, 1, 9), device=device, gen=gen, k=70).expand(3, 4, 9)
+    b = randbits((3, 1, 9), device=device, gen=gen, k=70).expand(3, 5, 9)
+    yield Case((a, b, 70, None, None), "count stride-0 batch and rows B=3 M=4 N=5 K=70")
+    for (bs, m, n, k) in [(1, 1, 1, 3), (2, 3, 4, 13)]:
+        a = dirty_bits((bs, m, packed_len(k)), device=device, gen=gen)
+        b = dirty_bits((bs, n, packed_len(k)), device=device, gen=gen)
+        yield Case((a, b, k, None, None), f"count padding bits set B={bs} M={m} N={n} K={k}")
 
 
 binary_bmm = define_op(OpDef(
@@ -331,8 +362,11 @@ def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_val
     ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
     check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
+    check_conv_size(op, x.shape, w.shape[0], padding, ho, wo)
     check_scale_bias(op, scale, bias, w.shape[0])
     check_out_dtype(op, out_dtype, scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
     check_same_device(op, x=x, w=w, scale=scale, bias=bias)
 
 
@@ -379,6 +413,11 @@ def _conv_cases(device, gen):
         yield Case((x, wb, list(ks), list(st), list(pd), list(dl), g, -1.0, scale, bias, dtype),
                    f"{str(dtype)[6:]} {'channels_last ' if i % 2 else ''}{n}x{c}x{h}x{w_} O={o} k={ks}",
                    tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+    # weight padding bits set (K = 3*3*3 = 27: five padding bits per row)
+    x = _randn((2, 3, 6, 6), device=device, gen=gen)
+    wb = dirty_bits((4, packed_len(27)), device=device, gen=gen)
+    yield Case((x, wb, [3, 3], [1, 1], [1, 1], [1, 1], 1, -1.0, None, None, None),
+               "count weight padding bits set 2x3x6x6 O=4 k=(3, 3)")
 
 
 binary_conv2d = define_op(OpDef(
@@ -409,7 +448,7 @@ def _emb_validate(idx, bits, scale, dim, dtype):
           f"scale must have one value per row ({bits.shape[0]}), got shape {tuple(scale.shape)}")
     check(dtype in FLOAT_DTYPES, op, f"dtype must be floating, got {dtype}")
     check_same_device(op, indices=idx, bits=bits, scale=scale)
-    if idx.device.type == "cpu" and idx.numel():
+    if has_values(idx) and idx.numel():
         lo, hi = int(idx.min()), int(idx.max())
         check(lo >= 0 and hi < bits.shape[0], op,
               f"indices must be in [0, {bits.shape[0]}), got values in [{lo}, {hi}]", IndexError)
@@ -426,6 +465,9 @@ def _emb_cases(device, gen):
             scale = torch.rand(v, generator=gen).to(device=device, dtype=dtype)
             idx = torch.randint(0, v, ishape, generator=gen).to(device)
             yield Case((idx, bits, scale, d, dtype), f"{str(dtype)[6:]} V={v} D={d} idx{ishape}")
+    bits = dirty_bits((9, 2), device=device, gen=gen)
+    yield Case((torch.randint(0, 9, (4,), generator=gen).to(device), bits,
+                torch.rand(9, generator=gen).to(device), 11, torch.float32), "float32 padding bits set V=9 D=11")
 
 
 sign_embedding = define_op(OpDef(
@@ -443,13 +485,13 @@ def _bag_fake(idx, bits, dim, dtype):
 def _bag_validate(idx, bits, dim, dtype):
     op = "sign_embedding_bag"
     check_tensor(idx, op, "indices", dtypes=(torch.int64, torch.int32), dim=2)
-    check(idx.shape[1] > 0, op, "each bag needs at least one index")
+    check(idx.shape[1] > 0, op, f"indices must hold at least one index per bag, got shape {tuple(idx.shape)}")
     check_tensor(bits, op, "bits", dtypes=(torch.uint8,), dim=2)
     check(dim > 0 and bits.shape[1] == packed_len(dim), op,
           f"bits must be (num_embeddings, ceil(dim/8)) = (.., {packed_len(dim)}), got {tuple(bits.shape)}")
     check(dtype in FLOAT_DTYPES, op, f"dtype must be floating, got {dtype}")
     check_same_device(op, indices=idx, bits=bits)
-    if idx.device.type == "cpu" and idx.numel():
+    if has_values(idx) and idx.numel():
         lo, hi = int(idx.min()), int(idx.max())
         check(lo >= 0 and hi < bits.shape[0], op,
               f"indices must be in [0, {bits.shape[0]}), got values in [{lo}, {hi}]", IndexError)
@@ -465,6 +507,8 @@ def _bag_cases(device, gen):
         idx = torch.randint(0, v, (b, l), generator=gen).to(device)
         for dtype in FLOAT_DTYPES:
             yield Case((idx, bits, d, dtype), f"{str(dtype)[6:]} V={v} D={d} bags={b}x{l}")
+    yield Case((torch.randint(0, 9, (3, 4), generator=gen).to(device), dirty_bits((9, 2), device=device, gen=gen),
+                11, torch.float32), "float32 padding bits set V=9 D=11 bags=3x4")
 
 
 sign_embedding_bag = define_op(OpDef(

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_out_dtype,
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, check_out_dtype,
                       check_same_device, check_scale_bias, check_tensor, problem, randint_codes, randn)
 from ._opdef import Case, OpDef, define_op
 from .binary import conv_out_size
@@ -328,6 +328,11 @@ def _ig_cases(device, gen):
     a = randint_codes((10, 80), 8, device=device, gen=gen)[:, ::2]
     b = randint_codes((6, 40), 8, device=device, gen=gen)
     yield Case((a, b, 8, 8, None, None, None), "a8w8 noncontiguous a M=10 N=6 K=40")
+    # rows that share memory (a stride-0 expand, overlapping windows): valid operands
+    a = randint_codes((1, 40), 8, device=device, gen=gen).expand(5, 40)
+    yield Case((a, b, 8, 8, None, None, None), "a8w8 stride-0 rows a M=5 N=6 K=40")
+    a = randint_codes((60,), 8, device=device, gen=gen).as_strided((5, 40), (3, 1))
+    yield Case((a, b.expand(6, 40), 8, 8, None, None, None), "a8w8 overlapping rows a M=5 N=6 K=40")
 
 
 int_gemm = define_op(OpDef(
@@ -370,6 +375,9 @@ def _ib_cases(device, gen):
             yield Case((a, b, bits, bits, None, None), f"int{bits} count B={bs} M={m} N={n} K={k}")
             scale = (torch.rand((), generator=gen) * 0.01 + 1e-3).to(device)
             yield Case((a, b, bits, bits, scale, torch.float32), f"int{bits} float32 B={bs} M={m} N={n} K={k}")
+    a = randint_codes((1, 3, 40), 8, device=device, gen=gen).expand(4, 3, 40)
+    b = randint_codes((1, 5, 40), 8, device=device, gen=gen)[:, :1].expand(4, 5, 40)
+    yield Case((a, b, 8, 8, None, None), "int8 count stride-0 batch and rows B=4 M=3 N=5 K=40")
 
 
 int_bmm = define_op(OpDef(
@@ -395,14 +403,18 @@ def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale,
         check(len(v) == 2, op, f"{nm} must have 2 values, got {list(v)}")
     check(all(v > 0 for v in stride) and all(v > 0 for v in dilation) and all(v >= 0 for v in padding), op,
           f"stride and dilation must be > 0, padding >= 0; got {list(stride)}, {list(dilation)}, {list(padding)}")
+    check(w.shape[2] > 0 and w.shape[3] > 0, op, f"w {tuple(w.shape)} has an empty kernel (kh, kw must be > 0)")
     check(groups >= 1 and x.shape[1] % groups == 0 and w.shape[0] % groups == 0
           and w.shape[1] * groups == x.shape[1], op,
           f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={groups}")
     ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
     check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
+    check_conv_size(op, x.shape, w.shape[0], padding, ho, wo)
     check_scale_bias(op, scale, bias, w.shape[0])
     check_out_dtype(op, out_dtype, scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
     check_same_device(op, x=x, w=w, scale=scale, bias=bias)
 
 

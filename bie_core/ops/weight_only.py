@@ -55,7 +55,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ._common import FLOAT_DTYPES, all_contiguous, any_requires_grad, check, check_same_device, check_tensor, problem
+from ._common import (FLOAT_DTYPES, all_contiguous, any_requires_grad, check, check_same_device, check_tensor,
+                      has_values, problem)
 from ._opdef import Case, OpDef, define_op
 
 #: Bit widths of the GPTQ / GBA formats (MPQLinear).
@@ -97,7 +98,7 @@ def _check_index(op: str, name: str, t, length: int, hi: int, what: str) -> None
     """A 1-D integer index tensor of ``length`` values in [0, hi) (values checked on CPU)."""
     check_tensor(t, op, name, dtypes=INDEX_DTYPES, dim=1)
     check(t.shape[0] == length, op, f"{name} must have shape ({length},) ({what}), got {tuple(t.shape)}")
-    if t.device.type == "cpu" and t.numel():
+    if has_values(t) and t.numel():
         lo, top = int(t.min()), int(t.max())
         check(lo >= 0 and top < hi, op, f"{name} values must be in [0, {hi}) ({what}), got values in [{lo}, {top}]",
               IndexError)
@@ -165,7 +166,7 @@ def _check_mbwq_weights(op: str, qweight, scales, zeros, q_perm, group_bits, gro
         check(tuple(t.shape) == (g, n), op, f"{name} must have shape (groups, N) = ({g}, {n}); got {tuple(t.shape)}")
     check_tensor(q_perm, op, "q_perm", dtypes=INDEX_DTYPES, dim=1)
     check(q_perm.shape[0] == k, op, f"q_perm must have shape ({k},) (K = sum(group_rows)); got {tuple(q_perm.shape)}")
-    if q_perm.device.type == "cpu":
+    if has_values(q_perm):
         seen = torch.zeros(k, dtype=torch.bool)
         ok = bool(((q_perm >= 0) & (q_perm < k)).all())
         if ok:
@@ -277,7 +278,7 @@ def _pack_validate(codes, bits, dim):
     check_tensor(codes, op, "codes", dtypes=INT_DTYPES, dim=2)
     _check_bits(op, bits, PACK_BITS)
     check(dim in (0, 1), op, f"dim must be 0 (pack along rows, as qweight) or 1 (along columns, as qzeros), got {dim}")
-    if codes.device.type == "cpu" and codes.numel():
+    if has_values(codes) and codes.numel():
         lo, hi = int(codes.min()), int(codes.max())
         check(lo >= 0 and hi < (1 << bits), op,
               f"codes must be in [0, {(1 << bits) - 1}] for bits={bits}, got values in [{lo}, {hi}]")
@@ -627,7 +628,7 @@ def _mpack_validate(codes, group_bits, group_rows):
     check_tensor(codes, op, "codes", dtypes=INT_DTYPES, dim=2)
     k = _check_groups(op, group_bits, group_rows)
     check(codes.shape[0] == k, op, f"codes must have K = sum(group_rows) = {k} rows, got {tuple(codes.shape)}")
-    if codes.device.type == "cpu" and codes.numel():
+    if has_values(codes) and codes.numel():
         start = 0
         for b, r in zip(group_bits, group_rows):
             blk = codes[start:start + r]

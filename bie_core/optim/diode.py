@@ -43,6 +43,7 @@ import torch
 from torch.optim import Optimizer
 
 from .galore import PROJ_TYPES, GaLoreProjector
+from .packed import check_packed_grads
 
 
 def is_binary(p: torch.Tensor, group: dict) -> bool:
@@ -112,6 +113,7 @@ class DiodeMix(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        check_packed_grads(self.param_groups)
         for group in self.param_groups:
             proj = self.projector(group)
             for p in group["params"]:

@@ -57,6 +57,34 @@ class PackedWeightHook:
         return self
 
 
+def check_packed_grads(param_groups) -> None:
+    """Refuse a step whose packed-weight gradients hold inf or NaN, before any
+    parameter is updated (docs/bad-input.md: non-finite values raise).
+
+    A packed weight has no NaN to hold: an Adam update from a NaN gradient
+    would move codes by whole quantization steps in a direction that means
+    nothing. One host synchronisation per step for all layers together.
+    ``torch.amp.GradScaler`` skips steps with non-finite gradients before
+    calling ``step``, so mixed-precision training never gets here."""
+    handles = [p for g in param_groups for p in g["params"]
+               if callable(getattr(p, "bie_optimizer_hook", None)) and p.grad is not None]
+    if not handles:
+        return
+    finite = torch.stack([torch.isfinite(p.grad).all() for p in handles])
+    if bool(finite.all()):
+        return
+    names = []
+    for p, ok in zip(handles, finite.tolist()):
+        if not ok:
+            ref = getattr(p, "bie_packed_layer", None)
+            layer = ref() if ref is not None else None
+            n_bad = int((~torch.isfinite(p.grad)).sum())
+            names.append(f"{layer.layer_name() if layer is not None else 'a packed layer'} ({n_bad} values)")
+    raise ValueError("packed weight gradients are not finite in " + ", ".join(names) + "; no parameter was "
+                     "updated. Skip this step (torch.amp.GradScaler does so automatically) or find the inf/NaN "
+                     "in the batch or the loss")
+
+
 def _projector(group: dict):
     rank = group.get("galore_rank")
     if rank is None:
@@ -155,6 +183,7 @@ class PackedAdam(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        check_packed_grads(self.param_groups)
         for group in self.param_groups:
             for p in group["params"]:
                 hook = getattr(p, "bie_optimizer_hook", None)
@@ -188,4 +217,4 @@ def packed_parameters(model: torch.nn.Module) -> Iterable[torch.nn.Parameter]:
     return [p for p in model.parameters() if callable(getattr(p, "bie_optimizer_hook", None))]
 
 
-__all__ = ["PackedAdam", "PackedWeightHook", "packed_adam_step", "packed_parameters", "ROUNDINGS"]
+__all__ = ["PackedAdam", "PackedWeightHook", "check_packed_grads", "packed_adam_step", "packed_parameters", "ROUNDINGS"]

@@ -36,9 +36,13 @@ from .hookspecs import PROJECT, BackendHooks
 
 ENTRY_POINT_GROUP = "bie.backends"
 
-# A plugin that raises anything (or calls sys.exit) is recorded as broken;
-# only KeyboardInterrupt passes through.
-_ISOLATED = (Exception, SystemExit)
+# A plugin that raises anything -- any BaseException, sys.exit included -- is
+# recorded as broken. A KeyboardInterrupt (a real Ctrl-C during a slow import,
+# or a plugin raising one) is delivered once, after discovery has finished, so
+# that the interrupt is not lost and later calls do not meet it again.
+# os._exit and fatal signals end the process before Python can intervene: no
+# in-process isolation can contain them.
+_ISOLATED = (BaseException,)
 
 LOADED = "loaded"
 UNAVAILABLE = "unavailable"      # installed and sound, but cannot run on this machine
@@ -160,6 +164,7 @@ class Registry:
         self._kernels: dict[str, list[Kernel]] = {}
         self._pm = pluggy.PluginManager(PROJECT)
         self._pm.add_hookspecs(BackendHooks)
+        self._interrupt: Optional[BaseException] = None  # a KeyboardInterrupt to deliver after discovery
         self.generation = 0  # bumped whenever the kernel table changes; dispatch caches key on it
 
     # ---------------------------------------------------------------- discovery
@@ -172,6 +177,13 @@ class Registry:
             self._discover()
             self._discovered = True
             self.generation += 1
+            self._deliver_interrupt()
+
+    def _deliver_interrupt(self) -> None:
+        exc, self._interrupt = self._interrupt, None
+        if exc is not None:
+            raise KeyboardInterrupt(f"interrupted while loading a bie backend ({exc!r}); that backend is "
+                                    "recorded as broken (bie backends -v)") from exc
 
     def _discover(self) -> None:
         if os.environ.get("BIE_DISABLE_PLUGIN_AUTOLOAD", "").strip() not in ("", "0", "false", "False"):
@@ -223,6 +235,8 @@ class Registry:
               cause: str | None = None) -> None:
         rec.status = status
         rec.exception = exc
+        if isinstance(exc, KeyboardInterrupt):
+            self._interrupt = exc
         if exc is not None:
             rec.traceback = _format_exc(exc)
             rec.cause = f"{what}: {_short(exc)}"
@@ -306,6 +320,7 @@ class Registry:
             if self._discovered:
                 self._register_manual(desc, plugin)
                 self.generation += 1
+                self._deliver_interrupt()
             return self._records.get(desc.name)
 
     def _register_manual(self, desc: BackendDescriptor, plugin: object | None) -> None:

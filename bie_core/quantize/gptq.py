@@ -30,12 +30,22 @@ from .rtn import stats_from_range
 class HessianAccumulator:
     """Running ``H = 2 X^T X / S`` over batches of layer inputs (..., K)."""
 
-    def __init__(self, k: int, device=None):
+    def __init__(self, k: int, device=None, name: str = ""):
         self.h = torch.zeros((k, k), dtype=torch.float64, device=device)
         self.count = 0
+        self.name = name or f"HessianAccumulator(k={k})"
 
     def add(self, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, self.h.shape[0]).to(torch.float64)
+        k = self.h.shape[0]
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{self.name}: calibration inputs must be a floating tensor (..., {k}), got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() < 1 or x.shape[-1] != k:
+            raise ValueError(f"{self.name}: calibration inputs must have {k} features in their last dimension "
+                             f"(the layer's in_features), got shape {tuple(x.shape)}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{self.name}: calibration inputs contain inf or NaN")
+        x = x.detach().reshape(-1, k).to(torch.float64)
         s = x.shape[0]
         if s == 0:
             return

@@ -37,9 +37,17 @@ def unpack_signs(bits, k, dtype):
     return v.to(dtype)
 
 
+def _clear_pad(bits, k):
+    """Packed rows as int64 with the padding bits beyond k cleared (they carry no meaning)."""
+    b = bits.cpu().to(torch.int64).clone()
+    if k % 8 and b.shape[-1]:
+        b[..., -1] &= (1 << (k % 8)) - 1
+    return b
+
+
 def _popc_dot(a, b, k):
     """k - 2 * popcount(a XOR b) summed over bytes, on int64 (the literal definition)."""
-    x = a.cpu().to(torch.int64).unsqueeze(-2) ^ b.cpu().to(torch.int64).unsqueeze(-3)
+    x = _clear_pad(a, k).unsqueeze(-2) ^ _clear_pad(b, k).unsqueeze(-3)
     return k - 2 * _POPCOUNT[x].sum(-1)
 
 
@@ -73,7 +81,7 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
 
 
 def binary_bmm(a, b, k, scale, out_dtype):
-    x = a.cpu().to(torch.int64).unsqueeze(2) ^ b.cpu().to(torch.int64).unsqueeze(1)  # (B, M, N, Kb)
+    x = _clear_pad(a, k).unsqueeze(2) ^ _clear_pad(b, k).unsqueeze(1)  # (B, M, N, Kb)
     return _finish(k - 2 * _POPCOUNT[x].sum(-1), scale, None, out_dtype)
 
 

@@ -24,9 +24,18 @@ def unprepare_weight(prepared: torch.Tensor) -> torch.Tensor:
     return prepared.to(torch.uint8)
 
 
+def _pad_mask(k: int, kb: int) -> torch.Tensor:
+    """Per byte, the bits that hold signs: the padding bits beyond K carry no
+    meaning (a buffer may hold anything there), so they are masked out."""
+    mask = torch.full((kb,), 0xFF, dtype=torch.int32)
+    if k % 8:
+        mask[-1] = (1 << (k % 8)) - 1
+    return mask
+
+
 def binary_gemm(a, b, k, scale, bias, out_dtype, *, prepared):
     # (M, 1, Kb) ^ (1, N, Kb) -> popcount per byte -> sum over bytes
-    x = a.to(torch.int32).unsqueeze(1) ^ prepared.unsqueeze(0)
+    x = (a.to(torch.int32).unsqueeze(1) ^ prepared.unsqueeze(0)) & _pad_mask(k, a.shape[1])
     dot = k - 2 * _POPCOUNT[x].sum(-1, dtype=torch.int32)
     if out_dtype is None:
         return dot

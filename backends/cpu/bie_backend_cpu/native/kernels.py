@@ -229,7 +229,7 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     if m == 0 or n == 0:
         return out
     panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(b, k))
-    if a.stride(1) != 1:
+    if a.stride(1) != 1 or a.stride(0) < kb:   # (rows that overlap, e.g. a stride-0 expand: a dense copy)
         a = a.contiguous()
     a = a.detach()
     flags, s32, b32 = _epilogue(scale, bias, n)
@@ -445,7 +445,7 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
         return out
     kind = _lib.bie_int_layout()
     lay = _layouts(prepared).get(("int", kind), lambda: _int_layout(b, kind))
-    if a.stride(1) != 1:
+    if a.stride(1) != 1 or a.stride(0) < k:    # (rows that overlap, e.g. a stride-0 expand: a dense copy)
         a = a.contiguous()
     a = a.detach()
     flags, s32, b32 = _epilogue(scale, bias, n)
@@ -604,7 +604,7 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
         return _ri.int_bmm(a, b, a_bits, b_bits, scale, out_dtype)
     lay = _int_layout(b, kind)
     a = a.detach()
-    if a.stride(2) != 1 or a.stride(0) < 0:
+    if a.stride(2) != 1 or a.stride(1) < k or a.stride(0) < m * a.stride(1):   # overlapping rows or items
         a = a.contiguous()
     flags, s32, _ = _epilogue(scale, None, n)
     mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, max(1, -(-4 * _threads() // bs)))
@@ -633,7 +633,7 @@ def binary_bmm(a, b, k, scale, out_dtype):
         return out
     panels = _binary_panels(b, k)
     a = a.detach()
-    if a.stride(2) != 1 or a.stride(0) < 0:
+    if a.stride(2) != 1 or a.stride(1) < kb or a.stride(0) < m * a.stride(1):   # overlapping rows or items
         a = a.contiguous()
     flags, s32, _ = _epilogue(scale, None, n)
     p, kw = panels.shape[1], panels.shape[2]
@@ -672,14 +672,14 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     ph, pw = int(padding[0]), int(padding[1])
     dh, dw = int(dilation[0]), int(dilation[1])
     g = int(groups)
-    _require(min(kh, kw, sh, sw, dh, dw, g, cg) >= 1 and min(ph, pw) >= 0 and c == cg * g and o % g == 0 and o > 0,
+    _require(min(kh, kw, sh, sw, dh, dw, g, cg) >= 1 and min(ph, pw) >= 0 and c == cg * g and o % g == 0,
              "int_conv2d", f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={g}")
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
     _require((scale is None or scale.numel() in (1, o)) and (bias is None or bias.numel() == o)
              and (out_dtype is not None or (scale is None and bias is None)), "int_conv2d", "bad scale/bias")
     out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
-    if n == 0:
+    if n == 0 or o == 0:
         return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
     if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)

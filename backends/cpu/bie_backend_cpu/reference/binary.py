@@ -69,7 +69,11 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     # pad AFTER taking signs: padded positions hold pad_value itself (-1, 0 or +1)
     sx = F.pad(sx, (padding[1], padding[1], padding[0], padding[0]), value=float(pad_value))
     sw = unpack_signs(w, k, torch.float64).reshape(w.shape[0], c // groups, kernel_size[0], kernel_size[1])
-    acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=groups)
+    if w.shape[0] == 0:   # no output channels (F.conv2d refuses an empty weight)
+        ho = (sx.shape[2] - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
+        wo = (sx.shape[3] - dilation[1] * (kernel_size[1] - 1) - 1) // stride[1] + 1
+        return finish(sx.new_zeros((x.shape[0], 0, ho, wo)), scale, bias, out_dtype, channel_dim=1)
+    acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=int(groups))
     return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
 
 
