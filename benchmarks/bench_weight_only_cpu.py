@@ -1,7 +1,7 @@
 """Weight-only layers on CPU: native vs reference wq_gemm time, and storage
 per weight, at LLM shapes (docs/spec.md §3).
 
-    python benchmarks/bench_weight_only_cpu.py [--quick] [--out benchmarks/results/weight_only_cpu.md]
+    python benchmarks/bench_weight_only_cpu.py [--quick] [--out benchmarks/results/weight_only_cpu_reference.md]
 
 For each (K, N) in {4096x4096, 4096x11008} and bits in {2, 3, 4, 8} (GPTQ
 format, group 128, fp16 scales) it times, with the kernel the dispatcher picks
@@ -187,7 +187,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one shape, two repetitions")
     ap.add_argument("--mbwq", action="store_true",
                     help="only print the MBWQ line (native vs reference mbwq_gemm, 4096x4096, M=1); writes nothing")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "weight_only_cpu.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "weight_only_cpu_reference.md"))
     a = ap.parse_args()
     if a.mbwq:
         print(run_mbwq())

@@ -104,6 +104,55 @@ def test_empty_batch_and_llm_slice(nw):
                 x, w64, "4096-row slice")
 
 
+def test_dot_product_kernel_llm_shapes(nw, levels):
+    """K = 4096 (several K chunks at 16 rows), M up to the bf16 kernel's limit
+    and past it, every activation dtype (bf16 as is, fp16 and fp32 split into
+    bf16 terms), every width."""
+    g = gen("dq-llm")
+    for bits in (2, 3, 4, 8):
+        qw, s, z, gidx, w64 = make_wq_case(4096, 40, bits, 128, "gptq", False, g, "cpu")
+        prepared = nw.prepare(qw, s, z, gidx)
+        for m, dtype in ((16, torch.bfloat16), (7, torch.float32), (nw.DQ_MAX_M, torch.float16),
+                         (nw.DQ_MAX_M + 1, torch.bfloat16)):
+            x = torch.randn(m, 4096, generator=g).to(dtype)
+            bias = torch.randn(40, generator=g).to(dtype)
+            y = nw.wq_gemm(x, qw, s, z, gidx, bias, bits, 128, "gptq", prepared=prepared)
+            check_close(y, x.double() @ w64 + bias.double(), dtype, 4096, x, w64, f"{bits}-bit M={m} {dtype}")
+        lay = nw._get(prepared, qw, s, z, gidx, bits, 128, 4096, "gptq")
+        if nw._dq_ok and native.status().level in ("avx512", "avx512icl"):
+            assert lay.dq is not None, "the bf16 dot-product kernel was not used"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_huge_and_non_finite_activations_match_reference(nw, levels, dtype):
+    """Rows the bf16 kernel cannot serve exactly (|x| near float max, inf,
+    NaN) come out as the reference computes them: the same finite / +-inf /
+    NaN pattern, finite values within tolerance."""
+    g = gen("nonfinite", str(dtype))
+    k, n = 256, 40
+    cases = {b: make_wq_case(k, n, b, 128, "gptq", False, g, "cpu") for b in (2, 3, 4, 8)}
+    for i, val in enumerate((3e38, -3e38, float("inf"), float("-inf"), float("nan"), 1e30, 6e4)):
+        bits = (2, 3, 4, 8)[i % 4]
+        qw, s, z, gidx, w64 = cases[bits]
+        x = torch.randn(3, k, generator=g).to(dtype)
+        x[0, 0] = val
+        x[2, 5] = -val if val == val else 1.0
+        r = rw.wq_gemm(x, qw, s, z, gidx, None, bits, 128, "gptq")
+        fin = torch.isfinite(r)
+        for lvl in levels:
+            native.set_level(lvl)
+            y = nw.wq_gemm(x, qw, s, z, gidx, None, bits, 128, "gptq")
+            what = f"{bits}-bit x[0,0]={val} {dtype} [{lvl}]"
+            for f in (torch.isfinite, torch.isnan, torch.isposinf, torch.isneginf):
+                assert torch.equal(f(y), f(r)), f"{what}: {f.__name__} differs from the reference"
+            # rows 0 and 2 took the float32 dequantize-and-multiply path: close to the reference's float32 result
+            err = (y[fin].double() - r[fin].double()).abs()
+            big = float(r[fin].double().abs().max())
+            assert bool((err <= 1e-2 * r[fin].double().abs() + 1e-3 * big).all()), f"{what}: max err {float(err.max())}"
+            check_close(y[1:2], x[1:2].double() @ w64, dtype, k, x[1:2], w64, what + " (row 1)")
+        native.set_level(None)
+
+
 def test_threads(nw):
     g = gen("threads")
     qw, s, z, gidx, w64 = make_wq_case(128, 300, 4, 32, "gba", False, g, "cpu")

@@ -19,7 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "backends" / "cpu" / "bie_backend_cpu" / "native" / "csrc"
-SOURCES = [CSRC / f for f in ("wq_entry.cpp", "wq_portable.cpp", "wq_avx2.cpp", "wq_avx512.cpp")]
+SOURCES = [CSRC / f for f in ("wq_entry.cpp", "wq_portable.cpp", "wq_avx2.cpp", "wq_avx512.cpp",
+                                   "wq_avx512bf16.cpp")]
 
 pytestmark = pytest.mark.skipif(os.environ.get("BIE_NATIVE_ASAN", "") in ("", "0"),
                                 reason="opt-in: set BIE_NATIVE_ASAN=1")

@@ -1,8 +1,10 @@
 // AddressSanitizer / UBSan harness of the weight-only kernels (wq_entry.cpp,
-// wq_portable/avx2/avx512.cpp): every buffer allocated to its exact size, odd
-// N (partial panels), M = 0 and odd M, an empty group, every width, both
-// formats; dequantization checked against a scalar decode; bad argument blocks
-// refused. Run by tests/test_cpu_native_wq_asan.py (opt-in).
+// wq_portable/avx2/avx512.cpp, wq_avx512bf16.cpp): every buffer allocated to
+// its exact size, odd N (partial panels), M = 0 and odd M, an empty group,
+// every width, both formats; dequantization checked against a scalar decode;
+// the bf16 dot-product kernel with bf16/fp16/fp32 activations (where the CPU
+// has AVX512_BF16), a huge activation left to the exact path; bad argument
+// blocks refused. Run by tests/test_cpu_native_wq_asan.py (opt-in).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,8 @@ extern "C" int bie_get_level() { return g_lvl; }
 extern "C" int bie_run_tasks(bie_range_fn fn, const void* a, int64_t n, int64_t) { return fn(a, 0, n); }
 extern "C" int bie_wq_gemm(const bie_wq_args*);
 extern "C" int bie_wq_dequant(const bie_wq_args*);
+extern "C" int bie_wqb_supported();
+extern "C" int bie_wqb_gemm(bie_wqb_args*);
 int main() {
   int bad = 0;
   for (int lvl = 0; lvl < 3; ++lvl) {
@@ -55,6 +59,34 @@ int main() {
               if (dq[r * N + n] != e) bad++;
             }
           if (M > 0 && !isfinite(out[0])) bad++;
+          if (lvl == 2 && bie_wqb_supported()) {
+            for (int xdt = 0; xdt < 3; ++xdt) {
+              const int64_t es = xdt == 2 ? 4 : 2;
+              unsigned char* xb = (unsigned char*)malloc((M ? M : 1) * Kp * es);
+              for (int64_t i = 0; i < M * Kp; ++i) {
+                if (xdt == 2) ((float*)xb)[i] = 1.f;
+                else ((uint16_t*)xb)[i] = xdt == 0 ? 0x3F80 : 0x3C00;   // 1.0 in bf16 / fp16
+              }
+              if (M > 2) {   // row 2: a value the kernel leaves to the exact path (NaN out, counted)
+                if (xdt == 2) ((float*)xb)[2 * Kp] = 1e30f;
+                else ((uint16_t*)xb)[2 * Kp] = xdt == 0 ? 0x7149 : 0x7C00;   // 1e30 in bf16, inf in fp16
+              }
+              bie_wqb_args w = {xb, xdt, M, N, Kp, P, G, bits, qw, s, c, gb.data(), bias, out, nullptr, -1};
+              if (bie_wqb_gemm(&w) != BIE_OK || w.nflag != (M > 2 ? 1 : 0)) bad++;
+              for (int64_t m = 0; m < M; ++m)
+                for (int n = 0; n < N; ++n)
+                  if ((m == 2) == (bool)isfinite(out[m * N + n])) bad++;
+              void* ox = malloc((M ? M : 1) * N * es);   // result in x's dtype only
+              bie_wqb_args wx = w; wx.out = nullptr; wx.outx = ox;
+              if (bie_wqb_gemm(&wx) != BIE_OK || wx.nflag != w.nflag) bad++;
+              for (int64_t i = 0; i < M * N && xdt == 2; ++i)
+                if (((float*)ox)[i] != out[i] && !(i / N == 2)) bad++;
+              free(ox);
+              bie_wqb_args wb = w; wb.bits = 5; if (bie_wqb_gemm(&wb) != BIE_EBADARG) bad++;
+              wb = w; wb.P = P + 1; if (bie_wqb_gemm(&wb) != BIE_EBADARG) bad++;
+              free(xb);
+            }
+          }
           bie_wq_args b = a; b.bits = 5; if (bie_wq_dequant(&b) != BIE_EBADARG) bad++;
           b = a; b.P = P + 1; if (bie_wq_dequant(&b) != BIE_EBADARG) bad++;
           std::vector<int64_t> gbad = {0, 2, 1, 3}; b = a; b.gb = gbad.data(); if (bie_wq_dequant(&b) != BIE_EBADARG) bad++;

@@ -34,7 +34,7 @@ from bie_core.native_build import link_flags
 NAME = "bie_cpu_native"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp",
-           "wq_entry.cpp", "wq_portable.cpp", "wq_avx2.cpp", "wq_avx512.cpp")
+           "wq_entry.cpp", "wq_portable.cpp", "wq_avx2.cpp", "wq_avx512.cpp", "wq_avx512bf16.cpp")
 HEADERS = ("bie_native.h", "scalar_util.h", "drivers.h", "prim_avx512.h", "wq_kernels.h")
 #: the fused binary_linear entry (a pybind11 module; kernels from the library above)
 FUSED_NAME = "bie_cpu_fused"

@@ -6,11 +6,17 @@ the input rows so that every group is a contiguous run of whole 32-row blocks
 (act-order rows sorted by group; each group padded with zero codes to a
 multiple of 32 rows), repacks the codes into panels of 16 columns
 (``(P, Kp/32, bits, 16)`` int32) and converts scales and zeros to float32
-``(P, G, 16)``. A call gathers/pads x into that row order (nothing to do for
-the usual group sizes without act-order) and then
+``(P, G, 16)`` (the code panels of each kernel are built on its first use).
+A call gathers/pads x into that row order (nothing to do for the usual group
+sizes without act-order) and then
 
-* M <= ``FUSED_MAX_M``: the fused GEMV (codes decoded in registers, float32
+* bf16/fp16 x, M <= ``DQ_MAX_M``, on a CPU with AVX512_BF16: the bf16
+  dot-product kernel (csrc/wq_avx512bf16.cpp; codes moved within their words
+  at prepare);
+* else M <= ``FUSED_MAX_M``: the fused GEMV (codes decoded in registers, float32
   accumulation, threads over column panels);
+* rows with huge or non-finite activations or results: recomputed from the
+  float32 dequantized weight (``_exact_rows``), as the reference computes them;
 * larger M, ``wq_gemm_grad_input`` and ``wq_dequantize``: native dequantization
   into a float32 (Kp, N) buffer (bit-identical to the reference's float32
   weight) and torch's matmul.
@@ -29,15 +35,26 @@ I64, VP = ctypes.c_int64, ctypes.c_void_p
 BITS = (2, 3, 4, 8)
 PW = 16
 #: activation rows up to which the fused GEMV beats dequantize + matmul (see
-#: benchmarks/results/weight_only_cpu.md)
+#: benchmarks/results/weight_only_cpu_reference.md)
 FUSED_MAX_M = 96
 
 _lib = None
 
 
+#: activation rows up to which the bf16 dot-product kernel serves wq_gemm
+#: (where the CPU has AVX512_BF16; see benchmarks/results/weight_only_cpu.md)
+DQ_MAX_M = 64
+_dq_ok = False
+
+
 def set_library(lib) -> None:
-    global _lib
+    global _lib, _dq_ok
     _lib = lib
+    lib.bie_wqb_supported.restype = ctypes.c_int
+    lib.bie_wqb_supported.argtypes = []
+    lib.bie_wqb_gemm.restype = ctypes.c_int
+    lib.bie_wqb_gemm.argtypes = [VP]
+    _dq_ok = bool(lib.bie_wqb_supported())
 
 
 class WqArgs(ctypes.Structure):
@@ -46,9 +63,18 @@ class WqArgs(ctypes.Structure):
                 ("format", I64), ("out", VP)]
 
 
+class WqbArgs(ctypes.Structure):
+    _fields_ = [("x", VP), ("xdt", I64), ("M", I64), ("N", I64), ("Kp", I64), ("P", I64), ("G", I64),
+                ("bits", I64), ("qw", VP), ("s", VP), ("c", VP), ("gb", VP), ("bias", VP), ("out", VP),
+                ("outx", VP), ("nflag", I64)]
+
+
+_XDT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
+
 class WqLayout:
     __slots__ = ("qw", "s", "z", "c", "gb", "src", "dest", "identity", "k", "kp", "n", "p", "g", "bits",
-                 "fmt")
+                 "fmt", "words", "dq", "wqb")
 
 
 def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout:
@@ -83,16 +109,19 @@ def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout
     src[dest] = order
     p = (n + PW - 1) // PW
     np_ = p * PW
-    if g_idx is None and (group_size == -1 or group_size % 32 == 0):
-        # groups end on 32-row blocks (but the last): the prepared order is the
-        # canonical one and 32 rows are `bits` whole words: only move words
-        words = F.pad(qweight.detach(), (0, np_ - n, 0, kp // 32 * bits - qweight.shape[0]))
-    else:
-        q = rw._unpack_rows(qweight.detach(), bits, k)                   # (K, N) int32 codes
+    canonical = g_idx is None and (group_size == -1 or group_size % 32 == 0)
+    qsrc = qweight.detach()
+
+    def words():
+        """the codes packed canonically in the prepared row order, (kp*bits/32, np_) int32"""
+        if canonical:
+            # groups end on 32-row blocks (but the last): the prepared order is
+            # the canonical one and 32 rows are `bits` whole words: only move words
+            return F.pad(qsrc, (0, np_ - n, 0, kp // 32 * bits - qsrc.shape[0]))
+        q = rw._unpack_rows(qsrc, bits, k)                               # (K, N) int32 codes
         codes = torch.zeros((kp, np_), dtype=torch.int32)
         codes[dest, :n] = q[order]
-        words = rw._pack_rows(codes, bits)                               # (kp*bits/32, np_)
-    qw = words.reshape(kp // 32, bits, p, PW).permute(2, 0, 1, 3).contiguous()
+        return rw._pack_rows(codes, bits)
     s = scales.detach().to(torch.float32)
     if fmt == "gptq":
         _require(zeros.dtype == torch.int32 and tuple(zeros.shape) == (g, (n * bits + 31) // 32), op,
@@ -108,11 +137,62 @@ def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout
         return F.pad(t, (0, np_ - n)).reshape(g, p, PW).permute(1, 0, 2).contiguous()
 
     lay = WqLayout()
-    lay.qw, lay.s, lay.z, lay.c, lay.gb = qw, panels(s), panels(z), panels(c), gb
+    # the code panels are built on first use (_qw: float32 kernels, _dq: bf16
+    # dot products), so a layer served by one path does not hold both copies
+    lay.qw, lay.dq, lay.wqb, lay.words = None, None, None, words
+    lay.s, lay.z, lay.c, lay.gb = panels(s), panels(z), panels(c), gb
     lay.src, lay.dest = src, dest_of_k
     lay.identity = bool(torch.equal(src[:k], torch.arange(k)))
     lay.k, lay.kp, lay.n, lay.p, lay.g, lay.bits, lay.fmt = k, kp, n, p, g, bits, fmt
     return lay
+
+
+def _qw(lay: WqLayout) -> torch.Tensor:
+    """code panels of the float32 kernels (layout in csrc/wq_kernels.h)"""
+    if lay.qw is None:
+        lay.qw = lay.words().reshape(lay.kp // 32, lay.bits, lay.p, PW).permute(2, 0, 1, 3).contiguous()
+    return lay.qw
+
+
+#: canonical field t of a word -> its field in the dot-product layout: the two
+#: rows of a pair 16 bits apart (4-bit: 8 nibbles; 8-bit: the low and high
+#: nibbles of 4 bytes, the same map; 2-bit: 16 fields)
+_NIBBLE_POS = [t // 2 + (t % 2) * 4 for t in range(8)]
+_CRUMB_POS = [t // 2 + (t % 2) * 8 for t in range(16)]
+
+
+def _remap_fields(u: torch.Tensor, width: int, pos) -> torch.Tensor:
+    mask = (1 << width) - 1
+    out = torch.zeros_like(u)
+    for t, d in enumerate(pos):
+        out |= ((u >> (width * t)) & mask) << (width * d)
+    return out
+
+
+def _dq(lay: WqLayout):
+    """code panels of the bf16 dot-product kernel (layout in
+    csrc/wq_avx512bf16.cpp): same row order and panels as the float32 one,
+    fields moved within each 32-row block"""
+    if lay.dq is None:
+        bits, kb = lay.bits, lay.kp // 32
+        u = lay.words().to(torch.int64) & 0xFFFFFFFF                     # (kb*bits, np_)
+        if bits in (4, 8):
+            u = _remap_fields(u, 4, _NIBBLE_POS)
+        elif bits == 2:
+            u = _remap_fields(u, 2, _CRUMB_POS)
+        else:
+            q = rw._unpack_rows(lay.words(), 3, lay.kp).to(torch.int64).view(kb, 16, 2, -1)  # (kb, pair, row, col)
+            lo, hi = q & 3, q >> 2
+            sh = torch.arange(8, dtype=torch.int64).view(1, 8, 1)
+            a = ((lo[:, :8, 0] << (2 * sh)) | (lo[:, :8, 1] << (16 + 2 * sh))).sum(1)
+            b = ((lo[:, 8:, 0] << (2 * sh)) | (lo[:, 8:, 1] << (16 + 2 * sh))).sum(1)
+            sh = torch.arange(16, dtype=torch.int64).view(1, 16, 1)
+            c = ((hi[:, :, 0] << sh) | (hi[:, :, 1] << (16 + sh))).sum(1)
+            u = torch.stack([a, b, c], 1).reshape(kb * 3, -1)
+        u = torch.where(u >= 1 << 31, u - (1 << 32), u).to(torch.int32)
+        qw = u.reshape(kb, bits, lay.p, PW).permute(2, 0, 1, 3).contiguous()
+        lay.dq = qw
+    return lay.dq
 
 
 def prepare(*weights) -> Prepared:
@@ -126,7 +206,7 @@ def _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> W
 
 def _args(lay: WqLayout, out: torch.Tensor, x=None, m=0, bias=None) -> WqArgs:
     return WqArgs(None if x is None else x.data_ptr(), m, lay.n, lay.kp, lay.p, lay.g, lay.bits,
-                  lay.qw.data_ptr(), lay.s.data_ptr(), lay.z.data_ptr(), lay.c.data_ptr(), lay.gb.data_ptr(),
+                  _qw(lay).data_ptr(), lay.s.data_ptr(), lay.z.data_ptr(), lay.c.data_ptr(), lay.gb.data_ptr(),
                   None, None if bias is None else bias.data_ptr(), 0 if lay.fmt == "gptq" else 1, out.data_ptr())
 
 
@@ -141,7 +221,7 @@ def _dequant_prepared(lay: WqLayout, p0: int = 0, p1=None, out=None) -> torch.Te
              "wq_dequantize", "bad output buffer")
     kb, g = lay.kp // 32, lay.g
     args = WqArgs(None, 0, ncols, lay.kp, p1 - p0, g, lay.bits,
-                  lay.qw.data_ptr() + p0 * kb * lay.bits * PW * 4, lay.s.data_ptr() + p0 * g * PW * 4,
+                  _qw(lay).data_ptr() + p0 * kb * lay.bits * PW * 4, lay.s.data_ptr() + p0 * g * PW * 4,
                   lay.z.data_ptr() + p0 * g * PW * 4, lay.c.data_ptr() + p0 * g * PW * 4, lay.gb.data_ptr(),
                   None, None, 0 if lay.fmt == "gptq" else 1, out.data_ptr())
     _check(_lib.bie_wq_dequant(ctypes.byref(args)), "wq_dequantize")
@@ -177,26 +257,32 @@ def _x_prepared(x: torch.Tensor, lay: WqLayout) -> torch.Tensor:
 
 def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     op = "wq_gemm"
-    _cpu(op, x, bias)
-    _require(x.dim() == 2 and x.dtype in (torch.float32, torch.float16, torch.bfloat16), op,
-             f"x must be a 2-D float tensor, got {x.dtype} {tuple(x.shape)}")
+    # checks first without building their messages (this runs on every forward)
+    if x.device.type != "cpu" or (bias is not None and bias.device.type != "cpu"):
+        _cpu(op, x, bias)
+    if not (x.dim() == 2 and x.dtype in _XDT):
+        _require(False, op, f"x must be a 2-D float tensor, got {x.dtype} {tuple(x.shape)}")
     k, m = x.shape[1], x.shape[0]
     lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
     b32 = None
     if bias is not None:
-        _require(bias.dim() == 1 and bias.shape[0] == lay.n, op, f"bias must have shape ({lay.n},)")
+        if not (bias.dim() == 1 and bias.shape[0] == lay.n):
+            _require(False, op, f"bias must have shape ({lay.n},)")
         b32 = bias.detach().to(torch.float32).contiguous()
     if m == 0:
         return torch.empty((0, lay.n), dtype=x.dtype)
+    # float32 activations stay on the float32 kernel: a row's result then does
+    # not depend on the batch it comes in (the bf16 kernel's row blocks sum in
+    # different orders, within rounding of its 128-offset sums)
+    if _dq_ok and m <= DQ_MAX_M and x.dtype is not torch.float32 and _lib.bie_wqb_supported():
+        return _gemm_dq(x, lay, b32)
     xp = _x_prepared(x, lay)
     if m <= FUSED_MAX_M:
         out = torch.empty((m, lay.n), dtype=torch.float32)
         args = _args(lay, out, xp, m, b32)
         _check(_lib.bie_wq_gemm(ctypes.byref(args)), op)
         if not bool(torch.isfinite(out).all()):
-            # the fused kernel factors each group's zero point out of its sum; near the float32 range that
-            # sum overflows where the direct product does not: such calls take the reference's order
-            return rw.wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format)
+            _exact_rows(out, xp, lay, b32, (~torch.isfinite(out).all(1)).nonzero().flatten())
     else:
         out = torch.empty((m, lay.n), dtype=torch.float32)
         for c0, c1, w in _slabs(lay):
@@ -209,15 +295,25 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
 def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     """``wq_gemm`` for one call signature (the dispatcher's ``bind``): the
     layout looked up and the native argument block filled once, so a call only
-    sets the input, bias and output addresses. The fused-GEMV sizes only
-    (larger M is dominated by its matmul); None elsewhere."""
+    sets the input, bias and output addresses (the bf16 dot-product kernel:
+    the layout bound, its argument block packed once). The fused-GEMV sizes
+    only (larger M is dominated by its matmul); None elsewhere."""
     m, k = x.shape
-    if m == 0 or m > FUSED_MAX_M or x.device.type != "cpu":
+    if m == 0 or m > FUSED_MAX_M or x.device.type != "cpu" or x.dtype not in _XDT:
         return None
     lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
     if bias is not None and not (bias.dim() == 1 and bias.shape[0] == lay.n):
         return None   # the unbound kernel raises its error
     n, f32, xdt = lay.n, torch.float32, x.dtype
+    if _dq_ok and m <= DQ_MAX_M and xdt is not f32:
+        def call_dq(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
+            if not _lib.bie_wqb_supported():   # the ISA level was lowered since the bind
+                return wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared)
+            b32 = None
+            if bias is not None:
+                b32 = bias if bias.dtype == f32 and bias.is_contiguous() else bias.detach().to(f32).contiguous()
+            return _gemm_dq(x, lay, b32)
+        return call_dq
     template = _args(lay, torch.empty(0), None, m, None)
     direct = xdt == f32 and lay.identity and lay.kp == lay.k   # x is used as it is (contiguous)
     run, copy, byref, check = _lib.bie_wq_gemm, WqArgs.from_buffer_copy, ctypes.byref, _check
@@ -227,12 +323,56 @@ def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, forma
         out = torch.empty((m, n), dtype=f32)
         a = copy(template)   # one argument block per call: calls may run in several threads
         a.x, a.out = xp.data_ptr(), out.data_ptr()
+        b32 = None
         if bias is not None:
             b32 = bias if bias.dtype == f32 and bias.is_contiguous() else bias.detach().to(f32).contiguous()
             a.bias = b32.data_ptr()
         check(run(byref(a)), "wq_gemm")
+        if not bool(torch.isfinite(out).all()):
+            _exact_rows(out, xp, lay, b32, (~torch.isfinite(out).all(1)).nonzero().flatten())
         return out if xdt == f32 else out.to(xdt)
     return call
+
+
+def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:
+    """bf16 dot-product kernel, result written in x's dtype; rows it leaves
+    (huge or non-finite x or result: NaN there) are computed by _exact_rows"""
+    m = x.shape[0]
+    if lay.identity and lay.kp == lay.k:
+        xp = x.detach().contiguous()
+    elif lay.identity:
+        xp = F.pad(x.detach(), (0, lay.kp - lay.k)).contiguous()
+    else:
+        xp = F.pad(x.detach(), (0, 1)).index_select(1, lay.src).contiguous()
+    if lay.wqb is None:   # the fields fixed by the layout, packed once; each call fills a copy
+        lay.wqb = bytes(WqbArgs(None, 0, 0, lay.n, lay.kp, lay.p, lay.g, lay.bits, _dq(lay).data_ptr(),
+                                lay.s.data_ptr(), lay.c.data_ptr(), lay.gb.data_ptr(), None, None, None, 0))
+    args = WqbArgs.from_buffer_copy(lay.wqb)
+    y = torch.empty((m, lay.n), dtype=x.dtype)
+    args.x, args.xdt, args.M = xp.data_ptr(), _XDT[x.dtype], m
+    args.bias, args.outx = None if b32 is None else b32.data_ptr(), y.data_ptr()
+    _check(_lib.bie_wqb_gemm(ctypes.byref(args)), "wq_gemm")
+    if args.nflag:
+        rows = y[:, 0].isnan().nonzero().flatten()
+        part = torch.empty((rows.numel(), lay.n), dtype=torch.float32)
+        _exact_rows(part, xp.index_select(0, rows), lay, b32, None)
+        y[rows] = part.to(y.dtype)
+    return y
+
+
+def _exact_rows(out, xp, lay: WqLayout, b32, rows) -> None:
+    """out[rows] = xp[rows] @ W (+ bias) (all rows if rows is None) from the
+    float32 dequantized weight, as the reference computes it: for rows where
+    the fused kernels' per-group factoring (s * sum(x*q) + c * sum(x))
+    overflows although the reference's products do not"""
+    xf = (xp if rows is None else xp.index_select(0, rows)).to(torch.float32)
+    part = out if rows is None else torch.empty((rows.numel(), lay.n), dtype=torch.float32)
+    for c0, c1, w in _slabs(lay):
+        part[:, c0:c1] = xf @ w
+    if b32 is not None:
+        part += b32
+    if rows is not None:
+        out[rows] = part
 
 
 def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dtype, prepared=None):

@@ -172,6 +172,21 @@ typedef struct {
   float* out;          // gemm: (M, N) float32; dequant: (Kp, N) float32
 } bie_wq_args;
 
+// weight-only GEMM with bf16 dot products (wq_avx512bf16.cpp; layout there)
+typedef struct {
+  const void* x;       // (M, Kp) activations in the prepared row order, dtype xdt
+  int64_t xdt;         // 0 bfloat16, 1 float16, 2 float32
+  int64_t M, N, Kp, P, G, bits;
+  const int32_t* qw;   // (P, Kp/32, bits, 16) code words, dot-product layout
+  const float* s;      // (P, G, 16) scales
+  const float* c;      // (P, G, 16) -s*z (gptq) or -z (gba)
+  const int64_t* gb;   // G+1 block offsets: group g is blocks gb[g] .. gb[g+1]-1
+  const float* bias;   // N float32 values or null
+  float* out;          // (M, N) float32 result, or null (then only outx is written)
+  void* outx;          // (M, N) result in the activations' dtype, or null
+  int64_t nflag;       // written: rows left for the exact path (their outputs are NaN)
+} bie_wqb_args;
+
 // per-ISA range functions: process tasks [t0, t1); return 0 or an error code
 typedef int (*bie_range_fn)(const void* args, int64_t t0, int64_t t1);
 
