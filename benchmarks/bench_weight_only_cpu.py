@@ -24,7 +24,6 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import time
 
 import torch
@@ -32,6 +31,7 @@ import torch
 import bie_core
 from bie_core import MPQLinear, ops
 from bie_core.ops.weight_only import packed_rows
+from bench_env import cpu_model, git_commit
 
 SHAPES = [(4096, 4096), (4096, 11008)]
 BITS = [2, 3, 4, 8]
@@ -64,25 +64,6 @@ def _time(fn, reps: int) -> float:
     return statistics.median(ts)
 
 
-def _commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-    except Exception:
-        return "unknown"
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def run(quick: bool) -> str:
     from bie_backend_cpu import native
     from bie_backend_cpu.reference import weight_only as rw
@@ -113,8 +94,8 @@ def run(quick: bool) -> str:
         "# Weight-only layers on CPU: native kernels vs the reference",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- commit: {_commit()}",
-        f"- machine: {_cpu()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"- commit: {git_commit()}",
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), Python {platform.python_version()}, {platform.system()}",
         f"- load average at start: {', '.join(f'{v:.1f}' for v in os.getloadavg())} (a shared machine reads slower)",
         f"- kernel the dispatcher picks: `{kernel}` (native ISA level: {st.level or st.state}); "
@@ -177,7 +158,7 @@ def run_mbwq(k: int = 4096, n: int = 4096) -> str:
     return (f"MBWQ {k}x{n}, groups of 32 rows (bits:groups {mix}; {m.bits_per_weight(include_bias=False):.3f} "
             f"bits/weight), random q_perm, channel_scale, fp16, M=1: `{kernel}` {t_nat * 1e3:.2f} ms, reference "
             f"{t_ref * 1e3:.0f} ms ({t_ref / t_nat:.0f}x; same run, median of 15 / 3; first call incl. prepare "
-            f"{t_prep * 1e3:.0f} ms); commit {_commit()}, "
+            f"{t_prep * 1e3:.0f} ms); commit {git_commit()}, "
             f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
             f"load {os.getloadavg()[0]:.1f}")
 
