@@ -10,7 +10,9 @@ Precedence, most specific first (docs/spec.md §1):
 
 Levels 1–4 are *explicit*: only the named backends are considered, in the
 given order, and if none can serve the call a :class:`NoKernelError` lists
-every kernel considered with all its reasons. Automatic selection may fall
+every kernel considered with all its reasons. A name may also be one kernel,
+``backend:kernel`` (``"cuda:wq_gemm_thin"``): then only that kernel serves
+the op it implements, wherever its capability accepts the call. Automatic selection may fall
 back to a slower kernel but warns once per (op, reason); ``BIE_STRICT=1``
 turns that fallback into an error.
 
@@ -36,6 +38,7 @@ import torch
 
 from .errors import BackendUnavailableError, BieFallbackWarning, NoKernelError, UnknownBackendError
 from .kernels import ANY_DEVICE, Kernel, Problem
+from .optable import get_op
 from .plugins.registry import LOADED, get_registry
 
 _REG = get_registry()
@@ -131,7 +134,8 @@ def validate_choice(spec: Union[str, Sequence[str], None], source: str = "backen
     names = pref[0]
     problems = []           # (exception, its cause, one-line reason) for every unusable entry
     unknown = []
-    for name in names:
+    for qualname in names:
+        name, _, kernel = qualname.partition(":")   # "cuda" or one kernel: "cuda:wq_gemm_thin"
         rec = _REG.record(name)
         if rec is None:
             unknown.append(name)
@@ -149,6 +153,10 @@ def validate_choice(spec: Union[str, Sequence[str], None], source: str = "backen
             if rec.traceback:
                 msg += "\n--- original error ---\n" + rec.traceback
             problems.append((BackendUnavailableError(msg), rec.exception, f"{name}: {reason}"))
+        elif kernel and not any(k.name == kernel for k in rec.kernels):
+            problems.append((UnknownBackendError(
+                f"{source}: backend {name!r} has no kernel named {kernel!r}; its kernels: "
+                f"{sorted({k.name for k in rec.kernels})}"), None, f"{qualname}: no such kernel"))
     if len(names) == 1 and problems:
         err, cause, _ = problems[0]
         raise err from cause
@@ -365,7 +373,8 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
     names, source = pref
     rej, causes, missing = [], [], []
     chosen, also_ok = None, []
-    for name in names:
+    for qualname in names:
+        name, _, kernel = qualname.partition(":")   # a backend, or one kernel of it
         rec = _REG.record(name)
         if rec is None:
             rej.append(Rejection(f"backend {name}", None,
@@ -376,9 +385,10 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
             if rec.exception is not None:
                 causes.append(rec.exception)
             continue
-        own = [k for k in kernels if k.backend == name]
+        own = [k for k in kernels if k.backend == name and (not kernel or k.name == kernel)]
         if not own:
-            rej.append(Rejection(f"backend {name}", None, [f"has no kernel for op {op.name}"]))
+            rej.append(Rejection(f"backend {name}", None, [f"has no kernel {kernel + ' ' if kernel else ''}"
+                                                            f"for op {op.name}"]))
             missing.append(name)
         for k in own:
             r = k.reasons(problem)
@@ -454,7 +464,8 @@ class _PreparedCache:
         self._lock = threading.Lock()
 
     def get(self, kernel: Kernel, weights: tuple, static: dict | None = None):
-        key = (id(kernel),) + tuple(id(w) for w in weights)
+        # keyed by the prepare function: the kernels of one backend that prepare alike share one layout memo
+        key = (kernel.prepare,) + tuple(id(w) for w in weights)
         if static:
             key += tuple(sorted((k, _hashable(v)) for k, v in static.items()))
         state = tuple(_tensor_state(w) for w in weights)
@@ -746,7 +757,6 @@ def resolve(op, *args, backend: str = "") -> Resolved:
     be resolved again). Validation, precedence, strictness and fallback
     warnings are exactly those of a dispatched call."""
     if isinstance(op, str):
-        from .ops._opdef import get_op
         op = get_op(op)
     return op._route.resolve(args, backend or "")
 

@@ -145,7 +145,7 @@ def binary_bmm_simt(a, b, k, scale, out_dtype):
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
     """pack_signs(x + shift) then the tensor-core GEMM; scale = float32(sa) * float32(sw)
     (the same float32 product as the reference, so results are bit-exact)."""
-    from bie_core.ops.binary import linear_scale
+    from bie_core.backend_api import linear_scale
     xs = x if shift is None else x + shift.to(x.dtype)
     return binary_gemm(pack_signs(xs), w, k, linear_scale(act_scale, w_scale), bias, out_dtype, prepared=prepared)
 
@@ -166,7 +166,7 @@ def conv_weight(w: torch.Tensor, c: int, kh: int, kw: int):
     """The direct conv kernel's weight layout from the canonical packed OIHW weight w (O, ceil(C*kh*kw/8)):
     (words (O, KWP) int32: K in (tap, channel word) order, bit b of word (t, cw) = channel 32*cw + b, 0 past C
     and past the kh*kw*ceil(C/32) words; popc (O,) int32; per-tap popc (O, kh*kw) int32). Device ops only."""
-    from bie_core.ops.binary import conv_weight_tap_bits
+    from bie_core.backend_api import conv_weight_tap_bits
     o = w.shape[0]
     kwords = kh * kw * -(-c // 32)
     kwp = -(-kwords // 8) * 8

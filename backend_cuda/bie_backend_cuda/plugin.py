@@ -5,26 +5,20 @@ first time a kernel runs (or by ``bie build cuda``).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from bie_core import Capability, hookimpl
+from bie_core.backend_api import FLOAT_DTYPES as FLOATS
+from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
+from bie_core.backend_api import Capability, conv_out_size, has_op, hookimpl
 
 from . import _build, binary, weight_only
 
 PRIORITY = 100
 SIMT_PRIORITY = 90
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-PACKABLE = FLOATS + (torch.int8,)
 SM80 = ((8, 0), None)
-
-
-def _has_op(name: str) -> bool:
-    from bie_core.ops import get_op
-    try:
-        get_op(name)
-        return True
-    except KeyError:
-        return False
+SM90 = ((9, 0), (9, 0))
 
 
 def _wq_check(p):
@@ -49,7 +43,6 @@ def _conv_check(p):
     cw = -(-c // 32)
     if kh * kw * cw > CONV_MAX_KWORDS:
         return f"K of {kh * kw * cw} words of 32 channels > {CONV_MAX_KWORDS}"
-    from bie_core.ops.binary import conv_out_size
     st, pd, dl = p.attrs["stride"], p.attrs["padding"], p.attrs["dilation"]
     ho, wo = conv_out_size(h, kh, st[0], pd[0], dl[0]), conv_out_size(w, kw, st[1], pd[1], dl[1])
     hp, wp = h + 2 * pd[0], w + 2 * pd[1]
@@ -76,7 +69,7 @@ def bie_register_kernels(registry):
     registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
                       capability=Capability(devices=cuda, dtypes=FLOATS),
                       description="SIMT XOR+popcount for GPUs without 1-bit MMA")
-    if _has_op("binary_linear"):
+    if has_op("binary_linear"):
         registry.register("binary_linear", binary.binary_linear, priority=PRIORITY, name="binary_linear_tc",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
                           prepare=binary.prepare_weight,
@@ -99,14 +92,7 @@ def bie_register_kernels(registry):
                       name="sign_embedding_bag", capability=Capability(devices=cuda, dtypes=FLOATS))
     wq_cap = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                         attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
-    registry.register("wq_gemm", weight_only.wq_gemm, priority=PRIORITY, name="wq_gemm",
-                      capability=wq_cap, prepare=weight_only.prepare,
-                      description="M <= 16 (2/4-bit codes; 8-bit to 4 rows): thin GEMV (weights as the MMA A "
-                                  "operand, a cp.async ring per warp, x staged per block or per K slice); M <= 8: "
-                                  "skinny kernel; sm_90, 9-256 rows: wgmma with the codes dequantized in registers "
-                                  "(4-bit codes at 129-4096 rows: its pipelined many-row variant); "
-                                  "M <= 64: fp16/bf16 tensor-core GEMM on fragment-ordered codes; split-K with "
-                                  "deterministic reductions; dequantize + cuBLAS above")
+    _register_wq_gemm(registry, wq_cap)
     registry.register("wq_gemm_grad_input", weight_only.wq_gemm_grad_input, priority=PRIORITY,
                       name="wq_gemm_grad_input", capability=wq_cap, prepare=weight_only.prepare,
                       description="dequantize (fused kernel) + cuBLAS")
@@ -125,9 +111,60 @@ def bie_register_kernels(registry):
                                       "(torch.compile) scale/zero-point/bias epilogue")
 
 
+#: The wq_gemm kernels, highest priority first. Automatic selection takes the first that accepts the call and does
+#: not defer it (its ``defer`` names where another kernel was measured faster); ``backend="cuda:<name>"`` runs one
+#: of them wherever its capability accepts the call.
+WQ_GEMM_KERNELS = (
+    ("wq_gemm_thin", weight_only.wq_gemm_thin,
+     dict(max_dims={"M": weight_only.THIN_MAX_M}, check=weight_only.check_thin,
+          defer=weight_only.thin_faster_elsewhere),
+     "thin GEMV: weights as the MMA A operand, a cp.async ring per warp, x staged per block or per K slice; "
+     "up to 16 rows, K % 8 == 0, groups of 32 or more, 16-bit statistics"),
+    ("wq_gemm_wgmma_rows", weight_only.wq_gemm_wgmma_rows,
+     dict(attrs={"bits": (3, 4)}, compute_capability=SM90, check=weight_only.check_wgmma_rows,
+          defer=weight_only.wgmma_rows_faster_elsewhere),
+     "Hopper pipelined many-row wgmma: 256x128 tiles, a producer warpgroup issuing TMA copies, register-A wgmmas "
+     "three deep, the last partial wave split in K; 3/4-bit codes, groups of 32 or more, 16-bit statistics"),
+    ("wq_gemm_wgmma", weight_only.wq_gemm_wgmma,
+     dict(compute_capability=SM90, check=weight_only.check_wgmma, defer=weight_only.wgmma_faster_elsewhere),
+     "Hopper wgmma with the codes dequantized in registers into the A operand, 16-128 rows a block; "
+     "K % 8 == 0, 16-bit statistics"),
+    ("wq_gemm_dense", weight_only.wq_gemm_dense,
+     dict(defer=weight_only.dense_faster_elsewhere),
+     "dequantize (one fused pass) + cuBLAS"),
+    ("wq_gemm_skinny", weight_only.wq_gemm_skinny,
+     dict(max_dims={"M": weight_only.SKINNY_MAX_M}, check=weight_only.check_skinny,
+          defer=weight_only.skinny_faster_elsewhere),
+     "skinny memory-bound kernel: A-fragment ordered codes, 16-bit statistics, up to 16 rows"),
+    ("wq_gemm_mma", weight_only.wq_gemm_mma, {},
+     "fp16/bf16 tensor-core GEMM on fragment-ordered codes, split-K with deterministic reductions; any M"),
+)
+
+
+def _register_wq_gemm(registry, wq_cap: Capability) -> None:
+    """One registration per kernel: each narrows the op's common capability (devices, dtypes, bits, group sizes)."""
+    n = len(WQ_GEMM_KERNELS)
+    for i, (name, fn, narrow, description) in enumerate(WQ_GEMM_KERNELS):
+        cap = wq_cap
+        for field, value in narrow.items():
+            if field == "check":
+                value = _both(wq_cap.check, value)
+            elif field == "attrs":
+                value = {**wq_cap.attrs, **value}
+            cap = dataclasses.replace(cap, **{field: value})
+        registry.register("wq_gemm", fn, priority=PRIORITY + n - i, name=name, capability=cap,
+                          prepare=weight_only.prepare, description=description)
+
+
+def _both(first, second):
+    def check(p):
+        return first(p) or second(p)
+    return check
+
+
 @hookimpl
 def bie_build(verbose):
-    path = _build.load(verbose=bool(verbose))
+    path = _build.load(verbose=bool(verbose), force=not _build.is_built())
     return f"CUDA kernels ready: {path}"
 
 

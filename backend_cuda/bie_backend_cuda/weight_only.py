@@ -1,7 +1,7 @@
 """Weight-only (GPTQ / GBA) ops on CUDA tensors.
 
 ``prepare`` (called by the dispatcher once per weight version) returns a
-:class:`WqPrepared` holder; the repacked layout depends on the call's
+layout memo; the repacked layout depends on the call's
 ``bits``, ``group_size``, ``K``, format and compute dtype, which ``prepare``
 does not see, so it is built on the first call with a given configuration
 and kept in the holder (never in ``state_dict``). Building it runs device ops
@@ -19,12 +19,10 @@ from typing import Optional
 
 import torch
 
+from bie_core.backend_api import LayoutMemo
+
 from . import _build
 
-#: Above this many rows, dequantize into a temporary and use cuBLAS. (The whole weight at once: dequantizing column
-#: chunks that stay in L2, each multiplied into its columns of y, measured slower at every chunk size on the H100,
-#: benchmarks/lab/l2_chunks.py and results/cuda_h100_thin.md, session 10.)
-LARGE_M = 64
 _J = {2: 8, 4: 4, 8: 2}
 _KERNEL_BITS = {1: 2, 2: 2, 3: 4, 4: 4, 8: 8}
 
@@ -43,25 +41,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype is torch.bfloat16 else torch.float16
 
 
-class WqPrepared:
-    """Per weight version: repacked layouts keyed by (bits, group_size, K, format, compute dtype)."""
-
-    def __init__(self):
-        self.layouts: dict = {}
-        self.lock = threading.Lock()
-
-    def get(self, key, build):
-        lay = self.layouts.get(key)
-        if lay is None:
-            with self.lock:
-                lay = self.layouts.get(key)
-                if lay is None:
-                    lay = self.layouts[key] = build()
-        return lay
-
-
 def prepare(qweight, scales, zeros, g_idx):
-    return WqPrepared()
+    """Per weight version: a memo of repacked layouts keyed by (bits, group_size, K, format, compute dtype),
+    shared by every wq kernel of this backend (they prepare with this one function)."""
+    return LayoutMemo()
 
 
 @dataclass
@@ -168,14 +151,6 @@ def _repack_a(codes: torch.Tensor, kbits: int, kp: int, np_: int, inter: bool = 
     return words.reshape(-1)
 
 
-def skinny_ok(scales, zeros, fmt) -> bool:
-    """The skinny kernel keeps statistics as 16-bit floats: served when that is exact (fp16/bf16 scales, and GBA
-    zeros of the same dtype; GPTQ integer zeros are exact in either)."""
-    if scales.dtype not in (torch.float16, torch.bfloat16):
-        return False
-    return fmt == "gptq" or zeros.dtype == scales.dtype
-
-
 def _sort_codes(qweight, scales, g_idx, bits, group_size, k):
     """Codes (K, N) in kernel row order and the row permutation, or (codes, None, False) when act-order groups
     are not uniform once sorted (then the generic path serves)."""
@@ -272,9 +247,9 @@ def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, d
             inter=None) -> Layout:
     cd = compute_dtype(dtype)
     if prepared is None:
-        prepared = WqPrepared()
+        prepared = LayoutMemo()
     if skinny:   # the codes do not depend on the compute dtype; the layout keeps it for the generic path only
-        inter = INTERLEAVE if inter is None else inter
+        inter = True if inter is None else inter   # interleaved: a block's 8 warps stream one 4 KiB run a step
         return prepared.get(("skinny", bits, group_size, k, fmt, inter),
                             lambda: build_layout_skinny(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cd,
                                                         inter))
@@ -314,35 +289,6 @@ def _stw(lay: Layout) -> torch.Tensor:
     return t
 
 
-_capabilities: dict = {}
-
-
-def _capability(device) -> tuple:
-    """(major, minor) of a CUDA device, queried once per device."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    v = _capabilities.get(idx)
-    if v is None:
-        v = _capabilities[idx] = torch.cuda.get_device_capability(idx)
-    return v
-
-
-def _is_hopper(device) -> bool:
-    return _capability(device)[0] == 9
-
-
-def wqw_ok(x, scales, zeros, fmt, k) -> bool:
-    """The Hopper wgmma kernel serves this call: sm_90, 16-bit statistics (as the skinny kernel), K % 8 == 0."""
-    return WQW_MIN_M > 0 and k % 8 == 0 and skinny_ok(scales, zeros, fmt) and _is_hopper(x.device)
-
-
-def thin_ok(x, scales, zeros, fmt, bits, group_size, k) -> bool:
-    """The thin GEMV kernel serves this call: 2/4/8-bit kernel codes (1-4 and 8 bits), groups of at least 32 or
-    per-channel, K % 8 == 0, 16-bit statistics (as the skinny kernel), sm_80 or newer (ldmatrix, bf16 mma)."""
-    if _KERNEL_BITS.get(bits) not in (2, 4, 8) or k % 8 or not (group_size == -1 or group_size >= 32):
-        return False
-    return skinny_ok(scales, zeros, fmt) and _capability(x.device)[0] >= 8
-
-
 def _x_aligned(x, lay: Layout) -> torch.Tensor:
     """x in the layout's row order and compute dtype, contiguous and 16-byte aligned (the thin and wgmma kernels
     copy it in 16-byte pieces)."""
@@ -366,87 +312,140 @@ def _dense(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, lay=N
     return _dequant(lay, original_order=True).to(dtype)
 
 
-#: launch tuning of the small-M kernels (see csrc/bie_cuda.cpp wq_gemm / wqv_gemm); 0 = defaults
-TUNE = 0
-TUNE_SKINNY = 0
-#: rows served by the skinny (memory-bound) kernel; 0 turns it off (benchmarks compare). It serves up to 16
-#: rows, but above 8 the general small-M kernel was faster on the H100 (benchmarks/results/cuda_h100.md).
-SKINNY_M = 8
-#: rows served by the thin GEMV kernel (csrc/wq_thin.cu, "wqt": 2/4/8-bit kernel codes, groups >= 32 or
-#: per-channel, K % 8 == 0, sm_80+): up to THIN_M rows on layers of at most THIN_SMALL_LAYER weights, up to THIN_M_BIG on
-#: larger ones; 0 turns it off (benchmarks compare; with THIN_M_LOWBIT = 0 below for 2/4-bit codes). Measured on the H100 (benchmarks/results/cuda_h100_thin.md): faster than the wqv
-#: and wgmma kernels on 4096x4096 up to 4 rows (the wgmma kernel is faster from 8), and than the skinny kernel on the
-#: big layers at 1 row and at 2-4 rows when x can be staged per block (slower there from 8 rows).
-THIN_M = 4
-THIN_M_BIG = 4
-THIN_SMALL_LAYER = 1 << 26
-#: on big layers, several rows go to the thin kernel only up to this K (H100, session 8: M=2 on 8192x28672 thin 52.1 us,
-#: skinny 50.0; on 28672x8192 thin 44.9 against 51.6)
+# ------------------------------------------------------------------ where each kernel is fastest
+# Each kernel below is registered on its own (plugin.py). Its Capability says what it computes correctly; its
+# ``defer`` (the functions *_faster_elsewhere) says where automatic selection leaves the call to the next kernel
+# because that one was measured faster. The ranges were measured on the H100; the figures are on the results page
+# benchmarks/results/cuda_h100.md.
+
+#: Above this many rows, dequantize into a temporary and use cuBLAS (the whole weight at once: dequantizing column
+#: chunks that stay in L2 measured slower at every chunk size).
+DENSE_MIN_M = 65
+#: The skinny kernel computes up to 16 rows; above 8 the small-M tensor-core kernel is faster.
+SKINNY_MAX_M = 16
+SKINNY_FAST_M = 8
+#: The thin GEMV computes up to 16 rows. It is the fastest kernel at up to THIN_FAST_M rows on layers of at most
+#: SMALL_LAYER weights (the wgmma kernel is faster from 8 rows there); on larger layers at 1 row, and at 2-4 rows
+#: when x can be staged whole per block and K is at most THIN_ROWS_MAX_K (with per-stage copies of several rows,
+#: or a longer K, the skinny kernel is faster).
+THIN_MAX_M = 16
+THIN_FAST_M = 4
+SMALL_LAYER = 1 << 26
 THIN_ROWS_MAX_K = 16384
-#: 2- and 4-bit codes (1 and 3 bits through their layouts): THIN_LOWBIT_MIN_M .. THIN_M_LOWBIT rows on any layer
-#: (besides the rows above), x staged whole or in K slices (csrc/wq_thin.cu). H100, session 17
-#: (benchmarks/results/cuda_h100_thin.md): W4 g128 at 5-16 rows 1.1-1.3x faster than the skinny / wgmma kernels on
-#: 4096x4096, 28672x8192 and 8192x28672, at 3-4 rows on 8192x28672 1.05x; 2 rows there stay on the skinny kernel
-#: (50.1 against 52.5 us); 8-bit codes were level at 16 rows and keep the rules above
-THIN_M_LOWBIT = 16
-THIN_LOWBIT_MIN_M = 3
+#: 2- and 4-bit codes (1 and 3 bits through their layouts): the thin GEMV with x staged whole or in K slices is also
+#: fastest at THIN_LOWBIT_M rows on any layer (2 rows of big layers stay on the skinny kernel; 8-bit codes were
+#: level at 16 rows and keep the rules above).
+THIN_LOWBIT_M = (3, 16)
+#: Rows the Hopper register-A wgmma kernel is fastest at: from WGMMA_MIN_M rows (WGMMA_SMALL_MIN_M on layers of at
+#: most SMALL_LAYER weights, WGMMA_MIN_M_8BIT for 8-bit codes) to WGMMA_MAX_M; it computes any row count.
+WGMMA_MIN_M = 9
+WGMMA_SMALL_MIN_M = 5
+WGMMA_MIN_M_8BIT = 17
+WGMMA_MAX_M = 256
+#: Rows the pipelined many-row wgmma kernel (4-bit codes, groups of 32 or more or per channel) is fastest at; it
+#: never materialises the dense weight, unlike dequantize + cuBLAS, so it serves up to 4096 rows.
+WGMMA_ROWS_M = (129, 4096)
+#: the many-row kernel's tile code (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
+WGMMA_ROWS_NTOK = 256
+#: the skinny kernel stages 5-8 rows of x faster with cp.async than with the plain loads a programmatic launch
+#: needs after its wait, so it is launched that way only up to this many rows
+SKINNY_PDL_M = 4
+#: a pair of 64-row wgmma blocks on an SM takes this much longer per stage than one 128-row block
+WGMMA_NTOK64_STAGE_COST = 1.16
 
 
-def _thin_rows(m: int, n: int, k: int, bits: int = 4) -> bool:
-    """The thin kernel serves m rows of an n x k layer of `bits`-bit codes (the measured thresholds above). 8-bit
-    codes: on big layers more than one row only when the block can stage all rows of x once (128 KiB; csrc/wq_thin.cuh
-    thin_mx): with per-stage copies of several rows the skinny kernel is faster there."""
-    if _KERNEL_BITS.get(bits) in (2, 4) and THIN_LOWBIT_MIN_M <= m <= THIN_M_LOWBIT:
+def thin_fast(m: int, n: int, k: int, bits: int) -> bool:
+    """The thin GEMV is the fastest kernel for m rows of an n x k layer of `bits`-bit codes (see THIN_*). 8-bit
+    codes: on big layers more than one row only when the block can stage all rows of x once (128 KiB;
+    csrc/wq_thin.cuh thin_mx)."""
+    if _KERNEL_BITS.get(bits) in (2, 4) and THIN_LOWBIT_M[0] <= m <= THIN_LOWBIT_M[1]:
         return True
-    if n * k <= THIN_SMALL_LAYER:
-        return m <= THIN_M
+    if n * k <= SMALL_LAYER:
+        return m <= THIN_FAST_M
     # x rounded to 128-k stages (+ its sum(x) table, sized for groups of 32: four units per stage)
     stages = -(-k // 128)
     fits = m * (stages * 256 + 16) + stages * 4 * ((m + 1) // 2) * 8 <= 128 * 1024
-    return m <= THIN_M_BIG and (m == 1 or (fits and k <= THIN_ROWS_MAX_K))
-#: warps per block of the thin kernel (its K split), its persistent blocks and its K slices (x staged per block over
-#: one slice of K, the slices' partials summed by a second kernel; -1 never); 0 = planned
-THIN_WARPS = 0
-THIN_GRID = 0
-THIN_SLICES = 0
-#: how the thin kernel stages x per block: -2 planned, -1 after every first ring stage (through registers), n >= 0
-#: copied with cp.async after the first n stages, -3 in chunks by bulk copies that the warps wait for one by one (K
-#: slices of 4-bit codes in groups of 128 on sm_90; elsewhere -1) (wq_thin_kernel.cuh's prologue; the plan:
-#: thin_xpre, wq_thin.cuh)
-THIN_XPRE = -2
-#: launch the thin and skinny kernels as programmatic dependents of the previous kernel in the stream (sm_90): their
-#: blocks take the SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the
-#: previous kernel has finished. Not on a layout's first use (the kernels that built it ran just before).
-PDL = True
-#: the skinny kernel stages 5-8 rows of x faster with cp.async than with the plain loads a programmatic launch
-#: needs after its wait (H100: 71.7 vs 67 us at M=8 on 28672x8192), so it is launched that way up to this many rows
-SKINNY_PDL_M = 4
+    return m <= THIN_FAST_M and (m == 1 or (fits and k <= THIN_ROWS_MAX_K))
 
 
-def _pdl(lay: Layout) -> bool:
-    """Programmatic dependent launch for a call on this layout (not its first: see PDL)."""
-    fresh, lay.fresh = lay.fresh, False
-    return PDL and not fresh
-#: interleaved skinny layout (a block's 8 warps stream one contiguous 4 KiB run per step)
-INTERLEAVE = True
-#: rows served by the Hopper wgmma kernel (dequantize in registers into wgmma's A operand; sm_90 only;
-#: WQW_MIN_M = 0 turns it off): below, the skinny / small-M kernels; above, dequantize + cuBLAS, which is faster
-#: there until the kernel's large-M efficiency improves. Measured in benchmarks/results/cuda_h100_wqw.md.
-#: Tests force the kernel for every row count and width with WQW_MIN_M = 1.
-WQW_MIN_M = 9
-WQW_MAX_M = 256
-#: layers of at most this many weights take the wgmma kernel from WQW_SMALL_MIN_M rows (4096x4096 at M=8: 10.5 vs
-#: 13.5 us for the skinny kernel; on 28672x8192 the skinny kernel stays faster up to M=8)
-WQW_SMALL_LAYER = 1 << 26
-WQW_SMALL_MIN_M = 5
-#: 8-bit codes stay on the small-M kernel up to 16 rows (28672x8192 per-channel at M=16: 105 vs 116 us)
-WQW_MIN_M_8BIT = 17
-#: rows of x per wgmma block above 32 rows: 64 up to this many rows, else 128; -1 = planned (_wqw_ntok)
-WQW_NTOK64_MAX_M = -1
-#: K splits of the wgmma kernel; 0 = chosen from the grid (split when the tiles leave SMs idle)
-WQW_SPLITS = 0
-#: rows of x per wgmma block (16, 32, 64 or 128); 0 = planned (_wqw_ntok)
-WQW_NTOK = 0
+def wgmma_fast(m: int, n: int, k: int, bits: int) -> bool:
+    """The register-A wgmma kernel is the fastest kernel for m rows of this layer (see WGMMA_*)."""
+    if m > WGMMA_MAX_M or (bits == 8 and m < WGMMA_MIN_M_8BIT):
+        return False
+    return m >= WGMMA_MIN_M or (m >= WGMMA_SMALL_MIN_M and n * k <= SMALL_LAYER)
+
+
+def _stats16(p) -> Optional[str]:
+    """The skinny, thin and wgmma kernels keep statistics as 16-bit floats: served when that is exact (fp16/bf16
+    scales, and GBA zeros of the same dtype; GPTQ integer zeros are exact in either)."""
+    sd, zd = p.attrs.get("scale_dtype"), p.attrs.get("zero_dtype")
+    if sd is not None and sd not in (torch.float16, torch.bfloat16):
+        return f"scales are {str(sd)[6:]} (16-bit statistics needed: fp16 or bf16 scales)"
+    if p.attrs.get("format") == "gba" and zd is not None and sd is not None and zd != sd:
+        return f"GBA zeros are {str(zd)[6:]}, scales {str(sd)[6:]} (16-bit statistics need one dtype)"
+    return None
+
+
+def _k8(p) -> Optional[str]:
+    k = p.dims.get("K")
+    return f"K={k} is not a multiple of 8 (x is copied in 16-byte pieces)" if k is not None and k % 8 else None
+
+
+def _groups32(p) -> Optional[str]:
+    gs = p.attrs.get("group_size")
+    return None if gs is None or gs == -1 or gs >= 32 else f"group_size={gs} < 32 (groups of at least 32 or -1)"
+
+
+def _first(*checks):
+    def check(p):
+        for c in checks:
+            r = c(p)
+            if r:
+                return r
+        return None
+    return check
+
+
+def _rows(p) -> tuple:
+    return p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0), p.attrs.get("bits", 4)
+
+
+check_thin = _first(_k8, _groups32, _stats16)
+check_wgmma = _first(_k8, _stats16)
+check_wgmma_rows = _first(_k8, _groups32, _stats16)
+check_skinny = _stats16
+
+
+def thin_faster_elsewhere(p) -> Optional[str]:
+    m, n, k, bits = _rows(p)
+    if thin_fast(m, n, k, bits):
+        return None
+    return f"the thin GEMV is not the fastest kernel for M={m} on a {n}x{k} layer of {bits}-bit codes"
+
+
+def wgmma_faster_elsewhere(p) -> Optional[str]:
+    m, n, k, bits = _rows(p)
+    if wgmma_fast(m, n, k, bits):
+        return None
+    return f"the register-A wgmma kernel is not the fastest kernel for M={m} on a {n}x{k} layer of {bits}-bit codes"
+
+
+def wgmma_rows_faster_elsewhere(p) -> Optional[str]:
+    m = p.dims.get("M", 0)
+    lo, hi = WGMMA_ROWS_M
+    return None if lo <= m <= hi else f"the many-row wgmma kernel is fastest at {lo}-{hi} rows, not M={m}"
+
+
+def skinny_faster_elsewhere(p) -> Optional[str]:
+    m = p.dims.get("M", 0)
+    return None if m <= SKINNY_FAST_M else f"M={m} > {SKINNY_FAST_M}: the small-M tensor-core kernel is faster"
+
+
+def dense_faster_elsewhere(p) -> Optional[str]:
+    m = p.dims.get("M", 0)
+    return None if m >= DENSE_MIN_M else f"M={m} < {DENSE_MIN_M}: the small-M kernels are faster"
+
+
 _SMS = {}
 
 
@@ -457,7 +456,7 @@ def _num_sms(device) -> int:
     return _SMS[idx]
 
 
-def _wqw_grid(m: int, n: int, k: int, ntok: int, sms: int):
+def wgmma_grid(m: int, n: int, k: int, ntok: int, sms: int):
     """(blocks, blocks per wave, stages per block) of the grid csrc/bie_cuda.cpp wqw_gemm launches for ntok-row
     tiles: its tiles, blocks per SM and K-split rule, mirrored here for the plan."""
     tiles = -(-m // ntok) * (-(-n // 128) * 128 // (64 if ntok <= 32 else 128))
@@ -467,132 +466,144 @@ def _wqw_grid(m: int, n: int, k: int, ntok: int, sms: int):
     return tiles * splits, slots, -(-stages // splits)
 
 
-def _wqw_wave_fill(m: int, n: int, k: int, ntok: int, sms: int) -> float:
+def wgmma_wave_fill(m: int, n: int, k: int, ntok: int, sms: int) -> float:
     """How full the waves of the wgmma kernel's grid are on average: blocks / (waves x blocks per wave)."""
-    blocks, slots, _ = _wqw_grid(m, n, k, ntok, sms)
+    blocks, slots, _ = wgmma_grid(m, n, k, ntok, sms)
     return blocks / (-(-blocks // slots) * slots)
 
 
-#: a pair of 64-row blocks on an SM takes this much longer per stage than one 128-row block (H100: 128 rows of
-#: 28672x8192, the same waves: 201 against 173 µs)
-WQW_NTOK64_STAGE_COST = 1.16
-
-
-def _wqw_ntok(m: int, n: int, k: int, sms: int) -> int:
+def wgmma_tile_rows(m: int, n: int, k: int, sms: int) -> int:
     """Rows of x per wgmma block.
-    - 17-32 rows (memory-bound): 32-row tiles unless 64-row tiles fill the waves clearly better (28672x8192: the
-      32-row grid is 1.13 waves, 122 µs, against 96 µs with 64-row tiles).
+    - up to 16 rows: 16.
+    - 17-32 rows (memory-bound): 32-row tiles unless 64-row tiles fill the waves clearly better.
     - 33-64: 64.
     - above: the tile of the lower modelled time, waves (fractional past the first: blocks of a partial wave run
       beside the others) x stages per block x the 64-row blocks' per-stage cost. 64-row tiles win where they pad
-      fewer rows or fill the waves better (192 rows of 28672x8192: 289 against 345 µs; of 5120x13824: 87 against
-      139), 128-row tiles where the waves are equal (128 rows of 28672x8192: 173 against 201; 192 rows of
-      8192x28672: 298 against 336).
-    Measured on the H100, benchmarks/results/cuda_h100_wqw.md (session 22); every measured choice agrees."""
-    if WQW_NTOK:
-        return WQW_NTOK
+      fewer rows or fill the waves better, 128-row tiles where the waves are equal."""
     if m <= 16:
         return 16
-    if WQW_NTOK64_MAX_M >= 0:
-        return 32 if m <= 32 else (64 if m <= WQW_NTOK64_MAX_M else 128)
     if m <= 32:
-        return 64 if _wqw_wave_fill(m, n, k, 64, sms) > _wqw_wave_fill(m, n, k, 32, sms) + 0.1 else 32
+        return 64 if wgmma_wave_fill(m, n, k, 64, sms) > wgmma_wave_fill(m, n, k, 32, sms) + 0.1 else 32
     if m <= 64:
         return 64
 
     def cost(t):
-        blocks, slots, per_block = _wqw_grid(m, n, k, t, sms)
-        return max(1.0, blocks / slots) * per_block * (WQW_NTOK64_STAGE_COST if t == 64 else 1.0)
+        blocks, slots, per_block = wgmma_grid(m, n, k, t, sms)
+        return max(1.0, blocks / slots) * per_block * (WGMMA_NTOK64_STAGE_COST if t == 64 else 1.0)
     return 64 if cost(64) < cost(128) else 128
 
 
-#: 4-bit codes in groups of 32 or more (or per channel) take the pipelined many-row wgmma kernel (csrc/wq_wgmma.cu
-#: "wqm": tiles of 256 rows x 128 columns, a producer warpgroup issuing TMA copies, register-A wgmmas three deep,
-#: the last partial wave's tiles split in K, 16-bit outputs stored in whole lines through shared memory) for
-#: WQM_MIN_M to WQM_MAX_M rows. H100, session 25 (results/cuda_h100_wqw.md), against the path it replaces (the
-#: register-A kernel up to 256 rows, dequantize + cuBLAS above): faster on every measured layer from 129 to 2048
-#: rows but two cases within 5 % (4096x4096 at 384 / 512 rows, 13824x5120 at 2048). Session 27 (the staged
-#: epilogue, results/s27/final): at 4096 rows faster than dequantize + cuBLAS on five of seven layers (0.93-1.00x
-#: bf16 against 0.91-0.94x), level on 8192x28672, 0.7-1.5 % slower on 4096x4096 and 28672x8192; and it never
-#: materialises the dense weight (dequantize + cuBLAS allocates N x K 16-bit values a call), so it serves to 4096.
-#: WQM_MIN_M = 0 turns it off; 1 forces it for any rows (tests).
-WQM_MIN_M = 129
-WQM_MAX_M = 4096
-#: the op's tile code for that kernel (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
-WQM_NTOK = 256
-#: K parts of the tiles of its last partial wave: 0 lets the launcher choose (split where that wave would leave at
-#: least half of the SMs idle), 1 never splits, s > 1 forces s (tests)
-WQM_SPLITS = 0
+def _pdl(lay: Layout) -> bool:
+    """Launch as a programmatic dependent of the previous kernel in the stream (sm_90): the kernel's blocks take the
+    SMs the previous kernel leaves and prefetch their weights during its tail; x is read after the previous kernel
+    has finished. Not on a layout's first use (the kernels that built it ran just before)."""
+    fresh, lay.fresh = lay.fresh, False
+    return not fresh
 
 
-def _wqm_rows(m: int, bits: int, gs_shift: int) -> bool:
-    """The pipelined many-row kernel serves m rows of a layer of these codes (the layout's kernel bits and group
-    shift)."""
-    if WQM_MIN_M <= 0 or bits != 4 or not (gs_shift == -1 or gs_shift >= 5):
-        return False
-    return WQM_MIN_M == 1 or WQM_MIN_M <= m <= WQM_MAX_M
+# ------------------------------------------------------------------ launches (one kernel each)
+def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: int = 0, xpre: int = -2):
+    """The thin GEMV (csrc/wq_thin.cu) on a skinny layout. warps per block (its K split), persistent blocks, K slices
+    (x staged per block over one slice of K, the slices' partials summed by a second kernel; -1 never) and the
+    staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
+    copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
+    return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+                                 lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, warps, grid, _pdl(lay),
+                                 slices, xpre)
 
 
-def _wqw_rows(m: int, n: int, k: int, bits: int) -> bool:
-    """The wgmma kernel serves m rows of this layer (the measured thresholds above)."""
-    if WQW_MIN_M <= 0 or m > WQW_MAX_M:
-        return False
-    forced = WQW_MIN_M == 1
-    if bits == 8 and not forced and m < WQW_MIN_M_8BIT:
-        return False
-    return m >= WQW_MIN_M or (m >= WQW_SMALL_MIN_M and n * k <= WQW_SMALL_LAYER)
+def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
+    """The register-A wgmma kernel (ntok 16/32/64/128 rows a block; 0: planned) or, with ntok=WGMMA_ROWS_NTOK, the
+    pipelined many-row kernel; splits: K parts (0: the launcher's rule), on an interleaved skinny layout."""
+    ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
+    return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+                                 lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.st_bf16)
 
 
-def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+def launch_skinny(x, lay: Layout, bias, *, tune: int = 0):
+    """The skinny kernel (csrc/weight_only.cu "wqv", up to 16 rows); tune: launch tuning (0: defaults)."""
+    xs = x if lay.perm is None else x.index_select(1, lay.perm)
+    xc = xs.to(compute_dtype(x.dtype)).contiguous()
+    return _build.ops().wqv_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks,
+                                 lay.gptq, lay.st_bf16, lay.inter, x.dtype,
+                                 _counters_for(x.device, -(-lay.n // 128) + 1),
+                                 tune, _pdl(lay) and x.shape[0] <= SKINNY_PDL_M)
+
+
+def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
+    """The small-M fp16/bf16 tensor-core GEMM on fragment-ordered codes, split-K with deterministic reductions."""
+    xs = x if lay.perm is None else x.index_select(1, lay.perm)
+    xc = xs.to(lay.cdtype).contiguous()
+    need = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8))
+    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, lay.k,
+                                lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need), tune)
+
+
+def _add_bias(y, bias, dtype):
+    if bias is not None:
+        y = y.to(torch.float32) + bias.to(torch.float32)
+    return y.to(dtype)
+
+
+def _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt, lay: Layout):
+    """Act-order groups that are not uniform once sorted (found when the layout is built): no fragment layout
+    exists, so every kernel computes such a layer the same way: dequantize + cuBLAS for many rows, else the
+    float32 weight the layout holds."""
+    if x.shape[0] >= DENSE_MIN_M and bits in (1, 2, 4, 8):
+        return wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt)
+    return _add_bias(x.to(torch.float32) @ lay.w32, bias, x.dtype)
+
+
+# ------------------------------------------------------------------ the registered wq_gemm kernels
+def wq_gemm_thin(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
+    if lay.generic:
+        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
+    return launch_thin(x, lay, bias)
+
+
+def wq_gemm_wgmma(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
+    if lay.generic:
+        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
+    return launch_wgmma(x, lay, bias)
+
+
+def wq_gemm_wgmma_rows(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
+    if lay.generic:
+        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
+    return launch_wgmma(x, lay, bias, ntok=WGMMA_ROWS_NTOK)
+
+
+def wq_gemm_skinny(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
+    if lay.generic:
+        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
+    return launch_skinny(x, lay, bias)
+
+
+def wq_gemm_mma(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype)
+    if lay.generic:
+        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
+    return launch_mma(x, lay, bias)
+
+
+def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    """Dequantize (one coalesced pass over the canonical weight; 3-bit codes through their layout) + cuBLAS."""
     k = x.shape[1]
-    m = x.shape[0]
-    if _thin_rows(m, qweight.shape[1], k, bits) and thin_ok(x, scales, zeros, format, bits, group_size, k):
-        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True)
-        if not lay.generic:
-            return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift,
-                                         lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, THIN_WARPS, THIN_GRID,
-                                         _pdl(lay), THIN_SLICES, THIN_XPRE)
-    wqm = _wqm_rows(m, _KERNEL_BITS.get(bits), _gs_shift(group_size))
-    if (wqm or _wqw_rows(m, qweight.shape[1], k, bits)) and wqw_ok(x, scales, zeros, format, k):
-        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny=True,
-                      inter=True)   # the wgmma kernels read the interleaved layout
-        if not lay.generic:
-            # the pipelined many-row kernel, or the register-A kernel with its planned tile rows
-            ntok, splits = (WQM_NTOK, WQM_SPLITS) if wqm else (_wqw_ntok(m, lay.n, k, _num_sms(x.device)), WQW_SPLITS)
-            return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, k, lay.gs_shift,
-                                         lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.st_bf16)
-    if m > LARGE_M and bits in (1, 2, 4, 8):
-        # dequantize (one coalesced pass over the canonical weight) + cuBLAS
+    if bits in (1, 2, 4, 8):
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype
         w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
-        y = x.to(cd) @ w
-        if bias is not None:
-            y = y.to(torch.float32) + bias.to(torch.float32)
-        return y.to(x.dtype)
-    skinny = m <= SKINNY_M and skinny_ok(scales, zeros, format)
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype, skinny)
+        return _add_bias(x.to(cd) @ w, bias, x.dtype)
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     if lay.generic:
-        y = x.to(torch.float32) @ lay.w32
-        if bias is not None:
-            y = y + bias.to(torch.float32)
-        return y.to(x.dtype)
+        return _add_bias(x.to(torch.float32) @ lay.w32, bias, x.dtype)
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
-    if skinny:
-        xc = xs.to(compute_dtype(x.dtype)).contiguous()
-        return _build.ops().wqv_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, k, lay.gs_shift, lay.kblocks,
-                                     lay.gptq, lay.st_bf16, lay.inter, x.dtype,
-                                     _counters_for(x.device, -(-lay.n // 128) + 1),
-                                     TUNE_SKINNY, _pdl(lay) and m <= SKINNY_PDL_M)
-    if m > LARGE_M:
-        w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
-        y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w
-        if bias is not None:
-            y = y.to(torch.float32) + bias.to(torch.float32)
-        return y.to(x.dtype)
-    xc = xs.to(lay.cdtype).contiguous()
-    need = (-(-qweight.shape[1] // 128) + 1) * (-(-max(m, 1) // 8))
-    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, k, lay.gs_shift,
-                                lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need), TUNE)
+    w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
+    y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w
+    return _add_bias(y, bias, x.dtype)
 
 
 def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):

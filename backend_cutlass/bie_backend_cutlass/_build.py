@@ -10,24 +10,23 @@ The CUTLASS headers come from the ``nvidia-cutlass`` wheel, found with
 ``importlib.util.find_spec`` (nothing of it is imported). ``BIE_CUTLASS_INCLUDE``
 may name another CUTLASS ``include`` directory (for a source checkout).
 
-Builds are cached under ``$BIE_CUTLASS_CACHE`` (default ``~/.cache/bie/cutlass``),
-keyed by torch version, CUDA version, GPU architecture, the CUTLASS version and
-a hash of the sources and flags. Nothing here runs on import.
+Builds go through the shared helper (``bie_core.backend_api.NativeExtension``) and are cached under
+``$BIE_CUTLASS_CACHE`` (default ``~/.cache/bie/cutlass``), keyed by the torch and CUDA versions, the GPU
+architecture, the CUTLASS version, the flags and every source and included header. Nothing here runs on
+import.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import shutil
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from bie_core.native_build import link_flags
+from bie_core.backend_api import NativeExtension, cache_root as _cache_root, capabilities_changed, cuda_arch, \
+    gencode, have_nvcc
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 _lock = threading.Lock()
@@ -41,10 +40,9 @@ class CutlassHeadersNotFound(RuntimeError):
 
 @dataclass(frozen=True)
 class Extension:
-    """One kernel family: its sources (in csrc/) and the headers that key its cache."""
+    """One kernel family: its sources (in csrc/; the headers they include key its cache too)."""
     family: str
     sources: tuple[str, ...]
-    headers: tuple[str, ...] = ()
     extra_cuda_cflags: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -99,15 +97,7 @@ def cutlass_version() -> str:
 
 # ------------------------------------------------------------------ flags and keys
 def arch() -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability())
-
-
-def gencode(cc: tuple[int, int]) -> str:
-    # wgmma and setmaxnreg need the arch-specific target (sm_90a); other GPUs get their own SASS.
-    a = f"{cc[0]}{cc[1]}"
-    if cc == (9, 0):
-        return "-gencode=arch=compute_90a,code=sm_90a"
-    return f"-gencode=arch=compute_{a},code=sm_{a}"
+    return cuda_arch()
 
 
 def flags(ext: Extension, cc) -> tuple[list[str], list[str]]:
@@ -118,49 +108,35 @@ def flags(ext: Extension, cc) -> tuple[list[str], list[str]]:
     return cflags, cuda
 
 
-def _key(ext: Extension, cc) -> str:
-    h = hashlib.sha256()
-    for name in ext.sources + ext.headers:
-        p = CSRC / name
-        h.update(name.encode())
-        if p.exists():
-            h.update(p.read_bytes())
-    h.update(repr((flags(ext, cc), link_flags())).encode())
-    h.update(cutlass_version().encode())
-    tv = torch.__version__.replace("+", "_")
-    return f"{ext.family}-torch{tv}-cu{torch.version.cuda}-sm{cc[0]}{cc[1]}-{h.hexdigest()[:12]}"
+def native(ext: Extension, cc=None) -> NativeExtension:
+    """The shared helper's description of ``ext`` built for compute capability ``cc``."""
+    cc = tuple(cc or arch())
+    cflags, cuda = flags(ext, cc)
+    try:
+        incs = tuple(include_dirs())
+    except CutlassHeadersNotFound:
+        incs = ()
+    return NativeExtension(name=f"bie_cutlass_{ext.family}", csrc=CSRC, sources=ext.sources, cflags=tuple(cflags),
+                           cuda_cflags=tuple(cuda), include_dirs=incs, cache_env="BIE_CUTLASS_CACHE",
+                           cache_subdir="cutlass", versions=(f"cutlass {cutlass_version()}",), arch=cc)
 
 
 def cache_root() -> Path:
-    root = os.environ.get("BIE_CUTLASS_CACHE")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "bie" / "cutlass"
+    return _cache_root("BIE_CUTLASS_CACHE", "cutlass")
 
 
 def build_dir(ext: Extension, cc=None) -> Path:
-    return cache_root() / _key(ext, cc or arch())
-
-
-def _lib_name(ext: Extension, cc) -> str:
-    return f"bie_cutlass_{ext.family}_" + _key(ext, cc).rsplit("-", 1)[1]
+    return native(ext, cc).build_dir()
 
 
 def lib_path(ext: Extension, cc=None) -> Path:
-    cc = cc or arch()
-    return build_dir(ext, cc) / (_lib_name(ext, cc) + ".so")
+    return native(ext, cc).library()
 
 
 # ------------------------------------------------------------------ probing
-def have_compiler() -> bool:
-    from torch.utils.cpp_extension import CUDA_HOME
-    return (bool(CUDA_HOME) and (Path(CUDA_HOME) / "bin" / "nvcc").exists()) or shutil.which("nvcc") is not None
-
-
 def is_built(ext: Extension) -> bool:
     try:
-        return lib_path(ext).exists()
+        return native(ext).is_built()
     except Exception:  # noqa: BLE001 - a probe never raises for this
         return False
 
@@ -171,7 +147,7 @@ def probe_reason():
         cutlass_root()
     except CutlassHeadersNotFound as exc:
         return str(exc)
-    if not have_compiler():
+    if not have_nvcc():
         from . import plugin_extensions
         if all(is_built(e) for e in plugin_extensions.EXTENSIONS):
             return None
@@ -195,29 +171,14 @@ def load(ext: Extension, verbose: bool = False, force: bool = False) -> str:
     with _lock:
         if ext.family in _loaded and not force:
             return _loaded[ext.family]
-        cc = arch()
-        lib = lib_path(ext, cc)
-        if force or not lib.exists():
-            d = build_dir(ext, cc)
-            d.mkdir(parents=True, exist_ok=True)
-            print(f"bie-backend-cutlass: building the '{ext.family}' CUTLASS kernels for sm_{cc[0]}{cc[1]} "
-                  f"(first use; a few minutes; cached in {d}) ...", file=sys.stderr, flush=True)
-            from torch.utils.cpp_extension import load as _cpp_load
-            cflags, cuda = flags(ext, cc)
-            try:
-                _cpp_load(name=_lib_name(ext, cc), sources=[str(CSRC / s) for s in ext.sources],
-                          extra_cflags=cflags, extra_cuda_cflags=cuda, extra_ldflags=link_flags(),
-                          extra_include_paths=include_dirs(),
-                          build_directory=str(d), is_python_module=False, verbose=verbose)
-            except Exception as exc:
-                _errors[ext.family] = exc
-                _forget_decisions()  # the family's capabilities now refuse: let the dispatcher decide again
-                raise RuntimeError(f"bie-backend-cutlass: building the '{ext.family}' kernels failed ({exc}); "
-                                   f"build directory {d}") from exc
-            print(f"bie-backend-cutlass: '{ext.family}' build finished", file=sys.stderr, flush=True)
-        else:
-            torch.ops.load_library(str(lib))
-        _loaded[ext.family] = str(lib)
+        nat = native(ext)
+        try:
+            _loaded[ext.family] = nat.load_ops(verbose=verbose, retry=force)
+        except Exception as exc:
+            _errors[ext.family] = exc
+            capabilities_changed()  # the family's capabilities now refuse: let the dispatcher decide again
+            raise RuntimeError(f"bie-backend-cutlass: building the '{ext.family}' kernels failed ({exc}); "
+                               f"build directory {nat.build_dir()}") from exc
         return _loaded[ext.family]
 
 
@@ -228,14 +189,6 @@ def failure(ext: Extension):
         return None
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"the '{ext.family}' CUTLASS kernels failed to build ({first[:200]}); `bie build cutlass` shows the compiler output"
-
-
-def _forget_decisions() -> None:
-    try:
-        from bie_core import dispatch
-        dispatch.clear_caches()
-    except Exception:  # noqa: BLE001 - never hide the build error behind this
-        pass
 
 
 def ops(ext: Extension):

@@ -41,8 +41,6 @@ _WG_SOURCES = (tuple(f"binary_wgmma_c{c}_{t}.cu" for c in range(4) for t in ("i3
                + tuple(f"binary_wgmma_c{c}_{t}.cu" for c in (4, 5) for t in ("f16", "bf16")))  # counted rows
 EXTENSION = Extension(family="binary",
                       sources=("binary_bindings.cpp", "binary_pack.cu") + _GEMM_SOURCES + _WG_SOURCES,
-                      headers=("binary_common.h", "binary_gemm.cuh", "binary_wgmma.cuh", "binary_wgmma_atom.h",
-                               "binary_lean_epilogue.cuh", "cutlass_launch.cuh"),
                       # the wgmma kernels wait for the kernel before them (they are launched as its
                       # programmatic dependents: csrc/binary_wgmma.cuh)
                       extra_cuda_cflags=("-DCUTLASS_ENABLE_GDC_FOR_SM90",))
@@ -258,7 +256,7 @@ def unprepare_weight(p: PreparedSigns):
 
 
 def _conv_weight(w: torch.Tensor, cg: int, kh: int, kw: int, copies: int):
-    from bie_core.ops.binary import conv_weight_tap_bits
+    from bie_core.backend_api import conv_weight_tap_bits
     o = w.shape[0]
     cgw = -(-cg // 32)
     words = -(-(kh * kw * cgw) // 4) * 4  # per copy, a multiple of 128 bits
@@ -324,7 +322,7 @@ def binary_bmm(a, b, k, scale, out_dtype):
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
                   prepared=None):
-    from bie_core.ops.binary import conv_out_size
+    from bie_core.backend_api import conv_out_size
     p = prepared if prepared is not None else prepare_weight(w)
     nimg, c, h, wd = x.shape
     o = w.shape[0]
@@ -402,8 +400,8 @@ def _conv_defer(p):
 
 
 def register(registry, priority: int) -> None:
-    from bie_core import Capability
-    from bie_core.ops import get_op
+    from bie_core.backend_api import Capability
+    from bie_core.backend_api import get_op
 
     cuda = ("cuda",)
     registry.register("binary_gemm", binary_gemm, priority=priority, name="binary_gemm",

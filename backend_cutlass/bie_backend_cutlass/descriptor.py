@@ -1,33 +1,21 @@
 """Entry point of bie-backend-cutlass: a light descriptor (imports nothing heavy,
 compiles nothing)."""
-from bie_core.plugins import BackendDescriptor
+from bie_core.backend_api import BackendDescriptor, cuda_probe, plugin_loader
 
 from . import __version__
 
 
-def _probe():
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.version.cuda is None:
-        return "this torch build has no CUDA support"
-    from . import _build
-
+def _build_reason():
+    from . import _build  # (imports torch only; builds nothing)
     return _build.probe_reason()
-
-
-def _load():
-    from . import plugin
-    return plugin
 
 
 backend = BackendDescriptor(
     name="cutlass",
     api_version="1.0",
     device_types=("cuda",),
-    load=_load,
-    probe=_probe,
+    load=plugin_loader(__package__ + ".plugin"),
+    probe=cuda_probe(_build_reason),
     description="CUTLASS kernels: binary GEMM / implicit-GEMM conv (AND+popc), int8/int4 GEMM and conv "
                 "for QAT layers, configurations tuned per GPU",
     install_hint="pip install bie-backend-cutlass (needs an NVIDIA GPU, the CUDA toolkit's nvcc and the "

@@ -44,8 +44,7 @@ from ._build import Extension
 _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
-                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES,
-                      headers=("cutlass_launch.cuh", "integer_launch.h", "integer_gemm_sm90.cuh", "integer_divide.cuh"))
+                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES)
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
 #: c128x256: 128x256x128 tile, 2x1 cluster, cooperative (two consumer warpgroups on one tile);
@@ -258,7 +257,7 @@ LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "264"))
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """One pass of the ``integer_lsq.cu`` kernel for 2-D v with a multiple of 8 columns and 16-byte aligned
     rows; anything else (and empty v): the op's definition in plain PyTorch."""
-    from bie_core.ops.integer import lsq_backward_math
+    from bie_core.backend_api import lsq_backward_math
 
     r, c = v.shape
     if r == 0 or c == 0 or c % 8 or (rowwise and shift is not None):
@@ -280,7 +279,7 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
 
 # ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
-    from bie_core import Capability
+    from bie_core.backend_api import Capability
 
     cuda = ("cuda",)
     bits = {"a_bits": (4, 8), "b_bits": (4, 8), "bits": (4, 8)}

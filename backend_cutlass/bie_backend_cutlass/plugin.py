@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from bie_core import hookimpl
+from bie_core.backend_api import hookimpl
 
 from . import _build, binary, integer, tuning, weight_only
 from .plugin_extensions import EXTENSIONS
@@ -29,7 +29,7 @@ class _FamilyRegistrar:
         self._registry, self._ext = registry, ext
 
     def register(self, op, fn, *, capability=None, **kw):
-        from bie_core import Capability
+        from bie_core.backend_api import Capability
         capability = capability if capability is not None else Capability()
         ext, inner = self._ext, capability.check
 

@@ -57,8 +57,7 @@ LARGE_TILE_MIN_M = 16
 DENSE_MIN_M = 1024
 _GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
 EXTENSION = Extension(family="weight_only",
-                      sources=("wq_bindings.cpp", "wq_kernels.cu", "wq_reorder.cu") + _GEMM_SOURCES,
-                      headers=("cutlass_launch.cuh", "wq_launch.h", "wq_layout.cuh", "wq_gemm_sm90.cuh"))
+                      sources=("wq_bindings.cpp", "wq_kernels.cu", "wq_reorder.cu") + _GEMM_SOURCES)
 
 SM90 = ((9, 0), (9, 0))
 ACT_DTYPES = (torch.float16, torch.bfloat16)
@@ -298,7 +297,7 @@ def _defer(p) -> Optional[str]:
 
 # ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
-    from bie_core import Capability
+    from bie_core.backend_api import Capability
 
     registry.register(
         "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,

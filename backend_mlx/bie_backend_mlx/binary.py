@@ -149,7 +149,7 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
         xm = xm + to_mlx(shift.to(x.dtype))   # the sum rounded in x's dtype, as the reference
     am = pm1(pack_bool(xm >= 0))               # padded like the prepared weight, padding bits 0
     acc = _dot(am, prepared, k)
-    from bie_core.ops.binary import linear_scale
+    from bie_core.backend_api import linear_scale
     return to_torch(finish(acc, linear_scale(act_scale, w_scale), bias, out_dtype), x.device)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from bie_core.plugins import BackendDescriptor
+from bie_core.backend_api import BackendDescriptor, plugin_loader
 
 from . import __version__
 
@@ -67,10 +67,6 @@ def _probe():
     return None
 
 
-def _load():
-    from . import plugin
-    return plugin
-
 
 backend = BackendDescriptor(
     name="mlx",
@@ -81,7 +77,7 @@ backend = BackendDescriptor(
     # for cpu (MLX is never chosen automatically for cpu tensors: its cpu
     # kernels sit below the reference), so an unusable MLX lists mps only.
     device_types=("mps",) if probe() else ("mps", "cpu"),
-    load=_load,
+    load=plugin_loader(__package__ + ".plugin"),
     probe=probe,
     description=("Apple MLX: Metal for mps tensors (automatic); the MLX CPU backend for cpu tensors "
                  "(only when chosen explicitly, e.g. bie_core.set_backend('mlx'))"),

@@ -28,8 +28,8 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from bie_core import Capability, hookimpl
-from bie_core.ops import all_ops
+from bie_core.backend_api import Capability, hookimpl
+from bie_core.backend_api import all_ops
 
 from . import __version__, binary, integer
 from ._guard import guarded

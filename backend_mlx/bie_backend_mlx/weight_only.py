@@ -661,7 +661,7 @@ def _mbwq_check(p):
 
 def kernels() -> dict:
     """op name -> (fn, prepare, capability keyword arguments), for plugin.py."""
-    from bie_core.ops.weight_only import WQ_BITS
+    from bie_core.backend_api import WQ_BITS
     floats = (torch.float32, torch.float16, torch.bfloat16)
     gemm_bits = tuple(b for b in WQ_BITS if b in supported_bits())
     # every group size is served: a canonical group that is not a multiple of

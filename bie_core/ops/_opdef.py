@@ -24,12 +24,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .. import dispatch
 from ..kernels import Problem
+from ..optable import LIB_NAME, add_op, all_ops, get_op, has_op  # noqa: F401 - the op table, re-exported
 
-LIB_NAME = "bie"
 _lib = torch.library.Library(LIB_NAME, "DEF")
-
-_OPS: dict[str, "OpDef"] = {}
 
 #: Argument names that carry indices or codes whose values validation checks.
 VALUE_ARG_NAMES = ("indices", "g_idx", "q_perm", "codes")
@@ -179,9 +178,7 @@ def _arg_names(schema: str) -> tuple:
 
 def define_op(op: OpDef) -> OpDef:
     """Define ``bie::<op.name>`` and register router and fake implementations."""
-    from .. import dispatch  # late import: dispatch imports the op table
-
-    if op.name in _OPS:
+    if has_op(op.name):
         raise ValueError(f"op {op.name!r} is defined twice")
     schema = op.schema.strip()
     args_part, ret = schema.rsplit("->", 1)
@@ -200,7 +197,7 @@ def define_op(op: OpDef) -> OpDef:
     op._route = route
     _lib.impl(op.name, _naming_allocation_errors(route, op.name), "CompositeExplicitAutograd")
     torch.library.register_fake(op.qualname, _fake_impl(op), lib=_lib)
-    _OPS[op.name] = op
+    add_op(op)
     return op
 
 
@@ -323,13 +320,3 @@ def _fake_impl(op: "OpDef") -> Callable:
         return fake(*args)
     fake_impl.__name__ = getattr(fake, "__name__", "fake")
     return fake_impl
-
-
-def get_op(name: str) -> OpDef:
-    if name.startswith(LIB_NAME + "::"):
-        name = name[len(LIB_NAME) + 2:]
-    return _OPS[name]
-
-
-def all_ops() -> list[OpDef]:
-    return list(_OPS.values())

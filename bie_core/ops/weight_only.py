@@ -524,7 +524,7 @@ def _gemm_problem(x, qweight, scales, zeros, g_idx, bias, bits, group_size, form
     return problem("wq_gemm", x.device, x.dtype, training=any_requires_grad(x),
                    contiguous=all_contiguous(x, qweight, scales, zeros),
                    M=x.shape[0], N=qweight.shape[1], K=x.shape[1], bias=bias is not None,
-                   **_wq_attrs(bits, group_size, g_idx, format))
+                   scale_dtype=scales.dtype, zero_dtype=zeros.dtype, **_wq_attrs(bits, group_size, g_idx, format))
 
 
 M_VALUES = (1, 3, 16, 7, 33, 1, 5, 64)

@@ -30,6 +30,7 @@ import pluggy
 
 from ..errors import PluginValidationError
 from ..kernels import Capability, Kernel
+from ..optable import get_op
 from ..version import API_VERSION
 from .descriptor import BackendDescriptor
 from .hookspecs import PROJECT, BackendHooks
@@ -111,8 +112,6 @@ class KernelRegistrar:
                  priority: int = 0, name: str = "", prepare: Callable | None = None,
                  unprepare: Callable | None = None, description: str = "",
                  reference: bool = False, prepare_static=(), bind: Callable | None = None) -> Kernel:
-        from ..ops import get_op  # late: the op table lives in bie_core.ops
-
         try:
             get_op(op)
         except KeyError:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import traceback
 
-from bie_core import Capability, hookimpl
-from bie_core.ops import all_ops
+from bie_core.backend_api import Capability, hookimpl
+from bie_core.backend_api import all_ops
 
 from . import reference
 

@@ -1,7 +1,7 @@
 """The entry point resolves to this object. Keep this module light: bie imports
 it at discovery time, so heavy imports (native extensions, vendor SDKs) belong
-in ``load()``."""
-from bie_core.plugins import BackendDescriptor
+in the module that ``load`` imports (``plugin_loader`` imports it on first use)."""
+from bie_core.backend_api import BackendDescriptor, plugin_loader
 
 from . import __version__
 
@@ -12,17 +12,12 @@ def _probe():
     return None
 
 
-def _load():
-    from . import kernels  # the heavy part (here: nothing heavy)
-    return kernels
-
-
 backend = BackendDescriptor(
     name="example",
     api_version="1.0",                 # the bie plugin API this backend was written for
     device_types=("cpu",),
     probe=_probe,
-    load=_load,
+    load=plugin_loader(__package__ + ".kernels"),
     description="example backend: binary GEMM by XOR + byte popcount table",
     install_hint="pip install bie-backend-example",
     distribution="bie-backend-example",

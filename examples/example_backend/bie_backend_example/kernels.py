@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from bie_core import Capability, hookimpl
+from bie_core.backend_api import Capability, hookimpl
 
 _POPCOUNT = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int32)
 

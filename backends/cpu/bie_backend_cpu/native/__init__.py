@@ -246,9 +246,9 @@ def register_kernels(registry) -> NativeStatus:
         return st
     import torch
 
-    from bie_core import Capability
-    from bie_core.ops._common import FLOAT_DTYPES
-    from bie_core.ops.binary import PACKABLE
+    from bie_core.backend_api import Capability
+    from bie_core.backend_api import FLOAT_DTYPES
+    from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
 
     from . import kernels as nk
     cpu = ("cpu",)

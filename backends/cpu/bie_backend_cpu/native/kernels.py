@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from bie_core.ops.binary import conv_out_size, linear_scale, packed_len
+from bie_core.backend_api import conv_out_size, linear_scale, packed_len
 
 I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 

@@ -51,7 +51,7 @@ def binary_gemm(a, b, k, scale, bias, out_dtype):
 
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
     """pack_signs(x + shift) then binary_gemm, with scale = float32(sa) * float32(sw)."""
-    from bie_core.ops.binary import linear_scale
+    from bie_core.backend_api import linear_scale
     xs = x if shift is None else x + shift.to(x.dtype)
     return binary_gemm(pack_signs(xs), w, k, linear_scale(act_scale, w_scale), bias, out_dtype)
 

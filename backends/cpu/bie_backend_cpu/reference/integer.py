@@ -22,7 +22,7 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
 
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """The LSQ quantizer's backward, as the op's definition (float32 math, written once in core)."""
-    from bie_core.ops.integer import lsq_backward_math
+    from bie_core.backend_api import lsq_backward_math
     return lsq_backward_math(v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
 
 

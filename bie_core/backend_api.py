@@ -1,0 +1,114 @@
+"""Everything a backend imports from bie: the one door between the core and its plugins.
+
+A backend distribution imports ``bie_core.backend_api`` (and nothing else of ``bie_core`` but its
+public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
+
+* declaring kernels: :class:`Capability`, :class:`Problem`, ``hookimpl``, :class:`BackendDescriptor` and
+  the descriptor helpers :func:`plugin_loader` and :func:`cuda_probe`;
+* dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
+* the prepared-layout memo :class:`LayoutMemo`;
+* the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`),
+  epilogue and layout steps (:func:`linear_scale`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`);
+* the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`;
+* native code: :class:`NativeExtension` (one JIT build helper, cache keyed by every source and included
+  header, flags, torch/CUDA versions and GPU architecture) and its helpers;
+* :func:`capabilities_changed`, for a backend whose capabilities change at run time (a kernel family
+  whose build failed): the dispatcher then decides again.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+import torch
+
+from .kernels import Capability, Problem
+from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_arch, gencode, have_nvcc,
+                           included_files, link_flags)
+from .ops._common import FLOAT_DTYPES
+from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
+from .ops.integer import lsq_backward_math
+from .ops.weight_only import WQ_BITS
+from .optable import all_ops, get_op, has_op
+from .plugins.descriptor import BackendDescriptor
+from .plugins.hookspecs import hookimpl
+
+__all__ = [
+    # declaring a backend and its kernels
+    "BackendDescriptor", "Capability", "Problem", "hookimpl", "plugin_loader", "cuda_probe",
+    # dtype sets
+    "FLOAT_DTYPES", "HALF_DTYPES", "PACKABLE_DTYPES", "WQ_BITS",
+    # prepared layouts
+    "LayoutMemo",
+    # math shared with the reference
+    "conv_out_size", "packed_len", "linear_scale", "conv_weight_tap_bits", "lsq_backward_math",
+    # the op table
+    "get_op", "has_op", "all_ops",
+    # native code
+    "NativeExtension", "NativeBuildError", "cache_root", "cuda_arch", "gencode", "have_nvcc", "included_files",
+    "link_flags",
+    # run-time changes
+    "capabilities_changed",
+]
+
+#: 16-bit float activations (tensor-core compute dtypes).
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: What pack_signs accepts: the float dtypes and int8.
+PACKABLE_DTYPES = FLOAT_DTYPES + (torch.int8,)
+
+
+class LayoutMemo:
+    """The object a kernel's ``prepare`` returns when its layout depends on call arguments ``prepare``
+    does not see (K, bits, the compute dtype, the conv geometry): the dispatcher keeps one memo per weight
+    version, and the kernel builds each layout on first use with :meth:`get` (thread-safe, built once).
+
+    ``rebuilds``: how many versions of this weight tensor were prepared, this one included (a backend may
+    stop building layouts for a weight an optimizer rewrites in place)."""
+
+    __slots__ = ("layouts", "_lock", "rebuilds")
+
+    def __init__(self, rebuilds: int = 1):
+        self.layouts: dict = {}
+        self._lock = threading.Lock()
+        self.rebuilds = rebuilds
+
+    def get(self, key, build: Callable[[], object]):
+        lay = self.layouts.get(key)
+        if lay is None:
+            with self._lock:
+                lay = self.layouts.get(key)
+                if lay is None:
+                    lay = self.layouts[key] = build()
+        return lay
+
+    def __len__(self) -> int:
+        return len(self.layouts)
+
+
+def plugin_loader(module: str) -> Callable[[], object]:
+    """A descriptor's ``load``: imports ``module`` (the backend's plugin module, with its hook
+    implementations) only when bie first needs kernels."""
+    def load():
+        import importlib
+        return importlib.import_module(module)
+    load.__qualname__ = f"load[{module}]"
+    return load
+
+
+def cuda_probe(reason: Callable[[], Optional[str]]) -> Callable[[], Optional[str]]:
+    """A descriptor's ``probe`` for a CUDA backend: None where a CUDA device and a CUDA build of torch
+    exist and ``reason()`` (say, "no compiler and nothing built") returns None."""
+    def probe():
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        if torch.version.cuda is None:
+            return "this torch build has no CUDA support"
+        return reason()
+    return probe
+
+
+def capabilities_changed() -> None:
+    """Tell the dispatcher that this backend's capabilities answer differently from now on (a kernel
+    family failed to build): cached decisions are dropped and every call is decided again."""
+    from . import dispatch
+    dispatch.clear_caches()
