@@ -5,6 +5,8 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 
 * declaring kernels: :class:`Capability`, :class:`Problem`, ``hookimpl``, :class:`BackendDescriptor` and
   the descriptor helpers :func:`plugin_loader` and :func:`cuda_probe`;
+* :func:`handoff`: a kernel's ``defer`` from the one table of cross-backend preferences
+  (``bie_core/preferences.py``);
 * dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
 * the prepared-layout memo :class:`LayoutMemo`;
 * the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`),
@@ -32,10 +34,13 @@ from .ops.weight_only import WQ_BITS
 from .optable import all_ops, get_op, has_op
 from .plugins.descriptor import BackendDescriptor
 from .plugins.hookspecs import hookimpl
+from .preferences import handoff
 
 __all__ = [
     # declaring a backend and its kernels
     "BackendDescriptor", "Capability", "Problem", "hookimpl", "plugin_loader", "cuda_probe",
+    # where another backend's kernel is faster (the one table: bie_core/preferences.py)
+    "handoff",
     # dtype sets
     "FLOAT_DTYPES", "HALF_DTYPES", "PACKABLE_DTYPES", "WQ_BITS",
     # prepared layouts
@@ -48,7 +53,7 @@ __all__ = [
     "NativeExtension", "NativeBuildError", "cache_root", "cuda_arch", "gencode", "have_nvcc", "included_files",
     "link_flags",
     # run-time changes
-    "capabilities_changed",
+    "capabilities_changed", "caches_generation",
 ]
 
 #: 16-bit float activations (tensor-core compute dtypes).
@@ -105,6 +110,13 @@ def cuda_probe(reason: Callable[[], Optional[str]]) -> Callable[[], Optional[str
             return "this torch build has no CUDA support"
         return reason()
     return probe
+
+
+def caches_generation() -> int:
+    """A number that changes whenever bie drops its cached decisions and prepared layouts (``clear_caches``,
+    ``invalidate``, a backend registered or removed): a backend that keeps layouts of its own keys them on it."""
+    from .plugins.registry import get_registry
+    return get_registry().generation
 
 
 def capabilities_changed() -> None:

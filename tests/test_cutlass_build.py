@@ -209,8 +209,6 @@ def test_failed_family_build_makes_its_capabilities_refuse(monkeypatch):
     plugin._FamilyRegistrar(FakeRegistry(), fam_b).register("op_b", None, capability=Capability())
     assert got["op_a"].check("ok") is None and got["op_a"].check("bad") == "inner says no"
     assert got["op_b"].check("ok") is None
-    cleared = []
-    monkeypatch.setattr(_build, "_forget_decisions", lambda: cleared.append(1))
     monkeypatch.setitem(_build._errors, "famA", RuntimeError("nvcc fatal: unsupported gpu architecture\nmore"))
     reason = got["op_a"].check("ok")
     assert "famA" in reason and "failed to build" in reason and "unsupported gpu architecture" in reason
@@ -240,18 +238,29 @@ def test_tuning_ranks_by_median_of_interleaved_rounds(tuner, monkeypatch):
     assert order[2:6] == ["a", "b", "a", "b"]
 
 
-def test_every_local_include_is_in_its_family_cache_key():
-    """A family's cache key hashes its listed sources and headers: every header one of them includes
-    from csrc/ must be listed, or editing it would reuse a stale build."""
+def test_every_local_include_is_in_its_family_cache_key(tmp_path, monkeypatch):
+    """A family's cache key hashes its sources and every header they include from csrc/, transitively: editing
+    any of them changes the build directory (a stale build is never reused)."""
     import re
+    import shutil
     from bie_backend_cutlass import _build, binary, integer, weight_only
     for ext in (binary.EXTENSION, integer.EXTENSION, weight_only.EXTENSION):
-        listed = set(ext.sources) | set(ext.headers)
-        for name in listed:
-            text = (_build.CSRC / name).read_text()
-            for inc in re.findall(r'#include\s+"([^"]+)"', text):
+        files = {p.name for p in _build.native(ext, (9, 0)).files()}
+        for name in ext.sources:
+            for inc in re.findall(r'#include\s+"([^"]+)"', (_build.CSRC / name).read_text()):
                 if (_build.CSRC / inc).exists():
-                    assert inc in listed, (ext.family, name, inc)
+                    assert inc in files, (ext.family, name, inc)
+    # an edit to a header included only through another header moves the key
+    csrc = tmp_path / "csrc"
+    shutil.copytree(_build.CSRC, csrc)
+    monkeypatch.setattr(_build, "CSRC", csrc)
+    ext = weight_only.EXTENSION
+    before = _build.build_dir(ext, (9, 0))
+    nested = {p.name for p in _build.native(ext, (9, 0)).files()} - set(ext.sources)
+    assert nested
+    victim = csrc / sorted(nested)[0]
+    victim.write_text(victim.read_text() + "\n// edited\n")
+    assert _build.build_dir(ext, (9, 0)) != before
 
 
 def test_tuning_cli_says_why_without_a_gpu(capsys):

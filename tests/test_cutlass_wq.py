@@ -20,23 +20,22 @@ _REASON = sm90_kernels_reason("weight-only")
 needs_sm90 = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 
 
+#: rows at which automatic selection runs this kernel on every layer (bie_core/preferences.py)
+MANY_ROWS = 65
+
+
 @pytest.fixture
 def every_m():
-    """The kernel serves every row count (MIN_M = 1) for the duration of a test."""
-    from bie_core import dispatch
-    from bie_backend_cutlass import weight_only
-    old = weight_only.MIN_M
-    weight_only.MIN_M = 1
-    dispatch.clear_caches()
-    yield
-    weight_only.MIN_M = old
-    dispatch.clear_caches()
+    """The kernel chosen explicitly for every row count for the duration of a test (the public override)."""
+    import bie_core
+    with bie_core.use_backend("cutlass:wq_gemm_sm90"):
+        yield
 
 
 # ------------------------------------------------------------- packaging (CPU)
 def test_sources_exist_and_import_compiles_nothing():
     from bie_backend_cutlass import _build, weight_only
-    for name in weight_only.EXTENSION.sources + weight_only.EXTENSION.headers:
+    for name in weight_only.EXTENSION.sources:
         assert (_build.CSRC / name).exists(), name
     assert weight_only.EXTENSION.family not in _build._loaded
     assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 8
@@ -49,21 +48,24 @@ def _problem(m, n, k, bits=4, gs=128, act=False, fmt="gptq", dtype=torch.bfloat1
 
 
 def test_capability_says_why():
-    from bie_backend_cutlass import weight_only as wo
-    assert "rows" in wo._defer(_problem(wo.MIN_M - 1, 4096, 4096))
-    assert wo._defer(_problem(wo.MIN_M, 4096, 4096)) is None
-    assert "rows" in wo._defer(_problem(wo.MIN_M_BIG - 1, 28672, 8192, bits=8))
-    assert wo._defer(_problem(wo.MIN_M_BIG, 28672, 8192, bits=8)) is None
+    from bie_core.backend_api import handoff
+    defer = handoff("cutlass:wq_gemm_sm90")
+    assert "small-M" in defer(_problem(64, 4096, 4096))
+    assert defer(_problem(65, 4096, 4096)) is None
+    assert "GEMV" in defer(_problem(4, 28672, 8192, bits=8))
+    assert defer(_problem(5, 28672, 8192, bits=8)) is None
     # 4-bit codes: bie-backend-cuda's thin GEMV up to 8 rows on big layers, up to 16 with a long K
-    assert "rows" in wo._defer(_problem(wo.MIN_M_BIG_4BIT - 1, 28672, 8192))
-    assert wo._defer(_problem(wo.MIN_M_BIG_4BIT, 28672, 8192)) is None
-    assert "rows" in wo._defer(_problem(16, 8192, 28672))
-    assert wo._defer(_problem(17, 8192, 28672)) is None
+    assert "thin GEMV" in defer(_problem(8, 28672, 8192))
+    assert defer(_problem(9, 28672, 8192)) is None
+    assert "thin GEMV" in defer(_problem(16, 8192, 28672))
+    assert defer(_problem(17, 8192, 28672)) is None
     # 4-bit codes with a long K: bie-backend-cuda's many-row kernel at 129-256 rows
-    assert [m for m in range(100, 600) if wo._defer(_problem(m, 8192, 28672))] == list(range(129, 257))
-    assert "many-row" in wo._defer(_problem(200, 8192, 28672, act=True, fmt="gba", dtype=torch.float16))
-    assert not any(wo._defer(_problem(m, n, k)) for m in (129, 256) for n, k in ((28672, 8192), (4096, 16384)))
-    assert wo._defer(_problem(200, 8192, 28672, bits=8)) is None
+    assert [m for m in range(100, 600) if defer(_problem(m, 8192, 28672))] == list(range(129, 257))
+    assert "many-row" in defer(_problem(200, 8192, 28672, act=True, fmt="gba", dtype=torch.float16))
+    assert not any(defer(_problem(m, n, k)) for m in (129, 256) for n, k in ((28672, 8192), (4096, 16384)))
+    assert defer(_problem(200, 8192, 28672, bits=8)) is None
+    assert "cutlass_h100_wq.md" in defer(_problem(1, 4096, 4096))
+    from bie_backend_cutlass import weight_only as wo
     assert wo._check(_problem(1, 4096, 4096)) is None
     assert "multiple of the K tile" in wo._check(_problem(1024, 4096, 4096, gs=32))
     assert wo._check(_problem(1024, 4096, 4096, gs=-1)) is None
@@ -201,13 +203,13 @@ def test_strided_x_scales_in_bf16_and_the_dispatcher_choice():
     from bie_core.ops.weight_only import wq_gemm
     from bie_backend_cutlass import weight_only as wo
     (qw, s, z, gi, w64), gen = _case(512, 256, 4, 128, "gptq", False, seed=11, sdtype=torch.bfloat16)
-    big = torch.randn(wo.MIN_M + 3, 520, generator=gen).to(torch.bfloat16).cuda()
+    big = torch.randn(MANY_ROWS + 3, 520, generator=gen).to(torch.bfloat16).cuda()
     x = big[:, 8:]                                             # row stride 520, offset 16 bytes
     y = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq")
     _assert_close(y, x, w64, None, 512)
     chosen = explain("wq_gemm", x, qw, s, z, gi, None, 4, 128, "gptq").chosen()
     assert chosen["wq_gemm"].endswith("wq_gemm_sm90"), chosen
-    one = wq_gemm(x[:1].contiguous(), qw, s, z, gi, None, 4, 128, "gptq")      # below MIN_M: another kernel
+    one = wq_gemm(x[:1].contiguous(), qw, s, z, gi, None, 4, 128, "gptq")      # few rows: another kernel
     _assert_close(one, x[:1], w64, None, 512)
 
 
@@ -282,7 +284,7 @@ def test_a_weight_fine_tuned_in_place_stays_exact():
     (qw, s, z, gi, w64), gen = _case(k, n, 4, 128, "gptq", False, seed=31)
     zc = wo._codes_along_n(z.cpu(), 4, n).double()
     groups = torch.arange(k) // 128
-    x = torch.randn(wo.MIN_M + 7, k, generator=gen).half().cuda()
+    x = torch.randn(MANY_ROWS + 7, k, generator=gen).half().cuda()
     for step in range(wo.REBUILD_LIMIT + 2):
         if step:
             q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)

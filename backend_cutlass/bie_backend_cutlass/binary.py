@@ -34,6 +34,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES
+
 from ._build import Extension
 
 _GEMM_SOURCES = tuple(f"binary_gemm_c{c}_{t}.cu" for c in range(3) for t in ("i32", "f32", "f16", "bf16"))
@@ -45,8 +47,8 @@ EXTENSION = Extension(family="binary",
                       # programmatic dependents: csrc/binary_wgmma.cuh)
                       extra_cuda_cflags=("-DCUTLASS_ENABLE_GDC_FOR_SM90",))
 
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-PACKABLE = FLOATS + (torch.int8,)
+FLOATS = FLOAT_DTYPES
+PACKABLE = PACKABLE_DTYPES
 # 1-bit AND+popc MMA: sm_80 .. sm_90 (CUTLASS enables it up to sm_90; later GPUs have no b1 MMA)
 CC = ((8, 0), (9, 0))
 # tile configurations (binary_common.h): threadblock M x N (x 512 bits of K)
@@ -387,21 +389,8 @@ def _conv_check(p):
     return None
 
 
-def _conv_defer(p):
-    """bie-backend-cuda's direct conv (no im2col buffer, windows read straight from packed sign words) is faster
-    than the im2col + GEMM path here wherever it serves the shape (benchmarks/results/cuda_h100_conv.md)."""
-    try:
-        from bie_backend_cuda.plugin import _conv_check as cuda_conv_check
-    except ImportError:
-        return None
-    if cuda_conv_check(p) is not None:
-        return None
-    return "bie-backend-cuda's direct conv (binary_conv2d_direct) serves this shape without an im2col buffer"
-
-
 def register(registry, priority: int) -> None:
-    from bie_core.backend_api import Capability
-    from bie_core.backend_api import get_op
+    from bie_core.backend_api import Capability, handoff, has_op
 
     cuda = ("cuda",)
     registry.register("binary_gemm", binary_gemm, priority=priority, name="binary_gemm",
@@ -410,12 +399,7 @@ def register(registry, priority: int) -> None:
                       description="CUTLASS GemmUniversal uint1b AND+popc (mma m16n8k256), popcount correction + "
                                   "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU; "
                                   "on sm_90a a b1 AND.POPC wgmma (BGMMA) kernel with TMA and an EVT epilogue")
-    try:
-        get_op("binary_linear")
-        has_linear = True
-    except KeyError:
-        has_linear = False
-    if has_linear:
+    if has_op("binary_linear"):
         registry.register("binary_linear", binary_linear, priority=priority, name="binary_linear",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC,
                                                 check=_gemm_check),
@@ -427,7 +411,7 @@ def register(registry, priority: int) -> None:
                       description="batched CUTLASS 1-bit GEMM (AND+popc), per-batch popcount terms")
     registry.register("binary_conv2d", binary_conv2d, priority=priority, name="binary_conv2d",
                       capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=CC, check=_conv_check,
-                                            defer=_conv_defer),
+                                            defer=handoff("cutlass:binary_conv2d")),
                       prepare=prepare_weight, unprepare=unprepare_weight,
                       description="channel packing + im2col of sign bits (pad -1/+1 as 0/1 bits, pad 0 as the "
                                   "average via a doubled K), CUTLASS 1-bit GEMM writing NCHW from its epilogue; "

@@ -38,6 +38,8 @@ import os
 
 import torch
 
+from bie_core.backend_api import FLOAT_DTYPES
+
 from . import _build, tuning
 from ._build import Extension
 
@@ -54,7 +56,7 @@ CONFIGS = ("c128x256", "p64x128", "c128x128")
 SM90 = ((9, 0), (9, 0))
 #: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
 MAX_K = (2 ** 31 - 1) // (128 * 128)
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+FLOATS = FLOAT_DTYPES
 #: rows of B (output channels) are padded to a multiple of 8 with zero codes: the TMA store needs
 #: 16-byte aligned output rows for every out dtype (8 x bf16/fp16, 4 x int32/fp32)
 N_ALIGN = 8

@@ -9,7 +9,7 @@ wgmma's register operand, and streams x through shared memory
 kernels) and this kernel takes over from ``MIN_M`` rows, where it was measured faster
 than dequantize + cuBLAS (``benchmarks/results/cutlass_h100_wq.md``).
 
-Prepared layout (built on the first call with a given bits / group size / K /
+The layout memo (built on the first call with a given bits / group size / K /
 format / activation dtype, kept per weight version by the dispatcher's cache):
 
 * codes as the signed values ``q - 2^(b-1)`` (int4 / int8), transposed to
@@ -41,6 +41,8 @@ from typing import Optional
 
 import torch
 
+from bie_core.backend_api import HALF_DTYPES, LayoutMemo, get_op
+
 from . import _build, tuning
 from ._build import Extension
 
@@ -60,32 +62,13 @@ EXTENSION = Extension(family="weight_only",
                       sources=("wq_bindings.cpp", "wq_kernels.cu", "wq_reorder.cu") + _GEMM_SOURCES)
 
 SM90 = ((9, 0), (9, 0))
-ACT_DTYPES = (torch.float16, torch.bfloat16)
+ACT_DTYPES = HALF_DTYPES
 #: the smallest K tile of the configurations: K must be a multiple of it, group sizes K or a multiple of it
 TILE_K = 64
-#: rows of x from which automatic selection picks this kernel for wq_gemm; below, bie-backend-cuda's GEMV and
-#: small-M kernels are faster (H100, benchmarks/results/cutlass_h100_wq.md): on layers of at most SMALL_LAYER
-#: weights up to 64 rows, on larger ones up to 4 rows (on 28672x8192 / 8192x28672 at M=4 its GEMV took 47 / 56 us
-#: against 53 / 60 for this kernel's stream-K tiles; at M=8 68 / 67 against 53 / 59; 5-7 rows were not measured).
-#: Any row count is computed correctly: an explicit set_backend("cutlass") runs it for every M, and so does
-#: automatic selection when no faster kernel (only the plain-PyTorch reference) is installed; tests set MIN_M = 1.
-MIN_M = 65
-MIN_M_BIG = 5
-#: 4-bit codes on big layers: bie-backend-cuda's thin GEMV takes up to 16 rows since session 17 (x staged in K
-#: slices); measured against this kernel (benchmarks/results/cuda_h100_thin.md, H100): faster or level up to 8 rows
-#: (28672x8192 M=8 51.4 against 51.7 us as dispatched; 8192x28672 52.9 against 56.4 for the best tile), and on
-#: layers with K above MIN_M_BIG_4BIT_LONG_K up to 16 rows (8192x28672 M=16 58.0 against 56.4-61.0), but slower from
-#: 9 rows on 28672x8192 (M=16 61.0 against 54.4)
-MIN_M_BIG_4BIT = 9
-MIN_M_BIG_4BIT_LONG_K = 17
-LONG_K = 16384
-SMALL_LAYER = 1 << 26
-#: 4-bit codes on layers with K above LONG_K at these rows (inclusive): bie-backend-cuda's many-row wgmma kernel is
-#: faster (H100, one call, benchmarks/results/s25/cutlass_vs_wqm/: 8192x28672 M=129 187.0 us against 202.6 as
-#: dispatched here, 204.7 for the best tile forced; M=256 195.5 against 237.7 / 205.7); from 512 rows, and on
-#: 28672x8192 and 4096x4096 at every measured row count, this kernel is faster or level. (The problem does not
-#: describe the scales' dtype: with float32 scales bie-backend-cuda still takes these calls, on dequantize + cuBLAS.)
-LONG_K_CUDA_ROWS = (129, 256)
+#: Automatic selection hands few rows (and 4-bit codes with a long K at 129-256 rows) to bie-backend-cuda's kernels,
+#: which were measured faster there: the rows are in bie_core/preferences.py, consulted through ``handoff``. Any row
+#: count is computed correctly: an explicit choice (backend="cutlass") runs this kernel for every M, and so does
+#: automatic selection when no faster kernel (only the plain-PyTorch reference) is installed.
 
 def _ops():
     return _build.ops(EXTENSION)
@@ -115,25 +98,6 @@ class Layout:
     dense: Optional[torch.Tensor] = None   # (K, N) weight in the activation dtype (irregular act-order groups)
 
 
-class Prepared:
-    """Per weight version: layouts keyed by (bits, group_size, K, format, activation dtype).
-    ``rebuilds``: how many versions of this weight tensor were prepared (this one included)."""
-
-    def __init__(self, rebuilds: int = 1):
-        self.layouts: dict = {}
-        self.lock = threading.Lock()
-        self.rebuilds = rebuilds
-
-    def get(self, key, build):
-        lay = self.layouts.get(key)
-        if lay is None:
-            with self.lock:
-                lay = self.layouts.get(key)
-                if lay is None:
-                    lay = self.layouts[key] = build()
-        return lay
-
-
 #: a weight tensor seen at more versions than this (an optimizer rewriting it in place) is served by
 #: dequantize + cuBLAS: see the module docstring
 REBUILD_LIMIT = 2
@@ -160,7 +124,7 @@ def _count_prepare(t: torch.Tensor) -> int:
 
 
 def prepare(qweight, scales, zeros, g_idx):
-    return Prepared(rebuilds=_count_prepare(qweight))
+    return LayoutMemo(rebuilds=_count_prepare(qweight))
 
 
 def _statistics(scales, zeros, bits, n, fmt):
@@ -214,7 +178,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     n = qweight.shape[1]
     if m == 0 or n == 0:   # nothing to compute (the kernel needs at least one row and 16 channels)
         return x.new_empty((m, n))
-    holder = prepared if prepared is not None else Prepared()
+    holder = prepared if prepared is not None else LayoutMemo()
     if holder.rebuilds > REBUILD_LIMIT:   # a weight being fine-tuned in place: no layout rebuild per step
         return _dense(x.detach(), qweight, scales, zeros, g_idx, bias, bits, group_size, k, format)
     lay = holder.get((bits, group_size, k, format, x.dtype),
@@ -264,8 +228,7 @@ def _even_splits(name: str, m: int, n: int, device) -> int:
 def _dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, k, fmt):
     """Dequantize (the wq_dequantize op, whichever backend serves it: bie-backend-cuda's one-pass kernel
     when installed) + cuBLAS; float32 bias add as the other paths."""
-    from bie_core.ops.weight_only import wq_dequantize
-    y = torch.mm(x, wq_dequantize(qweight.detach(), scales.detach(), zeros.detach(),
+    y = torch.mm(x, get_op("wq_dequantize")(qweight.detach(), scales.detach(), zeros.detach(),
                                   None if g_idx is None else g_idx.detach(), bits, group_size, k, fmt, x.dtype))
     return y if bias is None else (y.to(torch.float32) + bias.detach().to(torch.float32)).to(x.dtype)
 
@@ -280,32 +243,16 @@ def _check(p) -> Optional[str]:
     return None
 
 
-def _defer(p) -> Optional[str]:
-    """Few rows are memory-bound: bie-backend-cuda's GEMV / small-M kernels are faster there (see MIN_M)."""
-    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    big = MIN_M_BIG
-    if p.attrs.get("bits") == 4:
-        big = max(big, MIN_M_BIG_4BIT_LONG_K if k > LONG_K else MIN_M_BIG_4BIT)
-    lo = MIN_M if n * k <= SMALL_LAYER else min(MIN_M, big)
-    if m < lo:
-        return f"M={m} < {lo} rows on a {n}x{k} layer, where the memory-bound small-M kernels are faster"
-    if p.attrs.get("bits") == 4 and k > LONG_K and LONG_K_CUDA_ROWS[0] <= m <= LONG_K_CUDA_ROWS[1]:
-        return (f"M={m} rows of 4-bit codes with K={k} > {LONG_K}: bie-backend-cuda's many-row wgmma kernel is "
-                f"faster at {LONG_K_CUDA_ROWS[0]}-{LONG_K_CUDA_ROWS[1]} rows")
-    return None
-
-
 # ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
-    from bie_core.backend_api import Capability
+    from bie_core.backend_api import Capability, handoff
 
     registry.register(
         "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,
         capability=Capability(devices=("cuda",), dtypes=ACT_DTYPES, attrs={"bits": (4, 8)},
                               divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check,
-                              defer=_defer),
+                              defer=handoff("cutlass:wq_gemm_sm90")),
         description="CUTLASS 3 mixed-input wgmma GEMM (TMA; 4/8-bit codes dequantized in registers as "
                     "code*scale+zero; weight reordered at prepare for wide shared-memory loads), bias in the "
-                    f"epilogue; stream-K tiles for few rows; automatic selection from {MIN_M_BIG} rows (4-bit codes: "
-                    f"{MIN_M_BIG_4BIT}, {MIN_M_BIG_4BIT_LONG_K} with K above {LONG_K}) on layers above "
-                    f"{SMALL_LAYER} weights, from {MIN_M} on smaller ones")
+                    f"epilogue; stream-K tiles for few rows (automatic selection hands few rows to bie-backend-cuda: "
+                    "bie_core/preferences.py)")

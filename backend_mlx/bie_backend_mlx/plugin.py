@@ -28,7 +28,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from bie_core.backend_api import Capability, hookimpl
+from bie_core.backend_api import FLOAT_DTYPES, Capability, hookimpl
 from bie_core.backend_api import all_ops
 
 from . import __version__, binary, integer
@@ -38,7 +38,7 @@ from ._interop import has_gpu
 MPS_PRIORITY = 100
 CPU_PRIORITY = -10
 
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+FLOATS = FLOAT_DTYPES
 
 
 def _k_bound(p):

@@ -29,7 +29,7 @@ packing). So the conversion from the canonical formats is:
 
 The conversion needs ``bits``, ``group_size``, ``K`` and ``format``, which are
 op arguments, not weights; the dispatcher's ``prepare(*weights)`` does not see
-them. So ``prepare`` returns a :class:`Prepared` memo, and the first call
+them. So ``prepare`` returns a layout memo, and the first call
 converts and stores the layout in it (per weight version, like any prepared
 layout: an in-place weight update makes the dispatcher hand over a fresh memo).
 The memo holds MLX arrays only, never the torch tensors (which would keep the
@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 import torch
+
+from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo
 
 from ._guard import checked_index
 from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
@@ -310,16 +312,6 @@ def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
 
 
 # ============================================================ GEMM layouts
-class Prepared:
-    """Memo of MLX affine layouts for one version of one layer's weights,
-    keyed by (op parameters, compute dtype). Holds MLX arrays only."""
-
-    __slots__ = ("layouts",)
-
-    def __init__(self):
-        self.layouts: dict = {}
-
-
 _SHARED: dict = {}
 
 
@@ -340,14 +332,14 @@ def prepare(*weights):
     key = tuple(id(w) for w in weights)
     # the registry generation: bie_core.clear_caches() (and invalidate) must
     # drop these layouts too, e.g. after a write through .data
-    from bie_core.plugins.registry import get_registry
-    state = (get_registry().generation,) + tuple(_state(w) for w in weights)
+    from bie_core.backend_api import caches_generation
+    state = (caches_generation(),) + tuple(_state(w) for w in weights)
     tensors = [w for w in weights if isinstance(w, torch.Tensor)]
     with LOCK:
         e = _SHARED.get(key)
         if e is not None and e[0] == state and all(r() is w for r, w in zip(e[2], tensors)):
             return e[1]
-        memo = Prepared()
+        memo = LayoutMemo()
 
         def drop(_ref, key=key):
             _SHARED.pop(key, None)
@@ -556,7 +548,7 @@ def backward_input(lay: Layout, gm: "mx.array") -> "mx.array":
 
 def _layout(prepared, key, build):
     if prepared is None:
-        prepared = Prepared()
+        prepared = LayoutMemo()
     lay = prepared.layouts.get(key)
     if lay is None:
         with owned_copies():
@@ -662,7 +654,7 @@ def _mbwq_check(p):
 def kernels() -> dict:
     """op name -> (fn, prepare, capability keyword arguments), for plugin.py."""
     from bie_core.backend_api import WQ_BITS
-    floats = (torch.float32, torch.float16, torch.bfloat16)
+    floats = FLOAT_DTYPES
     gemm_bits = tuple(b for b in WQ_BITS if b in supported_bits())
     # every group size is served: a canonical group that is not a multiple of
     # the MLX group is padded (see the module docstring), so only the widths

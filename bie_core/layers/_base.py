@@ -28,7 +28,7 @@ from torch import nn
 
 from .. import dispatch
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from ..ops._common import FLOAT_DTYPES
 
 #: Floor of every initialised scale: an all-zero first batch must not give a
 #: zero scale (activations are divided by it). Small enough never to matter for

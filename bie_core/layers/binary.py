@@ -24,7 +24,7 @@ from torch import nn
 from .. import ops
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.binary import conv_out_size, packed_len
-from ._base import QATLayer, TorchInit, binary_init, check_dtype, pair
+from ._base import FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, pair
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
 from ._lean import bind_one
 
@@ -85,7 +85,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
 
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
-    _packed_keys = (("weight_bits", (torch.uint8,)), ("weight_scale", (torch.float32, torch.float16, torch.bfloat16)))
+    _packed_keys = (("weight_bits", (torch.uint8,)), ("weight_scale", FLOAT_DTYPES))
     _transient = ("_lean", "_signs", "_eval_signs")
     _lean = None
 

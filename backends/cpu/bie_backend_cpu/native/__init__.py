@@ -246,8 +246,7 @@ def register_kernels(registry) -> NativeStatus:
         return st
     import torch
 
-    from bie_core.backend_api import Capability
-    from bie_core.backend_api import FLOAT_DTYPES
+    from bie_core.backend_api import FLOAT_DTYPES, Capability
     from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
 
     from . import kernels as nk

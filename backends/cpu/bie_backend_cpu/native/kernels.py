@@ -14,7 +14,7 @@ import threading
 
 import torch
 
-from bie_core.backend_api import conv_out_size, linear_scale, packed_len
+from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, conv_out_size, linear_scale, packed_len
 
 I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
@@ -136,34 +136,15 @@ def _cpu(op: str, *ts) -> None:
 
 
 # ------------------------------------------------------------ prepared layouts
-class Prepared:
-    """Layouts derived from one weight tensor version (the dispatcher caches
-    this object per weight version). Built lazily, because the layout depends
-    on call arguments that ``prepare`` does not see (k, the conv geometry, the
+def prepare(*weights) -> LayoutMemo:
+    """Layouts derived from one weight tensor version (the dispatcher caches the memo per weight version). Built
+    lazily, because the layout depends on call arguments that ``prepare`` does not see (k, the conv geometry, the
     ISA level): each is built once from the weight passed to that call."""
-
-    __slots__ = ("_d", "_lock")
-
-    def __init__(self):
-        self._d = {}
-        self._lock = threading.Lock()
-
-    def get(self, key, build):
-        v = self._d.get(key)
-        if v is None:
-            with self._lock:
-                v = self._d.get(key)
-                if v is None:
-                    v = self._d[key] = build()
-        return v
-
-
-def prepare(*weights) -> Prepared:
-    return Prepared()
+    return LayoutMemo()
 
 
 def _layouts(prepared):
-    return prepared if prepared is not None else Prepared()
+    return prepared if prepared is not None else LayoutMemo()
 
 
 # ------------------------------------------------------------------ pack_signs
@@ -274,7 +255,7 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
     not the arithmetic, is the cost there). Without it, the ctypes path below."""
     fused = _fused
     if fused is not None:
-        panels = prepared._d.get(k) if prepared is not None else None   # (Prepared.get, inlined: hot path)
+        panels = prepared.layouts.get(k) if prepared is not None else None   # (LayoutMemo.get, inlined: hot path)
         if panels is None:
             panels = _layouts(prepared).get(k, lambda: _checked_panels(w, k))
         return fused.binary_linear(x, shift, w, panels, k, act_scale, w_scale, bias, OUT_CODE[out_dtype])
@@ -531,7 +512,7 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     if shift is not None:
         _cpu("quantize_int", shift)
         x = x + shift.to(x.dtype)   # in x's dtype, as the op defines; then the same kernel
-    _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and bits in (4, 8), "quantize_int",
+    _require(x.dtype in FLOAT_DTYPES and bits in (4, 8), "quantize_int",
              "x must be floating, bits 4 or 8")
     # (torch.broadcast_shapes costs tens of µs per call: the rule written out)
     _require(scale.dim() <= x.dim() and all(s == 1 or s == t for s, t in zip(reversed(scale.shape),
@@ -711,7 +692,7 @@ _IDX = (torch.int64, torch.int32)
 def _emb_common(op, indices, bits, dim, dtype):
     _cpu(op, indices, bits)
     _require(indices.dtype in _IDX and bits.dtype == torch.uint8 and bits.dim() == 2 and dim > 0
-             and bits.shape[1] == packed_len(dim) and dtype in (torch.float32, torch.float16, torch.bfloat16), op,
+             and bits.shape[1] == packed_len(dim) and dtype in FLOAT_DTYPES, op,
              f"indices {indices.dtype}, bits {tuple(bits.shape)} {bits.dtype} do not fit dim={dim}, dtype={dtype}")
     b = bits.detach()
     if b.stride(1) != 1 or b.stride(0) < b.shape[1]:

@@ -28,9 +28,12 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from bie_core.backend_api import FLOAT_DTYPES
+
 from ..reference import weight_only as rw
 from . import kernels_wq as nw
-from .kernels import Prepared, _check, _cpu, _layouts, _require
+
+from .kernels import _check, _cpu, _layouts, _require
 
 #: width each mixed width is served at by the wq kernels
 SERVE_BITS = {2: 2, 3: 3, 4: 4, 5: 8, 6: 8, 8: 8}
@@ -121,8 +124,8 @@ def _layout(qweight, scales, zeros, q_perm, group_bits, group_rows) -> MbwqLayou
     return out
 
 
-def prepare(*weights) -> Prepared:
-    return Prepared()
+def prepare(*weights):
+    return _layouts(None)
 
 
 def _get(prepared, qweight, scales, zeros, q_perm, group_bits, group_rows) -> MbwqLayout:
@@ -142,7 +145,7 @@ def _cs32(op, channel_scale, k):
 def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
     op = "mbwq_gemm"
     _cpu(op, x, bias)
-    _require(x.dim() == 2 and x.dtype in (torch.float32, torch.float16, torch.bfloat16), op,
+    _require(x.dim() == 2 and x.dtype in FLOAT_DTYPES, op,
              f"x must be a 2-D float tensor, got {x.dtype} {tuple(x.shape)}")
     lay = _get(prepared, qweight, scales, zeros, q_perm, group_bits, group_rows)
     m, n = x.shape[0], lay.n

@@ -28,8 +28,11 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from bie_core.backend_api import FLOAT_DTYPES
+
 from ..reference import weight_only as rw
-from .kernels import Prepared, _check, _cpu, _layouts, _require
+
+from .kernels import _check, _cpu, _layouts, _require
 
 I64, VP = ctypes.c_int64, ctypes.c_void_p
 BITS = (2, 3, 4, 8)
@@ -195,8 +198,8 @@ def _dq(lay: WqLayout):
     return lay.dq
 
 
-def prepare(*weights) -> Prepared:
-    return Prepared()
+def prepare(*weights):
+    return _layouts(None)
 
 
 def _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout:

@@ -1,0 +1,89 @@
+"""Where one backend's kernel hands a call to another backend's faster kernel: the one table of them.
+
+A kernel computes every call its Capability accepts. Where another backend's kernel was measured faster, the
+slower kernel *defers* under automatic selection (``Capability.defer``): the dispatcher moves on to the next
+kernel, and comes back to the deferring one when nothing faster than the plain-PyTorch reference accepts the call
+(the other backend is not installed, or its kernel refuses the shape). An explicit choice (``backend="cutlass"``)
+still runs the deferring kernel.
+
+Each row names the deferring kernel, the region of calls it hands on (inclusive bounds on the problem's dims,
+``weights`` = N x K, and exact attribute values), who is faster there, and the results page that measured it.
+A backend consults the table through ``bie_core.backend_api.handoff("<backend>:<kernel>")``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from .kernels import Problem
+
+#: 2**26 weights: the layer size the weight-only measurements split "small" (4096 x 4096 and below) from "big"
+#: (28672 x 8192, 8192 x 28672)
+SMALL_LAYER = 1 << 26
+
+
+@dataclass(frozen=True)
+class Handoff:
+    kernel: str
+    faster: str
+    source: str
+    #: inclusive (low, high) bounds per dim; None = unbounded on that side. ``weights`` is N * K.
+    dims: Mapping[str, tuple] = field(default_factory=dict)
+    attrs: Mapping[str, object] = field(default_factory=dict)
+
+    def covers(self, p: Problem) -> bool:
+        for name, value in self.attrs.items():
+            if p.attrs.get(name) != value:
+                return False
+        for name, (lo, hi) in self.dims.items():
+            v = p.dims.get("N", 0) * p.dims.get("K", 0) if name == "weights" else p.dims.get(name)
+            if v is None or (lo is not None and v < lo) or (hi is not None and v > hi):
+                return False
+        return True
+
+    def reason(self, p: Problem) -> str:
+        return f"{self.faster} is faster here ({self.source})"
+
+
+_WQ = "cutlass:wq_gemm_sm90"
+_WQ_PAGE = "benchmarks/results/cutlass_h100_wq.md"
+
+HANDOFFS: tuple = (
+    # few rows are memory-bound: bie-backend-cuda's GEMV and small-M kernels are faster
+    Handoff(_WQ, "bie-backend-cuda's small-M weight-only kernels", _WQ_PAGE,
+            dims={"M": (None, 64), "weights": (None, SMALL_LAYER)}),
+    Handoff(_WQ, "bie-backend-cuda's GEMV", _WQ_PAGE,
+            dims={"M": (None, 4), "weights": (SMALL_LAYER + 1, None)}),
+    # 4-bit codes on big layers: the thin GEMV stages x in K slices and stays ahead longer (longer still with
+    # K above 16384)
+    Handoff(_WQ, "bie-backend-cuda's thin GEMV", _WQ_PAGE,
+            dims={"M": (None, 8), "weights": (SMALL_LAYER + 1, None), "K": (None, 16384)}, attrs={"bits": 4}),
+    Handoff(_WQ, "bie-backend-cuda's thin GEMV", _WQ_PAGE,
+            dims={"M": (None, 16), "weights": (SMALL_LAYER + 1, None), "K": (16385, None)}, attrs={"bits": 4}),
+    # 4-bit codes with K above 16384 at 129-256 rows: bie-backend-cuda's many-row wgmma kernel
+    Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _WQ_PAGE,
+            dims={"M": (129, 256), "K": (16385, None)}, attrs={"bits": 4}),
+    # the direct conv reads each window straight from packed sign words, without an im2col buffer
+    Handoff("cutlass:binary_conv2d", "bie-backend-cuda's direct conv (binary_conv2d_direct)",
+            "benchmarks/results/cuda_h100_conv.md"),
+)
+
+
+def handoffs(kernel: str) -> tuple:
+    return tuple(h for h in HANDOFFS if h.kernel == kernel)
+
+
+def handoff(kernel: str) -> Optional[Callable[[Problem], Optional[str]]]:
+    """The ``defer`` function of the kernel named ``"<backend>:<kernel>"`` from the table, or None when the table
+    has no row for it."""
+    rows = handoffs(kernel)
+    if not rows:
+        return None
+
+    def defer(p: Problem) -> Optional[str]:
+        for h in rows:
+            if h.covers(p):
+                return h.reason(p)
+        return None
+    defer.__qualname__ = f"handoff[{kernel}]"
+    return defer
