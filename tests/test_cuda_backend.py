@@ -305,6 +305,35 @@ def _graph_replays(call, static_x, fresh, check, replays):
         check(out)   # (checked before the next replay overwrites it)
 
 
+def wq_kernel(name: str = ""):
+    """wq_gemm through the dispatcher: the automatic choice among bie-backend-cuda's kernels, or the kernel ``name``
+    chosen explicitly (``backend="cuda:<name>"``, the public override; it must accept the call). ``prepared`` is
+    accepted and ignored: the dispatcher keeps the layouts."""
+    from bie_core.ops.weight_only import wq_gemm
+    backend = f"cuda:{name}" if name else "cuda"
+
+    def run(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=None):
+        return wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, backend=backend)
+    return run
+
+
+def _skinny_layout(cw, prepared, qw, s, z, gi, bits, gs, k, fmt, dtype, inter=True):
+    """The A-fragment ordered layout the skinny, thin and wgmma kernels read (interleaved column blocks or not)."""
+    return cw._layout(prepared, qw, s, z, gi, bits, gs, k, fmt, dtype, skinny=True, inter=inter)
+
+
+def launching(launch, cw, inter=True, **plan):
+    """A wq_gemm-like callable that runs one kernel's launch function directly with a forced launch plan (warps,
+    grid, K slices, x staging, tile rows, K splits, tuning): what automatic planning would not pick."""
+    def run(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=None):
+        lay = _skinny_layout(cw, prepared, qw, s, z, gi, bits, gs, x.shape[1], fmt, x.dtype, inter)
+        return launch(x, lay, bias, **plan)
+    return run
+
+
+wq_auto = wq_kernel()
+
+
 @needs_cuda
 @pytest.mark.parametrize("bits,gs,act,fmt", WQ)
 def test_wq_gemm(bits, gs, act, fmt):
@@ -317,7 +346,7 @@ def test_wq_gemm(bits, gs, act, fmt):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
         x = torch.randn((m, k), generator=gen).to(dtype).cuda()
         bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
-        got = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
+        got = wq_auto(x, qw, s, z, gi, bias, bits, gs, fmt)
         _close(got, w64, x, dtype, k, f"M={m} {dtype}", bias)
     g = torch.randn((5, n), generator=gen).to(torch.bfloat16).cuda()
     got = cw.wq_gemm_grad_input(g, qw, s, z, gi, bits, gs, k, fmt, prepared=prepared)
@@ -355,7 +384,7 @@ def test_wq_dequant_columns_exact(bits, gs, act, fmt):
 
 @needs_cuda
 def test_wq_large_m_and_bad_column_ranges():
-    """M > LARGE_M (dequantize + cuBLAS) with odd N, act-order, bias, fp16 / bf16 / fp32 activations; and column
+    """M > 64 (dequantize + cuBLAS) with odd N, act-order, bias, fp16 / bf16 / fp32 activations; and column
     ranges the dequantize op refuses."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator().manual_seed(41)
@@ -365,7 +394,7 @@ def test_wq_large_m_and_bad_column_ranges():
         for m, dt in ((257, torch.bfloat16), (300, torch.float16), (271, torch.float32)):   # (past the wgmma rows)
             x = torch.randn((m, k), generator=gen).to(dt).cuda()
             bias = torch.randn(n, generator=gen).to(dt).cuda() if m % 2 else None
-            _close(cw.wq_gemm(x, qw, s, z, gi, bias, bits, 64, fmt), w64, x, dt, k, f"large M={m} N={n} {dt}", bias)
+            _close(wq_auto(x, qw, s, z, gi, bias, bits, 64, fmt), w64, x, dt, k, f"large M={m} N={n} {dt}", bias)
     ops = cw._build.ops()
     qw, s, z, gi, _ = _wq_case(64, 40, 4, 32, "gptq", False, 3)
     with pytest.raises(RuntimeError, match="outside N"):
@@ -384,13 +413,13 @@ def test_wq_large_shapes_split_k_deterministic_and_graphs():
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn((1, k), generator=gen).half().cuda()
-    y1 = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-    y2 = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    y1 = wq_auto(x, qw, s, z, gi, None, 4, 128, "gptq")
+    y2 = wq_auto(x, qw, s, z, gi, None, 4, 128, "gptq")
     assert torch.equal(y1, y2)
     _close(y1, w64, x, torch.float16, k, "K=4096")
     # CUDA graph capture and replay
     static_x = x.clone()
-    _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared), static_x,
+    _graph_replays(lambda x_: wq_auto(x_, qw, s, z, gi, None, 4, 128, "gptq"), static_x,
                    lambda: torch.randn((1, k), generator=gen).half().cuda(),
                    lambda out: _close(out, w64, static_x, torch.float16, k, "graph replay"), 3)
 
@@ -411,31 +440,21 @@ def test_wq_skinny_kernel_every_m(bits, gs, fmt, sdt):
         k, n = 304, 24
     act = bits in (3, 4)
     qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, act, 5 * bits + max(gs, 0), sdtype=sdt)
-    assert cw.skinny_ok(s, z, fmt)
     gen = torch.Generator().manual_seed(bits + 3)
     prepared = cw.prepare(qw, s, z, gi)
-    keep = cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M, cw.THIN_M_LOWBIT
-    try:
-        for inter in (True, False):
-            cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M, cw.THIN_M_LOWBIT = 16, inter, 0, 0   # the wqv kernel (thin off)
-            _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared)
-    finally:
-        cw.SKINNY_M, cw.INTERLEAVE, cw.THIN_M, cw.THIN_M_LOWBIT = keep
-    # the old small-M kernel agrees (both are fp32-accumulated)
-    old = cw.SKINNY_M
-    try:
-        x = torch.randn((5, k), generator=gen).half().cuda()
-        a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-        cw.SKINNY_M = 0
-        b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-    finally:
-        cw.SKINNY_M = old
+    _skinny_rows(wq_kernel("wq_gemm_skinny"), qw, s, z, gi, w64, bits, gs, fmt, k, n, gen)
+    _skinny_rows(launching(cw.launch_skinny, cw, inter=False), qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared,
+                 what="skinny (column blocks not interleaved)")
+    # the small-M tensor-core kernel agrees (both are fp32-accumulated)
+    x = torch.randn((5, k), generator=gen).half().cuda()
+    a = wq_kernel("wq_gemm_skinny")(x, qw, s, z, gi, None, bits, gs, fmt)
+    b = wq_kernel("wq_gemm_mma")(x, qw, s, z, gi, None, bits, gs, fmt)
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
 
 
-def _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17), what="skinny",
+def _skinny_rows(run, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared=None, rows=range(1, 17), what="skinny",
                  shift=0):
-    """Every row count through wq_gemm: fresh x in fp16/bf16/fp32 (every fourth one 2 bytes off 16-byte alignment),
+    """Every row count through ``run`` (a wq_gemm-like callable): fresh x in fp16/bf16/fp32 (every fourth one 2 bytes off 16-byte alignment),
     bias on odd counts, NaN-poisoned outputs, against the float64 product, and a second call bit-identical."""
     for m in rows:
         dtype = (torch.float16, torch.bfloat16, torch.float32)[(m + shift) % 3]
@@ -445,9 +464,9 @@ def _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows
             x = torch.randn((m, k), generator=gen).to(dtype).cuda()
         bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-        out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+        out.copy_(run(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
         _close(out, w64, x, dtype, k, f"{what} M={m} {dtype}", bias)
-        again = cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
+        again = run(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared)
         assert torch.equal(out, again), f"{what} kernel is not deterministic"
 
 
@@ -458,19 +477,15 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 21, sdtype=torch.float16)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(4)
-    keep = cw.SKINNY_M, cw.THIN_M, cw.THIN_M_LOWBIT
     for m, tune in ((1, 0), (16, 0), (7, 1 << 4), (3, (8 << 4) | (40 << 8))):
-        cw.TUNE_SKINNY, cw.SKINNY_M, cw.THIN_M, cw.THIN_M_LOWBIT = tune, 16, 0, 0
-        try:
-            x = torch.randn((m, k), generator=gen).bfloat16().cuda()
-            y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
-            _close(y, w64, x, torch.bfloat16, k, f"K=8192 M={m} tune={tune}")
-            static_x = x.clone()
-            _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
-                           static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
-                           lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
-        finally:
-            cw.TUNE_SKINNY, (cw.SKINNY_M, cw.THIN_M, cw.THIN_M_LOWBIT) = 0, keep
+        run = launching(cw.launch_skinny, cw, tune=tune)
+        x = torch.randn((m, k), generator=gen).bfloat16().cuda()
+        y = run(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+        _close(y, w64, x, torch.bfloat16, k, f"K=8192 M={m} tune={tune}")
+        static_x = x.clone()
+        _graph_replays(lambda x_: run(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
+                       static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
+                       lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
 
 
 THIN = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4) for gs, fmt, sdt in
@@ -510,84 +525,67 @@ def test_wq_thin_kernel_every_m(bits, gs, fmt, sdt, monkeypatch):
     gen = torch.Generator().manual_seed(bits + 5)
     prepared = cw.prepare(qw, s, z, gi)
     calls = _thin_calls(monkeypatch, cw)
-    keep = cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE
-    try:
-        for warps, grid, inter, slices, xpre in ((0, 0, True, 0, -2), (1, 3, False, 0, 0), (3, 0, True, 2, 1),
-                                                 (16, 1, False, 3, 7), (0, 5, True, 3, -1), (0, 0, True, 2, -3),
-                                                 (16, 2, False, 3, -3), (5, 0, True, 0, -3)):
-            # K splits, persistent blocks (items per block), both code layouts, K slices (grids of 1-2 blocks
-            # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers;
-            # in chunks by bulk copies, with warps that have no item: 13 items, 16 warps, one block per slice)
-            cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES = 16, warps, grid, inter, slices
-            cw.THIN_XPRE = xpre
-            _skinny_rows(cw, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17),
-                         what=f"thin warps={warps} slices={slices} xpre={xpre}", shift=warps)
-        assert len(calls) == 8 * 16 * 2, f"{len(calls)} calls reached the thin kernel"   # M=5..16 too (before wgmma)
-        # the wqv kernel agrees (both accumulate in float32)
-        x = torch.randn((5, k), generator=gen).bfloat16().cuda()
-        cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE = 0, 0, True
-        a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-        cw.THIN_M = cw.THIN_M_LOWBIT = 0
-        b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-    finally:
-        cw.THIN_M, cw.THIN_WARPS, cw.THIN_GRID, cw.INTERLEAVE, cw.THIN_SLICES, cw.THIN_M_LOWBIT, cw.THIN_XPRE = keep
+    for warps, grid, inter, slices, xpre in ((0, 0, True, 0, -2), (1, 3, False, 0, 0), (3, 0, True, 2, 1),
+                                             (16, 1, False, 3, 7), (0, 5, True, 3, -1), (0, 0, True, 2, -3),
+                                             (16, 2, False, 3, -3), (5, 0, True, 0, -3)):
+        # K splits, persistent blocks (items per block), both code layouts, K slices (grids of 1-2 blocks
+        # per slice), every way of staging x (planned; cp.async after 0, 1 or all first stages; registers;
+        # in chunks by bulk copies, with warps that have no item: 13 items, 16 warps, one block per slice)
+        run = launching(cw.launch_thin, cw, inter=inter, warps=warps, grid=grid, slices=slices, xpre=xpre)
+        _skinny_rows(run, qw, s, z, gi, w64, bits, gs, fmt, k, n, gen, prepared, rows=range(1, 17),
+                     what=f"thin warps={warps} slices={slices} xpre={xpre}", shift=warps)
+    assert len(calls) == 8 * 16 * 2, f"{len(calls)} calls reached the thin kernel"
+    # the thin kernel chosen through the dispatcher, and the skinny kernel, agree (both accumulate in float32)
+    x = torch.randn((5, k), generator=gen).bfloat16().cuda()
+    a = wq_kernel("wq_gemm_thin")(x, qw, s, z, gi, None, bits, gs, fmt)
+    assert len(calls) == 8 * 16 * 2 + 1
+    b = wq_kernel("wq_gemm_skinny")(x, qw, s, z, gi, None, bits, gs, fmt)
     torch.testing.assert_close(a.float(), b.float(), rtol=4e-3, atol=4e-3 * float(b.float().abs().max()))
 
 
 @needs_cuda
 @pytest.mark.parametrize("bits,gs,fmt,sdt", [c for c in THIN if c[0] in (4, 8)])
 def test_wq_thin_one_tile_rings(bits, gs, fmt, sdt, monkeypatch):
-    """1-8 rows of 4- and 8-bit codes through both rings of the one-tile kernels (4-bit: 4 stages and 8, the plan
-    taking 8 mostly on layers of more than 2^26 weights; 8-bit: 3 stages and 4, 4 on smaller layers; forced here by
-    the lab knob BIE_WQT_DEEP), with every x staging, 1-16 warps and K slices: against the float64 product, and the
-    two rings bit-identical (same stage order, same sums)."""
+    """1-8 rows of 4- and 8-bit codes through the one-tile kernels (the ring depth the plan picks for the layer), with
+    every x staging, 1-16 warps and K slices: against the float64 product, and deterministic."""
     from bie_backend_cuda import weight_only as cw
     k, n = (3000, 72) if gs != 256 else (3336, 72)
     qw, s, z, gi, w64 = _wq_case(k, n, bits, gs, fmt, bits == 4, 31 + max(gs, 0), sdtype=sdt)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(29)
     calls = _thin_calls(monkeypatch, cw)
-    monkeypatch.setattr(cw, "THIN_M", 16)
     ways = ((1, 0, -2, 0), (1, 1, 0, 0), (1, 3, 1, 0), (1, 16, 2, 2), (1, 5, -1, 3), (2, 0, -2, 0), (3, 3, 1, 0),
             (4, 16, -1, 0), (5, 0, -2, 0), (6, 16, -3, 2), (8, 7, -1, 3), (8, 0, -3, 0))
     for m, warps, xpre, slices in ways:
-        monkeypatch.setattr(cw, "THIN_WARPS", warps)
-        monkeypatch.setattr(cw, "THIN_XPRE", xpre)
-        monkeypatch.setattr(cw, "THIN_SLICES", slices)
+        run = launching(cw.launch_thin, cw, warps=warps, xpre=xpre, slices=slices)
         x = torch.randn((m, k), generator=gen).bfloat16().cuda()
-        outs = []
-        for deep in ("0", "1"):
-            monkeypatch.setenv("BIE_WQT_DEEP", deep)
-            outs.append(cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared))
-            _close(outs[-1], w64, x, torch.bfloat16, k, f"M={m} deep={deep} warps={warps} xpre={xpre} slices={slices}")
-        assert torch.equal(outs[0], outs[1]), f"M={m}: the two rings disagree"
+        y = run(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
+        _close(y, w64, x, torch.bfloat16, k, f"M={m} warps={warps} xpre={xpre} slices={slices}")
+        assert torch.equal(y, run(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)), f"M={m}: not deterministic"
     assert len(calls) == 2 * len(ways)
 
 
 @needs_cuda
 @pytest.mark.parametrize("n", [392, 203])
 def test_wq_thin_slices_reduction(n, monkeypatch):
-    """The K slices' reduction kernels: four outputs a thread (N % 4 == 0, blocks of 256 / 128 / 64 threads) and one
-    (else, or BIE_WQT_RED4=0) give the same bits, with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows."""
+    """The K slices' reduction kernels (four outputs a thread where N % 4 == 0 and the output is large enough, else
+    one), with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows: against the float64 product,
+    deterministic."""
     from bie_backend_cuda import weight_only as cw
     k = 2056
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 50 + n, sdtype=torch.bfloat16)
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(n)
     calls = _thin_calls(monkeypatch, cw)
-    monkeypatch.setattr(cw, "THIN_M", 16)
     for m, slices, dtype in ((1, 2, torch.bfloat16), (3, 3, torch.float16), (8, 5, torch.float32), (9, 2, torch.bfloat16),
                              (16, 4, torch.float16)):
-        monkeypatch.setattr(cw, "THIN_SLICES", slices)
+        run = launching(cw.launch_thin, cw, slices=slices)
         x = torch.randn((m, k), generator=gen).to(dtype).cuda()
         bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 else None
-        outs = []
-        for red4 in ("1", "2", "3", "0"):   # (four outputs a thread in blocks of 256 / 128 / 64 threads; one)
-            monkeypatch.setenv("BIE_WQT_RED4", red4)
-            outs.append(cw.wq_gemm(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared))
-            _close(outs[-1], w64, x, dtype, k, f"M={m} slices={slices} red4={red4}", bias)
-            assert torch.equal(outs[0], outs[-1]), f"M={m} slices={slices} red4={red4}: the reduction kernels disagree"
-    assert len(calls) == 20
+        y = run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
+        _close(y, w64, x, dtype, k, f"M={m} slices={slices}", bias)
+        assert torch.equal(y, run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)), f"M={m}: not deterministic"
+    assert len(calls) == 10
 
 
 @needs_cuda
@@ -599,28 +597,23 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(6)
     calls = _thin_calls(monkeypatch, cw)
-    monkeypatch.setattr(cw, "THIN_M", 16)
+    thin = wq_kernel("wq_gemm_thin")
     for m in (1, 3, 8, 12, 16):   # 8-16 rows of K = 28672 staged in K slices (planned)
         x = torch.randn((m, k), generator=gen).bfloat16().cuda()
-        y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+        y = thin(x, qw, s, z, gi, None, 4, 128, "gptq")
         _close(y, w64, x, torch.bfloat16, k, f"K=28672 M={m}")
         static_x = x.clone()
-        _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
+        _graph_replays(lambda x_: thin(x_, qw, s, z, gi, None, 4, 128, "gptq"),
                        static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                        lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
     assert len(calls) >= 5
     # a long single row (97 KiB staged copy of x), and 8 rows too long for the staged copy (> 128 KiB): per-stage
     # x copies serve them
-    keep = cw.THIN_M
-    try:
-        cw.THIN_M = 8
-        for m, k, n in ((1, 49664, 40), (8, 8200, 40)):
-            qw, s, z, gi, w64 = _wq_case(k, n, 2, 64, "gba", False, 29 + m, sdtype=torch.bfloat16)
-            x = torch.randn((m, k), generator=gen).half().cuda()
-            y = cw.wq_gemm(x, qw, s, z, gi, None, 2, 64, "gba", prepared=cw.prepare(qw, s, z, gi))
-            _close(y, w64, x, torch.float16, k, f"K={k} M={m}")
-    finally:
-        cw.THIN_M = keep
+    for m, k, n in ((1, 49664, 40), (8, 8200, 40)):
+        qw, s, z, gi, w64 = _wq_case(k, n, 2, 64, "gba", False, 29 + m, sdtype=torch.bfloat16)
+        x = torch.randn((m, k), generator=gen).half().cuda()
+        y = thin(x, qw, s, z, gi, None, 2, 64, "gba")
+        _close(y, w64, x, torch.float16, k, f"K={k} M={m}")
     assert len(calls) >= 7
 
 
@@ -640,73 +633,63 @@ def test_wq_thin_chunked_x_on_a_big_layer(monkeypatch):
     prepared = cw.prepare(qw, s, z, None)
     cols = torch.arange(0, n, 37, device="cuda")   # the reference on every 37th column (float64 on the GPU)
     w64 = cw.wq_dequantize(qw, s, z, None, 4, 128, k, "gptq", torch.float32)[:, cols].double()
-    monkeypatch.setattr(cw, "THIN_M", 16)
-    run = lambda x_: cw.wq_gemm(x_, qw, s, z, None, None, 4, 128, "gptq", prepared=prepared)  # noqa: E731
-    keep = cw.THIN_XPRE
-    try:
-        for m in (5, 8, 13, 16):
-            x = torch.randn((m, k), device="cuda", generator=gen).bfloat16()
-            y = run(x)
-            exp = x.double() @ w64
-            err = float((y[:, cols].double() - exp).abs().max() / exp.abs().max())
-            assert err < 1e-2, f"M={m}: relative error {err}"
-            cw.THIN_XPRE = -3
-            torch.testing.assert_close(run(x), y, rtol=0, atol=0)
-            cw.THIN_XPRE = -1
-            torch.testing.assert_close(run(x).float(), y.float(), rtol=1e-2, atol=1e-2 * float(y.float().abs().max()))
-            cw.THIN_XPRE = keep
-            static_x = x.clone()
-            _graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).bfloat16(),
-                           lambda out: torch.testing.assert_close(out, run(static_x), rtol=0, atol=0), 2)
-    finally:
-        cw.THIN_XPRE = keep
+    run = lambda x_: wq_kernel("wq_gemm_thin")(x_, qw, s, z, None, None, 4, 128, "gptq")  # noqa: E731
+    forced = lambda xpre: lambda x_: launching(cw.launch_thin, cw, xpre=xpre)(  # noqa: E731
+        x_, qw, s, z, None, None, 4, 128, "gptq", prepared=prepared)
+    for m in (5, 8, 13, 16):
+        x = torch.randn((m, k), device="cuda", generator=gen).bfloat16()
+        y = run(x)
+        exp = x.double() @ w64
+        err = float((y[:, cols].double() - exp).abs().max() / exp.abs().max())
+        assert err < 1e-2, f"M={m}: relative error {err}"
+        torch.testing.assert_close(forced(-3)(x), y, rtol=0, atol=0)
+        torch.testing.assert_close(forced(-1)(x).float(), y.float(), rtol=1e-2, atol=1e-2 * float(y.float().abs().max()))
+        static_x = x.clone()
+        _graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).bfloat16(),
+                       lambda out: torch.testing.assert_close(out, run(static_x), rtol=0, atol=0), 2)
 
 
 @needs_cuda
 def test_wq_thin_x_ring(monkeypatch):
-    """x through a ring of chunks that the block's last warp copies and sums (9-16 rows of 4-bit codes in groups of
-    128; the plan's rule is big layers, BIE_WQT_XRING=1 forces it here): one K slice (outputs stored directly) and
-    several (partials and the reduction), chunks reused (K of 66 stages: 9 chunks of 8 stages in 4 slots, and with
-    BIE_WQT_XRS=4 17 chunks of 4 in 8 slots), a last chunk of 2 stages with K past the last full stage, a slice of 3
-    stages (K=4104 in six slices of 6, 6, 6, 6, 6, 3: an odd count of the producer's sum units), N off the 16-column
-    items, warps and whole blocks without an item, fp16 / bf16, gptq / gba, bias; against the float64 reference and
-    under CUDA-graph replay. A grid too small for one item per warp is refused (so the ring is what ran), and
-    BIE_WQT_XRING=0 (x staged per slice) agrees."""
+    """x through a ring of chunks that the block's last warp copies and sums: the plan's choice for 9-16 rows of 4-bit
+    codes in groups of 128 on layers of more than 2^27 weights whose items fit one pass of one K slice (28672 x 8192
+    on an H100 / H200), fp16 / bf16, gptq / gba, bias; against the float64 product of the dequantized weight (random
+    codes made on the GPU, every 37th column), deterministic, under CUDA-graph replay, and level with x staged in two
+    K slices (forced: no ring)."""
     from bie_backend_cuda import weight_only as cw
+    from bie_core.ops.weight_only import num_groups, packed_rows
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the x ring takes bulk copies (sm_90)")
     calls = _thin_calls(monkeypatch, cw)
-    monkeypatch.setattr(cw, "THIN_M", 16)
-    gen = torch.Generator().manual_seed(30)
-    cases = ((8392, 2048, 16, 1, "gptq", torch.bfloat16, False), (8392, 1000, 9, 3, "gba", torch.float16, True),
-             (4104, 4736, 12, 0, "gptq", torch.bfloat16, True), (16384, 264, 13, 2, "gba", torch.bfloat16, False))
-    for i, (k, n, m, slices, fmt, dtype, with_bias) in enumerate(cases):
-        qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, fmt, False, 300 + i, sdtype=dtype)
-        prepared = cw.prepare(qw, s, z, gi)
-        run = lambda x_: cw.wq_gemm(x_, qw, s, z, gi, bias, 4, 128, fmt, prepared=prepared)  # noqa: E731
-        x = torch.randn((m, k), generator=gen).to(dtype).cuda()
-        bias = torch.randn(n, generator=gen).to(dtype).cuda() if with_bias else None
-        what = f"K={k} N={n} M={m} slices={slices}"
-        monkeypatch.setenv("BIE_WQT_XRING", "1")
-        monkeypatch.setattr(cw, "THIN_SLICES", slices)
-        if i == 0:
-            monkeypatch.setenv("BIE_WQT_XRS", "4")
-            _close(run(x), w64, x, dtype, k, what + " chunks of 4 stages", bias)
-            monkeypatch.delenv("BIE_WQT_XRS")
+    gen = torch.Generator(device="cuda").manual_seed(30)
+    k, n = 8192, 28672
+    for m, fmt, dtype, with_bias in ((16, "gptq", torch.bfloat16, False), (9, "gba", torch.float16, True),
+                                     (12, "gptq", torch.float16, True)):
+        qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (packed_rows(k, 4), n), device="cuda", dtype=torch.int32,
+                           generator=gen)
+        s = ((torch.rand((num_groups(k, 128), n), device="cuda", generator=gen) + 0.5) / 16).to(dtype)
+        if fmt == "gptq":
+            z = torch.randint(-2 ** 31, 2 ** 31 - 1, (num_groups(k, 128), packed_rows(n, 4)), device="cuda",
+                              dtype=torch.int32, generator=gen)
+        else:
+            z = (torch.rand((num_groups(k, 128), n), device="cuda", generator=gen) / 8).to(dtype)
+        cols = torch.arange(0, n, 37, device="cuda")
+        w64 = cw.wq_dequantize(qw, s, z, None, 4, 128, k, fmt, torch.float32)[:, cols].double()
+        bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if with_bias else None
+        run = lambda x_: wq_kernel("wq_gemm_thin")(x_, qw, s, z, None, bias, 4, 128, fmt)  # noqa: E731
+        x = torch.randn((m, k), device="cuda", generator=gen).to(dtype)
         y = run(x)
-        _close(y, w64, x, dtype, k, what, bias)
-        assert torch.equal(run(x), y), f"{what}: not deterministic"
-        monkeypatch.setattr(cw, "THIN_GRID", max(1, slices))   # one block a slice: more items than its 16 warps
-        with pytest.raises(RuntimeError):
-            run(x)
-        monkeypatch.setattr(cw, "THIN_GRID", 0)
+        exp = x.double() @ w64 + (0 if bias is None else bias[cols].double())
+        err = float((y[:, cols].double() - exp).abs().max() / exp.abs().max())
+        assert err < 1e-2, f"M={m} {fmt} {dtype}: relative error {err}"
+        assert torch.equal(run(x), y), f"M={m}: not deterministic"
+        sliced = launching(cw.launch_thin, cw, slices=2)(x, qw, s, z, None, bias, 4, 128, fmt,
+                                                         prepared=cw.prepare(qw, s, z, None))
+        torch.testing.assert_close(sliced.float(), y.float(), rtol=1e-2, atol=1e-2 * float(y.float().abs().max()))
         static_x = x.clone()
-        _graph_replays(run, static_x, lambda: torch.randn((m, k), generator=gen).to(dtype).cuda(),
-                       lambda out: _close(out, w64, static_x, dtype, k, f"{what} graph replay", bias), 2)
-        monkeypatch.setenv("BIE_WQT_XRING", "0")
-        monkeypatch.setattr(cw, "THIN_SLICES", 0)
-        _close(run(x), w64, x, dtype, k, f"{what} staged slices", bias)
-    assert len(calls) >= 4 * 6 + 1
+        _graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).to(dtype),
+                       lambda out: torch.testing.assert_close(out, run(static_x), rtol=0, atol=0), 2)
+    assert len(calls) >= 3 * 6
 
 
 @needs_cuda
@@ -737,16 +720,15 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
                 return f
             return lambda *a: calls.append((name, a[-3] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
-    monkeypatch.setattr(cw, "THIN_M", (16 if kernel == "thin-sliced" else 4) if thin else 0)
-    monkeypatch.setattr(cw, "THIN_SLICES", 2 if kernel == "thin-sliced" else 0)
-    monkeypatch.setattr(cw, "THIN_M_LOWBIT", 16 if thin else 0)
+    run = {"thin": wq_kernel("wq_gemm_thin"), "skinny": wq_kernel("wq_gemm_skinny"),
+           "thin-sliced": launching(cw.launch_thin, cw, slices=2)}[kernel]
     gen = torch.Generator().manual_seed(12)
 
     def chain(x_):
         ins, outs = [], []
         for (qw, s, z, gi, _), p, (bits, gs, fmt, _sd) in zip(layers, preps, spec):
             ins.append(x_)
-            x_ = cw.wq_gemm(x_, qw, s, z, gi, None, bits, gs, fmt, prepared=p)   # the next call's x, as it is
+            x_ = run(x_, qw, s, z, gi, None, bits, gs, fmt, prepared=p)   # the next call's x, as it is
             outs.append(x_)
         return ins, outs
 
@@ -814,16 +796,9 @@ def test_wq_skinny_plan_of_exactly_48k_shared_memory():
     s = (torch.rand((1, n), device="cuda", generator=gen) + 0.5).half() / 256
     z = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, packed_rows(n, 8)), device="cuda", dtype=torch.int32, generator=gen)
     x = torch.randn((4, k), device="cuda", generator=gen).bfloat16()
-    prepared = cw.prepare(qw, s, z, None)
-    keep = cw.SKINNY_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT
-    try:
-        cw.THIN_M_BIG = cw.THIN_M_LOWBIT = 0   # (the skinny kernel itself, not the thin one)
-        a = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
-        torch.cuda.synchronize()
-        cw.SKINNY_M = 0
-        b = cw.wq_gemm(x, qw, s, z, None, None, 8, -1, "gptq", prepared=prepared)
-    finally:
-        cw.SKINNY_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT = keep
+    a = wq_kernel("wq_gemm_skinny")(x, qw, s, z, None, None, 8, -1, "gptq")
+    torch.cuda.synchronize()
+    b = wq_kernel("wq_gemm_mma")(x, qw, s, z, None, None, 8, -1, "gptq")
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3 * float(b.float().abs().max()))
 
 
@@ -853,26 +828,21 @@ def test_wgmma_statistics_encoding_is_exact(bits, fmt, sdt):
 
 
 def test_wgmma_row_ranges():
-    """Which rows the Hopper wgmma kernel takes (the dispatch thresholds measured in cuda_h100_wqw.md)."""
+    """Where the Hopper register-A wgmma kernel is the fastest (the thresholds measured on the H100:
+    benchmarks/results/cuda_h100.md)."""
     from bie_backend_cuda import weight_only as cw
     big, small = (28672, 8192), (4096, 4096)
-    assert [m for m in range(1, 300) if cw._wqw_rows(m, *big, 4)] == list(range(9, 257))
-    assert [m for m in range(1, 20) if cw._wqw_rows(m, *small, 4)] == list(range(5, 20))
-    assert [m for m in range(1, 20) if cw._wqw_rows(m, *big, 8)] == [17, 18, 19]
-    keep = cw.WQW_MIN_M
-    try:
-        cw.WQW_MIN_M = 0
-        assert not any(cw._wqw_rows(m, *big, 4) for m in (1, 16, 64, 256))
-    finally:
-        cw.WQW_MIN_M = keep
+    assert [m for m in range(1, 300) if cw.wgmma_fast(m, *big, 4)] == list(range(9, 257))
+    assert [m for m in range(1, 20) if cw.wgmma_fast(m, *small, 4)] == list(range(5, 20))
+    assert [m for m in range(1, 20) if cw.wgmma_fast(m, *big, 8)] == [17, 18, 19]
 
 
 def test_wgmma_tile_rows_plan():
-    """The wgmma kernel's tile rows (_wqw_ntok) on an H100's 132 SMs: the choices measured best in session 22
-    (cuda_h100_wqw.md), from the grid-fill model mirrored from the launcher."""
+    """The wgmma kernel's tile rows (wgmma_tile_rows) on an H100's 132 SMs: the choices measured best, from the
+    grid-fill model mirrored from the launcher."""
     from bie_backend_cuda import weight_only as cw
     def plan(n, k, ms):
-        return [cw._wqw_ntok(m, n, k, 132) for m in ms]
+        return [cw.wgmma_tile_rows(m, n, k, 132) for m in ms]
     for n, k in ((28672, 8192), (8192, 28672), (4096, 4096)):
         assert plan(n, k, (9, 16, 40, 64, 96, 128, 256)) == [16, 16, 64, 64, 128, 128, 128]
     assert plan(28672, 8192, (17, 24, 32, 160, 192)) == [64, 64, 64, 64, 64]
@@ -884,63 +854,27 @@ def test_wgmma_tile_rows_plan():
         assert plan(n, k, (160, 192)) == [64, 64]
     for m in range(1, 257):   # every planned tile has a grid the launcher can build
         for n, k in ((128, 128), (13824, 5120), (4096, 11008)):
-            t = cw._wqw_ntok(m, n, k, 132)
-            assert t in (16, 32, 64, 128) and 0 < cw._wqw_wave_fill(m, n, k, t, 132) <= 1
-    keep = cw.WQW_NTOK64_MAX_M, cw.WQW_NTOK
-    try:
-        cw.WQW_NTOK64_MAX_M = 64    # the fixed rule: 32 up to 32 rows, 64 up to this, else 128
-        assert [cw._wqw_ntok(m, 28672, 8192, 132) for m in (17, 32, 33, 64, 65, 192)] == [32, 32, 64, 64, 128, 128]
-        cw.WQW_NTOK = 128
-        assert cw._wqw_ntok(17, 28672, 8192, 132) == 128
-    finally:
-        cw.WQW_NTOK64_MAX_M, cw.WQW_NTOK = keep
-
-
-def test_wqm_row_ranges():
-    """Which calls the pipelined many-row kernel takes (measured on the H100 in sessions 25 and 27): 129-4096 rows of 4-bit
-    codes in groups of 32 or more, or per channel, whatever the layer; never 2- or 8-bit codes or groups of 16;
-    off with WQM_MIN_M = 0, forced for any rows with WQM_MIN_M = 1."""
-    from bie_backend_cuda import weight_only as cw
-    assert [m for m in range(1, 9000) if cw._wqm_rows(m, 4, 7)] == list(range(129, 4097))
-    assert [m for m in range(1, 9000) if cw._wqm_rows(m, 4, -1)] == list(range(129, 4097))
-    assert [m for m in range(1, 9000) if cw._wqm_rows(m, 4, 5)] == list(range(129, 4097))
-    assert not any(cw._wqm_rows(m, b, gs) for m in (129, 1024, 4096) for b, gs in ((2, 7), (8, 7), (4, 4), (1, 7)))
-    keep = cw.WQM_MIN_M
-    try:
-        cw.WQM_MIN_M = 0
-        assert not any(cw._wqm_rows(m, 4, 7) for m in (129, 224, 2048))
-        cw.WQM_MIN_M = 1
-        assert cw._wqm_rows(3, 4, 5) and cw._wqm_rows(9000, 4, 7) and not cw._wqm_rows(3, 4, 4)
-    finally:
-        cw.WQM_MIN_M = keep
+            t = cw.wgmma_tile_rows(m, n, k, 132)
+            assert t in (16, 32, 64, 128) and 0 < cw.wgmma_wave_fill(m, n, k, t, 132) <= 1
 
 
 def test_thin_row_ranges():
-    """Which rows the thin GEMV kernel takes (thresholds measured in cuda_h100_thin.md): 2- and 4-bit codes (1 and 3
-    bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices) except 2 rows of a big
-    layer whose K is above THIN_ROWS_MAX_K; 8-bit codes up to 4 rows
-    on small layers, and on big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as
-    csrc/wq_thin.cuh thin_mx) and K is at most THIN_ROWS_MAX_K."""
+    """Where the thin GEMV is the fastest (thresholds measured on the H100, benchmarks/results/cuda_h100.md): 2- and
+    4-bit codes (1 and 3 bits through their layouts) up to 16 rows on any layer (x staged whole or in K slices)
+    except 2 rows of a big layer whose K is above THIN_ROWS_MAX_K; 8-bit codes up to 4 rows on small layers, and on
+    big ones 1 row, or 2-4 rows when the block can stage all of x (128 KiB, as csrc/wq_thin.cuh thin_mx) and K is at
+    most THIN_ROWS_MAX_K."""
     from bie_backend_cuda import weight_only as cw
     for bits in (1, 2, 3, 4):
         for n, k in ((4096, 4096), (28672, 8192), (1024, 65536)):
-            assert [m for m in range(1, 33) if cw._thin_rows(m, n, k, bits)] == list(range(1, 17))
+            assert [m for m in range(1, 33) if cw.thin_fast(m, n, k, bits)] == list(range(1, 17))
         for n, k in ((8192, 28672), (8192, 65536)):   # 2 rows of a long K: the skinny kernel
-            assert [m for m in range(1, 33) if cw._thin_rows(m, n, k, bits)] == [1] + list(range(3, 17))
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 8)] == [1, 2, 3, 4]
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 28672, 8192, 8)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 28672, 8)] == [1]               # K > THIN_ROWS_MAX_K
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 1024, 65536, 8)] == [1, 2, 3, 4]      # small layer: per-stage x
-    assert [m for m in range(1, 17) if cw._thin_rows(m, 8192, 65536, 8)] == [1]               # K too long to stage 2 rows
-    keep = cw.THIN_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT
-    try:
-        cw.THIN_M = cw.THIN_M_BIG = cw.THIN_M_LOWBIT = 0
-        assert not any(cw._thin_rows(m, n, k, b) for m in (1, 2) for n, k in ((4096, 4096), (28672, 8192))
-                       for b in (2, 4, 8))
-        cw.THIN_M_LOWBIT = 8
-        assert [m for m in range(1, 17) if cw._thin_rows(m, 4096, 4096, 4)] == list(range(3, 9))
-    finally:
-        cw.THIN_M, cw.THIN_M_BIG, cw.THIN_M_LOWBIT = keep
+            assert [m for m in range(1, 33) if cw.thin_fast(m, n, k, bits)] == [1] + list(range(3, 17))
+    assert [m for m in range(1, 17) if cw.thin_fast(m, 4096, 4096, 8)] == [1, 2, 3, 4]
+    assert [m for m in range(1, 17) if cw.thin_fast(m, 28672, 8192, 8)] == [1, 2, 3, 4]      # 4 x 16 KiB of x
+    assert [m for m in range(1, 17) if cw.thin_fast(m, 8192, 28672, 8)] == [1]               # K > THIN_ROWS_MAX_K
+    assert [m for m in range(1, 17) if cw.thin_fast(m, 1024, 65536, 8)] == [1, 2, 3, 4]      # small layer: per-stage x
+    assert [m for m in range(1, 17) if cw.thin_fast(m, 8192, 65536, 8)] == [1]               # K too long to stage 2 rows
 
 
 WQW = [(bits, gs, fmt, sdt, act) for bits in (1, 2, 3, 4, 8) for gs, fmt, sdt, act in
@@ -964,86 +898,64 @@ def test_wq_wgmma_kernel(bits, gs, fmt, sdt, act):
     prepared = cw.prepare(qw, s, z, gi)
     for i, m in enumerate((1, 9, 16, 17, 32, 33, 65, 127, 129, 333)):
         dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
-        keep = (cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT, cw.WQW_NTOK,
-                cw.WQM_MIN_M)
-        try:
-            # 128/64-row tiles above 32 rows, split-K; then 64-row tiles at any row count (the plan takes them for
-            # 17-32 rows of layers whose 32-row grid fills the SMs badly)
-            # (last: the pipelined kernel, 4-bit codes (3-bit through them) in groups of 32 or more)
-            for ntok_max, splits, ntok, wqm in ((0, 0, 0, 0), (1 << 20, 0, 0, 0), (0, 1, 0, 0), (1 << 20, 3, 0, 0),
-                                                (0, 0, 64, 0), (0, 0, 0, 256)):
-                if (ntok and m < 17) or (wqm and (bits not in (3, 4) or gs == 16)):
-                    continue
-                cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS = 1, 1 << 30, ntok_max, splits
-                cw.WQW_NTOK, cw.WQM_MIN_M = ntok, 1 if wqm else 0
-                cw.THIN_M_LOWBIT = 0   # (9-16 rows of 2/4-bit codes: this kernel, not the thin one)
-                x = torch.randn((m, k), generator=gen).to(dtype).cuda()
-                bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
-                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-                out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
-                _close(out, w64, x, dtype, k,
-                       f"wgmma M={m} ntok_max={ntok_max} splits={splits} ntok={ntok} wqm={wqm} {dtype}", bias)
-                assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
-        finally:
-            (cw.WQW_MIN_M, cw.WQW_MAX_M, cw.WQW_NTOK64_MAX_M, cw.WQW_SPLITS, cw.THIN_M_LOWBIT, cw.WQW_NTOK,
-             cw.WQM_MIN_M) = keep
-    # small M through the same kernel (rows of the tile masked) agrees with the skinny kernel
-    keep = cw.WQW_MIN_M
-    try:
-        x = torch.randn((3, k), generator=gen).bfloat16().cuda()
-        cw.WQW_MIN_M = 1     # (WQW_MAX_M >= 3)
-        a = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-        cw.WQW_MIN_M = 0
-        b = cw.wq_gemm(x, qw, s, z, gi, None, bits, gs, fmt, prepared=prepared)
-    finally:
-        cw.WQW_MIN_M = keep
+        # planned tiles; 128/64-row tiles above 32 rows, split-K; 64-row tiles at any row count (the plan takes them
+        # for 17-32 rows of layers whose 32-row grid fills the SMs badly); last: the pipelined many-row kernel
+        # (4-bit codes, 3-bit through them, in groups of 32 or more)
+        for ntok, splits in ((0, 0), (128, 0), (0, 1), (128, 3), (64, 3), (64, 0), (cw.WGMMA_ROWS_NTOK, 0)):
+            if (ntok == 64 and m < 17) or (ntok == cw.WGMMA_ROWS_NTOK and (bits not in (3, 4) or gs == 16)):
+                continue
+            if ntok == 128 and m <= 32:
+                ntok = 0
+            run = launching(cw.launch_wgmma, cw, ntok=ntok, splits=splits)
+            x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+            bias = torch.randn(n, generator=gen).to(dtype).cuda() if i % 2 else None
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            out.copy_(run(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+            _close(out, w64, x, dtype, k, f"wgmma M={m} ntok={ntok} splits={splits} {dtype}", bias)
+            assert torch.equal(out, run(x, qw, s, z, gi, bias, bits, gs, fmt, prepared=prepared))
+    # small M through the same kernel chosen explicitly (rows of the tile masked) agrees with the small-M kernel
+    x = torch.randn((3, k), generator=gen).bfloat16().cuda()
+    a = wq_kernel("wq_gemm_wgmma")(x, qw, s, z, gi, None, bits, gs, fmt)
+    b = wq_kernel("wq_gemm_mma")(x, qw, s, z, gi, None, bits, gs, fmt)
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2 * float(b.float().abs().max()))
 
 
 @needs_hopper
-@pytest.mark.parametrize("epi", ["1", "0"])
 @pytest.mark.parametrize("fmt,sdt,gs,act", [("gptq", torch.float16, 128, True), ("gba", torch.bfloat16, 32, False),
                                             ("gptq", torch.bfloat16, -1, False)])
-def test_wqm_tiles(fmt, sdt, gs, act, epi, monkeypatch):
+def test_wgmma_rows_tiles(fmt, sdt, gs, act):
     """The pipelined many-row kernel: more tiles than SMs (the persistent loop, the copy ring and the three-deep
     wgmma pipeline running on across tiles), N = 11620 (91 column groups of 128, the last partly past N; N % 8 != 0:
-    direct output stores) and 11520 (whole lines through shared memory, or direct with BIE_WQM_EPI=0), M off the
+    direct output stores) and 11520 (whole lines through shared memory), M off the
     256-row tile (rows past M read as zeros by the TMA box; the staged epilogue's second round of 128 rows partly
     or wholly past M), K off the 64-k block and K = 56 (one stage a tile), fp16 / bf16 activations with fp16 / bf16
     statistics (both conversions), bias; NaN-poisoned outputs, deterministic, against the float64 reference."""
     from bie_backend_cuda import weight_only as cw
-    monkeypatch.setenv("BIE_WQM_EPI", epi)
     gen = torch.Generator().manual_seed(5)
-    keep = cw.WQM_MIN_M
-    try:
-        # K = 200: four 64-k stages a tile, the last partly past K; K = 56: one stage a tile, so the next stage's
-        # fragment is always the next tile's (the three-deep wgmma pipeline crosses every tile boundary).
-        # N = 11620: 91 column tiles, the last partly past N; 11520: 90, all whole
-        for k, n in ((200, 11620), (200, 11520), (56, 11520)):
-            qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77 + k, sdtype=sdt)
-            prepared = cw.prepare(qw, s, z, gi)
-            for m, dtype in ((300, torch.bfloat16), (129, torch.float16), (17, torch.bfloat16)):   # (> 16: past the thin kernel)
-                x = torch.randn((m, k), generator=gen).to(dtype).cuda()
-                bias = torch.randn(n, generator=gen).to(dtype).cuda() if m != 129 else None
-                cw.WQM_MIN_M = 1
-                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-                out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
-                _close(out, w64, x, dtype, k, f"wqm M={m} N={n} K={k} {dtype} {fmt} g{gs}", bias)
-                assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
-                if k == 200 and m != 17:
-                    # the last partial wave's tiles split in K (forced: 2, 3 uneven parts of the 4 code blocks, 9
-                    # clamped to 4): float32 partials and their reduction; with more tiles than SMs (300 rows)
-                    # whole tiles and split ones in one launch
-                    for splits in (2, 3, 9):
-                        cw.WQM_SPLITS = splits
-                        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-                        out.copy_(cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
-                        _close(out, w64, x, dtype, k, f"wqm split {splits} M={m} N={n} {dtype} {fmt} g{gs}", bias)
-                        assert torch.equal(out, cw.wq_gemm(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
-                    cw.WQM_SPLITS = 0
-    finally:
-        cw.WQM_MIN_M = keep
-        cw.WQM_SPLITS = 0
+    rows = wq_kernel("wq_gemm_wgmma_rows")
+    # K = 200: four 64-k stages a tile, the last partly past K; K = 56: one stage a tile, so the next stage's
+    # fragment is always the next tile's (the three-deep wgmma pipeline crosses every tile boundary).
+    # N = 11620: 91 column tiles, the last partly past N; 11520: 90, all whole
+    for k, n in ((200, 11620), (200, 11520), (56, 11520)):
+        qw, s, z, gi, w64 = _wq_case(k, n, 4, gs, fmt, act, 77 + k, sdtype=sdt)
+        prepared = cw.prepare(qw, s, z, gi)
+        for m, dtype in ((300, torch.bfloat16), (129, torch.float16), (17, torch.bfloat16)):   # (> 16: past the thin kernel)
+            x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+            bias = torch.randn(n, generator=gen).to(dtype).cuda() if m != 129 else None
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            out.copy_(rows(x, qw, s, z, gi, bias, 4, gs, fmt))
+            _close(out, w64, x, dtype, k, f"wqm M={m} N={n} K={k} {dtype} {fmt} g{gs}", bias)
+            assert torch.equal(out, rows(x, qw, s, z, gi, bias, 4, gs, fmt))
+            if k == 200 and m != 17:
+                # the last partial wave's tiles split in K (forced: 2, 3 uneven parts of the 4 code blocks, 9
+                # clamped to 4): float32 partials and their reduction; with more tiles than SMs (300 rows)
+                # whole tiles and split ones in one launch
+                for splits in (2, 3, 9):
+                    run = launching(cw.launch_wgmma, cw, ntok=cw.WGMMA_ROWS_NTOK, splits=splits)
+                    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                    out.copy_(run(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
+                    _close(out, w64, x, dtype, k, f"wqm split {splits} M={m} N={n} {dtype} {fmt} g{gs}", bias)
+                    assert torch.equal(out, run(x, qw, s, z, gi, bias, 4, gs, fmt, prepared=prepared))
 
 
 @needs_hopper
@@ -1052,21 +964,16 @@ def test_wqm_tail_split_auto():
     leaves half of the SMs idle) and its absence (no tail), against the float64 reference, deterministic."""
     from bie_backend_cuda import weight_only as cw
     gen = torch.Generator().manual_seed(9)
-    keep = cw.WQM_MIN_M
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    try:
-        cw.WQM_MIN_M = 1
-        k = 1024
-        for n in (128 * (sms // 2 - 3), 128 * (sms + 5), 128 * sms):   # all tiles split; whole + tail; no tail
-            qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 3, sdtype=torch.float16)
-            prepared = cw.prepare(qw, s, z, gi)
-            x = torch.randn((200, k), generator=gen).bfloat16().cuda()
-            bias = torch.randn(n, generator=gen).bfloat16().cuda()
-            y = cw.wq_gemm(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
-            _close(y, w64, x, torch.bfloat16, k, f"wqm auto split N={n}", bias)
-            assert torch.equal(y, cw.wq_gemm(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared))
-    finally:
-        cw.WQM_MIN_M = keep
+    rows = wq_kernel("wq_gemm_wgmma_rows")
+    k = 1024
+    for n in (128 * (sms // 2 - 3), 128 * (sms + 5), 128 * sms):   # all tiles split; whole + tail; no tail
+        qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", True, 3, sdtype=torch.float16)
+        x = torch.randn((200, k), generator=gen).bfloat16().cuda()
+        bias = torch.randn(n, generator=gen).bfloat16().cuda()
+        y = rows(x, qw, s, z, gi, bias, 4, 128, "gptq")
+        _close(y, w64, x, torch.bfloat16, k, f"wqm auto split N={n}", bias)
+        assert torch.equal(y, rows(x, qw, s, z, gi, bias, 4, 128, "gptq"))
 
 
 @needs_hopper
@@ -1077,10 +984,10 @@ def test_wq_wgmma_big_layer_and_graphs():
     prepared = cw.prepare(qw, s, z, gi)
     gen = torch.Generator().manual_seed(8)
     x = torch.randn((300, k), generator=gen).bfloat16().cuda()
-    y = cw.wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
+    y = wq_auto(x, qw, s, z, gi, None, 4, 128, "gptq")
     _close(y, w64, x, torch.bfloat16, k, "K=4096 M=300")
     static_x = x.clone()
-    _graph_replays(lambda x_: cw.wq_gemm(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared), static_x,
+    _graph_replays(lambda x_: wq_auto(x_, qw, s, z, gi, None, 4, 128, "gptq"), static_x,
                    lambda: torch.randn((300, k), generator=gen).bfloat16().cuda(),
                    lambda out: _close(out, w64, static_x, torch.bfloat16, k, "graph replay"), 1)
 
@@ -1097,8 +1004,9 @@ def test_wq_nonuniform_act_order_falls_back_correctly():
     q = rw._unpack_rows(qw.cpu(), 4, k).double()
     w = q * sf[gi.long()] - zf[gi.long()]
     x = torch.randn(3, k).half().cuda()
-    got = cw.wq_gemm(x, qw, s, z, gi.cuda(), None, 4, 32, "gba")
-    _close(got, w, x, torch.float16, k, "non-uniform g_idx")
+    for name in ("", "wq_gemm_thin", "wq_gemm_skinny", "wq_gemm_mma", "wq_gemm_dense"):
+        got = wq_kernel(name)(x, qw, s, z, gi.cuda(), None, 4, 32, "gba")
+        _close(got, w, x, torch.float16, k, f"non-uniform g_idx {name or 'automatic'}")
 
 
 @needs_cuda
@@ -1113,6 +1021,28 @@ def test_dispatch_picks_cuda_kernels():
         qw, s, z, gi, _ = _wq_case(96, 16, 4, 48, "gptq", False, 1)
         ops.wq_gemm(torch.randn(1, 96).half().cuda(), qw, s, z, gi, None, 4, 48, "gptq", backend="cuda")
     assert "group_size=48" in str(err.value)
+    # the weight-only kernel that runs is named, and why the others did not serve
+    qw, s_, z, gi, _ = _wq_case(256, 64, 4, 128, "gptq", False, 2)
+    x = torch.randn(1, 256).half().cuda()
+    e = bie_core.explain(ops.wq_gemm, x, qw, s_, z, gi, None, 4, 128, "gptq")
+    assert e.chosen()["wq_gemm"] == "cuda:wq_gemm_thin", str(e)
+    assert "cuda:wq_gemm_mma" in str(e)
+
+
+def test_cache_key_covers_every_included_header(tmp_path, monkeypatch):
+    """The extension's cache key hashes its sources and every header they include, transitively (tensor_map.h is
+    included only through other headers): editing any of them means a new build, never a stale one."""
+    import shutil
+    from bie_backend_cuda import _build
+    files = {p.name for p in _build.extension((9, 0)).files()}
+    assert {"tensor_map.h", "hopper.cuh", "wq_thin_kernel.cuh", "launchers.h"} <= files, files
+    csrc = tmp_path / "csrc"
+    shutil.copytree(_build.CSRC, csrc)
+    monkeypatch.setattr(_build, "CSRC", csrc)
+    before = _build.build_dir((9, 0))
+    (csrc / "tensor_map.h").write_text((csrc / "tensor_map.h").read_text() + "\n// edited\n")
+    assert _build.build_dir((9, 0)) != before
+    assert _build.build_dir((9, 0)) != _build.build_dir((8, 0))
 
 
 @needs_cuda

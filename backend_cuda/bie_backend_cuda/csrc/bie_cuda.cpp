@@ -561,9 +561,8 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
     if (tail == 0 || splits < 1) splits = 1;
     p.splits = (int)splits;
     p.whole_tiles = (int)(splits > 1 ? tiles - tail : tiles);
-    // outputs staged in shared memory, stored in whole lines (lab knob BIE_WQM_EPI = 0 / 1)
+    // outputs staged in shared memory, stored in whole lines
     p.wqm_epi = 1;
-    if (const char* e = std::getenv("BIE_WQM_EPI")) p.wqm_epi = std::atoi(e) != 0;
     if (splits > 1) {
       ws = at::empty({splits * tail * bie::WQM_NTOK * 128}, x.options().dtype(at::kFloat));
       p.ws = ws.data_ptr<float>();

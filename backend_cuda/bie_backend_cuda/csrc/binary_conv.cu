@@ -20,7 +20,6 @@
 //     padding (0 bits) count neither in popc(w) (a per-tap table of weight popcounts) nor in K_valid. The tile is
 //     scaled, biased and staged in shared memory as [channel][pixel], then written as NCHW rows.
 #include <atomic>
-#include <cstdio>   // (printf: the BIE_CONV_PHASES lab instrument)
 #include <type_traits>
 
 #include "b1_common.cuh"
@@ -318,15 +317,6 @@ __device__ __forceinline__ uint2 lds_u64(uint32_t addr) {
   return v;
 }
 
-// Lab instrument (BIE_CUDA_DEFINES=BIE_CONV_PHASES, never in the product build): thread 0 of each block records clock64
-// at the kernel's phase boundaries and prints them with its SM and the global timer at the end
-// (benchmarks/lab/conv_phases.py reads them).
-#ifdef BIE_CONV_PHASES
-#define BIE_CONV_MARK(i)                                                              \
-  if (threadIdx.x == 0) ph_[i] = clock64();
-#else
-#define BIE_CONV_MARK(i)
-#endif
 
 template <int MT, int NT, bool PAIR>
 __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, int kc) {
@@ -345,10 +335,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   float* s_out = reinterpret_cast<float*>(s_w);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-#ifdef BIE_CONV_PHASES
-  unsigned long long ph_[6] = {};
-#endif
-  BIE_CONV_MARK(0)
   const int npix = p.N * p.Ho * p.Wo;
   const int p0 = blockIdx.x * BM;
   const int o0 = blockIdx.y * BN;
@@ -422,7 +408,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     s_inv[r] = inv;
   }
   __syncthreads();
-  BIE_CONV_MARK(1)
 
   // The words the tile's windows read form one contiguous range of packed ([N][Hp][Wp][CW] order, windows start
   // in pixel order). Where it fits the block's share (span_cap words, from the host's bound) it is copied to
@@ -486,7 +471,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
       else cp_async_wait<0>();
       __syncthreads();
       if (c == 0) {
-        BIE_CONV_MARK(2)
       }
       const uint32_t wb = w_addr + (uint32_t)((c & 1) * BN * kc) * 4u;
       // A fragments of the k step at K word q = k0 + s (this thread: words q + 2 tig, q + 2 tig + 1 of its rows),
@@ -546,7 +530,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   };
   if (staged) mainloop(std::true_type{});
   else mainloop(std::false_type{});
-  BIE_CONV_MARK(3)
   __syncthreads();   // the weight chunk's space becomes the output staging tile
 
   // epilogue: dot = 4 acc + (K_valid - 2 popc(a)) [per pixel] - 2 popc(w over the valid taps) [per channel],
@@ -603,7 +586,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
   }
   __syncthreads();
 
-  BIE_CONV_MARK(4)
   // NCHW rows: consecutive threads write consecutive pixels of one channel
   const int ncol = min(BN, p.O - o0);
   switch (p.out_dtype) {
@@ -612,12 +594,6 @@ __global__ void __launch_bounds__(kConvThreads) bconv_mma_kernel(BinConvArgs p, 
     case kF16: store_rows<__half, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
     default: store_rows<__nv_bfloat16, BM, LDS>(p, s_out, s_obase, o0, ncol); break;
   }
-#ifdef BIE_CONV_PHASES
-  BIE_CONV_MARK(5)
-  if (threadIdx.x == 0)
-    printf("PH %d %d %u %llu %llu %llu %llu %llu %llu %llu\n", blockIdx.x, blockIdx.y, sm_id(), global_timer_ns(), ph_[0],
-           ph_[1], ph_[2], ph_[3], ph_[4], ph_[5]);
-#endif
 }
 
 }  // namespace

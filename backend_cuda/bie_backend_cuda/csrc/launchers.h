@@ -169,18 +169,13 @@ struct WqtArgs {
   int rr;                // with cols: the items dealt to the slice's blocks in turn (set by the plan)
   int xl;                // one row of x through registers: 16-byte loads in flight per thread (set by the plan)
   int deep;              // 4- / 8-bit codes, one row tile: the 8- / 4-stage ring instead of 4 / 3 (set by the plan)
-  int lab;               // lab bounds (only in a build with BIE_WQT_LAB_BOUNDS; wq_thin.cu): what to leave out
   int xring;             // x through a ring of chunks of this many stages (0: the slice staged whole)
   int xring_r;           // the ring's chunks (at most THIN_XCHUNKS)
   int xring_d;           // the ring's producer issues a chunk's copies this many steps before it sums it
-  int xring_lab;         // lab bound (env BIE_WQT_XRLAB in a BIE_WQT_LAB_BOUNDS build; wrong results): 1 = no sums, 2 = nor
-                         // copies x, 3 = no waits for free slots or ready chunks (sums and copies as usual),
-                         // 4 = each block's chunks copied from a K place rotated by its block index
-  int xwrap;             // lab bound (only in a build with BIE_WQT_LAB_XWRAP; wq_thin.cu): stages of x held
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
 int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);
-// the most warps a thin block may have (16; more in a lab build with BIE_WQT_LAB_MAXWARPS): warps_force's range
+// the most warps a thin block may have (16): warps_force's range
 int wqt_max_warps();
 cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);
 

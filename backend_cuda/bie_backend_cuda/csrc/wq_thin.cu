@@ -1,13 +1,11 @@
 // The thin weight-only GEMV ("wqt"): host plan and dispatch. The kernel and its design: wq_thin_kernel.cuh.
-#include <cstdlib>
-
 #include "common.cuh"
 #include "wq_thin.cuh"
 
 namespace bie {
 using namespace thin;
 
-int wqt_max_warps() { return BIE_WQT_LAB_MAXWARPS; }
+int wqt_max_warps() { return THIN_MAX_WARPS; }
 
 // Host plan: how x is held (whole rows staged per block, staged per K slice, or copied per stage), the K range per
 // warp (whole stages) and warps per block. Returns the dynamic shared memory.
@@ -21,27 +19,21 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   p.kslices = 1;
   p.slice_stages = p.nstages;
   const bool big = (int64_t)p.N * p.K > (1ll << 26);
-  // K slices (each block stages x over its slice of K, its warps split the columns): from 5 rows always (H100,
-  // session 17, cuda_h100_thin.md: 28672x8192 at 5 rows 51-53 us sliced against 55.5 with x staged whole and the
-  // warps splitting K, 4096x4096 7.8 against 9.5), and for 2-4 rows of a big layer whose rows do not fit whole
+  // K slices (each block stages x over its slice of K, its warps split the columns): from 5 rows always (faster than
+  // x staged whole with the warps splitting K), and for 2-4 rows of a big layer whose rows do not fit whole
   // (per-stage copies of several rows read x from L2 once per warp and stage: slower than the skinny kernel there).
-  // 2-4 rows that fit stay whole (28672x8192: 46.2 / 47.8 us against 49.5 / 51.1 sliced); small layers keep
-  // per-stage copies up to 4 rows. 9-16 rows are never copied per stage.
+  // 2-4 rows that fit stay whole; small layers keep per-stage copies up to 4 rows. 9-16 rows are never copied per
+  // stage. (Measurements: benchmarks/results/cuda_h100.md.)
   const bool whole = thin_mx(p) == 1;
   const bool fits = thin_fits(p);
   const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
   // 4-bit codes, one row tile, x staged: the 8-stage ring instead of 4 on layers of more than 2^26 weights for one row
-  // in groups of at most 128, for 2-4 rows (x staged whole), and for 5-8 rows per channel or in groups of 256 or more.
-  // H100, session 29 (cuda_h100_thin.md; lab knob BIE_WQT_DEEP=0/1 forces either), us, 8 / 4 stages: one row of
-  // 28672x8192 g128 46.0 / 47.2, g32 55.0 / 56.4-56.9, 8192x28672 per channel 50.7-50.9 / 49.5-49.8, 5120x5120
-  // 9.7 / 8.3, 11008x4096 12.4 / 11.3; 2 / 4 rows of 28672x8192 46.5 / 47.8, 47.8 / 49.6; 8 rows per channel 49.7 /
-  // 54.5, in groups of 128 53.0 / 49.5, of 32 64.3 / 63.9; 6 rows of 11008x4096 13.6 / 13.2.
-  // 8-bit codes: 4 stages instead of 3 on layers of at most 2^26 weights (Thin).
+  // in groups of at most 128, for 2-4 rows (x staged whole), and for 5-8 rows per channel or in groups of 256 or more
+  // (where it measured faster). 8-bit codes: 4 stages instead of 3 on layers of at most 2^26 weights (Thin).
   const bool deep_ring = p.M == 1 ? fs > 0 : (p.M <= 4 || fs == 0);
   p.deep = one && mr == 1 && ((bits == 4 && big && deep_ring) || (bits == 8 && !big));
-  if (const char* e = std::getenv("BIE_WQT_DEEP")) p.deep = (bits == 4 || bits == 8) && one && mr == 1 && std::atoi(e) != 0;
   const int wbytes = mr == 2      ? (bits == 8 ? thin_warp_bytes<8, 1, 2>(fs)
                                                  : bits == 4 ? thin_warp_bytes<4, 1, 2>(fs) : thin_warp_bytes<2, 1, 2>(fs))
                      : bits == 8 ? (one ? (p.deep ? thin_warp_bytes<8, 1, 1, true>(fs) : thin_warp_bytes<8, 1>(fs))
@@ -52,57 +44,36 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
   // K slices: the warps of a block split the columns (each warp streams whole items over the block's slice and
   // writes its own partial sums; no barrier per item, whose reduction by one warp was the bottleneck at 16 rows)
   p.cols = sliced ? 1 : 0;
-  // the items of a K slice dealt to its blocks in turn (p.rr, wq_thin_kernel.cuh; lab knob BIE_WQT_RR=0/1, session 26)
+  // the items of a K slice dealt to its blocks in turn (p.rr, wq_thin_kernel.cuh)
   p.rr = p.cols;
-  if (const char* e = std::getenv("BIE_WQT_RR")) p.rr = p.cols && std::atoi(e) != 0;
   // per warp: its ring + the item partials' buffers (two parities, mr float4 per lane) when the warps split K
   const int64_t per_warp = wbytes + (p.cols ? 0 : 2 * 512 * mr);
   // x through a ring (p.xring: the XC kernels, wq_thin_kernel.cuh): 9-16 rows of 4-bit codes in groups of 128 on
   // layers of more than 2^27 weights whose items all fit one pass of one K slice (every warp but the producer at most
   // one item: 28672x8192 on 132 SMs). Each block then holds a ring of chunks of x instead of its whole slice, filled
   // and summed by its last warp (the producer), so x need not fit: one slice, no float32 partials, no reduction
-  // kernel, where x staged whole per slice needs two. H100, sessions 30-31 (benchmarks/results/cuda_h100_thin.md),
-  // 28672x8192, us, the ring / staged slices in the same call: 16 rows 53.7-54.4 / 55.7-58.3, 12 rows 53.0-55.6 /
-  // 54.4-54.5, 9 rows 52.6-53.0 / 57.9-58.2. Not where the items need several slices: 16 rows of 8192x28672 in three
-  // slices 56.6-58.7 against 56.4-57.7 staged in eight. Bounds (lab, wrong results): x not streamed at all
-  // (BIE_WQT_LAB_XWRAP, session 30) 50.3; the ring without its copies (BIE_WQT_XRLAB=2) 49.8-52.6; without its sums
-  // (=1), without any waits (=3) or with each block's chunks read from a rotated K place (=4) no faster than the
-  // ring. Lab / test knob BIE_WQT_XRING: 0 never, 1 wherever the kernel can (forced slices and warps too, any number
-  // of slices).
+  // kernel, where x staged whole per slice needs two. Not where the items need several slices (there x staged in
+  // slices measured level or faster).
   {
-    const char* e = std::getenv("BIE_WQT_XRING");
-    const int force = e ? std::atoi(e) : -1;
     const bool can = mr == 2 && bits == 4 && fs == 8 && p.bulk && (p.xpre == -2 || p.xpre == -3) && slices_force >= 0;
-    if (can && force != 0 && (force == 1 || ((int64_t)p.N * p.K > (1ll << 27) && slices_force == 0 && warps_force <= 0))) {
+    if (can && (int64_t)p.N * p.K > (1ll << 27) && slices_force == 0 && warps_force <= 0) {
       const int w = std::min(warps_force > 0 ? warps_force : 16, thin_max_warps(bits, fs, mr));
       const int64_t items = ceil_div(p.N, 16), iw = w - 1;   // (the last warp is the producer)
       int ks = slices_force;   // else the most slices that keep one item per warp
       for (int k = std::min(p.nstages, num_sms); ks == 0 && iw > 0 && k >= 1; --k)
         if ((int64_t)(num_sms / k) * iw >= items) ks = k;
-      if (ks > 0 && iw > 0 && (ks == 1 || force == 1)) {
+      if (ks > 0 && iw > 0 && ks == 1) {
         WqtArgs q = p;
         q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
         q.kslices = ceil_div(p.nstages, q.slice_stages);
-        // stages per chunk: two turns of the two-tile ring (lab knob BIE_WQT_XRS: a multiple of one turn), 32 stages
-        // of x held (4 chunks; 8 of 4 stages). Each chunk step cost ~0.3 us (session 31, 16 rows of 28672x8192:
-        // chunks of 4 stages 56.7-57.3 us, of 8 54.4, in one call); 2 chunks of 16 or 8 stages were slower
-        // (57.7-64.1: the producer then waits for the slowest warp to leave a chunk before refilling it), 3 of 8 level
-        // (53.4-57.1 against 53.7-54.3; lab knob BIE_WQT_XRR)
+        // stages per chunk: two turns of the two-tile ring, 32 stages of x held (4 chunks). Every chunk step costs
+        // its waits, so chunks are not shorter; with 2 chunks the producer waits for the slowest warp to leave a chunk
+        // before refilling it, so there are not fewer
         constexpr int S2 = Thin<4, 1, 2>::S;
-        const char* es = std::getenv("BIE_WQT_XRS");
-        q.xring = es && std::atoi(es) > 0 ? (std::atoi(es) + S2 - 1) / S2 * S2 : 2 * S2;
+        q.xring = 2 * S2;
         q.xring_r = std::max(4, std::min(THIN_XCHUNKS, 32 / q.xring));
-        const char* er = std::getenv("BIE_WQT_XRR");   // (lab knob: the ring's chunks, 2 .. THIN_XCHUNKS)
-        if (er && std::atoi(er) >= 2) q.xring_r = std::min(THIN_XCHUNKS, std::atoi(er));
-        // the producer issues a chunk's copies R / 2 steps before it sums it (lab knob BIE_WQT_XRD: 1 .. R - 1)
-        const char* ed = std::getenv("BIE_WQT_XRD");
-        q.xring_d = ed ? std::atoi(ed) : q.xring_r / 2;
-        if (q.xring_d < 1 || q.xring_d >= q.xring_r) q.xring_d = q.xring_r / 2;
-        q.xring_lab = 0;
-#ifdef BIE_WQT_LAB_BOUNDS
-        // (lab bounds, wrong results: only in a build with BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, never the product's)
-        if (const char* el = std::getenv("BIE_WQT_XRLAB")) q.xring_lab = std::atoi(el);
-#endif
+        // the producer issues a chunk's copies R / 2 steps before it sums it
+        q.xring_d = q.xring_r / 2;
         const int64_t smem = w * per_warp + thin_xbytes(q, q.xring_r * q.xring) + THIN_XCHUNKS * 8;
         if ((int64_t)(num_sms / q.kslices) * iw >= items && smem <= p.smem_limit) {
           q.xpre = -3;
@@ -116,15 +87,11 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
       }
     }
   }
-  // measured on the H100 (warps sweeps in benchmarks/results/cuda_h100_thin.md): 8 warps on small layers; on layers
-  // of more than 2^26 weights with x staged, 16 (one block per SM; with programmatic launch and the sum(x) table,
-  // 4-6 % faster at 4 bits, and at 2 bits when K >= 16384; 2-bit codes with a shorter K stay at 8); fewer when
-  // the rings would not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs).
-  // K slices: 16 warps (session 17, 5-16 rows: 4-14 % faster than 8 on the big layers, level on 4096x4096).
-  // 8-bit codes, one row, small layers with N >= 4096 and K <= 4096: 4 warps and two blocks per multiprocessor
-  // (H100, session 14, benchmarks/results/cuda_h100_thin.md: 4096x4096 7.7-8.0 us against 8.7-8.9 with 8 warps and
-  // every resident block, in three runs; 11008x4096 level at 18 us). Not elsewhere: K = 11008 (4096x11008) was 23%
-  // slower that way and 2048x2048 12% slower; 2- and 4-bit codes measured best with the default below.
+  // Warps per block, as measured fastest (benchmarks/results/cuda_h100.md): 8 on small layers; on layers of more than
+  // 2^26 weights with x staged, 16 (one block per SM; at 2 bits only when K >= 16384); fewer when the rings would
+  // not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs). K slices: 16 warps.
+  // 8-bit codes, one row, small layers with N >= 4096 and K <= 4096: 4 warps and two blocks per multiprocessor (not
+  // elsewhere: slower with a longer K or a smaller layer; 2- and 4-bit codes measured best with the default).
   const bool w8_one_small = bits == 8 && p.M == 1 && !big && p.N >= 4096 && p.K <= 4096;
   int w = warps_force > 0 ? warps_force
           : sliced        ? 16
@@ -148,8 +115,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
       // the slice count with the least modelled time: the codes of the busiest block (one block per SM; each warp
       // takes the block's item w, w + the slice's warps, ...: blocks differ by one item per warp) plus the float32
       // partials (written and summed once per slice), device-wide traffic that weighs 2x per byte against one SM's
-      // share (a fit of the H100 sweeps, benchmarks/results/cuda_h100_thin.md, session 17: 28672x8192 at 8 rows is
-      // fastest with 2 slices, 8192x28672 with 8, 4096x4096 with 8). From the fewest slices that fit.
+      // share (a fit of the H100 sweeps, benchmarks/results/cuda_h100.md). From the fewest slices that fit.
       const int64_t items = ceil_div(p.N, 16), lo = ceil_div(p.nstages, std::max(n, 1));
       const int64_t vbytes = (int64_t)p.kstage / ks * 512;   // code bytes per stage
       double best = -1.0;
@@ -180,37 +146,9 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
     p.warps = ceil_div(p.slice_stages, p.st_per_warp);
   }
   // One row of x through registers (p.xl, wq_thin_kernel.cuh): 8 16-byte pieces in flight per thread where a thread
-  // has more than 4, so that the row is one batch of loads; else 4. H100, session 26 (cuda_h100_thin.md), us, 4 / 8
-  // forced: one row of 8192x28672 (7 pieces a thread) 48.3 / 47.5, W2 g64 31.8 / 31.2; 28672x8192 (2 pieces) 46.0 /
-  // 46.6, W8 87.5 / 88.0 (8 runs the sums of the empty slots too). Lab knob BIE_WQT_XL=1..8.
+  // has more than 4, so that the row is one batch of loads; else 4 (8 would also run the sums of the empty slots).
   const int64_t pieces = (int64_t)p.M * p.slice_stages * (p.kstage / 8);
   p.xl = ceil_div(pieces, (int64_t)p.warps * 32) > 4 ? 8 : 4;
-  if (const char* e = std::getenv("BIE_WQT_XL")) p.xl = std::atoi(e);
-#ifdef BIE_WQT_LAB_XWRAP
-  // lab bound (BIE_CUDA_DEFINES=BIE_WQT_LAB_XWRAP, wrong results, never in the product build): two row tiles holding
-  // only BIE_WQT_XW stages of x (a power of two), which the slice's stages re-read cyclically, so that one K slice
-  // (or slices_force) fits beside the ring: what streaming x through a ring, one pass over K, could reach
-  if (const char* e = std::getenv("BIE_WQT_XW")) {
-    const int W = std::atoi(e);
-    if (W > 0 && (W & (W - 1)) == 0 && mr == 2) {
-      p.kslices = slices_force > 0 ? std::min(slices_force, p.nstages) : 1;
-      p.slice_stages = ceil_div(p.nstages, p.kslices);
-      p.kslices = ceil_div(p.nstages, p.slice_stages);
-      p.xwrap = W;
-      p.xpre = -1;
-      p.mx = p.cols = p.rr = 1;
-      p.warps = warps_force > 0 ? warps_force : 16;
-      p.st_per_warp = p.slice_stages;
-      p.smem = (int)(p.warps * per_warp + thin_xbytes(p, W));
-      return p.smem;
-    }
-  }
-#endif
-#ifdef BIE_WQT_LAB_BOUNDS
-  // lab bounds (BIE_CUDA_DEFINES=BIE_WQT_LAB_BOUNDS, wrong results, never in the product build), bits of BIE_WQT_LAB:
-  // 1 no reduction kernel, 2 no partials written, 4 no mma of the second row tile
-  if (const char* e = std::getenv("BIE_WQT_LAB")) p.lab = std::atoi(e);
-#endif
   const int64_t smem = p.warps * per_warp + xbytes;
   p.smem = (int)std::min<int64_t>(smem, 1 << 30);
   return p.smem;
@@ -274,23 +212,16 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
     if (bits == 2) e = thin::launch<2, __nv_bfloat16>(p, st);
   }
   if (e != cudaSuccess || p.kslices <= 1) return e;
-#ifdef BIE_WQT_LAB_BOUNDS
-  if (p.lab & 1) return e;
-#endif
   const int64_t total = (int64_t)p.M * p.N;
   // 4 outputs a thread where rows are whole float4s, the output is aligned and there are at least 3 blocks of 256
-  // outputs per SM. H100, session 29 (cuda_h100_thin.md, s29/final1 and s29/red4), us, four / one a thread: 16 rows of
-  // 28672x8192 55.0-56.1 / 58.3-58.8 and 55.8-56.0 / 57.1-57.7, 12 rows 54.0 / 56.3-56.8, 16 rows of 8192x28672
-  // 55.2-56.0 / 56.6-57.3; but 16 rows of 4096x4096 9.8-10.2 / 8.6-8.8 and 8 rows 7.3-7.5 / 6.6-6.8 (fewer, fatter
-  // blocks). Lab knob BIE_WQT_RED4: 0 one output a thread, 1 / 2 / 3 four in blocks of 256 / 128 / 64 threads.
+  // outputs per SM (on smaller outputs the fewer, fatter blocks were slower)
   const bool can4 = p.N % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  int way = can4 && total >= 3 * (int64_t)p.sms * 256 ? 1 : 0;
-  if (const char* e = std::getenv("BIE_WQT_RED4")) way = can4 ? std::min(3, std::max(0, std::atoi(e))) : 0;
-  const int64_t threads = way ? total / 4 : total;
-  const int bt = way ? 256 >> (way - 1) : 256;
+  const bool four = can4 && total >= 3 * (int64_t)p.sms * 256;
+  const int64_t threads = four ? total / 4 : total;
+  const int bt = 256;
   const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((threads + bt - 1) / bt, 4 * (int64_t)p.sms * (256 / bt)));
   // (a programmatic dependent of the thin kernel where the device has it: its launch overlaps that kernel's tail)
-  return launch_kernel(way ? wqt_reduce4_kernel : wqt_reduce_kernel, dim3((unsigned)grid), dim3((unsigned)bt), 0, st,
+  return launch_kernel(four ? wqt_reduce4_kernel : wqt_reduce_kernel, dim3((unsigned)grid), dim3((unsigned)bt), 0, st,
                        p.pdl != 0, p);
 }
 

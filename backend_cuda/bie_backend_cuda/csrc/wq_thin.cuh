@@ -13,45 +13,26 @@ namespace thin {
 
 // k per ring stage: 128, and 256 for 2-bit codes (two 512-byte vectors per stage, as 4-bit: the per-stage wait, copy
 // and address work is paid once per 1 KiB of codes)
-// Two row tiles of 4-bit codes (BIE_WQT_K16, lab knob): 256-k stages as well (half the per-stage bookkeeping per byte)
-#ifndef BIE_WQT_K16
-#define BIE_WQT_K16 128
-#endif
 template <int BITS, int MR = 1> struct Stage {
-  static constexpr int K = BITS == 2 ? 256 : (MR == 2 && BITS == 4 ? BIE_WQT_K16 : 128);
+  static constexpr int K = BITS == 2 ? 256 : 128;
 };
-inline int stage_k(int bits, int mr = 1) { return bits == 2 ? 256 : (mr == 2 && bits == 4 ? BIE_WQT_K16 : 128); }
+inline int stage_k(int bits, int mr = 1) { return bits == 2 ? 256 : 128; }
 // bytes per x row of a stage in the ring: the stage's k * 2 + 16, so that ldmatrix's 8 rows hit 8 distinct bank quads
 template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<BITS, MR>::K * 2 + 16; };
 
 // Ring stages per warp: deeper for a single row of x (smaller slots), so that about 100 KiB of codes per SM
 // stay in flight at 16-24 resident warps; 8-bit stages carry 2 KiB of codes, so fewer of them; 2-bit stages carry
 // up to 512 bytes of statistics (groups of 32), so 6 (16 warps with K = 28672 still fit).
-// Two row tiles (MR = 2, 9-16 rows): 4 stages (BIE_WQT_S16, lab knob), enough in flight at 16 warps per SM, and a
-// loop body unrolled over half as many slots (Nsight Compute, session 17: 19 % of the stall samples of the 8-slot
-// kernel were instruction fetch).
-#ifndef BIE_WQT_S16
-#define BIE_WQT_S16 4
-#endif
-// One row tile of 4-bit codes with x staged (one row, and 2-8 rows sliced or whole): 4 stages (BIE_WQT_S8, lab knob),
-// or 8 (DEEP) where the plan measured that better (wqt_plan: mostly big layers). H100, session 29 (cuda_h100_thin.md),
-// W4 g128, us, 8 stages against 4: one row of 28672x8192 46.0-46.6 / 47.2-47.6, of 4096x4096 5.55-5.65 / 5.23-5.32,
-// of 5120x5120 9.7 / 8.3; 5 rows of 28672x8192 50.1-51.2 / 48.9-49.1, 8 rows 53.0-53.1 / 49.5 (session 28: the
-// two-tile kernel with 4 stages, halving its x reads, ran 9 rows faster than the 8-stage one ran 8).
-#ifndef BIE_WQT_S8
-#define BIE_WQT_S8 4
-#endif
-// 8-bit codes, one row tile, x staged: 3 stages (BIE_WQT_S8B, lab knob), 4 (DEEP) on layers of at most 2^26 weights
-// (wqt_plan). H100, session 29 (cuda_h100_thin.md, s29/w8), us, 3 / 4 stages: one row of 28672x8192 per channel
-// 86.0-87.1 / 87.4-87.5, in groups of 128 86.1 / 88.5-88.9, of 8192x28672 90.8-91.1 / 91.6-91.7, of 4096x4096 8.55 /
-// 8.38; 8 rows of 28672x8192 103.7 / 104.1 (6 stages: slower everywhere, 9.9 on 4096x4096).
-#ifndef BIE_WQT_S8B
-#define BIE_WQT_S8B 3
-#endif
+// Two row tiles (MR = 2, 9-16 rows): 4 stages, enough in flight at 16 warps per SM, and a loop body unrolled over half
+// as many slots (with 8 slots instruction fetch stalled the kernel).
+// One row tile of 4-bit codes with x staged (one row, and 2-8 rows sliced or whole): 4 stages, or 8 (DEEP) where the
+// plan measured that better (wqt_plan: mostly big layers).
+// 8-bit codes, one row tile, x staged: 3 stages, 4 (DEEP) on layers of at most 2^26 weights (wqt_plan); 6 stages
+// were slower everywhere.
 template <int BITS, int MX, int MR = 1, bool DEEP = false> struct Thin {
-  static constexpr int S = MR == 2 ? BIE_WQT_S16
-                           : BITS == 8 ? (MX == 1 ? (DEEP ? 4 : BIE_WQT_S8B) : 3)
-                                       : (MX == 1 ? (BITS == 4 ? (DEEP ? 8 : BIE_WQT_S8) : 6) : (BITS == 4 ? 4 : 3));
+  static constexpr int S = MR == 2 ? 4
+                           : BITS == 8 ? (MX == 1 ? (DEEP ? 4 : 3) : 3)
+                                       : (MX == 1 ? (BITS == 4 ? (DEEP ? 8 : 4) : 6) : (BITS == 4 ? 4 : 3));
 };
 
 // Ring slot of one stage: codes (VPS vectors of 512 bytes) | MX rows of x (none for MX == 1: the block stages its
@@ -126,13 +107,9 @@ inline int thin_mx(const WqtArgs& p) {
 }
 
 // warps per block a kernel allows (its register budget: wq_thin_kernel.cuh BIE_WQT_BOUNDS)
-// Lab knob BIE_WQT_LAB_MAXWARPS (never in the product build): a larger block (its launch bounds then cap the registers
-// at 65536 / (32 x warps): 20 warps -> 96, 24 -> 80, spills possible), for THIN_WARPS sweeps of occupancy.
-#ifndef BIE_WQT_LAB_MAXWARPS
-#define BIE_WQT_LAB_MAXWARPS 16
-#endif
+constexpr int THIN_MAX_WARPS = 16;
 __host__ __device__ constexpr int thin_max_warps(int bits, int fs, int mr) {
-  return mr == 2 && bits == 2 && fs == 2 ? 8 : BIE_WQT_LAB_MAXWARPS;
+  return mr == 2 && bits == 2 && fs == 2 ? 8 : THIN_MAX_WARPS;
 }
 
 template <int BITS, int MX, int FS, int MR, bool DEEP> constexpr int warp_bytes() {

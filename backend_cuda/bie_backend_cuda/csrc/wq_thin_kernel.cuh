@@ -45,9 +45,6 @@
 // the prepared weight is shared with the wqv and wgmma kernels.
 #pragma once
 #include <climits>
-#ifdef BIE_WQT_PHASES
-#include <cstdio>
-#endif
 #include "common.cuh"
 #include "hopper.cuh"
 #include "wq_fragments.cuh"
@@ -61,11 +58,7 @@ namespace {
 // warps per SM). Lab knob BIE_WQT_MAXNREG caps them (80: 24 warps per SM, small spills).
 // Two row tiles of 2-bit codes in groups of 32 need more than 128 registers (they spilled): those kernels take at
 // most 8 warps per block (wqt_plan, thin_max_warps) and up to 255 registers.
-#ifdef BIE_WQT_MAXNREG
-#define BIE_WQT_BOUNDS __maxnreg__(BIE_WQT_MAXNREG)
-#else
 #define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR), 1)
-#endif
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -191,16 +184,6 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
   return ONE && BITS == 2 ? Spread<T>::magic((cc >> 1) & 1, 2 * (cc & 1) + nh) : magf;
 }
 
-// Lab instrument (BIE_CUDA_DEFINES=BIE_WQT_PHASES, never in the product build): thread 0 of each block records clock64
-// at the kernel's phase boundaries (entry; first stages issued; after griddepcontrol.wait; x staged; loop done) and
-// prints them with the SM and the global timer at entry and end (benchmarks/lab/thin_phases.py reads them).
-#ifdef BIE_WQT_PHASES
-#define BIE_WQT_MARK(i) \
-  if (threadIdx.x == 0) ph_[i] = clock64();
-#else
-#define BIE_WQT_MARK(i)
-#endif
-
 // SBF: bf16 statistics (else fp16). MX: 1 = the rows of x staged once per block, 8 = up to 8 rows copied per stage. FS: k16 steps per group when groups are
 // at most one stage (32/64/128 k -> 2/4/8), 0 when a group spans whole stages (256 k and more, or per-channel):
 // then every stage is flushed with its group's statistics (the same sum, and short float32 chains: one group of
@@ -224,11 +207,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   constexpr int S = Thin<BITS, MX, MR, DEEP>::S;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);   // (as extract_a)
   extern __shared__ __align__(16) uint8_t smem_raw[];
-#ifdef BIE_WQT_PHASES
-  unsigned long long ph_[6] = {}, gt0_ = 0;
-  if (threadIdx.x == 0) gt0_ = global_timer_ns();
-#endif
-  BIE_WQT_MARK(0)
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -258,16 +236,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // MX == 1: the block's copy of x (M rows of its slice's slice_stages * KS values, zero past K; the 16-byte pad
   // puts the rows of one ldmatrix on distinct bank quads), after the partials' buffers
   const uint32_t xbuf = smem_u32(smem_raw + nwarps * (SL::WARP_BYTES + (cols ? 0 : 2 * 512 * MR)));
-#ifdef BIE_WQT_LAB_XWRAP
-  const int xmask = p.xwrap > 0 ? p.xwrap - 1 : -1;   // (lab bound: x held as p.xwrap stages, re-read cyclically)
-#else
-  constexpr int xmask = -1;
-#endif
   // x through a ring of p.xring_r (<= THIN_XCHUNKS) chunks of p.xring stages (XC kernels, p.xring > 0: every item
   // warp takes at most one item, one pass over its slice; see the prologue): the block holds xst stages of x, not the
   // whole slice
   const int XR = xr ? p.xring_r : THIN_XCHUNKS;
-  const int xst = xr ? XR * p.xring : (xmask == -1 ? p.slice_stages : xmask + 1);
+  const int xst = xr ? XR * p.xring : p.slice_stages;
   const int xpitch = xst * KS * 2 + 16;
   // MX == 1: after x, sum(x) of every group (FS > 0) or stage (FS == 0) and row, float32, units of RP row pairs,
   // so that no mma has to compute it (the per-stage-copy path, MX = 8, computes it with an all-ones A fragment);
@@ -380,7 +353,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
   for (int i = 0; i < S - 1; ++i)
     if (i < pre) issue(ring + i * SB);
-  BIE_WQT_MARK(1)
   // x in chunks (p.xpre == -3): the main loop starts as soon as the first chunk of x is in shared memory, instead of
   // after all of it (16 rows of a 4096-k slice are 128 KiB per block, ~7 us with every SM reading its copy from L2
   // at once: BIE_WQT_PHASES, session 21). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
@@ -421,14 +393,9 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (c * chs >= slen) return;
     const int64_t xk0 = (int64_t)bs0 * KS, k0 = xk0 + (int64_t)c * chs * KS;
     const int64_t k1 = min((int64_t)p.K, xk0 + (int64_t)min(slen, (c + 1) * chs) * KS);
-    // (lab bound p.xring_lab == 2: no copies, x left as it is)
-    const uint32_t bytes = k1 > k0 && p.xring_lab != 2 ? (uint32_t)(k1 - k0) * 2 : 0u;
+    const uint32_t bytes = k1 > k0 ? (uint32_t)(k1 - k0) * 2 : 0u;
     const int sl = xslot(c);
-    // (lab bound p.xring_lab == 4: each block copies chunk (c + block) % chunks instead, the same bytes from other
-    // lines than its neighbours read at the same time; wrong results; slices of whole chunks inside K only)
-    int64_t src = k0;
-    if (p.xring_lab == 4 && slen % chs == 0 && (int64_t)bs1 * KS <= p.K)
-      src = xk0 + (int64_t)((c + (int)blockIdx.x) % (slen / chs)) * chs * KS;
+    const int64_t src = k0;
     if (lane == 0) hop::mbar_arrive_expect_tx(xbar() + 8 * sl, bytes * (uint32_t)M);
     __syncwarp();
     if (bytes && lane < M)
@@ -464,7 +431,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     const uint32_t xa0 = zero ? zrow : xbuf + xrow * xpitch + (uint32_t)(sl * chs * KS * 2) + (lane >> 4) * 16;
     const uint32_t kstep = zero ? 0u : 32u, ustep = zero ? 0u : (uint32_t)UK * 2;
     const uint32_t tab0 = sxtab + (uint32_t)(((sl * chs * KS) / UK) * 2 * RP) * 4;   // (float index unit 2 RP + row)
-    for (int u = 0; u < units && (p.xring_lab == 0 || p.xring_lab == 3); u += 2) {
+    for (int u = 0; u < units; u += 2) {
       const int u1 = u + 1 < units ? u + 1 : u;   // (an odd last unit: computed twice, stored once)
       float s[4][4];
 #pragma unroll
@@ -526,10 +493,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // issues without a wait, through the copies issued XD steps before). Item warps without an item run the same steps
   // after the loop; the plan gives each item warp at most one item (one pass; wqt_plan, launch_t).
   const int XD = p.xring_d;
-  // (lab bound p.xring_lab == 3: no coupling; item warps neither arrive nor wait, the producer does not wait for
-  // free slots; x overwritten under the readers)
   auto enter_ring = [&](int c) {
-    if (p.xring_lab == 3) return;
     __syncwarp();   // (every lane's reads of chunk c - 1 are done)
     if (c >= 1 && lane == 0) hop::mbar_arrive(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(c - 1)));
     hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + xslot(c)), xpar(c));
@@ -541,7 +505,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     for (int c = 0; c < nc; ++c) {
       if (c + XD < nc) {
         const int old = c + XD - XR;   // the chunk whose slot chunk c + XD takes
-        if (old >= 0 && p.xring_lab != 3) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
+        if (old >= 0) hop::mbar_wait(xbar() + 8 * (2 * THIN_XCHUNKS + xslot(old)), xpar(old));
         ring_issue(c + XD);
       }
       ring_sums(c);
@@ -549,7 +513,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   };
   if (xchunked) {
     griddep_wait();
-    BIE_WQT_MARK(2)
     if (!xr) {
       issue_x(0);
       issue_x(1);
@@ -558,8 +521,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
   } else if (MX == 1) {
     griddep_wait();
-    BIE_WQT_MARK(2)
-    const int per_row = (xmask == -1 ? bs1 - bs0 : min(bs1 - bs0, xmask + 1)) * (KS / 8);   // 16-byte chunks of the slice
+    const int per_row = (bs1 - bs0) * (KS / 8);   // 16-byte chunks of the slice
     const T* xs0 = X + (int64_t)bs0 * KS;
     const int total = M * per_row;
     // sum(x) table: each unit is UL consecutive chunks of one row (rows are whole stages, KS / 8 chunks), held by
@@ -637,7 +599,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     }
     __syncthreads();      // x and its sums are in shared memory for every warp (each warp's main loop waits for its
   }                       // own ring's stages)
-  BIE_WQT_MARK(3)
 
   // row tile r holds rows 8 r .. 8 r + 7 of x (fragments: rows 8 r + 2t, + 1; columns g, g + 8)
   float tot[MR][4] = {}, acc[MR][4] = {}, accx[MR][4] = {};
@@ -725,9 +686,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
           if (m < M && col < p.N) {
             float v = rv[e];
             if (ksl > 1) {
-#ifdef BIE_WQT_LAB_BOUNDS
-              if (p.lab & 2) continue;
-#endif
               p.ws[((int64_t)slice * M + m) * p.N + col] = v;
             } else {
               if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
@@ -776,7 +734,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
             if ((c + 1) * chs < bs1 - bs0) chunk_sums(c + 1);
             hop::mbar_wait(xbar() + 8 * (THIN_XCHUNKS + c), 0);
             xnext = bs0 + min(bs1 - bs0, (c + 1) * chs);
-            if (c == 0) { BIE_WQT_MARK(5) }   // (lab: the first chunk's wait)
           }
           const uint32_t base = ring + u * SB;
           uint4 w[VPS];
@@ -786,22 +743,13 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 #pragma unroll
           for (int r = 0; r < MR; ++r)
             xa[r] = xzero[r] ? zrow
-                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + (XC ? xs : (s - bs0) & xmask) * (KS * 2) + (lane >> 3) * 16
+                             : (MX == 1 ? xbuf + ((lane & 7) + 8 * r) * xpitch + (XC ? xs : s - bs0) * (KS * 2) + (lane >> 3) * 16
                                         : base + xoff);
 #pragma unroll
           for (int c = 0; c < KS / 32; ++c) {
             uint32_t b[MR][4];
 #pragma unroll
             for (int r = 0; r < MR; ++r) {
-#ifdef BIE_WQT_LAB_HALFX
-              // lab bound (BIE_CUDA_DEFINES=BIE_WQT_LAB_HALFX, wrong results for rows 8-15, never in the product build):
-              // the second row tile reuses the first's x fragments, so a 16-row item reads half the x bytes
-              if (r == 1) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) b[1][q] = b[0][q];
-                continue;
-              }
-#endif
               ldsm_x4(xa[r] + c * xstep[r], b[r]);
             }
 #pragma unroll
@@ -816,9 +764,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               }
 #pragma unroll
               for (int r = 0; r < MR; ++r) {
-#ifdef BIE_WQT_LAB_BOUNDS
-                if (r == 1 && (p.lab & 4)) continue;
-#endif
                 if (j % (FS > 0 ? FS : KS / 16) == 0) {   // a group's (or, FS == 0, a stage's) first step
                   mma_zero<T>(acc[r], a, b[r][2 * h], b[r][2 * h + 1]);
                   if (MX != 1) mma_zero<T>(accx[r], aones, b[r][2 * h], b[r][2 * h + 1]);
@@ -829,10 +774,10 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
               }
               // (the sum(x) table is indexed by the stage within the block's slice)
               if (FS > 0 && (j + 1) % (FS > 0 ? FS : 1) == 0)
-                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (XC ? xs : (s - bs0) & xmask) * GPS + j / (FS > 0 ? FS : 1));
+                flush(base + SO + (j / (FS > 0 ? FS : 1)) * 64, (XC ? xs : s - bs0) * GPS + j / (FS > 0 ? FS : 1));
             }
           }
-          if (FS == 0) flush(base + SO, XC ? xs : (s - bs0) & xmask);
+          if (FS == 0) flush(base + SO, XC ? xs : s - bs0);
           if constexpr (XC) {
             if (++xs == xst) xs = 0;
           }
@@ -861,12 +806,6 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
       for (int c = xnext == bs0 ? 0 : (xnext - bs0) / chs + 1; c * chs < bs1 - bs0; ++c) chunk_sums(c);
     }
   cp_wait<0>();
-#ifdef BIE_WQT_PHASES
-  BIE_WQT_MARK(4)
-  if (threadIdx.x == 0)
-    printf("PH %u %d %llu %llu %llu %llu %llu %llu %llu\n", sm_id(), (int)blockIdx.x, gt0_, global_timer_ns(), ph_[1] - ph_[0],
-           ph_[2] - ph_[1], ph_[3] - ph_[2], ph_[4] - ph_[3], ph_[5] ? ph_[5] - ph_[3] : 0ull);
-#endif
 #endif
 }
 
