@@ -114,18 +114,23 @@ def _rand_wq(k, n, bits, gs, gen):
     return qw, s, z
 
 
-def _wq_pool(m, n, k, bits, gs, gen):
+def _wq_calls(x, sets, bits, gs, kernel=""):
+    """One wq_gemm call per weight set through the dispatcher: automatic among bie-backend-cuda's kernels, or the
+    kernel named (``backend="cuda:<kernel>"``)."""
+    from bie_core.ops.weight_only import wq_gemm
+    backend = f"cuda:{kernel}" if kernel else "cuda"
+    return [lambda s_=s_: wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", backend=backend)
+            for s_ in sets]
+
+
+def _wq_pool(m, n, k, bits, gs, gen, kernel=""):
     """A pool of distinct GPTQ weight sets (more than the L2 in total), x (m, k) bf16 and one wq_gemm call per set.
     Returns (bytes per weight set: codes + fp16 scales and zeros, the sets, the calls)."""
-    from bie_backend_cuda import weight_only as cw
     gsz = k if gs == -1 else gs
     wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
     sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes))]
-    preps = [cw.prepare(*s_, None) for s_ in sets]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    fns = [lambda s_=s_, p=p: cw.wq_gemm(x, s_[0], s_[1], s_[2], None, None, bits, gs, "gptq", prepared=p)
-           for s_, p in zip(sets, preps)]
-    return wbytes, sets, x, fns
+    return wbytes, sets, x, _wq_calls(x, sets, bits, gs, kernel)
 
 
 def bench_wq(rows, quick):
@@ -170,19 +175,6 @@ def bench_wq(rows, quick):
         torch.cuda.empty_cache()
 
 
-def with_knob(module, name: str, value, f):
-    """f as a zero-arg call made with module.name set to value (restored after): a dispatch knob flipped for one
-    variant of a timed comparison (also inside graph capture, where the choice is recorded)."""
-    def call():
-        keep = getattr(module, name)
-        setattr(module, name, value)
-        try:
-            return f()
-        finally:
-            setattr(module, name, keep)
-    return call
-
-
 def bench_wqm(rows, quick):
     """The many-row weight-only kernel (W4 g128 GPTQ, 1024-4096 rows) against bf16 cuBLAS and against dequantize +
     cuBLAS (the path it replaces), timed interleaved at the card's power cap (gpu_timing.time_interleaved): the
@@ -196,13 +188,13 @@ def bench_wqm(rows, quick):
         for m in ((1024, 2048) if quick else (1024, 2048, 4096)):
             _, sets, x, fns = _wq_pool(m, n, k, 4, 128, gen)
             ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(pool_size(n * k * 2))]
-            assert cw._wqm_rows(m, 4, cw._gs_shift(128)), "the many-row kernel does not serve these rows"
+            assert cw.WGMMA_ROWS_M[0] <= m <= cw.WGMMA_ROWS_M[1], "the many-row kernel is not chosen at these rows"
             w = cw.wq_dequantize(sets[0][0], sets[0][1], sets[0][2], None, 4, 128, k, "gptq", torch.float32)
             ref = x.float() @ w
             rel = float((fns[0]().float() - ref).norm() / ref.norm())
             del w, ref
-            # "without": the same calls with the many-row kernel off (dequantize + cuBLAS)
-            res = time_interleaved({"wqm": fns, "without": [with_knob(cw, "WQM_MIN_M", 0, f) for f in fns],
+            # "without": the same calls through dequantize + cuBLAS (the kernel the many-row one passes over)
+            res = time_interleaved({"wqm": fns, "without": _wq_calls(x, sets, 4, 128, "wq_gemm_dense"),
                                     "bf16": [lambda w=w: F.linear(x, w) for w in ws]})
             ratio = [b / t for b, t in zip(res["bf16"], res["wqm"])]
             vs_without = [b / t for b, t in zip(res["without"], res["wqm"])]

@@ -19,12 +19,10 @@ from gpu_timing import pool_size, run_meta, time_graph, warm_gpu, write_json
 
 def bench(rows, n, k, bits, gs, ms, gen):
     from bie_core.ops.weight_only import wq_gemm
-    from bie_backend_cuda import weight_only as cw
     from bie_backend_cutlass import weight_only as wo
     gsz = k if gs == -1 else gs
     wbytes = n * k * bits // 8 + (n * k // gsz) * 2 * 2
     sets = [_rand_wq(k, n, bits, gs, gen) for _ in range(pool_size(wbytes, cap=8))]
-    cuda_prep = [cw.prepare(*s_, None) for s_ in sets]
     cut_prep = [wo.prepare(*s_, None) for s_ in sets]
     ops = wo._ops()
     for m in ms:
@@ -33,10 +31,10 @@ def bench(rows, n, k, bits, gs, ms, gen):
                       lambda s_=s_: wo._build_layout(s_[0], s_[1], s_[2], None, bits, gs, k, "gptq", x.dtype))
                 for p, s_ in zip(cut_prep, sets)]
         base = bf16_linear_us(m, n, k)
-        ref = cw.wq_gemm(x, *sets[0], None, None, bits, gs, "gptq", prepared=cuda_prep[0]).float()
+        cuda_calls = [lambda s_=s_: wq_gemm(x, *s_, None, None, bits, gs, "gptq", backend="cuda") for s_ in sets]
+        ref = cuda_calls[0]().float()
         row = dict(M=m, N=n, K=k, bits=bits, group_size=gs, bf16_us=base)
-        t_cuda = time_graph([lambda s_=s_, p=p: cw.wq_gemm(x, *s_, None, None, bits, gs, "gptq", prepared=p)
-                             for s_, p in zip(sets, cuda_prep)])
+        t_cuda = time_graph(cuda_calls)
         row["cuda_us"] = t_cuda
         line = (f"W{bits} g{gs} M={m} {n}x{k}: bf16 {base:.1f} us | bie-backend-cuda {t_cuda:.1f} "
                 f"({base / t_cuda:.2f}x)")
