@@ -137,8 +137,11 @@ def test_binary_gemm_wgmma(m, n, k):
     exp = rb.binary_gemm(a.cpu(), b.cpu(), k, None, None, None)
     for tile in ("wgmma1", "wgmma2", "wgmma4"):   # blocks per cluster sharing the weight stages
         assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep, tile=tile).cpu(), exp), tile
-    if m >= cb.WGMMA_MIN_M:
-        assert torch.equal(cb.binary_gemm(a, b, k, None, None, None, prepared=prep).cpu(), exp)
+    if m >= cb.WGMMA_MIN_M:   # among bie-backend-cuda's kernels the dispatcher picks the wgmma one here
+        import bie_core
+        e = bie_core.explain(bie_core.ops.binary_gemm, a, b, k, None, None, None, backend="cuda")
+        assert e.chosen()["binary_gemm"] == "cuda:binary_gemm_wgmma", str(e)
+        assert torch.equal(cb.binary_gemm_wgmma(a, b, k, None, None, None, prepared=prep).cpu(), exp)
     # (2-byte outputs with and without bias each)
     for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16, torch.float16, torch.bfloat16)):
         sdt = (torch.float32, torch.bfloat16, torch.float16)[(i + m) % 3]

@@ -107,7 +107,7 @@ def _kernels(with_cutlass: bool):
 
 
 def _chosen(kernels, p) -> str:
-    return dispatch._decide_auto(get_op("wq_gemm"), p, kernels).kernel.qualname
+    return dispatch._decide_auto(get_op(p.op), p, kernels).kernel.qualname
 
 
 M_VALUES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 1024, 4096, 4097)
@@ -183,3 +183,19 @@ def test_each_kernel_computes_beyond_where_it_is_fastest_and_refuses_with_its_re
         _problem(64, 4096, 4096, 4, 128, "gptq", F16, F16, torch.int32, (8, 0))))
     assert "bits=8" in " ".join(by_name["wq_gemm_wgmma_rows"].reasons(
         _problem(512, 4096, 4096, 8, 128, "gptq", F16, F16, torch.int32, (9, 0))))
+
+
+@pytest.mark.parametrize("op", ["binary_gemm", "binary_linear"])
+def test_binary_gemm_kernels_reproduce_the_measured_choice(op):
+    """The Hopper 1-bit wgmma kernel from 384 rows where K % 128 == 0 and N % 8 == 0, else the mma.sync kernels
+    (the choice binary_gemm made inside one registration)."""
+    from bie_backend_cuda import plugin as cuda_plugin
+    reg = KernelRegistrar(get_registry(), "cuda")
+    cuda_plugin.bie_register_kernels(registry=reg)
+    kernels = sorted((k for k in reg.kernels if k.op == op), key=lambda k: -k.priority)
+    for m, n, k, cc in itertools.product((1, 383, 384, 4096), (8, 12, 4096), (128, 200, 4096), ((8, 0), (9, 0))):
+        p = _On(op=op, device_type="cuda", device_index=0, dtype=F16, dims={"M": m, "N": n, "K": k},
+                attrs={"epilogue": "scale"})
+        object.__setattr__(p, "cc", cc)
+        want = "wgmma" if cc == (9, 0) and m >= 384 and k % 128 == 0 and n % 8 == 0 else "tc"
+        assert _chosen(kernels, p) == f"cuda:{op}_{want}", p.describe()

@@ -63,8 +63,8 @@ class PreparedSigns:
     image: torch.Tensor | None = None
 
 
-# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels (H100, 4096x4096
-# weights: 9.3 vs 8.1 us at 256 rows, 9.3 vs 10.1 at 384, 9.4 vs 12.8 at 768; cuda_h100_binary_wgmma.md).
+# Rows of x from which the Hopper wgmma kernel (128x256 tiles) beats the mma.sync kernels (measured on the H100 with
+# 4096x4096 weights: benchmarks/results/cuda_h100.md). The wgmma kernel computes any M.
 WGMMA_MIN_M = 384
 
 
@@ -105,14 +105,12 @@ def _wgmma_cluster(m: int, k: int, prepared: PreparedSigns, tile):
             raise ValueError(f"the wgmma binary GEMM needs a Hopper GPU, k % 128 == 0 and N % 8 == 0 "
                              f"(k={k}, kb={prepared.kb}, image={'yes' if prepared.image is not None else 'no'})")
         return None
-    if forced:
-        return int(tile[5:] or 0)
-    return 0 if tile == 0 and m >= WGMMA_MIN_M else None
+    return int(tile[5:] or 0) if forced else None
 
 
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile=0):
-    """tile: 0 chooses by shape; "wgmma" forces the Hopper kernel ("wgmma1" / "wgmma2" / "wgmma4": with that
-    many blocks per cluster), 1-5 an mma.sync tile (tests, benchmarks)."""
+    """The mma.sync kernels (tile: 0 chooses the tile by shape, 1-5 forces one), or with tile="wgmma" the Hopper
+    wgmma kernel ("wgmma1" / "wgmma2" / "wgmma4": with that many blocks per cluster; tests, benchmarks)."""
     if prepared is None:
         prepared = prepare_weight(b)
     aa = _align(a, a.shape[1])
@@ -123,6 +121,16 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile=0):
     out = _build.ops().binary_mm(aa.unsqueeze(0), prepared.bits.unsqueeze(0), k, prepared.popc, scale, bias,
                                  out_dtype, 0, tile)
     return out[0]
+
+
+def binary_gemm_wgmma(a, b, k, scale, bias, out_dtype, prepared=None):
+    """The persistent 1-bit wgmma kernel (sm_90; K % 128 == 0, N % 8 == 0: the weight image prepare builds)."""
+    return binary_gemm(a, b, k, scale, bias, out_dtype, prepared=prepared, tile="wgmma")
+
+
+def wgmma_faster_elsewhere(p):
+    m = p.dims.get("M", 0)
+    return None if m >= WGMMA_MIN_M else f"M={m} < {WGMMA_MIN_M}: the mma.sync kernels are faster"
 
 
 def binary_gemm_simt(a, b, k, scale, bias, out_dtype):
@@ -142,12 +150,17 @@ def binary_bmm_simt(a, b, k, scale, out_dtype):
     return _build.ops().binary_mm(aa, bb, k, None, scale, None, out_dtype, 1, 0)
 
 
-def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None, tile=0):
     """pack_signs(x + shift) then the tensor-core GEMM; scale = float32(sa) * float32(sw)
     (the same float32 product as the reference, so results are bit-exact)."""
     from bie_core.backend_api import linear_scale
     xs = x if shift is None else x + shift.to(x.dtype)
-    return binary_gemm(pack_signs(xs), w, k, linear_scale(act_scale, w_scale), bias, out_dtype, prepared=prepared)
+    return binary_gemm(pack_signs(xs), w, k, linear_scale(act_scale, w_scale), bias, out_dtype, prepared=prepared,
+                       tile=tile)
+
+
+def binary_linear_wgmma(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    return binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=prepared, tile="wgmma")
 
 
 # --------------------------------------------------------------- embeddings

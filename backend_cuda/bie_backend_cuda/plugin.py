@@ -59,17 +59,24 @@ def bie_register_kernels(registry):
                       description="one thread per packed byte, 16/32-byte vector loads when aligned")
     registry.register("unpack_signs", binary.unpack_signs, priority=PRIORITY, name="unpack_signs",
                       capability=Capability(devices=cuda, dtypes=PACKABLE))
+    wgmma = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM90, divisibility={"K": 128, "N": 8},
+                       min_dims={"N": 1}, defer=binary.wgmma_faster_elsewhere)
+    registry.register("binary_gemm", binary.binary_gemm_wgmma, priority=PRIORITY + 1, name="binary_gemm_wgmma",
+                      capability=wgmma, prepare=binary.prepare_weight,
+                      description="persistent 1-bit wgmma kernel (sm_90: TMA-fed weights and activations, A by "
+                                  "ldmatrix, bulk-copy stores); K % 128 == 0, N % 8 == 0")
     registry.register("binary_gemm", binary.binary_gemm, priority=PRIORITY, name="binary_gemm_tc",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
                       prepare=binary.prepare_weight,
                       description="1-bit tensor cores (mma m16n8k256 AND+popc, popcount correction), "
-                                  "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K. On Hopper, "
-                                  "M >= 384 with K % 128 == 0 and N % 8 == 0: persistent 1-bit wgmma kernel "
-                                  "(TMA-fed weights and activations, A by ldmatrix, bulk-copy stores)")
+                                  "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K")
     registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
                       capability=Capability(devices=cuda, dtypes=FLOATS),
                       description="SIMT XOR+popcount for GPUs without 1-bit MMA")
     if has_op("binary_linear"):
+        registry.register("binary_linear", binary.binary_linear_wgmma, priority=PRIORITY + 1,
+                          name="binary_linear_wgmma", capability=wgmma, prepare=binary.prepare_weight,
+                          description="pack_signs(x + shift) kernel, then the 1-bit wgmma GEMM")
         registry.register("binary_linear", binary.binary_linear, priority=PRIORITY, name="binary_linear_tc",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
                           prepare=binary.prepare_weight,
