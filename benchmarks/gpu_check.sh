@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU check of bie-backend-cuda and bie-backend-cutlass, in stages (one device command runs at most 10 minutes):
+#
+#   bash benchmarks/gpu_check.sh STAGE [STAGE ...]
+#
+#   install         pip-install the distributions (and the nvidia-cutlass wheel carried in .whl/)
+#   build-cuda      build the CUDA extension
+#   build-cutlass   build the CUTLASS families (binary, integer, weight_only)
+#   test-cuda       tests/test_cuda_backend.py, tests/test_wq_kernel_choice.py and the conformance kit under cuda
+#   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
+#   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
+#   bench-binary    the binary product tables (bench_cuda.py --only binary --quick, bench_cutlass_binary.py --quick)
+#   explain         which wq_gemm kernel runs for a few layer shapes and why (bie_core.explain)
+#   all             every stage above, in order
+#
+# Every stage installs first when the packages are not importable (a fresh machine). Logs go to $OUT (default
+# /tmp/out): one <stage>.log each, and bench JSON. Builds are cached in .bie_cuda_cache/ (ignored by git), which a
+# warm machine keeps between commands. Needs python3 with a CUDA torch, nvcc and ninja; no network.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export MAX_JOBS=${MAX_JOBS:-16}
+export BIE_CUDA_CACHE=${BIE_CUDA_CACHE:-$PWD/.bie_cuda_cache/cuda}
+export BIE_CUTLASS_CACHE=${BIE_CUTLASS_CACHE:-$PWD/.bie_cuda_cache/cutlass}
+SITE=$PWD/.bie_cuda_cache/site
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+status=0
+
+run() {   # run NAME CMD...: log to $OUT/NAME.log, remember a failure
+  local name=$1; shift
+  echo "+ $*" | tee -a "$OUT/$name.log"
+  "$@" 2>&1 | tee -a "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "[$name] exit $rc" | tee -a "$OUT/$name.log"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+install() {
+  if ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        .whl/nvidia_cutlass-*.whl
+  fi
+  $PY -m pip install --no-build-isolation --no-deps -q -e . -e backends/cpu -e backend_cuda -e backend_cutlass
+  { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv; date -u;
+    git log -1 --format='commit %H' 2>/dev/null; $PY -c "import torch; print('torch', torch.__version__, torch.version.cuda)";
+    nvcc --version | tail -1; } 2>&1 | tee "$OUT/env.txt"
+}
+
+installed() {
+  $PY -c "import bie_core, bie_backend_cpu, bie_backend_cuda, bie_backend_cutlass" >/dev/null 2>&1
+}
+
+stage() {
+  case $1 in
+    install) run install install ;;
+    build-cuda)
+      run build-cuda $PY -c "from bie_backend_cuda import _build; print(_build.load(verbose=False))" ;;
+    build-cutlass)
+      run build-cutlass $PY - <<'PY'
+import time
+from bie_backend_cutlass import _build
+from bie_backend_cutlass.plugin_extensions import EXTENSIONS
+for ext in EXTENSIONS:
+    t0 = time.time()
+    print(ext.family, _build.load(ext), f"{time.time() - t0:.0f} s", flush=True)
+PY
+      ;;
+    test-cuda)
+      run test-cuda timeout 580 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs \
+          tests/test_cuda_backend.py tests/test_wq_kernel_choice.py tests/test_import_rules.py
+      run kit-cuda timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing ;;
+    test-cutlass)
+      run test-cutlass timeout 480 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cutlass_build.py \
+          tests/test_cutlass_binary.py tests/test_cutlass_integer.py tests/test_cutlass_wq.py
+      run kit-cutlass timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass bie_core/testing ;;
+    bench-wq)
+      run bench-wq timeout 330 $PY benchmarks/bench_cuda.py --quick --only wq --json "$OUT/bench_cuda_wq.json"
+      run bench-wq timeout 240 $PY benchmarks/bench_cutlass_wq.py --quick --json "$OUT/bench_cutlass_wq.json" ;;
+    bench-binary)
+      run bench-binary timeout 240 $PY benchmarks/bench_cuda.py --quick --only binary --json "$OUT/bench_cuda_binary.json"
+      run bench-binary timeout 300 $PY benchmarks/bench_cutlass_binary.py --quick --json "$OUT/bench_cutlass_binary.json" ;;
+    explain)
+      run explain $PY - <<'PY'
+import torch
+import bie_core
+from bie_core.ops.weight_only import make_wq_case, wq_gemm
+gen = torch.Generator().manual_seed(0)
+for n, k in ((4096, 4096), (28672, 8192)):
+    qw, s, z, gi, _ = make_wq_case(k, n, 4, 128, "gptq", False, gen, "cuda", sdtype=torch.float16)
+    for m in (1, 8, 16, 64, 256, 2048):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        e = bie_core.explain(wq_gemm, x, qw, s, z, gi, None, 4, 128, "gptq")
+        print(f"M={m} {n}x{k}: {e.chosen()['wq_gemm']}")
+    print(e)
+PY
+      ;;
+    *) echo "unknown stage $1 (install build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain all)"
+       status=1 ;;
+  esac
+}
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(all)
+if [ "${stages[0]}" = all ]; then
+  stages=(install build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain)
+fi
+if [ "${stages[0]}" != install ] && ! installed; then
+  run install install
+fi
+for s in "${stages[@]}"; do
+  stage "$s"
+done
+grep -h -E "passed|failed|error|\[.*\] exit" "$OUT"/*.log 2>/dev/null | tail -40
+exit $status
