@@ -65,7 +65,7 @@ COUNTED = {"wg128x256r": "wg128x256", "wg128x256c1r": "wg128x256c1"}
 TWIN = {v: k for k, v in COUNTED.items()}
 #: M*N*K*batch up to which the tuned tile's counting twin serves. Not timed by the tuner: its samples are
 #: single calls after an L2 flush, where the twin's extra mainloop work shows but not the overlap it gains in a
-#: stream of kernels. H100 (session 15, bf16 out, benchmarks/lab/tuner_regime.py), graph-timed back-to-back
+#: stream of kernels. H100 (bf16 out), graph-timed back-to-back
 #: calls: 4096^3 24.2-24.4 (twin) vs 25.5-26.0 us (pass + GEMM), M=1024 and 384 with N=K=4096 8.2 / 7.3 vs
 #: 9.9 / 9.3 (bie-backend-cuda) ; 8192^3 131-132 vs 123-125 us. Single calls: 28.7-29.5 vs 27.3-27.9 at 4096^3.
 COUNT_MAX_WORK = 3 * 2 ** 35

@@ -10,7 +10,7 @@
 // wgmma (its four registers are exactly four 8x8 b16 matrices of the swizzled tile), and the row popcounts
 // of A are summed from those registers. An earlier version loaded A straight from global memory into the A
 // registers (one 32-bit load per register): every such load touches 8 rows, and the ~2000 L1 line accesses
-// per stage made a stage cost 0.96 us against 0.58 us of tensor work (benchmarks/lab/README.md, session 6).
+// per stage made a stage cost 0.96 us against 0.58 us of tensor work.
 //
 // Block: 3 warpgroups. Warpgroup 0: one producer thread fills a 3-slot ring (weights + activations of a
 // stage per slot, counted on "full" mbarriers); a column warp stages each tile's column terms (-2 popc(w),
@@ -25,7 +25,7 @@
 // math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
 // output are a third of the time at HBM speed. The 0.6 us is the tensor rate of the two warpgroups' chains
 // together (two ring slots: 0.79 us, so three are enough); running the warpgroups out of phase (ping-pong on
-// 128x128 tiles, staggered) measured slower, as each warpgroup's own cycle keeps its epilogue (session 23).
+// 128x128 tiles, staggered) measured slower, as each warpgroup's own cycle keeps its epilogue.
 // Clusters sharing the weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the
 // L2 traffic but measured slower, so the default is CL = 1.
 //
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       // ------------------------------------------------------------ epilogue
       wgmma_wait<0>();
       // the tile's last slot goes back now, not with the next tile's first stage: the producer refills it during
-      // the epilogue (1-4 % faster at 384-8192 rows: cuda_h100_binary_wgmma.md, session 23)
+      // the epilogue (1-4 % faster at 384-8192 rows: cuda_h100_binary_wgmma.md)
       release(prev_slot);
       prev_slot = -1;
       int r0 = pa0, r1 = pa1;
@@ -336,7 +336,6 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
               // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA). (The
               // conversions, I2FP here and F2FP in pack2, run at a quarter of the FP32 rate on sm_90; exact
               // integer-only replacements measured 7-15 % slower over the kernel: cuda_h100_binary_wgmma.md,
-              // session 21.)
               float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
               float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
               if constexpr (HB) {

@@ -897,7 +897,7 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
 // is one exact subtraction; then s * (q - z) (gptq) or q * s - z (gba), rounded once each, no fused multiply-add.
 // Serves M > LARGE_M (weight_only.py: dequantize + cuBLAS) and wq_dequantize: H100, 28672x8192 4-bit to bf16 in 204 us,
 // 2.88 TB/s (the one-thread-per-word kernel it replaced was issue-bound: 263 us). The column range serves the L2-chunk
-// experiment of benchmarks/lab/l2_chunks.py (measured slower than the whole weight).
+// experiment (measured slower than the whole weight).
 // vec: N, n0, nc and ldo are multiples of 4, codes and out 16-byte aligned (else scalar loads and stores, same math).
 template <int BITS, typename OT>
 __global__ void wq_dequant_cols_kernel(const int32_t* __restrict__ qw, const void* __restrict__ scales, int sdt,

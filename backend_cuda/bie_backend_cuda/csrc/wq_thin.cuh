@@ -58,7 +58,7 @@ inline int thin_fs(int gs_shift);
 // columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one pass over K:
 // there x early is worth more than the first stages overlapping the previous kernel's tail. Elsewhere, and at 9-16
 // rows, and for 8-bit codes (-1): every first stage is issued before the wait, then x is loaded.
-// H100, session 21 (benchmarks/results/cuda_h100_thin.md), W4 g128 unless noted, us, -1 against the choice:
+// H100 (benchmarks/results/cuda_h100.md), W4 g128 unless noted, us, -1 against the choice:
 // 4096x4096 one row 6.70 / 5.40, 8 rows 8.13 / 6.74; W2 g64 one row 5.38 / 4.93; 4096x11008 12.78 / 11.45;
 // 4096x14336 14.7 / 13.9; 5120x5120 at 8 rows 11.1 / 10.7. Where blocks loop over several items -1 was the best
 // measured but for 5120x5120 and 13824x5120 at one row (cp.async after two stages 11 % and 4 % faster there; 3-10 %

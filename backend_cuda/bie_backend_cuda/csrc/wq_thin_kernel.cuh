@@ -32,7 +32,7 @@
 //     whole): block b covers slice b % kslices of K and stages only that part
 //     of x; its warps then split the columns (p.cols: each streams whole items
 //     over the slice, no barrier per item) and write float32 partials, summed
-//     in slice order by wqt_reduce_kernel (wq_thin.cu). Session 26: a slice's
+//     in slice order by wqt_reduce_kernel (wq_thin.cu). A slice's
 //     items are dealt to its blocks in turn (p.rr: blocks differ by at most
 //     one item), and on big layers of 4-bit codes in groups of 128 x arrives in
 //     chunks by bulk copies that the warps wait for one by one (XC kernels,
@@ -55,7 +55,7 @@ namespace thin {
 namespace {
 
 // Register budget: by default ptxas may use up to 128 registers (no spills; 86-128 used, so 16-20 resident
-// warps per SM). Lab knob BIE_WQT_MAXNREG caps them (80: 24 warps per SM, small spills).
+// warps per SM). 
 // Two row tiles of 2-bit codes in groups of 32 need more than 128 registers (they spilled): those kernels take at
 // most 8 warps per block (wqt_plan, thin_max_warps) and up to 255 registers.
 #define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR), 1)
@@ -251,7 +251,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // (each warp's lane 0 arrives once with the bytes of its rows' copies) and THIN_XCHUNKS "sums written" (one
   // arrival per warp once it wrote the table entries of its rows)
   // (XC: a kernel of its own, launched only with p.xpre == -3 and K slices: its code, replicated over the unrolled
-  // ring, nearly doubled the other kernels' size and made them slower, 8 rows of 4096x4096 6.9 -> 8.4 us, session 26)
+  // ring, nearly doubled the other kernels' size and made them slower, 8 rows of 4096x4096 6.9 -> 8.4 us)
   static_assert(!XC || (MX == 1 && !ONE), "x in chunks: staged x, several rows");
   constexpr bool xchunked = XC;
   // The ring: "landed" and "ready" (x and its sums in place) complete with the producer's one arrival, and a third
@@ -355,11 +355,11 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (i < pre) issue(ring + i * SB);
   // x in chunks (p.xpre == -3): the main loop starts as soon as the first chunk of x is in shared memory, instead of
   // after all of it (16 rows of a 4096-k slice are 128 KiB per block, ~7 us with every SM reading its copy from L2
-  // at once: BIE_WQT_PHASES, session 21). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
+  // at once). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
   // by chunk (the bytes inside K; the rest of a row is zeroed by its warp); a warp about to use a chunk's stages
   // waits until every warp wrote the sum(x) entries of its rows in that chunk. A warp writes those of the next chunk
   // as it enters one (both of the first two at the first), so that the wait is for warps more than a chunk behind
-  // only: waiting for every warp's entries of the chunk just entered (lab, session 26) cost more than the early
+  // only: waiting for every warp's entries of the chunk just entered cost more than the early
   // start won (16 rows of 11008x4096 18.3 against 15.7 us).
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it once per
   // turn of the ring)
@@ -370,7 +370,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   auto xpar = [&](int c) { return xr ? (uint32_t)(c / XR) & 1u : 0u; };
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
   // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
-  // at 16 rows: about 45 cycles per copy; BIE_WQT_PHASES, session 26.)
+  // at 16 rows: about 45 cycles per copy.)
   auto issue_x = [&](int c) {
     const int slen = bs1 - bs0;
     if (lane != 0 || c * chs >= slen) return;
@@ -403,7 +403,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
                     xbar() + 8 * sl);
   };
   // The ring's sums (the producer): chunk c's bytes landed, the pieces past K zeroed (the copies stop at K), then the
-  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (Session 30, the
+  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (The
   // reverted first ring: every warp summing its own row with shuffles as it entered a chunk cost ~7 us of 65 at 16
   // rows of 28672x8192, lab bound 32 in d2ba120.)
   auto ring_sums = [&](int c) {
@@ -421,7 +421,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     // x as the A operand (all 16 rows of the block's x, row-major, one ldmatrix x4 per 16 k) times an all-ones B:
     // D[m][n] = sum_k x[m][k] for every n, so lane 4 g + t holds row g's sum in c0 and row g + 8's in c2. One mma per
     // 16 k for all rows, half as many as with x as B (one row tile per mma), in four independent chains (two units
-    // at a time, odd and even k16 steps apart) instead of one chain per task. (Session 31: the first form, one chain
+    // at a time, odd and even k16 steps apart) instead of one chain per task. (The first form, one chain
     // of 8 mma per unit and row tile, ran 64 / 58 us at chunks of 4 / 8 stages, 16 rows of 28672x8192.)
     constexpr int UK = FS > 0 ? 16 * FS : KS;   // k per sum(x) unit
     const int units = (cs1 - cs0) * KS / UK;
@@ -550,7 +550,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     if (xasync) {
       // x copied with cp.async, all of it in flight at once and ahead of all but `pre` first stages (the register
       // path below loads x after every first stage, and each of its round trips queues behind the ring's HBM
-      // misses: BIE_WQT_PHASES, session 21, 3.5 us before the first mma for one row of 28672x8192). x is its own
+      // misses: 3.5 us before the first mma for one row of 28672x8192). x is its own
       // commit group (the main loop's waits then count one more group ahead of each stage: still correct); chunks
       // past K are zero-filled.
       for (int c = threadIdx.x; c < total; c += blockDim.x) {
@@ -570,13 +570,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
     } else {
       // x loaded after the first stages (through L2: ld.global.cg, as the cp.async copies) and stored to shared
       // memory, XL 16-byte loads in flight per thread: on big layers the first stages, issued before the wait,
-      // overlap the previous kernel's tail, which outweighs the later x (session 21: 45.9 against 49.4 us at one row
+      // overlap the previous kernel's tail, which outweighs the later x (45.9 against 49.4 us at one row
       // of 28672x8192 with xpre = 1). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
-      // (~3000 cycles, BIE_WQT_PHASES), but 8 loads in flight (4 batches at 16 rows instead of 2) measured level on
-      // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 (session 21, call 6). One row (ONE):
+      // (~3000 cycles), but 8 loads in flight (4 batches at 16 rows instead of 2) measured level on
+      // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 . One row (ONE):
       // p.xl loads in flight (the plan: 8 where a thread has more than 4 pieces), so that the row of a K up to 32768
       // is one batch at 16 warps (8192x28672: two batches of 4 took 7,200 cycles against 3,500 for 28672x8192's one,
-      // BIE_WQT_PHASES, session 26).
       constexpr int XLM = ONE ? 8 : 4;
       const int xl = ONE ? max(1, min(XLM, p.xl)) : XLM;
       for (int c0 = threadIdx.x - lane; c0 < total; c0 += xl * blockDim.x) {   // (warp-uniform: the shuffles)

@@ -8,7 +8,7 @@
 // while the tensor cores idle, and the tree (three broadcast vectors staged per subtile, s1*s2 per
 // element, a shared-memory round trip per 128x32 subtile) made that ~6 us of a ~28 us call at 4096^3;
 // the same kernel with an accumulator-only epilogue takes 21.6 us (benchmarks/results/
-// cutlass_h100_binary.md, sessions 12-13). What this one does instead:
+// cutlass_h100_binary.md). What this one does instead:
 //  - the kernel's epilogue load warp (otherwise idle here) runs ahead of the math warpgroups and stages
 //    each tile's terms in shared memory: per column pair one 32-byte record {col_term x2, s1*s2 x2,
 //    bias x2}, and the tile's row terms (an mbarrier pipeline of 2 tiles), so no global load sits

@@ -121,7 +121,7 @@ struct B1Mainloop {
 // handling (wait, issue, release of the stage before, one batch in flight) matches what the kernel's
 // mma_tail expects.
 // Cost: about 10% more mainloop time where the mainloop bounds the call (every N tile counts its rows again),
-// against a pass of about 1.5 us: H200 lab, session 15: 4096^3 24.4 -> 22.6 us (pass + GEMM -> counted),
+// against a pass of about 1.5 us: H200: 4096^3 24.4 -> 22.6 us (pass + GEMM -> counted),
 // M=1024 N=K=4096 10.5 -> 7.9 us, 8192^3 121 -> 129 us; the tuner times both (binary.py). Counting on the
 // tensor cores instead (one more m64n8k256 AND.POPC wgmma per K block against 8 columns of ones) measured
 // the same (22.8 / 128.7 us), so the narrow wgmma costs the tensor pipe about what POPC costs the SM.
