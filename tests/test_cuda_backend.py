@@ -817,7 +817,7 @@ def test_wgmma_statistics_encoding_is_exact(bits, fmt, sdt):
     qw, s, z, _, _ = make_wq_case(k, n, bits, 64, fmt, False, torch.Generator().manual_seed(31), "cpu", sdtype=sdt)
     lay = cw.build_layout_skinny(qw, s, z, None, bits, 64, k, fmt, torch.float16)
     stw = cw._stw(lay)
-    assert stw.shape == (s.shape[0], lay.st.shape[1]) and stw.dtype == torch.int32
+    assert stw.shape == (s.shape[0], lay.stats16.shape[1]) and stw.dtype == torch.int32
     lo = (stw & 0xFFFF).to(torch.int16).view(sdt)[:, :n]
     hi = (stw >> 16).to(torch.int16).view(sdt)[:, :n].double()
     assert torch.equal(lo, s)

@@ -49,27 +49,27 @@ def prepare(qweight, scales, zeros, g_idx):
 
 @dataclass
 class Layout:
-    generic: bool
-    bits: int = 0            # kernel width (2, 4, 8)
+    """A weight repacked for the kernels (built on first use, kept in the layout memo)."""
+    generic: bool                                 # act-order groups not uniform once sorted: only weight_f32 is set
+    bits: int = 0                                 # kernel width (2, 4, 8)
     n: int = 0
     k: int = 0
     kblocks: int = 0
     gs_shift: int = -1
     gptq: bool = True
     cdtype: torch.dtype = torch.float16
-    qw: Optional[torch.Tensor] = None
-    s: Optional[torch.Tensor] = None
-    zp: Optional[torch.Tensor] = None
-    s32: Optional[torch.Tensor] = None     # float32 scales (G, Np) for the GEMM
-    c32: Optional[torch.Tensor] = None     # float32 MAGIC/zero term (G, Np): y += s*sum(x*qm) - c*sum(x)
-    perm: Optional[torch.Tensor] = None     # int64 (K,): prepared row j is input row perm[j]
-    # generic path (non-uniform act-order groups): float32 dequantized weight
-    w32: Optional[torch.Tensor] = None
-    # skinny kernel (M <= 16): A-fragment ordered codes and 16-bit statistics
-    st: Optional[torch.Tensor] = None       # int32 (G, Np): scale | zero << 16 (fp16 or bf16 bits)
-    st_bf16: bool = False
-    inter: bool = False                     # interleaved column blocks (N padded to 128)
-    stw: Optional[torch.Tensor] = None      # Hopper wgmma kernel: s | zq << 16 (statistics' dtype), built on first use
+    codes: Optional[torch.Tensor] = None          # int32 fragment-ordered codes (csrc/weight_only.cu)
+    scales: Optional[torch.Tensor] = None         # (G, Np) scales in the compute dtype
+    zero_points: Optional[torch.Tensor] = None    # (G, Np) zero + MAGIC (gptq) or -zero (gba), compute dtype
+    scales_f32: Optional[torch.Tensor] = None     # float32 scales (G, Np) for the GEMM
+    offsets_f32: Optional[torch.Tensor] = None    # float32 MAGIC/zero term (G, Np): y += s*sum(x*qm) - c*sum(x)
+    perm: Optional[torch.Tensor] = None           # int64 (K,): prepared row j is input row perm[j]
+    weight_f32: Optional[torch.Tensor] = None     # the generic path: float32 dequantized weight (K, N)
+    # the skinny / thin / wgmma kernels: A-fragment ordered codes and 16-bit statistics
+    stats16: Optional[torch.Tensor] = None        # int32 (G, Np): scale | zero << 16 (fp16 or bf16 bits)
+    stats_bf16: bool = False
+    interleaved: bool = False                     # interleaved column blocks (N padded to 128)
+    stats16_wgmma: Optional[torch.Tensor] = None  # wgmma kernels: s | zq << 16 (statistics' dtype), built on first use
     # the layout's tensors were just written by the kernels that built it: the next launch must not prefetch them
     # ahead of the previous kernel (no programmatic dependent launch on first use)
     fresh: bool = True
@@ -192,8 +192,8 @@ def build_layout_skinny(qweight, scales, zeros, g_idx, bits, group_size, k, fmt,
     hi = z16.view(torch.int16).to(torch.int32) << 16
     st = (lo | hi).contiguous()
     gs_shift = _gs_shift(group_size)
-    return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, qw=qw, perm=perm, st=st,
-                  st_bf16=sd is torch.bfloat16, inter=inter)
+    return Layout(False, kbits, n, k, kp // ks, gs_shift, fmt == "gptq", cdtype, codes=qw, perm=perm, stats16=st,
+                  stats_bf16=sd is torch.bfloat16, interleaved=inter)
 
 
 def build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, cdtype) -> Layout:
@@ -240,7 +240,7 @@ def _generic_layout(codes, scales, zeros, gi, bits, fmt, n, k) -> Layout:
         w = s * (codes.to(torch.float32) - z)
     else:
         w = codes.to(torch.float32) * s - zeros.to(torch.float32).index_select(0, gi)
-    return Layout(True, n=n, k=k, w32=w.contiguous())
+    return Layout(True, n=n, k=k, weight_f32=w.contiguous())
 
 
 def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype, skinny=False,
@@ -278,14 +278,14 @@ def _counters_for(device, need: int) -> torch.Tensor:
 def _stw(lay: Layout) -> torch.Tensor:
     """Statistics of the wgmma kernel: (G, Np) int32 = s | zq << 16 in the checkpoint's 16-bit dtype, with
     zq = zero + MAGIC (gptq: integer zeros, exact) or -zero (gba, exact); from the skinny layout's statistics."""
-    t = lay.stw
+    t = lay.stats16_wgmma
     if t is None:
-        sd = torch.bfloat16 if lay.st_bf16 else torch.float16
-        z16 = (lay.st >> 16).to(torch.int16).view(sd).to(torch.float32)
+        sd = torch.bfloat16 if lay.stats_bf16 else torch.float16
+        z16 = (lay.stats16 >> 16).to(torch.int16).view(sd).to(torch.float32)
         magic = 1024.0 if sd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
         zq = z16 + magic if lay.gptq else -z16
         hi = zq.to(sd).view(torch.int16).to(torch.int32) << 16
-        t = lay.stw = ((lay.st & 0xFFFF) | hi).contiguous()
+        t = lay.stats16_wgmma = ((lay.stats16 & 0xFFFF) | hi).contiguous()
     return t
 
 
@@ -298,7 +298,7 @@ def _x_aligned(x, lay: Layout) -> torch.Tensor:
 
 
 def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
-    return _build.ops().wq_dequant(lay.qw, lay.s, lay.zp, lay.perm if original_order else None, lay.bits, lay.n,
+    return _build.ops().wq_dequant(lay.codes, lay.scales, lay.zero_points, lay.perm if original_order else None, lay.bits, lay.n,
                                    lay.k, lay.gs_shift, lay.kblocks, lay.gptq)
 
 
@@ -507,8 +507,8 @@ def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: 
     (x staged per block over one slice of K, the slices' partials summed by a second kernel; -1 never) and the
     staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
     copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
-    return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.qw, lay.st, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
-                                 lay.kblocks, lay.gptq, lay.st_bf16, lay.inter, x.dtype, warps, grid, _pdl(lay),
+    return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+                                 lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype, warps, grid, _pdl(lay),
                                  slices, xpre)
 
 
@@ -516,16 +516,16 @@ def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
     """The register-A wgmma kernel (ntok 16/32/64/128 rows a block; 0: planned) or, with ntok=WGMMA_ROWS_NTOK, the
     pipelined many-row kernel; splits: K parts (0: the launcher's rule), on an interleaved skinny layout."""
     ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
-    return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.qw, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift,
-                                 lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.st_bf16)
+    return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+                                 lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.stats_bf16)
 
 
 def launch_skinny(x, lay: Layout, bias, *, tune: int = 0):
     """The skinny kernel (csrc/weight_only.cu "wqv", up to 16 rows); tune: launch tuning (0: defaults)."""
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(compute_dtype(x.dtype)).contiguous()
-    return _build.ops().wqv_gemm(xc, lay.qw, lay.st, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks,
-                                 lay.gptq, lay.st_bf16, lay.inter, x.dtype,
+    return _build.ops().wqv_gemm(xc, lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks,
+                                 lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
                                  _counters_for(x.device, -(-lay.n // 128) + 1),
                                  tune, _pdl(lay) and x.shape[0] <= SKINNY_PDL_M)
 
@@ -535,7 +535,7 @@ def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(lay.cdtype).contiguous()
     need = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8))
-    return _build.ops().wq_gemm(xc, lay.qw, lay.s, lay.zp, lay.s32, lay.c32, bias, lay.bits, lay.n, lay.k,
+    return _build.ops().wq_gemm(xc, lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
                                 lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need), tune)
 
 
@@ -551,7 +551,7 @@ def _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt, la
     float32 weight the layout holds."""
     if x.shape[0] >= DENSE_MIN_M and bits in (1, 2, 4, 8):
         return wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt)
-    return _add_bias(x.to(torch.float32) @ lay.w32, bias, x.dtype)
+    return _add_bias(x.to(torch.float32) @ lay.weight_f32, bias, x.dtype)
 
 
 # ------------------------------------------------------------------ the registered wq_gemm kernels
@@ -599,7 +599,7 @@ def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, form
         return _add_bias(x.to(cd) @ w, bias, x.dtype)
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     if lay.generic:
-        return _add_bias(x.to(torch.float32) @ lay.w32, bias, x.dtype)
+        return _add_bias(x.to(torch.float32) @ lay.weight_f32, bias, x.dtype)
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
     y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w
@@ -612,7 +612,7 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
     if bits not in (1, 2, 4, 8):
         lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, grad.dtype)
         if lay.generic:
-            return (grad.to(torch.float32) @ lay.w32.t()).to(grad.dtype)
+            return (grad.to(torch.float32) @ lay.weight_f32.t()).to(grad.dtype)
     w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd, lay)
     return (grad.to(cd) @ w.t()).to(grad.dtype)
 
@@ -623,5 +623,5 @@ def wq_dequantize(qweight, scales, zeros, g_idx, bits, group_size, k, format, dt
     # fp16 arithmetic (11-bit significand) then one rounding to the target dtype
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, torch.float16)
     if lay.generic:
-        return lay.w32.to(dtype)
+        return lay.weight_f32.to(dtype)
     return _dequant(lay, original_order=True).to(dtype)

@@ -67,18 +67,18 @@ def _fused_self_test() -> Optional[str]:
     """The fused entry against the reference, every epilogue form, before it is used."""
     import torch
 
-    from bie_backend_cpu.reference import binary as rb
-    from . import kernels as nk
+    from bie_backend_cpu.reference import binary as ref_binary
+    from . import kernels
     g = torch.Generator().manual_seed(2)
     for dtype, m, n, k in ((torch.float32, 3, 11, 77), (torch.float16, 1, 8, 64), (torch.bfloat16, 2, 5, 9)):
         x = torch.randn(m, k, generator=g).to(dtype)
-        w = rb.pack_signs(torch.randn(n, k, generator=g))
+        w = ref_binary.pack_signs(torch.randn(n, k, generator=g))
         shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
         sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.5
         bias = torch.randn(n, generator=g).to(dtype)
         for args in ((x, None, w, k, None, None, None, None), (x, shift, w, k, sa, sw, bias, dtype),
                      (x, shift, w, k, sa, None, None, torch.float32)):
-            if not torch.equal(nk.binary_linear(*args), rb.binary_linear(*args)):
+            if not torch.equal(kernels.binary_linear(*args), ref_binary.binary_linear(*args)):
                 return f"self-test failed: fused binary_linear {dtype} M={m} N={n} K={k}"
     return None
 
@@ -89,8 +89,8 @@ def _load_fused(lib, st: NativeStatus, force_rebuild: bool, verbose: bool) -> No
     import ctypes
 
     from . import _build
-    from . import kernels as nk
-    nk.set_fused(None)
+    from . import kernels
+    kernels.set_fused(None)
     if not fused_enabled_by_env():
         st.fused, st.fused_reason = "disabled", "BIE_CPU_FUSED=0"
         return
@@ -98,15 +98,15 @@ def _load_fused(lib, st: NativeStatus, force_rebuild: bool, verbose: bool) -> No
         mod, _, _ = _build.load_fused(force_rebuild=force_rebuild, verbose=verbose)
         mod.init(ctypes.cast(lib.bie_pack, ctypes.c_void_p).value, ctypes.cast(lib.bie_bgemm, ctypes.c_void_p).value,
                  _build.ABI_VERSION)
-        nk.set_fused(mod)
+        kernels.set_fused(mod)
         bad = _fused_self_test()
         if bad:
-            nk.set_fused(None)
+            kernels.set_fused(None)
             st.fused, st.fused_reason = "unavailable", bad
         else:
             st.fused = "active"
     except Exception as exc:  # noqa: BLE001 - isolation: the ctypes path still serves
-        nk.set_fused(None)
+        kernels.set_fused(None)
         st.fused = "unavailable"
         st.fused_reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -124,49 +124,49 @@ def _self_test() -> Optional[str]:
     """A few tiny exact checks against the reference before registering."""
     import torch
 
-    from ..reference import binary as rb
-    from ..reference import integer as ri
-    from . import kernels as nk
+    from ..reference import binary as ref_binary
+    from ..reference import integer as ref_integer
+    from . import kernels
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 37, generator=g)
-    if not torch.equal(nk.pack_signs(x), rb.pack_signs(x)):
+    if not torch.equal(kernels.pack_signs(x), ref_binary.pack_signs(x)):
         return "self-test failed: pack_signs"
-    a, b = rb.pack_signs(torch.randn(5, 100, generator=g)), rb.pack_signs(torch.randn(9, 100, generator=g))
-    if not torch.equal(nk.binary_gemm(a, b, 100, None, None, None), rb.binary_gemm(a, b, 100, None, None, None)):
+    a, b = ref_binary.pack_signs(torch.randn(5, 100, generator=g)), ref_binary.pack_signs(torch.randn(9, 100, generator=g))
+    if not torch.equal(kernels.binary_gemm(a, b, 100, None, None, None), ref_binary.binary_gemm(a, b, 100, None, None, None)):
         return "self-test failed: binary_gemm"
     qa = torch.randint(-128, 128, (3, 21), generator=g, dtype=torch.int32).to(torch.int8)
     qb = torch.randint(-128, 128, (17, 21), generator=g, dtype=torch.int32).to(torch.int8)
-    if not torch.equal(nk.int_gemm(qa, qb, 8, 8, None, None, None), ri.int_gemm(qa, qb, 8, 8, None, None, None)):
+    if not torch.equal(kernels.int_gemm(qa, qb, 8, 8, None, None, None), ref_integer.int_gemm(qa, qb, 8, 8, None, None, None)):
         return "self-test failed: int_gemm"
     qx = torch.randint(-128, 128, (2, 6, 5, 7), generator=g, dtype=torch.int32).to(torch.int8)
     qw = torch.randint(-128, 128, (4, 3, 3, 3), generator=g, dtype=torch.int32).to(torch.int8)
     cargs = (qx, qw, 8, 8, [1, 2], [1, 1], [1, 1], 2, None, None, None)
-    if not torch.equal(nk.int_conv2d(*cargs), ri.int_conv2d(*cargs)):
+    if not torch.equal(kernels.int_conv2d(*cargs), ref_integer.int_conv2d(*cargs)):
         return "self-test failed: int_conv2d"
-    if not torch.equal(nk.binary_bmm(a[None], b[None], 100, None, None), rb.binary_bmm(a[None], b[None], 100, None, None)):
+    if not torch.equal(kernels.binary_bmm(a[None], b[None], 100, None, None), ref_binary.binary_bmm(a[None], b[None], 100, None, None)):
         return "self-test failed: binary_bmm"
-    from ..reference import weight_only as rw
-    from . import kernels_wq as nw
+    from ..reference import weight_only as ref_wq
+    from . import kernels_wq
     for fmt in ("gptq", "gba"):
         codes = torch.randint(0, 16, (70, 19), generator=g, dtype=torch.int32)
-        qw = rw.wq_pack(codes, 4, 0)
+        qw = ref_wq.wq_pack(codes, 4, 0)
         s = torch.rand(3, 19, generator=g) + 0.5
-        z = rw.wq_pack(torch.randint(0, 16, (3, 19), generator=g, dtype=torch.int32), 4, 1) if fmt == "gptq" else s
+        z = ref_wq.wq_pack(torch.randint(0, 16, (3, 19), generator=g, dtype=torch.int32), 4, 1) if fmt == "gptq" else s
         wargs = (qw, s, z, None, 4, 32, 70, fmt, torch.float32)
-        if not torch.equal(nw.wq_dequantize(*wargs), rw.wq_dequantize(*wargs)):
+        if not torch.equal(kernels_wq.wq_dequantize(*wargs), ref_wq.wq_dequantize(*wargs)):
             return f"self-test failed: wq_dequantize {fmt}"
         xw = torch.randn(2, 70, generator=g)
-        y, r = nw.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt), rw.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt)
+        y, r = kernels_wq.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt), ref_wq.wq_gemm(xw, qw, s, z, None, None, 4, 32, fmt)
         if not torch.allclose(y, r, rtol=1e-4, atol=1e-3):
             return f"self-test failed: wq_gemm {fmt}"
-    from . import kernels_mbwq as nm
+    from . import kernels_mbwq
     gbits, grows = [5, 3], [20, 12]
     codes = torch.cat([torch.randint(0, 1 << b, (r, 9), generator=g, dtype=torch.int32) for b, r in zip(gbits, grows)])
-    mq = rw.mbwq_pack(codes, gbits, grows)
+    mq = ref_wq.mbwq_pack(codes, gbits, grows)
     ms, mz = torch.rand(2, 9, generator=g) + 0.5, torch.rand(2, 9, generator=g)
     mperm = torch.randperm(32, generator=g)
     margs = (mq, ms, mz, mperm, gbits, grows, torch.float32)
-    if not torch.equal(nm.mbwq_dequantize(*margs), rw.mbwq_dequantize(*margs)):
+    if not torch.equal(kernels_mbwq.mbwq_dequantize(*margs), ref_wq.mbwq_dequantize(*margs)):
         return "self-test failed: mbwq_dequantize"
     return None
 
@@ -184,11 +184,11 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> NativeStatus:
             return st
         try:
             from . import _build
-            from . import kernels as nk
+            from . import kernels
             lib, d, secs, threaded = _build.load(force_rebuild=force_rebuild, verbose=verbose)
             st.build_dir, st.build_seconds, st.threaded = str(d), secs, threaded
             _apply_isa_env(lib)
-            nk.set_library(lib)
+            kernels.set_library(lib)
             from . import kernels_wq
             kernels_wq.set_library(lib)
             st.level = _build.LEVEL_NAMES[lib.bie_get_level()]
@@ -196,7 +196,7 @@ def load(force_rebuild: bool = False, verbose: bool = False) -> NativeStatus:
             st.features = _build.feature_names(lib.bie_cpu_features())
             bad = _self_test()
             if bad:
-                nk.set_library(None)
+                kernels.set_library(None)
                 st.state, st.reason = "unavailable", bad
             else:
                 _lib = lib
@@ -249,76 +249,76 @@ def register_kernels(registry) -> NativeStatus:
     from bie_core.backend_api import FLOAT_DTYPES, Capability
     from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
 
-    from . import kernels as nk
+    from . import kernels
     cpu = ("cpu",)
     max_k = 2 ** 31 - 1
     tag = f"native C++ ({st.level})"
-    registry.register("pack_signs", nk.pack_signs, priority=PRIORITY, name="native.pack_signs",
+    registry.register("pack_signs", kernels.pack_signs, priority=PRIORITY, name="native.pack_signs",
                       capability=Capability(devices=cpu, dtypes=PACKABLE),
                       description=f"{tag}: vector compare to bit masks")
-    registry.register("binary_gemm", nk.binary_gemm, priority=PRIORITY, name="native.binary_gemm",
-                      prepare=nk.prepare,
+    registry.register("binary_gemm", kernels.binary_gemm, priority=PRIORITY, name="native.binary_gemm",
+                      prepare=kernels.prepare,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
                       description=f"{tag}: XOR-popcount GEMM, fused scale/bias epilogue")
-    registry.register("binary_linear", nk.binary_linear, priority=PRIORITY, name="native.binary_linear",
-                      prepare=nk.prepare,
+    registry.register("binary_linear", kernels.binary_linear, priority=PRIORITY, name="native.binary_linear",
+                      prepare=kernels.prepare,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
                       description=f"{tag}: fused shift + sign + pack + XOR-popcount GEMM + epilogue")
-    registry.register("binary_conv2d", nk.binary_conv2d, priority=PRIORITY, name="native.binary_conv2d",
-                      prepare=nk.prepare,
+    registry.register("binary_conv2d", kernels.binary_conv2d, priority=PRIORITY, name="native.binary_conv2d",
+                      prepare=kernels.prepare,
                       capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}),
                       description=f"{tag}: bit-packed im2col + XOR-popcount GEMM, any pad value")
-    registry.register("int_gemm", nk.int_gemm, priority=PRIORITY, name="native.int_gemm", prepare=nk.prepare,
-                      bind=nk.bind_int_gemm,
+    registry.register("int_gemm", kernels.int_gemm, priority=PRIORITY, name="native.int_gemm", prepare=kernels.prepare,
+                      bind=kernels.bind_int_gemm,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES,
                                             attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
                                             max_dims={"K": INT_GEMM_MAX_K}),
                       description=f"{tag}: int8 GEMM, exact int32 accumulation")
-    registry.register("int_conv2d", nk.int_conv2d, priority=PRIORITY, name="native.int_conv2d", prepare=nk.prepare,
+    registry.register("int_conv2d", kernels.int_conv2d, priority=PRIORITY, name="native.int_conv2d", prepare=kernels.prepare,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)},
                                             max_dims={"K": INT_GEMM_MAX_K}),
                       description=f"{tag}: implicit int8 im2col + int GEMM, exact int32, scale/bias epilogue")
-    registry.register("int_bmm", nk.int_bmm, priority=PRIORITY, name="native.int_bmm",
+    registry.register("int_bmm", kernels.int_bmm, priority=PRIORITY, name="native.int_bmm",
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)},
                                             max_dims={"K": INT_GEMM_MAX_K}),
                       description=f"{tag}: batched int8 GEMM, exact int32 accumulation")
-    registry.register("binary_bmm", nk.binary_bmm, priority=PRIORITY, name="native.binary_bmm",
+    registry.register("binary_bmm", kernels.binary_bmm, priority=PRIORITY, name="native.binary_bmm",
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
                       description=f"{tag}: batched XOR-popcount GEMM (b packed into panels per call)")
-    registry.register("sign_embedding", nk.sign_embedding, priority=PRIORITY, name="native.sign_embedding",
+    registry.register("sign_embedding", kernels.sign_embedding, priority=PRIORITY, name="native.sign_embedding",
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
                       description=f"{tag}: gather + bit expansion to +-scale")
-    registry.register("sign_embedding_bag", nk.sign_embedding_bag, priority=PRIORITY,
+    registry.register("sign_embedding_bag", kernels.sign_embedding_bag, priority=PRIORITY,
                       name="native.sign_embedding_bag", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
                       description=f"{tag}: gather + per-bit majority vote")
-    registry.register("quantize_int", nk.quantize_int, priority=PRIORITY, name="native.quantize_int",
-                      bind=nk.bind_quantize_int,
+    registry.register("quantize_int", kernels.quantize_int, priority=PRIORITY, name="native.quantize_int",
+                      bind=kernels.bind_quantize_int,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}),
                       description=f"{tag}: true division, round half to even, clamp; any broadcast scale")
-    from . import kernels_wq as nw
-    wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": nw.BITS, "format": ("gptq", "gba")})
-    registry.register("wq_gemm", nw.wq_gemm, priority=PRIORITY, name="native.wq_gemm", prepare=nw.prepare,
-                      capability=wq_cap, bind=nw.bind_wq_gemm,
-                      description=f"{tag}: fused dequant-in-registers GEMM for M <= {nw.FUSED_MAX_M}, else "
+    from . import kernels_wq
+    wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": kernels_wq.BITS, "format": ("gptq", "gba")})
+    registry.register("wq_gemm", kernels_wq.wq_gemm, priority=PRIORITY, name="native.wq_gemm", prepare=kernels_wq.prepare,
+                      capability=wq_cap, bind=kernels_wq.bind_wq_gemm,
+                      description=f"{tag}: fused dequant-in-registers GEMM for M <= {kernels_wq.FUSED_MAX_M}, else "
                                   "native dequantization + torch matmul; float32 accumulation")
-    registry.register("wq_dequantize", nw.wq_dequantize, priority=PRIORITY, name="native.wq_dequantize",
-                      prepare=nw.prepare, capability=wq_cap,
+    registry.register("wq_dequantize", kernels_wq.wq_dequantize, priority=PRIORITY, name="native.wq_dequantize",
+                      prepare=kernels_wq.prepare, capability=wq_cap,
                       description=f"{tag}: float32 dequantization from the prepared panels (bit-exact)")
-    registry.register("wq_gemm_grad_input", nw.wq_gemm_grad_input, priority=PRIORITY,
-                      name="native.wq_gemm_grad_input", prepare=nw.prepare, capability=wq_cap,
+    registry.register("wq_gemm_grad_input", kernels_wq.wq_gemm_grad_input, priority=PRIORITY,
+                      name="native.wq_gemm_grad_input", prepare=kernels_wq.prepare, capability=wq_cap,
                       description=f"{tag}: native dequantization + torch matmul (grad @ W.T)")
-    from . import kernels_mbwq as nm
+    from . import kernels_mbwq
     mb_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES)
-    registry.register("mbwq_gemm", nm.mbwq_gemm, priority=PRIORITY, name="native.mbwq_gemm", prepare=nm.prepare,
+    registry.register("mbwq_gemm", kernels_mbwq.mbwq_gemm, priority=PRIORITY, name="native.mbwq_gemm", prepare=kernels_mbwq.prepare,
                       capability=mb_cap,
                       description=f"{tag}: per-width segments (2/3/4/8 bits; 5/6 as 8-bit codes) on the wq "
-                                  f"kernels, summed: fused GEMV for M <= {nw.FUSED_MAX_M}, else dequant slabs "
+                                  f"kernels, summed: fused GEMV for M <= {kernels_wq.FUSED_MAX_M}, else dequant slabs "
                                   "+ torch matmul; q_perm and channel_scale on x")
-    registry.register("mbwq_dequantize", nm.mbwq_dequantize, priority=PRIORITY, name="native.mbwq_dequantize",
-                      prepare=nm.prepare, capability=mb_cap,
+    registry.register("mbwq_dequantize", kernels_mbwq.mbwq_dequantize, priority=PRIORITY, name="native.mbwq_dequantize",
+                      prepare=kernels_mbwq.prepare, capability=mb_cap,
                       description=f"{tag}: float32 q*s - z per width segment, rows scattered by q_perm (bit-exact)")
-    registry.register("mbwq_gemm_grad_input", nm.mbwq_gemm_grad_input, priority=PRIORITY,
-                      name="native.mbwq_gemm_grad_input", prepare=nm.prepare, capability=mb_cap,
+    registry.register("mbwq_gemm_grad_input", kernels_mbwq.mbwq_gemm_grad_input, priority=PRIORITY,
+                      name="native.mbwq_gemm_grad_input", prepare=kernels_mbwq.prepare, capability=mb_cap,
                       description=f"{tag}: native dequantization per width segment + torch matmul, * channel_scale")
     from bie_core.ops.dynamic import MAX_K as DYN_MAX_K
 
@@ -327,7 +327,7 @@ def register_kernels(registry) -> NativeStatus:
                       name="native.dynamic_quantize_act", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
                       description=f"{tag}: per-row abs-max and quantization in one pass (vector extensions)")
     registry.register("dynamic_int8_linear", nd.dynamic_int8_linear, priority=PRIORITY,
-                      name="native.dynamic_int8_linear", prepare=nk.prepare,
+                      name="native.dynamic_int8_linear", prepare=kernels.prepare,
                       capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": DYN_MAX_K}),
                       description=f"{tag}: vectorised activation quantization + int8 GEMM, zero-point "
                                   "correction, per-row x per-column scales and bias in the epilogue")

@@ -30,14 +30,14 @@ import torch.nn.functional as F
 
 from bie_core.backend_api import FLOAT_DTYPES
 
-from ..reference import weight_only as rw
-from . import kernels_wq as nw
+from ..reference import weight_only as ref_wq
+from . import kernels_wq
 
 from .kernels import _check, _cpu, _layouts, _require
 
 #: width each mixed width is served at by the wq kernels
 SERVE_BITS = {2: 2, 3: 3, 4: 4, 5: 8, 6: 8, 8: 8}
-PW = nw.PW
+PW = kernels_wq.PW
 
 
 class MbwqLayout:
@@ -86,7 +86,7 @@ def _layout(qweight, scales, zeros, q_perm, group_bits, group_rows) -> MbwqLayou
         for gi, (b, r) in enumerate(zip(gbits, grows)):
             nwd = (r * b + 31) // 32
             if SERVE_BITS[b] == sb:
-                codes.append(rw._unpack_rows(qw[word:word + nwd], b, r))
+                codes.append(ref_wq._unpack_rows(qw[word:word + nwd], b, r))
                 gsel.append(gi)
                 rows_b.append(torch.arange(row, row + r))
                 counts.append(r)
@@ -104,8 +104,8 @@ def _layout(qweight, scales, zeros, q_perm, group_bits, group_rows) -> MbwqLayou
         packed_rows = torch.cat(rows_b)                                 # packed row j of local row i
         full = torch.zeros((kp, np_), dtype=torch.int32)
         full[dest, :n] = torch.cat(codes)
-        words = rw._pack_rows(full, sb)                                 # (kp*sb/32, np_)
-        lay = nw.WqLayout()
+        words = ref_wq._pack_rows(full, sb)                                 # (kp*sb/32, np_)
+        lay = kernels_wq.WqLayout()
         lay.qw = words.reshape(kp // 32, sb, p, PW).permute(2, 0, 1, 3).contiguous()
         sel = torch.tensor(gsel)
         s_b, z_b = s32[sel], z32[sel]
@@ -165,15 +165,15 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
     out = None
     for seg in lay.segs:
         xp = xpad.index_select(1, seg.xsrc).contiguous()
-        if m <= nw.FUSED_MAX_M:
+        if m <= kernels_wq.FUSED_MAX_M:
             part = torch.empty((m, n), dtype=torch.float32)
-            args = nw._args(seg.lay, part, xp, m, None)
-            _check(nw._lib.bie_wq_gemm(ctypes.byref(args)), op)
+            args = kernels_wq._args(seg.lay, part, xp, m, None)
+            _check(kernels_wq._lib.bie_wq_gemm(ctypes.byref(args)), op)
             out = part if out is None else out.add_(part)
         else:
             if out is None:
                 out = torch.zeros((m, n), dtype=torch.float32)
-            for c0, c1, w in nw._slabs(seg.lay):
+            for c0, c1, w in kernels_wq._slabs(seg.lay):
                 out[:, c0:c1].addmm_(xp, w)
     if m <= nw.FUSED_MAX_M and not bool(torch.isfinite(out).all()):
         # the fused kernel factors each group's zero point out of its sum; near the float32 range that
@@ -188,7 +188,7 @@ def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtyp
     lay = _get(prepared, qweight, scales, zeros, q_perm, group_bits, group_rows)
     w = torch.empty((lay.k, lay.n), dtype=torch.float32)
     for seg in lay.segs:
-        w[seg.kidx] = nw._dequant_prepared(seg.lay).index_select(0, seg.lay.dest)
+        w[seg.kidx] = kernels_wq._dequant_prepared(seg.lay).index_select(0, seg.lay.dest)
     return w.to(dtype).contiguous()
 
 
@@ -207,7 +207,7 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
     gx = torch.empty((m, lay.k), dtype=torch.float32)
     for seg in lay.segs:
         gp = None
-        for c0, c1, w in nw._slabs(seg.lay):
+        for c0, c1, w in kernels_wq._slabs(seg.lay):
             part = gf[:, c0:c1] @ w.t()
             gp = part if gp is None else gp.add_(part)
         gx[:, seg.kidx] = gp.index_select(1, seg.lay.dest)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from bie_core.backend_api import FLOAT_DTYPES
 
-from ..reference import weight_only as rw
+from ..reference import weight_only as ref_wq
 
 from .kernels import _check, _cpu, _layouts, _require
 
@@ -121,15 +121,15 @@ def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout
             # groups end on 32-row blocks (but the last): the prepared order is
             # the canonical one and 32 rows are `bits` whole words: only move words
             return F.pad(qsrc, (0, np_ - n, 0, kp // 32 * bits - qsrc.shape[0]))
-        q = rw._unpack_rows(qsrc, bits, k)                               # (K, N) int32 codes
+        q = ref_wq._unpack_rows(qsrc, bits, k)                               # (K, N) int32 codes
         codes = torch.zeros((kp, np_), dtype=torch.int32)
         codes[dest, :n] = q[order]
-        return rw._pack_rows(codes, bits)
+        return ref_wq._pack_rows(codes, bits)
     s = scales.detach().to(torch.float32)
     if fmt == "gptq":
         _require(zeros.dtype == torch.int32 and tuple(zeros.shape) == (g, (n * bits + 31) // 32), op,
                  "gptq zeros must be packed int32 (G, ceil(N*bits/32))")
-        z = rw.wq_unpack(zeros.detach(), bits, n, 1).to(torch.float32)
+        z = ref_wq.wq_unpack(zeros.detach(), bits, n, 1).to(torch.float32)
         c = -(s * z)
     else:
         _require(tuple(zeros.shape) == (g, n) and zeros.dtype.is_floating_point, op, "gba zeros must be float (G, N)")
@@ -184,7 +184,7 @@ def _dq(lay: WqLayout):
         elif bits == 2:
             u = _remap_fields(u, 2, _CRUMB_POS)
         else:
-            q = rw._unpack_rows(lay.words(), 3, lay.kp).to(torch.int64).view(kb, 16, 2, -1)  # (kb, pair, row, col)
+            q = ref_wq._unpack_rows(lay.words(), 3, lay.kp).to(torch.int64).view(kb, 16, 2, -1)  # (kb, pair, row, col)
             lo, hi = q & 3, q >> 2
             sh = torch.arange(8, dtype=torch.int64).view(1, 8, 1)
             a = ((lo[:, :8, 0] << (2 * sh)) | (lo[:, :8, 1] << (16 + 2 * sh))).sum(1)
