@@ -20,7 +20,7 @@ OPS = {
     "wqt": ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.M88.4", "CALL", "LDL", "STL"),
     "wqm": ("HGMMA", "CALL", "LDL", "STL"),
 }
-KERNEL = {"binary": "bgemm", "wqv": "wqv_kernel", "wqt": "wqt_kernel", "wqm": "wqm_kernel"}
+KERNEL = {"binary": "bgemm", "wqv": "wq_skinny_kernel", "wqt": "wq_thin_kernel", "wqm": "wq_rows_kernel"}
 
 
 def counts(path: str) -> dict:

@@ -506,7 +506,7 @@ def _thin_calls(monkeypatch, cw):
     class Spy:
         def __getattr__(self, name):
             f = getattr(ops, name)
-            if name != "wqt_gemm":
+            if name != "wq_thin_gemm":
                 return f
             return lambda *a: calls.append(a[-1]) or f(*a)
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
@@ -719,9 +719,9 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     class Spy:
         def __getattr__(self, name):
             f = getattr(ops, name)
-            if name not in ("wqt_gemm", "wqv_gemm"):
+            if name not in ("wq_thin_gemm", "wq_skinny_gemm"):
                 return f
-            return lambda *a: calls.append((name, a[-3] if name == "wqt_gemm" else a[-1])) or f(*a)   # pdl
+            return lambda *a: calls.append((name, a[-3] if name == "wq_thin_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
     run = {"thin": wq_kernel("wq_gemm_thin"), "skinny": wq_kernel("wq_gemm_skinny"),
            "thin-sliced": launching(cw.launch_thin, cw, slices=2)}[kernel]
@@ -746,7 +746,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
             ins, outs = chain(x)
             check(ins, outs, f"eager M={m} call {rep}")
     names = [c[0] for c in calls[:5]]
-    assert names == (["wqt_gemm"] * 5 if thin else ["wqv_gemm"] * 5), names
+    assert names == (["wq_thin_gemm"] * 5 if thin else ["wq_skinny_gemm"] * 5), names
     assert [c[1] for c in calls[:5]] == [False] * 5 and all(c[1] for c in calls[5:]), calls
     mg = 16 if kernel == "thin-sliced" else 1
     static_x = torch.randn((mg, k), generator=gen).bfloat16().cuda()
@@ -761,29 +761,29 @@ def test_wq_thin_rejects_bad_input():
     i32 = lambda *sh: torch.zeros(sh, dtype=torch.int32, device="cuda")  # noqa: E731
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="at most 16 rows"):
-        ops.wqt_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
+        ops.wq_thin_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
                      None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     x9 = torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="more than 8 rows need x staged"):
-        ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+        ops.wq_thin_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
                      0, 0, False, -1, -2)
     with pytest.raises(RuntimeError, match="slices must be"):
-        ops.wqt_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+        ops.wq_thin_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
                      0, 0, False, -2, -2)
     with pytest.raises(RuntimeError, match="warps must be 0..16"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
                      17, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="xpre must be"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
                      0, 0, False, 0, 8)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wqt_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wqt_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
 
 
 @needs_cuda
@@ -962,7 +962,7 @@ def test_wgmma_rows_tiles(fmt, sdt, gs, act):
 
 
 @needs_hopper
-def test_wqm_tail_split_auto():
+def test_wq_rows_tail_split_auto():
     """The launcher's own split of the last partial wave (K = 1024: 16 code blocks, two parts of 8 where the tail
     leaves half of the SMs idle) and its absence (no tail), against the float64 reference, deterministic."""
     from bie_backend_cuda import weight_only as cw
@@ -1228,7 +1228,7 @@ def test_native_bad_input_raises_not_crashes():
         "pack_signs 1-D": "ops.pack_signs(torch.randn(3, device='cuda'))",
         "unpack_signs wrong k": "ops.unpack_signs(torch.zeros(2, 3, dtype=torch.uint8, device='cuda'), 100, "
                                 "torch.float32)",
-        "wqv_gemm wrong qweight size": "ops.wqv_gemm(x, i32(5), i32(1, 128), None, 4, 100, 100, 7, 2, True, False, "
+        "wq_skinny_gemm wrong qweight size": "ops.wq_skinny_gemm(x, i32(5), i32(1, 128), None, 4, 100, 100, 7, 2, True, False, "
                                        "True, torch.bfloat16, i32(8), 0, False)",
     })
     assert len(lines) == 3 and all("-> RuntimeError:" in ln for ln in lines), lines

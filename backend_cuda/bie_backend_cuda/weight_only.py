@@ -345,7 +345,7 @@ WGMMA_MAX_M = 256
 #: Rows the pipelined many-row wgmma kernel (4-bit codes, groups of 32 or more or per channel) is fastest at; it
 #: never materialises the dense weight, unlike dequantize + cuBLAS, so it serves up to 4096 rows.
 WGMMA_ROWS_M = (129, 4096)
-#: the many-row kernel's tile code (csrc/launchers.h WQM_NTOK: 256 rows x 128 columns a tile)
+#: the many-row kernel's tile code (csrc/launchers.h WQ_ROWS_NTOK: 256 rows x 128 columns a tile)
 WGMMA_ROWS_NTOK = 256
 #: the skinny kernel stages 5-8 rows of x faster with cp.async than with the plain loads a programmatic launch
 #: needs after its wait, so it is launched that way only up to this many rows
@@ -457,7 +457,7 @@ def _num_sms(device) -> int:
 
 
 def wgmma_grid(m: int, n: int, k: int, ntok: int, sms: int):
-    """(blocks, blocks per wave, stages per block) of the grid csrc/bie_cuda.cpp wqw_gemm launches for ntok-row
+    """(blocks, blocks per wave, stages per block) of the grid csrc/bie_cuda.cpp wq_wgmma_gemm launches for ntok-row
     tiles: its tiles, blocks per SM and K-split rule, mirrored here for the plan."""
     tiles = -(-m // ntok) * (-(-n // 128) * 128 // (64 if ntok <= 32 else 128))
     slots = sms * {16: 4, 32: 3, 64: 2, 128: 1}[ntok]
@@ -507,7 +507,7 @@ def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: 
     (x staged per block over one slice of K, the slices' partials summed by a second kernel; -1 never) and the
     staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
     copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
-    return _build.ops().wqt_gemm(_x_aligned(x, lay), lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+    return _build.ops().wq_thin_gemm(_x_aligned(x, lay), lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
                                  lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype, warps, grid, _pdl(lay),
                                  slices, xpre)
 
@@ -516,7 +516,7 @@ def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
     """The register-A wgmma kernel (ntok 16/32/64/128 rows a block; 0: planned) or, with ntok=WGMMA_ROWS_NTOK, the
     pipelined many-row kernel; splits: K parts (0: the launcher's rule), on an interleaved skinny layout."""
     ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
-    return _build.ops().wqw_gemm(_x_aligned(x, lay), lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+    return _build.ops().wq_wgmma_gemm(_x_aligned(x, lay), lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift,
                                  lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.stats_bf16)
 
 
@@ -524,7 +524,7 @@ def launch_skinny(x, lay: Layout, bias, *, tune: int = 0):
     """The skinny kernel (csrc/weight_only.cu "wqv", up to 16 rows); tune: launch tuning (0: defaults)."""
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(compute_dtype(x.dtype)).contiguous()
-    return _build.ops().wqv_gemm(xc, lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks,
+    return _build.ops().wq_skinny_gemm(xc, lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks,
                                  lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
                                  _counters_for(x.device, -(-lay.n // 128) + 1),
                                  tune, _pdl(lay) and x.shape[0] <= SKINNY_PDL_M)
@@ -535,7 +535,7 @@ def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(lay.cdtype).contiguous()
     need = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8))
-    return _build.ops().wq_gemm(xc, lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
+    return _build.ops().wq_mma_gemm(xc, lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
                                 lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need), tune)
 
 
@@ -555,39 +555,24 @@ def _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt, la
 
 
 # ------------------------------------------------------------------ the registered wq_gemm kernels
-def wq_gemm_thin(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
-    if lay.generic:
-        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
-    return launch_thin(x, lay, bias)
+def _kernel(launch, skinny: bool, name: str, **plan):
+    """The registered function of one wq_gemm kernel: its layout from the memo (the A-fragment ordered one the skinny,
+    thin and wgmma kernels share, or the fragment-ordered one of the small-M tensor-core kernel), then its launch."""
+    def run(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype,
+                      skinny=skinny)
+        if lay.generic:
+            return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
+        return launch(x, lay, bias, **plan)
+    run.__name__ = run.__qualname__ = name
+    return run
 
 
-def wq_gemm_wgmma(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
-    if lay.generic:
-        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
-    return launch_wgmma(x, lay, bias)
-
-
-def wq_gemm_wgmma_rows(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
-    if lay.generic:
-        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
-    return launch_wgmma(x, lay, bias, ntok=WGMMA_ROWS_NTOK)
-
-
-def wq_gemm_skinny(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype, skinny=True)
-    if lay.generic:
-        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
-    return launch_skinny(x, lay, bias)
-
-
-def wq_gemm_mma(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
-    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype)
-    if lay.generic:
-        return _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, lay)
-    return launch_mma(x, lay, bias)
+wq_gemm_thin = _kernel(launch_thin, True, "wq_gemm_thin")
+wq_gemm_wgmma = _kernel(launch_wgmma, True, "wq_gemm_wgmma")
+wq_gemm_wgmma_rows = _kernel(launch_wgmma, True, "wq_gemm_wgmma_rows", ntok=WGMMA_ROWS_NTOK)
+wq_gemm_skinny = _kernel(launch_skinny, True, "wq_gemm_skinny")
+wq_gemm_mma = _kernel(launch_mma, False, "wq_gemm_mma")
 
 
 def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):

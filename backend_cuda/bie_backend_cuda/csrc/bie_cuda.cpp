@@ -344,29 +344,29 @@ Tensor sign_embedding_bag(const Tensor& idx, const Tensor& bits, int64_t dim, at
 // x (M, K) in the compute dtype (fp16/bf16), contiguous; qw/s/zp the prepared
 // layout (bie_backend_cuda/weight_only.py); counters: int32 zeros, at least
 // ceil(Np/128) * ceil(M/16) of them, left zero by every launch.
-Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor& zp, const Tensor& s32,
+Tensor wq_mma_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor& zp, const Tensor& s32,
                const Tensor& c32, const std::optional<Tensor>& bias,
                int64_t bits, int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq,
                at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
-  for (const Tensor* t : {&x, &qw, &s, &zp, &counters}) check_cuda(*t, "wq_gemm operand");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wq_gemm: x must be contiguous (M, K)");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wq_gemm: x must be fp16/bf16");
+  for (const Tensor* t : {&x, &qw, &s, &zp, &counters}) check_cuda(*t, "wq_mma_gemm operand");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wq_mma_gemm: x must be contiguous (M, K)");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wq_mma_gemm: x must be fp16/bf16");
   TORCH_CHECK(s.scalar_type() == x.scalar_type() && zp.scalar_type() == x.scalar_type() && s.dim() == 2 &&
                   s.sizes() == zp.sizes() && s.is_contiguous() && zp.is_contiguous(),
-              "bie_cuda.wq_gemm: prepared statistics must be contiguous (G, Np) in x's dtype");
-  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_gemm: bits must be 2, 4 or 8");
+              "bie_cuda.wq_mma_gemm: prepared statistics must be contiguous (G, Np) in x's dtype");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_mma_gemm: bits must be 2, 4 or 8");
   TORCH_CHECK(s32.scalar_type() == at::kFloat && c32.scalar_type() == at::kFloat && s32.sizes() == s.sizes() &&
                   c32.sizes() == s.sizes() && s32.is_contiguous() && c32.is_contiguous() && s32.is_cuda() &&
                   c32.is_cuda(),
-              "bie_cuda.wq_gemm: float32 statistics must be contiguous (G, Np)");
+              "bie_cuda.wq_mma_gemm: float32 statistics must be contiguous (G, Np)");
   const int64_t Np = s.size(1), G = s.size(0), M = x.size(0);
   const int64_t J = vector_steps(bits);
-  TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K, "bie_cuda.wq_gemm: inconsistent prepared shapes");
+  TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K, "bie_cuda.wq_mma_gemm: inconsistent prepared shapes");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.is_contiguous() && qw.numel() == (Np / 16) * kblocks * 128,
-              "bie_cuda.wq_gemm: prepared qweight has ", qw.numel(), " words, expected ", (Np / 16) * kblocks * 128);
+              "bie_cuda.wq_mma_gemm: prepared qweight has ", qw.numel(), " words, expected ", (Np / 16) * kblocks * 128);
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= ((Np + 127) / 128) * ((M + 15) / 16),
-              "bie_cuda.wq_gemm: counters too small");
-  TORCH_CHECK(M < (1ll << 31) && K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_gemm: problem too large");
+              "bie_cuda.wq_mma_gemm: counters too small");
+  TORCH_CHECK(M < (1ll << 31) && K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_mma_gemm: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
@@ -378,7 +378,7 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
   p.s32 = s32.data_ptr<float>();
   p.c32 = c32.data_ptr<float>();
   Tensor bias_c;
-  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wq_gemm");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wq_mma_gemm");
   p.M = (int)M;
   p.N = (int)N;
   p.Np = (int)Np;
@@ -400,58 +400,58 @@ Tensor wq_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Tensor&
     ws = at::empty({p.splits, M, Np}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
   }
-  check_launch(bie::launch_wq_gemm(p, (int)bits, dtype_code(x.scalar_type()), gptq, sms, stream()), "wq_gemm");
+  check_launch(bie::launch_wq_gemm(p, (int)bits, dtype_code(x.scalar_type()), gptq, sms, stream()), "wq_mma_gemm");
   return out;
 }
 
 // Skinny kernel (M <= 16): x (M, K) fp16/bf16 contiguous; qwa the A-fragment
 // ordered codes, st (G, Np) int32 statistics (scale | zero << 16, fp16 or bf16
-// bits); counters as for wq_gemm. tune (benchmarks): bits 4..7 blocks per SM
+// bits); counters as for wq_mma_gemm. tune (benchmarks): bits 4..7 blocks per SM
 // to aim for (0: default), bits 8..15 shared-memory budget per block in KiB
-// (0: default). pdl: as for wqt_gemm.
-Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
+// (0: default). pdl: as for wq_thin_gemm.
+Tensor wq_skinny_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, const Tensor& counters, int64_t tune, bool pdl) {
-  for (const Tensor* t : {&x, &qwa, &st, &counters}) check_cuda(*t, "wqv_gemm operand");
-  check_skinny_operands(x, st, K, "wqv_gemm");
-  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqv_gemm: at most 16 rows");
-  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqv_gemm: bits must be 2, 4 or 8");
-  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqv_gemm: group size shift");
+  for (const Tensor* t : {&x, &qwa, &st, &counters}) check_cuda(*t, "wq_skinny_gemm operand");
+  check_skinny_operands(x, st, K, "wq_skinny_gemm");
+  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wq_skinny_gemm: at most 16 rows");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_skinny_gemm: bits must be 2, 4 or 8");
+  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wq_skinny_gemm: group size shift");
   const int64_t Np = st.size(1), M = x.size(0);
-  check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqv_gemm");
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wq_skinny_gemm");
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= (Np + 127) / 128,
-              "bie_cuda.wqv_gemm: counters too small");
-  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqv_gemm: problem too large");
+              "bie_cuda.wq_skinny_gemm: counters too small");
+  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wq_skinny_gemm: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
-  bie::WqvArgs p{};
+  bie::WqSkinnyArgs p{};
   set_skinny_shapes(p, x, qwa, st, N, K, gs_shift, kblocks);
   p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
   Tensor bias_c;
-  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqv_gemm");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wq_skinny_gemm");
   p.counters = counters.data_ptr<int32_t>();
   p.vec_x = (K % 2 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0) ? 1 : 0;
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
   p.inter = inter ? 1 : 0;
-  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;   // as for wqt_gemm
+  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;   // as for wq_thin_gemm
   // default split target (H100 sweep, benchmarks/bench_cuda.py --only sweep): big layers 8 blocks per SM, small 2
   const bool big = (Np / 16) * kblocks * 512 >= (32ll << 20);
   const int mult = (int)((tune >> 4) & 15) > 0 ? (int)((tune >> 4) & 15) : (big ? 8 : 2);
   const int budget = (int)((tune >> 8) & 255) > 0 ? (int)((tune >> 8) & 255) * 1024 : 72 * 1024;
-  const int smem = bie::wqv_plan(p, (int)bits, (int)x.element_size(), num_sms(), mult, budget);
-  TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wqv_gemm: shared memory plan too large (", smem, " bytes)");
+  const int smem = bie::wq_skinny_plan(p, (int)bits, (int)x.element_size(), num_sms(), mult, budget);
+  TORCH_CHECK(smem <= 227 * 1024, "bie_cuda.wq_skinny_gemm: shared memory plan too large (", smem, " bytes)");
   Tensor ws;
   if (p.splits > 1) {
     ws = at::empty({p.splits, M, Np}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
   }
-  check_launch(bie::launch_wqv_gemm(p, (int)bits, dtype_code(x.scalar_type()), smem, stream()), "wqv_gemm");
+  check_launch(bie::launch_wq_skinny_gemm(p, (int)bits, dtype_code(x.scalar_type()), smem, stream()), "wq_skinny_gemm");
   return out;
 }
 
-// Thin GEMV (M <= 16): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wqv_gemm;
+// Thin GEMV (M <= 16): x (M, K) fp16/bf16 contiguous, 16-byte aligned, K % 8 == 0; qwa / st as for wq_skinny_gemm;
 // 2/4/8-bit kernel codes, groups of at least 32 (gs_shift >= 5) or per-channel (-1). warps: K split per 16-column
 // block, grid: persistent blocks, slices: K slices of x staged per block (-1 never; 0: planned for all three;
 // benchmarks sweep them), xpre: how x is staged per block (-2: planned; -1: after every first ring stage, through
@@ -459,36 +459,36 @@ Tensor wqv_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
 // groups of 128 on sm_90, else as -1; see the kernel's prologue). pdl: launch as a programmatic dependent of the
 // previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for it), so the
 // caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
-Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
+Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl, int64_t slices,
                 int64_t xpre) {
-  for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wqt_gemm operand");
-  check_skinny_operands(x, st, K, "wqt_gemm");
-  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wqt_gemm: at most 16 rows");
-  TORCH_CHECK(slices >= -1 && slices < (1 << 20), "bie_cuda.wqt_gemm: slices must be -1..2^20");
+  for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wq_thin_gemm operand");
+  check_skinny_operands(x, st, K, "wq_thin_gemm");
+  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wq_thin_gemm: at most 16 rows");
+  TORCH_CHECK(slices >= -1 && slices < (1 << 20), "bie_cuda.wq_thin_gemm: slices must be -1..2^20");
   TORCH_CHECK(x.size(0) <= 8 || slices >= 0,
-              "bie_cuda.wqt_gemm: more than 8 rows need x staged per block (slices >= 0, not -1)");
+              "bie_cuda.wq_thin_gemm: more than 8 rows need x staged per block (slices >= 0, not -1)");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
-              "bie_cuda.wqt_gemm: K must be a multiple of 8 and x 16-byte aligned");
-  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqt_gemm: bits must be 2, 4 or 8");
-  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wqt_gemm: groups of at least 32");
-  TORCH_CHECK(warps >= 0 && warps <= bie::wqt_max_warps(), "bie_cuda.wqt_gemm: warps must be 0..", bie::wqt_max_warps());
-  TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wqt_gemm: grid must be 0..2^20");
-  TORCH_CHECK(xpre >= -3 && xpre <= 7, "bie_cuda.wqt_gemm: xpre must be -3..7");
+              "bie_cuda.wq_thin_gemm: K must be a multiple of 8 and x 16-byte aligned");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_thin_gemm: bits must be 2, 4 or 8");
+  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 5 && gs_shift <= 30), "bie_cuda.wq_thin_gemm: groups of at least 32");
+  TORCH_CHECK(warps >= 0 && warps <= bie::wq_thin_max_warps(), "bie_cuda.wq_thin_gemm: warps must be 0..", bie::wq_thin_max_warps());
+  TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wq_thin_gemm: grid must be 0..2^20");
+  TORCH_CHECK(xpre >= -3 && xpre <= 7, "bie_cuda.wq_thin_gemm: xpre must be -3..7");
   const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
-  check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wqt_gemm");
-  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wqt_gemm: problem too large");
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wq_thin_gemm");
+  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wq_thin_gemm: problem too large");
   TORCH_CHECK(gs_shift == -1 || ((K + (1ll << gs_shift) - 1) >> gs_shift) <= G,
-              "bie_cuda.wqt_gemm: statistics have fewer groups than K needs");
+              "bie_cuda.wq_thin_gemm: statistics have fewer groups than K needs");
   c10::cuda::CUDAGuard guard(x.device());
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
-  bie::WqtArgs p{};
+  bie::WqThinArgs p{};
   set_skinny_shapes(p, x, qwa, st, N, K, gs_shift, kblocks);
   p.st = reinterpret_cast<const uint32_t*>(st.data_ptr<int32_t>());
   Tensor bias_c;
-  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqt_gemm");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wq_thin_gemm");
   p.st_bf16 = st_bf16 ? 1 : 0;
   p.gptq = gptq ? 1 : 0;
   p.inter = inter ? 1 : 0;
@@ -498,48 +498,48 @@ Tensor wqt_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std:
   // programmatic dependent launch only where the device has it (sm_90+)
   p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
   p.bulk = compute_major() >= 9 ? 1 : 0;
-  const int smem = bie::wqt_plan(p, (int)bits, num_sms(), (int)warps, (int)slices);
-  TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wqt_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
+  const int smem = bie::wq_thin_plan(p, (int)bits, num_sms(), (int)warps, (int)slices);
+  TORCH_CHECK(smem <= p.smem_limit, "bie_cuda.wq_thin_gemm: shared memory plan too large (", smem, " bytes, the device allows ",
               p.smem_limit, ")");
-  TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wqt_gemm: internal error: more than 8 rows planned without staged x");
+  TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wq_thin_gemm: internal error: more than 8 rows planned without staged x");
   Tensor ws;   // the K slices' float32 partials
   if (p.kslices > 1) {
     ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
   }
-  check_launch(bie::launch_wqt_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wqt_gemm");
+  check_launch(bie::launch_wq_thin_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wq_thin_gemm");
   return out;
 }
 
-Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std::optional<Tensor>& bias, int64_t bits,
+Tensor wq_wgmma_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, at::ScalarType out_dtype,
                 int64_t ntok, int64_t force_splits, bool st_bf16) {
-  for (const Tensor* t : {&x, &qwa, &stw}) check_cuda(*t, "wqw_gemm operand");
-  check_skinny_operands(x, stw, K, "wqw_gemm");
+  for (const Tensor* t : {&x, &qwa, &stw}) check_cuda(*t, "wq_wgmma_gemm operand");
+  check_skinny_operands(x, stw, K, "wq_wgmma_gemm");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
-              "bie_cuda.wqw_gemm: K must be a multiple of 8 and x 16-byte aligned");
-  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wqw_gemm: bits must be 2, 4 or 8");
-  const bool wqm = ntok == bie::WQM_NTOK;
+              "bie_cuda.wq_wgmma_gemm: K must be a multiple of 8 and x 16-byte aligned");
+  TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_wgmma_gemm: bits must be 2, 4 or 8");
+  const bool wqm = ntok == bie::WQ_ROWS_NTOK;
   TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || wqm,
-              "bie_cuda.wqw_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQM_NTOK, " (the pipelined many-row kernel)");
+              "bie_cuda.wq_wgmma_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQ_ROWS_NTOK, " (the pipelined many-row kernel)");
   TORCH_CHECK(!wqm || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
-              "bie_cuda.wqw_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
-  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wqw_gemm: group size shift");
+              "bie_cuda.wq_wgmma_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
+  TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wq_wgmma_gemm: group size shift");
   const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
-  check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wqw_gemm");
-  TORCH_CHECK(gs_shift == -1 || ((K - 1) >> gs_shift) < G, "bie_cuda.wqw_gemm: too few statistics rows for K");
-  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && M < (1ll << 30), "bie_cuda.wqw_gemm: problem too large");
+  check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wq_wgmma_gemm");
+  TORCH_CHECK(gs_shift == -1 || ((K - 1) >> gs_shift) < G, "bie_cuda.wq_wgmma_gemm: too few statistics rows for K");
+  TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && M < (1ll << 30), "bie_cuda.wq_wgmma_gemm: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
   int major = 0;   // x's device (the guard made it current): wgmma exists on sm_90 only
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
-  TORCH_CHECK(major == 9, "bie_cuda.wqw_gemm: needs a Hopper (sm_90) GPU");
+  TORCH_CHECK(major == 9, "bie_cuda.wq_wgmma_gemm: needs a Hopper (sm_90) GPU");
   auto out = at::empty({M, N}, x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
-  bie::WqwArgs p{};
+  bie::WqWgmmaArgs p{};
   set_skinny_shapes(p, x, qwa, stw, N, K, gs_shift, kblocks);
   p.stw = reinterpret_cast<const uint32_t*>(stw.data_ptr<int32_t>());
   Tensor bias_c;
-  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wqw_gemm");
+  set_bias_out(p, bias, bias_c, x, out, out_dtype, N, "wq_wgmma_gemm");
   p.gptq = gptq ? 1 : 0;
   p.ntok = (int)ntok;
   p.st_bf16 = st_bf16 ? 1 : 0;
@@ -554,17 +554,17 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
   if (wqm) {
     // Persistent blocks, one per SM: the tiles of whole waves run whole; the last wave's `tail` tiles, when they
     // would leave at least half of the SMs idle, are split in K so that their parts fill the SMs (at least
-    // WQM_MIN_PART_STAGES code blocks a part): float32 partials, then a reduction of only those tiles.
+    // WQ_ROWS_MIN_PART_STAGES code blocks a part): float32 partials, then a reduction of only those tiles.
     const int64_t sms = num_sms(), tail = tiles >= sms ? tiles % sms : tiles;
     if (force_splits > 0) splits = std::min<int64_t>(force_splits, kblocks);
-    else if (tail > 0) splits = std::min<int64_t>(sms / tail, kblocks / bie::WQM_MIN_PART_STAGES);
+    else if (tail > 0) splits = std::min<int64_t>(sms / tail, kblocks / bie::WQ_ROWS_MIN_PART_STAGES);
     if (tail == 0 || splits < 1) splits = 1;
     p.splits = (int)splits;
     p.whole_tiles = (int)(splits > 1 ? tiles - tail : tiles);
     // outputs staged in shared memory, stored in whole lines
-    p.wqm_epi = 1;
+    p.wq_rows_epi = 1;
     if (splits > 1) {
-      ws = at::empty({splits * tail * bie::WQM_NTOK * 128}, x.options().dtype(at::kFloat));
+      ws = at::empty({splits * tail * bie::WQ_ROWS_NTOK * 128}, x.options().dtype(at::kFloat));
       p.ws = ws.data_ptr<float>();
     }
   } else {
@@ -576,7 +576,7 @@ Tensor wqw_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, const std
       p.ws = ws.data_ptr<float>();
     }
   }
-  check_launch(bie::launch_wqw_gemm(p, (int)bits, dtype_code(x.scalar_type()), num_sms(), stream()), "wqw_gemm");
+  check_launch(bie::launch_wq_wgmma_gemm(p, (int)bits, dtype_code(x.scalar_type()), num_sms(), stream()), "wq_wgmma_gemm");
   return out;
 }
 
@@ -773,10 +773,10 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("binary_conv2d", &binary_conv2d);
   m.def("sign_embedding", &sign_embedding);
   m.def("sign_embedding_bag", &sign_embedding_bag);
-  m.def("wq_gemm", &wq_gemm);
-  m.def("wqv_gemm", &wqv_gemm);
-  m.def("wqt_gemm", &wqt_gemm);
-  m.def("wqw_gemm", &wqw_gemm);
+  m.def("wq_mma_gemm", &wq_mma_gemm);
+  m.def("wq_skinny_gemm", &wq_skinny_gemm);
+  m.def("wq_thin_gemm", &wq_thin_gemm);
+  m.def("wq_wgmma_gemm", &wq_wgmma_gemm);
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
 }

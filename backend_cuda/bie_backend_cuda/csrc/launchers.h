@@ -108,9 +108,9 @@ struct WqArgs {
 };
 
 // Skinny weight-only kernel (M <= 16), see weight_only.cu ("wqv").
-constexpr int WQV_WARPS = 8;   // warps per block (16 columns each)
-constexpr int WQV_SLOTS = 8;   // 16-byte cp.async ring slots per lane (power of two)
-struct WqvArgs {
+constexpr int WQ_SKINNY_WARPS = 8;   // warps per block (16 columns each)
+constexpr int WQ_SKINNY_SLOTS = 8;   // 16-byte cp.async ring slots per lane (power of two)
+struct WqSkinnyArgs {
   const void* x;         // (M, K) compute dtype, contiguous
   const uint4* qw;       // A-fragment ordered codes
   const uint32_t* st;    // (G, Np) scale | zero << 16 (16-bit floats)
@@ -131,11 +131,11 @@ struct WqvArgs {
   int inter;             // interleaved weight layout (Np % 128 == 0)
   int pdl;               // programmatic dependent launch (sm_90): overlap the previous kernel's tail
 };
-int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget);
-cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
+int wq_skinny_plan(WqSkinnyArgs& p, int bits, int esize, int num_sms, int mult, int budget);
+cudaError_t launch_wq_skinny_gemm(const WqSkinnyArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
 
 // Thin weight-only GEMV (M <= 16, 2/4/8-bit codes, groups >= 32 or per-channel), see wq_thin.cu ("wqt").
-struct WqtArgs {
+struct WqThinArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // A-fragment codes of the skinny kernel
   const uint32_t* st;    // (G, Np) scale | zero << 16 (16-bit floats)
@@ -174,10 +174,10 @@ struct WqtArgs {
   int xring_d;           // the ring's producer issues a chunk's copies this many steps before it sums it
 };
 // slices_force: 0 = planned, > 0 = that many K slices (x staged per slice), -1 = never sliced
-int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force);
+int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slices_force);
 // the most warps a thin block may have (16): warps_force's range
-int wqt_max_warps();
-cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st);
+int wq_thin_max_warps();
+cudaError_t launch_wq_thin_gemm(const WqThinArgs& p, int bits, int cdtype, cudaStream_t st);
 
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);
 cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int num_sms, cudaStream_t st);
@@ -186,7 +186,7 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
                               cudaStream_t st);
 
 // Hopper weight-only GEMM (wgmma with the codes as A from registers), see wq_wgmma.cu.
-struct WqwArgs {
+struct WqWgmmaArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // interleaved A-fragment codes of the skinny kernel (Np % 128 == 0)
   const uint32_t* stw;   // (G, Np) s | zq << 16 in the checkpoint's 16-bit dtype (st_bf16)
@@ -197,19 +197,19 @@ struct WqwArgs {
   int M, N, Np, K, G, gs_shift;
   int kblocks;
   int gptq;
-  int ntok;              // rows of x per block: 16, 32, 64 or 128; WQM_NTOK: the pipelined many-row kernel
+  int ntok;              // rows of x per block: 16, 32, 64 or 128; WQ_ROWS_NTOK: the pipelined many-row kernel
   int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
   float* ws;             // (splits, M, N) when splits > 1; wqm: (splits x tail tiles) planes of 256 x 128
   int whole_tiles;       // wqm: tiles computed whole; the rest (the last partial wave) split `splits` ways in K
-  int wqm_epi;           // wqm: 16-bit outputs through shared memory in whole lines (N % 8 == 0), else direct
+  int wq_rows_epi;           // wqm: 16-bit outputs through shared memory in whole lines (N % 8 == 0), else direct
 };
 // ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
 // more or per-channel; tiles of 256 rows x 128 columns, the last partial wave's tiles split in K)
-constexpr int WQM_NTOK = 256;
+constexpr int WQ_ROWS_NTOK = 256;
 // the fewest code blocks (64 k each) a K part of a split tail tile may have (launcher's automatic split)
-constexpr int WQM_MIN_PART_STAGES = 8;
-cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st);
+constexpr int WQ_ROWS_MIN_PART_STAGES = 8;
+cudaError_t launch_wq_wgmma_gemm(const WqWgmmaArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st);
 
 // columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,

@@ -419,18 +419,18 @@ cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int
 // Per group the tensor cores accumulate acc = sum x*qm (qm = code + MAGIC) and
 // accx = sum x (an all-ones A fragment); at the group's end, in float32,
 //   y += s*acc - C*accx,   C = s*(z + MAGIC) (gptq) or s*MAGIC + z (gba).
-// Streaming: every lane owns a ring of WQV_SLOTS 16-byte slots in shared
+// Streaming: every lane owns a ring of WQ_SKINNY_SLOTS 16-byte slots in shared
 // memory filled with cp.async (each lane reads back only what it copied, so
-// the main loop has no barrier), WQV_SLOTS - 1 vectors in flight per lane.
+// the main loop has no barrier), WQ_SKINNY_SLOTS - 1 vectors in flight per lane.
 // A block (8 warps, 128 columns) stages its K slice of x and the slice's
 // statistics once; K is split over blockIdx.y with the deterministic
 // last-block reduction of the kernel above.
 template <int BITS, typename T, int NT, int FL, bool GPTQ>
-__global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p) {
+__global__ void __launch_bounds__(WQ_SKINNY_WARPS * 32, 2) wq_skinny_kernel(const WqSkinnyArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   constexpr int J = Layout<BITS>::J, KS = 16 * J;
-  constexpr int S = WQV_SLOTS;
+  constexpr int S = WQ_SKINNY_SLOTS;
   constexpr float MAGF = Magic<T>::v == 0x64006400u ? 1024.f : (BITS == 8 ? 0.f : 128.f);
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int cgp = blockIdx.x, split = blockIdx.y;
-  const int nb = cgp * WQV_WARPS + warp;
+  const int nb = cgp * WQ_SKINNY_WARPS + warp;
   const bool active = nb < (p.Np >> 4);
   const int kb0 = split * p.kb_per_split;
   const int nv = min(p.kblocks, kb0 + p.kb_per_split) - kb0;  // >= 1 (host plan)
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
 
   // shared memory: ring | statistics [ngs_max][128] | sum of x [ngs_max][16] | step sums [M][csum_ld] | x [M][xld]
   uint8_t* ring = smem_raw;
-  uint32_t* sts = reinterpret_cast<uint32_t*>(smem_raw + WQV_WARPS * S * 512);
+  uint32_t* sts = reinterpret_cast<uint32_t*>(smem_raw + WQ_SKINNY_WARPS * S * 512);
   float* sx = reinterpret_cast<float*>(sts + p.ngs_max * 128);
   float* csum = sx + p.ngs_max * 16;
   T* xs = reinterpret_cast<T*>(csum + M * p.csum_ld);
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
     for (int r = 0; r < M; ++r) {
       const uint32_t xrow_s = smem_u32(xs + r * p.xld);
       const uint16_t* xr = reinterpret_cast<const uint16_t*>(X + (int64_t)r * p.K);
-      for (int w = tid; w < wpr; w += WQV_WARPS * 32) {
+      for (int w = tid; w < wpr; w += WQ_SKINNY_WARPS * 32) {
         const int wi = w & 15;
         const int dw = (w & ~15) + 4 * (wi & 3) + 2 * (wi >> 3) + ((wi >> 2) & 1);
         const int k = k0 + 2 * w;
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
       }
     }
   }
-  for (int q = tid; q < nnat * 32; q += WQV_WARPS * 32) {
+  for (int q = tid; q < nnat * 32; q += WQ_SKINNY_WARPS * 32) {
     const int i = q >> 5, c = cgp * 128 + (q & 31) * 4;
     const int row = min(gN0 + i, p.G - 1);
     const bool in = c < p.Np;
@@ -494,9 +494,9 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   const uint32_t ring_lane = smem_u32(ring) + (uint32_t)((warp * S * 32 + lane) * 16);
   const uint4* ring_ptr = reinterpret_cast<const uint4*>(ring) + warp * S * 32 + lane;
   // interleaved layout: the 8 warps of a block read one contiguous 4 KiB run per vector step
-  const int vstride = p.inter ? WQV_WARPS * 32 : 32;
+  const int vstride = p.inter ? WQ_SKINNY_WARPS * 32 : 32;
   const uint4* wp = p.qw + lane +
-                    (p.inter ? ((int64_t)cgp * p.kblocks + kb0) * (WQV_WARPS * 32) + warp * 32
+                    (p.inter ? ((int64_t)cgp * p.kblocks + kb0) * (WQ_SKINNY_WARPS * 32) + warp * 32
                              : ((int64_t)(active ? nb : 0) * p.kblocks + kb0) * 32);
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   // x is stored permuted per 32 k so that lane t reads the B fragments of two
   // k16 steps with one 16-byte load: word 4t + 2s + h of a 32-k chunk holds the
   // pair k = 16s + 2t + 8h (+0, +1).
-  constexpr int NTH = WQV_WARPS * 32, XB = 8;   // threads, loads in flight per thread
+  constexpr int NTH = WQ_SKINNY_WARPS * 32, XB = 8;   // threads, loads in flight per thread
   if (p.pdl) griddep_wait();
   for (int c0 = tid; p.pdl && c0 < M * wpr; c0 += XB * NTH) {   // (row, pair) of every row at once
     uint32_t v[XB];
@@ -538,7 +538,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   const int nst = KL >> 4;
   for (int r = 0; r < M; ++r) {
     const uint4* xr4 = reinterpret_cast<const uint4*>(xs + r * p.xld);
-    for (int q = tid; q < (nst >> 1); q += WQV_WARPS * 32) {
+    for (int q = tid; q < (nst >> 1); q += WQ_SKINNY_WARPS * 32) {
       float s0 = 0.f, s1 = 0.f;
 #pragma unroll
       for (int tt = 0; tt < 4; ++tt) {
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
     }
   }
   __syncthreads();
-  for (int it = tid; it < nnat * 16; it += WQV_WARPS * 32) {
+  for (int it = tid; it < nnat * 16; it += WQ_SKINNY_WARPS * 32) {
     const int i = it >> 4, r = it & 15;
     float v = 0.f;
     if (r < M) {
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
   // the last block of these 128 columns sums the splits in a fixed order
   const int c0 = cgp * 128, ncols = min(128, p.Np - c0);
   const int64_t stride = (int64_t)M * p.Np;
-  for (int q = tid; q < M * ncols; q += WQV_WARPS * 32) {
+  for (int q = tid; q < M * ncols; q += WQ_SKINNY_WARPS * 32) {
     const int r = q / ncols, c = c0 + q % ncols;
     if (c >= p.N) continue;
     const float* src = p.ws + (int64_t)r * p.Np + c;
@@ -718,22 +718,22 @@ __global__ void __launch_bounds__(WQV_WARPS * 32, 2) wqv_kernel(const WqvArgs p)
 #endif
 }
 
-static int wqv_ks(int bits) { return bits == 4 ? 64 : (bits == 2 ? 128 : 32); }
+static int wq_skinny_ks(int bits) { return bits == 4 ? 64 : (bits == 2 ? 128 : 32); }
 
 // FL template value: 0 when groups span whole vectors (or gs = -1), else a group every FL k16 steps.
-static int wqv_fl(int bits, int gs_shift) {
-  if (gs_shift < 0 || (1 << gs_shift) >= wqv_ks(bits)) return 0;
+static int wq_skinny_fl(int bits, int gs_shift) {
+  if (gs_shift < 0 || (1 << gs_shift) >= wq_skinny_ks(bits)) return 0;
   return (1 << gs_shift) / 16;
 }
 
 // Host plan: the K slice per block (bounded by the shared-memory budget), and
 // the number of K splits (enough blocks for mult per SM). Returns the dynamic
 // shared memory in bytes.
-int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget) {
-  const int KS = wqv_ks(bits);
+int wq_skinny_plan(WqSkinnyArgs& p, int bits, int esize, int num_sms, int mult, int budget) {
+  const int KS = wq_skinny_ks(bits);
   const int gsh = p.gs_shift >= 0 ? p.gs_shift : 30;
-  const int64_t ring = (int64_t)WQV_WARPS * WQV_SLOTS * 512;
-  const int ncg = ceil_div(p.Np / 16, WQV_WARPS);
+  const int64_t ring = (int64_t)WQ_SKINNY_WARPS * WQ_SKINNY_SLOTS * 512;
+  const int ncg = ceil_div(p.Np / 16, WQ_SKINNY_WARPS);
   auto groups_for = [&](int64_t kl) { return ((kl - 1) >> gsh) + 2; };
   auto csum_ld = [&](int64_t kl) { return ((kl / 16 + 3) / 4) * 4; };
   auto xld = [&](int64_t kl) { return ((kl + 63) / 64) * 64 + 32; };
@@ -759,51 +759,51 @@ int wqv_plan(WqvArgs& p, int bits, int esize, int num_sms, int mult, int budget)
 }
 
 template <int BITS, typename T, int NT, int FL>
-static cudaError_t launch_wqv_t(const WqvArgs& p, int smem, cudaStream_t st) {
-  auto k = p.gptq ? wqv_kernel<BITS, T, NT, FL, true> : wqv_kernel<BITS, T, NT, FL, false>;
+static cudaError_t launch_wq_skinny_t(const WqSkinnyArgs& p, int smem, cudaStream_t st) {
+  auto k = p.gptq ? wq_skinny_kernel<BITS, T, NT, FL, true> : wq_skinny_kernel<BITS, T, NT, FL, false>;
   // always raise the limit: the kernel's static shared memory counts toward the 48 KiB default too (a plan of
   // exactly 48 KiB of dynamic memory failed to launch: W8 per-channel, M=4, 28672x8192)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const dim3 grid((unsigned)ceil_div(p.Np / 16, WQV_WARPS), (unsigned)p.splits, 1u);
+  const dim3 grid((unsigned)ceil_div(p.Np / 16, WQ_SKINNY_WARPS), (unsigned)p.splits, 1u);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;
-  return launch_kernel(k, grid, dim3(WQV_WARPS * 32), smem, st, p.pdl != 0, p);
+  return launch_kernel(k, grid, dim3(WQ_SKINNY_WARPS * 32), smem, st, p.pdl != 0, p);
 }
 
 template <int BITS, typename T, int NT>
-static cudaError_t launch_wqv_fl(const WqvArgs& p, int smem, cudaStream_t st) {
-  switch (wqv_fl(BITS, p.gs_shift)) {
-    case 0: return launch_wqv_t<BITS, T, NT, 0>(p, smem, st);
-    case 1: return launch_wqv_t<BITS, T, NT, 1>(p, smem, st);
+static cudaError_t launch_wq_skinny_fl(const WqSkinnyArgs& p, int smem, cudaStream_t st) {
+  switch (wq_skinny_fl(BITS, p.gs_shift)) {
+    case 0: return launch_wq_skinny_t<BITS, T, NT, 0>(p, smem, st);
+    case 1: return launch_wq_skinny_t<BITS, T, NT, 1>(p, smem, st);
     case 2:
-      if constexpr (BITS != 8) return launch_wqv_t<BITS, T, NT, 2>(p, smem, st);
+      if constexpr (BITS != 8) return launch_wq_skinny_t<BITS, T, NT, 2>(p, smem, st);
       break;
     case 4:
-      if constexpr (BITS == 2) return launch_wqv_t<BITS, T, NT, 4>(p, smem, st);
+      if constexpr (BITS == 2) return launch_wq_skinny_t<BITS, T, NT, 4>(p, smem, st);
       break;
   }
   return cudaErrorInvalidValue;
 }
 
 template <int BITS, typename T>
-static cudaError_t launch_wqv_bt(const WqvArgs& p, int smem, cudaStream_t st) {
-  return p.M <= 8 ? launch_wqv_fl<BITS, T, 1>(p, smem, st) : launch_wqv_fl<BITS, T, 2>(p, smem, st);
+static cudaError_t launch_wq_skinny_bt(const WqSkinnyArgs& p, int smem, cudaStream_t st) {
+  return p.M <= 8 ? launch_wq_skinny_fl<BITS, T, 1>(p, smem, st) : launch_wq_skinny_fl<BITS, T, 2>(p, smem, st);
 }
 
-cudaError_t launch_wqv_gemm(const WqvArgs& p, int bits, int cdtype, int smem, cudaStream_t st) {
+cudaError_t launch_wq_skinny_gemm(const WqSkinnyArgs& p, int bits, int cdtype, int smem, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   if (p.M > 16) return cudaErrorInvalidValue;
   if (cdtype == kF16) {
     switch (bits) {
-      case 2: return launch_wqv_bt<2, __half>(p, smem, st);
-      case 4: return launch_wqv_bt<4, __half>(p, smem, st);
-      case 8: return launch_wqv_bt<8, __half>(p, smem, st);
+      case 2: return launch_wq_skinny_bt<2, __half>(p, smem, st);
+      case 4: return launch_wq_skinny_bt<4, __half>(p, smem, st);
+      case 8: return launch_wq_skinny_bt<8, __half>(p, smem, st);
     }
   } else if (cdtype == kBF16) {
     switch (bits) {
-      case 2: return launch_wqv_bt<2, __nv_bfloat16>(p, smem, st);
-      case 4: return launch_wqv_bt<4, __nv_bfloat16>(p, smem, st);
-      case 8: return launch_wqv_bt<8, __nv_bfloat16>(p, smem, st);
+      case 2: return launch_wq_skinny_bt<2, __nv_bfloat16>(p, smem, st);
+      case 4: return launch_wq_skinny_bt<4, __nv_bfloat16>(p, smem, st);
+      case 8: return launch_wq_skinny_bt<8, __nv_bfloat16>(p, smem, st);
     }
   }
   return cudaErrorInvalidValue;

@@ -5,11 +5,11 @@
 namespace bie {
 using namespace thin;
 
-int wqt_max_warps() { return THIN_MAX_WARPS; }
+int wq_thin_max_warps() { return THIN_MAX_WARPS; }
 
 // Host plan: how x is held (whole rows staged per block, staged per K slice, or copied per stage), the K range per
 // warp (whole stages) and warps per block. Returns the dynamic shared memory.
-int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_force) {
+int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slices_force) {
   const int ks = 16 * (bits == 8 ? 2 : (bits == 4 ? 4 : 8));   // k per 512-byte vector (16 J)
   const int fs = thin_fs(p.gs_shift);
   const int mr = p.M > 8 ? 2 : 1;   // 8-row tiles of the output fragments
@@ -63,7 +63,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
       for (int k = std::min(p.nstages, num_sms); ks == 0 && iw > 0 && k >= 1; --k)
         if ((int64_t)(num_sms / k) * iw >= items) ks = k;
       if (ks > 0 && iw > 0 && ks == 1) {
-        WqtArgs q = p;
+        WqThinArgs q = p;
         q.slice_stages = ceil_div(p.nstages, std::min(ks, p.nstages));
         q.kslices = ceil_div(p.nstages, q.slice_stages);
         // stages per chunk: two turns of the two-tile ring, 32 stages of x held (4 chunks). Every chunk step costs
@@ -157,7 +157,7 @@ int wqt_plan(WqtArgs& p, int bits, int num_sms, int warps_force, int slices_forc
 namespace {
 // The K slices' float32 partials summed in slice order (deterministic), + bias, in the output dtype. Launched as a
 // programmatic dependent of the thin kernel: it waits for it before reading the partials.
-__global__ void wqt_reduce_kernel(const WqtArgs p) {
+__global__ void wq_thin_reduce_kernel(const WqThinArgs p) {
   frag::griddep_launch_dependents();
   frag::griddep_wait();
   const int64_t total = (int64_t)p.M * p.N;
@@ -170,7 +170,7 @@ __global__ void wqt_reduce_kernel(const WqtArgs p) {
 }
 // The same sums, 4 outputs a thread (N % 4 == 0, output 16-byte aligned): every slice's float4 in flight at once, where
 // the kernel above waits for a round of scalar L2 loads per output; the same additions in the same order (same bits).
-__global__ void wqt_reduce4_kernel(const WqtArgs p) {
+__global__ void wq_thin_reduce4_kernel(const WqThinArgs p) {
   frag::griddep_launch_dependents();
   frag::griddep_wait();
   const int64_t total = (int64_t)p.M * p.N;
@@ -197,7 +197,7 @@ __global__ void wqt_reduce4_kernel(const WqtArgs p) {
 }
 }  // namespace
 
-cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t st) {
+cudaError_t launch_wq_thin_gemm(const WqThinArgs& p, int bits, int cdtype, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   if (p.M > 16 || (p.M > 8 && p.mx != 1) || (p.kslices > 1 && (p.ws == nullptr || p.mx != 1)))
     return cudaErrorInvalidValue;
@@ -221,7 +221,7 @@ cudaError_t launch_wqt_gemm(const WqtArgs& p, int bits, int cdtype, cudaStream_t
   const int bt = 256;
   const int grid = (int)std::max<int64_t>(1, std::min<int64_t>((threads + bt - 1) / bt, 4 * (int64_t)p.sms * (256 / bt)));
   // (a programmatic dependent of the thin kernel where the device has it: its launch overlaps that kernel's tail)
-  return launch_kernel(four ? wqt_reduce4_kernel : wqt_reduce_kernel, dim3((unsigned)grid), dim3((unsigned)bt), 0, st,
+  return launch_kernel(four ? wq_thin_reduce4_kernel : wq_thin_reduce_kernel, dim3((unsigned)grid), dim3((unsigned)bt), 0, st,
                        p.pdl != 0, p);
 }
 

@@ -26,8 +26,8 @@ template <int BITS, int MR = 1> struct XPitch { static constexpr int v = Stage<B
 // Two row tiles (MR = 2, 9-16 rows): 4 stages, enough in flight at 16 warps per SM, and a loop body unrolled over half
 // as many slots (with 8 slots instruction fetch stalled the kernel).
 // One row tile of 4-bit codes with x staged (one row, and 2-8 rows sliced or whole): 4 stages, or 8 (DEEP) where the
-// plan measured that better (wqt_plan: mostly big layers).
-// 8-bit codes, one row tile, x staged: 3 stages, 4 (DEEP) on layers of at most 2^26 weights (wqt_plan); 6 stages
+// plan measured that better (wq_thin_plan: mostly big layers).
+// 8-bit codes, one row tile, x staged: 3 stages, 4 (DEEP) on layers of at most 2^26 weights (wq_thin_plan); 6 stages
 // were slower everywhere.
 template <int BITS, int MX, int MR = 1, bool DEEP = false> struct Thin {
   static constexpr int S = MR == 2 ? 4
@@ -48,12 +48,12 @@ template <int BITS, int MX, int FS, int MR = 1, bool DEEP = false> struct Slot {
 // The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
 // of more than 2^26 weights; else per-stage copies (MX = 8). Measured on the H100 (cuda_h100_thin.md, run 9): staging
 // 2-4 rows made 28672x8192 5-10% faster, but 4096x4096 15% slower (the block waits for all of x before starting).
-// From 5 rows, and for rows of a big layer that do not fit whole, x is staged per K slice instead (wqt_plan): each
+// From 5 rows, and for rows of a big layer that do not fit whole, x is staged per K slice instead (wq_thin_plan): each
 // block then covers one slice of K, and the slices' partials are summed by a second kernel.
 // (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes; one row: 16 bytes
 // per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);
-// How a block stages x (MX = 1; WqtArgs::xpre, the kernel's prologue), given the blocks of a K slice: copied with
+// How a block stages x (MX = 1; WqThinArgs::xpre, the kernel's prologue), given the blocks of a K slice: copied with
 // cp.async after the first stage (two when K > 8192) where every block (every warp, when the warps split the
 // columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one pass over K:
 // there x early is worth more than the first stages overlapping the previous kernel's tail. Elsewhere, and at 9-16
@@ -70,7 +70,7 @@ inline int thin_fs(int gs_shift);
 // Not on smaller layers (16 rows of 11008x4096 19.0 against 16.1: the first chunks' wait is a larger part of a
 // shorter call), nor for 2-bit codes or groups of 32 (16 rows of 28672x8192: 55.7 against 50.7-51.0, 72.7 against
 // 70.5).
-inline int thin_xpre(const WqtArgs& p, int bits, int blocks_per_slice) {
+inline int thin_xpre(const WqThinArgs& p, int bits, int blocks_per_slice) {
   if (p.mx == 1 && p.cols && p.bulk && bits == 4 && thin_fs(p.gs_shift) == 8 && p.M > 1 &&
       (int64_t)p.N * p.K > (1ll << 27))
     return -3;
@@ -83,7 +83,7 @@ inline int thin_xpre(const WqtArgs& p, int bits, int blocks_per_slice) {
 // x in chunks (xpre = -3): at most this many, each with two mbarriers (its bytes landed; its sum(x) entries written)
 constexpr int THIN_XCHUNKS = 8;
 // bytes of `stages` stages of the block's rows of x and their sum(x) table (+ the chunks' mbarriers)
-inline int64_t thin_xbytes(const WqtArgs& p, int stages) {
+inline int64_t thin_xbytes(const WqThinArgs& p, int stages) {
   const int fs = thin_fs(p.gs_shift);
   const int64_t units = fs > 0 ? (int64_t)stages * (p.kstage / (16 * fs)) : stages;
   return (int64_t)p.M * ((int64_t)stages * p.kstage * 2 + 16) + units * (p.M == 1 ? 16 : ((p.M + 1) / 2) * 8) +
@@ -98,10 +98,10 @@ __host__ __device__ inline int thin_chunk_stages(int slice_stages, int ring) {
 }
 // all of the rows of x fit the block's staging: at most 128 KiB, leaving at least 64 KiB of the device's shared memory
 // for the rings (sm_80 / sm_86 have 163 / 99 KiB per block)
-inline bool thin_fits(const WqtArgs& p) {
+inline bool thin_fits(const WqThinArgs& p) {
   return thin_xbytes(p, p.nstages) <= std::min(128 * 1024, p.smem_limit - 64 * 1024);
 }
-inline int thin_mx(const WqtArgs& p) {
+inline int thin_mx(const WqThinArgs& p) {
   const bool big = (int64_t)p.N * p.K > (1ll << 26);
   return (p.M == 1 || big || p.M > 8) && thin_fits(p) ? 1 : 8;
 }
@@ -132,7 +132,7 @@ int thin_warp_bytes(int fs) {
 // One width and compute type (every statistics type, format, x staging and group size): wq_thin_kernel.cuh,
 // instantiated in wq_thin_w{2,4,8}_{f16,bf16}.cu.
 template <int BITS, typename T>
-cudaError_t launch(const WqtArgs& p, cudaStream_t st);
+cudaError_t launch(const WqThinArgs& p, cudaStream_t st);
 
 }  // namespace thin
 }  // namespace bie

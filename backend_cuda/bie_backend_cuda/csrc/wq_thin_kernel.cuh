@@ -32,7 +32,7 @@
 //     whole): block b covers slice b % kslices of K and stages only that part
 //     of x; its warps then split the columns (p.cols: each streams whole items
 //     over the slice, no barrier per item) and write float32 partials, summed
-//     in slice order by wqt_reduce_kernel (wq_thin.cu). A slice's
+//     in slice order by wq_thin_reduce_kernel (wq_thin.cu). A slice's
 //     items are dealt to its blocks in turn (p.rr: blocks differ by at most
 //     one item), and on big layers of 4-bit codes in groups of 128 x arrives in
 //     chunks by bulk copies that the warps wait for one by one (XC kernels,
@@ -57,7 +57,7 @@ namespace {
 // Register budget: by default ptxas may use up to 128 registers (no spills; 86-128 used, so 16-20 resident
 // warps per SM). 
 // Two row tiles of 2-bit codes in groups of 32 need more than 128 registers (they spilled): those kernels take at
-// most 8 warps per block (wqt_plan, thin_max_warps) and up to 255 registers.
+// most 8 warps per block (wq_thin_plan, thin_max_warps) and up to 255 registers.
 #define BIE_WQT_BOUNDS __launch_bounds__(32 * thin_max_warps(BITS, FS, MR), 1)
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -196,7 +196,7 @@ __device__ __forceinline__ float chunk_magic(int cc, int nh, float magf) {
 // MR: 8-row tiles of the output (2 for 9-16 rows: x staged, MX == 1, not ONE). With K slices (p.kslices > 1) block b
 // covers the stages of slice b % kslices only (and stages only those of x), and writes float32 partials to p.ws.
 template <int BITS, typename T, bool GPTQ, bool SBF, int MX, int FS, bool ONE, int MR, bool XC, bool DEEP>
-__global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
+__global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;   // cp.async helpers, extract_a, mma, decode_stat (wq_fragments.cuh)
   using SL = Slot<BITS, MX, FS, MR, DEEP>;
@@ -491,7 +491,7 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
   // it is summed. Every slot's mbarriers complete once per use, in order: the producer's arrivals on a slot follow
   // its wait for every item warp to have left the slot's previous chunk (for the last XD chunks, whose copies it
   // issues without a wait, through the copies issued XD steps before). Item warps without an item run the same steps
-  // after the loop; the plan gives each item warp at most one item (one pass; wqt_plan, launch_t).
+  // after the loop; the plan gives each item warp at most one item (one pass; wq_thin_plan, launch_t).
   const int XD = p.xring_d;
   auto enter_ring = [&](int c) {
     __syncwarp();   // (every lane's reads of chunk c - 1 are done)
@@ -809,12 +809,12 @@ __global__ void BIE_WQT_BOUNDS wqt_kernel(const WqtArgs p) {
 }
 
 template <int BITS, typename T, int MX, int FS, bool ONE, int MR, bool XC = false, bool DEEP = false>
-cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
-  WqtArgs p = plan;
-  auto k = p.gptq ? (p.st_bf16 ? wqt_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC, DEEP>
-                               : wqt_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC, DEEP>)
-                  : (p.st_bf16 ? wqt_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC, DEEP>
-                               : wqt_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC, DEEP>);
+cudaError_t launch_t(const WqThinArgs& plan, cudaStream_t st) {
+  WqThinArgs p = plan;
+  auto k = p.gptq ? (p.st_bf16 ? wq_thin_kernel<BITS, T, true, true, MX, FS, ONE, MR, XC, DEEP>
+                               : wq_thin_kernel<BITS, T, true, false, MX, FS, ONE, MR, XC, DEEP>)
+                  : (p.st_bf16 ? wq_thin_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC, DEEP>
+                               : wq_thin_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC, DEEP>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -843,7 +843,7 @@ cudaError_t launch_t(const WqtArgs& plan, cudaStream_t st) {
 }
 
 template <int BITS, typename T, int MX, bool ONE, int MR, bool DEEP = false>
-cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
+cudaError_t launch_m(const WqThinArgs& p, cudaStream_t st) {
   switch (thin_fs(p.gs_shift)) {
     case 2: return launch_t<BITS, T, MX, 2, ONE, MR, false, DEEP>(p, st);
     case 4: return launch_t<BITS, T, MX, 4, ONE, MR, false, DEEP>(p, st);
@@ -855,8 +855,8 @@ cudaError_t launch_m(const WqtArgs& p, cudaStream_t st) {
 }  // namespace
 
 template <int BITS, typename T>
-cudaError_t launch(const WqtArgs& p, cudaStream_t st) {
-  // (x staged or copied per stage, as planned: wqt_plan)
+cudaError_t launch(const WqThinArgs& p, cudaStream_t st) {
+  // (x staged or copied per stage, as planned: wq_thin_plan)
   if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
   if (p.M > 8) return launch_m<BITS, T, 1, false, 2>(p, st);
   // (4- and 8-bit codes: the deeper ring where the plan takes it, Thin)

@@ -1,4 +1,4 @@
 // The thin GEMV kernels for 2-bit codes and __nv_bfloat16 compute (wq_thin_kernel.cuh).
 #include "wq_thin_kernel.cuh"
 
-template cudaError_t bie::thin::launch<2, __nv_bfloat16>(const bie::WqtArgs&, cudaStream_t);
+template cudaError_t bie::thin::launch<2, __nv_bfloat16>(const bie::WqThinArgs&, cudaStream_t);

@@ -1,4 +1,4 @@
 // The thin GEMV kernels for 4-bit codes and __half compute (wq_thin_kernel.cuh).
 #include "wq_thin_kernel.cuh"
 
-template cudaError_t bie::thin::launch<4, __half>(const bie::WqtArgs&, cudaStream_t);
+template cudaError_t bie::thin::launch<4, __half>(const bie::WqThinArgs&, cudaStream_t);

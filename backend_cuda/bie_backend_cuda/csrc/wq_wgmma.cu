@@ -35,7 +35,7 @@
 // tensor work comes from the other warpgroups on the SM. A slot is refilled only
 // after the barrier that follows every warpgroup's retirement of the wgmmas that
 // read it. K is split over blocks when the tiles leave SMs idle (float32
-// partials, reduced in a fixed order by wqw_reduce_kernel: deterministic).
+// partials, reduced in a fixed order by wq_wgmma_reduce_kernel: deterministic).
 #include <type_traits>
 
 #include "common.cuh"
@@ -175,7 +175,7 @@ __device__ __forceinline__ void dequant_fragment(uint32_t (&a)[4], uint32_t sw0,
 
 template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
 __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <= 64 ? (NTOK == 32 ? 3 : 2) : 1))
-    wqw_kernel(const WqwArgs p) {
+    wq_wgmma_kernel(const WqWgmmaArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;
   constexpr int J = Layout<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
   }
   // epilogue: D row = output column, D column = row of x
   const int c0 = ft * COLS + wg * 64 + (warp & 3) * 16 + g;
-  if (p.splits > 1) {   // float32 partial sums; wqw_reduce_kernel adds the splits in order (deterministic)
+  if (p.splits > 1) {   // float32 partial sums; wq_wgmma_reduce_kernel adds the splits in order (deterministic)
     float* ws = p.ws + (int64_t)split * p.M * p.N;
 #pragma unroll
     for (int i = 0; i < NTOK / 8; ++i)
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 
 
 // ---------------------------------------------------------------------------------------------------------------
-// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqwArgs::ntok == WQM_NTOK). The
+// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqWgmmaArgs::ntok == WQ_ROWS_NTOK). The
 // register-A design of the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from
 // registers, x the B operand from shared memory), reorganised for many rows:
 //   - 64 output columns per consumer warpgroup, tiles of 256 rows of x and 128 columns (two consumer warpgroups,
@@ -415,8 +415,8 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //     The split tiles' float32 partials are staged the same way (four rounds of 64 rows).
 //   - Persistent blocks walk work units with the row tiles of a column tile adjacent (its codes are read from L2 by
 //     neighbouring blocks); the ring runs on across units. A unit is a whole tile, or, for the tiles of a last
-//     partial wave (WqwArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
-//     wqm_tail_reduce_kernel sums them in a fixed order (deterministic), so the last wave is as short as the SMs
+//     partial wave (WqWgmmaArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
+//     wq_rows_tail_reduce_kernel sums them in a fixed order (deterministic), so the last wave is as short as the SMs
 //     allow instead of a whole tile's stages on a few SMs.
 // retiring every stage's wgmmas
 // before the next fragments 1123 us; three in flight 1032; copies by TMA instead of every thread's cp.async 944-955.
@@ -438,7 +438,7 @@ constexpr int STAGES = 5;   // ring slots (a sixth does not fit in shared memory
 constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
 constexpr int OFF_BAR = STAGES * SLOT;
-// The staged epilogue (WqwArgs::wqm_epi): each consumer warpgroup's 64 columns pass through a buffer of EPI_ROWS rows
+// The staged epilogue (WqWgmmaArgs::wq_rows_epi): each consumer warpgroup's 64 columns pass through a buffer of EPI_ROWS rows
 // of x (row stride EPI_STRIDE: 128 bytes + 16, so the eight rows an stmatrix writes fall in distinct banks) and
 // leave as whole 128-byte lines of output rows.
 constexpr int EPI_ROWS = 128, EPI_STRIDE = 144, EPI_WG_BYTES = EPI_ROWS * EPI_STRIDE;
@@ -451,11 +451,11 @@ static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
 struct Unit {
   int rt, ct, kb0, kb1, plane;   // row tile, column tile, code blocks [kb0, kb1), ws plane (-1: whole tile)
 };
-__host__ __device__ inline int row_tiles(const WqwArgs& p) { return (p.M + NT - 1) / NT; }
-__host__ __device__ inline int tiles(const WqwArgs& p) { return row_tiles(p) * (p.Np / COLS); }
+__host__ __device__ inline int row_tiles(const WqWgmmaArgs& p) { return (p.M + NT - 1) / NT; }
+__host__ __device__ inline int tiles(const WqWgmmaArgs& p) { return row_tiles(p) * (p.Np / COLS); }
 // tiles of the last partial wave, split in K (none when splits == 1: whole_tiles is then every tile)
-__host__ __device__ inline int tail_tiles(const WqwArgs& p) { return tiles(p) - p.whole_tiles; }
-__device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
+__host__ __device__ inline int tail_tiles(const WqWgmmaArgs& p) { return tiles(p) - p.whole_tiles; }
+__device__ __forceinline__ Unit unit_of(const WqWgmmaArgs& p, int ui) {
   const int rt_n = row_tiles(p);
   const int u = (int)blockIdx.x + ui * (int)gridDim.x;
   Unit w{0, 0, 0, p.kblocks, -1};
@@ -474,11 +474,11 @@ __device__ __forceinline__ Unit unit_of(const WqwArgs& p, int ui) {
   w.rt = t - w.ct * rt_n;
   return w;
 }
-__host__ __device__ inline int units(const WqwArgs& p) { return p.whole_tiles + tail_tiles(p) * p.splits; }
+__host__ __device__ inline int units(const WqWgmmaArgs& p) { return p.whole_tiles + tail_tiles(p) * p.splits; }
 }  // namespace wqm
 
 template <typename T, typename S, bool GPTQ>
-__global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, const __grid_constant__ CUtensorMap tmap_x) {
+__global__ void __launch_bounds__(wqm::THREADS, 1) wq_rows_kernel(const WqWgmmaArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace wqw;   // (and through it frag: extract_a; hop: mbarriers, TMA copies, descriptors)
   using namespace wqm;
@@ -605,7 +605,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
     const int cl = 64 * cw + 16 * (warp & 3) + g;   // column in the tile
     if (w.plane >= 0) {   // a K range of a tail tile: float32 partials, the whole tile's plane (rows past M too)
       float* ws = p.ws + (int64_t)w.plane * NT * COLS;
-      if (p.wqm_epi) {
+      if (p.wq_rows_epi) {
         // staged as the 16-bit outputs: per round of 64 rows each thread writes its values into the warpgroup's
         // buffer (row pitch 272 bytes: the four rows and eight columns of a store fall in distinct banks), then the
         // warpgroup stores whole 256-byte row pieces, 16 bytes a thread
@@ -641,7 +641,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (p.bias && c0 + 8 * h < p.N) bv[h] = load_f32(p.bias, p.bias_dtype, c0 + 8 * h);
-    if (p.wqm_epi && p.out_dtype != kF32 && (p.N & 7) == 0) {
+    if (p.wq_rows_epi && p.out_dtype != kF32 && (p.N & 7) == 0) {
       // Staged: per round of EPI_ROWS rows, the warps write their 16 columns with stmatrix .trans (D's columns
       // are rows of x, so the transposed 8x8 blocks are pieces of output rows), then the warpgroup stores whole
       // 128-byte lines, 16 bytes a thread (the direct stores below write 2 bytes a thread, four rows an
@@ -696,7 +696,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wqm_kernel(const WqwArgs p, c
 }
 
 // The tail tiles' outputs: the sum of their `splits` float32 partial planes in K order, plus the bias.
-__global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
+__global__ void wq_rows_tail_reduce_kernel(const WqWgmmaArgs p) {
   using namespace wqm;
   const int rt_n = row_tiles(p), tail = tail_tiles(p);
   const int64_t plane = NT * COLS, total = (int64_t)tail * plane;
@@ -713,8 +713,8 @@ __global__ void wqm_tail_reduce_kernel(const WqwArgs p) {
 }
 
 template <typename T, typename S>
-static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) {
-  auto k = p.gptq ? wqm_kernel<T, S, true> : wqm_kernel<T, S, false>;
+static cudaError_t launch_wq_rows_t(const WqWgmmaArgs& p, int num_sms, cudaStream_t st) {
+  auto k = p.gptq ? wq_rows_kernel<T, S, true> : wq_rows_kernel<T, S, false>;
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
   if (e != cudaSuccess) return e;
   // persistent: one block per SM, never more than there are work units (Np is a whole number of 128-column tiles)
@@ -726,12 +726,12 @@ static cudaError_t launch_wqm_t(const WqwArgs& p, int num_sms, cudaStream_t st) 
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     const int64_t n = (int64_t)wqm::tail_tiles(p) * wqm::NT * wqm::COLS;
-    wqm_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
+    wq_rows_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
   }
   BIE_LAUNCH_CHECK();
 }
 
-__global__ void wqw_reduce_kernel(const WqwArgs p) {
+__global__ void wq_wgmma_reduce_kernel(const WqWgmmaArgs p) {
   const int64_t total = (int64_t)p.M * p.N, plane = total;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     float v = 0.f;
@@ -743,8 +743,8 @@ __global__ void wqw_reduce_kernel(const WqwArgs p) {
 }
 
 template <int BITS, typename T, typename S, int NTOK>
-static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
-  auto k = p.gptq ? wqw_kernel<BITS, T, S, NTOK, true> : wqw_kernel<BITS, T, S, NTOK, false>;
+static cudaError_t launch_wq_wgmma_t(const WqWgmmaArgs& p, cudaStream_t st) {
+  auto k = p.gptq ? wq_wgmma_kernel<BITS, T, S, NTOK, true> : wq_wgmma_kernel<BITS, T, S, NTOK, false>;
   const int smem = wqw::smem_bytes<BITS, NTOK>(p.gs_shift);
   constexpr int COLS = 64 * wqw::wgs<NTOK>();
   cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -756,46 +756,46 @@ static cudaError_t launch_wqw_t(const WqwArgs& p, cudaStream_t st) {
     if (e != cudaSuccess) return e;
     const int64_t total = (int64_t)p.M * p.N;
     const int rb = (int)std::min<int64_t>((total + 255) / 256, 4096);
-    wqw_reduce_kernel<<<rb, 256, 0, st>>>(p);
+    wq_wgmma_reduce_kernel<<<rb, 256, 0, st>>>(p);
   }
   BIE_LAUNCH_CHECK();
 }
 
 template <int BITS, typename T, typename S>
-static cudaError_t launch_wqw_nt(const WqwArgs& p, cudaStream_t st) {
+static cudaError_t launch_wq_wgmma_nt(const WqWgmmaArgs& p, cudaStream_t st) {
   switch (p.ntok) {
-    case 16: return launch_wqw_t<BITS, T, S, 16>(p, st);
-    case 32: return launch_wqw_t<BITS, T, S, 32>(p, st);
-    case 64: return launch_wqw_t<BITS, T, S, 64>(p, st);
-    case 128: return launch_wqw_t<BITS, T, S, 128>(p, st);
+    case 16: return launch_wq_wgmma_t<BITS, T, S, 16>(p, st);
+    case 32: return launch_wq_wgmma_t<BITS, T, S, 32>(p, st);
+    case 64: return launch_wq_wgmma_t<BITS, T, S, 64>(p, st);
+    case 128: return launch_wq_wgmma_t<BITS, T, S, 128>(p, st);
     default: return cudaErrorInvalidValue;
   }
 }
 template <typename T, typename S>
-static cudaError_t launch_wqw_dt(const WqwArgs& p, int bits, cudaStream_t st) {
+static cudaError_t launch_wq_wgmma_dt(const WqWgmmaArgs& p, int bits, cudaStream_t st) {
   switch (bits) {
-    case 2: return launch_wqw_nt<2, T, S>(p, st);
-    case 4: return launch_wqw_nt<4, T, S>(p, st);
-    case 8: return launch_wqw_nt<8, T, S>(p, st);
+    case 2: return launch_wq_wgmma_nt<2, T, S>(p, st);
+    case 4: return launch_wq_wgmma_nt<4, T, S>(p, st);
+    case 8: return launch_wq_wgmma_nt<8, T, S>(p, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t launch_wqw_gemm(const WqwArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st) {
-  if (p.ntok == WQM_NTOK) {   // the pipelined many-row kernel (4-bit codes, groups of 32 or more)
+cudaError_t launch_wq_wgmma_gemm(const WqWgmmaArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st) {
+  if (p.ntok == WQ_ROWS_NTOK) {   // the pipelined many-row kernel (4-bit codes, groups of 32 or more)
     if (bits != 4) return cudaErrorInvalidValue;
     if (cdtype == kF16)
-      return p.st_bf16 ? launch_wqm_t<__half, __nv_bfloat16>(p, num_sms, st) : launch_wqm_t<__half, __half>(p, num_sms, st);
+      return p.st_bf16 ? launch_wq_rows_t<__half, __nv_bfloat16>(p, num_sms, st) : launch_wq_rows_t<__half, __half>(p, num_sms, st);
     if (cdtype == kBF16)
-      return p.st_bf16 ? launch_wqm_t<__nv_bfloat16, __nv_bfloat16>(p, num_sms, st)
-                       : launch_wqm_t<__nv_bfloat16, __half>(p, num_sms, st);
+      return p.st_bf16 ? launch_wq_rows_t<__nv_bfloat16, __nv_bfloat16>(p, num_sms, st)
+                       : launch_wq_rows_t<__nv_bfloat16, __half>(p, num_sms, st);
     return cudaErrorInvalidValue;
   }
   if (cdtype == kF16)
-    return p.st_bf16 ? launch_wqw_dt<__half, __nv_bfloat16>(p, bits, st) : launch_wqw_dt<__half, __half>(p, bits, st);
+    return p.st_bf16 ? launch_wq_wgmma_dt<__half, __nv_bfloat16>(p, bits, st) : launch_wq_wgmma_dt<__half, __half>(p, bits, st);
   if (cdtype == kBF16)
-    return p.st_bf16 ? launch_wqw_dt<__nv_bfloat16, __nv_bfloat16>(p, bits, st)
-                     : launch_wqw_dt<__nv_bfloat16, __half>(p, bits, st);
+    return p.st_bf16 ? launch_wq_wgmma_dt<__nv_bfloat16, __nv_bfloat16>(p, bits, st)
+                     : launch_wq_wgmma_dt<__nv_bfloat16, __half>(p, bits, st);
   return cudaErrorInvalidValue;
 }
 
