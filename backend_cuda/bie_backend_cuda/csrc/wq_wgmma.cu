@@ -418,12 +418,12 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //     partial wave (WqWgmmaArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
 //     wq_rows_tail_reduce_kernel sums them in a fixed order (deterministic), so the last wave is as short as the SMs
 //     allow instead of a whole tile's stages on a few SMs.
-// retiring every stage's wgmmas
-// before the next fragments 1123 us; three in flight 1032; copies by TMA instead of every thread's cp.async 944-955.
+// Three wgmma groups stay in flight (retiring every stage's wgmmas before the next fragments was slower), and the copies
+// are issued by TMA rather than by every thread's cp.async (faster).
 // Tried and left out: clusters of two blocks on adjacent column tiles sharing the x tile by TMA
 // multicast (each block's producer waits for both blocks' releases of a slot): 2.1x slower at every shape, although
-// x read once per block instead of every stage (lab BIE_WQM_XONCE, wrong results) was 9-16 % faster (commits
-// git history holds those variants). Tried and left out: tiles of 128 rows x 256 columns (each
+// reading x once per block instead of every stage alone would be 9-16 % faster. Tried and left out: tiles of 128 rows
+// x 256 columns (each
 // warpgroup two m64n128k16 per k16 step on its two 64-column fragments; x's bytes a stage halved, the codes' doubled):
 // 15-30 % slower at every measured shape.
 // (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
