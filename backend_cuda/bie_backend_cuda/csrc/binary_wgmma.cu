@@ -21,7 +21,7 @@
 // retired. The epilogue converts the accumulators with the reference's roundings and stages them in shared
 // memory (stmatrix for 2-byte outputs; padded rows, no bank conflicts).
 //
-// Measured (H100, cuda_h100_binary_wgmma.md): a stage costs ~0.6 us and each tile ~3 us more, when both
+// Measured (H100, cuda_h100.md): a stage costs ~0.6 us and each tile ~3 us more, when both
 // math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
 // output are a third of the time at HBM speed. The 0.6 us is the tensor rate of the two warpgroups' chains
 // together (two ring slots: 0.79 us, so three are enough); running the warpgroups out of phase (ping-pong on
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       // ------------------------------------------------------------ epilogue
       wgmma_wait<0>();
       // the tile's last slot goes back now, not with the next tile's first stage: the producer refills it during
-      // the epilogue (1-4 % faster at 384-8192 rows: cuda_h100_binary_wgmma.md)
+      // the epilogue (1-4 % faster at 384-8192 rows: cuda_h100.md)
       release(prev_slot);
       prev_slot = -1;
       int r0 = pa0, r1 = pa1;
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
               const float s0 = __int_as_float(cs.z), s1 = __int_as_float(cs.w);
               // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA). (The
               // conversions, I2FP here and F2FP in pack2, run at a quarter of the FP32 rate on sm_90; exact
-              // integer-only replacements measured 7-15 % slower over the kernel: cuda_h100_binary_wgmma.md,
+              // integer-only replacements measured 7-15 % slower over the kernel: cuda_h100.md,
               float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
               float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
               if constexpr (HB) {
@@ -439,7 +439,7 @@ static cudaError_t launch_t(const BinGemmArgs& p, int cluster, int num_sms, cuda
 // cluster: blocks per cluster along M (1, 2 or 4); 0 chooses.
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0) return cudaSuccess;
-  if (cluster == 0) cluster = 1;   // clusters measured slower on the H100 (cuda_h100_binary_wgmma.md)
+  if (cluster == 0) cluster = 1;   // clusters measured slower on the H100 (cuda_h100.md)
   switch (p.out_dtype) {
     case kI32: return bwg::launch_t<int32_t>(p, cluster, num_sms, st);
     case kF32: return bwg::launch_t<float>(p, cluster, num_sms, st);

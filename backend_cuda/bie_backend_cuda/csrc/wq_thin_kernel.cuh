@@ -5,7 +5,7 @@
 // Why another skinny kernel: at M <= 8 the work is reading the weights once,
 // and the older skinny kernel ("wqv", weight_only.cu) was measured
 // issue-bound at ~104 instructions per 512-byte warp vector
-// (benchmarks/results/cuda_h100_skinny_lab.md). This one spends its
+// (benchmarks/results/cuda_h100.md). This one spends its
 // instructions on the codes only:
 //   - every warp owns one 16-column block and a K range and streams, through its
 //     own cp.async ring, the codes and the statistics rows (no barrier in the
