@@ -85,7 +85,7 @@ def _read_env() -> Optional[tuple]:
     _env_read = True
     if _env_pref is not None:
         known = set(_REG.names())
-        unknown = [n for n in _env_pref[0] if n not in known]
+        unknown = [n for n in _env_pref[0] if n.partition(":")[0] not in known]
         if unknown:
             warnings.warn(f"bie: BIE_BACKEND names {unknown} that no installed plugin provides "
                           f"(installed: {sorted(known)})", BieFallbackWarning, stacklevel=3)
@@ -390,14 +390,25 @@ def _decide_explicit(op, problem: Problem, kernels: list, pref: tuple) -> Decisi
             rej.append(Rejection(f"backend {name}", None, [f"has no kernel {kernel + ' ' if kernel else ''}"
                                                             f"for op {op.name}"]))
             missing.append(name)
+        deferred = []
         for k in own:
             r = k.reasons(problem)
             if r:
                 rej.append(Rejection(k.qualname, k.priority, r))
             elif chosen is None:
-                chosen = k
+                # among the kernels of a chosen backend, one that defers passes the call to the next of them that
+                # accepts it; a kernel chosen by name always runs
+                why = None if kernel else k.deferral(problem)
+                if why:
+                    deferred.append(k)
+                    rej.append(Rejection(k.qualname, k.priority, [f"passes to a faster kernel: {why}"]))
+                else:
+                    chosen = k
             else:
                 also_ok.append(k)
+        if chosen is None and deferred:
+            chosen = deferred[0]
+            rej = [r for r in rej if r.who != chosen.qualname]
         if chosen is not None:
             break
     if chosen is None and len(missing) == len(names) and op.decompose is not None:

@@ -93,8 +93,10 @@ class Capability:
         ``defer(problem) -> str | None``: a case the kernel computes correctly
         but leaves to the next kernel under automatic selection because that
         one is faster (a GEMM that hands small M to another backend's GEMV).
-        Unlike a rejection this is no fallback (no warning), and an explicit
-        choice of the backend (``set_backend``) still runs the kernel.
+        Unlike a rejection this is no fallback (no warning). An explicit choice
+        of the backend (``set_backend("cutlass")``) still runs the kernel
+        unless another kernel of that backend accepts the call; an explicit
+        choice of the kernel (``"cutlass:wq_gemm_sm90"``) always runs it.
     """
 
     devices: Sequence[str] = (ANY_DEVICE,)

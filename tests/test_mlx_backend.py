@@ -79,7 +79,7 @@ def test_probe_reasons_when_mlx_is_missing(monkeypatch):
     from bie_core.plugins.registry import Registry
     reg = Registry()
     reg._discovered = True  # no entry points: only what we register below
-    d = BackendDescriptor(name="mlx", api_version="1.0", device_types=("mps",), load=descriptor._load,
+    d = BackendDescriptor(name="mlx", api_version="1.0", device_types=("mps",), load=descriptor.backend.load,
                           probe=descriptor._probe, install_hint=descriptor._install_hint())
     reg.register_backend(d)
     rec = reg.record("mlx")
