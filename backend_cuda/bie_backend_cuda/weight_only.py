@@ -298,8 +298,8 @@ def _x_aligned(x, lay: Layout) -> torch.Tensor:
 
 
 def _dequant(lay: Layout, original_order: bool) -> torch.Tensor:
-    return _build.ops().wq_dequant(lay.codes, lay.scales, lay.zero_points, lay.perm if original_order else None, lay.bits, lay.n,
-                                   lay.k, lay.gs_shift, lay.kblocks, lay.gptq)
+    return _build.ops().wq_dequant(lay.codes, lay.scales, lay.zero_points, lay.perm if original_order else None,
+                                   lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq)
 
 
 # ------------------------------------------------------------------ the ops
@@ -507,27 +507,27 @@ def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: 
     (x staged per block over one slice of K, the slices' partials summed by a second kernel; -1 never) and the
     staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
     copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
-    return _build.ops().wq_thin_gemm(_x_aligned(x, lay), lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
-                                 lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype, warps, grid, _pdl(lay),
-                                 slices, xpre)
+    return _build.ops().wq_thin_gemm(_x_aligned(x, lay), lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k,
+                                     lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
+                                     warps, grid, _pdl(lay), slices, xpre)
 
 
 def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
     """The register-A wgmma kernel (ntok 16/32/64/128 rows a block; 0: planned) or, with ntok=WGMMA_ROWS_NTOK, the
     pipelined many-row kernel; splits: K parts (0: the launcher's rule), on an interleaved skinny layout."""
     ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
-    return _build.ops().wq_wgmma_gemm(_x_aligned(x, lay), lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift,
-                                 lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.stats_bf16)
+    return _build.ops().wq_wgmma_gemm(_x_aligned(x, lay), lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k,
+                                      lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.stats_bf16)
 
 
 def launch_skinny(x, lay: Layout, bias, *, tune: int = 0):
     """The skinny kernel (csrc/weight_only.cu "wqv", up to 16 rows); tune: launch tuning (0: defaults)."""
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(compute_dtype(x.dtype)).contiguous()
-    return _build.ops().wq_skinny_gemm(xc, lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks,
-                                 lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
-                                 _counters_for(x.device, -(-lay.n // 128) + 1),
-                                 tune, _pdl(lay) and x.shape[0] <= SKINNY_PDL_M)
+    return _build.ops().wq_skinny_gemm(xc, lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
+                                       lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
+                                       _counters_for(x.device, -(-lay.n // 128) + 1),
+                                       tune, _pdl(lay) and x.shape[0] <= SKINNY_PDL_M)
 
 
 def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
@@ -535,8 +535,9 @@ def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(lay.cdtype).contiguous()
     need = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8))
-    return _build.ops().wq_mma_gemm(xc, lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
-                                lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, _counters_for(x.device, need), tune)
+    return _build.ops().wq_mma_gemm(xc, lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32,
+                                    bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, x.dtype,
+                                    _counters_for(x.device, need), tune)
 
 
 def _add_bias(y, bias, dtype):
