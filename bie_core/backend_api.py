@@ -10,7 +10,8 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 * dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
 * the prepared-layout memo :class:`LayoutMemo`;
 * the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`),
-  epilogue and layout steps (:func:`linear_scale`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`);
+  epilogue and layout steps (:func:`linear_scale`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the
+  dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
 * the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`;
 * native code: :class:`NativeExtension` (one JIT build helper, cache keyed by every source and included
   header, flags, torch/CUDA versions and GPU architecture) and its helpers;
@@ -29,6 +30,8 @@ from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_a
                            included_files, link_flags)
 from .ops._common import FLOAT_DTYPES
 from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
+from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
+from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
 from .ops.integer import lsq_backward_math
 from .ops.weight_only import WQ_BITS
 from .optable import all_ops, get_op, has_op
@@ -47,6 +50,8 @@ __all__ = [
     "LayoutMemo",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "conv_weight_tap_bits", "lsq_backward_math",
+    "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
+    "token_scales",
     # the op table
     "get_op", "has_op", "all_ops",
     # native code

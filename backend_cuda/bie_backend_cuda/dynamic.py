@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from bie_core.ops.dynamic import act_qmax, affine_codes, affine_qparams
+from bie_core.backend_api import act_qmax, affine_codes, affine_qparams
 
 #: the rows cuBLASLt's int8 GEMM requires (torch._int_mm checks M > 16)
 MIN_ROWS = 17

@@ -105,7 +105,7 @@ def bie_register_kernels(registry):
                       description="dequantize (fused kernel) + cuBLAS")
     registry.register("wq_dequantize", weight_only.wq_dequantize, priority=PRIORITY, name="wq_dequantize",
                       capability=wq_cap, prepare=weight_only.prepare)
-    if _has_op("dynamic_int8_linear"):
+    if has_op("dynamic_int8_linear"):
         from . import dynamic
         registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_act, priority=PRIORITY,
                           name="dynamic_quantize_act", capability=Capability(devices=cuda, dtypes=FLOATS),

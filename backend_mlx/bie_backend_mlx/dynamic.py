@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from bie_core.ops.dynamic import act_qmax, affine_qparams_host
+from bie_core.backend_api import act_qmax, affine_qparams_host
 
 from ._interop import kernel, mx_dtype, to_mlx, to_torch
 from .integer import EXACT, int_matmul, prepare_codes_t

@@ -320,7 +320,7 @@ def register_kernels(registry) -> NativeStatus:
     registry.register("mbwq_gemm_grad_input", kernels_mbwq.mbwq_gemm_grad_input, priority=PRIORITY,
                       name="native.mbwq_gemm_grad_input", prepare=kernels_mbwq.prepare, capability=mb_cap,
                       description=f"{tag}: native dequantization per width segment + torch matmul, * channel_scale")
-    from bie_core.ops.dynamic import MAX_K as DYN_MAX_K
+    from bie_core.backend_api import DYNAMIC_MAX_K as DYN_MAX_K
 
     from . import kernels_dynamic as nd
     registry.register("dynamic_quantize_act", nd.dynamic_quantize_act, priority=PRIORITY,

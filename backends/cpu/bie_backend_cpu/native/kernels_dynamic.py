@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from bie_core.ops.dynamic import act_qmax, affine_qparams_host
+from bie_core.backend_api import act_qmax, affine_qparams_host
 
 from . import kernels as nk
 from .kernels import I64, VP, IGemmArgs, _blocks, _check, _layouts, _ptr, _require, _threads

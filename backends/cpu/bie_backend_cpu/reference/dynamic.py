@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from bie_core.ops.dynamic import act_qmax, affine_codes, affine_qparams, dynamic_epilogue, token_scales
+from bie_core.backend_api import act_qmax, affine_codes, affine_qparams, dynamic_epilogue, token_scales
 
 
 def dynamic_quantize_act(x, scheme, reduce_range=False):
