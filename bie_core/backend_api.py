@@ -53,7 +53,7 @@ __all__ = [
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table
-    "get_op", "has_op", "all_ops",
+    "get_op", "has_op", "all_ops", "call_key_fn", "arg_types",
     # native code
     "NativeExtension", "NativeBuildError", "cache_root", "cuda_arch", "gencode", "have_nvcc", "included_files",
     "link_flags",
@@ -93,6 +93,19 @@ class LayoutMemo:
 
     def __len__(self) -> int:
         return len(self.layouts)
+
+
+def call_key_fn(op):
+    """The function mapping a call's arguments of ``op`` to the key the dispatcher caches decisions by (shapes,
+    dtypes, devices, requires_grad and contiguity of the tensors, the other arguments' values)."""
+    from .dispatch import make_key_fn
+    return make_key_fn(op, True, True)
+
+
+def arg_types(op) -> tuple:
+    """The type of each argument of ``op`` as its schema writes it (``Tensor?``, ``int[2]``, ``ScalarType?``)."""
+    from .ops._opdef import _arg_types
+    return _arg_types(op.schema)
 
 
 def plugin_loader(module: str) -> Callable[[], object]:

@@ -30,17 +30,15 @@ MAX_SIGNATURES = 1024
 
 def guarded(op_name: str, fn):
     """``fn`` (an MLX kernel of ``op_name``) preceded by the op's validation."""
-    from bie_core.dispatch import make_key_fn
-    from bie_core.ops import get_op
+    from bie_core.backend_api import arg_types, call_key_fn, get_op
 
     op = get_op(op_name)
     validate = op.validate
     nargs = len(op.arg_names)
     defaults = op.defaults
-    key_fn = make_key_fn(op, True, True)
+    key_fn = call_key_fn(op)
     seen: set = set()
-    from bie_core.ops._opdef import _arg_types
-    types = _arg_types(op.schema)
+    types = arg_types(op)
     int_args = tuple(i for i, t in enumerate(types) if t.rstrip("?") == "int")
     list_args = tuple(i for i, t in enumerate(types) if t.startswith("int["))
 
