@@ -175,10 +175,10 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
                 out = torch.zeros((m, n), dtype=torch.float32)
             for c0, c1, w in kernels_wq._slabs(seg.lay):
                 out[:, c0:c1].addmm_(xp, w)
-    if m <= nw.FUSED_MAX_M and not bool(torch.isfinite(out).all()):
+    if m <= kernels_wq.FUSED_MAX_M and not bool(torch.isfinite(out).all()):
         # the fused kernel factors each group's zero point out of its sum; near the float32 range that
         # sum overflows where the direct product does not: such calls take the reference's order
-        return rw.mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows)
+        return ref_wq.mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows)
     if b32 is not None:
         out += b32
     return out.to(x.dtype).contiguous()
