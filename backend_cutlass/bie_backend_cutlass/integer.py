@@ -34,7 +34,6 @@ reference).
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -253,7 +252,7 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
 #: Column mode splits the rows into chunks so that about this many blocks of 512 threads run (2 per SM on
 #: 132 SMs, all resident at once); each block writes one partial sum (and one row of partial column sums
 #: for the shift), which a second launch adds up in a fixed order.
-LSQ_TARGET_BLOCKS = int(os.environ.get("BIE_LSQ_BLOCKS", "264"))
+LSQ_TARGET_BLOCKS = 264
 
 
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):

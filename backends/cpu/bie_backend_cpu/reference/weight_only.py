@@ -12,6 +12,8 @@ integer are exact there) and GEMMs accumulate in float32.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -178,9 +180,17 @@ def mbwq_unpack(qweight, group_bits, group_rows):
                       for b, _, r, w0, nw in _segments(group_bits, group_rows)]).contiguous()
 
 
-def _row_groups(group_rows, device) -> torch.Tensor:
+@functools.lru_cache(maxsize=256)
+def _row_groups_cached(group_rows: tuple, device: torch.device) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(group_rows), device=device),
-                                   torch.tensor(list(group_rows), device=device))
+                                   torch.tensor(group_rows, device=device))
+
+
+def _row_groups(group_rows, device) -> torch.Tensor:
+    # The group index is built from a Python list, which on an accelerator is a
+    # host-to-device copy: kept per (layout, device) so that calls after the first
+    # make no copy (a CUDA graph cannot capture one). Callers only read it.
+    return _row_groups_cached(tuple(group_rows), torch.device(device))
 
 
 def mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows) -> torch.Tensor:
