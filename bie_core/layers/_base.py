@@ -118,6 +118,33 @@ def pair(v, name: str, layer: str) -> tuple:
         raise TypeError(f"{layer}: {name} must be an int or a pair of ints, got {v!r}") from None
 
 
+def check_positive_ints(layer: str, **sizes) -> None:
+    """Raise ValueError naming ``layer`` unless every size given is a positive int (a bool is not one)."""
+    for nm, v in sizes.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{layer}: {nm} must be a positive int, got {v!r}")
+
+
+def conv2d_geometry(layer: str, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                    groups) -> tuple:
+    """Check a 2-D convolution's sizes and return ``(kernel_size, stride, padding, dilation)`` as pairs.
+
+    The channel counts and ``groups`` must already be checked positive ints (``check_positive_ints``).
+    """
+    kernel_size = pair(kernel_size, "kernel_size", layer)
+    stride = pair(stride, "stride", layer)
+    padding = pair(padding, "padding", layer)
+    dilation = pair(dilation, "dilation", layer)
+    if min(kernel_size + stride + dilation) <= 0 or min(padding) < 0:
+        raise ValueError(f"{layer}: kernel_size, stride and dilation must be > 0 and padding >= 0; got "
+                         f"kernel_size={kernel_size}, stride={stride}, padding={padding}, "
+                         f"dilation={dilation}")
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(f"{layer}: groups={groups} must divide in_channels={in_channels} and "
+                         f"out_channels={out_channels}")
+    return kernel_size, stride, padding, dilation
+
+
 @dataclass
 class PackReport:
     """What ``pack()`` did: bytes of the layer's tensors before and after."""

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string
+from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string, check_positive_ints
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 
 _Tensor = torch.Tensor
@@ -71,9 +71,7 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
 
     def _setup_common(self, in_features, out_features, dtype, bias, device, backend, trainable):
         name = type(self).__name__
-        for nm, v in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        check_positive_ints(name, in_features=in_features, out_features=out_features)
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32 (the dtype of scales, zeros and "
                             f"bias), got {dtype}")

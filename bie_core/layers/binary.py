@@ -24,7 +24,8 @@ from torch import nn
 from .. import ops
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.binary import conv_out_size, packed_len
-from ._base import FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, pair
+from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
+                    conv2d_geometry)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
 from ._lean import bind_one
 
@@ -92,9 +93,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, per_channel: bool = False,
                  backend=None, device=None, dtype=None):
         super().__init__()
-        for nm, v in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"BinaryLinear: {nm} must be a positive int, got {v!r}")
+        check_positive_ints("BinaryLinear", in_features=in_features, out_features=out_features)
         check_dtype("BinaryLinear", dtype)
         self.in_features, self.out_features, self.per_channel = in_features, out_features, bool(per_channel)
         fk = {"device": device, "dtype": dtype}
@@ -233,21 +232,10 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
                  backend=None, device=None, dtype=None):
         super().__init__()
         name = "BinaryConv2d"
-        for nm, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        check_positive_ints(name, in_channels=in_channels, out_channels=out_channels, groups=groups)
         check_dtype(name, dtype)
-        self.kernel_size = pair(kernel_size, "kernel_size", name)
-        self.stride = pair(stride, "stride", name)
-        self.padding = pair(padding, "padding", name)
-        self.dilation = pair(dilation, "dilation", name)
-        if min(self.kernel_size + self.stride + self.dilation) <= 0 or min(self.padding) < 0:
-            raise ValueError(f"{name}: kernel_size, stride and dilation must be > 0 and padding >= 0; got "
-                             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                             f"dilation={self.dilation}")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"{name}: groups={groups} must divide in_channels={in_channels} and "
-                             f"out_channels={out_channels}")
+        self.kernel_size, self.stride, self.padding, self.dilation = conv2d_geometry(
+            name, in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
         if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)) or float(pad_value) not in (-1.0, 0.0, 1.0):
             raise ValueError(f"{name}: pad_value must be -1, 0 or +1 (the value the binarized input is "
                              f"padded with), got {pad_value!r}")

@@ -23,7 +23,7 @@ from torch import nn
 from .. import ops
 from ..ops._common import FLOAT_DTYPES
 from ..ops.dynamic import MAX_K, SCHEMES
-from ._base import backend_string, check_dtype
+from ._base import backend_string, check_dtype, check_positive_ints
 
 
 class _DynamicLinearFn(torch.autograd.Function):
@@ -79,9 +79,7 @@ class DynamicQLinear(nn.Module):
                  backend=None):
         super().__init__()
         name = f"DynamicQLinear({in_features}, {out_features})"
-        for nm, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        check_positive_ints(name, in_features=in_features, out_features=out_features)
         if in_features > MAX_K:
             raise ValueError(f"{name}: in_features={in_features} exceeds {MAX_K} (the int32 accumulator's range)")
         if act_scheme not in SCHEMES:

@@ -24,7 +24,7 @@ from torch import nn
 
 from .. import ops
 from ..ops.binary import packed_len
-from ._base import FLOAT_DTYPES, QATLayer, _dt
+from ._base import FLOAT_DTYPES, QATLayer, _dt, check_positive_ints
 from ._binary_fn import SignEmbeddingBagFn, SignEmbeddingFn
 
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -35,9 +35,7 @@ class _EmbeddingBase(QATLayer):
 
     def _init_embedding(self, num_embeddings, embedding_dim, backend, device, dtype):
         name = type(self).__name__
-        for nm, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        check_positive_ints(name, num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         dtype = dtype or torch.get_default_dtype()
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: dtype must be float32, float16 or bfloat16, got {dtype}")

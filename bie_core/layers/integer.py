@@ -28,7 +28,7 @@ from torch import nn
 
 from .. import dispatch, ops
 from ..ops.binary import conv_out_size
-from ._base import QATLayer, TorchInit, check_dtype, lsq_init, pair
+from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference
 
@@ -161,9 +161,7 @@ class QLinear(_IntWeightMixin, QATLayer):
                  per_channel: bool = False, learn_weight_scale: bool = True, quantized_backward: bool = False,
                  backend=None, device=None, dtype=None):
         super().__init__()
-        for nm, v in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"QLinear: {nm} must be a positive int, got {v!r}")
+        check_positive_ints("QLinear", in_features=in_features, out_features=out_features)
         _check_bits("QLinear", w_bits, a_bits)
         check_dtype("QLinear", dtype)
         self.in_features, self.out_features = in_features, out_features
@@ -253,22 +251,11 @@ class QConv2d(_IntWeightMixin, QATLayer):
                  dtype=None):
         super().__init__()
         name = "QConv2d"
-        for nm, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name}: {nm} must be a positive int, got {v!r}")
+        check_positive_ints(name, in_channels=in_channels, out_channels=out_channels, groups=groups)
         _check_bits(name, w_bits, a_bits)
         check_dtype(name, dtype)
-        self.kernel_size = pair(kernel_size, "kernel_size", name)
-        self.stride = pair(stride, "stride", name)
-        self.padding = pair(padding, "padding", name)
-        self.dilation = pair(dilation, "dilation", name)
-        if min(self.kernel_size + self.stride + self.dilation) <= 0 or min(self.padding) < 0:
-            raise ValueError(f"{name}: kernel_size, stride and dilation must be > 0 and padding >= 0; got "
-                             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                             f"dilation={self.dilation}")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"{name}: groups={groups} must divide in_channels={in_channels} and "
-                             f"out_channels={out_channels}")
+        self.kernel_size, self.stride, self.padding, self.dilation = conv2d_geometry(
+            name, in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         fk = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self._weight_shape, **fk))

@@ -153,27 +153,8 @@ def _split_args(schema: str) -> list:
 
 
 def _arg_names(schema: str) -> tuple:
-    inner = schema[schema.index("(") + 1: schema.rindex(")")]
-    names = []
-    depth = 0
-    cur = ""
-    for ch in inner:
-        if ch in "[(":
-            depth += 1
-        elif ch in "])":
-            depth -= 1
-        if ch == "," and depth == 0:
-            names.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        names.append(cur)
-    out = []
-    for a in names:
-        a = a.strip().split("=")[0].strip()
-        out.append(a.split()[-1])
-    return tuple(out)
+    """The name of each argument, in schema order."""
+    return tuple(a.strip().split("=")[0].strip().split()[-1] for a in _split_args(schema))
 
 
 def define_op(op: OpDef) -> OpDef:
