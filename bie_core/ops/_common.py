@@ -70,6 +70,19 @@ def check_out_dtype(op: str, out_dtype, scale) -> None:
               f"out_dtype must be one of float32, float16, bfloat16 or None (int32), got {out_dtype}")
 
 
+def check_epilogue(op: str, scale, bias, n: int, out_dtype) -> None:
+    """A GEMM/conv epilogue's scale (1 or ``n`` values), bias (``n``) and out_dtype: integer output takes neither."""
+    check_scale_bias(op, scale, bias, n)
+    check_out_dtype(op, out_dtype, scale)
+    if out_dtype is None:
+        check(bias is None, op, "a bias needs a floating out_dtype")
+
+
+def epilogue_dtype(out_dtype):
+    """The dtype an epilogue writes: the raw int32 accumulator when no out_dtype is asked for."""
+    return torch.int32 if out_dtype is None else out_dtype
+
+
 #: Most elements a conv's padded input or output may have: far beyond any
 #: memory, but small enough that sizes never overflow int64 byte counts.
 MAX_CONV_ELEMENTS = 1 << 40

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, check, check_out_dtype,
-                      check_conv_size, check_same_device, check_scale_bias, check_tensor, dirty_bits,
-                      has_values, problem, randbits, randn)
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, check, check_conv_size,
+                      check_epilogue, check_out_dtype, check_same_device, check_scale_bias, check_tensor, dirty_bits,
+                      epilogue_dtype, has_values, problem, randbits, randn)
 from ._opdef import Case, OpDef, define_op
 
 PACKABLE = FLOAT_DTYPES + (torch.int8,)
@@ -94,12 +94,8 @@ unpack_signs = define_op(OpDef(
 
 
 # ----------------------------------------------------------------- binary_gemm
-def _epilogue_dtype(out_dtype):
-    return torch.int32 if out_dtype is None else out_dtype
-
-
 def _gemm_fake(a, b, k, scale, bias, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=_epilogue_dtype(out_dtype))
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=epilogue_dtype(out_dtype))
 
 
 def _gemm_validate(a, b, k, scale, bias, out_dtype):
@@ -110,10 +106,7 @@ def _gemm_validate(a, b, k, scale, bias, out_dtype):
     check(a.shape[1] == packed_len(k) and b.shape[1] == packed_len(k), op,
           f"packed rows must have ceil(k/8)={packed_len(k)} bytes for k={k}; "
           f"a has {a.shape[1]}, b has {b.shape[1]}")
-    check_scale_bias(op, scale, bias, b.shape[0])
-    check_out_dtype(op, out_dtype, scale)
-    if out_dtype is None:
-        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_epilogue(op, scale, bias, b.shape[0], out_dtype)
     check_same_device(op, a=a, b=b, scale=scale, bias=bias)
 
 
@@ -183,7 +176,7 @@ binary_gemm = define_op(OpDef(
 
 # --------------------------------------------------------------- binary_linear
 def _bl_fake(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
-    return x.new_empty((x.shape[0], w.shape[0]), dtype=_epilogue_dtype(out_dtype))
+    return x.new_empty((x.shape[0], w.shape[0]), dtype=epilogue_dtype(out_dtype))
 
 
 def _bl_validate(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
@@ -273,7 +266,7 @@ binary_linear = define_op(OpDef(
 
 # ------------------------------------------------------------------ binary_bmm
 def _bmm_fake(a, b, k, scale, out_dtype):
-    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=_epilogue_dtype(out_dtype))
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=epilogue_dtype(out_dtype))
 
 
 def _bmm_validate(a, b, k, scale, out_dtype):
@@ -339,7 +332,7 @@ def conv_weight_tap_bits(w: torch.Tensor, c: int, kh: int, kw: int) -> torch.Ten
 def _conv_fake(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
     ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
-    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=_epilogue_dtype(out_dtype))
+    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype))
 
 
 def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
@@ -363,10 +356,7 @@ def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_val
     wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
     check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
     check_conv_size(op, x.shape, w.shape[0], padding, ho, wo)
-    check_scale_bias(op, scale, bias, w.shape[0])
-    check_out_dtype(op, out_dtype, scale)
-    if out_dtype is None:
-        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_epilogue(op, scale, bias, w.shape[0], out_dtype)
     check_same_device(op, x=x, w=w, scale=scale, bias=bias)
 
 

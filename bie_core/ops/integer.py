@@ -16,8 +16,9 @@ import os
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, check_out_dtype,
-                      check_same_device, check_scale_bias, check_tensor, problem, randint_codes, randn)
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, check_epilogue,
+                      check_out_dtype, check_same_device, check_tensor, epilogue_dtype, problem, randint_codes,
+                      randn)
 from ._opdef import Case, OpDef, define_op
 from .binary import conv_out_size
 
@@ -281,12 +282,8 @@ unpack_int4 = define_op(OpDef(
 
 
 # -------------------------------------------------------------------- int_gemm
-def _out(out_dtype):
-    return torch.int32 if out_dtype is None else out_dtype
-
-
 def _ig_fake(a, b, a_bits, b_bits, scale, bias, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=_out(out_dtype))
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=epilogue_dtype(out_dtype))
 
 
 def _ig_validate(a, b, a_bits, b_bits, scale, bias, out_dtype):
@@ -295,10 +292,7 @@ def _ig_validate(a, b, a_bits, b_bits, scale, bias, out_dtype):
     check_tensor(b, op, "b", dtypes=(torch.int8,), dim=2)
     check(a.shape[1] == b.shape[1], op, f"inner sizes differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     check(a_bits in INT_BITS and b_bits in INT_BITS, op, f"bits must be 4 or 8, got a_bits={a_bits}, b_bits={b_bits}")
-    check_scale_bias(op, scale, bias, b.shape[0])
-    check_out_dtype(op, out_dtype, scale)
-    if out_dtype is None:
-        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_epilogue(op, scale, bias, b.shape[0], out_dtype)
     check_same_device(op, a=a, b=b, scale=scale, bias=bias)
 
 
@@ -345,7 +339,7 @@ int_gemm = define_op(OpDef(
 
 # --------------------------------------------------------------------- int_bmm
 def _ib_fake(a, b, a_bits, b_bits, scale, out_dtype):
-    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=_out(out_dtype))
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=epilogue_dtype(out_dtype))
 
 
 def _ib_validate(a, b, a_bits, b_bits, scale, out_dtype):
@@ -391,7 +385,7 @@ int_bmm = define_op(OpDef(
 def _ic_fake(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
     ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
-    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=_out(out_dtype))
+    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype))
 
 
 def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
@@ -411,10 +405,7 @@ def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale,
     wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
     check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
     check_conv_size(op, x.shape, w.shape[0], padding, ho, wo)
-    check_scale_bias(op, scale, bias, w.shape[0])
-    check_out_dtype(op, out_dtype, scale)
-    if out_dtype is None:
-        check(bias is None, op, "a bias needs a floating out_dtype")
+    check_epilogue(op, scale, bias, w.shape[0], out_dtype)
     check_same_device(op, x=x, w=w, scale=scale, bias=bias)
 
 
