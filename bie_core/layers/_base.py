@@ -29,6 +29,7 @@ from torch import nn
 from .. import dispatch
 
 from ..ops._common import FLOAT_DTYPES
+from ..ops.binary import conv_out_size
 
 #: Floor of every initialised scale: an all-zero first batch must not give a
 #: zero scale (activations are divided by it). Small enough never to matter for
@@ -223,6 +224,24 @@ class QATLayer(NamedAllocationErrors, nn.Module):
         if dev is not None and x.device != dev:
             self._fail(f"{what} is on {x.device} but the layer's tensors are on {dev}; "
                        f"move one of them (layer.to({str(x.device)!r}) or {what}.to({str(dev)!r}))")
+
+    def _batched_conv2d_input(self, x) -> tuple:
+        """Check a conv layer's input (C, H, W) or (N, C, H, W); return it 4-D and whether it was unbatched."""
+        self._check_float_input(x)
+        if x.dim() not in (3, 4):
+            self._fail(f"input must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
+        unbatched = x.dim() == 3
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.shape[1] != self.in_channels:
+            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[1]} channels; expected {self.in_channels} "
+                       "(NCHW layout; channels_last memory format is accepted)")
+        ho = conv_out_size(x.shape[2], self.kernel_size[0], self.stride[0], self.padding[0], self.dilation[0])
+        wo = conv_out_size(x.shape[3], self.kernel_size[1], self.stride[1], self.padding[1], self.dilation[1])
+        if ho <= 0 or wo <= 0:
+            self._fail(f"input of spatial size {tuple(x.shape[2:])} is too small for the kernel "
+                       f"(output would be {ho}x{wo})")
+        return x, unbatched
 
     def _device(self) -> Optional[torch.device]:
         t = self._parameters.get("act_shift")  # every layer with an input shift: one lookup on the hot path

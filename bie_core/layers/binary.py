@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import ops
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
-from ..ops.binary import conv_out_size, packed_len
+from ..ops.binary import packed_len
 from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
                     conv2d_geometry)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
@@ -274,20 +274,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         return s + (", packed" if self.packed else "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_float_input(x)
-        unbatched = x.dim() == 3
-        if x.dim() not in (3, 4):
-            self._fail(f"input must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
-        if unbatched:
-            x = x.unsqueeze(0)
-        if x.shape[1] != self.in_channels:
-            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[1]} channels; expected {self.in_channels} "
-                       "(NCHW layout; channels_last memory format is accepted)")
-        ho = conv_out_size(x.shape[2], self.kernel_size[0], self.stride[0], self.padding[0], self.dilation[0])
-        wo = conv_out_size(x.shape[3], self.kernel_size[1], self.stride[1], self.padding[1], self.dilation[1])
-        if ho <= 0 or wo <= 0:
-            self._fail(f"input of spatial size {tuple(x.shape[2:])} is too small for the kernel "
-                       f"(output would be {ho}x{wo})")
+        x, unbatched = self._batched_conv2d_input(x)
         if not self._act_scale_ready:
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
         w, bits, sw = self._weight_operands()

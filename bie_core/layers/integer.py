@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from .. import dispatch, ops
-from ..ops.binary import conv_out_size
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference
@@ -47,12 +46,17 @@ class _IntWeightMixin(TorchInit):
     _transient = ("_lean", "_eval_codes", "_codes_cache")
     _lean = None
 
-    def _setup_int(self, w_bits: int, a_bits: int, per_channel: bool, learn_weight_scale: bool, fk: dict,
-                   quantized_backward: bool = False):
+    def _setup_int(self, n_in: int, bias: bool, w_bits: int, a_bits: int, per_channel: bool,
+                   learn_weight_scale: bool, fk: dict, quantized_backward: bool = False):
+        """The parameters of a layer with ``n_in`` input features/channels and weight ``self._weight_shape``."""
+        rows = self._weight_shape[0]
+        self.weight = nn.Parameter(torch.empty(self._weight_shape, **fk))
+        self.bias = nn.Parameter(torch.empty(rows, **fk)) if bias else None
+        self.act_shift = nn.Parameter(torch.zeros(n_in, **fk))
+        self.act_scale = nn.Parameter(torch.zeros((), **fk))
         self.w_bits, self.a_bits, self.per_channel = w_bits, a_bits, bool(per_channel)
         #: opt in to int8 gradient codes in the two backward products (``_int_qbwd``); settable at any time
         self.quantized_backward = bool(quantized_backward)
-        rows = self._weight_shape[0]
         self.weight_scale = nn.Parameter(torch.zeros((rows,) if per_channel else (), **fk),
                                          requires_grad=bool(learn_weight_scale))
         self._packed_keys = (("qweight", (torch.int8,) if w_bits == 8 else (torch.uint8,)),)
@@ -165,12 +169,8 @@ class QLinear(_IntWeightMixin, QATLayer):
         _check_bits("QLinear", w_bits, a_bits)
         check_dtype("QLinear", dtype)
         self.in_features, self.out_features = in_features, out_features
-        fk = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **fk))
-        self.bias = nn.Parameter(torch.empty(out_features, **fk)) if bias else None
-        self.act_shift = nn.Parameter(torch.zeros(in_features, **fk))
-        self.act_scale = nn.Parameter(torch.zeros((), **fk))
-        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk, quantized_backward)
+        self._setup_int(in_features, bias, w_bits, a_bits, per_channel, learn_weight_scale,
+                        {"device": device, "dtype": dtype}, quantized_backward)
         self._setup(backend)
         self.reset_parameters()
 
@@ -257,12 +257,8 @@ class QConv2d(_IntWeightMixin, QATLayer):
         self.kernel_size, self.stride, self.padding, self.dilation = conv2d_geometry(
             name, in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        fk = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(self._weight_shape, **fk))
-        self.bias = nn.Parameter(torch.empty(out_channels, **fk)) if bias else None
-        self.act_shift = nn.Parameter(torch.zeros(in_channels, **fk))
-        self.act_scale = nn.Parameter(torch.zeros((), **fk))
-        self._setup_int(w_bits, a_bits, per_channel, learn_weight_scale, fk, quantized_backward)
+        self._setup_int(in_channels, bias, w_bits, a_bits, per_channel, learn_weight_scale,
+                        {"device": device, "dtype": dtype}, quantized_backward)
         self._setup(backend)
         self.reset_parameters()
 
@@ -281,20 +277,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
         return s + f", bias={self.bias is not None}" + self._bits_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_float_input(x)
-        if x.dim() not in (3, 4):
-            self._fail(f"input must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
-        unbatched = x.dim() == 3
-        if unbatched:
-            x = x.unsqueeze(0)
-        if x.shape[1] != self.in_channels:
-            self._fail(f"input of shape {tuple(x.shape)} has {x.shape[1]} channels; expected {self.in_channels} "
-                       "(NCHW layout; channels_last memory format is accepted)")
-        ho = conv_out_size(x.shape[2], self.kernel_size[0], self.stride[0], self.padding[0], self.dilation[0])
-        wo = conv_out_size(x.shape[3], self.kernel_size[1], self.stride[1], self.padding[1], self.dilation[1])
-        if ho <= 0 or wo <= 0:
-            self._fail(f"input of spatial size {tuple(x.shape[2:])} is too small for the kernel "
-                       f"(output would be {ho}x{wo})")
+        x, unbatched = self._batched_conv2d_input(x)
         self._act_init(x)
         w, qw, sw = self._weight_operands()
         geom = (self.a_bits, self.w_bits, self.stride, self.padding, self.dilation, self.groups)
