@@ -85,28 +85,34 @@ def binary_bmm(a, b, k, scale, out_dtype):
     return _finish(k - 2 * _POPCOUNT[x].sum(-1), scale, None, out_dtype)
 
 
-def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
-    x = x.cpu()
-    n, c, h, wd = x.shape
-    kh, kw = kernel_size
-    o = w.shape[0]
-    cg, og = c // groups, o // groups
-    k = cg * kh * kw
-    sx = torch.where(x >= 0, 1, -1).to(torch.int64)
-    sx = F.pad(sx, (padding[1], padding[1], padding[0], padding[0]), value=int(pad_value))
-    sw = unpack_signs(w, k, torch.int64).reshape(o, cg, kh, kw)
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+def _padded_conv2d_int64(xp, w, stride, dilation, groups):
+    """Exact grouped 2-D convolution of an already padded int64 input (N, C, Hp, Wp) with int64 weights
+    (O, C/groups, kh, kw): one strided window per kernel tap, summed in int64."""
+    n, c, hp, wp = xp.shape
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    ho = (hp - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wp - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     acc = torch.zeros((n, o, ho, wo), dtype=torch.int64)
     for i in range(kh):
         for j in range(kw):
             r0, c0 = i * dilation[0], j * dilation[1]
-            patch = sx[:, :, r0: r0 + stride[0] * (ho - 1) + 1: stride[0], c0: c0 + stride[1] * (wo - 1) + 1: stride[1]]
+            patch = xp[:, :, r0: r0 + stride[0] * (ho - 1) + 1: stride[0], c0: c0 + stride[1] * (wo - 1) + 1: stride[1]]
             for g in range(groups):
-                xg = patch[:, g * cg:(g + 1) * cg]                     # (n, cg, ho, wo)
-                wg = sw[g * og:(g + 1) * og, :, i, j]                   # (og, cg)
-                acc[:, g * og:(g + 1) * og] += torch.einsum("nchw,oc->nohw", xg, wg)
-    return _finish(acc, scale, bias, out_dtype, channel_dim=1)
+                acc[:, g * og:(g + 1) * og] += torch.einsum(
+                    "nchw,oc->nohw", patch[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og, :, i, j])
+    return acc
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+    x = x.cpu()
+    kh, kw = kernel_size
+    o, cg = w.shape[0], x.shape[1] // groups
+    k = cg * kh * kw
+    sx = torch.where(x >= 0, 1, -1).to(torch.int64)
+    sx = F.pad(sx, (padding[1], padding[1], padding[0], padding[0]), value=int(pad_value))
+    sw = unpack_signs(w, k, torch.int64).reshape(o, cg, kh, kw)
+    return _finish(_padded_conv2d_int64(sx, sw, stride, dilation, groups), scale, bias, out_dtype, channel_dim=1)
 
 
 def sign_embedding(indices, bits, scale, dim, dtype):
@@ -194,21 +200,8 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
 def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
     x = x.cpu().to(torch.int64)
     w = w.cpu().to(torch.int64)
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    og = o // groups
     xp = F.pad(x, (padding[1], padding[1], padding[0], padding[0]), value=0)
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    acc = torch.zeros((n, o, ho, wo), dtype=torch.int64)
-    for i in range(kh):
-        for j in range(kw):
-            r0, c0 = i * dilation[0], j * dilation[1]
-            patch = xp[:, :, r0: r0 + stride[0] * (ho - 1) + 1: stride[0], c0: c0 + stride[1] * (wo - 1) + 1: stride[1]]
-            for g in range(groups):
-                acc[:, g * og:(g + 1) * og] += torch.einsum(
-                    "nchw,oc->nohw", patch[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og, :, i, j])
-    return _finish(acc, scale, bias, out_dtype, channel_dim=1)
+    return _finish(_padded_conv2d_int64(xp, w, stride, dilation, groups), scale, bias, out_dtype, channel_dim=1)
 
 
 # ------------------------------------------------------------------ weight-only
