@@ -43,7 +43,7 @@ import torch
 from torch.optim import Optimizer
 
 from .galore import PROJ_TYPES, GaLoreProjector
-from .packed import check_packed_grads
+from .packed import closure_loss_checked
 
 
 def is_binary(p: torch.Tensor, group: dict) -> bool:
@@ -109,11 +109,7 @@ class DiodeMix(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        check_packed_grads(self.param_groups)
+        loss = closure_loss_checked(closure, self.param_groups)
         for group in self.param_groups:
             proj = self.projector(group)
             for p in group["params"]:

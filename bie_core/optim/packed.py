@@ -57,6 +57,17 @@ class PackedWeightHook:
         return self
 
 
+def closure_loss_checked(closure, param_groups):
+    """The loss of an optimizer step's closure (run with gradients on; None without one), after
+    ``check_packed_grads`` has passed on the gradients it left."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    check_packed_grads(param_groups)
+    return loss
+
+
 def check_packed_grads(param_groups) -> None:
     """Refuse a step whose packed-weight gradients hold inf or NaN, before any
     parameter is updated (docs/bad-input.md: non-finite values raise).
@@ -179,11 +190,7 @@ class PackedAdam(Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        check_packed_grads(self.param_groups)
+        loss = closure_loss_checked(closure, self.param_groups)
         for group in self.param_groups:
             for p in group["params"]:
                 hook = getattr(p, "bie_optimizer_hook", None)
