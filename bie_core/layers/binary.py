@@ -33,6 +33,13 @@ from ._lean import bind_one
 class _BinaryWeightMixin(TorchInit):
     """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
 
+    def _options_repr(self) -> str:
+        """The repr tail naming what differs from the defaults: per-channel scales, a backend, packed."""
+        s = ", per_channel=True" if self.per_channel else ""
+        if self.backend:
+            s += f", backend={self.backend!r}"
+        return s + (", packed" if self.packed else "")
+
     def _sw(self, w: torch.Tensor) -> torch.Tensor:
         a = w.detach().abs().to(torch.float32)
         return a.flatten(1).mean(1) if self.per_channel else a.mean()
@@ -117,11 +124,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-        if self.per_channel:
-            s += ", per_channel=True"
-        if self.backend:
-            s += f", backend={self.backend!r}"
-        return s + (", packed" if self.packed else "")
+        return s + self._options_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (eager_inference() written out: this test runs on every call)
@@ -267,11 +270,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         if self.groups != 1:
             s += f", groups={self.groups}"
         s += f", bias={self.bias is not None}, pad_value={self.pad_value:g}"
-        if self.per_channel:
-            s += ", per_channel=True"
-        if self.backend:
-            s += f", backend={self.backend!r}"
-        return s + (", packed" if self.packed else "")
+        return s + self._options_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, unbatched = self._batched_conv2d_input(x)
