@@ -553,20 +553,14 @@ def make_key_fn(op, with_grad: bool, with_contig: bool):
         v = f"a{i}"
         names.append(v)
         t = str(arg.type)
-        if t == "Tensor":
+        if t in ("Tensor", "Optional[Tensor]"):
             fields = [f"{v}.shape", f"{v}.dtype", f"{v}.device"]
             if with_grad:
                 fields.append(f"{v}.requires_grad")
             if with_contig:
                 fields.append(f"{v}.is_contiguous()")
-            parts.append("(" + ", ".join(fields) + ")")
-        elif t == "Optional[Tensor]":
-            fields = [f"{v}.shape", f"{v}.dtype", f"{v}.device"]
-            if with_grad:
-                fields.append(f"{v}.requires_grad")
-            if with_contig:
-                fields.append(f"{v}.is_contiguous()")
-            parts.append(f"(None if {v} is None else (" + ", ".join(fields) + "))")
+            key = "(" + ", ".join(fields) + ")"
+            parts.append(key if t == "Tensor" else f"(None if {v} is None else {key})")
         elif t.startswith("List[") and "Tensor" not in t:
             parts.append(f"tuple({v})")
         elif "Tensor" in t:  # lists of tensors: the generic (slower) path
