@@ -129,6 +129,15 @@ def _require(cond: bool, op: str, msg: str) -> None:
         raise ValueError(f"bie native {op}: {msg}")
 
 
+def _epilogue_out(op: str, shape: tuple, scale, bias, out_dtype) -> torch.Tensor:
+    """The empty output of a GEMM/conv whose channels are ``shape[1]``, once its epilogue fits them:
+    scale of 1 or ``shape[1]`` values, bias of ``shape[1]``, neither for the int32 output."""
+    c = shape[1]
+    _require((scale is None or scale.numel() in (1, c)) and (bias is None or bias.numel() == c)
+             and (out_dtype is not None or (scale is None and bias is None)), op, "bad scale/bias")
+    return torch.empty(shape, dtype=out_dtype or torch.int32)
+
+
 def _cpu(op: str, *ts) -> None:
     for t in ts:
         if t is not None:
@@ -204,9 +213,7 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
              f"a {tuple(a.shape)} and b {tuple(b.shape)} must be uint8 (rows, ceil(k/8)) for k={k}")
     m, kb = a.shape
     n = b.shape[0]
-    _require((scale is None or scale.numel() in (1, n)) and (bias is None or bias.numel() == n)
-             and (out_dtype is not None or (scale is None and bias is None)), "binary_gemm", "bad scale/bias")
-    out = torch.empty((m, n), dtype=out_dtype or torch.int32)
+    out = _epilogue_out("binary_gemm", (m, n), scale, bias, out_dtype)
     if m == 0 or n == 0:
         return out
     panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(b, k))
@@ -353,9 +360,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(k > 0 and w.shape[1] == packed_len(k) and ho > 0 and wo > 0, "binary_conv2d",
              f"w {tuple(w.shape)} does not fit K={k}, or empty output {ho}x{wo}")
-    _require((scale is None or scale.numel() in (1, o)) and (bias is None or bias.numel() == o)
-             and (out_dtype is not None or (scale is None and bias is None)), "binary_conv2d", "bad scale/bias")
-    out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
+    out = _epilogue_out("binary_conv2d", (n, o, ho, wo), scale, bias, out_dtype)
     if n == 0 or o == 0:
         return out
     wbits, taps = _layouts(prepared).get(("conv", cg, kh, kw), lambda: _conv_weights(w, cg, kh, kw))
@@ -419,9 +424,7 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
              f"a {tuple(a.shape)} and b {tuple(b.shape)} must be int8 (M, K) and (N, K)")
     m, k = a.shape
     n = b.shape[0]
-    _require((scale is None or scale.numel() in (1, n)) and (bias is None or bias.numel() == n)
-             and (out_dtype is not None or (scale is None and bias is None)), "int_gemm", "bad scale/bias")
-    out = torch.empty((m, n), dtype=out_dtype or torch.int32)
+    out = _epilogue_out("int_gemm", (m, n), scale, bias, out_dtype)
     if m == 0 or n == 0:
         return out
     kind = _lib.bie_int_layout()
@@ -657,9 +660,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
              "int_conv2d", f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={g}")
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
-    _require((scale is None or scale.numel() in (1, o)) and (bias is None or bias.numel() == o)
-             and (out_dtype is not None or (scale is None and bias is None)), "int_conv2d", "bad scale/bias")
-    out = torch.empty((n, o, ho, wo), dtype=out_dtype or torch.int32)
+    out = _epilogue_out("int_conv2d", (n, o, ho, wo), scale, bias, out_dtype)
     if n == 0 or o == 0:
         return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
