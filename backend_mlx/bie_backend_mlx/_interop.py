@@ -43,6 +43,7 @@ several threads (DataLoader workers, DDP hooks, serving threads).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -164,17 +165,24 @@ def first_device(args) -> torch.device:
     return torch.device("cpu")
 
 
+@contextlib.contextmanager
+def _mlx_call(args):
+    """Hold the MLX lock on the stream of the MLX device matching ``args``' tensors, with a fresh
+    keep-alive list for the arrays the call imports."""
+    with LOCK, mx.stream(device_for(first_device(args))):
+        _KEEP.append([])
+        try:
+            yield
+        finally:
+            _KEEP.pop()
+
+
 def kernel(fn):
     """Run ``fn`` under the MLX lock with the MLX device matching its tensors."""
     @functools.wraps(fn)
     def wrapper(*args, **kw):
-        dev = first_device(args)
-        with LOCK, mx.stream(device_for(dev)):
-            _KEEP.append([])
-            try:
-                return fn(*args, **kw)   # evaluates its result before returning
-            finally:
-                _KEEP.pop()
+        with _mlx_call(args):
+            return fn(*args, **kw)   # evaluates its result before returning
     return wrapper
 
 
@@ -183,18 +191,13 @@ def preparer(fn):
     (prepared layouts are materialised once, not recomputed lazily per call)."""
     @functools.wraps(fn)
     def wrapper(*args, **kw):
-        dev = first_device(args)
-        with LOCK, mx.stream(device_for(dev)):
-            _KEEP.append([])
-            try:
-                with owned_copies():
-                    out = fn(*args, **kw)
-                arrays = [v for v in _walk(out) if isinstance(v, mx.array)]
-                if arrays:
-                    mx.eval(*arrays)
-                return out
-            finally:
-                _KEEP.pop()
+        with _mlx_call(args):
+            with owned_copies():
+                out = fn(*args, **kw)
+            arrays = [v for v in _walk(out) if isinstance(v, mx.array)]
+            if arrays:
+                mx.eval(*arrays)
+            return out
     return wrapper
 
 
