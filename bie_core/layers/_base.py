@@ -225,6 +225,17 @@ class QATLayer(NamedAllocationErrors, nn.Module):
             self._fail(f"{what} is on {x.device} but the layer's tensors are on {dev}; "
                        f"move one of them (layer.to({str(x.device)!r}) or {what}.to({str(dev)!r}))")
 
+    def _conv2d_geometry_repr(self) -> str:
+        """A conv layer's channels, kernel and stride, then padding, dilation and groups where not the default."""
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0, 0):
+            s += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        return s
+
     def _batched_conv2d_input(self, x) -> tuple:
         """Check a conv layer's input (C, H, W) or (N, C, H, W); return it 4-D and whether it was unbatched."""
         self._check_float_input(x)

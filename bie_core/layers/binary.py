@@ -262,13 +262,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         return (self.in_channels // self.groups) * self.kernel_size[0] * self.kernel_size[1]
 
     def extra_repr(self) -> str:
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}")
-        if self.padding != (0, 0):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
+        s = self._conv2d_geometry_repr()
         s += f", bias={self.bias is not None}, pad_value={self.pad_value:g}"
         return s + self._options_repr()
 

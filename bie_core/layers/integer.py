@@ -267,13 +267,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
         return (self.out_channels, self.in_channels // self.groups) + self.kernel_size
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0, 0):
-            s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
+        s = self._conv2d_geometry_repr()
         return s + f", bias={self.bias is not None}" + self._bits_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
