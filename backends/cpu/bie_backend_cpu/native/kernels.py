@@ -138,6 +138,12 @@ def _epilogue_out(op: str, shape: tuple, scale, bias, out_dtype) -> torch.Tensor
     return torch.empty(shape, dtype=out_dtype or torch.int32)
 
 
+def _bmm_out(op: str, shape: tuple, scale, out_dtype) -> torch.Tensor:
+    """The empty output of a batched GEMM once its epilogue fits: one scale value, none for int32 output."""
+    _require((scale is None or scale.numel() == 1) and (out_dtype is not None or scale is None), op, "bad scale")
+    return torch.empty(shape, dtype=out_dtype or torch.int32)
+
+
 def _cpu(op: str, *ts) -> None:
     for t in ts:
         if t is not None:
@@ -577,9 +583,7 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
              f"a {tuple(a.shape)} and b {tuple(b.shape)} must be int8 (B, M, K) and (B, N, K)")
     bs, m, k = a.shape
     n = b.shape[1]
-    _require((scale is None or scale.numel() == 1) and (out_dtype is not None or scale is None), "int_bmm",
-             "bad scale")
-    out = torch.empty((bs, m, n), dtype=out_dtype or torch.int32)
+    out = _bmm_out("int_bmm", (bs, m, n), scale, out_dtype)
     if bs == 0 or m == 0 or n == 0:
         return out
     kind = _lib.bie_int_layout()
@@ -610,9 +614,7 @@ def binary_bmm(a, b, k, scale, out_dtype):
              "binary_bmm", f"a {tuple(a.shape)} and b {tuple(b.shape)} must be uint8 (B, rows, ceil(k/8)) for k={k}")
     bs, m, kb = a.shape
     n = b.shape[1]
-    _require((scale is None or scale.numel() == 1) and (out_dtype is not None or scale is None), "binary_bmm",
-             "bad scale")
-    out = torch.empty((bs, m, n), dtype=out_dtype or torch.int32)
+    out = _bmm_out("binary_bmm", (bs, m, n), scale, out_dtype)
     if bs == 0 or m == 0 or n == 0:
         return out
     panels = _binary_panels(b, k)
