@@ -28,6 +28,24 @@ static inline uint32_t sgn_mask_n(const void* p, int64_t n) {   // 0 < n <= 16
 static inline int64_t bie_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bie_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// The element type of an input to binarize, as a type: run(DtypeTag<DT>()) instantiates the
+// driver body for that dtype only.
+template <int DT>
+struct DtypeTag { static constexpr int value = DT; };
+
+// run(DtypeTag<DT>()) for the dtype of signs input (float32, float16, bfloat16 or int8);
+// any other dtype is a bad argument.
+template <class Run>
+static inline int with_sign_input_dtype(int dtype, Run run) {
+  switch (dtype) {
+    case BIE_F32: return run(DtypeTag<BIE_F32>());
+    case BIE_F16: return run(DtypeTag<BIE_F16>());
+    case BIE_BF16: return run(DtypeTag<BIE_BF16>());
+    case BIE_I8: return run(DtypeTag<BIE_I8>());
+  }
+  return BIE_EBADARG;
+}
+
 #if BIE_WITH_PACK
 // ------------------------------------------------------------- pack_signs
 template <int DT>
@@ -55,13 +73,7 @@ static int pack_rows(const bie_pack_args* p, int64_t r0, int64_t r1) {
 
 static int drv_pack(const void* args, int64_t t0, int64_t t1) {
   const bie_pack_args* p = (const bie_pack_args*)args;
-  switch (p->dtype) {
-    case BIE_F32: return pack_rows<BIE_F32>(p, t0, t1);
-    case BIE_F16: return pack_rows<BIE_F16>(p, t0, t1);
-    case BIE_BF16: return pack_rows<BIE_BF16>(p, t0, t1);
-    case BIE_I8: return pack_rows<BIE_I8>(p, t0, t1);
-  }
-  return BIE_EBADARG;
+  return with_sign_input_dtype(p->dtype, [&](auto dt) { return pack_rows<decltype(dt)::value>(p, t0, t1); });
 }
 
 // ------------------------------------------- binary conv: signs -> bit map
@@ -137,13 +149,7 @@ static int conv_pack_tasks(const bie_bconv_pack_args* p, int64_t t0, int64_t t1)
 
 static int drv_bconv_pack(const void* args, int64_t t0, int64_t t1) {
   const bie_bconv_pack_args* p = (const bie_bconv_pack_args*)args;
-  switch (p->dtype) {
-    case BIE_F32: return conv_pack_tasks<BIE_F32>(p, t0, t1);
-    case BIE_F16: return conv_pack_tasks<BIE_F16>(p, t0, t1);
-    case BIE_BF16: return conv_pack_tasks<BIE_BF16>(p, t0, t1);
-    case BIE_I8: return conv_pack_tasks<BIE_I8>(p, t0, t1);
-  }
-  return BIE_EBADARG;
+  return with_sign_input_dtype(p->dtype, [&](auto dt) { return conv_pack_tasks<decltype(dt)::value>(p, t0, t1); });
 }
 
 // ------------------------------------------------------------- quantize_int
