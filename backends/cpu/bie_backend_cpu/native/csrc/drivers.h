@@ -28,22 +28,35 @@ static inline uint32_t sgn_mask_n(const void* p, int64_t n) {   // 0 < n <= 16
 static inline int64_t bie_min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bie_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// The element type of an input to binarize, as a type: run(DtypeTag<DT>()) instantiates the
-// driver body for that dtype only.
-template <int DT>
-struct DtypeTag { static constexpr int value = DT; };
+// A compile-time int passed as a value: run(IntTag<V>()) instantiates run's body for V only, which
+// turns a runtime dtype or row count into a template argument.
+template <int V>
+struct IntTag { static constexpr int value = V; };
 
-// run(DtypeTag<DT>()) for the dtype of signs input (float32, float16, bfloat16 or int8);
+// run(IntTag<DT>()) for the dtype of signs input (float32, float16, bfloat16 or int8);
 // any other dtype is a bad argument.
 template <class Run>
 static inline int with_sign_input_dtype(int dtype, Run run) {
   switch (dtype) {
-    case BIE_F32: return run(DtypeTag<BIE_F32>());
-    case BIE_F16: return run(DtypeTag<BIE_F16>());
-    case BIE_BF16: return run(DtypeTag<BIE_BF16>());
-    case BIE_I8: return run(DtypeTag<BIE_I8>());
+    case BIE_F32: return run(IntTag<BIE_F32>());
+    case BIE_F16: return run(IntTag<BIE_F16>());
+    case BIE_BF16: return run(IntTag<BIE_BF16>());
+    case BIE_I8: return run(IntTag<BIE_I8>());
   }
   return BIE_EBADARG;
+}
+
+// run(IntTag<mr>()) for a tile of mr rows, 1 <= mr <= MAXR <= 6; only those row counts are instantiated.
+template <int MAXR, class Run>
+static inline void with_tile_rows(int64_t mr, Run run) {
+  switch (mr) {
+    case 1: run(IntTag<1>()); break;
+    case 2: if constexpr (MAXR >= 2) run(IntTag<2>()); break;
+    case 3: if constexpr (MAXR >= 3) run(IntTag<3>()); break;
+    case 4: if constexpr (MAXR >= 4) run(IntTag<4>()); break;
+    case 5: if constexpr (MAXR >= 5) run(IntTag<5>()); break;
+    case 6: if constexpr (MAXR >= 6) run(IntTag<6>()); break;
+  }
 }
 
 #if BIE_WITH_PACK
@@ -269,14 +282,7 @@ static inline int out_size(int64_t t) { return t == BIE_F16 || t == BIE_BF16 ? 2
 template <int NR>
 static inline void btile_rows(int64_t mr, const uint64_t* A, int64_t lda, const uint64_t* B,
                               int64_t pstride, int64_t KW, int32_t* tile) {
-  switch (mr) {
-    case 1: btile<1, NR>(A, lda, B, pstride, KW, tile); break;
-    case 2: if constexpr (BMR >= 2) btile<2, NR>(A, lda, B, pstride, KW, tile); break;
-    case 3: if constexpr (BMR >= 3) btile<3, NR>(A, lda, B, pstride, KW, tile); break;
-    case 4: if constexpr (BMR >= 4) btile<4, NR>(A, lda, B, pstride, KW, tile); break;
-    case 5: if constexpr (BMR >= 5) btile<5, NR>(A, lda, B, pstride, KW, tile); break;
-    case 6: if constexpr (BMR >= 6) btile<6, NR>(A, lda, B, pstride, KW, tile); break;
-  }
+  with_tile_rows<BMR>(mr, [&](auto r) { btile<decltype(r)::value, NR>(A, lda, B, pstride, KW, tile); });
 }
 
 // tile of mr rows x nr panels (nr <= BNR): full panel groups at once, the
@@ -425,14 +431,7 @@ static int drv_bconv(const void* args, int64_t t0, int64_t t1) {
 template <int NR>
 static inline void itile_rows(int64_t mr, const iscalar_t* A, int64_t lda, const void* B,
                               int64_t pstride, int64_t steps, int32_t* tile) {
-  switch (mr) {
-    case 1: itile<1, NR>(A, lda, B, pstride, steps, tile); break;
-    case 2: if constexpr (IMR >= 2) itile<2, NR>(A, lda, B, pstride, steps, tile); break;
-    case 3: if constexpr (IMR >= 3) itile<3, NR>(A, lda, B, pstride, steps, tile); break;
-    case 4: if constexpr (IMR >= 4) itile<4, NR>(A, lda, B, pstride, steps, tile); break;
-    case 5: if constexpr (IMR >= 5) itile<5, NR>(A, lda, B, pstride, steps, tile); break;
-    case 6: if constexpr (IMR >= 6) itile<6, NR>(A, lda, B, pstride, steps, tile); break;
-  }
+  with_tile_rows<IMR>(mr, [&](auto r) { itile<decltype(r)::value, NR>(A, lda, B, pstride, steps, tile); });
 }
 #endif  // BIE_WITH_INT || BIE_WITH_ICONV
 
