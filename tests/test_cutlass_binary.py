@@ -82,7 +82,7 @@ def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
 
 
 def test_binary_gemm_is_not_handed_over_to_the_cuda_backend():
-    """Session 15: with the row terms counted in the mainloop, this backend's wgmma GEMM measured within 2% of
+    """With the row terms counted in the mainloop, this backend's wgmma GEMM measured within 2% of
     bie-backend-cuda's at 4096^3 and 8192^3 and faster at M=384 and 1024 with N=K=4096, in the same runs
     (benchmarks/results/cutlass_h100_binary.md), so automatic selection keeps binary_gemm here: no deferral."""
     from bie_backend_cutlass import binary as b

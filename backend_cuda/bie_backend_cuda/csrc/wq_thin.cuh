@@ -64,8 +64,8 @@ inline int thin_fs(int gs_shift);
 // measured but for 5120x5120 and 13824x5120 at one row (cp.async after two stages 11 % and 4 % faster there; 3-10 %
 // slower on 5120x13824, 8192x8192, 6144x4096, 11008x4096, 14336x4096); at 16 rows of 5120x5120 -1 was 9 % faster
 // than cp.async after 0-2 stages (4096x4096: 2 % slower); W8 per-channel on 4096x4096 8.35 against 8.57.
-// K slices of 4-bit codes in groups of 128 on layers of more than 2^27 weights (sm_90): in chunks (-3). H100, session
-// 26 (benchmarks/results/cuda_h100_thin.md, call 4), us, against -1 with the same item order: 5 rows of 28672x8192
+// K slices of 4-bit codes in groups of 128 on layers of more than 2^27 weights (sm_90): in chunks (-3). H100
+// (benchmarks/results/cuda_h100_thin.md), us, against -1 with the same item order: 5 rows of 28672x8192
 // 48.9-49.1 against 50.7, 16 rows 57.3-58.1 against 59.1-59.3, 16 rows of 8192x28672 56.3-56.9 against 58.0-58.1.
 // Not on smaller layers (16 rows of 11008x4096 19.0 against 16.1: the first chunks' wait is a larger part of a
 // shorter call), nor for 2-bit codes or groups of 32 (16 rows of 28672x8192: 55.7 against 50.7-51.0, 72.7 against

@@ -26,7 +26,7 @@ namespace {
 constexpr int kVec = 8;          // elements per thread and step (16 bytes of bf16 / fp16)
 constexpr int kColThreads = 128; // column mode: one block covers 1024 columns of a chunk of rows,
 constexpr int kRowLanes = 4;     // ... with 4 lanes of 128 threads taking every 4th row of the chunk
-// (Nsight Compute, s16/call7: with one lane the kernel held 15 warps per SM and stalled on its loads 62% of
+// (Nsight Compute on the H100: with one lane the kernel held 15 warps per SM and stalled on its loads 62% of
 // the time; 2 blocks of 16 warps per SM need at most 64 registers.)
 constexpr int kRowThreads = 256;
 
