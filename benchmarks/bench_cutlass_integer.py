@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -35,20 +34,7 @@ def pool_size(bytes_per_set: int) -> int:
     return gpu_timing.pool_size(bytes_per_set, cap=16)
 
 
-def time_eager(fn, iters: int = 10, repeats: int = 5) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
-    return statistics.median(times)
+time_eager = gpu_timing.time_eager
 
 
 def codes(shape, bits, gen):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import bie_core
+import gpu_timing
 from bie_core import BinaryConv2d, QConv2d, QLinear
 
 # ResNet-50 bottleneck convs: (C, O, kernel, stride, HxW of the input)
@@ -34,20 +34,7 @@ RESNET18_BINARY = [(128, 128, 3, 1, 28), (256, 256, 3, 1, 14), (512, 512, 3, 1, 
 
 
 def time_calls(fn, iters: int = 20, repeats: int = 5) -> float:
-    """µs per call, wall clock between CUDA events around `iters` calls, median of `repeats`."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1000.0 / iters)
-    return statistics.median(out)
+    return gpu_timing.time_eager(fn, iters, repeats)
 
 
 def time_graphed(fn, iters: int = 20, repeats: int = 5):

@@ -1,4 +1,4 @@
-"""Timing shared by the GPU benchmarks (bench_cuda, bench_cutlass_binary, bench_cutlass_integer).
+"""Timing shared by the GPU benchmarks (bench_cuda, bench_cutlass_binary, bench_cutlass_integer, bench_qat_conv).
 
 Each measured call is captured in a CUDA graph together with CALLS - 1 more calls that rotate over
 a pool of distinct weight (or input) sets larger than the L2, so operands stream from memory as in a
@@ -105,6 +105,24 @@ def time_interleaved(variants: dict, rounds: int = 5, phase_s: float = 0.3) -> d
                 out[name].append(statistics.median(times))
     del graphs
     return out
+
+
+def time_eager(fn, iters: int = 10, repeats: int = 5) -> float:
+    """µs per eager call: CUDA events around `iters` calls after three warm-up calls, median of `repeats`
+    (launch and host time included, unlike the graph replays above)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    return statistics.median(times)
 
 
 def run_meta(**extra) -> dict:
