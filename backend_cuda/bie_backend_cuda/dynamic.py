@@ -15,8 +15,6 @@ exact int32 accumulation), and the scale epilogue.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from bie_core.backend_api import act_qmax, affine_codes, affine_qparams
@@ -74,8 +72,7 @@ def _epilogue_eager(acc, sx, sw, bias, out_dtype):
 
 
 def _epilogue(acc, sx, sw, bias, out_dtype):
-    if os.environ.get("BIE_CUDA_DYNAMIC_COMPILE", "1") != "0" and not _state.get("failed") \
-            and not torch.compiler.is_compiling():
+    if not _state.get("failed") and not torch.compiler.is_compiling():
         try:
             if "fn" not in _state:
                 _state["fn"] = torch.compile(_epilogue_math, fullgraph=True, dynamic=True)

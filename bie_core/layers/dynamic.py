@@ -138,7 +138,10 @@ class DynamicQLinear(nn.Module):
             y = _DynamicLinearFn.apply(*args, self.backend or "")
         else:
             y = ops.dynamic_int8_linear(*args, backend=self.backend)
-        if self.check_finite and not torch.compiler.is_compiling():
+        # (not while compiling or capturing a CUDA graph: reading the output on the host is a sync those
+        # cannot hold; such runs give NaN outputs as with check_finite=False)
+        if self.check_finite and not torch.compiler.is_compiling() and not (
+                y.is_cuda and torch.cuda.is_current_stream_capturing()):
             self._check_finite(x, y)
         return y.reshape(lead + (self.out_features,))
 
