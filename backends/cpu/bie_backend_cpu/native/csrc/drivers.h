@@ -506,6 +506,18 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
 typedef float bie_v8f __attribute__((vector_size(32)));
 typedef int32_t bie_v8i __attribute__((vector_size(32)));
 
+// eight consecutive activations of a row as float32 (one 32-byte copy when they already are)
+template <int DT>
+static inline bie_v8f dquant_load8(const char* x, int64_t k) {
+  bie_v8f v;
+  if constexpr (DT == BIE_F32) {
+    __builtin_memcpy(&v, x + 4 * k, 32);
+  } else {
+    for (int e = 0; e < 8; ++e) v[e] = bie_load_f32<DT>(x, k + e);
+  }
+  return v;
+}
+
 template <int DT>
 static void dquant_rows(const bie_dquant_args* p, int64_t r0, int64_t r1) {
   const int es = bie_esize(DT);
@@ -520,12 +532,7 @@ static void dquant_rows(const bie_dquant_args* p, int64_t r0, int64_t r1) {
       for (int e = 0; e < 8; ++e) lo8[e] = lo, hi8[e] = hi;
       int64_t k = 0;
       for (; k + 8 <= K; k += 8) {
-        bie_v8f v;
-        if constexpr (DT == BIE_F32) {
-          __builtin_memcpy(&v, x + 4 * k, 32);
-        } else {
-          for (int e = 0; e < 8; ++e) v[e] = bie_load_f32<DT>(x, k + e);
-        }
+        const bie_v8f v = dquant_load8<DT>(x, k);
         nan8 |= (v != v);
         lo8 = v < lo8 ? v : lo8;
         hi8 = v > hi8 ? v : hi8;
@@ -561,12 +568,7 @@ static void dquant_rows(const bie_dquant_args* p, int64_t r0, int64_t r1) {
     bie_v8i nan8 = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
-      bie_v8f v;
-      if constexpr (DT == BIE_F32) {
-        __builtin_memcpy(&v, x + 4 * k, 32);
-      } else {
-        for (int e = 0; e < 8; ++e) v[e] = bie_load_f32<DT>(x, k + e);
-      }
+      const bie_v8f v = dquant_load8<DT>(x, k);
       const bie_v8f a = v < 0 ? -v : v;
       nan8 |= (a != a);
       m8 = a > m8 ? a : m8;
