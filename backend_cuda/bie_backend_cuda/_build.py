@@ -22,6 +22,7 @@ SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "we
            "wq_thin_w8_bf16.cu")
 _lock = threading.Lock()
 _loaded: str | None = None
+_module = None
 
 
 def extension(arch=None) -> NativeExtension:
@@ -29,7 +30,7 @@ def extension(arch=None) -> NativeExtension:
     return NativeExtension(
         name="bie_cuda", csrc=CSRC, sources=SOURCES, cflags=("-O3", "-std=c++17"),
         cuda_cflags=("-O3", "-std=c++17", gencode(arch), "-lineinfo", "--expt-relaxed-constexpr"),
-        cache_env="BIE_CUDA_CACHE", cache_subdir="cuda", arch=arch)
+        cache_env="BIE_CUDA_CACHE", cache_subdir="cuda", arch=arch, python_module=True)
 
 
 def build_dir(arch=None) -> Path:
@@ -52,15 +53,21 @@ def probe_reason():
 
 
 def load(verbose: bool = False, force: bool = False) -> str:
-    """Load the extension, building it first if needed. Returns the library path."""
-    global _loaded
+    """Load the extension, building it first if needed. Returns the library path.
+
+    The library is imported as a Python module: importing it registers its ``torch.ops.bie_cuda`` ops (what the
+    registered kernels call) and gives the same functions as plain Python callables (:func:`direct`), which the
+    layers' bound inference calls use for their smaller per-call cost."""
+    global _loaded, _module
     if _loaded is not None and not force:
         return _loaded
     with _lock:
         if _loaded is None or force:
             ext = extension()
             try:
-                _loaded = ext.load_ops(verbose=verbose, retry=force)
+                ext.build(verbose=verbose, retry=force)
+                _module = ext.import_module()
+                _loaded = str(ext.library())
             except Exception as exc:
                 raise RuntimeError(f"bie-backend-cuda: building the CUDA kernels failed ({exc}); "
                                    f"build directory {ext.build_dir()}") from exc
@@ -72,3 +79,11 @@ def ops():
     if _loaded is None:
         load()
     return torch.ops.bie_cuda
+
+
+def direct():
+    """The library's Python module: the launch functions the bound inference calls use (csrc/bie_cuda.cpp
+    PYBIND11_MODULE), with the same arguments and checks as the ops of the same names."""
+    if _module is None:
+        load()
+    return _module

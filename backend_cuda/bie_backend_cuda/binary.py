@@ -163,6 +163,39 @@ def binary_linear_wgmma(x, shift, w, k, act_scale, w_scale, bias, out_dtype, pre
     return binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=prepared, tile="wgmma")
 
 
+def _bind_linear(wgmma: bool):
+    """The ``bind`` of a binary_linear kernel: the layers' eager inference call for one input signature (the layer
+    rebinds when the signature, the preference or a weight changes: bie_core/layers/_lean.py). The epilogue scale
+    and the shift in x's dtype are computed once here, and each call is one call into the library
+    (bie_cuda.cpp binary_linear_bound: the shifted sign packing and the GEMM), the same arithmetic as the
+    registered kernel. None (the kernel's own function serves) for a strided or int8 input or a shift that is not
+    one value per feature or one in all."""
+    def bind(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+        if (prepared is None or x.dim() != 2 or not x.is_contiguous() or x.dtype not in _FLOATS
+                or (wgmma and (prepared.image is None or k != 8 * prepared.kb))):
+            return None
+        sh = None
+        if shift is not None:
+            if shift.numel() not in (1, k):
+                return None
+            sh = shift.to(x.dtype).reshape(-1).expand(k).contiguous()
+        from bie_core.backend_api import linear_scale
+        scale = linear_scale(act_scale, w_scale)
+        n = prepared.bits.shape[0]
+        weight, tile = (prepared.image, -1) if wgmma else (prepared.bits, 0)
+        fn = _build.direct().binary_linear_bound
+
+        def call(x, *_):
+            return fn(x, sh, weight, prepared.popc, k, n, scale, bias, out_dtype, tile)
+        return call
+    return bind
+
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+bind_binary_linear = _bind_linear(False)
+bind_binary_linear_wgmma = _bind_linear(True)
+
+
 # --------------------------------------------------------------- embeddings
 def sign_embedding(indices, bits, scale, dim, dtype):
     bb = bits if bits.stride(-1) == 1 or bits.shape[-1] == 1 else bits.contiguous()

@@ -76,10 +76,11 @@ def bie_register_kernels(registry):
     if has_op("binary_linear"):
         registry.register("binary_linear", binary.binary_linear_wgmma, priority=PRIORITY + 1,
                           name="binary_linear_wgmma", capability=wgmma, prepare=binary.prepare_weight,
+                          bind=binary.bind_binary_linear_wgmma,
                           description="pack_signs(x + shift) kernel, then the 1-bit wgmma GEMM")
         registry.register("binary_linear", binary.binary_linear, priority=PRIORITY, name="binary_linear_tc",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
-                          prepare=binary.prepare_weight,
+                          prepare=binary.prepare_weight, bind=binary.bind_binary_linear,
                           description="pack_signs(x + shift) kernel, then the 1-bit tensor-core GEMM")
     registry.register("binary_bmm", binary.binary_bmm, priority=PRIORITY, name="binary_bmm_tc",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80))
@@ -159,8 +160,10 @@ def _register_wq_gemm(registry, wq_cap: Capability) -> None:
             elif field == "attrs":
                 value = {**wq_cap.attrs, **value}
             cap = dataclasses.replace(cap, **{field: value})
+        # the layers' eager inference call (bind_<name>: the launch bound to its layout; none for dequantize + cuBLAS)
         registry.register("wq_gemm", fn, priority=PRIORITY + n - i, name=name, capability=cap,
-                          prepare=weight_only.prepare, description=description)
+                          prepare=weight_only.prepare, description=description,
+                          bind=getattr(weight_only, "bind_" + name, None))
 
 
 def _both(first, second):

@@ -576,6 +576,90 @@ wq_gemm_skinny = _kernel(launch_skinny, True, "wq_gemm_skinny")
 wq_gemm_mma = _kernel(launch_mma, False, "wq_gemm_mma")
 
 
+# ------------------------------------------------------------------ bound inference calls
+# A layer's eager inference call binds its kernel once per input signature (the dispatcher's ``bind``; the layer
+# rebinds when the signature, the preference or a weight changes: bie_core/layers/_lean.py). Everything the
+# launches above work out per call (the layout lookup, the tile plan, the argument tuple) is fixed here, and the
+# launch goes through the library's Python module (_build.direct), which converts arguments more cheaply than an
+# op call: at decode-sized shapes the host time of a launch is the layer's time.
+def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
+    """call(x, *_) -> fn(x', *args): x' is x in the layout's row order and compute dtype, contiguous and 16-byte
+    aligned (the kernels copy it in 16-byte pieces); args are `first` on the first call (the layout may be fresh:
+    no programmatic dependent launch) and `steady` after."""
+    perm, cd = lay.perm, compute_dtype(x.dtype)
+    convert = x.dtype is not cd
+    state = [first]
+
+    def call(x, *_):
+        if perm is not None:
+            x = x.index_select(1, perm)
+        if convert:
+            x = x.to(cd)
+        elif x.data_ptr() & 15:   # a view into a larger tensor (fresh tensors are aligned)
+            x = x.clone()
+        args = state[0]
+        state[0] = steady
+        return fn(x, *args)
+    return call
+
+
+def bind_thin(lay: Layout, x, bias):
+    head = (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
+            lay.interleaved, x.dtype, 0, 0)
+    fn = _build.direct().wq_thin_gemm
+    return _bound(fn, head + (_pdl(lay), 0, -2), head + (True, 0, -2), lay, x)
+
+
+def bind_wgmma(lay: Layout, x, bias, ntok: int = 0):
+    ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
+    args = (lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, ntok, 0,
+            lay.stats_bf16)
+    return _bound(_build.direct().wq_wgmma_gemm, args, args, lay, x)
+
+
+def bind_skinny(lay: Layout, x, bias):
+    head = (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
+            lay.interleaved, x.dtype)
+    need, dev, fn = -(-lay.n // 128) + 1, x.device, _build.direct().wq_skinny_gemm
+    pdl = x.shape[0] <= SKINNY_PDL_M
+
+    def launch(x, tune, pdl):   # the split-K semaphores belong to the call's stream: looked up per call
+        return fn(x, *head, _counters_for(dev, need), tune, pdl)
+    return _bound(launch, (0, _pdl(lay) and pdl), (0, pdl), lay, x)
+
+
+def bind_mma(lay: Layout, x, bias):
+    head = (lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
+            lay.gs_shift, lay.kblocks, lay.gptq, x.dtype)
+    need, dev, fn = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8)), x.device, _build.direct().wq_mma_gemm
+
+    def launch(x):
+        return fn(x, *head, _counters_for(dev, need), 0)
+    return _bound(launch, (), (), lay, x)
+
+
+def _binder(bind_launch, skinny: bool, **plan):
+    """The ``bind`` of one wq_gemm kernel: its layout looked up once, then the launch bound to it (None where the
+    kernel's own function serves: act-order groups that are not uniform once sorted, a strided input (the bound
+    call is kept only while the input's contiguity is the same: bie_core/layers/_lean.py))."""
+    def bind(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+        if prepared is None or not x.is_contiguous():
+            return None
+        lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format, x.dtype,
+                      skinny=skinny)
+        if lay.generic:
+            return None
+        return bind_launch(lay, x, bias, **plan)
+    return bind
+
+
+bind_wq_gemm_thin = _binder(bind_thin, True)
+bind_wq_gemm_wgmma = _binder(bind_wgmma, True)
+bind_wq_gemm_wgmma_rows = _binder(bind_wgmma, True, ntok=WGMMA_ROWS_NTOK)
+bind_wq_gemm_skinny = _binder(bind_skinny, True)
+bind_wq_gemm_mma = _binder(bind_mma, False)
+
+
 def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
     """Dequantize (one coalesced pass over the canonical weight; 3-bit codes through their layout) + cuBLAS."""
     k = x.shape[1]

@@ -1,17 +1,82 @@
 // Torch bindings of bie-backend-cuda: argument checks (TORCH_CHECK raises a
 // Python RuntimeError; nothing here exits or aborts), output allocation, the
 // current stream, and the calls into the launchers of the .cu files.
-// Registered as torch.ops.bie_cuda.* (loaded with torch.ops.load_library).
+// Registered as torch.ops.bie_cuda.* for the registered kernels, and the same functions as a Python module for the
+// layers' bound inference calls (weight_only.py): a pybind11 call converts its arguments directly, where an op
+// call matches them against the schema first, which at decode-sized shapes is a large part of the host time.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <torch/extension.h>
+
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 
 #include "launchers.h"
+
+namespace bie {
+namespace {
+struct LaunchKey {
+  int device;
+  const void* kernel;
+  int threads;
+  int smem;
+  bool operator==(const LaunchKey& o) const {
+    return device == o.device && kernel == o.kernel && threads == o.threads && smem == o.smem;
+  }
+};
+struct LaunchKeyHash {
+  size_t operator()(const LaunchKey& k) const {
+    return std::hash<const void*>()(k.kernel) ^ ((size_t)k.device * 0x9E3779B97F4A7C15ull) ^
+           ((size_t)k.threads << 24) ^ (size_t)k.smem;
+  }
+};
+std::mutex launch_cache_mutex;
+std::unordered_map<LaunchKey, int, LaunchKeyHash> smem_limits;   // (device, kernel) -> the limit set
+std::unordered_map<LaunchKey, int, LaunchKeyHash> occupancies;   // (device, kernel, threads, smem) -> blocks per SM
+}  // namespace
+
+cudaError_t set_smem_limit(const void* kernel, int smem) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const LaunchKey key{dev, kernel, 0, 0};
+  // held across the driver call: two threads raising the limit must not leave it at the smaller value
+  std::lock_guard<std::mutex> lock(launch_cache_mutex);
+  auto it = smem_limits.find(key);
+  if (it != smem_limits.end() && it->second >= smem) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  smem_limits[key] = smem;
+  return cudaSuccess;
+}
+
+cudaError_t blocks_per_sm(int* blocks, const void* kernel, int threads, int smem) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const LaunchKey key{dev, kernel, threads, smem};
+  {
+    std::lock_guard<std::mutex> lock(launch_cache_mutex);
+    auto it = occupancies.find(key);
+    if (it != occupancies.end()) {
+      *blocks = it->second;
+      return cudaSuccess;
+    }
+  }
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(launch_cache_mutex);
+  occupancies[key] = *blocks;
+  return cudaSuccess;
+}
+}  // namespace bie
 
 namespace {
 
@@ -298,6 +363,39 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   const auto keep = set_scale_bias(p, scale, bias, odt, n, a.device(), "binary_mm_wgmma");
   check_launch(bie::launch_binary_gemm_wgmma(p, (int)cluster, num_sms(), stream()), "binary_mm_wgmma");
   return out;
+}
+
+// The binary linear layers' bound inference call (binary.py bind_binary_linear): in one call from Python what the
+// registered kernel does in several, with the same result bit for bit. The sign bits of x + shift (shift: k values
+// in x's dtype) packed into rows padded with zero bytes to a multiple of 16, then the GEMM: the mma.sync kernels on
+// the weight bits w (tile >= 0: 0 chooses the tile), or the Hopper wgmma kernel on the weight image w (tile < 0:
+// blocks per cluster -1 - tile, 0 automatic). pw: the weight rows' popcounts; scale: float32(act) * float32(weight).
+Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
+                           int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
+                           std::optional<at::ScalarType> out_dtype, int64_t tile) {
+  check_cuda(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k && k > 0,
+              "bie_cuda.binary_linear_bound: x must be contiguous (M, k), got ", x.sizes(), " for k=", k);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "bie_cuda.binary_linear_bound: x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.size(0) < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
+  const void* sp = nullptr;
+  if (shift.has_value() && shift->defined()) {
+    TORCH_CHECK(shift->scalar_type() == x.scalar_type() && shift->is_contiguous() && shift->numel() == k &&
+                    shift->device() == x.device(),
+                "bie_cuda.binary_linear_bound: shift must be ", k, " contiguous values in x's dtype on x's device");
+    sp = shift->data_ptr();
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t M = x.size(0), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
+  auto a = at::empty({M, KBp}, x.options().dtype(at::kByte));
+  check_launch(bie::launch_pack_signs_shifted(x.data_ptr(), sp, dtype_code(x.scalar_type()), a.data_ptr<uint8_t>(), M,
+                                              k, KBp, stream()),
+               "binary_linear_bound (packing)");
+  const Tensor packed = a.narrow(1, 0, KB);
+  if (tile < 0) return binary_mm_wgmma(packed, w, pw, k, n, scale, bias, out_dtype, -1 - tile);
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == n, "bie_cuda.binary_linear_bound: w must be the (n, bytes) weight bits");
+  return binary_mm(packed.unsqueeze(0), w.unsqueeze(0), k, pw, scale, bias, out_dtype, 0, tile).select(0, 0);
 }
 
 Tensor sign_embedding(const Tensor& idx, const Tensor& bits, const Tensor& scale, int64_t dim, at::ScalarType dtype) {
@@ -779,4 +877,15 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("wq_wgmma_gemm", &wq_wgmma_gemm);
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
+}
+
+// The bound inference calls' entry points (see the top of this file): the same functions, the same checks.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("wq_thin_gemm", &wq_thin_gemm);
+  m.def("wq_wgmma_gemm", &wq_wgmma_gemm);
+  m.def("wq_skinny_gemm", &wq_skinny_gemm);
+  m.def("wq_mma_gemm", &wq_mma_gemm);
+  m.def("binary_mm", &binary_mm);
+  m.def("binary_mm_wgmma", &binary_mm_wgmma);
+  m.def("binary_linear_bound", &binary_linear_bound);
 }

@@ -82,6 +82,67 @@ cudaError_t launch_pack_signs(const void* x, int dtype, uint8_t* out, int64_t ro
   return cudaErrorInvalidValue;
 }
 
+// The sign bits of x + shift for the binary linear layers' bound inference call: x (rows, K) contiguous, shift (K)
+// in x's dtype or null. The sum is rounded to x's dtype before its sign is taken, as torch's addition in x's dtype
+// rounds it (the reference adds, then packs), so the bits are those of the unfused ops. One thread per output byte;
+// out rows hold KBp >= ceil(K/8) bytes, those past the last bit zero (the GEMMs read rows in 16-byte pieces).
+template <typename T>
+__device__ __forceinline__ bool shifted_nonneg(T v, const T* shift, int64_t k) {
+  if (shift == nullptr) return nonneg<T>(v);
+  return nonneg<T>(from_f32<T>(to_f32(v) + to_f32(shift[k])));
+}
+
+template <typename T, bool VEC>
+__global__ void pack_signs_shifted_kernel(const T* __restrict__ x, const T* __restrict__ shift,
+                                          uint8_t* __restrict__ out, int64_t rows, int64_t K, int64_t KBp) {
+  const int64_t total = rows * KBp;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / KBp, k0 = 8 * (i - r * KBp);
+    const T* row = x + r * K;
+    uint32_t byte = 0;
+    if (VEC && k0 + 8 <= K) {   // 8 elements of 16 bytes (2-byte types) at a 16-byte aligned address
+      uint4 u = *reinterpret_cast<const uint4*>(row + k0);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) byte |= (uint32_t)shifted_nonneg<T>(e[j], shift, k0 + j) << j;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (k0 + j < K) byte |= (uint32_t)shifted_nonneg<T>(row[k0 + j], shift, k0 + j) << j;
+    }
+    out[i] = (uint8_t)byte;
+  }
+}
+
+template <typename T>
+static cudaError_t launch_pack_shifted_t(const void* x, const void* shift, uint8_t* out, int64_t rows, int64_t K,
+                                         int64_t KBp, cudaStream_t st) {
+  const int64_t total = rows * KBp;
+  if (total == 0) return cudaSuccess;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65536);
+  const T* xt = static_cast<const T*>(x);
+  const T* sh = static_cast<const T*>(shift);
+  if constexpr (sizeof(T) == 2) {   // (the vector load covers 8 elements of 2 bytes)
+    if (K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      pack_signs_shifted_kernel<T, true><<<(unsigned)blocks, threads, 0, st>>>(xt, sh, out, rows, K, KBp);
+      BIE_LAUNCH_CHECK();
+    }
+  }
+  pack_signs_shifted_kernel<T, false><<<(unsigned)blocks, threads, 0, st>>>(xt, sh, out, rows, K, KBp);
+  BIE_LAUNCH_CHECK();
+}
+
+cudaError_t launch_pack_signs_shifted(const void* x, const void* shift, int dtype, uint8_t* out, int64_t rows,
+                                      int64_t K, int64_t KBp, cudaStream_t st) {
+  switch (dtype) {
+    case kF32: return launch_pack_shifted_t<float>(x, shift, out, rows, K, KBp, st);
+    case kF16: return launch_pack_shifted_t<__half>(x, shift, out, rows, K, KBp, st);
+    case kBF16: return launch_pack_shifted_t<__nv_bfloat16>(x, shift, out, rows, K, KBp, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
 // --------------------------------------------------------------- unpack_signs
 template <typename T>
 __global__ void unpack_signs_kernel(const uint8_t* __restrict__ bits, T* __restrict__ out, int64_t rows, int64_t k,
@@ -390,7 +451,7 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
 
 template <void (*KERNEL)(const BinGemmArgs), int THREADS, int SMEM>
 static cudaError_t launch_tc_k(const BinGemmArgs& p, dim3 grid, cudaStream_t st) {
-  cudaError_t e = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(KERNEL), SMEM);
   if (e != cudaSuccess) return e;
   KERNEL<<<grid, THREADS, SMEM, st>>>(p);
   BIE_LAUNCH_CHECK();

@@ -713,7 +713,7 @@ cudaError_t launch_bconv(const BinConvArgs& args, int tile, bool stage_windows, 
   const int bm = tile_bm(tile), bn = tile_bn(tile);
   const dim3 grid((unsigned)((npix + bm - 1) / bm), (unsigned)((p.O + bn - 1) / bn));
   auto run = [&](auto kernel) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(kernel), (int)smem);
     if (e != cudaSuccess) return e;
     kernel<<<grid, kConvThreads, smem, st>>>(p, kc);
     return cudaGetLastError();

@@ -389,7 +389,7 @@ static cudaError_t make_tmap_a(const BinGemmArgs& p, CUtensorMap* map) {
 template <typename OT, int CL>
 static cudaError_t launch_cl(const BinGemmArgs& p, int num_sms, cudaStream_t st) {
   auto kernel = bgemm_wgmma_kernel<OT, CL>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(kernel), SMEM_BYTES);
   if (e != cudaSuccess) return e;
   const int groups = ceil_div(ceil_div(p.M, BM), CL) * ceil_div(p.N, BN);
   cudaLaunchConfig_t cfg = {};

@@ -25,6 +25,8 @@ struct BinGemmArgs {
 
 cudaError_t launch_pack_signs(const void* x, int dtype, uint8_t* out, int64_t rows, int64_t K, int64_t sr, int64_t sk,
                               cudaStream_t st);
+cudaError_t launch_pack_signs_shifted(const void* x, const void* shift, int dtype, uint8_t* out, int64_t rows,
+                                      int64_t K, int64_t KBp, cudaStream_t st);
 cudaError_t launch_unpack_signs(const uint8_t* bits, int64_t rows, int64_t k, int64_t ldb, void* out, int dtype,
                                 cudaStream_t st);
 cudaError_t launch_row_popc(const uint8_t* b, int64_t ldb, int64_t rows, int64_t KB, int32_t* out, cudaStream_t st);
@@ -177,6 +179,13 @@ struct WqThinArgs {
 int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slices_force);
 // the most warps a thin block may have (16): warps_force's range
 int wq_thin_max_warps();
+
+// A kernel's dynamic shared memory limit and its occupancy depend only on (device, kernel, sizes), but setting or
+// asking for them is a driver call that costs microseconds of host time: at decode-sized shapes that is a large part
+// of a launch. Each is done once per key and remembered (bie_cuda.cpp). set_smem_limit only ever raises a kernel's
+// limit, so that a launch with a larger size elsewhere keeps its own.
+cudaError_t set_smem_limit(const void* kernel, int smem);
+cudaError_t blocks_per_sm(int* blocks, const void* kernel, int threads, int smem);
 cudaError_t launch_wq_thin_gemm(const WqThinArgs& p, int bits, int cdtype, cudaStream_t st);
 
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);

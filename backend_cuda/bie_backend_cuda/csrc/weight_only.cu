@@ -353,7 +353,7 @@ static cudaError_t launch_wq_t(const WqArgs& p0, int num_sms, cudaStream_t st) {
   const int smem = XR * (XC + 8) * (int)sizeof(T);
   auto k = BITS == 2 ? wq_gemm_kernel<BITS, T, GPTQ, MB> : wq_gemm_kernel_capped<BITS, T, GPTQ, MB>;
   // always raise the limit: static shared memory counts toward the 48 KiB default as well
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), smem);
   if (e != cudaSuccess) return e;
   dim3 grid = p.order == 0 ? dim3((unsigned)(nbx * mchunks), (unsigned)p.splits, 1u)
                            : dim3((unsigned)p.splits, (unsigned)(nbx * mchunks), 1u);
@@ -763,7 +763,7 @@ static cudaError_t launch_wq_skinny_t(const WqSkinnyArgs& p, int smem, cudaStrea
   auto k = p.gptq ? wq_skinny_kernel<BITS, T, NT, FL, true> : wq_skinny_kernel<BITS, T, NT, FL, false>;
   // always raise the limit: the kernel's static shared memory counts toward the 48 KiB default too (a plan of
   // exactly 48 KiB of dynamic memory failed to launch: W8 per-channel, M=4, 28672x8192)
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), smem);
   if (e != cudaSuccess) return e;
   const dim3 grid((unsigned)ceil_div(p.Np / 16, WQ_SKINNY_WARPS), (unsigned)p.splits, 1u);
   if (grid.y > 65535u) return cudaErrorInvalidConfiguration;

@@ -816,11 +816,11 @@ cudaError_t launch_t(const WqThinArgs& plan, cudaStream_t st) {
                   : (p.st_bf16 ? wq_thin_kernel<BITS, T, false, true, MX, FS, ONE, MR, XC, DEEP>
                                : wq_thin_kernel<BITS, T, false, false, MX, FS, ONE, MR, XC, DEEP>);
   const int smem = p.smem;   // from the plan: rings + the partials' buffers (+ the block's rows of x for MX == 1)
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), smem);
   if (e != cudaSuccess) return e;
   // persistent blocks: as many as fit at once (registers and shared memory), each looping over column blocks
   int per_sm = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, p.warps * 32, smem);
+  e = bie::blocks_per_sm(&per_sm, reinterpret_cast<const void*>(k), p.warps * 32, smem);
   if (e != cudaSuccess) return e;
   // (with K slices: the same number of blocks per slice, each slice's blocks looping over all column blocks)
   const int items = ceil_div(p.N, 16), ksl = std::max(1, p.kslices);

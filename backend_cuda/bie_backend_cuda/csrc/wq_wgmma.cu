@@ -715,7 +715,7 @@ __global__ void wq_rows_tail_reduce_kernel(const WqWgmmaArgs p) {
 template <typename T, typename S>
 static cudaError_t launch_wq_rows_t(const WqWgmmaArgs& p, int num_sms, cudaStream_t st) {
   auto k = p.gptq ? wq_rows_kernel<T, S, true> : wq_rows_kernel<T, S, false>;
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, wqm::SMEM);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), wqm::SMEM);
   if (e != cudaSuccess) return e;
   // persistent: one block per SM, never more than there are work units (Np is a whole number of 128-column tiles)
   CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
@@ -747,7 +747,7 @@ static cudaError_t launch_wq_wgmma_t(const WqWgmmaArgs& p, cudaStream_t st) {
   auto k = p.gptq ? wq_wgmma_kernel<BITS, T, S, NTOK, true> : wq_wgmma_kernel<BITS, T, S, NTOK, false>;
   const int smem = wqw::smem_bytes<BITS, NTOK>(p.gs_shift);
   constexpr int COLS = 64 * wqw::wgs<NTOK>();
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), smem);
   if (e != cudaSuccess) return e;
   const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / COLS) * p.splits;
   k<<<blocks, wqw::threads<NTOK>(), smem, st>>>(p);

@@ -1,0 +1,139 @@
+"""bie-backend-cuda: the layers' bound inference calls (each kernel's ``bind``) compute what the registered kernel
+computes, bit for bit, on fresh inputs of the bound signature: first and later calls, act-order permutations,
+float32 inputs converted to the compute dtype, inputs that are views, shifts and scales of the binary layers.
+The kernels themselves are checked against the reference in test_cuda_backend.py."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
+                                 reason="bie-backend-cuda is not installed"),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+WQ_KERNELS = ("wq_gemm_thin", "wq_gemm_wgmma", "wq_gemm_wgmma_rows", "wq_gemm_skinny", "wq_gemm_mma")
+
+
+def _wq_args(bits, gs, k, n, m, act_order, bias, dtype, seed):
+    from bie_core import MPQLinear
+    torch.manual_seed(seed)
+    layer = MPQLinear(k, n, bits=bits, group_size=gs, bias=bias, dtype=torch.float16)
+    layer.qweight.random_(-2**31, 2**31 - 1)
+    layer.zeros.random_(-2**31, 2**31 - 1)
+    with torch.no_grad():
+        layer.scales.uniform_(0.01, 0.1)
+        if bias:
+            layer.bias.normal_()
+    layer = layer.cuda()
+    g_idx = None
+    if act_order:   # uniform groups once sorted: the fragment layouts' permutation
+        g_idx = (torch.arange(k) // (k if gs == -1 else gs)).to(torch.int32)[torch.randperm(k)].cuda()
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    return (x, layer.qweight, layer.scales, layer.zeros, g_idx, layer.bias, bits, gs, "gptq")
+
+
+@pytest.mark.parametrize("kernel", WQ_KERNELS)
+@pytest.mark.parametrize("bits, gs, k, n, m, act_order, bias, dtype", [
+    (4, 128, 256, 200, 1, False, True, torch.float16), (4, 32, 512, 136, 3, True, False, torch.bfloat16),
+    (2, 64, 256, 64, 8, False, True, torch.float32), (8, -1, 128, 48, 16, False, True, torch.bfloat16),
+    (3, 32, 192, 40, 5, True, True, torch.float16), (4, 128, 1024, 256, 40, False, True, torch.bfloat16),
+    (4, 64, 256, 128, 300, False, False, torch.float16)])
+def test_wq_gemm_bind_computes_what_the_kernel_does(kernel, bits, gs, k, n, m, act_order, bias, dtype):
+    from bie_backend_cuda import weight_only as cw
+    fn, bind = getattr(cw, kernel), getattr(cw, "bind_" + kernel)
+    args = _wq_args(bits, gs, k, n, m, act_order, bias, dtype, seed=bits * 131 + m)
+    prepared = cw.prepare(*args[1:5])
+    try:
+        expect = fn(*args, prepared=prepared)
+    except RuntimeError as exc:   # a kernel that does not compute this case (rows, bits, groups) says so
+        pytest.skip(f"{kernel} does not take this case: {str(exc).splitlines()[0]}")
+    call = bind(*args, prepared=prepared)
+    assert call is not None, f"{kernel}: no bound call for a plain contiguous input"
+    assert torch.equal(call(*args), expect)
+    base = torch.randn(m, k + 3, device="cuda").to(dtype)
+    for xx in (args[0], torch.randn(m, k, device="cuda").to(dtype), base[:, 3:].contiguous(),
+               torch.randn(m * k + 1, device="cuda").to(dtype)[1:].view(m, k)):   # the last one: not 16-byte aligned
+        a = (xx,) + args[1:]
+        assert torch.equal(call(*a), fn(*a, prepared=prepared)), f"{kernel}: bound call differs"
+
+
+def test_wq_gemm_bind_leaves_strided_inputs_to_the_kernel():
+    from bie_backend_cuda import weight_only as cw
+    args = _wq_args(4, 128, 256, 64, 2, False, True, torch.float16, seed=3)
+    x = torch.randn(256, 2, device="cuda", dtype=torch.float16).t()
+    assert cw.bind_wq_gemm_thin(x, *args[1:], prepared=cw.prepare(*args[1:5])) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_mpq_linear_eager_inference_takes_the_bound_call(dtype, m):
+    import bie_core
+    from bie_core import MPQLinear
+    torch.manual_seed(m)
+    layer = MPQLinear.from_float(nn.Linear(512, 384), bits=4, group_size=128, dtype=torch.float16).cuda().eval()
+    x = torch.randn(m, 512, device="cuda").to(dtype)
+    with torch.no_grad():
+        full = layer._forward(x)
+    for _ in range(3):
+        with torch.inference_mode():
+            y = layer(x)
+        assert torch.equal(y, full)
+    assert layer._lean is not None
+    with torch.inference_mode():
+        chosen = bie_core.explain(layer, x).chosen()
+    assert chosen["wq_gemm"].startswith("cuda:")
+
+
+def _binary_layer(k, n, dtype, shift, packed, seed):
+    from bie_core import BinaryLinear
+    torch.manual_seed(seed)
+    layer = BinaryLinear(k, n, bias=True).to(device="cuda", dtype=dtype).eval()
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.3 if shift else 0.0)
+        layer(torch.randn(4, k, device="cuda", dtype=dtype))   # sets the activation scale
+    if packed:
+        layer.pack()
+    return layer
+
+
+@pytest.mark.parametrize("kernel", ["binary_linear_tc", "binary_linear_wgmma"])
+@pytest.mark.parametrize("k, n, m", [(128, 64, 1), (1024, 256, 7), (100, 24, 3), (4096, 512, 400)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shift", [False, True])
+def test_binary_linear_bind_computes_what_the_kernel_does(kernel, k, n, m, dtype, shift):
+    from bie_backend_cuda import binary as cb
+    fn, bind = getattr(cb, kernel), getattr(cb, "bind_" + kernel)
+    layer = _binary_layer(k, n, dtype, shift, packed=True, seed=k + m)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    # near the shift, so that the rounding of x + shift decides bits
+    x = x * 1e-3 - layer.act_shift.detach().to(dtype) if shift else x
+    args = (x, layer.act_shift, layer.weight_bits, k, layer.act_scale, layer.weight_scale, layer.bias, dtype)
+    prepared = cb.prepare_weight(layer.weight_bits)
+    try:
+        expect = fn(*args, prepared=prepared)
+    except (RuntimeError, ValueError) as exc:
+        pytest.skip(f"{kernel} does not take this case: {str(exc).splitlines()[0]}")
+    call = bind(*args, prepared=prepared)
+    if kernel == "binary_linear_wgmma" and prepared.image is None:
+        assert call is None
+        return
+    assert call is not None
+    assert torch.equal(call(*args), expect)
+    for xx in (torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(m, k + 1, device="cuda", dtype=dtype)[:, 1:]
+               .contiguous()):
+        a = (xx,) + args[1:]
+        assert torch.equal(call(*a), fn(*a, prepared=prepared)), f"{kernel}: bound call differs"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_binary_linear_eager_inference_matches_the_full_path(packed):
+    layer = _binary_layer(256, 96, torch.bfloat16, True, packed, seed=5)
+    x = torch.randn(3, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        full = layer._forward(x)
+    for _ in range(3):
+        with torch.inference_mode():
+            assert torch.equal(layer(x), full)
