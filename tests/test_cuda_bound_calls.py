@@ -105,7 +105,8 @@ def _binary_layer(k, n, dtype, shift, packed, seed):
 @pytest.mark.parametrize("shift", [False, True])
 def test_binary_linear_bind_computes_what_the_kernel_does(kernel, k, n, m, dtype, shift):
     from bie_backend_cuda import binary as cb
-    fn, bind = getattr(cb, kernel), getattr(cb, "bind_" + kernel)
+    fn, bind = {"binary_linear_tc": (cb.binary_linear, cb.bind_binary_linear),
+                "binary_linear_wgmma": (cb.binary_linear_wgmma, cb.bind_binary_linear_wgmma)}[kernel]
     layer = _binary_layer(k, n, dtype, shift, packed=True, seed=k + m)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     # near the shift, so that the rounding of x + shift decides bits

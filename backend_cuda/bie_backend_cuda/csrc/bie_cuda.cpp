@@ -488,7 +488,7 @@ Tensor wq_mma_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Ten
   const int sms = num_sms();
   // tune (benchmarks): bit 0 grid order, bit 1 scalar x staging, bits 4.. blocks per SM to aim for (0: 3)
   p.order = (int)(tune & 1);
-  p.vec_stage = (tune & 2) ? 0 : 1;
+  p.vec_stage = ((tune & 2) == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0) ? 1 : 0;   // 16-byte loads of x need an aligned start
   // default split target (H100 sweep): big layers 6 blocks/SM (2-bit: 1), small layers 2
   const bool big = (Np / 16) * kblocks * 512 >= (32ll << 20);
   const int mult = (int)(tune >> 4) > 0 ? (int)(tune >> 4) : (big ? (bits == 2 ? 1 : 6) : 2);
