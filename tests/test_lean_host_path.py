@@ -363,3 +363,23 @@ def test_moves_drop_bound_calls_and_derived_weights():
     q.half()
     assert q._lean is None and q._eval_codes is None
     assert torch.equal(_lean(q, torch.randn(2, 32).half()).isfinite(), torch.ones(2, 8, dtype=torch.bool))
+
+
+def test_alternating_signatures_keep_their_bound_calls():
+    """Generation alternates the prompt's rows and one row a step: neither resolves again, and each still
+    follows the weights (an in-place update makes both resolve); a move forgets them."""
+    layer = _mpq(64, 24)
+    prompt, step = torch.randn(7, 64), torch.randn(1, 64)
+    _lean(layer, prompt)
+    a = layer._lean
+    _lean(layer, step)
+    b = layer._lean
+    assert a is not b
+    for _ in range(2):
+        assert torch.equal(_lean(layer, prompt), _full(layer, prompt)) and layer._lean is a
+        assert torch.equal(_lean(layer, step), _full(layer, step)) and layer._lean is b
+    with torch.no_grad():
+        layer.scales.mul_(2)
+    assert torch.equal(_lean(layer, prompt), _full(layer, prompt)) and layer._lean is not a
+    layer.to(torch.float64)
+    assert "_lean_shapes" not in layer.__dict__ and layer._lean is None

@@ -87,9 +87,22 @@ def _wgmma_device(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
-def prepare_weight(b: torch.Tensor) -> PreparedSigns:
+def without_padding(t: torch.Tensor, k: int) -> torch.Tensor:
+    """t itself when k fills the last byte of each row, else a contiguous copy with the bits past k cleared: the
+    kernels count every bit of a byte, and the ops' contract is that padding bits never count (they may be set in
+    a user's tensor)."""
+    r = k % 8
+    if r == 0 or t.numel() == 0:
+        return t
+    c = t.clone(memory_format=torch.contiguous_format)
+    c[..., (k - 1) // 8] &= (1 << r) - 1
+    return c
+
+
+def prepare_weight(b: torch.Tensor, k: int | None = None) -> PreparedSigns:
+    """The weight bits of k-bit rows (k None: the rows' padding bits are known to be clear) for the GEMMs."""
     kb = b.shape[1]
-    bb = _align(b, kb)
+    bb = _align(b if k is None else without_padding(b, k), kb)
     popc = _build.ops().row_popc(bb if bb.shape[1] == kb else bb[:, :kb])
     image = None
     if _wgmma_device(b) and kb % 16 == 0 and b.shape[0] % 8 == 0 and b.shape[0] > 0:
@@ -112,8 +125,8 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, tile=0):
     """The mma.sync kernels (tile: 0 chooses the tile by shape, 1-5 forces one), or with tile="wgmma" the Hopper
     wgmma kernel ("wgmma1" / "wgmma2" / "wgmma4": with that many blocks per cluster; tests, benchmarks)."""
     if prepared is None:
-        prepared = prepare_weight(b)
-    aa = _align(a, a.shape[1])
+        prepared = prepare_weight(b, k)
+    aa = _align(without_padding(a, k), a.shape[1])
     cluster = _wgmma_cluster(aa.shape[0], k, prepared, tile)
     if cluster is not None:
         return _build.ops().binary_mm_wgmma(aa, prepared.image, prepared.popc, k, prepared.bits.shape[0], scale,
@@ -133,20 +146,25 @@ def wgmma_faster_elsewhere(p):
     return None if m >= WGMMA_MIN_M else f"M={m} < {WGMMA_MIN_M}: the mma.sync kernels are faster"
 
 
+def _rows(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Bits with contiguous rows and clear padding, for the SIMT kernel."""
+    t = without_padding(t, k)
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 def binary_gemm_simt(a, b, k, scale, bias, out_dtype):
-    aa = a if a.stride(-1) == 1 or a.shape[-1] == 1 else a.contiguous()
-    bb = b if b.stride(-1) == 1 or b.shape[-1] == 1 else b.contiguous()
+    aa, bb = _rows(a, k), _rows(b, k)
     return _build.ops().binary_mm(aa.unsqueeze(0), bb.unsqueeze(0), k, None, scale, bias, out_dtype, 1, 0)[0]
 
 
 def binary_bmm(a, b, k, scale, out_dtype):
     kb = a.shape[2]
-    return _build.ops().binary_mm(_align(a, kb), _align(b, kb), k, None, scale, None, out_dtype, 0, 0)
+    return _build.ops().binary_mm(_align(without_padding(a, k), kb), _align(without_padding(b, k), kb), k, None,
+                                  scale, None, out_dtype, 0, 0)
 
 
 def binary_bmm_simt(a, b, k, scale, out_dtype):
-    aa = a if a.stride(-1) == 1 or a.shape[-1] == 1 else a.contiguous()
-    bb = b if b.stride(-1) == 1 or b.shape[-1] == 1 else b.contiguous()
+    aa, bb = _rows(a, k), _rows(b, k)
     return _build.ops().binary_mm(aa, bb, k, None, scale, None, out_dtype, 1, 0)
 
 

@@ -33,7 +33,9 @@ def _quantize_token(x):
     xf = x if x.dtype == torch.float32 else x.float()
     lo, hi = torch.aminmax(xf, dim=1)                                  # one read of x; NaN propagates
     amax = torch.maximum(-lo, hi)
-    s = amax / 127.0
+    # divided by a tensor: torch divides a CUDA tensor by a Python number as a multiplication by its reciprocal,
+    # which differs from the reference's division in the last bit of some scales
+    s = amax / torch.full_like(amax, 127.0)
     s = torch.where(s == 0, torch.ones_like(s), s)
     q = torch.div(xf, s.view(-1, 1))
     q = q.round_().nan_to_num_(0.0).clamp_(-127, 127)

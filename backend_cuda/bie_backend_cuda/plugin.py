@@ -62,12 +62,12 @@ def bie_register_kernels(registry):
     wgmma = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM90, divisibility={"K": 128, "N": 8},
                        min_dims={"N": 1}, defer=binary.wgmma_faster_elsewhere)
     registry.register("binary_gemm", binary.binary_gemm_wgmma, priority=PRIORITY + 1, name="binary_gemm_wgmma",
-                      capability=wgmma, prepare=binary.prepare_weight,
+                      capability=wgmma, prepare=binary.prepare_weight, prepare_static=("k",),
                       description="persistent 1-bit wgmma kernel (sm_90: TMA-fed weights and activations, A by "
                                   "ldmatrix, bulk-copy stores); K % 128 == 0, N % 8 == 0")
     registry.register("binary_gemm", binary.binary_gemm, priority=PRIORITY, name="binary_gemm_tc",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
-                      prepare=binary.prepare_weight,
+                      prepare=binary.prepare_weight, prepare_static=("k",),
                       description="1-bit tensor cores (mma m16n8k256 AND+popc, popcount correction), "
                                   "cp.async pipeline, fused scale/bias/dtype epilogue; any M, N, K")
     registry.register("binary_gemm", binary.binary_gemm_simt, priority=SIMT_PRIORITY, name="binary_gemm_simt",
@@ -76,11 +76,12 @@ def bie_register_kernels(registry):
     if has_op("binary_linear"):
         registry.register("binary_linear", binary.binary_linear_wgmma, priority=PRIORITY + 1,
                           name="binary_linear_wgmma", capability=wgmma, prepare=binary.prepare_weight,
+                          prepare_static=("k",),
                           bind=binary.bind_binary_linear_wgmma,
                           description="pack_signs(x + shift) kernel, then the 1-bit wgmma GEMM")
         registry.register("binary_linear", binary.binary_linear, priority=PRIORITY, name="binary_linear_tc",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
-                          prepare=binary.prepare_weight, bind=binary.bind_binary_linear,
+                          prepare=binary.prepare_weight, prepare_static=("k",), bind=binary.bind_binary_linear,
                           description="pack_signs(x + shift) kernel, then the 1-bit tensor-core GEMM")
     registry.register("binary_bmm", binary.binary_bmm, priority=PRIORITY, name="binary_bmm_tc",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80))

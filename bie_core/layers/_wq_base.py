@@ -84,6 +84,8 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
 
     # ------------------------------------------------------- inference path
     _lean = None
+    #: input signatures whose bound calls a layer keeps (see _rebind)
+    LEAN_SHAPES = 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # eager inference (eager_inference() written out: this runs on every call)
@@ -107,14 +109,33 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
         which raise on bad input, then the dispatcher's whole contract) and keep
         it bound to the prepared weights (see ``_lean``). The call it makes is
         the op ``_forward`` calls without grad, with the same arguments."""
+        shapes = self.__dict__.get("_lean_shapes")
+        if shapes:
+            lc = shapes.get(x2.shape)
+            if lc is not None and lc.holds(x2, backend, *fixed):
+                self._lean = lc
+                return lc
         self._check_input(x)
         self._lean = None
         lc = self._lean = self._lean_bind(x2, fixed, backend)
+        # generation alternates two signatures (the prompt's rows, then one row per sequence every step): the
+        # last few bound calls are kept by input shape, so that switching back does not resolve again
+        if shapes is None:
+            shapes = self._lean_shapes = {}
+        elif len(shapes) >= self.LEAN_SHAPES:
+            shapes.pop(next(iter(shapes)))
+        shapes[x2.shape] = lc
         return lc
+
+    def _drop_lean(self) -> None:
+        """Forget the bound calls (they hold the layer's tensors and their prepared layouts)."""
+        self._lean = None
+        self.__dict__.pop("_lean_shapes", None)
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.pop("_lean", None)  # a bound call of this process (closures, prepared layouts)
+        state.pop("_lean", None)  # bound calls of this process (closures, prepared layouts)
+        state.pop("_lean_shapes", None)
         return state
 
     # ------------------------------------------------------------- the handle
@@ -143,7 +164,7 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
             super()._apply(fn, recurse)
         finally:
             self._parameters[HANDLE] = h
-        self._lean = None   # it holds the tensors converted away (and their prepared layouts)
+        self._drop_lean()   # they hold the tensors converted away (and their prepared layouts)
         dev = self.qweight.device
         if h.device != dev or h.stride() != (0, 0):
             h.data = _handle_tensor(self.in_features, self.out_features, dev)
@@ -155,7 +176,7 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
         # objects saved as a plain Parameter, densely): a 4-byte view on the
         # layer's device again, same object where it is already a handle
         super().__setstate__(state)
-        self._lean = None
+        self._drop_lean()
         h = self._parameters.get(HANDLE)
         if h is not None:
             fresh = _handle_tensor(self.in_features, self.out_features, self.qweight.device)

@@ -62,7 +62,8 @@ def affine_qparams(xmin: torch.Tensor, xmax: torch.Tensor, qmax: int):
     finite = torch.isfinite(xmin) & torch.isfinite(xmax)
     lo = torch.clamp(xmin.to(f32), max=0.0)
     hi = torch.clamp(xmax.to(f32), min=0.0)
-    scale = (hi.to(f64) - lo.to(f64)) / qmax
+    # (divisions by tensors: on CUDA torch divides by a Python number as a multiplication by its reciprocal)
+    scale = (hi.to(f64) - lo.to(f64)) / torch.full_like(hi, qmax, dtype=f64)
     s32 = scale.to(f32)
     scale = torch.where((s32 == 0) | torch.isinf(1.0 / s32), torch.full_like(scale, 0.1), scale)
     small = scale < SMALL_SCALE
@@ -125,7 +126,7 @@ def affine_codes(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
 def token_scales(x: torch.Tensor) -> torch.Tensor:
     """float32(amax(|x_row|)) / 127 per row (1 where it is 0); NaN/inf propagate."""
     amax = x.to(torch.float32).abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0], dtype=torch.float32)
-    s = amax / 127.0
+    s = amax / torch.full_like(amax, 127.0)   # a tensor divisor (see affine_qparams)
     return torch.where(s == 0, torch.ones_like(s), s)
 
 

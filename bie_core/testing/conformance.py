@@ -56,8 +56,11 @@ class KernelCase:
 
 
 def _to_cpu(a):
+    """a tensor, or each tensor of a tuple of outputs, on the CPU (what compare() takes as the expectation)"""
     if isinstance(a, torch.Tensor):
         return a.detach().cpu()
+    if isinstance(a, (tuple, list)) and any(isinstance(e, torch.Tensor) for e in a):
+        return type(a)(_to_cpu(e) for e in a) if type(a) in (tuple, list) else tuple(_to_cpu(e) for e in a)
     return a
 
 
@@ -122,7 +125,7 @@ def check_matches(kc: KernelCase) -> None:
     # fresh inputs every run are not enough if a kernel is nondeterministic: run twice
     if kc.case.tol == "exact":
         again = call_kernel(kc.kernel, kc.op, kc.case.args)
-        compare(again, out.detach().cpu() if isinstance(out, torch.Tensor) else out, "exact",
+        compare(again, _to_cpu(out), "exact",
                 kc.id + " (second run)")
 
 
@@ -159,7 +162,7 @@ def check_prepared(kernel: Kernel, op: OpDef, case: Case) -> None:
     p1, p2 = kernel.prepare(*weights, **static), kernel.prepare(*weights, **static)
     o1 = kernel.fn(*case.args, prepared=p1)
     o2 = kernel.fn(*case.args, prepared=p2)
-    compare(o2, o1.detach().cpu(), "exact" if case.tol == "exact" else case.tol,
+    compare(o2, _to_cpu(o1), "exact" if case.tol == "exact" else case.tol,
             f"{kernel.qualname}: prepare is not deterministic")
     if kernel.unprepare is not None:
         back = kernel.unprepare(p1)
@@ -192,7 +195,7 @@ def check_cache_invalidation(kernel: Kernel, op: OpDef, case: Case, gen: torch.G
         args[i].copy_(w)
     out = kernel.fn(*args, prepared=cached())
     exp = call_kernel(kernel, op, tuple(args))
-    compare(out, exp.detach().cpu(), "exact" if case.tol == "exact" else case.tol,
+    compare(out, _to_cpu(exp), "exact" if case.tol == "exact" else case.tol,
             f"{kernel.qualname}: stale prepared layout after an in-place weight update")
 
 
