@@ -203,8 +203,11 @@ def _bind_linear(wgmma: bool):
         weight, tile = (prepared.image, -1) if wgmma else (prepared.bits, 0)
         fn = _build.direct().binary_linear_bound
 
+        popc = prepared.popc
+
         def call(x, *_):
-            return fn(x, sh, weight, prepared.popc, k, n, scale, bias, out_dtype, tile)
+            return fn(x, sh, weight, popc, k, n, scale, bias, out_dtype, tile)
+        call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
         return call
     return bind
 

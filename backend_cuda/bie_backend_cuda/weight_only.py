@@ -600,6 +600,7 @@ def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
         args = state[0]
         state[0] = steady
         return fn(x, *args)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
     return call
 
 

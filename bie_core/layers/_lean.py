@@ -166,6 +166,8 @@ def bind_one(op, args: tuple, backend: str, fixed: tuple) -> LeanCall:
     tensors among them)."""
     r = dispatch.resolve(op, *args, backend=backend)
     fn, rest = r.fn, args[1:]
+    if getattr(fn, "input_only", False):   # a kernel's bound call that needs nothing but the input (Kernel.bind)
+        return LeanCall(fn, (r.decision,), args[0], r._pref, fixed)
 
     def call(x):
         return fn(x, *rest)
