@@ -7,8 +7,9 @@ process, step time and memory per GPU (docs/distributed.md).
 Two models, each trained for a few Adam/DiodeMix steps, are run three ways:
 ``single`` (one process, unsharded, the ranks' micro-batches accumulated in
 rank order, each loss divided by the world size), ``ddp`` (stock
-``DistributedDataParallel``) and ``fsdp2`` (``bie_core.parallel.fully_shard``
-per block and on the root):
+``DistributedDataParallel``) and ``fsdp2`` (per block and on the root: stock
+``torch.distributed.fsdp.fully_shard`` for the frozen packed base,
+``bie_core.parallel.fully_shard`` for packed fine-tuning):
 
 * ``lora``: a stack of frozen 4-bit MPQLinear pairs (g128) with rank-16
   adapters, plus a trained float output head (the float parameters FSDP2
@@ -162,6 +163,7 @@ def _peak(device):
 
 def _worker(rank, world, port, args, out_dir):
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from bie_core import parallel
     device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -183,9 +185,11 @@ def _worker(rank, world, port, args, out_dir):
                                                               else None)
                 else:
                     mesh = init_device_mesh(device.type, (world,))
+                    # a frozen packed base needs nothing from bie; trainable handles need the wrapper
+                    shard = fully_shard if kind == "lora" else parallel.fully_shard
                     for b in model.blocks:
-                        parallel.fully_shard(b, mesh=mesh)
-                    parallel.fully_shard(model, mesh=mesh)
+                        shard(b, mesh=mesh)
+                    shard(model, mesh=mesh)
                     run = model
                 opt = _optimizer(model, kind)
                 t = _train(run, opt, cfg, kind, device, dtype, world, rank)

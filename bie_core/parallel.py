@@ -6,6 +6,9 @@ float32 parameter whose value is one scalar (stride 0) and whose gradient is
 the real (K, N) weight gradient. Their packed codes, scales and zeros are
 buffers.
 
+Only a trainable layer registers its handle as a parameter; a frozen one
+holds it unregistered, so stock DDP and FSDP2 see no handle at all.
+
 **DDP.** A stock ``torch.nn.parallel.DistributedDataParallel(model)`` works
 as it is, frozen or packed-trainable: the handle's ``detach()`` is empty, so
 DDP's initial broadcast skips it (it holds no value), and DDP's reducer
@@ -14,16 +17,22 @@ them, are broadcast from rank 0 at init (and at each forward unless
 ``broadcast_buffers=False``; after identical optimizer steps they are
 identical anyway). :func:`ddp` is the same call, kept as a convenience.
 
-**FSDP2.** ``torch.distributed.fsdp.fully_shard`` shards parameters along
-their first dimension, which a stride-0 handle cannot be (torch refuses
-non-contiguous parameters), and a dense shard of it would cost K*N*4 bytes.
-:func:`fully_shard` calls it with every handle in ``ignored_params``, so it
-shards the float parameters (LoRA adapters, norms, embeddings, ...) and leaves
-each rank its packed weights, which are buffers and replicated (4-bit weights
-are already an eighth of a float32 copy). Trainable handles then get a
-post-accumulate-grad hook that averages their gradient over the mesh's process
-group, which is what FSDP2 does for the parameters it manages, so every rank
-takes the same packed-optimizer step and the codes stay identical.
+**FSDP2.** A stock ``torch.distributed.fsdp.fully_shard`` shards a model
+whose weight-only layers are frozen (a packed base under LoRA adapters): it
+shards the float parameters and leaves the packed weights, which are buffers,
+replicated. It refuses two kinds of parameter that bie layers may hold:
+
+* the handle of a *trainable* weight-only layer: FSDP2 shards parameters
+  along their first dimension and refuses a non-contiguous one; a contiguous
+  handle would be a dense K*N*4-byte float copy of the weight, which is what
+  packing removes;
+* the 0-dim scales of the QAT layers (``act_scale``, ``weight_scale``):
+  FSDP2 refuses scalar parameters.
+
+:func:`fully_shard` calls it with those in ``ignored_params`` and gives each
+of them that requires grad a post-accumulate-grad hook averaging its gradient
+over the mesh's process group, which is what FSDP2 does for the parameters it
+manages: every rank takes the same step, the packed codes stay identical.
 """
 from __future__ import annotations
 
@@ -37,8 +46,14 @@ from .layers._wq_base import GradientHandle
 
 
 def gradient_handles(module: nn.Module) -> List[GradientHandle]:
-    """The gradient handles of every weight-only layer in ``module``."""
+    """The registered gradient handles (those of trainable weight-only layers) in ``module``."""
     return [p for p in module.parameters() if isinstance(p, GradientHandle)]
+
+
+def unshardable_parameters(module: nn.Module) -> List[nn.Parameter]:
+    """The parameters of ``module`` that ``torch.distributed.fsdp.fully_shard``
+    refuses: gradient handles (stride 0) and 0-dim parameters."""
+    return [p for p in module.parameters() if isinstance(p, GradientHandle) or p.dim() == 0]
 
 
 def _is_handle(p: torch.Tensor) -> bool:
@@ -88,23 +103,25 @@ class _AverageOverGroup:
 
 def fully_shard(module: nn.Module, *, mesh=None, ignored_params: Iterable[nn.Parameter] | None = None, **kwargs):
     """``torch.distributed.fsdp.fully_shard`` for modules holding bie layers:
-    gradient handles go to ``ignored_params`` and trainable ones are averaged
-    over ``mesh``'s process group (a 1-D mesh; the default process group when
+    the parameters it refuses (:func:`unshardable_parameters`: trainable
+    layers' gradient handles, the QAT layers' 0-dim scales) go to
+    ``ignored_params``, and those that require grad are averaged over
+    ``mesh``'s process group (a 1-D mesh; the default process group when
     ``mesh`` is None). Other arguments are passed on.
 
-    Apply it like ``fully_shard``: to each block, then to the root. A handle
-    made trainable after this call has no averaging hook: set ``trainable``
-    first.
+    Apply it like ``fully_shard``: to each block, then to the root. A
+    parameter made trainable after this call has no averaging hook: set
+    ``trainable`` first.
     """
     from torch.distributed.fsdp import fully_shard as _fully_shard
-    handles = gradient_handles(module)
-    ignored = set(ignored_params or ()) | set(handles)
+    kept = unshardable_parameters(module)
+    ignored = set(ignored_params or ()) | set(kept)
     group = mesh.get_group() if mesh is not None else None
-    for h in handles:
-        if h.requires_grad and not getattr(h, "bie_grad_averaged", False):
-            h.register_post_accumulate_grad_hook(_AverageOverGroup(group))
-            h.bie_grad_averaged = True
+    for p in kept:
+        if p.requires_grad and not getattr(p, "bie_grad_averaged", False):
+            p.register_post_accumulate_grad_hook(_AverageOverGroup(group))
+            p.bie_grad_averaged = True
     return _fully_shard(module, mesh=mesh, ignored_params=ignored, **kwargs)
 
 
-__all__ = ["ddp", "fully_shard", "gradient_handles", "broadcast_module_state"]
+__all__ = ["ddp", "fully_shard", "gradient_handles", "unshardable_parameters", "broadcast_module_state"]

@@ -1,7 +1,9 @@
 """Data-parallel training of models holding bie layers, 2 gloo CPU processes:
 stock ``DistributedDataParallel`` (frozen and packed-trainable weight-only
-layers) and FSDP2 through ``bie_core.parallel.fully_shard`` (frozen packed
-base + LoRA-style adapters, and packed-weight fine-tuning).
+layers), stock ``torch.distributed.fsdp.fully_shard`` (frozen packed base +
+LoRA-style adapters, with a full state dict saved and loaded into a fresh
+sharded model) and ``bie_core.parallel.fully_shard`` (packed-weight
+fine-tuning; QAT layers, whose 0-dim scales stock FSDP2 refuses).
 
 One spawn runs every scenario (processes cost seconds to start) and writes
 each rank's final state; the tests compare them with one process training on
@@ -30,7 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bie_core import MBWQLinear, MPQLinear, ops
+from bie_core import BinaryLinear, MBWQLinear, MPQLinear, QLinear, ops
 from bie_core.optim import DiodeMix
 
 K, N, B, STEPS, RANK_LORA = 64, 16, 8, 3, 4
@@ -119,6 +121,20 @@ class LoRAModel(nn.Module):
         return self.blocks[1](torch.relu(self.blocks[0](x)))
 
 
+class QATModel(nn.Module):
+    """Binary and 8-bit QAT layers with a float head, trained end to end."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.binary = BinaryLinear(K, K)
+        self.int8 = QLinear(K, K)
+        self.head = nn.Linear(K, N)
+
+    def forward(self, x):
+        return self.head(self.int8(self.binary(x)))
+
+
 # -------------------------------------------------------------- training
 def _data(out: int, seed: int, integer: bool):
     gen = torch.Generator().manual_seed(seed)
@@ -131,32 +147,55 @@ def _data(out: int, seed: int, integer: bool):
     return x, y
 
 
-def _train(model, opt, rank=None, *, out: int, seed: int, integer: bool):
-    """STEPS steps of MSE; ``rank`` None trains on the whole batch, else on that rank's half."""
+def _train(model, opt, rank=None, *, out: int, seed: int, integer: bool, micro: bool = False):
+    """STEPS steps of MSE; ``rank`` None trains on the whole batch, else on that
+    rank's half; ``micro`` (one process) accumulates the halves' mean gradient."""
     x, y = _data(out, seed, integer)
     for s in range(STEPS):
-        xb, yb = (x[s], y[s]) if rank is None else (x[s, rank * B:(rank + 1) * B], y[s, rank * B:(rank + 1) * B])
-        loss = (model(xb) - yb).pow(2).mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if micro:
+            for r in range(WORLD):
+                ((model(x[s, r * B:(r + 1) * B]) - y[s, r * B:(r + 1) * B]).pow(2).mean() / WORLD).backward()
+        else:
+            xb, yb = (x[s], y[s]) if rank is None else (x[s, rank * B:(rank + 1) * B], y[s, rank * B:(rank + 1) * B])
+            (model(xb) - yb).pow(2).mean().backward()
         opt.step()
 
 
+# The QAT layers' scale gradients carry LSQ's 1/sqrt(batch elements) factor, so a
+# rank's half batch is not half of the whole batch's: one process compares by
+# accumulating the same per-rank micro-batches.
+MICRO = {"fsdp_qat"}
 SCENARIOS = {
     # name: (model factory, optimizer factory, output width, data seed, integer data)
     "ddp_packed": (_packed_model, lambda ps: DiodeMix(ps, lr=0.05), N, 1, True),
     "ddp_frozen": (FrozenWithHead, lambda ps: torch.optim.Adam(ps, lr=1e-2), 4, 4, False),
     "fsdp_lora": (LoRAModel, lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=False), N, 5, False),
     "fsdp_packed": (_packed_model, lambda ps: DiodeMix(ps, lr=0.05), N, 1, True),
+    "fsdp_qat": (QATModel, lambda ps: torch.optim.SGD(ps, lr=1e-2), N, 7, False),
 }
+PROBE_SEED = 99
 
 
-def single_process(name: str) -> dict:
+def _probe(model) -> torch.Tensor:
+    """An eval-mode forward on a fixed input (the inference path, after training)."""
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(PROBE_SEED))
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        y = model(x)
+    model.train(was)
+    return y.detach().clone()
+
+
+def single_process(name: str):
+    """The final state and probe of one process on the whole batch (same steps as ``_worker``)."""
     make, make_opt, out, seed, integer = SCENARIOS[name]
     model = make()
+    _probe(model)
     _train(model, make_opt([p for p in model.parameters() if p.requires_grad]), out=out, seed=seed,
-           integer=integer)
-    return model.state_dict()
+           integer=integer, micro=name in MICRO)
+    return model.state_dict(), _probe(model)
 
 
 def _full_state(model) -> dict:
@@ -166,14 +205,17 @@ def _full_state(model) -> dict:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
     from bie_core import parallel
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
-        results, facts = {}, {}
+        results, facts, probes = {}, {}, {}
+        full = StateDictOptions(full_state_dict=True)
         for name, (make, make_opt, out, seed, integer) in SCENARIOS.items():
             model = make()
             if name.startswith("ddp"):
@@ -182,20 +224,37 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             else:
                 mesh = init_device_mesh("cpu", (WORLD,))
                 if name == "fsdp_lora":
+                    # stock FSDP2, nothing bie-specific: the packed base is frozen
                     for block in model.blocks:
-                        parallel.fully_shard(block, mesh=mesh)
-                parallel.fully_shard(model, mesh=mesh)
+                        fully_shard(block, mesh=mesh)
+                    fully_shard(model, mesh=mesh)
+                else:
+                    parallel.fully_shard(model, mesh=mesh)
                 wrapped = model
                 facts[name] = {
                     "sharded": sorted(n for n, p in model.named_parameters() if isinstance(p, DTensor)),
                     "local_rows": {n: p.to_local().shape[0] for n, p in model.named_parameters()
                                    if isinstance(p, DTensor)},
                     "handles_plain": all(not isinstance(h, DTensor) for h in parallel.gradient_handles(model)),
+                    "buffers_whole": {n: tuple(b.shape) for n, b in model.named_buffers()},
                 }
-            _train(wrapped, make_opt([p for p in model.parameters() if p.requires_grad]), rank,
-                   out=out, seed=seed, integer=integer)
+            # the optimizer takes the sharded parameters: before any forward, after which the
+            # root FSDP module holds its unsharded ones
+            opt = make_opt([p for p in model.parameters() if p.requires_grad])
+            _probe(wrapped)           # prepares inference layouts that training must invalidate
+            _train(wrapped, opt, rank, out=out, seed=seed, integer=integer)
+            probes[name] = _probe(wrapped)
             results[name] = _full_state(model)
-        torch.save({"results": results, "facts": facts}, os.path.join(out_dir, f"rank{rank}.pt"))
+            if name == "fsdp_lora":
+                # the full state dict, loaded into a freshly sharded model, gives the same function
+                state = get_model_state_dict(model, options=full)
+                fresh = LoRAModel()
+                for block in fresh.blocks:
+                    fully_shard(block, mesh=mesh)
+                fully_shard(fresh, mesh=mesh)
+                set_model_state_dict(fresh, state, options=full)
+                facts["roundtrip"] = {"keys": sorted(state), "same": torch.equal(_probe(fresh), probes[name])}
+        torch.save({"results": results, "facts": facts, "probes": probes}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -235,7 +294,7 @@ def _assert_ranks_identical(ranks, name):
 @pytest.mark.parametrize("name", ["ddp_packed", "fsdp_packed"])
 def test_packed_fine_tuning_bit_identical_to_single_process(ranks, name):
     got = _assert_ranks_identical(ranks, name)
-    ref = single_process(name)
+    ref, want = single_process(name)
     start = _packed_model().state_dict()
     assert not torch.equal(ref["a.qweight"], start["a.qweight"])       # training changed the codes
     assert not torch.equal(ref["b.qweight"], start["b.qweight"])
@@ -244,10 +303,10 @@ def test_packed_fine_tuning_bit_identical_to_single_process(ranks, name):
         assert torch.equal(got[k], ref[k]), f"{name}: distributed and single-process runs differ in {k}"
 
 
-@pytest.mark.parametrize("name", ["ddp_frozen", "fsdp_lora"])
+@pytest.mark.parametrize("name", ["ddp_frozen", "fsdp_lora", "fsdp_qat"])
 def test_float_training_over_frozen_packed_layers_matches_single_process(ranks, name):
     got = _assert_ranks_identical(ranks, name)
-    ref = single_process(name)
+    ref, want = single_process(name)
     start = SCENARIOS[name][0]().state_dict()
     assert set(got) == set(ref)
     moved = 0
@@ -259,6 +318,16 @@ def test_float_training_over_frozen_packed_layers_matches_single_process(ranks, 
             # the frozen packed base is never written
             assert torch.equal(got[k], start[k]) and torch.equal(ref[k], start[k]), f"{name}: {k} changed"
     assert moved >= 2, f"{name}: training moved only {moved} tensors"
+    # the trained model's inference path (layouts prepared before training are rebuilt)
+    torch.testing.assert_close(ranks[0]["probes"][name], ranks[1]["probes"][name], rtol=0, atol=0)
+    torch.testing.assert_close(ranks[0]["probes"][name], want, atol=FLOAT_ATOL * 10, rtol=FLOAT_RTOL)
+
+
+def test_stock_fsdp2_full_state_dict_roundtrip(ranks):
+    for r in ranks:
+        rt = r["facts"]["roundtrip"]
+        assert rt["same"]
+        assert "blocks.0.base.qweight" in rt["keys"] and not any("weight_handle" in k for k in rt["keys"])
 
 
 def test_fsdp_shards_float_parameters_and_leaves_handles_alone(ranks):
@@ -268,6 +337,35 @@ def test_fsdp_shards_float_parameters_and_leaves_handles_alone(ranks):
         assert facts["sharded"] == ["blocks.0.lora_a", "blocks.0.lora_b", "blocks.1.lora_a", "blocks.1.lora_b"]
         assert facts["local_rows"]["blocks.0.lora_a"] == K // WORLD
         assert r["facts"]["fsdp_packed"]["sharded"] == ["a.bias"]       # frozen, but a parameter: sharded
+        # packed weights are buffers: every rank holds them whole
+        assert facts["buffers_whole"]["blocks.0.base.qweight"] == (K // 8, K)
+        # the QAT layers' latent weights are sharded, their 0-dim scales are not
+        qat = r["facts"]["fsdp_qat"]
+        assert "binary.weight" in qat["sharded"] and "int8.weight" in qat["sharded"]
+        assert "binary.act_scale" not in qat["sharded"] and qat["local_rows"]["binary.weight"] == K // WORLD
+
+
+def test_stock_fsdp2_refuses_what_the_wrapper_keeps_out(tmp_path):
+    """What ``bie_core.parallel.fully_shard`` exists for: stock FSDP2 refuses a
+    trainable layer's stride-0 handle and the QAT layers' 0-dim scales."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from bie_core import parallel
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        trainable = _packed_model()
+        with pytest.raises(NotImplementedError, match="non-contiguous parameters"):
+            fully_shard(trainable, mesh=mesh)
+        with pytest.raises(ValueError, match="scalar parameters"):
+            fully_shard(QATModel(), mesh=mesh)
+        kept = parallel.unshardable_parameters(QATModel())
+        assert len(kept) == 3 and all(p.dim() == 0 for p in kept)   # act_scale x2, weight_scale
+        frozen = _frozen_mpq(K, N, 0)
+        assert "weight_handle" not in dict(frozen.named_parameters())
+        fully_shard(frozen, mesh=mesh)                                 # nothing refused
+    finally:
+        dist.destroy_process_group()
 
 
 def test_stock_ddp_init_skips_handles_and_syncs_everything_else(tmp_path):

@@ -144,6 +144,33 @@ def test_move_cast_and_deepcopy_keep_handle_tiny():
     torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cls", [MPQLinear, MBWQLinear])
+def test_only_a_trainable_layer_registers_its_handle(cls):
+    """A frozen layer lists no parameter for its packed weight (what lets stock
+    FSDP2 shard a frozen packed base); ``trainable`` registers the handle."""
+    kw = dict(bits=4, group_size=32) if cls is MPQLinear else dict(bits=[4, 2], group_size=32)
+    m = cls(64, 16, bias=True, **kw)
+    h = m.weight_handle
+    assert not m.trainable and dict(m.named_parameters()).keys() == {"bias"}
+    m.requires_grad_(True)                       # reaches the bias only
+    assert not m.trainable and "weight_handle" not in dict(m.named_parameters())
+    m.trainable = True
+    assert dict(m.named_parameters())["weight_handle"] is h is m.weight_handle
+    m.requires_grad_(False)                      # freezes a registered handle like any parameter
+    assert not m.trainable
+    m.trainable = False
+    assert "weight_handle" not in dict(m.named_parameters()) and m.weight_handle is h
+    assert m.nbytes() == cls(64, 16, bias=True, trainable=True, **kw).nbytes()   # the 4 bytes either way
+    # a layer saved with its frozen handle registered comes back unregistered, hooked
+    state = m.__getstate__()
+    state["_parameters"] = dict(state["_parameters"], weight_handle=nn.Parameter(torch.zeros(64, 16), False))
+    del state["_bie_handle"]
+    old = cls.__new__(cls)
+    old.__setstate__(state)
+    assert "weight_handle" not in dict(old.named_parameters()) and old.weight_handle.stride() == (0, 0)
+    assert old.weight_handle.bie_packed_layer() is old
+
+
 # ------------------------------------------------------------ GPTQ tensors, v1 / v2
 def test_from_gptq_v1_and_v2_give_the_same_layer():
     m = MPQLinear.from_float(_lin(128, 32), bits=4, group_size=64, sym=True)

@@ -17,6 +17,8 @@ from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_
 _Tensor = torch.Tensor
 
 HANDLE = "weight_handle"
+# where the layer keeps its handle object, registered or not (``weight_handle``)
+_HELD = "_bie_handle"
 
 
 def _handle_tensor(k: int, n: int, device) -> torch.Tensor:
@@ -78,8 +80,9 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         self.backend = backend_string(backend, f"{name}(backend={backend!r})")
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
-        handle = GradientHandle(_handle_tensor(in_features, out_features, device), requires_grad=bool(trainable))
-        self.register_parameter(HANDLE, handle)
+        self.__dict__[_HELD] = GradientHandle(_handle_tensor(in_features, out_features, device),
+                                              requires_grad=bool(trainable))
+        self._register_handle()
         self._attach_hook()
 
     # ------------------------------------------------------- inference path
@@ -139,31 +142,52 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
         return state
 
     # ------------------------------------------------------------- the handle
+    # Only a trainable layer registers its handle as a parameter. A frozen
+    # layer's handle takes no part in autograd, and a registered stride-0
+    # parameter is what torch.distributed.fsdp.fully_shard refuses ("FSDP does
+    # not support non-contiguous parameters"): unregistered, a frozen packed
+    # base needs nothing from stock DDP or FSDP2 (docs/distributed.md).
+    @property
+    def weight_handle(self) -> GradientHandle:
+        """The gradient handle, registered as the parameter ``weight_handle``
+        while the layer is trainable."""
+        return self.__dict__[_HELD]
+
+    def _register_handle(self) -> None:
+        h = self.__dict__[_HELD]
+        if h.requires_grad:
+            self._parameters[HANDLE] = h
+        else:
+            self._parameters.pop(HANDLE, None)
+
     def _attach_hook(self) -> None:
         from ..optim.packed import PackedWeightHook  # late: optim imports nothing from layers
-        h = self._parameters[HANDLE]
+        h = self.__dict__[_HELD]
         h.bie_optimizer_hook = PackedWeightHook(weakref.ref(self))
         h.bie_packed_layer = weakref.ref(self)
 
     @property
     def trainable(self) -> bool:
         """Whether the packed weight is fine-tuned (its handle requires grad)."""
-        return self._parameters[HANDLE].requires_grad
+        return self.__dict__[_HELD].requires_grad
 
     @trainable.setter
     def trainable(self, value: bool) -> None:
-        self._parameters[HANDLE].requires_grad_(bool(value))
+        self.__dict__[_HELD].requires_grad_(bool(value))
+        self._register_handle()
 
     def _apply(self, fn, recurse=True):
         # .to()/.cuda()/.half() would materialise the expanded handle as a dense
         # (K, N) tensor (and cast it): take it out, convert the rest, put back a
         # fresh float32 scalar view on the new device (same Parameter object, so
         # optimizers that hold it keep working).
-        h = self._parameters.pop(HANDLE)
+        h = self.__dict__[_HELD]
+        registered = self._parameters.pop(HANDLE, None) is not None
         try:
             super()._apply(fn, recurse)
         finally:
-            self._parameters[HANDLE] = h
+            if registered:
+                self._parameters[HANDLE] = h
         self._drop_lean()   # they hold the tensors converted away (and their prepared layouts)
         dev = self.qweight.device
         if h.device != dev or h.stride() != (0, 0):
@@ -177,21 +201,26 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
         # layer's device again, same object where it is already a handle
         super().__setstate__(state)
         self._drop_lean()
-        h = self._parameters.get(HANDLE)
+        h = self.__dict__.get(_HELD)
+        if h is None:   # saved with the handle registered only
+            h = self._parameters.get(HANDLE)
         if h is not None:
             fresh = _handle_tensor(self.in_features, self.out_features, self.qweight.device)
             if isinstance(h, GradientHandle):
                 h.data = fresh
             else:
-                self._parameters[HANDLE] = GradientHandle(fresh, h.requires_grad)
+                h = GradientHandle(fresh, h.requires_grad)
+            self.__dict__[_HELD] = h
+            self._register_handle()
             self._attach_hook()
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         destination.pop(prefix + HANDLE, None)   # not part of the canonical format
 
-    # (nn.Module.requires_grad_ reaches the handle like any parameter: that is
-    # what makes model.requires_grad_(False) freeze packed weights.)
+    # (nn.Module.requires_grad_ reaches a registered handle like any parameter:
+    # model.requires_grad_(False) freezes packed weights; only
+    # ``trainable = True`` makes them trainable.)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -241,7 +270,8 @@ class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
         """Bytes held by the layer between steps: packed weight, statistics,
         indices, bias and the 4-byte gradient handle (its storage)."""
         n = 0
-        for t in list(self._buffers.values()) + list(self._parameters.values()):
+        held = [] if HANDLE in self._parameters else [self.__dict__[_HELD]]
+        for t in list(self._buffers.values()) + list(self._parameters.values()) + held:
             if t is not None:
                 n += t.untyped_storage().nbytes() if t.stride() == (0, 0) and t.dim() == 2 else \
                     t.numel() * t.element_size()

@@ -44,7 +44,7 @@ from ..ops.weight_only import FORMATS, MBWQ_BITS, WQ_BITS, mbwq_packed_rows, num
 from ..quantize.rtn import group_index, rtn_stats, stats_from_range
 from ._base import FLOAT_DTYPES, _dt
 from ._lean import bind_one
-from ._wq_base import HANDLE, WeightOnlyLinear, check_finite
+from ._wq_base import WeightOnlyLinear, check_finite
 from ._wq_fn import MBWQLinearFn, WQLinearFn
 
 #: Group sizes MPQLinear accepts (-1: one group per output column).
@@ -169,7 +169,7 @@ class MPQLinear(WeightOnlyLinear):
         x2 = x.reshape(-1, self.in_features)
         args = (self.qweight, self.scales, self.zeros, self._g_idx_arg())
         if self._grad_path(x):
-            y = WQLinearFn.apply(x2, self._parameters[HANDLE], self.bias, *args, self.bits, self.group_size,
+            y = WQLinearFn.apply(x2, self.weight_handle, self.bias, *args, self.bits, self.group_size,
                                  self.format, self.backend or "")
         else:
             y = ops.wq_gemm(x2, *args, self.bias, self.bits, self.group_size, self.format, backend=self.backend)
@@ -519,7 +519,7 @@ class MBWQLinear(WeightOnlyLinear):
         x2 = x.reshape(-1, self.in_features)
         args = (self.qweight, self.scales, self.zeros, self.q_perm, self.channel_scale)
         if self._grad_path(x):
-            y = MBWQLinearFn.apply(x2, self._parameters[HANDLE], self.bias, *args, self.group_bits,
+            y = MBWQLinearFn.apply(x2, self.weight_handle, self.bias, *args, self.group_bits,
                                    self.group_rows, self.backend or "")
         else:
             y = ops.mbwq_gemm(x2, *args, self.bias, self.group_bits, self.group_rows, backend=self.backend)
