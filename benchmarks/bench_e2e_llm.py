@@ -63,7 +63,8 @@ T0 = time.monotonic()
 
 #: (bits, group size) of the bie cases
 BIE_CASES = {"bie-w4": (4, 128), "bie-w8": (8, 128), "bie-w2": (2, 64)}
-ALL_CASES = ("bf16", "bie-w4", "bie-w8", "bie-w2", "bie-w4-gptq", "tinygemm-w4", "gemlite-w4", "bnb-nf4")
+ALL_CASES = ("bf16", "bie-w4", "bie-w8", "bie-w2", "bie-w4-gptq", "tinygemm-w4", "gemlite-w4", "bnb-nf4",
+             "no-linear")
 CPU_CASES = ("fp32", "bie-w4", "tinygemm-w4")
 
 
@@ -315,11 +316,40 @@ def compile_stats() -> dict:
             "unique_graphs": int(counters["stats"].get("unique_graphs", 0))}
 
 
+class NoLinear(nn.Module):
+    """Stands in for a decoder linear layer at almost no cost: an output of the right shape made from the input
+    (a view, or for a wider output the input repeated), none of the layer's work. A model built of these measures
+    what a step costs without its linear layers: the bound that faster linear layers approach and cannot pass."""
+
+    def __init__(self, out_features: int):
+        super().__init__()
+        self.out_features = out_features
+
+    def forward(self, x):
+        k = x.shape[-1]
+        if self.out_features <= k:
+            return x[..., :self.out_features]
+        reps = -(-self.out_features // k)
+        return x.repeat(*([1] * (x.dim() - 1)), reps)[..., :self.out_features]
+
+
+def strip_linears(model: nn.Module) -> nn.Module:
+    """Every nn.Linear of the decoder layers replaced by a NoLinear (lm_head kept, as in the other cases)."""
+    for layer in model.model.layers:
+        for name, mod in list(layer.named_modules()):
+            if isinstance(mod, nn.Linear):
+                parent = layer.get_submodule(name.rsplit(".", 1)[0]) if "." in name else layer
+                setattr(parent, name.rsplit(".", 1)[-1], NoLinear(mod.out_features))
+    return model
+
+
 # ------------------------------------------------------------------ cases
 def make_case(case, cfg, dtype, device, lm_head: bool, probe):
     """(model, note, agreement dict or None) for a case name."""
     if case in ("bf16", "fp32"):
         return build_float(cfg, dtype, device), "", None
+    if case == "no-linear":
+        return strip_linears(build_float(cfg, dtype, device)), "decoder linear layers removed: the floor", None
     if case in BIE_CASES:
         bits, gs = BIE_CASES[case]
         m = quantize_bie(build_float(cfg, dtype, device), bits, gs, dtype, lm_head)
