@@ -138,3 +138,27 @@ def test_binary_linear_eager_inference_matches_the_full_path(packed):
     for _ in range(3):
         with torch.inference_mode():
             assert torch.equal(layer(x), full)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("geom", [(16, 32, 3, 1, 1, 1, 0.0), (64, 64, 3, 2, 1, 1, -1.0), (8, 24, 1, 1, 0, 1, 1.0),
+                                  (35, 40, 3, 1, 2, 2, 0.0)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_binary_conv2d_bind_computes_what_the_kernel_does(dtype, geom, channels_last):
+    from bie_backend_cuda import binary as cb
+    from bie_core.ops._common import randbits
+    from bie_core.ops.binary import packed_len
+    c, o, k, stride, pad, dil, pad_value = geom
+    gen = torch.Generator().manual_seed(c * 7 + o)
+    w = randbits((o, packed_len(c * k * k)), device="cuda", gen=gen, k=c * k * k)
+    x = torch.randn(2, c, 11, 9, device="cuda", dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    scale = torch.rand(o, device="cuda") + 0.5
+    bias = torch.randn(o, device="cuda")
+    args = (x, w, [k, k], [stride, stride], [pad, pad], [dil, dil], 1, pad_value, scale, bias, dtype)
+    prepared = cb.prepare_conv(w)
+    call = cb.bind_binary_conv2d(*args, prepared=prepared)
+    for xx in (x, torch.randn_like(x)):
+        a = (xx,) + args[1:]
+        assert torch.equal(call(*a), cb.binary_conv2d(*a, prepared=prepared))

@@ -383,3 +383,30 @@ def test_alternating_signatures_keep_their_bound_calls():
     assert torch.equal(_lean(layer, prompt), _full(layer, prompt)) and layer._lean is not a
     layer.to(torch.float64)
     assert "_lean_shapes" not in layer.__dict__ and layer._lean is None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_binary_conv_eval_takes_the_bound_call_and_follows_changes(packed, channels_last):
+    torch.manual_seed(3)
+    layer = BinaryConv2d(6, 10, 3, padding=1, bias=True, pad_value=0.0).eval()
+    x = torch.randn(2, 6, 9, 7)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.2)
+        layer(x)                                           # sets the activation scale (full path)
+    if packed:
+        layer.pack()
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    full = _full(layer, x)
+    for _ in range(2):
+        assert torch.equal(_lean(layer, x), full)
+    lc = layer._lean
+    _lean(layer, x)
+    assert layer._lean is lc
+    with torch.no_grad():                                  # an in-place update of a constant of the bound call
+        layer.act_shift.add_(0.5)
+    assert torch.equal(_lean(layer, x), _full(layer, x)) and layer._lean is not lc
+    with torch.inference_mode():
+        assert torch.equal(layer(x[0]), _full(layer, x[0]))   # unbatched: the full path
+    assert copy.deepcopy(layer)._lean is None

@@ -284,3 +284,21 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     return _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype,
                                       tile)
+
+
+def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                       prepared=None):
+    """The layers' eager inference call for one input signature (see _bind_linear): the weight layout, geometry
+    and padding mode fixed once, one call into the library's Python module a forward."""
+    if prepared is None or groups != 1:
+        return None
+    kh, kw = kernel_size
+    words, popc, taps = prepared.layout(x.shape[1], kh, kw)
+    pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
+    geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
+    fn = _build.direct().binary_conv2d
+
+    def call(x, *_):
+        return fn(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype, 0)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    return call

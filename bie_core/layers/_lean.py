@@ -160,15 +160,22 @@ class LeanCall:
                                           x.requires_grad, decisions, *vals)
 
 
-def bind_one(op, args: tuple, backend: str, fixed: tuple) -> LeanCall:
+def bind_one(op, args: tuple, backend: str, fixed: tuple, before=None, x=None) -> LeanCall:
     """A :class:`LeanCall` for one op whose first argument is the layer input
     and whose other arguments are layer constants (``fixed`` lists the layer
-    tensors among them)."""
+    tensors among them). With ``before``, the layer input is ``x`` and the op's
+    first argument is ``before(x)`` (an element-wise prologue of layer
+    constants: the same shape, dtype, device and layout as ``x``)."""
     r = dispatch.resolve(op, *args, backend=backend)
     fn, rest = r.fn, args[1:]
     if getattr(fn, "input_only", False):   # a kernel's bound call that needs nothing but the input (Kernel.bind)
-        return LeanCall(fn, (r.decision,), args[0], r._pref, fixed)
+        call = fn
+    else:
+        def call(x):
+            return fn(x, *rest)
+    if before is not None:
+        inner = call
 
-    def call(x):
-        return fn(x, *rest)
-    return LeanCall(call, (r.decision,), args[0], r._pref, fixed)
+        def call(x):
+            return inner(before(x))
+    return LeanCall(call, (r.decision,), args[0] if x is None else x, r._pref, fixed)

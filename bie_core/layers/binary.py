@@ -26,7 +26,7 @@ from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_
 from ..ops.binary import packed_len
 from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
                     conv2d_geometry)
-from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, binary_conv2d
+from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, _scale, binary_conv2d
 from ._lean import bind_one
 
 
@@ -228,7 +228,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
     _packed_keys = BinaryLinear._packed_keys
-    _transient = ("_eval_signs",)
+    _transient = ("_eval_signs", "_lean")
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = False, pad_value: float = -1.0, *, per_channel: bool = False,
@@ -266,7 +266,36 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         s += f", bias={self.bias is not None}, pad_value={self.pad_value:g}"
         return s + self._options_repr()
 
+    _lean = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # eager inference on a batch: the bound call (see BinaryLinear._infer), kept while valid
+        if (type(x) is torch.Tensor and x.dim() == 4 and self.__dict__.get("_act_scale_ready")
+                and not _grad_enabled() and not _compiling() and not _dispatch_stack_len() and not _function_mode()):
+            params, buffers = self._parameters, self._buffers
+            fixed = (params["act_shift"], params.get("weight"), params["act_scale"], params.get("bias"),
+                     buffers.get("weight_bits"), buffers.get("weight_scale"))
+            backend = self.backend or ""
+            lc = self._lean
+            if lc is None or not lc.holds(x, backend, *fixed):
+                lc = self._bind_inference(x, backend, fixed)
+            return lc.call(x)
+        return self._forward(x)
+
+    def _bind_inference(self, x, backend, fixed):
+        """The full input checks (which raise on bad input), the weight signs, then the op ``_forward`` runs
+        without grad, bound once: the shift in x's dtype and the epilogue scale are fixed here."""
+        self._lean = None
+        self._batched_conv2d_input(x)
+        _, bits, sw = self._weight_operands()
+        shift = self.act_shift.detach().to(x.dtype).view(1, -1, 1, 1)
+        scale = _scale(self.act_scale.detach(), sw)
+        args = (x + shift, bits, list(self.kernel_size), list(self.stride), list(self.padding), list(self.dilation),
+                self.groups, self.pad_value, scale, self.bias, x.dtype)
+        lc = self._lean = bind_one(ops.binary_conv2d, args, backend, fixed, before=lambda t: t + shift, x=x)
+        return lc
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x, unbatched = self._batched_conv2d_input(x)
         if not self._act_scale_ready:
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")

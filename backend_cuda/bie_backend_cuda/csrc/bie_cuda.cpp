@@ -888,4 +888,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_mm", &binary_mm);
   m.def("binary_mm_wgmma", &binary_mm_wgmma);
   m.def("binary_linear_bound", &binary_linear_bound);
+  m.def("binary_conv2d", &binary_conv2d);
 }
