@@ -6,6 +6,7 @@
 #   install         pip-install the distributions (and the nvidia-cutlass wheel carried in .whl/)
 #   build-cuda      build the CUDA extension
 #   build-cutlass   build the CUTLASS families (binary, integer, weight_only)
+#   build           both builds at once (each CUTLASS family in its own process)
 #   test-cuda       tests/test_cuda_backend.py, tests/test_wq_kernel_choice.py and the conformance kit under cuda
 #   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
@@ -39,6 +40,10 @@ run() {   # run NAME CMD...: log to $OUT/NAME.log, remember a failure
 }
 
 install() {
+  # the distributions' pyproject.toml need setuptools >= 77 (a machine without network installs it from .whl/)
+  if ls .whl/setuptools-*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps .whl/setuptools-*.whl
+  fi
   if ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         .whl/nvidia_cutlass-*.whl
@@ -68,6 +73,22 @@ for ext in EXTENSIONS:
     print(ext.family, _build.load(ext), f"{time.time() - t0:.0f} s", flush=True)
 PY
       ;;
+    build)   # the CUDA extension and the three CUTLASS families at once (their builds barely overlap in time
+             # otherwise: a family is a few large translation units that leave most cores idle)
+      local pids=()
+      $PY -c "from bie_backend_cuda import _build; print(_build.load(verbose=False))" > "$OUT/build-cuda.log" 2>&1 &
+      pids+=($!)
+      for i in 0 1 2; do
+        $PY -c "
+import time
+from bie_backend_cutlass import _build
+from bie_backend_cutlass.plugin_extensions import EXTENSIONS
+t0 = time.time(); ext = EXTENSIONS[$i]
+print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > "$OUT/build-cutlass-$i.log" 2>&1 &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || status=1; done
+      tail -n 2 "$OUT"/build-cuda.log "$OUT"/build-cutlass-*.log ;;
     test-cuda)
       run test-cuda timeout 580 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs \
           tests/test_cuda_backend.py tests/test_wq_kernel_choice.py tests/test_import_rules.py
@@ -97,7 +118,7 @@ for n, k in ((4096, 4096), (28672, 8192)):
     print(e)
 PY
       ;;
-    *) echo "unknown stage $1 (install build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain all)"
+    *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain all)"
        status=1 ;;
   esac
 }
@@ -105,7 +126,7 @@ PY
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)
 if [ "${stages[0]}" = all ]; then
-  stages=(install build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain)
+  stages=(install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain)
 fi
 if [ "${stages[0]}" != install ] && ! installed; then
   run install install
