@@ -4,7 +4,7 @@ A backend distribution imports ``bie_core.backend_api`` (and nothing else of ``b
 public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 
 * declaring kernels: :class:`Capability`, :class:`Problem`, ``hookimpl``, :class:`BackendDescriptor` and
-  the descriptor helpers :func:`plugin_loader` and :func:`cuda_probe`;
+  the descriptor helpers :func:`plugin_loader`, :func:`cuda_probe` and :func:`cuda_backend_descriptor`;
 * :func:`handoff`: a kernel's ``defer`` from the one table of cross-backend preferences
   (``bie_core/preferences.py``);
 * dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
@@ -42,6 +42,7 @@ from .preferences import handoff
 __all__ = [
     # declaring a backend and its kernels
     "BackendDescriptor", "Capability", "Problem", "hookimpl", "plugin_loader", "cuda_probe",
+    "cuda_backend_descriptor",
     # where another backend's kernel is faster (the one table: bie_core/preferences.py)
     "handoff",
     # dtype sets
@@ -128,6 +129,21 @@ def cuda_probe(reason: Callable[[], Optional[str]]) -> Callable[[], Optional[str
             return "this torch build has no CUDA support"
         return reason()
     return probe
+
+
+def cuda_backend_descriptor(name: str, package: str, version: str, api_version: str, description: str,
+                            install_hint: str) -> BackendDescriptor:
+    """The descriptor of a CUDA backend distribution ``bie-backend-<name>`` whose package ``package`` holds a
+    ``plugin`` module (its hook implementations, imported when bie first needs kernels) and a ``_build`` module
+    whose ``probe_reason()`` says why its kernels can be neither built nor loaded here (None when they can;
+    importing it imports torch only and builds nothing)."""
+    def build_reason():
+        import importlib
+        return importlib.import_module(package + "._build").probe_reason()
+    return BackendDescriptor(name=name, api_version=api_version, device_types=("cuda",),
+                             load=plugin_loader(package + ".plugin"), probe=cuda_probe(build_reason),
+                             description=description, install_hint=install_hint,
+                             distribution=f"bie-backend-{name}", version=version)
 
 
 def caches_generation() -> int:
