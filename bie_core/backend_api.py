@@ -33,7 +33,7 @@ from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packe
 from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
 from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
 from .ops.integer import lsq_backward_math
-from .ops.weight_only import WQ_BITS
+from .ops.weight_only import WQ_BITS, mbwq_segments
 from .optable import all_ops, get_op, has_op
 from .plugins.descriptor import BackendDescriptor
 from .plugins.hookspecs import hookimpl
@@ -47,6 +47,8 @@ __all__ = [
     "handoff",
     # dtype sets
     "FLOAT_DTYPES", "HALF_DTYPES", "PACKABLE_DTYPES", "WQ_BITS",
+    # geometry of the formats
+    "mbwq_segments",
     # prepared layouts
     "LayoutMemo",
     # math shared with the reference

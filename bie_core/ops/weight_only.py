@@ -152,6 +152,18 @@ def mbwq_packed_rows(group_bits: Sequence[int], group_rows: Sequence[int]) -> in
     return sum(packed_rows(r, b) for b, r in zip(group_bits, group_rows))
 
 
+def mbwq_segments(group_bits: Sequence[int], group_rows: Sequence[int]) -> list:
+    """Where each group of a mixed-width weight lies: (bits, first row, rows, first word, words) per group,
+    rows of the unpacked (K, N) codes and words (rows) of qweight."""
+    out, row, word = [], 0, 0
+    for b, r in zip(group_bits, group_rows):
+        nw = packed_rows(r, b)
+        out.append((b, row, r, word, nw))
+        row += r
+        word += nw
+    return out
+
+
 def _check_mbwq_weights(op: str, qweight, scales, zeros, q_perm, group_bits, group_rows) -> tuple:
     k = _check_groups(op, group_bits, group_rows)
     g = len(group_bits)
