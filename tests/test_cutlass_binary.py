@@ -15,6 +15,8 @@ import importlib.util
 import pytest
 import torch
 
+from bie_core.ops.binary import CONV_CASES
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
                                 reason="bie-backend-cutlass is not installed")
 
@@ -351,14 +353,9 @@ def test_binary_bmm(bs, m, n, k):
 
 
 CONV = [
-    # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
-    (1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
-    (2, 3, 7, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
-    (1, 8, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1), 1),
-    (2, 16, 8, 8, 8, (1, 1), (1, 1), (0, 0), (1, 1), 1),
-    (1, 5, 11, 6, 3, (3, 2), (2, 1), (2, 0), (1, 1), 1),
-    (1, 6, 12, 12, 6, (3, 3), (1, 1), (2, 2), (2, 2), 1),
-    (2, 8, 6, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    # (N, C, H, W, O, kernel, stride, padding, dilation, groups): the conformance kit's small geometries, then
+    # wider channel counts (several channel words, grouped, strided)
+    *CONV_CASES[:7],
     (2, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     (2, 96, 7, 7, 40, (3, 3), (2, 2), (1, 1), (1, 1), 4),
     (1, 130, 9, 10, 33, (3, 3), (1, 1), (1, 1), (1, 1), 1),
