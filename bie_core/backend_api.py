@@ -9,9 +9,10 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
   (``bie_core/preferences.py``);
 * dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
 * the prepared-layout memo :class:`LayoutMemo`;
-* the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`),
-  epilogue and layout steps (:func:`linear_scale`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the
-  dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
+* the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`,
+  :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`,
+  :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the dynamic activation quantization's parameters
+  and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
 * the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`;
 * native code: :class:`NativeExtension` (one JIT build helper, cache keyed by every source and included
   header, flags, torch/CUDA versions and GPU architecture) and its helpers;
@@ -28,7 +29,7 @@ import torch
 from .kernels import Capability, Problem
 from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_arch, gencode, have_nvcc,
                            included_files, link_flags)
-from .ops._common import FLOAT_DTYPES
+from .ops._common import FLOAT_DTYPES, scaled_epilogue
 from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
 from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
 from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
@@ -52,7 +53,7 @@ __all__ = [
     # prepared layouts
     "LayoutMemo",
     # math shared with the reference
-    "conv_out_size", "packed_len", "linear_scale", "conv_weight_tap_bits", "lsq_backward_math",
+    "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table
