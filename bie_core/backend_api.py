@@ -8,7 +8,7 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 * :func:`handoff`: a kernel's ``defer`` from the one table of cross-backend preferences
   (``bie_core/preferences.py``);
 * dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
-* the prepared-layout memo :class:`LayoutMemo`;
+* the prepared-layout memo :class:`LayoutMemo` and :data:`tensor_state`;
 * the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`,
   :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`,
   :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the dynamic activation quantization's parameters
@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .dispatch import _tensor_state
 from .kernels import Capability, Problem
 from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_arch, gencode, have_nvcc,
                            included_files, link_flags)
@@ -51,7 +52,7 @@ __all__ = [
     # geometry of the formats
     "mbwq_segments",
     # prepared layouts
-    "LayoutMemo",
+    "LayoutMemo", "tensor_state",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
@@ -97,6 +98,12 @@ class LayoutMemo:
 
     def __len__(self) -> int:
         return len(self.layouts)
+
+
+#: What identifies one version of a tensor's contents, as the dispatcher's prepared-layout cache keys it:
+#: (storage pointer, version counter (-1 for inference tensors), device, dtype, shape); other values as they
+#: are. A backend keeping layouts of its own rebuilds them when this changes.
+tensor_state = _tensor_state
 
 
 def call_key_fn(op):

@@ -47,7 +47,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, mbwq_segments
+from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, mbwq_segments, tensor_state
 
 from ._guard import checked_index
 from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
@@ -304,16 +304,6 @@ def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
 _SHARED: dict = {}
 
 
-def _state(t):
-    if not isinstance(t, torch.Tensor):
-        return t
-    try:
-        v = t._version
-    except RuntimeError:  # inference tensors have no version counter
-        v = -1
-    return (t.data_ptr(), v, t.device, t.dtype, tuple(t.shape))
-
-
 def prepare(*weights):
     """The memo for these weights: one per weight version, shared by every
     kernel of this backend that prepares them (the GEMM and its input
@@ -322,7 +312,7 @@ def prepare(*weights):
     # the registry generation: bie_core.clear_caches() (and invalidate) must
     # drop these layouts too, e.g. after a write through .data
     from bie_core.backend_api import caches_generation
-    state = (caches_generation(),) + tuple(_state(w) for w in weights)
+    state = (caches_generation(),) + tuple(tensor_state(w) for w in weights)
     tensors = [w for w in weights if isinstance(w, torch.Tensor)]
     with LOCK:
         e = _SHARED.get(key)
