@@ -281,15 +281,22 @@ def _empty_out(shape, out_dtype, device):
     return torch.empty(shape, dtype=torch.int32 if out_dtype is None else out_dtype, device=device)
 
 
+def _against_weight(x, w, k, out_dtype, prepared, tile):
+    """The start of a GEMM of M rows against the packed weight rows w (N, ...): (the (M, N) output, the
+    weight's (bits, term, ld bits) for K, or None when the output is empty)."""
+    _check_tile(tile)
+    out = _empty_out((x.shape[0], w.shape[0]), out_dtype, x.device)
+    if out.numel() == 0:
+        return out, None
+    return out, (prepared if prepared is not None else prepare_weight(w)).gemm(k)
+
+
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, *, tile=None):
     """tile (here and in binary_linear / binary_bmm): see _run_gemm; None in dispatched calls."""
-    _check_tile(tile)
-    p = prepared if prepared is not None else prepare_weight(b)
-    m, n = a.shape[0], b.shape[0]
-    out = _empty_out((m, n), out_dtype, a.device)
-    if m == 0 or n == 0:
+    out, weight = _against_weight(a, b, k, out_dtype, prepared, tile)
+    if weight is None:
         return out
-    wb, wterm, ldb = p.gemm(k)
+    (m, n), (wb, wterm, ldb) = out.shape, weight
     ab, aterm, lda, _, fill = _rows(a.unsqueeze(0), k, k, -2, defer=True)
     geo = [m, n, kpad(k), 1, lda, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
     _run_gemm("binary_gemm", ab, wb, aterm, wterm, _vec(scale), None, _vec(bias), out, geo, fill, tile)
@@ -299,13 +306,10 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, *, tile=None):
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None, *, tile=None):
     """sgn(x + shift) packed with popc per row in one kernel, then the GEMM with
     scale = float32(act_scale) * float32(w_scale) in the epilogue (as linear_scale)."""
-    _check_tile(tile)
-    p = prepared if prepared is not None else prepare_weight(w)
-    m, n = x.shape[0], w.shape[0]
-    out = _empty_out((m, n), out_dtype, x.device)
-    if m == 0 or n == 0:
+    out, weight = _against_weight(x, w, k, out_dtype, prepared, tile)
+    if weight is None:
         return out
-    wb, wterm, ldb = p.gemm(k)
+    (m, n), (wb, wterm, ldb) = out.shape, weight
     kp = kpad(k)
     words = torch.empty((m, kp // 32), dtype=torch.int32, device=x.device)
     aterm = torch.empty(m, dtype=torch.int32, device=x.device)
