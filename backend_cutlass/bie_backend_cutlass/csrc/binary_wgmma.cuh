@@ -95,9 +95,8 @@ struct B1Mainloop {
       cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>, MainSched>::CollectiveOp;
   static constexpr bool kCoop = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   static constexpr int kTileN = int(size<1>(TileShape{}));
-  using Atom = std::conditional_t<kTileN % 256 == 0, SM90_64x256x256_S32B1B1_AND_SS,
-               std::conditional_t<kTileN % 128 == 0, SM90_64x128x256_S32B1B1_AND_SS,
-                                  SM90_64x64x256_S32B1B1_AND_SS>>;
+  static_assert(kTileN % 128 == 0, "the 1-bit atoms are 128 or 256 columns wide (binary_wgmma_atom.h)");
+  using Atom = SM90_64xNx256_S32B1B1_AND_SS<(kTileN % 256 == 0 ? 256 : 128)>;
   using AtomLayoutMNK = std::conditional_t<kCoop, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _1, _1>>>;
   using TiledMma = decltype(make_tiled_mma(Atom{}, AtomLayoutMNK{}));
   static_assert(size(TiledMma{}) == size(typename Int8Mainloop::TiledMma{}), "warpgroup layout differs");
