@@ -142,17 +142,22 @@ def cuda_probe(reason: Callable[[], Optional[str]]) -> Callable[[], Optional[str
 
 
 def cuda_backend_descriptor(name: str, package: str, version: str, api_version: str, description: str,
-                            install_hint: str) -> BackendDescriptor:
+                            also_needs: str = "") -> BackendDescriptor:
     """The descriptor of a CUDA backend distribution ``bie-backend-<name>`` whose package ``package`` holds a
     ``plugin`` module (its hook implementations, imported when bie first needs kernels) and a ``_build`` module
     whose ``probe_reason()`` says why its kernels can be neither built nor loaded here (None when they can;
-    importing it imports torch only and builds nothing)."""
+    importing it imports torch only and builds nothing). Its kernels build with the CUDA toolkit's nvcc on first
+    use or with ``bie build <name>``; ``also_needs`` names what else the build needs (the install hint says it)."""
     def build_reason():
         import importlib
         return importlib.import_module(package + "._build").probe_reason()
+    needs = ["an NVIDIA GPU", "the CUDA toolkit's nvcc"] + ([also_needs] if also_needs else [])
+    needs = ", ".join(needs[:-1]) + " and " + needs[-1]
     return BackendDescriptor(name=name, api_version=api_version, device_types=("cuda",),
                              load=plugin_loader(package + ".plugin"), probe=cuda_probe(build_reason),
-                             description=description, install_hint=install_hint,
+                             description=description,
+                             install_hint=f"pip install bie-backend-{name} (needs {needs}; kernels build on first "
+                                          f"use, or `bie build {name}`)",
                              distribution=f"bie-backend-{name}", version=version)
 
 
