@@ -310,20 +310,12 @@ using BGemmSm90LeanCounted = BGemmSm90Lean<ElementD, TileShape, ClusterShape, Ma
 // (8 buffers for 16-bit outputs, 4 of twice the size for 32-bit ones: 64 KB), so the math
 // warpgroups hand a tile's TMA stores over and go on to the next tile without waiting for them
 // (measured faster than CUTLASS's 2 buffers at 4096^3 and M=1024).
-#define BIE_WG_CFG0                                                                                 \
-  Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
-#define BIE_WG_CFG1                                                                             \
-  Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
-      cutlass::epilogue::TmaWarpSpecialized
-#define BIE_WG_CFG2                                                                             \
-  Shape<_64, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
-      cutlass::epilogue::TmaWarpSpecialized
+#define BIE_WG_CFG0 BIE_SM90_COOPERATIVE(_128, _256, _128, _2), cutlass::epilogue::collective::EpilogueTileAuto, 8
+#define BIE_WG_CFG1 BIE_SM90_PINGPONG(_64, _128, _128, _1)
+#define BIE_WG_CFG2 BIE_SM90_PINGPONG(_64, _256, _128, _2)
 // as CFG0 without the cluster: no multicast, but no lockstep between the two blocks either (faster
 // when a call is one or two waves of tiles, e.g. M = 1024 on 4096x4096 weights)
-#define BIE_WG_CFG3                                                                                 \
-  Shape<_128, _256, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
+#define BIE_WG_CFG3 BIE_SM90_COOPERATIVE(_128, _256, _128, _1), cutlass::epilogue::collective::EpilogueTileAuto, 8
 
 // The kernel a configuration gets for output type T: 16-bit outputs the lean epilogue
 // (binary_lean_epilogue.cuh), 32-bit ones the visitor tree (whose store buffers StagesD sizes).
