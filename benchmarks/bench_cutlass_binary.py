@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 import torch.nn.functional as F
@@ -91,12 +90,9 @@ def bench_gemm(rows, quick):
         ws = [_bits((n, kb), k) for _ in range(nset)]
         ps = [cb.prepare_weight(w) for w in ws]
         for tile in cb.CONFIGS + cb.WG_CONFIGS:
-            os.environ["BIE_CUTLASS_BINARY_TILE"] = tile
-            try:
-                t = time_graph([lambda w=w, p=p: cb.binary_gemm(a, w, k, None, None, torch.bfloat16, prepared=p)
-                                for w, p in zip(ws, ps)])
-            finally:
-                del os.environ["BIE_CUTLASS_BINARY_TILE"]
+            t = time_graph([lambda w=w, p=p, tile=tile: cb.binary_gemm(a, w, k, None, None, torch.bfloat16,
+                                                                       prepared=p, tile=tile)
+                            for w, p in zip(ws, ps)])
             rows.append(dict(family="binary_gemm tile", shape=f"{tile} M={m} N={n} K={k}", config=cb.LAST_CONFIG[0],
                              us=t, tops=2.0 * m * n * k / t / 1e6))
             print(rows[-1], flush=True)

@@ -4,14 +4,15 @@ A backend distribution imports ``bie_core.backend_api`` (and nothing else of ``b
 public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 
 * declaring kernels: :class:`Capability`, :class:`Problem`, ``hookimpl``, :class:`BackendDescriptor` and
-  the descriptor helpers :func:`plugin_loader` and :func:`cuda_probe`;
+  the descriptor helpers :func:`plugin_loader`, :func:`cuda_probe` and :func:`cuda_backend_descriptor`;
 * :func:`handoff`: a kernel's ``defer`` from the one table of cross-backend preferences
   (``bie_core/preferences.py``);
 * dtype sets: :data:`FLOAT_DTYPES`, :data:`HALF_DTYPES`, :data:`PACKABLE_DTYPES`, :data:`WQ_BITS`;
-* the prepared-layout memo :class:`LayoutMemo`;
-* the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`),
-  epilogue and layout steps (:func:`linear_scale`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the
-  dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
+* the prepared-layout memo :class:`LayoutMemo` and :data:`tensor_state`;
+* the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`,
+  :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`,
+  :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the dynamic activation quantization's parameters
+  and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
 * the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`;
 * native code: :class:`NativeExtension` (one JIT build helper, cache keyed by every source and included
   header, flags, torch/CUDA versions and GPU architecture) and its helpers;
@@ -25,15 +26,16 @@ from typing import Callable, Optional
 
 import torch
 
+from .dispatch import _tensor_state
 from .kernels import Capability, Problem
 from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_arch, gencode, have_nvcc,
                            included_files, link_flags)
-from .ops._common import FLOAT_DTYPES
+from .ops._common import FLOAT_DTYPES, scaled_epilogue
 from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
 from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
 from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
 from .ops.integer import lsq_backward_math
-from .ops.weight_only import WQ_BITS
+from .ops.weight_only import WQ_BITS, mbwq_segments
 from .optable import all_ops, get_op, has_op
 from .plugins.descriptor import BackendDescriptor
 from .plugins.hookspecs import hookimpl
@@ -42,14 +44,17 @@ from .preferences import handoff
 __all__ = [
     # declaring a backend and its kernels
     "BackendDescriptor", "Capability", "Problem", "hookimpl", "plugin_loader", "cuda_probe",
+    "cuda_backend_descriptor",
     # where another backend's kernel is faster (the one table: bie_core/preferences.py)
     "handoff",
     # dtype sets
     "FLOAT_DTYPES", "HALF_DTYPES", "PACKABLE_DTYPES", "WQ_BITS",
+    # geometry of the formats
+    "mbwq_segments",
     # prepared layouts
-    "LayoutMemo",
+    "LayoutMemo", "tensor_state",
     # math shared with the reference
-    "conv_out_size", "packed_len", "linear_scale", "conv_weight_tap_bits", "lsq_backward_math",
+    "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table
@@ -95,6 +100,12 @@ class LayoutMemo:
         return len(self.layouts)
 
 
+#: What identifies one version of a tensor's contents, as the dispatcher's prepared-layout cache keys it:
+#: (storage pointer, version counter (-1 for inference tensors), device, dtype, shape); other values as they
+#: are. A backend keeping layouts of its own rebuilds them when this changes.
+tensor_state = _tensor_state
+
+
 def call_key_fn(op):
     """The function mapping a call's arguments of ``op`` to the key the dispatcher caches decisions by (shapes,
     dtypes, devices, requires_grad and contiguity of the tensors, the other arguments' values)."""
@@ -128,6 +139,26 @@ def cuda_probe(reason: Callable[[], Optional[str]]) -> Callable[[], Optional[str
             return "this torch build has no CUDA support"
         return reason()
     return probe
+
+
+def cuda_backend_descriptor(name: str, package: str, version: str, api_version: str, description: str,
+                            also_needs: str = "") -> BackendDescriptor:
+    """The descriptor of a CUDA backend distribution ``bie-backend-<name>`` whose package ``package`` holds a
+    ``plugin`` module (its hook implementations, imported when bie first needs kernels) and a ``_build`` module
+    whose ``probe_reason()`` says why its kernels can be neither built nor loaded here (None when they can;
+    importing it imports torch only and builds nothing). Its kernels build with the CUDA toolkit's nvcc on first
+    use or with ``bie build <name>``; ``also_needs`` names what else the build needs (the install hint says it)."""
+    def build_reason():
+        import importlib
+        return importlib.import_module(package + "._build").probe_reason()
+    needs = ["an NVIDIA GPU", "the CUDA toolkit's nvcc"] + ([also_needs] if also_needs else [])
+    needs = ", ".join(needs[:-1]) + " and " + needs[-1]
+    return BackendDescriptor(name=name, api_version=api_version, device_types=("cuda",),
+                             load=plugin_loader(package + ".plugin"), probe=cuda_probe(build_reason),
+                             description=description,
+                             install_hint=f"pip install bie-backend-{name} (needs {needs}; kernels build on first "
+                                          f"use, or `bie build {name}`)",
+                             distribution=f"bie-backend-{name}", version=version)
 
 
 def caches_generation() -> int:

@@ -9,10 +9,13 @@ Without CUDA, or without the CUTLASS headers / compiler, only the light checks r
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import pytest
 import torch
+
+from bie_core.ops.binary import CONV_CASES
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
                                 reason="bie-backend-cutlass is not installed")
@@ -43,8 +46,8 @@ def test_import_is_light():
 
 def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
     """Tuned calls run the tuned tile's counting twin (no popcount pass) on in-place 16-bit-output calls up to
-    COUNT_MAX_WORK, the tile with the pass above it and on 32-bit outputs; a forced counting tile at any size
-    (CPU: the kernels are stubbed, the choice is what is checked)."""
+    COUNT_MAX_WORK, the tile with the pass above it and on 32-bit outputs; a counting tile the caller
+    names at any size (CPU: the kernels are stubbed, the choice is what is checked)."""
     from bie_backend_cutlass import binary as b, tuning
     ran = []
 
@@ -62,23 +65,23 @@ def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
     monkeypatch.setattr(b, "_wg_ok", lambda *args: True)
     monkeypatch.setattr(tuning, "choose", lambda op, bucket, cands, device=None: "wg128x256c1")
     monkeypatch.setattr(tuning, "sm_count", lambda device=None: 132)
-    monkeypatch.delenv("BIE_CUTLASS_BINARY_TILE", raising=False)
 
-    def run(m, n, k, dt):
+    def run(m, n, k, dt, tile=None):
         ran.clear()
         a = torch.zeros((m, k // 8), dtype=torch.uint8)
         w = torch.zeros((n, k // 8), dtype=torch.uint8)
         p = b.PreparedSigns(w)
         p._cache[("gemm", k)] = (w, torch.zeros(n, dtype=torch.int32), b.kpad(k))
-        b.binary_gemm(a, w, k, None, None, dt, prepared=p)
+        b.binary_gemm(a, w, k, None, None, dt, prepared=p, tile=tile)
         return list(ran)
 
     assert run(4096, 4096, 4096, torch.bfloat16) == ["wg128x256c1r"]
     assert run(4096, 4096, 4096, torch.float32) == ["pass", "wg128x256c1"]
     assert 8192 ** 3 > b.COUNT_MAX_WORK
     assert run(8192, 2048, 8192, torch.float16) == ["pass", "wg128x256c1"]
-    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", "wg128x256r")   # forced: any size
-    assert run(8192, 2048, 8192, torch.float16) == ["wg128x256r"]
+    assert run(8192, 2048, 8192, torch.float16, tile="wg128x256r") == ["wg128x256r"]   # named: any size
+    with pytest.raises(ValueError, match="tile='wg1'"):
+        run(64, 64, 128, torch.float16, tile="wg1")
 
 
 def test_binary_gemm_is_not_handed_over_to_the_cuda_backend():
@@ -141,16 +144,16 @@ def test_binary_gemm(m, n, k):
 
 @needs_kernels
 @pytest.mark.parametrize("tile", ["128x256", "128x256k1024", "64x128"])
-def test_every_tile_config(tile, monkeypatch):
+def test_every_tile_config(tile):
     from bie_backend_cutlass import binary as cb
     rb = _ref()
-    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    gemm = functools.partial(cb.binary_gemm, tile=tile)
     gen = torch.Generator().manual_seed(5)
     for (m, n, k) in [(1, 3, 5), (130, 260, 1500), (257, 129, 4096)]:
         a, b = _bits((m, (k + 7) // 8), k, gen), _bits((n, (k + 7) // 8), k, gen)
         for dt in (None,) + FLOATS:
             s = None if dt is None else torch.rand(n, generator=gen).cuda()
-            _same(cb.binary_gemm(a, b, k, s, None, dt), rb.binary_gemm(a, b, k, s, None, dt), f"{tile} {dt}")
+            _same(gemm(a, b, k, s, None, dt), rb.binary_gemm(a, b, k, s, None, dt), f"{tile} {dt}")
 
 
 @needs_kernels
@@ -213,26 +216,27 @@ def test_binary_linear_packing_spans_and_tails():
 
 @needs_kernels
 @pytest.mark.parametrize("tile", ["wg128x256", "wg64x128", "wg64x256", "wg128x256c1"])
-def test_wgmma_configs(tile, monkeypatch):
-    """The Hopper wgmma kernels (sm_90 only; elsewhere the forced name is ignored): gemm, linear
+def test_wgmma_configs(tile):
+    """The Hopper wgmma kernels (sm_90 only; elsewhere the named tile is ignored): gemm, linear
     and bmm on shapes its TMA epilogue serves (N % 8 == 0), every output dtype, scalar and
     per-channel scales of every float dtype, bias, K tails, batches."""
     from bie_backend_cutlass import binary as cb
     rb = _ref()
-    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    gemm, linear, bmm = (functools.partial(f, tile=tile)
+                         for f in (cb.binary_gemm, cb.binary_linear, cb.binary_bmm))
     sm90 = torch.cuda.get_device_capability() == (9, 0)
     gen = torch.Generator().manual_seed(11)
     for (m, n, k) in [(1, 8, 5), (100, 64, 300), (130, 264, 1500), (257, 512, 4096), (64, 128, 8192), (3, 24, 129)]:
         a, b = _bits((m, (k + 7) // 8), k, gen), _bits((n, (k + 7) // 8), k, gen)
-        _same(cb.binary_gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), f"{tile} count")
+        _same(gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), f"{tile} count")
         assert not sm90 or cb.LAST_CONFIG[0] == tile
         for i, dt in enumerate(FLOATS):
             per = (i + m) % 2 == 0
             s = (torch.rand((n,) if per else (), generator=gen) + 0.05).to("cuda", FLOATS[(i + m) % 3])
             bias = torch.randn(n, generator=gen).to("cuda", FLOATS[(i + 2) % 3]) if i != 1 else None
-            _same(cb.binary_gemm(a, b, k, s, bias, dt), rb.binary_gemm(a, b, k, s, bias, dt), f"{tile} {dt} {per}")
+            _same(gemm(a, b, k, s, bias, dt), rb.binary_gemm(a, b, k, s, bias, dt), f"{tile} {dt} {per}")
             assert not sm90 or cb.LAST_CONFIG[0] == tile
-            _same(cb.binary_gemm(a, b, k, None, None, dt), rb.binary_gemm(a, b, k, None, None, dt), f"{tile} {dt}")
+            _same(gemm(a, b, k, None, None, dt), rb.binary_gemm(a, b, k, None, None, dt), f"{tile} {dt}")
         x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
         w = _bits((n, (k + 7) // 8), k, gen)
         sh = torch.randn(k, generator=gen).to("cuda", torch.bfloat16) * 0.1
@@ -240,30 +244,31 @@ def test_wgmma_configs(tile, monkeypatch):
         sw = (torch.rand(n, generator=gen) + 0.5).cuda()
         bias = torch.randn(n, generator=gen).cuda()
         for dt in FLOATS:
-            _same(cb.binary_linear(x, sh, w, k, sa, sw, bias, dt), rb.binary_linear(x, sh, w, k, sa, sw, bias, dt),
+            _same(linear(x, sh, w, k, sa, sw, bias, dt), rb.binary_linear(x, sh, w, k, sa, sw, bias, dt),
                   f"{tile} linear {dt}")
-        _same(cb.binary_linear(x, None, w, k, None, None, None, None),
+        _same(linear(x, None, w, k, None, None, None, None),
               rb.binary_linear(x, None, w, k, None, None, None, None), f"{tile} linear count")
         bs = 3
         a3 = _bits((bs, m, (k + 7) // 8), k, gen)
         b3 = _bits((bs, n, (k + 7) // 8), k, gen)
-        _same(cb.binary_bmm(a3, b3, k, None, None), rb.binary_bmm(a3, b3, k, None, None), f"{tile} bmm count")
+        _same(bmm(a3, b3, k, None, None), rb.binary_bmm(a3, b3, k, None, None), f"{tile} bmm count")
         s = (torch.rand((), generator=gen) + 0.1).cuda()
         for dt in FLOATS:
-            _same(cb.binary_bmm(a3, b3, k, s, dt), rb.binary_bmm(a3, b3, k, s, dt), f"{tile} bmm {dt}")
+            _same(bmm(a3, b3, k, s, dt), rb.binary_bmm(a3, b3, k, s, dt), f"{tile} bmm {dt}")
         assert not sm90 or cb.LAST_CONFIG[0] == tile
 
 
 @needs_kernels
 @pytest.mark.parametrize("tile", ["wg128x256r", "wg128x256c1r"])
-def test_wgmma_counted_rows(tile, monkeypatch):
+def test_wgmma_counted_rows(tile):
     """The configurations that count popc(a row) in their mainloop instead of a pass before the GEMM: bit-exact
     wherever they serve (binary_gemm / binary_bmm with 16-bit outputs and operands used in place: K % 128 == 0),
     with M and N tails, K tails inside a 1024-bit stage, row-strided views, scales, bias, batches; elsewhere the
     same tile reading the pass's terms serves."""
     from bie_backend_cutlass import binary as cb
     rb = _ref()
-    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    gemm, linear, bmm = (functools.partial(f, tile=tile)
+                         for f in (cb.binary_gemm, cb.binary_linear, cb.binary_bmm))
     base = cb.COUNTED[tile]
     sm90 = torch.cuda.get_device_capability() == (9, 0)
     gen = torch.Generator().manual_seed(23)
@@ -274,44 +279,44 @@ def test_wgmma_counted_rows(tile, monkeypatch):
             per = (i + m) % 2 == 0
             s = (torch.rand((n,) if per else (), generator=gen) + 0.05).to("cuda", FLOATS[(i + m) % 3])
             bias = torch.randn(n, generator=gen).to("cuda", FLOATS[(i + 2) % 3]) if i == 0 else None
-            _same(cb.binary_gemm(a, b, k, s, bias, dt), rb.binary_gemm(a, b, k, s, bias, dt), f"{tile} {dt} {per}")
+            _same(gemm(a, b, k, s, bias, dt), rb.binary_gemm(a, b, k, s, bias, dt), f"{tile} {dt} {per}")
             assert not sm90 or cb.LAST_CONFIG[0] == tile
         # a view whose rows sit 64 bytes apart beyond their k bits (garbage there: the kernel must not count it)
         wide = _bits((m, k // 8 + 64), k + 512, gen)
         av = wide[:, : k // 8]
-        _same(cb.binary_gemm(av, b, k, None, None, torch.bfloat16),
+        _same(gemm(av, b, k, None, None, torch.bfloat16),
               rb.binary_gemm(av.contiguous(), b, k, None, None, torch.bfloat16), f"{tile} view")
         assert not sm90 or cb.LAST_CONFIG[0] == tile
         # 32-bit outputs: the same tile with the pass's terms
-        _same(cb.binary_gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), f"{tile} count")
+        _same(gemm(a, b, k, None, None, None), rb.binary_gemm(a, b, k, None, None, None), f"{tile} count")
         assert not sm90 or cb.LAST_CONFIG[0] == base
         a3, b3 = _bits((3, m, k // 8), k, gen), _bits((3, n, k // 8), k, gen)
         s = (torch.rand((), generator=gen) + 0.1).cuda()
-        _same(cb.binary_bmm(a3, b3, k, s, torch.bfloat16), rb.binary_bmm(a3, b3, k, s, torch.bfloat16), f"{tile} bmm")
+        _same(bmm(a3, b3, k, s, torch.bfloat16), rb.binary_bmm(a3, b3, k, s, torch.bfloat16), f"{tile} bmm")
         assert not sm90 or cb.LAST_CONFIG[0] == tile
     # K not a multiple of 128 (a copied, masked): the pass's terms
     a, b = _bits((70, 40), 317, gen), _bits((16, 40), 317, gen)
-    _same(cb.binary_gemm(a, b, 317, None, None, torch.float16), rb.binary_gemm(a, b, 317, None, None, torch.float16),
+    _same(gemm(a, b, 317, None, None, torch.float16), rb.binary_gemm(a, b, 317, None, None, torch.float16),
           f"{tile} k tail")
     assert not sm90 or cb.LAST_CONFIG[0] == base
     # binary_linear packs x with its popcounts: the pass-free GEMM of the same tile
     x = torch.randn(130, 1024, generator=gen).to("cuda", torch.bfloat16)
     w = _bits((264, 128), 1024, gen)
-    _same(cb.binary_linear(x, None, w, 1024, None, None, None, torch.bfloat16),
+    _same(linear(x, None, w, 1024, None, None, None, torch.bfloat16),
           rb.binary_linear(x, None, w, 1024, None, None, None, torch.bfloat16), f"{tile} linear")
     assert not sm90 or cb.LAST_CONFIG[0] == base
 
 
 @needs_kernels
 @pytest.mark.parametrize("tile", ["wg128x256", "wg128x256c1", "wg128x256r"])
-def test_wgmma_dependent_launch_chain(tile, monkeypatch):
+def test_wgmma_dependent_launch_chain(tile):
     """The wgmma GEMM is launched as a programmatic dependent of the popcount / packing pass before it
     and must still read what that pass and the kernels before it wrote: `a` rewritten in place by a
     torch kernel each step, its row terms rewritten by the pass into a recycled buffer; no host sync
     between steps (a GEMM that started reading early would see the previous step's values)."""
     from bie_backend_cutlass import binary as cb
     rb = _ref()
-    monkeypatch.setenv("BIE_CUTLASS_BINARY_TILE", tile)
+    gemm, linear = (functools.partial(f, tile=tile) for f in (cb.binary_gemm, cb.binary_linear))
     gen = torch.Generator().manual_seed(5)
     m, n, k = 384, 512, 2048
     w = _bits((n, k // 8), k, gen)
@@ -321,10 +326,10 @@ def test_wgmma_dependent_launch_chain(tile, monkeypatch):
     outs, ins, xs = [], [], []
     for step in range(12):
         a.random_(0, 256)        # in place, on the GPU, right before the GEMM's popcount pass
-        outs.append(cb.binary_gemm(a, w, k, None, None, torch.bfloat16, prepared=p))
+        outs.append(gemm(a, w, k, None, None, torch.bfloat16, prepared=p))
         ins.append(a.clone())
         x.normal_()
-        outs.append(cb.binary_linear(x, None, w, k, None, None, None, torch.float32, prepared=p))
+        outs.append(linear(x, None, w, k, None, None, None, torch.float32, prepared=p))
         xs.append(x.clone())
     for step in range(12):
         _same(outs[2 * step], rb.binary_gemm(ins[step], w, k, None, None, torch.bfloat16), f"{tile} gemm {step}")
@@ -348,14 +353,9 @@ def test_binary_bmm(bs, m, n, k):
 
 
 CONV = [
-    # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
-    (1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1), 1),
-    (2, 3, 7, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1), 1),
-    (1, 8, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1), 1),
-    (2, 16, 8, 8, 8, (1, 1), (1, 1), (0, 0), (1, 1), 1),
-    (1, 5, 11, 6, 3, (3, 2), (2, 1), (2, 0), (1, 1), 1),
-    (1, 6, 12, 12, 6, (3, 3), (1, 1), (2, 2), (2, 2), 1),
-    (2, 8, 6, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    # (N, C, H, W, O, kernel, stride, padding, dilation, groups): the conformance kit's small geometries, then
+    # wider channel counts (several channel words, grouped, strided)
+    *CONV_CASES[:7],
     (2, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     (2, 96, 7, 7, 40, (3, 3), (2, 2), (1, 1), (1, 1), 4),
     (1, 130, 9, 10, 33, (3, 3), (1, 1), (1, 1), (1, 1), 1),

@@ -29,7 +29,6 @@ No host synchronisation anywhere: only shapes, strides and pointers are inspecte
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -65,9 +64,8 @@ COUNTED = {"wg128x256r": "wg128x256", "wg128x256c1r": "wg128x256c1"}
 TWIN = {v: k for k, v in COUNTED.items()}
 #: M*N*K*batch up to which the tuned tile's counting twin serves. Not timed by the tuner: its samples are
 #: single calls after an L2 flush, where the twin's extra mainloop work shows but not the overlap it gains in a
-#: stream of kernels. H100 (bf16 out), graph-timed back-to-back
-#: calls: 4096^3 24.2-24.4 (twin) vs 25.5-26.0 us (pass + GEMM), M=1024 and 384 with N=K=4096 8.2 / 7.3 vs
-#: 9.9 / 9.3 (bie-backend-cuda) ; 8192^3 131-132 vs 123-125 us. Single calls: 28.7-29.5 vs 27.3-27.9 at 4096^3.
+#: stream of kernels. In back-to-back calls the twin is faster up to about 4096^3 and slower at 8192^3, where
+#: the count's constant share of the mainloop outweighs the pass (benchmarks/results/cutlass_h100_binary.md).
 COUNT_MAX_WORK = 3 * 2 ** 35
 LAST_CONFIG = [None]  # the configuration the last GEMM ran with (tests, benchmarks)
 _MAX_ROWS = 2 ** 31 - 1
@@ -123,8 +121,6 @@ def _f32(t):
 
 def _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo) -> bool:
     """Whether the wgmma kernel (TMA loads and a TMA-store epilogue) serves this call."""
-    if os.environ.get("BIE_CUTLASS_WGMMA", "1") == "0":
-        return False
     dev = out.device
     if not _is_sm90(dev.index if dev.index is not None else torch.cuda.current_device()):
         return False
@@ -136,13 +132,22 @@ def _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo) -> bool:
             and all(t is None or _aligned(t) for t in (s1, s2, bias)))
 
 
-def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_rows=None):
+def _check_tile(tile):
+    if tile is not None and tile not in CONFIGS + WG_CONFIGS:
+        raise ValueError(f"bie-backend-cutlass binary GEMM: tile={tile!r} is not a configuration; "
+                         f"allowed: None (tuned choice) or one of {CONFIGS + WG_CONFIGS}")
+
+
+def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_rows=None, tile=None):
     """Runs the GEMM with the configuration tuning.choose picks for this shape bucket: the
     mma.sync tiles everywhere, plus the wgmma kernels on sm_90 where their epilogue applies.
 
     fill_rows: None when row_term holds the row terms, else the popcount pass that writes them
     (K - 2 popc(a row), a used in place). Then, up to COUNT_MAX_WORK, a tuned wg128x256 / wg128x256c1
-    runs as its counting twin (TWIN) without the pass; the tuner's samples include the pass."""
+    runs as its counting twin (TWIN) without the pass; the tuner's samples include the pass.
+
+    tile: a configuration name that replaces the tuned choice (tests, benchmarks); a wgmma name is
+    ignored where the wgmma kernel does not serve the call, and a counting tile runs at any size."""
     wg = _wg_ok(a, b, row_term, col_term, s1, s2, bias, out, geo)
     ws1 = ws2 = wbias = None
     if wg:
@@ -150,9 +155,8 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_ro
         ws1, ws2, wbias = _f32(s1), _f32(s2), _f32(bias)
         wg = all(t is None or _aligned(t) for t in (ws1, ws2, wbias))
     counted = wg and fill_rows is not None and out.element_size() == 2
-    forced = os.environ.get("BIE_CUTLASS_BINARY_TILE")
-    forced = forced if forced and (wg or forced not in WG_CONFIGS) else None
-    if not forced:   # (a forced counting tile runs at any size: tests, benchmarks)
+    forced = tile if tile and (wg or tile not in WG_CONFIGS) else None
+    if not forced:
         counted = counted and geo[0] * geo[1] * geo[2] * geo[3] <= COUNT_MAX_WORK
     if fill_rows is not None and not counted:
         fill_rows()
@@ -277,39 +281,48 @@ def _empty_out(shape, out_dtype, device):
     return torch.empty(shape, dtype=torch.int32 if out_dtype is None else out_dtype, device=device)
 
 
-def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
-    p = prepared if prepared is not None else prepare_weight(b)
-    m, n = a.shape[0], b.shape[0]
-    out = _empty_out((m, n), out_dtype, a.device)
-    if m == 0 or n == 0:
+def _against_weight(x, w, k, out_dtype, prepared, tile):
+    """The start of a GEMM of M rows against the packed weight rows w (N, ...): (the (M, N) output, the
+    weight's (bits, term, ld bits) for K, or None when the output is empty)."""
+    _check_tile(tile)
+    out = _empty_out((x.shape[0], w.shape[0]), out_dtype, x.device)
+    if out.numel() == 0:
+        return out, None
+    return out, (prepared if prepared is not None else prepare_weight(w)).gemm(k)
+
+
+def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, *, tile=None):
+    """tile (here and in binary_linear / binary_bmm): see _run_gemm; None in dispatched calls."""
+    out, weight = _against_weight(a, b, k, out_dtype, prepared, tile)
+    if weight is None:
         return out
-    wb, wterm, ldb = p.gemm(k)
+    (m, n), (wb, wterm, ldb) = out.shape, weight
     ab, aterm, lda, _, fill = _rows(a.unsqueeze(0), k, k, -2, defer=True)
     geo = [m, n, kpad(k), 1, lda, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
-    _run_gemm("binary_gemm", ab, wb, aterm, wterm, _vec(scale), None, _vec(bias), out, geo, fill)
+    _run_gemm("binary_gemm", ab, wb, aterm, wterm, _vec(scale), None, _vec(bias), out, geo, fill, tile)
     return out
 
 
-def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None, *, tile=None):
     """sgn(x + shift) packed with popc per row in one kernel, then the GEMM with
     scale = float32(act_scale) * float32(w_scale) in the epilogue (as linear_scale)."""
-    p = prepared if prepared is not None else prepare_weight(w)
-    m, n = x.shape[0], w.shape[0]
-    out = _empty_out((m, n), out_dtype, x.device)
-    if m == 0 or n == 0:
+    out, weight = _against_weight(x, w, k, out_dtype, prepared, tile)
+    if weight is None:
         return out
-    wb, wterm, ldb = p.gemm(k)
+    (m, n), (wb, wterm, ldb) = out.shape, weight
     kp = kpad(k)
     words = torch.empty((m, kp // 32), dtype=torch.int32, device=x.device)
     aterm = torch.empty(m, dtype=torch.int32, device=x.device)
     sh = None if shift is None else shift.reshape(-1).to(x.dtype)
     _ops().pack_act(x, sh, words, aterm, k)
     geo = [m, n, kp, 1, kp, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
-    _run_gemm("binary_linear", words, wb, aterm, wterm, _vec(act_scale), _vec(w_scale), _vec(bias), out, geo)
+    _run_gemm("binary_linear", words, wb, aterm, wterm, _vec(act_scale), _vec(w_scale), _vec(bias), out, geo,
+              tile=tile)
     return out
 
 
-def binary_bmm(a, b, k, scale, out_dtype):
+def binary_bmm(a, b, k, scale, out_dtype, *, tile=None):
+    _check_tile(tile)
     bs, m, _ = a.shape
     n = b.shape[1]
     out = _empty_out((bs, m, n), out_dtype, a.device)
@@ -318,7 +331,7 @@ def binary_bmm(a, b, k, scale, out_dtype):
     ab, aterm, lda, a_bs, fill = _rows(a, k, k, -2, defer=True)
     bb, bterm, ldb, b_bs = _rows(b, k, 0, -2)
     geo = [m, n, kpad(k), bs, lda, ldb, a_bs, b_bs, m, n, 0, 0, 0, m * n, n, 0, 0]
-    _run_gemm("binary_bmm", ab, bb, aterm, bterm, _vec(scale), None, None, out, geo, fill)
+    _run_gemm("binary_bmm", ab, bb, aterm, bterm, _vec(scale), None, None, out, geo, fill, tile)
     return out
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES
+from bie_core.backend_api import FLOAT_DTYPES, scaled_epilogue
 
 from . import _build, tuning
 from ._build import Extension
@@ -140,17 +140,7 @@ def _gemm(a3, b3, n, scale, bias, out_dtype, groups: int = 1):
 
 def _finish_empty(shape, device, scale, bias, out_dtype, channel_dim):
     """The op's epilogue on an all-zero accumulator (K == 0): used for degenerate shapes only."""
-    acc = torch.zeros(shape, dtype=torch.float32, device=device)
-    if out_dtype is None:
-        return acc.to(torch.int32)
-    view = [1] * len(shape)
-    view[channel_dim] = -1
-    if scale is not None:
-        s = scale.to(torch.float32)
-        acc = acc * (s.reshape(view) if s.numel() > 1 else s.reshape(()))
-    if bias is not None:
-        acc = acc + bias.to(torch.float32).reshape(view)
-    return acc.to(out_dtype).contiguous()
+    return scaled_epilogue(torch.zeros(shape, dtype=torch.float32, device=device), scale, bias, out_dtype, channel_dim)
 
 
 # ------------------------------------------------------------------ int_gemm

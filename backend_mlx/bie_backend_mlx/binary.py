@@ -73,6 +73,24 @@ def finish(acc: "mx.array", scale, bias, out_dtype, channel_axis: int = -1) -> "
     return y.astype(mx_dtype(out_dtype))
 
 
+def nhwc(x) -> "mx.array":
+    """An NCHW torch tensor as an NHWC MLX array (a channels_last tensor's permuted view is contiguous)."""
+    return to_mlx(x.permute(0, 2, 3, 1))
+
+
+def pad_hw(xm: "mx.array", padding, value: float = 0.0) -> "mx.array":
+    """An NHWC array with (ph, pw) = ``padding`` rows / columns of ``value`` on each side."""
+    ph, pw = padding
+    if not (ph or pw):
+        return xm
+    return mx.pad(xm, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=value)
+
+
+def conv_out(acc: "mx.array", scale, bias, out_dtype, device):
+    """The epilogue (:func:`finish`) of a conv's NHWC accumulator, as an NCHW torch tensor on ``device``."""
+    return to_torch(finish(acc, scale, bias, out_dtype, channel_axis=-1).transpose(0, 3, 1, 2), device)
+
+
 # ------------------------------------------------------------------ pack/unpack
 @kernel
 def pack_signs(x):
@@ -186,16 +204,12 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     o = w.shape[0]
     kh, kw = kernel_size
     wm = _conv_weight(prepared, o, c // groups, kh, kw)
-    # NHWC: a permuted view of a channels_last tensor is contiguous already
-    xm = to_mlx(x.permute(0, 2, 3, 1))
+    xm = nhwc(x)
     sx = mx.where(xm >= 0, mx.array(1.0, mx.float32), mx.array(-1.0, mx.float32))
-    ph, pw = padding
-    if ph or pw:
-        # pad AFTER taking signs: padded positions hold pad_value itself
-        sx = mx.pad(sx, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=float(pad_value))
+    # pad AFTER taking signs: padded positions hold pad_value itself
+    sx = pad_hw(sx, padding, float(pad_value))
     acc = mx.conv2d(sx, wm, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=groups)
-    y = finish(acc, scale, bias, out_dtype, channel_axis=-1)
-    return to_torch(y.transpose(0, 3, 1, 2), x.device)
+    return conv_out(acc, scale, bias, out_dtype, x.device)
 
 
 # ------------------------------------------------------------------ embeddings

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
-from .binary import finish
+from .binary import conv_out, finish, nhwc, pad_hw
 
 EXACT = 1 << 24
 
@@ -163,10 +163,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     if prepared is None:
         prepared = prepare_conv_weight(w)
     o, cg, kh, kw = w.shape
-    xm = to_mlx(x.permute(0, 2, 3, 1)).astype(mx.float32)       # NHWC
-    ph, pw = padding
-    if ph or pw:
-        xm = mx.pad(xm, [(0, 0), (ph, ph), (pw, pw), (0, 0)])
+    xm = pad_hw(nhwc(x).astype(mx.float32), padding)
     # channels per conv call so that each float32 output sums <= chunk products
     cchunk = max(1, chunk_len(a_bits, w_bits) // (kh * kw))
     og = o // groups
@@ -188,8 +185,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
             acc = part if acc is None else acc + part
         outs.append(acc)
     acc = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=-1)
-    y = finish(acc, scale, bias, out_dtype, channel_axis=-1)
-    return to_torch(y.transpose(0, 3, 1, 2), x.device)
+    return conv_out(acc, scale, bias, out_dtype, x.device)
 
 
 __all__ = ["quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d",

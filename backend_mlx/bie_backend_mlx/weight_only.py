@@ -47,7 +47,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo
+from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, mbwq_segments, tensor_state
 
 from ._guard import checked_index
 from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
@@ -237,27 +237,16 @@ def wq_quantize(w, scales, zeros, g_idx, bits, group_size, format):
 
 
 # ------------------------------------------------------------ mixed widths
-def _segments(group_bits, group_rows):
-    """(bits, first row, rows, first word, words) per group."""
-    out, row, word = [], 0, 0
-    for b, r in zip(group_bits, group_rows):
-        nw = (r * b + 31) // 32
-        out.append((b, row, r, word, nw))
-        row += r
-        word += nw
-    return out
-
-
 @kernel
 def mbwq_pack(codes, group_bits, group_rows):
     c = to_mlx(codes).astype(mx.uint32)
-    parts = [pack_rows(c[r0:r0 + r], b) for b, r0, r, _, _ in _segments(group_bits, group_rows)]
+    parts = [pack_rows(c[r0:r0 + r], b) for b, r0, r, _, _ in mbwq_segments(group_bits, group_rows)]
     return to_torch(mx.concatenate(parts, axis=0).view(mx.int32), codes.device)
 
 
 def _mbwq_codes(qweight, group_bits, group_rows) -> "mx.array":
     w = _words(qweight)
-    parts = [_unpack_rows(w[w0:w0 + nw], b, r) for b, _, r, w0, nw in _segments(group_bits, group_rows)]
+    parts = [_unpack_rows(w[w0:w0 + nw], b, r) for b, _, r, w0, nw in mbwq_segments(group_bits, group_rows)]
     return mx.concatenate(parts, axis=0)
 
 
@@ -307,22 +296,12 @@ def mbwq_quantize(w, scales, zeros, q_perm, group_bits, group_rows):
     s = mx.take(to_mlx(scales).astype(mx.float32), grp, axis=0)
     t = _nan_to_num(mx.round(mx.divide(wp + z, s)))
     q = mx.minimum(mx.maximum(t, 0.0), mx.expand_dims(maxq, 1)).astype(mx.uint32)
-    parts = [pack_rows(q[r0:r0 + r], b) for b, r0, r, _, _ in _segments(group_bits, group_rows)]
+    parts = [pack_rows(q[r0:r0 + r], b) for b, r0, r, _, _ in mbwq_segments(group_bits, group_rows)]
     return to_torch(mx.concatenate(parts, axis=0).view(mx.int32), w.device)
 
 
 # ============================================================ GEMM layouts
 _SHARED: dict = {}
-
-
-def _state(t):
-    if not isinstance(t, torch.Tensor):
-        return t
-    try:
-        v = t._version
-    except RuntimeError:  # inference tensors have no version counter
-        v = -1
-    return (t.data_ptr(), v, t.device, t.dtype, tuple(t.shape))
 
 
 def prepare(*weights):
@@ -333,7 +312,7 @@ def prepare(*weights):
     # the registry generation: bie_core.clear_caches() (and invalidate) must
     # drop these layouts too, e.g. after a write through .data
     from bie_core.backend_api import caches_generation
-    state = (caches_generation(),) + tuple(_state(w) for w in weights)
+    state = (caches_generation(),) + tuple(tensor_state(w) for w in weights)
     tensors = [w for w in weights if isinstance(w, torch.Tensor)]
     with LOCK:
         e = _SHARED.get(key)
@@ -476,7 +455,7 @@ def build_mbwq_layout(qweight, scales, zeros, q_perm, group_bits, group_rows, cd
     if not (perm.numel() == k and bool(((perm >= 0) & (perm < k)).all())
             and bool(torch.zeros(k, dtype=torch.bool).index_fill_(0, perm, True).all())):
         raise IndexError(f"bie::mbwq_gemm: q_perm must be a permutation of 0..{k - 1} (checked by bie-backend-mlx)")
-    segs = _segments(group_bits, group_rows)
+    segs = mbwq_segments(group_bits, group_rows)
     parts, srcs = [], []
     for bits in sorted(set(group_bits), reverse=True):
         mine = [(gi, seg) for gi, seg in enumerate(segs) if seg[0] == bits]

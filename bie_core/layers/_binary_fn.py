@@ -63,81 +63,84 @@ def binary_conv2d(x, wbits, sw, ba, sa, bias, geom: tuple, backend):
                              pad_value, _scale(sa, sw), bias, x.dtype, backend=backend), xs
 
 
-class BinaryLinearFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2d, weight, wbits, sw, ba, sa, bias, k: int, backend):
-        y, xs = binary_linear(x2d, wbits, sw, ba, sa, bias, k, backend)
+def _clip_mask(xf, s):
+    """The STE clip mask |x / s| <= 1 (float32)."""
+    return (xf / s.detach().to(torch.float32)).abs() <= 1
+
+
+def _scale_grad(gx, sx, numel: int, s):
+    """d s of a learnable activation scale: sum(d x * sgn(x)) / sqrt(numel(x))."""
+    return ((gx * sx).sum() / math.sqrt(numel)).reshape(s.shape)
+
+
+def _linear_grads(g_acc, xs, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
+    """d xs before the clip mask and d W of y = sgn(xs) @ sgn(W).T, given g_acc = d y."""
+    gin = g_acc @ _weight_signs(weight, wbits, k, backend) if need_in else None
+    gw = g_acc.t() @ sx if need_w else None
+    return gin, gw
+
+
+def _conv_grads(g_acc, xs, sx, weight, wbits, geom: tuple, backend, need_in: bool, need_w: bool):
+    """The same for y = conv2d(sgn(xs), sgn(W)) with the binary conv's geometry."""
+    ks, stride, padding, dilation, groups, pad_value, wshape = geom
+    gin = gw = None
+    if need_in:
+        ws = _weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend, shape=wshape)
+        gin = torch.nn.grad.conv2d_input(xs.shape, ws, g_acc, stride, padding, dilation, groups)
+    if need_w:
+        # the padded border holds pad_value itself (not zeros), and it
+        # multiplies W in the forward, so the weight gradient must see it too
+        ph, pw = padding
+        sx_pad = F.pad(sx, (pw, pw, ph, ph), value=float(pad_value)) if (ph or pw) else sx
+        gw = torch.nn.grad.conv2d_weight(sx_pad, wshape, g_acc, stride, 0, dilation, groups)
+    return gin, gw
+
+
+def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
+    """The autograd Function of a binary layer: apply(x, weight, wbits, sw, ba, sa, bias, shape, backend) runs
+    forward_op (binary_linear with shape = K, or binary_conv2d with shape = its geometry) and differentiates it
+    by the module's STE rule; product_grads gives the gradients of the +-1 product (channels on dim 1)."""
+
+    def forward(ctx, x, weight, wbits, sw, ba, sa, bias, shape, backend):
+        y, xs = forward_op(x, wbits, sw, ba, sa, bias, shape, backend)
         ctx.save_for_backward(xs, weight, wbits, sw, sa)
-        ctx.k, ctx.backend = k, backend
+        ctx.shape, ctx.backend = shape, backend
         return y
 
-    @staticmethod
     def backward(ctx, g):
         xs, weight, wbits, sw, sa = ctx.saved_tensors
         need = ctx.needs_input_grad
         gf = g.to(torch.float32)
         scale = _scale(sa, sw)
-        g_acc = gf * scale
-        grad_x = grad_w = grad_ba = grad_sa = grad_bias = None
+        g_acc = gf * (scale.view(-1, *(1,) * (gf.dim() - 2)) if scale.dim() else scale)
         xf = xs.to(torch.float32)
         sx = sgn(xf)
-        if need[0] or need[4] or need[5]:
-            ws = _weight_signs(weight, wbits, ctx.k, ctx.backend)
-            mask = (xf / sa.detach().to(torch.float32)).abs() <= 1
-            gxs = (g_acc @ ws) * mask
+        need_in = need[0] or need[4] or need[5]
+        gin, grad_w = product_grads(g_acc, xs, sx, weight, wbits, ctx.shape, ctx.backend, need_in, need[1])
+        grad_x = grad_ba = grad_sa = grad_bias = None
+        not_channels = (0,) + tuple(range(2, gf.dim()))
+        if need_in:
+            gxs = gin * _clip_mask(xf, sa)
             if need[0]:
                 grad_x = gxs.to(xs.dtype)
             if need[4]:
-                grad_ba = gxs.sum(0)
+                grad_ba = gxs.sum(not_channels)
             if need[5]:
-                grad_sa = ((gxs * sx).sum() / math.sqrt(xs.numel())).reshape(sa.shape)
-        if need[1]:
-            grad_w = g_acc.t() @ sx
+                grad_sa = _scale_grad(gxs, sx, xs.numel(), sa)
         if need[6]:
-            grad_bias = gf.sum(0)
+            grad_bias = gf.sum(not_channels)
         # autograd casts each gradient to its input's dtype
         return grad_x, grad_w, None, None, grad_ba, grad_sa, grad_bias, None, None
 
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward), "__doc__": doc})
 
-class BinaryConv2dFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, wbits, sw, ba, sa, bias, geom: tuple, backend):
-        y, xs = binary_conv2d(x, wbits, sw, ba, sa, bias, geom, backend)
-        ctx.save_for_backward(xs, weight, wbits, sw, sa)
-        ctx.geom, ctx.backend = geom, backend
-        return y
 
-    @staticmethod
-    def backward(ctx, g):
-        xs, weight, wbits, sw, sa = ctx.saved_tensors
-        ks, stride, padding, dilation, groups, pad_value, wshape = ctx.geom
-        need = ctx.needs_input_grad
-        gf = g.to(torch.float32)
-        scale = _scale(sa, sw)
-        g_acc = gf * (scale.view(1, -1, 1, 1) if scale.dim() else scale)
-        xf = xs.to(torch.float32)
-        sx = sgn(xf)
-        k = wshape[1] * wshape[2] * wshape[3]
-        ws = _weight_signs(weight, wbits, k, ctx.backend, shape=wshape)
-        grad_x = grad_w = grad_ba = grad_sa = grad_bias = None
-        if need[0] or need[4] or need[5]:
-            gin = torch.nn.grad.conv2d_input(xs.shape, ws, g_acc, stride, padding, dilation, groups)
-            gxs = gin * ((xf / sa.detach().to(torch.float32)).abs() <= 1)
-            if need[0]:
-                grad_x = gxs.to(xs.dtype)
-            if need[4]:
-                grad_ba = gxs.sum((0, 2, 3))
-            if need[5]:
-                grad_sa = ((gxs * sx).sum() / math.sqrt(xs.numel())).reshape(sa.shape)
-        if need[1]:
-            # the padded border holds pad_value itself (not zeros), and it
-            # multiplies W in the forward, so the weight gradient must see it too
-            ph, pw = padding
-            sx_pad = F.pad(sx, (pw, pw, ph, ph), value=float(pad_value)) if (ph or pw) else sx
-            grad_w = torch.nn.grad.conv2d_weight(sx_pad, wshape, g_acc, stride, 0, dilation, groups)
-        if need[6]:
-            grad_bias = gf.sum((0, 2, 3))
-        return grad_x, grad_w, None, None, grad_ba, grad_sa, grad_bias, None, None
+BinaryLinearFn = _binary_layer_fn("BinaryLinearFn", binary_linear, _linear_grads,
+                                  "BinaryLinear: x2d (M, K), shape = K.")
+BinaryConv2dFn = _binary_layer_fn("BinaryConv2dFn", binary_conv2d, _conv_grads,
+                                  "BinaryConv2d: x (N, C, H, W), shape = (kernel, stride, padding, dilation, "
+                                  "groups, pad_value, weight shape).")
 
 
 class BinaryMatMulFn(torch.autograd.Function):
@@ -161,15 +164,15 @@ class BinaryMatMulFn(torch.autograd.Function):
         sx, sy = sgn(xf), sgn(yf)
         grad_x = grad_y = grad_cx = grad_cy = None
         if need[0] or need[2]:
-            gx = (g_acc @ sy.transpose(1, 2)) * ((xf / cx.detach().float()).abs() <= 1)
+            gx = (g_acc @ sy.transpose(1, 2)) * _clip_mask(xf, cx)
             grad_x = gx.to(x.dtype) if need[0] else None
             if need[2]:
-                grad_cx = ((gx * sx).sum() / math.sqrt(x.numel())).reshape(cx.shape)
+                grad_cx = _scale_grad(gx, sx, x.numel(), cx)
         if need[1] or need[3]:
-            gy = (sx.transpose(1, 2) @ g_acc) * ((yf / cy.detach().float()).abs() <= 1)
+            gy = (sx.transpose(1, 2) @ g_acc) * _clip_mask(yf, cy)
             grad_y = gy.to(y.dtype) if need[1] else None
             if need[3]:
-                grad_cy = ((gy * sy).sum() / math.sqrt(y.numel())).reshape(cy.shape)
+                grad_cy = _scale_grad(gy, sy, y.numel(), cy)
         return grad_x, grad_y, grad_cx, grad_cy, None
 
 

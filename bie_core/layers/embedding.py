@@ -44,6 +44,15 @@ class _EmbeddingBase(QATLayer):
         # output dtype once the float weight is gone (packed form)
         self.out_dtype = dtype
         self._setup(backend)
+        self.reset_parameters()
+        self._tag_params()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.normal_(self.weight)
+
+    def _repr_tail(self) -> str:
+        return (f", backend={self.backend!r}" if self.backend else "") + (", packed" if self.packed else "")
 
     @property
     def _weight_shape(self):
@@ -92,23 +101,18 @@ class BinaryEmbedding(_EmbeddingBase):
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
         self._init_embedding(num_embeddings, embedding_dim, backend, device, dtype)
-        self.reset_parameters()
-        self._tag_params()
 
     def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.normal_(self.weight)
-            if self.padding_idx is not None:
-                with torch.no_grad():
-                    self.weight[self.padding_idx].zero_()
+        super().reset_parameters()
+        if self.weight is not None and self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].zero_()
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
-        if self.backend:
-            s += f", backend={self.backend!r}"
-        return s + (", packed" if self.packed else "")
+        return s + self._repr_tail()
 
     def _scale(self):
         if self.weight is None:
@@ -145,18 +149,9 @@ class BinaryEmbeddingBag(_EmbeddingBase):
     def __init__(self, num_embeddings: int, embedding_dim: int, *, backend=None, device=None, dtype=None):
         super().__init__()
         self._init_embedding(num_embeddings, embedding_dim, backend, device, dtype)
-        self.reset_parameters()
-        self._tag_params()
-
-    def reset_parameters(self) -> None:
-        if self.weight is not None:
-            nn.init.normal_(self.weight)
 
     def extra_repr(self) -> str:
-        s = f"{self.num_embeddings}, {self.embedding_dim}, mode='majority'"
-        if self.backend:
-            s += f", backend={self.backend!r}"
-        return s + (", packed" if self.packed else "")
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode='majority'" + self._repr_tail()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         self._check_indices(idx)

@@ -84,6 +84,33 @@ def v1_to_v2_zeros(z_stored: torch.Tensor, bits: int, on_overflow: str = "wrap",
     return (z_stored + 1) & maxq
 
 
+def _float_source(linear, name: str, dtype) -> tuple:
+    """What from_float quantizes: (the layer dtype: ``dtype``, else the linear's float dtype, else float16;
+    the linear's weight as (K, N) float32), after checking it is an ``nn.Linear`` with a finite weight."""
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"{name}: expects an nn.Linear, got {type(linear).__name__}")
+    dtype = dtype or (linear.weight.dtype if linear.weight.dtype in FLOAT_DTYPES else torch.float16)
+    w = linear.weight.detach().t().to(torch.float32)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name}: the weight has non-finite values")
+    return dtype, w
+
+
+def _copy_bias(layer, linear) -> None:
+    if linear.bias is not None:
+        layer.bias.copy_(linear.bias.detach())
+
+
+def _load_tensors(layer, qweight, scales, zeros, g_idx, bias):
+    """``layer`` with checkpoint tensors loaded (no g_idx: the layer's own, the identity order)."""
+    sd = {"qweight": qweight, "scales": scales, "zeros": zeros,
+          "g_idx": g_idx if g_idx is not None else layer.g_idx}
+    if bias is not None:
+        sd["bias"] = bias
+    layer.load_state_dict(sd)
+    return layer
+
+
 class MPQLinear(WeightOnlyLinear):
     """Weight-only quantized linear layer, GPTQ or GreenBit (GBA) groups.
 
@@ -262,12 +289,7 @@ class MPQLinear(WeightOnlyLinear):
         dtype = dtype or scales.dtype
         layer = cls(k, n, bits=bits, group_size=group_size, sym=sym, bias=bias is not None, dtype=dtype,
                     format="gptq", device=qweight.device, backend=backend, trainable=trainable)
-        sd = {"qweight": qweight, "scales": scales, "zeros": ops.wq_pack(z, bits, 1),
-              "g_idx": g_idx if g_idx is not None else layer.g_idx}
-        if bias is not None:
-            sd["bias"] = bias
-        layer.load_state_dict(sd)
-        return layer
+        return _load_tensors(layer, qweight, scales, ops.wq_pack(z, bits, 1), g_idx, bias)
 
     @classmethod
     def from_gba(cls, qweight: torch.Tensor, *, bits: int, group_size: Optional[int] = None,
@@ -296,12 +318,7 @@ class MPQLinear(WeightOnlyLinear):
             group_size = -1 if g == 1 else k // g
         layer = cls(k, n, bits=bits, group_size=group_size, bias=bias is not None, dtype=dtype, format="gba",
                     device=qweight.device, backend=backend, trainable=trainable)
-        sd = {"qweight": qweight, "scales": scales, "zeros": zeros,
-              "g_idx": g_idx if g_idx is not None else layer.g_idx}
-        if bias is not None:
-            sd["bias"] = bias
-        layer.load_state_dict(sd)
-        return layer
+        return _load_tensors(layer, qweight, scales, zeros, g_idx, bias)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, bits: int = 4, group_size: int = 128, sym: bool = False,
@@ -313,16 +330,11 @@ class MPQLinear(WeightOnlyLinear):
         ``act_order`` needs calibration (it orders rows by the Hessian)."""
         from ..quantize.gptq import HessianAccumulator, gptq_quantize
         name = f"MPQLinear.from_float({type(linear).__name__})"
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"{name}: expects an nn.Linear, got {type(linear).__name__}")
-        dtype = dtype or (linear.weight.dtype if linear.weight.dtype in FLOAT_DTYPES else torch.float16)
+        dtype, w = _float_source(linear, name, dtype)
         k, n = linear.in_features, linear.out_features
         layer = cls(k, n, bits=bits, group_size=group_size, sym=sym, act_order=act_order,
                     bias=linear.bias is not None, dtype=dtype, format=format, device=linear.weight.device,
                     backend=backend, trainable=trainable)
-        w = linear.weight.detach().t().to(torch.float32)
-        if not bool(torch.isfinite(w).all()):
-            raise ValueError(f"{name}: the weight has non-finite values")
         if calibration is not None and hessian is None:
             acc = HessianAccumulator(k, device=w.device, name=name)
             acc.add(calibration)
@@ -344,8 +356,7 @@ class MPQLinear(WeightOnlyLinear):
                 layer.scales.copy_(s)
                 layer.zeros.copy_(ops.wq_pack(z, bits, 1) if format == "gptq" else z)
                 layer.requantize_(w)
-            if linear.bias is not None:
-                layer.bias.copy_(linear.bias.detach())
+            _copy_bias(layer, linear)
         return layer
 
     # --------------------------------------------------------------- loading
@@ -573,16 +584,11 @@ class MBWQLinear(WeightOnlyLinear):
         ``(x * channel_scale) @ (W / channel_scale) = x @ W``.
         """
         name = f"MBWQLinear.from_float({type(linear).__name__})"
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"{name}: expects an nn.Linear, got {type(linear).__name__}")
+        dtype, w = _float_source(linear, name, dtype)
         bits = {4: 0.5, 2: 0.5} if bits is None else bits
-        dtype = dtype or (linear.weight.dtype if linear.weight.dtype in FLOAT_DTYPES else torch.float16)
         k, n = linear.in_features, linear.out_features
         layer = cls(k, n, bits=bits, group_size=group_size, bias=linear.bias is not None, dtype=dtype,
                     device=linear.weight.device, backend=backend, trainable=trainable)
-        w = linear.weight.detach().t().to(torch.float32)
-        if not bool(torch.isfinite(w).all()):
-            raise ValueError(f"{name}: the weight has non-finite values")
         if channel_scale is not None:
             if not isinstance(channel_scale, torch.Tensor) or channel_scale.shape != (k,):
                 raise ValueError(f"{name}: channel_scale must be a ({k},) tensor, got "
@@ -608,8 +614,7 @@ class MBWQLinear(WeightOnlyLinear):
                 layer.scales[rows] = s
                 layer.zeros[rows] = z
             layer.requantize_(w)
-            if linear.bias is not None:
-                layer.bias.copy_(linear.bias.detach())
+            _copy_bias(layer, linear)
         return layer
 
     # ------------------------------------------------------------------ loading

@@ -83,6 +83,25 @@ def epilogue_dtype(out_dtype):
     return torch.int32 if out_dtype is None else out_dtype
 
 
+def scaled_epilogue(acc: torch.Tensor, scale, bias, out_dtype, channel_dim: int = -1) -> torch.Tensor:
+    """The epilogue of the binary and integer GEMM / conv ops on ``acc``, exact integers in any float or int dtype.
+
+    out_dtype None: the int32 accumulator. Otherwise ``(float32(acc) * float32(scale) + float32(bias)).to(out_dtype)``,
+    where scale is one value or one per output channel (``channel_dim``), bias one per channel.
+    """
+    if out_dtype is None:
+        return acc.to(torch.int32).contiguous()
+    y = acc.to(torch.float32)
+    shape = [1] * y.dim()
+    shape[channel_dim] = -1
+    if scale is not None:
+        s = scale.to(torch.float32)
+        y = y * (s.reshape(shape) if s.numel() > 1 else s.reshape(()))
+    if bias is not None:
+        y = y + bias.to(torch.float32).reshape(shape)
+    return y.to(out_dtype).contiguous()
+
+
 #: Most elements a conv's padded input or output may have: far beyond any
 #: memory, but small enough that sizes never overflow int64 byte counts.
 MAX_CONV_ELEMENTS = 1 << 40

@@ -152,6 +152,18 @@ def mbwq_packed_rows(group_bits: Sequence[int], group_rows: Sequence[int]) -> in
     return sum(packed_rows(r, b) for b, r in zip(group_bits, group_rows))
 
 
+def mbwq_segments(group_bits: Sequence[int], group_rows: Sequence[int]) -> list:
+    """Where each group of a mixed-width weight lies: (bits, first row, rows, first word, words) per group,
+    rows of the unpacked (K, N) codes and words (rows) of qweight."""
+    out, row, word = [], 0, 0
+    for b, r in zip(group_bits, group_rows):
+        nw = packed_rows(r, b)
+        out.append((b, row, r, word, nw))
+        row += r
+        word += nw
+    return out
+
+
 def _check_mbwq_weights(op: str, qweight, scales, zeros, q_perm, group_bits, group_rows) -> tuple:
     k = _check_groups(op, group_bits, group_rows)
     g = len(group_bits)
@@ -804,11 +816,17 @@ def _mg_problem(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bi
                    **_groups_attrs(group_bits, group_rows))
 
 
-def _mg_cases(device, gen):
+def _mbwq_gemm_weights(device, gen):
+    """The weights of the mixed-width GEMM cases: per grouping i, (i, group_bits, group_rows, N, K, qweight,
+    scales, zeros, q_perm, the float64 weight)."""
     for i, (gb, gr) in enumerate(MBWQ_GROUPINGS):
         n = (24, 40, 8, 33, 64, 5)[i]
         qw, s, z, perm, w64 = make_mbwq_case(gb, gr, n, gen, device)
-        k = sum(gr)
+        yield i, gb, gr, n, sum(gr), qw, s, z, perm, w64
+
+
+def _mg_cases(device, gen):
+    for i, gb, gr, n, k, qw, s, z, perm, w64 in _mbwq_gemm_weights(device, gen):
         for j, dtype in enumerate(FLOAT_DTYPES):
             m = M_VALUES[(i + j) % len(M_VALUES)]
             x = _x(m, k, dtype, gen, device, noncontig=(i + j) % 2 == 1)
@@ -849,10 +867,7 @@ def _mgi_problem(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits
 
 
 def _mgi_cases(device, gen):
-    for i, (gb, gr) in enumerate(MBWQ_GROUPINGS):
-        n = (24, 40, 8, 33, 64, 5)[i]
-        qw, s, z, perm, w64 = make_mbwq_case(gb, gr, n, gen, device)
-        k = sum(gr)
+    for i, gb, gr, n, k, qw, s, z, perm, w64 in _mbwq_gemm_weights(device, gen):
         for j, dtype in enumerate(FLOAT_DTYPES):
             m = M_VALUES[(i + j + 1) % len(M_VALUES)]
             g = _x(m, n, dtype, gen, device)

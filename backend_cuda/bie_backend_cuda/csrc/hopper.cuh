@@ -5,28 +5,28 @@
 #pragma once
 #include <cstdint>
 
+// The PTX of the helpers below exists on sm_90a only; elsewhere each statement compiles to nothing
+// (a value it would write keeps its initial value).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BIE_SM90_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define BIE_SM90_ASM(...) ((void)0)
+#endif
+
 namespace bie {
 namespace hop {
 
 __device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 __device__ __forceinline__ void wgmma_fence() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void wgmma_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
+  BIE_SM90_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows in the
@@ -39,82 +39,60 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
 
 // ---- mbarriers (shared-memory addresses)
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
+  BIE_SM90_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 // makes the initialised barriers visible to the asynchronous (bulk copy) proxy
 __device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
+  BIE_SM90_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
+  BIE_SM90_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // Blocks until the phase with the given parity has completed (a fresh barrier
 // counts its previous phase, parity 1, as completed).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
+  BIE_SM90_ASM(
       "{\n.reg .pred done;\n"
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
-#endif
 }
 
 // ---- bulk copies through the TMA engine (16-byte aligned, sizes multiple of 16)
 // global -> shared, completion counted in bytes on an mbarrier
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+  BIE_SM90_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-#endif
 }
 // a box of a 2-D tensor map (coordinates: element x along the contiguous dimension, row y) -> shared memory,
 // completion counted in bytes on an mbarrier; the map's box, swizzle and out-of-bounds fill apply
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int x, int y, uint32_t bar) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
+  BIE_SM90_ASM(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(tmap), "r"(x), "r"(y), "r"(bar)
       : "memory");
-#endif
 }
 // shared -> global, tracked by this thread's bulk groups (not by an mbarrier)
 __device__ __forceinline__ void bulk_s2g(void* dst, uint32_t src, uint32_t bytes) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+  BIE_SM90_ASM("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                : "memory");
-#endif
 }
 __device__ __forceinline__ void bulk_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 // this thread's committed bulk stores have read their shared-memory source (it may be overwritten)
 __device__ __forceinline__ void bulk_wait_read_all() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 // this thread's committed bulk stores are complete (written to global memory)
 __device__ __forceinline__ void bulk_wait_all() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // ---- barriers among a subset of warps, register reallocation between warpgroups
@@ -129,65 +107,49 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 template <int R> __device__ __forceinline__ void regs_dec() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
-#endif
+  BIE_SM90_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 template <int R> __device__ __forceinline__ void regs_inc() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
-#endif
+  BIE_SM90_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
 // ---- thread-block clusters
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
+  BIE_SM90_ASM("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
 }
 __device__ __forceinline__ uint32_t cluster_id_x() {
   uint32_t r = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-#endif
+  BIE_SM90_ASM("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
   return r;
 }
 __device__ __forceinline__ uint32_t cluster_count_x() {
   uint32_t r = 1;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-#endif
+  BIE_SM90_ASM("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
   return r;
 }
 // every thread of every block of the cluster arrives, then waits (memory ordered across the cluster)
 __device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
+  BIE_SM90_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // arrive on the mbarrier at the same shared-memory offset in block `rank` of the cluster
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
+  BIE_SM90_ASM(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
       "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(rank)
       : "memory");
-#endif
 }
 // global -> the same shared-memory offset in every block of `mask`, completion counted in bytes on the
 // mbarrier at the same offset in each of them
 __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
                                                    uint16_t mask) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
+  BIE_SM90_ASM(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar), "h"(mask)
       : "memory");
-#endif
 }
 
 }  // namespace hop

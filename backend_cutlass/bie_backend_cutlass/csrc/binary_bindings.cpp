@@ -38,29 +38,44 @@ void cuda_ok(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, "bie_cutlass_binary: ", what, " failed: ", cudaGetErrorString(e));
 }
 
+// The operand geometry gemm and wgemm read from geo (M, N, K bits, batch, lda / ldb bits, a / b batch
+// strides in bytes, row / col term batch strides), checked against a, b and out: CUDA tensors, sizes in range
+// (batch <= 65535: the grid's z), K, lda and ldb multiples of 128 bits (>= K), 16-byte aligned operands and
+// batch strides, and a and b large enough for every row read. fn names the caller in the messages.
+struct OperandGeo {
+  int64_t M, N, K, batch, lda, ldb, a_bs, b_bs, row_bs, col_bs;
+};
+
+OperandGeo checked_operands(const char* fn, const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
+                            at::IntArrayRef geo) {
+  TORCH_CHECK(geo.size() == 17, fn, ": geo must have 17 values");
+  check_cuda(a, "a");
+  check_cuda(b, "b");
+  check_cuda(out, "out");
+  const OperandGeo o{geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9]};
+  TORCH_CHECK(o.M > 0 && o.N > 0 && o.K > 0 && o.batch > 0 && o.batch <= 65535 && o.M < (1LL << 31) &&
+                  o.N < (1LL << 31) && o.K < (1LL << 31),
+              fn, ": bad sizes (batch must be <= 65535)");
+  TORCH_CHECK(o.K % 128 == 0 && o.lda % 128 == 0 && o.ldb % 128 == 0 && o.lda >= o.K && o.ldb >= o.K &&
+                  o.a_bs % 16 == 0 && o.b_bs % 16 == 0 && o.a_bs >= 0 && o.b_bs >= 0,
+              fn, ": K, lda, ldb must be multiples of 128 bits (>= K), batch strides of 16 bytes");
+  TORCH_CHECK(a.data_ptr() != nullptr && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0,
+              fn, ": operands must be 16-byte aligned");
+  TORCH_CHECK((o.batch - 1) * o.a_bs + (o.M - 1) * (o.lda / 8) + o.K / 8 <= avail_bytes(a) &&
+                  (o.batch - 1) * o.b_bs + (o.N - 1) * (o.ldb / 8) + o.K / 8 <= avail_bytes(b),
+              fn, ": operand tensors too small for the geometry");
+  return o;
+}
+
 // geo: M, N, K(bits, multiple of 128), batch, lda(bits), ldb(bits), a_bs(bytes), b_bs(bytes),
 //      row_bs, col_bs, chan_row, chan_bs, halve, out_bs, out_ldm, out_p, out_sq
 void gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term, const at::Tensor& col_term,
           const c10::optional<at::Tensor>& s1, const c10::optional<at::Tensor>& s2,
           const c10::optional<at::Tensor>& bias, at::Tensor& out, at::IntArrayRef geo, int64_t cfg) {
-  TORCH_CHECK(geo.size() == 17, "bie_cutlass_binary.gemm: geo must have 17 values");
-  check_cuda(a, "a");
-  check_cuda(b, "b");
-  check_cuda(out, "out");
+  const OperandGeo o = checked_operands("bie_cutlass_binary.gemm", a, b, out, geo);
   c10::cuda::CUDAGuard guard(a.device());
-  const int64_t M = geo[0], N = geo[1], K = geo[2], batch = geo[3], lda = geo[4], ldb = geo[5];
-  const int64_t a_bs = geo[6], b_bs = geo[7], row_bs = geo[8], col_bs = geo[9];
-  TORCH_CHECK(M > 0 && N > 0 && K > 0 && batch > 0 && M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31),
-              "bie_cutlass_binary.gemm: bad sizes");
-  TORCH_CHECK(K % 128 == 0 && lda % 128 == 0 && ldb % 128 == 0 && lda >= K && ldb >= K && a_bs % 16 == 0 &&
-                  b_bs % 16 == 0,
-              "bie_cutlass_binary.gemm: K, lda, ldb must be multiples of 128 bits (>= K), batch strides of 16 bytes");
-  TORCH_CHECK(a.data_ptr() != nullptr && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0,
-              "bie_cutlass_binary.gemm: operands must be 16-byte aligned");
-  TORCH_CHECK(a_bs >= 0 && b_bs >= 0 && (batch - 1) * a_bs + (M - 1) * (lda / 8) + K / 8 <= avail_bytes(a) &&
-                  (batch - 1) * b_bs + (N - 1) * (ldb / 8) + K / 8 <= avail_bytes(b),
-              "bie_cutlass_binary.gemm: operand tensors too small for the geometry");
+  const int64_t M = o.M, N = o.N, K = o.K, batch = o.batch, row_bs = o.row_bs, col_bs = o.col_bs;
   TORCH_CHECK(row_term.scalar_type() == at::kInt && col_term.scalar_type() == at::kInt && row_term.is_contiguous() &&
                   col_term.is_contiguous(),
               "bie_cutlass_binary.gemm: terms must be contiguous int32");
@@ -122,12 +137,11 @@ void gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term, 
   g.N = (int)N;
   g.K = (int)K;
   g.batch = (int)batch;
-  g.lda = lda;
-  g.ldb = ldb;
-  g.a_bs = a_bs;
-  g.b_bs = b_bs;
+  g.lda = o.lda;
+  g.ldb = o.ldb;
+  g.a_bs = o.a_bs;
+  g.b_bs = o.b_bs;
   g.epi = e;
-  TORCH_CHECK(batch <= 65535, "bie_cutlass_binary.gemm: batch must be <= 65535");
   cuda_ok(run_gemm(g, (int)cfg, out_dt, at::cuda::getCurrentCUDAStream()), "binary GEMM");
 }
 
@@ -137,24 +151,9 @@ void gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term, 
 void wgemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term, const at::Tensor& col_term,
            const c10::optional<at::Tensor>& s1, const c10::optional<at::Tensor>& s2,
            const c10::optional<at::Tensor>& bias, at::Tensor& out, at::IntArrayRef geo, int64_t cfg) {
-  TORCH_CHECK(geo.size() == 17, "bie_cutlass_binary.wgemm: geo must have 17 values");
-  check_cuda(a, "a");
-  check_cuda(b, "b");
-  check_cuda(out, "out");
+  const OperandGeo o = checked_operands("bie_cutlass_binary.wgemm", a, b, out, geo);
   c10::cuda::CUDAGuard guard(a.device());
-  const int64_t M = geo[0], N = geo[1], K = geo[2], batch = geo[3], lda = geo[4], ldb = geo[5];
-  const int64_t a_bs = geo[6], b_bs = geo[7], row_bs = geo[8], col_bs = geo[9];
-  TORCH_CHECK(M > 0 && N > 0 && K > 0 && batch > 0 && batch <= 65535 && M < (1LL << 31) && N < (1LL << 31) &&
-                  K < (1LL << 31),
-              "bie_cutlass_binary.wgemm: bad sizes");
-  TORCH_CHECK(K % 128 == 0 && lda % 128 == 0 && ldb % 128 == 0 && lda >= K && ldb >= K && a_bs % 16 == 0 &&
-                  b_bs % 16 == 0 && a_bs >= 0 && b_bs >= 0,
-              "bie_cutlass_binary.wgemm: K, lda, ldb must be multiples of 128 bits (>= K), batch strides of 16 bytes");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 == 0,
-              "bie_cutlass_binary.wgemm: operands must be 16-byte aligned");
-  TORCH_CHECK((batch - 1) * a_bs + (M - 1) * (lda / 8) + K / 8 <= avail_bytes(a) &&
-                  (batch - 1) * b_bs + (N - 1) * (ldb / 8) + K / 8 <= avail_bytes(b),
-              "bie_cutlass_binary.wgemm: operand tensors too small for the geometry");
+  const int64_t M = o.M, N = o.N, K = o.K, batch = o.batch, row_bs = o.row_bs, col_bs = o.col_bs;
   // configurations from kWgCountedFirst count K - 2 popc(a row) themselves: row_term is not read
   const bool counted = cfg >= kWgCountedFirst;
   TORCH_CHECK(row_term.scalar_type() == at::kInt && col_term.scalar_type() == at::kInt && row_term.is_contiguous() &&
@@ -199,10 +198,10 @@ void wgemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& row_term,
   g.N = (int)N;
   g.Kb = (int)(K / 8);
   g.L = (int)batch;
-  g.lda = lda / 8;
-  g.ldb = ldb / 8;
-  g.a_bs = a_bs;
-  g.b_bs = b_bs;
+  g.lda = o.lda / 8;
+  g.ldb = o.ldb / 8;
+  g.a_bs = o.a_bs;
+  g.b_bs = o.b_bs;
   g.ldd = ldd;
   g.d_bs = d_bs;
   g.row_term = row_term.data_ptr<int>();

@@ -95,23 +95,31 @@ struct VisitorBinaryFinish {
         : tC_cRow(cr), tC_cCol(cc), tC_cOut(co), rRowT(rt), rRowS(rs), rRowB(rb), rColT(ct), rColS(cs),
           rColB(cb), params_ptr(p), M(m), N(n) {}
 
+    // The terms of row (or column) i < extent of batch item l: its popcount term, and where the channels
+    // lie along it its scale and bias (elsewhere 1 and 0; past the extent all neutral).
+    CUTLASS_DEVICE static void load_terms(EpiArgs const& e, int i, int l, int extent, const int* term,
+                                          int64_t term_bs, bool channels, int& t, float& s, float& b) {
+      t = 0;
+      s = 1.f;
+      b = 0.f;
+      if (i < extent) {
+        t = term[(int64_t)l * term_bs + i];
+        if (channels) {
+          const int64_t ch = (int64_t)l * e.chan_bs + i;
+          s = chan_scale(e, ch);
+          if (e.bias) b = ld_f32(e.bias, e.bias_dt, ch);
+        }
+      }
+    }
+
     CUTLASS_DEVICE void begin_epilogue() {
       EpiArgs const& e = params_ptr->e;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tC_cRow); ++i) {
         auto c = tC_cRow(i);
-        const int m = get<0>(c), l = get<2>(c);
-        const bool ok = m < M;
-        int t = 0;
-        float s = 1.f, b = 0.f;
-        if (ok) {
-          t = e.row_term[(int64_t)l * e.row_bs + m];
-          if (e.chan_row) {
-            const int64_t ch = (int64_t)l * e.chan_bs + m;
-            s = chan_scale(e, ch);
-            if (e.bias) b = ld_f32(e.bias, e.bias_dt, ch);
-          }
-        }
+        int t;
+        float s, b;
+        load_terms(e, get<0>(c), get<2>(c), M, e.row_term, e.row_bs, e.chan_row, t, s, b);
         rRowT(i) = t;
         rRowS(i) = s;
         rRowB(i) = b;
@@ -119,18 +127,9 @@ struct VisitorBinaryFinish {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tC_cCol); ++i) {
         auto c = tC_cCol(i);
-        const int n = get<1>(c), l = get<2>(c);
-        const bool ok = n < N;
-        int t = 0;
-        float s = 1.f, b = 0.f;
-        if (ok) {
-          t = e.col_term[(int64_t)l * e.col_bs + n];
-          if (!e.chan_row) {
-            const int64_t ch = (int64_t)l * e.chan_bs + n;
-            s = chan_scale(e, ch);
-            if (e.bias) b = ld_f32(e.bias, e.bias_dt, ch);
-          }
-        }
+        int t;
+        float s, b;
+        load_terms(e, get<1>(c), get<2>(c), N, e.col_term, e.col_bs, !e.chan_row, t, s, b);
         rColT(i) = t;
         rColS(i) = s;
         rColB(i) = b;

@@ -6,8 +6,8 @@
 //
 // Why not CUTLASS's epilogue visitor tree: the cooperative kernel's two math warpgroups run the epilogue
 // while the tensor cores idle, and the tree (three broadcast vectors staged per subtile, s1*s2 per
-// element, a shared-memory round trip per 128x32 subtile) made that ~6 us of a ~28 us call at 4096^3;
-// the same kernel with an accumulator-only epilogue takes 21.6 us (benchmarks/results/
+// element, a shared-memory round trip per 128x32 subtile) made that about a fifth of a 4096^3 call, most
+// of the gap to the same kernel with an accumulator-only epilogue (benchmarks/results/
 // cutlass_h100_binary.md). What this one does instead:
 //  - the kernel's epilogue load warp (otherwise idle here) runs ahead of the math warpgroups and stages
 //    each tile's terms in shared memory: per column pair one 32-byte record {col_term x2, s1*s2 x2,

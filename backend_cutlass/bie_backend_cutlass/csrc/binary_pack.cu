@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(128) pack_act_kernel(const T* __restrict__ x, 
       uint32_t word = 0;
       if (vec && k0 + 32 <= K) {
         // every load of the word first (x and shift: 8 x 16 bytes in flight per thread for 16-bit x), then the
-        // compares: loads interleaved with the compares kept one pair in flight and streamed x at 1.6 TB/s
-        // (H100, 4096 x 4096 bf16)
+        // compares: loads interleaved with the compares keep one pair in flight, too few to stream x at the
+        // memory's rate (benchmarks/results/cutlass_h100_binary.md, binary_linear)
         uint4 u[32 / E], us[32 / E];
 #pragma unroll
         for (int q = 0; q < 32 / E; ++q) u[q] = __ldg(reinterpret_cast<const uint4*>(xr + k0 + q * E));

@@ -95,9 +95,8 @@ struct B1Mainloop {
       cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>, MainSched>::CollectiveOp;
   static constexpr bool kCoop = std::is_same_v<MainSched, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   static constexpr int kTileN = int(size<1>(TileShape{}));
-  using Atom = std::conditional_t<kTileN % 256 == 0, SM90_64x256x256_S32B1B1_AND_SS,
-               std::conditional_t<kTileN % 128 == 0, SM90_64x128x256_S32B1B1_AND_SS,
-                                  SM90_64x64x256_S32B1B1_AND_SS>>;
+  static_assert(kTileN % 128 == 0, "the 1-bit atoms are 128 or 256 columns wide (binary_wgmma_atom.h)");
+  using Atom = SM90_64xNx256_S32B1B1_AND_SS<(kTileN % 256 == 0 ? 256 : 128)>;
   using AtomLayoutMNK = std::conditional_t<kCoop, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _1, _1>>>;
   using TiledMma = decltype(make_tiled_mma(Atom{}, AtomLayoutMNK{}));
   static_assert(size(TiledMma{}) == size(typename Int8Mainloop::TiledMma{}), "warpgroup layout differs");
@@ -121,10 +120,10 @@ struct B1Mainloop {
 // handling (wait, issue, release of the stage before, one batch in flight) matches what the kernel's
 // mma_tail expects.
 // Cost: about 10% more mainloop time where the mainloop bounds the call (every N tile counts its rows again),
-// against a pass of about 1.5 us: H200: 4096^3 24.4 -> 22.6 us (pass + GEMM -> counted),
-// M=1024 N=K=4096 10.5 -> 7.9 us, 8192^3 121 -> 129 us; the tuner times both (binary.py). Counting on the
-// tensor cores instead (one more m64n8k256 AND.POPC wgmma per K block against 8 columns of ones) measured
-// the same (22.8 / 128.7 us), so the narrow wgmma costs the tensor pipe about what POPC costs the SM.
+// against one pass kernel saved: a win up to about 4096^3, a loss at 8192^3, hence binary.py's work limit
+// (COUNT_MAX_WORK; benchmarks/results/cutlass_h100_binary.md). Counting on the tensor cores instead (one more
+// m64n8k256 AND.POPC wgmma per K block against 8 columns of ones) measured the same, so the narrow wgmma
+// costs the tensor pipe about what POPC costs the SM.
 template <class Base>
 struct B1MainloopCountA : Base {
   using typename Base::MainloopPipeline;
@@ -310,21 +309,13 @@ using BGemmSm90LeanCounted = BGemmSm90Lean<ElementD, TileShape, ClusterShape, Ma
 // The cooperative 128x256 tiles keep all of a tile's 128x32 epilogue subtiles in shared memory
 // (8 buffers for 16-bit outputs, 4 of twice the size for 32-bit ones: 64 KB), so the math
 // warpgroups hand a tile's TMA stores over and go on to the next tile without waiting for them
-// (lab, H100: 4096^3 32.9 -> 27.6 us, M=1024 11.3 -> 9.2 us; benchmarks/results/cutlass_h100_binary.md).
-#define BIE_WG_CFG0                                                                                 \
-  Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
-#define BIE_WG_CFG1                                                                             \
-  Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
-      cutlass::epilogue::TmaWarpSpecialized
-#define BIE_WG_CFG2                                                                             \
-  Shape<_64, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
-      cutlass::epilogue::TmaWarpSpecialized
+// (measured faster than CUTLASS's 2 buffers at 4096^3 and M=1024).
+#define BIE_WG_CFG0 BIE_SM90_COOPERATIVE(_128, _256, _128, _2), cutlass::epilogue::collective::EpilogueTileAuto, 8
+#define BIE_WG_CFG1 BIE_SM90_PINGPONG(_64, _128, _128, _1)
+#define BIE_WG_CFG2 BIE_SM90_PINGPONG(_64, _256, _128, _2)
 // as CFG0 without the cluster: no multicast, but no lockstep between the two blocks either (faster
 // when a call is one or two waves of tiles, e.g. M = 1024 on 4096x4096 weights)
-#define BIE_WG_CFG3                                                                                 \
-  Shape<_128, _256, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::epilogue::collective::EpilogueTileAuto, 8
+#define BIE_WG_CFG3 BIE_SM90_COOPERATIVE(_128, _256, _128, _1), cutlass::epilogue::collective::EpilogueTileAuto, 8
 
 // The kernel a configuration gets for output type T: 16-bit outputs the lean epilogue
 // (binary_lean_epilogue.cuh), 32-bit ones the visitor tree (whose store buffers StagesD sizes).

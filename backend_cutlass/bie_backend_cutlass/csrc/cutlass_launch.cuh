@@ -6,6 +6,16 @@
 #include <cuda_runtime.h>
 #include <cutlass/cutlass.h>
 
+// The kernel schedules of every family's sm_90 tile configurations (as the first four template arguments of
+// its GEMM: tile shape, cluster shape, mainloop schedule, epilogue schedule); M, N, K: cute::_128 and the like.
+// Cooperative: two consumer warpgroups share a 128-row tile; ping-pong: they alternate 64-row tiles.
+#define BIE_SM90_COOPERATIVE(M, N, K, CLUSTER_M)                                                          \
+  cute::Shape<M, N, K>, cute::Shape<CLUSTER_M, cute::_1, cute::_1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
+      cutlass::epilogue::TmaWarpSpecializedCooperative
+#define BIE_SM90_PINGPONG(M, N, K, CLUSTER_M)                                                          \
+  cute::Shape<M, N, K>, cute::Shape<CLUSTER_M, cute::_1, cute::_1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
+      cutlass::epilogue::TmaWarpSpecialized
+
 namespace bie_cutlass {
 
 // ws != nullptr: only the workspace size of args goes there. Else launches on st (pdl: as a programmatic

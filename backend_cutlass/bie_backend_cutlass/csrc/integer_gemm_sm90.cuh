@@ -96,16 +96,9 @@ struct IGemmSm90 {
 };
 
 // The configurations (ids as in integer.py's CONFIGS).
-#define BIE_INT_CFG_c128x256                                                                       \
-  Shape<_128, _256, _128>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative
-#define BIE_INT_CFG_p64x128                                                                      \
-  Shape<_64, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
-      cutlass::epilogue::TmaWarpSpecialized
-
-#define BIE_INT_CFG_c128x128                                                                       \
-  Shape<_128, _128, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative
+#define BIE_INT_CFG_c128x256 BIE_SM90_COOPERATIVE(_128, _256, _128, _2)
+#define BIE_INT_CFG_p64x128 BIE_SM90_PINGPONG(_64, _128, _128, _1)
+#define BIE_INT_CFG_c128x128 BIE_SM90_COOPERATIVE(_128, _128, _128, _1)
 
 #define BIE_INT_DEFINE(cfg, out, T)                                            \
   std::string igemm_##cfg##_##out(const GemmArgs& p, size_t* ws) {             \

@@ -102,32 +102,17 @@ struct WqGemmSm90 {
 // c*: persistent cooperative kernels for many tokens (compute-bound); s*: few tokens (memory-bound),
 // a K tile of 128 (longer TMA transactions) and the stream-K scheduler, which splits the K loop of the
 // few output tiles over all SMs (8192 channels are only 64 tiles of 128).
-#define BIE_WQ_CFG_c128x256                                                                       \
-  Shape<_128, _256, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative
-#define BIE_WQ_CFG_c128x128                                                                       \
-  Shape<_128, _128, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative
-#define BIE_WQ_CFG_p64x128                                                                     \
-  Shape<_64, _128, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong, \
-      cutlass::epilogue::TmaWarpSpecialized
-#define BIE_WQ_CFG_s128x16                                                                        \
-  Shape<_128, _16, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
-#define BIE_WQ_CFG_s128x32                                                                        \
-  Shape<_128, _32, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
+#define BIE_WQ_STREAM_K(M, N, K) BIE_SM90_COOPERATIVE(M, N, K, _1), cutlass::gemm::StreamKScheduler
+#define BIE_WQ_CFG_c128x256 BIE_SM90_COOPERATIVE(_128, _256, _64, _1)
+#define BIE_WQ_CFG_c128x128 BIE_SM90_COOPERATIVE(_128, _128, _64, _1)
+#define BIE_WQ_CFG_p64x128 BIE_SM90_PINGPONG(_64, _128, _64, _1)
+#define BIE_WQ_CFG_s128x16 BIE_WQ_STREAM_K(_128, _16, _128)
+#define BIE_WQ_CFG_s128x32 BIE_WQ_STREAM_K(_128, _32, _128)
 // 256 channels per tile: each consumer warpgroup converts and multiplies two 64-row blocks per k step,
 // twice the independent work between the waits of its dependent load -> convert -> wgmma chain
-#define BIE_WQ_CFG_s256x16                                                                        \
-  Shape<_256, _16, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
-#define BIE_WQ_CFG_s256x32                                                                        \
-  Shape<_256, _32, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
-#define BIE_WQ_CFG_s256x64                                                                        \
-  Shape<_256, _64, _128>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative, \
-      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler
+#define BIE_WQ_CFG_s256x16 BIE_WQ_STREAM_K(_256, _16, _128)
+#define BIE_WQ_CFG_s256x32 BIE_WQ_STREAM_K(_256, _32, _128)
+#define BIE_WQ_CFG_s256x64 BIE_WQ_STREAM_K(_256, _64, _128)
 
 #define BIE_WQ_DEFINE(cfg, bits, act, T)                                        \
   std::string wq_##cfg##_w##bits##_##act(const WqArgs& p, size_t* ws) {         \

@@ -246,91 +246,61 @@ def register_kernels(registry) -> NativeStatus:
         return st
     import torch
 
-    from bie_core.backend_api import FLOAT_DTYPES, Capability
+    from bie_core.backend_api import DYNAMIC_MAX_K, FLOAT_DTYPES, Capability
     from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
 
-    from . import kernels
+    from . import kernels, kernels_mbwq, kernels_wq
+    from . import kernels_dynamic as nd
     cpu = ("cpu",)
     max_k = 2 ** 31 - 1
     tag = f"native C++ ({st.level})"
-    registry.register("pack_signs", kernels.pack_signs, priority=PRIORITY, name="native.pack_signs",
-                      capability=Capability(devices=cpu, dtypes=PACKABLE),
-                      description=f"{tag}: vector compare to bit masks")
-    registry.register("binary_gemm", kernels.binary_gemm, priority=PRIORITY, name="native.binary_gemm",
-                      prepare=kernels.prepare,
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
-                      description=f"{tag}: XOR-popcount GEMM, fused scale/bias epilogue")
-    registry.register("binary_linear", kernels.binary_linear, priority=PRIORITY, name="native.binary_linear",
-                      prepare=kernels.prepare,
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
-                      description=f"{tag}: fused shift + sign + pack + XOR-popcount GEMM + epilogue")
-    registry.register("binary_conv2d", kernels.binary_conv2d, priority=PRIORITY, name="native.binary_conv2d",
-                      prepare=kernels.prepare,
-                      capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}),
-                      description=f"{tag}: bit-packed im2col + XOR-popcount GEMM, any pad value")
-    registry.register("int_gemm", kernels.int_gemm, priority=PRIORITY, name="native.int_gemm", prepare=kernels.prepare,
-                      bind=kernels.bind_int_gemm,
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES,
-                                            attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
-                                            max_dims={"K": INT_GEMM_MAX_K}),
-                      description=f"{tag}: int8 GEMM, exact int32 accumulation")
-    registry.register("int_conv2d", kernels.int_conv2d, priority=PRIORITY, name="native.int_conv2d", prepare=kernels.prepare,
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)},
-                                            max_dims={"K": INT_GEMM_MAX_K}),
-                      description=f"{tag}: implicit int8 im2col + int GEMM, exact int32, scale/bias epilogue")
-    registry.register("int_bmm", kernels.int_bmm, priority=PRIORITY, name="native.int_bmm",
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)},
-                                            max_dims={"K": INT_GEMM_MAX_K}),
-                      description=f"{tag}: batched int8 GEMM, exact int32 accumulation")
-    registry.register("binary_bmm", kernels.binary_bmm, priority=PRIORITY, name="native.binary_bmm",
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k}),
-                      description=f"{tag}: batched XOR-popcount GEMM (b packed into panels per call)")
-    registry.register("sign_embedding", kernels.sign_embedding, priority=PRIORITY, name="native.sign_embedding",
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
-                      description=f"{tag}: gather + bit expansion to +-scale")
-    registry.register("sign_embedding_bag", kernels.sign_embedding_bag, priority=PRIORITY,
-                      name="native.sign_embedding_bag", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
-                      description=f"{tag}: gather + per-bit majority vote")
-    registry.register("quantize_int", kernels.quantize_int, priority=PRIORITY, name="native.quantize_int",
-                      bind=kernels.bind_quantize_int,
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}),
-                      description=f"{tag}: true division, round half to even, clamp; any broadcast scale")
-    from . import kernels_wq
-    wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": kernels_wq.BITS, "format": ("gptq", "gba")})
-    registry.register("wq_gemm", kernels_wq.wq_gemm, priority=PRIORITY, name="native.wq_gemm", prepare=kernels_wq.prepare,
-                      capability=wq_cap, bind=kernels_wq.bind_wq_gemm,
-                      description=f"{tag}: fused dequant-in-registers GEMM for M <= {kernels_wq.FUSED_MAX_M}, else "
-                                  "native dequantization + torch matmul; float32 accumulation")
-    registry.register("wq_dequantize", kernels_wq.wq_dequantize, priority=PRIORITY, name="native.wq_dequantize",
-                      prepare=kernels_wq.prepare, capability=wq_cap,
-                      description=f"{tag}: float32 dequantization from the prepared panels (bit-exact)")
-    registry.register("wq_gemm_grad_input", kernels_wq.wq_gemm_grad_input, priority=PRIORITY,
-                      name="native.wq_gemm_grad_input", prepare=kernels_wq.prepare, capability=wq_cap,
-                      description=f"{tag}: native dequantization + torch matmul (grad @ W.T)")
-    from . import kernels_mbwq
-    mb_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES)
-    registry.register("mbwq_gemm", kernels_mbwq.mbwq_gemm, priority=PRIORITY, name="native.mbwq_gemm", prepare=kernels_mbwq.prepare,
-                      capability=mb_cap,
-                      description=f"{tag}: per-width segments (2/3/4/8 bits; 5/6 as 8-bit codes) on the wq "
-                                  f"kernels, summed: fused GEMV for M <= {kernels_wq.FUSED_MAX_M}, else dequant slabs "
-                                  "+ torch matmul; q_perm and channel_scale on x")
-    registry.register("mbwq_dequantize", kernels_mbwq.mbwq_dequantize, priority=PRIORITY, name="native.mbwq_dequantize",
-                      prepare=kernels_mbwq.prepare, capability=mb_cap,
-                      description=f"{tag}: float32 q*s - z per width segment, rows scattered by q_perm (bit-exact)")
-    registry.register("mbwq_gemm_grad_input", kernels_mbwq.mbwq_gemm_grad_input, priority=PRIORITY,
-                      name="native.mbwq_gemm_grad_input", prepare=kernels_mbwq.prepare, capability=mb_cap,
-                      description=f"{tag}: native dequantization per width segment + torch matmul, * channel_scale")
-    from bie_core.backend_api import DYNAMIC_MAX_K as DYN_MAX_K
 
-    from . import kernels_dynamic as nd
-    registry.register("dynamic_quantize_act", nd.dynamic_quantize_act, priority=PRIORITY,
-                      name="native.dynamic_quantize_act", capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES),
-                      description=f"{tag}: per-row abs-max and quantization in one pass (vector extensions)")
-    registry.register("dynamic_int8_linear", nd.dynamic_int8_linear, priority=PRIORITY,
-                      name="native.dynamic_int8_linear", prepare=kernels.prepare,
-                      capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": DYN_MAX_K}),
-                      description=f"{tag}: vectorised activation quantization + int8 GEMM, zero-point "
-                                  "correction, per-row x per-column scales and bias in the epilogue")
+    def reg(module, op: str, description: str, **kw):
+        """``module.<op>`` registered as ``native.<op>``."""
+        registry.register(op, getattr(module, op), priority=PRIORITY, name=f"native.{op}",
+                          description=f"{tag}: {description}", **kw)
+
+    floats = Capability(devices=cpu, dtypes=FLOAT_DTYPES)
+    binary_k = Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": max_k})
+    int_k = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}, max_dims={"K": INT_GEMM_MAX_K})
+    reg(kernels, "pack_signs", "vector compare to bit masks", capability=Capability(devices=cpu, dtypes=PACKABLE))
+    reg(kernels, "binary_gemm", "XOR-popcount GEMM, fused scale/bias epilogue", prepare=kernels.prepare,
+        capability=binary_k)
+    reg(kernels, "binary_linear", "fused shift + sign + pack + XOR-popcount GEMM + epilogue", prepare=kernels.prepare,
+        capability=binary_k)
+    reg(kernels, "binary_conv2d", "bit-packed im2col + XOR-popcount GEMM, any pad value", prepare=kernels.prepare,
+        capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}))
+    reg(kernels, "int_gemm", "int8 GEMM, exact int32 accumulation", prepare=kernels.prepare,
+        bind=kernels.bind_int_gemm, capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
+                              max_dims={"K": INT_GEMM_MAX_K}))
+    reg(kernels, "int_conv2d", "implicit int8 im2col + int GEMM, exact int32, scale/bias epilogue",
+        prepare=kernels.prepare, capability=int_k)
+    reg(kernels, "int_bmm", "batched int8 GEMM, exact int32 accumulation", capability=int_k)
+    reg(kernels, "binary_bmm", "batched XOR-popcount GEMM (b packed into panels per call)", capability=binary_k)
+    reg(kernels, "sign_embedding", "gather + bit expansion to +-scale", capability=floats)
+    reg(kernels, "sign_embedding_bag", "gather + per-bit majority vote", capability=floats)
+    reg(kernels, "quantize_int", "true division, round half to even, clamp; any broadcast scale",
+        bind=kernels.bind_quantize_int, capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}))
+    wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": kernels_wq.BITS, "format": ("gptq", "gba")})
+    reg(kernels_wq, "wq_gemm", f"fused dequant-in-registers GEMM for M <= {kernels_wq.FUSED_MAX_M}, else native "
+        "dequantization + torch matmul; float32 accumulation", prepare=kernels_wq.prepare, capability=wq_cap,
+        bind=kernels_wq.bind_wq_gemm)
+    reg(kernels_wq, "wq_dequantize", "float32 dequantization from the prepared panels (bit-exact)",
+        prepare=kernels_wq.prepare, capability=wq_cap)
+    reg(kernels_wq, "wq_gemm_grad_input", "native dequantization + torch matmul (grad @ W.T)",
+        prepare=kernels_wq.prepare, capability=wq_cap)
+    reg(kernels_mbwq, "mbwq_gemm", "per-width segments (2/3/4/8 bits; 5/6 as 8-bit codes) on the wq kernels, "
+        f"summed: fused GEMV for M <= {kernels_wq.FUSED_MAX_M}, else dequant slabs + torch matmul; q_perm and "
+        "channel_scale on x", prepare=kernels_mbwq.prepare, capability=floats)
+    reg(kernels_mbwq, "mbwq_dequantize", "float32 q*s - z per width segment, rows scattered by q_perm (bit-exact)",
+        prepare=kernels_mbwq.prepare, capability=floats)
+    reg(kernels_mbwq, "mbwq_gemm_grad_input", "native dequantization per width segment + torch matmul, "
+        "* channel_scale", prepare=kernels_mbwq.prepare, capability=floats)
+    reg(nd, "dynamic_quantize_act", "per-row abs-max and quantization in one pass (vector extensions)",
+        capability=floats)
+    reg(nd, "dynamic_int8_linear", "vectorised activation quantization + int8 GEMM, zero-point correction, "
+        "per-row x per-column scales and bias in the epilogue", prepare=kernels.prepare,
+        capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": DYNAMIC_MAX_K}))
     del torch
     return st
 

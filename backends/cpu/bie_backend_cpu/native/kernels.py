@@ -121,6 +121,17 @@ def _ptr(t):
     return None if t is None else t.data_ptr()
 
 
+def _row_operand(a: torch.Tensor, width: int) -> torch.Tensor:
+    """The (rows, width) or (batch, rows, width) operand a as the kernels read it, by its row (and item)
+    stride: unit element stride, rows and items that do not overlap (e.g. a stride-0 expand becomes a dense
+    copy), detached (they see raw memory)."""
+    a = a.detach()
+    ok = a.stride(-1) == 1 and a.stride(-2) >= width
+    if a.dim() == 3:
+        ok = ok and a.stride(0) >= a.shape[1] * a.stride(1)
+    return a if ok else a.contiguous()
+
+
 def _require(cond: bool, op: str, msg: str) -> None:
     """The invariants the C code relies on. The op's validation already
     guarantees them for dispatched calls; these checks keep a direct call of a
@@ -223,9 +234,7 @@ def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None):
     if m == 0 or n == 0:
         return out
     panels = _layouts(prepared).get(("bin", k), lambda: _binary_panels(b, k))
-    if a.stride(1) != 1 or a.stride(0) < kb:   # (rows that overlap, e.g. a stride-0 expand: a dense copy)
-        a = a.contiguous()
-    a = a.detach()
+    a = _row_operand(a, kb)
     flags, s32, b32 = _epilogue(scale, bias, n)
     kw, p = panels.shape[1], panels.shape[0]
     mb, pb = _gemm_blocks(m, p, _threads())
@@ -435,9 +444,7 @@ def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
         return out
     kind = _lib.bie_int_layout()
     lay = _layouts(prepared).get(("int", kind), lambda: _int_layout(b, kind))
-    if a.stride(1) != 1 or a.stride(0) < k:    # (rows that overlap, e.g. a stride-0 expand: a dense copy)
-        a = a.contiguous()
-    a = a.detach()
+    a = _row_operand(a, k)
     flags, s32, b32 = _epilogue(scale, bias, n)
     mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, 4 * _threads())
     # (one row: its stride says nothing, a (K, 1) column seen as (1, K) has stride 1)
@@ -591,9 +598,7 @@ def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
         from ..reference import integer as _ri
         return _ri.int_bmm(a, b, a_bits, b_bits, scale, out_dtype)
     lay = _int_layout(b, kind)
-    a = a.detach()
-    if a.stride(2) != 1 or a.stride(1) < k or a.stride(0) < m * a.stride(1):   # overlapping rows or items
-        a = a.contiguous()
+    a = _row_operand(a, k)
     flags, s32, _ = _epilogue(scale, None, n)
     mb, pb = _blocks(m, lay.p, 64, 8 if lay.pw == 8 else 4, max(1, -(-4 * _threads() // bs)))
     g = IGemmArgs(a.data_ptr(), a.stride(1), lay.data.data_ptr(), _ptr(lay.colsum), kind, m, n, k, lay.kp,
@@ -618,9 +623,7 @@ def binary_bmm(a, b, k, scale, out_dtype):
     if bs == 0 or m == 0 or n == 0:
         return out
     panels = _binary_panels(b, k)
-    a = a.detach()
-    if a.stride(2) != 1 or a.stride(1) < kb or a.stride(0) < m * a.stride(1):   # overlapping rows or items
-        a = a.contiguous()
+    a = _row_operand(a, kb)
     flags, s32, _ = _epilogue(scale, None, n)
     p, kw = panels.shape[1], panels.shape[2]
     mb, pb = _blocks(m, p, 64, 16, max(1, -(-4 * _threads() // bs)))

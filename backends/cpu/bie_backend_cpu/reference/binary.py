@@ -45,8 +45,8 @@ def binary_dot(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def binary_gemm(a, b, k, scale, bias, out_dtype):
-    from ._epilogue import finish
-    return finish(binary_dot(a, b, k), scale, bias, out_dtype)
+    from bie_core.backend_api import scaled_epilogue
+    return scaled_epilogue(binary_dot(a, b, k), scale, bias, out_dtype)
 
 
 def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
@@ -57,12 +57,12 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype):
 
 
 def binary_bmm(a, b, k, scale, out_dtype):
-    from ._epilogue import finish
-    return finish(binary_dot(a, b, k), scale, None, out_dtype)
+    from bie_core.backend_api import scaled_epilogue
+    return scaled_epilogue(binary_dot(a, b, k), scale, None, out_dtype)
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
-    from ._epilogue import finish
+    from bie_core.backend_api import scaled_epilogue
     c = x.shape[1]
     k = (c // groups) * kernel_size[0] * kernel_size[1]
     sx = torch.where(x >= 0, 1.0, -1.0).to(torch.float64)
@@ -72,9 +72,9 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     if w.shape[0] == 0:   # no output channels (F.conv2d refuses an empty weight)
         ho = (sx.shape[2] - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
         wo = (sx.shape[3] - dilation[1] * (kernel_size[1] - 1) - 1) // stride[1] + 1
-        return finish(sx.new_zeros((x.shape[0], 0, ho, wo)), scale, bias, out_dtype, channel_dim=1)
+        return scaled_epilogue(sx.new_zeros((x.shape[0], 0, ho, wo)), scale, bias, out_dtype, channel_dim=1)
     acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=int(groups))
-    return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
+    return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
 
 
 def sign_embedding(indices, bits, scale, dim, dtype):

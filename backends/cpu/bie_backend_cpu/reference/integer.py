@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._epilogue import finish
+from bie_core.backend_api import scaled_epilogue
 
 
 def code_range(bits: int):
@@ -43,19 +43,20 @@ def unpack_int4(packed, k):
 
 def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype):
     acc = a.to(torch.float64) @ b.to(torch.float64).t()   # exact: |acc| < 2**53
-    return finish(acc, scale, bias, out_dtype)
+    return scaled_epilogue(acc, scale, bias, out_dtype)
 
 
 def int_bmm(a, b, a_bits, b_bits, scale, out_dtype):
     acc = a.to(torch.float64) @ b.to(torch.float64).transpose(1, 2)
-    return finish(acc, scale, None, out_dtype)
+    return scaled_epilogue(acc, scale, None, out_dtype)
 
 
 def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
     if w.shape[0] == 0:   # no output channels (F.conv2d refuses an empty weight)
         ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
         wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (w.shape[3] - 1) - 1) // stride[1] + 1
-        return finish(torch.zeros((x.shape[0], 0, ho, wo), dtype=torch.float64), scale, bias, out_dtype, channel_dim=1)
+        return scaled_epilogue(torch.zeros((x.shape[0], 0, ho, wo), dtype=torch.float64), scale, bias, out_dtype,
+                               channel_dim=1)
     acc = F.conv2d(x.to(torch.float64), w.to(torch.float64), stride=tuple(stride), padding=tuple(padding),
                    dilation=tuple(dilation), groups=int(groups))
-    return finish(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
+    return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)

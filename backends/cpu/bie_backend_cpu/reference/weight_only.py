@@ -16,6 +16,8 @@ import functools
 
 import torch
 
+from bie_core.backend_api import mbwq_segments
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -160,24 +162,13 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
 
 
 # ------------------------------------------------------------ mixed widths
-def _segments(group_bits, group_rows):
-    """(bits, first row, rows, first word, words) per group."""
-    out, row, word = [], 0, 0
-    for b, r in zip(group_bits, group_rows):
-        nw = (r * b + 31) // 32
-        out.append((b, row, r, word, nw))
-        row += r
-        word += nw
-    return out
-
-
 def mbwq_pack(codes, group_bits, group_rows):
-    return torch.cat([_pack_rows(codes[r0:r0 + r], b) for b, r0, r, _, _ in _segments(group_bits, group_rows)])
+    return torch.cat([_pack_rows(codes[r0:r0 + r], b) for b, r0, r, _, _ in mbwq_segments(group_bits, group_rows)])
 
 
 def mbwq_unpack(qweight, group_bits, group_rows):
     return torch.cat([_unpack_rows(qweight[w0:w0 + nw], b, r)
-                      for b, _, r, w0, nw in _segments(group_bits, group_rows)]).contiguous()
+                      for b, _, r, w0, nw in mbwq_segments(group_bits, group_rows)]).contiguous()
 
 
 @functools.lru_cache(maxsize=256)

@@ -277,6 +277,27 @@ static int drv_semb(const void* args, int64_t t0, int64_t t1) {
 
 static inline int out_size(int64_t t) { return t == BIE_F16 || t == BIE_BF16 ? 2 : 4; }
 
+#if BIE_WITH_BINARY || BIE_WITH_INT
+// The task loop of the GEMM drivers on prepared weights (binary and int): task t is (row block
+// t / ntn of mb rows, panel block t % ntn of pb panels), ntn = ceil(P / pb). The panel blocks of a
+// row block are consecutive tasks, so a worker stages a row block once: stage(i0, i1) runs when
+// the row block changes, then block(i0, i1, q0, q1) computes rows [i0, i1) x panels [q0, q1).
+template <class Args, class Stage, class Block>
+static inline void for_gemm_tasks(const Args* p, int64_t t0, int64_t t1, Stage stage, Block block) {
+  const int64_t ntn = (p->P + p->pb - 1) / p->pb;
+  int64_t have_ti = -1;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t ti = t / ntn, tj = t % ntn;
+    const int64_t i0 = ti * p->mb, i1 = bie_min(p->M, i0 + p->mb);
+    if (ti != have_ti) {
+      stage(i0, i1);
+      have_ti = ti;
+    }
+    block(i0, i1, tj * p->pb, bie_min(p->P, tj * p->pb + p->pb));
+  }
+}
+#endif
+
 #if BIE_WITH_BINARY
 // ------------------------------------------------------------- binary GEMM
 template <int NR>
@@ -300,7 +321,7 @@ static inline void btile_any(int64_t mr, int64_t nr, const uint64_t* A, int64_t 
 
 static int drv_bgemm(const void* args, int64_t t0, int64_t t1) {
   const bie_bgemm_args* p = (const bie_bgemm_args*)args;
-  const int64_t KW = p->KW, KB = p->KB, ntn = (p->P + p->pb - 1) / p->pb;
+  const int64_t KW = p->KW, KB = p->KB;
   const uint8_t lastmask = (p->K % 8) ? (uint8_t)((1u << (p->K % 8)) - 1u) : (uint8_t)0xffu;
   uint64_t* As = (uint64_t*)__builtin_malloc((size_t)(p->mb * KW * 8) + 64);
   if (!As) return BIE_ENOMEM;
@@ -309,20 +330,15 @@ static int drv_bgemm(const void* args, int64_t t0, int64_t t1) {
   const int osz = out_size(p->out_type);
   const int fl = (int)p->flags;
   const float ss = (fl & BIE_EPI_SCALE) ? p->scale[0] : 1.0f;
-  int64_t have_ti = -1;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t ti = t / ntn, tj = t % ntn;
-    const int64_t i0 = ti * p->mb, i1 = bie_min(p->M, i0 + p->mb);
-    const int64_t q0 = tj * p->pb, q1 = bie_min(p->P, q0 + p->pb);
-    if (ti != have_ti) {            // stage the rows as zero-padded words, pad bits cleared
-      for (int64_t r = i0; r < i1; ++r) {
-        uint8_t* d = (uint8_t*)(As + (r - i0) * KW);
-        __builtin_memcpy(d, p->a + r * p->lda, (size_t)KB);
-        d[KB - 1] &= lastmask;
-        for (int64_t b = KB; b < KW * 8; ++b) d[b] = 0;
-      }
-      have_ti = ti;
+  auto stage = [&](int64_t i0, int64_t i1) {   // the rows as zero-padded words, pad bits cleared
+    for (int64_t r = i0; r < i1; ++r) {
+      uint8_t* d = (uint8_t*)(As + (r - i0) * KW);
+      __builtin_memcpy(d, p->a + r * p->lda, (size_t)KB);
+      d[KB - 1] &= lastmask;
+      for (int64_t b = KB; b < KW * 8; ++b) d[b] = 0;
     }
+  };
+  for_gemm_tasks(p, t0, t1, stage, [&](int64_t i0, int64_t i1, int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; q += BNR) {
       const int64_t nr = bie_min(BNR, q1 - q);
       const int64_t j0 = q * 8, nc = bie_min(nr * 8, p->N - j0);
@@ -338,7 +354,7 @@ static int drv_bgemm(const void* args, int64_t t0, int64_t t1) {
         }
       }
     }
-  }
+  });
   __builtin_free(As);
   return BIE_OK;
 }
@@ -439,7 +455,7 @@ static inline void itile_rows(int64_t mr, const iscalar_t* A, int64_t lda, const
 // ------------------------------------------------------------- int GEMM
 static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   const bie_igemm_args* p = (const bie_igemm_args*)args;
-  const int64_t Kp = p->Kp, ntn = (p->P + p->pb - 1) / p->pb, steps = Kp / IKSTEP;
+  const int64_t Kp = p->Kp, steps = Kp / IKSTEP;
   const int64_t pstride = steps * IPW * IKSTEP * IBSIZE;  // bytes per panel
   iscalar_t* As = (iscalar_t*)__builtin_malloc((size_t)(p->mb * Kp) * sizeof(iscalar_t) + 64);
   if (!As) return BIE_ENOMEM;
@@ -449,15 +465,10 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   const int osz = out_size(p->out_type);
   const int fl = (int)p->flags;
   const float ss = (fl & BIE_EPI_SCALE) ? p->scale[0] : 1.0f;
-  int64_t have_ti = -1;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t ti = t / ntn, tj = t % ntn;
-    const int64_t i0 = ti * p->mb, i1 = bie_min(p->M, i0 + p->mb);
-    const int64_t q0 = tj * p->pb, q1 = bie_min(p->P, q0 + p->pb);
-    if (ti != have_ti) {
-      for (int64_t r = i0; r < i1; ++r) iprep_row(p->a + r * p->lda, p->K, Kp, As + (r - i0) * Kp);
-      have_ti = ti;
-    }
+  auto stage = [&](int64_t i0, int64_t i1) {
+    for (int64_t r = i0; r < i1; ++r) iprep_row(p->a + r * p->lda, p->K, Kp, As + (r - i0) * Kp);
+  };
+  for_gemm_tasks(p, t0, t1, stage, [&](int64_t i0, int64_t i1, int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; q += INR) {
       const int64_t nr = bie_min(INR, q1 - q);
       const int64_t j0 = q * IPW, nc = bie_min(nr * IPW, p->N - j0);
@@ -496,7 +507,7 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
         }
       }
     }
-  }
+  });
   __builtin_free(As);
   return BIE_OK;
 }

@@ -6,13 +6,9 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include "isa_target.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,popcnt,bmi,bmi2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,popcnt,bmi,bmi2")
-#endif
+BIE_ISA_BEGIN(BIE_ISA_AVX2)
 
 namespace {
 #include "scalar_util.h"
@@ -162,32 +158,13 @@ static inline void btile(const uint64_t* A, int64_t lda, const uint64_t* B, int6
 #define IBSIZE 2
 #define IVNNI 0
 typedef int16_t iscalar_t;
-
-static inline void iprep_row(const int8_t* a, int64_t K, int64_t Kp, int16_t* dst) {
-  for (int64_t k = 0; k < K; ++k) dst[k] = a[k];
-  for (int64_t k = K; k < Kp; ++k) dst[k] = 0;
-}
-
-template <int MR, int NR>
-static inline void itile(const int16_t* A, int64_t lda, const void* B, int64_t pstride, int64_t steps,
-                         int32_t* tile) {
-  __m256i acc[MR][NR];
-  for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < NR; ++q) acc[r][q] = _mm256_setzero_si256();
-  const char* Bc = (const char*)B;
-  for (int64_t s = 0; s < steps; ++s) {
-    __m256i b[NR];
-    for (int q = 0; q < NR; ++q) b[q] = _mm256_loadu_si256((const __m256i*)(Bc + q * pstride + s * 32));
-    for (int r = 0; r < MR; ++r) {
-      int32_t pair;
-      __builtin_memcpy(&pair, A + r * lda + 2 * s, 4);
-      const __m256i a = _mm256_set1_epi32(pair);
-      for (int q = 0; q < NR; ++q) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(a, b[q]));
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < NR; ++q) _mm256_storeu_si256((__m256i*)(tile + r * INR * IPW + q * IPW), acc[r][q]);
-}
+#define IVEC __m256i
+#define IVEC_ZERO() _mm256_setzero_si256()
+#define IVEC_LOAD(p) _mm256_loadu_si256((const __m256i*)(p))
+#define IVEC_SET1(w) _mm256_set1_epi32(w)
+#define IVEC_DOT(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#define IVEC_STORE(p, v) _mm256_storeu_si256((__m256i*)(p), v)
+#include "itile_simd.h"
 
 #include "drivers.h"
 }  // namespace
@@ -202,9 +179,5 @@ BIE_EXPORT(avx2, dquant)
 BIE_EXPORT(avx2, iconv)
 BIE_EXPORT(avx2, semb)
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BIE_ISA_END
 #endif  // x86-64

@@ -6,13 +6,9 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include "isa_target.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,popcnt,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,popcnt,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+BIE_ISA_BEGIN(BIE_ISA_AVX512)
 
 namespace {
 #include "scalar_util.h"
@@ -22,6 +18,7 @@ namespace {
 #define BIE_WITH_BINARY 0
 #define BIE_WITH_INT 1
 
+// int tile: int16 pairs (vpmaddwd, exact: no saturation), panels of 16 columns
 #define IMR 4
 #define INR 4
 #define IPW 16
@@ -29,32 +26,13 @@ namespace {
 #define IBSIZE 2
 #define IVNNI 0
 typedef int16_t iscalar_t;
-
-static inline void iprep_row(const int8_t* a, int64_t K, int64_t Kp, int16_t* dst) {
-  for (int64_t k = 0; k < K; ++k) dst[k] = a[k];
-  for (int64_t k = K; k < Kp; ++k) dst[k] = 0;
-}
-
-template <int MR, int NR>
-static inline void itile(const int16_t* A, int64_t lda, const void* B, int64_t pstride, int64_t steps,
-                         int32_t* tile) {
-  __m512i acc[MR][NR];
-  for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < NR; ++q) acc[r][q] = _mm512_setzero_si512();
-  const char* Bc = (const char*)B;
-  for (int64_t s = 0; s < steps; ++s) {
-    __m512i b[NR];
-    for (int q = 0; q < NR; ++q) b[q] = _mm512_loadu_si512(Bc + q * pstride + s * 64);
-    for (int r = 0; r < MR; ++r) {
-      int32_t pair;
-      __builtin_memcpy(&pair, A + r * lda + 2 * s, 4);
-      const __m512i a = _mm512_set1_epi32(pair);
-      for (int q = 0; q < NR; ++q) acc[r][q] = _mm512_add_epi32(acc[r][q], _mm512_madd_epi16(a, b[q]));
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < NR; ++q) _mm512_storeu_si512(tile + r * INR * IPW + q * IPW, acc[r][q]);
-}
+#define IVEC __m512i
+#define IVEC_ZERO() _mm512_setzero_si512()
+#define IVEC_LOAD(p) _mm512_loadu_si512(p)
+#define IVEC_SET1(w) _mm512_set1_epi32(w)
+#define IVEC_DOT(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+#define IVEC_STORE(p, v) _mm512_storeu_si512(p, v)
+#include "itile_simd.h"
 
 #include "drivers.h"
 }  // namespace
@@ -67,9 +45,5 @@ BIE_EXPORT(avx512, dquant)
 BIE_EXPORT(avx512, iconv)
 BIE_EXPORT(avx512, semb)
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BIE_ISA_END
 #endif  // x86-64

@@ -5,12 +5,8 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,popcnt,bmi,bmi2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,popcnt,bmi,bmi2")
-#endif
+#include "isa_target.h"
+BIE_ISA_BEGIN(BIE_ISA_AVX2)
 
 namespace {
 #define WQ_VL 8
@@ -21,9 +17,5 @@ namespace {
 BIE_EXPORT(avx2, wqgemm)
 BIE_EXPORT(avx2, wqdeq)
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BIE_ISA_END
 #endif

@@ -6,12 +6,8 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,popcnt,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,popcnt,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+#include "isa_target.h"
+BIE_ISA_BEGIN(BIE_ISA_AVX512)
 
 namespace {
 #define WQ_VL 16
@@ -22,9 +18,5 @@ namespace {
 BIE_EXPORT(avx512, wqgemm)
 BIE_EXPORT(avx512, wqdeq)
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BIE_ISA_END
 #endif

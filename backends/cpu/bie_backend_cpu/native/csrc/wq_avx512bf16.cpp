@@ -57,12 +57,8 @@ int bie_run_tasks(bie_range_fn fn, const void* args, int64_t n, int64_t grain);
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-#endif
+#include "isa_target.h"
+BIE_ISA_BEGIN(BIE_ISA_AVX512BF16)
 
 namespace {
 
@@ -450,11 +446,7 @@ int gemm(bie_wqb_args* a) {
 
 }  // namespace
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+BIE_ISA_END
 #endif
 
 extern "C" {
