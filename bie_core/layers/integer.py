@@ -234,9 +234,12 @@ class QLinear(_IntWeightMixin, QATLayer):
         qa = r1(x2, saf, a_bits, ba, None)
         r2 = dispatch.resolve(ops.int_gemm, qa, codes, a_bits, w_bits, scale, bias, dt, backend=backend)
         quant, gemm = r1.fn, r2.fn
-
-        def call(x):
-            return gemm(quant(x, saf, a_bits, ba, None), codes, a_bits, w_bits, scale, bias, dt)
+        # a backend whose bound GEMM can run its own bound quantization with it offers one call for both
+        fuse = getattr(gemm, "fuse_quantized_input", None)
+        call = fuse(quant, saf, a_bits, ba, scale, bias) if fuse is not None else None
+        if call is None:
+            def call(x):
+                return gemm(quant(x, saf, a_bits, ba, None), codes, a_bits, w_bits, scale, bias, dt)
         return LeanCall(call, (r1.decision, r2.decision), x2, r1._pref, fixed)
 
 
@@ -271,6 +274,10 @@ class QConv2d(_IntWeightMixin, QATLayer):
         return s + f", bias={self.bias is not None}" + self._bits_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if eager_inference(x) and self.__dict__.get("_act_scale_ready"):
+            y = self._infer(x)
+            if y is not None:
+                return y
         x, unbatched = self._batched_conv2d_input(x)
         self._act_init(x)
         w, qw, sw = self._weight_operands()
@@ -278,3 +285,47 @@ class QConv2d(_IntWeightMixin, QATLayer):
         args = (x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
         y = QConv2dFn.apply(*args, self.quantized_backward) if torch.is_grad_enabled() else q_conv2d(*args)[0]
         return y.squeeze(0) if unbatched else y
+
+    def _infer(self, x: torch.Tensor):
+        """Eager inference: the activation quantization and the integer conv
+        resolved once for this input signature and bound (see ``_lean``), with
+        the weight codes and the float32 scales of the current tensors; the
+        same ops with the same arguments as ``q_conv2d``. None: the full path."""
+        nd = x.dim()
+        if nd == 3:
+            x = x.unsqueeze(0)
+        elif nd != 4:
+            return None
+        p = self._parameters
+        w = p["weight"]
+        fixed = (w if w is not None else self._buffers["qweight"], p["weight_scale"], p["act_shift"], p["act_scale"],
+                 p.get("bias"))
+        backend = self.backend or ""
+        lc = self._lean
+        if lc is None or not lc.holds(x, backend, *fixed):
+            if w is not None and not self._weight_scale_ready:
+                return None
+            self._batched_conv2d_input(x)      # the full input checks (raise on bad input)
+            self._lean = None
+            lc = self._lean = self._bind(x, fixed, backend)
+        y = lc.call(x)
+        return y.squeeze(0) if nd == 3 else y
+
+    def _bind(self, x, fixed, backend: str) -> LeanCall:
+        _, codes, sw = self._weight_operands()
+        saf, swf = _f32_scales(self.act_scale, sw)
+        ba, bias, a_bits, w_bits, dt = self.act_shift.detach(), fixed[4], self.a_bits, self.w_bits, x.dtype
+        scale = saf * swf
+        geom = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
+        shift4 = ba.to(dt).view(1, -1, 1, 1)
+        xs = x + shift4
+        r1 = dispatch.resolve(ops.quantize_int, xs, saf, a_bits, backend=backend)
+        qa = r1(xs, saf, a_bits, None, None)
+        r2 = dispatch.resolve(ops.int_conv2d, qa, codes, a_bits, w_bits, *geom, scale, bias, dt, backend=backend)
+        quant, conv = r1.fn, r2.fn
+        fuse = getattr(conv, "fuse_quantized_input", None)
+        call = fuse(quant, saf, a_bits, ba, scale, bias) if fuse is not None else None
+        if call is None:
+            def call(x):
+                return conv(quant(x + shift4, saf, a_bits, None, None), codes, a_bits, w_bits, *geom, scale, bias, dt)
+        return LeanCall(call, (r1.decision, r2.decision), x, r1._pref, fixed)

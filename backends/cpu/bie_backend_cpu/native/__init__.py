@@ -96,8 +96,11 @@ def _load_fused(lib, st: NativeStatus, force_rebuild: bool, verbose: bool) -> No
         return
     try:
         mod, _, _ = _build.load_fused(force_rebuild=force_rebuild, verbose=verbose)
-        mod.init(ctypes.cast(lib.bie_pack, ctypes.c_void_p).value, ctypes.cast(lib.bie_bgemm, ctypes.c_void_p).value,
-                 _build.ABI_VERSION)
+        def addr(fn):
+            return ctypes.cast(fn, ctypes.c_void_p).value
+        mod.init(addr(lib.bie_pack), addr(lib.bie_bgemm), _build.ABI_VERSION)
+        mod.init_plans(addr(lib.bie_quant), addr(lib.bie_igemm), addr(lib.bie_iconv), addr(lib.bie_wq_gemm),
+                       addr(lib.bie_int_layout), _build.ABI_VERSION)
         kernels.set_fused(mod)
         bad = _fused_self_test()
         if bad:
@@ -274,7 +277,7 @@ def register_kernels(registry) -> NativeStatus:
         bind=kernels.bind_int_gemm, capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"a_bits": (4, 8), "b_bits": (4, 8)},
                               max_dims={"K": INT_GEMM_MAX_K}))
     reg(kernels, "int_conv2d", "implicit int8 im2col + int GEMM, exact int32, scale/bias epilogue",
-        prepare=kernels.prepare, capability=int_k)
+        prepare=kernels.prepare, bind=kernels.bind_int_conv2d, capability=int_k)
     reg(kernels, "int_bmm", "batched int8 GEMM, exact int32 accumulation", capability=int_k)
     reg(kernels, "binary_bmm", "batched XOR-popcount GEMM (b packed into panels per call)", capability=binary_k)
     reg(kernels, "sign_embedding", "gather + bit expansion to +-scale", capability=floats)
@@ -291,7 +294,7 @@ def register_kernels(registry) -> NativeStatus:
         prepare=kernels_wq.prepare, capability=wq_cap)
     reg(kernels_mbwq, "mbwq_gemm", "per-width segments (2/3/4/8 bits; 5/6 as 8-bit codes) on the wq kernels, "
         f"summed: fused GEMV for M <= {kernels_wq.FUSED_MAX_M}, else dequant slabs + torch matmul; q_perm and "
-        "channel_scale on x", prepare=kernels_mbwq.prepare, capability=floats)
+        "channel_scale on x", prepare=kernels_mbwq.prepare, bind=kernels_mbwq.bind_mbwq_gemm, capability=floats)
     reg(kernels_mbwq, "mbwq_dequantize", "float32 q*s - z per width segment, rows scattered by q_perm (bit-exact)",
         prepare=kernels_mbwq.prepare, capability=floats)
     reg(kernels_mbwq, "mbwq_gemm_grad_input", "native dequantization per width segment + torch matmul, "

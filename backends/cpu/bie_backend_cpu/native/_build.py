@@ -30,9 +30,10 @@ NAME = "bie_cpu_native"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512icl.cpp",
            "wq_entry.cpp", "wq_portable.cpp", "wq_avx2.cpp", "wq_avx512.cpp", "wq_avx512bf16.cpp")
-#: the fused binary_linear entry (a pybind11 module; kernels from the library above)
+#: the fused binary_linear entry and the bound plans of the integer and weight-only layers (a pybind11
+#: module; kernels from the library above)
 FUSED_NAME = "bie_cpu_fused"
-FUSED_SOURCES = ("fused.cpp",)
+FUSED_SOURCES = ("fused.cpp", "fused_plans.cpp")
 ABI_VERSION = 6  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias

@@ -500,7 +500,73 @@ def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
             args.bias = b32.data_ptr()
         _check(run(byref(args)), "int_gemm")
         return out
+    if out_dtype is not None and out_dtype in FLOAT_DTYPES:
+        call.fuse_quantized_input = functools.partial(_fuse_int_linear, lay, kind, m, n, k, out_dtype)
     return call
+
+
+def _native_quantize(quant_call, x_shape: tuple, x_dtype, act_scale, bits, shift_len: int, shift) -> bool:
+    """Whether ``quant_call`` is this backend's bound ``quantize_int`` for input
+    shape ``x_shape`` and dtype ``x_dtype`` and the arguments fit a fused plan:
+    one float scale value, bits 4 or 8, a shift of ``shift_len`` float values
+    or none."""
+    sig = getattr(quant_call, "bie_native_quantize", None)
+    return (_fused is not None and sig == (x_shape, x_dtype) and isinstance(act_scale, torch.Tensor)
+            and act_scale.device.type == "cpu" and act_scale.numel() == 1 and act_scale.dtype in FLOAT_DTYPES
+            and bits in (4, 8) and (shift is None or (isinstance(shift, torch.Tensor) and shift.device.type == "cpu"
+                                                      and shift.dtype in FLOAT_DTYPES and shift.numel() == shift_len)))
+
+
+def _fuse_int_linear(lay, kind, m, n, k, out_dtype, quant_call, act_scale, bits, shift, scale, bias):
+    """The bound ``int_gemm`` call's offer to run ``quant_call`` (this
+    backend's bound ``quantize_int``) with it: ``f(x) = int_gemm(quantize_int(x,
+    act_scale, bits, shift), b, ..., scale, bias, out_dtype)`` in one C++ call
+    (csrc/fused_plans.cpp), every argument but x fixed at its value now (the
+    caller rebinds when one changes). None where no plan serves it."""
+    if not _native_quantize(quant_call, (m, k), out_dtype, act_scale, bits, k, shift):
+        return None
+    if (scale is not None and scale.numel() not in (1, n)) or (bias is not None and bias.numel() != n):
+        return None
+    plan = _fused.IntLinearPlan(lay.data, lay.colsum, kind, n, k, lay.kp, lay.p, lay.pw, DTYPE_CODE[out_dtype],
+                                float(act_scale.detach().to(torch.float32)), bits, shift, scale, bias)
+    return plan.__call__
+
+
+# ------------------------------------------------------------- int_conv2d bind
+def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype,
+                    prepared=None):
+    """``int_conv2d`` for one call signature (the dispatcher's ``bind``): the
+    kernel itself, with the offer to run the activation quantization with it
+    (``fuse_quantized_input``, the inference path of QConv2d)."""
+    def call(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+        return int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype, prepared)
+    if _fused is not None and out_dtype in FLOAT_DTYPES and x.dim() == 4 and w.dim() == 4 \
+            and w.dtype == torch.int8 and x.device.type == "cpu" and w.device.type == "cpu":
+        call.fuse_quantized_input = functools.partial(_fuse_int_conv, w, (stride, padding, dilation, groups),
+                                                      tuple(x.shape), out_dtype, prepared)
+    return call
+
+
+def _fuse_int_conv(w, geom, x_shape, out_dtype, prepared, quant_call, act_scale, bits, channel_shift, scale, bias):
+    """As ``_fuse_int_linear`` for the conv: ``f(x) = int_conv2d(quantize_int(x
+    + channel_shift.view(1, C, 1, 1).to(x.dtype), act_scale, bits), w, ...)``
+    in one C++ call; None where no plan serves it (the portable level, a
+    mismatching scale or bias)."""
+    n, c, h, wd = x_shape
+    o, cg, kh, kw = w.shape
+    stride, padding, dilation, groups = geom
+    if not _native_quantize(quant_call, x_shape, out_dtype, act_scale, bits, c, channel_shift):
+        return None
+    kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
+    g = int(groups)
+    if kind == INT_ROWS or g < 1 or c != cg * g or o % g or (scale is not None and scale.numel() not in (1, o)) \
+            or (bias is not None and bias.numel() != o):
+        return None
+    wl, _ = _layouts(prepared).get(("iconv", kind, kstep), lambda: _iconv_weights(w, kind, kstep))
+    plan = _fused.IntConvPlan(wl, kind, kstep, o, c, g, kh, kw, [int(v) for v in stride], [int(v) for v in padding],
+                              [int(v) for v in dilation], DTYPE_CODE[out_dtype],
+                              float(act_scale.detach().to(torch.float32)), bits, channel_shift, scale, bias)
+    return plan.__call__
 
 
 # ---------------------------------------------------------------- quantize_int
@@ -577,6 +643,8 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
         args.svec = s32.data_ptr()
         _check(run(byref(args)), "quantize_int")
         return out if out_dtype is None else out.to(out_dtype)
+    # what a fused plan (fuse_quantized_input of the bound int_gemm / int_conv2d) may take this call's place for
+    call.bie_native_quantize = (shape, dt)
     return call
 
 

@@ -184,6 +184,47 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
     return out.to(x.dtype).contiguous()
 
 
+def bind_mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
+    """``mbwq_gemm`` for one call signature (the dispatcher's ``bind``): every
+    width segment in one ``WqPlan`` of the fused module (csrc/fused_plans.cpp),
+    ``x * channel_scale`` formed, gathered and multiplied per segment and the
+    segments summed in one C++ call. The fused-GEMV sizes only, with the
+    channel scale of the bind (the call checks it is the same tensor, unchanged);
+    None elsewhere (the kernel itself serves)."""
+    from . import kernels
+    fused = kernels._fused
+    if fused is None or not hasattr(fused, "WqPlan") or x.dim() != 2 or x.device.type != "cpu" \
+            or x.dtype not in FLOAT_DTYPES or not 0 < x.shape[0] <= kernels_wq.FUSED_MAX_M:
+        return None
+    lay = _get(prepared, qweight, scales, zeros, q_perm, group_bits, group_rows)
+    if x.shape[1] != lay.k or (bias is not None and (bias.dim() != 1 or bias.shape[0] != lay.n)):
+        return None   # the kernel raises its error
+    cs = _cs32("mbwq_gemm", channel_scale, lay.k)
+    plan = fused.WqPlan(lay.k, lay.n, kernels.DTYPE_CODE[x.dtype], cs, False)
+    for seg in lay.segs:
+        sl = seg.lay
+        plan.add_segment(sl.qw, sl.s, sl.z, sl.c, sl.gb, seg.xsrc, sl.kp, sl.p, sl.g, sl.bits, 1)
+    cs_obj, cs_state = channel_scale, _state(channel_scale)
+
+    def call(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows):
+        y = None
+        if channel_scale is cs_obj and _state(channel_scale) == cs_state:
+            y = plan(x, bias)
+        if y is None:   # another channel scale, or a value that is not finite: the kernel itself
+            return mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared)
+        return y
+    return call
+
+
+def _state(t):
+    """(storage, version) of a tensor, version None for an inference tensor; None for None."""
+    if t is None:
+        return None
+    if t.is_inference():
+        return (t.data_ptr(), None)
+    return (t.data_ptr(), t._version)
+
+
 def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype, prepared=None):
     lay = _get(prepared, qweight, scales, zeros, q_perm, group_bits, group_rows)
     w = torch.empty((lay.k, lay.n), dtype=torch.float32)

@@ -317,6 +317,16 @@ def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, forma
                 b32 = bias if bias.dtype == f32 and bias.is_contiguous() else bias.detach().to(f32).contiguous()
             return _gemm_dq(x, lay, b32)
         return call_dq
+    plan = wq_plan(lay, xdt)
+    if plan is not None:
+        unbound = wq_gemm
+
+        def call_plan(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
+            y = plan(x, bias)
+            if y is None:    # a value that is not finite: the unbound kernel's exact path
+                return unbound(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared)
+            return y
+        return call_plan
     template = _args(lay, torch.empty(0), None, m, None)
     direct = xdt == f32 and lay.identity and lay.kp == lay.k   # x is used as it is (contiguous)
     run, copy, byref, check = _lib.bie_wq_gemm, WqArgs.from_buffer_copy, ctypes.byref, _check
@@ -335,6 +345,21 @@ def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, forma
             _exact_rows(out, xp, lay, b32, (~torch.isfinite(out).all(1)).nonzero().flatten())
         return out if xdt == f32 else out.to(xdt)
     return call
+
+
+def wq_plan(lay: WqLayout, x_dtype):
+    """The fused module's ``WqPlan`` of one layout (csrc/fused_plans.cpp: the
+    float32 kernel, x gathered into the prepared row order, bias in the kernel,
+    one C++ call; None where a value is not finite), or None without the module."""
+    from . import kernels
+    fused = kernels._fused
+    if fused is None or not hasattr(fused, "WqPlan"):
+        return None
+    plan = fused.WqPlan(lay.k, lay.n, kernels.DTYPE_CODE[x_dtype], None, True)
+    direct = lay.identity and lay.kp == lay.k
+    plan.add_segment(_qw(lay), lay.s, lay.z, lay.c, lay.gb, None if direct else lay.src, lay.kp, lay.p, lay.g,
+                     lay.bits, 0 if lay.fmt == "gptq" else 1)
+    return plan
 
 
 def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:

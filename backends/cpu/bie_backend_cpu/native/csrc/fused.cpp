@@ -1,4 +1,5 @@
-// Fused inference binary_linear, bound with pybind11 (at::Tensor arguments).
+// Fused inference binary_linear, bound with pybind11 (at::Tensor arguments);
+// the bound plans of the integer and weight-only layers are in fused_plans.cpp.
 //
 // Why a second library: the ctypes entry points of bie_cpu_native cost
 // several µs of Python per call (argument structs, data pointers, output
@@ -278,6 +279,8 @@ void init(uintptr_t pack, uintptr_t bgemm, int64_t abi) {
 at::Tensor noop(const at::Tensor& x) { return x; }
 }  // namespace
 
+void bie_register_plans(py::module_& m);  // fused_plans.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bie-backend-cpu: fused inference binary_linear (pybind11; kernels from bie_cpu_native)";
   m.attr("abi") = BIE_NATIVE_ABI;
@@ -285,4 +288,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_linear", &binary_linear, py::arg("x"), py::arg("shift"), py::arg("w"), py::arg("panels"),
         py::arg("k"), py::arg("act_scale"), py::arg("w_scale"), py::arg("bias"), py::arg("out_code"));
   m.def("noop", &noop, "returns its argument (measures the call overhead)");
+  bie_register_plans(m);
 }
