@@ -1,0 +1,292 @@
+"""The bound plans of the native CPU backend's fused module (csrc/fused_plans.cpp):
+``IntLinearPlan`` and ``IntConvPlan`` (the activation quantization and the
+integer GEMM / conv in one call, offered by the bound ``int_gemm`` /
+``int_conv2d`` as ``fuse_quantized_input``) and ``WqPlan`` (the bound
+``wq_gemm`` / ``mbwq_gemm``). Each is checked bit for bit against the
+reference on fresh random inputs, odd shapes, every float dtype and bit width;
+then the layers that use them (QLinear, QConv2d, MPQLinear, MBWQLinear) against
+their full path, and what must make them bind again."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import bie_core
+from bie_core import Capability, QConv2d, QLinear, explain
+from bie_core.plugins import BackendDescriptor, hookimpl
+from bie_core.layers.weight_only import MBWQLinear
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _native():
+    from bie_backend_cpu import native
+    st = native.status()
+    if not st.active or st.fused != "active":
+        pytest.skip("native CPU kernels or their fused module are off or not built")
+    from bie_backend_cpu.native import kernels as nk
+    return nk
+
+
+def _ref():
+    from bie_backend_cpu.reference import integer as ri
+    return ri
+
+
+# ------------------------------------------------------------- IntLinearPlan
+@pytest.mark.parametrize("m, k, n", [(1, 64, 64), (3, 37, 19), (7, 1, 5), (2, 130, 33)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_bits, w_bits", [(8, 8), (4, 4), (4, 8), (8, 4)])
+def test_int_linear_plan_is_the_reference(m, k, n, dtype, a_bits, w_bits):
+    nk, ri = _native(), _ref()
+    g = torch.Generator().manual_seed(m * 1000 + k * 10 + n + a_bits)
+    hw = 1 << (w_bits - 1)
+    b = torch.randint(-hw, hw, (n, k), dtype=torch.int8, generator=g)
+    prepared = nk.prepare(b)
+    for trial, (scale, bias, shift) in enumerate([(torch.rand((), generator=g) + 0.1, torch.randn(n, generator=g), True),
+                                                  (torch.rand(n, generator=g) + 0.1, None, False),
+                                                  (None, torch.randn(n, generator=g).to(dtype), True)]):
+        x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+        sa = (torch.rand((), generator=g) * 0.2 + 0.01).to(dtype if trial == 2 else torch.float32)
+        sh = (torch.randn(k, generator=g) * 0.5).to(torch.float32 if trial else dtype) if shift else None
+        quant = nk.bind_quantize_int(x, sa, a_bits, sh, None)
+        qa = quant(x, sa, a_bits, sh, None)
+        gemm = nk.bind_int_gemm(qa, b, a_bits, w_bits, scale, bias, dtype, prepared=prepared)
+        plan = gemm.fuse_quantized_input(quant, sa, a_bits, sh, scale, bias)
+        assert plan is not None
+        for xx in (x, (torch.randn(m, k, generator=g) * 50).to(dtype), (torch.randn(k, m, generator=g)).to(dtype).t()):
+            want = ri.int_gemm(ri.quantize_int(xx, sa, a_bits, sh), b, a_bits, w_bits, scale, bias, dtype)
+            got = plan(xx)
+            assert got.dtype == dtype and got.shape == (m, n) and torch.equal(got, want)
+
+
+def test_int_linear_plan_declines_and_refuses():
+    nk = _native()
+    b = torch.randint(-128, 128, (8, 16), dtype=torch.int8)
+    x = torch.randn(2, 16)
+    sa = torch.tensor(0.1)
+    quant = nk.bind_quantize_int(x, sa, 8, None, None)
+    qa = quant(x, sa, 8, None, None)
+    prepared = nk.prepare(b)
+    assert not hasattr(nk.bind_int_gemm(qa, b, 8, 8, None, None, None, prepared=prepared), "fuse_quantized_input")
+    gemm = nk.bind_int_gemm(qa, b, 8, 8, sa, None, torch.float32, prepared=prepared)
+    assert gemm.fuse_quantized_input(lambda *a: None, sa, 8, None, sa, None) is None     # not the native quantize
+    assert gemm.fuse_quantized_input(quant, torch.rand(16), 8, None, sa, None) is None   # a vector activation scale
+    assert gemm.fuse_quantized_input(quant, sa, 8, torch.zeros(5), sa, None) is None    # a shift of the wrong size
+    plan = gemm.fuse_quantized_input(quant, sa, 8, None, sa, None)
+    with pytest.raises(ValueError, match="int_linear plan.*dtype"):
+        plan(x.double())
+    with pytest.raises(ValueError, match=r"int_linear plan.*\(M, 16\)"):
+        plan(torch.randn(2, 15))
+
+
+# --------------------------------------------------------------- IntConvPlan
+@pytest.mark.parametrize("n, c, o, hw, k, stride, padding, dilation, groups", [
+    (1, 16, 16, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), 1), (2, 3, 5, (7, 9), (3, 2), (2, 1), (0, 1), (1, 2), 1),
+    (1, 6, 4, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 2), (3, 8, 8, (6, 5), (3, 3), (1, 2), (2, 1), (2, 1), 4)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_int_conv_plan_is_the_reference(n, c, o, hw, k, stride, padding, dilation, groups, dtype, bits,
+                                        channels_last):
+    nk, ri = _native(), _ref()
+    if nk._lib.bie_int_layout() == nk.INT_ROWS:
+        pytest.skip("no native conv at the portable ISA level")
+    g = torch.Generator().manual_seed(n * 100 + c * 10 + o + bits)
+    hb = 1 << (bits - 1)
+    w = torch.randint(-hb, hb, (o, c // groups) + k, dtype=torch.int8, generator=g)
+    prepared = nk.prepare(w)
+    geom = (list(stride), list(padding), list(dilation), groups)
+    for scale, bias in ((torch.rand((), generator=g) + 0.1, torch.randn(o, generator=g)),
+                        (torch.rand(o, generator=g) + 0.1, None), (None, None)):
+        x = (torch.randn((n, c) + hw, generator=g) * 3).to(dtype)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        sa = torch.rand((), generator=g) * 0.2 + 0.01
+        shift = torch.randn(c, generator=g) * 0.5
+        xs = x + shift.to(dtype).view(1, -1, 1, 1)
+        quant = nk.bind_quantize_int(xs, sa, bits, None, None)
+        qa = quant(xs, sa, bits, None, None)
+        conv = nk.bind_int_conv2d(qa, w, bits, bits, *geom, scale, bias, dtype, prepared=prepared)
+        plan = conv.fuse_quantized_input(quant, sa, bits, shift, scale, bias)
+        assert plan is not None
+        for xx in (x, (torch.randn((n, c) + hw, generator=g) * 40).to(dtype)):
+            want = ri.int_conv2d(ri.quantize_int(xx + shift.to(dtype).view(1, -1, 1, 1), sa, bits), w, bits, bits,
+                                 *geom, scale, bias, dtype)
+            got = plan(xx)
+            assert got.dtype == dtype and got.shape == want.shape and torch.equal(got, want)
+            assert torch.equal(conv(qa, w, bits, bits, *geom, scale, bias, dtype),
+                               ri.int_conv2d(qa, w, bits, bits, *geom, scale, bias, dtype))
+
+
+# ------------------------------------------------------------------- WqPlan
+def _mbwq(k, n, dtype, seed, bits=None):
+    torch.manual_seed(seed)
+    return MBWQLinear.from_float(nn.Linear(k, n, bias=True), bits=bits or {4: 0.5, 2: 0.5}, group_size=32,
+                                 dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("k, n, m, bits", [(64, 64, 1, None), (96, 19, 3, {8: 0.3, 3: 0.3, 2: 0.4}),
+                                           (128, 33, 7, {6: 0.5, 4: 0.5}), (64, 16, 96, {5: 1.0})])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mbwq_bind_is_the_kernel(k, n, m, bits, dtype):
+    _native()
+    from bie_backend_cpu.native import kernels_mbwq as nm
+    from bie_backend_cpu.reference import weight_only as rw
+    layer = _mbwq(k, n, dtype, k + n + m, bits)
+    with torch.no_grad():
+        layer.channel_scale.uniform_(0.5, 1.5)
+    args = (layer.qweight, layer.scales, layer.zeros, layer.q_perm, layer.channel_scale, layer.bias,
+            list(layer.group_bits), list(layer.group_rows))
+    x = torch.randn(m, k).to(dtype)
+    prepared = nm.prepare(*args[:4])
+    call = nm.bind_mbwq_gemm(x, *args, prepared=prepared)
+    assert call is not None
+    for xx in (x, torch.randn(m, k).to(dtype) * 7, torch.randn(k, m).to(dtype).t()):
+        want = nm.mbwq_gemm(xx, *args, prepared=prepared)
+        got = call(xx, *args)
+        assert got.dtype == dtype and torch.equal(got, want)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, rw.mbwq_gemm(xx, *args), rtol=1e-4, atol=1e-4)
+    # another channel scale than the bound one: the kernel itself (not the bound values)
+    cs2 = layer.channel_scale * 2
+    a2 = args[:4] + (cs2,) + args[5:]
+    assert torch.equal(call(x, *a2), nm.mbwq_gemm(x, *a2, prepared=prepared))
+    with torch.no_grad():
+        layer.channel_scale.mul_(0.5)                     # the bound one changed in place
+    assert torch.equal(call(x, *args), nm.mbwq_gemm(x, *args, prepared=prepared))
+
+
+@pytest.mark.parametrize("which", ["mpq", "mbwq"])
+def test_wq_plans_hand_non_finite_results_to_the_exact_path(which):
+    _native()
+    from bie_backend_cpu.native import kernels_mbwq as nm
+    from bie_backend_cpu.native import kernels_wq as nw
+    from bie_backend_cpu.reference import weight_only as rw
+    torch.manual_seed(11)
+    if which == "mpq":
+        layer = bie_core.MPQLinear.from_float(nn.Linear(64, 16), bits=4, group_size=32).eval()
+        args = (layer.qweight, layer.scales, layer.zeros, None, layer.bias, 4, 32, "gptq")
+        mod, bind, ref = nw, nw.bind_wq_gemm, rw.wq_gemm
+        prepared = nw.prepare(*args[:4])
+    else:
+        layer = _mbwq(64, 16, torch.float32, 3)
+        args = (layer.qweight, layer.scales, layer.zeros, layer.q_perm, layer.channel_scale, layer.bias,
+                list(layer.group_bits), list(layer.group_rows))
+        mod, bind, ref = nm, nm.bind_mbwq_gemm, rw.mbwq_gemm
+        prepared = nm.prepare(*args[:4])
+    x = torch.randn(3, 64)
+    call = bind(x, *args, prepared=prepared)
+    fn = mod.wq_gemm if which == "mpq" else mod.mbwq_gemm
+    for xx in (x.clone().fill_(3e38), torch.where(torch.rand(3, 64) < 0.1, torch.tensor(float("nan")), x),
+               torch.cat([x[:2], torch.full((1, 64), 1e38)])):
+        got = call(xx, *args)
+        torch.testing.assert_close(got, fn(xx, *args, prepared=prepared), rtol=0, atol=0, equal_nan=True)
+        r = ref(xx, *args)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(r))
+
+
+# --------------------------------------------------------------- the layers
+def _lean(layer, x):
+    with torch.inference_mode():
+        y = layer(x)
+    assert layer._lean is not None, "the bound inference path was not taken"
+    return y
+
+
+def _grad_path(layer, x):
+    return layer(x.clone().requires_grad_()).detach()
+
+
+@pytest.mark.parametrize("w_bits, a_bits", [(8, 8), (4, 4), (4, 8)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("packed, per_channel", [(False, False), (True, True)])
+def test_qconv2d_eval_is_its_training_forward(w_bits, a_bits, dtype, packed, per_channel):
+    torch.manual_seed(w_bits * 3 + a_bits)
+    layer = QConv2d(6, 10, 3, stride=(1, 2), padding=1, groups=2, bias=True, w_bits=w_bits, a_bits=a_bits,
+                    per_channel=per_channel, dtype=dtype)
+    x = torch.randn(2, 6, 7, 9).to(dtype)
+    layer(x)                                              # initialises both scales
+    if packed:
+        layer.pack()
+    layer.eval()
+    for xx in (x, torch.randn(2, 6, 7, 9).to(dtype), x.contiguous(memory_format=torch.channels_last), x[0]):
+        want = _grad_path(layer, xx)
+        y = _lean(layer, xx)
+        assert y.shape == want.shape and torch.equal(y, want)
+    with torch.inference_mode():
+        rep = explain(layer, x)
+    assert set(rep.chosen()) == {"quantize_int", "int_conv2d"}
+
+
+def test_qconv2d_bound_call_follows_every_change():
+    torch.manual_seed(4)
+    layer = QConv2d(4, 6, 3, padding=1, bias=True)
+    x = torch.randn(1, 4, 6, 6)
+    layer(x)
+    layer.eval()
+    _lean(layer, x)
+    lc = layer._lean
+    _lean(layer, x)
+    assert layer._lean is lc
+    for change in (lambda: layer.weight.mul_(-1), lambda: layer.act_scale.mul_(1.7),
+                   lambda: layer.act_shift.add_(0.3), lambda: layer.bias.add_(1.0),
+                   lambda: layer.weight_scale.mul_(0.5)):
+        with torch.no_grad():
+            change()
+        y = _lean(layer, x)
+        assert layer._lean is not lc and torch.equal(y, _grad_path(layer, x))
+        lc = layer._lean
+    other = QConv2d(4, 6, 3, padding=1, bias=True)
+    other(x)
+    layer.load_state_dict(other.state_dict())
+    assert torch.equal(_lean(layer, x), _grad_path(other.eval(), x))
+    _lean(layer, torch.randn(3, 4, 5, 5))                 # another input shape: bound again
+    with pytest.raises(ValueError, match="QConv2d.*channels"):
+        with torch.inference_mode():
+            layer(torch.randn(1, 5, 6, 6))
+
+
+def test_qconv2d_takes_a_preferred_kernel_without_a_plan(fresh_bie):
+    """A higher-priority int_conv2d kernel with no bind: the bound path calls it (no fused plan around it)."""
+    from bie_backend_cpu.reference import integer as ri
+    calls = []
+
+    def conv(*args):
+        calls.append(1)
+        return ri.int_conv2d(*args)
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            registry.register("int_conv2d", conv, name="plain", priority=900,
+                              capability=Capability(devices=("cpu",)))
+    bie_core.register_backend(BackendDescriptor("plainconv", "1.0", ("cpu",), load=P))
+    torch.manual_seed(6)
+    layer = QConv2d(4, 6, 3, padding=1, bias=True)
+    x = torch.randn(1, 4, 6, 6)
+    layer(x)
+    layer.eval()
+    calls.clear()
+    y = _lean(layer, x)
+    _lean(layer, x)
+    assert len(calls) >= 2
+    with torch.inference_mode():
+        assert explain(layer, x).chosen()["int_conv2d"] == "plainconv:plain"
+    assert torch.equal(y, _grad_path(layer, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qlinear_fused_eval_is_its_training_forward(dtype):
+    torch.manual_seed(8)
+    for w_bits, a_bits, per_channel in ((8, 8, False), (4, 4, True), (8, 4, True)):
+        layer = QLinear(37, 19, w_bits, a_bits, bias=True, per_channel=per_channel, dtype=dtype)
+        x = torch.randn(5, 37).to(dtype)
+        layer(x)
+        layer.eval()
+        for xx in (x, torch.randn(2, 3, 37).to(dtype) * 9, torch.randn(1, 37).to(dtype)):
+            assert torch.equal(_lean(layer, xx), _grad_path(layer, xx))
+        with torch.no_grad():
+            layer.act_scale.mul_(2.0)
+        assert torch.equal(_lean(layer, x), _grad_path(layer, x))
