@@ -204,11 +204,13 @@ def bind_mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
     for seg in lay.segs:
         sl = seg.lay
         plan.add_segment(sl.qw, sl.s, sl.z, sl.c, sl.gb, seg.xsrc, sl.kp, sl.p, sl.g, sl.bits, 1)
-    cs_obj, cs_state = channel_scale, _state(channel_scale)
+    cs_obj = channel_scale
+    cs_ptr, cs_ver = _state(channel_scale) or (None, None)
 
     def call(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows):
         y = None
-        if channel_scale is cs_obj and _state(channel_scale) == cs_state:
+        if channel_scale is cs_obj and (cs_obj is None or (channel_scale.data_ptr() == cs_ptr and (
+                cs_ver is None or channel_scale._version == cs_ver))):
             y = plan(x, bias)
         if y is None:   # another channel scale, or a value that is not finite: the kernel itself
             return mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared)

@@ -400,9 +400,15 @@ class WqPlan {
     if (x.dim() != 2 || x.size(1) != k_) bad(nm, "x must be (M, " + std::to_string(k_) + ")");
     if (segs_.empty()) bad(nm, "no segments");
     std::vector<float> b32;
+    const float* bp = nullptr;   // the bias as float32 values (the tensor's own when it is float32 and contiguous)
     if (bias) {
-      b32 = f32_values(*bias, nm, "bias");
-      if ((int64_t)b32.size() != n_) bad(nm, "bias must have N values");
+      if (bias->numel() != n_) bad(nm, "bias must have N values");
+      if (bias->device().type() == c10::DeviceType::CPU && bias->scalar_type() == at::kFloat && bias->is_contiguous()) {
+        bp = bias->const_data_ptr<float>();
+      } else {
+        b32 = f32_values(*bias, nm, "bias");
+        bp = b32.data();
+      }
     }
     const int64_t m = x.size(0);
     at::Tensor out = at::empty({m, n_}, at::TensorOptions().dtype(at::kFloat));
@@ -450,14 +456,14 @@ class WqPlan {
         bie_wq_args a{xin, m, n_, sg.kp, sg.p, sg.g, sg.bits, sg.qw.const_data_ptr<int32_t>(),
                       sg.s.const_data_ptr<float>(), sg.z.const_data_ptr<float>(), sg.c.const_data_ptr<float>(),
                       sg.gb.const_data_ptr<int64_t>(), nullptr,
-                      bias_in_kernel_ && !b32.empty() ? b32.data() : nullptr, sg.fmt, dst};
+                      bias_in_kernel_ ? bp : nullptr, sg.fmt, dst};
         check_rc(g_wq(&a), nm);
         if (si > 0)
           for (int64_t i = 0; i < m * n_; ++i) o[i] += dst[i];
       }
-      if (!bias_in_kernel_ && !b32.empty())
+      if (!bias_in_kernel_ && bp)
         for (int64_t r = 0; r < m; ++r)
-          for (int64_t j = 0; j < n_; ++j) o[r * n_ + j] += b32[j];
+          for (int64_t j = 0; j < n_; ++j) o[r * n_ + j] += bp[j];
       for (int64_t i = 0; i < m * n_ && finite; ++i) finite = std::isfinite(o[i]);
     }
     if (!finite) return py::none();
