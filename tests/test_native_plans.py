@@ -290,3 +290,23 @@ def test_qlinear_fused_eval_is_its_training_forward(dtype):
         with torch.no_grad():
             layer.act_scale.mul_(2.0)
         assert torch.equal(_lean(layer, x), _grad_path(layer, x))
+
+
+def test_isa_level_change_binds_again():
+    _native()
+    from bie_backend_cpu import native
+    levels = native.available_levels()
+    if len(levels) < 2:
+        pytest.skip("one ISA level only")
+    torch.manual_seed(9)
+    lin, conv = QLinear(40, 12, bias=True), QConv2d(4, 6, 3, padding=1, bias=True)
+    x, xc = torch.randn(2, 40), torch.randn(1, 4, 5, 5)
+    lin(x), conv(xc)
+    lin.eval(), conv.eval()
+    want = _lean(lin, x), _lean(conv, xc)
+    try:
+        for lvl in levels:
+            native.set_level(lvl)
+            assert torch.equal(_lean(lin, x), want[0]) and torch.equal(_lean(conv, xc), want[1])
+    finally:
+        native.set_level(None)

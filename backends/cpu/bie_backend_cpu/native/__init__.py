@@ -229,8 +229,13 @@ def set_level(name: Optional[str]) -> str:
     lib = library()
     if lib is None:
         raise RuntimeError(f"native CPU kernels are not active: {status().reason}")
+    before = lib.bie_get_level()
     lvl = lib.bie_set_level(-1 if name is None else LEVEL_NAMES.index(name))
     _status.level = LEVEL_NAMES[lvl]
+    if lvl != before:
+        # prepared layouts and bound calls are made for one level's weight layout: make them again
+        from bie_core import dispatch
+        dispatch.clear_caches()
     return _status.level
 
 
