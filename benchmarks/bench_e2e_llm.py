@@ -310,6 +310,40 @@ def time_generate(model, ids, new: int, compiled: bool, reps: int, device) -> di
     return r
 
 
+def time_interleaved(models: dict, ids, new: int, reps: int, device) -> dict:
+    """``time_generate`` for several models taking turns (the CPU variant, on a
+    machine whose cores other processes share): each round times every model
+    once, time to first token then the whole generate, so a burst of outside
+    load hits every case of a round alike. Per model: the medians over rounds,
+    and the per-round times (``rounds_ms``: TTFT, ms/token) for the ratios."""
+    for m in models.values():                        # warm-up
+        _generate(m, ids, new, False)
+        _generate(m, ids, 1, False)
+    times = {c: [] for c in models}
+    outs = {}
+    for _ in range(reps):
+        for c, m in models.items():
+            _sync(device)
+            t = time.perf_counter()
+            _generate(m, ids, 1, False)
+            _sync(device)
+            t1 = time.perf_counter() - t
+            t = time.perf_counter()
+            outs[c] = _generate(m, ids, new, False)
+            _sync(device)
+            tn = time.perf_counter() - t
+            times[c].append((t1, tn, max(tn - t1, 1e-9) / max(new - 1, 1)))
+    res = {}
+    for c, ts in times.items():
+        assert outs[c].shape[1] == ids.shape[1] + new, "generate stopped early"
+        t1 = statistics.median(t[0] for t in ts)
+        step = statistics.median(t[2] for t in ts)
+        res[c] = {"ttft_ms": t1 * 1e3, "total_s": statistics.median(t[1] for t in ts), "ms_per_token": step * 1e3,
+                  "decode_tokens_per_s": ids.shape[0] / step, "tokens": outs[c][:, ids.shape[1]:].tolist()[0][:16],
+                  "rounds_ms": [[t[0] * 1e3, t[2] * 1e3] for t in ts]}
+    return res
+
+
 def compile_stats() -> dict:
     from torch._dynamo.utils import counters
     return {"graph_breaks": int(sum(counters["graph_break"].values())),
@@ -378,7 +412,8 @@ def make_case(case, cfg, dtype, device, lm_head: bool, probe):
         m = to_tinygemm(m, device)
         with torch.inference_mode():
             lg = m(probe).logits.float()
-        return m, "the bie W4 g128 codes through aten._weight_int4pack_mm", agreement(lg, twin)
+        kernel = "_weight_int4pack_mm_for_cpu, bf16 activations" if device.type == "cpu" else "_weight_int4pack_mm"
+        return m, f"the bie W4 g128 codes through aten.{kernel}", agreement(lg, twin)
     if case == "gemlite-w4":
         return to_gemlite(build_float(cfg, dtype, device), lm_head), "gemlite W4 g128 (fp16 activations)", None
     if case == "bnb-nf4":
@@ -411,7 +446,8 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
     for m in data.get("meta", []):
         lines.append(f"- {m}")
     lines += ["", "Decode speed and time to first token against the float model of the same run setting "
-              "(same mode and batch). Peak memory: `torch.cuda.max_memory_allocated` over the timed runs.", "",
+              "(same mode and batch)" + ("; peak memory: `torch.cuda.max_memory_allocated` over the timed runs."
+                                        if device_type == "cuda" else "."), "",
               "| case | mode | batch | decode tok/s | ms/token | vs float | TTFT ms | TTFT vs float | peak GB | notes |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(runs, key=lambda k: (runs[k]["mode"], runs[k]["batch"], runs[k]["case"])):
@@ -422,12 +458,31 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
         b = base.get((r["mode"], r["batch"]))
         sp = f"{b['ms_per_token'] / r['ms_per_token']:.2f}x" if b else "—"
         tt = f"{b['ttft_ms'] / r['ttft_ms']:.2f}x" if b else "—"
+        if b and r.get("rounds_ms") and len(b.get("rounds_ms", ())) == len(r["rounds_ms"]):
+            # interleaved rounds: the median of the per-round ratios (a round's load hits both sides)
+            pairs = list(zip(b["rounds_ms"], r["rounds_ms"]))
+            sp = f"{statistics.median(x[1] / y[1] for x, y in pairs):.2f}x"
+            tt = f"{statistics.median(x[0] / y[0] for x, y in pairs):.2f}x"
         pk = f"{r['peak_gb']:.1f}" if "peak_gb" in r else "—"
         note = r.get("note", "")
         if r.get("compile"):
             note += f" (graph breaks {r['compile']['graph_breaks']}, graphs {r['compile']['unique_graphs']})"
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
                      f"{r['ms_per_token']:.2f} | **{sp}** | {r['ttft_ms']:.1f} | {tt} | {pk} | {note} |")
+    peer = {(r["mode"], r["batch"]): r for r in runs.values() if r["case"] == "tinygemm-w4" and "error" not in r}
+    mine = [r for r in runs.values() if r["case"] == "bie-w4" and "error" not in r and (r["mode"], r["batch"]) in peer]
+    if mine:
+        lines += ["", "bie W4 g128 against torch's own int4 kernel (tinygemm) on the same codes"
+                  + (" (medians of the per-round ratios)" if any(r.get("rounds_ms") for r in mine) else "") + ":", "",
+                  "| mode | batch | decode speed vs tinygemm | TTFT vs tinygemm |", "|---|---|---|---|"]
+        for r in sorted(mine, key=lambda r: (r["mode"], r["batch"])):
+            t = peer[(r["mode"], r["batch"])]
+            sp, tt = t["ms_per_token"] / r["ms_per_token"], t["ttft_ms"] / r["ttft_ms"]
+            if r.get("rounds_ms") and len(t.get("rounds_ms", ())) == len(r["rounds_ms"]):
+                pairs = list(zip(t["rounds_ms"], r["rounds_ms"]))
+                sp = statistics.median(x[1] / y[1] for x, y in pairs)
+                tt = statistics.median(x[0] / y[0] for x, y in pairs)
+            lines.append(f"| {r['mode']} | {r['batch']} | **{sp:.2f}x** | {tt:.2f}x |")
     agr = data.get("agreement", {})
     if agr:
         lines += ["", "Logits of each quantized model against its dequantized float twin (a 128-token prompt, "
@@ -490,7 +545,8 @@ def main(argv=None):
     p.add_argument("--small", action="store_true", help="the small Llama-shaped config (the CPU variant)")
     p.add_argument("--smoke", action="store_true", help="tiny model, CPU, eager, seconds: a check that it runs")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions (GPU default 2; CPU: interleaved "
+                                                            "rounds, default 5)")
     p.add_argument("--quantize-lm-head", action="store_true")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no new run after this many seconds")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
@@ -521,6 +577,8 @@ def main(argv=None):
     batches = [int(b) for b in (a.batch or ("1" if cpu else "1,8,32")).split(",")]
     prompt = a.prompt or (8 if a.smoke else 128 if cpu else 512)
     new = a.new or (4 if a.smoke else 32 if cpu else 128)
+    reps = a.reps or (5 if cpu and not a.smoke else 2)
+    interleave = cpu and not a.smoke
 
     data = json.loads(path_json.read_text()) if path_json.exists() else {}
     data.setdefault("runs", {})
@@ -534,12 +592,22 @@ def main(argv=None):
                     f"{'quantized' if a.quantize_lm_head else 'in float'}",
                     "command: `python benchmarks/bench_e2e_llm.py " + " ".join(argv if argv is not None else sys.argv[1:])
                     + "` (one line per case group; results merged)"]
+    if interleave:
+        data["meta"].append(
+            f"method: the CPU cores are shared with other processes: every case is built first, then timed in "
+            f"{reps} interleaved rounds (each round runs every case once: a one-token generate for the time to "
+            "first token, then the whole generate; decode ms/token = (whole - first) / (new - 1)); the figures are "
+            "medians over rounds, the ratios medians of the per-round ratios. Eager (dynamic cache) only.")
 
     def save():
         path_json.write_text(json.dumps(data, indent=1))
 
     g = torch.Generator().manual_seed(0)
     probe = torch.randint(3, cfg.vocab_size, (1, min(128, prompt)), generator=g).to(device)
+    if interleave:
+        run_interleaved(data, save, cases, cfg, dtype, device, a, probe, g, batches, prompt, new, reps)
+        write_report(path_json, out_dir, tag)
+        return
     for case in cases:
         if time.monotonic() - T0 > a.budget_s:
             print(f"[budget] {a.budget_s:.0f} s passed: not starting {case}", flush=True)
@@ -575,7 +643,7 @@ def main(argv=None):
                         torch._dynamo.reset()
                         from torch._dynamo.utils import counters
                         counters.clear()
-                    r = time_generate(model, ids, new, mode == "compiled", a.reps, device)
+                    r = time_generate(model, ids, new, mode == "compiled", reps, device)
                     if mode == "compiled":
                         r["compile"] = compile_stats()
                 except Exception as e:
@@ -589,6 +657,34 @@ def main(argv=None):
         del model
         _free(device)
     write_report(path_json, out_dir, tag)
+
+
+def run_interleaved(data, save, cases, cfg, dtype, device, a, probe, g, batches, prompt, new, reps) -> None:
+    """The CPU variant: build every case, then time them eagerly in interleaved rounds per batch size."""
+    models, notes = {}, {}
+    for case in cases:
+        t = time.monotonic()
+        try:
+            models[case], notes[case], agr = make_case(case, cfg, dtype, device, a.quantize_lm_head, probe)
+        except Exception as e:  # a peer that cannot run here: recorded, the others go on
+            data["skipped"][case] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            save()
+            print(f"[skip] {case}: {type(e).__name__}: {e}", flush=True)
+            continue
+        data["skipped"].pop(case, None)
+        if agr is not None:
+            data["agreement"][case] = agr
+        print(f"[build] {case}: {time.monotonic() - t:.1f} s {agr or ''}", flush=True)
+    for b in batches:
+        ids = torch.randint(3, cfg.vocab_size, (b, prompt), generator=g).to(device)
+        t = time.monotonic()
+        res = time_interleaved(models, ids, new, reps, device)
+        for case, r in res.items():
+            r.update(case=case, mode="eager", batch=b, note=notes[case], wall_s=time.monotonic() - t)
+            data["runs"][f"{case}|eager|{b}"] = r
+            print(f"[run] {case}|eager|{b}: {r['decode_tokens_per_s']:.1f} tok/s, {r['ms_per_token']:.2f} ms/token, "
+                  f"TTFT {r['ttft_ms']:.1f} ms", flush=True)
+        save()
 
 
 if __name__ == "__main__":
