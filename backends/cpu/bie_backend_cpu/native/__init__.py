@@ -11,7 +11,7 @@ Environment:
 
 ``BIE_CPU_NATIVE=0``         do not build or use the native kernels
 ``BIE_CPU_ISA=LEVEL``        cap the instruction set: portable, avx2, avx512, avx512icl
-``BIE_CPU_FUSED=0``          keep the kernels but not the fused binary_linear entry (pybind11)
+``BIE_CPU_FUSED=0``          keep the kernels but not the fused module (pybind11: binary_linear, the layers' plans)
 ``BIE_CPU_NATIVE_REBUILD=1`` rebuild even if a cached build exists (or an earlier one failed)
 ``TORCH_EXTENSIONS_DIR``     where builds are cached (default ``~/.cache/bie/torch_extensions``)
 """
@@ -80,6 +80,37 @@ def _fused_self_test() -> Optional[str]:
                      (x, shift, w, k, sa, None, None, torch.float32)):
             if not torch.equal(kernels.binary_linear(*args), ref_binary.binary_linear(*args)):
                 return f"self-test failed: fused binary_linear {dtype} M={m} N={n} K={k}"
+    return _plans_self_test(g)
+
+
+def _plans_self_test(g) -> Optional[str]:
+    """The layers' bound plans (csrc/fused_plans.cpp) against the reference: the
+    quantized linear at two bit widths and one weight-only GEMM."""
+    import torch
+
+    from bie_backend_cpu.reference import integer as ref_int
+    from bie_backend_cpu.reference import weight_only as ref_wq
+    from . import kernels, kernels_wq
+    m, k, n = 3, 37, 11
+    for bits, dtype in ((8, torch.float32), (4, torch.bfloat16)):
+        b = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), (n, k), dtype=torch.int8, generator=g)
+        x, sa, shift = (torch.randn(m, k, generator=g) * 3).to(dtype), torch.tensor(0.05), torch.randn(k, generator=g)
+        scale, bias = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
+        quant = kernels.bind_quantize_int(x, sa, bits, shift, None)
+        gemm = kernels.bind_int_gemm(quant(x, sa, bits, shift, None), b, bits, bits, scale, bias, dtype,
+                                     prepared=kernels.prepare(b))
+        plan = gemm.fuse_quantized_input(quant, sa, bits, shift, scale, bias)
+        want = ref_int.int_gemm(ref_int.quantize_int(x, sa, bits, shift), b, bits, bits, scale, bias, dtype)
+        if plan is None or not torch.equal(plan(x), want):
+            return f"self-test failed: int_linear plan {bits}-bit {dtype}"
+    qw = torch.randint(-2**31, 2**31 - 1, (64 * 4 // 32, n), dtype=torch.int32, generator=g)
+    s = torch.rand(2, n, generator=g) * 0.1 + 0.01
+    z = torch.randint(0, 2**31 - 1, (2, (n * 4 + 31) // 32), dtype=torch.int32, generator=g)
+    x, bias = torch.randn(2, 64, generator=g), torch.randn(n, generator=g)
+    args = (x, qw, s, z, None, bias, 4, 32, "gptq")
+    call = kernels_wq.bind_wq_gemm(*args, prepared=kernels_wq.prepare(*args[1:5]))
+    if call is None or not torch.allclose(call(*args), ref_wq.wq_gemm(*args), rtol=1e-5, atol=1e-4):
+        return "self-test failed: weight-only plan"
     return None
 
 
