@@ -310,3 +310,41 @@ def test_isa_level_change_binds_again():
             assert torch.equal(_lean(lin, x), want[0]) and torch.equal(_lean(conv, xc), want[1])
     finally:
         native.set_level(None)
+
+
+def test_plans_threaded_and_without_the_gil():
+    """Sizes past the GIL-release threshold, on 2 threads: the same results as the reference."""
+    nk, ri = _native(), _ref()
+    from bie_backend_cpu.native import kernels_wq as nw
+    from bie_backend_cpu.reference import weight_only as rw
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(21)
+        m, k, n = 33, 300, 70
+        b = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+        x, sa, sh = torch.randn(m, k, generator=g) * 4, torch.tensor(0.03), torch.randn(k, generator=g)
+        quant = nk.bind_quantize_int(x, sa, 8, sh, None)
+        gemm = nk.bind_int_gemm(quant(x, sa, 8, sh, None), b, 8, 8, sa, None, torch.float32, prepared=nk.prepare(b))
+        plan = gemm.fuse_quantized_input(quant, sa, 8, sh, sa, None)
+        assert torch.equal(plan(x), ri.int_gemm(ri.quantize_int(x, sa, 8, sh), b, 8, 8, sa, None, torch.float32))
+        if nk._lib.bie_int_layout() != nk.INT_ROWS:
+            w = torch.randint(-8, 8, (24, 16, 3, 3), dtype=torch.int8, generator=g)
+            xc, shc = torch.randn(2, 16, 12, 12, generator=g), torch.randn(16, generator=g)
+            xs = xc + shc.view(1, -1, 1, 1)
+            q2 = nk.bind_quantize_int(xs, sa, 4, None, None)
+            geom = ([1, 1], [1, 1], [1, 1], 1)
+            conv = nk.bind_int_conv2d(q2(xs, sa, 4, None, None), w, 4, 4, *geom, sa, None, torch.float32,
+                                      prepared=nk.prepare(w))
+            p2 = conv.fuse_quantized_input(q2, sa, 4, shc, sa, None)
+            assert torch.equal(p2(xc), ri.int_conv2d(ri.quantize_int(xs, sa, 4), w, 4, 4, *geom, sa, None,
+                                                     torch.float32))
+        layer = bie_core.MPQLinear.from_float(nn.Linear(512, 96), bits=4, group_size=128).eval()
+        x = torch.randn(64, 512, generator=g)
+        args = (x, layer.qweight, layer.scales, layer.zeros, None, layer.bias, 4, 128, "gptq")
+        prepared = nw.prepare(*args[1:5])
+        call = nw.bind_wq_gemm(*args, prepared=prepared)
+        assert torch.equal(call(*args), nw.wq_gemm(*args, prepared=prepared))
+        torch.testing.assert_close(call(*args), rw.wq_gemm(*args), rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
