@@ -264,9 +264,10 @@ def set_level(name: Optional[str]) -> str:
     lvl = lib.bie_set_level(-1 if name is None else LEVEL_NAMES.index(name))
     _status.level = LEVEL_NAMES[lvl]
     if lvl != before:
-        # prepared layouts and bound calls are made for one level's weight layout: make them again
-        from bie_core import dispatch
-        dispatch.clear_caches()
+        # prepared layouts and bound calls are made for one level's weight layout: drop them (with the
+        # cached decisions) so that they are made again
+        from bie_core.backend_api import capabilities_changed
+        capabilities_changed()
     return _status.level
 
 
