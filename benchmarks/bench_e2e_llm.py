@@ -465,6 +465,10 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
             tt = f"{statistics.median(x[0] / y[0] for x, y in pairs):.2f}x"
         pk = f"{r['peak_gb']:.1f}" if "peak_gb" in r else "—"
         note = r.get("note", "")
+        if r.get("rounds_ms"):
+            fast = min(t[1] for t in r["rounds_ms"])
+            note = (note + "; " if note else "") + (f"fastest round: {fast:.2f} ms/token, TTFT "
+                                                    f"{min(t[0] for t in r['rounds_ms']):.1f} ms")
         if r.get("compile"):
             note += f" (graph breaks {r['compile']['graph_breaks']}, graphs {r['compile']['unique_graphs']})"
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "

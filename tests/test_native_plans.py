@@ -348,3 +348,15 @@ def test_plans_threaded_and_without_the_gil():
         torch.testing.assert_close(call(*args), rw.wq_gemm(*args), rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_qconv2d_bad_unbatched_input_is_refused_by_the_layer():
+    layer = QConv2d(4, 6, 3, padding=1)
+    layer(torch.randn(1, 4, 6, 6))
+    layer.eval()
+    with pytest.raises(ValueError, match=r"QConv2d.*5 channels; expected 4"):
+        with torch.inference_mode():
+            layer(torch.randn(5, 6, 6))
+    with pytest.raises(ValueError, match="QConv2d.*too small"):
+        with torch.inference_mode():
+            layer(torch.randn(4, 1, 1)[:, :0])

@@ -291,7 +291,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
         resolved once for this input signature and bound (see ``_lean``), with
         the weight codes and the float32 scales of the current tensors; the
         same ops with the same arguments as ``q_conv2d``. None: the full path."""
-        nd = x.dim()
+        nd, given = x.dim(), x
         if nd == 3:
             x = x.unsqueeze(0)
         elif nd != 4:
@@ -305,7 +305,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
         if lc is None or not lc.holds(x, backend, *fixed):
             if w is not None and not self._weight_scale_ready:
                 return None
-            self._batched_conv2d_input(x)      # the full input checks (raise on bad input)
+            self._batched_conv2d_input(given)  # the full input checks (raise on bad input)
             self._lean = None
             lc = self._lean = self._bind(x, fixed, backend)
         y = lc.call(x)
