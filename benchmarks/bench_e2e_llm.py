@@ -65,7 +65,7 @@ T0 = time.monotonic()
 BIE_CASES = {"bie-w4": (4, 128), "bie-w8": (8, 128), "bie-w2": (2, 64)}
 ALL_CASES = ("bf16", "bie-w4", "bie-w8", "bie-w2", "bie-w4-gptq", "tinygemm-w4", "gemlite-w4", "bnb-nf4",
              "no-linear")
-CPU_CASES = ("fp32", "bie-w4", "tinygemm-w4")
+CPU_CASES = ("fp32", "bie-w4", "tinygemm-w4", "no-linear")
 
 
 # ----------------------------------------------------------------- the model

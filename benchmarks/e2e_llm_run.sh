@@ -6,7 +6,7 @@
 #                        bench_e2e_llm.py for those (e.g. "e2e bf16,bie-w4 eager 1,8,32"; one case per call
 #                        for "compiled": each batch size compiles and captures its own graphs)
 #   lmhead               bf16 and bie-w4 with a quantized lm_head: compiled, batch 1 (into $OUT/lmhead)
-#   cpu                  the CPU variant (small Llama-shaped model, 2 threads: fp32, bie-w4, tinygemm-w4 int4)
+#   cpu                  the CPU variant (small Llama-shaped model, 2 threads: fp32, bie-w4, tinygemm-w4 int4, no-linear)
 # Results merge into $OUT (e2e_llm_cuda.{json,md,png}, host_path_cuda.{json,md}); copy them to benchmarks/results.
 set -o pipefail
 export PYTHONUNBUFFERED=1
