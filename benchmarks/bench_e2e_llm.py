@@ -310,18 +310,29 @@ def time_generate(model, ids, new: int, compiled: bool, reps: int, device) -> di
     return r
 
 
-def time_interleaved(models: dict, ids, new: int, reps: int, device) -> dict:
+#: a round of the interleaved CPU timing counts as quiet when every case in it ran within this factor of its
+#: own fastest round (time to first token and decode alike): outside load on a shared machine slows a round
+#: down by several times, not by a few percent
+QUIET = 1.5
+
+
+def time_interleaved(models: dict, ids, new: int, reps: int, device, stop_at: float = float("inf")) -> dict:
     """``time_generate`` for several models taking turns (the CPU variant, on a
     machine whose cores other processes share): each round times every model
-    once, time to first token then the whole generate, so a burst of outside
-    load hits every case of a round alike. Per model: the medians over rounds,
-    and the per-round times (``rounds_ms``: TTFT, ms/token) for the ratios."""
+    once, time to first token then the whole generate, so outside load hits
+    the cases of a round alike. Rounds stop after ``reps`` or, once 3 are done,
+    at ``stop_at`` (``time.monotonic``). Per model: the per-round times
+    (``rounds_ms``: TTFT, ms/token), the quiet rounds (``quiet``: indices, see
+    ``QUIET``) and the medians over the quiet rounds (over all rounds when
+    fewer than 2 are quiet)."""
     for m in models.values():                        # warm-up
         _generate(m, ids, new, False)
         _generate(m, ids, 1, False)
     times = {c: [] for c in models}
     outs = {}
-    for _ in range(reps):
+    for i in range(reps):
+        if i >= 3 and time.monotonic() > stop_at:
+            break
         for c, m in models.items():
             _sync(device)
             t = time.perf_counter()
@@ -333,14 +344,20 @@ def time_interleaved(models: dict, ids, new: int, reps: int, device) -> dict:
             _sync(device)
             tn = time.perf_counter() - t
             times[c].append((t1, tn, max(tn - t1, 1e-9) / max(new - 1, 1)))
+    nr = len(next(iter(times.values())))
+    best = {c: (min(t[0] for t in ts), min(t[2] for t in ts)) for c, ts in times.items()}
+    quiet = [i for i in range(nr) if all(ts[i][0] <= QUIET * best[c][0] and ts[i][2] <= QUIET * best[c][1]
+                                         for c, ts in times.items())]
+    use = quiet if len(quiet) >= 2 else list(range(nr))
     res = {}
     for c, ts in times.items():
         assert outs[c].shape[1] == ids.shape[1] + new, "generate stopped early"
-        t1 = statistics.median(t[0] for t in ts)
-        step = statistics.median(t[2] for t in ts)
-        res[c] = {"ttft_ms": t1 * 1e3, "total_s": statistics.median(t[1] for t in ts), "ms_per_token": step * 1e3,
+        sel = [ts[i] for i in use]
+        t1 = statistics.median(t[0] for t in sel)
+        step = statistics.median(t[2] for t in sel)
+        res[c] = {"ttft_ms": t1 * 1e3, "total_s": statistics.median(t[1] for t in sel), "ms_per_token": step * 1e3,
                   "decode_tokens_per_s": ids.shape[0] / step, "tokens": outs[c][:, ids.shape[1]:].tolist()[0][:16],
-                  "rounds_ms": [[t[0] * 1e3, t[2] * 1e3] for t in ts]}
+                  "rounds_ms": [[t[0] * 1e3, t[2] * 1e3] for t in ts], "quiet": quiet}
     return res
 
 
@@ -460,15 +477,16 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
         tt = f"{b['ttft_ms'] / r['ttft_ms']:.2f}x" if b else "—"
         if b and r.get("rounds_ms") and len(b.get("rounds_ms", ())) == len(r["rounds_ms"]):
             # interleaved rounds: the median of the per-round ratios (a round's load hits both sides)
-            pairs = list(zip(b["rounds_ms"], r["rounds_ms"]))
+            pairs = _round_pairs(b, r)
             sp = f"{statistics.median(x[1] / y[1] for x, y in pairs):.2f}x"
             tt = f"{statistics.median(x[0] / y[0] for x, y in pairs):.2f}x"
         pk = f"{r['peak_gb']:.1f}" if "peak_gb" in r else "—"
         note = r.get("note", "")
         if r.get("rounds_ms"):
             fast = min(t[1] for t in r["rounds_ms"])
-            note = (note + "; " if note else "") + (f"fastest round: {fast:.2f} ms/token, TTFT "
-                                                    f"{min(t[0] for t in r['rounds_ms']):.1f} ms")
+            nq, nr = len(r.get("quiet") or []), len(r["rounds_ms"])
+            note = (note + "; " if note else "") + (f"{nq if nq >= 2 else nr} of {nr} rounds; fastest: "
+                                                    f"{fast:.2f} ms/token, TTFT {min(t[0] for t in r['rounds_ms']):.1f} ms")
         if r.get("compile"):
             note += f" (graph breaks {r['compile']['graph_breaks']}, graphs {r['compile']['unique_graphs']})"
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
@@ -483,7 +501,7 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
             t = peer[(r["mode"], r["batch"])]
             sp, tt = t["ms_per_token"] / r["ms_per_token"], t["ttft_ms"] / r["ttft_ms"]
             if r.get("rounds_ms") and len(t.get("rounds_ms", ())) == len(r["rounds_ms"]):
-                pairs = list(zip(t["rounds_ms"], r["rounds_ms"]))
+                pairs = _round_pairs(t, r)
                 sp = statistics.median(x[1] / y[1] for x, y in pairs)
                 tt = statistics.median(x[0] / y[0] for x, y in pairs)
             lines.append(f"| {r['mode']} | {r['batch']} | **{sp:.2f}x** | {tt:.2f}x |")
@@ -504,6 +522,13 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
         lines += ["", f"![decode tokens/s and time to first token]({png.name})"]
     (out_dir / f"e2e_llm_{device_type}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _round_pairs(a: dict, b: dict) -> list:
+    """(a's, b's) per-round times of an interleaved run: the quiet rounds when there are 2+, else all."""
+    q = b.get("quiet") or []
+    idx = q if len(q) >= 2 else range(len(b["rounds_ms"]))
+    return [(a["rounds_ms"][i], b["rounds_ms"][i]) for i in idx]
 
 
 def _plot(runs: dict, png: Path) -> bool:
@@ -599,9 +624,11 @@ def main(argv=None):
     if interleave:
         data["meta"].append(
             f"method: the CPU cores are shared with other processes: every case is built first, then timed in "
-            f"{reps} interleaved rounds (each round runs every case once: a one-token generate for the time to "
-            "first token, then the whole generate; decode ms/token = (whole - first) / (new - 1)); the figures are "
-            "medians over rounds, the ratios medians of the per-round ratios. Eager (dynamic cache) only.")
+            f"up to {reps} interleaved rounds (each round runs every case once: a one-token generate for the time "
+            "to first token, then the whole generate; decode ms/token = (whole - first) / (new - 1)). A round is "
+            f"quiet when every case in it ran within {QUIET}x of its own fastest round; the figures are medians "
+            "over the quiet rounds (over all rounds when fewer than 2 were quiet: the notes say how many were "
+            "used), the ratios medians of the per-round ratios over the same rounds. Eager (dynamic cache) only.")
 
     def save():
         path_json.write_text(json.dumps(data, indent=1))
@@ -682,7 +709,7 @@ def run_interleaved(data, save, cases, cfg, dtype, device, a, probe, g, batches,
     for b in batches:
         ids = torch.randint(3, cfg.vocab_size, (b, prompt), generator=g).to(device)
         t = time.monotonic()
-        res = time_interleaved(models, ids, new, reps, device)
+        res = time_interleaved(models, ids, new, reps, device, stop_at=T0 + a.budget_s)
         for case, r in res.items():
             r.update(case=case, mode="eager", batch=b, note=notes[case], wall_s=time.monotonic() - t)
             data["runs"][f"{case}|eager|{b}"] = r
