@@ -311,8 +311,8 @@ def time_generate(model, ids, new: int, compiled: bool, reps: int, device) -> di
 
 
 #: a round of the interleaved CPU timing counts as quiet when every case in it ran within this factor of its
-#: own fastest round (time to first token and decode alike): outside load on a shared machine slows a round
-#: down by several times, not by a few percent
+#: own fastest round (time to first token and whole generate alike): outside load on a shared machine slows a
+#: round down by several times, not by a few percent
 QUIET = 1.5
 
 
@@ -321,14 +321,11 @@ def time_interleaved(models: dict, ids, new: int, reps: int, device, stop_at: fl
     machine whose cores other processes share): each round times every model
     once, time to first token then the whole generate, so outside load hits
     the cases of a round alike. Rounds stop after ``reps`` or, once 3 are done,
-    at ``stop_at`` (``time.monotonic``). Per model: the per-round times
-    (``rounds_ms``: TTFT, ms/token), the quiet rounds (``quiet``: indices, see
-    ``QUIET``) and the medians over the quiet rounds (over all rounds when
-    fewer than 2 are quiet)."""
+    at ``stop_at`` (``time.monotonic``). Per model: see :func:`summarize`."""
     for m in models.values():                        # warm-up
         _generate(m, ids, new, False)
         _generate(m, ids, 1, False)
-    times = {c: [] for c in models}
+    rounds = {c: [] for c in models}
     outs = {}
     for i in range(reps):
         if i >= 3 and time.monotonic() > stop_at:
@@ -343,21 +340,30 @@ def time_interleaved(models: dict, ids, new: int, reps: int, device, stop_at: fl
             outs[c] = _generate(m, ids, new, False)
             _sync(device)
             tn = time.perf_counter() - t
-            times[c].append((t1, tn, max(tn - t1, 1e-9) / max(new - 1, 1)))
-    nr = len(next(iter(times.values())))
-    best = {c: (min(t[0] for t in ts), min(t[2] for t in ts)) for c, ts in times.items()}
+            rounds[c].append([t1 * 1e3, max(tn - t1, 1e-9) / max(new - 1, 1) * 1e3, tn * 1e3])
+    res = summarize(rounds, ids.shape[0])
+    for c, r in res.items():
+        assert outs[c].shape[1] == ids.shape[1] + new, "generate stopped early"
+        r["tokens"] = outs[c][:, ids.shape[1]:].tolist()[0][:16]
+    return res
+
+
+def summarize(rounds: dict, batch: int) -> dict:
+    """{case: figures} from each case's per-round [TTFT ms, decode ms/token, whole generate ms]: the rounds
+    (``rounds_ms``), the quiet ones (``quiet``: indices where every case's TTFT and whole generate were within
+    ``QUIET`` of its fastest; the decode time, a difference of the two, is not a reliable minimum), and the
+    medians over the quiet rounds (over all rounds when fewer than 2 are quiet)."""
+    nr = len(next(iter(rounds.values())))
+    best = {c: (min(t[0] for t in ts), min(t[2] for t in ts)) for c, ts in rounds.items()}
     quiet = [i for i in range(nr) if all(ts[i][0] <= QUIET * best[c][0] and ts[i][2] <= QUIET * best[c][1]
-                                         for c, ts in times.items())]
+                                         for c, ts in rounds.items())]
     use = quiet if len(quiet) >= 2 else list(range(nr))
     res = {}
-    for c, ts in times.items():
-        assert outs[c].shape[1] == ids.shape[1] + new, "generate stopped early"
+    for c, ts in rounds.items():
         sel = [ts[i] for i in use]
-        t1 = statistics.median(t[0] for t in sel)
-        step = statistics.median(t[2] for t in sel)
-        res[c] = {"ttft_ms": t1 * 1e3, "total_s": statistics.median(t[1] for t in sel), "ms_per_token": step * 1e3,
-                  "decode_tokens_per_s": ids.shape[0] / step, "tokens": outs[c][:, ids.shape[1]:].tolist()[0][:16],
-                  "rounds_ms": [[t[0] * 1e3, t[2] * 1e3] for t in ts], "quiet": quiet}
+        step = statistics.median(t[1] for t in sel)
+        res[c] = {"ttft_ms": statistics.median(t[0] for t in sel), "total_s": statistics.median(t[2] for t in sel) / 1e3,
+                  "ms_per_token": step, "decode_tokens_per_s": batch / step * 1e3, "rounds_ms": ts, "quiet": quiet}
     return res
 
 
@@ -483,10 +489,11 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
         pk = f"{r['peak_gb']:.1f}" if "peak_gb" in r else "—"
         note = r.get("note", "")
         if r.get("rounds_ms"):
-            fast = min(t[1] for t in r["rounds_ms"])
-            nq, nr = len(r.get("quiet") or []), len(r["rounds_ms"])
-            note = (note + "; " if note else "") + (f"{nq if nq >= 2 else nr} of {nr} rounds; fastest: "
-                                                    f"{fast:.2f} ms/token, TTFT {min(t[0] for t in r['rounds_ms']):.1f} ms")
+            q = r.get("quiet") or []
+            used = [r["rounds_ms"][i] for i in q] if len(q) >= 2 else r["rounds_ms"]
+            note = (note + "; " if note else "") + (
+                f"{len(used)} of {len(r['rounds_ms'])} rounds; fastest of them: {min(t[1] for t in used):.2f} "
+                f"ms/token, TTFT {min(t[0] for t in used):.1f} ms")
         if r.get("compile"):
             note += f" (graph breaks {r['compile']['graph_breaks']}, graphs {r['compile']['unique_graphs']})"
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
@@ -626,7 +633,8 @@ def main(argv=None):
             f"method: the CPU cores are shared with other processes: every case is built first, then timed in "
             f"up to {reps} interleaved rounds (each round runs every case once: a one-token generate for the time "
             "to first token, then the whole generate; decode ms/token = (whole - first) / (new - 1)). A round is "
-            f"quiet when every case in it ran within {QUIET}x of its own fastest round; the figures are medians "
+            f"quiet when every case in it ran within {QUIET}x of its own fastest round (time to first token and "
+            "whole generate); the figures are medians "
             "over the quiet rounds (over all rounds when fewer than 2 were quiet: the notes say how many were "
             "used), the ratios medians of the per-round ratios over the same rounds. Eager (dynamic cache) only.")
 
