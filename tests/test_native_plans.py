@@ -360,3 +360,47 @@ def test_qconv2d_bad_unbatched_input_is_refused_by_the_layer():
     with pytest.raises(ValueError, match="QConv2d.*too small"):
         with torch.inference_mode():
             layer(torch.randn(4, 1, 1)[:, :0])
+
+
+# ------------------------------------------------------------ BinaryConvPlan
+@pytest.mark.parametrize("n, c, o, hw, k, stride, padding, dilation, groups", [
+    (1, 16, 16, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), 1), (2, 3, 5, (7, 9), (3, 2), (2, 1), (0, 1), (1, 2), 1),
+    (1, 130, 4, (5, 5), (1, 1), (1, 1), (0, 0), (1, 1), 2), (3, 8, 8, (6, 5), (3, 3), (1, 2), (2, 1), (2, 1), 4)])
+@pytest.mark.parametrize("dtype", DTYPES + (torch.int8,))
+@pytest.mark.parametrize("pad_value", [-1.0, 0.0, 1.0])
+def test_binary_conv_plan_is_the_reference(n, c, o, hw, k, stride, padding, dilation, groups, dtype, pad_value):
+    nk = _native()
+    from bie_backend_cpu.reference import binary as rb
+    g = torch.Generator().manual_seed(n * 100 + c + o + int(pad_value))
+    kk = c // groups * k[0] * k[1]
+    w = rb.pack_signs(torch.randn(o, kk, generator=g))
+    prepared = nk.prepare(w)
+    geom = (list(k), list(stride), list(padding), list(dilation), groups, pad_value)
+    out_dtype = torch.float32 if dtype == torch.int8 else dtype
+    for scale, bias, od in ((torch.rand((), generator=g) + 0.1, torch.randn(o, generator=g), out_dtype),
+                            (torch.rand(o, generator=g) + 0.1, None, torch.float32), (None, None, None)):
+        x = (torch.randn((n, c) + hw, generator=g) * 3).to(dtype) if dtype != torch.int8 else \
+            torch.randint(-3, 3, (n, c) + hw, dtype=torch.int8, generator=g)
+        call = nk.bind_binary_conv2d(x, w, *geom, scale, bias, od, prepared=prepared)
+        assert call is not None
+        for xx in (x, x.contiguous(memory_format=torch.channels_last), x.transpose(2, 3).contiguous().transpose(2, 3)):
+            want = rb.binary_conv2d(xx, w, *geom, scale, bias, od)
+            got = call(xx, w, *geom, scale, bias, od)
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_binary_conv_bind_takes_the_kernel_for_other_epilogues():
+    nk = _native()
+    from bie_backend_cpu.reference import binary as rb
+    g = torch.Generator().manual_seed(3)
+    w = rb.pack_signs(torch.randn(6, 4 * 9, generator=g))
+    x = torch.randn(1, 4, 5, 5, generator=g)
+    geom = ([3, 3], [1, 1], [1, 1], [1, 1], 1, -1.0)
+    scale, bias = torch.tensor(0.3), torch.randn(6, generator=g)
+    call = nk.bind_binary_conv2d(x, w, *geom, scale, bias, torch.float32, prepared=nk.prepare(w))
+    for s2, b2 in ((scale * 2, bias), (scale, bias + 1)):
+        assert torch.equal(call(x, w, *geom, s2, b2, torch.float32), rb.binary_conv2d(x, w, *geom, s2, b2, torch.float32))
+    bias.add_(1.0)                                        # the bound bias changed in place
+    assert torch.equal(call(x, w, *geom, scale, bias, torch.float32),
+                       rb.binary_conv2d(x, w, *geom, scale, bias, torch.float32))
+    assert nk.bind_binary_conv2d(x, w, *geom[:5], 0.5, scale, bias, torch.float32) is None   # a pad value it refuses

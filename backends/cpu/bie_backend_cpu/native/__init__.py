@@ -131,7 +131,7 @@ def _load_fused(lib, st: NativeStatus, force_rebuild: bool, verbose: bool) -> No
             return ctypes.cast(fn, ctypes.c_void_p).value
         mod.init(addr(lib.bie_pack), addr(lib.bie_bgemm), _build.ABI_VERSION)
         mod.init_plans(addr(lib.bie_quant), addr(lib.bie_igemm), addr(lib.bie_iconv), addr(lib.bie_wq_gemm),
-                       addr(lib.bie_int_layout), _build.ABI_VERSION)
+                       addr(lib.bie_bconv), addr(lib.bie_int_layout), _build.ABI_VERSION)
         kernels.set_fused(mod)
         bad = _fused_self_test()
         if bad:
@@ -309,6 +309,7 @@ def register_kernels(registry) -> NativeStatus:
     reg(kernels, "binary_linear", "fused shift + sign + pack + XOR-popcount GEMM + epilogue", prepare=kernels.prepare,
         capability=binary_k)
     reg(kernels, "binary_conv2d", "bit-packed im2col + XOR-popcount GEMM, any pad value", prepare=kernels.prepare,
+        bind=kernels.bind_binary_conv2d,
         capability=Capability(devices=cpu, dtypes=PACKABLE, min_dims={"K": 1}, max_dims={"K": max_k}))
     reg(kernels, "int_gemm", "int8 GEMM, exact int32 accumulation", prepare=kernels.prepare,
         bind=kernels.bind_int_gemm, capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"a_bits": (4, 8), "b_bits": (4, 8)},

@@ -399,6 +399,59 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     return out
 
 
+def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                       prepared=None):
+    """``binary_conv2d`` for one call signature (the dispatcher's ``bind``): a
+    ``BinaryConvPlan`` of the fused module (csrc/fused_plans.cpp) with the
+    weight words, geometry and epilogue fixed, one C++ call per forward. The
+    epilogue values are those of ``scale`` and ``bias`` now: a call with other
+    tensors, or these changed in place, takes the kernel itself. None without
+    the module or where ``binary_conv2d`` itself would refuse the arguments."""
+    fused = _fused
+    if fused is None or not hasattr(fused, "BinaryConvPlan") or x.dim() != 4 or x.dtype not in DTYPE_CODE \
+            or w.dim() != 2 or w.dtype != torch.uint8 or out_dtype not in OUT_CODE or pad_value not in (-1.0, 0.0, 1.0) \
+            or x.device.type != "cpu" or w.device.type != "cpu":
+        return None
+    for t in (scale, bias):
+        if t is not None and (t.device.type != "cpu" or t.dtype not in FLOAT_DTYPES):
+            return None
+    n, c, h, wd = x.shape
+    o = w.shape[0]
+    kh, kw = int(kernel_size[0]), int(kernel_size[1])
+    g = int(groups)
+    if min(kh, kw, g, *[int(v) for v in stride], *[int(v) for v in dilation]) < 1 or min(int(v) for v in padding) < 0 \
+            or c % g or o % g:
+        return None
+    cg = c // g
+    k = cg * kh * kw
+    ho = conv_out_size(h, kh, int(stride[0]), int(padding[0]), int(dilation[0]))
+    wo = conv_out_size(wd, kw, int(stride[1]), int(padding[1]), int(dilation[1]))
+    if k <= 0 or w.shape[1] != packed_len(k) or ho <= 0 or wo <= 0 or (scale is not None and scale.numel() not in (1, o)) \
+            or (bias is not None and bias.numel() != o) or (out_dtype is None and (scale is not None or bias is not None)):
+        return None
+    words, taps = _layouts(prepared).get(("conv", cg, kh, kw), lambda: _conv_weights(w, cg, kh, kw))
+    plan = fused.BinaryConvPlan(words, taps, o, c, g, kh, kw, [int(v) for v in stride], [int(v) for v in padding],
+                                [int(v) for v in dilation], int(pad_value), DTYPE_CODE[x.dtype], OUT_CODE[out_dtype],
+                                scale, bias)
+    run = plan.__call__
+    s0, b0 = scale, bias
+    # (an inference tensor has no version counter and cannot change in place outside inference mode: its
+    # storage alone; reading _version of one raises, which costs more than the whole call)
+    sv = None if s0 is None or s0.is_inference() else s0._version
+    bv = None if b0 is None or b0.is_inference() else b0._version
+    sp = None if s0 is None else s0.data_ptr()
+    bp = None if b0 is None else b0.data_ptr()
+
+    def call(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+        if scale is s0 and bias is b0 and (scale is None or (scale.data_ptr() == sp and (
+                sv is None or scale._version == sv))) and (bias is None or (bias.data_ptr() == bp and (
+                    bv is None or bias._version == bv))):
+            return run(x)
+        return binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                             prepared)
+    return call
+
+
 # -------------------------------------------------------------------- int_gemm
 class IntLayout:
     __slots__ = ("kind", "data", "colsum", "kp", "p", "pw")

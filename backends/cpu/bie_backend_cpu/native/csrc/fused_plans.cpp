@@ -9,6 +9,7 @@
 //
 //   IntLinearPlan  y = int_gemm(quantize_int(x, sa, bits, shift), codes, scale, bias)
 //   IntConvPlan    y = int_conv2d(quantize_int(x + shift[c], sa, bits), codes, geometry, scale, bias)
+//   BinaryConvPlan y = binary_conv2d(x, sign bits, geometry, pad value, scale, bias)
 //   WqPlan         y = sum over width segments of wq_gemm(x * channel_scale gathered in the
 //                  segment's row order) (+ bias), or None where a result is not finite
 //                  (the caller then takes the unbound kernel, whose exact path handles it)
@@ -46,11 +47,13 @@ using quant_fn = int (*)(const bie_quant_args*);
 using igemm_fn = int (*)(const bie_igemm_args*);
 using iconv_fn = int (*)(const bie_iconv_args*);
 using wq_fn = int (*)(const bie_wq_args*);
+using bconv_fn = int (*)(const bie_bconv_pack_args*, const bie_bconv_args*);
 using level_fn = int (*)();
 quant_fn g_quant = nullptr;
 igemm_fn g_igemm = nullptr;
 iconv_fn g_iconv = nullptr;
 wq_fn g_wq = nullptr;
+bconv_fn g_bconv = nullptr;
 level_fn g_int_layout = nullptr;
 
 // GIL released above this much work (multiply-adds); below it releasing costs more than the call.
@@ -339,6 +342,78 @@ class IntConvPlan {
   Epilogue epi_;
 };
 
+// ------------------------------------------------------------ BinaryConvPlan
+// The weight as kernels.py's _conv_weights: tap-major sign words (O, KH*KW*CW) int64 and the per-tap
+// sums over the channels (O, KH*KW) int32; the packing and the conv are bie_bconv's, with the blocking
+// of kernels.py's binary_conv2d.
+class BinaryConvPlan {
+ public:
+  BinaryConvPlan(const at::Tensor& words, const at::Tensor& taps, int64_t o, int64_t c, int64_t g, int64_t kh,
+                 int64_t kw, std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                 int64_t pad_value, int64_t x_code, int64_t out_code, const std::optional<at::Tensor>& scale,
+                 const std::optional<at::Tensor>& bias)
+      : words_(words), taps_(taps), o_(o), c_(c), g_(g), kh_(kh), kw_(kw), xcode_(x_code), out_code_(out_code) {
+    const char* nm = "binary_conv2d plan";
+    if (!g_bconv) bad(nm, "not initialised (bie_cpu_native is not loaded)");
+    if (stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) bad(nm, "stride/padding/dilation: 2 values");
+    sh_ = stride[0], sw_ = stride[1], ph_ = padding[0], pw_ = padding[1], dh_ = dilation[0], dw_ = dilation[1];
+    need(o >= 1 && c >= 1 && g >= 1 && c % g == 0 && o % g == 0 && kh >= 1 && kw >= 1 && sh_ >= 1 && sw_ >= 1 &&
+             dh_ >= 1 && dw_ >= 1 && ph_ >= 0 && pw_ >= 0 && pad_value >= -1 && pad_value <= 1,
+         nm, "geometry");
+    cg_ = c / g;
+    cw_ = (cg_ + 63) / 64;
+    padmul_ = pad_value + 1;
+    need(words.device().type() == c10::DeviceType::CPU && words.scalar_type() == at::kLong && words.is_contiguous() &&
+             words.dim() == 2 && words.size(0) == o && words.size(1) == kh * kw * cw_, nm, "sign words");
+    need(taps.device().type() == c10::DeviceType::CPU && taps.scalar_type() == at::kInt && taps.is_contiguous() &&
+             taps.numel() == o * kh * kw, nm, "tap sums");
+    if (x_code != BIE_F32 && x_code != BIE_F16 && x_code != BIE_BF16 && x_code != BIE_I8) bad(nm, "x dtype");
+    if (out_code != BIE_F32 && out_code != BIE_F16 && out_code != BIE_BF16 && out_code != BIE_I32)
+      bad(nm, "output dtype");
+    if (out_code == BIE_I32 && (scale || bias)) bad(nm, "integer counts take no scale or bias");
+    epi_.set(scale, bias, o, nm);
+  }
+
+  at::Tensor call(const at::Tensor& x) const {
+    const char* nm = "binary_conv2d plan";
+    if (x.device().type() != c10::DeviceType::CPU) bad(nm, "x must be a CPU tensor");
+    const at::ScalarType want = xcode_ == BIE_I8 ? at::kChar : dtype_of(xcode_);
+    if (x.scalar_type() != want) bad(nm, "x must have the bound dtype");
+    if (x.dim() != 4 || x.size(1) != c_) bad(nm, "x must be (N, " + std::to_string(c_) + ", H, W)");
+    const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+    if (h < 1 || w < 1 || h + 2 * ph_ < dh_ * (kh_ - 1) + 1 || w + 2 * pw_ < dw_ * (kw_ - 1) + 1)
+      bad(nm, "input too small for the kernel");
+    const int64_t ho = (h + 2 * ph_ - dh_ * (kh_ - 1) - 1) / sh_ + 1, wo = (w + 2 * pw_ - dw_ * (kw_ - 1) - 1) / sw_ + 1;
+    at::Tensor out = at::empty({n, o_, ho, wo}, at::TensorOptions().dtype(dtype_of(out_code_)));
+    if (n == 0) return out;
+    at::Tensor xc = (x.stride(3) == 1 || x.stride(1) == 1) ? x : x.contiguous();
+    std::unique_ptr<py::gil_scoped_release> nogil;
+    if (n * ho * wo * o_ * kh_ * kw_ * cw_ > kReleaseGil / 16) nogil = std::make_unique<py::gil_scoped_release>();
+    const int64_t hp = h + 2 * ph_, wp = w + 2 * pw_;
+    const size_t nxs = (size_t)(n * hp * wp * g_ * cw_);
+    Scratch<uint64_t, 2048> xs(nxs);
+    std::memset(xs.data(), 0, nxs * sizeof(uint64_t));
+    const int64_t hrows = std::min<int64_t>(h, (256 + w - 1) / w);
+    bie_bconv_pack_args pa{xc.const_data_ptr(), xcode_, n, c_, h, w, xc.stride(0), xc.stride(1), xc.stride(2),
+                           xc.stride(3), g_, cg_, cw_, ph_, pw_, hp, wp, xs.data(), hrows};
+    int64_t pix = 64;
+    const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+    while (n * ((ho * wo + pix - 1) / pix) < 4 * threads && pix > 8) pix /= 2;
+    bie_bconv_args ca{xs.data(), n, h, w, hp, wp, g_, cw_, reinterpret_cast<const uint64_t*>(words_.const_data_ptr()),
+                      taps_.const_data_ptr<int32_t>(), o_, o_ / g_, kh_, kw_, sh_, sw_, ph_, pw_, dh_, dw_, ho, wo,
+                      cg_ * kh_ * kw_, padmul_, pix, epi_.sp(), epi_.bp(), epi_.flags & ~BIE_EPI_BIAS_VEC, out_code_,
+                      out.data_ptr()};
+    check_rc(g_bconv(&pa, &ca), nm);
+    return out;
+  }
+
+ private:
+  at::Tensor words_, taps_;
+  int64_t o_, c_, g_, kh_, kw_, xcode_, out_code_, cg_ = 1, cw_ = 1, padmul_ = 1;
+  int64_t sh_ = 1, sw_ = 1, ph_ = 0, pw_ = 0, dh_ = 1, dw_ = 1;
+  Epilogue epi_;
+};
+
 // -------------------------------------------------------------------- WqPlan
 // One width segment: kernels_wq.WqLayout's float32-kernel panels and the x column of every
 // prepared row (index k: a zero), or none when the prepared order is x's own (kp == k).
@@ -477,19 +552,22 @@ class WqPlan {
   std::vector<WqSeg> segs_;
 };
 
-void init_plans(uintptr_t quant, uintptr_t igemm, uintptr_t iconv, uintptr_t wq, uintptr_t int_layout, int64_t abi) {
+void init_plans(uintptr_t quant, uintptr_t igemm, uintptr_t iconv, uintptr_t wq, uintptr_t bconv, uintptr_t int_layout,
+                int64_t abi) {
   if (abi != BIE_NATIVE_ABI)
     throw std::runtime_error("bie_cpu_native ABI " + std::to_string(abi) + " != " + std::to_string(BIE_NATIVE_ABI));
   g_quant = reinterpret_cast<quant_fn>(quant);
   g_igemm = reinterpret_cast<igemm_fn>(igemm);
   g_iconv = reinterpret_cast<iconv_fn>(iconv);
   g_wq = reinterpret_cast<wq_fn>(wq);
+  g_bconv = reinterpret_cast<bconv_fn>(bconv);
   g_int_layout = reinterpret_cast<level_fn>(int_layout);
 }
 }  // namespace
 
 void bie_register_plans(py::module_& m) {
-  m.def("init_plans", &init_plans, "hand over bie_quant / bie_igemm / bie_iconv / bie_wq_gemm / bie_int_layout");
+  m.def("init_plans", &init_plans,
+        "hand over bie_quant / bie_igemm / bie_iconv / bie_wq_gemm / bie_bconv / bie_int_layout");
   py::class_<IntLinearPlan>(m, "IntLinearPlan")
       .def(py::init<const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t, int64_t, int64_t, int64_t,
                     int64_t, int64_t, double, int64_t, const std::optional<at::Tensor>&,
@@ -508,6 +586,14 @@ void bie_register_plans(py::module_& m) {
            py::arg("x_code"), py::arg("act_scale"), py::arg("bits"), py::arg("shift"), py::arg("scale"),
            py::arg("bias"))
       .def("__call__", &IntConvPlan::call);
+  py::class_<BinaryConvPlan>(m, "BinaryConvPlan")
+      .def(py::init<const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                    std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, int64_t,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&>(),
+           py::arg("words"), py::arg("taps"), py::arg("o"), py::arg("c"), py::arg("groups"), py::arg("kh"),
+           py::arg("kw"), py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("pad_value"),
+           py::arg("x_code"), py::arg("out_code"), py::arg("scale"), py::arg("bias"))
+      .def("__call__", &BinaryConvPlan::call);
   py::class_<WqPlan>(m, "WqPlan")
       .def(py::init<int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, bool>(), py::arg("k"), py::arg("n"),
            py::arg("x_code"), py::arg("channel_scale"), py::arg("bias_in_kernel"))
