@@ -111,6 +111,14 @@ def _plans_self_test(g) -> Optional[str]:
     call = kernels_wq.bind_wq_gemm(*args, prepared=kernels_wq.prepare(*args[1:5]))
     if call is None or not torch.allclose(call(*args), ref_wq.wq_gemm(*args), rtol=1e-5, atol=1e-4):
         return "self-test failed: weight-only plan"
+    from bie_backend_cpu.reference import binary as ref_binary
+    w = ref_binary.pack_signs(torch.randn(5, 3 * 6, generator=g))
+    x = torch.randn(2, 3, 5, 4, generator=g)
+    args = (x, w, [3, 2], [1, 2], [1, 0], [1, 1], 1, -1.0, torch.rand(5, generator=g) + 0.5, torch.randn(5, generator=g),
+            torch.float32)
+    call = kernels.bind_binary_conv2d(*args, prepared=kernels.prepare(w))
+    if call is None or not torch.equal(call(*args), ref_binary.binary_conv2d(*args)):
+        return "self-test failed: binary_conv2d plan"
     return None
 
 
