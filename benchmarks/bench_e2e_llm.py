@@ -583,6 +583,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (GPU default 2; CPU: interleaved "
                                                             "rounds, default 5)")
+    p.add_argument("--interleave", action="store_true",
+                   help="eager only: build every case, then time them in interleaved rounds (always on CPU)")
     p.add_argument("--quantize-lm-head", action="store_true")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no new run after this many seconds")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
@@ -614,7 +616,9 @@ def main(argv=None):
     prompt = a.prompt or (8 if a.smoke else 128 if cpu else 512)
     new = a.new or (4 if a.smoke else 32 if cpu else 128)
     reps = a.reps or (5 if cpu and not a.smoke else 2)
-    interleave = cpu and not a.smoke
+    # CPU: always (cores shared with other processes); GPU: on request, for eager runs, where both models are
+    # bound by host time and the host's speed drifts between runs made one after the other
+    interleave = (cpu and not a.smoke) or a.interleave
 
     data = json.loads(path_json.read_text()) if path_json.exists() else {}
     data.setdefault("runs", {})
@@ -699,7 +703,8 @@ def main(argv=None):
 
 
 def run_interleaved(data, save, cases, cfg, dtype, device, a, probe, g, batches, prompt, new, reps) -> None:
-    """The CPU variant: build every case, then time them eagerly in interleaved rounds per batch size."""
+    """The CPU variant (and --interleave): build every case, then time them eagerly in interleaved rounds per
+    batch size (no peak-memory figure: the models are resident together)."""
     models, notes = {}, {}
     for case in cases:
         t = time.monotonic()
