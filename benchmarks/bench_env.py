@@ -27,7 +27,11 @@ def git_commit() -> str:
     if env:
         return env
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
                               check=True).stdout.strip() or "unknown"
+        # a tracked file that differs from HEAD (or a device copy whose .git is older than its files): say so
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        return head + "+uncommitted" if changed else head
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
