@@ -4,7 +4,7 @@
 // Canonical sign bits: bit 1 = +1 (v >= 0, NaN packs as -1), packed along K,
 // LSB first, 8 per byte, pad bits 0.
 //
-// Binary dot product via AND (XOR+popc is emulated on sm_90, 6.5x slower):
+// Binary dot product via AND (sm_90 has no native XOR+popc MMA: it is emulated, several times slower):
 //   dot = K - 2 popc(a ^ w) = 4 popc(a & w) - 2 popc(a) - 2 popc(w) + K
 // valid because pad bits are zero on both sides. popc(a) is summed by the
 // GEMM kernel from its shared-memory tiles; popc(w) is precomputed at prepare
@@ -484,7 +484,7 @@ static cudaError_t launch_tile(const BinGemmArgs& p, int batch, int tile, cudaSt
 cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st) {
   if (p.M == 0 || p.N == 0 || batch == 0) return cudaSuccess;
   if (tile == 0) {
-    // 128x128 measured fastest at 4096^3 on H100 (52 us vs 55-58 for the others)
+    // 128x128 where it fills the SMs: the fastest tile at 4096^3 (benchmarks/results/cuda_h100.md)
     const int64_t big = (int64_t)ceil_div(p.M, 128) * ceil_div(p.N, 128) * batch;
     if (p.M <= 16) tile = 1;
     else if (p.M >= 256 && big >= num_sms) tile = 5;

@@ -8,9 +8,9 @@
 // by a 2-D tensor map that swizzles and zero-fills rows past M and bytes past K), so the math warps issue no
 // global loads. The activations then go to the wgmma's A registers by ldmatrix.x4, one instruction per
 // wgmma (its four registers are exactly four 8x8 b16 matrices of the swizzled tile), and the row popcounts
-// of A are summed from those registers. An earlier version loaded A straight from global memory into the A
-// registers (one 32-bit load per register): every such load touches 8 rows, and the ~2000 L1 line accesses
-// per stage made a stage cost 0.96 us against 0.58 us of tensor work.
+// of A are summed from those registers. Loading A from global memory straight into the A registers (one 32-bit
+// load per register) would touch 8 rows per load, ~2000 L1 line accesses per stage: more time than the stage's
+// tensor work.
 //
 // Block: 3 warpgroups. Warpgroup 0: one producer thread fills a 3-slot ring (weights + activations of a
 // stage per slot, counted on "full" mbarriers); a column warp stages each tile's column terms (-2 popc(w),
@@ -21,13 +21,13 @@
 // retired. The epilogue converts the accumulators with the reference's roundings and stages them in shared
 // memory (stmatrix for 2-byte outputs; padded rows, no bank conflicts).
 //
-// Measured (H100, cuda_h100.md): a stage costs ~0.6 us and each tile ~3 us more, when both
-// math warpgroups convert their accumulators at once and the tensor cores idle; at 4096^3 the 32 MB of bf16
-// output are a third of the time at HBM speed. The 0.6 us is the tensor rate of the two warpgroups' chains
-// together (two ring slots: 0.79 us, so three are enough); running the warpgroups out of phase (ping-pong on
-// 128x128 tiles, staggered) measured slower, as each warpgroup's own cycle keeps its epilogue.
+// A stage runs at the tensor rate of the two warpgroups' wgmma chains together: two ring slots leave it waiting
+// on copies, three do not. Each tile adds its epilogue, while both math warpgroups convert their accumulators and
+// the tensor cores idle; at 4096^3 writing the 32 MB of bf16 output at HBM speed is a large part of the time
+// (figures: benchmarks/results/cuda_h100.md). Running the warpgroups out of phase (ping-pong on 128x128 tiles,
+// staggered) is slower, as each warpgroup's own cycle keeps its epilogue.
 // Clusters sharing the weight stages by multicast (template CL, forced with tile="wgmma2" / "wgmma4") cut the
-// L2 traffic but measured slower, so the default is CL = 1.
+// L2 traffic but are slower, so the default is CL = 1.
 //
 // The prepared weight image (bie_backend_cuda.binary.wgmma_image builds it):
 // [N/256 column tiles][K/1024 stages][256 rows][128 bytes], each row in the
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
       // ------------------------------------------------------------ epilogue
       wgmma_wait<0>();
       // the tile's last slot goes back now, not with the next tile's first stage: the producer refills it during
-      // the epilogue (1-4 % faster at 384-8192 rows: cuda_h100.md)
+      // the epilogue (faster at every measured M, 384-8192 rows)
       release(prev_slot);
       prev_slot = -1;
       int r0 = pa0, r1 = pa1;
@@ -334,8 +334,8 @@ __global__ void __launch_bounds__(THREADS, 1) bgemm_wgmma_kernel(const BinGemmAr
             } else {
               const float s0 = __int_as_float(cs.z), s1 = __int_as_float(cs.w);
               // the reference's roundings: float32(dot) * scale, then + bias, each rounded (no FMA). (The
-              // conversions, I2FP here and F2FP in pack2, run at a quarter of the FP32 rate on sm_90; exact
-              // integer-only replacements measured 7-15 % slower over the kernel: cuda_h100.md,
+              // conversions, I2FP here and F2FP in pack2, run at a quarter of the FP32 rate on sm_90, yet exact
+              // integer-only replacements make the whole kernel slower.)
               float y00 = __fmul_rn((float)d00, s0), y01 = __fmul_rn((float)d01, s1);
               float y10 = __fmul_rn((float)d10, s0), y11 = __fmul_rn((float)d11, s1);
               if constexpr (HB) {

@@ -400,8 +400,8 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //     the code block (the skinny kernel's interleaved A-fragment layout: one prepared copy for every kernel) and the
 //     statistics rows (bulk copies), all counted in bytes on the slot's "full" mbarrier. The producer hands its
 //     registers to the consumers (setmaxnreg 40 / 232: ptxas then allocates the consumer code past the 168 that
-//     384 threads leave, no spills). 1024 rows of 28672x8192 in 740 instead of 990 us, when thread 0
-//     of the first consumer warpgroup issued the copies three stages ahead in its own instruction stream;
+//     384 threads leave, no spills). Much faster than thread 0 of the first consumer warpgroup issuing the copies
+//     three stages ahead in its own instruction stream;
 //   - each consumer warpgroup keeps up to three wgmmas in flight: the fragment of the next k16 step is dequantized
 //     (as the kernel above: dequant_fragment) into its own register set while the tensor cores work (four sets
 //     rotate, so no set is rewritten while a wgmma reading it is in flight: ptxas keeps them asynchronous); a slot
@@ -410,25 +410,21 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 //   - 16-bit outputs leave through shared memory: each warp writes its 16 columns x 128 rows of x
 //     per round with stmatrix .trans (the D fragment's columns are rows of x, so the transposed 8x8 blocks are
 //     pieces of output rows) and its warpgroup stores whole 128-byte lines, 16 bytes a thread. The direct stores
-//     (2 bytes a thread, four rows an instruction, still used for float32 outputs and N % 8 != 0) had cost ~6 %
-//     at 1024 rows: 4096x4096 50.7 -> 47.4 us, 11008x4096 157.0 -> 150.0 (benchmarks/results/cuda_h100_wqw.md,
-//     The split tiles' float32 partials are staged the same way (four rounds of 64 rows).
+//     (2 bytes a thread, four rows an instruction, used for float32 outputs and N % 8 != 0) are a few percent
+//     slower at 1024 rows. The split tiles' float32 partials are staged the same way (four rounds of 64 rows).
 //   - Persistent blocks walk work units with the row tiles of a column tile adjacent (its codes are read from L2 by
 //     neighbouring blocks); the ring runs on across units. A unit is a whole tile, or, for the tiles of a last
 //     partial wave (WqWgmmaArgs::splits > 1), one of `splits` K ranges of it: those write float32 partials to ws and
 //     wq_rows_tail_reduce_kernel sums them in a fixed order (deterministic), so the last wave is as short as the SMs
 //     allow instead of a whole tile's stages on a few SMs.
-// Three wgmma groups stay in flight (retiring every stage's wgmmas before the next fragments was slower), and the copies
+// Three wgmma groups stay in flight (retiring every stage's wgmmas before the next fragments is slower), and the copies
 // are issued by TMA rather than by every thread's cp.async (faster).
-// Tried and left out: clusters of two blocks on adjacent column tiles sharing the x tile by TMA
-// multicast (each block's producer waits for both blocks' releases of a slot): 2.1x slower at every shape, although
-// reading x once per block instead of every stage alone would be 9-16 % faster. Tried and left out: tiles of 128 rows
-// x 256 columns (each
-// warpgroup two m64n128k16 per k16 step on its two 64-column fragments; x's bytes a stage halved, the codes' doubled):
-// 15-30 % slower at every measured shape.
-// (A first version dequantized into shared memory in the producer warpgroup for shared-memory-operand wgmmas: the
-// single producer warp per scheduler took ~1.5-2 us a stage even without the dequantization arithmetic,
-// benchmarks/results/cuda_h100_wqw.md.)
+// Not used, as slower at every measured shape: clusters of two blocks on adjacent column tiles sharing the x tile by
+// TMA multicast (each block's producer waits for both blocks' releases of a slot, which costs more than reading x
+// once per block saves); tiles of 128 rows x 256 columns (each warpgroup two m64n128k16 per k16 step on its two
+// 64-column fragments; x's bytes a stage halved, the codes' doubled). The codes are dequantized in the consumers'
+// registers rather than into shared memory by the producer warpgroup for shared-memory-operand wgmmas: one producer
+// warp per scheduler cannot feed the tensor cores even without the dequantization arithmetic.
 namespace wqm {
 constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
 constexpr int CONSUMERS = 256, THREADS = 128 + CONSUMERS;   // warpgroup 0 copies, warpgroups 1-2 compute
