@@ -3,9 +3,8 @@
 // per-channel.
 //
 // Why another skinny kernel: at M <= 8 the work is reading the weights once,
-// and the older skinny kernel ("wqv", weight_only.cu) was measured
-// issue-bound at ~104 instructions per 512-byte warp vector
-// (benchmarks/results/cuda_h100.md). This one spends its
+// and the skinny kernel ("wqv", weight_only.cu) is issue-bound at ~104
+// instructions per 512-byte warp vector. This one spends its
 // instructions on the codes only:
 //   - every warp owns one 16-column block and a K range and streams, through its
 //     own cp.async ring, the codes and the statistics rows (no barrier in the
@@ -36,11 +35,11 @@
 //     items are dealt to its blocks in turn (p.rr: blocks differ by at most
 //     one item), and on big layers of 4-bit codes in groups of 128 x arrives in
 //     chunks by bulk copies that the warps wait for one by one (XC kernels,
-//     p.xpre == -3), so the first mma no longer waits for the whole slice of x.
-// Measured on the H100 (benchmarks/results/cuda_h100_thin.md): 2.7-2.8 TB/s
-// (88-93 % of the roof) at M = 1 on the big layers with PDL, 2.5 TB/s without;
-// faster than wqv and wgmma on small layers up to 4 rows and on big ones at
-// 2-4 rows when x is staged.
+//     p.xpre == -3), so the first mma does not wait for the whole slice of x.
+// On the H100 it reads the big layers at M = 1 near the memory roof (figures:
+// benchmarks/results/cuda_h100.md, cuda_h100_thin.md) and is faster than wqv
+// and wgmma on small layers up to 4 rows and on big ones at 2-4 rows when x is
+// staged.
 // The codes are the skinny layout of weight_only.cu (interleaved or not), so
 // the prepared weight is shared with the wqv and wgmma kernels.
 #pragma once
@@ -251,7 +250,7 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
   // (each warp's lane 0 arrives once with the bytes of its rows' copies) and THIN_XCHUNKS "sums written" (one
   // arrival per warp once it wrote the table entries of its rows)
   // (XC: a kernel of its own, launched only with p.xpre == -3 and K slices: its code, replicated over the unrolled
-  // ring, nearly doubled the other kernels' size and made them slower, 8 rows of 4096x4096 6.9 -> 8.4 us)
+  // ring, would nearly double the other kernels' size and slow them down)
   static_assert(!XC || (MX == 1 && !ONE), "x in chunks: staged x, several rows");
   constexpr bool xchunked = XC;
   // The ring: "landed" and "ready" (x and its sums in place) complete with the producer's one arrival, and a third
@@ -354,13 +353,13 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
   for (int i = 0; i < S - 1; ++i)
     if (i < pre) issue(ring + i * SB);
   // x in chunks (p.xpre == -3): the main loop starts as soon as the first chunk of x is in shared memory, instead of
-  // after all of it (16 rows of a 4096-k slice are 128 KiB per block, ~7 us with every SM reading its copy from L2
-  // at once). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
+  // after all of it (16 rows of a 4096-k slice are 128 KiB per block, a long wait with every SM reading its copy
+  // from L2 at once). Lane 0 of warp w issues the bulk copies of rows w, w + nwarps, ... chunk
   // by chunk (the bytes inside K; the rest of a row is zeroed by its warp); a warp about to use a chunk's stages
   // waits until every warp wrote the sum(x) entries of its rows in that chunk. A warp writes those of the next chunk
   // as it enters one (both of the first two at the first), so that the wait is for warps more than a chunk behind
-  // only: waiting for every warp's entries of the chunk just entered cost more than the early
-  // start won (16 rows of 11008x4096 18.3 against 15.7 us).
+  // only: waiting for every warp's entries of the chunk just entered costs more than the early
+  // start wins.
   // (xnext: the first stage of the slice whose chunk this warp has not passed yet; the main loop tests it once per
   // turn of the ring)
   int xnext = xchunked ? bs0 : INT_MAX;
@@ -369,8 +368,8 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
   auto xslot = [&](int c) { return xr ? c % XR : c; };
   auto xpar = [&](int c) { return xr ? (uint32_t)(c / XR) & 1u : 0u; };
   // Lane 0 issues the bulk copies of chunk c (if any) of this warp's rows: the first two chunks in the prologue, chunk
-  // c + 2 as the warp enters chunk c. (All eight at once kept lane 0, and so its warp, ~5,800 cycles in the prologue
-  // at 16 rows: about 45 cycles per copy.)
+  // c + 2 as the warp enters chunk c. (All eight at once would hold lane 0, and so its warp, in the prologue for
+  // about 45 cycles per copy.)
   auto issue_x = [&](int c) {
     const int slen = bs1 - bs0;
     if (lane != 0 || c * chs >= slen) return;
@@ -403,9 +402,8 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
                     xbar() + 8 * sl);
   };
   // The ring's sums (the producer): chunk c's bytes landed, the pieces past K zeroed (the copies stop at K), then the
-  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (The
-  // reverted first ring: every warp summing its own row with shuffles as it entered a chunk cost ~7 us of 65 at 16
-  // rows of 28672x8192, lab bound 32 in d2ba120.)
+  // sum(x) units of the chunk on the tensor cores (below), then the chunk's one "ready" arrival. (One warp sums
+  // for all: every warp summing its own row with shuffles as it enters a chunk is slower at 16 rows of big layers.)
   auto ring_sums = [&](int c) {
     const int cs0 = c * chs, cs1 = min(bs1 - bs0, cs0 + chs), sl = xslot(c);
     const int64_t xk0 = (int64_t)bs0 * KS;
@@ -421,8 +419,8 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
     // x as the A operand (all 16 rows of the block's x, row-major, one ldmatrix x4 per 16 k) times an all-ones B:
     // D[m][n] = sum_k x[m][k] for every n, so lane 4 g + t holds row g's sum in c0 and row g + 8's in c2. One mma per
     // 16 k for all rows, half as many as with x as B (one row tile per mma), in four independent chains (two units
-    // at a time, odd and even k16 steps apart) instead of one chain per task. (The first form, one chain
-    // of 8 mma per unit and row tile, ran 64 / 58 us at chunks of 4 / 8 stages, 16 rows of 28672x8192.)
+    // at a time, odd and even k16 steps apart) instead of one chain per task: a single dependent chain of 8 mma
+    // per unit and row tile is slower.
     constexpr int UK = FS > 0 ? 16 * FS : KS;   // k per sum(x) unit
     const int units = (cs1 - cs0) * KS / UK;
     const uint32_t ones = V2<T>::one_bits;
@@ -550,7 +548,7 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
     if (xasync) {
       // x copied with cp.async, all of it in flight at once and ahead of all but `pre` first stages (the register
       // path below loads x after every first stage, and each of its round trips queues behind the ring's HBM
-      // misses: 3.5 us before the first mma for one row of 28672x8192). x is its own
+      // misses, delaying the first mma on big layers). x is its own
       // commit group (the main loop's waits then count one more group ahead of each stage: still correct); chunks
       // past K are zero-filled.
       for (int c = threadIdx.x; c < total; c += blockDim.x) {
@@ -570,12 +568,12 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
     } else {
       // x loaded after the first stages (through L2: ld.global.cg, as the cp.async copies) and stored to shared
       // memory, XL 16-byte loads in flight per thread: on big layers the first stages, issued before the wait,
-      // overlap the previous kernel's tail, which outweighs the later x (45.9 against 49.4 us at one row
-      // of 28672x8192 with xpre = 1). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
-      // (~3000 cycles), but 8 loads in flight (4 batches at 16 rows instead of 2) measured level on
-      // the big layers and 8 % slower at 16 rows of 4096x4096 and 5120x5120 . One row (ONE):
+      // overlap the previous kernel's tail, which outweighs the later x (faster than xpre = 1 at one row
+      // of 28672x8192). Each batch of loads is one L2 round trip queued behind the ring's HBM misses
+      // (thousands of cycles), but 8 loads in flight (4 batches at 16 rows instead of 2) measure level on
+      // the big layers and slower at 16 rows of 4096x4096 and 5120x5120. One row (ONE):
       // p.xl loads in flight (the plan: 8 where a thread has more than 4 pieces), so that the row of a K up to 32768
-      // is one batch at 16 warps (8192x28672: two batches of 4 took 7,200 cycles against 3,500 for 28672x8192's one,
+      // is one batch at 16 warps (two batches of 4 pay two of those round trips).
       constexpr int XLM = ONE ? 8 : 4;
       const int xl = ONE ? max(1, min(XLM, p.xl)) : XLM;
       for (int c0 = threadIdx.x - lane; c0 < total; c0 += xl * blockDim.x) {   // (warp-uniform: the shuffles)
