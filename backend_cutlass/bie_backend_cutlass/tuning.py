@@ -61,7 +61,7 @@ def gpu_key(device=None) -> str:
 @functools.lru_cache(maxsize=None)
 def _gpu_key(index: int) -> str:
     # cached: every tuned launch looks its table up, and reading the device properties and formatting the
-    # name cost tens of µs of host time per call
+    # name on every call would add host time to each launch
     p = torch.cuda.get_device_properties(index)
     name = re.sub(r"[^A-Za-z0-9]+", "_", p.name).strip("_")
     return f"{name}-sm{p.major}{p.minor}-{p.multi_processor_count}sm-v{__version__}"

@@ -295,8 +295,8 @@ __device__ __forceinline__ void store_rows(const BinConvArgs& p, const float* s_
 // offset (int64), its window's first word, K_valid, its taps in the padding (pad 0) [BM] each | the windows' words
 // [span_cap] | union { two weight chunks [BN][kc] words, staging [BN][BM + 4] floats }.
 // The weights come in chunks of kc K words (all of K where it is at most 64 words), two buffers in turn: the MMAs
-// of a chunk run while the next one is copied (timed per phase on the H100, the weights' copy from L2 was 40-45%
-// of a block's time at C = 256 / 512 when it preceded all the MMAs: benchmarks/results/cuda_h100_conv.md).
+// of a chunk run while the next one is copied (copied ahead of all the MMAs, the weights' transfer from L2 takes a
+// large part of a block's time at C = 256 / 512).
 // K slots: in each 8-word k step the MMA's slots tig and tig + 4 (thread tig's two words of a row) take words 2 tig
 // and 2 tig + 1 (the sum over K does not depend on the order, as long as A and B agree). So a thread's B fragment
 // is one 8-byte load, and with an even number of channel words its two A words of a row are adjacent in the window
@@ -636,9 +636,8 @@ int conv_auto_tile(const BinConvArgs& p, int sms) {
 
 bool conv_auto_stage(const BinConvArgs& p) {
   // the windows in shared memory from 8 channel words only: with fewer, a k step's words of 8 neighbouring pixels
-  // fall in the same banks, and reading them through L1 measured faster (H100, ResNet-18 layers at batch 64, tile
-  // 1: C = 64 47.0 vs 49.2 us, stride 2 38.9 vs 43.2; C = 128 level; C = 256 20.0 vs 19.5;
-  // benchmarks/results/cuda_h100_conv.md)
+  // fall in the same banks, and reading them through L1 is faster at C = 64 and level at C = 128
+  // (benchmarks/results/cuda_h100_conv.md: tile 1 staged and unstaged)
   return p.CW >= 8;
 }
 

@@ -895,9 +895,9 @@ cudaError_t launch_wq_dequant(const uint4* qw, const void* s, const void* z, con
 // The arithmetic is the reference's, bit for bit: a code q (and a GPTQ zero z) becomes an exact float as
 // 2^23 + q (one LOP3: no integer-to-float conversion, a quarter-rate instruction), so q - z = (2^23 + q) - (2^23 + z)
 // is one exact subtraction; then s * (q - z) (gptq) or q * s - z (gba), rounded once each, no fused multiply-add.
-// Serves M > LARGE_M (weight_only.py: dequantize + cuBLAS) and wq_dequantize: H100, 28672x8192 4-bit to bf16 in 204 us,
-// 2.88 TB/s (the one-thread-per-word kernel it replaced was issue-bound: 263 us). The column range serves the L2-chunk
-// experiment (measured slower than the whole weight).
+// Serves M > LARGE_M (weight_only.py: dequantize + cuBLAS) and wq_dequantize, near the HBM rate on the H100; four
+// columns per thread because one thread per code word is issue-bound. The column range lets a caller dequantize the
+// weight in chunks (cuBLAS on L2-sized chunks is slower than on the whole weight, so weight_only.py does not).
 // vec: N, n0, nc and ldo are multiples of 4, codes and out 16-byte aligned (else scalar loads and stores, same math).
 template <int BITS, typename OT>
 __global__ void wq_dequant_cols_kernel(const int32_t* __restrict__ qw, const void* __restrict__ scales, int sdt,

@@ -46,8 +46,8 @@ template <int BITS, int MX, int FS, int MR = 1, bool DEEP = false> struct Slot {
 };
 
 // The rows of x staged once per block (MX = 1) when they fit in 128 KiB, for one row, or for several rows on layers
-// of more than 2^26 weights; else per-stage copies (MX = 8). Measured on the H100 (cuda_h100_thin.md, run 9): staging
-// 2-4 rows made 28672x8192 5-10% faster, but 4096x4096 15% slower (the block waits for all of x before starting).
+// of more than 2^26 weights; else per-stage copies (MX = 8). Staging several rows speeds up the big layers but slows
+// the small ones, where the block's wait for all of x before it starts is a larger part of the call.
 // From 5 rows, and for rows of a big layer that do not fit whole, x is staged per K slice instead (wq_thin_plan): each
 // block then covers one slice of K, and the slices' partials are summed by a second kernel.
 // (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes; one row: 16 bytes
@@ -57,19 +57,11 @@ inline int thin_fs(int gs_shift);
 // cp.async after the first stage (two when K > 8192) where every block (every warp, when the warps split the
 // columns) covers at most one 16-column item, so that its whole run is the ring's first stages and one pass over K:
 // there x early is worth more than the first stages overlapping the previous kernel's tail. Elsewhere, and at 9-16
-// rows, and for 8-bit codes (-1): every first stage is issued before the wait, then x is loaded.
-// H100 (benchmarks/results/cuda_h100.md), W4 g128 unless noted, us, -1 against the choice:
-// 4096x4096 one row 6.70 / 5.40, 8 rows 8.13 / 6.74; W2 g64 one row 5.38 / 4.93; 4096x11008 12.78 / 11.45;
-// 4096x14336 14.7 / 13.9; 5120x5120 at 8 rows 11.1 / 10.7. Where blocks loop over several items -1 was the best
-// measured but for 5120x5120 and 13824x5120 at one row (cp.async after two stages 11 % and 4 % faster there; 3-10 %
-// slower on 5120x13824, 8192x8192, 6144x4096, 11008x4096, 14336x4096); at 16 rows of 5120x5120 -1 was 9 % faster
-// than cp.async after 0-2 stages (4096x4096: 2 % slower); W8 per-channel on 4096x4096 8.35 against 8.57.
-// K slices of 4-bit codes in groups of 128 on layers of more than 2^27 weights (sm_90): in chunks (-3). H100
-// (benchmarks/results/cuda_h100_thin.md), us, against -1 with the same item order: 5 rows of 28672x8192
-// 48.9-49.1 against 50.7, 16 rows 57.3-58.1 against 59.1-59.3, 16 rows of 8192x28672 56.3-56.9 against 58.0-58.1.
-// Not on smaller layers (16 rows of 11008x4096 19.0 against 16.1: the first chunks' wait is a larger part of a
-// shorter call), nor for 2-bit codes or groups of 32 (16 rows of 28672x8192: 55.7 against 50.7-51.0, 72.7 against
-// 70.5).
+// rows, and for 8-bit codes (-1): every first stage is issued before the wait, then x is loaded. Where blocks loop
+// over several items, -1 measures best on the H100 on all but a few layers at one row, and at 16 rows.
+// K slices of 4-bit codes in groups of 128 on layers of more than 2^27 weights (sm_90): in chunks (-3), a few percent
+// faster than -1 there at 5-16 rows. Not on smaller layers (the first chunks' wait is a larger part of a shorter
+// call), nor for 2-bit codes or groups of 32 (slower there).
 inline int thin_xpre(const WqThinArgs& p, int bits, int blocks_per_slice) {
   if (p.mx == 1 && p.cols && p.bulk && bits == 4 && thin_fs(p.gs_shift) == 8 && p.M > 1 &&
       (int64_t)p.N * p.K > (1ll << 27))

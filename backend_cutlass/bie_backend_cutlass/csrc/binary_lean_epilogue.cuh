@@ -15,13 +15,13 @@
 //    between a tile's mainloop and its stores;
 //  - each math thread converts its whole accumulator into packed 16-bit pairs in registers first and
 //    only then writes them (stmatrix, four 8x8 blocks per instruction): with no store between two reads
-//    of the records, the compiler keeps those reads in flight (the first version paid their latency per
-//    column pair and was twice as slow);
+//    of the records, the compiler keeps those reads in flight (converting and writing one column pair at a
+//    time pays their latency per pair and is twice as slow);
 //  - the outputs are staged as 64x64 boxes in the TMA's 128-byte swizzle (conflict-free stmatrix) and
 //    leave by one TMA tensor store per box, issued by one thread; the math warps go straight back to the
 //    mainloop, and wait for the TMA to have read a slab only before rewriting it. (Per-row bulk copies,
-//    128 per tile, were measured 2x slower: the TMA engine takes them one at a time; 16-byte stores by
-//    the math warps were 1.5x slower.)
+//    128 per tile, are 2x slower: the TMA engine takes them one at a time; 16-byte stores by the math
+//    warps are 1.5x slower.)
 //
 // It plugs into CUTLASS's sm90 warp-specialized kernels through their operator-style epilogue adapter,
 // with its own load pipeline (the kernel builds and initialises it) and TMA stores outside CUTLASS's store
