@@ -1,6 +1,6 @@
 """Writes wgmma_b1.cuh: the 1-bit wgmma (AND + popcount) with A from registers, m64n256k256, int32
 accumulators. Inline PTX needs every accumulator named, so the text is generated:
-`python gen_wgmma_b1.py > wgmma_b1.cuh` (an argument picks another N, e.g. 128 for lab probes)."""
+`python gen_wgmma_b1.py > wgmma_b1.cuh` (an argument picks another N, e.g. 128)."""
 import sys
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 ND = N // 2
