@@ -38,7 +38,10 @@ I64, VP = ctypes.c_int64, ctypes.c_void_p
 BITS = (2, 3, 4, 8)
 PW = 16
 #: activation rows up to which the fused GEMV beats dequantize + matmul (see
-#: benchmarks/results/weight_only_cpu_reference.md)
+#: benchmarks/results/weight_only_cpu_reference.md). One limit for every layer
+#: size: the crossover hardly moves from 1024x256 to 4096x4096, and a larger
+#: limit for small layers made the prefill of the small model of
+#: benchmarks/results/e2e_llm_cpu.md slower (docs/cpu-native.md, "Weight-only GEMM")
 FUSED_MAX_M = 96
 
 _lib = None
