@@ -4,7 +4,8 @@
 #   host                 bench_host.py on CUDA (bf16) + tests/test_compile_models.py, tests/test_lean_host_path.py
 #   e2e CASES MODES BATCHES
 #                        bench_e2e_llm.py for those (e.g. "e2e bf16,bie-w4 eager 1,8,32"; one case per call
-#                        for "compiled": each batch size compiles and captures its own graphs)
+#                        for "compiled": each batch size compiles and captures its own graphs; "eager" alone
+#                        times the cases in interleaved rounds)
 #   lmhead               bf16 and bie-w4 with a quantized lm_head: compiled, batch 1 (into $OUT/lmhead)
 #   cpu                  the CPU variant (small Llama-shaped model, 2 threads: fp32, bie-w4, tinygemm-w4 int4, no-linear)
 # Results merge into $OUT (e2e_llm_cuda.{json,md,png}, host_path_cuda.{json,md}); copy them to benchmarks/results.
@@ -26,7 +27,9 @@ case "$STEP" in
     timeout 280 python3 benchmarks/bench_host.py --device cuda --out-dir "$OUT" 2>&1 | tee "$OUT/host.log"
     timeout 280 python3 -m pytest -q -p no:cacheprovider -rs tests/test_compile_models.py tests/test_lean_host_path.py \
         2>&1 | tail -15 | tee "$OUT/compile_tests.log" ;;
-  e2e)      $E2E --cases "${2:?cases}" --modes "${3:-eager}" --batch "${4:-1,8,32}" 2>&1 | tee -a "$OUT/e2e.log" ;;
+  e2e)      # eager alone: the cases take turns in interleaved rounds (host-bound runs; the host's speed drifts)
+            IL=""; [ "${3:-eager}" = eager ] && IL="--interleave"
+            $E2E --cases "${2:?cases}" --modes "${3:-eager}" --batch "${4:-1,8,32}" $IL 2>&1 | tee -a "$OUT/e2e.log" ;;
   lmhead)   python3 benchmarks/bench_e2e_llm.py --out-dir "$OUT/lmhead" --budget-s ${BUDGET:-500} --cases bf16,bie-w4 \
                 --modes compiled --batch 1 --quantize-lm-head 2>&1 | tee "$OUT/lmhead.log" ;;
   cpu)      python3 benchmarks/bench_e2e_llm.py --device cpu --small --threads 2 --modes eager --out-dir "$OUT" \
