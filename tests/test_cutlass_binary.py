@@ -38,7 +38,7 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def test_import_is_light():
-    # in a fresh process: another test of this session may have loaded the family already
+    # in a fresh process: another test of the same pytest process may have loaded the family already
     import subprocess
     import sys
     code = ("import bie_backend_cutlass.binary as b\n"      # importing compiles and loads nothing
