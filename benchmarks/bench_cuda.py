@@ -28,19 +28,6 @@ B1_MMA = 10.7e15
 L2_BYTES = 50 * 2 ** 20
 
 
-def time_eager(fn, iters: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1000.0 / iters
-
-
 _bf16_cache: dict = {}
 
 

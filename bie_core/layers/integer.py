@@ -46,6 +46,14 @@ class _IntWeightMixin(TorchInit):
     _transient = ("_lean", "_eval_codes", "_codes_cache")
     _lean = None
 
+    def _lean_fixed(self) -> tuple:
+        """(latent weight or None, the tensors a bound inference call reads: the latent weight or the packed
+        codes, the weight scale, the activation shift and scale, the bias)."""
+        p = self._parameters
+        w = p["weight"]
+        return w, (w if w is not None else self._buffers["qweight"], p["weight_scale"], p["act_shift"],
+                   p["act_scale"], p.get("bias"))
+
     def _setup_int(self, n_in: int, bias: bool, w_bits: int, a_bits: int, per_channel: bool,
                    learn_weight_scale: bool, fk: dict, quantized_backward: bool = False):
         """The parameters of a layer with ``n_in`` input features/channels and weight ``self._weight_shape``."""
@@ -210,10 +218,7 @@ class QLinear(_IntWeightMixin, QATLayer):
         if nd < 1 or x.shape[-1] != k:
             return None
         x2 = x if nd == 2 else x.reshape(-1, k)
-        p = self._parameters
-        w = p["weight"]
-        fixed = (w if w is not None else self._buffers["qweight"], p["weight_scale"], p["act_shift"], p["act_scale"],
-                 p.get("bias"))
+        w, fixed = self._lean_fixed()
         backend = self.backend or ""
         lc = self._lean
         if lc is None or not lc.holds(x2, backend, *fixed):
@@ -296,10 +301,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
             x = x.unsqueeze(0)
         elif nd != 4:
             return None
-        p = self._parameters
-        w = p["weight"]
-        fixed = (w if w is not None else self._buffers["qweight"], p["weight_scale"], p["act_shift"], p["act_scale"],
-                 p.get("bias"))
+        w, fixed = self._lean_fixed()
         backend = self.backend or ""
         lc = self._lean
         if lc is None or not lc.holds(x, backend, *fixed):

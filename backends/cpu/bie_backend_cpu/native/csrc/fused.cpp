@@ -44,6 +44,7 @@ namespace py = pybind11;
 
 namespace {
 #include "scalar_util.h"
+#include "fused_common.h"
 
 using pack_fn = int (*)(const bie_pack_args*);
 using bgemm_fn = int (*)(const bie_bgemm_args*);
@@ -113,19 +114,6 @@ void check_rc(int rc) {
   if (rc) throw std::runtime_error("bie native binary_linear (fused) failed: error " + std::to_string(rc));
 }
 
-// A scratch array: on the stack up to N elements (the tiny calls this module
-// is for allocate nothing), on the heap beyond.
-template <typename T, size_t N>
-class Scratch {
- public:
-  explicit Scratch(size_t n) : heap_(n > N ? new T[n] : nullptr) {}
-  T* data() { return heap_ ? heap_.get() : local_; }
-
- private:
-  T local_[N];
-  std::unique_ptr<T[]> heap_;
-};
-
 // The row and panel blocks of the GEMM (as kernels.py's _blocks): shrink them
 // until every thread has work, unless the whole GEMM is too small for threads.
 void blocking(int64_t m, int64_t p, int64_t kw, int64_t& mb, int64_t& pb) {
@@ -134,12 +122,9 @@ void blocking(int64_t m, int64_t p, int64_t kw, int64_t& mb, int64_t& pb) {
     pb = p > 0 ? p : 1;
     return;
   }
-  const int64_t min_tasks = 4 * std::max<int64_t>(1, at::get_num_threads());
   mb = 64;
   pb = 16;
-  auto tasks = [&] { return ((m + mb - 1) / mb) * ((p + pb - 1) / pb); };
-  while (tasks() < min_tasks && pb > 1) pb = std::max<int64_t>(1, pb / 2);
-  while (tasks() < min_tasks && mb > 4) mb = std::max<int64_t>(4, mb / 2);
+  shrink_blocks(m, p, mb, pb);
 }
 
 at::Tensor binary_linear(const at::Tensor& x, const std::optional<at::Tensor>& shift, const at::Tensor& w,

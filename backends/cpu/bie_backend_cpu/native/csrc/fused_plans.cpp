@@ -42,6 +42,7 @@ namespace py = pybind11;
 
 namespace {
 #include "scalar_util.h"
+#include "fused_common.h"
 
 using quant_fn = int (*)(const bie_quant_args*);
 using igemm_fn = int (*)(const bie_igemm_args*);
@@ -112,18 +113,6 @@ void store(int64_t code, void* p, int64_t i, float v) {
   if (code == BIE_F32) static_cast<float*>(p)[i] = v;
   else static_cast<uint16_t*>(p)[i] = code == BIE_F16 ? bie_f32_to_f16(v) : bie_f32_to_bf16(v);
 }
-
-// A scratch array: on the stack up to N elements, on the heap beyond.
-template <typename T, size_t N>
-class Scratch {
- public:
-  explicit Scratch(size_t n) : heap_(n > N ? new T[n] : nullptr) {}
-  T* data() { return heap_ ? heap_.get() : local_; }
-
- private:
-  T local_[N];
-  std::unique_ptr<T[]> heap_;
-};
 
 void need(bool ok, const char* plan, const char* what) {
   if (!ok) bad(plan, std::string("prepared layout does not match: ") + what);
@@ -237,10 +226,7 @@ class IntLinearPlan {
     quant_.codes(src, nel, codes.data(), nm);
     // the blocking of kernels.py's bind_int_gemm (_blocks(m, P, 64, 8 or 4, 4 * threads))
     int64_t mb = 64, pb = pw_ == 8 ? 8 : 4;
-    const int64_t min_tasks = 4 * std::max<int64_t>(1, at::get_num_threads());
-    auto tasks = [&] { return ((m + mb - 1) / mb) * ((p_ + pb - 1) / pb); };
-    while (tasks() < min_tasks && pb > 1) pb = std::max<int64_t>(1, pb / 2);
-    while (tasks() < min_tasks && mb > 4) mb = std::max<int64_t>(4, mb / 2);
+    shrink_blocks(m, p_, mb, pb);
     bie_igemm_args ga{codes.data(), k_, data_.const_data_ptr(),
                       colsum_.defined() ? colsum_.const_data_ptr<int32_t>() : nullptr, kind_, m, n_, k_, kp_, p_, pw_,
                       mb, pb, epi_.sp(), epi_.bp(), epi_.flags, quant_.xcode, out.data_ptr(), nullptr, 0, nullptr, 0};
