@@ -1,10 +1,12 @@
 """Finding the CUTLASS headers, and building/loading the kernel extensions.
 
-Each kernel family (``binary``, ``integer``) is its own extension: a family that
+Each kernel family (``binary``, ``integer``, ``weight_only``) is its own extension: a family that
 fails to build leaves the others usable, and a change to one source rebuilds
 only its family. An extension registers its ops with ``TORCH_LIBRARY`` under
 its own namespace (``bie_cutlass_<family>``) and is loaded with
-``torch.ops.load_library``.
+``torch.ops.load_library``; a family built as a Python module (``python_module``) is imported
+instead, which registers the same ops and also gives its launch functions as plain Python callables
+(:func:`direct`) for the layers' bound inference calls.
 
 The CUTLASS headers come from the ``nvidia-cutlass`` wheel, found with
 ``importlib.util.find_spec`` (nothing of it is imported). ``BIE_CUTLASS_INCLUDE``
@@ -31,6 +33,7 @@ from bie_core.backend_api import NativeExtension, cache_root as _cache_root, cap
 CSRC = Path(__file__).resolve().parent / "csrc"
 _lock = threading.Lock()
 _loaded: dict[str, str] = {}
+_modules: dict = {}
 _errors: dict[str, BaseException] = {}
 
 
@@ -40,10 +43,12 @@ class CutlassHeadersNotFound(RuntimeError):
 
 @dataclass(frozen=True)
 class Extension:
-    """One kernel family: its sources (in csrc/; the headers they include key its cache too)."""
+    """One kernel family: its sources (in csrc/; the headers they include key its cache too); python_module:
+    the library is also a pybind11 module (a ``PYBIND11_MODULE`` in its sources) and is imported as one."""
     family: str
     sources: tuple[str, ...]
     extra_cuda_cflags: tuple[str, ...] = field(default_factory=tuple)
+    python_module: bool = False
 
     @property
     def namespace(self) -> str:
@@ -118,7 +123,8 @@ def native(ext: Extension, cc=None) -> NativeExtension:
         incs = ()
     return NativeExtension(name=f"bie_cutlass_{ext.family}", csrc=CSRC, sources=ext.sources, cflags=tuple(cflags),
                            cuda_cflags=tuple(cuda), include_dirs=incs, cache_env="BIE_CUTLASS_CACHE",
-                           cache_subdir="cutlass", versions=(f"cutlass {cutlass_version()}",), arch=cc)
+                           cache_subdir="cutlass", versions=(f"cutlass {cutlass_version()}",), arch=cc,
+                           python_module=ext.python_module)
 
 
 def cache_root() -> Path:
@@ -173,7 +179,12 @@ def load(ext: Extension, verbose: bool = False, force: bool = False) -> str:
             return _loaded[ext.family]
         nat = native(ext)
         try:
-            _loaded[ext.family] = nat.load_ops(verbose=verbose, retry=force)
+            if ext.python_module:   # importing the module registers its ops too
+                nat.build(verbose=verbose, retry=force)
+                _modules[ext.family] = nat.import_module()
+                _loaded[ext.family] = str(nat.library())
+            else:
+                _loaded[ext.family] = nat.load_ops(verbose=verbose, retry=force)
         except Exception as exc:
             _errors[ext.family] = exc
             capabilities_changed()  # the family's capabilities now refuse: let the dispatcher decide again
@@ -196,3 +207,11 @@ def ops(ext: Extension):
     if ext.family not in _loaded:
         load(ext)
     return getattr(torch.ops, ext.namespace)
+
+
+def direct(ext: Extension):
+    """The Python module of a ``python_module`` family, loaded: its launch functions with the same arguments and
+    checks as the ops of the same names, called without the op schema matching (the bound inference calls)."""
+    if ext.family not in _loaded:
+        load(ext)
+    return _modules[ext.family]

@@ -58,8 +58,10 @@ LARGE_TILE_MIN_M = 16
 #: faster (on the H100 the two were within ~5% either way at 4096x4096, M=4096: benchmarks/results/cutlass_h100_wq.md)
 DENSE_MIN_M = 1024
 _GEMM_SOURCES = tuple(f"wq_gemm_{cfg}_w{b}_{a}.cu" for cfg in CONFIGS for b in (4, 8) for a in ("f16", "bf16"))
+#: a Python module too: the bound inference calls launch the GEMM through it (``bind_wq_gemm_sm90``)
 EXTENSION = Extension(family="weight_only",
-                      sources=("wq_bindings.cpp", "wq_kernels.cu", "wq_reorder.cu") + _GEMM_SOURCES)
+                      sources=("wq_bindings.cpp", "wq_kernels.cu", "wq_reorder.cu") + _GEMM_SOURCES,
+                      python_module=True)
 
 SM90 = ((9, 0), (9, 0))
 ACT_DTYPES = HALF_DTYPES
@@ -181,8 +183,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     holder = prepared if prepared is not None else LayoutMemo()
     if holder.rebuilds > REBUILD_LIMIT:   # a weight being fine-tuned in place: no layout rebuild per step
         return _dense(x.detach(), qweight, scales, zeros, g_idx, bias, bits, group_size, k, format)
-    lay = holder.get((bits, group_size, k, format, x.dtype),
-                     lambda: _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype))
+    lay = _layout(holder, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     xd = x.detach()
     if lay.dense is not None:
         y = torch.mm(xd, lay.dense)
@@ -190,27 +191,46 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     xs = _usable(xd if lay.perm is None else xd.index_select(1, lay.perm))
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     gs = k if group_size == -1 else group_size
-    ops = _ops()
+    plan = _tile_plan(xs, lay, b, bits, n, gs, x.dtype,
+                      lambda: _dense(xd, qweight, scales, zeros, g_idx, bias, bits, group_size, k, format))
+    if plan is None:
+        return _dense(xd, qweight, scales, zeros, g_idx, bias, bits, group_size, k, format)
+    return _ops().gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, *plan)
+
+
+def _layout(holder, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype) -> Layout:
+    return holder.get((bits, group_size, k, fmt, dtype),
+                      lambda: _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype))
+
+
+def _tile_plan(xs, lay: Layout, b, bits: int, n: int, gs: int, dtype, dense):
+    """The GEMM's (configuration index, K splits) for this call, chosen by the tuner among the configurations
+    that fit (timed on these arguments the first time a bucket is seen), or None where dequantize + cuBLAS
+    (``dense``, a zero-argument call, offered from DENSE_MIN_M rows) was the fastest. ``xs``: x as the kernel
+    reads it (row order of the layout, ``_usable``); ``b``: the float32 bias or None."""
+    m, k = xs.shape
+    gemm = _ops().gemm
+    plans = {}
     usable = [nm for nm in CONFIGS if gs == k or gs % CONFIG_TILE_K[nm] == 0]
     sized = [nm for nm in usable if (m <= SMALL_TILE_MAX_M if nm.startswith("s") else m >= LARGE_TILE_MIN_M)]
-    cands = {nm: (lambda c=CONFIGS.index(nm): ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c))
-             for nm in (sized or usable)}
-    for nm in list(cands):
-        s = _even_splits(nm, m, n, x.device)
+    for nm in sized or usable:
+        plans[nm] = (CONFIGS.index(nm), 1)
+    for nm in list(plans):
+        s = _even_splits(nm, m, n, xs.device)
         if s > 1:
-            cands[f"{nm}/k{s}"] = (lambda c=CONFIGS.index(nm), s=s:
-                                   ops.gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, c, s))
+            plans[f"{nm}/k{s}"] = (CONFIGS.index(nm), s)
+    cands = {nm: (lambda p=p: gemm(lay.qa, xs, lay.scale, lay.zero, b, bits, n, gs, *p)) for nm, p in plans.items()}
     if m >= DENSE_MIN_M:
-        cands["dequantize+cublas"] = lambda: _dense(xd, qweight, scales, zeros, g_idx, bias, bits, group_size, k,
-                                                    format)
+        plans["dequantize+cublas"] = None
+        cands["dequantize+cublas"] = dense
     # the untimed default (tuning off) first: the tile that fits the row count
     first = "s256x16" if m <= 16 else "s256x32" if m <= 32 else "s256x64" if m <= 64 else \
         "c128x128" if m <= 128 else "c128x256"
     order = [first] + [nm for nm in cands if nm != first]
-    bucket = f"{str(x.dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{_bucket(m)}" \
+    bucket = f"{str(dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{_bucket(m)}" \
              f"/N{_bucket(n)}/K{_bucket(k)}"
-    cfg = tuning.choose("wq_gemm_sm90", bucket, [(nm, cands[nm]) for nm in order if nm in cands], device=x.device)
-    return cands[cfg]()
+    cfg = tuning.choose("wq_gemm_sm90", bucket, [(nm, cands[nm]) for nm in order if nm in cands], device=xs.device)
+    return plans[cfg]
 
 
 def _even_splits(name: str, m: int, n: int, device) -> int:
@@ -233,6 +253,57 @@ def _dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, k, fmt):
     return y if bias is None else (y.to(torch.float32) + bias.detach().to(torch.float32)).to(x.dtype)
 
 
+# ------------------------------------------------------------------ bound inference calls
+def bind_wq_gemm_sm90(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    """The layers' eager inference call for one input signature (the dispatcher's ``bind``; the layer binds again
+    when the signature, the preference or a weight changes: bie_core/layers/_lean.py). What ``wq_gemm`` works out
+    per call (the layout lookup, the tile plan the tuner chose, the float32 bias, the argument list) is fixed here;
+    a call is then x in the layout's row order and the GEMM through the extension's Python module
+    (``_build.direct``), which converts arguments more cheaply than an op call. None where ``wq_gemm`` itself
+    serves: an empty problem, a weight being fine-tuned in place, act-order groups that are not uniform once sorted,
+    a strided input, and shapes where dequantize + cuBLAS was timed fastest."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    if prepared is None or m == 0 or n == 0 or not x.is_contiguous() or prepared.rebuilds > REBUILD_LIMIT:
+        return None
+    lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
+    if lay.dense is not None:
+        return None
+    xd = x.detach()
+    gs = k if group_size == -1 else group_size
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    plan = _tile_plan(_usable(xd if lay.perm is None else xd.index_select(1, lay.perm)), lay, b, bits, n, gs,
+                      x.dtype, lambda: _dense(xd, qweight, scales, zeros, g_idx, bias, bits, group_size, k, format))
+    if plan is None:
+        return None
+    gemm, qa, scale, zero, perm = _build.direct(EXTENSION).gemm, lay.qa, lay.scale, lay.zero, lay.perm
+    tail = (bits, n, gs) + plan
+    # a bias that is not float32 is converted once, and again only after it changed in place (a float32 one is
+    # read by the kernel itself); an inference tensor has no version counter: followed by its storage alone, as the
+    # dispatcher's prepared layouts are
+    converted = b is not None and b.data_ptr() != bias.data_ptr()
+    state = [_bias_state(bias) if converted else None, b]
+
+    def call(x, *_):
+        if perm is not None:
+            x = x.index_select(1, perm)
+        elif x.data_ptr() & 15 or not x.is_contiguous():   # a view into a larger tensor (fresh tensors are aligned)
+            x = _usable(x)
+        if converted and _bias_state(bias) != state[0]:
+            state[1] = bias.detach().to(torch.float32).contiguous()
+            state[0] = _bias_state(bias)
+        return gemm(qa, x, scale, zero, state[1], *tail)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    return call
+
+
+def _bias_state(t):
+    try:
+        return (t.data_ptr(), t._version)
+    except RuntimeError:   # an inference tensor
+        return (t.data_ptr(), None)
+
+
 def _check(p) -> Optional[str]:
     n, k = p.dims.get("N", 0), p.dims.get("K", 0)
     gs = p.attrs.get("group_size", -1)
@@ -248,7 +319,7 @@ def register(registry, priority: int) -> None:
     from bie_core.backend_api import Capability, handoff
 
     registry.register(
-        "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare,
+        "wq_gemm", wq_gemm, priority=priority, name="wq_gemm_sm90", prepare=prepare, bind=bind_wq_gemm_sm90,
         capability=Capability(devices=("cuda",), dtypes=ACT_DTYPES, attrs={"bits": (4, 8)},
                               divisibility={"K": TILE_K, "N": 16}, compute_capability=SM90, check=_check,
                               defer=handoff("cutlass:wq_gemm_sm90")),

@@ -1,10 +1,13 @@
-// bie-backend-cutlass, weight-only family: torch ops under torch.ops.bie_cutlass_weight_only.
+// bie-backend-cutlass, weight-only family: torch ops under torch.ops.bie_cutlass_weight_only, and the GEMM as a
+// Python module function for the layers' bound inference calls (weight_only.py): a pybind11 call converts its
+// arguments directly, where an op call matches them against the schema first.
 // Every argument is checked here (TORCH_CHECK raises a Python error); the kernels never
 // see a case they cannot serve.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
 #include <torch/library.h>
 
 #include <climits>
@@ -155,4 +158,9 @@ TORCH_LIBRARY(bie_cutlass_weight_only, m) {
 TORCH_LIBRARY_IMPL(bie_cutlass_weight_only, CUDA, m) {
   m.impl("gemm", &bie_wq::gemm);
   m.impl("reorder", &bie_wq::reorder);
+}
+
+// The bound inference calls' entry point: the same function as the op, the same checks (every argument passed).
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemm", &bie_wq::gemm);
 }
