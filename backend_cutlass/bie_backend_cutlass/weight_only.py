@@ -31,6 +31,9 @@ optimizer rewrites ``qweight`` in place every step, and the dispatcher re-prepar
 on every new version. Rebuilding this layout each step (an unpack and a reordering
 pass over the whole weight) is not worth it, so a weight tensor seen at more than
 ``REBUILD_LIMIT`` versions is served by dequantize + cuBLAS from then on.
+
+The layers' eager inference calls take ``bind_wq_gemm_sm90``: the per-call work of ``wq_gemm`` (layout lookup,
+tile plan, argument list) done once per input signature, then one call into the extension's Python module.
 """
 from __future__ import annotations
 
