@@ -502,31 +502,62 @@ def _pdl(lay: Layout) -> bool:
 
 
 # ------------------------------------------------------------------ launches (one kernel each)
+# Each kernel's argument list after x (csrc/bie_cuda.cpp) is spelled once, in its *_args function: the launch below
+# (an op call on any input) and the bound inference call further down (the Python module) both pass it.
+def _thin_args(lay: Layout, bias, dtype, warps: int = 0, grid: int = 0) -> tuple:
+    """wq_thin_gemm's arguments after x, up to the programmatic-launch flag (then slices, xpre)."""
+    return (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
+            lay.interleaved, dtype, warps, grid)
+
+
+def _wgmma_args(lay: Layout, bias, dtype, ntok: int, splits: int) -> tuple:
+    """wq_wgmma_gemm's arguments after x."""
+    return (lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, dtype, ntok,
+            splits, lay.stats_bf16)
+
+
+def _skinny_args(lay: Layout, bias, dtype) -> tuple:
+    """wq_skinny_gemm's arguments after x, up to the split-K semaphores (then counters, tune, pdl)."""
+    return (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
+            lay.interleaved, dtype)
+
+
+def _skinny_counters(lay: Layout) -> int:
+    return -(-lay.n // 128) + 1
+
+
+def _mma_args(lay: Layout, bias, dtype) -> tuple:
+    """wq_mma_gemm's arguments after x, up to the split-K semaphores (then counters, tune)."""
+    return (lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
+            lay.gs_shift, lay.kblocks, lay.gptq, dtype)
+
+
+def _mma_counters(lay: Layout, m: int) -> int:
+    return (-(-lay.n // 128) + 1) * (-(-max(m, 1) // 8))
+
+
 def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: int = 0, xpre: int = -2):
     """The thin GEMV (csrc/wq_thin.cu) on a skinny layout. warps per block (its K split), persistent blocks, K slices
     (x staged per block over one slice of K, the slices' partials summed by a second kernel; -1 never) and the
     staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
     copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
-    return _build.ops().wq_thin_gemm(_x_aligned(x, lay), lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k,
-                                     lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
-                                     warps, grid, _pdl(lay), slices, xpre)
+    return _build.ops().wq_thin_gemm(_x_aligned(x, lay), *_thin_args(lay, bias, x.dtype, warps, grid), _pdl(lay),
+                                     slices, xpre)
 
 
 def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
     """The register-A wgmma kernel (ntok 16/32/64/128 rows a block; 0: planned) or, with ntok=WGMMA_ROWS_NTOK, the
     pipelined many-row kernel; splits: K parts (0: the launcher's rule), on an interleaved skinny layout."""
     ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
-    return _build.ops().wq_wgmma_gemm(_x_aligned(x, lay), lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k,
-                                      lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, ntok, splits, lay.stats_bf16)
+    return _build.ops().wq_wgmma_gemm(_x_aligned(x, lay), *_wgmma_args(lay, bias, x.dtype, ntok, splits))
 
 
 def launch_skinny(x, lay: Layout, bias, *, tune: int = 0):
     """The skinny kernel (csrc/weight_only.cu "wqv", up to 16 rows); tune: launch tuning (0: defaults)."""
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(compute_dtype(x.dtype)).contiguous()
-    return _build.ops().wq_skinny_gemm(xc, lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift,
-                                       lay.kblocks, lay.gptq, lay.stats_bf16, lay.interleaved, x.dtype,
-                                       _counters_for(x.device, -(-lay.n // 128) + 1),
+    return _build.ops().wq_skinny_gemm(xc, *_skinny_args(lay, bias, x.dtype),
+                                       _counters_for(x.device, _skinny_counters(lay)),
                                        tune, _pdl(lay) and x.shape[0] <= SKINNY_PDL_M)
 
 
@@ -534,10 +565,8 @@ def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
     """The small-M fp16/bf16 tensor-core GEMM on fragment-ordered codes, split-K with deterministic reductions."""
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(lay.cdtype).contiguous()
-    need = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8))
-    return _build.ops().wq_mma_gemm(xc, lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32,
-                                    bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, x.dtype,
-                                    _counters_for(x.device, need), tune)
+    return _build.ops().wq_mma_gemm(xc, *_mma_args(lay, bias, x.dtype),
+                                    _counters_for(x.device, _mma_counters(lay, x.shape[0])), tune)
 
 
 def _add_bias(y, bias, dtype):
@@ -605,23 +634,20 @@ def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
 
 
 def bind_thin(lay: Layout, x, bias):
-    head = (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
-            lay.interleaved, x.dtype, 0, 0)
+    head = _thin_args(lay, bias, x.dtype)
     fn = _build.direct().wq_thin_gemm
     return _bound(fn, head + (_pdl(lay), 0, -2), head + (True, 0, -2), lay, x)
 
 
 def bind_wgmma(lay: Layout, x, bias, ntok: int = 0):
     ntok = ntok or wgmma_tile_rows(x.shape[0], lay.n, lay.k, _num_sms(x.device))
-    args = (lay.codes, _stw(lay), bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, x.dtype, ntok, 0,
-            lay.stats_bf16)
+    args = _wgmma_args(lay, bias, x.dtype, ntok, 0)
     return _bound(_build.direct().wq_wgmma_gemm, args, args, lay, x)
 
 
 def bind_skinny(lay: Layout, x, bias):
-    head = (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
-            lay.interleaved, x.dtype)
-    need, dev, fn = -(-lay.n // 128) + 1, x.device, _build.direct().wq_skinny_gemm
+    head = _skinny_args(lay, bias, x.dtype)
+    need, dev, fn = _skinny_counters(lay), x.device, _build.direct().wq_skinny_gemm
     pdl = x.shape[0] <= SKINNY_PDL_M
 
     def launch(x, tune, pdl):   # the split-K semaphores belong to the call's stream: looked up per call
@@ -630,9 +656,8 @@ def bind_skinny(lay: Layout, x, bias):
 
 
 def bind_mma(lay: Layout, x, bias):
-    head = (lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
-            lay.gs_shift, lay.kblocks, lay.gptq, x.dtype)
-    need, dev, fn = (-(-lay.n // 128) + 1) * (-(-max(x.shape[0], 1) // 8)), x.device, _build.direct().wq_mma_gemm
+    head = _mma_args(lay, bias, x.dtype)
+    need, dev, fn = _mma_counters(lay, x.shape[0]), x.device, _build.direct().wq_mma_gemm
 
     def launch(x):
         return fn(x, *head, _counters_for(dev, need), 0)
