@@ -102,6 +102,24 @@ def test_bound_call_passes_what_the_kernel_passes(stand_in, bits, gs, k, n, m, f
         _same_call(*stand_in.calls)
 
 
+def test_bound_call_with_an_inference_tensor_bias(stand_in):
+    """A bias made under inference_mode has no version counter: converted once, the call still passes its values."""
+    from bie_backend_cutlass import weight_only as wo
+    w, gen = _case(128, 32, 4, 64, "gptq", False, None, torch.float16, seed=4, device="cpu")
+    with torch.inference_mode():
+        bias = torch.randn(32, generator=gen).half()
+    args = (*w[:4], bias, 4, 64, "gptq")
+    x = torch.randn(20, 128, generator=gen).half()
+    prepared = wo.prepare(*w[:4])
+    call = wo.bind_wq_gemm_sm90(x, *args, prepared=prepared)
+    stand_in.calls.clear()
+    for _ in range(2):
+        wo.wq_gemm(x, *args, prepared=prepared)
+        call(x)
+        _same_call(*stand_in.calls)
+        stand_in.calls.clear()
+
+
 def test_bind_leaves_the_kernel_its_own_cases(stand_in, monkeypatch):
     from bie_backend_cutlass import weight_only as wo
     w, gen = _case(256, 32, 4, 64, "gptq", False, torch.float16, torch.float16, seed=1, device="cpu")

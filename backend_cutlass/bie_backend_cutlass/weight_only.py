@@ -282,29 +282,30 @@ def bind_wq_gemm_sm90(x, qweight, scales, zeros, g_idx, bias, bits, group_size, 
     gemm, qa, scale, zero, perm = _build.direct(EXTENSION).gemm, lay.qa, lay.scale, lay.zero, lay.perm
     tail = (bits, n, gs) + plan
     # a bias that is not float32 is converted once, and again only after it changed in place (a float32 one is
-    # read by the kernel itself); an inference tensor has no version counter: followed by its storage alone, as the
-    # dispatcher's prepared layouts are
-    converted = b is not None and b.data_ptr() != bias.data_ptr()
-    state = [_bias_state(bias) if converted else None, b]
+    # read by the kernel itself); an inference tensor has no version counter: followed by its storage alone (the
+    # layers check it before every call), as the dispatcher's prepared layouts are
+    versioned = b is not None and b.data_ptr() != bias.data_ptr() and _version(bias) is not None
+    state = [_version(bias) if versioned else None, b]
 
     def call(x, *_):
         if perm is not None:
             x = x.index_select(1, perm)
         elif x.data_ptr() & 15 or not x.is_contiguous():   # a view into a larger tensor (fresh tensors are aligned)
             x = _usable(x)
-        if converted and _bias_state(bias) != state[0]:
+        if versioned and bias._version != state[0]:
             state[1] = bias.detach().to(torch.float32).contiguous()
-            state[0] = _bias_state(bias)
+            state[0] = bias._version
         return gemm(qa, x, scale, zero, state[1], *tail)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
     return call
 
 
-def _bias_state(t):
+def _version(t):
+    """t's version counter, None for an inference tensor (which has none)."""
     try:
-        return (t.data_ptr(), t._version)
-    except RuntimeError:   # an inference tensor
-        return (t.data_ptr(), None)
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _check(p) -> Optional[str]:
