@@ -60,7 +60,7 @@ def bench(rows, n, k, bits, gs, ms, gen):
         row["bf16_tflops"] = ideal / base
         print(line, flush=True)
         rows.append(row)
-    del sets, cuda_prep, cut_prep
+    del sets, cut_prep
     torch.cuda.empty_cache()
 
 
