@@ -6,6 +6,8 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export BIE_CUDA_CACHE=${BIE_CUDA_CACHE:-/tmp/bie_cuda_cache} MAX_JOBS=${MAX_JOBS:-16}
+# the distributions need setuptools >= 77: a machine without network installs it from .whl/
+ls .whl/setuptools-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/setuptools-*.whl
 python3 -m pip install --no-build-isolation --no-deps -q -e . -e backends/cpu -e backend_cuda 2>&1 | grep -v WARNING | tail -3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/env.txt
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" | tee -a $OUT/env.txt

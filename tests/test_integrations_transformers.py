@@ -290,19 +290,30 @@ def test_gptq_checkpoint_loads_onto_the_gpu_without_float_weights(tmp_path):
 
 @needs_cuda
 def test_float_checkpoint_quantized_on_load_on_the_gpu(tmp_path):
-    f = _llama()
+    # wide enough that the allocator's 512-byte rounding of small tensors does not blur the bound below
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    f = transformers.LlamaForCausalLM(cfg).eval()
     f.save_pretrained(tmp_path / "float")
     float_bytes = sum(p.numel() * 4 for p in f.parameters())
+    largest = max(m.weight.numel() * 4 for m in f.modules() if isinstance(m, torch.nn.Linear))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     m = AUTO.from_pretrained(tmp_path / "float", quantization_config=BieConfig(bits=4, group_size=32),
                              device_map="cuda")
     torch.cuda.synchronize()
-    # loaded on the CPU, each linear quantized on the GPU alone: never the whole float model there
-    assert torch.cuda.max_memory_allocated() - base < 0.6 * float_bytes
+    resident = torch.cuda.memory_allocated() - base
+    # loaded on the CPU, each linear quantized on the GPU alone: the peak is what stays plus a few copies of one
+    # layer, never the whole float model (the bound is below it, so a whole-model copy fails here)
+    bound = resident + 3 * largest
+    assert bound < float_bytes
+    assert torch.cuda.max_memory_allocated() - base < bound
     assert all(t.is_cuda for t in list(m.parameters()) + list(m.buffers()))
-    ref = _llama()
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM(cfg).eval()
     quantize_model(ref, bits=4, group_size=32)
     ids = _ids()
     with torch.no_grad():
