@@ -92,15 +92,21 @@ def unpack_stream(packed: torch.Tensor, bits: int, length: int) -> torch.Tensor:
     return lo & mask
 
 
-def _repack(codes: torch.Tensor, kbits: int, kp: int, np_: int) -> torch.Tensor:
-    """(K, N) codes -> the fragment-ordered int32 layout of csrc/weight_only.cu."""
+def _code_blocks(codes: torch.Tensor, kbits: int, kp: int, np_: int):
+    """(K, N) codes zero-padded to (kp, np_) as int64 and split into the 16 x 16 fragment blocks both repacks
+    walk: (k blocks, J, 2, 4, 2, n blocks, 2, 8), with J the 16-row slices a k block holds at kbits."""
     k, n = codes.shape
     c = torch.zeros((kp, np_), dtype=torch.int64, device=codes.device)
     c[:k, :n] = codes
     J = _J[kbits]
     kb, nb = kp // (16 * J), np_ // 16
-    # row k = kblk*16J + j*16 + eh*8 + t*2 + el ; col n = nblk*16 + u*8 + g
-    c = c.reshape(kb, J, 2, 4, 2, nb, 2, 8)          # kblk, j, eh, t, el, nblk, u, g
+    return c.reshape(kb, J, 2, 4, 2, nb, 2, 8), J, kb, nb
+
+
+def _repack(codes: torch.Tensor, kbits: int, kp: int, np_: int) -> torch.Tensor:
+    """(K, N) codes -> the fragment-ordered int32 layout of csrc/weight_only.cu."""
+    c, J, kb, nb = _code_blocks(codes, kbits, kp, np_)
+    # row k = kblk*16J + j*16 + eh*8 + t*2 + el ; col n = nblk*16 + u*8 + g: c is (kblk, j, eh, t, el, nblk, u, g)
     e_lo = torch.arange(2, device=c.device).view(1, 1, 1, 1, 2, 1, 1, 1)
     e_hi = torch.arange(2, device=c.device).view(1, 1, 2, 1, 1, 1, 1, 1)
     u = torch.arange(2, device=c.device).view(1, 1, 1, 1, 1, 1, 2, 1)
@@ -126,13 +132,9 @@ def _repack(codes: torch.Tensor, kbits: int, kp: int, np_: int) -> torch.Tensor:
 def _repack_a(codes: torch.Tensor, kbits: int, kp: int, np_: int, inter: bool = False) -> torch.Tensor:
     """(K, N) codes -> the A-fragment ordered int32 layout of the skinny kernel (csrc/weight_only.cu, "wqv");
     inter: the 8 column blocks of each 128 columns interleaved per k block (np_ a multiple of 128)."""
-    k, n = codes.shape
-    c = torch.zeros((kp, np_), dtype=torch.int64, device=codes.device)
-    c[:k, :n] = codes
-    J = _J[kbits]
-    kb, nb = kp // (16 * J), np_ // 16
-    # row k = kblk*16J + j*16 + kh*8 + t*2 + h ; col n = nblk*16 + nh*8 + g ; A register r = 2*kh + nh
-    c = c.reshape(kb, J, 2, 4, 2, nb, 2, 8)          # kblk, j, kh, t, h, nblk, nh, g
+    c, J, kb, nb = _code_blocks(codes, kbits, kp, np_)
+    # row k = kblk*16J + j*16 + kh*8 + t*2 + h ; col n = nblk*16 + nh*8 + g ; A register r = 2*kh + nh:
+    # c is (kblk, j, kh, t, h, nblk, nh, g)
     ar = lambda m, d: torch.arange(m, device=c.device).view([m if i == d else 1 for i in range(8)])  # noqa: E731
     kh, h, nh, jj = ar(2, 2), ar(2, 4), ar(2, 6), ar(J, 1)
     r = 2 * kh + nh
