@@ -157,7 +157,7 @@ void check_fragment_codes(const Tensor& qwa, int64_t bits, int64_t N, int64_t K,
               "bie_cuda.", who, ": prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
 }
 
-// x (M, K) fp16/bf16 contiguous and the (G, Np) int32 statistics, as the skinny-layout kernels (wqv, wqt, wqw) take them.
+// x (M, K) fp16/bf16 contiguous and the (G, Np) int32 statistics, as the skinny-layout kernels (skinny, thin, wgmma) take them.
 void check_skinny_operands(const Tensor& x, const Tensor& st, int64_t K, const char* who) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.", who, ": x must be contiguous (M, K)");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.", who,
@@ -617,10 +617,10 @@ Tensor wq_wgmma_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, cons
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wq_wgmma_gemm: K must be a multiple of 8 and x 16-byte aligned");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_wgmma_gemm: bits must be 2, 4 or 8");
-  const bool wqm = ntok == bie::WQ_ROWS_NTOK;
-  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || wqm,
+  const bool many_rows = ntok == bie::WQ_ROWS_NTOK;
+  TORCH_CHECK(ntok == 16 || ntok == 32 || ntok == 64 || ntok == 128 || many_rows,
               "bie_cuda.wq_wgmma_gemm: ntok must be 16, 32, 64, 128 or ", bie::WQ_ROWS_NTOK, " (the pipelined many-row kernel)");
-  TORCH_CHECK(!wqm || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
+  TORCH_CHECK(!many_rows || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
               "bie_cuda.wq_wgmma_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wq_wgmma_gemm: group size shift");
   const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
@@ -649,7 +649,7 @@ Tensor wq_wgmma_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, cons
   const int64_t stages = (kblocks * 16 * vector_steps(bits) + 127) / 128;
   int64_t splits = 1;
   Tensor ws;
-  if (wqm) {
+  if (many_rows) {
     // Persistent blocks, one per SM: the tiles of whole waves run whole; the last wave's `tail` tiles, when they
     // would leave at least half of the SMs idle, are split in K so that their parts fill the SMs (at least
     // WQ_ROWS_MIN_PART_STAGES code blocks a part): float32 partials, then a reduction of only those tiles.

@@ -109,7 +109,7 @@ struct WqArgs {
   int vec_stage;        // 16-byte x staging when K % 8 == 0
 };
 
-// Skinny weight-only kernel (M <= 16), see weight_only.cu ("wqv").
+// Skinny weight-only kernel (M <= 16), see weight_only.cu.
 constexpr int WQ_SKINNY_WARPS = 8;   // warps per block (16 columns each)
 constexpr int WQ_SKINNY_SLOTS = 8;   // 16-byte cp.async ring slots per lane (power of two)
 struct WqSkinnyArgs {
@@ -136,7 +136,7 @@ struct WqSkinnyArgs {
 int wq_skinny_plan(WqSkinnyArgs& p, int bits, int esize, int num_sms, int mult, int budget);
 cudaError_t launch_wq_skinny_gemm(const WqSkinnyArgs& p, int bits, int cdtype, int smem, cudaStream_t st);
 
-// Thin weight-only GEMV (M <= 16, 2/4/8-bit codes, groups >= 32 or per-channel), see wq_thin.cu ("wqt").
+// Thin weight-only GEMV (M <= 16, 2/4/8-bit codes, groups >= 32 or per-channel), see wq_thin.cu.
 struct WqThinArgs {
   const void* x;         // (M, K) compute dtype, contiguous, 16-byte aligned, K % 8 == 0
   const uint4* qw;       // A-fragment codes of the skinny kernel
@@ -209,11 +209,11 @@ struct WqWgmmaArgs {
   int ntok;              // rows of x per block: 16, 32, 64 or 128; WQ_ROWS_NTOK: the pipelined many-row kernel
   int st_bf16;           // statistics are bf16 (else fp16)
   int splits;            // K splits (1: direct epilogue; else float32 partials in ws, then a reduction)
-  float* ws;             // (splits, M, N) when splits > 1; wqm: (splits x tail tiles) planes of 256 x 128
-  int whole_tiles;       // wqm: tiles computed whole; the rest (the last partial wave) split `splits` ways in K
-  int wq_rows_epi;           // wqm: 16-bit outputs through shared memory in whole lines (N % 8 == 0), else direct
+  float* ws;             // (splits, M, N) when splits > 1; many-row kernel: (splits x tail tiles) planes of 256 x 128
+  int whole_tiles;       // many-row kernel: tiles computed whole; the rest (the last partial wave) split `splits` ways in K
+  int wq_rows_epi;           // many-row kernel: 16-bit outputs through shared memory in whole lines (N % 8 == 0), else direct
 };
-// ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu "wqm": 4-bit codes, groups of 32 or
+// ntok value selecting the pipelined kernel for many rows (wq_wgmma.cu: 4-bit codes, groups of 32 or
 // more or per-channel; tiles of 256 rows x 128 columns, the last partial wave's tiles split in K)
 constexpr int WQ_ROWS_NTOK = 256;
 // the fewest code blocks (64 k each) a K part of a split tail tile may have (launcher's automatic split)

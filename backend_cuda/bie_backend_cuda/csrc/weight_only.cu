@@ -400,7 +400,7 @@ cudaError_t launch_wq_gemm(const WqArgs& p, int bits, int cdtype, bool gptq, int
   return cudaErrorInvalidValue;
 }
 
-// ------------------------------------------- skinny kernel (M <= 16, "wqv")
+// ------------------------------------------- skinny kernel (M <= 16)
 // Memory-bound GEMV / skinny GEMM. The weights are the A operand of
 // mma.m16n8k16 (16 output columns x 16 k) and x is the B operand (8 rows per
 // n8 tile; NT = 1 for M <= 8, 2 for M <= 16), so a 16-byte vector carries

@@ -1,4 +1,4 @@
-// The thin weight-only GEMV ("wqt"): host plan and dispatch. The kernel and its design: wq_thin_kernel.cuh.
+// The thin weight-only GEMV: host plan and dispatch. The kernel and its design: wq_thin_kernel.cuh.
 #include "common.cuh"
 #include "wq_thin.cuh"
 

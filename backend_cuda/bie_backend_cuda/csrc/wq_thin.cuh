@@ -1,4 +1,4 @@
-// The thin weight-only GEMV ("wqt"): what its host plan (wq_thin.cu) and its kernels (wq_thin_kernel.cuh) share.
+// The thin weight-only GEMV: what its host plan (wq_thin.cu) and its kernels (wq_thin_kernel.cuh) share.
 // The kernels are instantiated per code width and compute type in wq_thin_w{2,4,8}_{f16,bf16}.cu, so that the six
 // sets compile in parallel.
 #pragma once

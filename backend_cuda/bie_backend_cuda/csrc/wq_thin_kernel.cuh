@@ -1,9 +1,9 @@
-// Thin weight-only GEMV ("wqt"): at most 16 rows of x (9-16: two 8-row tiles),
+// Thin weight-only GEMV: at most 16 rows of x (9-16: two 8-row tiles),
 // 2/4/8-bit codes (1/3-bit through the wider layouts), groups of at least 32 or
 // per-channel.
 //
 // Why another skinny kernel: at M <= 8 the work is reading the weights once,
-// and the skinny kernel ("wqv", weight_only.cu) is issue-bound at ~104
+// and the skinny kernel (weight_only.cu) is issue-bound at ~104
 // instructions per 512-byte warp vector. This one spends its
 // instructions on the codes only:
 //   - every warp owns one 16-column block and a K range and streams, through its
@@ -19,7 +19,7 @@
 //     qm = code + MAGIC (one LOP3 per register); sum(x) per group comes from a
 //     table the block fills while it stages x (MX = 1), or from an all-ones A
 //     fragment in a second accumulator (per-stage x, MX = 8); per group, in
-//     float32, y += s*acc - C*accx (C folds MAGIC and the zero, as in wqv).
+//     float32, y += s*acc - C*accx (C folds MAGIC and the zero, as in the skinny kernel).
 //     Each group's first mma starts from zero, so nothing is reset;
 //   - the warps of a block split K; their partials are summed once per column
 //     block through shared memory in a fixed order (deterministic, no split-K
@@ -37,11 +37,11 @@
 //     chunks by bulk copies that the warps wait for one by one (XC kernels,
 //     p.xpre == -3), so the first mma does not wait for the whole slice of x.
 // On the H100 it reads the big layers at M = 1 near the memory roof (figures:
-// benchmarks/results/cuda_h100.md, cuda_h100_thin.md) and is faster than wqv
+// benchmarks/results/cuda_h100.md, cuda_h100_thin.md) and is faster than the skinny kernel
 // and wgmma on small layers up to 4 rows and on big ones at 2-4 rows when x is
 // staged.
 // The codes are the skinny layout of weight_only.cu (interleaved or not), so
-// the prepared weight is shared with the wqv and wgmma kernels.
+// the prepared weight is shared with the skinny and wgmma kernels.
 #pragma once
 #include <climits>
 #include "common.cuh"

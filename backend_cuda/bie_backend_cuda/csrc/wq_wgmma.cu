@@ -1,11 +1,11 @@
-// Weight-only (GPTQ / GBA) GEMM on Hopper for 9..256 rows ("wqw"), computed
+// Weight-only (GPTQ / GBA) GEMM on Hopper for 9..256 rows, computed
 // as Y^T = W^T X^T: the codes are wgmma's A operand from registers (64 output
 // columns per warpgroup), x is the B operand read by the tensor cores from
 // shared memory, so the bf16/fp16 weight never exists in device memory
 // (dequantize + cuBLAS writes and re-reads it).
 //
 // Weights: the interleaved A-fragment layout of the skinny kernel
-// (weight_only.cu, "wqv"): [N/128 groups][K/KS blocks][8 column blocks][32 lanes][4 words];
+// (weight_only.cu): [N/128 groups][K/KS blocks][8 column blocks][32 lanes][4 words];
 // each lane's 16-byte vector holds its A fragments for J = 4 (4-bit), 8
 // (2-bit) or 2 (8-bit) k16 steps. One prepared copy serves both kernels.
 // Statistics: stw (G, Np) uint32 = s | zq << 16 in the checkpoint's 16-bit
@@ -45,7 +45,7 @@
 #include "wq_fragments.cuh"
 
 namespace bie {
-namespace wqw {
+namespace wq_wgmma_parts {
 
 using namespace frag;   // cp.async helpers, extract_a, decode_stat (wq_fragments.cuh)
 using namespace hop;    // wgmma group control, descriptors (hopper.cuh)
@@ -120,7 +120,7 @@ template <int BITS, int NTOK> __host__ __device__ inline int smem_bytes(int gs_s
   return stages<NTOK>() * stage_bytes<BITS, NTOK>(gs_shift) + 1024;   // + alignment of the ring (swizzle atoms)
 }
 
-}  // namespace wqw
+}  // namespace wq_wgmma_parts
 
 // an S pair converted to T (round to nearest)
 template <typename S, typename T> __device__ __forceinline__ uint32_t convert_pair(uint32_t v) {
@@ -133,8 +133,8 @@ template <typename S, typename T> __device__ __forceinline__ uint32_t convert_pa
     } else {
       f = make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
     }
-    if constexpr (std::is_same<T, __half>::value) return wqw::as_u32<__half>(__float22half2_rn(f));
-    else return wqw::as_u32<__nv_bfloat16>(__float22bfloat162_rn(f));
+    if constexpr (std::is_same<T, __half>::value) return wq_wgmma_parts::as_u32<__half>(__float22half2_rn(f));
+    else return wq_wgmma_parts::as_u32<__nv_bfloat16>(__float22bfloat162_rn(f));
   }
 }
 
@@ -142,7 +142,7 @@ template <typename S, typename T> __device__ __forceinline__ uint32_t convert_pa
 // fp16 arithmetic, and a bf16 result would be 4x coarser than the fp16 path promises.
 template <int BITS, bool GPTQ>
 __device__ __forceinline__ uint32_t dequant_wide(uint32_t qm, float s, float zq) {
-  constexpr float MAGF = wqw::magic_bits<BITS, __nv_bfloat16>() ? 128.f : 0.f;
+  constexpr float MAGF = wq_wgmma_parts::magic_bits<BITS, __nv_bfloat16>() ? 128.f : 0.f;
   const float q0 = __uint_as_float(qm << 16), q1 = __uint_as_float(qm & 0xFFFF0000u);
   float w0, w1;
   if (GPTQ) {
@@ -152,7 +152,7 @@ __device__ __forceinline__ uint32_t dequant_wide(uint32_t qm, float s, float zq)
     w0 = fmaf(q0 - MAGF, s, zq);
     w1 = fmaf(q1 - MAGF, s, zq);
   }
-  return wqw::as_u32<__half>(__floats2half2_rn(w0, w1));
+  return wq_wgmma_parts::as_u32<__half>(__floats2half2_rn(w0, w1));
 }
 
 // The four A registers of a k16 step (qm = code + MAGIC in S, from extract_a) dequantized in place into T, for
@@ -169,15 +169,15 @@ __device__ __forceinline__ void dequant_fragment(uint32_t (&a)[4], uint32_t sw0,
     const uint32_t s2[2] = {__byte_perm(sw0, sw0, 0x1010), __byte_perm(sw1, sw1, 0x1010)};
     const uint32_t z2[2] = {__byte_perm(sw0, sw0, 0x3232), __byte_perm(sw1, sw1, 0x3232)};
 #pragma unroll
-    for (int r = 0; r < 4; ++r) a[r] = convert_pair<S, T>(wqw::dequant<BITS, S, GPTQ>(a[r], s2[r & 1], z2[r & 1]));
+    for (int r = 0; r < 4; ++r) a[r] = convert_pair<S, T>(wq_wgmma_parts::dequant<BITS, S, GPTQ>(a[r], s2[r & 1], z2[r & 1]));
   }
 }
 
 template <int BITS, typename T, typename S, int NTOK, bool GPTQ>
-__global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <= 64 ? (NTOK == 32 ? 3 : 2) : 1))
+__global__ void __launch_bounds__(wq_wgmma_parts::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <= 64 ? (NTOK == 32 ? 3 : 2) : 1))
     wq_wgmma_kernel(const WqWgmmaArgs p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace wqw;
+  using namespace wq_wgmma_parts;
   constexpr int J = Layout<BITS>::J, KS = 16 * J, VPS = vecs_per_stage<BITS>();
   constexpr int THREADS = threads<NTOK>(), WGS = wgs<NTOK>(), COLS = 64 * WGS, SROW = 4 * COLS;
   constexpr int XB = x_bytes<NTOK>(), WB = w_bytes<BITS, NTOK>();
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 
 
 // ---------------------------------------------------------------------------------------------------------------
-// Many rows, 4-bit codes: the mbarrier-pipelined kernel ("wqm"; WqWgmmaArgs::ntok == WQ_ROWS_NTOK). The
+// Many rows, 4-bit codes: the mbarrier-pipelined kernel (WqWgmmaArgs::ntok == WQ_ROWS_NTOK). The
 // register-A design of the kernel above (Y^T = W^T X^T: the dequantized codes are wgmma's A operand from
 // registers, x the B operand from shared memory), reorganised for many rows:
 //   - 64 output columns per consumer warpgroup, tiles of 256 rows of x and 128 columns (two consumer warpgroups,
@@ -425,11 +425,11 @@ __global__ void __launch_bounds__(wqw::threads<NTOK>(), NTOK == 16 ? 4 : (NTOK <
 // 64-column fragments; x's bytes a stage halved, the codes' doubled). The codes are dequantized in the consumers'
 // registers rather than into shared memory by the producer warpgroup for shared-memory-operand wgmmas: one producer
 // warp per scheduler cannot feed the tensor cores even without the dequantization arithmetic.
-namespace wqm {
+namespace wq_rows_pipe {
 constexpr int NT = 256, COLS = 128, BK = 64;   // rows of x and output columns per tile; k per stage (a code block)
 constexpr int CONSUMERS = 256, THREADS = 128 + CONSUMERS;   // warpgroup 0 copies, warpgroups 1-2 compute
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;      // 128 x (168 - 40) == 256 x (232 - 168)
-static_assert(128 * (168 - PRODUCER_REGS) >= CONSUMERS * (CONSUMER_REGS - 168), "wqm: register hand-over");
+static_assert(128 * (168 - PRODUCER_REGS) >= CONSUMERS * (CONSUMER_REGS - 168), "many-row kernel: register hand-over");
 constexpr int STAGES = 5;   // ring slots (a sixth does not fit in shared memory)
 constexpr int X_BYTES = NT * 128, CODE_BYTES = 8 * 32 * 16, STAT_BYTES = 2 * COLS * 4;
 constexpr int SLOT = (X_BYTES + CODE_BYTES + STAT_BYTES + 1023) / 1024 * 1024;
@@ -440,7 +440,7 @@ constexpr int OFF_BAR = STAGES * SLOT;
 constexpr int EPI_ROWS = 128, EPI_STRIDE = 144, EPI_WG_BYTES = EPI_ROWS * EPI_STRIDE;
 constexpr int OFF_EPI = OFF_BAR + 128;
 constexpr int SMEM = OFF_EPI + 2 * EPI_WG_BYTES + 1024;   // + alignment of the slots (swizzle atoms)
-static_assert(SMEM <= 227 * 1024, "wqm: shared memory");
+static_assert(SMEM <= 227 * 1024, "many-row kernel: shared memory");
 
 // Work unit ui of a block (units u = blockIdx.x + ui * gridDim.x): tiles [0, whole) run whole; unit whole + v
 // (v < tail * splits) is K range v / tail of tile whole + v % tail, its partials in ws plane v.
@@ -471,13 +471,13 @@ __device__ __forceinline__ Unit unit_of(const WqWgmmaArgs& p, int ui) {
   return w;
 }
 __host__ __device__ inline int units(const WqWgmmaArgs& p) { return p.whole_tiles + tail_tiles(p) * p.splits; }
-}  // namespace wqm
+}  // namespace wq_rows_pipe
 
 template <typename T, typename S, bool GPTQ>
-__global__ void __launch_bounds__(wqm::THREADS, 1) wq_rows_kernel(const WqWgmmaArgs p, const __grid_constant__ CUtensorMap tmap_x) {
+__global__ void __launch_bounds__(wq_rows_pipe::THREADS, 1) wq_rows_kernel(const WqWgmmaArgs p, const __grid_constant__ CUtensorMap tmap_x) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using namespace wqw;   // (and through it frag: extract_a; hop: mbarriers, TMA copies, descriptors)
-  using namespace wqm;
+  using namespace wq_wgmma_parts;   // (and through it frag: extract_a; hop: mbarriers, TMA copies, descriptors)
+  using namespace wq_rows_pipe;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t bar_full = base + OFF_BAR, bar_empty = bar_full + STAGES * 8;
@@ -606,7 +606,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wq_rows_kernel(const WqWgmmaA
         // buffer (row pitch 272 bytes: the four rows and eight columns of a store fall in distinct banks), then the
         // warpgroup stores whole 256-byte row pieces, 16 bytes a thread
         constexpr int PR = 64, PP = 272;
-        static_assert(PR * PP <= EPI_WG_BYTES, "wqm: partials' staging");
+        static_assert(PR * PP <= EPI_WG_BYTES, "many-row kernel: partials' staging");
         const uint32_t sb = base + (uint32_t)(OFF_EPI + cw * EPI_WG_BYTES);
         const int tw = tid - 128 * wg;
 #pragma unroll
@@ -693,7 +693,7 @@ __global__ void __launch_bounds__(wqm::THREADS, 1) wq_rows_kernel(const WqWgmmaA
 
 // The tail tiles' outputs: the sum of their `splits` float32 partial planes in K order, plus the bias.
 __global__ void wq_rows_tail_reduce_kernel(const WqWgmmaArgs p) {
-  using namespace wqm;
+  using namespace wq_rows_pipe;
   const int rt_n = row_tiles(p), tail = tail_tiles(p);
   const int64_t plane = NT * COLS, total = (int64_t)tail * plane;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -711,17 +711,17 @@ __global__ void wq_rows_tail_reduce_kernel(const WqWgmmaArgs p) {
 template <typename T, typename S>
 static cudaError_t launch_wq_rows_t(const WqWgmmaArgs& p, int num_sms, cudaStream_t st) {
   auto k = p.gptq ? wq_rows_kernel<T, S, true> : wq_rows_kernel<T, S, false>;
-  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), wqm::SMEM);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), wq_rows_pipe::SMEM);
   if (e != cudaSuccess) return e;
   // persistent: one block per SM, never more than there are work units (Np is a whole number of 128-column tiles)
   CUtensorMap tmap_x;   // rows of x in boxes of 256 rows x 64 k (128 bytes), the 128-byte swizzle
-  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wqm::NT);
+  e = make_tmap_rows_sw128(&tmap_x, p.x, 2, (uint64_t)p.K * 2, (uint64_t)p.M, (uint64_t)p.K * 2, 128, wq_rows_pipe::NT);
   if (e != cudaSuccess) return e;
-  k<<<(unsigned)std::min(wqm::units(p), num_sms), wqm::THREADS, wqm::SMEM, st>>>(p, tmap_x);
+  k<<<(unsigned)std::min(wq_rows_pipe::units(p), num_sms), wq_rows_pipe::THREADS, wq_rows_pipe::SMEM, st>>>(p, tmap_x);
   if (p.splits > 1) {
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    const int64_t n = (int64_t)wqm::tail_tiles(p) * wqm::NT * wqm::COLS;
+    const int64_t n = (int64_t)wq_rows_pipe::tail_tiles(p) * wq_rows_pipe::NT * wq_rows_pipe::COLS;
     wq_rows_tail_reduce_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0, st>>>(p);
   }
   BIE_LAUNCH_CHECK();
@@ -741,12 +741,12 @@ __global__ void wq_wgmma_reduce_kernel(const WqWgmmaArgs p) {
 template <int BITS, typename T, typename S, int NTOK>
 static cudaError_t launch_wq_wgmma_t(const WqWgmmaArgs& p, cudaStream_t st) {
   auto k = p.gptq ? wq_wgmma_kernel<BITS, T, S, NTOK, true> : wq_wgmma_kernel<BITS, T, S, NTOK, false>;
-  const int smem = wqw::smem_bytes<BITS, NTOK>(p.gs_shift);
-  constexpr int COLS = 64 * wqw::wgs<NTOK>();
+  const int smem = wq_wgmma_parts::smem_bytes<BITS, NTOK>(p.gs_shift);
+  constexpr int COLS = 64 * wq_wgmma_parts::wgs<NTOK>();
   cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(k), smem);
   if (e != cudaSuccess) return e;
   const int blocks = ((p.M + NTOK - 1) / NTOK) * (p.Np / COLS) * p.splits;
-  k<<<blocks, wqw::threads<NTOK>(), smem, st>>>(p);
+  k<<<blocks, wq_wgmma_parts::threads<NTOK>(), smem, st>>>(p);
   if (p.splits > 1) {
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
