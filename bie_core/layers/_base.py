@@ -30,6 +30,7 @@ from .. import dispatch
 
 from ..ops._common import FLOAT_DTYPES
 from ..ops.binary import conv_out_size
+from ._tracked import TracksBufferWrites
 
 #: Floor of every initialised scale: an all-zero first batch must not give a
 #: zero scale (activations are divided by it). Small enough never to matter for
@@ -191,7 +192,7 @@ class TorchInit:
         self.reset_scales()
 
 
-class QATLayer(NamedAllocationErrors, nn.Module):
+class QATLayer(NamedAllocationErrors, TracksBufferWrites, nn.Module):
     """Base of the bie QAT layers (not used directly)."""
 
     #: Parameters that are latent float weights of binary layers: DiodeMix

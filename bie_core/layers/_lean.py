@@ -14,8 +14,10 @@ torch dispatch or function mode, a plain tensor input) asks its
   (the part of the dispatcher's decision key that varies from call to call),
 * every tensor of the layer that the call reads is the same object, on the
   same storage, at the same version counter (an in-place update, an
-  optimizer step, ``load_state_dict``, ``.to()``, ``.half()`` or a replaced
-  tensor all fail this).
+  optimizer step, ``load_state_dict``, ``.to()``, ``.half()``, a write
+  through a buffer's ``.data`` or a replaced tensor all fail this; a
+  buffer, a ``TrackedTensor``, is followed by its version counter alone:
+  every change of its storage bumps it).
 
 Every other argument of the layer's ops is a constant of the layer. When it
 holds, the forward is the bound kernel call and nothing else; otherwise the
@@ -33,6 +35,7 @@ import torch
 
 from .. import dispatch
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
+from ._tracked import TrackedTensor
 
 _REG = dispatch._REG
 _ctx_get = dispatch._context_pref.get
@@ -95,6 +98,12 @@ def _holds_source(kinds: tuple) -> str:
         if kind == "none":
             body.append(f"    if t{i} is not None: return False")
             continue
+        if kind == "tracked":
+            # a TrackedTensor changes storage only through writes that bump its version counter, which
+            # its _counter shares (read there: a plain tensor's attribute is cheaper than the subclass's)
+            outer += [f"o{i}", f"c{i}", f"v{i}"]
+            body.append(f"    if t{i} is not o{i} or t{i}._counter is not c{i} or c{i}._version != v{i}: return False")
+            continue
         outer += [f"o{i}", f"p{i}"]
         cond = f"t{i} is not o{i} or t{i}.data_ptr() != p{i}"
         if kind == "tensor":
@@ -147,6 +156,11 @@ class LeanCall:
         self.decisions = decisions
         kinds, vals = [], []
         for t in fixed:
+            c = getattr(t, "_counter", None) if type(t) is TrackedTensor else None
+            if c is not None:
+                kinds.append("tracked")
+                vals += [t, c, c._version]
+                continue
             st = tensor_state(t)
             if st is None:
                 kinds.append("none")

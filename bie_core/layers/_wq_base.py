@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string, check_positive_ints
+from ._tracked import TracksBufferWrites
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 
 _Tensor = torch.Tensor
@@ -65,7 +66,7 @@ def _rebuild_handle(shape, requires_grad) -> GradientHandle:
     return GradientHandle(_handle_tensor(*shape, "cpu"), requires_grad)
 
 
-class WeightOnlyLinear(NamedAllocationErrors, nn.Module):
+class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
     """Base of MPQLinear and MBWQLinear (not used directly)."""
 
     #: buffers that make up the canonical packed weight (state_dict keys)

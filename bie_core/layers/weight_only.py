@@ -378,7 +378,7 @@ class MPQLinear(WeightOnlyLinear):
                 return error_msgs
             if fmt != self.format:   # order-free: a GBA checkpoint switches a GPTQ layer and back
                 self.format = fmt
-                self._buffers["zeros"] = self._empty_zeros(fmt, self.qweight.device)
+                self.zeros = self._empty_zeros(fmt, self.qweight.device)
         k, n, b = self.in_features, self.out_features, self.bits
         g = self.num_groups
         qw = state_dict.get(prefix + "qweight")
