@@ -99,10 +99,11 @@ def _holds_source(kinds: tuple) -> str:
             body.append(f"    if t{i} is not None: return False")
             continue
         if kind == "tracked":
-            # a TrackedTensor changes storage only through writes that bump its version counter, which
-            # its _counter shares (read there: a plain tensor's attribute is cheaper than the subclass's)
+            # a TrackedTensor changes storage only through writes that renew its _alias, and its values only
+            # through writes that bump the version counter the alias shares (read there: a plain tensor's
+            # attribute is cheaper than the subclass's)
             outer += [f"o{i}", f"c{i}", f"v{i}"]
-            body.append(f"    if t{i} is not o{i} or t{i}._counter is not c{i} or c{i}._version != v{i}: return False")
+            body.append(f"    if t{i} is not o{i} or t{i}._alias is not c{i} or c{i}._version != v{i}: return False")
             continue
         outer += [f"o{i}", f"p{i}"]
         cond = f"t{i} is not o{i} or t{i}.data_ptr() != p{i}"
@@ -156,7 +157,7 @@ class LeanCall:
         self.decisions = decisions
         kinds, vals = [], []
         for t in fixed:
-            c = getattr(t, "_counter", None) if type(t) is TrackedTensor else None
+            c = getattr(t, "_alias", None) if type(t) is TrackedTensor else None
             if c is not None:
                 kinds.append("tracked")
                 vals += [t, c, c._version]

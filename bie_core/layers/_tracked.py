@@ -15,12 +15,14 @@ A bie layer therefore holds its buffers as :class:`TrackedTensor`:
 * ``__torch_function__`` is disabled: operations on it run exactly as on a
   plain tensor and return plain tensors (no per-op Python hook, and
   ``torch.compile`` traces it as a plain tensor);
-* ``t._counter`` is an empty tensor sharing ``t``'s version counter (and no
-  storage). The bound inference path reads the version there: a plain
-  tensor's attribute read skips the ``__torch_function__`` lookup every
-  tensor subclass pays. The slot also means ``torch.utils.swap_tensors`` can
-  only exchange two tracked tensors (slot included), so ``t._counter`` always
-  shares ``t``'s counter;
+* ``t._alias`` is a plain tensor on ``t``'s storage and version counter
+  (renewed by ``t.data = new`` and ``t.set_(...)``, the writes that change
+  the storage). The bound inference path reads the version there, since a
+  plain tensor's attribute read skips the ``__torch_function__`` lookup that
+  every tensor subclass pays; code being compiled reads the buffer as its
+  alias, since torch.compile's runtime checks refuse tensor subclasses it
+  does not know as graph inputs. Being a slot, it travels with the tensor:
+  ``torch.utils.swap_tensors`` exchanges only two tensors of the same slots;
 * pickling (``torch.save``, ``copy.deepcopy`` of a module, ``state_dict``)
   stores a plain tensor, so no checkpoint ever names this class and
   weights-only loads need nothing registered; the layers wrap their buffers
@@ -38,21 +40,14 @@ import torch
 from torch import nn
 
 _set_data = torch._C.TensorBase.data.__set__
-
-
-def _counter_of(t: torch.Tensor):
-    """An empty tensor sharing ``t``'s version counter (None for an inference tensor, which has none)."""
-    if t.is_inference():
-        return None
-    c = t.detach()
-    c.set_()     # drop the storage: only the counter is kept (this one in-place call bumps it, before any use)
-    return c
+_set = torch._C.TensorBase.set_
+_compiling = torch.compiler.is_compiling
 
 
 class TrackedTensor(torch.Tensor):
     """A layer buffer whose ``.data`` writes bump its version counter (see the module doc)."""
 
-    __slots__ = ("_counter",)
+    __slots__ = ("_alias",)
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @property
@@ -61,9 +56,15 @@ class TrackedTensor(torch.Tensor):
 
     @data.setter
     def data(self, new: torch.Tensor) -> None:
-        _set_data(self, new)                # keeps this tensor's version counter (and so _counter)
+        _set_data(self, new)                # keeps this tensor's version counter
         if not self.is_inference():
             torch.autograd.graph.increment_version(self)
+        self._alias = self.detach()
+
+    def set_(self, *args, **kwargs):
+        _set(self, *args, **kwargs)        # (bumps the version counter: an in-place op)
+        self._alias = self.detach()
+        return self
 
     def __reduce_ex__(self, proto):
         return torch.Tensor.__reduce_ex__(_plain(self), proto)
@@ -94,7 +95,7 @@ def track(t):
     if type(t) is not torch.Tensor:
         return t
     w = torch.Tensor._make_subclass(TrackedTensor, t, t.requires_grad)
-    w._counter = _counter_of(w)
+    w._alias = w.detach()
     return w
 
 
@@ -110,7 +111,8 @@ class TracksBufferWrites:
     """Mixin of the bie layers (before ``nn.Module``): their buffers are
     :class:`TrackedTensor` s, re-wrapped wherever torch puts new tensors in:
     ``register_buffer``, assignment, ``.to()``/``.half()``/``.cuda()``,
-    ``load_state_dict`` and unpickling (deepcopy, ``torch.load``)."""
+    ``load_state_dict`` and unpickling (deepcopy, ``torch.load``). Code being
+    compiled reads a buffer's plain alias instead (see the module doc)."""
 
     def register_buffer(self, name, tensor, persistent: bool = True) -> None:
         super().register_buffer(name, track(tensor), persistent)
@@ -119,6 +121,14 @@ class TracksBufferWrites:
         if type(value) is torch.Tensor and name in self.__dict__.get("_buffers", ()):
             value = track(value)
         super().__setattr__(name, value)
+
+    def __getattr__(self, name):
+        if _compiling():
+            # (read through self._buffers: dynamo then treats the alias as a module buffer, of static shape)
+            v = self._buffers.get(name)
+            if type(v) is TrackedTensor:
+                return v._alias
+        return super().__getattr__(name)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
