@@ -42,6 +42,7 @@ from torch import nn
 _set_data = torch._C.TensorBase.data.__set__
 _set = torch._C.TensorBase.set_
 _compiling = torch.compiler.is_compiling
+_module_getattr = nn.Module.__getattr__
 
 
 class TrackedTensor(torch.Tensor):
@@ -123,12 +124,15 @@ class TracksBufferWrites:
         super().__setattr__(name, value)
 
     def __getattr__(self, name):
-        if _compiling():
-            # (read through self._buffers: dynamo then treats the alias as a module buffer, of static shape)
+        # (buffers first, read through self._buffers: cheaper than nn.Module's lookup, and while compiling
+        # dynamo then takes the alias for a module buffer, of static shape)
+        if name != "_buffers":
             v = self._buffers.get(name)
-            if type(v) is TrackedTensor:
-                return v._alias
-        return super().__getattr__(name)
+            if v is not None:
+                if type(v) is TrackedTensor and _compiling():
+                    return v._alias
+                return v
+        return _module_getattr(self, name)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
