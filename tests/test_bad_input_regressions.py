@@ -524,9 +524,10 @@ def _data_write_cases():
 @pytest.mark.parametrize("case", list(_data_write_cases()))
 @pytest.mark.parametrize("backend", _loaded_backends())
 def test_write_through_data_then_invalidate_is_seen(case, backend):
-    """A write through ``.data`` bypasses the version counter; ``invalidate``
-    (docs/bad-input.md) makes the next call use the new values, on every
-    backend; a ``torch.no_grad()`` write is seen without it."""
+    """After a write through ``.data``, ``invalidate`` (docs/bad-input.md) makes
+    the next call use the new values, on every backend (needed for a
+    Parameter's ``.data``; a buffer's is seen anyway, tests/test_data_writes.py);
+    a ``torch.no_grad()`` write is seen without it."""
     layer, name, x = _data_write_cases()[case]()
     other, _, _ = _data_write_cases()[case]()
     t, new = getattr(layer, name), getattr(other, name)

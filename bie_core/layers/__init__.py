@@ -27,9 +27,11 @@ def invalidate(model: nn.Module) -> None:
 
     bie re-derives them by itself after any write that bumps a tensor's version
     counter (``optimizer.step()``, ``load_state_dict``, ``with torch.no_grad():
-    layer.qweight.copy_(new)``). A write through ``tensor.data``, a numpy view
-    or DLPack bypasses that counter and cannot be seen at no cost: call this
-    after such a write (docs/bad-input.md)."""
+    layer.qweight.copy_(new)``), including writes through a buffer's ``.data``
+    (layer buffers are ``TrackedTensor``). A write through a Parameter's
+    ``.data`` (latent weights, scales, biases), a numpy view or DLPack bypasses
+    that counter and cannot be seen at no cost: call this after such a write
+    (docs/bad-input.md)."""
     from .. import dispatch
     for m in model.modules():
         for name in tuple(getattr(m, "_transient", ())) + ("_codes_cache",):
