@@ -233,6 +233,21 @@ def test_buffers_stay_tracked(case, tmp_path):
         assert torch.equal(layer(x), _fresh(layer)(x))
 
 
+@pytest.mark.parametrize("case", ["MPQLinear-gptq", "BinaryLinear", "QLinear-int4"])
+def test_layer_built_in_inference_mode(case):
+    """Inference tensors have no version counter: tracked buffers of them are followed by storage."""
+    build, x, names = CASES[case]
+    torch.manual_seed(10)
+    with torch.inference_mode():
+        layer = build()
+        assert _all_tracked(layer) and getattr(layer, names[0]).is_inference()
+        want = layer(x)
+        assert torch.equal(layer(x), want)
+        t = getattr(layer, names[0])
+        t.data = _new_values(layer, names[0], t)     # new storage: seen
+        assert torch.equal(layer(x), _fresh(layer)(x))
+
+
 def test_compiled_layer_has_no_graph_break_and_sees_data_writes():
     build, x, _ = CASES["MPQLinear-gptq"]
     torch.manual_seed(8)

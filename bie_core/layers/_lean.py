@@ -158,7 +158,7 @@ class LeanCall:
         kinds, vals = [], []
         for t in fixed:
             c = getattr(t, "_alias", None) if type(t) is TrackedTensor else None
-            if c is not None:
+            if c is not None and not c.is_inference():   # (an inference tensor has no version counter)
                 kinds.append("tracked")
                 vals += [t, c, c._version]
                 continue
