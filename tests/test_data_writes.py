@@ -128,6 +128,23 @@ def test_data_write_is_seen_by_the_next_forward(case, backend):
                 assert not torch.equal(got, before) or name in ("zeros", "g_idx"), (case, name, how)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", list(CASES))
+def test_data_write_is_seen_on_cuda(case):
+    """The CUDA backends' prepared layouts and bound calls: the layer moved by ``.to('cuda')``."""
+    build, x, names = CASES[case]
+    torch.manual_seed(5)
+    layer, x = build().to("cuda"), x.to("cuda")
+    with torch.no_grad():
+        for name in names:
+            for how in ("copy_", "setitem", "assign", "set_"):
+                t = getattr(layer, name)
+                assert type(t) is TrackedTensor, (case, name)
+                layer(x)
+                _write(t, _new_values(layer, name, t).to("cuda"), how)
+                assert torch.equal(layer(x), _fresh(layer)(x)), f"{case}: stale result after {name}.data write ({how})"
+
+
 def test_data_write_between_bound_calls_of_several_input_shapes():
     """A weight-only layer keeps bound calls per input shape: each is rebuilt after a write."""
     build, _, _ = CASES["MPQLinear-gptq"]
