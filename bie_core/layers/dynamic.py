@@ -20,10 +20,14 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import ops
+from .. import dispatch, ops
 from ..ops._common import FLOAT_DTYPES
+from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.dynamic import MAX_K, SCHEMES
 from ._base import backend_string, check_dtype, check_positive_ints
+from ._lean import LeanCall
+
+_Tensor = torch.Tensor
 
 
 class _DynamicLinearFn(torch.autograd.Function):
@@ -49,6 +53,26 @@ class _DynamicLinearFn(torch.autograd.Function):
 def dequantize_weight(qweight: torch.Tensor, weight_scale: torch.Tensor, dtype) -> torch.Tensor:
     """W_deq = float32(qweight) * float32(weight_scale) per output row, rounded once to ``dtype``."""
     return (qweight.to(torch.float32) * weight_scale.to(torch.float32).reshape(-1, 1)).to(dtype)
+
+
+def _raise_if_not_finite(name: str, x, y) -> None:
+    # A non-finite value makes its row's (per token) or every (per tensor) scale non-finite and the
+    # outputs computed with it NaN (the ops' definition): a NaN in the output's first column is the cue,
+    # M values read instead of another pass over x; x itself is checked only then.
+    if y.shape[0] and bool(torch.isnan(y[:, 0]).any()) and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name}: the input has {bad} non-finite value(s) (NaN or inf); dynamic "
+                         "quantization needs a finite range (set check_finite=False to get NaN outputs instead)")
+
+
+def _checked_call(fn, rest: tuple, name: str):
+    """``call(x, check)``: the resolved kernel ``fn(x, *rest)``, then with ``check`` the input check."""
+    def call(x, check):
+        y = fn(x, *rest)
+        if check:
+            _raise_if_not_finite(name, x, y)
+        return y
+    return call
 
 
 def _is_torch_dynamic_linear(m) -> bool:
@@ -122,7 +146,46 @@ class DynamicQLinear(nn.Module):
         return dequantize_weight(self.qweight, self.weight_scale, dtype or self.dtype)
 
     # --------------------------------------------------------------- forward
+    #: the bound inference call of the last input signature (see ``_lean``); never pickled or copied
+    _lean = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Inference (nothing needs a gradient; eager, no dispatch or function mode; a plain tensor): the op
+        # resolved once for this input signature and bound to the current weight tensors, one call while
+        # nothing it was chosen from has changed (bie_core/layers/_lean.py).
+        if type(x) is _Tensor and not _compiling() and not _dispatch_stack_len() and not _function_mode() and (
+                not _grad_enabled() or not (x.requires_grad or (self._parameters["bias"] is not None
+                                                                and self._parameters["bias"].requires_grad))):
+            k = self.in_features
+            nd = x.dim()
+            if nd >= 1 and x.shape[-1] == k:
+                x2 = x if nd == 2 else x.reshape(-1, k)
+                buffers = self._buffers
+                fixed = (buffers["qweight"], buffers["weight_scale"], self._parameters["bias"])
+                backend = self.backend or ""
+                lc = self._lean
+                if lc is None or not lc.holds(x2, backend, *fixed):
+                    lc = self._bind(x, x2, fixed, backend)
+                y = lc.call(x2, self.check_finite)
+                if y is not None:   # None: x holds a non-finite value (the full path raises its error)
+                    return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
+        return self._forward(x)
+
+    def _bind(self, x, x2, fixed, backend: str) -> LeanCall:
+        """The op for this input signature, resolved (the full input checks first: they raise on bad input)
+        and bound: the kernel's plan where it offers one for the input alone (``input_plan(x, check)``), else
+        the resolved kernel with the layer's other arguments."""
+        self._check_input(x)
+        self._lean = None
+        args = (x2, fixed[0], fixed[1], fixed[2], self.act_scheme, self.reduce_range)
+        r = dispatch.resolve(ops.dynamic_int8_linear, *args, backend=backend)
+        call = getattr(r.fn, "input_plan", None)
+        if call is None:
+            call = _checked_call(r.fn, args[1:], self._name())
+        lc = self._lean = LeanCall(call, (r.decision,), x2, r._pref, fixed)
+        return lc
+
+    def _check_input(self, x) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{self._name()}: input must be a tensor, got {type(x).__name__}")
         if x.dtype not in FLOAT_DTYPES:
@@ -131,6 +194,9 @@ class DynamicQLinear(nn.Module):
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"{self._name()}: input of shape {tuple(x.shape)} must end in in_features="
                              f"{self.in_features}")
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
         lead = tuple(x.shape[:-1])
         x2 = x.reshape(-1, self.in_features)
         args = (x2, self.qweight, self.weight_scale, self.bias, self.act_scheme, self.reduce_range)
@@ -145,15 +211,17 @@ class DynamicQLinear(nn.Module):
             self._check_finite(x, y)
         return y.reshape(lead + (self.out_features,))
 
+    def _apply(self, fn, recurse=True):
+        self._lean = None    # it holds the old tensors and their prepared layouts
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_lean", None)
+        return state
+
     def _check_finite(self, x, y) -> None:
-        # A non-finite value makes its row's (per token) or every (per tensor) scale non-finite and the
-        # outputs computed with it NaN (the ops' definition): a NaN in the output's first column is the cue,
-        # M values read instead of another pass over x; x itself is checked only then.
-        if y.shape[0] and bool(torch.isnan(y[:, 0]).any()) and not bool(torch.isfinite(x).all()):
-            bad = int((~torch.isfinite(x)).sum())
-            raise ValueError(f"{self._name()}: the input has {bad} non-finite value(s) (NaN or inf); dynamic "
-                             "quantization needs a finite range (set check_finite=False to get NaN outputs "
-                             "instead)")
+        _raise_if_not_finite(self._name(), x, y)
 
     # ------------------------------------------------------------ checkpoints
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -138,8 +138,8 @@ def _load_fused(lib, st: NativeStatus, force_rebuild: bool, verbose: bool) -> No
         def addr(fn):
             return ctypes.cast(fn, ctypes.c_void_p).value
         mod.init(addr(lib.bie_pack), addr(lib.bie_bgemm), _build.ABI_VERSION)
-        mod.init_plans(addr(lib.bie_quant), addr(lib.bie_igemm), addr(lib.bie_iconv), addr(lib.bie_wq_gemm),
-                       addr(lib.bie_bconv), addr(lib.bie_int_layout), _build.ABI_VERSION)
+        mod.init_plans(addr(lib.bie_quant), addr(lib.bie_dquant), addr(lib.bie_igemm), addr(lib.bie_iconv),
+                       addr(lib.bie_wq_gemm), addr(lib.bie_bconv), addr(lib.bie_int_layout), _build.ABI_VERSION)
         kernels.set_fused(mod)
         bad = _fused_self_test()
         if bad:
@@ -349,6 +349,7 @@ def register_kernels(registry) -> NativeStatus:
         capability=floats)
     reg(nd, "dynamic_int8_linear", "vectorised activation quantization + int8 GEMM, zero-point correction, "
         "per-row x per-column scales and bias in the epilogue", prepare=kernels.prepare,
+        bind=nd.bind_dynamic_int8_linear,
         capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, max_dims={"K": DYNAMIC_MAX_K}))
     del torch
     return st

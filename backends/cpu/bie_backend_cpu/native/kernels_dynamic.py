@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from bie_core.backend_api import act_qmax, affine_qparams_host
+from bie_core.backend_api import FLOAT_DTYPES, act_qmax, affine_qparams_host
 
 from . import kernels as nk
 from .kernels import I64, VP, IGemmArgs, _blocks, _check, _layouts, _ptr, _require, _threads
@@ -122,3 +122,52 @@ def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=Fals
                      rs.data_ptr(), 0 if affine else 1, _ptr(csum), (128 - zp) if affine else 0)
     _check(lib.bie_igemm(ctypes.byref(args)), "dynamic_int8_linear")
     return out
+
+
+def _state(t):
+    """(storage, version) of a tensor, version None for an inference tensor; None for None."""
+    if t is None:
+        return None
+    if t.is_inference():
+        return (t.data_ptr(), None)
+    return (t.data_ptr(), t._version)
+
+
+def bind_dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
+    """``dynamic_int8_linear`` for one call signature (the dispatcher's ``bind``): a ``DynLinearPlan`` of the
+    fused module (csrc/fused_plans.cpp) with the weight layout, its row sums and the epilogue fixed, so that a
+    call is one C++ call: range pass, quantization, int8 GEMM and epilogue. The epilogue values are those of
+    ``weight_scale`` and ``bias`` now: a call with other tensors, or these changed in place, takes the kernel
+    itself. ``call.input_plan(x, check)`` is the plan alone, for a caller that tracks those tensors itself
+    (DynamicQLinear's inference path): with ``check`` it returns None instead of computing when x holds a
+    non-finite value. None (the kernel serves) without the module, at the portable level, or where the kernel
+    would refuse the arguments."""
+    fused = nk._fused
+    if fused is None or not hasattr(fused, "DynLinearPlan") or _lib() is None or _portable() or x.dim() != 2 \
+            or weight.dim() != 2 or x.dtype not in nk.OUT_CODE or x.dtype is None or x.dtype == torch.int8 \
+            or weight.dtype != torch.int8 or x.device.type != "cpu" or weight.device.type != "cpu":
+        return None
+    m, k = x.shape
+    n = weight.shape[0]
+    if m == 0 or n == 0 or weight.shape[1] != k or weight_scale.device.type != "cpu" \
+            or weight_scale.dim() != 1 or weight_scale.numel() not in (1, n) or weight_scale.dtype not in FLOAT_DTYPES \
+            or (bias is not None and (bias.device.type != "cpu" or bias.dim() != 1 or bias.numel() != n
+                                      or bias.dtype not in FLOAT_DTYPES)):
+        return None
+    kind = _lib().bie_int_layout()
+    pre = _layouts(prepared)
+    lay = pre.get(("int", kind), lambda: nk._int_layout(weight, kind))
+    affine = scheme == "per_tensor_affine"
+    rowsum = pre.get(("rowsum",), lambda: _row_sums(weight)) if affine else None
+    plan = fused.DynLinearPlan(lay.data, lay.colsum, rowsum, kind, n, k, lay.kp, lay.p, lay.pw, nk.DTYPE_CODE[x.dtype],
+                               not affine, act_qmax(scheme, reduce_range), weight_scale.detach(),
+                               None if bias is None else bias.detach())
+    s0, b0 = weight_scale, bias
+    st0 = (_state(s0), _state(b0))
+
+    def call(x, weight, weight_scale, bias, scheme, reduce_range=False):
+        if weight_scale is s0 and bias is b0 and (_state(weight_scale), _state(bias)) == st0:
+            return plan(x)
+        return dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range, prepared)
+    call.input_plan = plan
+    return call

@@ -10,6 +10,8 @@
 //   IntLinearPlan  y = int_gemm(quantize_int(x, sa, bits, shift), codes, scale, bias)
 //   IntConvPlan    y = int_conv2d(quantize_int(x + shift[c], sa, bits), codes, geometry, scale, bias)
 //   BinaryConvPlan y = binary_conv2d(x, sign bits, geometry, pad value, scale, bias)
+//   DynLinearPlan  y = dynamic_int8_linear(x, codes, weight_scale, bias, scheme, reduce_range): the
+//                  activation range pass, the quantization, the int8 GEMM and the epilogue
 //   WqPlan         y = sum over width segments of wq_gemm(x * channel_scale gathered in the
 //                  segment's row order) (+ bias), or None where a result is not finite
 //                  (the caller then takes the unbound kernel, whose exact path handles it)
@@ -45,12 +47,14 @@ namespace {
 #include "fused_common.h"
 
 using quant_fn = int (*)(const bie_quant_args*);
+using dquant_fn = int (*)(const bie_dquant_args*);
 using igemm_fn = int (*)(const bie_igemm_args*);
 using iconv_fn = int (*)(const bie_iconv_args*);
 using wq_fn = int (*)(const bie_wq_args*);
 using bconv_fn = int (*)(const bie_bconv_pack_args*, const bie_bconv_args*);
 using level_fn = int (*)();
 quant_fn g_quant = nullptr;
+dquant_fn g_dquant = nullptr;
 igemm_fn g_igemm = nullptr;
 iconv_fn g_iconv = nullptr;
 wq_fn g_wq = nullptr;
@@ -400,6 +404,155 @@ class BinaryConvPlan {
   Epilogue epi_;
 };
 
+// ------------------------------------------------------------ DynLinearPlan
+// torch's choice of the per_tensor_affine scale and zero point (bie_core.ops.dynamic.affine_qparams_host,
+// step for step: float64 arithmetic where it has Python floats, a float32 rounding where it rounds).
+// False for a non-finite range (the op's scale is then NaN, its zero point 0).
+constexpr double kSmallScale = (double)6.1e-5f;
+
+double f32r(double v) { return (double)(float)v; }
+
+bool affine_qparams(double xmin, double xmax, int64_t qmax, float& scale_out, int64_t& zp_out) {
+  if (!std::isfinite(xmin) || !std::isfinite(xmax)) return false;
+  const double q = (double)qmax;
+  double lo = f32r(xmin), hi = f32r(xmax);
+  lo = 0.0 < lo ? 0.0 : lo;   // Python's min(lo, 0.0) / max(hi, 0.0): the first argument on ties
+  hi = 0.0 > hi ? 0.0 : hi;
+  double scale = (hi - lo) / q;
+  const double s32 = f32r(scale);
+  if (s32 == 0.0 || std::isinf(f32r(1.0 / s32))) scale = 0.1;
+  if (scale < kSmallScale) {
+    const double org = f32r(scale);
+    scale = kSmallScale;
+    if (lo == 0.0) {
+      hi = f32r(kSmallScale * q);
+    } else if (hi == 0.0) {
+      lo = f32r(-kSmallScale * q);
+    } else {
+      const double amp = f32r(kSmallScale / org);
+      lo = f32r(lo * amp);
+      hi = f32r(hi * amp);
+    }
+  }
+  const double lo_q = lo / scale, hi_q = hi / scale;
+  double z = -std::fabs(lo_q) < q - std::fabs(hi_q) ? -lo_q : q - hi_q;
+  z = z < 0.0 ? 0.0 : z > q ? q : z;
+  scale_out = (float)scale;
+  zp_out = (int64_t)std::nearbyint(z);   // round half to even (the default rounding mode), as Python's round
+  return true;
+}
+
+// Products (multiply-adds) up to which the GEMM keeps kernels_dynamic.SERIAL_MACS's blocking (no shrinking
+// for threads).
+constexpr int64_t kSerialMacs = int64_t{1} << 21;
+
+// The dynamic int8 linear on kernels.py's IntLayout of the int8 weight (the same entry points and arguments
+// as kernels_dynamic.dynamic_int8_linear): per_tensor_affine takes the per-row min/max of x (bie_dquant
+// mode 2), reduces them here, chooses the scale and zero point, quantizes (mode 0: codes q - 128) and folds
+// (128 - zp) * rowsum back into the int32 sums; per_token_symmetric quantizes each row from its own
+// abs-max (mode 1). The epilogue multiplies by the row's scale times the column's (one float32 rounding)
+// and adds the bias, in the output dtype (x's).
+class DynLinearPlan {
+ public:
+  DynLinearPlan(const at::Tensor& data, const std::optional<at::Tensor>& colsum,
+                const std::optional<at::Tensor>& rowsum, int64_t kind, int64_t n, int64_t k, int64_t kp, int64_t p,
+                int64_t pw, int64_t x_code, bool per_token, int64_t qmax, const at::Tensor& weight_scale,
+                const std::optional<at::Tensor>& bias)
+      : data_(data), kind_(kind), n_(n), k_(k), kp_(kp), p_(p), pw_(pw), xcode_(x_code), per_token_(per_token),
+        qmax_(qmax) {
+    const char* nm = "dynamic_int8_linear plan";
+    if (!g_dquant || !g_igemm || !g_int_layout) bad(nm, "not initialised (bie_cpu_native is not loaded)");
+    need(n >= 1 && k >= 1 && kp >= k && p >= 1 && (pw == 8 || pw == 16) && p * pw >= n, nm, "sizes");
+    need(kind >= BIE_INT_MADD8 && kind <= BIE_INT_VNNI16, nm, "layout kind (vector levels only)");
+    need(data.device().type() == c10::DeviceType::CPU && data.is_contiguous(), nm, "data must be contiguous CPU");
+    const int64_t esize = kind == BIE_INT_VNNI16 ? 1 : 2;
+    need(data.numel() * (int64_t)data.element_size() == p * pw * kp * esize, nm, "data size");
+    if (kind == BIE_INT_VNNI16) {
+      need(colsum && colsum->scalar_type() == at::kInt && colsum->is_contiguous() && colsum->numel() == p * pw, nm,
+           "colsum");
+      colsum_ = *colsum;
+    }
+    if (!per_token) {
+      need(rowsum && rowsum->device().type() == c10::DeviceType::CPU && rowsum->scalar_type() == at::kInt &&
+               rowsum->is_contiguous() && rowsum->numel() == n,
+           nm, "row sums");
+      rowsum_ = *rowsum;
+    }
+    if (per_token ? qmax != 127 : (qmax != 127 && qmax != 255)) bad(nm, "qmax must be 255 or 127 (127 per token)");
+    if (dtype_code(dtype_of(x_code)) < 0) bad(nm, "x dtype must be float32, float16 or bfloat16");
+    epi_.set(weight_scale, bias, n, nm);
+  }
+
+  // The output; None when `check` is set and a scale is not finite (x holds a NaN or an infinity: the caller
+  // raises its error). Without `check` such rows (per token) or calls (per tensor) give NaN outputs.
+  py::object call(const at::Tensor& x, bool check) const {
+    const char* nm = "dynamic_int8_linear plan";
+    check_x(x, xcode_, nm);
+    if (x.dim() != 2 || x.size(1) != k_) bad(nm, "x must be (M, " + std::to_string(k_) + ")");
+    const int64_t m = x.size(0);
+    at::Tensor out = at::empty({m, n_}, at::TensorOptions().dtype(dtype_of(xcode_)));
+    if (m == 0) return py::cast(out);
+    if (kind_ != g_int_layout()) bad(nm, "the ISA level changed since the plan was made");
+    // rows with element stride 1 are read in place (a single row's stride says nothing)
+    const bool rows = x.stride(1) == 1 && (m == 1 || x.stride(0) >= k_);
+    at::Tensor xc = rows ? x : x.contiguous();
+    const int64_t ldx = m == 1 ? k_ : xc.stride(0);
+    bool finite = true;
+    {
+      std::unique_ptr<py::gil_scoped_release> nogil;
+      if (m * n_ * k_ > kReleaseGil) nogil = std::make_unique<py::gil_scoped_release>();
+      Scratch<int8_t, 16384> codes((size_t)(m * k_));
+      Scratch<float, 512> rs((size_t)(per_token_ ? m : 2 * m));
+      float row_scale = 0.0f;
+      int64_t cmul = 0;
+      if (per_token_) {
+        bie_dquant_args qa{xc.const_data_ptr(), xcode_, m, k_, ldx, 1, 0.0, 0.0, 127, codes.data(), rs.data()};
+        check_rc(g_dquant(&qa), nm);
+        for (int64_t r = 0; r < m && finite; ++r) finite = std::isfinite(rs.data()[r]);
+      } else {
+        bie_dquant_args ra{xc.const_data_ptr(), xcode_, m, k_, ldx, 2, 0.0, 0.0, qmax_, nullptr, rs.data()};
+        check_rc(g_dquant(&ra), nm);
+        const float* mm = rs.data();
+        float lo = mm[0], hi = mm[1];
+        bool nan = lo != lo;
+        for (int64_t r = 1; r < m; ++r) {
+          nan |= mm[2 * r] != mm[2 * r];
+          lo = mm[2 * r] < lo ? mm[2 * r] : lo;
+          hi = mm[2 * r + 1] > hi ? mm[2 * r + 1] : hi;
+        }
+        int64_t zp = 0;
+        finite = !nan && affine_qparams(lo, hi, qmax_, row_scale, zp);
+        if (!finite) row_scale = __builtin_nanf("");
+        // inv = float32(1 / scale); a NaN scale gives NaN products, codes 0
+        const float inv = finite ? 1.0f / row_scale : __builtin_nanf("");
+        bie_dquant_args qa{xc.const_data_ptr(), xcode_, m, k_, ldx, 0, (double)inv, (double)zp, qmax_, codes.data(),
+                           nullptr};
+        if (!(check && !finite)) check_rc(g_dquant(&qa), nm);
+        cmul = 128 - zp;
+      }
+      if (!(check && !finite)) {
+        int64_t mb = 64, pb = pw_ == 8 ? 8 : 4;
+        if (m * n_ * k_ > kSerialMacs) shrink_blocks(m, p_, mb, pb);
+        bie_igemm_args ga{codes.data(), k_, data_.const_data_ptr(),
+                          colsum_.defined() ? colsum_.const_data_ptr<int32_t>() : nullptr, kind_, m, n_, k_, kp_,
+                          p_, pw_, mb, pb, epi_.sp(), epi_.bp(), epi_.flags, xcode_, out.data_ptr(),
+                          per_token_ ? rs.data() : &row_scale, per_token_ ? 1 : 0,
+                          per_token_ ? nullptr : rowsum_.const_data_ptr<int32_t>(), cmul};
+        check_rc(g_igemm(&ga), nm);
+      }
+    }
+    if (check && !finite) return py::none();
+    return py::cast(out);
+  }
+
+ private:
+  at::Tensor data_, colsum_, rowsum_;
+  int64_t kind_, n_, k_, kp_, p_, pw_, xcode_;
+  bool per_token_;
+  int64_t qmax_;
+  Epilogue epi_;
+};
+
 // -------------------------------------------------------------------- WqPlan
 // One width segment: kernels_wq.WqLayout's float32-kernel panels and the x column of every
 // prepared row (index k: a zero), or none when the prepared order is x's own (kp == k).
@@ -538,11 +691,12 @@ class WqPlan {
   std::vector<WqSeg> segs_;
 };
 
-void init_plans(uintptr_t quant, uintptr_t igemm, uintptr_t iconv, uintptr_t wq, uintptr_t bconv, uintptr_t int_layout,
+void init_plans(uintptr_t quant, uintptr_t dquant, uintptr_t igemm, uintptr_t iconv, uintptr_t wq, uintptr_t bconv, uintptr_t int_layout,
                 int64_t abi) {
   if (abi != BIE_NATIVE_ABI)
     throw std::runtime_error("bie_cpu_native ABI " + std::to_string(abi) + " != " + std::to_string(BIE_NATIVE_ABI));
   g_quant = reinterpret_cast<quant_fn>(quant);
+  g_dquant = reinterpret_cast<dquant_fn>(dquant);
   g_igemm = reinterpret_cast<igemm_fn>(igemm);
   g_iconv = reinterpret_cast<iconv_fn>(iconv);
   g_wq = reinterpret_cast<wq_fn>(wq);
@@ -553,7 +707,7 @@ void init_plans(uintptr_t quant, uintptr_t igemm, uintptr_t iconv, uintptr_t wq,
 
 void bie_register_plans(py::module_& m) {
   m.def("init_plans", &init_plans,
-        "hand over bie_quant / bie_igemm / bie_iconv / bie_wq_gemm / bie_bconv / bie_int_layout");
+        "hand over bie_quant / bie_dquant / bie_igemm / bie_iconv / bie_wq_gemm / bie_bconv / bie_int_layout");
   py::class_<IntLinearPlan>(m, "IntLinearPlan")
       .def(py::init<const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t, int64_t, int64_t, int64_t,
                     int64_t, int64_t, double, int64_t, const std::optional<at::Tensor>&,
@@ -580,6 +734,14 @@ void bie_register_plans(py::module_& m) {
            py::arg("kw"), py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("pad_value"),
            py::arg("x_code"), py::arg("out_code"), py::arg("scale"), py::arg("bias"))
       .def("__call__", &BinaryConvPlan::call);
+  py::class_<DynLinearPlan>(m, "DynLinearPlan")
+      .def(py::init<const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
+                    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, const at::Tensor&,
+                    const std::optional<at::Tensor>&>(),
+           py::arg("data"), py::arg("colsum"), py::arg("rowsum"), py::arg("kind"), py::arg("n"), py::arg("k"),
+           py::arg("kp"), py::arg("p"), py::arg("pw"), py::arg("x_code"), py::arg("per_token"), py::arg("qmax"),
+           py::arg("weight_scale"), py::arg("bias"))
+      .def("__call__", &DynLinearPlan::call, py::arg("x"), py::arg("check") = false);
   py::class_<WqPlan>(m, "WqPlan")
       .def(py::init<int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, bool>(), py::arg("k"), py::arg("n"),
            py::arg("x_code"), py::arg("channel_scale"), py::arg("bias_in_kernel"))
