@@ -404,3 +404,154 @@ def test_binary_conv_bind_takes_the_kernel_for_other_epilogues():
     assert torch.equal(call(x, w, *geom, scale, bias, torch.float32),
                        rb.binary_conv2d(x, w, *geom, scale, bias, torch.float32))
     assert nk.bind_binary_conv2d(x, w, *geom[:5], 0.5, scale, bias, torch.float32) is None   # a pad value it refuses
+
+
+# ------------------------------------------------------------ DynLinearPlan
+SCHEMES = (("per_tensor_affine", False), ("per_tensor_affine", True), ("per_token_symmetric", False))
+
+
+def _dyn_plan(x, w, ws, bias, scheme, rr):
+    _native()
+    from bie_backend_cpu.native import kernels as nk
+    from bie_backend_cpu.native import kernels_dynamic as nd
+    if nk._lib.bie_int_layout() == nk.INT_ROWS:
+        pytest.skip("the portable level has no dynamic plan (the reference serves)")
+    call = nd.bind_dynamic_int8_linear(x, w, ws, bias, scheme, rr, prepared=nk.prepare(w))
+    assert call is not None
+    return call
+
+
+def _dyn_inputs(m, k, g, dtype):
+    """Random rows, then the edges of the scale rules (torch's zero-point rule, the small-scale rule, one
+    sign, ties of the per-token division, a strided and a transposed view)."""
+    yield (torch.randn(m, k, generator=g) * 3 + 0.4).to(dtype)
+    yield (torch.randn(m, k, generator=g) * 5e3).to(dtype)
+    yield torch.zeros(m, k, dtype=dtype)
+    yield (torch.rand(m, k, generator=g) + 0.5).to(dtype)
+    yield (-torch.rand(m, k, generator=g) - 0.5).to(dtype)
+    yield (torch.randn(m, k, generator=g) * 1e-6).to(dtype)
+    yield (torch.rand(m, k, generator=g) * 1e-6).to(dtype)
+    yield (torch.randint(-254, 255, (m, k), generator=g).float() / 8).to(dtype)
+    yield (torch.randn(m, k + 3, generator=g)).to(dtype)[:, 1:k + 1]
+    yield (torch.randn(k, m, generator=g)).to(dtype).t()
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 7, 5), (3, 33, 17), (16, 130, 64), (5, 1000, 257),
+                                     (300, 37, 19), (2, 8191, 9)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dynamic_plan_is_the_reference(m, k, n, dtype):
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(m * 7919 + k * 31 + n)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    for i, (scheme, rr) in enumerate(SCHEMES):
+        ws = torch.rand(n if i != 1 else 1, generator=g) * 0.02 + 1e-3
+        bias = None if i == 2 else torch.randn(n, generator=g).to(dtype if i else torch.float32)
+        x0 = torch.randn(m, k, generator=g).to(dtype)
+        call = _dyn_plan(x0, w, ws, bias, scheme, rr)
+        for x in _dyn_inputs(m, k, g, dtype):
+            want = rd.dynamic_int8_linear(x, w, ws, bias, scheme, rr)
+            got = call.input_plan(x, True)
+            assert got.dtype == dtype and got.shape == (m, n) and torch.equal(got, want), (scheme, rr)
+            assert torch.equal(call(x, w, ws, bias, scheme, rr), want)
+
+
+@pytest.mark.parametrize("scheme, rr", SCHEMES)
+def test_dynamic_plan_non_finite_inputs(scheme, rr):
+    """With ``check`` the plan declines (None: the layer raises its error); without, the op's NaN outputs."""
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(3)
+    m, k, n = 4, 40, 9
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(n, generator=g) * 0.01 + 1e-3, torch.randn(n, generator=g)
+    call = _dyn_plan(torch.randn(m, k), w, ws, bias, scheme, rr)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(m, k, generator=g)
+        x[2, 5] = bad
+        assert call.input_plan(x, True) is None
+        got, want = call.input_plan(x, False), rd.dynamic_int8_linear(x, w, ws, bias, scheme, rr)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert got[2].isnan().all() and (torch.isfinite(got[[0, 1, 3]]).all() if scheme == "per_token_symmetric"
+                                         else got.isnan().all())
+    x = torch.randn(m, k, generator=g)
+    assert torch.equal(call.input_plan(x, True), rd.dynamic_int8_linear(x, w, ws, bias, scheme, rr))
+
+
+def test_dynamic_plan_takes_the_kernel_for_other_epilogues_and_refuses_bad_input():
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(4)
+    w = torch.randint(-127, 128, (12, 30), dtype=torch.int8, generator=g)
+    ws, bias = torch.rand(12, generator=g) * 0.01 + 1e-3, torch.randn(12, generator=g)
+    x = torch.randn(3, 30, generator=g)
+    call = _dyn_plan(x, w, ws, bias, "per_tensor_affine", False)
+    other = torch.randn(12, generator=g)
+    assert torch.equal(call(x, w, ws, other, "per_tensor_affine", False),
+                       rd.dynamic_int8_linear(x, w, ws, other, "per_tensor_affine", False))
+    bias.add_(1.0)                                   # changed in place: the kernel, with the new values
+    assert torch.equal(call(x, w, ws, bias, "per_tensor_affine", False),
+                       rd.dynamic_int8_linear(x, w, ws, bias, "per_tensor_affine", False))
+    with pytest.raises(ValueError, match="dynamic_int8_linear plan.*dtype"):
+        call.input_plan(x.double())
+    with pytest.raises(ValueError, match=r"dynamic_int8_linear plan.*\(M, 30\)"):
+        call.input_plan(torch.randn(3, 31))
+
+
+def _dyn_layer(scheme, rr, dtype, per_channel=True, bias=True, k=37, n=19, seed=0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias).to(dtype)
+    return bie_core.DynamicQLinear.from_float(lin, per_channel=per_channel, act_scheme=scheme,
+                                              reduce_range=rr).eval()
+
+
+@pytest.mark.parametrize("scheme, rr", SCHEMES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dynamic_layer_eval_is_its_training_forward(scheme, rr, dtype):
+    _native()
+    for per_channel, bias in ((True, True), (False, False)):
+        layer = _dyn_layer(scheme, rr, dtype, per_channel, bias)
+        for xx in (torch.randn(5, 37).to(dtype), torch.randn(2, 3, 37).to(dtype) * 9, torch.randn(37).to(dtype),
+                   torch.randn(1, 37).to(dtype), torch.randn(40, 37).to(dtype)[::2]):
+            want = _grad_path(layer, xx)
+            y = _lean(layer, xx)
+            assert type(layer._lean.call).__name__ == "DynLinearPlan"
+            assert y.shape == want.shape and y.dtype == dtype and torch.equal(y, want)
+            with torch.no_grad():                     # grad mode on, nothing needing a gradient: bound too
+                assert torch.equal(layer(xx), want)
+    with torch.inference_mode():
+        assert explain(layer, xx).chosen() == {"dynamic_int8_linear": "cpu:native.dynamic_int8_linear"}
+
+
+def test_dynamic_layer_bound_call_follows_every_change():
+    _native()
+    layer = _dyn_layer("per_tensor_affine", False, torch.float32, seed=5)
+    x = torch.randn(4, 37)
+    _lean(layer, x)
+    lc = layer._lean
+    _lean(layer, x)
+    assert layer._lean is lc
+    for change in (lambda: layer.qweight.neg_(), lambda: layer.weight_scale.mul_(1.5),
+                   lambda: layer.bias.add_(1.0), lambda: setattr(layer, "act_scheme", "per_token_symmetric")):
+        with torch.no_grad():
+            change()
+        want = _grad_path(layer, x)
+        y = _lean(layer, x)
+        assert layer._lean is not lc and torch.equal(y, want)
+        lc = layer._lean
+    other = _dyn_layer("per_tensor_affine", False, torch.float32, seed=6)
+    layer.act_scheme = "per_tensor_affine"
+    layer.load_state_dict(other.state_dict())
+    layer._lean = None
+    assert torch.equal(_lean(layer, x), _grad_path(other, x))
+    x[1, 3] = float("nan")                            # non-finite input: the documented error, from the bound path
+    with pytest.raises(ValueError, match=r"DynamicQLinear\(37, 19\): the input has 1 non-finite"):
+        with torch.inference_mode():
+            layer(x)
+    layer.check_finite = False
+    with torch.inference_mode():
+        assert layer(x).isnan().all()
+    with pytest.raises(ValueError, match=r"DynamicQLinear\(37, 19\): input of shape \(2, 36\)"):
+        with torch.inference_mode():
+            layer(torch.randn(2, 36))
+    with bie_core.use_backend("cpu:reference.dynamic_int8_linear"):       # another preference: bound again, the reference's call
+        with torch.inference_mode():
+            y = layer(torch.randn(3, 37))
+        assert type(layer._lean.call).__name__ != "DynLinearPlan" and y.shape == (3, 19)

@@ -125,6 +125,26 @@ class DynamicQLinear(nn.Module):
             self.register_parameter("bias", None)
 
     # ------------------------------------------------------------------ info
+    # The activation scheme and reduce_range are arguments of the bound inference call: setting either
+    # drops it.
+    @property
+    def act_scheme(self) -> str:
+        return self.__dict__["_act_scheme"]
+
+    @act_scheme.setter
+    def act_scheme(self, value: str) -> None:
+        self.__dict__["_act_scheme"] = value
+        self.__dict__["_lean"] = None
+
+    @property
+    def reduce_range(self) -> bool:
+        return self.__dict__["_reduce_range"]
+
+    @reduce_range.setter
+    def reduce_range(self, value: bool) -> None:
+        self.__dict__["_reduce_range"] = value
+        self.__dict__["_lean"] = None
+
     def _name(self) -> str:
         return f"DynamicQLinear({self.in_features}, {self.out_features})"
 
