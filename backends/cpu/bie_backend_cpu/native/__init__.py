@@ -85,7 +85,8 @@ def _fused_self_test() -> Optional[str]:
 
 def _plans_self_test(g) -> Optional[str]:
     """The layers' bound plans (csrc/fused_plans.cpp) against the reference: the
-    quantized linear at two bit widths and one weight-only GEMM."""
+    quantized linear at two bit widths, one weight-only GEMM, the binary conv and
+    the dynamic int8 linear (both activation schemes)."""
     import torch
 
     from bie_backend_cpu.reference import integer as ref_int
@@ -119,6 +120,15 @@ def _plans_self_test(g) -> Optional[str]:
     call = kernels.bind_binary_conv2d(*args, prepared=kernels.prepare(w))
     if call is None or not torch.equal(call(*args), ref_binary.binary_conv2d(*args)):
         return "self-test failed: binary_conv2d plan"
+    from bie_backend_cpu.reference import dynamic as ref_dyn
+    from . import kernels_dynamic
+    b = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    for scheme, rr, dtype in (("per_tensor_affine", True, torch.float32), ("per_token_symmetric", False, torch.bfloat16)):
+        x, ws, bias = (torch.randn(m, k, generator=g) * 2 + 0.3).to(dtype), torch.rand(n, generator=g) * 0.01, None
+        args = (x, b, ws, bias, scheme, rr)
+        call = kernels_dynamic.bind_dynamic_int8_linear(*args, prepared=kernels.prepare(b))
+        if call is not None and not torch.equal(call(*args), ref_dyn.dynamic_int8_linear(*args)):
+            return f"self-test failed: dynamic_int8_linear plan {scheme}"
     return None
 
 
