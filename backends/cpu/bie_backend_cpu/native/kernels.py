@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import threading
 
 import torch
@@ -460,6 +461,32 @@ class IntLayout:
         self.kind, self.data, self.colsum, self.kp, self.p, self.pw = kind, data, colsum, kp, p, pw
 
 
+#: layouts from this size on are placed on memory advised for transparent huge pages (Linux): a GEMV streams
+#: the whole layout once per call, and 2 MiB pages spare it the TLB misses and the hardware prefetchers'
+#: stops at every 4 KiB page (about 8% of an M=1 call on a 4096x4096 int8 weight)
+HUGE_LAYOUT_BYTES = 8 << 20
+_HUGE_PAGE = 2 << 20
+
+
+def _layout_like(src: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``src``: large ones on 2 MiB-aligned anonymous memory advised for huge pages
+    (where the system offers them; else an ordinary tensor)."""
+    n = src.numel() * src.element_size()
+    if n < HUGE_LAYOUT_BYTES or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return src.contiguous()
+    try:
+        # private: a shared anonymous mapping is shmem, which huge pages of this kind do not cover
+        mm = mmap.mmap(-1, n + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mm.madvise(mmap.MADV_HUGEPAGE)       # before the first touch: the pages are faulted in huge
+    except (OSError, ValueError):
+        return src.contiguous()
+    raw = torch.frombuffer(mm, dtype=torch.uint8)      # keeps the mapping alive as long as any view of it
+    off = (-raw.data_ptr()) % _HUGE_PAGE
+    out = raw[off:off + n].view(src.dtype).view(src.shape)
+    out.copy_(src)
+    return out
+
+
 def _int_layout(b: torch.Tensor, kind: int) -> IntLayout:
     """(..., N, K) int8 -> the layout ``kind`` (leading dims kept: one layout per batch item)."""
     n, k = b.shape[-2], b.shape[-1]
@@ -472,7 +499,7 @@ def _int_layout(b: torch.Tensor, kind: int) -> IntLayout:
         kp, p = -(-k // 2) * 2, -(-n // pw)
         buf = torch.zeros(lead + (p * pw, kp), dtype=torch.int16)
         buf[..., :n, :k] = b
-        data = buf.reshape(lead + (p, pw, kp // 2, 2)).transpose(-3, -2).contiguous()
+        data = _layout_like(buf.reshape(lead + (p, pw, kp // 2, 2)).transpose(-3, -2))
         return IntLayout(kind, data, None, kp, p, pw)
     if kind == INT_VNNI16:
         kp, p = -(-k // 4) * 4, -(-n // 16)
@@ -480,7 +507,7 @@ def _int_layout(b: torch.Tensor, kind: int) -> IntLayout:
         buf[..., :n, :k] = b
         colsum = torch.zeros(lead + (p * 16,), dtype=torch.int32)
         colsum[..., :n] = b.sum(-1, dtype=torch.int32)
-        data = buf.reshape(lead + (p, 16, kp // 4, 4)).transpose(-3, -2).contiguous()
+        data = _layout_like(buf.reshape(lead + (p, 16, kp // 4, 4)).transpose(-3, -2))
         return IntLayout(kind, data, colsum, kp, p, 16)
     raise ValueError(f"unknown int layout {kind}")
 
