@@ -13,6 +13,7 @@ tests are skipped, except the ones that check the backend without them.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import random
 import subprocess
@@ -390,6 +391,24 @@ def test_int_gemm_extremes_at_max_k(nk, levels):
     exp = ri.int_gemm(a, b, 8, 8, None, None, None)
     assert int(exp[0, 0]) == k * 16384 and int(exp[0, 0]) <= 2**31 - 1
     assert_same(at_levels(levels, lambda: nk.int_gemm(a, b, 8, 8, None, None, None)), exp, "int_gemm max K")
+
+
+def test_int_gemm_on_a_huge_page_layout(nk, levels):
+    """A weight whose layout passes HUGE_LAYOUT_BYTES: the layout sits on 2 MiB-aligned memory (advised for
+    huge pages) and holds what the ordinary copy holds; the GEMM on it is the reference's."""
+    g = gen("igemm-huge")
+    n, k = 4096, 2049                                  # 8 MiB and more at every level's layout
+    b = codes((n, k), 8, g)
+    src = torch.randint(-128, 128, (2, nk.HUGE_LAYOUT_BYTES // 2 + 5), dtype=torch.int8, generator=g).t()
+    big = nk._layout_like(src)                         # (a strided source, as the layouts' transposes)
+    assert torch.equal(big, src) and big.is_contiguous()
+    if hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS"):
+        assert big.data_ptr() % (2 << 20) == 0
+    a = codes((3, k), 8, g)
+    scale, bias = torch.rand(n, generator=g) * 0.01, torch.randn(n, generator=g)
+    exp = ri.int_gemm(a, b, 8, 8, scale, bias, torch.float32)
+    assert_same(at_levels(levels, lambda: nk.int_gemm(a, b, 8, 8, scale, bias, torch.float32, prepared=nk.prepare(b))),
+                exp, "int_gemm on a huge-page layout")
 
 
 # ------------------------------------------------------------------ int_conv2d
