@@ -424,8 +424,8 @@ int bie_dquant(const bie_dquant_args* a) {
     return BIE_EBADARG;
   const bie_range_fn fn = pick_dquant(g_level.load());
   if (!fn) return BIE_EBADARG;
-  // light, and one parallel region more per call: threads only beyond ~1M elements
-  const int64_t grain = (int64_t{1} << 20) / (a->K > 0 ? a->K : 1) + 1;
+  // light, and one parallel region more per call: threads only beyond ~256K elements
+  const int64_t grain = (int64_t{1} << 18) / (a->K > 0 ? a->K : 1) + 1;
   return run(fn, a, a->M, grain);
 }
 

@@ -512,8 +512,9 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
   return BIE_OK;
 }
 // ------------------------------------------------------------- dynamic activation quantization
-// task = one row. Vector extensions (compiled for this variant's ISA) for the abs-max reduction; the
-// element loops are plain code the compiler vectorises (rint, fma and the division are exact IEEE).
+// task = one row. Vector extensions (compiled for this variant's ISA) for the min/max and abs-max
+// reductions, the variant's quant_block for the per-token codes; the affine codes' loop is plain code the
+// compiler vectorises (rint and fma are exact IEEE).
 typedef float bie_v8f __attribute__((vector_size(32)));
 typedef int32_t bie_v8i __attribute__((vector_size(32)));
 
@@ -598,13 +599,8 @@ static void dquant_rows(const bie_dquant_args* p, int64_t r0, int64_t r1) {
     float s = bad ? __builtin_nanf("") : amax / 127.0f;
     if (s == 0.0f) s = 1.0f;
     p->rscale[r] = s;
-    for (int64_t j = 0; j < K; ++j) {
-      float t = __builtin_rintf(bie_load_f32<DT>(x, j) / s);
-      t = t == t ? t : 0.0f;
-      t = t < -127.0f ? -127.0f : t;
-      t = t > 127.0f ? 127.0f : t;
-      o[j] = (int8_t)(int32_t)t;
-    }
+    // the variant's quantize_int block: rint(x / s), NaN -> 0, clamped to [-127, 127]
+    quant_block<DT>(x, K, s, -127.0f, 127.0f, o, nullptr);
   }
 }
 
