@@ -555,3 +555,20 @@ def test_dynamic_layer_bound_call_follows_every_change():
         with torch.inference_mode():
             y = layer(torch.randn(3, 37))
         assert type(layer._lean.call).__name__ != "DynLinearPlan" and y.shape == (3, 19)
+
+
+def test_dynamic_layer_copies_moves_and_grad_leave_no_bound_call():
+    import copy
+    import pickle
+    _native()
+    layer = _dyn_layer("per_token_symmetric", False, torch.float32, seed=7)
+    x = torch.randn(3, 37)
+    want = _lean(layer, x)
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert clone._lean is None and clone.act_scheme == "per_token_symmetric"
+        assert torch.equal(_lean(clone, x), want)
+    layer.to(torch.float32)
+    assert layer._lean is None
+    xg = x.clone().requires_grad_()
+    layer(xg).sum().backward()                        # the training path: the autograd Function, no bound call
+    assert layer._lean is None and xg.grad is not None

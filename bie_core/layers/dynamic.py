@@ -240,6 +240,13 @@ class DynamicQLinear(nn.Module):
         state.pop("_lean", None)
         return state
 
+    def __setstate__(self, state):
+        # (pickles whose layer kept the scheme as plain attributes)
+        for name in ("act_scheme", "reduce_range"):
+            if name in state:
+                state["_" + name] = state.pop(name)
+        super().__setstate__(state)
+
     def _check_finite(self, x, y) -> None:
         _raise_if_not_finite(self._name(), x, y)
 

@@ -124,15 +124,6 @@ def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=Fals
     return out
 
 
-def _state(t):
-    """(storage, version) of a tensor, version None for an inference tensor; None for None."""
-    if t is None:
-        return None
-    if t.is_inference():
-        return (t.data_ptr(), None)
-    return (t.data_ptr(), t._version)
-
-
 def bind_dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
     """``dynamic_int8_linear`` for one call signature (the dispatcher's ``bind``): a ``DynLinearPlan`` of the
     fused module (csrc/fused_plans.cpp) with the weight layout, its row sums and the epilogue fixed, so that a
@@ -162,6 +153,7 @@ def bind_dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range
     plan = fused.DynLinearPlan(lay.data, lay.colsum, rowsum, kind, n, k, lay.kp, lay.p, lay.pw, nk.DTYPE_CODE[x.dtype],
                                not affine, act_qmax(scheme, reduce_range), weight_scale.detach(),
                                None if bias is None else bias.detach())
+    from .kernels_mbwq import _state
     s0, b0 = weight_scale, bias
     st0 = (_state(s0), _state(b0))
 
