@@ -572,3 +572,20 @@ def test_dynamic_layer_copies_moves_and_grad_leave_no_bound_call():
     xg = x.clone().requires_grad_()
     layer(xg).sum().backward()                        # the training path: the autograd Function, no bound call
     assert layer._lean is None and xg.grad is not None
+
+
+def test_dynamic_layer_at_every_isa_level():
+    _native()
+    from bie_backend_cpu import native
+    from bie_backend_cpu.reference import dynamic as rd
+    layer = _dyn_layer("per_tensor_affine", True, torch.bfloat16, seed=8)
+    x = torch.randn(6, 37).to(torch.bfloat16)
+    want = rd.dynamic_int8_linear(x, layer.qweight, layer.weight_scale, layer.bias, "per_tensor_affine", True)
+    try:
+        for lvl in native.available_levels():
+            native.set_level(lvl)
+            assert torch.equal(_lean(layer, x), want), lvl
+            plan = type(layer._lean.call).__name__ == "DynLinearPlan"
+            assert plan == (lvl != "portable"), lvl     # the portable level: the reference, through the kernel
+    finally:
+        native.set_level(None)
