@@ -166,8 +166,10 @@ class DynamicQLinear(nn.Module):
         return dequantize_weight(self.qweight, self.weight_scale, dtype or self.dtype)
 
     # --------------------------------------------------------------- forward
-    #: the bound inference call of the last input signature (see ``_lean``); never pickled or copied
+    #: the bound inference call of the last input signature (see ``_lean``); never pickled or copied, and
+    #: dropped by ``bie_core.invalidate``
     _lean = None
+    _transient = ("_lean",)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Inference (nothing needs a gradient; eager, no dispatch or function mode; a plain tensor): the op
