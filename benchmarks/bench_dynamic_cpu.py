@@ -12,8 +12,8 @@ For (K, N) in {4096x4096, 4096x11008} and M in {1, 16, 256}, fp32 activations, p
 * ``fp32``: ``nn.Linear``.
 
 Every timed call quantizes its activations (the dynamic part is inside the time). The machine may be shared:
-the contenders run interleaved, one call each per round, and the table gives the median per contender over
-the rounds, so that load changes hit all of them alike; ``--runs N`` repeats the whole measurement N times and
+the contenders run interleaved, one sample each per round in a new (seeded random) order every round, and the table
+gives the median per contender over the rounds, so that load changes and cache states hit all of them alike; ``--runs N`` repeats the whole measurement N times and
 reports each contender's median over the runs. Ratios are fbgemm time / bie time (> 1: bie faster).
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -49,8 +50,15 @@ def _interleaved(fns: dict, rounds: int, inner: int) -> dict:
         fn()
         fn()
     ts = {k: [] for k in fns}
+    names = list(fns)
+    order = random.Random(0)
     for _ in range(rounds):
-        for k, fn in fns.items():
+        # a new order every round (seeded): a contender's first call of a sample finds the cache as the
+        # previous contender left it (an M=1 call reads as many weight bytes as the L3 holds), so none may
+        # always follow the same one (fp32's 64 MiB sweep in particular); a rotation would keep predecessors
+        order.shuffle(names)
+        for k in names:
+            fn = fns[k]
             t0 = time.perf_counter()
             for _ in range(inner):
                 fn()
@@ -133,7 +141,8 @@ def _page(meta: dict, rows: list) -> str:
         f"{', '.join(map(str, meta['load_end']))} (the machine is shared with other jobs)",
         f"- command: `python benchmarks/bench_dynamic_cpu.py --threads 2 --rounds {meta['rounds']} --runs "
         f"{meta.get('runs', 1)} --out benchmarks/results/dynamic_cpu.md --json benchmarks/results/dynamic_cpu.json`",
-        f"- method: the four contenders run interleaved (one sample of each per round, {meta['rounds']} rounds; a "
+        f"- method: the four contenders run interleaved (one sample of each per round, in a new seeded random order "
+        f"every round, {meta['rounds']} rounds; a "
         "sample is 10 calls at M=1, 3 at M=16, 1 at M=256); the table gives the median sample per call"
         + (f", the median over {meta['runs']} such runs" if meta.get("runs", 1) > 1 else "")
         + ". Every call quantizes its activations.", "",
