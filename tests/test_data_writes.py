@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import bie_core
-from bie_core import (BinaryConv2d, BinaryEmbedding, BinaryEmbeddingBag, BinaryLinear, MBWQLinear, MPQLinear,
-                      QConv2d, QLinear)
+from bie_core import (BinaryConv2d, BinaryEmbedding, BinaryEmbeddingBag, BinaryLinear, DynamicQLinear, MBWQLinear,
+                      MPQLinear, QConv2d, QLinear)
 from bie_core.layers._tracked import TrackedTensor
 
 
@@ -69,6 +69,11 @@ def _cases():
         "MPQLinear-gptq": (mpq("gptq", False), x_wq, ("qweight", "scales", "zeros")),
         "MPQLinear-gba-act-order": (mpq("gba", True), x_wq, ("qweight", "scales", "zeros", "g_idx")),
         "MBWQLinear": (mbwq, x_wq, ("qweight", "scales", "zeros", "q_perm", "channel_scale")),
+        "DynamicQLinear": (lambda: DynamicQLinear.from_float(torch.nn.Linear(24, 8)).eval(), x_lin,
+                           ("qweight", "weight_scale")),
+        "DynamicQLinear-per-token": (lambda: DynamicQLinear.from_float(torch.nn.Linear(24, 8),
+                                                                        act_scheme="per_token_symmetric").eval(),
+                                     x_lin, ("qweight", "weight_scale")),
     }
 
 

@@ -26,6 +26,7 @@ from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_
 from ..ops.dynamic import MAX_K, SCHEMES
 from ._base import backend_string, check_dtype, check_positive_ints
 from ._lean import LeanCall
+from ._tracked import TracksBufferWrites
 
 _Tensor = torch.Tensor
 
@@ -80,7 +81,7 @@ def _is_torch_dynamic_linear(m) -> bool:
     return t.__name__ == "Linear" and t.__module__.startswith("torch.ao.nn.quantized.dynamic")
 
 
-class DynamicQLinear(nn.Module):
+class DynamicQLinear(TracksBufferWrites, nn.Module):
     """Linear layer with frozen int8 weights and activations quantized dynamically (per call).
 
     Args: ``in_features``, ``out_features``, ``bias``; ``per_channel`` (one weight scale per output channel,
