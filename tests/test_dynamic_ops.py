@@ -123,6 +123,25 @@ BACKENDS = ["cpu"] + (["mlx"] if __import__("importlib").util.find_spec("mlx") e
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_rows(backend):
+    """K = 0: every row's amax is 0, so its per-token scale is 1 (never unwritten memory), and the linear is
+    its bias; the bound call as the kernel."""
+    from bie_core import dispatch
+    for m in (1, 3, 7):
+        x = torch.empty(m, 0)
+        w, ws, b = torch.zeros(5, 0, dtype=torch.int8), torch.rand(5) + 0.5, torch.randn(5)
+        for scheme, rr in SCHEMES:
+            got = ops.dynamic_quantize_act(x, scheme, rr, backend=backend)
+            ref = rd.dynamic_quantize_act(x, scheme, rr)
+            for g, r in zip(got, ref):
+                assert torch.equal(g, r), (backend, scheme, m)
+            y = ops.dynamic_int8_linear(x, w, ws, b, scheme, rr, backend=backend)
+            assert torch.equal(y, b.expand(m, 5)), (backend, scheme, m)
+            bound = dispatch.resolve(ops.dynamic_int8_linear, x, w, ws, b, scheme, rr, backend=backend)
+            assert torch.equal(bound.fn(x, w, ws, b, scheme, rr), y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_non_finite_inputs(backend):
     """A NaN/inf row: codes 0, non-finite scale; outputs NaN in that row (per token) or everywhere (per
     tensor); never an exception inside the op."""

@@ -65,7 +65,8 @@ def _quantize(x, scheme, reduce_range):
                           out.data_ptr(), None)
         rs = torch.tensor([scale], dtype=torch.float32)
     else:
-        rs = torch.empty((m,), dtype=torch.float32)
+        # an empty row's amax is 0, whose scale is 1 (as the reference's): the kernel writes the others
+        rs = torch.empty((m,), dtype=torch.float32) if k else torch.ones((m,), dtype=torch.float32)
         zp = 0
         args = DQuantArgs(xr.data_ptr(), nk.DTYPE_CODE[xr.dtype], m, k, max(xr.stride(0), k), 1, 0.0, 0.0, 127,
                           out.data_ptr(), rs.data_ptr())
@@ -140,7 +141,7 @@ def bind_dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range
         return None
     m, k = x.shape
     n = weight.shape[0]
-    if m == 0 or n == 0 or weight.shape[1] != k or weight_scale.device.type != "cpu" \
+    if m == 0 or n == 0 or k == 0 or weight.shape[1] != k or weight_scale.device.type != "cpu" \
             or weight_scale.dim() != 1 or weight_scale.numel() not in (1, n) or weight_scale.dtype not in FLOAT_DTYPES \
             or (bias is not None and (bias.device.type != "cpu" or bias.dim() != 1 or bias.numel() != n
                                       or bias.dtype not in FLOAT_DTYPES)):
