@@ -337,7 +337,7 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
     one call into the extension's Python module; the scale and shift are read from each call's arguments (a
     training step's weight-code quantization passes a new scale every step), converted only when they are not
     float32 / x's dtype already. None otherwise (``quantize_int`` serves)."""
-    if x.device.type != "cuda" or x.dtype not in FLOATS or scale.numel() != 1 or x.numel() == 0:
+    if x.dtype not in FLOATS or scale.numel() != 1 or scale.device != x.device or x.numel() == 0:
         return None
     fn, f32, dt = _build.direct(EXTENSION).quantize, torch.float32, x.dtype
 
@@ -361,7 +361,7 @@ def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
     None for an empty problem (``int_gemm`` serves)."""
     m, k = a.shape
     n = b.shape[0]
-    if m == 0 or n == 0 or k == 0 or a.device.type != "cuda":
+    if m == 0 or n == 0 or k == 0:
         return None
     kp = _k16(k)
     bw = prepared if prepared is not None else b.detach()   # (prepare_gemm: None when b is usable as it is)
@@ -406,7 +406,7 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
     ho = _conv_out(h, kh, stride[0], padding[0], dilation[0])
     wo = _conv_out(wd, kw, stride[1], padding[1], dilation[1])
     og, kg = o // g, cg * kh * kw
-    if n == 0 or o == 0 or kg == 0 or ho <= 0 or wo <= 0 or prepared is None or x.device.type != "cuda":
+    if n == 0 or o == 0 or kg == 0 or ho <= 0 or wo <= 0 or prepared is None:
         return None
     if tuple(prepared.shape) != (g, _n8(og), _k16(kg)):
         return None
