@@ -315,15 +315,21 @@ def test_qlinear_eager_bound_path_on_gpu(w_bits, a_bits, packed, bias, dtype):
     x = torch.randn(7, 200, device="cuda", dtype=dtype)
     with torch.inference_mode():
         layer(x)
-    with torch.no_grad():   # weight updates: in place, through .data, the activation scale and shift
+    # weight updates: in place, through a buffer's .data, a Parameter's .data replaced (docs/bad-input.md)
+    with torch.no_grad():
         if packed:
-            layer.qweight.data = layer.qweight.data.flip(0).contiguous()
+            layer.qweight.data.copy_(layer.qweight.flip(0))
         else:
-            layer.weight.data.mul_(-1.5)
-        layer.act_scale.data.mul_(0.8)
-        layer.act_shift.add_(0.25)
+            layer.weight.mul_(-1.5)
+        layer.act_scale.mul_(0.8)
         if bias:
-            layer.bias.data.add_(1.0)
+            layer.bias.add_(1.0)
+    with torch.inference_mode():
+        y = layer(x)
+    assert torch.equal(y, _full_forward(layer, x))
+    layer.act_shift.data = layer.act_shift.data + 0.25
+    if packed:
+        layer.qweight.data = layer.qweight.flip(1).contiguous()
     with torch.inference_mode():
         y = layer(x)
     assert torch.equal(y, _full_forward(layer, x))
@@ -352,10 +358,10 @@ def test_qconv2d_eager_bound_path_on_gpu(packed, groups, dtype):
     x = torch.randn(2, 16, 8, 8, device="cuda", dtype=dtype)
     with torch.no_grad():
         if packed:
-            layer.qweight.data = layer.qweight.data.flip(0).contiguous()
+            layer.qweight.data = layer.qweight.flip(0).contiguous()
         else:
-            layer.weight.data.mul_(-1.5)
-        layer.act_shift.data.add_(0.25)
+            layer.weight.mul_(-1.5)
+        layer.act_shift.add_(0.25)
     with torch.inference_mode():
         y = layer(x)
     assert torch.equal(y, _full_forward(layer, x))

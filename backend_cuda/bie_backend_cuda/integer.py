@@ -60,8 +60,8 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
     converts its arguments more cheaply than an op call. The scale and shift are read from each call's arguments
     (a training step's weight-code quantization passes a new scale every step); they are converted only when they
     are not already float32 / x's dtype. None otherwise (the registered kernel serves)."""
-    if (x.device.type != "cuda" or x.dtype not in _FLOATS or scale.numel() != 1 or scale.device != x.device
-            or x.numel() == 0 or bits not in (4, 8)):
+    if x.dtype not in _FLOATS or scale.numel() != 1 or scale.device != x.device or x.numel() == 0 \
+            or bits not in (4, 8):
         return None
     fn, f32, dt = _build.direct().quantize_int, torch.float32, x.dtype
 
