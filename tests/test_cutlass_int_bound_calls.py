@@ -45,9 +45,10 @@ class _Extension:
 
     def quantize(self, x, scale, rows, bits, shift, out_dtype):
         self.calls.append("quantize")
-        assert rows == 1 and scale.dtype == torch.float32 and scale.numel() == 1
+        assert x.is_contiguous() and scale.dtype == torch.float32 and scale.numel() == rows
         assert shift is None or (shift.dtype == x.dtype and shift.numel() == x.shape[-1])
-        return _ref().quantize_int(x, scale.reshape(()), bits, shift, out_dtype)
+        s = scale.reshape(()) if rows == 1 else scale.reshape((rows,) + (1,) * (x.dim() - 1))   # one per leading row
+        return _ref().quantize_int(x, s, bits, shift, out_dtype)
 
     def gemm(self, a3, b3, s, sb, bb, bbs, out_dtype, n_pad, config):
         self.calls.append(("gemm", config))
@@ -217,6 +218,89 @@ def test_bound_int_conv2d_and_fused_conv(stand_in, n, c, h, w, o, ks, st, pd, dl
     xl = x.to(memory_format=torch.channels_last)
     assert torch.equal(fused(xl), want)
     assert call.fuse_quantized_input(quant, sa, 8, torch.zeros(c + 1), scale, bv) is None
+
+
+@pytest.fixture
+def on_cpu(stand_in, fresh_bie):
+    """This family's integer kernels registered for CPU tensors (on the stand-in), above every other backend."""
+    import bie_core
+    from bie_backend_cutlass import integer as ci
+    from bie_core import Capability
+    from bie_core.plugins import BackendDescriptor, hookimpl
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            ci.register(_CpuRegistrar(registry), 900)
+    bie_core.register_backend(BackendDescriptor("cutlass_standin", "1.0", ("cpu",), load=P))
+    return stand_in
+
+
+class _CpuRegistrar:
+    """Registers with the capabilities moved to CPU (no device-capability check there)."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def register(self, op, fn, *, capability, **kw):
+        import dataclasses
+        cap = dataclasses.replace(capability, devices=("cpu",), compute_capability=(None, None))
+        return self.registry.register(op, fn, capability=cap, **kw)
+
+
+@pytest.mark.parametrize("w_bits, packed", [(8, False), (4, True), (8, True)])
+def test_qlinear_eager_path_is_one_fused_call(on_cpu, w_bits, packed):
+    """QLinear's eager inference takes the bound GEMM's fused call (one call into the module a forward), which
+    equals the layer's full forward through the registered kernels, across shapes and weight updates."""
+    from bie_core import QLinear
+    torch.manual_seed(w_bits)
+    layer = QLinear(40, 24, w_bits, w_bits, bias=True, per_channel=True)
+    layer(torch.randn(4, 40))
+    if packed:
+        layer.pack()
+    layer.eval()
+    for shape in [(1, 40), (5, 40), (2, 3, 40), (1, 40)]:
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            layer(x)                                   # binds
+            assert layer._lean.call.__name__ == "fused"
+            on_cpu.calls.clear()
+            y = layer(x)
+        assert on_cpu.calls[0] == "linear" and on_cpu.calls.count("linear") == 1   # one call into the module
+        assert torch.equal(y, _full_forward(layer, x)), shape
+    with torch.no_grad():
+        if packed:
+            layer.qweight.data.copy_(layer.qweight.flip(0))
+        else:
+            layer.weight.mul_(-1)
+        layer.act_scale.mul_(1.5)
+    x = torch.randn(3, 40)
+    with torch.inference_mode():
+        y = layer(x)
+    assert torch.equal(y, _full_forward(layer, x))
+
+
+@pytest.mark.parametrize("groups, packed", [(1, False), (2, True)])
+def test_qconv2d_eager_path_is_one_fused_call(on_cpu, groups, packed):
+    from bie_core import QConv2d
+    torch.manual_seed(groups)
+    layer = QConv2d(8, 12, 3, padding=1, groups=groups, bias=True, per_channel=True)
+    layer(torch.randn(2, 8, 6, 6))
+    if packed:
+        layer.pack()
+    layer.eval()
+    for shape in [(1, 8, 6, 6), (3, 8, 5, 7), (8, 6, 6)]:
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            y = layer(x)
+        assert layer._lean.call.__name__ == "fused"
+        assert torch.equal(y, _full_forward(layer, x)), shape
+    with torch.no_grad():
+        layer.act_shift.add_(0.3)
+    x = torch.randn(2, 8, 6, 6)
+    with torch.inference_mode():
+        y = layer(x)
+    assert torch.equal(y, _full_forward(layer, x))
 
 
 # ------------------------------------------------------------- the kernels (sm_90)

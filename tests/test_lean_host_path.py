@@ -445,3 +445,20 @@ def test_integer_layers_keep_bound_calls_per_input_shape(make, shapes):
 def _full_forward(layer, x):
     with torch.enable_grad():
         return layer(x.requires_grad_(True)).detach()
+
+
+@pytest.mark.parametrize("w_bits", [4, 8])
+def test_packed_codes_made_in_inference_mode_serve_a_later_autograd_forward(w_bits):
+    """The unpacked codes kept per buffer version are made outside inference mode: a forward with autograd (a
+    gradient for the input) after an inference_mode forward can save them."""
+    torch.manual_seed(w_bits)
+    layer = QLinear(32, 16, w_bits, w_bits)
+    layer(torch.randn(3, 32))
+    layer.pack()
+    layer.eval()
+    x = torch.randn(3, 32)
+    y = _lean(layer, x)
+    xg = x.clone().requires_grad_(True)
+    yg = layer(xg)
+    yg.sum().backward()
+    assert torch.equal(yg.detach(), y) and xg.grad is not None

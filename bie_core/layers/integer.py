@@ -146,10 +146,13 @@ class _IntWeightMixin(TorchInit):
         # is unchanged (8-bit: one reshaped view; 4-bit: codes unpacked once per
         # buffer version): the dispatcher caches backend-prepared layouts per
         # tensor object, so a fresh view per call would re-prepare every time.
-        if self.w_bits == 8:
-            return self._derived("_codes_cache", (q,), lambda: q.reshape(self._weight_shape))
-        return self._derived("_codes_cache", (q,), lambda: ops.unpack_int4(q, self._flat_k(), backend=self.backend)
-                             .reshape(self._weight_shape))
+        # (made outside inference mode: an inference tensor could not be saved by a later forward with autograd)
+        def build():
+            with torch.inference_mode(False), torch.no_grad():
+                if self.w_bits == 8:
+                    return q.reshape(self._weight_shape)
+                return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
+        return self._derived("_codes_cache", (q,), build)
 
     def _do_pack(self) -> None:
         if not self._weight_scale_ready:
