@@ -173,11 +173,20 @@ def _machine(device) -> str:
     return f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
 
 
+def _backends() -> str:
+    """The backends that serve calls in this run (which kernels a layer can get depends on them)."""
+    reg = bie_core.get_registry()
+    reg.ensure_discovered()
+    return ", ".join(r.distribution for r in reg.records() if r.status == "loaded")
+
+
 def _kernels(cases: dict) -> dict:
-    """Which kernel served each layer (explain)."""
+    """Which kernels each layer's call runs (explain of a second forward: the first binds, and what it derives
+    once, such as the unpacked 4-bit codes, is not part of a call)."""
     out = {}
     for name, (layer, _, x) in cases.items():
         with torch.inference_mode():
+            layer(x)
             rep = bie_core.explain(layer, x)
         out[name] = ", ".join(f"{op}: {q}" for op, q in rep.chosen().items())
     return out
@@ -214,7 +223,7 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
             "machine": _machine(device), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-            "shape": {"M": a.m, "K": a.k, "N": a.n}, "rounds": rounds, "calls": calls,
+            "shape": {"M": a.m, "K": a.k, "N": a.n}, "rounds": rounds, "calls": calls, "backends": _backends(),
             "command": "python benchmarks/bench_host.py " + " ".join(argv if argv is not None else
                                                                      __import__("sys").argv[1:])}
     (out_dir / f"host_path{suffix}.json").write_text(json.dumps({"meta": meta, "layers": res, "kernels": kernels,
@@ -225,6 +234,7 @@ def main(argv=None):
              f"- machine: {meta['machine']}; dtype {meta['dtype']}; M={a.m}, K={a.k}, N={a.n} "
              f"(convs: {a.k // 4} channels, 3x3, 8x8 input)",
              f"- command: `{meta['command']}`",
+             f"- backends loaded: {meta['backends']}",
              f"- method: {rounds} rounds under `torch.inference_mode()`, each alternating layer and twin over 5 "
              f"blocks of {max(1, calls // 5)} calls and keeping each side's fastest block; medians over rounds (ratio: "
              "of the per-round ratios). Target: ratio <= 1.2 (lean host path).", "",

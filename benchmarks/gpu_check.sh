@@ -7,10 +7,12 @@
 #   build-cuda      build the CUDA extension
 #   build-cutlass   build the CUTLASS families (binary, integer, weight_only)
 #   build           both builds at once (each CUTLASS family in its own process)
-#   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_wq_kernel_choice.py and the conformance kit under cuda
+#   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_cuda_quantize_int.py, test_wq_kernel_choice.py and
+#                   the conformance kit under cuda
 #   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
 #   bench-binary    the binary product tables (bench_cuda.py --only binary --quick, bench_cutlass_binary.py --quick)
+#   bench-host      host time of the layers' eager inference against nn.Linear / nn.Conv2d (bench_host.py --quick)
 #   explain         which wq_gemm kernel runs for a few layer shapes and why (bie_core.explain)
 #   all             every stage above, in order
 #
@@ -91,11 +93,13 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       tail -n 2 "$OUT"/build-cuda.log "$OUT"/build-cutlass-*.log ;;
     test-cuda)
       run test-cuda timeout 580 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs \
-          tests/test_cuda_backend.py tests/test_cuda_bound_calls.py tests/test_wq_kernel_choice.py tests/test_import_rules.py
+          tests/test_cuda_backend.py tests/test_cuda_bound_calls.py tests/test_cuda_quantize_int.py \
+          tests/test_wq_kernel_choice.py tests/test_import_rules.py
       run kit-cuda timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing ;;
     test-cutlass)
       run test-cutlass timeout 480 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cutlass_build.py \
-          tests/test_cutlass_binary.py tests/test_cutlass_integer.py tests/test_cutlass_wq.py
+          tests/test_cutlass_binary.py tests/test_cutlass_integer.py tests/test_cutlass_int_bound_calls.py \
+          tests/test_cutlass_wq.py
       run kit-cutlass timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass bie_core/testing ;;
     bench-wq)
       run bench-wq timeout 330 $PY benchmarks/bench_cuda.py --quick --only wq --json "$OUT/bench_cuda_wq.json"
@@ -103,6 +107,8 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
     bench-binary)
       run bench-binary timeout 240 $PY benchmarks/bench_cuda.py --quick --only binary --json "$OUT/bench_cuda_binary.json"
       run bench-binary timeout 300 $PY benchmarks/bench_cutlass_binary.py --quick --json "$OUT/bench_cutlass_binary.json" ;;
+    bench-host)
+      run bench-host timeout 400 $PY benchmarks/bench_host.py --device cuda --quick --out-dir "$OUT" ;;
     explain)
       run explain $PY - <<'PY'
 import torch
@@ -118,7 +124,7 @@ for n, k in ((4096, 4096), (28672, 8192)):
     print(e)
 PY
       ;;
-    *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary explain all)"
+    *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host explain all)"
        status=1 ;;
   esac
 }

@@ -412,6 +412,41 @@ def test_binary_conv_eval_takes_the_bound_call_and_follows_changes(packed, chann
     assert copy.deepcopy(layer)._lean is None
 
 
+@pytest.mark.parametrize("make, shapes", [
+    (lambda: QLinear(48, 24, 8, 8, bias=True, per_channel=True), [(1, 48), (7, 48), (1, 48), (2, 3, 48), (7, 48)]),
+    (lambda: QConv2d(8, 12, 3, padding=1, bias=True), [(1, 8, 6, 6), (3, 8, 6, 6), (1, 8, 6, 6), (8, 5, 5)])])
+def test_integer_layers_keep_bound_calls_per_input_shape(make, shapes):
+    """Alternating input shapes (batch sizes, generation's prompt and steps) reuse the call bound for each shape;
+    a weight update drops them all (each binds again, with the new codes)."""
+    torch.manual_seed(3)
+    layer = make()
+    layer(torch.randn(shapes[1]))   # scales initialised
+    layer.eval()
+    bound = {}
+    for shape in shapes:
+        x = torch.randn(shape)
+        y = _lean(layer, x)
+        assert torch.equal(y, _full_forward(layer, x))
+        # the shape a call is bound for: a linear's 2-D input, a conv's batched one
+        key = x.reshape(-1, shape[-1]).shape if isinstance(layer, QLinear) else (1,) * (4 - len(shape)) + shape
+        lc = layer._lean
+        if key in bound:
+            assert lc is bound[key], f"{shape}: bound again although a call for it was kept"
+        bound[key] = lc
+    with torch.no_grad():
+        layer.weight.mul_(-1)
+    for shape in shapes[:2]:
+        x = torch.randn(shape)
+        assert torch.equal(_lean(layer, x), _full_forward(layer, x))
+        assert all(layer._lean is not b for b in bound.values())
+    assert len(layer._lean_shapes[1]) == 2
+
+
+def _full_forward(layer, x):
+    with torch.enable_grad():
+        return layer(x.requires_grad_(True)).detach()
+
+
 @pytest.mark.parametrize("w_bits", [4, 8])
 def test_packed_codes_made_in_inference_mode_serve_a_later_autograd_forward(w_bits):
     """The unpacked codes kept per buffer version are made outside inference mode: a forward with autograd (a

@@ -13,7 +13,7 @@ from bie_core.backend_api import FLOAT_DTYPES as FLOATS
 from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
 from bie_core.backend_api import Capability, conv_out_size, has_op, hookimpl
 
-from . import _build, binary, weight_only
+from . import _build, binary, integer, weight_only
 
 PRIORITY = 100
 SIMT_PRIORITY = 90
@@ -99,6 +99,11 @@ def bie_register_kernels(registry):
                       capability=Capability(devices=cuda, dtypes=FLOATS))
     registry.register("sign_embedding_bag", binary.sign_embedding_bag, priority=PRIORITY,
                       name="sign_embedding_bag", capability=Capability(devices=cuda, dtypes=FLOATS))
+    registry.register("quantize_int", integer.quantize_int, priority=PRIORITY, name="quantize_int",
+                      capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}),
+                      bind=integer.bind_quantize_int,
+                      description="one pass: shift, IEEE division, round half to even, clamp; any broadcast scale "
+                                  "(runs along the trailing dims), codes as int8 or floats")
     wq_cap = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                         attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
     _register_wq_gemm(registry, wq_cap)

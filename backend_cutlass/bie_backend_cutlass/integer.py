@@ -45,7 +45,8 @@ from ._build import Extension
 _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
-                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES)
+                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES,
+                      python_module=True)
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
 #: c128x256: 128x256x128 tile, 2x1 cluster, cooperative (two consumer warpgroups on one tile);
@@ -115,24 +116,30 @@ def _vec(t, groups: int, n: int, n_pad: int, scalar_ok: bool = True):
     return t.contiguous(), (n_pad if groups > 1 else 0)
 
 
-def _gemm(a3, b3, n, scale, bias, out_dtype, groups: int = 1):
-    """a3 (L, M, Kp), b3 (L, Np, Kp) int8 (Np % 8 == 0, zero rows beyond n) -> (L, M, n) contiguous.
-
-    ``scale`` / ``bias``: None, a scalar, or ``groups * n`` values (one vector per batch when groups == L,
-    one shared vector when groups == 1). The epilogue is fused into the kernel."""
+def _config(a3, b3, s, sb, bb, bbs, out_dtype) -> int:
+    """The tile configuration (index into CONFIGS) for a3 (L, M, Kp) x b3 (L, Np, Kp) with the epilogue vectors
+    as ``_vec`` makes them: chosen per problem bucket by the tuner (timed once, cached on disk)."""
     ops = _ops()
     L, M, Kp = a3.shape
     n_pad = b3.shape[1]
-    s, sb = _vec(scale, groups, n, n_pad)
-    bb, bbs = _vec(bias, groups, n, n_pad, scalar_ok=False)
     # every configuration is a candidate; the first is the untimed default (small M: the small tile)
     names = list(CONFIGS) if M > 64 else ["p64x128", "c128x128", "c128x256"]
     cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, c)))
              for nm in names]
     bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n_pad)}/K{_bucket(Kp)}"
               f"/s{int(s is not None and s.numel() > 1)}")
-    cfg = tuning.choose("int_gemm_sm90", bucket, cands, device=a3.device)
-    out = ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, CONFIGS.index(cfg))
+    return CONFIGS.index(tuning.choose("int_gemm_sm90", bucket, cands, device=a3.device))
+
+
+def _gemm(a3, b3, n, scale, bias, out_dtype, groups: int = 1):
+    """a3 (L, M, Kp), b3 (L, Np, Kp) int8 (Np % 8 == 0, zero rows beyond n) -> (L, M, n) contiguous.
+
+    ``scale`` / ``bias``: None, a scalar, or ``groups * n`` values (one vector per batch when groups == L,
+    one shared vector when groups == 1). The epilogue is fused into the kernel."""
+    n_pad = b3.shape[1]
+    s, sb = _vec(scale, groups, n, n_pad)
+    bb, bbs = _vec(bias, groups, n, n_pad, scalar_ok=False)
+    out = _ops().gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, _config(a3, b3, s, sb, bb, bbs, out_dtype))
     if n_pad != n:
         out = out[..., :n].contiguous()
     return out
@@ -268,6 +275,169 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
     return grad_v, grad_scale, grad_shift, codes
 
 
+# ------------------------------------------------------------------ bound inference calls
+# A layer's eager inference call binds its kernels once per input signature (the dispatcher's ``bind``; the layer
+# rebinds when the signature, the preference or a weight changes: bie_core/layers/_lean.py). What the kernels above
+# work out per call (the weight's padded layout, the epilogue vectors, the tile configuration the tuner chose) is
+# fixed here, and a call goes through the extension's Python module (``_build.direct``), which converts arguments
+# more cheaply than an op call. The QAT layers' quantization and GEMM/conv then run as one such call
+# (``fuse_quantized_input``).
+def _version(t):
+    """t's version counter, None for an inference tensor (which has none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+class _Epilogue:
+    """The float32 scale and bias vectors of the GEMM for the tensors of the latest call, converted again only when
+    another tensor arrives or the same one changed in place (storage or version; the tensors are held, so that a
+    new tensor cannot take an old one's identity)."""
+
+    __slots__ = ("groups", "n", "n_pad", "key", "vecs")
+
+    def __init__(self, groups: int, n: int, n_pad: int):
+        self.groups, self.n, self.n_pad = groups, n, n_pad
+        self.key, self.vecs = None, None
+
+    def __call__(self, scale, bias):
+        key = self.key
+        if (key is None or scale is not key[0] or bias is not key[1]
+                or (scale is not None and (scale.data_ptr() != key[2] or _version(scale) != key[3]))
+                or (bias is not None and (bias.data_ptr() != key[4] or _version(bias) != key[5]))):
+            self.vecs = _vec(scale, self.groups, self.n, self.n_pad) + _vec(bias, self.groups, self.n, self.n_pad,
+                                                                            scalar_ok=False)
+            self.key = (scale, bias, None if scale is None else scale.data_ptr(), None if scale is None else
+                        _version(scale), None if bias is None else bias.data_ptr(),
+                        None if bias is None else _version(bias))
+        return self.vecs
+
+
+def _act_scale(quant_call, x_shape: tuple, act_scale, bits, shift, shift_len: int):
+    """act_scale as the fused call reads it (one float32 value on x's device) when ``quant_call`` is this
+    extension's bound quantize_int for inputs of shape ``x_shape`` and the arguments fit a fused call (bits 4 or 8,
+    a shift of ``shift_len`` values or none); else None."""
+    tag = getattr(quant_call, "bie_cutlass_quantize", None)
+    if tag is None or tag[0] != x_shape or bits not in (4, 8) or not isinstance(act_scale, torch.Tensor) \
+            or act_scale.numel() != 1 or act_scale.device != tag[2]:
+        return None
+    if shift is not None and (not isinstance(shift, torch.Tensor) or shift.numel() != shift_len
+                              or shift.device != tag[2]):
+        return None
+    return act_scale.detach().to(torch.float32).reshape(1).contiguous()
+
+
+def _shift_as(shift, dtype):
+    return None if shift is None else shift.detach().to(dtype).reshape(-1).contiguous()
+
+
+def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
+    """``quantize_int`` for one call signature with a one-value scale (the QAT layers' activation quantization):
+    one call into the extension's Python module; the scale and shift are read from each call's arguments (a
+    training step's weight-code quantization passes a new scale every step), converted only when they are not
+    float32 / x's dtype already. None otherwise (``quantize_int`` serves)."""
+    if x.dtype not in FLOATS or scale.numel() != 1 or scale.device != x.device or x.numel() == 0:
+        return None
+    fn, f32, dt = _build.direct(EXTENSION).quantize, torch.float32, x.dtype
+
+    def call(x, scale, bits, shift=None, out_dtype=None):
+        if not x.is_contiguous():
+            x = x.contiguous()
+        # (the library reads the tensors' memory: a tensor that requires grad needs no detach for that)
+        s = scale if scale.dtype is f32 else scale.detach().to(f32)
+        if shift is not None and (shift.dtype is not dt or not shift.is_contiguous()):
+            shift = shift.detach().to(dt).contiguous()
+        return fn(x, s, 1, bits, shift, out_dtype)
+    # what a fused call (fuse_quantized_input of the bound int_gemm / int_conv2d) may take this call's place for
+    call.bie_cutlass_quantize = (tuple(x.shape), dt, x.device)
+    return call
+
+
+def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    """``int_gemm`` for one call signature: the padded weight and the tile configuration fixed once, one call into
+    the extension's Python module a call (``linear``: padding of a's K, the GEMM, the columns beyond N dropped);
+    with the offer to run this extension's bound quantize_int in the same call (``fuse_quantized_input``).
+    None for an empty problem (``int_gemm`` serves)."""
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0 or k == 0:
+        return None
+    kp = _k16(k)
+    bw = prepared if prepared is not None else b.detach()   # (prepare_gemm: None when b is usable as it is)
+    if tuple(bw.shape) != (_n8(n), kp):
+        return None
+    b3 = bw.unsqueeze(0)
+    epi = _Epilogue(1, n, b3.shape[1])
+    s, _, bb, _ = epi(scale, bias)
+    config = _config(_pad_k(a.detach(), kp).unsqueeze(0), b3, s, 0, bb, 0, out_dtype)
+    fn = _build.direct(EXTENSION).linear
+
+    def call(a, b, a_bits, b_bits, scale, bias, out_dtype):
+        s, _, bb, _ = epi(scale, bias)
+        return fn(a, None, 0, None, b3, s, bb, out_dtype, n, config)
+
+    def fuse_quantized_input(quant_call, act_scale, bits, shift, scale, bias):
+        """``f(x) = int_gemm(quantize_int(x, act_scale, bits, shift), b, ..., scale, bias, out_dtype)`` as one
+        call, every argument but x fixed at its value now (the caller rebinds when one changes); None where
+        ``quant_call`` is not this extension's bound quantize_int for (M, K) inputs."""
+        sa = _act_scale(quant_call, (m, k), act_scale, bits, shift, k)
+        if sa is None:
+            return None
+        sh = _shift_as(shift, quant_call.bie_cutlass_quantize[1])
+        s, _, bb, _ = _vec(scale, 1, n, b3.shape[1]) + _vec(bias, 1, n, b3.shape[1], scalar_ok=False)
+
+        def fused(x):
+            return fn(x, sa, bits, sh, b3, s, bb, out_dtype, n, config)
+        return fused
+    call.fuse_quantized_input = fuse_quantized_input
+    return call
+
+
+def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype,
+                    prepared=None):
+    """``int_conv2d`` for one call signature: the prepared weight, the geometry and the tile configuration fixed
+    once, one call into the extension's Python module a call (``conv``: NHWC read, im2col, the GEMM batched over
+    groups, NCHW output); with the offer to run this extension's bound quantize_int, with the layer's channel
+    shift, in the same call (``fuse_quantized_input``). None for an empty problem (``int_conv2d`` serves)."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    g = int(groups)
+    ho = _conv_out(h, kh, stride[0], padding[0], dilation[0])
+    wo = _conv_out(wd, kw, stride[1], padding[1], dilation[1])
+    og, kg = o // g, cg * kh * kw
+    if n == 0 or o == 0 or kg == 0 or ho <= 0 or wo <= 0 or prepared is None:
+        return None
+    if tuple(prepared.shape) != (g, _n8(og), _k16(kg)):
+        return None
+    geom = (o, kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1])
+    epi = _Epilogue(g, og, prepared.shape[1])
+    vecs = epi(scale, bias)
+    cols = _ops().im2col(x.detach().permute(0, 2, 3, 1).contiguous(), g, kh, kw, stride[0], stride[1], padding[0],
+                         padding[1], dilation[0], dilation[1], ho, wo, prepared.shape[2])
+    config = _config(cols, prepared, *vecs, out_dtype)
+    fn = _build.direct(EXTENSION).conv
+
+    def call(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+        return fn(x, None, 0, None, prepared, *geom, *epi(scale, bias), out_dtype, config)
+
+    def fuse_quantized_input(quant_call, act_scale, bits, channel_shift, scale, bias):
+        """``f(x) = int_conv2d(quantize_int(x + channel_shift.view(1, C, 1, 1).to(x.dtype), act_scale, bits), w,
+        ...)`` as one call (the shift added in x's dtype, as that sum rounds), every argument but x fixed at its
+        value now; None where ``quant_call`` is not this extension's bound quantize_int for inputs of x's shape."""
+        sa = _act_scale(quant_call, (n, c, h, wd), act_scale, bits, channel_shift, c)
+        if sa is None:
+            return None
+        sh = _shift_as(channel_shift, quant_call.bie_cutlass_quantize[1])
+        fixed = _vec(scale, g, og, prepared.shape[1]) + _vec(bias, g, og, prepared.shape[1], scalar_ok=False)
+
+        def fused(x):
+            return fn(x, sa, bits, sh, prepared, *geom, *fixed, out_dtype, config)
+        return fused
+    call.fuse_quantized_input = fuse_quantized_input
+    return call
+
+
 # ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
     from bie_core.backend_api import Capability
@@ -275,7 +445,7 @@ def register(registry, priority: int) -> None:
     cuda = ("cuda",)
     bits = {"a_bits": (4, 8), "b_bits": (4, 8), "bits": (4, 8)}
     registry.register(
-        "int_gemm", int_gemm, priority=priority, name="int_gemm_sm90", prepare=prepare_gemm,
+        "int_gemm", int_gemm, priority=priority, name="int_gemm_sm90", prepare=prepare_gemm, bind=bind_int_gemm,
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs=bits, compute_capability=SM90,
                               max_dims={"K": MAX_K}),
         description="CUTLASS 3 int8 wgmma (TMA, warp-specialized), fused scale/bias/dtype epilogue; "
@@ -286,14 +456,14 @@ def register(registry, priority: int) -> None:
                               max_dims={"K": MAX_K}),
         description="the int_gemm kernel with a batch mode")
     registry.register(
-        "int_conv2d", int_conv2d, priority=priority, name="int_conv2d_sm90", prepare=prepare_conv,
+        "int_conv2d", int_conv2d, priority=priority, name="int_conv2d_sm90", prepare=prepare_conv, bind=bind_int_conv2d,
         prepare_static=("groups",),
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90,
                               max_dims={"K": MAX_K}),
         description="int8 im2col (NCHW, zero padding, stride/dilation/groups) + the int_gemm kernel batched "
                     "over groups, output permuted to NCHW")
     registry.register(
-        "quantize_int", quantize_int, priority=priority, name="quantize_int_cuda",
+        "quantize_int", quantize_int, priority=priority, name="quantize_int_cuda", bind=bind_quantize_int,
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),
         description="one pass: shift, true division, round half to even, clamp (scalar or per-row scale); codes "
                     "as int8 or floats")

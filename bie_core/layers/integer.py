@@ -34,6 +34,16 @@ from ._lean import LeanCall, eager_inference
 BITS = (4, 8)
 
 
+def _version(t):
+    """t's version counter; None for no tensor or an inference tensor (which has none)."""
+    if t is None:
+        return None
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
 def _check_bits(name: str, w_bits, a_bits) -> None:
     for nm, b in (("w_bits", w_bits), ("a_bits", a_bits)):
         if b not in BITS or isinstance(b, bool):
@@ -43,8 +53,33 @@ def _check_bits(name: str, w_bits, a_bits) -> None:
 
 class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
-    _transient = ("_lean", "_eval_codes", "_codes_cache")
+    _transient = ("_lean", "_lean_shapes", "_eval_codes", "_codes_cache")
     _lean = None
+    #: input shapes whose bound inference calls a layer keeps (batch sizes and generation alternate a few)
+    LEAN_SHAPES = 4
+
+    def _lean_kept(self, x, backend: str, fixed: tuple):
+        """A bound call kept for ``x``'s shape that still holds (made current), or None."""
+        kept = self.__dict__.get("_lean_shapes")
+        lc = kept[1].get(x.shape) if kept else None
+        if lc is not None and lc.holds(x, backend, *fixed):
+            self._lean = lc
+            return lc
+        return None
+
+    def _keep_lean(self, x, fixed: tuple, lc) -> None:
+        """Keep ``lc`` for ``x``'s shape; the calls kept for other shapes go when the layer's tensors they were
+        bound to have changed (they would not hold again, and they keep the old weight codes alive)."""
+        state = tuple((t, None if t is None else t.data_ptr(), _version(t)) for t in fixed)
+        kept = self.__dict__.get("_lean_shapes")
+        if not kept or len(kept[0]) != len(state) or any(
+                a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(kept[0], state)):
+            kept = self._lean_shapes = (state, {})
+        shapes = kept[1]
+        shapes.pop(x.shape, None)
+        if len(shapes) >= self.LEAN_SHAPES:
+            shapes.pop(next(iter(shapes)))
+        shapes[x.shape] = lc
 
     def _lean_fixed(self) -> tuple:
         """(latent weight or None, the tensors a bound inference call reads: the latent weight or the packed
@@ -224,12 +259,14 @@ class QLinear(_IntWeightMixin, QATLayer):
         w, fixed = self._lean_fixed()
         backend = self.backend or ""
         lc = self._lean
-        if lc is None or not lc.holds(x2, backend, *fixed):
+        if (lc is None or not lc.holds(x2, backend, *fixed)) and self._lean_kept(x2, backend, fixed) is None:
             if w is not None and not self._weight_scale_ready:
                 return None
             self._check_float_input(x)
             self._lean = None
             lc = self._lean = self._bind(x2, fixed, backend)
+            self._keep_lean(x2, fixed, lc)
+        lc = self._lean
         y = lc.call(x2)
         return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
 
@@ -307,12 +344,14 @@ class QConv2d(_IntWeightMixin, QATLayer):
         w, fixed = self._lean_fixed()
         backend = self.backend or ""
         lc = self._lean
-        if lc is None or not lc.holds(x, backend, *fixed):
+        if (lc is None or not lc.holds(x, backend, *fixed)) and self._lean_kept(x, backend, fixed) is None:
             if w is not None and not self._weight_scale_ready:
                 return None
             self._batched_conv2d_input(given)  # the full input checks (raise on bad input)
             self._lean = None
             lc = self._lean = self._bind(x, fixed, backend)
+            self._keep_lean(x, fixed, lc)
+        lc = self._lean
         y = lc.call(x)
         return y.squeeze(0) if nd == 3 else y
 

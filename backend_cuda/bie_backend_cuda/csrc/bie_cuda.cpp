@@ -860,6 +860,50 @@ Tensor binary_conv2d(const Tensor& x, const Tensor& wp, const Tensor& wpop, cons
   check_launch(bie::launch_bconv(p, t, stage, stream()), "binary_conv2d");
   return out;
 }
+
+// ------------------------------------------------------------ quantize_int
+// x contiguous float; scale float32 on x's device: one value (inner == 0) or values[i / inner]; shift: cols
+// contiguous values of x's dtype (element i adds shift[i % cols]) or none; codes as int8 or out_dtype (quantize.cu).
+Tensor quantize_int(const Tensor& x, const Tensor& scale, int64_t inner, int64_t bits, const std::optional<Tensor>& shift,
+                    std::optional<at::ScalarType> out_dtype) {
+  const char* who = "bie_cuda.quantize_int: ";
+  check_cuda(x, "x");
+  TORCH_CHECK(x.is_contiguous(), who, "x must be contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, who,
+              "x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(bits == 4 || bits == 8, who, "bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(scale.device() == x.device() && scale.scalar_type() == at::kFloat && scale.is_contiguous(), who,
+              "scale must be contiguous float32 on x's device");
+  const int64_t n = x.numel();
+  TORCH_CHECK(inner >= 0, who, "inner must be >= 0, got ", inner);
+  if (inner == 0) {
+    TORCH_CHECK(scale.numel() == 1, who, "one scale value expected (inner 0), got ", scale.numel());
+  } else {
+    TORCH_CHECK(scale.numel() * inner == n, who, scale.numel(), " scale values in runs of ", inner, " do not cover ",
+                n, " elements");
+  }
+  const void* sp = nullptr;
+  int64_t cols = 0;
+  if (shift.has_value() && shift->defined()) {
+    TORCH_CHECK(x.dim() >= 1 && shift->device() == x.device() && shift->scalar_type() == x.scalar_type() &&
+                    shift->dim() == 1 && shift->is_contiguous() && shift->numel() == x.size(-1) && x.size(-1) > 0,
+                who, "shift must be one contiguous value of x's dtype per element of x's last dimension");
+    sp = shift->data_ptr();
+    cols = shift->numel();
+  }
+  int odt = bie::kI8;
+  if (out_dtype.has_value()) {
+    TORCH_CHECK(*out_dtype == at::kFloat || *out_dtype == at::kHalf || *out_dtype == at::kBFloat16, who,
+                "out_dtype must be a float dtype or None, got ", *out_dtype);
+    odt = dtype_code(*out_dtype);
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty(x.sizes(), x.options().dtype(out_dtype.has_value() ? *out_dtype : at::kChar));
+  check_launch(bie::launch_quantize_int(x.data_ptr(), dtype_code(x.scalar_type()), n, scale.data_ptr<float>(),
+                                        inner == 0, inner, sp, cols, (int)bits, out.data_ptr(), odt, stream()),
+               "quantize_int");
+  return out;
+}
 }  // namespace
 
 TORCH_LIBRARY(bie_cuda, m) {
@@ -877,6 +921,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("wq_wgmma_gemm", &wq_wgmma_gemm);
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
+  m.def("quantize_int", &quantize_int);
 }
 
 // The bound inference calls' entry points (see the top of this file): the same functions, the same checks.
@@ -889,4 +934,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_mm_wgmma", &binary_mm_wgmma);
   m.def("binary_linear_bound", &binary_linear_bound);
   m.def("binary_conv2d", &binary_conv2d);
+  m.def("quantize_int", &quantize_int);
 }

@@ -225,4 +225,11 @@ cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, i
                                         bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N, int n0,
                                         int nc, int64_t ldo, void* out, int odt, cudaStream_t st);
 
+// quantize_int (quantize.cu): n elements of contiguous x (dtype kF32 / kF16 / kBF16) -> codes (out_dtype kI8, or the
+// codes as kF32 / kF16 / kBF16 values); scale float32: scale[0] (one_scale) or scale[i / inner]; shift: nullptr or
+// `cols` values of x's dtype, element i quantizing x[i] + shift[i % cols] (the sum rounded to x's dtype).
+cudaError_t launch_quantize_int(const void* x, int dtype, int64_t n, const float* scale, bool one_scale,
+                                int64_t inner, const void* shift, int64_t cols, int bits, void* out, int out_dtype,
+                                cudaStream_t st);
+
 }  // namespace bie

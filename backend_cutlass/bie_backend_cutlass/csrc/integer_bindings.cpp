@@ -1,10 +1,13 @@
-// bie-backend-cutlass, integer family: torch ops under torch.ops.bie_cutlass_integer.
+// bie-backend-cutlass, integer family: torch ops under torch.ops.bie_cutlass_integer, and the functions the layers'
+// bound inference calls use (integer.py bind_*) as a Python module: a pybind11 call converts its arguments
+// directly, where an op call matches them against the schema first.
 // Every argument is checked here (TORCH_CHECK raises a Python error); the
 // kernels never see a case they cannot serve.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -293,6 +296,72 @@ at::Tensor im2col(const at::Tensor& x, int64_t groups, int64_t kh, int64_t kw, i
   return out;
 }
 
+// ------------------------------------------------------------------ bound inference calls
+// Codes for the GEMM's A operand: x's quantization (act_scale given: one float32 value, shift: x's dtype, one value
+// per element of x's last dim) or x itself (int8 codes), as a contiguous tensor of x's shape.
+static at::Tensor codes_of(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
+                           const c10::optional<at::Tensor>& shift, const char* who) {
+  if (act_scale.has_value()) {
+    TORCH_CHECK(act_scale->numel() == 1, who, "act_scale must be one value");
+    return quantize(x.is_contiguous() ? x : x.contiguous(), *act_scale, 1, act_bits, shift, c10::nullopt);
+  }
+  TORCH_CHECK(x.scalar_type() == at::kChar, who, "without act_scale, x must be int8 codes");
+  TORCH_CHECK(!shift.has_value(), who, "a shift needs act_scale");
+  return x.is_contiguous() ? x : x.contiguous();
+}
+
+// The integer linear of one bound call: a (M, K) int8 codes (act_scale None), or float activations quantized
+// first (quantize_int(a, act_scale, act_bits, shift), the same kernel as the quantize op); then the GEMM against
+// the prepared weight b (1, Np, Kp) (rows and K zero padded, Np % 8 == 0, Kp % 16 == 0) with the epilogue
+// vectors scale / bias as gemm takes them (padded to Np); returns (M, n) contiguous.
+at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
+                  const c10::optional<at::Tensor>& shift, const at::Tensor& b, const c10::optional<at::Tensor>& scale,
+                  const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, int64_t n,
+                  int64_t config) {
+  const char* who = "bie_cutlass_integer.linear: ";
+  TORCH_CHECK(a.is_cuda() && a.dim() == 2, who, "a must be a 2-D CUDA tensor, got ", a.sizes());
+  TORCH_CHECK(b.dim() == 3 && b.size(0) == 1 && b.size(1) >= n && n > 0, who, "b must be the prepared (1, Np, Kp) weight "
+              "with Np >= n=", n, ", got ", b.sizes());
+  const int64_t M = a.size(0), K = a.size(1), Kp = b.size(2);
+  TORCH_CHECK(M > 0 && K > 0 && K <= Kp && Kp - K < 16, who, "a ", a.sizes(), " does not fit the weight's K=", Kp);
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor codes = codes_of(a, act_scale, act_bits, shift, who);
+  if (K != Kp || !aligned16(codes)) {   // K padded with zero codes (TMA moves 16-byte rows)
+    at::Tensor padded = at::zeros({M, Kp}, codes.options());
+    padded.narrow(1, 0, K).copy_(codes);
+    codes = padded;
+  }
+  at::Tensor out = gemm(codes.view({1, M, Kp}), b, scale, 0, bias, 0, out_dtype, b.size(1), config).select(0, 0);
+  return out.size(1) == n ? out : out.narrow(1, 0, n).contiguous();
+}
+
+// The integer conv of one bound call: x (N, C, H, W) int8 codes (act_scale None), or float activations quantized
+// first with the channel shift (C values of x's dtype, added in x's dtype as the layer's x + shift does); read as
+// NHWC (free for a channels_last x), int8 im2col, the GEMM batched over groups against the prepared weight w
+// (G, Np, Kp) (integer.py prepare_conv), epilogue vectors as gemm takes them; returns (N, O, Ho, Wo) contiguous.
+at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
+                const c10::optional<at::Tensor>& channel_shift, const at::Tensor& w, int64_t o, int64_t kh, int64_t kw,
+                int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                const c10::optional<at::Tensor>& scale, int64_t scale_batch, const c10::optional<at::Tensor>& bias,
+                int64_t bias_batch, c10::optional<at::ScalarType> out_dtype, int64_t config) {
+  const char* who = "bie_cutlass_integer.conv: ";
+  TORCH_CHECK(x.is_cuda() && x.dim() == 4, who, "x must be a 4-D CUDA tensor, got ", x.sizes());
+  TORCH_CHECK(w.dim() == 3 && w.size(0) >= 1 && o > 0 && o % w.size(0) == 0 && w.size(1) >= o / w.size(0), who,
+              "w must be the prepared (G, Np, Kp) weight for ", o, " output channels, got ", w.sizes());
+  TORCH_CHECK(kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0, who,
+              "bad geometry");
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), G = w.size(0), og = o / G;
+  const int64_t ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  TORCH_CHECK(N > 0 && ho > 0 && wo > 0 && C % G == 0, who, "x ", x.sizes(), " does not fit the geometry");
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor nhwc = x.permute({0, 2, 3, 1});
+  at::Tensor codes = codes_of(nhwc, act_scale, act_bits, channel_shift, who);
+  at::Tensor cols = im2col(codes, G, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, w.size(2));
+  at::Tensor d = gemm(cols, w, scale, scale_batch, bias, bias_batch, out_dtype, w.size(1), config);   // (G, N*Ho*Wo, Np)
+  if (d.size(2) != og) d = d.narrow(2, 0, og);
+  return d.reshape({G, N, ho * wo, og}).permute({1, 0, 3, 2}).reshape({N, o, ho, wo}).contiguous();
+}
+
 }  // namespace bie_int
 
 TORCH_LIBRARY(bie_cutlass_integer, m) {
@@ -310,4 +379,12 @@ TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
   m.impl("quantize", &bie_int::quantize);
   m.impl("lsq_backward", &bie_int::lsq_backward);
   m.impl("im2col", &bie_int::im2col);
+}
+
+// The bound inference calls' entry points: the same functions as the ops, the same checks (every argument passed).
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemm", &bie_int::gemm);
+  m.def("quantize", &bie_int::quantize);
+  m.def("linear", &bie_int::linear);
+  m.def("conv", &bie_int::conv);
 }

@@ -1,0 +1,78 @@
+"""quantize_int on CUDA: one pass of csrc/quantize.cu (shift, true division, round half to even, clamp).
+
+The scale is handed to the kernel as float32 values in runs: one value for all elements, or
+``values[i // inner]`` for a scale constant over x's trailing dims (per row, per output channel); any
+other broadcast is expanded to one value per element. A one-value scale is read by the kernel from device
+memory (no ``.item()``, no host sync). Non-contiguous x is copied to contiguous first (the output is
+contiguous, as the op defines).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _build
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def scale_runs(x_shape: tuple, scale: torch.Tensor):
+    """(float32 values, inner) for a scale that broadcasts to ``x_shape``: element e (row-major) uses
+    ``values[e // inner]``; inner 0 means one value for every element."""
+    s = scale.detach().to(torch.float32)
+    if s.numel() == 1:
+        return s.reshape(1).contiguous(), 0
+    nd = len(x_shape)
+    sb = s.reshape((1,) * (nd - s.dim()) + tuple(s.shape))
+    d = nd
+    while d > 0 and sb.shape[d - 1] == 1:
+        d -= 1
+    if tuple(sb.shape[:d]) == tuple(x_shape[:d]):
+        inner = 1
+        for v in x_shape[d:]:
+            inner *= int(v)
+        return sb.reshape(-1).contiguous(), inner
+    return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
+
+
+def _shift_in(x: torch.Tensor, shift):
+    """The shift as the kernel reads it: contiguous values of x's dtype (the op adds ``shift.to(x.dtype)``)."""
+    if shift is None:
+        return None
+    sh = shift.detach()
+    if sh.dtype != x.dtype:
+        sh = sh.to(x.dtype)
+    return sh if sh.is_contiguous() else sh.contiguous()
+
+
+def quantize_int(x, scale, bits, shift=None, out_dtype=None):
+    xc = x.detach()
+    if not xc.is_contiguous():
+        xc = xc.contiguous()
+    if xc.numel() == 0:
+        return torch.empty(tuple(x.shape), dtype=out_dtype or torch.int8, device=x.device)
+    values, inner = scale_runs(tuple(x.shape), scale)
+    return _build.ops().quantize_int(xc, values, inner, bits, _shift_in(x, shift), out_dtype)
+
+
+def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
+    """``quantize_int`` for one call signature (the dispatcher's ``bind``) with a one-value scale (the activation
+    quantization of the QAT layers): one call into the library's Python module (``_build.direct``) a call, which
+    converts its arguments more cheaply than an op call. The scale and shift are read from each call's arguments
+    (a training step's weight-code quantization passes a new scale every step); they are converted only when they
+    are not already float32 / x's dtype. None otherwise (the registered kernel serves)."""
+    if x.dtype not in _FLOATS or scale.numel() != 1 or scale.device != x.device or x.numel() == 0 \
+            or bits not in (4, 8):
+        return None
+    fn, f32, dt = _build.direct().quantize_int, torch.float32, x.dtype
+
+    def call(x, scale, bits, shift=None, out_dtype=None):
+        if not x.is_contiguous():
+            x = x.contiguous()
+        # (the library reads the tensors' memory: a tensor that requires grad needs no detach for that)
+        s = scale if scale.dtype is f32 else scale.detach().to(f32)
+        if shift is not None and shift.dtype is not dt:
+            shift = shift.detach().to(dt)
+        return fn(x, s, 0, bits, shift, out_dtype)
+    # what a fused quantize + GEMM plan may recognise: this kernel, for inputs of this shape and dtype
+    call.bie_cuda_quantize = (tuple(x.shape), dt)
+    return call
