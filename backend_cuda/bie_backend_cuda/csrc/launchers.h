@@ -234,6 +234,7 @@ struct DynGemvArgs {
   const void* bias;      // N values or nullptr
   int bias_dtype;
   void* out;             // (M, N) contiguous, x's dtype
+  int out_dtype;         // x's dtype code (the kernel is instantiated per dtype)
   int M, N, K;
 };
 // shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
