@@ -149,19 +149,29 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   for (int i = 0; i < kRing; ++i)
     if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
 
-  // ---- quantize x: row abs-max, scale, codes
+  // ---- quantize x. Row m belongs to the warps w with w % M == m, so that every warp has a row and the loads of
+  // all rows are issued at once: row abs-max, scale, codes. The padding rows of the last 8-row tile get codes 0.
   const int nsums = (b1 - b0) * MT * 8 * 16;
   for (int i = threadIdx.x; i < nsums; i += kThreads) sums[i] = 0;
   if (threadIdx.x < 16) amax[threadIdx.x] = 0u;
+  for (int i = threadIdx.x; i < (MT * 8 - p.M) * KT; i += kThreads) {
+    const int pm = p.M + i / KT, pkt = i % KT;   // a row's 32 codes of one tile: 32 consecutive bytes
+    uint4* dst = reinterpret_cast<uint4*>(codes + (((size_t)pkt * MT + (pm >> 3)) * 32 + (pm & 7) * 4) * 2);
+    dst[0] = make_uint4(0u, 0u, 0u, 0u);
+    dst[1] = make_uint4(0u, 0u, 0u, 0u);
+  }
   __syncthreads();
-  const int K8 = (p.K + 7) >> 3;
+  const int K8 = (p.K + 7) >> 3, KP8 = KT * 4;   // 8-element chunks of a row, of a padded row
   const bool vec = p.x_vec != 0;
-  for (int m = 0; m < p.M; ++m) {
-    const T* row = static_cast<const T*>(p.x) + (int64_t)m * p.ldx;
+  const int qm = warp % p.M;
+  const int gsize = ((kWarps - 1 - qm) / p.M + 1) * 32, gj = (warp / p.M) * 32 + lane;
+  const T* xrow = static_cast<const T*>(p.x) + (int64_t)qm * p.ldx;
+  {
     uint32_t r = 0;
-    for (int c = threadIdx.x; c < K8; c += kThreads) r = max(r, amax8<T>(row, c * 8, p.K, vec));
+#pragma unroll 4
+    for (int c = gj; c < K8; c += gsize) r = max(r, amax8<T>(xrow, c * 8, p.K, vec));
     r = __reduce_max_sync(0xffffffffu, r);
-    if (lane == 0 && r != 0u) atomicMax(&amax[m], r);
+    if (lane == 0 && r != 0u) atomicMax(&amax[qm], r);
   }
   __syncthreads();
   if (threadIdx.x < 16) {
@@ -169,18 +179,17 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
     scales[threadIdx.x] = s == 0.0f ? 1.0f : s;
   }
   __syncthreads();
-  const int KP8 = KT * 4;   // 8-code chunks of a padded row
-  for (int m = 0; m < MT * 8; ++m) {
-    const int mt = m >> 3, g = m & 7;
-    const T* row = static_cast<const T*>(p.x) + (int64_t)m * p.ldx;
-    const float s = scales[m];
+  {
+    const float s = scales[qm];
     const float inv = __frcp_rn(s);
     const bool fast = s >= 1.17549435e-38f && s <= 3.40282347e38f;   // normal and finite (NaN fails both)
-    for (int c = threadIdx.x; c < KP8; c += kThreads) {
+    const int mt = qm >> 3, g = qm & 7;
+#pragma unroll 2
+    for (int c = gj; c < KP8; c += gsize) {
       uint32_t w0 = 0u, w1 = 0u;
-      if (m < p.M && c * 8 < p.K) {
+      if (c < K8) {
         float v[8];
-        load8<T>(row, c * 8, p.K, vec, v);
+        load8<T>(xrow, c * 8, p.K, vec, v);
         w0 = pack4(code_of(v[0], s, inv, fast), code_of(v[1], s, inv, fast), code_of(v[2], s, inv, fast),
                    code_of(v[3], s, inv, fast));
         w1 = pack4(code_of(v[4], s, inv, fast), code_of(v[5], s, inv, fast), code_of(v[6], s, inv, fast),
