@@ -210,15 +210,14 @@ def test_gemv_bound_call_equals_the_kernel(cuda_dynamic):
 
 def test_layer_decode_uses_the_gemv():
     import bie_core
+    from bie_backend_cpu.reference import dynamic as rd
     from bie_core import DynamicQLinear
-    layer = DynamicQLinear.from_float(torch.nn.Linear(512, 200), act_scheme="per_token_symmetric")
-    ref_layer = DynamicQLinear.from_float(torch.nn.Linear(512, 200), act_scheme="per_token_symmetric")
-    ref_layer.load_state_dict(layer.state_dict())
-    layer = layer.cuda().to(torch.bfloat16)
-    ref_layer = ref_layer.to(torch.bfloat16)
+    layer = DynamicQLinear.from_float(torch.nn.Linear(512, 200), act_scheme="per_token_symmetric").cuda()
     x = torch.randn(2, 3, 512, dtype=torch.bfloat16)
     with torch.no_grad():
         e = bie_core.explain(layer, x.cuda(), backend="cuda")
         y = layer(x.cuda())
     assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_gemv"
-    _exact(y, ref_layer(x))
+    exp = rd.dynamic_int8_linear(x.reshape(6, 512), layer.qweight.cpu(), layer.weight_scale.cpu(), layer.bias.cpu(),
+                                 "per_token_symmetric")
+    _exact(y.reshape(6, 200), exp)
