@@ -157,8 +157,26 @@ def test_gemv_grid_splits(cuda_dynamic):
         exp = rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric")
         wf = cuda_dynamic.prepare_gemv(w.cuda())
         for grid in (1, 2, 7, 133, 100000):
-            got = _build.ops().dynamic_gemv(x.cuda(), wf, ws.cuda(), b.cuda(), n, k, grid)
-            _exact(got, exp)
+            for pdl in (False, True):
+                got = _build.ops().dynamic_gemv(x.cuda(), wf, ws.cuda(), b.cuda(), n, k, grid, pdl)
+                _exact(got, exp)
+
+
+def test_gemv_programmatic_launch_reads_the_previous_kernels_output(cuda_dynamic):
+    """Launched as programmatic dependents, each GEMV reads x only after the kernel that wrote it has finished."""
+    from bie_backend_cpu.reference import dynamic as rd
+    from bie_backend_cuda import _build
+    g = torch.Generator().manual_seed(17)
+    k = 2048
+    x, w, ws, b = _gemv_case(g, 4, k, k, torch.bfloat16)
+    wc, wsc, bc = w.cuda(), ws.cuda(), b.cuda()
+    wf = cuda_dynamic.prepare_gemv(wc)
+    torch.cuda.synchronize()
+    y, exp = x.cuda(), x
+    for i in range(6):
+        y = _build.ops().dynamic_gemv(y * 0.5 if i % 2 else y, wf, wsc, bc, k, k, 0, True)
+        exp = rd.dynamic_int8_linear(exp * 0.5 if i % 2 else exp, w, ws, b, "per_token_symmetric")
+    _exact(y, exp)
 
 
 def test_gemv_rejects_bad_arguments(cuda_dynamic):
@@ -167,11 +185,11 @@ def test_gemv_rejects_bad_arguments(cuda_dynamic):
     w = torch.randint(-128, 128, (8, 64), dtype=torch.int32, device="cuda").to(torch.int8)
     wf, ws = cuda_dynamic.prepare_gemv(w), torch.ones(8, device="cuda")
     with pytest.raises(RuntimeError, match="at most 16 rows"):
-        _build.ops().dynamic_gemv(x, wf, ws, None, 8, 64, 0)
+        _build.ops().dynamic_gemv(x, wf, ws, None, 8, 64, 0, False)
     with pytest.raises(RuntimeError, match="fragment-ordered"):
-        _build.ops().dynamic_gemv(x[:4], wf[:-1], ws, None, 8, 64, 0)
+        _build.ops().dynamic_gemv(x[:4], wf[:-1], ws, None, 8, 64, 0, False)
     with pytest.raises(RuntimeError, match="weight_scale"):
-        _build.ops().dynamic_gemv(x[:4], wf, ws[:3], None, 8, 64, 0)
+        _build.ops().dynamic_gemv(x[:4], wf, ws[:3], None, 8, 64, 0, False)
 
 
 def test_dispatch_picks_the_gemv_in_range():

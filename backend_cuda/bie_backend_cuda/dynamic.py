@@ -162,11 +162,21 @@ def check_gemv(p):
     return None
 
 
+def _pdl(wf) -> bool:
+    """Launch as a programmatic dependent of the previous kernel in the stream (sm_90): the kernel's blocks prefetch
+    their first weight tiles during that kernel's tail, and read x after it has finished. Not on a layout's first
+    launch (the kernels that built it ran just before)."""
+    if getattr(wf, "_bie_launched", False):
+        return True
+    wf._bie_launched = True
+    return False
+
+
 def dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
     """dynamic_int8_linear, per_token_symmetric, 1..16 rows: one launch of csrc/dynamic_gemv.cu."""
     n, k = weight.shape
     wf = prepared if prepared is not None else prepare_gemv(weight)
-    return _build.ops().dynamic_gemv(x, wf, weight_scale, bias, n, k, 0)
+    return _build.ops().dynamic_gemv(x, wf, weight_scale, bias, n, k, 0, _pdl(wf))
 
 
 def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
@@ -177,9 +187,12 @@ def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=F
         return None
     fn = _build.direct().dynamic_gemv
     n, k = weight.shape
+    state = [_pdl(prepared)]
 
     def call(x, weight, weight_scale, bias, scheme, reduce_range=False):
-        return fn(x, prepared, weight_scale, bias, n, k, 0)
+        pdl = state[0]
+        state[0] = True
+        return fn(x, prepared, weight_scale, bias, n, k, 0, pdl)
     return call
 
 

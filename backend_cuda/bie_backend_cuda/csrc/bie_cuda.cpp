@@ -763,9 +763,11 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
 // 1..16 rows. x (M, K) float32/float16/bfloat16 (rows of any stride; a column stride other than 1 is copied);
 // wf the fragment-ordered weight codes of the (N, K) int8 weight (bie_backend_cuda/dynamic.py prepare_gemv);
 // weight_scale 1 or N values, bias N values or None (floating dtypes, on x's device). grid: blocks (0: planned).
-// Returns (M, N) in x's dtype.
+// pdl: launch as a programmatic dependent of the previous kernel in the stream (the kernel prefetches weight tiles
+// before waiting for it), so the caller must know that kernel did not write wf (dynamic.py: not on a layout's first
+// use). Returns (M, N) in x's dtype.
 Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scale, const std::optional<Tensor>& bias,
-                    int64_t N, int64_t K, int64_t grid) {
+                    int64_t N, int64_t K, int64_t grid, bool pdl) {
   check_cuda(x, "x");
   check_cuda(wf, "wf");
   check_cuda(weight_scale, "weight_scale");
@@ -806,6 +808,7 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   p.M = (int)M;
   p.N = (int)N;
   p.K = (int)K;
+  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
   const int optin = smem_optin();
   TORCH_CHECK(bie::dynamic_gemv_min_smem((int)M, (int)K) <= (size_t)optin, "bie_cuda.dynamic_gemv: ", M, " rows of K=", K,
               " need ", bie::dynamic_gemv_min_smem((int)M, (int)K), " bytes of shared memory, the device allows ", optin);

@@ -16,7 +16,12 @@
 // sums meet in shared memory by integer atomics: exact int32, so the result does not depend on their order. The
 // epilogue is the reference's, operation by operation: float32(acc) * (scale_x * weight_scale) + bias, each step
 // rounded to float32 (no fused multiply-add), then cast to x's dtype.
+//
+// Launched as a programmatic dependent (p.pdl, sm_90), a block prefetches its first weight tiles while the previous
+// kernel in the stream finishes, and reads x (perhaps that kernel's output) and writes its output only after waiting
+// for it; the caller launches a freshly prepared layout without (the kernels that wrote it ran just before).
 #include "common.cuh"
+#include "wq_fragments.cuh"
 
 namespace bie {
 namespace {
@@ -130,12 +135,12 @@ __host__ __device__ constexpr size_t sums_bytes(int blocks) { return (size_t)blo
 constexpr size_t kTailBytes = 16 * 4 * 2;
 
 template <typename T, int MT>
-__global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemvArgs p, int nblocks, int grid) {
+__global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemvArgs p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int KT = (p.K + 31) >> 5;
   uint32_t* codes = reinterpret_cast<uint32_t*>(smem);
   int* sums = reinterpret_cast<int*>(smem + codes_bytes<MT>(KT));
-  const int b0 = (int)((int64_t)blockIdx.x * nblocks / grid), b1 = (int)((int64_t)(blockIdx.x + 1) * nblocks / grid);
+  const int b0 = (int)((int64_t)blockIdx.x * p.nblocks / p.grid), b1 = (int)((int64_t)(blockIdx.x + 1) * p.nblocks / p.grid);
   float* scales = reinterpret_cast<float*>(smem + codes_bytes<MT>(KT) + sums_bytes<MT>(b1 - b0));
   uint32_t* amax = reinterpret_cast<uint32_t*>(scales + 16);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -144,10 +149,12 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   const int64_t tiles = (int64_t)(b1 - b0) * KT;
   const int64_t u0 = tiles * warp / kWarps, u1 = tiles * (warp + 1) / kWarps;
   const uint4* wp = reinterpret_cast<const uint4*>(p.w) + (int64_t)b0 * KT * 32 + lane;
+  frag::griddep_launch_dependents();   // the next kernel's blocks take the SMs ours leave
   uint4 ring[kRing];
 #pragma unroll
   for (int i = 0; i < kRing; ++i)
     if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
+  frag::griddep_wait();   // (a no-op without a programmatic launch)
 
   // ---- quantize x. Row m belongs to the warps w with w % M == m, so that every warp has a row and the loads of
   // all rows are issued at once: row abs-max, scale, codes. The padding rows of the last 8-row tile get codes 0.
@@ -263,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
 }
 
 template <typename T, int MT>
-cudaError_t launch_typed(const DynGemvArgs& p, int grid_force, int num_sms, int smem_optin, cudaStream_t st) {
+cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st) {
   const int KT = (p.K + 31) >> 5, nblocks = (p.N + 15) >> 4;
   const size_t fixed = codes_bytes<MT>(KT) + kTailBytes;
   if (fixed + sums_bytes<MT>(1) > (size_t)smem_optin) return cudaErrorInvalidValue;
@@ -280,8 +287,9 @@ cudaError_t launch_typed(const DynGemvArgs& p, int grid_force, int num_sms, int 
     const cudaError_t e = set_smem_limit(k, smem);
     if (e != cudaSuccess) return e;
   }
-  dynamic_gemv_kernel<T, MT><<<grid, kThreads, smem, st>>>(p, nblocks, grid);
-  BIE_LAUNCH_CHECK();
+  p.nblocks = nblocks;
+  p.grid = grid;
+  return launch_kernel(dynamic_gemv_kernel<T, MT>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
 }
 
 }  // namespace

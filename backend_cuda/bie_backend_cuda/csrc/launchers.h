@@ -236,6 +236,8 @@ struct DynGemvArgs {
   void* out;             // (M, N) contiguous, x's dtype
   int out_dtype;         // x's dtype code (the kernel is instantiated per dtype)
   int M, N, K;
+  int pdl;               // programmatic dependent launch (sm_90): w must not be written by the previous kernel
+  int nblocks, grid;     // channel blocks of 16, blocks of the launch (set by the launcher)
 };
 // shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
 size_t dynamic_gemv_min_smem(int M, int K);
