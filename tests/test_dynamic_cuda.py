@@ -239,3 +239,20 @@ def test_layer_decode_uses_the_gemv():
     exp = rd.dynamic_int8_linear(x.reshape(6, 512), layer.qweight.cpu(), layer.weight_scale.cpu(), layer.bias.cpu(),
                                  "per_token_symmetric")
     _exact(y.reshape(6, 200), exp)
+
+
+def test_layer_decode_non_finite_input():
+    """The layer's documented policy on the GEMV path: ValueError naming the layer, or NaN rows with
+    check_finite=False."""
+    import bie_core
+    from bie_core import DynamicQLinear
+    layer = DynamicQLinear.from_float(torch.nn.Linear(64, 48), act_scheme="per_token_symmetric").cuda()
+    x = torch.randn(3, 64, device="cuda")
+    x[1, 5] = float("inf")
+    with torch.no_grad(), bie_core.use_backend("cuda"):
+        assert bie_core.explain(layer, x).chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_gemv"
+        with pytest.raises(ValueError, match=r"DynamicQLinear\(64, 48\).*1 non-finite"):
+            layer(x)
+        layer.check_finite = False
+        y = layer(x)
+    assert y[1].isnan().all() and not y[[0, 2]].isnan().any()

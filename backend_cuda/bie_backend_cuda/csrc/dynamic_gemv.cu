@@ -211,6 +211,18 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   }
   __syncthreads();
 
+  // the weight scale and bias of this thread's first output, loaded now: their latency hides under the tiles
+  const int per_block = p.M * 16;
+  const int outs = (b1 - b0) * per_block;
+  float sw0 = 0.0f, bias0 = 0.0f;
+  if (threadIdx.x < outs) {
+    const int b = threadIdx.x / per_block, n = (b0 + b) * 16 + (threadIdx.x & 15);
+    if (n < p.N) {
+      sw0 = load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
+      if (p.bias != nullptr) bias0 = load_f32(p.bias, p.bias_dtype, n);
+    }
+  }
+
   // ---- the warp's tiles: k tiles of one channel block after another, partial sums into shared memory at each
   // block's end (or the warp's)
   int blk = (int)(u0 / KT), kt = (int)(u0 % KT);
@@ -254,17 +266,16 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   __syncthreads();
 
   // ---- epilogue: float32(acc) * (scale_x * weight_scale) + bias, each rounded to float32, cast to T
-  const int per_block = p.M * 16;
-  const int outs = (b1 - b0) * per_block;
   T* out = static_cast<T*>(p.out);
   for (int i = threadIdx.x; i < outs; i += kThreads) {
     const int b = i / per_block, r = i - b * per_block, m = r >> 4, c = r & 15;
     const int n = (b0 + b) * 16 + c;
     if (n >= p.N) continue;
     const int a = sums[((size_t)b * MT * 8 + m) * 16 + c];
-    const float sw = load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
+    const bool first = i == (int)threadIdx.x;
+    const float sw = first ? sw0 : load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
     float y = __fmul_rn(__int2float_rn(a), __fmul_rn(scales[m], sw));
-    if (p.bias != nullptr) y = __fadd_rn(y, load_f32(p.bias, p.bias_dtype, n));
+    if (p.bias != nullptr) y = __fadd_rn(y, first ? bias0 : load_f32(p.bias, p.bias_dtype, n));
     out[(int64_t)m * p.N + n] = from_f32<T>(y);
   }
 }
