@@ -29,6 +29,7 @@ namespace {
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRing = 8;             // 512-byte tiles in flight per warp
+constexpr int kKeep = 2;             // 8-element chunks of x a thread keeps in registers between its two passes
 constexpr float kMagic = 12582912.0f;   // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer, half to even
 constexpr float kTieGuard = 0.5f - 1.0f / 4096.0f;
 
@@ -173,16 +174,34 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   const int qm = warp % p.M;
   const int gsize = ((kWarps - 1 - qm) / p.M + 1) * 32, gj = (warp / p.M) * 32 + lane;
   const T* xrow = static_cast<const T*>(p.x) + (int64_t)qm * p.ldx;
+  // a thread with at most kKeep chunks of its row keeps them in registers for the codes (one read of x); the
+  // others read them again (from L1 where they stayed)
+  const bool keep = gj >= K8 || (K8 - 1 - gj) / gsize < kKeep;
+  float kept[kKeep][8];
   {
-    uint32_t r = 0;
+    uint32_t r = 0;   // the row's abs-max as float32 bits (integer order = float order, NaN above infinity)
+    if (keep) {
+#pragma unroll
+      for (int j = 0; j < kKeep; ++j) {
+        const int c = gj + j * gsize;
+        if (c < K8) {
+          load8<T>(xrow, c * 8, p.K, vec, kept[j]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) r = max(r, __float_as_uint(kept[j][e]) & 0x7fffffffu);
+        }
+      }
+    } else {
+      uint32_t rt = 0;
 #pragma unroll 4
-    for (int c = gj; c < K8; c += gsize) r = max(r, amax8<T>(xrow, c * 8, p.K, vec));
+      for (int c = gj; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
+      r = __float_as_uint(abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
+    }
     r = __reduce_max_sync(0xffffffffu, r);
     if (lane == 0 && r != 0u) atomicMax(&amax[qm], r);
   }
   __syncthreads();
   if (threadIdx.x < 16) {
-    const float s = __fdiv_rn(abs_bits_to_f32<T>(amax[threadIdx.x]), 127.0f);
+    const float s = __fdiv_rn(__uint_as_float(amax[threadIdx.x]), 127.0f);
     scales[threadIdx.x] = s == 0.0f ? 1.0f : s;
   }
   __syncthreads();
@@ -191,22 +210,34 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
     const float inv = __frcp_rn(s);
     const bool fast = s >= 1.17549435e-38f && s <= 3.40282347e38f;   // normal and finite (NaN fails both)
     const int mt = qm >> 3, g = qm & 7;
-#pragma unroll 2
-    for (int c = gj; c < KP8; c += gsize) {
+    // chunk c (k = 8c .. 8c + 7): tile c / 4, the words of t = 2 (c & 1) and + 1, fragment half (c >> 1) & 1
+    auto store = [&](int c, const float (&v)[8], bool real) {
       uint32_t w0 = 0u, w1 = 0u;
-      if (c < K8) {
-        float v[8];
-        load8<T>(xrow, c * 8, p.K, vec, v);
+      if (real) {
         w0 = pack4(code_of(v[0], s, inv, fast), code_of(v[1], s, inv, fast), code_of(v[2], s, inv, fast),
                    code_of(v[3], s, inv, fast));
         w1 = pack4(code_of(v[4], s, inv, fast), code_of(v[5], s, inv, fast), code_of(v[6], s, inv, fast),
                    code_of(v[7], s, inv, fast));
       }
-      // chunk c: k = 8c .. 8c + 7 = tile c / 4, words of t = 2 (c & 1) and + 1, fragment half (c >> 1) & 1
       const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
       uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;
       dst[0] = w0;
       dst[2] = w1;
+    };
+    if (keep) {
+      // the kept chunks, then the padding chunks past K (fewer than 4 in a row: at most one more per thread)
+#pragma unroll
+      for (int j = 0; j <= kKeep; ++j) {
+        const int c = gj + j * gsize;
+        if (c < KP8) store(c, kept[j < kKeep ? j : 0], c < K8);
+      }
+    } else {
+#pragma unroll 2
+      for (int c = gj; c < KP8; c += gsize) {
+        float v[8];
+        if (c < K8) load8<T>(xrow, c * 8, p.K, vec, v);
+        store(c, v, c < K8);
+      }
     }
   }
   __syncthreads();
