@@ -155,10 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
 #pragma unroll
   for (int i = 0; i < kRing; ++i)
     if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
-  frag::griddep_wait();   // (a no-op without a programmatic launch)
-
-  // ---- quantize x. Row m belongs to the warps w with w % M == m, so that every warp has a row and the loads of
-  // all rows are issued at once: row abs-max, scale, codes. The padding rows of the last 8-row tile get codes 0.
+  // shared memory set up meanwhile: the sums, the abs-maxes, the codes 0 of the padding rows of the last 8-row tile
   const int nsums = (b1 - b0) * MT * 8 * 16;
   for (int i = threadIdx.x; i < nsums; i += kThreads) sums[i] = 0;
   if (threadIdx.x < 16) amax[threadIdx.x] = 0u;
@@ -168,7 +165,11 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
     dst[0] = make_uint4(0u, 0u, 0u, 0u);
     dst[1] = make_uint4(0u, 0u, 0u, 0u);
   }
+  frag::griddep_wait();   // x and the output only now (a no-op without a programmatic launch)
   __syncthreads();
+
+  // ---- quantize x. Row m belongs to the warps w with w % M == m, so that every warp has a row and the loads of
+  // all rows are issued at once: row abs-max, scale, codes.
   const int K8 = (p.K + 7) >> 3, KP8 = KT * 4;   // 8-element chunks of a row, of a padded row
   const bool vec = p.x_vec != 0;
   const int qm = warp % p.M;
