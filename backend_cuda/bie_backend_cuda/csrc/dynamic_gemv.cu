@@ -193,8 +193,14 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       }
     } else {
       uint32_t rt = 0;
-#pragma unroll 4
-      for (int c = gj; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
+      // the whole 16-byte chunks without a branch (their loads issued together), then the rest
+      int c = gj;
+      if (vec) {
+        constexpr int kUnroll = sizeof(T) == 4 ? 4 : 8;   // eight 16-byte loads in flight a thread
+#pragma unroll kUnroll
+        for (; c < (p.K >> 3); c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, c * 8 + 8, true));
+      }
+      for (; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
       r = __float_as_uint(abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
     }
     r = __reduce_max_sync(0xffffffffu, r);
@@ -233,8 +239,16 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
         if (c < KP8) store(c, kept[j < kKeep ? j : 0], c < K8);
       }
     } else {
-#pragma unroll 2
-      for (int c = gj; c < KP8; c += gsize) {
+      int c = gj;
+      if (vec) {
+#pragma unroll 4
+        for (; c < (p.K >> 3); c += gsize) {
+          float v[8];
+          load8<T>(xrow, c * 8, c * 8 + 8, true, v);
+          store(c, v, true);
+        }
+      }
+      for (; c < KP8; c += gsize) {
         float v[8];
         if (c < K8) load8<T>(xrow, c * 8, p.K, vec, v);
         store(c, v, c < K8);
