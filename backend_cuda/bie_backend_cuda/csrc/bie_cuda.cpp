@@ -798,7 +798,7 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   p.x = xc.data_ptr();
   p.ldx = M > 1 ? xc.stride(0) : K;
   const int64_t esize = xc.element_size();
-  p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && (p.ldx * esize) % 16 == 0) ? 1 : 0;
+  p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && (M <= 1 || (p.ldx * esize) % 16 == 0)) ? 1 : 0;
   p.w = wf.data_ptr<int8_t>();
   p.wscale = ws.data_ptr();
   p.wscale_dtype = dtype_code(ws.scalar_type());
