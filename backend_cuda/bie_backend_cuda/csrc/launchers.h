@@ -226,7 +226,7 @@ constexpr int DYN_GEMV_MAX_M = 16;
 struct DynGemvArgs {
   const void* x;         // (M, K) float32 / float16 / bfloat16, unit column stride
   int64_t ldx;           // row stride of x (elements)
-  int x_vec;             // 16-byte loads of x (its start and row stride 16-byte aligned)
+  int x_vec;             // 16-byte loads of x (its start 16-byte aligned, and its row stride with more than one row)
   const int8_t* w;       // fragment-ordered codes: [ceil(N / 16)][ceil(K / 32)][32 lanes][16 bytes], zero padded
   const void* wscale;    // 1 or N values
   int wscale_dtype;
