@@ -23,7 +23,7 @@ if command -v cuobjdump >/dev/null && [ -n "$SO" ]; then
 fi
 if [ "$MODE" = "tests" ] || [ "$MODE" = "all" ]; then
   timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --tb=short -rf \
-      tests/test_dynamic_cuda.py tests/test_dynamic_ops.py tests/test_dynamic_layer.py 2>&1 | tee $OUT/test.log | tail -15
+      tests/test_dynamic_cuda.py tests/test_dynamic_gemv_layout.py tests/test_dynamic_ops.py tests/test_dynamic_layer.py 2>&1 | tee $OUT/test.log | tail -15
   timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda \
       -k dynamic bie_core/testing 2>&1 | tee $OUT/kit.log | grep -E "FAILED|Error|passed|failed|^total|dynamic" | head -40
 fi
