@@ -1,10 +1,11 @@
 """SASS checks of the bie-backend-cuda kernels (run on the GPU machine on `cuobjdump -sass` of the built library).
 
-    python3 benchmarks/sass_check.py /tmp/all.sass [binary] [wqv] [wqt] [wqm]     (default: all four)
+    python3 benchmarks/sass_check.py /tmp/all.sass [binary] [wqv] [wqt] [wqm] [dyn]     (default: all five)
 
 binary: every 1-bit GEMM kernel uses the native AND+popc MMA (BMMA / BGMMA), never XOR+popc (emulated on sm_90), no
 call and no local memory; wqv / wqt: the skinny and thin weight-only kernels use HMMA and their cp.async / ldmatrix
 paths, no call, no local memory; wqm: the many-row wgmma weight-only kernels use wgmma (HGMMA), no call, no local
+memory; dyn: the fused per-token GEMV kernels use the int8 MMA (IMMA) on 16-byte weight loads, no call, no local
 memory. One line per family says OK or FAIL with the offending kernels.
 """
 from __future__ import annotations
@@ -19,8 +20,11 @@ OPS = {
     "wqv": ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDS.128", "CALL", "LDL", "STL", "I2F", "F2F"),
     "wqt": ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.M88.4", "CALL", "LDL", "STL"),
     "wqm": ("HGMMA", "CALL", "LDL", "STL"),
+    # (an op starting with "re:" is a regular expression: 16-byte global loads with any cache qualifiers)
+    "dyn": ("IMMA.16832.S8.S8", r"re:LDG\.E\S*\.128", "CALL", "LDL", "STL"),
 }
-KERNEL = {"binary": "bgemm", "wqv": "wq_skinny_kernel", "wqt": "wq_thin_kernel", "wqm": "wq_rows_kernel"}
+KERNEL = {"binary": "bgemm", "wqv": "wq_skinny_kernel", "wqt": "wq_thin_kernel", "wqm": "wq_rows_kernel",
+          "dyn": "dynamic_gemv_kernel"}
 
 
 def counts(path: str) -> dict:
@@ -37,7 +41,7 @@ def counts(path: str) -> dict:
         for fam, key in KERNEL.items():
             if key in fn:
                 for op in OPS[fam]:
-                    if op in line:
+                    if (re.search(op[3:], line) if op.startswith("re:") else op in line):
                         out[fam][fn][op] += 1
     return out
 
@@ -65,6 +69,14 @@ def report(fam: str, stats: dict) -> str:
         bad = [f for f, c in stats.items() if not no_local(c) or not c["HGMMA"]]
         return "SASS check (wqm): " + ("FAIL " + str(bad) if bad or not stats else
                                        f"OK ({len(stats)} many-row kernels: HGMMA, no CALL, no local memory)")
+    if fam == "dyn":
+        for f, c in sorted(stats.items()):
+            print(f, dict(c))
+        bad = [f for f, c in stats.items() if not no_local(c) or not c["IMMA.16832.S8.S8"]
+               or not c[r"re:LDG\.E\S*\.128"]]
+        return "SASS check (dyn): " + ("FAIL " + str(bad) if bad or not stats else
+                                       f"OK ({len(stats)} fused GEMV kernels: IMMA, 16-byte weight loads, no CALL, "
+                                       "no local memory)")
     bad = [f for f, c in stats.items() if not no_local(c) or not c["HMMA.16816.F32"] or not c["LDSM.16.M88.4"]]
     return "SASS check (wqt): " + ("FAIL " + str(bad) if bad or not stats else
                                    f"OK ({len(stats)} thin kernels: HMMA, LDSM, cp.async ring, no CALL, "

@@ -66,3 +66,194 @@ def test_layer_on_cuda_dispatches_to_the_cuda_kernel():
     ref = layer.cpu()(x.detach().cpu())
     torch.testing.assert_close(y.detach().cpu(), ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(x.grad.cpu(), torch.ones(4, 128) @ layer.dequantize(), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the fused per-token GEMV (csrc/dynamic_gemv.cu)
+def _gemv_case(g, m, n, k, dtype, per_channel=True, with_bias=True, sdtype=torch.float32, bdtype=None):
+    x = (torch.randn(m, k, generator=g) * 3 + 0.2).to(dtype)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int32).to(torch.int8)
+    ws = (torch.rand(n if per_channel else 1, generator=g) * 0.01 + 1e-4).to(sdtype)
+    b = torch.randn(n, generator=g).to(bdtype or dtype) if with_bias else None
+    return x, w, ws, b
+
+
+def _gemv(cuda_dynamic, x, w, ws, b):
+    wc = w.cuda()
+    return cuda_dynamic.dynamic_int8_gemv(x.cuda() if x.device.type == "cpu" else x, wc, ws.cuda(),
+                                          None if b is None else b.cuda(), "per_token_symmetric",
+                                          prepared=cuda_dynamic.prepare_gemv(wc))
+
+
+def _exact(got, exp):
+    """Bit for bit: the kernel computes the reference's operations in the reference's order."""
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    torch.testing.assert_close(got.cpu(), exp, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gemv_bit_exact(cuda_dynamic, dtype):
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(11)
+    shapes = [(1, 1, 1), (1, 7, 33), (2, 4097, 4095), (3, 16, 32), (5, 33, 100), (8, 64, 4096), (9, 1, 4095),
+              (12, 4097, 33), (16, 7, 1), (16, 300, 8191), (1, 4096, 4096), (4, 1000, 28000), (13, 64, 14000)]
+    for i, (m, n, k) in enumerate(shapes):
+        x, w, ws, b = _gemv_case(g, m, n, k, dtype, per_channel=i % 2 == 0, with_bias=i % 3 != 1,
+                                 sdtype=(torch.float32, torch.bfloat16, torch.float16)[i % 3],
+                                 bdtype=(None, torch.float32, torch.bfloat16)[i % 3])
+        _exact(_gemv(cuda_dynamic, x, w, ws, b), rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gemv_strided_and_misaligned_x(cuda_dynamic, dtype):
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(12)
+    for m, n, k in ((1, 40, 64), (6, 24, 130), (16, 17, 1000)):
+        _, w, ws, b = _gemv_case(g, m, n, k, dtype)
+        wide = (torch.randn(m, 2 * k + 3, generator=g) * 2).to(dtype).cuda()
+        for view in (wide[:, 1:k + 1], wide[:, 3:3 + k], wide[:, ::2][:, :k], wide[:, :k]):
+            _exact(_gemv(cuda_dynamic, view, w, ws, b),
+                   rd.dynamic_int8_linear(view.cpu(), w, ws, b, "per_token_symmetric"))
+
+
+def test_gemv_edge_values(cuda_dynamic):
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(13)
+    k, n = 96, 40
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int32).to(torch.int8)
+    ws = torch.rand(n, generator=g) * 0.01 + 1e-4
+    b = torch.randn(n, generator=g)
+    rows = [torch.zeros(k),                                                     # scale 1, codes 0
+            torch.randn(k, generator=g) * 3e37,                                 # near float32's range
+            torch.randn(k, generator=g) * 1e-39,                                # subnormal values and scale
+            torch.randint(-190, 191, (k,), generator=g).float() * 1.4e-45,     # scale rounded down: codes clamped
+            (torch.arange(k) - 48).float() * 0.5 / 127 * 48.0,                  # exact halves of the scale
+            torch.full((k,), -2.5),
+            torch.randn(k, generator=g) * 1e4]
+    rows[4][0] = 48.0                                                           # amax = 48: ties of x / scale
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.stack(rows).to(dtype)
+        _exact(_gemv(cuda_dynamic, x, w, ws, b), rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric"))
+
+
+def test_gemv_non_finite_rows(cuda_dynamic):
+    """A row holding NaN or inf gets codes 0 and a non-finite scale: its outputs are NaN, the other rows exact."""
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(14)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x, w, ws, b = _gemv_case(g, 6, 50, 70, dtype)
+        x[1, 3], x[2, 4], x[4, 0], x[4, 1] = float("nan"), float("inf"), -float("inf"), float("nan")
+        got, exp = _gemv(cuda_dynamic, x, w, ws, b), rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric")
+        assert exp[1:3].isnan().all() and exp[4].isnan().all() and not exp[[0, 3, 5]].isnan().any()
+        _exact(got, exp)
+
+
+def test_gemv_grid_splits(cuda_dynamic):
+    """Any number of blocks gives the same result (runs of channel blocks, split-K over warps: exact integers)."""
+    from bie_backend_cpu.reference import dynamic as rd
+    from bie_backend_cuda import _build
+    g = torch.Generator().manual_seed(15)
+    for m, n, k in ((1, 4097, 300), (16, 1000, 2000), (3, 64, 33)):
+        x, w, ws, b = _gemv_case(g, m, n, k, torch.bfloat16)
+        exp = rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric")
+        wf = cuda_dynamic.prepare_gemv(w.cuda())
+        for grid in (1, 2, 7, 133, 100000):
+            for pdl in (False, True):
+                got = _build.ops().dynamic_gemv(x.cuda(), wf, ws.cuda(), b.cuda(), n, k, grid, pdl)
+                _exact(got, exp)
+
+
+def test_gemv_programmatic_launch_reads_the_previous_kernels_output(cuda_dynamic):
+    """Launched as programmatic dependents, each GEMV reads x only after the kernel that wrote it has finished."""
+    from bie_backend_cpu.reference import dynamic as rd
+    from bie_backend_cuda import _build
+    g = torch.Generator().manual_seed(17)
+    k = 2048
+    x, w, ws, b = _gemv_case(g, 4, k, k, torch.bfloat16)
+    wc, wsc, bc = w.cuda(), ws.cuda(), b.cuda()
+    wf = cuda_dynamic.prepare_gemv(wc)
+    torch.cuda.synchronize()
+    y, exp = x.cuda(), x
+    for i in range(6):
+        y = _build.ops().dynamic_gemv(y * 0.5 if i % 2 else y, wf, wsc, bc, k, k, 0, True)
+        exp = rd.dynamic_int8_linear(exp * 0.5 if i % 2 else exp, w, ws, b, "per_token_symmetric")
+    _exact(y, exp)
+
+
+def test_gemv_rejects_bad_arguments(cuda_dynamic):
+    from bie_backend_cuda import _build
+    x = torch.randn(17, 64, device="cuda")
+    w = torch.randint(-128, 128, (8, 64), dtype=torch.int32, device="cuda").to(torch.int8)
+    wf, ws = cuda_dynamic.prepare_gemv(w), torch.ones(8, device="cuda")
+    with pytest.raises(RuntimeError, match="at most 16 rows"):
+        _build.ops().dynamic_gemv(x, wf, ws, None, 8, 64, 0, False)
+    with pytest.raises(RuntimeError, match="fragment-ordered"):
+        _build.ops().dynamic_gemv(x[:4], wf[:-1], ws, None, 8, 64, 0, False)
+    with pytest.raises(RuntimeError, match="weight_scale"):
+        _build.ops().dynamic_gemv(x[:4], wf, ws[:3], None, 8, 64, 0, False)
+
+
+def test_dispatch_picks_the_gemv_in_range():
+    import bie_core
+    from bie_core import ops
+    w = torch.randint(-128, 128, (64, 256), dtype=torch.int32, device="cuda").to(torch.int8)
+    ws = torch.rand(64, device="cuda") * 0.01 + 1e-3
+    with bie_core.use_backend("cuda"):
+        for m, scheme, rr, want in ((1, "per_token_symmetric", False, "cuda:dynamic_int8_gemv"),
+                                    (16, "per_token_symmetric", False, "cuda:dynamic_int8_gemv"),
+                                    (17, "per_token_symmetric", False, "cuda:dynamic_int8_linear_int_mm"),
+                                    (2, "per_tensor_affine", True, "cuda:dynamic_int8_linear_int_mm"),
+                                    (4, "per_tensor_affine", False, "cuda:dynamic_int8_linear_int_mm")):
+            x = torch.randn(m, 256, device="cuda")
+            e = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, scheme, rr)
+            assert e.chosen()["dynamic_int8_linear"] == want, (m, scheme, str(e))
+        # codes of x beyond one block's shared memory: the int_mm kernel
+        w2 = torch.randint(-128, 128, (64, 60000), dtype=torch.int32, device="cuda").to(torch.int8)
+        e = bie_core.explain(ops.dynamic_int8_linear, torch.randn(1, 60000, device="cuda"), w2, ws, None,
+                             "per_token_symmetric", False)
+        assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_linear_int_mm", str(e)
+
+
+def test_gemv_bound_call_equals_the_kernel(cuda_dynamic):
+    from bie_core import dispatch, ops
+    g = torch.Generator().manual_seed(16)
+    for m, dtype, with_bias in ((1, torch.bfloat16, True), (7, torch.float16, False), (16, torch.float32, True)):
+        x, w, ws, b = _gemv_case(g, m, 300, 512, dtype, with_bias=with_bias)
+        args = (x.cuda(), w.cuda(), ws.cuda(), None if b is None else b.cuda(), "per_token_symmetric", False)
+        r = dispatch.resolve(ops.dynamic_int8_linear, *args, backend="cuda")
+        assert r.kernel.name == "dynamic_int8_gemv"
+        bound = r(*args)
+        _exact(bound, cuda_dynamic.dynamic_int8_gemv(*args).cpu())
+        _exact(ops.dynamic_int8_linear(*args, backend="cuda"), bound.cpu())
+
+
+def test_layer_decode_uses_the_gemv():
+    import bie_core
+    from bie_backend_cpu.reference import dynamic as rd
+    from bie_core import DynamicQLinear
+    layer = DynamicQLinear.from_float(torch.nn.Linear(512, 200), act_scheme="per_token_symmetric").cuda()
+    x = torch.randn(2, 3, 512, dtype=torch.bfloat16)
+    with torch.no_grad():
+        e = bie_core.explain(layer, x.cuda(), backend="cuda")
+        y = layer(x.cuda())
+    assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_gemv"
+    exp = rd.dynamic_int8_linear(x.reshape(6, 512), layer.qweight.cpu(), layer.weight_scale.cpu(), layer.bias.cpu(),
+                                 "per_token_symmetric")
+    _exact(y.reshape(6, 200), exp)
+
+
+def test_layer_decode_non_finite_input():
+    """The layer's documented policy on the GEMV path: ValueError naming the layer, or NaN rows with
+    check_finite=False."""
+    import bie_core
+    from bie_core import DynamicQLinear
+    layer = DynamicQLinear.from_float(torch.nn.Linear(64, 48), act_scheme="per_token_symmetric").cuda()
+    x = torch.randn(3, 64, device="cuda")
+    x[1, 5] = float("inf")
+    with torch.no_grad(), bie_core.use_backend("cuda"):
+        e = bie_core.explain(layer, torch.randn(3, 64, device="cuda"))
+        assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_gemv"
+        with pytest.raises(ValueError, match=r"DynamicQLinear\(64, 48\).*1 non-finite"):
+            layer(x)
+        layer.check_finite = False
+        y = layer(x)
+    assert y[1].isnan().all() and not y[[0, 2]].isnan().any()

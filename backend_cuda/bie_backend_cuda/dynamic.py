@@ -12,12 +12,18 @@ exact int32 accumulation), and the scale epilogue.
 * Epilogue ``float32(acc) * (scale_x * weight_scale) + bias`` cast to x's dtype: one element-wise kernel
   through ``torch.compile`` (Inductor) when it works here, else eager in-place passes (same values up to
   a possibly fused multiply-add: within the op's float32 tolerance).
+
+Per-token activations and at most 16 rows (decode) go to one fused kernel instead (csrc/dynamic_gemv.cu,
+:func:`dynamic_int8_gemv`): quantization of x, int8 tensor-core products on a fragment-ordered copy of the
+weight (:func:`prepare_gemv`) and the epilogue in one launch, bit-exact with the reference.
 """
 from __future__ import annotations
 
 import torch
 
 from bie_core.backend_api import act_qmax, affine_codes, affine_qparams
+
+from . import _build
 
 #: the rows cuBLASLt's int8 GEMM requires (torch._int_mm checks M > 16)
 MIN_ROWS = 17
@@ -103,4 +109,92 @@ def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=Fals
     return _epilogue(acc, sx.to(torch.float32), weight_scale.to(torch.float32), bias, x.dtype).contiguous()
 
 
-__all__ = ["dynamic_quantize_act", "dynamic_int8_linear", "prepare"]
+# ------------------------------------------------------------------ fused GEMV (per token, up to 16 rows)
+#: rows the fused kernel serves (csrc/launchers.h DYN_GEMV_MAX_M)
+GEMV_MAX_M = 16
+#: a channel block of the fragment layout (mma.m16n8k32: 16 weight rows by 32 k per 512-byte tile)
+_TILE_N, _TILE_K = 16, 32
+
+
+def prepare_gemv(weight):
+    """The weight codes (N, K) in the fused kernel's fragment order: zero-padded to 16-row, 32-column tiles, a
+    channel block's tiles consecutive along K, each tile the 32 lanes' 16-byte A fragments of mma.m16n8k32 (lane
+    g * 4 + t: rows g and g + 8 at k = t * 4 .. + 3, then at k = 16 + t * 4 .. + 3)."""
+    w = weight.detach()
+    n, k = w.shape
+    nb, kt = -(-n // _TILE_N), -(-k // _TILE_K)
+    padded = torch.zeros((nb * _TILE_N, kt * _TILE_K), dtype=torch.int8, device=w.device)
+    padded[:n, :k] = w
+    # (block, row half, g, k tile, k half, t, byte) -> (block, k tile, g, t, k half, row half, byte)
+    return padded.view(nb, 2, 8, kt, 2, 4, 4).permute(0, 3, 2, 5, 4, 1, 6).contiguous().view(-1)
+
+
+def gemv_smem_bytes(m: int, k: int) -> int:
+    """Shared memory the fused kernel needs at the least for m rows of k features (csrc/dynamic_gemv.cu: the codes
+    of x, one channel block's int32 sums, the row scales)."""
+    rows = 8 if m <= 8 else 16
+    return -(-k // _TILE_K) * rows * _TILE_K + rows * _TILE_N * 4 + 128
+
+
+_smem_optin: dict = {}
+
+
+def _device_smem(index) -> int:
+    if index is None:
+        index = torch.cuda.current_device()
+    v = _smem_optin.get(index)
+    if v is None:
+        props = torch.cuda.get_device_properties(index)
+        v = _smem_optin[index] = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+    return v
+
+
+def check_gemv(p):
+    """The fused kernel's range beyond its Capability: the codes of x fit in one block's shared memory."""
+    m, k = p.dims["M"], p.dims["K"]
+    need = gemv_smem_bytes(m, k)
+    try:
+        have = _device_smem(p.device_index)
+    except Exception as exc:  # noqa: BLE001 - a reason, never an error
+        return f"device properties unavailable ({exc})"
+    if need > have:
+        return f"{m} rows of K={k} need {need} bytes of shared memory for their codes, the device allows {have}"
+    return None
+
+
+def _pdl(wf) -> bool:
+    """Launch as a programmatic dependent of the previous kernel in the stream (sm_90): the kernel's blocks prefetch
+    their first weight tiles during that kernel's tail, and read x after it has finished. Not on a layout's first
+    launch (the kernels that built it ran just before)."""
+    if getattr(wf, "_bie_launched", False):
+        return True
+    wf._bie_launched = True
+    return False
+
+
+def dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
+    """dynamic_int8_linear, per_token_symmetric, 1..16 rows: one launch of csrc/dynamic_gemv.cu."""
+    n, k = weight.shape
+    wf = prepared if prepared is not None else prepare_gemv(weight)
+    return _build.ops().dynamic_gemv(x, wf, weight_scale, bias, n, k, 0, _pdl(wf))
+
+
+def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
+    """The kernel's call for one signature (the dispatcher's ``bind``): the prepared layout and sizes fixed, the
+    launch through the library's Python module (_build.direct: a cheaper argument conversion than an op call).
+    weight_scale and bias are passed on every call, so a call with other such tensors computes with those."""
+    if prepared is None:
+        return None
+    fn = _build.direct().dynamic_gemv
+    n, k = weight.shape
+    state = [_pdl(prepared)]
+
+    def call(x, weight, weight_scale, bias, scheme, reduce_range=False):
+        pdl = state[0]
+        state[0] = True
+        return fn(x, prepared, weight_scale, bias, n, k, 0, pdl)
+    return call
+
+
+__all__ = ["dynamic_quantize_act", "dynamic_int8_linear", "prepare", "dynamic_int8_gemv", "prepare_gemv",
+           "bind_dynamic_int8_gemv", "check_gemv", "GEMV_MAX_M"]

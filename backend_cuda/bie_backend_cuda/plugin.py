@@ -11,7 +11,7 @@ import torch
 
 from bie_core.backend_api import FLOAT_DTYPES as FLOATS
 from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
-from bie_core.backend_api import Capability, conv_out_size, has_op, hookimpl
+from bie_core.backend_api import DYNAMIC_MAX_K, Capability, conv_out_size, has_op, hookimpl
 
 from . import _build, binary, integer, weight_only
 
@@ -117,6 +117,16 @@ def bie_register_kernels(registry):
         registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_act, priority=PRIORITY,
                           name="dynamic_quantize_act", capability=Capability(devices=cuda, dtypes=FLOATS),
                           description="eager element-wise passes (row abs-max + codes in place)")
+        registry.register("dynamic_int8_linear", dynamic.dynamic_int8_gemv, priority=PRIORITY + 1,
+                          name="dynamic_int8_gemv", prepare=dynamic.prepare_gemv, bind=dynamic.bind_dynamic_int8_gemv,
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
+                                                attrs={"scheme": ("per_token_symmetric",)},
+                                                min_dims={"M": 1, "N": 1, "K": 1},
+                                                max_dims={"M": dynamic.GEMV_MAX_M, "K": DYNAMIC_MAX_K},
+                                                check=dynamic.check_gemv),
+                          description="fused per-token GEMV, one launch: x quantized per row in every block, int8 "
+                                      "mma.m16n8k32 on fragment-ordered weights streamed by 16-byte loads, split-K "
+                                      "over warps with exact int32 sums, the reference's epilogue; 1-16 rows")
         registry.register("dynamic_int8_linear", dynamic.dynamic_int8_linear, priority=PRIORITY,
                           name="dynamic_int8_linear_int_mm", prepare=dynamic.prepare,
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,

@@ -759,6 +759,63 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
 }
 
 
+// Fused per-token W8A8-dynamic GEMV (dynamic_gemv.cu): dynamic_int8_linear with scheme per_token_symmetric for
+// 1..16 rows. x (M, K) float32/float16/bfloat16 (rows of any stride; a column stride other than 1 is copied);
+// wf the fragment-ordered weight codes of the (N, K) int8 weight (bie_backend_cuda/dynamic.py prepare_gemv);
+// weight_scale 1 or N values, bias N values or None (floating dtypes, on x's device). grid: blocks (0: planned).
+// pdl: launch as a programmatic dependent of the previous kernel in the stream (the kernel prefetches weight tiles
+// before waiting for it), so the caller must know that kernel did not write wf (dynamic.py: not on a layout's first
+// use). Returns (M, N) in x's dtype.
+Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scale, const std::optional<Tensor>& bias,
+                    int64_t N, int64_t K, int64_t grid, bool pdl) {
+  check_cuda(x, "x");
+  check_cuda(wf, "wf");
+  check_cuda(weight_scale, "weight_scale");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "bie_cuda.dynamic_gemv: x must be (M, ", K, "), got ", x.sizes());
+  const auto xt = x.scalar_type();
+  TORCH_CHECK(xt == at::kFloat || xt == at::kHalf || xt == at::kBFloat16,
+              "bie_cuda.dynamic_gemv: x must be float32, float16 or bfloat16, got ", xt);
+  const int64_t M = x.size(0);
+  TORCH_CHECK(M <= bie::DYN_GEMV_MAX_M, "bie_cuda.dynamic_gemv: at most ", bie::DYN_GEMV_MAX_M, " rows, got ", M);
+  TORCH_CHECK(K >= 1 && K <= 65535 && N >= 1 && N < (1ll << 30),
+              "bie_cuda.dynamic_gemv: K must be 1..65535 and N positive, got K=", K, " N=", N);
+  const int64_t NB = (N + 15) / 16, KT = (K + 31) / 32;
+  TORCH_CHECK(wf.scalar_type() == at::kChar && wf.is_contiguous() && wf.numel() == NB * KT * 512,
+              "bie_cuda.dynamic_gemv: wf is not the fragment-ordered layout of a (", N, ", ", K, ") int8 weight");
+  TORCH_CHECK(wf.device() == x.device() && weight_scale.device() == x.device(),
+              "bie_cuda.dynamic_gemv: tensors on different devices");
+  TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.dynamic_gemv: grid must be 0..2^20");
+  const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
+  const Tensor ws = weight_scale.reshape({-1}).contiguous();
+  TORCH_CHECK(ws.numel() == 1 || ws.numel() == N, "bie_cuda.dynamic_gemv: weight_scale must have 1 or ", N,
+              " values, got ", ws.numel());
+  TORCH_CHECK(at::isFloatingType(ws.scalar_type()) && ws.scalar_type() != at::kDouble,
+              "bie_cuda.dynamic_gemv: weight_scale must be float32, float16 or bfloat16, got ", ws.scalar_type());
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  bie::DynGemvArgs p{};
+  p.x = xc.data_ptr();
+  p.ldx = M > 1 ? xc.stride(0) : K;
+  const int64_t esize = xc.element_size();
+  p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && (M <= 1 || (p.ldx * esize) % 16 == 0)) ? 1 : 0;
+  p.w = wf.data_ptr<int8_t>();
+  p.wscale = ws.data_ptr();
+  p.wscale_dtype = dtype_code(ws.scalar_type());
+  p.per_channel = ws.numel() == N && N > 1 ? 1 : 0;
+  Tensor bias_c;
+  set_bias_out(p, bias, bias_c, x, out, xt, N, "dynamic_gemv");
+  p.M = (int)M;
+  p.N = (int)N;
+  p.K = (int)K;
+  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
+  const int optin = smem_optin();
+  TORCH_CHECK(bie::dynamic_gemv_min_smem((int)M, (int)K) <= (size_t)optin, "bie_cuda.dynamic_gemv: ", M, " rows of K=", K,
+              " need ", bie::dynamic_gemv_min_smem((int)M, (int)K), " bytes of shared memory, the device allows ", optin);
+  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), (int)grid, num_sms(), optin, stream()), "dynamic_gemv");
+  return out;
+}
+
 // The direct binary conv2d (binary_conv.cu), groups == 1. x (N, C, H, W) float32/float16/bfloat16/int8, any strides;
 // wp (O, KWP) int32 weight words in (tap, channel word) K order (bie_backend_cuda.binary.conv_weight), wpop (O) and
 // wtap (O, KH*KW) int32 popcounts; geom = [KH, KW, SH, SW, PH, PW, DH, DW]; pad_mode 0: pad -1, 1: +1, 2: 0.
@@ -922,6 +979,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
   m.def("quantize_int", &quantize_int);
+  m.def("dynamic_gemv", &dynamic_gemv);
 }
 
 // The bound inference calls' entry points (see the top of this file): the same functions, the same checks.
@@ -935,4 +993,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_linear_bound", &binary_linear_bound);
   m.def("binary_conv2d", &binary_conv2d);
   m.def("quantize_int", &quantize_int);
+  m.def("dynamic_gemv", &dynamic_gemv);
 }

@@ -220,6 +220,31 @@ constexpr int WQ_ROWS_NTOK = 256;
 constexpr int WQ_ROWS_MIN_PART_STAGES = 8;
 cudaError_t launch_wq_wgmma_gemm(const WqWgmmaArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st);
 
+// Fused per-token W8A8-dynamic GEMV (dynamic_gemv.cu): dynamic_int8_linear with scheme per_token_symmetric for
+// 1 .. DYN_GEMV_MAX_M rows, quantization of x, int8 mma and epilogue in one launch.
+constexpr int DYN_GEMV_MAX_M = 16;
+struct DynGemvArgs {
+  const void* x;         // (M, K) float32 / float16 / bfloat16, unit column stride
+  int64_t ldx;           // row stride of x (elements)
+  int x_vec;             // 16-byte loads of x (its start 16-byte aligned, and its row stride with more than one row)
+  const int8_t* w;       // fragment-ordered codes: [ceil(N / 16)][ceil(K / 32)][32 lanes][16 bytes], zero padded
+  const void* wscale;    // 1 or N values
+  int wscale_dtype;
+  int per_channel;       // wscale has N values
+  const void* bias;      // N values or nullptr
+  int bias_dtype;
+  void* out;             // (M, N) contiguous, x's dtype
+  int out_dtype;         // x's dtype code (the kernel is instantiated per dtype)
+  int M, N, K;
+  int pdl;               // programmatic dependent launch (sm_90): w must not be written by the previous kernel
+  int nblocks, grid;     // channel blocks of 16, blocks of the launch (set by the launcher)
+};
+// shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
+size_t dynamic_gemv_min_smem(int M, int K);
+// grid: blocks (0: one per SM)
+cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
+                                cudaStream_t st);
+
 // columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
                                         bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N, int n0,

@@ -1,0 +1,374 @@
+// Fused per-token W8A8-dynamic GEMV: dynamic_int8_linear with scheme per_token_symmetric for up to 16 rows, in one
+// launch (docs/dynamic.md gives the definition this reproduces bit for bit).
+//
+// Every block first quantizes the whole of x (M <= 16 rows: a few KiB to a few hundred KiB, read from L2) into shared
+// memory, redundantly: no block waits for another, so any grid is free of deadlock and the launch needs no
+// workspace. The per-row scale is float32(amax|x_row|) / 127 by an IEEE division (1 where it is 0); the codes are
+// round_half_even(x / scale). The division is computed as x * (1 / scale) rounded to an integer by a magic-number
+// add, and the true division is redone only where that product lies within 2^-12 of a half-integer (there the two
+// may round differently) or for a row whose scale is not a normal finite float: the codes are those of the
+// reference's division everywhere.
+//
+// The weight codes arrive in a fragment-ordered layout (bie_backend_cuda/dynamic.py prepare_gemv): tiles of 16
+// output channels x 32 k, 512 bytes each, one 16-byte A fragment of mma.m16n8k32 per lane, the tiles of a block of 16
+// channels consecutive along K. Each block takes a contiguous run of channel blocks, its warps split the run's tiles
+// evenly (split-K inside the block), each warp streams its tiles through a ring of 16-byte loads, and the partial
+// sums meet in shared memory by integer atomics: exact int32, so the result does not depend on their order. The
+// epilogue is the reference's, operation by operation: float32(acc) * (scale_x * weight_scale) + bias, each step
+// rounded to float32 (no fused multiply-add), then cast to x's dtype.
+//
+// Launched as a programmatic dependent (p.pdl, sm_90), a block prefetches its first weight tiles while the previous
+// kernel in the stream finishes, and reads x (perhaps that kernel's output) and writes its output only after waiting
+// for it; the caller launches a freshly prepared layout without (the kernels that wrote it ran just before).
+#include "common.cuh"
+#include "wq_fragments.cuh"
+
+namespace bie {
+namespace {
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRing = 8;             // 512-byte tiles in flight per warp
+constexpr int kKeep = 2;             // 8-element chunks of x a thread keeps in registers between its two passes
+constexpr float kMagic = 12582912.0f;   // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer, half to even
+constexpr float kTieGuard = 0.5f - 1.0f / 4096.0f;
+
+// 8 consecutive elements of one row of x as float32, zero past K. vec: 16-byte loads (row start aligned, 8 in range).
+template <typename T>
+__device__ __forceinline__ void load8(const T* row, int k0, int K, bool vec, float (&v)[8]) {
+  if (vec && k0 + 8 <= K) {
+    if constexpr (std::is_same<T, float>::value) {
+      const float4 a = *reinterpret_cast<const float4*>(row + k0);
+      const float4 b = *reinterpret_cast<const float4*>(row + k0 + 4);
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+      const uint4 a = *reinterpret_cast<const uint4*>(row + k0);
+      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
+        v[2 * i] = to_f32(*reinterpret_cast<const T*>(&lo));
+        v[2 * i + 1] = to_f32(*reinterpret_cast<const T*>(&hi));
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = k0 + i < K ? to_f32(row[k0 + i]) : 0.0f;
+}
+
+// |x| as ordered unsigned bits (float32: 31 bits, 16-bit floats: 15 bits): the integer maximum is the float maximum,
+// and a NaN (bits above the infinity's) wins over every number, as the reference's amax propagates it.
+template <typename T> __device__ __forceinline__ uint32_t abs_bits(T v);
+template <> __device__ __forceinline__ uint32_t abs_bits<float>(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+template <> __device__ __forceinline__ uint32_t abs_bits<__half>(__half v) { return __half_as_ushort(v) & 0x7fffu; }
+template <> __device__ __forceinline__ uint32_t abs_bits<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat16_as_ushort(v) & 0x7fffu;
+}
+template <typename T> __device__ __forceinline__ float abs_bits_to_f32(uint32_t b);
+template <> __device__ __forceinline__ float abs_bits_to_f32<float>(uint32_t b) { return __uint_as_float(b); }
+template <> __device__ __forceinline__ float abs_bits_to_f32<__half>(uint32_t b) {
+  return __half2float(__ushort_as_half((unsigned short)b));
+}
+template <> __device__ __forceinline__ float abs_bits_to_f32<__nv_bfloat16>(uint32_t b) { return __uint_as_float(b << 16); }
+
+// The largest |x| bits over 8 elements of a row starting at k0 (0 past K).
+template <typename T>
+__device__ __forceinline__ uint32_t amax8(const T* row, int k0, int K, bool vec) {
+  if (vec && k0 + 8 <= K) {
+    if constexpr (std::is_same<T, float>::value) {
+      const uint4 a = *reinterpret_cast<const uint4*>(row + k0);
+      const uint4 b = *reinterpret_cast<const uint4*>(row + k0 + 4);
+      const uint32_t m = 0x7fffffffu;
+      return max(max(max(a.x & m, a.y & m), max(a.z & m, a.w & m)), max(max(b.x & m, b.y & m), max(b.z & m, b.w & m)));
+    } else {
+      const uint4 a = *reinterpret_cast<const uint4*>(row + k0);
+      const uint32_t m = 0x7fff7fffu;
+      const uint32_t h = __vmaxu2(__vmaxu2(a.x & m, a.y & m), __vmaxu2(a.z & m, a.w & m));
+      return max(h & 0xffffu, h >> 16);
+    }
+  }
+  uint32_t r = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (k0 + i < K) r = max(r, abs_bits<T>(row[k0 + i]));
+  return r;
+}
+
+// The code of v in a row of scale s (inv = 1 / s): its low byte is clamp(round_half_even(v / s), -127, 127), NaN -> 0.
+__device__ __forceinline__ uint32_t code_of(float v, float s, float inv, bool fast) {
+  if (fast) {
+    // |v * inv| <= 127.0001 (|v| <= amax, s >= amax / 127 up to a rounding): no clamp needed on this path
+    const float y = fmaf(v, inv, kMagic);
+    const float n = __fsub_rn(y, kMagic);
+    if (fabsf(fmaf(v, inv, -n)) < kTieGuard) return __float_as_uint(y);
+  }
+  const float q = __fdiv_rn(v, s);
+  if (q != q) return 0u;
+  return (uint32_t)min(max(__float2int_rn(q), -127), 127);
+}
+
+__device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, const uint2& b) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
+}
+
+// Shared memory: the codes of x in B-fragment order ([KT][MT][32 lanes][2 words]: lane g * 4 + t holds k = t * 4 ..
+// + 3 and 16 + t * 4 .. + 3 of row mt * 8 + g), then the int32 sums of the block's channel blocks ([blocks][16 * MT
+// rows][16 channels]), the row scales and their abs-max bits.
+template <int MT>
+__host__ __device__ constexpr size_t codes_bytes(int KT) { return (size_t)KT * MT * 256; }
+template <int MT>
+__host__ __device__ constexpr size_t sums_bytes(int blocks) { return (size_t)blocks * MT * 8 * 16 * 4; }
+constexpr size_t kTailBytes = 16 * 4 * 2;
+
+template <typename T, int MT>
+__global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemvArgs p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int KT = (p.K + 31) >> 5;
+  uint32_t* codes = reinterpret_cast<uint32_t*>(smem);
+  int* sums = reinterpret_cast<int*>(smem + codes_bytes<MT>(KT));
+  const int b0 = (int)((int64_t)blockIdx.x * p.nblocks / p.grid), b1 = (int)((int64_t)(blockIdx.x + 1) * p.nblocks / p.grid);
+  float* scales = reinterpret_cast<float*>(smem + codes_bytes<MT>(KT) + sums_bytes<MT>(b1 - b0));
+  uint32_t* amax = reinterpret_cast<uint32_t*>(scales + 16);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // this warp's tiles (block-local flat index blk * KT + kt), their loads issued before the quantization
+  const int64_t tiles = (int64_t)(b1 - b0) * KT;
+  const int64_t u0 = tiles * warp / kWarps, u1 = tiles * (warp + 1) / kWarps;
+  const uint4* wp = reinterpret_cast<const uint4*>(p.w) + (int64_t)b0 * KT * 32 + lane;
+  frag::griddep_launch_dependents();   // the next kernel's blocks take the SMs ours leave
+  uint4 ring[kRing];
+#pragma unroll
+  for (int i = 0; i < kRing; ++i)
+    if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
+  // shared memory set up meanwhile: the sums, the abs-maxes, the codes 0 of the padding rows of the last 8-row tile
+  const int nsums = (b1 - b0) * MT * 8 * 16;
+  for (int i = threadIdx.x; i < nsums; i += kThreads) sums[i] = 0;
+  if (threadIdx.x < 16) amax[threadIdx.x] = 0u;
+  for (int i = threadIdx.x; i < (MT * 8 - p.M) * KT; i += kThreads) {
+    const int pm = p.M + i / KT, pkt = i % KT;   // a row's 32 codes of one tile: 32 consecutive bytes
+    uint4* dst = reinterpret_cast<uint4*>(codes + (((size_t)pkt * MT + (pm >> 3)) * 32 + (pm & 7) * 4) * 2);
+    dst[0] = make_uint4(0u, 0u, 0u, 0u);
+    dst[1] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  frag::griddep_wait();   // x and the output only now (a no-op without a programmatic launch)
+  __syncthreads();
+
+  // ---- quantize x. Row m belongs to the warps w with w % M == m, so that every warp has a row and the loads of
+  // all rows are issued at once: row abs-max, scale, codes.
+  const int K8 = (p.K + 7) >> 3, KP8 = KT * 4;   // 8-element chunks of a row, of a padded row
+  const bool vec = p.x_vec != 0;
+  const int qm = warp % p.M;
+  const int gsize = ((kWarps - 1 - qm) / p.M + 1) * 32, gj = (warp / p.M) * 32 + lane;
+  const T* xrow = static_cast<const T*>(p.x) + (int64_t)qm * p.ldx;
+  // a thread with at most kKeep chunks of its row keeps them in registers for the codes (one read of x); the
+  // others read them again (from L1 where they stayed)
+  const bool keep = gj >= K8 || (K8 - 1 - gj) / gsize < kKeep;
+  float kept[kKeep][8];
+  {
+    uint32_t r = 0;   // the row's abs-max as float32 bits (integer order = float order, NaN above infinity)
+    if (keep) {
+#pragma unroll
+      for (int j = 0; j < kKeep; ++j) {
+        const int c = gj + j * gsize;
+        if (c < K8) {
+          load8<T>(xrow, c * 8, p.K, vec, kept[j]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) r = max(r, __float_as_uint(kept[j][e]) & 0x7fffffffu);
+        }
+      }
+    } else {
+      uint32_t rt = 0;
+      // the whole 16-byte chunks without a branch (their loads issued together), then the rest
+      int c = gj;
+      if (vec) {
+        constexpr int kUnroll = sizeof(T) == 4 ? 4 : 8;   // eight 16-byte loads in flight a thread
+#pragma unroll kUnroll
+        for (; c < (p.K >> 3); c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, c * 8 + 8, true));
+      }
+      for (; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
+      r = __float_as_uint(abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
+    }
+    r = __reduce_max_sync(0xffffffffu, r);
+    if (lane == 0 && r != 0u) atomicMax(&amax[qm], r);
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const float s = __fdiv_rn(__uint_as_float(amax[threadIdx.x]), 127.0f);
+    scales[threadIdx.x] = s == 0.0f ? 1.0f : s;
+  }
+  __syncthreads();
+  {
+    const float s = scales[qm];
+    const float inv = __frcp_rn(s);
+    const bool fast = s >= 1.17549435e-38f && s <= 3.40282347e38f;   // normal and finite (NaN fails both)
+    const int mt = qm >> 3, g = qm & 7;
+    // chunk c (k = 8c .. 8c + 7): tile c / 4, the words of t = 2 (c & 1) and + 1, fragment half (c >> 1) & 1
+    auto store = [&](int c, const float (&v)[8], bool real) {
+      uint32_t w0 = 0u, w1 = 0u;
+      if (real) {
+        w0 = pack4(code_of(v[0], s, inv, fast), code_of(v[1], s, inv, fast), code_of(v[2], s, inv, fast),
+                   code_of(v[3], s, inv, fast));
+        w1 = pack4(code_of(v[4], s, inv, fast), code_of(v[5], s, inv, fast), code_of(v[6], s, inv, fast),
+                   code_of(v[7], s, inv, fast));
+      }
+      const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
+      uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;
+      dst[0] = w0;
+      dst[2] = w1;
+    };
+    if (keep) {
+      // the kept chunks, then the padding chunks past K (fewer than 4 in a row: at most one more per thread)
+#pragma unroll
+      for (int j = 0; j <= kKeep; ++j) {
+        const int c = gj + j * gsize;
+        if (c < KP8) store(c, kept[j < kKeep ? j : 0], c < K8);
+      }
+    } else {
+      int c = gj;
+      if (vec) {
+#pragma unroll 4
+        for (; c < (p.K >> 3); c += gsize) {
+          float v[8];
+          load8<T>(xrow, c * 8, c * 8 + 8, true, v);
+          store(c, v, true);
+        }
+      }
+      for (; c < KP8; c += gsize) {
+        float v[8];
+        if (c < K8) load8<T>(xrow, c * 8, p.K, vec, v);
+        store(c, v, c < K8);
+      }
+    }
+  }
+  __syncthreads();
+
+  // the weight scale and bias of this thread's first output, loaded now: their latency hides under the tiles
+  const int per_block = p.M * 16;
+  const int outs = (b1 - b0) * per_block;
+  float sw0 = 0.0f, bias0 = 0.0f;
+  if (threadIdx.x < outs) {
+    const int b = threadIdx.x / per_block, n = (b0 + b) * 16 + (threadIdx.x & 15);
+    if (n < p.N) {
+      sw0 = load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
+      if (p.bias != nullptr) bias0 = load_f32(p.bias, p.bias_dtype, n);
+    }
+  }
+
+  // ---- the warp's tiles: k tiles of one channel block after another, partial sums into shared memory at each
+  // block's end (or the warp's)
+  int blk = (int)(u0 / KT), kt = (int)(u0 % KT);
+  int acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
+  bool pending = false;
+  const uint2* xb = reinterpret_cast<const uint2*>(codes) + lane;
+  const int g = lane >> 2, t = lane & 3;
+  auto flush = [&](int b) {
+    int* dst = sums + (size_t)b * MT * 8 * 16;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + t * 2;   // acc: channel g (0, 1) and g + 8 (2, 3), rows m and m + 1
+      atomicAdd(dst + m * 16 + g, acc[mt][0]);
+      atomicAdd(dst + (m + 1) * 16 + g, acc[mt][1]);
+      atomicAdd(dst + m * 16 + g + 8, acc[mt][2]);
+      atomicAdd(dst + (m + 1) * 16 + g + 8, acc[mt][3]);
+      acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
+    }
+  };
+  for (int64_t u = u0; u < u1; u += kRing) {
+#pragma unroll
+    for (int i = 0; i < kRing; ++i) {
+      if (u + i < u1) {
+        const uint4 a = ring[i];
+        if (u + i + kRing < u1) ring[i] = ldg_stream(wp + (u + i + kRing) * 32);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
+        pending = true;
+        if (++kt == KT) {
+          flush(blk);
+          pending = false;
+          kt = 0;
+          ++blk;
+        }
+      }
+    }
+  }
+  if (pending) flush(blk);
+  __syncthreads();
+
+  // ---- epilogue: float32(acc) * (scale_x * weight_scale) + bias, each rounded to float32, cast to T
+  T* out = static_cast<T*>(p.out);
+  for (int i = threadIdx.x; i < outs; i += kThreads) {
+    const int b = i / per_block, r = i - b * per_block, m = r >> 4, c = r & 15;
+    const int n = (b0 + b) * 16 + c;
+    if (n >= p.N) continue;
+    const int a = sums[((size_t)b * MT * 8 + m) * 16 + c];
+    const bool first = i == (int)threadIdx.x;
+    const float sw = first ? sw0 : load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
+    float y = __fmul_rn(__int2float_rn(a), __fmul_rn(scales[m], sw));
+    if (p.bias != nullptr) y = __fadd_rn(y, first ? bias0 : load_f32(p.bias, p.bias_dtype, n));
+    out[(int64_t)m * p.N + n] = from_f32<T>(y);
+  }
+}
+
+template <typename T, int MT>
+cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st) {
+  const int KT = (p.K + 31) >> 5, nblocks = (p.N + 15) >> 4;
+  const size_t fixed = codes_bytes<MT>(KT) + kTailBytes;
+  if (fixed + sums_bytes<MT>(1) > (size_t)smem_optin) return cudaErrorInvalidValue;
+  // one block per SM (the codes of x fill much of its shared memory): as many blocks as SMs, each a contiguous run of
+  // channel blocks (runs differ by at most one block), fewer runs where their sums would not fit
+  int grid = grid_force > 0 ? grid_force : num_sms;
+  grid = std::max(1, std::min(grid, nblocks));
+  const int cap = (int)(((size_t)smem_optin - fixed) / sums_bytes<MT>(1));
+  if ((nblocks + grid - 1) / grid > cap) grid = (nblocks + cap - 1) / cap;
+  const int most = (nblocks + grid - 1) / grid;
+  const int smem = (int)(fixed + sums_bytes<MT>(most));
+  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT>);
+  if (smem > 48 * 1024) {
+    const cudaError_t e = set_smem_limit(k, smem);
+    if (e != cudaSuccess) return e;
+  }
+  p.nblocks = nblocks;
+  p.grid = grid;
+  return launch_kernel(dynamic_gemv_kernel<T, MT>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
+}
+
+}  // namespace
+
+size_t dynamic_gemv_min_smem(int M, int K) {
+  const int KT = (K + 31) >> 5;
+  return M <= 8 ? codes_bytes<1>(KT) + sums_bytes<1>(1) + kTailBytes : codes_bytes<2>(KT) + sums_bytes<2>(1) + kTailBytes;
+}
+
+cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
+                                cudaStream_t st) {
+  if (p.M < 1 || p.M > DYN_GEMV_MAX_M || p.K < 1 || p.N < 1) return cudaErrorInvalidValue;
+  const bool two = p.M > 8;
+  switch (dtype) {
+    case kF32: return two ? launch_typed<float, 2>(p, grid, num_sms, smem_optin, st)
+                          : launch_typed<float, 1>(p, grid, num_sms, smem_optin, st);
+    case kF16: return two ? launch_typed<__half, 2>(p, grid, num_sms, smem_optin, st)
+                          : launch_typed<__half, 1>(p, grid, num_sms, smem_optin, st);
+    case kBF16: return two ? launch_typed<__nv_bfloat16, 2>(p, grid, num_sms, smem_optin, st)
+                           : launch_typed<__nv_bfloat16, 1>(p, grid, num_sms, smem_optin, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace bie

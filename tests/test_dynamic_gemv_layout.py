@@ -1,0 +1,42 @@
+"""The fused per-token GEMV's weight layout (bie_backend_cuda.dynamic.prepare_gemv), checked on the CPU: each
+512-byte tile holds the 32 lanes' A fragments of mma.m16n8k32 (PTX ISA: lane g * 4 + t holds rows g and g + 8 at
+k = t * 4 .. + 3, then at k = 16 + t * 4 .. + 3), a channel block's tiles consecutive along K, zero padding."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
+                                reason="bie-backend-cuda not installed")
+
+
+def _tiles_to_matrix(tiles: torch.Tensor, nb: int, kt: int) -> torch.Tensor:
+    """Undo the fragment order by the PTX definition: (nb * kt, 32 lanes, 4 registers, 4 bytes) -> (16 nb, 32 kt)."""
+    out = torch.empty(nb * 16, kt * 32, dtype=tiles.dtype)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for reg in range(4):
+            row, k = g + 8 * (reg & 1), t * 4 + 16 * (reg >> 1)
+            vals = tiles[:, lane, reg, :].reshape(nb, kt, 4)        # (block, k tile, byte)
+            for byte in range(4):
+                out.view(nb, 16, kt, 32)[:, row, :, k + byte] = vals[:, :, byte]
+    return out
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (16, 32), (37, 70), (130, 200)])
+def test_prepare_gemv_is_the_mma_fragment_order(n, k):
+    from bie_backend_cuda.dynamic import prepare_gemv
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int32).to(torch.int8)
+    nb, kt = -(-n // 16), -(-k // 32)
+    f = prepare_gemv(w)
+    assert f.dtype == torch.int8 and f.is_contiguous() and f.numel() == nb * kt * 512
+    m = _tiles_to_matrix(f.view(nb * kt, 32, 4, 4), nb, kt)
+    assert torch.equal(m[:n, :k], w)
+    assert not m[n:].any() and not m[:, k:].any()
+    # a strided weight gives the same layout
+    strided = torch.stack([w, -w], 2).reshape(n, 2 * k)[:, ::2]
+    assert not strided.is_contiguous() or k == 1
+    assert torch.equal(prepare_gemv(strided), f)
