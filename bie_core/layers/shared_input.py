@@ -18,6 +18,13 @@ one of them or gives each its own input gets the unfused results, at the cost
 of one fused call per member. The kept tensors are dropped as soon as every
 member has taken its columns.
 
+An input written in place between the members' calls is seen through its
+version counter. Tensors made under ``torch.inference_mode()`` have none, and
+under ``torch.compile`` it is not a value the tracer can compare: there the
+identity of the input decides alone, so a caller must not write the shared
+input in place between the calls of one group's members (decoder layers do
+not: they compute the normalized hidden states once and project them).
+
 The reuse is ordinary Python state on a plain object, which
 ``torch.compile(fullgraph=True)`` traces: within one compiled frame the identity
 test is resolved while tracing, the members after the first become slices of
@@ -103,9 +110,9 @@ class SharedInputSlice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         st = self.__dict__["_shared"]
-        # Under torch.compile the version counter is a data-dependent value the tracer cannot compare; there
-        # the identity of the traced tensor decides (see the module doc), outside it identity and version do
-        ver = None if torch.compiler.is_compiling() else x._version
+        # identity and version counter decide; an inference tensor has no version counter and under
+        # torch.compile it is a data-dependent value the tracer cannot compare: identity alone there
+        ver = None if torch.compiler.is_compiling() or x.is_inference() else x._version
         bit = 1 << self.index
         kept = st.kept
         if kept is not None and kept[0] is x and kept[1] == ver:
@@ -195,8 +202,6 @@ def _why_not(parent_name: str, members: dict) -> Optional[str]:
                     "fused; adapters and other wrappers are not)")
         if m.trainable:
             return f"{name} is trainable (fusion is for inference; set trainable=False)"
-        if m.bias is not None and m.bias.requires_grad:
-            return f"{name}'s bias requires grad (fusion is for inference; call model.requires_grad_(False))"
     first_name, first = next(iter(members.items()))
     for name, m in list(members.items())[1:]:
         for attr in ("in_features", "bits", "group_size", "format", "dtype", "backend", "act_order"):
@@ -230,6 +235,7 @@ def _fuse(members: Sequence[MPQLinear]) -> _FusedMPQLinear:
             f.bias.copy_(torch.cat([m.bias.detach() if m.bias is not None else
                                     torch.zeros(m.out_features, dtype=f.dtype, device=f.bias.device)
                                     for m in members]))
+            f.bias.requires_grad_(False)   # a copy made for inference: training it would not reach the members
     f.act_order = first.act_order
     f.train(first.training)
     return f
