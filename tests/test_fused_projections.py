@@ -326,3 +326,19 @@ def test_llama_generate_compiled_with_a_static_cache(llamas):
     finally:
         torch._dynamo.reset()
     assert torch.equal(got, want)
+
+
+def test_exporters_refuse_a_fused_model(llamas, tmp_path):
+    """save_quantized / dequantize walk the MPQLinear layers: on a fused model they
+    would see the fused layer, so they ask for unfuse_shared_input_linears first."""
+    from bie_core.integrations._float import dequantize_model
+    ref, fused = llamas
+    with pytest.raises(ValueError, match=r"gptq_state_dict: .*fused group.*unfuse_shared_input_linears"):
+        bie_core.save_quantized(fused, tmp_path / "q")
+    with pytest.raises(ValueError, match="model.layers.0.self_attn.q_proj is a member of a fused group"):
+        dequantize_model(fused)
+    twin = copy.deepcopy(fused)
+    unfuse_shared_input_linears(twin)
+    bie_core.save_quantized(twin, tmp_path / "a")
+    bie_core.save_quantized(ref, tmp_path / "b")
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()

@@ -317,6 +317,16 @@ def fuse_shared_input_linears(model: nn.Module, groups: Optional[Iterable[Sequen
     return report
 
 
+def require_unfused(model: nn.Module, what: str) -> None:
+    """Raise for a model with fused groups, naming one: exporters that walk the
+    ``MPQLinear`` layers (``save_quantized``, ``save_pretrained``, dequantizing)
+    would see the fused layer instead of the members."""
+    for name, m in model.named_modules():
+        if isinstance(m, SharedInputSlice):
+            raise ValueError(f"{what}: {name or type(model).__name__} is a member of a fused group "
+                             "(fuse_shared_input_linears); call bie_core.unfuse_shared_input_linears(model) first")
+
+
 def unfuse_shared_input_linears(model: nn.Module) -> list:
     """Undo :func:`fuse_shared_input_linears`: every :class:`SharedInputSlice`
     becomes a separate ``MPQLinear`` again and the fused layers are removed.
