@@ -74,7 +74,7 @@ class _SharedState:
         self.kept = None      # (x, x._version, y, bit mask of the members that took their columns)
 
 
-class _FusedMPQLinear(MPQLinear):
+class FusedMPQLinear(MPQLinear):
     """The fused layer of a group. Its tensors are the members' tensors side by
     side; they are saved and loaded under the members' keys (see
     :class:`SharedInputSlice`), so this layer itself has no state_dict entries."""
@@ -192,7 +192,7 @@ class SharedInputSlice(nn.Module):
 
 
 # ------------------------------------------------------------------ building
-def _why_not(parent_name: str, members: dict) -> Optional[str]:
+def _why_not(members: dict) -> Optional[str]:
     """Why these members cannot share one fused layer (None when they can)."""
     for name, m in members.items():
         if isinstance(m, SharedInputSlice):
@@ -215,11 +215,11 @@ def _why_not(parent_name: str, members: dict) -> Optional[str]:
     return None
 
 
-def _fuse(members: Sequence[MPQLinear]) -> _FusedMPQLinear:
+def _fuse(members: Sequence[MPQLinear]) -> FusedMPQLinear:
     first = members[0]
     n = sum(m.out_features for m in members)
     has_bias = any(m.bias is not None for m in members)
-    f = _FusedMPQLinear(first.in_features, n, bits=first.bits, group_size=first.group_size,
+    f = FusedMPQLinear(first.in_features, n, bits=first.bits, group_size=first.group_size,
                         sym=all(m.sym for m in members), act_order=first.act_order, bias=has_bias, dtype=first.dtype,
                         format=first.format, device=first.qweight.device, backend=first.backend)
     with torch.no_grad():
@@ -293,7 +293,7 @@ def fuse_shared_input_linears(model: nn.Module, groups: Optional[Iterable[Sequen
                                      f"and {g}")
                 claimed[pname, a] = g
             members = {a: parent._modules[a] for a in g}
-            why = _why_not(where, members)
+            why = _why_not(members)
             if why is not None:
                 hint = "" if given else " (pass groups= to choose the groups to fuse)"
                 raise ValueError(f"fuse_shared_input_linears: cannot fuse {where}.{{{', '.join(g)}}}: {why}{hint}")
@@ -340,6 +340,6 @@ def unfuse_shared_input_linears(model: nn.Module) -> list:
                 fused_of[id(m.fused)] = m.fused
                 restored.append(f"{pname}.{a}" if pname else a)
         for a, m in list(parent._modules.items()):
-            if isinstance(m, _FusedMPQLinear) and id(m) in fused_of:
+            if isinstance(m, FusedMPQLinear) and id(m) in fused_of:
                 del parent._modules[a]
     return restored
