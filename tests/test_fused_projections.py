@@ -264,6 +264,18 @@ def test_llama_logits(llamas, ctx):
         _same(fused(_ids()).logits, ref(_ids()).logits)
 
 
+def test_llama_eager_forward_makes_one_call_per_group(llamas, monkeypatch):
+    from bie_core.layers.shared_input import FusedMPQLinear
+    ref, fused = llamas
+    calls = []
+    inner = FusedMPQLinear.forward
+    monkeypatch.setattr(FusedMPQLinear, "forward", lambda self, x: calls.append(self) or inner(self, x))
+    with torch.inference_mode():
+        fused(_ids())
+    groups = [m for m in fused.modules() if isinstance(m, FusedMPQLinear)]
+    assert len(groups) == 4 and sorted(map(id, calls)) == sorted(map(id, groups))
+
+
 def test_llama_state_dict_is_the_unfused_one(llamas):
     ref, fused = llamas
     a, b = ref.state_dict(), fused.state_dict()
