@@ -18,6 +18,12 @@ Cases (``--cases``, comma-separated; default: all that apply to the device):
 * ``gemlite-w4``, ``bnb-nf4``: gemlite and bitsandbytes NF4 where importable
   (skipped with a note otherwise).
 
+``--fuse-projections`` applies ``bie_core.fuse_shared_input_linears`` to the
+bie cases once they are quantized (q/k/v in one call, gate/up in one call:
+128 weight-only calls per token instead of 224 on the 8B shape); their results
+are recorded as ``<case>+fused`` next to the unfused ones (``--cases
+bie-w4,bie-w4+fused`` times both in one run).
+
 For each case, mode (``eager``: dynamic cache; ``compiled``: static cache and
 ``torch.compile(mode="reduce-overhead", fullgraph=True)`` of the decoding
 step, as ``generate`` does it) and batch size: greedy generation of
@@ -401,8 +407,37 @@ def strip_linears(model: nn.Module) -> nn.Module:
 
 
 # ------------------------------------------------------------------ cases
+def fuse_projections(m, probe, note: str, agr: dict):
+    """``m`` with q/k/v and gate/up fused (``fuse_shared_input_linears``); the
+    agreement gains the max |diff| of the logits against the unfused model."""
+    import bie_core
+    with torch.inference_mode():
+        before = m(probe).logits.float()
+    groups = bie_core.fuse_shared_input_linears(m)
+    with torch.inference_mode():
+        after = m(probe).logits.float()
+    agr = dict(agr or {}, fused_vs_unfused_max_abs_diff=float((after - before).abs().max()))
+    return m, f"{note}; q/k/v and gate/up fused ({len(groups)} groups, fuse_shared_input_linears)", agr
+
+
+FUSED = "+fused"
+
+
+def fused_case(case: str) -> str:
+    """What --fuse-projections makes of a case: ``<case>+fused`` for the bie cases, others unchanged."""
+    return case + FUSED if case in BIE_CASES or case == "bie-w4-gptq" else case
+
+
 def make_case(case, cfg, dtype, device, lm_head: bool, probe):
-    """(model, note, agreement dict or None) for a case name."""
+    """(model, note, agreement dict or None) for a case name; ``<bie case>+fused``:
+    that case with its shared-input projections fused after quantization."""
+    if case.endswith(FUSED) and fused_case(case[:-len(FUSED)]) == case:
+        m, note, agr = _make_case(case[:-len(FUSED)], cfg, dtype, device, lm_head, probe)
+        return fuse_projections(m, probe, note, agr)
+    return _make_case(case, cfg, dtype, device, lm_head, probe)
+
+
+def _make_case(case, cfg, dtype, device, lm_head: bool, probe):
     if case in ("bf16", "fp32"):
         return build_float(cfg, dtype, device), "", None
     if case == "no-linear":
@@ -586,6 +621,8 @@ def main(argv=None):
     p.add_argument("--interleave", action="store_true",
                    help="eager only: build every case, then time them in interleaved rounds (always on CPU)")
     p.add_argument("--quantize-lm-head", action="store_true")
+    p.add_argument("--fuse-projections", action="store_true",
+                   help="bie cases: fuse q/k/v and gate/up into one call each (run as <case>+fused)")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no new run after this many seconds")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--report-only", action="store_true")
@@ -609,6 +646,8 @@ def main(argv=None):
     dtype = torch.float32 if cpu else torch.bfloat16
     cases = (a.cases.split(",") if a.cases else list(CPU_CASES if cpu else ALL_CASES))
     cases = ["fp32" if cpu and c == "bf16" else c for c in cases]
+    if a.fuse_projections:
+        cases = [fused_case(c) for c in cases]
     modes = a.modes.split(",") if a.modes else ["eager"]
     if a.smoke and a.modes == "eager,compiled":
         modes = ["eager"]

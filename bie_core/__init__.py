@@ -62,6 +62,11 @@ from .layers.weight_only import MBWQLinear, MPQLinear  # noqa: E402
 
 __all__ += ["MPQLinear", "MBWQLinear", "load_quantized", "save_quantized", "quantize_model"]
 
+# one call for sibling weight-only linears that share their input (q/k/v, gate/up)
+from .layers.shared_input import fuse_shared_input_linears, unfuse_shared_input_linears  # noqa: E402
+
+__all__ += ["fuse_shared_input_linears", "unfuse_shared_input_linears"]
+
 # dynamically quantized int8 linear layers and interoperation with torch's dynamic quantization
 from . import interop  # noqa: E402
 from .layers.dynamic import DynamicQLinear  # noqa: E402

@@ -24,13 +24,13 @@ def test_e2e_llm_smoke(tmp_path):
     pytest.importorskip("transformers")
     threads = torch.get_num_threads()
     try:
-        _load("bench_e2e_llm").main(["--smoke", "--cases", "fp32,bie-w4-gptq,tinygemm-w4,bnb-nf4", "--reps", "1",
+        _load("bench_e2e_llm").main(["--smoke", "--cases", "fp32,bie-w4-gptq,bie-w4+fused,tinygemm-w4,bnb-nf4", "--reps", "1",
                                      "--out-dir", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)
     data = json.loads((tmp_path / "e2e_llm_smoke.json").read_text())
     runs = data["runs"]
-    assert {r["case"] for r in runs.values()} >= {"fp32", "bie-w4-gptq", "tinygemm-w4"}
+    assert {r["case"] for r in runs.values()} >= {"fp32", "bie-w4-gptq", "bie-w4+fused", "tinygemm-w4"}
     for r in runs.values():
         assert "error" not in r, r
         assert r["decode_tokens_per_s"] > 0 and r["ttft_ms"] > 0
@@ -38,6 +38,8 @@ def test_e2e_llm_smoke(tmp_path):
     assert gptq["roundtrip_max_abs_diff"] == 0.0         # save_quantized -> load_quantized is exact
     assert gptq["top1_agreement"] == 1.0 and gptq["max_abs_diff"] < 1e-4 * max(1.0, gptq["ref_max_abs"])
     assert data["agreement"]["tinygemm-w4"]["top1_agreement"] > 0.9
+    fused = data["agreement"]["bie-w4+fused"]       # exact on the native kernels; float32 rounding on the reference
+    assert fused["fused_vs_unfused_max_abs_diff"] <= 1e-5 * max(1.0, fused["ref_max_abs"])
     md = (tmp_path / "e2e_llm_smoke.md").read_text()
     assert "bie-w4-gptq" in md and "vs float" in md
 

@@ -253,6 +253,8 @@ def _float_dtype(t: dict) -> torch.dtype:
 def gptq_state_dict(model: nn.Module, checkpoint_format: str = "v1") -> dict:
     """The model's state dict in the GPTQ ecosystem layout: every MPQLinear
     as ``qweight``/``qzeros``/``scales``/``g_idx``(/``bias``), the rest as is."""
+    from ..layers.shared_input import require_unfused
+    require_unfused(model, "gptq_state_dict")
     out = {}
     layers = {name: m for name, m in model.named_modules() if isinstance(m, MPQLinear)}
     skip = set()

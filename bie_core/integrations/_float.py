@@ -40,6 +40,8 @@ def to_float_linear(layer: nn.Module, dtype: Optional[torch.dtype] = None) -> nn
 def dequantize_model(model: nn.Module, dtype: Optional[torch.dtype] = None) -> nn.Module:
     """Replace every MPQLinear / MBWQLinear of ``model`` by its float
     ``nn.Linear`` (in place; returns the model)."""
+    from ..layers.shared_input import require_unfused
+    require_unfused(model, "dequantize")
     names = [n for n, m in model.named_modules() if isinstance(m, WEIGHT_ONLY)]
     for n in names:
         layer = model.get_submodule(n)

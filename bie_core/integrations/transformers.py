@@ -389,6 +389,8 @@ class BieHfQuantizer(HfQuantizer):
     def get_state_dict_and_metadata(self, model, *args, **kwargs):
         """The GPTQ layout (GBA for GreenBit layers) that ``save_pretrained``
         writes, and the matching ``quantization_config``."""
+        from ..layers.shared_input import require_unfused
+        require_unfused(model, "bie save_pretrained")
         layers = {n: m for n, m in model.named_modules() if isinstance(m, MPQLinear)}
         if not layers:
             return None, {}
