@@ -257,3 +257,76 @@ def test_layer_decode_non_finite_input():
         layer.check_finite = False
         y = layer(x)
     assert y[1].isnan().all() and not y[[0, 2]].isnan().any()
+
+
+# ------------------------------------------------------------------ the one-pass per-token quantization (csrc/dynamic_quantize.cu)
+def _quantize_exact(cuda_dynamic, x):
+    from bie_backend_cpu.reference import dynamic as rd
+    got = cuda_dynamic.dynamic_quantize_token(x if x.device.type == "cuda" else x.cuda(), "per_token_symmetric")
+    exp = rd.dynamic_quantize_act(x.cpu(), "per_token_symmetric")
+    for a, b in zip(got, exp):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_token_bit_exact(cuda_dynamic, dtype):
+    """Every row length class of the launcher (32/64/128/256 threads a row, rows re-read past 8192 elements), odd K,
+    many rows."""
+    g = torch.Generator().manual_seed(21)
+    for m, k in ((1, 1), (3, 7), (64, 255), (100, 256), (1000, 1000), (2048, 4096), (4097, 33), (5, 2049),
+                 (7, 8192), (3, 8193), (2, 20000), (2, 65535)):
+        _quantize_exact(cuda_dynamic, (torch.randn(m, k, generator=g) * 3 + 0.2).to(dtype))
+
+
+def test_quantize_token_edge_values_and_non_finite_rows(cuda_dynamic):
+    g = torch.Generator().manual_seed(22)
+    k = 300
+    rows = [torch.zeros(k), torch.randn(k, generator=g) * 3e37, torch.randn(k, generator=g) * 1e-39,
+            torch.randint(-190, 191, (k,), generator=g).float() * 1.4e-45,
+            (torch.arange(k) - 150).float() * 0.5 / 127 * 48.0, torch.full((k,), -2.5),
+            torch.randn(k, generator=g) * 1e4, torch.randn(k, generator=g), torch.randn(k, generator=g),
+            torch.randn(k, generator=g)]
+    rows[4][0] = 48.0                                                           # amax = 48: ties of x / scale
+    rows[7][3], rows[8][0], rows[9][k - 1], rows[9][5] = float("nan"), float("inf"), -float("inf"), float("nan")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        _quantize_exact(cuda_dynamic, torch.stack(rows).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_token_strided_and_misaligned_x(cuda_dynamic, dtype):
+    g = torch.Generator().manual_seed(23)
+    for m, k in ((1, 64), (6, 130), (100, 1000), (70, 4096)):
+        wide = (torch.randn(m, 2 * k + 3, generator=g) * 2).to(dtype).cuda()
+        for view in (wide[:, 1:k + 1], wide[:, 3:3 + k], wide[:, ::2][:, :k], wide[:, :k], wide[1:, :k]):
+            _quantize_exact(cuda_dynamic, view)
+    _quantize_exact(cuda_dynamic, torch.randn(0, 16, dtype=dtype))
+    _quantize_exact(cuda_dynamic, torch.randn(5, 0, dtype=dtype))
+
+
+def test_dispatch_picks_the_one_pass_quantization():
+    import bie_core
+    from bie_core import dispatch, ops
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    with bie_core.use_backend("cuda"):
+        e = bie_core.explain(ops.dynamic_quantize_act, x, "per_token_symmetric", False)
+        assert e.chosen()["dynamic_quantize_act"] == "cuda:dynamic_quantize_token", str(e)
+        e = bie_core.explain(ops.dynamic_quantize_act, x, "per_tensor_affine", False)
+        assert e.chosen()["dynamic_quantize_act"] == "cuda:dynamic_quantize_act", str(e)
+    r = dispatch.resolve(ops.dynamic_quantize_act, x, "per_token_symmetric", False, backend="cuda")
+    assert r.kernel.name == "dynamic_quantize_token"
+    for got, exp in zip(r(x, "per_token_symmetric", False), ops.dynamic_quantize_act(x, "per_token_symmetric", False,
+                                                                                       backend="cuda")):
+        assert torch.equal(got, exp)
+
+
+def test_int_mm_path_uses_the_one_pass_quantization(cuda_dynamic):
+    """dynamic_int8_linear_int_mm quantizes through the kernel (the eager passes only without a build): bit-exact."""
+    from bie_backend_cpu.reference import dynamic as rd
+    g = torch.Generator().manual_seed(24)
+    for m, n, k, dtype in ((64, 72, 256, torch.bfloat16), (2048, 256, 4096, torch.float16), (100, 40, 1000, torch.float32)):
+        x, w, ws, b = _gemv_case(g, m, n, k, dtype)
+        got = cuda_dynamic.dynamic_int8_linear(x.cuda(), w.cuda(), ws.cuda(), b.cuda(), "per_token_symmetric")
+        assert cuda_dynamic._state.get("ops") not in (None, False)
+        tol = dict(rtol=1e-6, atol=1e-6) if dtype is torch.float32 else dict(rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(got.cpu(), rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric"), **tol)

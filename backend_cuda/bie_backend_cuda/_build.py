@@ -19,7 +19,8 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 # (the thin GEMV's kernels are split by width and type so that ninja compiles them in parallel)
 SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu",
            "wq_thin_w4_f16.cu", "wq_thin_w4_bf16.cu", "wq_thin_w2_f16.cu", "wq_thin_w2_bf16.cu", "wq_thin_w8_f16.cu",
-           "wq_thin_w8_bf16.cu", "quantize.cu", "dynamic_gemv.cu")
+           "wq_thin_w8_bf16.cu", "quantize.cu", "dynamic_gemv.cu",
+           "dynamic_quantize.cu")
 _lock = threading.Lock()
 _loaded: str | None = None
 _module = None

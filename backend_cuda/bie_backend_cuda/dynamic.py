@@ -1,9 +1,11 @@
 """Dynamic int8 linear on CUDA: activation quantization, ``torch._int_mm`` (cuBLASLt int8 tensor cores,
 exact int32 accumulation), and the scale epilogue.
 
-* Quantization, bit-exact with the reference, in eager PyTorch (IEEE division and round half to even are
-  what its CUDA element-wise kernels compute): per_token_symmetric reads x once for the row range
-  (``aminmax``, which propagates NaN) and once for the codes, in place; per_tensor_affine takes
+* Quantization, bit-exact with the reference: per_token_symmetric by the one-pass kernel of
+  csrc/dynamic_quantize.cu (row abs-max, scale, codes: one read of x, int8 codes and float32 scales written), or,
+  where the library is not built, in eager PyTorch (IEEE division and round half to even are what its CUDA
+  element-wise kernels compute: ``aminmax`` for the row range, which propagates NaN, then the codes in place);
+  per_tensor_affine in eager PyTorch: it takes
   ``aminmax``, the core's tensor rule for scale and zero point (no host synchronisation), and the fma
   codes through float64.
 * GEMM: ``torch._int_mm(a, weight.T)`` (cuBLASLt wants K and N multiples of 8 and more than 16 rows: fewer
@@ -36,6 +38,22 @@ def prepare(weight):
 
 
 def _quantize_token(x):
+    """Per-token codes and scales: the one-pass kernel (csrc/dynamic_quantize.cu) where the library builds,
+    else the eager passes."""
+    ops = _state.get("ops")
+    if ops is None:
+        try:
+            ops = _build.ops()
+        except Exception as exc:  # noqa: BLE001 - no compiler here: the eager passes compute the same codes
+            ops = False
+            _state["build_failed"] = repr(exc)
+        _state["ops"] = ops
+    if ops is False:
+        return _quantize_token_eager(x)
+    return ops.dynamic_quantize_token(x)
+
+
+def _quantize_token_eager(x):
     xf = x if x.dtype == torch.float32 else x.float()
     lo, hi = torch.aminmax(xf, dim=1)                                  # one read of x; NaN propagates
     amax = torch.maximum(-lo, hi)
@@ -57,11 +75,33 @@ def _quantize_affine(x, qmax):
 
 
 def dynamic_quantize_act(x, scheme, reduce_range=False):
+    """Both schemes in eager element-wise passes (the kernel below the one-pass per-token kernel)."""
     if scheme == "per_tensor_affine":
         a, scale, zp = _quantize_affine(x, act_qmax(scheme, reduce_range))
         return (a.view(torch.uint8) ^ 0x80), scale, zp
-    q, s = _quantize_token(x)
+    q, s = _quantize_token_eager(x)
     return q, s, torch.zeros((0,), dtype=torch.int32, device=x.device)
+
+
+def dynamic_quantize_token(x, scheme, reduce_range=False):
+    """dynamic_quantize_act, per_token_symmetric: one launch of csrc/dynamic_quantize.cu (row abs-max, IEEE scale,
+    codes in one pass over x)."""
+    q, s = _build.ops().dynamic_quantize_token(x)
+    return q, s, torch.zeros((0,), dtype=torch.int32, device=x.device)
+
+
+def bind_dynamic_quantize_token(x, scheme, reduce_range=False):
+    """The one-pass kernel's call for one signature (the dispatcher's ``bind``): the launch through the library's
+    Python module (_build.direct), a cheaper argument conversion than an op call."""
+    if scheme != "per_token_symmetric":
+        return None
+    fn = _build.direct().dynamic_quantize_token
+    device = x.device
+
+    def call(x, scheme, reduce_range=False):
+        q, s = fn(x)
+        return q, s, torch.zeros((0,), dtype=torch.int32, device=device)
+    return call
 
 
 def _epilogue_math(acc, sx, sw, bias, out_dtype: torch.dtype):
@@ -196,5 +236,5 @@ def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=F
     return call
 
 
-__all__ = ["dynamic_quantize_act", "dynamic_int8_linear", "prepare", "dynamic_int8_gemv", "prepare_gemv",
+__all__ = ["dynamic_quantize_act", "dynamic_quantize_token", "bind_dynamic_quantize_token", "dynamic_int8_linear", "prepare", "dynamic_int8_gemv", "prepare_gemv",
            "bind_dynamic_int8_gemv", "check_gemv", "GEMV_MAX_M"]

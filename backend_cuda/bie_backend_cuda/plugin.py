@@ -114,6 +114,13 @@ def bie_register_kernels(registry):
                       capability=wq_cap, prepare=weight_only.prepare)
     if has_op("dynamic_int8_linear"):
         from . import dynamic
+        registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_token, priority=PRIORITY + 1,
+                          name="dynamic_quantize_token", bind=dynamic.bind_dynamic_quantize_token,
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
+                                                attrs={"scheme": ("per_token_symmetric",)}),
+                          description="one pass per token: a row's 8-element chunks in registers (16-byte loads), "
+                                      "abs-max in shared memory, IEEE scale, codes by reciprocal with the exact "
+                                      "division near ties, 8-byte stores")
         registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_act, priority=PRIORITY,
                           name="dynamic_quantize_act", capability=Capability(devices=cuda, dtypes=FLOATS),
                           description="eager element-wise passes (row abs-max + codes in place)")

@@ -816,6 +816,38 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   return out;
 }
 
+// dynamic_quantize_act, scheme per_token_symmetric, in one pass (dynamic_quantize.cu). x (M, K) float32/float16/
+// bfloat16 (rows of any stride; a column stride other than 1 is copied). Returns (int8 codes (M, K) contiguous,
+// float32 scales (M)).
+std::tuple<Tensor, Tensor> dynamic_quantize_token(const Tensor& x) {
+  check_cuda(x, "x");
+  TORCH_CHECK(x.dim() == 2, "bie_cuda.dynamic_quantize_token: x must be 2-D (M, K), got ", x.sizes());
+  const auto xt = x.scalar_type();
+  TORCH_CHECK(xt == at::kFloat || xt == at::kHalf || xt == at::kBFloat16,
+              "bie_cuda.dynamic_quantize_token: x must be float32, float16 or bfloat16, got ", xt);
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M < (1ll << 31) && K < (1ll << 31) - 8,
+              "bie_cuda.dynamic_quantize_token: at most 2^31 - 1 rows of fewer than 2^31 - 8 elements, got ", x.sizes());
+  c10::cuda::CUDAGuard guard(x.device());
+  auto codes = at::empty({M, K}, x.options().dtype(at::kChar));
+  if (K == 0) return {codes, at::ones({M}, x.options().dtype(at::kFloat))};   // an empty row's abs-max is 0: scale 1
+  auto scale = at::empty({M}, x.options().dtype(at::kFloat));
+  if (M == 0) return {codes, scale};
+  const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
+  bie::DynQuantArgs p{};
+  p.x = xc.data_ptr();
+  p.ldx = M > 1 ? xc.stride(0) : K;
+  const int64_t esize = xc.element_size();
+  p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && (M <= 1 || (p.ldx * esize) % 16 == 0)) ? 1 : 0;
+  p.codes = codes.data_ptr<int8_t>();
+  p.out_vec = (reinterpret_cast<uintptr_t>(p.codes) % 8 == 0 && K % 8 == 0) ? 1 : 0;
+  p.scale = scale.data_ptr<float>();
+  p.M = M;
+  p.K = (int)K;
+  check_launch(bie::launch_dynamic_quantize_token(p, dtype_code(xt), stream()), "dynamic_quantize_token");
+  return {codes, scale};
+}
+
 // The direct binary conv2d (binary_conv.cu), groups == 1. x (N, C, H, W) float32/float16/bfloat16/int8, any strides;
 // wp (O, KWP) int32 weight words in (tap, channel word) K order (bie_backend_cuda.binary.conv_weight), wpop (O) and
 // wtap (O, KH*KW) int32 popcounts; geom = [KH, KW, SH, SW, PH, PW, DH, DW]; pad_mode 0: pad -1, 1: +1, 2: 0.
@@ -980,6 +1012,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
   m.def("quantize_int", &quantize_int);
   m.def("dynamic_gemv", &dynamic_gemv);
+  m.def("dynamic_quantize_token", &dynamic_quantize_token);
 }
 
 // The bound inference calls' entry points (see the top of this file): the same functions, the same checks.
@@ -994,4 +1027,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_conv2d", &binary_conv2d);
   m.def("quantize_int", &quantize_int);
   m.def("dynamic_gemv", &dynamic_gemv);
+  m.def("dynamic_quantize_token", &dynamic_quantize_token);
 }

@@ -22,6 +22,7 @@
 // for it; the caller launches a freshly prepared layout without (the kernels that wrote it ran just before).
 #include "common.cuh"
 #include "wq_fragments.cuh"
+#include "dynamic_codes.cuh"
 
 namespace bie {
 namespace {
@@ -30,8 +31,6 @@ constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRing = 8;             // 512-byte tiles in flight per warp
 constexpr int kKeep = 2;             // 8-element chunks of x a thread keeps in registers between its two passes
-constexpr float kMagic = 12582912.0f;   // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer, half to even
-constexpr float kTieGuard = 0.5f - 1.0f / 4096.0f;
 
 // 8 consecutive elements of one row of x as float32, zero past K. vec: 16-byte loads (row start aligned, 8 in range).
 template <typename T>
@@ -57,21 +56,6 @@ __device__ __forceinline__ void load8(const T* row, int k0, int K, bool vec, flo
   for (int i = 0; i < 8; ++i) v[i] = k0 + i < K ? to_f32(row[k0 + i]) : 0.0f;
 }
 
-// |x| as ordered unsigned bits (float32: 31 bits, 16-bit floats: 15 bits): the integer maximum is the float maximum,
-// and a NaN (bits above the infinity's) wins over every number, as the reference's amax propagates it.
-template <typename T> __device__ __forceinline__ uint32_t abs_bits(T v);
-template <> __device__ __forceinline__ uint32_t abs_bits<float>(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-template <> __device__ __forceinline__ uint32_t abs_bits<__half>(__half v) { return __half_as_ushort(v) & 0x7fffu; }
-template <> __device__ __forceinline__ uint32_t abs_bits<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat16_as_ushort(v) & 0x7fffu;
-}
-template <typename T> __device__ __forceinline__ float abs_bits_to_f32(uint32_t b);
-template <> __device__ __forceinline__ float abs_bits_to_f32<float>(uint32_t b) { return __uint_as_float(b); }
-template <> __device__ __forceinline__ float abs_bits_to_f32<__half>(uint32_t b) {
-  return __half2float(__ushort_as_half((unsigned short)b));
-}
-template <> __device__ __forceinline__ float abs_bits_to_f32<__nv_bfloat16>(uint32_t b) { return __uint_as_float(b << 16); }
-
 // The largest |x| bits over 8 elements of a row starting at k0 (0 past K).
 template <typename T>
 __device__ __forceinline__ uint32_t amax8(const T* row, int k0, int K, bool vec) {
@@ -91,21 +75,8 @@ __device__ __forceinline__ uint32_t amax8(const T* row, int k0, int K, bool vec)
   uint32_t r = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
-    if (k0 + i < K) r = max(r, abs_bits<T>(row[k0 + i]));
+    if (k0 + i < K) r = max(r, dyn_abs_bits<T>(row[k0 + i]));
   return r;
-}
-
-// The code of v in a row of scale s (inv = 1 / s): its low byte is clamp(round_half_even(v / s), -127, 127), NaN -> 0.
-__device__ __forceinline__ uint32_t code_of(float v, float s, float inv, bool fast) {
-  if (fast) {
-    // |v * inv| <= 127.0001 (|v| <= amax, s >= amax / 127 up to a rounding): no clamp needed on this path
-    const float y = fmaf(v, inv, kMagic);
-    const float n = __fsub_rn(y, kMagic);
-    if (fabsf(fmaf(v, inv, -n)) < kTieGuard) return __float_as_uint(y);
-  }
-  const float q = __fdiv_rn(v, s);
-  if (q != q) return 0u;
-  return (uint32_t)min(max(__float2int_rn(q), -127), 127);
 }
 
 __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
@@ -201,30 +172,29 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
         for (; c < (p.K >> 3); c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, c * 8 + 8, true));
       }
       for (; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
-      r = __float_as_uint(abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
+      r = __float_as_uint(dyn_abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
     }
     r = __reduce_max_sync(0xffffffffu, r);
     if (lane == 0 && r != 0u) atomicMax(&amax[qm], r);
   }
   __syncthreads();
   if (threadIdx.x < 16) {
-    const float s = __fdiv_rn(__uint_as_float(amax[threadIdx.x]), 127.0f);
-    scales[threadIdx.x] = s == 0.0f ? 1.0f : s;
+    scales[threadIdx.x] = dyn_token_scale(__uint_as_float(amax[threadIdx.x]));
   }
   __syncthreads();
   {
     const float s = scales[qm];
     const float inv = __frcp_rn(s);
-    const bool fast = s >= 1.17549435e-38f && s <= 3.40282347e38f;   // normal and finite (NaN fails both)
+    const bool fast = dyn_fast_scale(s);
     const int mt = qm >> 3, g = qm & 7;
     // chunk c (k = 8c .. 8c + 7): tile c / 4, the words of t = 2 (c & 1) and + 1, fragment half (c >> 1) & 1
     auto store = [&](int c, const float (&v)[8], bool real) {
       uint32_t w0 = 0u, w1 = 0u;
       if (real) {
-        w0 = pack4(code_of(v[0], s, inv, fast), code_of(v[1], s, inv, fast), code_of(v[2], s, inv, fast),
-                   code_of(v[3], s, inv, fast));
-        w1 = pack4(code_of(v[4], s, inv, fast), code_of(v[5], s, inv, fast), code_of(v[6], s, inv, fast),
-                   code_of(v[7], s, inv, fast));
+        w0 = pack4(dyn_code_of(v[0], s, inv, fast), dyn_code_of(v[1], s, inv, fast), dyn_code_of(v[2], s, inv, fast),
+                   dyn_code_of(v[3], s, inv, fast));
+        w1 = pack4(dyn_code_of(v[4], s, inv, fast), dyn_code_of(v[5], s, inv, fast), dyn_code_of(v[6], s, inv, fast),
+                   dyn_code_of(v[7], s, inv, fast));
       }
       const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
       uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;

@@ -245,6 +245,20 @@ size_t dynamic_gemv_min_smem(int M, int K);
 cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
                                 cudaStream_t st);
 
+// dynamic_quantize_act, per_token_symmetric, one pass (dynamic_quantize.cu): x (M, K) -> int8 codes (M, K) contiguous
+// and float32 scales (M).
+struct DynQuantArgs {
+  const void* x;         // (M, K) float32 / float16 / bfloat16, unit column stride
+  int64_t ldx;           // row stride of x (elements)
+  int x_vec;             // 16-byte loads of x (its start 16-byte aligned, and its row stride with more than one row)
+  int8_t* codes;         // (M, K) contiguous
+  int out_vec;           // 8-byte stores of the codes (codes 8-byte aligned, K % 8 == 0)
+  float* scale;          // (M)
+  int64_t M;
+  int K;
+};
+cudaError_t launch_dynamic_quantize_token(const DynQuantArgs& p, int dtype, cudaStream_t st);
+
 // columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
                                         bool gptq, const int32_t* gidx, int gs, int G, int bits, int K, int N, int n0,
