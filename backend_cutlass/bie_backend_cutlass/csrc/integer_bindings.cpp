@@ -335,6 +335,76 @@ at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scal
   return out.size(1) == n ? out : out.narrow(1, 0, n).contiguous();
 }
 
+// dynamic_int8_linear (per_token_symmetric) after the activation quantization: codes (M, K) int8, row_scale (M)
+// float32 (the per-token scales), b the prepared (1, Np, Kp) weight codes (integer.py prepare_gemm's layout, Np % 8
+// == 0, Kp % 16 == 0, K <= Kp < K + 16), scale float32 with 1 or Np values (zero padded), bias None or Np float32
+// values; out_dtype float32 / bfloat16 / float16. Returns (M, n): float(acc) * (row_scale[m] * scale[n]) + bias[n],
+// each operation rounded once (integer_dyn_gemm_sm90.cuh).
+at::Tensor dyn_linear(const at::Tensor& codes, const at::Tensor& row_scale, const at::Tensor& b, const at::Tensor& scale,
+                      const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype, int64_t n, int64_t config) {
+  const char* who = "bie_cutlass_integer.dyn_linear: ";
+  TORCH_CHECK(codes.is_cuda() && codes.dim() == 2 && codes.scalar_type() == at::kChar, who,
+              "codes must be a 2-D int8 CUDA tensor, got ", codes.sizes(), " ", codes.scalar_type());
+  TORCH_CHECK(b.dim() == 3 && b.size(0) == 1 && b.scalar_type() == at::kChar && b.is_contiguous() && aligned16(b) &&
+                  b.size(1) >= n && b.size(1) % 8 == 0 && b.size(2) % 16 == 0 && n > 0,
+              who, "b must be the prepared contiguous (1, Np, Kp) int8 weight with Np >= n=", n, ", got ", b.sizes());
+  TORCH_CHECK(b.device() == codes.device() && row_scale.device() == codes.device() && scale.device() == codes.device(),
+              who, "tensors on different devices");
+  const int64_t M = codes.size(0), K = codes.size(1), Np = b.size(1), Kp = b.size(2);
+  TORCH_CHECK(M > 0 && M < INT_MAX && K > 0 && K <= Kp && Kp - K < 16 && Kp < INT_MAX, who, "codes ", codes.sizes(),
+              " do not fit the weight's K=", Kp);
+  TORCH_CHECK(row_scale.scalar_type() == at::kFloat && row_scale.is_contiguous() && row_scale.numel() == M, who,
+              "row_scale must be ", M, " contiguous float32 values");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && (scale.numel() == 1 || scale.numel() >= Np),
+              who, "scale must be contiguous float32 with 1 or ", Np, " values");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->device() == codes.device() && bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                    bias->numel() >= Np,
+                who, "bias must be contiguous float32 with ", Np, " values");
+  }
+  const int code = out_code_of(out_dtype);
+  TORCH_CHECK(code >= 1, who, "out_dtype must be float32, bfloat16 or float16");
+  TORCH_CHECK(config >= 0 && config < kNumConfigs, who, "unknown config ", config);
+  check_sm90(codes);
+  c10::cuda::CUDAGuard guard(codes.device());
+  at::Tensor a = codes;
+  if (K != Kp || !a.is_contiguous() || !aligned16(a)) {   // K padded with zero codes (TMA moves 16-byte rows)
+    a = at::zeros({M, Kp}, codes.options());
+    a.narrow(1, 0, K).copy_(codes);
+  }
+  at::Tensor out = at::empty({M, Np}, codes.options().dtype(out_dtype));
+  GemmArgs p;
+  p.a = static_cast<const int8_t*>(a.data_ptr());
+  p.b = static_cast<const int8_t*>(b.data_ptr());
+  p.d = out.data_ptr();
+  p.m = static_cast<int>(M);
+  p.n = static_cast<int>(Np);
+  p.k = static_cast<int>(Kp);
+  p.lda = Kp;
+  p.ldb = Kp;
+  p.ldd = Np;
+  p.row_scale = row_scale.data_ptr<float>();
+  p.scale = scale.data_ptr<float>();
+  p.scale_vec = scale.numel() > 1;
+  if (bias.has_value()) p.bias = bias->data_ptr<float>();
+  p.device = codes.get_device();
+  p.sm_count = sm_count(p.device);
+  p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
+  GemmFn fn = dyn_gemm_fn(static_cast<int>(config), code);
+  TORCH_CHECK(fn != nullptr, who, "no instantiation for config ", config, " out ", code);
+  size_t ws = 0;
+  std::string err = fn(p, &ws);
+  TORCH_CHECK(err.empty(), who, err);
+  at::Tensor workspace;
+  if (ws > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws)}, codes.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  err = fn(p, nullptr);
+  TORCH_CHECK(err.empty(), who, err);
+  return Np == n ? out : out.narrow(1, 0, n).contiguous();
+}
+
 // The integer conv of one bound call: x (N, C, H, W) int8 codes (act_scale None), or float activations quantized
 // first with the channel shift (C values of x's dtype, added in x's dtype as the layer's x + shift does); read as
 // NHWC (free for a channels_last x), int8 im2col, the GEMM batched over groups against the prepared weight w
@@ -372,6 +442,8 @@ TORCH_LIBRARY(bie_cutlass_integer, m) {
         "ScalarType? codes_dtype, int row_chunks) -> Tensor[]");
   m.def("im2col(Tensor x, int groups, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int ho, "
         "int wo, int kgp) -> Tensor");
+  m.def("dyn_linear(Tensor codes, Tensor row_scale, Tensor b, Tensor scale, Tensor? bias, ScalarType out_dtype, "
+        "int n, int config) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
@@ -379,6 +451,7 @@ TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
   m.impl("quantize", &bie_int::quantize);
   m.impl("lsq_backward", &bie_int::lsq_backward);
   m.impl("im2col", &bie_int::im2col);
+  m.impl("dyn_linear", &bie_int::dyn_linear);
 }
 
 // The bound inference calls' entry points: the same functions as the ops, the same checks (every argument passed).
@@ -387,4 +460,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize", &bie_int::quantize);
   m.def("linear", &bie_int::linear);
   m.def("conv", &bie_int::conv);
+  m.def("dyn_linear", &bie_int::dyn_linear);
 }

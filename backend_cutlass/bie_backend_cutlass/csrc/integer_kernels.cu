@@ -30,6 +30,24 @@ GemmFn gemm_fn(int config, int out_code) {
   return table[config][out_code];
 }
 
+#define BIE_INT_DYN_DECLARE(cfg)                                    \
+  std::string idyn_##cfg##_f32(const GemmArgs&, size_t*);           \
+  std::string idyn_##cfg##_bf16(const GemmArgs&, size_t*);          \
+  std::string idyn_##cfg##_f16(const GemmArgs&, size_t*);
+BIE_INT_DYN_DECLARE(c128x256)
+BIE_INT_DYN_DECLARE(p64x128)
+BIE_INT_DYN_DECLARE(c128x128)
+
+GemmFn dyn_gemm_fn(int config, int out_code) {
+  static const GemmFn table[kNumConfigs][kNumOutCodes - 1] = {
+      {idyn_c128x256_f32, idyn_c128x256_bf16, idyn_c128x256_f16},
+      {idyn_p64x128_f32, idyn_p64x128_bf16, idyn_p64x128_f16},
+      {idyn_c128x128_f32, idyn_c128x128_bf16, idyn_c128x128_f16},
+  };
+  if (config < 0 || config >= kNumConfigs || out_code < 1 || out_code >= kNumOutCodes) return nullptr;
+  return table[config][out_code - 1];
+}
+
 static int grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535LL * 8)));

@@ -24,6 +24,8 @@ struct GemmArgs {
   int64_t scale_batch = 0;
   const float* bias = nullptr;    // nullptr: no bias; else bias[n + l * bias_batch]
   int64_t bias_batch = 0;
+  // dynamic epilogue (dyn_gemm_fn): D = float(acc) * (row_scale[m] * scale) + bias, each operation rounded once
+  const float* row_scale = nullptr;   // nullptr: 1
   int device = 0;
   int sm_count = 0;
   void* workspace = nullptr;
@@ -39,6 +41,9 @@ using GemmFn = std::string (*)(const GemmArgs&, size_t* ws);
 constexpr int kNumConfigs = 3;
 constexpr int kNumOutCodes = 4;
 GemmFn gemm_fn(int config, int out_code);
+// The GEMM of dynamic_int8_linear (per-token activation scales, integer_dyn_gemm_sm90.cuh): out_code 1..3 (float
+// outputs only), L == 1.
+GemmFn dyn_gemm_fn(int config, int out_code);
 
 // x: contiguous float tensor data of `n` elements (dtype code 1 f32, 2 bf16, 3 f16);
 // scale: float32, scale[i / inner] when per_row, else scale[0]; shift: nullptr, or `cols` values of x's
