@@ -44,8 +44,12 @@ from ._build import Extension
 
 _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                       for out in ("i32", "f32", "bf16", "f16"))
+#: the GEMM of dynamic_int8_linear (per-token row scales in the epilogue: dynamic.py)
+_DYN_SOURCES = tuple(f"integer_dyn_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
+                     for out in ("f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
-                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES,
+                      sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES
+                      + _DYN_SOURCES,
                       python_module=True)
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
@@ -440,7 +444,7 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
 
 # ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
-    from bie_core.backend_api import Capability
+    from bie_core.backend_api import DYNAMIC_MAX_K, Capability, has_op
 
     cuda = ("cuda",)
     bits = {"a_bits": (4, 8), "b_bits": (4, 8), "bits": (4, 8)}
@@ -472,3 +476,14 @@ def register(registry, priority: int) -> None:
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"bits": (4, 8)}, compute_capability=SM90),
         description="the LSQ quantizer's backward in one pass (grad, scale and shift partial sums, codes for "
                     "the weight-gradient product)")
+    if has_op("dynamic_int8_linear"):
+        from . import dynamic
+        registry.register(
+            "dynamic_int8_linear", dynamic.dynamic_int8_linear, priority=priority, name="dynamic_int8_linear_sm90",
+            prepare=dynamic.prepare, bind=dynamic.bind_dynamic_int8_linear,
+            capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"scheme": (dynamic.SCHEME,)},
+                                  compute_capability=SM90, min_dims={"M": dynamic.MIN_M, "N": 1, "K": 1},
+                                  max_dims={"K": DYNAMIC_MAX_K}),
+            description="per-token W8A8-dynamic: x quantized by the dynamic_quantize_act op (one pass per row), "
+                        "the int8 wgmma GEMM with the reference's epilogue fused (row scale x column scale, "
+                        "+ bias, each rounded once); K padded to 16")
