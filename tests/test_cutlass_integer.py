@@ -64,11 +64,13 @@ def test_capabilities_are_honest():
         def register(self, op, fn, **kw):
             regs[op] = kw
     integer.register(Reg(), 200)
-    assert set(regs) == {"int_gemm", "int_bmm", "int_conv2d", "quantize_int", "lsq_backward"}
+    assert set(regs) == {"int_gemm", "int_bmm", "int_conv2d", "quantize_int", "lsq_backward", "dynamic_int8_linear"}
     for op, kw in regs.items():
         cap = kw["capability"]
         assert cap.devices == ("cuda",) and cap.compute_capability == ((9, 0), (9, 0)), op
-        if op not in ("quantize_int", "lsq_backward"):
+        if op == "dynamic_int8_linear":
+            assert cap.max_dims["K"] == 65535 and cap.attrs == {"scheme": ("per_token_symmetric",)}
+        elif op not in ("quantize_int", "lsq_backward"):
             assert cap.max_dims["K"] == (2 ** 31 - 1) // (128 * 128), op  # exact int32 accumulation
 
 
