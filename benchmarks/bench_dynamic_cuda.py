@@ -1,16 +1,18 @@
 """Per-token W8A8-dynamic linear on one GPU (H200/H100) against bf16 cuBLAS and against torch._int_mm with a
 separate quantization (what torchao's int8 dynamic-activation path runs), docs/dynamic.md.
 
-    python benchmarks/bench_dynamic_cuda.py OUT.json [--quick | --decode | --ms 1,2,4] [--rounds 5]
+    python benchmarks/bench_dynamic_cuda.py OUT.json [--quick | --decode | --ms 1,2,4] [--rounds 5] [--backend cuda]
 
-For (K, N) in {4096x4096, 8192x28672} and M in {1, 2, 4, 8, 16, 128, 512, 2048, 8192} (``--decode``: M = 1 ... 16,
+For (K, N) in {4096x4096, 8192x28672} and M in {1, 2, 4, ..., 8192} (powers of two; ``--decode``: M = 1 ... 16,
 the fused GEMV's range), bf16 activations, per-channel int8 weights, no bias, every time including the activation
 quantization:
 
-* ``bie``: ``bie_core.ops.dynamic_int8_linear(x, w, w_scale, None, "per_token_symmetric")`` under
-  ``use_backend("cuda")``: the dispatcher's choice (bie-backend-cuda: the fused GEMV ``dynamic_int8_gemv`` up to
-  16 rows, else quantization + torch._int_mm + fused epilogue);
-* ``bie_int_mm`` (up to 16 rows): the same op forced to ``cuda:dynamic_int8_linear_int_mm``;
+* ``bie``: ``bie_core.ops.dynamic_int8_linear(x, w, w_scale, None, "per_token_symmetric")``: the dispatcher's choice
+  over the installed backends (``--backend cuda``: under ``use_backend("cuda")``), printed as ``kernel``:
+  bie-backend-cuda's fused GEMV ``dynamic_int8_gemv`` up to 16 rows; bie-backend-cutlass's
+  ``dynamic_int8_linear_sm90`` (one-pass quantization + int8 wgmma with the epilogue fused) from 64 rows; else
+  bie-backend-cuda's ``dynamic_int8_linear_int_mm`` (one-pass quantization + torch._int_mm + fused epilogue);
+* ``bie_int_mm``: the same op forced to ``cuda:dynamic_int8_linear_int_mm``;
 * ``bf16``: ``x @ W.T`` with the bf16 weight (cuBLAS);
 * ``int_mm+q``: per-token quantization in eager PyTorch (abs-max, divide, round, clamp, to int8), then
   ``torch._int_mm`` and ``(acc * s_x) * s_w`` to bf16 in eager passes.
@@ -23,6 +25,7 @@ table prints µs per call, the speed-ups bf16/bie and int_mm+q/bie, and bie's fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -37,11 +40,10 @@ import bie_core  # noqa: E402
 from bie_core import ops  # noqa: E402
 
 SHAPES = [(4096, 4096), (8192, 28672)]
-MS = [1, 2, 4, 8, 16, 128, 512, 2048, 8192]
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 DECODE_MS = list(range(1, 17))
 #: the HBM bandwidth a streaming kernel reaches on an H200 (TB/s; 4.8 peak)
 ROOFLINE_TBS = 4.3
-GEMV_MAX_M = 16
 
 
 def _torchao_like(x, w, ws):
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true", help="M = 1 ... 16 only (the fused GEMV's range)")
     ap.add_argument("--ms", default="", help="comma-separated M values (overrides --quick / --decode)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--backend", default="", help="restrict the dispatcher (e.g. cuda); default: every backend")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_dynamic_cuda: no CUDA device")
@@ -73,7 +76,7 @@ def main() -> None:
     dev = "cuda"
     warm_gpu(2.0)
     rows = []
-    print(f"{'K x N':>12} {'M':>5} {'kernel':>18} {'bie us':>9} {'bf16 us':>9} {'int_mm+q us':>12} "
+    print(f"{'K x N':>12} {'M':>5} {'kernel':>24} {'bie us':>9} {'bf16 us':>9} {'int_mm+q us':>12} "
           f"{'bie_int_mm us':>13} {'bf16/bie':>9} {'int_mm+q/bie':>12} {'roofline':>9}", flush=True)
     for k, n in shapes:
         sets = pool_size(n * k * 4)              # int8, the GEMV's int8 layout and bf16 copies of each weight set
@@ -87,7 +90,8 @@ def main() -> None:
             wb_list.append(wf)
         for m in ms:
             x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
-            with bie_core.use_backend("cuda"), torch.inference_mode():
+            scope = bie_core.use_backend(args.backend) if args.backend else contextlib.nullcontext()
+            with scope, torch.inference_mode():
                 ops.dynamic_int8_linear(x, w8_list[0], ws_list[0], None, "per_token_symmetric")   # decision, build
                 kernel = bie_core.explain(ops.dynamic_int8_linear, x, w8_list[0], ws_list[0], None,
                                           "per_token_symmetric").chosen()["dynamic_int8_linear"]
@@ -97,7 +101,7 @@ def main() -> None:
                     "bf16": [lambda i=i: x @ wb_list[i].t() for i in range(sets)],
                     "int_mm+q": [lambda i=i: _torchao_like(x, w8_list[i], ws_list[i]) for i in range(sets)],
                 }
-                if m <= GEMV_MAX_M:
+                if kernel != "cuda:dynamic_int8_linear_int_mm":
                     variants["bie_int_mm"] = [
                         lambda i=i: ops.dynamic_int8_linear(x, w8_list[i], ws_list[i], None, "per_token_symmetric",
                                                             backend="cuda:dynamic_int8_linear_int_mm")
@@ -109,7 +113,7 @@ def main() -> None:
             roofline = n * k / (med["bie"] * 1e-6) / (ROOFLINE_TBS * 1e12)
             rows.append({"K": k, "N": n, "M": m, "kernel": kernel, **{f"{name}_us": v for name, v in med.items()},
                          **ratios, "roofline_fraction": roofline, "rounds_us": t})
-            print(f"{k:>5}x{n:<6} {m:>5} {kernel.split(':')[-1]:>18} {med['bie']:9.1f} {med['bf16']:9.1f} "
+            print(f"{k:>5}x{n:<6} {m:>5} {kernel.split(':')[-1]:>24} {med['bie']:9.1f} {med['bf16']:9.1f} "
                   f"{med['int_mm+q']:12.1f} {med.get('bie_int_mm', float('nan')):13.1f} "
                   f"{ratios['bf16_over_bie']:8.2f}x {ratios['int_mm+q_over_bie']:11.2f}x {roofline:8.0%}", flush=True)
         del ws_list, w8_list, wb_list
@@ -117,7 +121,7 @@ def main() -> None:
     from bie_backend_cuda import dynamic as cd
     epilogue = ("eager passes (torch.compile failed: " + cd._state["failed"] + ")" if cd._state.get("failed")
                 else "torch.compile")
-    meta = run_meta(epilogue=epilogue, rounds=args.rounds, roofline_tbs=ROOFLINE_TBS)
+    meta = run_meta(epilogue=epilogue, rounds=args.rounds, roofline_tbs=ROOFLINE_TBS, backend=args.backend or "all")
     write_json(args.out, meta, rows)
     print(json.dumps(meta))
 

@@ -100,7 +100,7 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
     test-cutlass)
       run test-cutlass timeout 480 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cutlass_build.py \
           tests/test_cutlass_binary.py tests/test_cutlass_integer.py tests/test_cutlass_int_bound_calls.py \
-          tests/test_cutlass_wq.py
+          tests/test_cutlass_wq.py tests/test_cutlass_dynamic.py
       run kit-cutlass timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass bie_core/testing ;;
     bench-wq)
       run bench-wq timeout 330 $PY benchmarks/bench_cuda.py --quick --only wq --json "$OUT/bench_cuda_wq.json"
