@@ -335,37 +335,47 @@ at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scal
   return out.size(1) == n ? out : out.narrow(1, 0, n).contiguous();
 }
 
+// The epilogue's broadcast nodes may load their vectors 16 bytes at a time: a vector starting elsewhere is copied
+// (a fresh allocation is aligned).
+static at::Tensor aligned_vector(const at::Tensor& t) { return aligned16(t) ? t : t.clone(); }
+
 // dynamic_int8_linear (per_token_symmetric) after the activation quantization: codes (M, K) int8, row_scale (M)
 // float32 (the per-token scales), b the prepared (1, Np, Kp) weight codes (integer.py prepare_gemm's layout, Np % 8
 // == 0, Kp % 16 == 0, K <= Kp < K + 16), scale float32 with 1 or Np values (zero padded), bias None or Np float32
 // values; out_dtype float32 / bfloat16 / float16. Returns (M, n): float(acc) * (row_scale[m] * scale[n]) + bias[n],
 // each operation rounded once (integer_dyn_gemm_sm90.cuh).
-at::Tensor dyn_linear(const at::Tensor& codes, const at::Tensor& row_scale, const at::Tensor& b, const at::Tensor& scale,
-                      const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype, int64_t n, int64_t config) {
+at::Tensor dyn_linear(const at::Tensor& codes, const at::Tensor& row_scale_in, const at::Tensor& b,
+                      const at::Tensor& scale_in, const c10::optional<at::Tensor>& bias_in, at::ScalarType out_dtype,
+                      int64_t n, int64_t config) {
   const char* who = "bie_cutlass_integer.dyn_linear: ";
   TORCH_CHECK(codes.is_cuda() && codes.dim() == 2 && codes.scalar_type() == at::kChar, who,
               "codes must be a 2-D int8 CUDA tensor, got ", codes.sizes(), " ", codes.scalar_type());
   TORCH_CHECK(b.dim() == 3 && b.size(0) == 1 && b.scalar_type() == at::kChar && b.is_contiguous() && aligned16(b) &&
                   b.size(1) >= n && b.size(1) % 8 == 0 && b.size(2) % 16 == 0 && n > 0,
               who, "b must be the prepared contiguous (1, Np, Kp) int8 weight with Np >= n=", n, ", got ", b.sizes());
-  TORCH_CHECK(b.device() == codes.device() && row_scale.device() == codes.device() && scale.device() == codes.device(),
+  TORCH_CHECK(b.device() == codes.device() && row_scale_in.device() == codes.device() &&
+                  scale_in.device() == codes.device(),
               who, "tensors on different devices");
   const int64_t M = codes.size(0), K = codes.size(1), Np = b.size(1), Kp = b.size(2);
   TORCH_CHECK(M > 0 && M < INT_MAX && K > 0 && K <= Kp && Kp - K < 16 && Kp < INT_MAX, who, "codes ", codes.sizes(),
               " do not fit the weight's K=", Kp);
-  TORCH_CHECK(row_scale.scalar_type() == at::kFloat && row_scale.is_contiguous() && row_scale.numel() == M, who,
+  TORCH_CHECK(row_scale_in.scalar_type() == at::kFloat && row_scale_in.is_contiguous() && row_scale_in.numel() == M, who,
               "row_scale must be ", M, " contiguous float32 values");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && (scale.numel() == 1 || scale.numel() >= Np),
+  TORCH_CHECK(scale_in.scalar_type() == at::kFloat && scale_in.is_contiguous() &&
+                  (scale_in.numel() == 1 || scale_in.numel() >= Np),
               who, "scale must be contiguous float32 with 1 or ", Np, " values");
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->device() == codes.device() && bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                    bias->numel() >= Np,
+  if (bias_in.has_value()) {
+    TORCH_CHECK(bias_in->device() == codes.device() && bias_in->scalar_type() == at::kFloat && bias_in->is_contiguous() &&
+                    bias_in->numel() >= Np,
                 who, "bias must be contiguous float32 with ", Np, " values");
   }
   const int code = out_code_of(out_dtype);
   TORCH_CHECK(code >= 1, who, "out_dtype must be float32, bfloat16 or float16");
   TORCH_CHECK(config >= 0 && config < kNumConfigs, who, "unknown config ", config);
   check_sm90(codes);
+  const at::Tensor row_scale = aligned_vector(row_scale_in), scale = aligned_vector(scale_in);
+  c10::optional<at::Tensor> bias;
+  if (bias_in.has_value()) bias = aligned_vector(*bias_in);
   c10::cuda::CUDAGuard guard(codes.device());
   at::Tensor a = codes;
   if (K != Kp || !a.is_contiguous() || !aligned16(a)) {   // K padded with zero codes (TMA moves 16-byte rows)
