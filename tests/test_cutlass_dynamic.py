@@ -181,7 +181,8 @@ def test_dispatch_picks_the_kernel_in_range():
                             "cutlass:dynamic_int8_linear_sm90"), (63, SCHEME, None),
                             (300, "per_tensor_affine", None)):
         x = torch.randn(m, 256, device="cuda")
-        chosen = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, scheme, False).chosen()["dynamic_int8_linear"]
+        e = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, scheme, False)
+        chosen = e.chosen()["dynamic_int8_linear"]
         if want is None:
             assert not chosen.startswith("cutlass:"), (m, scheme, chosen)
         else:

@@ -259,7 +259,7 @@ def test_layer_decode_non_finite_input():
     assert y[1].isnan().all() and not y[[0, 2]].isnan().any()
 
 
-# ------------------------------------------------------------------ the one-pass per-token quantization (csrc/dynamic_quantize.cu)
+# ------------------------------------------------------- the one-pass per-token quantization (csrc/dynamic_quantize.cu)
 def _quantize_exact(cuda_dynamic, x):
     from bie_backend_cpu.reference import dynamic as rd
     got = cuda_dynamic.dynamic_quantize_token(x if x.device.type == "cuda" else x.cuda(), "per_token_symmetric")
@@ -324,7 +324,8 @@ def test_int_mm_path_uses_the_one_pass_quantization(cuda_dynamic):
     """dynamic_int8_linear_int_mm quantizes through the kernel (the eager passes only without a build): bit-exact."""
     from bie_backend_cpu.reference import dynamic as rd
     g = torch.Generator().manual_seed(24)
-    for m, n, k, dtype in ((64, 72, 256, torch.bfloat16), (2048, 256, 4096, torch.float16), (100, 40, 1000, torch.float32)):
+    for m, n, k, dtype in ((64, 72, 256, torch.bfloat16), (2048, 256, 4096, torch.float16),
+                           (100, 40, 1000, torch.float32)):
         x, w, ws, b = _gemv_case(g, m, n, k, dtype)
         got = cuda_dynamic.dynamic_int8_linear(x.cuda(), w.cuda(), ws.cuda(), b.cuda(), "per_token_symmetric")
         assert cuda_dynamic._state.get("ops") not in (None, False)

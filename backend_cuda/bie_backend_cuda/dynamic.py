@@ -236,5 +236,5 @@ def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=F
     return call
 
 
-__all__ = ["dynamic_quantize_act", "dynamic_quantize_token", "bind_dynamic_quantize_token", "dynamic_int8_linear", "prepare", "dynamic_int8_gemv", "prepare_gemv",
-           "bind_dynamic_int8_gemv", "check_gemv", "GEMV_MAX_M"]
+__all__ = ["dynamic_quantize_act", "dynamic_quantize_token", "bind_dynamic_quantize_token", "dynamic_int8_linear",
+           "prepare", "dynamic_int8_gemv", "prepare_gemv", "bind_dynamic_int8_gemv", "check_gemv", "GEMV_MAX_M"]

@@ -14,7 +14,9 @@ constexpr float kDynTieGuard = 0.5f - 1.0f / 4096.0f;
 // |x| as ordered unsigned bits (float32: 31 bits, 16-bit floats: 15 bits): the integer maximum is the float maximum,
 // and a NaN (bits above the infinity's) wins over every number, as the reference's amax propagates it.
 template <typename T> __device__ __forceinline__ uint32_t dyn_abs_bits(T v);
-template <> __device__ __forceinline__ uint32_t dyn_abs_bits<float>(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+template <> __device__ __forceinline__ uint32_t dyn_abs_bits<float>(float v) {
+  return __float_as_uint(v) & 0x7fffffffu;
+}
 template <> __device__ __forceinline__ uint32_t dyn_abs_bits<__half>(__half v) { return __half_as_ushort(v) & 0x7fffu; }
 template <> __device__ __forceinline__ uint32_t dyn_abs_bits<__nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat16_as_ushort(v) & 0x7fffu;

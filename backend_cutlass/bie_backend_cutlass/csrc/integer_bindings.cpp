@@ -359,14 +359,14 @@ at::Tensor dyn_linear(const at::Tensor& codes, const at::Tensor& row_scale_in, c
   const int64_t M = codes.size(0), K = codes.size(1), Np = b.size(1), Kp = b.size(2);
   TORCH_CHECK(M > 0 && M < INT_MAX && K > 0 && K <= Kp && Kp - K < 16 && Kp < INT_MAX, who, "codes ", codes.sizes(),
               " do not fit the weight's K=", Kp);
-  TORCH_CHECK(row_scale_in.scalar_type() == at::kFloat && row_scale_in.is_contiguous() && row_scale_in.numel() == M, who,
-              "row_scale must be ", M, " contiguous float32 values");
+  TORCH_CHECK(row_scale_in.scalar_type() == at::kFloat && row_scale_in.is_contiguous() && row_scale_in.numel() == M,
+              who, "row_scale must be ", M, " contiguous float32 values");
   TORCH_CHECK(scale_in.scalar_type() == at::kFloat && scale_in.is_contiguous() &&
                   (scale_in.numel() == 1 || scale_in.numel() >= Np),
               who, "scale must be contiguous float32 with 1 or ", Np, " values");
   if (bias_in.has_value()) {
-    TORCH_CHECK(bias_in->device() == codes.device() && bias_in->scalar_type() == at::kFloat && bias_in->is_contiguous() &&
-                    bias_in->numel() >= Np,
+    TORCH_CHECK(bias_in->device() == codes.device() && bias_in->scalar_type() == at::kFloat &&
+                    bias_in->is_contiguous() && bias_in->numel() >= Np,
                 who, "bias must be contiguous float32 with ", Np, " values");
   }
   const int code = out_code_of(out_dtype);
