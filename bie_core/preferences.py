@@ -46,6 +46,8 @@ class Handoff:
 
 
 _WQ = "cutlass:wq_gemm_sm90"
+_DYN = "cutlass:dynamic_int8_linear_sm90"
+_DYN_PAGE = "expected from the kernels' designs, docs/dynamic.md"
 _WQ_PAGE = "benchmarks/results/cutlass_h100_wq.md"
 
 HANDOFFS: tuple = (
@@ -63,6 +65,14 @@ HANDOFFS: tuple = (
     # 4-bit codes with K above 16384 at 129-256 rows: bie-backend-cuda's many-row wgmma kernel
     Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _WQ_PAGE,
             dims={"M": (129, 256), "K": (16385, None)}, attrs={"bits": 4}),
+    # dynamic int8 linear: up to 16 rows the fused GEMV quantizes, multiplies and scales in one launch (the GEMM runs
+    # two launches and fills 64-row tiles with padding); the affine scheme's zero-point correction and epilogue run
+    # there as one compiled pass after torch._int_mm, here as separate passes after the int32 GEMM. Expected from the
+    # kernels' designs (docs/dynamic.md); bench_dynamic_cuda.py measures the per-token rows.
+    Handoff(_DYN, "bie-backend-cuda's fused GEMV (dynamic_int8_gemv)", _DYN_PAGE, dims={"M": (None, 16)},
+            attrs={"scheme": "per_token_symmetric"}),
+    Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", _DYN_PAGE,
+            attrs={"scheme": "per_tensor_affine"}),
     # the direct conv reads each window straight from packed sign words, without an im2col buffer
     Handoff("cutlass:binary_conv2d", "bie-backend-cuda's direct conv (binary_conv2d_direct)",
             "benchmarks/results/cuda_h100_conv.md"),

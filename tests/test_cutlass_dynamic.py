@@ -1,5 +1,6 @@
-"""bie-backend-cutlass's dynamic_int8_linear (per_token_symmetric, sm_90): the int8 wgmma GEMM with the reference's
-dynamic epilogue fused, bit for bit against the CPU reference.
+"""bie-backend-cutlass's dynamic_int8_linear (sm_90): per token, the int8 wgmma GEMM with the reference's dynamic
+epilogue fused; per tensor, the int32 GEMM with the zero-point correction and epilogue after it; bit for bit
+against the CPU reference.
 
 The plumbing checks (the kernel and its bound call hand the extension the padded weight, the row scales of the
 dynamic_quantize_act op and the epilogue vectors; a stand-in extension computes the epilogue from exactly those
@@ -34,10 +35,10 @@ def _exact(got, exp):
     torch.testing.assert_close(got.cpu(), exp.cpu(), rtol=0, atol=0, equal_nan=True)
 
 
-def _ref(x, w, ws, b):
+def _ref(x, w, ws, b, scheme=SCHEME, rr=False):
     from bie_backend_cpu.reference import dynamic as rd
     c = lambda t: None if t is None else t.cpu()   # noqa: E731
-    return rd.dynamic_int8_linear(c(x), c(w), c(ws), c(b), SCHEME)
+    return rd.dynamic_int8_linear(c(x), c(w), c(ws), c(b), scheme, rr)
 
 
 # ------------------------------------------------------------- plumbing (any machine)
@@ -64,6 +65,11 @@ class _Extension:
             y = y + bias.view(1, -1)
         return y[:, :n].to(out_dtype).contiguous()
 
+    def gemm(self, a3, b3, s, sb, bb, bbs, out_dtype, n_pad, config):
+        """The family's int32 GEMM (no epilogue: what the affine path asks for)."""
+        assert s is None and bb is None and out_dtype is None and a3.shape[2] == b3.shape[2]
+        return (a3.double() @ b3.double().transpose(1, 2)).to(torch.int32)
+
 
 @pytest.fixture
 def stand_in(monkeypatch):
@@ -75,7 +81,8 @@ def stand_in(monkeypatch):
     return ext
 
 
-@pytest.mark.parametrize("m, n, k", [(64, 8, 16), (100, 33, 130), (70, 17, 7), (65, 256, 1000)])
+@pytest.mark.parametrize("m, n, k", [(1, 8, 16), (17, 40, 33), (64, 8, 16), (100, 33, 130), (70, 17, 7),
+                                     (65, 256, 1000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_kernel_and_bound_call_pass_what_the_epilogue_needs(stand_in, m, n, k, dtype):
     from bie_backend_cutlass import dynamic
@@ -93,6 +100,18 @@ def test_kernel_and_bound_call_pass_what_the_epilogue_needs(stand_in, m, n, k, d
     assert {c[3] for c in stand_in.calls} == {0 if m <= 64 else 2}
 
 
+@pytest.mark.parametrize("rr", [False, True])
+def test_affine_scheme_on_the_stand_in(stand_in, rr):
+    from bie_backend_cutlass import dynamic
+    g = torch.Generator().manual_seed(7)
+    for m, n, k, dtype in ((1, 8, 16, torch.float32), (33, 17, 130, torch.bfloat16), (100, 40, 7, torch.float16)):
+        x, w, ws, b = _case(g, m, n, k, dtype, per_channel=m % 2 == 1)
+        exp = _ref(x, w, ws, b, "per_tensor_affine", rr)
+        _exact(dynamic.dynamic_int8_linear(x, w, ws, b, "per_tensor_affine", rr, prepared=dynamic.prepare(w)), exp)
+        _exact(dynamic.dynamic_int8_linear(x, w, ws, b, "per_tensor_affine", rr), exp)
+        assert dynamic.bind_dynamic_int8_linear(x, w, ws, b, "per_tensor_affine", rr) is None
+
+
 def test_non_finite_rows_on_the_stand_in(stand_in):
     from bie_backend_cutlass import dynamic
     g = torch.Generator().manual_seed(5)
@@ -104,6 +123,7 @@ def test_non_finite_rows_on_the_stand_in(stand_in):
 
 
 def test_registered_with_its_bind_and_range():
+    from bie_core.kernels import Problem
     from bie_backend_cutlass import dynamic, integer
     kernels = {}
 
@@ -115,7 +135,14 @@ def test_registered_with_its_bind_and_range():
     assert fn is dynamic.dynamic_int8_linear and kw["bind"] is dynamic.bind_dynamic_int8_linear
     assert kw["name"] == "dynamic_int8_linear_sm90" and kw["prepare"] is dynamic.prepare
     cap = kw["capability"]
-    assert cap.min_dims["M"] == dynamic.MIN_M == 64 and cap.attrs == {"scheme": (SCHEME,)}
+    assert cap.min_dims["M"] == 1 and not cap.attrs
+
+    def defers(m, scheme):
+        return cap.defer(Problem(op="dynamic_int8_linear", device_type="cuda", dtype=torch.bfloat16,
+                                 dims={"M": m, "N": 4096, "K": 4096}, attrs={"scheme": scheme}))
+    # up to 16 rows per token: bie-backend-cuda's fused GEMV; the affine scheme: its _int_mm path
+    assert defers(1, SCHEME) and defers(16, SCHEME) and not defers(17, SCHEME) and not defers(2048, SCHEME)
+    assert defers(2048, "per_tensor_affine")
     for src in integer.EXTENSION.sources:
         if src.startswith("integer_dyn_"):
             break
@@ -124,7 +151,7 @@ def test_registered_with_its_bind_and_range():
 
 
 # ------------------------------------------------------------- the kernel (sm_90)
-SHAPES = [(64, 8, 16), (100, 33, 130), (1000, 256, 1000), (2048, 512, 4096), (4097, 72, 264), (64, 4096, 4096),
+SHAPES = [(1, 64, 64), (17, 40, 100), (64, 8, 16), (100, 33, 130), (1000, 256, 1000), (2048, 512, 4096), (4097, 72, 264), (64, 4096, 4096),
           (300, 17, 7), (128, 1000, 8191)]
 
 
@@ -140,6 +167,18 @@ def test_bit_exact(dtype, shape):
                             sdtype=(torch.float32, torch.bfloat16, torch.float16)[i % 3],
                             bdtype=(None, torch.float32)[i % 2], device="cuda")
         _exact(dynamic.dynamic_int8_linear(x, w, ws, b, SCHEME, prepared=dynamic.prepare(w)), _ref(x, w, ws, b))
+
+
+@needs_sm90
+@pytest.mark.parametrize("rr", [False, True])
+def test_affine_scheme_bit_exact(rr):
+    from bie_backend_cutlass import dynamic
+    g = torch.Generator().manual_seed(35)
+    for i, (m, n, k) in enumerate(((1, 8, 16), (100, 33, 130), (2048, 512, 4096), (4097, 72, 264))):
+        dtype = (torch.float32, torch.float16, torch.bfloat16)[i % 3]
+        x, w, ws, b = _case(g, m, n, k, dtype, per_channel=i % 2 == 0, with_bias=i % 3 != 1, device="cuda")
+        _exact(dynamic.dynamic_int8_linear(x, w, ws, b, "per_tensor_affine", rr, prepared=dynamic.prepare(w)),
+               _ref(x, w, ws, b, "per_tensor_affine", rr))
 
 
 @needs_sm90
@@ -171,22 +210,24 @@ def test_strided_and_misaligned_x(dtype):
 
 @needs_sm90
 def test_dispatch_picks_the_kernel_in_range():
-    """per_token_symmetric from 64 rows: this kernel (priority above bie-backend-cuda's); fewer rows and the affine
-    scheme: bie-backend-cuda's kernels."""
+    """Automatic selection: per token from 17 rows this kernel (priority above bie-backend-cuda's); up to 16 rows and
+    the affine scheme it defers to bie-backend-cuda's kernels where that backend is installed. Chosen by name
+    (backend="cutlass") it serves every call, bit-exact."""
     import bie_core
     from bie_core import ops
-    w = torch.randint(-128, 128, (64, 256), dtype=torch.int32, device="cuda").to(torch.int8)
-    ws = torch.rand(64, device="cuda") * 0.01 + 1e-3
-    for m, scheme, want in ((64, SCHEME, "cutlass:dynamic_int8_linear_sm90"), (4097, SCHEME,
-                            "cutlass:dynamic_int8_linear_sm90"), (63, SCHEME, None),
-                            (300, "per_tensor_affine", None)):
+    cuda = importlib.util.find_spec("bie_backend_cuda") is not None
+    g = torch.Generator().manual_seed(34)
+    _, w, ws, _ = _case(g, 1, 64, 256, torch.float32, device="cuda")
+    for m, scheme, rr, here in ((1, SCHEME, False, not cuda), (16, SCHEME, False, not cuda), (17, SCHEME, False, True),
+                                (64, SCHEME, False, True), (4097, SCHEME, False, True),
+                                (300, "per_tensor_affine", False, not cuda), (5, "per_tensor_affine", True, not cuda)):
         x = torch.randn(m, 256, device="cuda")
-        e = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, scheme, False)
-        chosen = e.chosen()["dynamic_int8_linear"]
-        if want is None:
-            assert not chosen.startswith("cutlass:"), (m, scheme, chosen)
-        else:
-            assert chosen == want, (m, scheme, chosen)
+        chosen = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, scheme, rr).chosen()
+        assert (chosen["dynamic_int8_linear"] == "cutlass:dynamic_int8_linear_sm90") == here, (m, scheme, chosen)
+        with bie_core.use_backend("cutlass"):
+            e = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, scheme, rr)
+            assert e.chosen()["dynamic_int8_linear"] == "cutlass:dynamic_int8_linear_sm90"
+            _exact(ops.dynamic_int8_linear(x, w, ws, None, scheme, rr), _ref(x, w, ws, None, scheme, rr))
 
 
 @needs_sm90

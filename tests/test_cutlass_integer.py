@@ -69,7 +69,7 @@ def test_capabilities_are_honest():
         cap = kw["capability"]
         assert cap.devices == ("cuda",) and cap.compute_capability == ((9, 0), (9, 0)), op
         if op == "dynamic_int8_linear":
-            assert cap.max_dims["K"] == 65535 and cap.attrs == {"scheme": ("per_token_symmetric",)}
+            assert cap.max_dims["K"] == 65535 and cap.defer is not None
         elif op not in ("quantize_int", "lsq_backward"):
             assert cap.max_dims["K"] == (2 ** 31 - 1) // (128 * 128), op  # exact int32 accumulation
 

@@ -444,7 +444,7 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
 
 # ------------------------------------------------------------------ register
 def register(registry, priority: int) -> None:
-    from bie_core.backend_api import DYNAMIC_MAX_K, Capability, has_op
+    from bie_core.backend_api import DYNAMIC_MAX_K, Capability, handoff, has_op
 
     cuda = ("cuda",)
     bits = {"a_bits": (4, 8), "b_bits": (4, 8), "bits": (4, 8)}
@@ -481,9 +481,10 @@ def register(registry, priority: int) -> None:
         registry.register(
             "dynamic_int8_linear", dynamic.dynamic_int8_linear, priority=priority, name="dynamic_int8_linear_sm90",
             prepare=dynamic.prepare, bind=dynamic.bind_dynamic_int8_linear,
-            capability=Capability(devices=cuda, dtypes=FLOATS, attrs={"scheme": (dynamic.SCHEME,)},
-                                  compute_capability=SM90, min_dims={"M": dynamic.MIN_M, "N": 1, "K": 1},
-                                  max_dims={"K": DYNAMIC_MAX_K}),
-            description="per-token W8A8-dynamic: x quantized by the dynamic_quantize_act op (one pass per row), "
-                        "the int8 wgmma GEMM with the reference's epilogue fused (row scale x column scale, "
-                        "+ bias, each rounded once); K padded to 16")
+            capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM90,
+                                  min_dims={"M": 1, "N": 1, "K": 1}, max_dims={"K": DYNAMIC_MAX_K},
+                                  defer=handoff("cutlass:dynamic_int8_linear_sm90")),
+            description="per token: x quantized by the dynamic_quantize_act op (one pass per row), the int8 wgmma "
+                        "GEMM with the reference's epilogue fused (row scale x column scale, + bias, each rounded "
+                        "once); per tensor: the same GEMM in int32, the zero-point correction and epilogue as "
+                        "separate passes; K padded to 16")
