@@ -10,8 +10,9 @@ quantization:
 * ``bie``: ``bie_core.ops.dynamic_int8_linear(x, w, w_scale, None, "per_token_symmetric")``: the dispatcher's choice
   over the installed backends (``--backend cuda``: under ``use_backend("cuda")``), printed as ``kernel``:
   bie-backend-cuda's fused GEMV ``dynamic_int8_gemv`` up to 16 rows; bie-backend-cutlass's
-  ``dynamic_int8_linear_sm90`` (one-pass quantization + int8 wgmma with the epilogue fused) from 64 rows; else
-  bie-backend-cuda's ``dynamic_int8_linear_int_mm`` (one-pass quantization + torch._int_mm + fused epilogue);
+  ``dynamic_int8_linear_sm90`` (one-pass quantization + int8 wgmma with the epilogue fused) from 17 rows; without
+  bie-backend-cutlass, bie-backend-cuda's ``dynamic_int8_linear_int_mm`` (one-pass quantization + torch._int_mm +
+  fused epilogue);
 * ``bie_int_mm``: the same op forced to ``cuda:dynamic_int8_linear_int_mm``;
 * ``bf16``: ``x @ W.T`` with the bf16 weight (cuBLAS);
 * ``int_mm+q``: per-token quantization in eager PyTorch (abs-max, divide, round, clamp, to int8), then
