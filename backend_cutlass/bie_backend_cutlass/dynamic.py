@@ -36,6 +36,7 @@ class Prepared:
 
 
 def prepare(weight):
+    """The weight's :class:`Prepared` layout (built once per weight version by the dispatcher)."""
     return Prepared(integer.prepare_gemm(weight), weight.detach().sum(1, dtype=torch.int32))
 
 
