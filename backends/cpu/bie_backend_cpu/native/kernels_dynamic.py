@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, act_qmax, affine_qparams_host
+from bie_core.backend_api import FLOAT_DTYPES, act_qmax, affine_qparams_host, tensor_state
 
 from . import kernels as nk
 from .kernels import I64, VP, IGemmArgs, _blocks, _check, _layouts, _ptr, _require, _threads
@@ -154,12 +154,11 @@ def bind_dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range
     plan = fused.DynLinearPlan(lay.data, lay.colsum, rowsum, kind, n, k, lay.kp, lay.p, lay.pw, nk.DTYPE_CODE[x.dtype],
                                not affine, act_qmax(scheme, reduce_range), weight_scale.detach(),
                                None if bias is None else bias.detach())
-    from .kernels_mbwq import _state
     s0, b0 = weight_scale, bias
-    st0 = (_state(s0), _state(b0))
+    st0 = (tensor_state(s0), tensor_state(b0))
 
     def call(x, weight, weight_scale, bias, scheme, reduce_range=False):
-        if weight_scale is s0 and bias is b0 and (_state(weight_scale), _state(bias)) == st0:
+        if weight_scale is s0 and bias is b0 and (tensor_state(weight_scale), tensor_state(bias)) == st0:
             return plan(x)
         return dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range, prepared)
     call.input_plan = plan

@@ -62,15 +62,6 @@ constexpr int64_t kReleaseGil = int64_t{1} << 15;
 
 [[noreturn]] void bad(const std::string& msg) { throw py::value_error("bie native binary_linear (fused): " + msg); }
 
-int64_t dtype_code(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return BIE_F32;
-    case at::kHalf: return BIE_F16;
-    case at::kBFloat16: return BIE_BF16;
-    default: return -1;
-  }
-}
-
 // one float32 value of a float tensor, as the reference's .to(torch.float32)
 float load_f32(const at::Tensor& t, int64_t i) {
   const void* p = t.const_data_ptr();

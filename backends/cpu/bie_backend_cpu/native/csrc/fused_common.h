@@ -14,6 +14,16 @@ class Scratch {
   std::unique_ptr<T[]> heap_;
 };
 
+// bie_native.h's code of a float dtype, -1 for any other dtype.
+inline int64_t dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return BIE_F32;
+    case at::kHalf: return BIE_F16;
+    case at::kBFloat16: return BIE_BF16;
+    default: return -1;
+  }
+}
+
 // The row and panel blocks of a prepared-weight GEMM over m rows and p panels, from (mb, pb) down (as
 // kernels.py's _blocks): panels first, then rows, halved until every thread has several tasks.
 inline void shrink_blocks(int64_t m, int64_t p, int64_t& mb, int64_t& pb) {

@@ -73,15 +73,6 @@ void check_rc(int rc, const char* plan) {
   if (rc) throw std::runtime_error(std::string("bie native ") + plan + " failed: error " + std::to_string(rc));
 }
 
-int64_t dtype_code(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return BIE_F32;
-    case at::kHalf: return BIE_F16;
-    case at::kBFloat16: return BIE_BF16;
-    default: return -1;
-  }
-}
-
 at::ScalarType dtype_of(int64_t code) {
   switch (code) {
     case BIE_F32: return at::kFloat;
