@@ -69,6 +69,8 @@ def explain(target: Any, *example_inputs, backend: str | None = None, backward: 
         pref = dispatch.validate_choice(backend, f"explain(backend={backend!r})") if backend else dispatch.current_preference()
         from .plugins.registry import get_registry
         get_registry().ensure_discovered()
+        # a call may omit trailing arguments that have schema defaults, as it may when calling the op
+        example_inputs = tuple(example_inputs) + tuple(op.defaults[len(example_inputs):])
         if op.validate is not None:
             op.validate(*example_inputs)
         d = dispatch.decide(op, tuple(example_inputs), pref)

@@ -73,6 +73,11 @@ HANDOFFS: tuple = (
             attrs={"scheme": "per_token_symmetric"}),
     Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", _DYN_PAGE,
             attrs={"scheme": "per_tensor_affine"}),
+    # up to 256 rows (below its wgmma kernel's range) bie-backend-cuda's mma.sync binary GEMM is faster on the GPU
+    # (6.5-8.2 us at 1-128 rows of 4096^2, against 9.0 us for this kernel at one row), and its bound call costs a
+    # sixth of this kernel's host time per eager call (bench_host.py)
+    Handoff("cutlass:binary_linear", "bie-backend-cuda's binary_linear_tc", "benchmarks/results/gpu_h200_tables.md",
+            dims={"M": (None, 256)}),
     # the direct conv reads each window straight from packed sign words, without an im2col buffer
     Handoff("cutlass:binary_conv2d", "bie-backend-cuda's direct conv (binary_conv2d_direct)",
             "benchmarks/results/cuda_h100_conv.md"),

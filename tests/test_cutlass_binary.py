@@ -105,6 +105,26 @@ def test_binary_gemm_is_not_handed_over_to_the_cuda_backend():
     assert not hasattr(b, "_gemm_defer")
 
 
+def test_binary_linear_hands_small_m_to_the_cuda_backend():
+    """Up to 256 rows bie-backend-cuda's mma.sync binary_linear is faster on the GPU and has the leaner bound call
+    (bie_core/preferences.py), so this backend's binary_linear defers there; above, it keeps the call."""
+    from bie_backend_cutlass import binary as b
+    from bie_core.kernels import Problem
+    got = {}
+
+    class Recorder:
+        def register(self, op, fn, **kw):
+            got[op] = kw
+
+    b.register(Recorder(), 50)
+    defer = got["binary_linear"]["capability"].defer
+
+    def p(m):
+        return Problem("binary_linear", "cuda", 0, torch.bfloat16, {"M": m, "N": 4096, "K": 4096})
+    assert "binary_linear_tc" in defer(p(1)) and "binary_linear_tc" in defer(p(256))
+    assert defer(p(257)) is None and defer(p(4096)) is None
+
+
 def _ref():
     from bie_backend_cpu.reference import binary
     return binary

@@ -200,3 +200,14 @@ def test_backends_match_reference_on_fresh_inputs(backend):
             got = ops.dynamic_int8_linear(x, w, ws, b, scheme, rr, backend=backend)
             exp = rd.dynamic_int8_linear(x, w, ws, b, scheme, rr)
             torch.testing.assert_close(got, exp, rtol=1e-6, atol=1e-6)
+
+
+def test_explain_fills_omitted_trailing_defaults():
+    # ops.dynamic_int8_linear(x, w, s, bias, scheme) is a valid call (reduce_range defaults to False), so
+    # explain of the same arguments must be too
+    import bie_core
+    x = torch.randn(3, 8)
+    w = torch.randint(-127, 128, (4, 8), dtype=torch.int8)
+    s = torch.rand(4) + 0.1
+    e = bie_core.explain(ops.dynamic_int8_linear, x, w, s, None, "per_token_symmetric")
+    assert "dynamic_int8_linear" in e.chosen()

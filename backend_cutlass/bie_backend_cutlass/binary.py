@@ -415,7 +415,7 @@ def register(registry, priority: int) -> None:
     if has_op("binary_linear"):
         registry.register("binary_linear", binary_linear, priority=priority, name="binary_linear",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC,
-                                                check=_gemm_check),
+                                                check=_gemm_check, defer=handoff("cutlass:binary_linear")),
                           prepare=prepare_weight, unprepare=unprepare_weight,
                           description="one kernel packs sgn(x + shift) and popc(x) per row, then the CUTLASS "
                                       "1-bit GEMM with scale = sa*sw, bias and dtype in the epilogue")
