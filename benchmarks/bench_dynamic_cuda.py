@@ -75,6 +75,16 @@ def main() -> None:
     if args.ms:
         ms = [int(v) for v in args.ms.split(",")]
     dev = "cuda"
+    from bie_backend_cuda import dynamic as cd
+
+    def save():
+        # after every row: a run cut short by a time limit keeps what it measured
+        epilogue = ("eager passes (torch.compile failed: " + cd._state["failed"] + ")" if cd._state.get("failed")
+                    else "torch.compile")
+        meta = run_meta(epilogue=epilogue, rounds=args.rounds, roofline_tbs=ROOFLINE_TBS,
+                        backend=args.backend or "all")
+        write_json(args.out, meta, rows)
+        return meta
     warm_gpu(2.0)
     rows = []
     print(f"{'K x N':>12} {'M':>5} {'kernel':>24} {'bie us':>9} {'bf16 us':>9} {'int_mm+q us':>12} "
@@ -117,14 +127,10 @@ def main() -> None:
             print(f"{k:>5}x{n:<6} {m:>5} {kernel.split(':')[-1]:>24} {med['bie']:9.1f} {med['bf16']:9.1f} "
                   f"{med['int_mm+q']:12.1f} {med.get('bie_int_mm', float('nan')):13.1f} "
                   f"{ratios['bf16_over_bie']:8.2f}x {ratios['int_mm+q_over_bie']:11.2f}x {roofline:8.0%}", flush=True)
+            save()
         del ws_list, w8_list, wb_list
         torch.cuda.empty_cache()
-    from bie_backend_cuda import dynamic as cd
-    epilogue = ("eager passes (torch.compile failed: " + cd._state["failed"] + ")" if cd._state.get("failed")
-                else "torch.compile")
-    meta = run_meta(epilogue=epilogue, rounds=args.rounds, roofline_tbs=ROOFLINE_TBS, backend=args.backend or "all")
-    write_json(args.out, meta, rows)
-    print(json.dumps(meta))
+    print(json.dumps(save()))
 
 if __name__ == "__main__":
     main()

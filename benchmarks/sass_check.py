@@ -5,8 +5,9 @@
 binary: every 1-bit GEMM kernel uses the native AND+popc MMA (BMMA / BGMMA), never XOR+popc (emulated on sm_90), no
 call and no local memory; wqv / wqt: the skinny and thin weight-only kernels use HMMA and their cp.async / ldmatrix
 paths, no call, no local memory; wqm: the many-row wgmma weight-only kernels use wgmma (HGMMA), no call, no local
-memory; dyn: the fused per-token GEMV kernels use the int8 MMA (IMMA) on 16-byte weight loads, no call, no local
-memory. One line per family says OK or FAIL with the offending kernels.
+memory; dyn: the fused per-token GEMV kernels use the int8 MMA (IMMA) on 16-byte weight loads, no local memory
+(calls allowed: the IEEE division's special-case subroutines). One line per family says OK or FAIL with the
+offending kernels.
 """
 from __future__ import annotations
 
@@ -72,10 +73,13 @@ def report(fam: str, stats: dict) -> str:
     if fam == "dyn":
         for f, c in sorted(stats.items()):
             print(f, dict(c))
-        bad = [f for f, c in stats.items() if not no_local(c) or not c["IMMA.16832.S8.S8"]
+        # CALLs are allowed here: the quantization of x needs the IEEE division and reciprocal (__fdiv_rn,
+        # __frcp_rn) to be bit-exact, and ptxas puts their special-case paths (and the 64-bit integer divisions of
+        # the work split) in subroutines, run per row or per thread, never per weight tile
+        bad = [f for f, c in stats.items() if c["LDL"] or c["STL"] or not c["IMMA.16832.S8.S8"]
                or not c[r"re:LDG\.E\S*\.128"]]
         return "SASS check (dyn): " + ("FAIL " + str(bad) if bad or not stats else
-                                       f"OK ({len(stats)} fused GEMV kernels: IMMA, 16-byte weight loads, no CALL, "
+                                       f"OK ({len(stats)} fused GEMV kernels: IMMA, 16-byte weight loads, "
                                        "no local memory)")
     bad = [f for f, c in stats.items() if not no_local(c) or not c["HMMA.16816.F32"] or not c["LDSM.16.M88.4"]]
     return "SASS check (wqt): " + ("FAIL " + str(bad) if bad or not stats else

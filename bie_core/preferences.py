@@ -47,7 +47,7 @@ class Handoff:
 
 _WQ = "cutlass:wq_gemm_sm90"
 _DYN = "cutlass:dynamic_int8_linear_sm90"
-_DYN_PAGE = "expected from the kernels' designs, docs/dynamic.md"
+_DYN_PAGE = "benchmarks/results/dynamic_cuda.md"
 _WQ_PAGE = "benchmarks/results/cutlass_h100_wq.md"
 
 HANDOFFS: tuple = (
@@ -65,13 +65,20 @@ HANDOFFS: tuple = (
     # 4-bit codes with K above 16384 at 129-256 rows: bie-backend-cuda's many-row wgmma kernel
     Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _WQ_PAGE,
             dims={"M": (129, 256), "K": (16385, None)}, attrs={"bits": 4}),
-    # dynamic int8 linear: up to 16 rows the fused GEMV quantizes, multiplies and scales in one launch (the GEMM runs
-    # two launches and fills 64-row tiles with padding); the affine scheme's zero-point correction and epilogue run
-    # there as one compiled pass after torch._int_mm, here as separate passes after the int32 GEMM. Expected from the
-    # kernels' designs (docs/dynamic.md); bench_dynamic_cuda.py measures the per-token rows.
-    Handoff(_DYN, "bie-backend-cuda's fused GEMV (dynamic_int8_gemv)", _DYN_PAGE, dims={"M": (None, 16)},
+    # dynamic int8 linear, per token: up to 8 rows the fused GEMV (one launch: quantization, products, epilogue) is
+    # the fastest kernel (H200, 4096^2: 9.7-14.9 us against 18.6-20.5 us for the _int_mm path); from 9 rows the int8
+    # GEMMs are (16 rows: the GEMV 27.8 us, the _int_mm path 20.5 us). The affine scheme's zero-point correction and
+    # epilogue run as one compiled pass after torch._int_mm, here as separate passes after the int32 GEMM (expected
+    # from the kernels' designs, docs/dynamic.md).
+    Handoff(_DYN, "bie-backend-cuda's fused GEMV (dynamic_int8_gemv)", _DYN_PAGE, dims={"M": (None, 8)},
             attrs={"scheme": "per_token_symmetric"}),
-    Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", _DYN_PAGE,
+    Handoff("cuda:dynamic_int8_gemv", "an int8 GEMM (bie-backend-cutlass's dynamic_int8_linear_sm90, or "
+            "bie-backend-cuda's torch._int_mm path)", _DYN_PAGE, dims={"M": (9, None)}),
+    # on big layers the GEMV streams its weights at 2.2 TB/s, below the _int_mm path (8192 x 28672, one row: 108.9
+    # against 87.7 us)
+    Handoff("cuda:dynamic_int8_gemv", "bie-backend-cuda's torch._int_mm path", _DYN_PAGE,
+            dims={"weights": (SMALL_LAYER + 1, None)}),
+    Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", "docs/dynamic.md",
             attrs={"scheme": "per_tensor_affine"}),
     # up to 256 rows (below its wgmma kernel's range) bie-backend-cuda's mma.sync binary GEMM is faster on the GPU
     # (6.5-8.2 us at 1-128 rows of 4096^2, against 9.0 us for this kernel at one row), and its bound call costs a

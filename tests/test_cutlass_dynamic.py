@@ -140,8 +140,8 @@ def test_registered_with_its_bind_and_range():
     def defers(m, scheme):
         return cap.defer(Problem(op="dynamic_int8_linear", device_type="cuda", dtype=torch.bfloat16,
                                  dims={"M": m, "N": 4096, "K": 4096}, attrs={"scheme": scheme}))
-    # up to 16 rows per token: bie-backend-cuda's fused GEMV; the affine scheme: its _int_mm path
-    assert defers(1, SCHEME) and defers(16, SCHEME) and not defers(17, SCHEME) and not defers(2048, SCHEME)
+    # up to 8 rows per token: bie-backend-cuda's fused GEMV; the affine scheme: its _int_mm path
+    assert defers(1, SCHEME) and defers(8, SCHEME) and not defers(9, SCHEME) and not defers(2048, SCHEME)
     assert defers(2048, "per_tensor_affine")
     for src in integer.EXTENSION.sources:
         if src.startswith("integer_dyn_"):
@@ -210,7 +210,7 @@ def test_strided_and_misaligned_x(dtype):
 
 @needs_sm90
 def test_dispatch_picks_the_kernel_in_range():
-    """Automatic selection: per token from 17 rows this kernel (priority above bie-backend-cuda's); up to 16 rows and
+    """Automatic selection: per token from 9 rows this kernel (priority above bie-backend-cuda's); up to 8 rows and
     the affine scheme it defers to bie-backend-cuda's kernels where that backend is installed. Chosen by name
     (backend="cutlass") it serves every call, bit-exact."""
     import bie_core
@@ -218,7 +218,7 @@ def test_dispatch_picks_the_kernel_in_range():
     cuda = importlib.util.find_spec("bie_backend_cuda") is not None
     g = torch.Generator().manual_seed(34)
     _, w, ws, _ = _case(g, 1, 64, 256, torch.float32, device="cuda")
-    for m, scheme, rr, here in ((1, SCHEME, False, not cuda), (16, SCHEME, False, not cuda), (17, SCHEME, False, True),
+    for m, scheme, rr, here in ((1, SCHEME, False, not cuda), (8, SCHEME, False, not cuda), (9, SCHEME, False, True),
                                 (64, SCHEME, False, True), (4097, SCHEME, False, True),
                                 (300, "per_tensor_affine", False, not cuda), (5, "per_tensor_affine", True, not cuda)):
         x = torch.randn(m, 256, device="cuda")

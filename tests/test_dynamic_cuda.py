@@ -199,8 +199,9 @@ def test_dispatch_picks_the_gemv_in_range():
     ws = torch.rand(64, device="cuda") * 0.01 + 1e-3
     with bie_core.use_backend("cuda"):
         for m, scheme, rr, want in ((1, "per_token_symmetric", False, "cuda:dynamic_int8_gemv"),
-                                    (16, "per_token_symmetric", False, "cuda:dynamic_int8_gemv"),
-                                    (17, "per_token_symmetric", False, "cuda:dynamic_int8_linear_int_mm"),
+                                    (8, "per_token_symmetric", False, "cuda:dynamic_int8_gemv"),
+                                    (9, "per_token_symmetric", False, "cuda:dynamic_int8_linear_int_mm"),
+                                    (16, "per_token_symmetric", False, "cuda:dynamic_int8_linear_int_mm"),
                                     (2, "per_tensor_affine", True, "cuda:dynamic_int8_linear_int_mm"),
                                     (4, "per_tensor_affine", False, "cuda:dynamic_int8_linear_int_mm")):
             x = torch.randn(m, 256, device="cuda")
@@ -211,6 +212,11 @@ def test_dispatch_picks_the_gemv_in_range():
         e = bie_core.explain(ops.dynamic_int8_linear, torch.randn(1, 60000, device="cuda"), w2, ws, None,
                              "per_token_symmetric", False)
         assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_linear_int_mm", str(e)
+    # chosen by name, the GEMV serves all the rows it can (up to 16)
+    x = torch.randn(16, 256, device="cuda")
+    e = bie_core.explain(ops.dynamic_int8_linear, x, w, ws, None, "per_token_symmetric", False,
+                         backend="cuda:dynamic_int8_gemv")
+    assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_gemv", str(e)
 
 
 def test_gemv_bound_call_equals_the_kernel(cuda_dynamic):
@@ -219,11 +225,11 @@ def test_gemv_bound_call_equals_the_kernel(cuda_dynamic):
     for m, dtype, with_bias in ((1, torch.bfloat16, True), (7, torch.float16, False), (16, torch.float32, True)):
         x, w, ws, b = _gemv_case(g, m, 300, 512, dtype, with_bias=with_bias)
         args = (x.cuda(), w.cuda(), ws.cuda(), None if b is None else b.cuda(), "per_token_symmetric", False)
-        r = dispatch.resolve(ops.dynamic_int8_linear, *args, backend="cuda")
+        r = dispatch.resolve(ops.dynamic_int8_linear, *args, backend="cuda:dynamic_int8_gemv")
         assert r.kernel.name == "dynamic_int8_gemv"
         bound = r(*args)
         _exact(bound, cuda_dynamic.dynamic_int8_gemv(*args).cpu())
-        _exact(ops.dynamic_int8_linear(*args, backend="cuda"), bound.cpu())
+        _exact(ops.dynamic_int8_linear(*args, backend="cuda:dynamic_int8_gemv"), bound.cpu())
 
 
 def test_layer_decode_uses_the_gemv():

@@ -15,7 +15,8 @@ exact int32 accumulation), and the scale epilogue.
   through ``torch.compile`` (Inductor) when it works here, else eager in-place passes (same values up to
   a possibly fused multiply-add: within the op's float32 tolerance).
 
-Per-token activations and at most 16 rows (decode) go to one fused kernel instead (csrc/dynamic_gemv.cu,
+Per-token activations and at most 8 rows (decode; the kernel serves 16, but from 9 rows the GEMMs were measured
+faster: bie_core/preferences.py) go to one fused kernel instead (csrc/dynamic_gemv.cu,
 :func:`dynamic_int8_gemv`): quantization of x, int8 tensor-core products on a fragment-ordered copy of the
 weight (:func:`prepare_gemv`) and the epilogue in one launch, bit-exact with the reference.
 """

@@ -11,7 +11,7 @@ import torch
 
 from bie_core.backend_api import FLOAT_DTYPES as FLOATS
 from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
-from bie_core.backend_api import DYNAMIC_MAX_K, Capability, conv_out_size, has_op, hookimpl
+from bie_core.backend_api import DYNAMIC_MAX_K, Capability, conv_out_size, handoff, has_op, hookimpl
 
 from . import _build, binary, integer, weight_only
 
@@ -130,7 +130,7 @@ def bie_register_kernels(registry):
                                                 attrs={"scheme": ("per_token_symmetric",)},
                                                 min_dims={"M": 1, "N": 1, "K": 1},
                                                 max_dims={"M": dynamic.GEMV_MAX_M, "K": DYNAMIC_MAX_K},
-                                                check=dynamic.check_gemv),
+                                                check=dynamic.check_gemv, defer=handoff("cuda:dynamic_int8_gemv")),
                           description="fused per-token GEMV, one launch: x quantized per row in every block, int8 "
                                       "mma.m16n8k32 on fragment-ordered weights streamed by 16-byte loads, split-K "
                                       "over warps with exact int32 sums, the reference's epilogue; 1-16 rows")
