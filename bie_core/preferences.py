@@ -80,9 +80,10 @@ HANDOFFS: tuple = (
             dims={"weights": (SMALL_LAYER + 1, None)}),
     Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", "docs/dynamic.md",
             attrs={"scheme": "per_tensor_affine"}),
-    # up to 256 rows (below its wgmma kernel's range) bie-backend-cuda's mma.sync binary GEMM is faster on the GPU
-    # (6.5-8.2 us at 1-128 rows of 4096^2, against 9.0 us for this kernel at one row), and its bound call costs a
-    # sixth of this kernel's host time per eager call (bench_host.py)
+    # up to 256 rows an eager call is bound by host time, where bie-backend-cuda's bound call cost 29-32 us against
+    # 169 us for this kernel's unbound call (bench_host.py, 64x64 layer); on the GPU alone this kernel is 1.5-4.6 us
+    # faster there (4096^2, graph replay). This kernel's own bound call (bind_binary_linear) is not yet timed: the
+    # row stays until it is.
     Handoff("cutlass:binary_linear", "bie-backend-cuda's binary_linear_tc", "benchmarks/results/gpu_h200_tables.md",
             dims={"M": (None, 256)}),
     # the direct conv reads each window straight from packed sign words, without an im2col buffer

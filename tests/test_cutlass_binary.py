@@ -220,6 +220,54 @@ def test_binary_linear(m, n, k):
 
 
 @needs_kernels
+@pytest.mark.parametrize("m,n,k", [(1, 64, 4096), (7, 33, 130), (257, 96, 512), (300, 130, 4100), (512, 256, 1024)])
+def test_bound_binary_linear_equals_the_kernel(m, n, k):
+    """bind_binary_linear (the layers' eager call) fixes the layout, the shift, the epilogue vectors and the tuned
+    tile once, then launches the packing and the GEMM on fresh buffers: bit-exact with binary_linear, on new
+    inputs of the bound signature."""
+    from bie_backend_cutlass import binary as cb
+    gen = torch.Generator().manual_seed(m * 7 + n + k)
+    w = _bits((n, (k + 7) // 8), k, gen)
+    for i, dt in enumerate(FLOATS):
+        shift = (torch.randn(k, generator=gen) * 0.3).to("cuda", dt) if i != 1 else None
+        sa = (torch.rand((), generator=gen) + 0.1).to("cuda", dt)
+        sw = (torch.rand((n,) if i != 2 else (), generator=gen) + 0.1).cuda()
+        bias = torch.randn(n, generator=gen).to("cuda", dt) if i != 0 else None
+        x0 = torch.randn((m, k), generator=gen).to("cuda", dt)
+        prepared = cb.prepare_weight(w)
+        call = cb.bind_binary_linear(x0, shift, w, k, sa, sw, bias, dt, prepared)
+        assert call is not None and call.input_only
+        for _ in range(2):
+            x = torch.randn((m, k), generator=gen).to("cuda", dt)
+            _same(call(x), cb.binary_linear(x, shift, w, k, sa, sw, bias, dt, prepared), f"{dt} bound")
+    empty = torch.empty((0, 64), device="cuda")
+    assert cb.bind_binary_linear(empty, None, w[:, :8], 64, None, None, None, torch.float32) is None
+
+
+@needs_kernels
+def test_binary_layer_eager_inference_on_cutlass_matches_the_full_path():
+    """A BinaryLinear layer bound to this backend's binary_linear (300 rows: not handed to bie-backend-cuda) gives
+    the full path's output, and explain names the kernel."""
+    import bie_core
+    from bie_core import BinaryLinear
+    torch.manual_seed(3)
+    layer = BinaryLinear(512, 96, bias=True, backend="cutlass").to(device="cuda", dtype=torch.bfloat16).eval()
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.3)
+        layer(x[:4])   # sets the activation scale
+    layer.pack()
+    with torch.no_grad():
+        full = layer._forward(x)
+    for _ in range(3):
+        with torch.inference_mode():
+            assert torch.equal(layer(x), full)
+    with torch.inference_mode():
+        e = bie_core.explain(layer, x)
+    assert e.chosen()["binary_linear"] == "cutlass:binary_linear", str(e)
+
+
+@needs_kernels
 def test_binary_linear_packing_spans_and_tails():
     """The packing kernel reads whole 1024-value spans of a row coalesced (one warp each, words assembled from
     other lanes' loads) and the rest word by word: every float dtype contiguous, with and without a shift, K of

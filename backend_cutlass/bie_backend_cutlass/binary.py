@@ -321,6 +321,43 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
     return out
 
 
+def bind_binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """The layers' eager inference call of ``binary_linear`` for one input signature (the dispatcher's ``bind``; the
+    layer rebinds when the signature, the preference or a weight changes: bie_core/layers/_lean.py). The weight's
+    layout, the shift in x's dtype, the epilogue vectors, the GEMM's geometry and the tile configuration the tuner
+    chose are fixed here, by running the kernel once; a call is then two launches through the family's ops (the
+    sign packing with the row popcounts, the GEMM) on fresh buffers, the same arithmetic as ``binary_linear``.
+    None (``binary_linear`` serves) for an empty problem."""
+    if x.dim() != 2 or x.dtype not in FLOATS or x.shape[0] == 0 or w.shape[0] == 0:
+        return None
+    m, n = x.shape[0], w.shape[0]
+    out = binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared)   # tunes, builds layouts
+    name = LAST_CONFIG[0]
+    wb, wterm, ldb = (prepared if prepared is not None else prepare_weight(w)).gemm(k)
+    kp = kpad(k)
+    sh = None if shift is None else shift.reshape(-1).to(x.dtype)
+    s1, s2, vb = _vec(act_scale), _vec(w_scale), _vec(bias)
+    geo = [m, n, kp, 1, kp, ldb, 0, 0, 0, 0, 0, 0, 0, 0, n, 0, 0]
+    odt, dev = out.dtype, x.device
+    ops = _ops()
+    if name in WG_CONFIGS:
+        gemm, cfg = ops.wgemm, WG_CONFIGS.index(name)
+        s1, s2, vb = _f32(s1), _f32(s2), _f32(vb)     # what the wgmma epilogue reads (as _run_gemm passes)
+    else:
+        gemm, cfg = ops.gemm, CONFIGS.index(name)
+    pack, i32 = ops.pack_act, torch.int32
+
+    def call(x, *_):
+        words = torch.empty((m, kp // 32), dtype=i32, device=dev)
+        aterm = torch.empty(m, dtype=i32, device=dev)
+        y = torch.empty((m, n), dtype=odt, device=dev)
+        pack(x, sh, words, aterm, k)
+        gemm(words, wb, aterm, wterm, s1, s2, vb, y, geo, cfg)
+        return y
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    return call
+
+
 def binary_bmm(a, b, k, scale, out_dtype, *, tile=None):
     _check_tile(tile)
     bs, m, _ = a.shape
@@ -416,7 +453,7 @@ def register(registry, priority: int) -> None:
         registry.register("binary_linear", binary_linear, priority=priority, name="binary_linear",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC,
                                                 check=_gemm_check, defer=handoff("cutlass:binary_linear")),
-                          prepare=prepare_weight, unprepare=unprepare_weight,
+                          prepare=prepare_weight, unprepare=unprepare_weight, bind=bind_binary_linear,
                           description="one kernel packs sgn(x + shift) and popc(x) per row, then the CUTLASS "
                                       "1-bit GEMM with scale = sa*sw, bias and dtype in the epilogue")
     registry.register("binary_bmm", binary_bmm, priority=priority, name="binary_bmm",
