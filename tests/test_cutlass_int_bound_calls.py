@@ -75,10 +75,23 @@ class _Extension:
         codes = F.pad(codes, (0, kp - codes.shape[1]))
         return self.gemm(codes.unsqueeze(0), b3, s, 0, bb, 0, out_dtype, b3.shape[1], config)[0, :, :n].contiguous()
 
-    def conv(self, x, act_scale, bits, shift, w, o, kh, kw, sh, sw, ph, pw, dh, dw, s, sb, bb, bbs, out_dtype, config):
+    def iconv(self, x, w, kh, kw, sh, sw, ph, pw, dh, dw, s, bb, out_dtype, config):
+        """The implicit-GEMM conv: NHWC codes, one group, channels a multiple of 16 -> (N, Ho, Wo, Np)."""
+        self.calls.append(("iconv", config))
+        n, h, wd, c = x.shape
+        assert x.dtype == torch.int8 and c % 16 == 0 and w.shape[0] == 1 and w.shape[2] == kh * kw * c
+        ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        cols = self.im2col(x, 1, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, w.shape[2])
+        return self.gemm(cols, w, s, 0, bb, 0, out_dtype, w.shape[1], 0)[0].reshape(n, ho, wo, w.shape[1])
+
+    def conv(self, x, act_scale, bits, shift, w, o, kh, kw, sh, sw, ph, pw, dh, dw, s, sb, bb, bbs, out_dtype, config,
+             conv_config):
         self.calls.append("conv")
         nhwc = x.permute(0, 2, 3, 1).contiguous()
         codes = nhwc if act_scale is None else self.quantize(nhwc, act_scale, 1, bits, shift, None)
+        if conv_config >= 0 and w.shape[0] == 1 and codes.shape[3] % 16 == 0:
+            d = self.iconv(codes, w, kh, kw, sh, sw, ph, pw, dh, dw, s, bb, out_dtype, conv_config)
+            return d[..., :o].permute(0, 3, 1, 2).contiguous()
         n, h, wd, _ = nhwc.shape
         g = w.shape[0]
         ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -97,6 +110,7 @@ def stand_in(monkeypatch):
     def choose(op, bucket, candidates, device=None):   # the last candidate: a configuration other than the default
         return candidates[-1][0]
     monkeypatch.setattr(tuning, "choose", choose)
+    monkeypatch.setattr(tuning, "sm_count", lambda device=None: 132)
     return ext
 
 
@@ -218,6 +232,9 @@ def test_bound_int_conv2d_and_fused_conv(stand_in, n, c, h, w, o, ks, st, pd, dl
     xl = x.to(memory_format=torch.channels_last)
     assert torch.equal(fused(xl), want)
     assert call.fuse_quantized_input(quant, sa, 8, torch.zeros(c + 1), scale, bv) is None
+    # one group with channels a multiple of 16: the implicit-GEMM conv, with the configuration tuned at bind
+    implicit = [cl for cl in stand_in.calls if isinstance(cl, tuple) and cl[0] == "iconv"]
+    assert bool(implicit) == (g == 1 and c % 16 == 0)
 
 
 @pytest.fixture

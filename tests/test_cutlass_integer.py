@@ -175,6 +175,98 @@ def test_int_conv2d(bits, geom):
            None)
 
 
+IMPLICIT_CONV = [  # n, c, h, w, o, k, stride, padding, dilation: one group, c % 16 == 0
+    (2, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1)),     # ResNet 3x3
+    (3, 32, 9, 11, 48, (3, 3), (2, 2), (1, 1), (1, 1)),      # stride 2, odd sizes
+    (2, 16, 8, 8, 20, (1, 1), (1, 1), (0, 0), (1, 1)),       # 1x1, output channels padded to 24
+    (2, 48, 10, 10, 32, (1, 1), (2, 2), (0, 0), (1, 1)),     # 1x1 shortcut, stride 2
+    (1, 16, 12, 12, 16, (3, 3), (1, 1), (2, 2), (2, 2)),     # dilation 2
+    (2, 32, 7, 9, 40, (5, 3), (1, 2), (2, 0), (1, 1)),       # 5x3, asymmetric padding and stride
+    (1, 16, 3, 3, 8, (3, 3), (1, 1), (0, 0), (1, 1)),        # one output pixel
+    (65, 16, 4, 4, 136, (3, 3), (1, 1), (1, 1), (1, 1)),     # several tiles of both dims
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("geom", IMPLICIT_CONV)
+def test_implicit_gemm_conv_equals_the_im2col_path(geom, monkeypatch):
+    """One group with channels a multiple of 16 runs the implicit-GEMM conv (no patch matrix): bit-identical to
+    the im2col path (the same integer sums and the same epilogue) and exact against the reference for int32
+    counts, for every output dtype, per-channel and scalar scales, with and without bias, NCHW and channels_last
+    input; the bound call (with and without the fused activation quantization) takes the same path."""
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    n, c, h, w_, o, ks, st, pd, dl = geom
+    gen = torch.Generator().manual_seed(n * c + o)
+    x = _codes((n, c, h, w_), 8, gen).cuda()
+    w = _codes((o, c) + ks, 8, gen).cuda()
+    args = (8, 8, list(st), list(pd), list(dl), 1)
+    prepared = integer.prepare_conv(w)
+    calls = []
+    real = integer._ops
+
+    class Spy:
+        def __getattr__(self, name):
+            f = getattr(real(), name)
+            if name != "iconv":
+                return f
+
+            def iconv(*a):
+                calls.append(a[-1])
+                return f(*a)
+            return iconv
+    monkeypatch.setattr(integer, "_ops", lambda: Spy())
+    cases = [(None, None, None), (torch.rand(o, generator=gen) * 0.01 + 1e-4, torch.randn(o, generator=gen),
+                                  torch.bfloat16),
+             (torch.tensor(0.003), None, torch.float32), (torch.rand(o, generator=gen) + 0.1, None, torch.float16)]
+    for scale, bias, dt in cases:
+        sc, bc = _cuda(scale), _cuda(bias)
+        calls.clear()
+        got = integer.int_conv2d(x, w, *args, sc, bc, dt, prepared=prepared)
+        assert calls, "the implicit GEMM did not run"
+        got_cl = integer.int_conv2d(x.to(memory_format=torch.channels_last), w, *args, sc, bc, dt, prepared=prepared)
+        with monkeypatch.context() as m:
+            m.setattr(integer, "_implicit_fits", lambda *a: False)
+            im2col = integer.int_conv2d(x, w, *args, sc, bc, dt, prepared=prepared)
+        assert got.is_contiguous() and torch.equal(got, im2col) and torch.equal(got_cl, im2col), (dt, geom)
+        if dt is None:
+            assert torch.equal(got.cpu(), ref.int_conv2d(x.cpu(), w.cpu(), *args, None, None, None))
+        call = integer.bind_int_conv2d(x, w, *args, sc, bc, dt, prepared=prepared)
+        assert torch.equal(call(x, w, *args, sc, bc, dt), im2col)
+    # the fused activation quantization in front of it: float x, one act scale, a channel shift
+    xf = torch.randn((n, c, h, w_), generator=gen).cuda()
+    sa, shift = torch.tensor(0.05, device="cuda"), torch.randn(c, generator=gen).cuda() * 0.1
+    xs = xf + shift.view(1, c, 1, 1)
+    q = integer.quantize_int(xs, sa, 8)
+    call = integer.bind_int_conv2d(q, w, *args, None, None, torch.bfloat16, prepared=prepared)
+    fused = call.fuse_quantized_input(integer.bind_quantize_int(xs, sa, 8), sa, 8, shift, None, None)
+    assert fused is not None
+    assert torch.equal(fused(xf), integer.int_conv2d(q, w, *args, None, None, torch.bfloat16, prepared=prepared))
+
+
+@needs_sm90
+def test_implicit_gemm_conv_leaves_other_shapes_to_im2col(monkeypatch):
+    """Grouped convs and channel counts that are not a multiple of 16 run the im2col path."""
+    from bie_backend_cutlass import integer
+    calls = []
+    real = integer._ops
+
+    class Spy:
+        def __getattr__(self, name):
+            if name == "iconv":
+                calls.append(name)
+            return getattr(real(), name)
+    monkeypatch.setattr(integer, "_ops", lambda: Spy())
+    gen = torch.Generator().manual_seed(9)
+    ref = _ref()
+    for (n, c, h, w_, o, g) in ((2, 24, 6, 6, 16, 1), (2, 32, 6, 6, 32, 2)):
+        x, w = _codes((n, c, h, w_), 8, gen), _codes((o, c // g, 3, 3), 8, gen)
+        args = (8, 8, [1, 1], [1, 1], [1, 1], g)
+        got = integer.int_conv2d(x.cuda(), w.cuda(), *args, None, None, None)
+        assert torch.equal(got.cpu(), ref.int_conv2d(x, w, *args, None, None, None))
+    assert not calls
+
+
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bits", [4, 8])

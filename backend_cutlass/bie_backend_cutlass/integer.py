@@ -13,7 +13,11 @@ emulated there, about 40x slower than wgmma s8).
   codes (N, K); the per-output-channel vector runs along the columns of C.
 * ``int_bmm``: the same kernel with a batch mode (L = B).
 * ``int_conv2d``: the NCHW input is read as the NCHW tensor it is (a channels_last
-  one as is, other layouts through one NHWC copy); an int8 im2col kernel (zero
+  one as is, other layouts through one NHWC copy). With one group and channels a
+  multiple of 16, an implicit-GEMM conv (``csrc/integer_conv_sm90.cuh``: TMA's
+  im2col mode gathers each tap's window from the NHWC codes, no patch matrix) with
+  the same epilogue; otherwise (and for geometries CUTLASS's TMA im2col limits
+  refuse) an int8 im2col kernel (zero
   padding, stride, dilation, groups) writes the (G, N*Ho*Wo, K) patch matrix in
   (kh, kw, c) order with 16-byte channel runs, the GEMM runs batched over
   groups against the (G, O/G, K) weight prepared in the same order, and the
@@ -47,9 +51,12 @@ _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p6
 #: the GEMM of dynamic_int8_linear (per-token row scales in the epilogue: dynamic.py)
 _DYN_SOURCES = tuple(f"integer_dyn_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                      for out in ("f32", "bf16", "f16"))
+#: the implicit-GEMM convolution (one group, channels a multiple of 16: csrc/integer_conv_sm90.cuh)
+_CONV_SOURCES = tuple(f"integer_conv_{cfg}_{out}.cu" for cfg in ("t128x128", "t64x128")
+                      for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
                       sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES
-                      + _DYN_SOURCES,
+                      + _DYN_SOURCES + _CONV_SOURCES,
                       python_module=True)
 
 #: Tile configurations, in the order of ``kNumConfigs`` in csrc/integer_kernels.cu.
@@ -57,6 +64,9 @@ EXTENSION = Extension(family="integer",
 #: p64x128: 64x128x128 tile, no cluster, ping-pong (two consumer warpgroups alternate tiles);
 #: c128x128: 128x128x128 tile, no cluster, cooperative (mid-size problems, narrow N).
 CONFIGS = ("c128x256", "p64x128", "c128x128")
+#: Configurations of the implicit-GEMM convolution, in the order of ``kNumConvConfigs`` (csrc/integer_kernels.cu):
+#: output pixels x output channels per CTA (128 input channels a step, one consumer warpgroup, no cluster).
+CONV_CONFIGS = ("t128x128", "t64x128")
 SM90 = ((9, 0), (9, 0))
 #: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
 MAX_K = (2 ** 31 - 1) // (128 * 128)
@@ -207,6 +217,51 @@ def prepare_conv(w, groups=1):
     return _conv_weight(w, groups)
 
 
+def _implicit_fits(c: int, kh: int, kw: int, groups: int, wp) -> bool:
+    """Whether the implicit-GEMM conv takes the call's shapes: one group, channels a multiple of 16 (16-byte TMA
+    units of int8 codes), so that the prepared weight's K is kh * kw * C with no padding."""
+    return groups == 1 and c % 16 == 0 and c > 0 and wp.shape[2] == kh * kw * c
+
+
+#: geometries CUTLASS's implicit GEMM turned down (TMA im2col limits): they go to the im2col path without asking again
+_IMPLICIT_REFUSED: set = set()
+
+
+def _implicit_conv(x_nhwc, wp, kh, kw, stride, padding, dilation, s, bb, out_dtype):
+    """The (N, Ho, Wo, Np) output of the implicit-GEMM conv of NHWC codes against the prepared (1, Np, Kp) weight,
+    with the configuration the tuner picks per problem bucket; None where CUTLASS cannot implement the geometry."""
+    geom = (kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1])
+    key = (tuple(x_nhwc.shape), tuple(wp.shape)) + geom
+    if key in _IMPLICIT_REFUSED:
+        return None
+    ops = _ops()
+    try:
+        cfg = _conv_config(x_nhwc, wp, geom, s, bb, out_dtype)
+        return ops.iconv(x_nhwc, wp, *geom, s, bb, out_dtype, cfg)
+    except RuntimeError as exc:
+        if "cannot implement" not in str(exc):
+            raise
+        _IMPLICIT_REFUSED.add(key)
+        return None
+
+
+def _conv_config(x_nhwc, wp, geom, s, bb, out_dtype) -> int:
+    """The implicit-GEMM conv's configuration (index into CONV_CONFIGS): chosen per problem bucket by the tuner
+    (timed once, cached on disk); the untimed default fills the GPU with 128-pixel tiles where there are enough."""
+    n, h, w, c = x_nhwc.shape
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    ho, wo = _conv_out(h, kh, sh, ph, dh), _conv_out(w, kw, sw, pw, dw)
+    m, np_ = n * ho * wo, wp.shape[1]
+    tiles = -(-m // 128) * -(-np_ // 128)
+    names = list(CONV_CONFIGS) if tiles >= tuning.sm_count(x_nhwc.device) else list(reversed(CONV_CONFIGS))
+    ops = _ops()
+    cands = [(nm, (lambda c=CONV_CONFIGS.index(nm): ops.iconv(x_nhwc, wp, *geom, s, bb, out_dtype, c)))
+             for nm in names]
+    bucket = (f"{str(out_dtype).replace('torch.', '')}/M{_bucket(m)}/N{_bucket(np_)}/C{_bucket(c)}/k{kh}x{kw}"
+              f"/s{sh}x{sw}/v{int(s is not None and s.numel() > 1)}")
+    return CONV_CONFIGS.index(tuning.choose("int_conv2d_sm90", bucket, cands, device=x_nhwc.device))
+
+
 def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype, prepared=None):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -221,6 +276,12 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     if tuple(wp.shape) != (g, _n8(og), kp):
         raise ValueError(f"bie-backend-cutlass int_conv2d: prepared weight {tuple(wp.shape)} does not fit w {tuple(w.shape)}")
     x_nhwc = x.detach().permute(0, 2, 3, 1).contiguous()       # free for channels_last input
+    if _implicit_fits(c, kh, kw, g, wp):
+        s, _ = _vec(scale, 1, og, wp.shape[1])
+        bb, _ = _vec(bias, 1, og, wp.shape[1], scalar_ok=False)
+        d = _implicit_conv(x_nhwc, wp, kh, kw, stride, padding, dilation, s, bb, out_dtype)
+        if d is not None:                                        # (N, Ho, Wo, Np): no patch matrix written
+            return d[..., :og].permute(0, 3, 1, 2).contiguous()
     cols = _ops().im2col(x_nhwc, g, kh, kw, stride[0], stride[1], padding[0], padding[1],
                          dilation[0], dilation[1], ho, wo, kp)                       # (G, N*Ho*Wo, Kp)
     d = _gemm(cols, wp, og, scale, bias, out_dtype, groups=g)                         # (G, N*Ho*Wo, O/G)
@@ -401,8 +462,8 @@ def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
 def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype,
                     prepared=None):
     """``int_conv2d`` for one call signature: the prepared weight, the geometry and the tile configuration fixed
-    once, one call into the extension's Python module a call (``conv``: NHWC read, im2col, the GEMM batched over
-    groups, NCHW output); with the offer to run this extension's bound quantize_int, with the layer's channel
+    once, one call into the extension's Python module a call (``conv``: NHWC read, then the implicit-GEMM conv
+    where it serves, else im2col and the GEMM batched over groups; NCHW output); with the offer to run this extension's bound quantize_int, with the layer's channel
     shift, in the same call (``fuse_quantized_input``). None for an empty problem (``int_conv2d`` serves)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -417,13 +478,27 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
     geom = (o, kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1])
     epi = _Epilogue(g, og, prepared.shape[1])
     vecs = epi(scale, bias)
-    cols = _ops().im2col(x.detach().permute(0, 2, 3, 1).contiguous(), g, kh, kw, stride[0], stride[1], padding[0],
-                         padding[1], dilation[0], dilation[1], ho, wo, prepared.shape[2])
-    config = _config(cols, prepared, *vecs, out_dtype)
+    x_nhwc = x.detach().permute(0, 2, 3, 1).contiguous()
+    conv_config = -1   # the implicit GEMM's configuration where it serves, else the im2col path
+    if _implicit_fits(c, kh, kw, g, prepared):
+        igeom = geom[1:]
+        key = (tuple(x_nhwc.shape), tuple(prepared.shape)) + igeom
+        if key not in _IMPLICIT_REFUSED:
+            try:
+                conv_config = _conv_config(x_nhwc, prepared, igeom, vecs[0], vecs[2], out_dtype)
+            except RuntimeError as exc:
+                if "cannot implement" not in str(exc):
+                    raise
+                _IMPLICIT_REFUSED.add(key)
+    config = 0
+    if conv_config < 0:
+        cols = _ops().im2col(x_nhwc, g, kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0],
+                             dilation[1], ho, wo, prepared.shape[2])
+        config = _config(cols, prepared, *vecs, out_dtype)
     fn = _build.direct(EXTENSION).conv
 
     def call(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
-        return fn(x, None, 0, None, prepared, *geom, *epi(scale, bias), out_dtype, config)
+        return fn(x, None, 0, None, prepared, *geom, *epi(scale, bias), out_dtype, config, conv_config)
 
     def fuse_quantized_input(quant_call, act_scale, bits, channel_shift, scale, bias):
         """``f(x) = int_conv2d(quantize_int(x + channel_shift.view(1, C, 1, 1).to(x.dtype), act_scale, bits), w,
@@ -436,7 +511,7 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
         fixed = _vec(scale, g, og, prepared.shape[1]) + _vec(bias, g, og, prepared.shape[1], scalar_ok=False)
 
         def fused(x):
-            return fn(x, sa, bits, sh, prepared, *geom, *fixed, out_dtype, config)
+            return fn(x, sa, bits, sh, prepared, *geom, *fixed, out_dtype, config, conv_config)
         return fused
     call.fuse_quantized_input = fuse_quantized_input
     return call

@@ -41,4 +41,28 @@ std::string launch_gemm(typename Gemm::Arguments const& args, void* workspace, s
   return "";
 }
 
+// The same sequence for a CUTLASS 3.x convolution (ConvUniversalAdapter, which launches without the programmatic
+// dependent launch option). mode 0: only whether CUTLASS can implement args ("" if so); 1: only the workspace size
+// of args, into *ws; 2: launch on st.
+template <class Conv>
+std::string launch_conv(typename Conv::Arguments const& args, void* workspace, int mode, size_t* ws,
+                        cudaStream_t st) {
+  if (mode == 1) {
+    *ws = Conv::get_workspace_size(args);
+    return "";
+  }
+  Conv conv;
+  cutlass::Status s = conv.can_implement(args);
+  if (s != cutlass::Status::kSuccess)
+    return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
+  if (mode == 0) return "";
+  s = conv.initialize(args, workspace, st);
+  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
+  s = conv.run(st);
+  if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return std::string("CUDA error after the convolution launch: ") + cudaGetErrorString(e);
+  return "";
+}
+
 }  // namespace bie_cutlass

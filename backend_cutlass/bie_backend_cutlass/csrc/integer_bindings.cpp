@@ -415,15 +415,121 @@ at::Tensor dyn_linear(const at::Tensor& codes, const at::Tensor& row_scale_in, c
   return Np == n ? out : out.narrow(1, 0, n).contiguous();
 }
 
+// ------------------------------------------------------------------ implicit-GEMM convolution
+// Whether the implicit-GEMM conv (integer_conv_sm90.cuh) takes these operands: codes (N, H, W, C) int8 with C a
+// multiple of 16, channels contiguous, the other strides multiples of 16 (TMA's 16-byte units) and a 16-byte aligned
+// start; w the prepared (1, Np, Kp) weight whose K is exactly kh * kw * C (no K padding: KRSC rows).
+static bool iconv_fits(const at::Tensor& codes, const at::Tensor& w, int64_t kh, int64_t kw) {
+  if (codes.dim() != 4 || codes.scalar_type() != at::kChar || w.dim() != 3 || w.size(0) != 1) return false;
+  const int64_t C = codes.size(3);
+  if (C % 16 != 0 || C == 0 || codes.stride(3) != 1 || !aligned16(codes)) return false;
+  for (int i = 0; i < 3; ++i)
+    if (codes.stride(i) % 16 != 0) return false;
+  return w.scalar_type() == at::kChar && w.is_contiguous() && aligned16(w) && w.size(2) == kh * kw * C &&
+         w.size(1) % 8 == 0 && codes.numel() < INT_MAX;
+}
+
+// The implicit-GEMM conv of fitting operands (iconv_fits) into a new (N, Ho, Wo, Np) tensor; nullopt when CUTLASS
+// cannot implement the geometry (its TMA im2col limits on padding and filter extent), nothing launched then.
+// scale / bias: float32 with 1 (scale only) or >= Np values, as gemm takes them; out_dtype None: int32 counts.
+static c10::optional<at::Tensor> iconv_try(const at::Tensor& codes, const at::Tensor& w, int64_t kh, int64_t kw,
+                                           int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                                           const c10::optional<at::Tensor>& scale_in,
+                                           const c10::optional<at::Tensor>& bias_in,
+                                           c10::optional<at::ScalarType> out_dtype, int64_t config, const char* who) {
+  const int64_t N = codes.size(0), H = codes.size(1), W = codes.size(2), C = codes.size(3), Np = w.size(1);
+  const int64_t ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
+  TORCH_CHECK(ho > 0 && wo > 0 && N * ho * wo < INT_MAX && N * ho * wo * Np < (int64_t(1) << 40), who,
+              "output size out of range");
+  TORCH_CHECK(config >= 0 && config < kNumConvConfigs, who, "unknown conv config ", config);
+  const int code = out_code_of(out_dtype);
+  if (code == 0) {
+    TORCH_CHECK(!scale_in.has_value() && !bias_in.has_value(), who, "int32 output takes no scale/bias");
+  }
+  check_vec(scale_in, "scale", codes, Np, 1, 0, true);
+  check_vec(bias_in, "bias", codes, Np, 1, 0, false);
+  check_sm90(codes);
+  c10::optional<at::Tensor> scale, bias;
+  if (scale_in.has_value()) scale = aligned_vector(*scale_in);
+  if (bias_in.has_value()) bias = aligned_vector(*bias_in);
+  ConvArgs p;
+  p.x = static_cast<const int8_t*>(codes.data_ptr());
+  p.wt = static_cast<const int8_t*>(w.data_ptr());
+  p.n = static_cast<int>(N);
+  p.h = static_cast<int>(H);
+  p.w = static_cast<int>(W);
+  p.c = static_cast<int>(C);
+  p.k = static_cast<int>(Np);
+  p.r = static_cast<int>(kh);
+  p.s = static_cast<int>(kw);
+  p.x_stride_n = codes.stride(0);
+  p.x_stride_h = codes.stride(1);
+  p.x_stride_w = codes.stride(2);
+  p.pad_h = static_cast<int>(ph);
+  p.pad_w = static_cast<int>(pw);
+  p.stride_h = static_cast<int>(sh);
+  p.stride_w = static_cast<int>(sw);
+  p.dil_h = static_cast<int>(dh);
+  p.dil_w = static_cast<int>(dw);
+  if (scale.has_value()) {
+    p.scale = scale->data_ptr<float>();
+    p.scale_vec = scale->numel() > 1;
+  }
+  if (bias.has_value()) p.bias = bias->data_ptr<float>();
+  p.device = codes.get_device();
+  p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
+  ConvFn fn = conv_fn(static_cast<int>(config), code);
+  TORCH_CHECK(fn != nullptr, who, "no conv instantiation for config ", config, " out ", code);
+  if (!fn(p, 0, nullptr).empty()) return c10::nullopt;
+  const at::ScalarType odt = code == 0 ? at::kInt : *out_dtype;
+  at::Tensor out = at::empty({N, ho, wo, Np}, codes.options().dtype(odt));
+  p.d = out.data_ptr();
+  size_t ws = 0;
+  std::string err = fn(p, 1, &ws);
+  TORCH_CHECK(err.empty(), who, err);
+  at::Tensor workspace;
+  if (ws > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws)}, codes.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  err = fn(p, 2, nullptr);
+  TORCH_CHECK(err.empty(), who, err);
+  return out;
+}
+
+// The op: x (N, H, W, C) int8 codes (channels contiguous), w the prepared (1, Np, Kp) weight with Kp = kh * kw * C;
+// returns the (N, Ho, Wo, Np) output. Raises where the implicit GEMM does not serve (iconv_fits, or a geometry CUTLASS
+// cannot implement): integer.py then runs the im2col path.
+at::Tensor iconv(const at::Tensor& x, const at::Tensor& w, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                 int64_t ph, int64_t pw, int64_t dh, int64_t dw, const c10::optional<at::Tensor>& scale,
+                 const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, int64_t config) {
+  const char* who = "bie_cutlass_integer.iconv: ";
+  TORCH_CHECK(x.is_cuda() && w.is_cuda() && x.device() == w.device(), who, "x and w must be on one CUDA device");
+  TORCH_CHECK(kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0 && kh < 65536 &&
+                  kw < 65536 && sh < 65536 && sw < 65536 && dh < 65536 && dw < 65536 && ph < 65536 && pw < 65536,
+              who, "bad geometry");
+  TORCH_CHECK(x.dim() == 4 && x.size(0) > 0 && x.size(1) > 0 && x.size(2) > 0 && x.size(1) < INT_MAX &&
+                  x.size(2) < INT_MAX,
+              who, "x must be non-empty (N, H, W, C), got ", x.sizes());
+  TORCH_CHECK(iconv_fits(x, w, kh, kw), who, "operands the implicit GEMM does not take: x ", x.sizes(), " strides ",
+              x.strides(), ", w ", w.sizes(), " (C a multiple of 16, 16-byte rows, w's K = kh * kw * C)");
+  c10::cuda::CUDAGuard guard(x.device());
+  c10::optional<at::Tensor> out = iconv_try(x, w, kh, kw, sh, sw, ph, pw, dh, dw, scale, bias, out_dtype, config, who);
+  TORCH_CHECK(out.has_value(), who, "CUTLASS cannot implement this geometry");
+  return *out;
+}
+
 // The integer conv of one bound call: x (N, C, H, W) int8 codes (act_scale None), or float activations quantized
 // first with the channel shift (C values of x's dtype, added in x's dtype as the layer's x + shift does); read as
-// NHWC (free for a channels_last x), int8 im2col, the GEMM batched over groups against the prepared weight w
-// (G, Np, Kp) (integer.py prepare_conv), epilogue vectors as gemm takes them; returns (N, O, Ho, Wo) contiguous.
+// NHWC (free for a channels_last x); with conv_config >= 0 (an index into the conv configurations) the implicit
+// GEMM where it serves (one group, iconv_fits, a geometry CUTLASS implements), else an int8 im2col and the GEMM
+// (config) batched over groups against the prepared weight w (G, Np, Kp) (integer.py prepare_conv), epilogue
+// vectors as gemm takes them; returns (N, O, Ho, Wo) contiguous.
 at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
                 const c10::optional<at::Tensor>& channel_shift, const at::Tensor& w, int64_t o, int64_t kh, int64_t kw,
                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
                 const c10::optional<at::Tensor>& scale, int64_t scale_batch, const c10::optional<at::Tensor>& bias,
-                int64_t bias_batch, c10::optional<at::ScalarType> out_dtype, int64_t config) {
+                int64_t bias_batch, c10::optional<at::ScalarType> out_dtype, int64_t config, int64_t conv_config) {
   const char* who = "bie_cutlass_integer.conv: ";
   TORCH_CHECK(x.is_cuda() && x.dim() == 4, who, "x must be a 4-D CUDA tensor, got ", x.sizes());
   TORCH_CHECK(w.dim() == 3 && w.size(0) >= 1 && o > 0 && o % w.size(0) == 0 && w.size(1) >= o / w.size(0), who,
@@ -436,6 +542,14 @@ at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale,
   c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor nhwc = x.permute({0, 2, 3, 1});
   at::Tensor codes = codes_of(nhwc, act_scale, act_bits, channel_shift, who);
+  if (conv_config >= 0 && G == 1 && iconv_fits(codes, w, kh, kw)) {   // the implicit GEMM: no patch matrix
+    c10::optional<at::Tensor> d = iconv_try(codes, w, kh, kw, sh, sw, ph, pw, dh, dw, scale, bias, out_dtype,
+                                            conv_config, who);
+    if (d.has_value()) {
+      at::Tensor y = d->size(3) == o ? *d : d->narrow(3, 0, o);
+      return y.permute({0, 3, 1, 2}).contiguous();
+    }
+  }
   at::Tensor cols = im2col(codes, G, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, w.size(2));
   at::Tensor d = gemm(cols, w, scale, scale_batch, bias, bias_batch, out_dtype, w.size(1), config);   // (G, N*Ho*Wo, Np)
   if (d.size(2) != og) d = d.narrow(2, 0, og);
@@ -454,6 +568,8 @@ TORCH_LIBRARY(bie_cutlass_integer, m) {
         "int wo, int kgp) -> Tensor");
   m.def("dyn_linear(Tensor codes, Tensor row_scale, Tensor b, Tensor scale, Tensor? bias, ScalarType out_dtype, "
         "int n, int config) -> Tensor");
+  m.def("iconv(Tensor x, Tensor w, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, Tensor? scale, "
+        "Tensor? bias, ScalarType? out_dtype, int config) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
@@ -462,6 +578,7 @@ TORCH_LIBRARY_IMPL(bie_cutlass_integer, CUDA, m) {
   m.impl("lsq_backward", &bie_int::lsq_backward);
   m.impl("im2col", &bie_int::im2col);
   m.impl("dyn_linear", &bie_int::dyn_linear);
+  m.impl("iconv", &bie_int::iconv);
 }
 
 // The bound inference calls' entry points: the same functions as the ops, the same checks (every argument passed).
@@ -471,4 +588,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &bie_int::linear);
   m.def("conv", &bie_int::conv);
   m.def("dyn_linear", &bie_int::dyn_linear);
+  m.def("iconv", &bie_int::iconv);
 }

@@ -48,6 +48,23 @@ GemmFn dyn_gemm_fn(int config, int out_code) {
   return table[config][out_code - 1];
 }
 
+#define BIE_INT_CONV_DECLARE(cfg)                                        \
+  std::string iconv_##cfg##_i32(const ConvArgs&, int, size_t*);          \
+  std::string iconv_##cfg##_f32(const ConvArgs&, int, size_t*);          \
+  std::string iconv_##cfg##_bf16(const ConvArgs&, int, size_t*);         \
+  std::string iconv_##cfg##_f16(const ConvArgs&, int, size_t*);
+BIE_INT_CONV_DECLARE(t128x128)
+BIE_INT_CONV_DECLARE(t64x128)
+
+ConvFn conv_fn(int config, int out_code) {
+  static const ConvFn table[kNumConvConfigs][kNumOutCodes] = {
+      {iconv_t128x128_i32, iconv_t128x128_f32, iconv_t128x128_bf16, iconv_t128x128_f16},
+      {iconv_t64x128_i32, iconv_t64x128_f32, iconv_t64x128_bf16, iconv_t64x128_f16},
+  };
+  if (config < 0 || config >= kNumConvConfigs || out_code < 0 || out_code >= kNumOutCodes) return nullptr;
+  return table[config][out_code];
+}
+
 static int grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535LL * 8)));

@@ -45,6 +45,32 @@ GemmFn gemm_fn(int config, int out_code);
 // outputs only), L == 1.
 GemmFn dyn_gemm_fn(int config, int out_code);
 
+// One implicit-GEMM convolution (forward, one group; integer_conv_sm90.cuh): x (N, H, W, C) int8 codes, channels
+// contiguous, the other strides given in elements (multiples of 16, 16-byte aligned start); wt (K, R, S, C) int8
+// contiguous; d (N, P, Q, K) contiguous, P and Q as torch's conv2d computes them from the symmetric padding. Float
+// epilogue as GemmArgs (scale scalar or K values, bias K values; float32).
+struct ConvArgs {
+  const int8_t* x = nullptr;
+  const int8_t* wt = nullptr;
+  void* d = nullptr;
+  int n = 0, h = 0, w = 0, c = 0, k = 0, r = 0, s = 0;
+  int64_t x_stride_n = 0, x_stride_h = 0, x_stride_w = 0;
+  int pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dil_h = 1, dil_w = 1;
+  const float* scale = nullptr;
+  bool scale_vec = false;
+  const float* bias = nullptr;
+  int device = 0;
+  void* workspace = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// A convolution instantiation. mode 0: "" when CUTLASS can implement the problem (its TMA im2col limits on padding,
+// corners and filter offsets, its alignment), else why not; 1: the workspace size into *ws; 2: launch. Returns ""
+// on success, else what failed (never launches on a case it cannot implement).
+using ConvFn = std::string (*)(const ConvArgs&, int mode, size_t* ws);
+constexpr int kNumConvConfigs = 2;
+ConvFn conv_fn(int config, int out_code);
+
 // x: contiguous float tensor data of `n` elements (dtype code 1 f32, 2 bf16, 3 f16);
 // scale: float32, scale[i / inner] when per_row, else scale[0]; shift: nullptr, or `cols` values of x's
 // dtype, element i quantizing x[i] + shift[i % cols] (the add rounded in x's dtype); out: the codes as
