@@ -248,8 +248,8 @@ def test_layer_decode_uses_the_gemv():
 
 
 def test_layer_decode_non_finite_input():
-    """The layer's documented policy on the GEMV path: ValueError naming the layer, or NaN rows with
-    check_finite=False."""
+    """The layer's documented policy on the GEMV path: ValueError naming the layer with check_finite=True, NaN rows
+    with check_finite=False and by default (None: no host sync on an accelerator)."""
     import bie_core
     from bie_core import DynamicQLinear
     layer = DynamicQLinear.from_float(torch.nn.Linear(64, 48), act_scheme="per_token_symmetric").cuda()
@@ -258,11 +258,14 @@ def test_layer_decode_non_finite_input():
     with torch.no_grad(), bie_core.use_backend("cuda"):
         e = bie_core.explain(layer, torch.randn(3, 64, device="cuda"))
         assert e.chosen()["dynamic_int8_linear"] == "cuda:dynamic_int8_gemv"
+        y0 = layer(x)
+        layer.check_finite = True
         with pytest.raises(ValueError, match=r"DynamicQLinear\(64, 48\).*1 non-finite"):
             layer(x)
         layer.check_finite = False
         y = layer(x)
     assert y[1].isnan().all() and not y[[0, 2]].isnan().any()
+    assert torch.equal(y0.nan_to_num(), y.nan_to_num())
 
 
 # ------------------------------------------------------- the one-pass per-token quantization (csrc/dynamic_quantize.cu)

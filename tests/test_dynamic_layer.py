@@ -214,3 +214,15 @@ def _torch_dynamic_seq():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(
             nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), {nn.Linear}, dtype=torch.qint8)
+
+
+def test_check_finite_default_checks_cpu_inputs_only():
+    """check_finite=None (the default) checks CPU inputs and skips the check elsewhere (reading the output on the
+    host would synchronise every call with an accelerator); True and False apply on every device."""
+    layer = _layer_pair()
+    cpu, meta = torch.empty(2, 48), torch.empty(2, 48, device="meta")
+    assert layer.check_finite is None and layer._checks(cpu) and not layer._checks(meta)
+    layer.check_finite = True
+    assert layer._checks(cpu) and layer._checks(meta)
+    layer.check_finite = False
+    assert not layer._checks(cpu) and not layer._checks(meta)

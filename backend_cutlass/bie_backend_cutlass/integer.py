@@ -52,7 +52,7 @@ _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p6
 _DYN_SOURCES = tuple(f"integer_dyn_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                      for out in ("f32", "bf16", "f16"))
 #: the implicit-GEMM convolution (one group, channels a multiple of 16: csrc/integer_conv_sm90.cuh)
-_CONV_SOURCES = tuple(f"integer_conv_{cfg}_{out}.cu" for cfg in ("t128x128", "t64x128")
+_CONV_SOURCES = tuple(f"integer_conv_{cfg}_{out}.cu" for cfg in ("t128x128", "t64x128", "t128x128k64")
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
                       sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES
@@ -65,8 +65,9 @@ EXTENSION = Extension(family="integer",
 #: c128x128: 128x128x128 tile, no cluster, cooperative (mid-size problems, narrow N).
 CONFIGS = ("c128x256", "p64x128", "c128x128")
 #: Configurations of the implicit-GEMM convolution, in the order of ``kNumConvConfigs`` (csrc/integer_kernels.cu):
-#: output pixels x output channels per CTA (128 input channels a step, one consumer warpgroup, no cluster).
-CONV_CONFIGS = ("t128x128", "t64x128")
+#: output pixels x output channels per CTA, 128 input channels a step unless named (k64), one consumer warpgroup,
+#: no cluster.
+CONV_CONFIGS = ("t128x128", "t64x128", "t128x128k64")
 SM90 = ((9, 0), (9, 0))
 #: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
 MAX_K = (2 ** 31 - 1) // (128 * 128)
@@ -253,7 +254,12 @@ def _conv_config(x_nhwc, wp, geom, s, bb, out_dtype) -> int:
     ho, wo = _conv_out(h, kh, sh, ph, dh), _conv_out(w, kw, sw, pw, dw)
     m, np_ = n * ho * wo, wp.shape[1]
     tiles = -(-m // 128) * -(-np_ // 128)
-    names = list(CONV_CONFIGS) if tiles >= tuning.sm_count(x_nhwc.device) else list(reversed(CONV_CONFIGS))
+    if tiles < tuning.sm_count(x_nhwc.device):
+        names = ["t64x128", "t128x128", "t128x128k64"]
+    elif c % 128:
+        names = ["t128x128k64", "t128x128", "t64x128"]
+    else:
+        names = ["t128x128", "t128x128k64", "t64x128"]
     ops = _ops()
     cands = [(nm, (lambda c=CONV_CONFIGS.index(nm): ops.iconv(x_nhwc, wp, *geom, s, bb, out_dtype, c)))
              for nm in names]

@@ -91,13 +91,14 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
     whatever it is, the output has the input's dtype); ``backend`` (per-layer choice, as every bie layer).
 
     The weight starts at zero codes and unit scales: build layers with :meth:`from_float`,
-    :meth:`from_torch` or load a checkpoint. ``check_finite`` (default True): a NaN or infinite input
-    raises ValueError (seen from the output's first column, whose value is NaN then; x is scanned only in
-    that case); set it False to skip the check, and the outputs of affected rows (per token) or of the
-    whole call (per tensor) are NaN instead.
+    :meth:`from_torch` or load a checkpoint. ``check_finite``: True, a NaN or infinite input raises
+    ValueError (seen from the output's first column, whose value is NaN then; x is scanned only in that
+    case); False, no check, and the outputs of affected rows (per token) or of the whole call (per tensor)
+    are NaN instead; None (the default), True for CPU inputs and False on accelerators, where reading the
+    output on the host would synchronise every call with the device.
     """
 
-    check_finite: bool = True
+    check_finite: Optional[bool] = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, per_channel: bool = True,
                  act_scheme: str = "per_tensor_affine", reduce_range: bool = False, dtype=None, device=None,
@@ -189,7 +190,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
                 lc = self._lean
                 if lc is None or not lc.holds(x2, backend, *fixed):
                     lc = self._bind(x, x2, fixed, backend)
-                y = lc.call(x2, self.check_finite)
+                y = lc.call(x2, self._checks(x2))
                 if y is not None:   # None: x holds a non-finite value (the full path raises its error)
                     return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
         return self._forward(x)
@@ -229,7 +230,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
             y = ops.dynamic_int8_linear(*args, backend=self.backend)
         # (not while compiling or capturing a CUDA graph: reading the output on the host is a sync those
         # cannot hold; such runs give NaN outputs as with check_finite=False)
-        if self.check_finite and not torch.compiler.is_compiling() and not (
+        if self._checks(x) and not torch.compiler.is_compiling() and not (
                 y.is_cuda and torch.cuda.is_current_stream_capturing()):
             self._check_finite(x, y)
         return y.reshape(lead + (self.out_features,))
@@ -249,6 +250,11 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
             if name in state:
                 state["_" + name] = state.pop(name)
         super().__setstate__(state)
+
+    def _checks(self, x) -> bool:
+        """Whether this call checks its input for non-finite values (``check_finite``; None: on CPU only)."""
+        c = self.check_finite
+        return x.device.type == "cpu" if c is None else bool(c)
 
     def _check_finite(self, x, y) -> None:
         _raise_if_not_finite(self._name(), x, y)
