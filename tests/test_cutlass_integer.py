@@ -265,6 +265,11 @@ def test_implicit_gemm_conv_leaves_other_shapes_to_im2col(monkeypatch):
         got = integer.int_conv2d(x.cuda(), w.cuda(), *args, None, None, None)
         assert torch.equal(got.cpu(), ref.int_conv2d(x, w, *args, None, None, None))
     assert not calls
+    # a stride beyond TMA im2col's traversal limit (8): turned down, served by the im2col path
+    x, w = _codes((2, 16, 20, 20), 8, gen), _codes((16, 16, 1, 1), 8, gen)
+    args = (8, 8, [9, 9], [0, 0], [1, 1], 1)
+    got = integer.int_conv2d(x.cuda(), w.cuda(), *args, None, None, None)
+    assert torch.equal(got.cpu(), ref.int_conv2d(x, w, *args, None, None, None))
 
 
 @needs_sm90

@@ -480,6 +480,8 @@ static c10::optional<at::Tensor> iconv_try(const at::Tensor& codes, const at::Te
   p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
   ConvFn fn = conv_fn(static_cast<int>(config), code);
   TORCH_CHECK(fn != nullptr, who, "no conv instantiation for config ", config, " out ", code);
+  // TMA's im2col mode traverses with element strides of 1 to 8 (a tensor-map limit can_implement does not ask)
+  if (sh > 8 || sw > 8) return c10::nullopt;
   if (!fn(p, 0, nullptr).empty()) return c10::nullopt;
   const at::ScalarType odt = code == 0 ? at::kInt : *out_dtype;
   at::Tensor out = at::empty({N, ho, wo, Np}, codes.options().dtype(odt));
