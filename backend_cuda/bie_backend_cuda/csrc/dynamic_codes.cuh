@@ -54,4 +54,29 @@ __device__ __forceinline__ uint32_t dyn_code_of(float v, float s, float inv, boo
   return (uint32_t)min(max(__float2int_rn(q), -127), 127);
 }
 
+// 8 consecutive elements of a row of activations as float32, zero past K. vec: 16-byte loads (the row's start
+// 16-byte aligned and all 8 in range). (to_f32 comes from common.cuh, which the kernels include first.)
+template <typename T>
+__device__ __forceinline__ void dyn_load8(const T* row, int k0, int K, bool vec, float (&v)[8]) {
+  if (vec && k0 + 8 <= K) {
+    if constexpr (std::is_same<T, float>::value) {
+      const float4 a = *reinterpret_cast<const float4*>(row + k0);
+      const float4 b = *reinterpret_cast<const float4*>(row + k0 + 4);
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+      const uint4 a = *reinterpret_cast<const uint4*>(row + k0);
+      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
+        v[2 * i] = to_f32(*reinterpret_cast<const T*>(&lo));
+        v[2 * i + 1] = to_f32(*reinterpret_cast<const T*>(&hi));
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = k0 + i < K ? to_f32(row[k0 + i]) : 0.0f;
+}
+
 }  // namespace bie

@@ -32,30 +32,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kRing = 8;             // 512-byte tiles in flight per warp
 constexpr int kKeep = 2;             // 8-element chunks of x a thread keeps in registers between its two passes
 
-// 8 consecutive elements of one row of x as float32, zero past K. vec: 16-byte loads (row start aligned, 8 in range).
-template <typename T>
-__device__ __forceinline__ void load8(const T* row, int k0, int K, bool vec, float (&v)[8]) {
-  if (vec && k0 + 8 <= K) {
-    if constexpr (std::is_same<T, float>::value) {
-      const float4 a = *reinterpret_cast<const float4*>(row + k0);
-      const float4 b = *reinterpret_cast<const float4*>(row + k0 + 4);
-      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-    } else {
-      const uint4 a = *reinterpret_cast<const uint4*>(row + k0);
-      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
-        v[2 * i] = to_f32(*reinterpret_cast<const T*>(&lo));
-        v[2 * i + 1] = to_f32(*reinterpret_cast<const T*>(&hi));
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = k0 + i < K ? to_f32(row[k0 + i]) : 0.0f;
-}
-
 // The largest |x| bits over 8 elements of a row starting at k0 (0 past K).
 template <typename T>
 __device__ __forceinline__ uint32_t amax8(const T* row, int k0, int K, bool vec) {
@@ -157,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       for (int j = 0; j < kKeep; ++j) {
         const int c = gj + j * gsize;
         if (c < K8) {
-          load8<T>(xrow, c * 8, p.K, vec, kept[j]);
+          dyn_load8<T>(xrow, c * 8, p.K, vec, kept[j]);
 #pragma unroll
           for (int e = 0; e < 8; ++e) r = max(r, __float_as_uint(kept[j][e]) & 0x7fffffffu);
         }
@@ -214,13 +190,13 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
 #pragma unroll 4
         for (; c < (p.K >> 3); c += gsize) {
           float v[8];
-          load8<T>(xrow, c * 8, c * 8 + 8, true, v);
+          dyn_load8<T>(xrow, c * 8, c * 8 + 8, true, v);
           store(c, v, true);
         }
       }
       for (; c < KP8; c += gsize) {
         float v[8];
-        if (c < K8) load8<T>(xrow, c * 8, p.K, vec, v);
+        if (c < K8) dyn_load8<T>(xrow, c * 8, p.K, vec, v);
         store(c, v, c < K8);
       }
     }

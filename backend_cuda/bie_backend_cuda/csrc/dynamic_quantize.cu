@@ -14,30 +14,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kKeep = 4;
 
-// 8 consecutive elements of a row as float32, zero past K. vec: 16-byte loads (row start 16-byte aligned).
-template <typename T>
-__device__ __forceinline__ void load8(const T* row, int k0, int K, bool vec, float (&v)[8]) {
-  if (vec && k0 + 8 <= K) {
-    if constexpr (std::is_same<T, float>::value) {
-      const float4 a = *reinterpret_cast<const float4*>(row + k0);
-      const float4 b = *reinterpret_cast<const float4*>(row + k0 + 4);
-      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-    } else {
-      const uint4 a = *reinterpret_cast<const uint4*>(row + k0);
-      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t lo = (uint16_t)(w[i] & 0xffffu), hi = (uint16_t)(w[i] >> 16);
-        v[2 * i] = to_f32(*reinterpret_cast<const T*>(&lo));
-        v[2 * i + 1] = to_f32(*reinterpret_cast<const T*>(&hi));
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = k0 + i < K ? to_f32(row[k0 + i]) : 0.0f;
-}
-
 __device__ __forceinline__ uint32_t amax_bits8(const float (&v)[8]) {
   uint32_t r = 0;
 #pragma unroll
@@ -80,13 +56,13 @@ __global__ void __launch_bounds__(kThreads) dynamic_quantize_token_kernel(const 
     for (int i = 0; i < kKeep; ++i) {
       const int c = j + i * TPR;
       if (c < K8) {
-        load8<T>(xrow, c * 8, K, vec, kept[i]);
+        dyn_load8<T>(xrow, c * 8, K, vec, kept[i]);
         bits = max(bits, amax_bits8(kept[i]));
       }
     }
     for (int c = j + kKeep * TPR; c < K8; c += TPR) {
       float v[8];
-      load8<T>(xrow, c * 8, K, vec, v);
+      dyn_load8<T>(xrow, c * 8, K, vec, v);
       bits = max(bits, amax_bits8(v));
     }
   }
@@ -108,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) dynamic_quantize_token_kernel(const 
   }
   for (int c = j + kKeep * TPR; c < K8; c += TPR) {
     float v[8];
-    load8<T>(xrow, c * 8, K, vec, v);
+    dyn_load8<T>(xrow, c * 8, K, vec, v);
     store8(orow, c * 8, K, ovec, v, s, inv, fast);
   }
 }

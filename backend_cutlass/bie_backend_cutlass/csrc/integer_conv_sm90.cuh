@@ -14,6 +14,7 @@
 
 #include "integer_launch.h"
 #include "cutlass_launch.cuh"
+#include "integer_epilogue.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -37,23 +38,16 @@ using namespace cute;
 
 template <class TileShape, class ClusterShape, class ElementD>
 struct IConvSm90 {
-  static constexpr bool kInt = std::is_same_v<ElementD, int32_t>;
+  using Epi = IntEpilogue<TileShape, ElementD>;
+  static constexpr bool kInt = Epi::kInt;
   using Layout = cutlass::layout::TensorNHWC;     // activations, filters (KRSC) and output: channels innermost
   static constexpr int kAlignAB = 16;             // 16 int8 channels: one 16-byte TMA unit
   static constexpr int kAlignD = 16 / int(sizeof(ElementD));
-  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   static constexpr auto kFprop = cutlass::conv::Operator::kFprop;
 
-  using VecStride = Stride<_0, bool, int64_t>;   // (pixel: broadcast, channel: vector or scalar, batch)
-  using Vec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, VecStride>;
-  using ScaledEVT = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>,
-      cutlass::epilogue::fusion::Sm90AccFetch, Vec, Vec>;
-  using IntEVT = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, int32_t, int32_t, kRound>,
-      cutlass::epilogue::fusion::Sm90AccFetch>;
-  using EVT = std::conditional_t<kInt, IntEVT, ScaledEVT>;
-  using ElementCompute = std::conditional_t<kInt, int32_t, float>;
+  using VecStride = typename Epi::VecStride;
+  using EVT = typename Epi::EVT;
+  using ElementCompute = typename Epi::ElementCompute;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
