@@ -20,7 +20,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu",
            "wq_thin_w4_f16.cu", "wq_thin_w4_bf16.cu", "wq_thin_w2_f16.cu", "wq_thin_w2_bf16.cu", "wq_thin_w8_f16.cu",
            "wq_thin_w8_bf16.cu", "quantize.cu", "dynamic_gemv.cu",
-           "dynamic_quantize.cu")
+           "dynamic_quantize.cu", "mbwq.cu")
 _lock = threading.Lock()
 _loaded: str | None = None
 _module = None

@@ -993,6 +993,135 @@ Tensor quantize_int(const Tensor& x, const Tensor& scale, int64_t inner, int64_t
                "quantize_int");
   return out;
 }
+// Mixed-width weight-only kernels (mbwq.cu). The operands come from bie_backend_cuda/mbwq.py's prepared layout:
+// chunks (nchunks, 4) int32 (the chunk table), scales / zeros (G, N) float32, perm (K) int32, rscale (K) float32
+// or None; qweight (KW, N) int32 as the op received it. The table's entries are checked by the kernels against K,
+// G and KW; perm's values are checked where they are used.
+void check_mbwq_operands(const char* who, const Tensor& qweight, const Tensor& chunks, const Tensor& scales,
+                         const Tensor& zeros, const std::optional<Tensor>& rscale, int64_t K) {
+  for (const Tensor* t : {&qweight, &chunks, &scales, &zeros}) check_cuda(*t, who);
+  const auto dev = qweight.device();
+  TORCH_CHECK(qweight.scalar_type() == at::kInt && qweight.dim() == 2 && qweight.is_contiguous() &&
+                  qweight.size(0) >= 1 && qweight.size(1) >= 1 && qweight.size(1) < (1ll << 30),
+              "bie_cuda.", who, ": qweight must be a contiguous (KW, N) int32 tensor, got ", qweight.scalar_type(), " ",
+              qweight.sizes());
+  const int64_t N = qweight.size(1);
+  TORCH_CHECK(chunks.scalar_type() == at::kInt && chunks.dim() == 2 && chunks.size(1) == 4 && chunks.size(0) >= 1 &&
+                  chunks.size(0) < (1ll << 31) && chunks.is_contiguous() && chunks.device() == dev,
+              "bie_cuda.", who, ": chunks must be a contiguous (nchunks, 4) int32 chunk table on qweight's device, got ",
+              chunks.scalar_type(), " ", chunks.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(chunks.data_ptr()) % 16 == 0, "bie_cuda.", who,
+              ": chunks must be 16-byte aligned");
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) >= 1 && scales.size(0) < (1ll << 31) && scales.size(1) == N,
+              "bie_cuda.", who, ": scales must be (G, ", N, "), got ", scales.sizes());
+  for (const Tensor* t : {&scales, &zeros})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device() == dev &&
+                    t->sizes() == scales.sizes(),
+                "bie_cuda.", who, ": scales and zeros must be contiguous float32 (G, N) tensors on qweight's device");
+  TORCH_CHECK(K >= 1 && K < (1ll << 31) - 64, "bie_cuda.", who, ": K must be 1..2^31-65, got ", K);
+  if (rscale.has_value() && rscale->defined()) {
+    check_cuda(*rscale, who);
+    TORCH_CHECK(rscale->scalar_type() == at::kFloat && rscale->dim() == 1 && rscale->numel() == K &&
+                    rscale->is_contiguous() && rscale->device() == dev,
+                "bie_cuda.", who, ": rscale must be a contiguous float32 (", K, ") tensor on qweight's device");
+  }
+}
+
+void fill_mbwq_args(bie::MbwqArgs& p, const Tensor& qweight, const Tensor& chunks, const Tensor& scales,
+                    const Tensor& zeros, const std::optional<Tensor>& rscale, int64_t K) {
+  p.qweight = qweight.data_ptr<int32_t>();
+  p.KW = qweight.size(0);
+  p.N = (int)qweight.size(1);
+  p.K = (int)K;
+  p.G = (int)scales.size(0);
+  p.chunks = reinterpret_cast<const int4*>(chunks.data_ptr<int32_t>());
+  p.nchunks = (int)chunks.size(0);
+  p.scales = scales.data_ptr<float>();
+  p.zeros = zeros.data_ptr<float>();
+  p.rscale = rscale.has_value() && rscale->defined() ? rscale->data_ptr<float>() : nullptr;
+}
+
+// mbwq_gemm for 1..MBWQ_GEMV_MAX_M rows in one launch: x (M, K) float32/float16/bfloat16 (rows of any stride; a
+// column stride other than 1 is copied), bias N values of a floating dtype or None, counters the zeroed split-K
+// semaphores of the current stream (at least ceil(N / 128)), splits 0 (planned) or the K splits to use at most.
+// Returns (M, N) in x's dtype.
+Tensor mbwq_gemv(const Tensor& x, const Tensor& qweight, const Tensor& chunks, const Tensor& perm,
+                 const Tensor& scales, const Tensor& zeros, const std::optional<Tensor>& rscale,
+                 const std::optional<Tensor>& bias, const Tensor& counters, int64_t splits) {
+  const char* who = "mbwq_gemv";
+  check_cuda(x, "x");
+  check_cuda(perm, "perm");
+  check_cuda(counters, "counters");
+  TORCH_CHECK(x.dim() == 2, "bie_cuda.mbwq_gemv: x must be 2-D (M, K), got ", x.sizes());
+  const auto xt = x.scalar_type();
+  TORCH_CHECK(xt == at::kFloat || xt == at::kHalf || xt == at::kBFloat16,
+              "bie_cuda.mbwq_gemv: x must be float32, float16 or bfloat16, got ", xt);
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M <= bie::MBWQ_GEMV_MAX_M, "bie_cuda.mbwq_gemv: at most ", bie::MBWQ_GEMV_MAX_M, " rows, got ", M);
+  check_mbwq_operands(who, qweight, chunks, scales, zeros, rscale, K);
+  const int64_t N = qweight.size(1);
+  TORCH_CHECK(perm.scalar_type() == at::kInt && perm.dim() == 1 && perm.numel() == K && perm.is_contiguous(),
+              "bie_cuda.mbwq_gemv: perm must be a contiguous int32 (", K, ") tensor, got ", perm.scalar_type(), " ",
+              perm.sizes());
+  TORCH_CHECK(x.device() == qweight.device() && perm.device() == x.device() && counters.device() == x.device(),
+              "bie_cuda.mbwq_gemv: tensors on different devices");
+  const int64_t colblocks = (N + bie::MBWQ_THREADS - 1) / bie::MBWQ_THREADS;
+  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= colblocks,
+              "bie_cuda.mbwq_gemv: counters must be a contiguous int32 tensor of at least ", colblocks, " values");
+  TORCH_CHECK(splits >= 0 && splits < 65536, "bie_cuda.mbwq_gemv: splits must be 0..65535, got ", splits);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
+  bie::MbwqArgs p{};
+  fill_mbwq_args(p, qweight, chunks, scales, zeros, rscale, K);
+  p.perm = perm.data_ptr<int32_t>();
+  p.x = xc.data_ptr();
+  p.ldx = M > 1 ? xc.stride(0) : K;
+  p.M = (int)M;
+  Tensor bias_c;
+  set_bias_out(p, bias, bias_c, x, out, xt, N, who);
+  p.counters = counters.data_ptr<int32_t>();
+  bie::mbwq_gemv_plan(p, num_sms(), (int)splits);
+  TORCH_CHECK(p.splits <= 65535, "bie_cuda.mbwq_gemv: ", p.nchunks, " chunks need ", p.splits,
+              " K splits, more than a grid allows (65535)");
+  Tensor ws;
+  if (p.splits > 1) {
+    ws = at::empty({(int64_t)p.splits, M, N}, x.options().dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
+  check_launch(bie::launch_mbwq_gemv(p, dtype_code(xt), stream()), who);
+  return out;
+}
+
+// The (K, N) dequantized weight in out_dtype: row perm[j] (perm given) or j holds packed row j, (q * s - z) *
+// rscale[j] (rscale given). With perm every row is written when perm is a permutation (the caller checks that).
+Tensor mbwq_dequant(const Tensor& qweight, const Tensor& chunks, const Tensor& scales, const Tensor& zeros,
+                    const std::optional<Tensor>& rscale, const std::optional<Tensor>& perm, int64_t K,
+                    at::ScalarType out_dtype) {
+  const char* who = "mbwq_dequant";
+  check_mbwq_operands(who, qweight, chunks, scales, zeros, rscale, K);
+  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kHalf || out_dtype == at::kBFloat16,
+              "bie_cuda.mbwq_dequant: out_dtype must be float32, float16 or bfloat16, got ", out_dtype);
+  const int64_t N = qweight.size(1);
+  TORCH_CHECK((N + bie::MBWQ_THREADS - 1) / bie::MBWQ_THREADS <= 65535,
+              "bie_cuda.mbwq_dequant: N must be at most ", 65535ll * bie::MBWQ_THREADS, ", got ", N);
+  bie::MbwqArgs p{};
+  fill_mbwq_args(p, qweight, chunks, scales, zeros, rscale, K);
+  if (perm.has_value() && perm->defined()) {
+    check_cuda(*perm, who);
+    TORCH_CHECK(perm->scalar_type() == at::kInt && perm->dim() == 1 && perm->numel() == K && perm->is_contiguous() &&
+                    perm->device() == qweight.device(),
+                "bie_cuda.mbwq_dequant: perm must be a contiguous int32 (", K, ") tensor on qweight's device");
+    p.perm = perm->data_ptr<int32_t>();
+  }
+  c10::cuda::CUDAGuard guard(qweight.device());
+  auto out = at::empty({K, N}, qweight.options().dtype(out_dtype));
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(out_dtype);
+  check_launch(bie::launch_mbwq_dequant(p, stream()), who);
+  return out;
+}
 }  // namespace
 
 TORCH_LIBRARY(bie_cuda, m) {
@@ -1013,6 +1142,8 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("quantize_int", &quantize_int);
   m.def("dynamic_gemv", &dynamic_gemv);
   m.def("dynamic_quantize_token", &dynamic_quantize_token);
+  m.def("mbwq_gemv", &mbwq_gemv);
+  m.def("mbwq_dequant", &mbwq_dequant);
 }
 
 // The bound inference calls' entry points (see the top of this file): the same functions, the same checks.
@@ -1028,4 +1159,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_int", &quantize_int);
   m.def("dynamic_gemv", &dynamic_gemv);
   m.def("dynamic_quantize_token", &dynamic_quantize_token);
+  m.def("mbwq_gemv", &mbwq_gemv);
+  m.def("mbwq_dequant", &mbwq_dequant);
 }

@@ -271,4 +271,40 @@ cudaError_t launch_quantize_int(const void* x, int dtype, int64_t n, const float
                                 int64_t inner, const void* shift, int64_t cols, int bits, void* out, int out_dtype,
                                 cudaStream_t st);
 
+// Mixed-width (exl2-style) weight-only kernels (mbwq.cu). The weight is walked in chunks of at most 32 packed rows
+// of one group: chunk c is the int4 {bits | rows << 8, group, first packed row, first qweight word} of the chunk
+// table (bie_backend_cuda/mbwq.py chunk_table); its codes are ceil(rows * bits / 32) words of the group's bit stream.
+// Every entry is checked in the kernels against K, G and the rows of qweight (a bad entry is skipped).
+constexpr int MBWQ_GEMV_MAX_M = 8;
+constexpr int MBWQ_THREADS = 128;      // columns per block (one per thread)
+struct MbwqArgs {
+  const int32_t* qweight;  // (KW, N) int32 bit streams
+  int64_t KW;
+  int N, K, G;
+  const int4* chunks;      // (nchunks) chunk table
+  int nchunks;
+  const float* scales;     // (G, N) float32
+  const float* zeros;      // (G, N) float32
+  const int32_t* perm;     // (K) packed row j is input row perm[j] (gemv: the column of x; dequant: the output row,
+                           // or null for packed row order)
+  const float* rscale;     // (K) factor per packed row (channel_scale in packed order) or null
+  // gemv only
+  const void* x;           // (M, K) x's dtype, unit column stride, rows ldx apart
+  int64_t ldx;
+  int M;
+  const void* bias;        // N values or null
+  int bias_dtype;
+  void* out;               // gemv: (M, N) in x's dtype; dequant: (K, N) in out_dtype
+  int out_dtype;
+  float* ws;               // (splits, M, N) float32 partials when splits > 1
+  int32_t* counters;       // (ceil(N / MBWQ_THREADS)) zeroed split-K semaphores, left zero
+  int splits;              // K splits (blocks along y), set by mbwq_gemv_plan
+  int cps;                 // chunks per split, set by mbwq_gemv_plan
+};
+// Sets p.splits and p.cps for p.M, p.N, p.nchunks (splits_force > 0: that many splits at most); returns the
+// dynamic shared memory per block.
+int mbwq_gemv_plan(MbwqArgs& p, int num_sms, int splits_force);
+cudaError_t launch_mbwq_gemv(const MbwqArgs& p, int x_dtype, cudaStream_t st);
+cudaError_t launch_mbwq_dequant(const MbwqArgs& p, cudaStream_t st);
+
 }  // namespace bie
