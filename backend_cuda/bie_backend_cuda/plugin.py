@@ -13,7 +13,7 @@ from bie_core.backend_api import FLOAT_DTYPES as FLOATS
 from bie_core.backend_api import PACKABLE_DTYPES as PACKABLE
 from bie_core.backend_api import DYNAMIC_MAX_K, Capability, conv_out_size, handoff, has_op, hookimpl
 
-from . import _build, binary, integer, weight_only
+from . import _build, binary, integer, mbwq, weight_only
 
 PRIORITY = 100
 SIMT_PRIORITY = 90
@@ -112,6 +112,7 @@ def bie_register_kernels(registry):
                       description="dequantize (fused kernel) + cuBLAS")
     registry.register("wq_dequantize", weight_only.wq_dequantize, priority=PRIORITY, name="wq_dequantize",
                       capability=wq_cap, prepare=weight_only.prepare)
+    _register_mbwq(registry, cuda)
     if has_op("dynamic_int8_linear"):
         from . import dynamic
         registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_token, priority=PRIORITY + 1,
@@ -140,6 +141,27 @@ def bie_register_kernels(registry):
                                                 divisibility={"K": 8, "N": 8}),
                           description="activation quantization + torch._int_mm (cuBLASLt int8) + one fused "
                                       "(torch.compile) scale/zero-point/bias epilogue")
+
+
+def _register_mbwq(registry, cuda) -> None:
+    """The mixed-width ops (MBWQLinear): one layout per weight version and group layout (mbwq.prepare)."""
+    cap = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80)
+    common = dict(prepare=mbwq.prepare, prepare_static=("group_bits", "group_rows"))
+    registry.register("mbwq_gemm", mbwq.mbwq_gemv, priority=PRIORITY + 1, name="mbwq_gemv",
+                      capability=dataclasses.replace(cap, max_dims={"M": mbwq.GEMV_MAX_M}), bind=mbwq.bind_mbwq_gemv,
+                      description="GEMV in one launch: x gathered by q_perm and scaled into shared memory per block, "
+                                  "codes of every width decoded in registers from coalesced int32 loads, float32 "
+                                  "accumulation, split-K with a deterministic last-block reduction, bias and cast "
+                                  f"fused; 1-{mbwq.GEMV_MAX_M} rows", **common)
+    registry.register("mbwq_gemm", mbwq.mbwq_gemm_dense, priority=PRIORITY, name="mbwq_gemm_dense", capability=cap,
+                      description="dequantize (one kernel, channel_scale folded, x's dtype) + cuBLAS; any rows",
+                      **common)
+    registry.register("mbwq_gemm_grad_input", mbwq.mbwq_gemm_grad_input, priority=PRIORITY,
+                      name="mbwq_gemm_grad_input", capability=cap,
+                      description="dequantize (one kernel, channel_scale folded) + cuBLAS grad @ W.T", **common)
+    registry.register("mbwq_dequantize", mbwq.mbwq_dequantize, priority=PRIORITY, name="mbwq_dequantize",
+                      capability=cap, description="float32 q*s - z per 32-row chunk, rows scattered by q_perm",
+                      **common)
 
 
 #: The wq_gemm kernels, highest priority first. Automatic selection takes the first that accepts the call and does

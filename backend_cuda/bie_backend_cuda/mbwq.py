@@ -1,0 +1,151 @@
+"""Mixed-width (exl2-style) weight-only ops on CUDA tensors: ``mbwq_gemm``, ``mbwq_gemm_grad_input``,
+``mbwq_dequantize`` (kernels in ``csrc/mbwq.cu``).
+
+``prepare`` (once per weight version and group layout) builds what the kernels read besides qweight: the chunk
+table (runs of at most 32 packed rows of one group, :func:`chunk_table`), q_perm as int32 and its inverse, the
+statistics as float32 and channel_scale in packed row order as float32. It checks on the device that q_perm is a
+permutation (one host synchronisation per weight version): the inverse permutation and the row scatter of the
+dequantization rely on it.
+
+* ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
+  registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
+* ``mbwq_gemm_dense`` (any rows): the weight dequantized in packed row order with channel_scale folded in, in x's
+  dtype, then cuBLAS on x's columns gathered to packed order (``addmm`` adds the bias).
+* ``mbwq_gemm_grad_input``: the same folded weight, ``grad @ W.T`` by cuBLAS, columns gathered back to input order.
+* ``mbwq_dequantize``: float32 ``q * s - z`` (the reference's arithmetic), rows scattered to ``q_perm``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from bie_core.backend_api import mbwq_segments
+
+from . import _build
+
+#: rows the GEMV kernel serves (csrc/launchers.h MBWQ_GEMV_MAX_M)
+GEMV_MAX_M = 8
+#: columns per block of the kernels (csrc/launchers.h MBWQ_THREADS): one split-K semaphore per column block
+_THREADS = 128
+#: packed rows per chunk: 32 codes of b bits fill exactly b words
+CHUNK_ROWS = 32
+
+
+def chunk_table(group_bits: Sequence[int], group_rows: Sequence[int]) -> torch.Tensor:
+    """The kernels' walk over a mixed-width weight: (chunks, 4) int32, one row per run of at most 32 packed rows of
+    one group: (bits | rows << 8, group, first packed row, first word of qweight). A group's chunks start at its
+    rows 0, 32, 64, ... and at its words 0, bits, 2 * bits, ... (32 codes fill ``bits`` words)."""
+    out = []
+    for g, (b, r0, rows, w0, _) in enumerate(mbwq_segments(group_bits, group_rows)):
+        for t in range(0, rows, CHUNK_ROWS):
+            out.append((b | min(CHUNK_ROWS, rows - t) << 8, g, r0 + t, w0 + (t // CHUNK_ROWS) * b))
+    return torch.tensor(out, dtype=torch.int32).reshape(-1, 4)
+
+
+@dataclass
+class MbwqLayout:
+    """What the kernels read besides qweight (built by :func:`prepare`, never in ``state_dict``)."""
+    chunks: torch.Tensor                  # (chunks, 4) int32 chunk table
+    perm: torch.Tensor                    # (K,) int32: packed row j is input row perm[j]
+    perm_long: torch.Tensor               # the same as int64 (x's columns in packed order)
+    inverse: torch.Tensor                 # (K,) int64: input row k is packed row inverse[k]
+    scales: torch.Tensor                  # (G, N) float32
+    zeros: torch.Tensor                   # (G, N) float32
+    rscale: Optional[torch.Tensor]        # (K,) float32 channel_scale in packed row order, or None
+    k: int
+    n: int
+
+
+def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, group_rows) -> MbwqLayout:
+    """The layout of one weight version and group layout (the dispatcher's ``prepare``; ``group_bits`` and
+    ``group_rows`` are its static arguments)."""
+    dev = qweight.device
+    k, n = int(sum(group_rows)), qweight.shape[1]
+    perm_long = q_perm.detach().to(device=dev, dtype=torch.int64).contiguous()
+    inside = (perm_long >= 0) & (perm_long < k)
+    hits = torch.bincount(torch.where(inside, perm_long, 0), minlength=k)
+    if not bool(inside.all() & (hits == 1).all()):
+        raise IndexError(f"mbwq (bie-backend-cuda): q_perm must be a permutation of 0..{k - 1} "
+                         f"(K = sum(group_rows) = {k})")
+    inverse = torch.empty_like(perm_long)
+    inverse[perm_long] = torch.arange(k, device=dev)
+    rscale = None
+    if channel_scale is not None:
+        rscale = channel_scale.detach().to(dev).to(torch.float32).index_select(0, perm_long).contiguous()
+    return MbwqLayout(chunks=chunk_table(group_bits, group_rows).to(dev), perm=perm_long.to(torch.int32),
+                      perm_long=perm_long, inverse=inverse,
+                      scales=scales.detach().to(torch.float32).contiguous(),
+                      zeros=zeros.detach().to(torch.float32).contiguous(), rscale=rscale, k=k, n=n)
+
+
+def _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows) -> MbwqLayout:
+    if prepared is not None:
+        return prepared
+    return prepare(qweight, scales, zeros, q_perm, channel_scale, group_bits=group_bits, group_rows=group_rows)
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    from .weight_only import _counters_for   # the split-K semaphores of the weight-only kernels, per stream
+    return _counters_for(device, -(-n // _THREADS))
+
+
+def _folded(qweight, lay: MbwqLayout, dtype) -> torch.Tensor:
+    """(K, N) weight in packed row order with channel_scale folded in, in ``dtype``."""
+    return _build.ops().mbwq_dequant(qweight.contiguous(), lay.chunks, lay.scales, lay.zeros, lay.rscale, None, lay.k,
+                                     dtype)
+
+
+# --------------------------------------------------------------------------- mbwq_gemm
+def mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
+    """mbwq_gemm for 1..8 rows: one launch of the GEMV kernel."""
+    lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
+    return _build.ops().mbwq_gemv(x, qweight.contiguous(), lay.chunks, lay.perm, lay.scales, lay.zeros, lay.rscale, bias,
+                                  _counters(x.device, lay.n), 0)
+
+
+def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
+    """The GEMV's call for one signature (the dispatcher's ``bind``): the layout's tensors fixed, the launch through
+    the library's Python module (_build.direct: a cheaper argument conversion than an op call). Called with the
+    input alone (a layer) it uses the bound bias, with all the op's arguments the bias given."""
+    if prepared is None:
+        return None
+    fn = _build.direct().mbwq_gemv
+    lay, dev = prepared, x.device
+    head = (qweight.contiguous(), lay.chunks, lay.perm, lay.scales, lay.zeros, lay.rscale)
+
+    def call(x, *rest):
+        b = rest[5] if rest else bias
+        return fn(x, *head, b, _counters(dev, lay.n), 0)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    return call
+
+
+def mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
+    """mbwq_gemm for any rows: the folded weight dequantized in x's dtype (one kernel), then cuBLAS."""
+    lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
+    w = _folded(qweight, lay, x.dtype)
+    xs = x.index_select(1, lay.perm_long)
+    if bias is None:
+        return xs @ w
+    return torch.addmm(bias.to(x.dtype), xs, w)
+
+
+def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows,
+                         prepared=None):
+    """(grad @ W.T) * channel_scale: the folded weight in grad's dtype, cuBLAS, columns back to input order."""
+    lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
+    w = _folded(qweight, lay, grad.dtype)
+    return (grad @ w.t()).index_select(1, lay.inverse)
+
+
+def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype, prepared=None):
+    """W[q_perm[j]] = q[j] * s - z in float32 (as the reference), cast to dtype."""
+    lay = _layout(prepared, qweight, scales, zeros, q_perm, None, group_bits, group_rows)
+    return _build.ops().mbwq_dequant(qweight.contiguous(), lay.chunks, lay.scales, lay.zeros, None, lay.perm, lay.k,
+                                     dtype)
+
+
+__all__ = ["chunk_table", "prepare", "MbwqLayout", "mbwq_gemv", "bind_mbwq_gemv", "mbwq_gemm_dense",
+           "mbwq_gemm_grad_input", "mbwq_dequantize", "GEMV_MAX_M"]

@@ -1,0 +1,326 @@
+"""bie-backend-cuda's mixed-width kernels (mbwq_gemm, mbwq_gemm_grad_input, mbwq_dequantize; csrc/mbwq.cu).
+
+On a CUDA device: the kernels against the float64 product of the dequantized weight (the op's tolerance,
+wq_tolerance) on fresh random weights of every width (3, 5 and 6 bits among them), groups of row counts that are not
+multiples of 32, odd N, 1..300 rows, every float dtype, with and without channel_scale and bias; split-K plans; the
+bound call against the op; automatic dispatch; bad input.
+
+Without one (these run everywhere): the chunk table, and the Python wrappers (layout, folding of channel_scale,
+permutations, bias) with the two kernels emulated in plain PyTorch from the chunk table (an independent decoding of
+the bit streams, not the reference's).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from bie_core.ops.weight_only import make_mbwq_case, wq_tolerance
+
+HAVE_CUDA_BACKEND = importlib.util.find_spec("bie_backend_cuda") is not None
+needs_cuda = pytest.mark.skipif(not (HAVE_CUDA_BACKEND and torch.cuda.is_available()),
+                                reason="no CUDA device (or bie-backend-cuda is not installed)")
+needs_backend = pytest.mark.skipif(not HAVE_CUDA_BACKEND, reason="bie-backend-cuda is not installed")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# (group_bits, group_rows): every width, rows that are not multiples of 32, a one-row group, one chunk in all
+GROUPINGS = [
+    ([8, 6, 5, 4, 3, 2], [40, 33, 7, 64, 96, 1]),
+    ([3, 5, 6], [31, 65, 100]),
+    ([5], [20]),
+    ([4, 2, 3, 6, 5, 8] * 8, [100, 128, 60, 37, 128, 64] * 8),   # K = 4136: split-K over many chunks
+]
+
+
+def _case(gi, n, seed, sdtype=torch.float16, device="cpu"):
+    gb, gr = GROUPINGS[gi]
+    g = torch.Generator().manual_seed(seed)
+    qw, s, z, perm, w64 = make_mbwq_case(gb, gr, n, g, device, sdtype=sdtype)
+    return gb, gr, qw, s, z, perm, w64, g
+
+
+def _expect(x, w64, cs, bias):
+    xs = x.double().cpu() * (cs.double().cpu() if cs is not None else 1.0)
+    y = xs @ w64
+    if bias is not None:
+        y = y + bias.double().cpu()
+    return xs, y
+
+
+def _rms(t):
+    return float(t.double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def _close(y, expect, dtype, k, xs, w64, what):
+    assert y.dtype == dtype and y.shape == expect.shape, what
+    rtol, atol = wq_tolerance(dtype, k, _rms(xs), _rms(w64))
+    torch.testing.assert_close(y.double().cpu(), expect, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+@needs_backend
+# ------------------------------------------------------------------ CPU: chunk table and emulated kernels
+def test_chunk_table_walks_every_group():
+    from bie_backend_cuda.mbwq import chunk_table
+    from bie_core.ops.weight_only import mbwq_packed_rows
+    for gb, gr in GROUPINGS:
+        t = chunk_table(gb, gr)
+        assert t.dtype == torch.int32 and t.shape[1] == 4
+        bits, rows = (t[:, 0] & 0xFF).tolist(), (t[:, 0] >> 8).tolist()
+        groups, j0, w0 = t[:, 1].tolist(), t[:, 2].tolist(), t[:, 3].tolist()
+        assert sum(rows) == sum(gr) and all(1 <= r <= 32 for r in rows)
+        assert j0 == [sum(rows[:i]) for i in range(len(rows))]            # consecutive packed rows
+        words = 0
+        for g, (b, r) in enumerate(zip(gb, gr)):
+            mine = [i for i, gg in enumerate(groups) if gg == g]
+            assert sum(rows[i] for i in mine) == r and all(bits[i] == b for i in mine)
+            assert [w0[i] for i in mine] == [words + c * b for c in range(len(mine))]
+            words += (r * b + 31) // 32
+        assert words == mbwq_packed_rows(gb, gr)
+    assert chunk_table([3], [33]).tolist() == [[3 | 32 << 8, 0, 0, 0], [3 | 1 << 8, 0, 32, 3]]
+
+
+def _decode(qweight, chunks):
+    """(K, N) codes in packed row order, walked by the chunk table as the kernels walk it."""
+    w = qweight.to(torch.int64) & 0xFFFFFFFF
+    out = torch.zeros(int(sum((e >> 8) for e, *_ in chunks.tolist())), qweight.shape[1], dtype=torch.int64)
+    for e, _g, j0, w0 in chunks.tolist():
+        bits, rows = e & 0xFF, e >> 8
+        for t in range(rows):
+            wi, off = (t * bits) // 32, (t * bits) % 32
+            q = w[w0 + wi] >> off
+            if off + bits > 32:
+                q = q | (w[w0 + wi + 1] << (32 - off))
+            out[j0 + t] = q & ((1 << bits) - 1)
+    return out
+
+
+def _emulated_ops():
+    """The two kernels of csrc/mbwq.cu in plain PyTorch (what the wrappers call through _build.ops())."""
+    class Ops:
+        @staticmethod
+        def mbwq_dequant(qweight, chunks, scales, zeros, rscale, perm, k, dtype):
+            q = _decode(qweight, chunks).to(torch.float32)
+            grp = torch.tensor([g for e, g, _, _ in chunks.tolist() for _ in range(e >> 8)])
+            wp = q * scales[grp] - zeros[grp]
+            if rscale is not None:
+                wp = wp * rscale.unsqueeze(1)
+            if perm is None:
+                return wp.to(dtype)
+            w = torch.empty_like(wp)
+            w[perm.long()] = wp
+            return w.to(dtype)
+
+        @staticmethod
+        def mbwq_gemv(x, qweight, chunks, perm, scales, zeros, rscale, bias, counters, splits):
+            assert x.shape[0] <= 8
+            xs = x.to(torch.float32).index_select(1, perm.long())
+            if rscale is not None:
+                xs = xs * rscale
+            y = xs @ Ops.mbwq_dequant(qweight, chunks, scales, zeros, None, None, perm.numel(), torch.float32)
+            if bias is not None:
+                y = y + bias.to(torch.float32)
+            return y.to(x.dtype)
+    return Ops
+
+
+@needs_backend
+@pytest.fixture
+def emulated(monkeypatch):
+    from bie_backend_cuda import _build, mbwq
+    monkeypatch.setattr(_build, "ops", _emulated_ops)
+    monkeypatch.setattr(_build, "direct", _emulated_ops)
+    monkeypatch.setattr(mbwq, "_counters", lambda device, n: None)
+    return mbwq
+
+
+@pytest.mark.parametrize("gi", range(3))
+def test_wrappers_with_emulated_kernels(emulated, gi):
+    from bie_backend_cpu.reference import weight_only as ref
+    n = 37 + gi
+    gb, gr, qw, s, z, perm, w64, g = _case(gi, n, 100 + gi, sdtype=DTYPES[gi])
+    k = sum(gr)
+    cs = (torch.rand(k, generator=g) + 0.5).to(DTYPES[(gi + 1) % 3])
+    bias = torch.randn(n, generator=g).to(torch.bfloat16)
+    for m, fn in ((3, emulated.mbwq_gemv), (11, emulated.mbwq_gemm_dense)):
+        for dtype in DTYPES:
+            x = torch.randn(m, k, generator=g).to(dtype)
+            for c, b in ((cs, bias), (None, None)):
+                lay = emulated.prepare(qw, s, z, perm, c, group_bits=gb, group_rows=gr)
+                xs, expect = _expect(x, w64, c, b)
+                _close(fn(x, qw, s, z, perm, c, b, gb, gr, prepared=lay), expect, dtype, k, xs, w64,
+                       f"{fn.__name__} M={m} {dtype}")
+                if fn is emulated.mbwq_gemv:
+                    call = emulated.bind_mbwq_gemv(x, qw, s, z, perm, c, b, gb, gr, prepared=lay)
+                    assert torch.equal(call(x), fn(x, qw, s, z, perm, c, b, gb, gr, prepared=lay))
+    grad = torch.randn(5, n, generator=g)
+    lay = emulated.prepare(qw, s, z, perm, cs, group_bits=gb, group_rows=gr)
+    gx = emulated.mbwq_gemm_grad_input(grad, qw, s, z, perm, cs, gb, gr, prepared=lay)
+    torch.testing.assert_close(gx, ref.mbwq_gemm_grad_input(grad, qw, s, z, perm, cs, gb, gr), rtol=1e-5, atol=1e-4)
+    lay = emulated.prepare(qw, s, z, perm, group_bits=gb, group_rows=gr)
+    for dtype in DTYPES:
+        assert torch.equal(emulated.mbwq_dequantize(qw, s, z, perm, gb, gr, dtype, prepared=lay),
+                           ref.mbwq_dequantize(qw, s, z, perm, gb, gr, dtype))
+
+
+@needs_backend
+def test_prepare_rejects_a_q_perm_that_is_no_permutation():
+    from bie_backend_cuda.mbwq import prepare
+    gb, gr, qw, s, z, perm, _, _ = _case(1, 9, 7)
+    for bad in (torch.zeros_like(perm), perm + 1, -perm - 1):
+        with pytest.raises(IndexError, match="q_perm must be a permutation"):
+            prepare(qw, s, z, bad, None, group_bits=gb, group_rows=gr)
+
+
+# ------------------------------------------------------------------ CUDA
+@pytest.fixture(scope="module")
+def cuda_mbwq():
+    from bie_backend_cuda import _build, mbwq
+    _build.load()
+    return mbwq
+
+
+@pytest.mark.parametrize("gi", range(len(GROUPINGS)))
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 33, 300])
+@pytest.mark.parametrize("di", range(3))
+@needs_cuda
+def test_mbwq_gemm_against_float64(cuda_mbwq, gi, m, di):
+    from bie_core import ops
+    dtype = DTYPES[di]
+    n = (77, 300, 5, 200)[gi]
+    gb, gr, qw, s, z, perm, w64, g = _case(gi, n, 1000 * gi + 10 * m + di, sdtype=DTYPES[(gi + di) % 3],
+                                           device="cuda")
+    k = sum(gr)
+    variant = (gi + m + di) % 4            # channel_scale and bias on and off
+    cs = (torch.rand(k, generator=g) + 0.5).to(DTYPES[(m + di) % 3]).cuda() if variant in (1, 3) else None
+    bias = torch.randn(n, generator=g).to(DTYPES[(gi + m) % 3]).cuda() if variant in (2, 3) else None
+    x = torch.randn(m, k, generator=g).to(dtype).cuda()
+    xs, expect = _expect(x, w64, cs, bias)
+    args = (x, qw, s, z, perm, cs, bias, gb, gr)
+    _close(ops.mbwq_gemm(*args, backend="cuda"), expect, dtype, k, xs, w64, f"auto M={m} {dtype}")
+    for name in ("mbwq_gemv", "mbwq_gemm_dense") if m <= 8 else ("mbwq_gemm_dense",):
+        _close(ops.mbwq_gemm(*args, backend=f"cuda:{name}"), expect, dtype, k, xs, w64, f"{name} M={m} {dtype}")
+    if m in (2, 33):   # a strided input
+        xw = torch.randn(m, 2 * k, generator=g).to(dtype).cuda()[:, ::2]
+        xs2, e2 = _expect(xw, w64, cs, bias)
+        _close(ops.mbwq_gemm(xw, *args[1:], backend="cuda"), e2, dtype, k, xs2, w64, f"strided M={m}")
+
+
+@needs_cuda
+def test_gemv_split_plans_agree(cuda_mbwq):
+    from bie_backend_cuda import _build
+    gb, gr, qw, s, z, perm, w64, g = _case(3, 130, 5, device="cuda")
+    k = sum(gr)
+    lay = cuda_mbwq.prepare(qw, s, z, perm, None, group_bits=gb, group_rows=gr)
+    nchunks = lay.chunks.shape[0]
+    for m, dtype in ((1, torch.float16), (5, torch.bfloat16), (8, torch.float32)):
+        x = torch.randn(m, k, generator=g).to(dtype).cuda()
+        xs, expect = _expect(x, w64, None, None)
+        for splits in (1, 2, 3, 7, nchunks, 0):
+            run = lambda: _build.ops().mbwq_gemv(x, qw, lay.chunks, lay.perm, lay.scales, lay.zeros, None,  # noqa
+                                                 None, cuda_mbwq._counters(x.device, 130), splits)
+            y = run()
+            _close(y, expect, dtype, k, xs, w64, f"splits={splits} M={m}")
+            assert torch.equal(run(), y), f"splits={splits}: not deterministic"
+
+
+@needs_cuda
+def test_grad_input_and_dequantize(cuda_mbwq):
+    from bie_backend_cpu.reference import weight_only as ref
+    from bie_core import ops
+    for gi in range(len(GROUPINGS)):
+        n = (77, 300, 5, 200)[gi]
+        gb, gr, qw, s, z, perm, w64, g = _case(gi, n, 70 + gi, sdtype=DTYPES[gi % 3], device="cuda")
+        k = sum(gr)
+        for dtype in DTYPES:
+            d = ops.mbwq_dequantize(qw, s, z, perm, gb, gr, dtype, backend="cuda")
+            assert torch.equal(d.cpu(), ref.mbwq_dequantize(qw.cpu(), s.cpu(), z.cpu(), perm.cpu(), gb, gr, dtype))
+            for m, cs in ((3, None), (40, (torch.rand(k, generator=g) + 0.5).to(dtype).cuda())):
+                grad = torch.randn(m, n, generator=g).to(dtype).cuda()
+                gx = ops.mbwq_gemm_grad_input(grad, qw, s, z, perm, cs, gb, gr, backend="cuda")
+                w = w64 * (cs.double().cpu().unsqueeze(1) if cs is not None else 1.0)
+                expect = grad.double().cpu() @ w.t()
+                rtol, atol = wq_tolerance(dtype, n, _rms(grad), _rms(w))
+                assert gx.dtype == dtype and gx.shape == (m, k)
+                torch.testing.assert_close(gx.double().cpu(), expect, rtol=rtol, atol=atol)
+
+
+@needs_cuda
+def test_dispatch_bound_call_and_layer(cuda_mbwq):
+    import bie_core
+    from bie_core import MBWQLinear, dispatch, ops
+    gb, gr, qw, s, z, perm, w64, g = _case(0, 77, 3, device="cuda")
+    k = sum(gr)
+    cs = (torch.rand(k, generator=g) + 0.5).half().cuda()
+    bias = torch.randn(77, generator=g).half().cuda()
+    for m, want in ((1, "cuda:mbwq_gemv"), (8, "cuda:mbwq_gemv"), (9, "cuda:mbwq_gemm_dense"),
+                    (300, "cuda:mbwq_gemm_dense")):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        e = bie_core.explain(ops.mbwq_gemm, x, qw, s, z, perm, cs, bias, gb, gr)
+        assert e.chosen()["mbwq_gemm"] == want, str(e)
+    for m in (1, 6):
+        args = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16), qw, s, z, perm, cs, bias, gb, gr)
+        r = dispatch.resolve(ops.mbwq_gemm, *args, backend="cuda:mbwq_gemv")
+        assert r.kernel.name == "mbwq_gemv"
+        for _ in range(2):
+            fresh = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),) + args[1:]
+            assert torch.equal(r(*fresh), ops.mbwq_gemm(*fresh, backend="cuda:mbwq_gemv"))
+    layer = MBWQLinear(k, 77, bits=gb, group_rows=gr, bias=True, dtype=torch.float16).cuda()
+    with torch.no_grad():
+        for name, t in (("qweight", qw), ("scales", s), ("zeros", z), ("q_perm", perm), ("channel_scale", cs),
+                        ("bias", bias)):
+            getattr(layer, name).copy_(t)
+    x = torch.randn(2, 3, k, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        e = bie_core.explain(layer, x)
+        assert e.chosen()["mbwq_gemm"] == "cuda:mbwq_gemv", str(e)
+        y1, y2 = layer(x), layer(x)              # the second call goes through the bound call
+    xs, expect = _expect(x.reshape(6, k), w64, cs, bias)
+    _close(y1.reshape(6, 77), expect, torch.float16, k, xs, w64, "layer")
+    assert torch.equal(y1, y2)
+
+
+@needs_cuda
+def test_bad_input_raises(cuda_mbwq):
+    from bie_backend_cuda import _build
+    from bie_core import ops
+    gb, gr, qw, s, z, perm, w64, g = _case(1, 9, 11, device="cuda")
+    k = sum(gr)
+    x = torch.randn(2, k, device="cuda")
+    dup = perm.clone()
+    dup[0] = dup[1]
+    for bad in (dup, perm + k):
+        with pytest.raises(IndexError, match="q_perm must be a permutation"):
+            ops.mbwq_gemm(x, qw, s, z, bad, None, None, gb, gr, backend="cuda")
+    lay = cuda_mbwq.prepare(qw, s, z, perm, None, group_bits=gb, group_rows=gr)
+    cnt = cuda_mbwq._counters(x.device, 9)
+    fn = _build.ops().mbwq_gemv
+    good = (x, qw, lay.chunks, lay.perm, lay.scales, lay.zeros, None, None, cnt, 0)
+
+    def bad(i, v, match):
+        a = list(good)
+        a[i] = v
+        with pytest.raises(RuntimeError, match=match):
+            fn(*a)
+    bad(0, torch.randn(9, k, device="cuda"), "at most 8 rows")
+    bad(0, torch.randn(2, k, device="cuda").double(), "x must be float32")
+    bad(1, qw.float(), "qweight must be")
+    bad(2, lay.chunks[:, :3].contiguous(), "chunks must be")
+    bad(3, lay.perm[:-1], "perm must be")
+    bad(4, lay.scales.half(), "scales and zeros")
+    bad(5, lay.zeros[:, :-1], "scales and zeros")
+    bad(8, cnt[:0], "counters")
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        _build.ops().mbwq_dequant(qw, lay.chunks, lay.scales, lay.zeros, None, None, k, torch.int32)
+    # table entries that point outside the weight are skipped by the kernels (no out-of-bounds access)
+    t = lay.chunks.clone()
+    t[0, 3] = 1 << 30          # first word past qweight
+    t[1, 1] = 99               # a group that does not exist
+    t[2, 0] = 7 | (32 << 8)    # a width that does not exist
+    t[3, 2] = k                # rows past K
+    y = fn(x, qw, t, lay.perm, lay.scales, lay.zeros, None, None, cnt, 0)
+    d = _build.ops().mbwq_dequant(qw, t, lay.scales, lay.zeros, None, lay.perm, k, torch.float32)
+    torch.cuda.synchronize()
+    assert y.shape == (2, 9) and d.shape == (k, 9)
+    assert math.isfinite(float(y.abs().sum()))
