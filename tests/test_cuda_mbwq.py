@@ -59,8 +59,8 @@ def _close(y, expect, dtype, k, xs, w64, what):
     torch.testing.assert_close(y.double().cpu(), expect, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
-@needs_backend
 # ------------------------------------------------------------------ CPU: chunk table and emulated kernels
+@needs_backend
 def test_chunk_table_walks_every_group():
     from bie_backend_cuda.mbwq import chunk_table
     from bie_core.ops.weight_only import mbwq_packed_rows
@@ -125,7 +125,6 @@ def _emulated_ops():
     return Ops
 
 
-@needs_backend
 @pytest.fixture
 def emulated(monkeypatch):
     from bie_backend_cuda import _build, mbwq
@@ -135,6 +134,7 @@ def emulated(monkeypatch):
     return mbwq
 
 
+@needs_backend
 @pytest.mark.parametrize("gi", range(3))
 def test_wrappers_with_emulated_kernels(emulated, gi):
     from bie_backend_cpu.reference import weight_only as ref
