@@ -24,6 +24,7 @@ import torch
 from bie_core.backend_api import mbwq_segments
 
 from . import _build
+from .weight_only import _counters_for
 
 #: rows the GEMV kernel serves (csrc/launchers.h MBWQ_GEMV_MAX_M)
 GEMV_MAX_M = 8
@@ -64,13 +65,11 @@ def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, g
     dev = qweight.device
     k, n = int(sum(group_rows)), qweight.shape[1]
     perm_long = q_perm.detach().to(device=dev, dtype=torch.int64).contiguous()
-    inside = (perm_long >= 0) & (perm_long < k)
-    hits = torch.bincount(torch.where(inside, perm_long, 0), minlength=k)
-    if not bool(inside.all() & (hits == 1).all()):
+    # sorted, a permutation is 0..K-1; the sorting order is then its inverse (input row k is packed row inverse[k])
+    ordered, inverse = perm_long.sort()
+    if ordered.shape[0] != k or not bool((ordered == torch.arange(k, device=dev)).all()):
         raise IndexError(f"mbwq (bie-backend-cuda): q_perm must be a permutation of 0..{k - 1} "
                          f"(K = sum(group_rows) = {k})")
-    inverse = torch.empty_like(perm_long)
-    inverse[perm_long] = torch.arange(k, device=dev)
     rscale = None
     if channel_scale is not None:
         rscale = channel_scale.detach().to(dev).to(torch.float32).index_select(0, perm_long).contiguous()
@@ -87,7 +86,8 @@ def _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits,
 
 
 def _counters(device, n: int) -> torch.Tensor:
-    from .weight_only import _counters_for   # the split-K semaphores of the weight-only kernels, per stream
+    """The zeroed split-K semaphores of the current stream (shared with the weight-only kernels), one per column
+    block."""
     return _counters_for(device, -(-n // _THREADS))
 
 
