@@ -7,7 +7,8 @@
 #   build-cuda      build the CUDA extension
 #   build-cutlass   build the CUTLASS families (binary, integer, weight_only)
 #   build           both builds at once (each CUTLASS family in its own process)
-#   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_cuda_quantize_int.py, test_wq_kernel_choice.py, test_dynamic_cuda.py and
+#   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_cuda_quantize_int.py, test_wq_kernel_choice.py, test_dynamic_cuda.py,
+#                   test_cuda_mbwq.py and
 #                   the conformance kit under cuda
 #   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
@@ -95,7 +96,7 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       run test-cuda timeout 580 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs \
           tests/test_cuda_backend.py tests/test_cuda_bound_calls.py tests/test_cuda_quantize_int.py \
           tests/test_wq_kernel_choice.py tests/test_import_rules.py \
-          tests/test_dynamic_cuda.py tests/test_dynamic_gemv_layout.py
+          tests/test_dynamic_cuda.py tests/test_dynamic_gemv_layout.py tests/test_cuda_mbwq.py
       run kit-cuda timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing ;;
     test-cutlass)
       run test-cutlass timeout 480 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cutlass_build.py \
