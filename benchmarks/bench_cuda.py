@@ -9,7 +9,7 @@ card's power cap) are timed interleaved with their baselines instead (gpu_timing
 use measured H100 ceilings (3.0 TB/s, bf16 798 TFLOP/s, 1-bit 15.9 POPS wgmma / 10.7 POPS mma.sync; the
 ceilings are microbenchmark figures of this card, see benchmarks/results/cuda_h100.md).
 
-    python benchmarks/bench_cuda.py [--quick] [--json out.json] [--only binary,wq,wqm]
+    python benchmarks/bench_cuda.py [--quick] [--json out.json] [--only binary,wq,wqm,mbwq]
 """
 from __future__ import annotations
 
@@ -206,6 +206,53 @@ def bench_wqm(rows, quick):
 
 
 
+# ------------------------------------------------------------------ mixed widths (MBWQLinear)
+#: exl2-like widths of consecutive 128-row groups (about 4.4 bits per weight): cycled over K
+MBWQ_WIDTHS = (8, 6, 5, 5, 4, 4, 4, 4, 4, 4, 3, 3, 3, 2, 4, 4)
+
+
+def _rand_mbwq(k, n, gen):
+    from bie_core.ops.weight_only import mbwq_packed_rows
+    rows = [128] * (k // 128) + ([k % 128] if k % 128 else [])
+    bits = [MBWQ_WIDTHS[i % len(MBWQ_WIDTHS)] for i in range(len(rows))]
+    qw = torch.randint(-2 ** 31, 2 ** 31 - 1, (mbwq_packed_rows(bits, rows), n), device="cuda", dtype=torch.int32,
+                       generator=gen)
+    b = torch.tensor(bits, device="cuda", dtype=torch.float32).unsqueeze(1)
+    s = ((torch.rand((len(rows), n), device="cuda", generator=gen) + 0.5) / 2 ** b).half()
+    z = (torch.rand((len(rows), n), device="cuda", generator=gen) * 2 ** b * s.float()).half()
+    perm = torch.randperm(k, device="cuda", generator=gen).to(torch.int32)
+    cs = (torch.rand(k, device="cuda", generator=gen) + 0.5).half()
+    return (qw, s, z, perm, cs), bits, rows
+
+
+def bench_mbwq(rows, quick):
+    """mbwq_gemm (MBWQLinear's op, mixed widths, q_perm and channel_scale) through automatic selection on CUDA."""
+    from bie_core import ops
+    shapes = [(4096, 4096), (28672, 8192)] if quick else [(4096, 4096), (28672, 8192), (8192, 28672)]
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for n, k in shapes:
+        first, bits, grows = _rand_mbwq(k, n, gen)
+        wbytes = first[0].numel() * 4 + first[1].numel() * 4 + k * 6
+        sets = [first] + [_rand_mbwq(k, n, gen)[0] for _ in range(pool_size(wbytes) - 1)]
+        for m in (1, 4, 8, 16) if quick else (1, 2, 4, 8, 9, 16, 64):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            fns = [lambda s_=s_: ops.mbwq_gemm(x, *s_, None, bits, grows, backend="cuda") for s_ in sets]
+            time_graph(fns)          # untimed: the clock recovers from the previous case
+            t = time_graph(fns)
+            qw, sc, z, perm, cs = sets[0]
+            w = ops.mbwq_dequantize(qw, sc, z, perm, bits, grows, torch.float32, backend="cuda")
+            ref = (x.float() * cs.float()) @ w
+            rel = float((fns[0]().float() - ref).norm() / ref.norm())
+            base = bf16_linear_us(m, n, k)
+            byts = wbytes + m * k * 2 + m * n * 2
+            rows.append(dict(family=f"MBWQ {sum(b * r for b, r in zip(bits, grows)) / k:.2f} bits/w",
+                             shape=f"M={m} N={n} K={k}", us=t, bf16_us=base, speedup=base / t,
+                             TBps=byts / t / 1e6, floor_us=byts / BW * 1e6, frac_roof=byts / BW * 1e6 / t,
+                             rel_err=rel))
+        del sets
+        torch.cuda.empty_cache()
+
+
 def _tinygemm(m, n, k, gs, nset):
     packs = []
     for _ in range(nset):
@@ -238,6 +285,8 @@ def main():
         bench_wq(rows, args.quick)
     if "wqm" in only:
         bench_wqm(rows, args.quick)
+    if "mbwq" in only:
+        bench_mbwq(rows, args.quick)
     meta = run_meta(calls_per_graph=CALLS)
     print(json.dumps(meta))
     for r in rows:
