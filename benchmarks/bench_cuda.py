@@ -207,7 +207,7 @@ def bench_wqm(rows, quick):
 
 
 # ------------------------------------------------------------------ mixed widths (MBWQLinear)
-#: exl2-like widths of consecutive 128-row groups (about 4.4 bits per weight): cycled over K
+#: exl2-like widths of consecutive 128-row groups (about 4.2 bits per weight): cycled over K
 MBWQ_WIDTHS = (8, 6, 5, 5, 4, 4, 4, 4, 4, 4, 3, 3, 3, 2, 4, 4)
 
 

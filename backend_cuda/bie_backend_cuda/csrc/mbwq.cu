@@ -8,16 +8,17 @@
 // b bits fill exactly b words, so within a chunk the word and bit offset of every code are compile-time constants
 // once the width is (one instantiation per width).
 //
-// GEMV (M <= MBWQ_GEMV_MAX_M, rows padded to MP = 1, 2, 4 or 8): a block owns 128 columns (one per thread: the
-// int32 words of one packed row are consecutive across columns, so a warp's loads are coalesced 128-byte rows) and
-// a run of cps chunks (a K split). It first stages x[m, perm[j]] * rscale[j] for its chunks in shared memory as
-// float32, each chunk in its own 32-row slot (zero past the chunk's rows and past M: a padded code then adds 0), and
-// the sum of each slot's x per row. A thread then decodes each chunk's codes in registers and accumulates
-// sum_t q_t * x_t; the chunk adds s * that - z * sum_t x_t (= sum_t (q_t s - z) x_t). Codes become floats by the
-// exponent trick (2^23 + q as bits, minus 2^23: exact), which keeps the integer-to-float unit, a quarter of the
-// FMA rate, out of the loop. Accumulation is float32 throughout. Splits write float32 partials; the last block of
-// a column block to finish (a semaphore per column block, reset by that block) sums them in split order (the
-// result does not depend on the blocks' timing), adds the bias and stores x's dtype: one launch.
+// GEMV (M <= MBWQ_GEMV_MAX_M, rows padded to MP = 1, 2, 4 or 8): a block owns 128 columns and a run of cps chunks
+// (a K split). It first stages x[m, perm[j]] * rscale[j] for its chunks in shared memory as float32, each chunk in its
+// own 32-row slot (zero past the chunk's rows and past M: a padded code then adds 0), and the sum of each slot's x per
+// row. Its 512 threads are four groups of one thread per column (the int32 words of one packed row are consecutive
+// across columns, so a warp's loads are coalesced 128-byte rows); the groups take the split's chunks in turn. A
+// thread decodes each chunk's codes in registers and accumulates sum_t q_t * x_t; the chunk adds s * that - z *
+// sum_t x_t (= sum_t (q_t s - z) x_t). Codes become floats by the exponent trick (2^23 + q as bits, minus 2^23:
+// exact), which keeps the integer-to-float conversion (a fraction of the FMA rate) out of the loop. Accumulation is float32
+// throughout. The groups' sums meet in shared memory; splits write float32 partials, and the last block of a column
+// block to finish (a semaphore per column block, reset by that block) sums them in split order (the result does not
+// depend on the blocks' timing), adds the bias and stores x's dtype: one launch.
 //
 // Dequantization: a block per (chunk, 128 columns), each thread decodes one column of the chunk and writes
 // (q * s - z) (two float32 roundings, as the reference), times rscale[j] if given, in the output dtype at row
@@ -27,8 +28,10 @@
 namespace bie {
 namespace {
 
-constexpr int kThreads = MBWQ_THREADS;
-constexpr int kStageFloats = 4096;   // staged x per block: 16 KiB (plus the slot sums)
+constexpr int kThreads = MBWQ_THREADS;           // columns per block
+constexpr int kGroups = 4;                        // GEMV: groups of kThreads threads splitting a block's chunks
+constexpr int kGemvThreads = kThreads * kGroups;
+constexpr int kStageFloats = 8192;                // GEMV: staged x per block, 32 KiB (plus the slot sums)
 
 struct Chunk {
   int bits, rows, group, j0, nwords;
@@ -117,18 +120,20 @@ __device__ __forceinline__ void chunk_dot(const int32_t* col, int64_t ld, int nw
 }
 
 template <typename T, int MP>
-__global__ void __launch_bounds__(kThreads) mbwq_gemv_kernel(const MbwqArgs p) {
+__global__ void __launch_bounds__(kGemvThreads, 2) mbwq_gemv_kernel(const MbwqArgs p) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);     // cps slots of 32 rows x MP
   float* sx = xs + p.cps * 32 * MP;                // cps x MP slot sums
+  float* red = sx + p.cps * MP;                    // (kGroups - 1) x MP x kThreads: the other groups' sums
   __shared__ int s_last;
   const int tid = threadIdx.x;
-  const int n = blockIdx.x * kThreads + tid;
+  const int col = tid % kThreads, kg = tid / kThreads;
+  const int n = blockIdx.x * kThreads + col;
   const int c0 = blockIdx.y * p.cps;
   const int nslots = min(p.cps, p.nchunks - c0);
   const T* x = static_cast<const T*>(p.x);
 
-  for (int e = tid; e < nslots * 32 * MP; e += kThreads) {
+  for (int e = tid; e < nslots * 32 * MP; e += kGemvThreads) {
     const int slot = e / (32 * MP), t = (e / MP) & 31, m = e & (MP - 1);
     float v = 0.0f;
     Chunk ch;
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) mbwq_gemv_kernel(const MbwqArgs p) {
     xs[e] = v;
   }
   __syncthreads();
-  for (int e = tid; e < nslots * MP; e += kThreads) {
+  for (int e = tid; e < nslots * MP; e += kGemvThreads) {
     const int slot = e / MP, m = e & (MP - 1);
     const float* r = xs + slot * 32 * MP + m;
     float s = 0.0f;
@@ -153,25 +158,26 @@ __global__ void __launch_bounds__(kThreads) mbwq_gemv_kernel(const MbwqArgs p) {
   }
   __syncthreads();
 
+  // each group of kThreads threads (one per column) takes every kGroups-th chunk of the split
   float acc[MP];
 #pragma unroll
   for (int m = 0; m < MP; ++m) acc[m] = 0.0f;
   if (n < p.N) {
-    for (int slot = 0; slot < nslots; ++slot) {
+    for (int slot = kg; slot < nslots; slot += kGroups) {
       Chunk ch;
       if (!load_chunk(p, c0 + slot, ch)) continue;
-      const int32_t* col = p.qweight + ch.w0 * p.N + n;
+      const int32_t* wcol = p.qweight + ch.w0 * p.N + n;
       const float* xsl = xs + slot * 32 * MP;
       float aq[MP];
 #pragma unroll
       for (int m = 0; m < MP; ++m) aq[m] = 0.0f;
       switch (ch.bits) {
-        case 2: chunk_dot<2, MP>(col, p.N, ch.nwords, xsl, aq); break;
-        case 3: chunk_dot<3, MP>(col, p.N, ch.nwords, xsl, aq); break;
-        case 4: chunk_dot<4, MP>(col, p.N, ch.nwords, xsl, aq); break;
-        case 5: chunk_dot<5, MP>(col, p.N, ch.nwords, xsl, aq); break;
-        case 6: chunk_dot<6, MP>(col, p.N, ch.nwords, xsl, aq); break;
-        default: chunk_dot<8, MP>(col, p.N, ch.nwords, xsl, aq); break;
+        case 2: chunk_dot<2, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 3: chunk_dot<3, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 4: chunk_dot<4, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 5: chunk_dot<5, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 6: chunk_dot<6, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
+        default: chunk_dot<8, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
       }
       const int64_t gi = (int64_t)ch.group * p.N + n;
       const float s = __ldg(p.scales + gi), z = __ldg(p.zeros + gi);
@@ -179,10 +185,22 @@ __global__ void __launch_bounds__(kThreads) mbwq_gemv_kernel(const MbwqArgs p) {
       for (int m = 0; m < MP; ++m) acc[m] = fmaf(s, aq[m], fmaf(-z, sx[slot * MP + m], acc[m]));
     }
   }
+  // the groups' sums meet in group 0, added in group order (deterministic)
+  if (kg > 0) {
+#pragma unroll
+    for (int m = 0; m < MP; ++m) red[((kg - 1) * MP + m) * kThreads + col] = acc[m];
+  }
+  __syncthreads();
+  if (kg == 0) {
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g)
+#pragma unroll
+      for (int m = 0; m < MP; ++m) acc[m] += red[((g - 1) * MP + m) * kThreads + col];
+  }
 
   T* out = static_cast<T*>(p.out);
   if (p.splits == 1) {
-    if (n < p.N) {
+    if (kg == 0 && n < p.N) {
       const float b = p.bias != nullptr ? load_f32(p.bias, p.bias_dtype, n) : 0.0f;
 #pragma unroll
       for (int m = 0; m < MP; ++m)
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) mbwq_gemv_kernel(const MbwqArgs p) {
     }
     return;
   }
-  if (n < p.N) {
+  if (kg == 0 && n < p.N) {
 #pragma unroll
     for (int m = 0; m < MP; ++m)
       if (m < p.M) p.ws[((int64_t)blockIdx.y * p.M + m) * p.N + n] = acc[m];
@@ -203,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) mbwq_gemv_kernel(const MbwqArgs p) {
   __threadfence();
   if (n < p.N) {
     const float b = p.bias != nullptr ? load_f32(p.bias, p.bias_dtype, n) : 0.0f;
-    for (int m = 0; m < p.M; ++m) {
+    for (int m = kg; m < p.M; m += kGroups) {   // the rows shared out over the groups
       float v = 0.0f;
       for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(p.ws + ((int64_t)sp * p.M + m) * p.N + n);
       out[(int64_t)m * p.N + n] = from_f32<T>(v + b);
@@ -255,14 +273,19 @@ __global__ void __launch_bounds__(kThreads) mbwq_dequant_kernel(const MbwqArgs p
 
 int rows_padded(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
 
+// the GEMV's dynamic shared memory: staged x, the slot sums, the groups' sums (at most 45 KiB: no opt-in needed)
+int gemv_smem(int cps, int mp) {
+  return (cps * 32 * mp + cps * mp + (kGroups - 1) * mp * kThreads) * (int)sizeof(float);
+}
+
 template <typename T>
 cudaError_t gemv_for(const MbwqArgs& p, int smem, cudaStream_t st) {
   const dim3 grid((unsigned)ceil_div(p.N, kThreads), (unsigned)p.splits);
   switch (rows_padded(p.M)) {
-    case 1: mbwq_gemv_kernel<T, 1><<<grid, kThreads, smem, st>>>(p); break;
-    case 2: mbwq_gemv_kernel<T, 2><<<grid, kThreads, smem, st>>>(p); break;
-    case 4: mbwq_gemv_kernel<T, 4><<<grid, kThreads, smem, st>>>(p); break;
-    default: mbwq_gemv_kernel<T, 8><<<grid, kThreads, smem, st>>>(p); break;
+    case 1: mbwq_gemv_kernel<T, 1><<<grid, kGemvThreads, smem, st>>>(p); break;
+    case 2: mbwq_gemv_kernel<T, 2><<<grid, kGemvThreads, smem, st>>>(p); break;
+    case 4: mbwq_gemv_kernel<T, 4><<<grid, kGemvThreads, smem, st>>>(p); break;
+    default: mbwq_gemv_kernel<T, 8><<<grid, kGemvThreads, smem, st>>>(p); break;
   }
   BIE_LAUNCH_CHECK();
 }
@@ -277,21 +300,20 @@ int mbwq_gemv_plan(MbwqArgs& p, int num_sms, int splits_force) {
   if (splits_force > 0) {
     splits = splits_force;
   } else {
-    // about four blocks per multiprocessor in all, but no split shorter than two chunks (its partials would cost
-    // more traffic than its codes)
-    splits = std::max(1, ceil_div(4 * num_sms, colblocks));
-    splits = std::min(splits, std::max(1, p.nchunks / 2));
+    // about two blocks (of 16 warps: as many as are resident) per multiprocessor in all, but at least 8 chunks per
+    // split (2 per group): shorter splits cost more in float32 partials than they gain in parallelism
+    splits = std::max(1, ceil_div(2 * num_sms, colblocks));
+    splits = std::min(splits, std::max(1, p.nchunks / 8));
   }
   splits = std::max(1, std::min(splits, p.nchunks));
-  int cps = std::min(ceil_div(p.nchunks, splits), cap);
+  const int cps = std::min(ceil_div(p.nchunks, splits), cap);
   p.cps = cps;
   p.splits = ceil_div(p.nchunks, cps);                 // no empty split
-  return (cps * 32 * mp + cps * mp) * (int)sizeof(float);
+  return gemv_smem(cps, mp);
 }
 
 cudaError_t launch_mbwq_gemv(const MbwqArgs& p, int x_dtype, cudaStream_t st) {
-  const int mp = rows_padded(p.M);
-  const int smem = (p.cps * 32 * mp + p.cps * mp) * (int)sizeof(float);
+  const int smem = gemv_smem(p.cps, rows_padded(p.M));
   switch (x_dtype) {
     case kF16: return gemv_for<__half>(p, smem, st);
     case kBF16: return gemv_for<__nv_bfloat16>(p, smem, st);
