@@ -15,10 +15,10 @@
 // across columns, so a warp's loads are coalesced 128-byte rows); the groups take the split's chunks in turn. A
 // thread decodes each chunk's codes in registers and accumulates sum_t q_t * x_t; the chunk adds s * that - z *
 // sum_t x_t (= sum_t (q_t s - z) x_t). Codes become floats by the exponent trick (2^23 + q as bits, minus 2^23:
-// exact), which keeps the integer-to-float conversion (a fraction of the FMA rate) out of the loop. Accumulation is float32
-// throughout. The groups' sums meet in shared memory; splits write float32 partials, and the last block of a column
-// block to finish (a semaphore per column block, reset by that block) sums them in split order (the result does not
-// depend on the blocks' timing), adds the bias and stores x's dtype: one launch.
+// exact), which keeps the integer-to-float conversion (a fraction of the FMA rate) out of the loop. Accumulation is
+// float32 throughout. The groups' sums meet in shared memory; splits write float32 partials, and the last block of a
+// column block to finish (a semaphore per column block, reset by that block) sums them in split order (the result
+// does not depend on the blocks' timing), adds the bias and stores x's dtype: one launch.
 //
 // Dequantization: a block per (chunk, 128 columns), each thread decodes one column of the chunk and writes
 // (q * s - z) (two float32 roundings, as the reference), times rscale[j] if given, in the output dtype at row
