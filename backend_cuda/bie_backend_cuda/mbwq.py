@@ -101,8 +101,8 @@ def _folded(qweight, lay: MbwqLayout, dtype) -> torch.Tensor:
 def mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
     """mbwq_gemm for 1..8 rows: one launch of the GEMV kernel."""
     lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
-    return _build.ops().mbwq_gemv(x, qweight.contiguous(), lay.chunks, lay.perm, lay.scales, lay.zeros, lay.rscale, bias,
-                                  _counters(x.device, lay.n), 0)
+    return _build.ops().mbwq_gemv(x, qweight.contiguous(), lay.chunks, lay.perm, lay.scales, lay.zeros, lay.rscale,
+                                  bias, _counters(x.device, lay.n), 0)
 
 
 def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):

@@ -1008,8 +1008,8 @@ void check_mbwq_operands(const char* who, const Tensor& qweight, const Tensor& c
   const int64_t N = qweight.size(1);
   TORCH_CHECK(chunks.scalar_type() == at::kInt && chunks.dim() == 2 && chunks.size(1) == 4 && chunks.size(0) >= 1 &&
                   chunks.size(0) < (1ll << 31) && chunks.is_contiguous() && chunks.device() == dev,
-              "bie_cuda.", who, ": chunks must be a contiguous (nchunks, 4) int32 chunk table on qweight's device, got ",
-              chunks.scalar_type(), " ", chunks.sizes());
+              "bie_cuda.", who, ": chunks must be a contiguous (nchunks, 4) int32 chunk table on qweight's device, ",
+              "got ", chunks.scalar_type(), " ", chunks.sizes());
   TORCH_CHECK(reinterpret_cast<uintptr_t>(chunks.data_ptr()) % 16 == 0, "bie_cuda.", who,
               ": chunks must be 16-byte aligned");
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) >= 1 && scales.size(0) < (1ll << 31) && scales.size(1) == N,
