@@ -233,6 +233,12 @@ def test_implicit_gemm_conv_equals_the_im2col_path(geom, monkeypatch):
             assert torch.equal(got.cpu(), ref.int_conv2d(x.cpu(), w.cpu(), *args, None, None, None))
         call = integer.bind_int_conv2d(x, w, *args, sc, bc, dt, prepared=prepared)
         assert torch.equal(call(x, w, *args, sc, bc, dt), im2col)
+        # the bound call keeps a channels_last input's layout in its output (as cuDNN's conv), same values
+        xl = x.to(memory_format=torch.channels_last)
+        yl = integer.bind_int_conv2d(xl, w, *args, sc, bc, dt, prepared=prepared)(xl, w, *args, sc, bc, dt)
+        assert torch.equal(yl, im2col)
+        if c > 1 and h * w_ > 1:
+            assert yl.is_contiguous(memory_format=torch.channels_last)
     # the fused activation quantization in front of it: float x, one act scale, a channel shift
     xf = torch.randn((n, c, h, w_), generator=gen).cuda()
     sa, shift = torch.tensor(0.05, device="cuda"), torch.randn(c, generator=gen).cuda() * 0.1

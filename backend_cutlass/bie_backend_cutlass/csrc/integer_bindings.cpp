@@ -526,7 +526,8 @@ at::Tensor iconv(const at::Tensor& x, const at::Tensor& w, int64_t kh, int64_t k
 // NHWC (free for a channels_last x); with conv_config >= 0 (an index into the conv configurations) the implicit
 // GEMM where it serves (one group, iconv_fits, a geometry CUTLASS implements), else an int8 im2col and the GEMM
 // (config) batched over groups against the prepared weight w (G, Np, Kp) (integer.py prepare_conv), epilogue
-// vectors as gemm takes them; returns (N, O, Ho, Wo) contiguous.
+// vectors as gemm takes them; returns (N, O, Ho, Wo), contiguous (channels_last from the implicit GEMM for a
+// channels_last x).
 at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
                 const c10::optional<at::Tensor>& channel_shift, const at::Tensor& w, int64_t o, int64_t kh, int64_t kw,
                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
@@ -548,8 +549,11 @@ at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale,
     c10::optional<at::Tensor> d = iconv_try(codes, w, kh, kw, sh, sw, ph, pw, dh, dw, scale, bias, out_dtype,
                                             conv_config, who);
     if (d.has_value()) {
-      at::Tensor y = d->size(3) == o ? *d : d->narrow(3, 0, o);
-      return y.permute({0, 3, 1, 2}).contiguous();
+      const at::Tensor y = (d->size(3) == o ? *d : d->narrow(3, 0, o)).permute({0, 3, 1, 2});
+      // a channels_last input gets a channels_last output, as from cuDNN's conv: the NHWC result as it is (a copy
+      // only to drop padded channels); any other input contiguous NCHW
+      const bool cl = x.is_contiguous(at::MemoryFormat::ChannelsLast) && !x.is_contiguous();
+      return cl ? y.contiguous(at::MemoryFormat::ChannelsLast) : y.contiguous();
     }
   }
   at::Tensor cols = im2col(codes, G, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, w.size(2));
