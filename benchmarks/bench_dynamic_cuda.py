@@ -2,6 +2,7 @@
 separate quantization (what torchao's int8 dynamic-activation path runs), docs/dynamic.md.
 
     python benchmarks/bench_dynamic_cuda.py OUT.json [--quick | --decode | --ms 1,2,4] [--rounds 5] [--backend cuda]
+        [--gemv-ring 0|1]
 
 For (K, N) in {4096x4096, 8192x28672} and M in {1, 2, 4, ..., 8192} (powers of two; ``--decode``: M = 1 ... 16,
 the fused GEMV's range), bf16 activations, per-channel int8 weights, no bias, every time including the activation
@@ -9,8 +10,9 @@ quantization:
 
 * ``bie``: ``bie_core.ops.dynamic_int8_linear(x, w, w_scale, None, "per_token_symmetric")``: the dispatcher's choice
   over the installed backends (``--backend cuda``: under ``use_backend("cuda")``), printed as ``kernel``:
-  bie-backend-cuda's fused GEMV ``dynamic_int8_gemv`` up to 16 rows; bie-backend-cutlass's
-  ``dynamic_int8_linear_sm90`` (one-pass quantization + int8 wgmma with the epilogue fused) from 17 rows; without
+  bie-backend-cuda's fused GEMV ``dynamic_int8_gemv`` for 1-8 rows (``--gemv-ring 1``: its weight tiles staged
+  through shared memory); bie-backend-cutlass's
+  ``dynamic_int8_linear_sm90`` (one-pass quantization + int8 wgmma with the epilogue fused) from 9 rows; without
   bie-backend-cutlass, bie-backend-cuda's ``dynamic_int8_linear_int_mm`` (one-pass quantization + torch._int_mm +
   fused epilogue);
 * ``bie_int_mm``: the same op forced to ``cuda:dynamic_int8_linear_int_mm``;
@@ -67,6 +69,8 @@ def main() -> None:
     ap.add_argument("--ms", default="", help="comma-separated M values (overrides --quick / --decode)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--backend", default="", help="restrict the dispatcher (e.g. cuda); default: every backend")
+    ap.add_argument("--gemv-ring", type=int, default=None, choices=(0, 1),
+                    help="the fused GEMV's weight staging: 0 registers, 1 shared memory (default: the library's)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_dynamic_cuda: no CUDA device")
@@ -76,13 +80,15 @@ def main() -> None:
         ms = [int(v) for v in args.ms.split(",")]
     dev = "cuda"
     from bie_backend_cuda import dynamic as cd
+    if args.gemv_ring is not None:
+        cd.GEMV_RING = args.gemv_ring
 
     def save():
         # after every row: a run cut short by a time limit keeps what it measured
         epilogue = ("eager passes (torch.compile failed: " + cd._state["failed"] + ")" if cd._state.get("failed")
                     else "torch.compile")
         meta = run_meta(epilogue=epilogue, rounds=args.rounds, roofline_tbs=ROOFLINE_TBS,
-                        backend=args.backend or "all")
+                        backend=args.backend or "all", gemv_ring=cd.GEMV_RING)
         write_json(args.out, meta, rows)
         return meta
     warm_gpu(2.0)

@@ -22,7 +22,7 @@ OPS = {
     "wqt": ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.M88.4", "CALL", "LDL", "STL"),
     "wqm": ("HGMMA", "CALL", "LDL", "STL"),
     # (an op starting with "re:" is a regular expression: 16-byte global loads with any cache qualifiers)
-    "dyn": ("IMMA.16832.S8.S8", r"re:LDG\.E\S*\.128", "CALL", "LDL", "STL"),
+    "dyn": ("IMMA.16832.S8.S8", r"re:LDG\.E\S*\.128", "LDGSTS.E.BYPASS.128", "CALL", "LDL", "STL"),
 }
 KERNEL = {"binary": "bgemm", "wqv": "wq_skinny_kernel", "wqt": "wq_thin_kernel", "wqm": "wq_rows_kernel",
           "dyn": "dynamic_gemv_kernel"}
@@ -76,8 +76,10 @@ def report(fam: str, stats: dict) -> str:
         # CALLs are allowed here: the quantization of x needs the IEEE division and reciprocal (__fdiv_rn,
         # __frcp_rn) to be bit-exact, and ptxas puts their special-case paths (and the 64-bit integer divisions of
         # the work split) in subroutines, run per row or per thread, never per weight tile
+        # 16-byte weight loads: into registers (LDG.128), or into shared memory by cp.async (LDGSTS, the shared-memory
+        # staging variant)
         bad = [f for f, c in stats.items() if c["LDL"] or c["STL"] or not c["IMMA.16832.S8.S8"]
-               or not c[r"re:LDG\.E\S*\.128"]]
+               or not (c[r"re:LDG\.E\S*\.128"] or c["LDGSTS.E.BYPASS.128"])]
         return "SASS check (dyn): " + ("FAIL " + str(bad) if bad or not stats else
                                        f"OK ({len(stats)} fused GEMV kernels: IMMA, 16-byte weight loads, "
                                        "no local memory)")

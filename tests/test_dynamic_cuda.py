@@ -103,6 +103,23 @@ def test_gemv_bit_exact(cuda_dynamic, dtype):
         _exact(_gemv(cuda_dynamic, x, w, ws, b), rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_shared_memory_ring_is_bit_exact(cuda_dynamic, dtype, monkeypatch):
+    """The weight tiles staged through shared memory by cp.async (GEMV_RING = 1) give the same results; where the
+    ring does not fit next to the codes of x (large K) the launch keeps the register ring."""
+    from bie_backend_cpu.reference import dynamic as rd
+    monkeypatch.setattr(cuda_dynamic, "GEMV_RING", 1)
+    g = torch.Generator().manual_seed(21)
+    for i, (m, n, k) in enumerate(((1, 1, 1), (1, 4096, 4096), (2, 4097, 4095), (8, 64, 4096), (9, 300, 8191),
+                                   (16, 33, 100), (3, 1000, 28000), (1, 28672, 512))):
+        x, w, ws, b = _gemv_case(g, m, n, k, dtype, per_channel=i % 2 == 0, with_bias=i % 3 != 1)
+        _exact(_gemv(cuda_dynamic, x, w, ws, b), rd.dynamic_int8_linear(x, w, ws, b, "per_token_symmetric"))
+    from bie_backend_cuda import _build
+    x, w, ws, _ = _gemv_case(g, 2, 16, 64, dtype)
+    with pytest.raises(RuntimeError, match="ring must be 0"):
+        _build.ops().dynamic_gemv(x.cuda(), cuda_dynamic.prepare_gemv(w.cuda()), ws.cuda(), None, 16, 64, 0, False, 2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_gemv_strided_and_misaligned_x(cuda_dynamic, dtype):
     from bie_backend_cpu.reference import dynamic as rd
@@ -158,8 +175,9 @@ def test_gemv_grid_splits(cuda_dynamic):
         wf = cuda_dynamic.prepare_gemv(w.cuda())
         for grid in (1, 2, 7, 133, 100000):
             for pdl in (False, True):
-                got = _build.ops().dynamic_gemv(x.cuda(), wf, ws.cuda(), b.cuda(), n, k, grid, pdl)
-                _exact(got, exp)
+                for ring in (0, 1):   # weight tiles staged in registers / through shared memory
+                    got = _build.ops().dynamic_gemv(x.cuda(), wf, ws.cuda(), b.cuda(), n, k, grid, pdl, ring)
+                    _exact(got, exp)
 
 
 def test_gemv_programmatic_launch_reads_the_previous_kernels_output(cuda_dynamic):
@@ -174,7 +192,7 @@ def test_gemv_programmatic_launch_reads_the_previous_kernels_output(cuda_dynamic
     torch.cuda.synchronize()
     y, exp = x.cuda(), x
     for i in range(6):
-        y = _build.ops().dynamic_gemv(y * 0.5 if i % 2 else y, wf, wsc, bc, k, k, 0, True)
+        y = _build.ops().dynamic_gemv(y * 0.5 if i % 2 else y, wf, wsc, bc, k, k, 0, True, i % 2)
         exp = rd.dynamic_int8_linear(exp * 0.5 if i % 2 else exp, w, ws, b, "per_token_symmetric")
     _exact(y, exp)
 
@@ -185,11 +203,11 @@ def test_gemv_rejects_bad_arguments(cuda_dynamic):
     w = torch.randint(-128, 128, (8, 64), dtype=torch.int32, device="cuda").to(torch.int8)
     wf, ws = cuda_dynamic.prepare_gemv(w), torch.ones(8, device="cuda")
     with pytest.raises(RuntimeError, match="at most 16 rows"):
-        _build.ops().dynamic_gemv(x, wf, ws, None, 8, 64, 0, False)
+        _build.ops().dynamic_gemv(x, wf, ws, None, 8, 64, 0, False, 0)
     with pytest.raises(RuntimeError, match="fragment-ordered"):
-        _build.ops().dynamic_gemv(x[:4], wf[:-1], ws, None, 8, 64, 0, False)
+        _build.ops().dynamic_gemv(x[:4], wf[:-1], ws, None, 8, 64, 0, False, 0)
     with pytest.raises(RuntimeError, match="weight_scale"):
-        _build.ops().dynamic_gemv(x[:4], wf, ws[:3], None, 8, 64, 0, False)
+        _build.ops().dynamic_gemv(x[:4], wf, ws[:3], None, 8, 64, 0, False, 0)
 
 
 def test_dispatch_picks_the_gemv_in_range():

@@ -153,6 +153,9 @@ def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=Fals
 # ------------------------------------------------------------------ fused GEMV (per token, up to 16 rows)
 #: rows the fused kernel serves (csrc/launchers.h DYN_GEMV_MAX_M)
 GEMV_MAX_M = 16
+#: how the fused kernel stages its weight tiles (csrc/dynamic_gemv.cu): 0 a ring of registers, 1 a ring in shared
+#: memory filled by cp.async (twice the bytes in flight; measure with ``bench_dynamic_cuda.py --gemv-ring 1``)
+GEMV_RING = 0
 #: a channel block of the fragment layout (mma.m16n8k32: 16 weight rows by 32 k per 512-byte tile)
 _TILE_N, _TILE_K = 16, 32
 
@@ -217,7 +220,7 @@ def dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=False,
     """dynamic_int8_linear, per_token_symmetric, 1..16 rows: one launch of csrc/dynamic_gemv.cu."""
     n, k = weight.shape
     wf = prepared if prepared is not None else prepare_gemv(weight)
-    return _build.ops().dynamic_gemv(x, wf, weight_scale, bias, n, k, 0, _pdl(wf))
+    return _build.ops().dynamic_gemv(x, wf, weight_scale, bias, n, k, 0, _pdl(wf), GEMV_RING)
 
 
 def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=False, prepared=None):
@@ -229,11 +232,12 @@ def bind_dynamic_int8_gemv(x, weight, weight_scale, bias, scheme, reduce_range=F
     fn = _build.direct().dynamic_gemv
     n, k = weight.shape
     state = [_pdl(prepared)]
+    ring = GEMV_RING
 
     def call(x, weight, weight_scale, bias, scheme, reduce_range=False):
         pdl = state[0]
         state[0] = True
-        return fn(x, prepared, weight_scale, bias, n, k, 0, pdl)
+        return fn(x, prepared, weight_scale, bias, n, k, 0, pdl, ring)
     return call
 
 

@@ -765,9 +765,10 @@ Tensor wq_dequant_canonical(const Tensor& qweight, const Tensor& scales, const T
 // weight_scale 1 or N values, bias N values or None (floating dtypes, on x's device). grid: blocks (0: planned).
 // pdl: launch as a programmatic dependent of the previous kernel in the stream (the kernel prefetches weight tiles
 // before waiting for it), so the caller must know that kernel did not write wf (dynamic.py: not on a layout's first
-// use). Returns (M, N) in x's dtype.
+// use). ring: the weight staging (0 registers, 1 shared memory through cp.async: dynamic_gemv.cu). Returns (M, N)
+// in x's dtype.
 Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scale, const std::optional<Tensor>& bias,
-                    int64_t N, int64_t K, int64_t grid, bool pdl) {
+                    int64_t N, int64_t K, int64_t grid, bool pdl, int64_t ring) {
   check_cuda(x, "x");
   check_cuda(wf, "wf");
   check_cuda(weight_scale, "weight_scale");
@@ -785,6 +786,8 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   TORCH_CHECK(wf.device() == x.device() && weight_scale.device() == x.device(),
               "bie_cuda.dynamic_gemv: tensors on different devices");
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.dynamic_gemv: grid must be 0..2^20");
+  TORCH_CHECK(ring == 0 || ring == 1, "bie_cuda.dynamic_gemv: ring must be 0 (registers) or 1 (shared memory), got ",
+              ring);
   const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
   const Tensor ws = weight_scale.reshape({-1}).contiguous();
   TORCH_CHECK(ws.numel() == 1 || ws.numel() == N, "bie_cuda.dynamic_gemv: weight_scale must have 1 or ", N,
@@ -812,7 +815,8 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   const int optin = smem_optin();
   TORCH_CHECK(bie::dynamic_gemv_min_smem((int)M, (int)K) <= (size_t)optin, "bie_cuda.dynamic_gemv: ", M, " rows of K=", K,
               " need ", bie::dynamic_gemv_min_smem((int)M, (int)K), " bytes of shared memory, the device allows ", optin);
-  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), (int)grid, num_sms(), optin, stream()), "dynamic_gemv");
+  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), (int)grid, num_sms(), optin, stream(), (int)ring),
+               "dynamic_gemv");
   return out;
 }
 

@@ -29,7 +29,13 @@ namespace {
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRing = 8;             // 512-byte tiles in flight per warp
+constexpr int kRing = 8;             // 512-byte tiles in flight per warp, held in registers
+// The alternative staging (launch option ring = 1): kSmemRing tiles in flight per warp through cp.async into the
+// warp's own slots of shared memory (no registers held: twice the bytes in flight of the register ring). Each lane
+// copies its own 16-byte fragment of a tile and later reads back only that fragment, so a lane's waits on its own
+// copy groups order everything; no barrier is needed.
+constexpr int kSmemRing = 16;
+constexpr size_t kSmemRingBytes = (size_t)kWarps * kSmemRing * 512;
 constexpr int kKeep = 2;             // 8-element chunks of x a thread keeps in registers between its two passes
 
 // The largest |x| bits over 8 elements of a row starting at k0 (0 past K).
@@ -67,6 +73,13 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   return r;
 }
 
+__device__ __forceinline__ void cp_async_tile(uint4* dst, const uint4* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, const uint2& b) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -82,7 +95,9 @@ template <int MT>
 __host__ __device__ constexpr size_t sums_bytes(int blocks) { return (size_t)blocks * MT * 8 * 16 * 4; }
 constexpr size_t kTailBytes = 16 * 4 * 2;
 
-template <typename T, int MT>
+// SMEM_RING: the weight tiles staged through shared memory (kSmemRing a warp, after the sums and scales) instead of
+// the register ring.
+template <typename T, int MT, bool SMEM_RING>
 __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemvArgs p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int KT = (p.K + 31) >> 5;
@@ -98,10 +113,21 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   const int64_t u0 = tiles * warp / kWarps, u1 = tiles * (warp + 1) / kWarps;
   const uint4* wp = reinterpret_cast<const uint4*>(p.w) + (int64_t)b0 * KT * 32 + lane;
   frag::griddep_launch_dependents();   // the next kernel's blocks take the SMs ours leave
-  uint4 ring[kRing];
+  uint4 ring[SMEM_RING ? 1 : kRing];
+  // (the staging slots: 16-byte aligned, after the sums and the 128 bytes of scales and abs-maxes)
+  uint4* sring = reinterpret_cast<uint4*>(smem + codes_bytes<MT>(KT) + sums_bytes<MT>(b1 - b0) + kTailBytes) +
+                 (size_t)warp * kSmemRing * 32 + lane;
+  if constexpr (SMEM_RING) {
 #pragma unroll
-  for (int i = 0; i < kRing; ++i)
-    if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
+    for (int i = 0; i < kSmemRing; ++i) {
+      if (u0 + i < u1) cp_async_tile(sring + i * 32, wp + (u0 + i) * 32);
+      cp_async_commit();   // (one group per slot, empty past the warp's tiles: the waits count groups)
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRing; ++i)
+      if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
+  }
   // shared memory set up meanwhile: the sums, the abs-maxes, the codes 0 of the padding rows of the last 8-row tile
   const int nsums = (b1 - b0) * MT * 8 * 16;
   for (int i = threadIdx.x; i < nsums; i += kThreads) sums[i] = 0;
@@ -236,20 +262,45 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
     }
   };
-  for (int64_t u = u0; u < u1; u += kRing) {
+  if constexpr (SMEM_RING) {
+    for (int64_t u = u0; u < u1; u += kSmemRing) {
 #pragma unroll
-    for (int i = 0; i < kRing; ++i) {
-      if (u + i < u1) {
-        const uint4 a = ring[i];
-        if (u + i + kRing < u1) ring[i] = ldg_stream(wp + (u + i + kRing) * 32);
+      for (int i = 0; i < kSmemRing; ++i) {
+        if (u + i < u1) {
+          cp_async_wait<kSmemRing - 1>();   // this lane's copy of tile u + i (the oldest of its groups) landed
+          const uint4 a = sring[i * 32];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
-        pending = true;
-        if (++kt == KT) {
-          flush(blk);
-          pending = false;
-          kt = 0;
-          ++blk;
+          for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
+          // the slot's refill is issued after the product that read it (the read has completed by then)
+          if (u + i + kSmemRing < u1) cp_async_tile(sring + i * 32, wp + (u + i + kSmemRing) * 32);
+          cp_async_commit();
+          pending = true;
+          if (++kt == KT) {
+            flush(blk);
+            pending = false;
+            kt = 0;
+            ++blk;
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+  } else {
+    for (int64_t u = u0; u < u1; u += kRing) {
+#pragma unroll
+      for (int i = 0; i < kRing; ++i) {
+        if (u + i < u1) {
+          const uint4 a = ring[i];
+          if (u + i + kRing < u1) ring[i] = ldg_stream(wp + (u + i + kRing) * 32);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
+          pending = true;
+          if (++kt == KT) {
+            flush(blk);
+            pending = false;
+            kt = 0;
+            ++blk;
+          }
         }
       }
     }
@@ -272,10 +323,10 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   }
 }
 
-template <typename T, int MT>
+template <typename T, int MT, bool SMEM_RING>
 cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st) {
   const int KT = (p.K + 31) >> 5, nblocks = (p.N + 15) >> 4;
-  const size_t fixed = codes_bytes<MT>(KT) + kTailBytes;
+  const size_t fixed = codes_bytes<MT>(KT) + kTailBytes + (SMEM_RING ? kSmemRingBytes : 0);
   if (fixed + sums_bytes<MT>(1) > (size_t)smem_optin) return cudaErrorInvalidValue;
   // one block per SM (the codes of x fill much of its shared memory): as many blocks as SMs, each a contiguous run of
   // channel blocks (runs differ by at most one block), fewer runs where their sums would not fit
@@ -285,14 +336,14 @@ cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_op
   if ((nblocks + grid - 1) / grid > cap) grid = (nblocks + cap - 1) / cap;
   const int most = (nblocks + grid - 1) / grid;
   const int smem = (int)(fixed + sums_bytes<MT>(most));
-  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT>);
+  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT, SMEM_RING>);
   if (smem > 48 * 1024) {
     const cudaError_t e = set_smem_limit(k, smem);
     if (e != cudaSuccess) return e;
   }
   p.nblocks = nblocks;
   p.grid = grid;
-  return launch_kernel(dynamic_gemv_kernel<T, MT>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
+  return launch_kernel(dynamic_gemv_kernel<T, MT, SMEM_RING>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
 }
 
 }  // namespace
@@ -303,16 +354,23 @@ size_t dynamic_gemv_min_smem(int M, int K) {
 }
 
 cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
-                                cudaStream_t st) {
+                                cudaStream_t st, int ring) {
   if (p.M < 1 || p.M > DYN_GEMV_MAX_M || p.K < 1 || p.N < 1) return cudaErrorInvalidValue;
   const bool two = p.M > 8;
+  // the shared-memory staging where asked for and where it fits next to the codes of x, else the register ring
+  const int KT = (p.K + 31) >> 5;
+  const size_t base = two ? codes_bytes<2>(KT) + sums_bytes<2>(1) : codes_bytes<1>(KT) + sums_bytes<1>(1);
+  const bool sm = ring == 1 && base + kTailBytes + kSmemRingBytes <= (size_t)smem_optin;
+#define BIE_DYN_GEMV(TYPE)                                                                          \
+  (two ? (sm ? launch_typed<TYPE, 2, true>(p, grid, num_sms, smem_optin, st)                       \
+             : launch_typed<TYPE, 2, false>(p, grid, num_sms, smem_optin, st))                     \
+       : (sm ? launch_typed<TYPE, 1, true>(p, grid, num_sms, smem_optin, st)                       \
+             : launch_typed<TYPE, 1, false>(p, grid, num_sms, smem_optin, st)))
   switch (dtype) {
-    case kF32: return two ? launch_typed<float, 2>(p, grid, num_sms, smem_optin, st)
-                          : launch_typed<float, 1>(p, grid, num_sms, smem_optin, st);
-    case kF16: return two ? launch_typed<__half, 2>(p, grid, num_sms, smem_optin, st)
-                          : launch_typed<__half, 1>(p, grid, num_sms, smem_optin, st);
-    case kBF16: return two ? launch_typed<__nv_bfloat16, 2>(p, grid, num_sms, smem_optin, st)
-                           : launch_typed<__nv_bfloat16, 1>(p, grid, num_sms, smem_optin, st);
+    case kF32: return BIE_DYN_GEMV(float);
+    case kF16: return BIE_DYN_GEMV(__half);
+    case kBF16: return BIE_DYN_GEMV(__nv_bfloat16);
+#undef BIE_DYN_GEMV
     default: return cudaErrorInvalidValue;
   }
 }

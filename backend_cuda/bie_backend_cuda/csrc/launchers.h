@@ -241,9 +241,10 @@ struct DynGemvArgs {
 };
 // shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
 size_t dynamic_gemv_min_smem(int M, int K);
-// grid: blocks (0: one per SM)
+// grid: blocks (0: one per SM); ring: how the weight tiles are staged, 0 in registers, 1 through shared memory
+// by cp.async (twice the bytes in flight; the register ring where that does not fit next to the codes of x)
 cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
-                                cudaStream_t st);
+                                cudaStream_t st, int ring);
 
 // dynamic_quantize_act, per_token_symmetric, one pass (dynamic_quantize.cu): x (M, K) -> int8 codes (M, K) contiguous
 // and float32 scales (M).
