@@ -469,8 +469,9 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
                     prepared=None):
     """``int_conv2d`` for one call signature: the prepared weight, the geometry and the tile configuration fixed
     once, one call into the extension's Python module a call (``conv``: NHWC read, then the implicit-GEMM conv
-    where it serves, else im2col and the GEMM batched over groups; NCHW output); with the offer to run this extension's bound quantize_int, with the layer's channel
-    shift, in the same call (``fuse_quantized_input``). None for an empty problem (``int_conv2d`` serves)."""
+    where it serves, else im2col and the GEMM batched over groups; NCHW output); with the offer to run this
+    extension's bound quantize_int, with the layer's channel shift, in the same call (``fuse_quantized_input``).
+    None for an empty problem (``int_conv2d`` serves)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     g = int(groups)
@@ -492,10 +493,14 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
         if key not in _IMPLICIT_REFUSED:
             try:
                 conv_config = _conv_config(x_nhwc, prepared, igeom, vecs[0], vecs[2], out_dtype)
+                # once more with the chosen configuration: it raises here, not in every call, where CUTLASS
+                # cannot implement the geometry (the tuner keeps a default when no candidate runs)
+                _ops().iconv(x_nhwc, prepared, *igeom, vecs[0], vecs[2], out_dtype, conv_config)
             except RuntimeError as exc:
                 if "cannot implement" not in str(exc):
                     raise
                 _IMPLICIT_REFUSED.add(key)
+                conv_config = -1
     config = 0
     if conv_config < 0:
         cols = _ops().im2col(x_nhwc, g, kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0],
