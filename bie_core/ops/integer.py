@@ -417,10 +417,19 @@ def _ic_problem(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, 
                    dilation=tuple(dilation), groups=groups)
 
 
+#: one-group convs with channels a multiple of 16 beyond the shared conv cases (strides, dilation, an output count
+#: that is not a multiple of 8, odd sizes): the shapes implicit-GEMM kernels take
+_IC_EXTRA_CASES = [
+    (2, 32, 9, 11, 20, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+    (1, 16, 10, 10, 16, (3, 3), (1, 1), (2, 2), (2, 2), 1),
+    (3, 48, 5, 7, 8, (1, 1), (2, 2), (0, 0), (1, 1), 1),
+]
+
+
 def _ic_cases(device, gen):
     from .binary import CONV_CASES
     for bits in INT_BITS:
-        for i, (n, c, h, w_, o, ks, st, pd, dl, g) in enumerate(CONV_CASES):
+        for i, (n, c, h, w_, o, ks, st, pd, dl, g) in enumerate(CONV_CASES + _IC_EXTRA_CASES):
             x = randint_codes((n, c, h, w_), bits, device=device, gen=gen)
             w = randint_codes((o, c // g) + tuple(ks), bits, device=device, gen=gen)
             yield Case((x, w, bits, bits, list(st), list(pd), list(dl), g, None, None, None),
