@@ -34,7 +34,7 @@ from .ops._common import FLOAT_DTYPES, scaled_epilogue
 from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
 from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
 from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
-from .ops.integer import lsq_backward_math
+from .ops.integer import lsq_backward_math, scale_runs
 from .ops.weight_only import WQ_BITS, mbwq_segments
 from .optable import all_ops, get_op, has_op
 from .plugins.descriptor import BackendDescriptor
@@ -55,6 +55,7 @@ __all__ = [
     "LayoutMemo", "tensor_state",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
+    "scale_runs",
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table

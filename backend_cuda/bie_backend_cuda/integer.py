@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from bie_core.backend_api import scale_runs as _scale_runs
+
 from . import _build
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -17,21 +19,10 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 def scale_runs(x_shape: tuple, scale: torch.Tensor):
     """(float32 values, inner) for a scale that broadcasts to ``x_shape``: element e (row-major) uses
-    ``values[e // inner]``; inner 0 means one value for every element."""
-    s = scale.detach().to(torch.float32)
-    if s.numel() == 1:
-        return s.reshape(1).contiguous(), 0
-    nd = len(x_shape)
-    sb = s.reshape((1,) * (nd - s.dim()) + tuple(s.shape))
-    d = nd
-    while d > 0 and sb.shape[d - 1] == 1:
-        d -= 1
-    if tuple(sb.shape[:d]) == tuple(x_shape[:d]):
-        inner = 1
-        for v in x_shape[d:]:
-            inner *= int(v)
-        return sb.reshape(-1).contiguous(), inner
-    return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
+    ``values[e // inner]`` (bie_core's ``scale_runs``); inner 0 means one value for every element."""
+    if scale.numel() == 1:
+        return scale.detach().to(torch.float32).reshape(1).contiguous(), 0
+    return _scale_runs(x_shape, scale)
 
 
 def _shift_in(x: torch.Tensor, shift):

@@ -381,6 +381,24 @@ int_bmm = define_op(OpDef(
     fake=_ib_fake, problem=_ib_problem, validate=_ib_validate, cases=_ib_cases))
 
 
+def scale_runs(x_shape: tuple, scale: torch.Tensor):
+    """A scale that broadcasts to ``x_shape`` (quantize_int's scale) as float32 values and a run length: element e
+    (row-major) uses ``values[e // inner]``. Scales constant over the trailing dims (per tensor, per row, per output
+    channel) stay short; anything else is expanded to one value per element (inner 1)."""
+    s = scale.detach().to(torch.float32)
+    nd = len(x_shape)
+    sb = s.reshape((1,) * (nd - s.dim()) + tuple(s.shape))
+    d = nd
+    while d > 0 and sb.shape[d - 1] == 1:
+        d -= 1
+    if tuple(sb.shape[:d]) == tuple(x_shape[:d]):
+        inner = 1
+        for v in x_shape[d:]:
+            inner *= int(v)
+        return sb.reshape(-1).contiguous(), inner
+    return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
+
+
 # ------------------------------------------------------------------ int_conv2d
 def _ic_fake(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
     ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
@@ -450,4 +468,5 @@ int_conv2d = define_op(OpDef(
          "output contiguous NCHW int32, or float32(acc)*scale + bias cast to out_dtype."),
     fake=_ic_fake, problem=_ic_problem, validate=_ic_validate, cases=_ic_cases, weight_args=(1,)))
 
-__all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range"]
+__all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range",
+           "scale_runs"]

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, conv_out_size, linear_scale, packed_len
+from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, conv_out_size, linear_scale, packed_len, scale_runs
 
 I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
@@ -650,25 +650,6 @@ def _fuse_int_conv(w, geom, x_shape, out_dtype, prepared, quant_call, act_scale,
 
 
 # ---------------------------------------------------------------- quantize_int
-def _scale_runs(x_shape, scale: torch.Tensor):
-    """A scale that broadcasts to x as float32 values and a run length: element
-    e (row-major) uses values[e // inner]. Scales constant over the trailing
-    dims (per tensor, per row, per output channel) stay short; anything else is
-    expanded to one value per element."""
-    s = scale.detach().to(torch.float32)
-    nd = len(x_shape)
-    sb = s.reshape((1,) * (nd - s.dim()) + tuple(s.shape))
-    d = nd
-    while d > 0 and sb.shape[d - 1] == 1:
-        d -= 1
-    if tuple(sb.shape[:d]) == tuple(x_shape[:d]):
-        inner = 1
-        for v in x_shape[d:]:
-            inner *= int(v)
-        return sb.reshape(-1).contiguous(), inner
-    return s.expand(tuple(x_shape)).contiguous().reshape(-1), 1
-
-
 def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     _cpu("quantize_int", x, scale)
     if shift is not None:
@@ -690,7 +671,7 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
         s = float(scale.detach().to(torch.float32).reshape(()).item())
         args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, s, lo, hi, out.data_ptr(), None, 0)
     else:
-        sv, inner = _scale_runs(tuple(x.shape), scale)
+        sv, inner = scale_runs(tuple(x.shape), scale)
         _require(sv.numel() * inner == nel, "quantize_int", "scale layout")
         args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, 0.0, lo, hi, out.data_ptr(), sv.data_ptr(), inner)
     _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
