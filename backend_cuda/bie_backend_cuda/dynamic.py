@@ -97,11 +97,11 @@ def bind_dynamic_quantize_token(x, scheme, reduce_range=False):
     if scheme != "per_token_symmetric":
         return None
     fn = _build.direct().dynamic_quantize_token
-    device = x.device
+    no_zero_points = torch.zeros((0,), dtype=torch.int32, device=x.device)   # (empty: made once, not per call)
 
     def call(x, scheme, reduce_range=False):
         q, s = fn(x)
-        return q, s, torch.zeros((0,), dtype=torch.int32, device=device)
+        return q, s, no_zero_points
     return call
 
 

@@ -11,8 +11,9 @@
 
 The weight is the integer family's prepared layout (``integer.prepare_gemm``: rows padded to 8, K to 16 with zero
 codes); the codes of x are padded along K only when K % 16 != 0. The tile configuration is chosen per problem
-bucket by the tuner, as for ``int_gemm``. Where bie-backend-cuda's kernels are expected faster (up to 16 rows per
-token, the affine scheme) the kernel defers to them under automatic selection (bie_core/preferences.py).
+bucket by the tuner, as for ``int_gemm``. Where bie-backend-cuda's kernels are faster (its fused GEMV up to 8 rows
+per token, its ``_int_mm`` path for the affine scheme) the kernel defers to them under automatic selection
+(bie_core/preferences.py).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def _config(codes, row_scale, b3, s, bb, out_dtype, n) -> int:
     ops = integer._ops()
     m, kp = codes.shape[0], b3.shape[2]
     n_pad = b3.shape[1]
-    names = list(integer.CONFIGS) if m > 64 else ["p64x128", "c128x128", "c128x256"]
+    names = integer.config_order(m)
     cands = [(nm, (lambda c=integer.CONFIGS.index(nm): ops.dyn_linear(codes, row_scale, b3, s, bb, out_dtype, n, c)))
              for nm in names]
     bucket = (f"{str(out_dtype).replace('torch.', '')}/M{integer._bucket(m)}/N{integer._bucket(n_pad)}"

@@ -131,14 +131,19 @@ def _vec(t, groups: int, n: int, n_pad: int, scalar_ok: bool = True):
     return t.contiguous(), (n_pad if groups > 1 else 0)
 
 
+def config_order(m: int) -> list:
+    """The GEMM configurations as tuning candidates for m rows: every one, the first the untimed default (up to 64
+    rows the small tile)."""
+    return list(CONFIGS) if m > 64 else ["p64x128", "c128x128", "c128x256"]
+
+
 def _config(a3, b3, s, sb, bb, bbs, out_dtype) -> int:
     """The tile configuration (index into CONFIGS) for a3 (L, M, Kp) x b3 (L, Np, Kp) with the epilogue vectors
     as ``_vec`` makes them: chosen per problem bucket by the tuner (timed once, cached on disk)."""
     ops = _ops()
     L, M, Kp = a3.shape
     n_pad = b3.shape[1]
-    # every configuration is a candidate; the first is the untimed default (small M: the small tile)
-    names = list(CONFIGS) if M > 64 else ["p64x128", "c128x128", "c128x256"]
+    names = config_order(M)
     cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, c)))
              for nm in names]
     bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n_pad)}/K{_bucket(Kp)}"

@@ -65,21 +65,6 @@ __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, ui
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ void cp_async_tile(uint4* dst, const uint4* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, const uint2& b) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -120,13 +105,13 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   if constexpr (SMEM_RING) {
 #pragma unroll
     for (int i = 0; i < kSmemRing; ++i) {
-      if (u0 + i < u1) cp_async_tile(sring + i * 32, wp + (u0 + i) * 32);
-      cp_async_commit();   // (one group per slot, empty past the warp's tiles: the waits count groups)
+      if (u0 + i < u1) frag::cp_async16(frag::smem_u32(sring + i * 32), wp + (u0 + i) * 32, 16);
+      frag::cp_commit();   // (one group per slot, empty past the warp's tiles: the waits count groups)
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kRing; ++i)
-      if (u0 + i < u1) ring[i] = ldg_stream(wp + (u0 + i) * 32);
+      if (u0 + i < u1) ring[i] = frag::ld_stream(wp + (u0 + i) * 32);
   }
   // shared memory set up meanwhile: the sums, the abs-maxes, the codes 0 of the padding rows of the last 8-row tile
   const int nsums = (b1 - b0) * MT * 8 * 16;
@@ -262,45 +247,41 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0;
     }
   };
+  // one weight tile's products, and the channel block's sums flushed at its end
+  auto product = [&](const uint4& a) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
+    pending = true;
+    if (++kt == KT) {
+      flush(blk);
+      pending = false;
+      kt = 0;
+      ++blk;
+    }
+  };
   if constexpr (SMEM_RING) {
     for (int64_t u = u0; u < u1; u += kSmemRing) {
 #pragma unroll
       for (int i = 0; i < kSmemRing; ++i) {
         if (u + i < u1) {
-          cp_async_wait<kSmemRing - 1>();   // this lane's copy of tile u + i (the oldest of its groups) landed
-          const uint4 a = sring[i * 32];
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
+          frag::cp_wait<kSmemRing - 1>();   // this lane's copy of tile u + i (the oldest of its groups) landed
+          product(sring[i * 32]);
           // the slot's refill is issued after the product that read it (the read has completed by then)
-          if (u + i + kSmemRing < u1) cp_async_tile(sring + i * 32, wp + (u + i + kSmemRing) * 32);
-          cp_async_commit();
-          pending = true;
-          if (++kt == KT) {
-            flush(blk);
-            pending = false;
-            kt = 0;
-            ++blk;
-          }
+          if (u + i + kSmemRing < u1)
+            frag::cp_async16(frag::smem_u32(sring + i * 32), wp + (u + i + kSmemRing) * 32, 16);
+          frag::cp_commit();
         }
       }
     }
-    cp_async_wait<0>();
+    frag::cp_wait<0>();
   } else {
     for (int64_t u = u0; u < u1; u += kRing) {
 #pragma unroll
       for (int i = 0; i < kRing; ++i) {
         if (u + i < u1) {
           const uint4 a = ring[i];
-          if (u + i + kRing < u1) ring[i] = ldg_stream(wp + (u + i + kRing) * 32);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_s8(acc[mt], a, xb[((size_t)kt * MT + mt) * 32]);
-          pending = true;
-          if (++kt == KT) {
-            flush(blk);
-            pending = false;
-            kt = 0;
-            ++blk;
-          }
+          if (u + i + kRing < u1) ring[i] = frag::ld_stream(wp + (u + i + kRing) * 32);
+          product(a);
         }
       }
     }

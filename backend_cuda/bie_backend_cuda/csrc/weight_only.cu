@@ -87,17 +87,10 @@ template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 constexpr int WQ_WARPS = 8;
 
 using frag::lds32;
+using frag::ld_stream;
 
 // Block: 8 warps = 8 column blocks of 16; all warps share the block's K slice
 // of x, staged in shared memory XC columns at a time. blockIdx.y = K split,
