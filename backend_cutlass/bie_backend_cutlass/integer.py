@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, scaled_epilogue
+from bie_core.backend_api import FLOAT_DTYPES, scaled_epilogue, tensor_state
 
 from . import _build, tuning
 from ._build import Extension
@@ -358,14 +358,6 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
 # fixed here, and a call goes through the extension's Python module (``_build.direct``), which converts arguments
 # more cheaply than an op call. The QAT layers' quantization and GEMM/conv then run as one such call
 # (``fuse_quantized_input``).
-def _version(t):
-    """t's version counter, None for an inference tensor (which has none)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
 class _Epilogue:
     """The float32 scale and bias vectors of the GEMM for the tensors of the latest call, converted again only when
     another tensor arrives or the same one changed in place (storage or version; the tensors are held, so that a
@@ -379,14 +371,11 @@ class _Epilogue:
 
     def __call__(self, scale, bias):
         key = self.key
-        if (key is None or scale is not key[0] or bias is not key[1]
-                or (scale is not None and (scale.data_ptr() != key[2] or _version(scale) != key[3]))
-                or (bias is not None and (bias.data_ptr() != key[4] or _version(bias) != key[5]))):
+        state = (tensor_state(scale), tensor_state(bias))
+        if key is None or scale is not key[0] or bias is not key[1] or state != key[2]:
             self.vecs = _vec(scale, self.groups, self.n, self.n_pad) + _vec(bias, self.groups, self.n, self.n_pad,
                                                                             scalar_ok=False)
-            self.key = (scale, bias, None if scale is None else scale.data_ptr(), None if scale is None else
-                        _version(scale), None if bias is None else bias.data_ptr(),
-                        None if bias is None else _version(bias))
+            self.key = (scale, bias, state)
         return self.vecs
 
 

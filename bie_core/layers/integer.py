@@ -29,19 +29,9 @@ from torch import nn
 from .. import dispatch, ops
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, q_conv2d, q_linear
-from ._lean import LeanCall, eager_inference
+from ._lean import LeanCall, eager_inference, tensor_state
 
 BITS = (4, 8)
-
-
-def _version(t):
-    """t's version counter; None for no tensor or an inference tensor (which has none)."""
-    if t is None:
-        return None
-    try:
-        return t._version
-    except RuntimeError:
-        return None
 
 
 def _check_bits(name: str, w_bits, a_bits) -> None:
@@ -70,7 +60,7 @@ class _IntWeightMixin(TorchInit):
     def _keep_lean(self, x, fixed: tuple, lc) -> None:
         """Keep ``lc`` for ``x``'s shape; the calls kept for other shapes go when the layer's tensors they were
         bound to have changed (they would not hold again, and they keep the old weight codes alive)."""
-        state = tuple((t, None if t is None else t.data_ptr(), _version(t)) for t in fixed)
+        state = tuple((t, tensor_state(t)) for t in fixed)
         kept = self.__dict__.get("_lean_shapes")
         if not kept or len(kept[0]) != len(state) or any(
                 a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(kept[0], state)):
