@@ -66,18 +66,15 @@ HANDOFFS: tuple = (
     Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _WQ_PAGE,
             dims={"M": (129, 256), "K": (16385, None)}, attrs={"bits": 4}),
     # dynamic int8 linear, per token: up to 8 rows the fused GEMV (one launch: quantization, products, epilogue) is
-    # the fastest kernel (H200, 4096^2: 9.7-14.9 us against 18.6-20.5 us for the _int_mm path); from 9 rows the int8
-    # GEMMs are (16 rows: the GEMV 27.8 us, the _int_mm path 20.5 us). The affine scheme's zero-point correction and
+    # the fastest kernel on small and big layers (H200, 4096^2: 7.9-13.0 us against 19.8-20.1 us for the _int_mm
+    # path; 8192 x 28672: 56.7-80.3 us against 88.5-91.1 us); from 9 rows the int8 GEMMs are (16 rows: the GEMV
+    # 27.8 us, the _int_mm path 20.5 us). The affine scheme's zero-point correction and
     # epilogue run as one compiled pass after torch._int_mm, here as separate passes after the int32 GEMM (expected
     # from the kernels' designs, docs/dynamic.md).
     Handoff(_DYN, "bie-backend-cuda's fused GEMV (dynamic_int8_gemv)", _DYN_PAGE, dims={"M": (None, 8)},
             attrs={"scheme": "per_token_symmetric"}),
     Handoff("cuda:dynamic_int8_gemv", "an int8 GEMM (bie-backend-cutlass's dynamic_int8_linear_sm90, or "
             "bie-backend-cuda's torch._int_mm path)", _DYN_PAGE, dims={"M": (9, None)}),
-    # on big layers the GEMV streams its weights at 2.2 TB/s, below the _int_mm path (8192 x 28672, one row: 108.9
-    # against 87.7 us)
-    Handoff("cuda:dynamic_int8_gemv", "bie-backend-cuda's torch._int_mm path", _DYN_PAGE,
-            dims={"weights": (SMALL_LAYER + 1, None)}),
     Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", "docs/dynamic.md",
             attrs={"scheme": "per_tensor_affine"}),
     # up to 256 rows an eager call is bound by host time, where bie-backend-cuda's bound call cost 29-32 us against
