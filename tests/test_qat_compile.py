@@ -42,3 +42,33 @@ def test_compile_inductor_inference_packed():
         with torch.no_grad():
             out = torch.compile(layer, fullgraph=True)(x)
         torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_compile_qconv2d_forward_backward_keeps_the_memory_format(channels_last):
+    """QConv2d under inductor (fullgraph): the int_conv2d op's output format as its fake kernel says (channels_last
+    for channels_last input; the compiled graph relies on it), the eager values and gradients, and the input
+    gradient in the input's memory order."""
+    from bie_core import QConv2d
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    layer = QConv2d(8, 16, 3, padding=1, w_bits=8, a_bits=8)
+    eager = QConv2d(8, 16, 3, padding=1, w_bits=8, a_bits=8)
+    x = torch.randn(2, 8, 6, 5)
+    layer(x), eager(x)                   # scales initialised eagerly
+    eager.load_state_dict(layer.state_dict())
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    xc = x.contiguous(memory_format=mf).requires_grad_()
+    xe = x.contiguous(memory_format=mf).requires_grad_()
+    compiled = torch.compile(layer, fullgraph=True)
+    y, ye = compiled(xc), eager(xe)
+    torch.testing.assert_close(y, ye)
+    assert ye.is_contiguous(memory_format=mf)
+    g = torch.randn_like(ye)
+    y.backward(g)
+    ye.backward(g)
+    torch.testing.assert_close(xc.grad, xe.grad)
+    torch.testing.assert_close(layer.weight.grad, eager.weight.grad)
+    torch.testing.assert_close(layer.act_scale.grad, eager.act_scale.grad)
+    torch.testing.assert_close(layer.act_shift.grad, eager.act_shift.grad)
+    assert xe.grad.is_contiguous(memory_format=mf)

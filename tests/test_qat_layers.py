@@ -194,14 +194,21 @@ def test_qlinear_round_half_even_and_exact_accumulation():
     assert y.item() == 4.0
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("w_bits,a_bits,g,per_channel", [(4, 4, 1, False), (8, 8, 2, True)])
-def test_qconv2d_matches_lsq_reference(w_bits, a_bits, g, per_channel):
+def test_qconv2d_matches_lsq_reference(w_bits, a_bits, g, per_channel, channels_last):
+    """NCHW and channels_last inputs (the latter quantized and differentiated as (N*H*W, C) rows, its memory
+    order kept by the input gradient) against the LSQ definition."""
     torch.manual_seed(5)
     layer = QConv2d(4, 6, (3, 2), stride=(1, 2), padding=(1, 1), groups=g, bias=True, w_bits=w_bits,
                     a_bits=a_bits, per_channel=per_channel)
     x = torch.randn(2, 4, 6, 7)
     xl = x.clone().requires_grad_()
+    if channels_last:
+        xl = x.clone().contiguous(memory_format=torch.channels_last).requires_grad_()
     y = layer(xl)
+    if channels_last:
+        assert xl.is_contiguous(memory_format=torch.channels_last) and not xl.is_contiguous()
     gy = torch.randn_like(y)
     (y * gy).sum().backward()
     rp = ref.leaves(x, layer.weight, layer.act_shift, layer.act_scale, layer.weight_scale, layer.bias)
@@ -210,6 +217,8 @@ def test_qconv2d_matches_lsq_reference(w_bits, a_bits, g, per_channel):
     torch.testing.assert_close(y, yr, **TOL)
     (yr * gy).sum().backward()
     _grads_match([xl, layer.weight, layer.act_shift, layer.act_scale, layer.weight_scale, layer.bias], rp)
+    if channels_last:
+        assert xl.grad.is_contiguous(memory_format=torch.channels_last)
 
 
 # ---------------------------------------------------------------- matmul layers

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, scaled_epilogue, tensor_state
+from bie_core.backend_api import FLOAT_DTYPES, conv_memory_format, scaled_epilogue, tensor_state
 
 from . import _build, tuning
 from ._build import Extension
@@ -286,17 +286,20 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     wp = prepared if prepared is not None else _conv_weight(w, g)
     if tuple(wp.shape) != (g, _n8(og), kp):
         raise ValueError(f"bie-backend-cutlass int_conv2d: prepared weight {tuple(wp.shape)} does not fit w {tuple(w.shape)}")
+    mf = conv_memory_format(x)
     x_nhwc = x.detach().permute(0, 2, 3, 1).contiguous()       # free for channels_last input
     if _implicit_fits(c, kh, kw, g, wp):
         s, _ = _vec(scale, 1, og, wp.shape[1])
         bb, _ = _vec(bias, 1, og, wp.shape[1], scalar_ok=False)
         d = _implicit_conv(x_nhwc, wp, kh, kw, stride, padding, dilation, s, bb, out_dtype)
         if d is not None:                                        # (N, Ho, Wo, Np): no patch matrix written
-            return d[..., :og].permute(0, 3, 1, 2).contiguous()
+            return d[..., :og].permute(0, 3, 1, 2).contiguous(memory_format=mf)
     cols = _ops().im2col(x_nhwc, g, kh, kw, stride[0], stride[1], padding[0], padding[1],
                          dilation[0], dilation[1], ho, wo, kp)                       # (G, N*Ho*Wo, Kp)
     d = _gemm(cols, wp, og, scale, bias, out_dtype, groups=g)                         # (G, N*Ho*Wo, O/G)
-    return d.view(g, n, ho * wo, og).permute(1, 0, 3, 2).reshape(n, o, ho, wo).contiguous()
+    # (N, Ho, Wo, G, O/G) seen as NCHW: one group and channels_last need no copy
+    y = d.reshape(g, n, ho, wo, og).permute(1, 2, 3, 0, 4).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
+    return y.contiguous(memory_format=mf)
 
 
 # --------------------------------------------------------------- quantize_int

@@ -86,9 +86,13 @@ def pad_hw(xm: "mx.array", padding, value: float = 0.0) -> "mx.array":
     return mx.pad(xm, [(0, 0), (ph, ph), (pw, pw), (0, 0)], constant_values=value)
 
 
-def conv_out(acc: "mx.array", scale, bias, out_dtype, device):
-    """The epilogue (:func:`finish`) of a conv's NHWC accumulator, as an NCHW torch tensor on ``device``."""
-    return to_torch(finish(acc, scale, bias, out_dtype, channel_axis=-1).transpose(0, 3, 1, 2), device)
+def conv_out(acc: "mx.array", scale, bias, out_dtype, device, channels_last: bool = False):
+    """The epilogue (:func:`finish`) of a conv's NHWC accumulator, as an NCHW torch tensor on ``device``:
+    contiguous, or with ``channels_last`` the NHWC result itself seen as NCHW (no transposing copy)."""
+    y = finish(acc, scale, bias, out_dtype, channel_axis=-1)
+    if channels_last:
+        return to_torch(y, device).permute(0, 3, 1, 2)
+    return to_torch(y.transpose(0, 3, 1, 2), device)
 
 
 # ------------------------------------------------------------------ pack/unpack

@@ -13,6 +13,8 @@ declared range break the op's contract; the 8x8 bound covers any int8 value.)
 from __future__ import annotations
 
 import mlx.core as mx
+import torch
+from bie_core.backend_api import conv_memory_format
 
 from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
 from .binary import conv_out, finish, nhwc, pad_hw
@@ -185,7 +187,8 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
             acc = part if acc is None else acc + part
         outs.append(acc)
     acc = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=-1)
-    return conv_out(acc, scale, bias, out_dtype, x.device)
+    return conv_out(acc, scale, bias, out_dtype, x.device,
+                    channels_last=conv_memory_format(x) == torch.channels_last)
 
 
 __all__ = ["quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d",

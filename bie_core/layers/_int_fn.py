@@ -25,6 +25,7 @@ import math
 import torch
 
 from .. import ops
+from ..ops._common import channels_last_only
 from ..dispatch import resolve
 from . import _int_qbwd
 
@@ -90,10 +91,24 @@ def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backen
     return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
 
 
+def _nhwc_rows(t):
+    """A channels_last (N, C, H, W) tensor as its (N*H*W, C) rows: a view, no copy."""
+    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+
+
 def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
+    """(y, the quantizer's input, Qa, Qw). On channels_last input the activations are quantized as their
+    (N, H, W, C) view, whose last dim is the channels: the per-channel shift is added inside the quantization (one
+    pass, ``x + ba`` never materialised, as in the linear layers) and the codes stay channels_last, which the integer
+    conv reads as they are; the quantizer's input returned is then x itself. Otherwise x + ba is computed first."""
     a_bits, w_bits, stride, padding, dilation, groups = geom
-    xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
-    qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
+    if channels_last_only(x):
+        xs = x
+        qa = ops.quantize_int(x.permute(0, 2, 3, 1), sa.detach(), a_bits, ba.detach(),
+                              backend=backend).permute(0, 3, 1, 2)
+    else:
+        xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
+        qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
     qw = _weight_codes(weight, qw, sw, w_bits, backend)
     y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
                        _scale(sa, sw), bias, x.dtype, backend=backend)
@@ -205,42 +220,60 @@ def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
 
 
 class QConv2dFn(torch.autograd.Function):
+    """On channels_last input (``q_conv2d``) the backward keeps that memory order throughout: both float products
+    come from one ``convolution_backward`` on channels_last operands (cuDNN's fast layout for half precision; the
+    forward's codes are the weight-gradient operand), and the activation's LSQ gradient runs on the (N*H*W, C) rows
+    with the shift, as in the linear layers. Other inputs keep NCHW and save x + ba."""
+
     @staticmethod
     def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, quantized_backward: bool = False):
         y, xs, qa, qw = q_conv2d(x, weight, qw, sw, ba, sa, bias, geom, backend)
-        ctx.save_for_backward(xs, qa, weight, qw, sw, sa)
+        ctx.save_for_backward(xs, qa, weight, qw, sw, sa, ba)
         ctx.geom = geom
         ctx.backend = backend
+        ctx.channels_last = xs is x
         ctx.quantized_backward = quantized_backward and geom[5] == 1   # grouped convs keep the float products
         return y
 
     @staticmethod
     def backward(ctx, g):
-        xs, qa, weight, qw, sw, sa = ctx.saved_tensors
+        xs, qa, weight, qw, sw, sa, ba = ctx.saved_tensors
         a_bits, w_bits, stride, padding, dilation, groups = ctx.geom
         need = ctx.needs_input_grad
         gd = _gdtype(g)
-        gm = g.to(gd)
         saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
-        qbwd = ctx.quantized_backward
-        if need[0] or need[4] or need[5]:
-            if qbwd:
-                prod, f = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation), None
+        want_x = need[0] or need[4] or need[5]
+        want_w = (need[1] or need[3]) and weight is not None
+        cl = ctx.channels_last
+        mf = torch.channels_last if cl else torch.contiguous_format
+        prod_x = prod_w = f_x = f_w = None
+        if ctx.quantized_backward:
+            if want_x:
+                prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation)
+            if want_w:
+                prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation)
+        elif want_x or want_w:
+            gm = g.to(gd).contiguous(memory_format=mf)
+            w_hat, f_x = _operand(qw, swf, 4, gd)
+            x_hat, f_w = _operand(qa, saf, 4, gd)
+            prod_x, prod_w, _ = torch.ops.aten.convolution_backward(
+                gm, x_hat.contiguous(memory_format=mf), w_hat.contiguous(memory_format=mf), None, list(stride),
+                list(padding), list(dilation), False, [0, 0], groups, [want_x, want_w, False])
+        if want_x:
+            if cl:
+                n, c, h, w_ = xs.shape
+                gx, gsa, gba, _ = ops.lsq_backward(_nhwc_rows(xs.detach()), saf, _nhwc_rows(prod_x), a_bits,
+                                                   ba.detach(), f_x, False, None, backend=ctx.backend)
+                gxs = gx.view(n, h, w_, c).permute(0, 3, 1, 2)
             else:
-                w_hat, f = _operand(qw, swf, 4, gd)
-                prod = torch.nn.grad.conv2d_input(xs.shape, w_hat, gm, stride, padding, dilation, groups)
-            gxs, grad_sa = _lsq_grad(xs, saf, a_bits, prod, f, backend=ctx.backend)
+                gxs, gsa = _lsq_grad(xs, saf, a_bits, prod_x, f_x, backend=ctx.backend)
+                gba = gxs.sum((0, 2, 3), dtype=torch.float32)
             grad_x = gxs if need[0] else None
-            grad_ba = gxs.sum((0, 2, 3), dtype=torch.float32) if need[4] else None
-            grad_sa = grad_sa.reshape(sa.shape) if need[5] else None
-        if (need[1] or need[3]) and weight is not None:
-            if qbwd:
-                prod, f = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation), None
-            else:
-                x_hat, f = _operand(qa, saf, 4, gd)
-                prod = torch.nn.grad.conv2d_weight(x_hat, qw.shape, gm, stride, padding, dilation, groups)
-            grad_w, grad_sw = _lsq_grad(weight, swf, w_bits, prod, f, per_row=sw.dim() > 0, backend=ctx.backend)
+            grad_ba = gba if need[4] else None
+            grad_sa = gsa.reshape(sa.shape) if need[5] else None
+        if want_w:
+            grad_w, grad_sw = _lsq_grad(weight, swf, w_bits, prod_w, f_w, per_row=sw.dim() > 0, backend=ctx.backend)
             grad_sw = grad_sw.reshape(sw.shape) if need[3] else None
         if need[6]:
             grad_bias = g.sum((0, 2, 3), dtype=torch.float32)

@@ -28,7 +28,7 @@ from torch import nn
 
 from .. import dispatch, ops
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
-from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, q_conv2d, q_linear
+from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, channels_last_only, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference, tensor_state
 
 BITS = (4, 8)
@@ -343,6 +343,8 @@ class QConv2d(_IntWeightMixin, QATLayer):
             self._keep_lean(x, fixed, lc)
         lc = self._lean
         y = lc.call(x)
+        if nd == 4 and not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x):
+            y = y.contiguous(memory_format=torch.channels_last)   # a bound call that writes NCHW: the op's format
         return y.squeeze(0) if nd == 3 else y
 
     def _bind(self, x, fixed, backend: str) -> LeanCall:

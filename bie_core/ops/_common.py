@@ -102,6 +102,19 @@ def scaled_epilogue(acc: torch.Tensor, scale, bias, out_dtype, channel_dim: int 
     return y.to(out_dtype).contiguous()
 
 
+def channels_last_only(t: torch.Tensor) -> bool:
+    """A 4-D tensor in channels_last memory order and not also contiguous NCHW (as tensors with one channel or one
+    pixel are): its (N, H, W, C) permutation is a contiguous view."""
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def conv_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of the integer conv's output for input ``x`` (the op's contract): channels_last where x is
+    channels_last only, else contiguous NCHW. A channels_last network stays channels_last through the op, with no
+    conversion pass on either side."""
+    return torch.channels_last if channels_last_only(x) else torch.contiguous_format
+
+
 #: Most elements a conv's padded input or output may have: far beyond any
 #: memory, but small enough that sizes never overflow int64 byte counts.
 MAX_CONV_ELEMENTS = 1 << 40

@@ -83,6 +83,9 @@ class OpDef:
     #: re-validated whenever a new tensor (or a new version of one) arrives on
     #: the CPU. Default: the arguments named like the index/code tensors below.
     value_arg_names: Optional[Sequence[str]] = None
+    #: The op's contract fixes its output's memory format (channels_last or contiguous) as the fake kernel does:
+    #: the conformance kit then checks every kernel's output against the fake's (compiled graphs rely on it).
+    memory_format_checked: bool = False
     #: Names of the arguments, in schema order (filled from the schema).
     arg_names: tuple = field(default=(), init=False)
     value_args: tuple = field(default=(), init=False)

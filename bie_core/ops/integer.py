@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, check_epilogue,
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, conv_memory_format, check_epilogue,
                       check_out_dtype, check_same_device, check_tensor, epilogue_dtype, problem, randint_codes,
                       randn)
 from ._opdef import Case, OpDef, define_op
@@ -403,7 +403,8 @@ def scale_runs(x_shape: tuple, scale: torch.Tensor):
 def _ic_fake(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
     ho = conv_out_size(x.shape[2], w.shape[2], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], w.shape[3], stride[1], padding[1], dilation[1])
-    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype))
+    return torch.empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype), device=x.device,
+                       memory_format=conv_memory_format(x))
 
 
 def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
@@ -452,6 +453,10 @@ def _ic_cases(device, gen):
             w = randint_codes((o, c // g) + tuple(ks), bits, device=device, gen=gen)
             yield Case((x, w, bits, bits, list(st), list(pd), list(dl), g, None, None, None),
                        f"int{bits} count {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} d={dl} g={g}")
+            if i % 2 == 1:   # channels_last input: a channels_last output (the op's contract)
+                yield Case((x.contiguous(memory_format=torch.channels_last), w, bits, bits, list(st), list(pd),
+                            list(dl), g, None, None, None),
+                           f"int{bits} count channels_last {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} g={g}")
             if i % 2 == 0:
                 dtype = FLOAT_DTYPES[i % 3]
                 scale = (torch.rand((o,), generator=gen) * 0.01 + 1e-4).to(device)
@@ -465,8 +470,10 @@ int_conv2d = define_op(OpDef(
     schema=("(Tensor x, Tensor w, int a_bits, int w_bits, int[2] stride, int[2] padding, int[2] dilation, "
             "int groups, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor"),
     doc=("Integer conv2d with exact int32 accumulation on int8 codes (x NCHW, w OIHW, zero padding); "
-         "output contiguous NCHW int32, or float32(acc)*scale + bias cast to out_dtype."),
-    fake=_ic_fake, problem=_ic_problem, validate=_ic_validate, cases=_ic_cases, weight_args=(1,)))
+         "output NCHW int32, or float32(acc)*scale + bias cast to out_dtype; channels_last when x is "
+         "channels_last (and not also contiguous), else contiguous."),
+    fake=_ic_fake, problem=_ic_problem, validate=_ic_validate, cases=_ic_cases, weight_args=(1,),
+    memory_format_checked=True))
 
 __all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range",
            "scale_runs"]

@@ -122,11 +122,29 @@ def check_matches(kc: KernelCase) -> None:
                 f"{kc.id}: fake says {tuple(f.shape)}/{f.dtype}, kernel gave {tuple(o.shape)}/{o.dtype}"
         return
     compare(out, exp, kc.case.tol, kc.id)
+    if kc.op.memory_format_checked:
+        check_memory_format(kc, out)
     # fresh inputs every run are not enough if a kernel is nondeterministic: run twice
     if kc.case.tol == "exact":
         again = call_kernel(kc.kernel, kc.op, kc.case.args)
         compare(again, _to_cpu(out), "exact",
                 kc.id + " (second run)")
+
+
+def check_memory_format(kc: KernelCase, out) -> None:
+    """Each output in the memory format the op's fake kernel gives (contiguous, or channels_last for 4-D)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fargs = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in kc.case.args)
+        fake = kc.op.fake(*fargs)
+    fakes = fake if isinstance(fake, (tuple, list)) else (fake,)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    for f, o in zip(fakes, outs):
+        formats = [torch.contiguous_format] + ([torch.channels_last] if o.dim() == 4 else [])
+        for mf in formats:
+            assert o.is_contiguous(memory_format=mf) == f.is_contiguous(memory_format=mf), \
+                (f"{kc.id}: output strides {o.stride()} are {'' if o.is_contiguous(memory_format=mf) else 'not '}"
+                 f"{str(mf)[6:]}, the op's fake kernel says {f.stride()}")
 
 
 @contextlib.contextmanager

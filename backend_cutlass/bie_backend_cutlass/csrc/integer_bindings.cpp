@@ -526,8 +526,8 @@ at::Tensor iconv(const at::Tensor& x, const at::Tensor& w, int64_t kh, int64_t k
 // NHWC (free for a channels_last x); with conv_config >= 0 (an index into the conv configurations) the implicit
 // GEMM where it serves (one group, iconv_fits, a geometry CUTLASS implements), else an int8 im2col and the GEMM
 // (config) batched over groups against the prepared weight w (G, Np, Kp) (integer.py prepare_conv), epilogue
-// vectors as gemm takes them; returns (N, O, Ho, Wo), contiguous (channels_last from the implicit GEMM for a
-// channels_last x).
+// vectors as gemm takes them; returns (N, O, Ho, Wo) in the op's memory format: channels_last for a channels_last
+// x (as cuDNN's conv; the NHWC results as they are), else contiguous NCHW.
 at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
                 const c10::optional<at::Tensor>& channel_shift, const at::Tensor& w, int64_t o, int64_t kh, int64_t kw,
                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
@@ -543,23 +543,25 @@ at::Tensor conv(const at::Tensor& x, const c10::optional<at::Tensor>& act_scale,
   const int64_t ho = (H + 2 * ph - dh * (kh - 1) - 1) / sh + 1, wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
   TORCH_CHECK(N > 0 && ho > 0 && wo > 0 && C % G == 0, who, "x ", x.sizes(), " does not fit the geometry");
   c10::cuda::CUDAGuard guard(x.device());
+  const bool cl = x.is_contiguous(at::MemoryFormat::ChannelsLast) && !x.is_contiguous();
+  const auto out_format = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   const at::Tensor nhwc = x.permute({0, 2, 3, 1});
   at::Tensor codes = codes_of(nhwc, act_scale, act_bits, channel_shift, who);
   if (conv_config >= 0 && G == 1 && iconv_fits(codes, w, kh, kw)) {   // the implicit GEMM: no patch matrix
     c10::optional<at::Tensor> d = iconv_try(codes, w, kh, kw, sh, sw, ph, pw, dh, dw, scale, bias, out_dtype,
                                             conv_config, who);
     if (d.has_value()) {
+      // (N, Ho, Wo, Np): for channels_last a copy only to drop padded channels
       const at::Tensor y = (d->size(3) == o ? *d : d->narrow(3, 0, o)).permute({0, 3, 1, 2});
-      // a channels_last input gets a channels_last output, as from cuDNN's conv: the NHWC result as it is (a copy
-      // only to drop padded channels); any other input contiguous NCHW
-      const bool cl = x.is_contiguous(at::MemoryFormat::ChannelsLast) && !x.is_contiguous();
-      return cl ? y.contiguous(at::MemoryFormat::ChannelsLast) : y.contiguous();
+      return y.contiguous(out_format);
     }
   }
   at::Tensor cols = im2col(codes, G, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo, w.size(2));
   at::Tensor d = gemm(cols, w, scale, scale_batch, bias, bias_batch, out_dtype, w.size(1), config);   // (G, N*Ho*Wo, Np)
   if (d.size(2) != og) d = d.narrow(2, 0, og);
-  return d.reshape({G, N, ho * wo, og}).permute({1, 0, 3, 2}).reshape({N, o, ho, wo}).contiguous();
+  // (G, N*Ho*Wo, og) -> (N, Ho, Wo, G, og) -> NCHW view of the channels (g, og); one group and channels_last: no copy
+  return d.reshape({G, N, ho, wo, og}).permute({1, 2, 3, 0, 4}).reshape({N, ho, wo, o}).permute({0, 3, 1, 2})
+      .contiguous(out_format);
 }
 
 }  // namespace bie_int

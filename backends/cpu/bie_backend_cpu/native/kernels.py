@@ -15,7 +15,8 @@ import threading
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, conv_out_size, linear_scale, packed_len, scale_runs
+from bie_core.backend_api import (FLOAT_DTYPES, LayoutMemo, conv_memory_format, conv_out_size, linear_scale, packed_len,
+                                  scale_runs)
 
 I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
@@ -795,8 +796,9 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
     out = _epilogue_out("int_conv2d", (n, o, ho, wo), scale, bias, out_dtype)
+    mf = conv_memory_format(x)
     if n == 0 or o == 0:
-        return out
+        return out.contiguous(memory_format=mf)
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
     if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)
         from ..reference import integer as _ri
@@ -817,7 +819,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
                      sh, sw, ph, pw, dh, dw, ho, wo, k, kp, pix, _ptr(s32), _ptr(b32), flags & ~EPI_BIAS_VEC,
                      OUT_CODE[out_dtype], out.data_ptr())
     _check(_lib.bie_iconv(ctypes.byref(args)), "int_conv2d")
-    return out
+    return out.contiguous(memory_format=mf)   # the kernel writes NCHW
 
 
 # ----------------------------------------------------- sign_embedding (+ bag)

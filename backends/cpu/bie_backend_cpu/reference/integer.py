@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import scaled_epilogue
+from bie_core.backend_api import conv_memory_format, scaled_epilogue
 
 
 def code_range(bits: int):
@@ -56,7 +56,8 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
         ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
         wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (w.shape[3] - 1) - 1) // stride[1] + 1
         return scaled_epilogue(torch.zeros((x.shape[0], 0, ho, wo), dtype=torch.float64), scale, bias, out_dtype,
-                               channel_dim=1)
+                               channel_dim=1).contiguous(memory_format=conv_memory_format(x))
     acc = F.conv2d(x.to(torch.float64), w.to(torch.float64), stride=tuple(stride), padding=tuple(padding),
                    dilation=tuple(dilation), groups=int(groups))
-    return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
+    y = scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
+    return y.contiguous(memory_format=conv_memory_format(x))
