@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, conv_memory_format, check_epilogue,
-                      check_out_dtype, check_same_device, check_tensor, epilogue_dtype, problem, randint_codes,
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, check, check_conv_size, check_epilogue, check_out_dtype,
+                      check_same_device, check_tensor, conv_memory_format, epilogue_dtype, problem, randint_codes,
                       randn)
 from ._opdef import Case, OpDef, define_op
 from .binary import conv_out_size
