@@ -476,18 +476,18 @@ class _PreparedCache:
 
     def get(self, kernel: Kernel, weights: tuple, static: dict | None = None):
         # keyed by the prepare function: the kernels of one backend that prepare alike share one layout memo
-        key = (kernel.prepare,) + tuple(id(w) for w in weights)
+        key = (kernel.prepare,) + tuple(_weight_key(w) for w in weights)
         if static:
             key += tuple(sorted((k, _hashable(v)) for k, v in static.items()))
         state = tuple(_tensor_state(w) for w in weights)
         e = self._d.get(key)
-        # The key holds the weights' ids; an entry is dropped (weakref callback)
-        # the moment one of its tensors dies, before its id can be reused, so a
-        # hit is always for these very tensors.
+        # The key holds the ids of the weights' storages with each weight's place in its storage; an entry is
+        # dropped (weakref callback) the moment one of those storages dies, before its id can be reused, so a hit
+        # is always for these very bytes, viewed the same way.
         if e is not None and e[0] == state:
             return e[1]
         prepared = kernel.prepare(*weights, **(static or {}))
-        tensors = tuple(w for w in weights if isinstance(w, torch.Tensor))
+        tensors = tuple(_anchor(w) for w in weights if isinstance(w, torch.Tensor))
         refs = tuple(weakref.ref(w, self._make_cb(key)) for w in tensors)
         with self._lock:
             self._d[key] = (state, prepared, refs)
@@ -506,6 +506,26 @@ class _PreparedCache:
 
     def __len__(self):
         return len(self._d)
+
+
+def _anchor(w: torch.Tensor):
+    """What bounds the life of a prepared layout of ``w``: its storage (one Python object per storage, shared by
+    every view of it), or w itself where it has none (a tensor subclass). A compiled graph hands a kernel a fresh
+    view of a weight buffer on every call (a packed layer's reshaped codes); keyed by the storage and the view's
+    place in it, such calls find the layout prepared by the first, and the entry dies with the storage."""
+    try:
+        return w.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return w
+
+
+def _weight_key(w):
+    if not isinstance(w, torch.Tensor):
+        return id(w)
+    a = _anchor(w)
+    if a is w:
+        return id(w)
+    return (id(a), w.data_ptr(), w.dtype, tuple(w.shape), w.stride())
 
 
 def _hashable(v):

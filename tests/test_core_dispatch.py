@@ -274,6 +274,35 @@ def test_prepared_layout_is_cached_per_weight_version(fresh_bie):
     assert len(dispatch.prepared_cache) == n - 1   # entries die with their weights
 
 
+def test_prepared_layout_is_shared_by_views_of_the_same_weight_bytes(fresh_bie):
+    """A compiled graph hands kernels a fresh view of a weight buffer on every call: the same bytes seen the same way
+    find the layout prepared before; another view of them (other strides or another place) has its own entry, an
+    in-place update re-prepares, and the entries die with the storage."""
+    prepares = []
+
+    def prepare(w):
+        prepares.append(w.data_ptr())
+        return w.clone()
+
+    make_backend("prep", 300, prepare=prepare)
+    a, b, k = bits()
+    buf = b.clone().reshape(-1)              # a flat buffer, as a packed layer keeps its codes
+    y1 = call(a, buf.view(b.shape), k)
+    for _ in range(3):
+        assert torch.equal(call(a, buf.view(b.shape), k), y1)   # a fresh view object each time
+    assert len(prepares) == 1
+    half = b.shape[0] // 2
+    call(a[:, :], buf.view(b.shape)[:half], k)                  # another place in the same storage
+    assert len(prepares) == 2
+    buf.view(b.shape).copy_(torch.flip(b, [0]))                 # in place, through yet another view
+    y2 = call(a, buf.view(b.shape), k)
+    assert len(prepares) == 3 and torch.equal(y2, torch.flip(y1, [1]))
+    n = len(dispatch.prepared_cache)
+    del buf
+    gc.collect()
+    assert len(dispatch.prepared_cache) == n - 2   # both entries of the storage die with it
+
+
 def test_explain_module_and_op(fresh_bie):
     make_backend("alpha", 300)
     a, b, k = bits()
