@@ -11,6 +11,7 @@ BIE_ISA_BEGIN(BIE_ISA_AVX2)
 namespace {
 #define WQ_VL 8
 #define WQ_MB 4
+#define WQ_PP 2
 #include "wq_kernels.h"
 }  // namespace
 

@@ -1,5 +1,5 @@
 // Weight-only GEMM, AVX-512 variant (16-float vectors, 8 activation rows per
-// register block). See wq_kernels.h.
+// register block; fewer rows: 4 panels at a time). See wq_kernels.h.
 #include <stdint.h>
 #include <utility>
 #include "bie_native.h"
@@ -12,6 +12,7 @@ BIE_ISA_BEGIN(BIE_ISA_AVX512)
 namespace {
 #define WQ_VL 16
 #define WQ_MB 8
+#define WQ_PP 4
 #include "wq_kernels.h"
 }  // namespace
 

@@ -63,7 +63,8 @@ int bie_wq_gemm(const bie_wq_args* in) {
     }
     bie_wq_args a = *in;
     a.xsum = xs.data();
-    return bie_run_tasks(pick(false), &a, a.P, 1);
+    // tasks of at least 4 panels: the kernels compute up to 4 panels together for the last rows (wq_kernels.h)
+    return bie_run_tasks(pick(false), &a, a.P, 4);
   } catch (const std::bad_alloc&) {
     return BIE_ENOMEM;
   } catch (...) {

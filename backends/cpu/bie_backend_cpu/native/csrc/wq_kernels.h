@@ -12,7 +12,11 @@
 // canonical format (3-bit codes 10 and 21 straddle words).
 //
 // GEMV: per group, acc = sum_k x[k] * q[k] (float32, codes converted exactly),
-// then y += s * acc + c * sum_k x[k] with c = -s*z (gptq) or -z (gba).
+// then y += s * acc + c * sum_k x[k] with c = -s*z (gptq) or -z (gba). Each
+// column's sum runs over k in order, one fused multiply-add after the other, so
+// a row's result does not depend on the rows or panels computed with it. That
+// chain is latency-bound (one FMA per 4 cycles) when a register block holds few
+// rows: then WQ_PP panels are computed together, WQ_PP independent chains.
 // Dequantization writes s * (q - z) (gptq) or q * s - z (gba) in float32,
 // bit-identical to the reference (built with -ffp-contract=off).
 #include <string.h>
@@ -57,24 +61,25 @@ static inline vf code(const vu* w) {
   return __builtin_convertvector((vi)(v & mask), vf);
 }
 
-// One block of 32 rows for MB activation rows: acc[m][h] += x[m][t] * q[t][h].
-template <int B, int MB, int T = 0>
-static inline void block(const vu (&w)[NH][B], const float* const (&xr)[MB], int64_t k0, vf (&acc)[MB][NH]) {
+// One block of 32 rows for MB activation rows over NV vectors of columns: acc[m][h] += x[m][t] * q[t][h].
+template <int B, int MB, int NV, int T = 0>
+static inline void block(const vu (&w)[NV][B], const float* const (&xr)[MB], int64_t k0, vf (&acc)[MB][NV]) {
   if constexpr (T < 32) {
-    vf q[NH];
-    for (int h = 0; h < NH; ++h) q[h] = code<B, T>(w[h]);
+    vf q[NV];
+    for (int h = 0; h < NV; ++h) q[h] = code<B, T>(w[h]);
     for (int m = 0; m < MB; ++m) {
       const vf xb = bcast(xr[m][k0 + T]);
-      for (int h = 0; h < NH; ++h) acc[m][h] = fma(xb, q[h], acc[m][h]);
+      for (int h = 0; h < NV; ++h) acc[m][h] = fma(xb, q[h], acc[m][h]);
     }
-    block<B, MB, T + 1>(w, xr, k0, acc);
+    block<B, MB, NV, T + 1>(w, xr, k0, acc);
   }
 }
 
-template <int B>
-static inline void load_block(const int32_t* p, vu (&w)[NH][B]) {
+// the words of one panel's block into vectors h0 .. h0+NH-1 of w
+template <int B, int NV>
+static inline void load_block(const int32_t* p, vu (&w)[NV][B], int h0 = 0) {
   for (int j = 0; j < B; ++j)
-    for (int h = 0; h < NH; ++h) w[h][j] = ldu(p + j * PW + h * WQ_VL);
+    for (int h = 0; h < NH; ++h) w[h0 + h][j] = ldu(p + j * PW + h * WQ_VL);
 }
 
 static inline void store_cols(float* dst, const vf* v, int64_t ncols) {
@@ -87,57 +92,77 @@ static inline void store_cols(float* dst, const vf* v, int64_t ncols) {
   }
 }
 
-// rows m0 .. m0+MB-1 of panel p
-template <int B, int MB>
+// rows m0 .. m0+MB-1 of panels p .. p+PP-1
+template <int B, int MB, int PP>
 static void gemv_rows(const bie_wq_args* a, int64_t p, int64_t m0) {
+  constexpr int NV = PP * NH;
   const int64_t KB = a->Kp / 32, G = a->G;
   const float* xr[MB];
   for (int m = 0; m < MB; ++m) xr[m] = a->x + (m0 + m) * a->Kp;
-  vf y[MB][NH];
+  vf y[MB][NV];
   for (int m = 0; m < MB; ++m)
-    for (int h = 0; h < NH; ++h) y[m][h] = vf{};
+    for (int h = 0; h < NV; ++h) y[m][h] = vf{};
   const int32_t* qp = a->qw + p * KB * B * PW;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t b0 = a->gb[g], b1 = a->gb[g + 1];
     if (b0 == b1) continue;
-    vf acc[MB][NH];
+    vf acc[MB][NV];
     for (int m = 0; m < MB; ++m)
-      for (int h = 0; h < NH; ++h) acc[m][h] = vf{};
+      for (int h = 0; h < NV; ++h) acc[m][h] = vf{};
     for (int64_t blk = b0; blk < b1; ++blk) {
-      vu w[NH][B];
-      load_block<B>(qp + blk * B * PW, w);
-      block<B, MB>(w, xr, blk * 32, acc);
+      vu w[NV][B];
+      for (int i = 0; i < PP; ++i) load_block<B>(qp + (i * KB + blk) * B * PW, w, i * NH);
+      block<B, MB, NV>(w, xr, blk * 32, acc);
     }
-    const float* sp = a->s + (p * G + g) * PW;
-    const float* cp = a->c + (p * G + g) * PW;
-    for (int h = 0; h < NH; ++h) {
-      const vf s = ldf(sp + h * WQ_VL), c = ldf(cp + h * WQ_VL);
-      for (int m = 0; m < MB; ++m) {
-        y[m][h] = fma(s, acc[m][h], y[m][h]);
-        y[m][h] = fma(c, bcast(a->xsum[(m0 + m) * G + g]), y[m][h]);
+    for (int i = 0; i < PP; ++i) {
+      const float* sp = a->s + ((p + i) * G + g) * PW;
+      const float* cp = a->c + ((p + i) * G + g) * PW;
+      for (int h = 0; h < NH; ++h) {
+        const vf s = ldf(sp + h * WQ_VL), c = ldf(cp + h * WQ_VL);
+        for (int m = 0; m < MB; ++m) {
+          vf& t = y[m][i * NH + h];
+          t = fma(s, acc[m][i * NH + h], t);
+          t = fma(c, bcast(a->xsum[(m0 + m) * G + g]), t);
+        }
       }
     }
   }
-  const int64_t n0 = p * PW, ncols = a->N - n0 < PW ? a->N - n0 : PW;
-  for (int m = 0; m < MB; ++m) {
-    if (a->bias) {
-      float bb[PW] = {0};
-      memcpy(bb, a->bias + n0, (size_t)ncols * sizeof(float));
-      for (int h = 0; h < NH; ++h) y[m][h] = y[m][h] + ldf(bb + h * WQ_VL);
+  for (int i = 0; i < PP; ++i) {
+    const int64_t n0 = (p + i) * PW, ncols = a->N - n0 < PW ? a->N - n0 : PW;
+    for (int m = 0; m < MB; ++m) {
+      vf* ym = y[m] + i * NH;
+      if (a->bias) {
+        float bb[PW] = {0};
+        memcpy(bb, a->bias + n0, (size_t)ncols * sizeof(float));
+        for (int h = 0; h < NH; ++h) ym[h] = ym[h] + ldf(bb + h * WQ_VL);
+      }
+      store_cols(a->out + (m0 + m) * a->N + n0, ym, ncols);
     }
-    store_cols(a->out + (m0 + m) * a->N + n0, y[m], ncols);
   }
 }
 
+// rows m0 .. m0+MB-1 of panels p0 .. p1-1, PP panels at a time
+template <int B, int MB, int PP>
+static void gemv_panels(const bie_wq_args* a, int64_t p0, int64_t p1, int64_t m0) {
+  int64_t p = p0;
+  if constexpr (PP > 1)
+    for (; p + PP <= p1; p += PP) gemv_rows<B, MB, PP>(a, p, m0);
+  for (; p < p1; ++p) gemv_rows<B, MB, 1>(a, p, m0);
+}
+
+// panels p0 .. p1-1: blocks of WQ_MB (and 4) rows panel by panel (their rows are independent chains already);
+// the last rows (fewer than 4) WQ_PP panels at a time
 template <int B>
-static void gemv_panel(const bie_wq_args* a, int64_t p) {
+static void gemv_range(const bie_wq_args* a, int64_t p0, int64_t p1) {
   int64_t m = 0;
-  for (; m + WQ_MB <= a->M; m += WQ_MB) gemv_rows<B, WQ_MB>(a, p, m);
+  for (; m + WQ_MB <= a->M; m += WQ_MB) gemv_panels<B, WQ_MB, 1>(a, p0, p1, m);
 #if WQ_MB > 4
-  for (; m + 4 <= a->M; m += 4) gemv_rows<B, 4>(a, p, m);
+  for (; m + 4 <= a->M; m += 4) gemv_panels<B, 4, 1>(a, p0, p1, m);
 #endif
-  for (; m + 2 <= a->M; m += 2) gemv_rows<B, 2>(a, p, m);
-  for (; m < a->M; ++m) gemv_rows<B, 1>(a, p, m);
+  // 8-bit blocks hold twice the words: half the panels keep their codes in registers
+  constexpr int PP = B == 8 && WQ_PP > 2 ? WQ_PP / 2 : WQ_PP;
+  for (; m + 2 <= a->M; m += 2) gemv_panels<B, 2, PP>(a, p0, p1, m);
+  for (; m < a->M; ++m) gemv_panels<B, 1, PP>(a, p0, p1, m);
 }
 
 template <int B, int FMT>
@@ -171,13 +196,21 @@ static void dequant_panel(const bie_wq_args* a, int64_t p) {
 template <bool DEQ>
 static int drv(const void* args, int64_t t0, int64_t t1) {
   const bie_wq_args* a = (const bie_wq_args*)args;
+  if (!DEQ) {
+    switch (a->bits) {
+      case 2: gemv_range<2>(a, t0, t1); return BIE_OK;
+      case 3: gemv_range<3>(a, t0, t1); return BIE_OK;
+      case 4: gemv_range<4>(a, t0, t1); return BIE_OK;
+      case 8: gemv_range<8>(a, t0, t1); return BIE_OK;
+      default: return BIE_EBADARG;
+    }
+  }
   for (int64_t p = t0; p < t1; ++p) {
     switch (a->bits) {
 #define WQ_CASE(b)                                 \
   case b:                                          \
-    if (DEQ && a->format == 0) dequant_panel<b, 0>(a, p); \
-    else if (DEQ) dequant_panel<b, 1>(a, p);          \
-    else gemv_panel<b>(a, p);                      \
+    if (a->format == 0) dequant_panel<b, 0>(a, p); \
+    else dequant_panel<b, 1>(a, p);                \
     break;
       WQ_CASE(2) WQ_CASE(3) WQ_CASE(4) WQ_CASE(8)
 #undef WQ_CASE

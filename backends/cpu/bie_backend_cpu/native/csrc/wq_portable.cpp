@@ -7,6 +7,7 @@
 namespace {
 #define WQ_VL 4
 #define WQ_MB 4
+#define WQ_PP 2
 #include "wq_kernels.h"
 }  // namespace
 
