@@ -464,10 +464,12 @@ _layer_name: contextvars.ContextVar = contextvars.ContextVar("bie_layer", defaul
 class _PreparedCache:
     """Backend layouts derived from canonical weights, per (kernel, weight tensors).
 
-    An entry is valid while the same tensor objects are alive, on the same
-    storage, at the same version counter: an in-place update
-    (``load_state_dict``, an optimizer step), a move to another device or a
-    new tensor re-prepares. Entries die with their tensors.
+    An entry is valid while the same bytes, viewed the same way (storage, data
+    pointer, shape, strides, dtype), are alive at the same version counter: an
+    in-place update (``load_state_dict``, an optimizer step), a move to another
+    device or a new tensor re-prepares; another view object of the same bytes
+    (what a compiled graph passes on every call) does not. Entries die with
+    their storages.
     """
 
     def __init__(self):
