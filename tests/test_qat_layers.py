@@ -139,6 +139,34 @@ def test_binary_conv2d_channels_last_and_unbatched():
     assert xcl.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pv,per_channel,channels_last", [(-1.0, True, True), (0.0, False, False),
+                                                           (1.0, False, True)])
+def test_binary_conv2d_half_gradients_follow_the_float32_definition(dtype, pv, per_channel, channels_last):
+    """Half-precision gradients: the products run in that dtype on the +-1 signs (module docstring of
+    layers/_binary_fn.py); every gradient stays within the half dtype's rounding of the float32 ones computed on
+    the same (half-valued) input, and a channels_last input gets a channels_last gradient."""
+    torch.manual_seed(4)
+    layer = BinaryConv2d(8, 6, 3, padding=1, bias=True, pad_value=pv, per_channel=per_channel)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.2)
+    x = torch.randn(2, 8, 7, 5).to(dtype)
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    grads = {}
+    for dt in (torch.float32, dtype):
+        layer.zero_grad()
+        xl = x.to(dt).contiguous(memory_format=mf).requires_grad_()
+        y = layer(xl)
+        gy = torch.linspace(-1, 1, y.numel()).reshape(y.shape).to(dt)
+        (y * gy).sum().backward()
+        grads[dt] = [xl.grad.float(), layer.weight.grad.clone(), layer.act_shift.grad.clone(),
+                     layer.act_scale.grad.clone(), layer.bias.grad.clone()]
+        if channels_last:
+            assert xl.grad.is_contiguous(memory_format=torch.channels_last)
+    for got, want in zip(grads[dtype], grads[torch.float32]):
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()) + 1e-6)
+
+
 # -------------------------------------------------------------- QLinear / QConv2d
 @pytest.mark.parametrize("w_bits,a_bits,per_channel,bias", [(8, 8, False, True), (4, 4, True, False),
                                                             (4, 8, False, False), (8, 4, True, True)])

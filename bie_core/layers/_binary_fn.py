@@ -16,8 +16,14 @@ Backward, straight-through estimator (STE):
 
 ``sa`` receives only that last gradient (its factor on the output is treated as
 part of the quantizer, as in docs/spec.md §3), and ``sw`` (derived from W: mean|W|)
-is a constant for autograd. Backward math is done in float32 whatever the
-activation dtype, and cast back.
+is a constant for autograd. The element-wise math is done in float32 whatever the
+activation dtype, and cast back. The two products run in the gradient's dtype, as
+the integer QAT layers' (``_int_fn``): float32 for float32 gradients; for bf16/fp16
+ones on the +-1 signs (exact in that dtype) and the gradient itself, with the scale
+folded into the weight operand for the input gradient (one rounding of sa * sw per
+channel) and applied in float32 after the weight-gradient product, so the products
+run on the tensor cores and only their own rounding differs from float32. A
+channels_last input keeps that memory order through the conv's products.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..ops._common import channels_last_only
 from ._base import sgn
 
 
@@ -73,26 +80,45 @@ def _scale_grad(gx, sx, numel: int, s):
     return ((gx * sx).sum() / math.sqrt(numel)).reshape(s.shape)
 
 
-def _linear_grads(g_acc, xs, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
-    """d xs before the clip mask and d W of y = sgn(xs) @ sgn(W).T, given g_acc = d y."""
-    gin = g_acc @ _weight_signs(weight, wbits, k, backend) if need_in else None
-    gw = g_acc.t() @ sx if need_w else None
+def _col(scale, dim: int):
+    """A per-output-channel scale shaped to broadcast over a dim-D weight (rows first); scalars unchanged."""
+    return scale.reshape((-1,) + (1,) * (dim - 1)) if scale.dim() else scale
+
+
+def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
+    """d xs before the clip mask and d W (float32) of y = scale * (sgn(xs) @ sgn(W).T), given d y = g in the
+    dtype the products run in (module docstring)."""
+    gin = gw = None
+    if need_in:
+        ws = _weight_signs(weight, wbits, k, backend)
+        gin = g @ (ws * _col(scale, 2)).to(g.dtype)
+    if need_w:
+        prod = g.t() @ sx.to(g.dtype)
+        gw = prod.to(torch.float32) * _col(scale, 2)
     return gin, gw
 
 
-def _conv_grads(g_acc, xs, sx, weight, wbits, geom: tuple, backend, need_in: bool, need_w: bool):
-    """The same for y = conv2d(sgn(xs), sgn(W)) with the binary conv's geometry."""
+def _conv_grads(g, scale, sx, weight, wbits, geom: tuple, backend, need_in: bool, need_w: bool):
+    """The same for y = scale * conv2d(pad(sgn(xs), pad_value), sgn(W)) with the binary conv's geometry: both
+    products from one convolution_backward, on operands in the input's memory order."""
     ks, stride, padding, dilation, groups, pad_value, wshape = geom
-    gin = gw = None
-    if need_in:
-        ws = _weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend, shape=wshape)
-        gin = torch.nn.grad.conv2d_input(xs.shape, ws, g_acc, stride, padding, dilation, groups)
-    if need_w:
-        # the padded border holds pad_value itself (not zeros), and it
-        # multiplies W in the forward, so the weight gradient must see it too
-        ph, pw = padding
-        sx_pad = F.pad(sx, (pw, pw, ph, ph), value=float(pad_value)) if (ph or pw) else sx
-        gw = torch.nn.grad.conv2d_weight(sx_pad, wshape, g_acc, stride, 0, dilation, groups)
+    if not (need_in or need_w):
+        return None, None
+    mf = torch.channels_last if channels_last_only(sx) else torch.contiguous_format
+    ph, pw = padding
+    inp, pads = sx.to(g.dtype), list(padding)
+    if (ph or pw) and pad_value != 0:
+        # the padded border holds pad_value itself (not zeros), and it multiplies W in the forward, so the weight
+        # gradient must see it: the products run on the padded signs, and the input gradient is its interior
+        inp, pads = F.pad(inp, (pw, pw, ph, ph), value=float(pad_value)), [0, 0]
+    ws = _weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend, shape=wshape)
+    gin, prod, _ = torch.ops.aten.convolution_backward(
+        g.contiguous(memory_format=mf), inp.contiguous(memory_format=mf),
+        (ws * _col(scale, 4)).to(g.dtype).contiguous(memory_format=mf), None, list(stride), pads, list(dilation),
+        False, [0, 0], groups, [need_in, need_w, False])
+    if need_in and pads[0] == 0 and pads[1] == 0 and (ph or pw):
+        gin = gin[:, :, ph:ph + sx.shape[2], pw:pw + sx.shape[3]]
+    gw = prod.to(torch.float32) * _col(scale, 4) if need_w else None
     return gin, gw
 
 
@@ -112,11 +138,13 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
         need = ctx.needs_input_grad
         gf = g.to(torch.float32)
         scale = _scale(sa, sw)
-        g_acc = gf * (scale.view(-1, *(1,) * (gf.dim() - 2)) if scale.dim() else scale)
         xf = xs.to(torch.float32)
         sx = sgn(xf)
         need_in = need[0] or need[4] or need[5]
-        gin, grad_w = product_grads(g_acc, xs, sx, weight, wbits, ctx.shape, ctx.backend, need_in, need[1])
+        gp = g if g.dtype in (torch.float16, torch.bfloat16) else gf     # the products' dtype
+        gin, grad_w = product_grads(gp, scale, sx, weight, wbits, ctx.shape, ctx.backend, need_in, need[1])
+        if gin is not None:
+            gin = gin.to(torch.float32)
         grad_x = grad_ba = grad_sa = grad_bias = None
         not_channels = (0,) + tuple(range(2, gf.dim()))
         if need_in:
