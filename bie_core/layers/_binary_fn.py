@@ -20,8 +20,9 @@ is a constant for autograd. The element-wise math is done in float32 whatever th
 activation dtype, and cast back. The two products run in the gradient's dtype, as
 the integer QAT layers' (``_int_fn``): float32 for float32 gradients; for bf16/fp16
 ones on the +-1 signs (exact in that dtype) and the gradient itself, with the scale
-folded into the weight operand for the input gradient (one rounding of sa * sw per
-channel) and applied in float32 after the weight-gradient product, so the products
+folded into the weight operand for the input gradient where it is per channel (one
+rounding of sa * sw per channel), else applied in float32 after the product, and
+applied after the weight-gradient product, so the products
 run on the tensor cores and only their own rounding differs from float32. A
 channels_last input keeps that memory order through the conv's products.
 """
@@ -85,13 +86,22 @@ def _col(scale, dim: int):
     return scale.reshape((-1,) + (1,) * (dim - 1)) if scale.dim() else scale
 
 
+def _weight_operand(ws, scale, dtype):
+    """The input-gradient product's weight operand in ``dtype`` and the factor left for its float32 result: a
+    per-channel scale folded into the signs (one rounding per channel), a per-tensor one left to apply after."""
+    if scale.dim() == 0:
+        return ws.to(dtype), scale
+    return (ws * _col(scale, ws.dim())).to(dtype), None
+
+
 def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
     """d xs before the clip mask and d W (float32) of y = scale * (sgn(xs) @ sgn(W).T), given d y = g in the
     dtype the products run in (module docstring)."""
     gin = gw = None
     if need_in:
-        ws = _weight_signs(weight, wbits, k, backend)
-        gin = g @ (ws * _col(scale, 2)).to(g.dtype)
+        w_op, f = _weight_operand(_weight_signs(weight, wbits, k, backend), scale, g.dtype)
+        gin = g @ w_op
+        gin = gin.to(torch.float32) * f if f is not None else gin
     if need_w:
         prod = g.t() @ sx.to(g.dtype)
         gw = prod.to(torch.float32) * _col(scale, 2)
@@ -111,13 +121,15 @@ def _conv_grads(g, scale, sx, weight, wbits, geom: tuple, backend, need_in: bool
         # the padded border holds pad_value itself (not zeros), and it multiplies W in the forward, so the weight
         # gradient must see it: the products run on the padded signs, and the input gradient is its interior
         inp, pads = F.pad(inp, (pw, pw, ph, ph), value=float(pad_value)), [0, 0]
-    ws = _weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend, shape=wshape)
+    w_op, f = _weight_operand(_weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend,
+                                            shape=wshape), scale, g.dtype)
     gin, prod, _ = torch.ops.aten.convolution_backward(
-        g.contiguous(memory_format=mf), inp.contiguous(memory_format=mf),
-        (ws * _col(scale, 4)).to(g.dtype).contiguous(memory_format=mf), None, list(stride), pads, list(dilation),
-        False, [0, 0], groups, [need_in, need_w, False])
+        g.contiguous(memory_format=mf), inp.contiguous(memory_format=mf), w_op.contiguous(memory_format=mf), None,
+        list(stride), pads, list(dilation), False, [0, 0], groups, [need_in, need_w, False])
     if need_in and pads[0] == 0 and pads[1] == 0 and (ph or pw):
         gin = gin[:, :, ph:ph + sx.shape[2], pw:pw + sx.shape[3]]
+    if need_in and f is not None:
+        gin = gin.to(torch.float32) * f
     gw = prod.to(torch.float32) * _col(scale, 4) if need_w else None
     return gin, gw
 
