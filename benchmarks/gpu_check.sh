@@ -14,6 +14,10 @@
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
 #   bench-binary    the binary product tables (bench_cuda.py --only binary --quick, bench_cutlass_binary.py --quick)
 #   bench-host      host time of the layers' eager inference against nn.Linear / nn.Conv2d (bench_host.py --quick)
+#   bench-dynamic   the dynamic int8 linear's table (bench_dynamic_cuda.py, M = 1 ... 8192 on both shapes)
+#   bench-mbwq      the mixed-width weight-only kernels (bench_cuda.py --only mbwq --quick)
+#   bench-qat       QAT convs against cuDNN and training steps (bench_qat_conv.py --quick)
+#   bench-cnn       ResNet-18 end to end, eager and compiled (bench_e2e_cnn.py, 30 timed steps)
 #   explain         which wq_gemm kernel runs for a few layer shapes and why (bie_core.explain)
 #   all             every stage above, in order
 #
@@ -111,6 +115,17 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       run bench-binary timeout 300 $PY benchmarks/bench_cutlass_binary.py --quick --json "$OUT/bench_cutlass_binary.json" ;;
     bench-host)
       run bench-host timeout 400 $PY benchmarks/bench_host.py --device cuda --quick --out-dir "$OUT" ;;
+    bench-dynamic)
+      run bench-dynamic timeout 400 $PY benchmarks/bench_dynamic_cuda.py "$OUT/dynamic_cuda.json" \
+          --ms 1,2,4,8,16,64,256,1024,2048,4096,8192 ;;
+    bench-mbwq)
+      run bench-mbwq timeout 200 $PY benchmarks/bench_cuda.py --quick --only mbwq --json "$OUT/mbwq_cuda.json" ;;
+    bench-qat)
+      run bench-qat timeout 300 $PY benchmarks/bench_qat_conv.py --quick --json "$OUT/qat_conv.json" --md "$OUT/qat_conv.md" ;;
+    bench-cnn)
+      mkdir -p "$OUT/cnn_eager" "$OUT/cnn_compiled"
+      run bench-cnn timeout 200 $PY benchmarks/bench_e2e_cnn.py --compile off --steps 30 --out "$OUT/cnn_eager"
+      run bench-cnn timeout 400 $PY benchmarks/bench_e2e_cnn.py --compile on --steps 30 --out "$OUT/cnn_compiled" ;;
     explain)
       run explain $PY - <<'PY'
 import torch
@@ -126,7 +141,8 @@ for n, k in ((4096, 4096), (28672, 8192)):
     print(e)
 PY
       ;;
-    *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host explain all)"
+    *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host"\
+            "bench-dynamic bench-mbwq bench-qat bench-cnn explain all)"
        status=1 ;;
   esac
 }
