@@ -466,8 +466,9 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
                     prepared=None):
     """``int_conv2d`` for one call signature: the prepared weight, the geometry and the tile configuration fixed
     once, one call into the extension's Python module a call (``conv``: NHWC read, then the implicit-GEMM conv
-    where it serves, else im2col and the GEMM batched over groups; NCHW output); with the offer to run this
-    extension's bound quantize_int, with the layer's channel shift, in the same call (``fuse_quantized_input``).
+    where it serves, else im2col and the GEMM batched over groups; output in the op's memory format); with the
+    offer to run this extension's bound quantize_int, with the layer's channel shift, in the same call
+    (``fuse_quantized_input``).
     None for an empty problem (``int_conv2d`` serves)."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
