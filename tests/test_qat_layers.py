@@ -317,10 +317,15 @@ def _all_layers():
         (QConv2d(3, 5, 3, padding=1, w_bits=4, a_bits=8), torch.randn(2, 3, 5, 5)),
         (BinaryEmbedding(11, 9), torch.tensor([[1, 5], [10, 0]])),
         (BinaryEmbeddingBag(11, 9), torch.tensor([[1, 5], [10, 0]])),
+        # channels_last: the activations quantized as (N*H*W, C) rows in training, the bound call in eval
+        (QConv2d(4, 5, 3, padding=1, w_bits=8, a_bits=8, bias=True),
+         torch.randn(2, 4, 5, 6).contiguous(memory_format=torch.channels_last)),
+        (QConv2d(4, 6, 3, padding=1, w_bits=4, a_bits=4, groups=2),
+         torch.randn(2, 4, 5, 6).contiguous(memory_format=torch.channels_last)),
     ]
 
 
-@pytest.mark.parametrize("i", range(7))
+@pytest.mark.parametrize("i", range(9))
 def test_train_eval_pack_same_function(i):
     layer, x = _all_layers()[i]
     y_train = layer(x)
