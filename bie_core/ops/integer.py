@@ -453,10 +453,16 @@ def _ic_cases(device, gen):
             w = randint_codes((o, c // g) + tuple(ks), bits, device=device, gen=gen)
             yield Case((x, w, bits, bits, list(st), list(pd), list(dl), g, None, None, None),
                        f"int{bits} count {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} d={dl} g={g}")
-            if i % 2 == 1:   # channels_last input: a channels_last output (the op's contract)
-                yield Case((x.contiguous(memory_format=torch.channels_last), w, bits, bits, list(st), list(pd),
-                            list(dl), g, None, None, None),
+            if i % 2 == 1 or g > 1:   # channels_last input: a channels_last output (the op's contract)
+                xl = x.contiguous(memory_format=torch.channels_last)
+                yield Case((xl, w, bits, bits, list(st), list(pd), list(dl), g, None, None, None),
                            f"int{bits} count channels_last {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} g={g}")
+                dtype = FLOAT_DTYPES[(i // 2) % 3]
+                scale = (torch.rand((o,) if i % 4 == 1 else (), generator=gen) * 0.01 + 1e-4).to(device)
+                bias = torch.randn((o,), generator=gen).to(device) if i % 4 == 3 else None
+                yield Case((xl, w, bits, bits, list(st), list(pd), list(dl), g, scale, bias, dtype),
+                           f"int{bits} {str(dtype)[6:]} channels_last {n}x{c}x{h}x{w_} O={o} k={ks}",
+                           tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
             if i % 2 == 0:
                 dtype = FLOAT_DTYPES[i % 3]
                 scale = (torch.rand((o,), generator=gen) * 0.01 + 1e-4).to(device)

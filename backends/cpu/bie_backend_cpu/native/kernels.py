@@ -89,7 +89,7 @@ class IConvArgs(ctypes.Structure):
                 ("sW", I64), ("wl", VP), ("layout", I64), ("O", I64), ("G", I64), ("Cg", I64), ("Og", I64),
                 ("KH", I64), ("KWk", I64), ("sh", I64), ("sw", I64), ("ph", I64), ("pw", I64), ("dh", I64),
                 ("dw", I64), ("Ho", I64), ("Wo", I64), ("K", I64), ("Kp", I64), ("pix", I64), ("scale", VP),
-                ("bias", VP), ("flags", I64), ("out_type", I64), ("out", VP)]
+                ("bias", VP), ("flags", I64), ("out_type", I64), ("out", VP), ("out_nhwc", I64)]
 
 
 class SEmbArgs(ctypes.Structure):
@@ -799,6 +799,8 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     mf = conv_memory_format(x)
     if n == 0 or o == 0:
         return out.contiguous(memory_format=mf)
+    if mf == torch.channels_last:    # the kernel writes each pixel's channels contiguously (out_nhwc)
+        out = torch.empty((n, ho, wo, o), dtype=out.dtype).permute(0, 3, 1, 2)
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
     if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)
         from ..reference import integer as _ri
@@ -817,9 +819,9 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     flags, s32, b32 = _epilogue(scale, bias, o)
     args = IConvArgs(x.data_ptr(), n, c, h, wd, sn, sc, sh_, sw_, wl.data_ptr(), kind, o, g, cg, o // g, kh, kw,
                      sh, sw, ph, pw, dh, dw, ho, wo, k, kp, pix, _ptr(s32), _ptr(b32), flags & ~EPI_BIAS_VEC,
-                     OUT_CODE[out_dtype], out.data_ptr())
+                     OUT_CODE[out_dtype], out.data_ptr(), int(mf == torch.channels_last))
     _check(_lib.bie_iconv(ctypes.byref(args)), "int_conv2d")
-    return out.contiguous(memory_format=mf)   # the kernel writes NCHW
+    return out
 
 
 # ----------------------------------------------------- sign_embedding (+ bag)

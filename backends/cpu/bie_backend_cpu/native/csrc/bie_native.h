@@ -140,7 +140,9 @@ typedef struct {
   int64_t pix;        // output pixels per task (multiple of 16)
   const float* scale; const float* bias;  // per output channel (or one value)
   int64_t flags, out_type;
-  void* out;          // (N, O, Ho, Wo) contiguous
+  void* out;          // (N, O, Ho, Wo) contiguous, or with out_nhwc (N, Ho, Wo, O) contiguous (a channels_last
+                      // NCHW tensor: the int_conv2d op's output for channels_last input)
+  int64_t out_nhwc;
 } bie_iconv_args;
 
 // sign_embedding: out[l, j] = (bit j of bits[idx[l]] ? +s : -s), s = float32(scale[idx[l]]),

@@ -439,7 +439,7 @@ int bie_iconv(const bie_iconv_args* a) {
       a->W < 1 || a->G < 1 || a->Cg < 1 || a->C != a->G * a->Cg || a->Og < 1 || a->O != a->G * a->Og ||
       a->KH < 1 || a->KWk < 1 || a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->ph < 0 || a->pw < 0 ||
       a->Ho < 1 || a->Wo < 1 || a->K != a->Cg * a->KH * a->KWk || a->Kp != a->KH * a->KWk * cdiv(a->Cg, ks) * ks ||
-      a->sN < 0 || a->sC != 1 || a->sH < 0 || a->sW < 0)
+      a->sN < 0 || a->sC != 1 || a->sH < 0 || a->sW < 0 || (a->out_nhwc != 0 && a->out_nhwc != 1))
     return BIE_EBADARG;
   const bie_range_fn fn = pick_iconv(l);
   if (!fn) return BIE_EBADARG;

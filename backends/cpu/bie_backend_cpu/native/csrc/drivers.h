@@ -640,8 +640,10 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
   // output-row segments of a block: first lane, oh, first ow, length
   int64_t* seg = (int64_t*)__builtin_malloc((size_t)((p->pix + 2) * 4 * 8) + 64);
   iscalar_t* ones = (iscalar_t*)__builtin_malloc((size_t)Kp * sizeof(iscalar_t) + 64);
-  if (!pan || !seg || !ones) {
-    __builtin_free(pan); __builtin_free(seg); __builtin_free(ones);
+  // channels-last output: a block's sums for every channel of the group, (pixels, Og), finished pixel by pixel
+  int32_t* obuf = p->out_nhwc ? (int32_t*)__builtin_malloc((size_t)(p->pix * p->Og) * sizeof(int32_t) + 64) : nullptr;
+  if (!pan || !seg || !ones || (p->out_nhwc && !obuf)) {
+    __builtin_free(pan); __builtin_free(seg); __builtin_free(ones); __builtin_free(obuf);
     return BIE_ENOMEM;
   }
   for (int64_t k = 0; k < Kp; ++k) ones[k] = 1;   // VNNI: 1 x panels = the per-pixel column sums
@@ -723,6 +725,15 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
                 for (int c = 0; c < IPW; ++c) tile[r * INR * IPW + qq * IPW + c] = t1b[r * INR * IPW + c];
             }
           }
+          if (p->out_nhwc) {   // the sums into the block's (pixels, Og) buffer, finished below
+            for (int64_t r = 0; r < mr; ++r)
+              for (int64_t c = 0; c < nc; ++c) {
+                int32_t v = tile[r * INR * IPW + c];
+                if (IVNNI) v = (int32_t)((uint32_t)v - 128u * (uint32_t)csum[c]);  // wraps exactly
+                obuf[(j0 + c) * p->Og + (o - o0) + r] = v;
+              }
+            continue;
+          }
           for (int64_t r = 0; r < mr; ++r) {
             const int64_t oo = o + r;
             for (int64_t c = 0; c < nc; ++c) {
@@ -737,11 +748,21 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
           }
         }
       }
+      if (p->out_nhwc) {
+        // channels last: each pixel's Og channels of the group are one contiguous run of the output
+        const float* sv = (fl & BIE_EPI_SCALE_VEC) ? p->scale + o0 : nullptr;
+        const float ss = ((fl & BIE_EPI_SCALE) && !sv) ? p->scale[0] : 1.0f;
+        const float* bv = (fl & BIE_EPI_BIAS) ? p->bias + o0 : nullptr;
+        for (int64_t l = 0; l < np; ++l)
+          finish_row(obuf + l * p->Og, p->Og, (int)p->out_type, fl & (BIE_EPI_SCALE | BIE_EPI_BIAS), sv, ss, bv,
+                     0.0f, (char*)p->out + ((n * HoWo + p0 + l) * p->O + o0) * osz);
+      }
     }
   }
   __builtin_free(pan);
   __builtin_free(seg);
   __builtin_free(ones);
+  __builtin_free(obuf);
   return BIE_OK;
 }
 #endif  // BIE_WITH_ICONV

@@ -271,7 +271,10 @@ class IntConvPlan {
     const int64_t ho = (h + 2 * ph_ - dh_ * (kh_ - 1) - 1) / sh_ + 1, wo = (w + 2 * pw_ - dw_ * (kw_ - 1) - 1) / sw_ + 1;
     if (h < 1 || w < 1 || h + 2 * ph_ < dh_ * (kh_ - 1) + 1 || w + 2 * pw_ < dw_ * (kw_ - 1) + 1)
       bad(nm, "input too small for the kernel");
-    at::Tensor out = at::empty({n, o_, ho, wo}, at::TensorOptions().dtype(dtype_of(quant_.xcode)));
+    // the int_conv2d op's memory format: channels_last output for channels_last input
+    const bool nhwc = x.is_contiguous(at::MemoryFormat::ChannelsLast) && !x.is_contiguous();
+    const auto opts = at::TensorOptions().dtype(dtype_of(quant_.xcode));
+    at::Tensor out = nhwc ? at::empty({n, ho, wo, o_}, opts).permute({0, 3, 1, 2}) : at::empty({n, o_, ho, wo}, opts);
     if (n == 0) return out;
     if (kind_ != g_int_layout()) bad(nm, "the ISA level changed since the plan was made");
     std::unique_ptr<py::gil_scoped_release> nogil;
@@ -310,7 +313,7 @@ class IntConvPlan {
     const int64_t k = cg_ * kh_ * kw_;
     bie_iconv_args ca{codes.data(), n, c_, h, w, h * w * c_, 1, w * c_, c_, wl_.const_data_ptr(), kind_, o_, g_, cg_,
                       o_ / g_, kh_, kw_, sh_, sw_, ph_, pw_, dh_, dw_, ho, wo, k, kp_, pix, epi_.sp(), epi_.bp(),
-                      epi_.flags & ~BIE_EPI_BIAS_VEC, code, out.data_ptr()};
+                      epi_.flags & ~BIE_EPI_BIAS_VEC, code, out.data_ptr(), nhwc ? 1 : 0};
     check_rc(g_iconv(&ca), nm);
     return out;
   }
