@@ -39,13 +39,11 @@ using namespace cute;
 template <class TileShape, class ClusterShape, class ElementD>
 struct IConvSm90 {
   using Epi = IntEpilogue<TileShape, ElementD>;
-  static constexpr bool kInt = Epi::kInt;
   using Layout = cutlass::layout::TensorNHWC;     // activations, filters (KRSC) and output: channels innermost
   static constexpr int kAlignAB = 16;             // 16 int8 channels: one 16-byte TMA unit
   static constexpr int kAlignD = 16 / int(sizeof(ElementD));
   static constexpr auto kFprop = cutlass::conv::Operator::kFprop;
 
-  using VecStride = typename Epi::VecStride;
   using EVT = typename Epi::EVT;
   using ElementCompute = typename Epi::ElementCompute;
 
@@ -80,13 +78,7 @@ struct IConvSm90 {
     get<0, 1>(sD) = ps.stride_C[1];
     get<0, 2>(sD) = ps.stride_C[0];
     typename Conv::Arguments args{ps, {p.x, p.wt}, {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD}};
-    if constexpr (!kInt) {
-      args.epilogue.thread = {
-          {},                                                           // acc
-          {p.scale, 1.0f, VecStride{_0{}, p.scale_vec, 0}},            // scale (nullptr: 1)
-          {p.bias, 0.0f, VecStride{_0{}, true, 0}},                    // bias (nullptr: 0)
-          {}};                                                          // fma
-    }
+    Epi::set(args.epilogue.thread, p.scale, p.scale_vec, 0, p.bias, 0);
     return args;
   }
 

@@ -52,15 +52,10 @@ template <int N> struct AddRn<cutlass::Array<float, N>> {
   }
 };
 
-template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD>
-struct IDynGemmSm90 {
-  using LayoutA = cutlass::layout::RowMajor;     // A (M, K): the activation codes
-  using LayoutB = cutlass::layout::ColumnMajor;  // B (N, K): the weight codes
-  using LayoutD = cutlass::layout::RowMajor;
-  static constexpr int kAlignAB = 16;
-  static constexpr int kAlignD = 16 / int(sizeof(ElementD));
+// The epilogue visitor tree of IGemmSm90 (integer_gemm_sm90.cuh) for the dynamic linear, and its arguments.
+template <class TileShape, class ElementD>
+struct DynEpilogue {
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
-
   using RowStride = Stride<_1, _0, int64_t>;     // one value per row m
   using ColStride = Stride<_0, bool, int64_t>;   // one value per column n (true) or one for all (false)
   using RowScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, RowStride>;
@@ -71,40 +66,11 @@ struct IDynGemmSm90 {
   using ProductEVT = cutlass::epilogue::fusion::Sm90EVT<Node<MulRn, float>, cutlass::epilogue::fusion::Sm90AccFetch,
                                                         ScaleEVT>;
   using EVT = cutlass::epilogue::fusion::Sm90EVT<Node<AddRn, ElementD>, ProductEVT, ColVec>;
+  using ElementCompute = float;
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float,
-      void, LayoutD, kAlignD, ElementD, LayoutD, kAlignD, EpiSched, EVT>::CollectiveOp;
-
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, LayoutA, kAlignAB, int8_t, LayoutB, kAlignAB,
-      int32_t, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      MainSched>::CollectiveOp;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  static typename Gemm::Arguments arguments(const GemmArgs& p) {
-    using StrideA = typename Gemm::GemmKernel::StrideA;
-    using StrideB = typename Gemm::GemmKernel::StrideB;
-    using StrideD = typename Gemm::GemmKernel::StrideD;
-    StrideA sA = make_stride(p.lda, _1{}, p.batch_a);
-    StrideB sB = make_stride(p.ldb, _1{}, p.batch_b);
-    StrideD sD = make_stride(p.ldd, _1{}, p.batch_d);
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = p.device;
-    hw.sm_count = p.sm_count;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {p.m, p.n, p.k, 1},
-        {p.a, sA, p.b, sB},
-        {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD},
-        hw};
-    args.epilogue.thread = {
+  template <class Thread>
+  static void set(Thread& t, const GemmArgs& p) {
+    t = {
         {                                                                          // float(acc) * scale
             {},                                                                    //   acc
             {                                                                      //   row scale * column scale
@@ -114,17 +80,12 @@ struct IDynGemmSm90 {
             {}},
         {p.bias, -0.0f, ColStride{_0{}, true, 0}},                                // + bias (nullptr: -0.0)
         {}};
-    return args;
-  }
-
-  static std::string run(const GemmArgs& p, size_t* ws) {
-    return bie_cutlass::launch_gemm<Gemm>(arguments(p), p.workspace, ws, p.stream);
   }
 };
 
 #define BIE_INT_DYN_DEFINE(cfg, out, T)                                        \
   std::string idyn_##cfg##_##out(const GemmArgs& p, size_t* ws) {              \
-    return IDynGemmSm90<BIE_INT_CFG_##cfg, T>::run(p, ws);                     \
+    return IGemmSm90<BIE_INT_CFG_##cfg, T, DynEpilogue>::run(p, ws);          \
   }
 
 }  // namespace bie_int

@@ -28,6 +28,23 @@ struct IntEpilogue {
       cutlass::epilogue::fusion::Sm90AccFetch>;
   using EVT = std::conditional_t<kInt, IntEVT, ScaledEVT>;
   using ElementCompute = std::conditional_t<kInt, int32_t, float>;
+
+  // the EVT's arguments: scale (nullptr: 1; one value, or one per column with scale_vec) and bias (nullptr: 0),
+  // each vector advancing by its batch stride from one batch to the next; nothing for the int32 output
+  template <class Thread>
+  static void set(Thread& t, const float* scale, bool scale_vec, int64_t scale_batch, const float* bias,
+                  int64_t bias_batch) {
+    if constexpr (!kInt) {
+      t = {{},                                                                   // acc
+           {scale, 1.0f, VecStride{cute::_0{}, scale_vec, scale_batch}},       // scale
+           {bias, 0.0f, VecStride{cute::_0{}, true, bias_batch}},              // bias
+           {}};                                                                 // fma
+    }
+  }
+  template <class Thread, class Args>
+  static void set(Thread& t, const Args& p) {
+    set(t, p.scale, p.scale_vec, p.scale_batch, p.bias, p.bias_batch);
+  }
 };
 
 }  // namespace bie_int

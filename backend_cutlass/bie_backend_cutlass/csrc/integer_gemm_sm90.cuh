@@ -28,17 +28,17 @@
 namespace bie_int {
 using namespace cute;
 
-template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD>
+// EpiT: the epilogue visitor tree and its arguments (IntEpilogue; the dynamic linear's DynEpilogue)
+template <class TileShape, class ClusterShape, class MainSched, class EpiSched, class ElementD,
+          template <class, class> class EpiT = IntEpilogue>
 struct IGemmSm90 {
-  using Epi = IntEpilogue<TileShape, ElementD>;
-  static constexpr bool kInt = Epi::kInt;
+  using Epi = EpiT<TileShape, ElementD>;
   using LayoutA = cutlass::layout::RowMajor;     // A (M, K), K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // B (N, K), K contiguous
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 16;
   static constexpr int kAlignD = 16 / int(sizeof(ElementD));
 
-  using VecStride = typename Epi::VecStride;
   using EVT = typename Epi::EVT;
   using ElementCompute = typename Epi::ElementCompute;
 
@@ -74,13 +74,7 @@ struct IGemmSm90 {
         {p.a, sA, p.b, sB},
         {{}, nullptr, sD, static_cast<ElementD*>(p.d), sD},
         hw};
-    if constexpr (!kInt) {
-      args.epilogue.thread = {
-          {},                                                                     // acc
-          {p.scale, 1.0f, VecStride{_0{}, p.scale_vec, p.scale_batch}},          // scale (nullptr: 1)
-          {p.bias, 0.0f, VecStride{_0{}, true, p.bias_batch}},                   // bias (nullptr: 0)
-          {}};                                                                    // fma
-    }
+    Epi::set(args.epilogue.thread, p);
     return args;
   }
 
