@@ -19,10 +19,10 @@ part of the quantizer, as in docs/spec.md §3), and ``sw`` (derived from W: mean
 is a constant for autograd. The element-wise math is done in float32 whatever the
 activation dtype, and cast back. The two products run in the gradient's dtype, as
 the integer QAT layers' (``_int_fn``): float32 for float32 gradients; for bf16/fp16
-ones on the +-1 signs (exact in that dtype) and the gradient itself, with the scale
-folded into the weight operand for the input gradient where it is per channel (one
-rounding of sa * sw per channel), else applied in float32 after the product, and
-applied after the weight-gradient product, so the products
+ones on the +-1 signs (exact in that dtype) and the gradient itself, the scale of the
+input-gradient product handled by ``_int_fn._operand`` (folded into the signs where
+it is per channel, else applied to the float32 result) and applied after the
+weight-gradient product, so the products
 run on the tensor cores and only their own rounding differs from float32. A
 channels_last input keeps that memory order through the conv's products.
 """
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..ops._common import channels_last_only
 from ._base import sgn
+from ._int_fn import _col, _gdtype, _operand
 
 
 def _weight_signs(weight, wbits, k, backend, shape=None):
@@ -81,25 +82,12 @@ def _scale_grad(gx, sx, numel: int, s):
     return ((gx * sx).sum() / math.sqrt(numel)).reshape(s.shape)
 
 
-def _col(scale, dim: int):
-    """A per-output-channel scale shaped to broadcast over a dim-D weight (rows first); scalars unchanged."""
-    return scale.reshape((-1,) + (1,) * (dim - 1)) if scale.dim() else scale
-
-
-def _weight_operand(ws, scale, dtype):
-    """The input-gradient product's weight operand in ``dtype`` and the factor left for its float32 result: a
-    per-channel scale folded into the signs (one rounding per channel), a per-tensor one left to apply after."""
-    if scale.dim() == 0:
-        return ws.to(dtype), scale
-    return (ws * _col(scale, ws.dim())).to(dtype), None
-
-
 def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
     """d xs before the clip mask and d W (float32) of y = scale * (sgn(xs) @ sgn(W).T), given d y = g in the
     dtype the products run in (module docstring)."""
     gin = gw = None
     if need_in:
-        w_op, f = _weight_operand(_weight_signs(weight, wbits, k, backend), scale, g.dtype)
+        w_op, f = _operand(_weight_signs(weight, wbits, k, backend), scale, 2, g.dtype)
         gin = g @ w_op
         gin = gin.to(torch.float32) * f if f is not None else gin
     if need_w:
@@ -121,8 +109,8 @@ def _conv_grads(g, scale, sx, weight, wbits, geom: tuple, backend, need_in: bool
         # the padded border holds pad_value itself (not zeros), and it multiplies W in the forward, so the weight
         # gradient must see it: the products run on the padded signs, and the input gradient is its interior
         inp, pads = F.pad(inp, (pw, pw, ph, ph), value=float(pad_value)), [0, 0]
-    w_op, f = _weight_operand(_weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend,
-                                            shape=wshape), scale, g.dtype)
+    w_op, f = _operand(_weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend, shape=wshape),
+                       scale, 4, g.dtype)
     gin, prod, _ = torch.ops.aten.convolution_backward(
         g.contiguous(memory_format=mf), inp.contiguous(memory_format=mf), w_op.contiguous(memory_format=mf), None,
         list(stride), pads, list(dilation), False, [0, 0], groups, [need_in, need_w, False])
@@ -153,7 +141,7 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
         xf = xs.to(torch.float32)
         sx = sgn(xf)
         need_in = need[0] or need[4] or need[5]
-        gp = g if g.dtype in (torch.float16, torch.bfloat16) else gf     # the products' dtype
+        gp = g.to(_gdtype(g))     # the products' dtype
         gin, grad_w = product_grads(gp, scale, sx, weight, wbits, ctx.shape, ctx.backend, need_in, need[1])
         if gin is not None:
             gin = gin.to(torch.float32)

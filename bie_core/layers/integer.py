@@ -344,7 +344,9 @@ class QConv2d(_IntWeightMixin, QATLayer):
         lc = self._lean
         y = lc.call(x)
         if nd == 4 and not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x):
-            y = y.contiguous(memory_format=torch.channels_last)   # a bound call that writes NCHW: the op's format
+            # the layer's contract: where no fused call serves, the separate quantization's codes (and so the
+            # conv's output) are contiguous NCHW
+            y = y.contiguous(memory_format=torch.channels_last)
         return y.squeeze(0) if nd == 3 else y
 
     def _bind(self, x, fixed, backend: str) -> LeanCall:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, check, check_conv_size,
-                      check_epilogue, check_out_dtype, check_same_device, check_scale_bias, check_tensor, dirty_bits,
+from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, channels_last_only, check,
+                      check_conv_size, check_epilogue, check_out_dtype, check_same_device, check_scale_bias, check_tensor, dirty_bits,
                       epilogue_dtype, has_values, problem, randbits, randn)
 from ._opdef import Case, OpDef, define_op
 
@@ -361,7 +361,7 @@ def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_val
 
 
 def _conv_problem(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
-    cl = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    cl = channels_last_only(x)
     return problem("binary_conv2d", x.device, x.dtype, training=any_requires_grad(x),
                    contiguous=x.is_contiguous() or cl,
                    N=x.shape[0], C=x.shape[1], H=x.shape[2], W=x.shape[3], O=w.shape[0],

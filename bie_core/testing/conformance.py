@@ -111,13 +111,7 @@ def check_matches(kc: KernelCase) -> None:
     exp = expected(kc.kernel, kc.op, kc.case.args)
     if exp is None:  # reference without oracle: at least the fake must agree on shape and dtype
         SHAPE_ONLY.add(kc.op.name)
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fargs = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in kc.case.args)
-            fake = kc.op.fake(*fargs)
-        fakes = fake if isinstance(fake, (tuple, list)) else (fake,)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for f, o in zip(fakes, outs):
+        for f, o in _with_fakes(kc, out):
             assert tuple(f.shape) == tuple(o.shape) and f.dtype == o.dtype, \
                 f"{kc.id}: fake says {tuple(f.shape)}/{f.dtype}, kernel gave {tuple(o.shape)}/{o.dtype}"
         return
@@ -131,15 +125,20 @@ def check_matches(kc: KernelCase) -> None:
                 kc.id + " (second run)")
 
 
-def check_memory_format(kc: KernelCase, out) -> None:
-    """Each output in the memory format the op's fake kernel gives (contiguous, or channels_last for 4-D)."""
+def _with_fakes(kc: KernelCase, out) -> list:
+    """(fake output, kernel output) pairs: the op's fake kernel run on the case's arguments."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fargs = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in kc.case.args)
         fake = kc.op.fake(*fargs)
     fakes = fake if isinstance(fake, (tuple, list)) else (fake,)
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    for f, o in zip(fakes, outs):
+    return list(zip(fakes, outs))
+
+
+def check_memory_format(kc: KernelCase, out) -> None:
+    """Each output in the memory format the op's fake kernel gives (contiguous, or channels_last for 4-D)."""
+    for f, o in _with_fakes(kc, out):
         formats = [torch.contiguous_format] + ([torch.channels_last] if o.dim() == 4 else [])
         for mf in formats:
             assert o.is_contiguous(memory_format=mf) == f.is_contiguous(memory_format=mf), \
