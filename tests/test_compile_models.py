@@ -158,13 +158,11 @@ def _prepare_misses(monkeypatch):
     misses = []
 
     def get(kernel, weights, static=None):
-        key = (kernel.prepare,) + tuple(dispatch._weight_key(w) for w in weights)
-        if static:
-            key += tuple(sorted((k, dispatch._hashable(v)) for k, v in static.items()))
-        e = pc._d.get(key)
-        if e is None or e[0] != tuple(dispatch._tensor_state(w) for w in weights):
+        cached = {id(e[1]) for e in pc._d.values()}
+        prepared = orig(kernel, weights, static)
+        if id(prepared) not in cached:
             misses.append(kernel.name)
-        return orig(kernel, weights, static)
+        return prepared
     monkeypatch.setattr(pc, "get", get)
     return misses
 
