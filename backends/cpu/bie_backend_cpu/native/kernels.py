@@ -142,13 +142,14 @@ def _require(cond: bool, op: str, msg: str) -> None:
         raise ValueError(f"bie native {op}: {msg}")
 
 
-def _epilogue_out(op: str, shape: tuple, scale, bias, out_dtype) -> torch.Tensor:
+def _epilogue_out(op: str, shape: tuple, scale, bias, out_dtype,
+                  memory_format=torch.contiguous_format) -> torch.Tensor:
     """The empty output of a GEMM/conv whose channels are ``shape[1]``, once its epilogue fits them:
     scale of 1 or ``shape[1]`` values, bias of ``shape[1]``, neither for the int32 output."""
     c = shape[1]
     _require((scale is None or scale.numel() in (1, c)) and (bias is None or bias.numel() == c)
              and (out_dtype is not None or (scale is None and bias is None)), op, "bad scale/bias")
-    return torch.empty(shape, dtype=out_dtype or torch.int32)
+    return torch.empty(shape, dtype=out_dtype or torch.int32, memory_format=memory_format)
 
 
 def _bmm_out(op: str, shape: tuple, scale, out_dtype) -> torch.Tensor:
@@ -795,12 +796,11 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
              "int_conv2d", f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={g}")
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
-    out = _epilogue_out("int_conv2d", (n, o, ho, wo), scale, bias, out_dtype)
+    # channels_last: the kernel writes each pixel's channels contiguously (out_nhwc)
     mf = conv_memory_format(x)
+    out = _epilogue_out("int_conv2d", (n, o, ho, wo), scale, bias, out_dtype, mf)
     if n == 0 or o == 0:
-        return out.contiguous(memory_format=mf)
-    if mf == torch.channels_last:    # the kernel writes each pixel's channels contiguously (out_nhwc)
-        out = torch.empty((n, ho, wo, o), dtype=out.dtype).permute(0, 3, 1, 2)
+        return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
     if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)
         from ..reference import integer as _ri
