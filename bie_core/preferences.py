@@ -77,6 +77,12 @@ HANDOFFS: tuple = (
             "bie-backend-cuda's torch._int_mm path)", _DYN_PAGE, dims={"M": (9, None)}),
     Handoff(_DYN, "bie-backend-cuda's torch._int_mm path with its compiled epilogue", "docs/dynamic.md",
             attrs={"scheme": "per_tensor_affine"}),
+    # integer GEMM, few rows: bie-backend-cuda's GEMV runs the layers' activation quantization inside its one launch
+    # (int_gemm_gemv with fuse_quantized_input), where this kernel's call is a quantization launch and the GEMM
+    # launch; up to 8 rows the GEMV reads the weight codes once at the copy bandwidth (the dynamic GEMV's design,
+    # benchmarks/results/dynamic_cuda.md)
+    Handoff("cutlass:int_gemm_sm90", "bie-backend-cuda's fused GEMV (int_gemm_gemv)",
+            "benchmarks/results/host_path_cuda.md", dims={"M": (None, 8)}),
     # up to 256 rows an eager call is bound by host time, where bie-backend-cuda's bound call cost 29-32 us against
     # 169 us for this kernel's unbound call (bench_host.py, 64x64 layer); on the GPU alone this kernel is 1.5-4.6 us
     # faster there (4096^2, graph replay). This kernel's own bound call (bind_binary_linear) is not yet timed: the

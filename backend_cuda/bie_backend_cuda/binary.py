@@ -212,6 +212,46 @@ def _bind_linear(wgmma: bool):
     return bind
 
 
+# The fused GEMV (binary.cu binary_gemv_kernel): one launch for few rows, the signs of x + shift taken inside it;
+# rows and K bounded by its shared memory (launchers.h kBinGemvMaxM, kBinGemvMaxK).
+GEMV_MAX_M = 8
+GEMV_MAX_K = 40960
+
+
+def _gemv_weight(prepared: PreparedSigns) -> torch.Tensor:
+    """The prepared rows as the GEMV reads them: whole 16-byte chunks past ceil(k/8) bytes."""
+    bits, kb = prepared.bits, prepared.kb
+    kb16 = -(-kb // 16) * 16
+    return bits if bits.shape[1] >= kb16 else F.pad(bits[:, :kb], (0, kb16 - kb)).contiguous()
+
+
+def _gemv_shift(shift, k: int, dtype):
+    return None if shift is None else shift.detach().to(dtype).reshape(-1).expand(k).contiguous()
+
+
+def binary_linear_gemv(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """binary_linear for 1-8 rows in one launch: the signs of x + shift (rounded to x's dtype first, as the op
+    adds) taken by the kernel, the products against the prepared rows, scale = float32(sa) * float32(sw)."""
+    from bie_core.backend_api import linear_scale
+    return _build.direct().binary_linear_gemv(x.contiguous(), _gemv_shift(shift, k, x.dtype), _gemv_weight(prepared),
+                                              prepared.popc, k, prepared.bits.shape[0],
+                                              linear_scale(act_scale, w_scale), bias, out_dtype)
+
+
+def bind_binary_linear_gemv(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
+    """The GEMV's bound call: shift, scale and weight rows fixed once, one call into the library a call."""
+    if prepared is None or not x.is_contiguous() or x.dtype not in _FLOATS:
+        return None
+    from bie_core.backend_api import linear_scale
+    sh, scale, weight = _gemv_shift(shift, k, x.dtype), linear_scale(act_scale, w_scale), _gemv_weight(prepared)
+    n, popc, fn = prepared.bits.shape[0], prepared.popc, _build.direct().binary_linear_gemv
+
+    def call(x, *_):
+        return fn(x, sh, weight, popc, k, n, scale, bias, out_dtype)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    return call
+
+
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 bind_binary_linear = _bind_linear(False)
 bind_binary_linear_wgmma = _bind_linear(True)

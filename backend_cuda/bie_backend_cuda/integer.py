@@ -67,3 +67,72 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
     # what a fused quantize + GEMM plan may recognise: this kernel, for inputs of this shape and dtype
     call.bie_cuda_quantize = (tuple(x.shape), dt)
     return call
+
+
+# ------------------------------------------------------------------ int_gemm, few rows
+#: rows the GEMV serves for int_gemm (csrc/dynamic_gemv.cu modes 1 and 2: one 8-row tile of x codes)
+GEMV_MAX_M = 8
+
+
+def prepare_gemv(b):
+    """The weight codes (N, K) in the GEMV's fragment order (dynamic.py prepare_gemv; 4-bit codes as int8 values)."""
+    from .dynamic import prepare_gemv as fragments
+    return fragments(b)
+
+
+def check_gemv(p):
+    from .dynamic import check_gemv as fits
+    return fits(p)
+
+
+def _fragments(b, prepared):
+    return prepared if prepared is not None else prepare_gemv(b)
+
+
+def int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    """int_gemm for 1-8 rows: one launch of the fused GEMV on the codes of a (csrc/dynamic_gemv.cu mode 2)."""
+    from .dynamic import GEMV_RING, _pdl
+    n, k = b.shape
+    wf = _fragments(b, prepared)
+    return _build.direct().int_gemv(a, None, None, 8, wf, scale, bias, n, k, out_dtype, _pdl(wf), GEMV_RING)
+
+
+def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+    """``int_gemm_gemv`` for one call signature, with the offer to quantize x inside the same launch
+    (``fuse_quantized_input``): the GEMV reads x, adds the shift, divides by the one activation scale and rounds
+    as quantize_int does, so the pair runs as one launch with no codes buffer between them."""
+    if prepared is None:
+        return None
+    from .dynamic import GEMV_RING, _pdl
+    fn = _build.direct().int_gemv
+    m, k = a.shape
+    n = b.shape[0]
+    state = [_pdl(prepared)]
+
+    def launch(x, act_scale, shift, bits, scale, bias):
+        pdl = state[0]
+        state[0] = True
+        return fn(x, act_scale, shift, bits, prepared, scale, bias, n, k, out_dtype, pdl, GEMV_RING)
+
+    def call(a, b, a_bits, b_bits, scale, bias, out_dtype):
+        return launch(a, None, None, 8, scale, bias)
+
+    def fuse_quantized_input(quant_call, act_scale, bits, shift, scale, bias):
+        """``f(x) = int_gemm(quantize_int(x, act_scale, bits, shift), b, ..., scale, bias, out_dtype)`` in one
+        launch, every argument but x fixed at its value now (the caller rebinds when one changes); None where
+        ``quant_call`` is not this backend's bound quantize_int for (M, K) inputs of x's dtype, or the scale is
+        not one value."""
+        sig = getattr(quant_call, "bie_cuda_quantize", None)
+        if sig is None or sig[0] != (m, k) or act_scale.numel() != 1 or bits not in (4, 8):
+            return None
+        dt = sig[1]
+        if shift is not None and shift.numel() not in (1, k):
+            return None
+        sa = act_scale.detach().to(torch.float32).reshape(1).contiguous()
+        sh = None if shift is None else shift.detach().to(dt).reshape(-1).expand(k).contiguous()
+
+        def fused(x):
+            return launch(x, sa, sh, bits, scale, bias)
+        return fused
+    call.fuse_quantized_input = fuse_quantized_input
+    return call

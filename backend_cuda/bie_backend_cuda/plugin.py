@@ -74,6 +74,15 @@ def bie_register_kernels(registry):
                       capability=Capability(devices=cuda, dtypes=FLOATS),
                       description="SIMT XOR+popcount for GPUs without 1-bit MMA")
     if has_op("binary_linear"):
+        registry.register("binary_linear", binary.binary_linear_gemv, priority=PRIORITY + 2,
+                          name="binary_linear_gemv",
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
+                                                min_dims={"M": 1, "N": 1},
+                                                max_dims={"M": binary.GEMV_MAX_M, "K": binary.GEMV_MAX_K}),
+                          prepare=binary.prepare_weight, prepare_static=("k",), bind=binary.bind_binary_linear_gemv,
+                          description="fused GEMV, one launch: the signs of x + shift taken by every block (a ballot "
+                                      "per 32-bit word), AND+popc products against 16-byte loads of the weight "
+                                      "rows, popcount correction, the epilogue fused; 1-8 rows")
         registry.register("binary_linear", binary.binary_linear_wgmma, priority=PRIORITY + 1,
                           name="binary_linear_wgmma", capability=wgmma, prepare=binary.prepare_weight,
                           prepare_static=("k",),
@@ -104,6 +113,18 @@ def bie_register_kernels(registry):
                       bind=integer.bind_quantize_int,
                       description="one pass: shift, IEEE division, round half to even, clamp; any broadcast scale "
                                   "(runs along the trailing dims), codes as int8 or floats")
+    if has_op("int_gemm"):
+        registry.register("int_gemm", integer.int_gemm_gemv, priority=PRIORITY, name="int_gemm_gemv",
+                          capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
+                                                attrs={"a_bits": (4, 8), "b_bits": (4, 8), "bits": (4, 8)},
+                                                min_dims={"M": 1, "N": 1, "K": 1},
+                                                max_dims={"M": integer.GEMV_MAX_M, "K": 65535},
+                                                check=integer.check_gemv),
+                          prepare=integer.prepare_gemv, bind=integer.bind_int_gemm_gemv,
+                          description="GEMV, one launch: int8 mma.m16n8k32 on fragment-ordered weight codes "
+                                      "streamed through a cp.async ring, split-K over warps with exact int32 sums, "
+                                      "the epilogue fused; its bound call quantizes x inside the launch "
+                                      "(fuse_quantized_input); 1-8 rows")
     wq_cap = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                         attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
     _register_wq_gemm(registry, wq_cap)

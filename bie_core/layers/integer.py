@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .. import dispatch, ops
+from ..errors import BieError
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, channels_last_only, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference, tensor_state
@@ -265,9 +266,18 @@ class QLinear(_IntWeightMixin, QATLayer):
         saf, swf = _f32_scales(self.act_scale, sw)
         ba, bias, a_bits, w_bits, dt = self.act_shift.detach(), fixed[4], self.a_bits, self.w_bits, x2.dtype
         scale = saf * swf
-        r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=backend)
-        qa = r1(x2, saf, a_bits, ba, None)
+        # the GEMM first (its choice depends on the codes' shape alone): under automatic selection, a GEMM that can
+        # quantize x itself takes the quantization from its own backend, so that the pair can run as one launch
+        qa = torch.zeros(x2.shape, dtype=torch.int8, device=x2.device)
         r2 = dispatch.resolve(ops.int_gemm, qa, codes, a_bits, w_bits, scale, bias, dt, backend=backend)
+        r1 = None
+        if r2.decision.source == "automatic" and hasattr(r2.fn, "fuse_quantized_input"):
+            try:
+                r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=r2.decision.kernel.backend)
+            except BieError:
+                r1 = None
+        if r1 is None:
+            r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=backend)
         quant, gemm = r1.fn, r2.fn
         # a backend whose bound GEMM can run its own bound quantization with it offers one call for both
         fuse = getattr(gemm, "fuse_quantized_input", None)
@@ -275,7 +285,7 @@ class QLinear(_IntWeightMixin, QATLayer):
         if call is None:
             def call(x):
                 return gemm(quant(x, saf, a_bits, ba, None), codes, a_bits, w_bits, scale, bias, dt)
-        return LeanCall(call, (r1.decision, r2.decision), x2, r1._pref, fixed)
+        return LeanCall(call, (r1.decision, r2.decision), x2, r2._pref, fixed)
 
 
 class QConv2d(_IntWeightMixin, QATLayer):

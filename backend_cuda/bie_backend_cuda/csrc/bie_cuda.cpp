@@ -398,6 +398,59 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
   return binary_mm(packed.unsqueeze(0), w.unsqueeze(0), k, pw, scale, bias, out_dtype, 0, tile).select(0, 0);
 }
 
+// binary_linear for 1-8 rows in one launch (binary.cu binary_gemv_kernel): x (M, k) contiguous, shift k values in
+// x's dtype or none, w the prepared weight rows (n, >= ceil16(ceil(k/8)) bytes, 16-byte aligned rows), pw their
+// popcounts; the epilogue as binary_mm's.
+Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
+                          int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
+                          std::optional<at::ScalarType> out_dtype) {
+  check_cuda(x, "x");
+  check_cuda(w, "w");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k && k > 0 && k <= bie::kBinGemvMaxK,
+              "bie_cuda.binary_linear_gemv: x must be contiguous (M, k) with 0 < k <= ", bie::kBinGemvMaxK, ", got ",
+              x.sizes(), " for k=", k);
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= bie::kBinGemvMaxM, "bie_cuda.binary_linear_gemv: 1 to ",
+              bie::kBinGemvMaxM, " rows, got ", x.size(0));
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "bie_cuda.binary_linear_gemv: x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  const int64_t KB = (k + 7) / 8, KB16 = (KB + 15) / 16 * 16;
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(0) == n && n >= 1 && w.size(1) >= KB16 &&
+                  (n == 1 || w.stride(0) % 16 == 0) && (w.size(1) <= 1 || w.stride(1) == 1) &&
+                  reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
+              "bie_cuda.binary_linear_gemv: w must be (n, >= ", KB16, ") uint8 rows, 16-byte aligned, got ",
+              w.sizes(), " strides ", w.strides());
+  TORCH_CHECK(pw.scalar_type() == at::kInt && pw.is_contiguous() && pw.numel() == n && pw.device() == x.device() &&
+                  w.device() == x.device(),
+              "bie_cuda.binary_linear_gemv: pw must be n contiguous int32 popcounts on x's device");
+  const void* sp = nullptr;
+  if (shift.has_value() && shift->defined()) {
+    TORCH_CHECK(shift->scalar_type() == x.scalar_type() && shift->is_contiguous() && shift->numel() == k &&
+                    shift->device() == x.device(),
+                "bie_cuda.binary_linear_gemv: shift must be ", k, " contiguous values in x's dtype on x's device");
+    sp = shift->data_ptr();
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_linear_gemv");
+  const int64_t M = x.size(0);
+  auto out = at::empty({M, n}, x.options().dtype(odt));
+  bie::BinGemvArgs g{};
+  bie::BinGemmArgs& p = g.gemm;
+  p.b = w.data_ptr<uint8_t>();
+  p.ldb = n > 1 ? w.stride(0) : KB16;
+  p.pw = pw.data_ptr<int32_t>();
+  p.M = (int)M;
+  p.N = (int)n;
+  p.K = (int)k;
+  p.KB = (int)KB;
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(odt);
+  const auto keep = set_scale_bias(p, scale, bias, odt, n, x.device(), "binary_linear_gemv");
+  g.x = x.data_ptr();
+  g.shift = sp;
+  check_launch(bie::launch_binary_gemv(g, dtype_code(x.scalar_type()), num_sms(), stream()), "binary_linear_gemv");
+  return out;
+}
+
 Tensor sign_embedding(const Tensor& idx, const Tensor& bits, const Tensor& scale, int64_t dim, at::ScalarType dtype) {
   check_cuda(idx, "indices");
   check_cuda(bits, "bits");
@@ -820,6 +873,81 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   return out;
 }
 
+// int_gemm for 1-8 rows in one launch (dynamic_gemv.cu, modes 1 and 2): x the int8 codes (M, K), or floats that the
+// kernel quantizes as quantize_int(x, act_scale, bits, shift) does (act_scale one float32 value on x's device, shift
+// K values in x's dtype or none); wf the fragment-ordered weight codes (dynamic.py prepare_gemv). The epilogue:
+// the int32 sums (out_dtype none), or float32(acc) * float32(scale) + float32(bias) in out_dtype.
+Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const std::optional<Tensor>& shift,
+                int64_t bits, const Tensor& wf, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
+                int64_t N, int64_t K, std::optional<at::ScalarType> out_dtype, bool pdl, int64_t ring) {
+  check_cuda(x, "x");
+  check_cuda(wf, "wf");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.size(0) >= 1 && x.size(0) <= 8,
+              "bie_cuda.int_gemv: x must be (M, ", K, ") with 1 to 8 rows, got ", x.sizes());
+  TORCH_CHECK(K >= 1 && K <= 65535 && N >= 1 && N < (1ll << 30),
+              "bie_cuda.int_gemv: K must be 1..65535 and N positive, got K=", K, " N=", N);
+  const auto xt = x.scalar_type();
+  const bool codes = xt == at::kChar;
+  TORCH_CHECK(codes || xt == at::kFloat || xt == at::kHalf || xt == at::kBFloat16,
+              "bie_cuda.int_gemv: x must be int8 codes or float32, float16, bfloat16, got ", xt);
+  const int64_t NB = (N + 15) / 16, KT = (K + 31) / 32;
+  TORCH_CHECK(wf.scalar_type() == at::kChar && wf.is_contiguous() && wf.numel() == NB * KT * 512 &&
+                  wf.device() == x.device(),
+              "bie_cuda.int_gemv: wf is not the fragment-ordered layout of a (", N, ", ", K, ") int8 weight");
+  TORCH_CHECK(ring == 0 || ring == 1, "bie_cuda.int_gemv: ring must be 0 or 1, got ", ring);
+  const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
+  const int64_t M = xc.size(0);
+  bie::DynGemvArgs p{};
+  Tensor shift_c;
+  if (codes) {
+    p.mode = 2;
+  } else {
+    TORCH_CHECK(bits == 4 || bits == 8, "bie_cuda.int_gemv: bits must be 4 or 8, got ", bits);
+    TORCH_CHECK(act_scale.has_value() && act_scale->defined() && act_scale->numel() == 1 &&
+                    act_scale->scalar_type() == at::kFloat && act_scale->device() == x.device(),
+                "bie_cuda.int_gemv: act_scale must be one float32 value on x's device");
+    p.mode = 1;
+    p.act_scale = act_scale->data_ptr<float>();
+    p.qlo = bits == 4 ? -8 : -128;
+    p.qhi = bits == 4 ? 7 : 127;
+    if (shift.has_value() && shift->defined()) {
+      shift_c = shift->reshape({-1}).contiguous();
+      TORCH_CHECK(shift_c.scalar_type() == xt && shift_c.numel() == K && shift_c.device() == x.device(),
+                  "bie_cuda.int_gemv: shift must be ", K, " values in x's dtype on x's device");
+      p.shift = shift_c.data_ptr();
+      p.shift_vec = reinterpret_cast<uintptr_t>(p.shift) % 16 == 0 ? 1 : 0;
+    }
+  }
+  const at::ScalarType odt = out_dtype.has_value() ? *out_dtype : at::kInt;
+  TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16,
+              "bie_cuda.int_gemv: out_dtype must be int32 (none), float32, float16 or bfloat16");
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = at::empty({M, N}, x.options().dtype(odt));
+  bie::BinGemmArgs e{};   // (the scale and bias checks of the binary GEMMs' epilogue: the same contract)
+  const auto keep = set_scale_bias(e, scale, bias, odt, N, x.device(), "int_gemv");
+  p.wscale = e.scale;
+  p.wscale_dtype = e.scale_dtype;
+  p.per_channel = e.scale != nullptr && e.scale_stride == 1 && N > 1 ? 1 : 0;
+  p.bias = e.bias;
+  p.bias_dtype = e.bias_dtype;
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(odt);
+  p.x = xc.data_ptr();
+  p.ldx = M > 1 ? xc.stride(0) : K;
+  const int64_t esize = xc.element_size(), align = codes ? 8 : 16;
+  p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % align == 0 && (M <= 1 || (p.ldx * esize) % align == 0)) ? 1 : 0;
+  p.w = wf.data_ptr<int8_t>();
+  p.M = (int)M;
+  p.N = (int)N;
+  p.K = (int)K;
+  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
+  const int optin = smem_optin();
+  TORCH_CHECK(bie::dynamic_gemv_min_smem((int)M, (int)K) <= (size_t)optin, "bie_cuda.int_gemv: ", M, " rows of K=", K,
+              " need more shared memory than the device allows (", optin, " bytes)");
+  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), 0, num_sms(), optin, stream(), (int)ring), "int_gemv");
+  return out;
+}
+
 // dynamic_quantize_act, scheme per_token_symmetric, in one pass (dynamic_quantize.cu). x (M, K) float32/float16/
 // bfloat16 (rows of any stride; a column stride other than 1 is copied). Returns (int8 codes (M, K) contiguous,
 // float32 scales (M)).
@@ -1145,6 +1273,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
   m.def("quantize_int", &quantize_int);
   m.def("dynamic_gemv", &dynamic_gemv);
+  m.def("int_gemv", &int_gemv);
   m.def("dynamic_quantize_token", &dynamic_quantize_token);
   m.def("mbwq_gemv", &mbwq_gemv);
   m.def("mbwq_dequant", &mbwq_dequant);
@@ -1159,9 +1288,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_mm", &binary_mm);
   m.def("binary_mm_wgmma", &binary_mm_wgmma);
   m.def("binary_linear_bound", &binary_linear_bound);
+  m.def("binary_linear_gemv", &binary_linear_gemv);
   m.def("binary_conv2d", &binary_conv2d);
   m.def("quantize_int", &quantize_int);
   m.def("dynamic_gemv", &dynamic_gemv);
+  m.def("int_gemv", &int_gemv);
   m.def("dynamic_quantize_token", &dynamic_quantize_token);
   m.def("mbwq_gemv", &mbwq_gemv);
   m.def("mbwq_dequant", &mbwq_dequant);

@@ -556,6 +556,117 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
   BIE_LAUNCH_CHECK();
 }
 
+// ------------------------------------------- fused binary GEMV (few rows, sm_80+)
+// binary_linear for 1-8 rows in one launch: every block takes the signs of x + shift itself (a warp per 32-bit word:
+// each lane loads one element, a ballot makes the word; the sum is rounded to x's dtype first, as the unfused
+// ops round it), keeps the rows' words and their popcounts in shared memory, then each warp streams whole weight rows
+// (16-byte loads, kGemvCh channels at a time so that their loads are in flight together) and forms
+//   dot = 4 popc(x & w) - 2 popc(x) - 2 popc(w) + K
+// with popc(w) from the prepared layout. x's pad bits are zero, so the weight's bytes past ceil(K/8) (read up to the
+// 16-byte boundary of the row, which the prepared layout holds) never count. No launch for the signs, no buffer for
+// them: one launch where the unfused call makes two.
+constexpr int kGemvWarps = 8, kGemvCh = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinGemvArgs g) {
+  const BinGemmArgs& p = g.gemm;
+  extern __shared__ __align__(16) uint32_t xw[];   // [M][KW4 * 4] sign words, then [M] popcounts
+  const int KW = (p.K + 31) >> 5, KC = (KW + 3) >> 2;   // words of a row, 16-byte chunks of a row
+  int* popx = reinterpret_cast<int*>(xw + (size_t)p.M * KC * 4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x < p.M) popx[threadIdx.x] = 0;
+  __syncthreads();
+  const T* x = static_cast<const T*>(g.x);
+  const T* sh = static_cast<const T*>(g.shift);
+  // the sign words: word j of row m by one warp, 4 words per step with their loads issued together
+  const int words = p.M * KC * 4;
+  for (int w0 = warp * 4; w0 < words; w0 += kGemvWarps * 4) {
+    bool bit[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int w = w0 + i, m = w / (KC * 4), j = w - m * (KC * 4);
+      const int64_t k = (int64_t)j * 32 + lane;
+      bit[i] = w < words && k < p.K && shifted_nonneg<T>(x[(int64_t)m * p.K + k], sh, k);
+    }
+    int cnt = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t word = __ballot_sync(0xffffffffu, bit[i]);
+      if (w0 + i < words) {
+        if (lane == 0) xw[w0 + i] = word;
+        cnt += __popc(word);
+      }
+    }
+    // (a step's 4 words lie in one row: a row holds KC * 4 words)
+    if (lane == 0 && w0 < words) atomicAdd(&popx[w0 / (KC * 4)], cnt);
+  }
+  __syncthreads();
+
+  const uint4* xs = reinterpret_cast<const uint4*>(xw);
+  const int64_t groups = (p.N + kGemvCh - 1) / kGemvCh;
+  for (int64_t grp = (int64_t)blockIdx.x * kGemvWarps + warp; grp < groups; grp += (int64_t)gridDim.x * kGemvWarps) {
+    const int n0 = (int)(grp * kGemvCh);
+    int acc[kGemvCh][8];
+#pragma unroll
+    for (int c = 0; c < kGemvCh; ++c)
+#pragma unroll
+      for (int m = 0; m < 8; ++m) acc[c][m] = 0;
+    for (int q = lane; q < KC; q += 32) {
+      uint4 wv[kGemvCh];
+#pragma unroll
+      for (int c = 0; c < kGemvCh; ++c) {
+        const int n = min(n0 + c, p.N - 1);   // (a channel past N repeats the last one; it is not stored)
+        wv[c] = __ldg(reinterpret_cast<const uint4*>(p.b + (int64_t)n * p.ldb) + q);
+      }
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        if (m < p.M) {
+          const uint4 a = xs[(size_t)m * KC + q];
+#pragma unroll
+          for (int c = 0; c < kGemvCh; ++c)
+            acc[c][m] += __popc(a.x & wv[c].x) + __popc(a.y & wv[c].y) + __popc(a.z & wv[c].z) + __popc(a.w & wv[c].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kGemvCh; ++c) {
+      const int n = n0 + c;
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        if (m < p.M) {
+          int v = acc[c][m];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (lane == m && n < p.N) store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
+        }
+      }
+    }
+  }
+}
+
+size_t binary_gemv_smem(int M, int K) {
+  const int KC = ((K + 31) / 32 + 3) / 4;
+  return (size_t)M * KC * 16 + (size_t)M * 4;
+}
+
+cudaError_t launch_binary_gemv(const BinGemvArgs& g, int dtype, int num_sms, cudaStream_t st) {
+  const BinGemmArgs& p = g.gemm;
+  if (p.M < 1 || p.M > kBinGemvMaxM || p.N < 1 || p.K < 1 || p.pw == nullptr) return cudaErrorInvalidValue;
+  const size_t smem = binary_gemv_smem(p.M, p.K);
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  const int64_t groups = ((int64_t)p.N + kGemvCh - 1) / kGemvCh;
+  // a warp per group of kGemvCh channels, at most 4 blocks per SM: more channels a warp past that
+  const int64_t want = (groups + kGemvWarps - 1) / kGemvWarps;
+  const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(want, (int64_t)num_sms * 4));
+  switch (dtype) {
+    case kF32: binary_gemv_kernel<float><<<grid, kGemvWarps * 32, smem, st>>>(g); break;
+    case kF16: binary_gemv_kernel<__half><<<grid, kGemvWarps * 32, smem, st>>>(g); break;
+    case kBF16: binary_gemv_kernel<__nv_bfloat16><<<grid, kGemvWarps * 32, smem, st>>>(g); break;
+    default: return cudaErrorInvalidValue;
+  }
+  BIE_LAUNCH_CHECK();
+}
+
 // ------------------------------------------------------------ sign embedding
 // out[l, j] = scale[i] * (bit j of row i ? +1 : -1), i = idx[l]. An index
 // outside [0, V) cannot be checked without a host sync: its row is written as

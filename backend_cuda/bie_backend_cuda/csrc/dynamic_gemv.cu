@@ -17,6 +17,12 @@
 // epilogue is the reference's, operation by operation: float32(acc) * (scale_x * weight_scale) + bias, each step
 // rounded to float32 (no fused multiply-add), then cast to x's dtype.
 //
+// The same kernel serves int_gemm for up to 8 rows (p.mode, launchers.h): mode 1 quantizes x with one given scale
+// (quantize_int: x + shift rounded to x's dtype, clamp(round_half_even(v / scale)) by the true division, computed as
+// for the per-token codes: through the reciprocal, the division redone near ties and for scales that are not normal
+// finite floats), mode 2 takes int8 codes as they are; both end in int_gemm's epilogue, float32(acc) * scale + bias,
+// or the int32 sums.
+//
 // Launched as a programmatic dependent (p.pdl, sm_90), a block prefetches its first weight tiles while the previous
 // kernel in the stream finishes, and reads x (perhaps that kernel's output) and writes its output only after waiting
 // for it; the caller launches a freshly prepared layout without (the kernels that wrote it ran just before).
@@ -65,6 +71,43 @@ __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, ui
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
+// The code of v for quantize_int with one scale s (inv = 1 / s rounded, fast = dyn_fast_scale(s)): clamp(round_half
+// _even(v / s), lo, hi), NaN -> 0. A product of magnitude 256 or more lies beyond every code (the true quotient then
+// exceeds 255.9), so only its sign matters; below that the reciprocal's error stays under 2^-15, and the rounding is
+// kept unless the product lies within 2^-12 of a half-integer.
+__device__ __forceinline__ uint32_t static_code_of(float v, float s, float inv, bool fast, int lo, int hi) {
+  if (fast) {
+    const float pr = __fmul_rn(v, inv);
+    if (!(fabsf(pr) < 256.0f)) {
+      if (pr == pr) return (uint32_t)(pr > 0.0f ? hi : lo);
+    } else {
+      const float n = rintf(pr);
+      if (fabsf(fmaf(v, inv, -n)) < kDynTieGuard) return (uint32_t)min(max((int)n, lo), hi);
+    }
+  }
+  const float q = __fdiv_rn(v, s);
+  if (q != q) return 0u;
+  return (uint32_t)min(max(__float2int_rn(q), lo), hi);
+}
+
+// chunk c of a row (k = 8c .. 8c + 7) into the B-fragment order of the codes: tile c / 4, the words of t = 2 (c & 1)
+// and + 1, fragment half (c >> 1) & 1
+template <int MT>
+__device__ __forceinline__ void store_chunk(uint32_t* codes, int c, int mt, int g, uint32_t w0, uint32_t w1) {
+  const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
+  uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;
+  dst[0] = w0;
+  dst[2] = w1;
+}
+
+__device__ __forceinline__ void store_out_f32(void* out, int dtype, int64_t i, float y) {
+  switch (dtype) {
+    case kF32: static_cast<float*>(out)[i] = y; break;
+    case kF16: static_cast<__half*>(out)[i] = __float2half_rn(y); break;
+    default: static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(y); break;
+  }
+}
+
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, const uint2& b) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -82,7 +125,7 @@ constexpr size_t kTailBytes = 16 * 4 * 2;
 
 // SMEM_RING: the weight tiles staged through shared memory (kSmemRing a warp, after the sums and scales) instead of
 // the register ring.
-template <typename T, int MT, bool SMEM_RING>
+template <typename T, int MT, bool SMEM_RING, int MODE>
 __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemvArgs p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int KT = (p.K + 31) >> 5;
@@ -133,83 +176,131 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   const int qm = warp % p.M;
   const int gsize = ((kWarps - 1 - qm) / p.M + 1) * 32, gj = (warp / p.M) * 32 + lane;
   const T* xrow = static_cast<const T*>(p.x) + (int64_t)qm * p.ldx;
-  // a thread with at most kKeep chunks of its row keeps them in registers for the codes (one read of x); the
-  // others read them again (from L1 where they stayed)
-  const bool keep = gj >= K8 || (K8 - 1 - gj) / gsize < kKeep;
-  float kept[kKeep][8];
-  {
-    uint32_t r = 0;   // the row's abs-max as float32 bits (integer order = float order, NaN above infinity)
-    if (keep) {
-#pragma unroll
-      for (int j = 0; j < kKeep; ++j) {
-        const int c = gj + j * gsize;
-        if (c < K8) {
-          dyn_load8<T>(xrow, c * 8, p.K, vec, kept[j]);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) r = max(r, __float_as_uint(kept[j][e]) & 0x7fffffffu);
+  if constexpr (MODE == 0) {
+    // a thread with at most kKeep chunks of its row keeps them in registers for the codes (one read of x); the
+    // others read them again (from L1 where they stayed)
+    const bool keep = gj >= K8 || (K8 - 1 - gj) / gsize < kKeep;
+    float kept[kKeep][8];
+    {
+      uint32_t r = 0;   // the row's abs-max as float32 bits (integer order = float order, NaN above infinity)
+      if (keep) {
+  #pragma unroll
+        for (int j = 0; j < kKeep; ++j) {
+          const int c = gj + j * gsize;
+          if (c < K8) {
+            dyn_load8<T>(xrow, c * 8, p.K, vec, kept[j]);
+  #pragma unroll
+            for (int e = 0; e < 8; ++e) r = max(r, __float_as_uint(kept[j][e]) & 0x7fffffffu);
+          }
         }
+      } else {
+        uint32_t rt = 0;
+        // the whole 16-byte chunks without a branch (their loads issued together), then the rest
+        int c = gj;
+        if (vec) {
+          constexpr int kUnroll = sizeof(T) == 4 ? 4 : 8;   // eight 16-byte loads in flight a thread
+  #pragma unroll kUnroll
+          for (; c < (p.K >> 3); c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, c * 8 + 8, true));
+        }
+        for (; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
+        r = __float_as_uint(dyn_abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
       }
-    } else {
-      uint32_t rt = 0;
-      // the whole 16-byte chunks without a branch (their loads issued together), then the rest
-      int c = gj;
-      if (vec) {
-        constexpr int kUnroll = sizeof(T) == 4 ? 4 : 8;   // eight 16-byte loads in flight a thread
-#pragma unroll kUnroll
-        for (; c < (p.K >> 3); c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, c * 8 + 8, true));
-      }
-      for (; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
-      r = __float_as_uint(dyn_abs_bits_to_f32<T>(rt)) & 0x7fffffffu;
+      r = __reduce_max_sync(0xffffffffu, r);
+      if (lane == 0 && r != 0u) atomicMax(&amax[qm], r);
     }
-    r = __reduce_max_sync(0xffffffffu, r);
-    if (lane == 0 && r != 0u) atomicMax(&amax[qm], r);
-  }
-  __syncthreads();
-  if (threadIdx.x < 16) {
-    scales[threadIdx.x] = dyn_token_scale(__uint_as_float(amax[threadIdx.x]));
-  }
-  __syncthreads();
-  {
-    const float s = scales[qm];
-    const float inv = __frcp_rn(s);
-    const bool fast = dyn_fast_scale(s);
-    const int mt = qm >> 3, g = qm & 7;
-    // chunk c (k = 8c .. 8c + 7): tile c / 4, the words of t = 2 (c & 1) and + 1, fragment half (c >> 1) & 1
-    auto store = [&](int c, const float (&v)[8], bool real) {
-      uint32_t w0 = 0u, w1 = 0u;
-      if (real) {
-        w0 = pack4(dyn_code_of(v[0], s, inv, fast), dyn_code_of(v[1], s, inv, fast), dyn_code_of(v[2], s, inv, fast),
-                   dyn_code_of(v[3], s, inv, fast));
-        w1 = pack4(dyn_code_of(v[4], s, inv, fast), dyn_code_of(v[5], s, inv, fast), dyn_code_of(v[6], s, inv, fast),
-                   dyn_code_of(v[7], s, inv, fast));
-      }
-      const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
-      uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;
-      dst[0] = w0;
-      dst[2] = w1;
-    };
-    if (keep) {
-      // the kept chunks, then the padding chunks past K (fewer than 4 in a row: at most one more per thread)
-#pragma unroll
-      for (int j = 0; j <= kKeep; ++j) {
-        const int c = gj + j * gsize;
-        if (c < KP8) store(c, kept[j < kKeep ? j : 0], c < K8);
-      }
-    } else {
-      int c = gj;
-      if (vec) {
-#pragma unroll 4
-        for (; c < (p.K >> 3); c += gsize) {
+    __syncthreads();
+    if (threadIdx.x < 16) {
+      scales[threadIdx.x] = dyn_token_scale(__uint_as_float(amax[threadIdx.x]));
+    }
+    __syncthreads();
+    {
+      const float s = scales[qm];
+      const float inv = __frcp_rn(s);
+      const bool fast = dyn_fast_scale(s);
+      const int mt = qm >> 3, g = qm & 7;
+      // chunk c (k = 8c .. 8c + 7): tile c / 4, the words of t = 2 (c & 1) and + 1, fragment half (c >> 1) & 1
+      auto store = [&](int c, const float (&v)[8], bool real) {
+        uint32_t w0 = 0u, w1 = 0u;
+        if (real) {
+          w0 = pack4(dyn_code_of(v[0], s, inv, fast), dyn_code_of(v[1], s, inv, fast), dyn_code_of(v[2], s, inv, fast),
+                     dyn_code_of(v[3], s, inv, fast));
+          w1 = pack4(dyn_code_of(v[4], s, inv, fast), dyn_code_of(v[5], s, inv, fast), dyn_code_of(v[6], s, inv, fast),
+                     dyn_code_of(v[7], s, inv, fast));
+        }
+        const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
+        uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;
+        dst[0] = w0;
+        dst[2] = w1;
+      };
+      if (keep) {
+        // the kept chunks, then the padding chunks past K (fewer than 4 in a row: at most one more per thread)
+  #pragma unroll
+        for (int j = 0; j <= kKeep; ++j) {
+          const int c = gj + j * gsize;
+          if (c < KP8) store(c, kept[j < kKeep ? j : 0], c < K8);
+        }
+      } else {
+        int c = gj;
+        if (vec) {
+  #pragma unroll 4
+          for (; c < (p.K >> 3); c += gsize) {
+            float v[8];
+            dyn_load8<T>(xrow, c * 8, c * 8 + 8, true, v);
+            store(c, v, true);
+          }
+        }
+        for (; c < KP8; c += gsize) {
           float v[8];
-          dyn_load8<T>(xrow, c * 8, c * 8 + 8, true, v);
-          store(c, v, true);
+          if (c < K8) dyn_load8<T>(xrow, c * 8, p.K, vec, v);
+          store(c, v, c < K8);
         }
       }
-      for (; c < KP8; c += gsize) {
-        float v[8];
-        if (c < K8) dyn_load8<T>(xrow, c * 8, p.K, vec, v);
-        store(c, v, c < K8);
+    }
+  } else {
+    // modes 1 and 2: the codes of one given scale, or the codes themselves; the epilogue's row scales are 1
+    if (threadIdx.x < 16) scales[threadIdx.x] = 1.0f;
+    const int mt = qm >> 3, g = qm & 7;
+    float s = 1.0f, inv = 1.0f;
+    bool fast = false;
+    if constexpr (MODE == 1) {
+      s = *p.act_scale;
+      inv = __frcp_rn(s);
+      fast = dyn_fast_scale(s);
+    }
+    const T* sh = static_cast<const T*>(p.shift);
+    for (int c = gj; c < KP8; c += gsize) {
+      uint32_t w0 = 0u, w1 = 0u;
+      if (c < K8) {
+        if constexpr (MODE == 1) {
+          float v[8];
+          dyn_load8<T>(xrow, c * 8, p.K, vec, v);
+          if (sh != nullptr) {
+            float a[8];
+            dyn_load8<T>(sh, c * 8, p.K, p.shift_vec != 0, a);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = to_f32(from_f32<T>(__fadd_rn(v[e], a[e])));   // the add rounds in T
+          }
+          uint32_t q[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) q[e] = static_code_of(v[e], s, inv, fast, p.qlo, p.qhi);
+          w0 = pack4(q[0], q[1], q[2], q[3]);
+          w1 = pack4(q[4], q[5], q[6], q[7]);
+        } else {
+          const int8_t* row = reinterpret_cast<const int8_t*>(xrow);
+          if (vec && c * 8 + 8 <= p.K) {
+            const uint2 u = *reinterpret_cast<const uint2*>(row + c * 8);
+            w0 = u.x;
+            w1 = u.y;
+          } else {
+            uint32_t b[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) b[e] = c * 8 + e < p.K ? (uint32_t)(uint8_t)row[c * 8 + e] : 0u;
+            w0 = pack4(b[0], b[1], b[2], b[3]);
+            w1 = pack4(b[4], b[5], b[6], b[7]);
+          }
+        }
       }
+      store_chunk<MT>(codes, c, mt, g, w0, w1);
     }
   }
   __syncthreads();
@@ -221,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   if (threadIdx.x < outs) {
     const int b = threadIdx.x / per_block, n = (b0 + b) * 16 + (threadIdx.x & 15);
     if (n < p.N) {
-      sw0 = load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
+      sw0 = p.wscale != nullptr ? load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0) : 1.0f;
       if (p.bias != nullptr) bias0 = load_f32(p.bias, p.bias_dtype, n);
     }
   }
@@ -289,22 +380,33 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   if (pending) flush(blk);
   __syncthreads();
 
-  // ---- epilogue: float32(acc) * (scale_x * weight_scale) + bias, each rounded to float32, cast to T
-  T* out = static_cast<T*>(p.out);
+  // ---- epilogue (mode 0): float32(acc) * (scale_x * weight_scale) + bias, each rounded to float32, cast to T
   for (int i = threadIdx.x; i < outs; i += kThreads) {
     const int b = i / per_block, r = i - b * per_block, m = r >> 4, c = r & 15;
     const int n = (b0 + b) * 16 + c;
     if (n >= p.N) continue;
     const int a = sums[((size_t)b * MT * 8 + m) * 16 + c];
     const bool first = i == (int)threadIdx.x;
-    const float sw = first ? sw0 : load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
-    float y = __fmul_rn(__int2float_rn(a), __fmul_rn(scales[m], sw));
-    if (p.bias != nullptr) y = __fadd_rn(y, first ? bias0 : load_f32(p.bias, p.bias_dtype, n));
-    out[(int64_t)m * p.N + n] = from_f32<T>(y);
+    if constexpr (MODE == 0) {
+      const float sw = first ? sw0 : load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0);
+      float y = __fmul_rn(__int2float_rn(a), __fmul_rn(scales[m], sw));
+      if (p.bias != nullptr) y = __fadd_rn(y, first ? bias0 : load_f32(p.bias, p.bias_dtype, n));
+      static_cast<T*>(p.out)[(int64_t)m * p.N + n] = from_f32<T>(y);
+    } else {
+      // int_gemm's epilogue: the int32 sums, or float32(acc) * float32(scale) + float32(bias), each rounded
+      if (p.out_dtype == kI32) {
+        static_cast<int32_t*>(p.out)[(int64_t)m * p.N + n] = a;
+        continue;
+      }
+      float y = __int2float_rn(a);
+      if (p.wscale != nullptr) y = __fmul_rn(y, first ? sw0 : load_f32(p.wscale, p.wscale_dtype, p.per_channel ? n : 0));
+      if (p.bias != nullptr) y = __fadd_rn(y, first ? bias0 : load_f32(p.bias, p.bias_dtype, n));
+      store_out_f32(p.out, p.out_dtype, (int64_t)m * p.N + n, y);
+    }
   }
 }
 
-template <typename T, int MT, bool SMEM_RING>
+template <typename T, int MT, bool SMEM_RING, int MODE>
 cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st) {
   const int KT = (p.K + 31) >> 5, nblocks = (p.N + 15) >> 4;
   const size_t fixed = codes_bytes<MT>(KT) + kTailBytes + (SMEM_RING ? kSmemRingBytes : 0);
@@ -317,14 +419,14 @@ cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_op
   if ((nblocks + grid - 1) / grid > cap) grid = (nblocks + cap - 1) / cap;
   const int most = (nblocks + grid - 1) / grid;
   const int smem = (int)(fixed + sums_bytes<MT>(most));
-  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT, SMEM_RING>);
+  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>);
   if (smem > 48 * 1024) {
     const cudaError_t e = set_smem_limit(k, smem);
     if (e != cudaSuccess) return e;
   }
   p.nblocks = nblocks;
   p.grid = grid;
-  return launch_kernel(dynamic_gemv_kernel<T, MT, SMEM_RING>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
+  return launch_kernel(dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
 }
 
 }  // namespace
@@ -337,21 +439,27 @@ size_t dynamic_gemv_min_smem(int M, int K) {
 cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
                                 cudaStream_t st, int ring) {
   if (p.M < 1 || p.M > DYN_GEMV_MAX_M || p.K < 1 || p.N < 1) return cudaErrorInvalidValue;
+  if (p.mode != 0 && (p.M > 8 || (p.mode == 1 && p.act_scale == nullptr) || p.mode > 2)) return cudaErrorInvalidValue;
   const bool two = p.M > 8;
   // the shared-memory staging where asked for and where it fits next to the codes of x, else the register ring
   const int KT = (p.K + 31) >> 5;
   const size_t base = two ? codes_bytes<2>(KT) + sums_bytes<2>(1) : codes_bytes<1>(KT) + sums_bytes<1>(1);
   const bool sm = ring == 1 && base + kTailBytes + kSmemRingBytes <= (size_t)smem_optin;
+#define BIE_ONE_TILE(TYPE, MODE)                                                                   \
+  (sm ? launch_typed<TYPE, 1, true, MODE>(p, grid, num_sms, smem_optin, st)                       \
+      : launch_typed<TYPE, 1, false, MODE>(p, grid, num_sms, smem_optin, st))
 #define BIE_DYN_GEMV(TYPE)                                                                          \
-  (two ? (sm ? launch_typed<TYPE, 2, true>(p, grid, num_sms, smem_optin, st)                       \
-             : launch_typed<TYPE, 2, false>(p, grid, num_sms, smem_optin, st))                     \
-       : (sm ? launch_typed<TYPE, 1, true>(p, grid, num_sms, smem_optin, st)                       \
-             : launch_typed<TYPE, 1, false>(p, grid, num_sms, smem_optin, st)))
+  (p.mode == 1 ? BIE_ONE_TILE(TYPE, 1)                                                              \
+   : two ? (sm ? launch_typed<TYPE, 2, true, 0>(p, grid, num_sms, smem_optin, st)                   \
+               : launch_typed<TYPE, 2, false, 0>(p, grid, num_sms, smem_optin, st))                 \
+         : BIE_ONE_TILE(TYPE, 0))
+  if (p.mode == 2) return dtype == kI8 ? BIE_ONE_TILE(int8_t, 2) : cudaErrorInvalidValue;
   switch (dtype) {
     case kF32: return BIE_DYN_GEMV(float);
     case kF16: return BIE_DYN_GEMV(__half);
     case kBF16: return BIE_DYN_GEMV(__nv_bfloat16);
 #undef BIE_DYN_GEMV
+#undef BIE_ONE_TILE
     default: return cudaErrorInvalidValue;
   }
 }

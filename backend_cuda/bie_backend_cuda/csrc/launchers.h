@@ -32,6 +32,18 @@ cudaError_t launch_unpack_signs(const uint8_t* bits, int64_t rows, int64_t k, in
 cudaError_t launch_row_popc(const uint8_t* b, int64_t ldb, int64_t rows, int64_t KB, int32_t* out, cudaStream_t st);
 cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int num_sms, cudaStream_t st);
 cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_t st);
+// binary_linear for few rows in one launch (binary.cu): the signs of x + shift taken by every block, then the
+// popcount products against the prepared weight rows (ldb % 16 == 0, 16-byte aligned, readable up to the 16-byte
+// boundary past ceil(K/8) bytes) with gemm.pw their popcounts; gemm.a unused.
+constexpr int kBinGemvMaxM = 8;
+struct BinGemvArgs {
+  BinGemmArgs gemm;
+  const void* x;        // (M, K) contiguous, float32 / float16 / bfloat16
+  const void* shift;    // K values in x's dtype, or nullptr
+};
+size_t binary_gemv_smem(int M, int K);   // the launch's shared memory (at most 48 KiB: K <= kBinGemvMaxK at 8 rows)
+constexpr int kBinGemvMaxK = 40960;
+cudaError_t launch_binary_gemv(const BinGemvArgs& g, int dtype, int num_sms, cudaStream_t st);
 // sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
 cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
@@ -238,6 +250,15 @@ struct DynGemvArgs {
   int M, N, K;
   int pdl;               // programmatic dependent launch (sm_90): w must not be written by the previous kernel
   int nblocks, grid;     // channel blocks of 16, blocks of the launch (set by the launcher)
+  // what x holds, for int_gemm (up to 8 rows): 0 floats quantized per token (dynamic_int8_linear), 1 floats quantized
+  // with the one scale *act_scale (quantize_int, after adding shift), 2 int8 codes (x_vec then means 8-byte loads).
+  // Modes 1 and 2 end in int_gemm's epilogue: out_dtype kI32 for the sums, else float32(acc) * wscale (none: 1)
+  // + bias in out_dtype.
+  int mode;
+  const float* act_scale;
+  const void* shift;     // K values in x's dtype or nullptr (mode 1)
+  int shift_vec;         // shift 16-byte aligned
+  int qlo, qhi;          // the code range (mode 1)
 };
 // shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
 size_t dynamic_gemv_min_smem(int M, int K);

@@ -1,0 +1,268 @@
+"""bie-backend-cuda's one-launch kernels for few rows, against the plain-PyTorch reference bit for bit:
+
+* ``int_gemm_gemv`` (csrc/dynamic_gemv.cu modes 1 and 2): int_gemm on given codes, and the bound call's fused
+  activation quantization (``fuse_quantized_input``: quantize_int inside the GEMV) on values at rounding ties, huge,
+  infinite and NaN values, and scales that are not normal floats;
+* ``binary_linear_gemv`` (csrc/binary.cu): the signs of x + shift taken inside the GEMV, with x at the shift, K not a
+  multiple of 8 or 32 and views of x;
+* the layers' eager inference (QLinear, BinaryLinear) choosing them at few rows and computing what the full path
+  computes.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
+                                 reason="bie-backend-cuda is not installed"),
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _codes(shape, bits, g):
+    lo, hi = (-8, 7) if bits == 4 else (-128, 127)
+    return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int8)
+
+
+def _ref_gemm(a, b, scale, bias, out_dtype):
+    from bie_backend_cpu.reference.integer import int_gemm
+    return int_gemm(a.cpu(), b.cpu(), 8, 8, None if scale is None else scale.cpu(),
+                    None if bias is None else bias.cpu(), out_dtype)
+
+
+def _ref_quant(x, scale, bits, shift):
+    from bie_backend_cpu.reference.integer import quantize_int
+    return quantize_int(x.cpu(), scale.cpu(), bits, None if shift is None else shift.cpu())
+
+
+def _same(got, want):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if not want.is_floating_point():
+        assert torch.equal(got, want), f"{(got != want).sum().item()} of {want.numel()} sums differ"
+        return
+    assert torch.equal(got.float().nan_to_num(12345.0), want.float().nan_to_num(12345.0)), \
+        f"max diff {(got.float() - want.float()).abs().nan_to_num(0).max().item()}"
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 64, 64), (3, 33, 130), (8, 200, 1000), (5, 17, 4097),
+                                     (2, 4096, 4096), (8, 96, 8191)])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.float16, torch.bfloat16])
+def test_int_gemm_gemv_on_codes(m, n, k, out_dtype):
+    from bie_backend_cuda import integer as ci
+    g = torch.Generator().manual_seed(m * 7 + n + k)
+    a_bits = 4 if k % 2 else 8
+    a, b = _codes((m, k), a_bits, g), _codes((n, k), 8, g)
+    scale = bias = None
+    if out_dtype is not None:
+        scale = torch.rand((n,) if n % 2 else (), generator=g) * 0.01 + 1e-4
+        bias = torch.randn(n, generator=g)
+    want = _ref_gemm(a, b, scale, bias, out_dtype)
+    dev = lambda t: None if t is None else t.cuda()   # noqa: E731
+    prepared = ci.prepare_gemv(b.cuda())
+    got = ci.int_gemm_gemv(a.cuda(), b.cuda(), a_bits, 8, dev(scale), dev(bias), out_dtype, prepared=prepared)
+    _same(got, want)
+    call = ci.bind_int_gemm_gemv(a.cuda(), b.cuda(), a_bits, 8, dev(scale), dev(bias), out_dtype, prepared=prepared)
+    for _ in range(2):   # the first call and a programmatic dependent one
+        _same(call(a.cuda(), b.cuda(), a_bits, 8, dev(scale), dev(bias), out_dtype), want)
+
+
+def test_int_gemm_gemv_on_views_of_codes():
+    """rows of a with a stride, and a start that is not 8-byte aligned: the byte-wise loads"""
+    from bie_backend_cuda import integer as ci
+    g = torch.Generator().manual_seed(3)
+    base, b = _codes((4, 301), 8, g), _codes((40, 256), 8, g)
+    for a in (base[:, 1:257], base[:, 3:259], base[:, :256]):
+        want = _ref_gemm(a.contiguous(), b, None, None, None)
+        _same(ci.int_gemm_gemv(a.cuda(), b.cuda(), 8, 8, None, None, None, prepared=ci.prepare_gemv(b.cuda())), want)
+
+
+def _fused(x, act_scale, bits, shift, b, scale, bias, out_dtype):
+    from bie_backend_cuda import integer as ci
+    m, k = x.shape
+    qa = torch.zeros((m, k), dtype=torch.int8, device="cuda")
+    gemm = ci.bind_int_gemm_gemv(qa, b, bits, 8, scale, bias, out_dtype, prepared=ci.prepare_gemv(b))
+    quant = ci.bind_quantize_int(x, act_scale, bits, shift)
+    fused = gemm.fuse_quantized_input(quant, act_scale, bits, shift, scale, bias)
+    assert fused is not None
+    return fused
+
+
+def _edge_x(m, k, dtype, s, g):
+    """values on rounding ties of v / s, next to them, beyond the code range, and non-finite ones"""
+    x = torch.randn(m, k, generator=g) * 40 * s
+    n = torch.randint(-140, 140, (m, k), generator=g).float()
+    ties = (n + 0.5) * s
+    pick = torch.rand(m, k, generator=g)
+    x = torch.where(pick < 0.3, ties, x)
+    x = x.to(dtype).float()
+    # the neighbours of ties in x's own dtype
+    x = torch.where((pick > 0.3) & (pick < 0.4), torch.nextafter(ties.to(dtype).float(), torch.tensor(1e30)), x)
+    flat = x.view(-1)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e30, -1e30, 127.5 * s,
+                             -128.5 * s, 7.5 * s, -8.5 * s])
+    idx = torch.randperm(flat.numel(), generator=g)[:specials.numel()]
+    flat[idx] = specials[:idx.numel()]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 40, 130), (8, 257, 1000), (1, 4096, 4096), (6, 24, 33)])
+def test_fused_quantization_is_quantize_int_then_int_gemm(dtype, bits, shifted, m, n, k):
+    g = torch.Generator().manual_seed(bits * 1000 + m + n + k)
+    s = torch.tensor(0.0371, dtype=torch.float32)
+    x = _edge_x(m, k, dtype, float(s), g)
+    shift = (torch.randn(k, generator=g) * 0.3 * float(s)).to(dtype) if shifted else None
+    b = _codes((n, k), 8, g)
+    scale = torch.rand(n, generator=g) * 0.01 + 1e-4
+    bias = torch.randn(n, generator=g)
+    codes = _ref_quant(x, s, bits, shift)
+    want = _ref_gemm(codes, b, scale, bias, dtype)
+    fused = _fused(x.cuda(), s.cuda(), bits, None if shift is None else shift.cuda(), b.cuda(), scale.cuda(),
+                   bias.cuda(), dtype)
+    for _ in range(2):
+        _same(fused(x.cuda()), want)
+    x2 = _edge_x(m, k, dtype, float(s), g)   # a fresh input through the same bound call
+    _same(fused(x2.cuda()), _ref_gemm(_ref_quant(x2, s, bits, shift), b, scale, bias, dtype))
+
+
+@pytest.mark.parametrize("s", [1e-42, 0.0, -0.25, float("inf"), float("nan"), 3e38, 1.1754944e-38])
+def test_fused_quantization_with_scales_that_are_not_normal(s):
+    """the reciprocal path serves normal finite scales only; every other scale takes the true division"""
+    g = torch.Generator().manual_seed(11)
+    m, n, k = 4, 48, 96
+    st = torch.tensor(s, dtype=torch.float32)
+    x = torch.randn(m, k, generator=g) * 3
+    x.view(-1)[:6] = torch.tensor([0.0, 1e-42, -1e-42, float("inf"), float("nan"), 1e38])
+    b = _codes((n, k), 8, g)
+    want = _ref_gemm(_ref_quant(x, st, 8, None), b, None, None, None)
+    _same(_fused(x.cuda(), st.cuda(), 8, None, b.cuda(), None, None, None)(x.cuda()), want)
+
+
+def test_fused_quantization_refuses_other_calls():
+    from bie_backend_cuda import integer as ci
+    b = torch.zeros(16, 64, dtype=torch.int8, device="cuda")
+    qa = torch.zeros(2, 64, dtype=torch.int8, device="cuda")
+    gemm = ci.bind_int_gemm_gemv(qa, b, 8, 8, None, None, None, prepared=ci.prepare_gemv(b))
+    x = torch.randn(2, 64, device="cuda")
+    s = torch.tensor(0.1, device="cuda")
+    assert gemm.fuse_quantized_input(lambda *a: None, s, 8, None, None, None) is None      # not this backend's
+    other = ci.bind_quantize_int(torch.randn(3, 64, device="cuda"), s, 8)
+    assert gemm.fuse_quantized_input(other, s, 8, None, None, None) is None               # another shape
+    own = ci.bind_quantize_int(x, s, 8)
+    assert gemm.fuse_quantized_input(own, torch.rand(2, device="cuda"), 8, None, None, None) is None
+    assert gemm.fuse_quantized_input(own, s, 8, torch.zeros(63, device="cuda"), None, None) is None
+    assert gemm.fuse_quantized_input(own, s, 8, None, None, None) is not None
+
+
+def test_int_gemv_rejects_bad_arguments():
+    import bie_backend_cuda._build as b
+    from bie_backend_cuda import integer as ci
+    w = torch.zeros(16, 64, dtype=torch.int8, device="cuda")
+    wf = ci.prepare_gemv(w)
+    fn = b.direct().int_gemv
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        fn(torch.zeros(9, 64, dtype=torch.int8, device="cuda"), None, None, 8, wf, None, None, 16, 64, None, False, 1)
+    with pytest.raises(RuntimeError, match="act_scale"):
+        fn(torch.zeros(2, 64, device="cuda"), None, None, 8, wf, None, None, 16, 64, torch.float32, False, 1)
+    with pytest.raises(RuntimeError, match="fragment-ordered"):
+        fn(torch.zeros(2, 64, dtype=torch.int8, device="cuda"), None, None, 8, wf[:-1], None, None, 16, 64, None,
+           False, 1)
+
+
+# ------------------------------------------------------------------ binary_linear_gemv
+def _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype):
+    from bie_backend_cpu.reference.binary import binary_linear
+    c = lambda t: None if t is None else t.cpu()   # noqa: E731
+    return binary_linear(x.cpu(), c(shift), w.cpu(), k, c(sa), c(sw), c(bias), out_dtype)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 64, 64), (3, 24, 100), (8, 200, 1000), (2, 4096, 4096),
+                                     (5, 33, 4099), (8, 16, 40960)])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("epilogue", ["count", "scale"])
+def test_binary_linear_gemv_matches_the_reference(m, n, k, dtype, epilogue):
+    from bie_backend_cpu.reference.binary import pack_signs
+    from bie_backend_cuda import binary as cb
+    g = torch.Generator().manual_seed(m + n * 3 + k)
+    shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
+    # near the shift, so that the rounding of x + shift decides bits
+    x = (torch.randn(m, k, generator=g) * 1e-3).to(dtype) - shift
+    x.view(-1)[:3] = torch.tensor([0.0, float("nan"), -0.0]).to(dtype)[:x.numel()]
+    w = pack_signs(torch.randn(n, k, generator=g))
+    if k % 8:   # set bits past k in the last byte: the op's contract lets them be set, they must not count
+        w[:, -1] |= (0xFF << (k % 8)) & 0xFF
+    sa = sw = bias = None
+    out_dtype = None
+    if epilogue == "scale":
+        sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.1
+        bias, out_dtype = torch.randn(n, generator=g), dtype
+    want = _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype)
+    c = lambda t: None if t is None else t.cuda()   # noqa: E731
+    prepared = cb.prepare_weight(w.cuda(), k)
+    args = (x.cuda(), shift.cuda(), w.cuda(), k, c(sa), c(sw), c(bias), out_dtype)
+    _same(cb.binary_linear_gemv(*args, prepared=prepared), want)
+    call = cb.bind_binary_linear_gemv(*args, prepared=prepared)
+    _same(call(x.cuda()), want)
+    x2 = torch.randn(m, k + 3, generator=g).to(dtype)[:, 3:]   # a view: the kernel's copy is contiguous
+    _same(cb.binary_linear_gemv(x2.cuda(), *args[1:], prepared=prepared),
+          _ref_binary_linear(x2.contiguous(), shift, w, k, sa, sw, bias, out_dtype))
+
+
+def test_binary_linear_gemv_rejects_bad_arguments():
+    import bie_backend_cuda._build as b
+    from bie_backend_cuda import binary as cb
+    w = torch.zeros(16, 8, dtype=torch.uint8, device="cuda")
+    p = cb.prepare_weight(w, 64)
+    fn = b.direct().binary_linear_gemv
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        fn(torch.zeros(9, 64, device="cuda"), None, cb._gemv_weight(p), p.popc, 64, 16, None, None, None)
+    with pytest.raises(RuntimeError, match="uint8 rows"):
+        fn(torch.zeros(2, 64, device="cuda"), None, w, p.popc, 64, 16, None, None, None)   # rows of 8 bytes
+
+
+# ------------------------------------------------------------------ the layers
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_qlinear_eager_inference_is_the_fused_gemv(bits, m):
+    import bie_core
+    from bie_core import QLinear
+    torch.manual_seed(bits + m)
+    layer = QLinear(512, 384, w_bits=bits, a_bits=bits, bias=True).to(device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.2)
+    layer(torch.randn(16, 512, device="cuda", dtype=torch.bfloat16))   # sets the activation scale
+    layer.eval()
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.enable_grad():
+        full = layer(x).detach()                         # the autograd path: the ops one by one
+    for _ in range(3):
+        with torch.inference_mode():
+            assert torch.equal(layer(x), full)
+    with torch.inference_mode():
+        chosen = bie_core.explain(layer, x).chosen()
+    assert chosen["int_gemm"] == "cuda:int_gemm_gemv"
+    assert chosen["quantize_int"] == "cuda:quantize_int"
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_binary_linear_eager_inference_is_the_fused_gemv(m):
+    import bie_core
+    from bie_core import BinaryLinear
+    torch.manual_seed(m)
+    layer = BinaryLinear(1000, 96, bias=True).to(device="cuda", dtype=torch.float16).eval()
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.3)
+    x = torch.randn(m, 1000, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        full = layer._forward(x)
+    for _ in range(3):
+        with torch.inference_mode():
+            assert torch.equal(layer(x), full)
+    with torch.inference_mode():
+        assert bie_core.explain(layer, x).chosen()["binary_linear"] == "cuda:binary_linear_gemv"
