@@ -210,19 +210,21 @@ def test_mbwq_gemm_against_float64(cuda_mbwq, gi, m, di):
 @needs_cuda
 def test_gemv_split_plans_agree(cuda_mbwq):
     from bie_backend_cuda import _build
-    gb, gr, qw, s, z, perm, w64, g = _case(3, 130, 5, device="cuda")
-    k = sum(gr)
-    lay = cuda_mbwq.prepare(qw, s, z, perm, None, group_bits=gb, group_rows=gr)
-    nchunks = lay.chunks.shape[0]
-    for m, dtype in ((1, torch.float16), (5, torch.bfloat16), (8, torch.float32)):
-        x = torch.randn(m, k, generator=g).to(dtype).cuda()
-        xs, expect = _expect(x, w64, None, None)
-        for splits in (1, 2, 3, 7, nchunks, 0):
-            run = lambda: _build.ops().mbwq_gemv(x, qw, lay.chunks, lay.perm, lay.scales, lay.zeros, None,  # noqa
-                                                 None, cuda_mbwq._counters(x.device, 130), splits)
-            y = run()
-            _close(y, expect, dtype, k, xs, w64, f"splits={splits} M={m}")
-            assert torch.equal(run(), y), f"splits={splits}: not deterministic"
+    # N = 130: one column a thread; N = 256: four (16-byte loads) for 1-2 rows
+    for n in (130, 256):
+        gb, gr, qw, s, z, perm, w64, g = _case(3, n, 5, device="cuda")
+        k = sum(gr)
+        lay = cuda_mbwq.prepare(qw, s, z, perm, None, group_bits=gb, group_rows=gr)
+        nchunks = lay.chunks.shape[0]
+        for m, dtype in ((1, torch.float16), (2, torch.float32), (5, torch.bfloat16), (8, torch.float32)):
+            x = torch.randn(m, k, generator=g).to(dtype).cuda()
+            xs, expect = _expect(x, w64, None, None)
+            for splits in (1, 2, 3, 7, nchunks, 0):
+                run = lambda: _build.ops().mbwq_gemv(x, qw, lay.chunks, lay.perm, lay.scales, lay.zeros,  # noqa
+                                                     None, None, cuda_mbwq._counters(x.device, n), splits)
+                y = run()
+                _close(y, expect, dtype, k, xs, w64, f"splits={splits} M={m} N={n}")
+                assert torch.equal(run(), y), f"splits={splits} N={n}: not deterministic"
 
 
 @needs_cuda

@@ -322,6 +322,7 @@ struct MbwqArgs {
   int32_t* counters;       // (ceil(N / MBWQ_THREADS)) zeroed split-K semaphores, left zero
   int splits;              // K splits (blocks along y), set by mbwq_gemv_plan
   int cps;                 // chunks per split, set by mbwq_gemv_plan
+  int cpt;                 // columns per thread (1, or 4 with 16-byte loads), set by mbwq_gemv_plan
 };
 // Sets p.splits and p.cps for p.M, p.N, p.nchunks (splits_force > 0: that many splits at most); returns the
 // dynamic shared memory per block.

@@ -110,25 +110,47 @@ __device__ __forceinline__ void dot_from(const uint32_t (&w)[B], const float* xs
   }
 }
 
-// aq[m] = sum over the chunk's 32 slot rows of code * staged x (rows past the chunk hold x = 0).
-template <int B, int MP>
-__device__ __forceinline__ void chunk_dot(const int32_t* col, int64_t ld, int nwords, const float* xs,
-                                          float (&aq)[MP]) {
-  uint32_t w[B];
-  load_words<B>(col, ld, nwords, w);
-  dot_from<B, MP, 0>(w, xs, aq);
+// The b words of CPT consecutive columns of a chunk: 4-byte loads for one column, 16-byte loads for four (the
+// columns' words are consecutive in a packed row; the caller guarantees 16-byte alignment: N % 4 == 0).
+template <int B, int CPT>
+__device__ __forceinline__ void load_cols(const int32_t* col, int64_t ld, int nwords, uint32_t (&w)[CPT][B]) {
+  if constexpr (CPT == 1) {
+    load_words<B>(col, ld, nwords, w[0]);
+  } else {
+    static_assert(CPT == 4, "one or four columns a thread");
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
+      const uint4 v = i < nwords ? __ldg(reinterpret_cast<const uint4*>(col + i * ld)) : make_uint4(0u, 0u, 0u, 0u);
+      w[0][i] = v.x;
+      w[1][i] = v.y;
+      w[2][i] = v.z;
+      w[3][i] = v.w;
+    }
+  }
 }
 
-template <typename T, int MP>
-__global__ void __launch_bounds__(kGemvThreads, 2) mbwq_gemv_kernel(const MbwqArgs p) {
+// aq[c][m] = sum over the chunk's 32 slot rows of column c's code * staged x (rows past the chunk hold x = 0).
+template <int B, int MP, int CPT>
+__device__ __forceinline__ void chunk_dot(const int32_t* col, int64_t ld, int nwords, const float* xs,
+                                          float (&aq)[CPT][MP]) {
+  uint32_t w[CPT][B];
+  load_cols<B, CPT>(col, ld, nwords, w);
+#pragma unroll
+  for (int c = 0; c < CPT; ++c) dot_from<B, MP, 0>(w[c], xs, aq[c]);
+}
+
+// CPT: columns per thread, 1 (4-byte loads) or 4 (16-byte loads: four times the bytes in flight per load, the
+// staged x read once for four columns); a block covers kThreads * CPT columns.
+template <typename T, int MP, int CPT>
+__global__ void __launch_bounds__(kGemvThreads, CPT == 1 ? 2 : 1) mbwq_gemv_kernel(const MbwqArgs p) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);     // cps slots of 32 rows x MP
   float* sx = xs + p.cps * 32 * MP;                // cps x MP slot sums
-  float* red = sx + p.cps * MP;                    // (kGroups - 1) x MP x kThreads: the other groups' sums
+  float* red = sx + p.cps * MP;                    // (kGroups - 1) x CPT x MP x kThreads: the other groups' sums
   __shared__ int s_last;
   const int tid = threadIdx.x;
   const int col = tid % kThreads, kg = tid / kThreads;
-  const int n = blockIdx.x * kThreads + col;
+  const int n = (blockIdx.x * kThreads + col) * CPT;
   const int c0 = blockIdx.y * p.cps;
   const int nslots = min(p.cps, p.nchunks - c0);
   const T* x = static_cast<const T*>(p.x);
@@ -159,59 +181,75 @@ __global__ void __launch_bounds__(kGemvThreads, 2) mbwq_gemv_kernel(const MbwqAr
   __syncthreads();
 
   // each group of kThreads threads (one per column) takes every kGroups-th chunk of the split
-  float acc[MP];
+  float acc[CPT][MP];
 #pragma unroll
-  for (int m = 0; m < MP; ++m) acc[m] = 0.0f;
-  if (n < p.N) {
+  for (int c = 0; c < CPT; ++c)
+#pragma unroll
+    for (int m = 0; m < MP; ++m) acc[c][m] = 0.0f;
+  if (n < p.N) {   // (with CPT = 4, N % 4 == 0: all four columns exist)
     for (int slot = kg; slot < nslots; slot += kGroups) {
       Chunk ch;
       if (!load_chunk(p, c0 + slot, ch)) continue;
       const int32_t* wcol = p.qweight + ch.w0 * p.N + n;
       const float* xsl = xs + slot * 32 * MP;
-      float aq[MP];
+      float aq[CPT][MP];
 #pragma unroll
-      for (int m = 0; m < MP; ++m) aq[m] = 0.0f;
+      for (int c = 0; c < CPT; ++c)
+#pragma unroll
+        for (int m = 0; m < MP; ++m) aq[c][m] = 0.0f;
       switch (ch.bits) {
-        case 2: chunk_dot<2, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
-        case 3: chunk_dot<3, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
-        case 4: chunk_dot<4, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
-        case 5: chunk_dot<5, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
-        case 6: chunk_dot<6, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
-        default: chunk_dot<8, MP>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 2: chunk_dot<2, MP, CPT>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 3: chunk_dot<3, MP, CPT>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 4: chunk_dot<4, MP, CPT>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 5: chunk_dot<5, MP, CPT>(wcol, p.N, ch.nwords, xsl, aq); break;
+        case 6: chunk_dot<6, MP, CPT>(wcol, p.N, ch.nwords, xsl, aq); break;
+        default: chunk_dot<8, MP, CPT>(wcol, p.N, ch.nwords, xsl, aq); break;
       }
-      const int64_t gi = (int64_t)ch.group * p.N + n;
-      const float s = __ldg(p.scales + gi), z = __ldg(p.zeros + gi);
 #pragma unroll
-      for (int m = 0; m < MP; ++m) acc[m] = fmaf(s, aq[m], fmaf(-z, sx[slot * MP + m], acc[m]));
+      for (int c = 0; c < CPT; ++c) {
+        const int64_t gi = (int64_t)ch.group * p.N + n + c;
+        const float s = __ldg(p.scales + gi), z = __ldg(p.zeros + gi);
+#pragma unroll
+        for (int m = 0; m < MP; ++m) acc[c][m] = fmaf(s, aq[c][m], fmaf(-z, sx[slot * MP + m], acc[c][m]));
+      }
     }
   }
   // the groups' sums meet in group 0, added in group order (deterministic)
   if (kg > 0) {
 #pragma unroll
-    for (int m = 0; m < MP; ++m) red[((kg - 1) * MP + m) * kThreads + col] = acc[m];
+    for (int c = 0; c < CPT; ++c)
+#pragma unroll
+      for (int m = 0; m < MP; ++m) red[(((kg - 1) * CPT + c) * MP + m) * kThreads + col] = acc[c][m];
   }
   __syncthreads();
   if (kg == 0) {
 #pragma unroll
     for (int g = 1; g < kGroups; ++g)
 #pragma unroll
-      for (int m = 0; m < MP; ++m) acc[m] += red[((g - 1) * MP + m) * kThreads + col];
+      for (int c = 0; c < CPT; ++c)
+#pragma unroll
+        for (int m = 0; m < MP; ++m) acc[c][m] += red[(((g - 1) * CPT + c) * MP + m) * kThreads + col];
   }
 
   T* out = static_cast<T*>(p.out);
   if (p.splits == 1) {
     if (kg == 0 && n < p.N) {
-      const float b = p.bias != nullptr ? load_f32(p.bias, p.bias_dtype, n) : 0.0f;
 #pragma unroll
-      for (int m = 0; m < MP; ++m)
-        if (m < p.M) out[(int64_t)m * p.N + n] = from_f32<T>(acc[m] + b);
+      for (int c = 0; c < CPT; ++c) {
+        const float b = p.bias != nullptr ? load_f32(p.bias, p.bias_dtype, n + c) : 0.0f;
+#pragma unroll
+        for (int m = 0; m < MP; ++m)
+          if (m < p.M) out[(int64_t)m * p.N + n + c] = from_f32<T>(acc[c][m] + b);
+      }
     }
     return;
   }
   if (kg == 0 && n < p.N) {
 #pragma unroll
-    for (int m = 0; m < MP; ++m)
-      if (m < p.M) p.ws[((int64_t)blockIdx.y * p.M + m) * p.N + n] = acc[m];
+    for (int c = 0; c < CPT; ++c)
+#pragma unroll
+      for (int m = 0; m < MP; ++m)
+        if (m < p.M) p.ws[((int64_t)blockIdx.y * p.M + m) * p.N + n + c] = acc[c][m];
   }
   __threadfence();
   __syncthreads();
@@ -220,11 +258,13 @@ __global__ void __launch_bounds__(kGemvThreads, 2) mbwq_gemv_kernel(const MbwqAr
   if (!s_last) return;
   __threadfence();
   if (n < p.N) {
-    const float b = p.bias != nullptr ? load_f32(p.bias, p.bias_dtype, n) : 0.0f;
-    for (int m = kg; m < p.M; m += kGroups) {   // the rows shared out over the groups
-      float v = 0.0f;
-      for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(p.ws + ((int64_t)sp * p.M + m) * p.N + n);
-      out[(int64_t)m * p.N + n] = from_f32<T>(v + b);
+    for (int c = 0; c < CPT; ++c) {
+      const float b = p.bias != nullptr ? load_f32(p.bias, p.bias_dtype, n + c) : 0.0f;
+      for (int m = kg; m < p.M; m += kGroups) {   // the rows shared out over the groups
+        float v = 0.0f;
+        for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(p.ws + ((int64_t)sp * p.M + m) * p.N + n + c);
+        out[(int64_t)m * p.N + n + c] = from_f32<T>(v + b);
+      }
     }
   }
   if (tid == 0) p.counters[blockIdx.x] = 0;   // ready for the next launch in the stream
@@ -274,18 +314,25 @@ __global__ void __launch_bounds__(kThreads) mbwq_dequant_kernel(const MbwqArgs p
 int rows_padded(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
 
 // the GEMV's dynamic shared memory: staged x, the slot sums, the groups' sums (at most 45 KiB: no opt-in needed)
-int gemv_smem(int cps, int mp) {
-  return (cps * 32 * mp + cps * mp + (kGroups - 1) * mp * kThreads) * (int)sizeof(float);
+int gemv_smem(int cps, int mp, int cpt) {
+  return (cps * 32 * mp + cps * mp + (kGroups - 1) * cpt * mp * kThreads) * (int)sizeof(float);
 }
 
-template <typename T>
+template <typename T, int CPT>
 cudaError_t gemv_for(const MbwqArgs& p, int smem, cudaStream_t st) {
-  const dim3 grid((unsigned)ceil_div(p.N, kThreads), (unsigned)p.splits);
-  switch (rows_padded(p.M)) {
-    case 1: mbwq_gemv_kernel<T, 1><<<grid, kGemvThreads, smem, st>>>(p); break;
-    case 2: mbwq_gemv_kernel<T, 2><<<grid, kGemvThreads, smem, st>>>(p); break;
-    case 4: mbwq_gemv_kernel<T, 4><<<grid, kGemvThreads, smem, st>>>(p); break;
-    default: mbwq_gemv_kernel<T, 8><<<grid, kGemvThreads, smem, st>>>(p); break;
+  const dim3 grid((unsigned)ceil_div(p.N, kThreads * CPT), (unsigned)p.splits);
+  const int mp = rows_padded(p.M);
+  if constexpr (CPT == 4) {   // (1 or 2 rows: mbwq_gemv_plan)
+    if (mp > 2) return cudaErrorInvalidValue;
+    if (mp == 1) mbwq_gemv_kernel<T, 1, 4><<<grid, kGemvThreads, smem, st>>>(p);
+    else mbwq_gemv_kernel<T, 2, 4><<<grid, kGemvThreads, smem, st>>>(p);
+  } else {
+    switch (mp) {
+      case 1: mbwq_gemv_kernel<T, 1, 1><<<grid, kGemvThreads, smem, st>>>(p); break;
+      case 2: mbwq_gemv_kernel<T, 2, 1><<<grid, kGemvThreads, smem, st>>>(p); break;
+      case 4: mbwq_gemv_kernel<T, 4, 1><<<grid, kGemvThreads, smem, st>>>(p); break;
+      default: mbwq_gemv_kernel<T, 8, 1><<<grid, kGemvThreads, smem, st>>>(p); break;
+    }
   }
   BIE_LAUNCH_CHECK();
 }
@@ -295,29 +342,39 @@ cudaError_t gemv_for(const MbwqArgs& p, int smem, cudaStream_t st) {
 int mbwq_gemv_plan(MbwqArgs& p, int num_sms, int splits_force) {
   const int mp = rows_padded(p.M);
   const int cap = kStageFloats / (32 * mp);            // chunks one block stages
-  const int colblocks = ceil_div(p.N, kThreads);
+  // four columns a thread (16-byte loads) where the packed rows allow it (N % 4 == 0, qweight 16-byte aligned) and
+  // for 1-2 rows (the groups' sums of four columns then fit next to the staged x in 48 KiB; decoding is the case
+  // that streams the weight for the fewest products)
+  p.cpt = (mp <= 2 && p.N % 4 == 0 && reinterpret_cast<uintptr_t>(p.qweight) % 16 == 0) ? 4 : 1;
+  const int colblocks = ceil_div(p.N, kThreads * p.cpt);
   int splits;
   if (splits_force > 0) {
     splits = splits_force;
-  } else {
+  } else if (p.cpt == 1) {
     // about two blocks (of 16 warps: as many as are resident) per multiprocessor in all, but at least 8 chunks per
     // split (2 per group): shorter splits cost more in float32 partials than they gain in parallelism
     splits = std::max(1, ceil_div(2 * num_sms, colblocks));
+    splits = std::min(splits, std::max(1, p.nchunks / 8));
+  } else {
+    // one block per multiprocessor is resident (its threads hold four columns' registers): at most one wave of
+    // blocks, rounded down (a second, partial wave would cost a whole block's time for a few blocks)
+    splits = std::max(1, num_sms / colblocks);
     splits = std::min(splits, std::max(1, p.nchunks / 8));
   }
   splits = std::max(1, std::min(splits, p.nchunks));
   const int cps = std::min(ceil_div(p.nchunks, splits), cap);
   p.cps = cps;
   p.splits = ceil_div(p.nchunks, cps);                 // no empty split
-  return gemv_smem(cps, mp);
+  return gemv_smem(cps, mp, p.cpt);
 }
 
 cudaError_t launch_mbwq_gemv(const MbwqArgs& p, int x_dtype, cudaStream_t st) {
-  const int smem = gemv_smem(p.cps, rows_padded(p.M));
+  const int smem = gemv_smem(p.cps, rows_padded(p.M), p.cpt);
+  const bool four = p.cpt == 4;
   switch (x_dtype) {
-    case kF16: return gemv_for<__half>(p, smem, st);
-    case kBF16: return gemv_for<__nv_bfloat16>(p, smem, st);
-    default: return gemv_for<float>(p, smem, st);
+    case kF16: return four ? gemv_for<__half, 4>(p, smem, st) : gemv_for<__half, 1>(p, smem, st);
+    case kBF16: return four ? gemv_for<__nv_bfloat16, 4>(p, smem, st) : gemv_for<__nv_bfloat16, 1>(p, smem, st);
+    default: return four ? gemv_for<float, 4>(p, smem, st) : gemv_for<float, 1>(p, smem, st);
   }
 }
 
