@@ -184,12 +184,12 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
     {
       uint32_t r = 0;   // the row's abs-max as float32 bits (integer order = float order, NaN above infinity)
       if (keep) {
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kKeep; ++j) {
           const int c = gj + j * gsize;
           if (c < K8) {
             dyn_load8<T>(xrow, c * 8, p.K, vec, kept[j]);
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 8; ++e) r = max(r, __float_as_uint(kept[j][e]) & 0x7fffffffu);
           }
         }
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
         int c = gj;
         if (vec) {
           constexpr int kUnroll = sizeof(T) == 4 ? 4 : 8;   // eight 16-byte loads in flight a thread
-  #pragma unroll kUnroll
+#pragma unroll kUnroll
           for (; c < (p.K >> 3); c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, c * 8 + 8, true));
         }
         for (; c < K8; c += gsize) rt = max(rt, amax8<T>(xrow, c * 8, p.K, vec));
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       };
       if (keep) {
         // the kept chunks, then the padding chunks past K (fewer than 4 in a row: at most one more per thread)
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j <= kKeep; ++j) {
           const int c = gj + j * gsize;
           if (c < KP8) store(c, kept[j < kKeep ? j : 0], c < K8);
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       } else {
         int c = gj;
         if (vec) {
-  #pragma unroll 4
+#pragma unroll 4
           for (; c < (p.K >> 3); c += gsize) {
             float v[8];
             dyn_load8<T>(xrow, c * 8, c * 8 + 8, true, v);
