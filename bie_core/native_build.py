@@ -35,6 +35,53 @@ class NativeBuildError(RuntimeError):
     """A native build failed or its result cannot be loaded; the message says why."""
 
 
+#: torch's own build lock in a build directory (``torch.utils.cpp_extension`` waits while the file exists)
+TORCH_LOCK = "lock"
+#: bie's build lock: an advisory lock that the operating system drops when its process ends, however it ends
+BUILD_LOCK = "bie_build.lock"
+
+
+class _BuildLock:
+    """One build at a time per build directory, without ever waiting on a dead process.
+
+    torch's build lock is a file that exists while a build runs: a build that is interrupted (Ctrl-C in the first
+    import, a killed job, a machine reset) leaves it behind, and every later process then waits on it forever,
+    silently. bie holds an OS lock (``flock``) around torch's build instead: the OS releases it when the holder
+    dies, so while bie holds it, no other bie build of the directory is running, and a torch lock file found then
+    is left over from an interrupted one and is removed. A process that finds the lock held says so on stderr and
+    waits for that build (a live one). Where ``fcntl`` is missing (Windows) torch's lock alone serves."""
+
+    def __init__(self, d: Path):
+        self.d = d
+        self.fh = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:   # (no advisory locks here)
+            return self
+        self.fh = open(self.d / BUILD_LOCK, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"bie: waiting for another process that is building in {self.d} ...", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        stale = self.d / TORCH_LOCK
+        if stale.exists():
+            print(f"bie: removing {stale}, left by an interrupted build", file=sys.stderr, flush=True)
+            stale.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fh is not None:
+            import fcntl
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
+            self.fh = None
+        return False
+
+
 def link_flags() -> list[str]:
     """Linker flags for a native extension.
 
@@ -196,6 +243,12 @@ class NativeExtension:
             raise NativeBuildError(f"an earlier build failed (log: {fail_stamp})")
         from torch.utils import cpp_extension
         d.mkdir(parents=True, exist_ok=True)
+        with _BuildLock(d):
+            if self.is_built() and not retry:   # another process finished it while this one waited
+                return None
+            return self._compile(cpp_extension, d, fail_stamp, verbose, what)
+
+    def _compile(self, cpp_extension, d: Path, fail_stamp: Path, verbose: bool, what: str) -> float:
         what = what or f"the {self.name} kernels"
         target = f" for sm_{self.arch[0]}{self.arch[1]}" if self.arch is not None else ""
         print(f"bie: compiling {what}{target} (first use; cached in {d}) ...", file=sys.stderr, flush=True)
