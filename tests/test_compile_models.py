@@ -175,14 +175,21 @@ def _conv_model():
                          BinaryConv2d(16, 8, 3, padding=1))
 
 
-@pytest.mark.parametrize("kind", ["linear", "conv"])
+@pytest.mark.parametrize("kind", ["linear", "conv", "int4"])
 def test_compiled_calls_reuse_prepared_layouts(kind, monkeypatch):
     """A compiled packed model prepares each weight layout once: later calls find it, though inductor hands the
-    kernels fresh views of the weight buffers (a packed conv's reshaped codes) on every call. (4-bit QAT codes are
-    unpacked inside the graph, a new tensor every call, and so prepared again: docs/cpu-native.md.)"""
+    kernels fresh views of the weight buffers (a packed conv's reshaped codes) on every call, and 4-bit codes are
+    unpacked outside the graph (the layers' non-persistent ``qweight_unpacked`` buffer)."""
     if kind == "linear":
         x = torch.randn(3, 64)
         model = _ready(Block(), x)
+    elif kind == "int4":
+        from bie_core import QConv2d, QLinear
+        torch.manual_seed(4)
+        x = torch.randn(2, 8, 6, 6)
+        model = nn.Sequential(QConv2d(8, 8, 3, padding=1, w_bits=4, a_bits=4), nn.Flatten(),
+                              QLinear(288, 16, 4, 4, bias=True))
+        model = _ready(model, x)
     else:
         x = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last)
         model = _ready(_conv_model(), x)
@@ -197,3 +204,20 @@ def test_compiled_calls_reuse_prepared_layouts(kind, monkeypatch):
         for _ in range(3):
             torch.testing.assert_close(compiled(x), ref)
     assert not misses, f"layouts prepared again on every compiled call: {sorted(set(misses))}"
+
+
+def test_compiled_int4_layers_follow_loaded_weights():
+    """The unpacked 4-bit codes a compiled graph reads are unpacked again by load_state_dict (and pack()): the
+    compiled model computes with the weights loaded after compiling."""
+    from bie_core import QLinear
+    torch.manual_seed(5)
+    x = torch.randn(3, 64)
+    a, b = (_ready(QLinear(64, 32, 4, 4, bias=True), x) for _ in range(2))
+    assert not torch.equal(a.qweight, b.qweight)
+    assert "qweight_unpacked" not in a.state_dict()              # derived, never saved
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(a, fullgraph=True)
+        torch.testing.assert_close(compiled(x), a(x))
+        a.load_state_dict(b.state_dict())
+        torch.testing.assert_close(compiled(x), b(x))

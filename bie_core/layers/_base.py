@@ -168,9 +168,11 @@ class PackReport:
 
 
 def tensor_bytes(module: nn.Module) -> int:
-    """Bytes of the module's own parameters and buffers (no children)."""
+    """Bytes of the module's own parameters and buffers (no children) that it saves: a non-persistent buffer (a
+    packed layer's unpacked codes, derived from its packed ones) is not counted."""
+    skip = module._non_persistent_buffers_set
     n = 0
-    for t in list(module._parameters.values()) + list(module._buffers.values()):
+    for t in list(module._parameters.values()) + [t for k, t in module._buffers.items() if k not in skip]:
         if t is not None:
             n += t.numel() * t.element_size()
     return n

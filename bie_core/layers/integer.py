@@ -31,6 +31,7 @@ from ..errors import BieError
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, channels_last_only, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference, tensor_state
+from ._tracked import TrackedTensor
 
 BITS = (4, 8)
 
@@ -42,9 +43,13 @@ def _check_bits(name: str, w_bits, a_bits) -> None:
                              "weight-only layers cover 2/3 bits)")
 
 
+#: the non-persistent buffer of a packed 4-bit layer's codes, unpacked (int8), for compiled calls
+UNPACKED = "qweight_unpacked"
+
+
 class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
-    _transient = ("_lean", "_lean_shapes", "_eval_codes", "_codes_cache")
+    _transient = ("_lean", "_lean_shapes", "_eval_codes", "_codes_cache", "_unpacked_of")
     _lean = None
     #: input shapes whose bound inference calls a layer keeps (batch sizes and generation alternate a few)
     LEAN_SHAPES = 4
@@ -132,6 +137,14 @@ class _IntWeightMixin(TorchInit):
         if torch.compiler.is_compiling():
             if self.w_bits == 8:
                 return q.reshape(self._weight_shape)
+            # The codes unpacked outside the graph (at pack(), load_state_dict, .to() and by eager calls) and held
+            # as a non-persistent buffer, which the graph takes as an input: the kernel gets the same tensor on
+            # every call, so its prepared layout is reused; unpacked inside the graph, every call would unpack and
+            # prepare the layout again. A compiled graph cannot see the version of `qweight`: after an in-place
+            # edit of it other than load_state_dict, an eager call or pack() unpacks again (docs/qat.md).
+            codes = self._buffers.get(UNPACKED)
+            if codes is not None:
+                return codes._alias if type(codes) is TrackedTensor else codes   # (what a buffer read gives)
             return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
         # Hand the kernel the *same* tensor object on every call while the buffer
         # is unchanged (8-bit: one reshaped view; 4-bit: codes unpacked once per
@@ -143,7 +156,11 @@ class _IntWeightMixin(TorchInit):
                 if self.w_bits == 8:
                     return q.reshape(self._weight_shape)
                 return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
-        return self._derived("_codes_cache", (q,), build)
+        codes = self._derived("_codes_cache", (q,), build)
+        if self.w_bits == 4 and self.__dict__.get("_unpacked_of") is not codes:
+            self.register_buffer(UNPACKED, codes, persistent=False)
+            self._unpacked_of = codes
+        return codes
 
     def _do_pack(self) -> None:
         if not self._weight_scale_ready:
@@ -157,6 +174,26 @@ class _IntWeightMixin(TorchInit):
         self._drop_weight()
         self.register_buffer("qweight", q.contiguous())
         self._codes_cache = None
+        self._unpack_for_compile()
+
+    def _unpack_for_compile(self) -> None:
+        """Unpack 4-bit packed codes now, outside any graph, for compiled calls (see ``_packed_codes``)."""
+        if self.__dict__.get("_buffers", {}).get("qweight") is None or self.w_bits != 4:
+            return
+        try:
+            self._packed_codes()
+        except BieError:   # no kernel serves this device: compiled calls unpack in the graph
+            self._codes_cache = self._unpacked_of = None
+            self._buffers.pop(UNPACKED, None)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._unpack_for_compile()
+        return self
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._unpack_for_compile()
 
     def _packed_weight_nbytes(self) -> int:
         rows, k = self._weight_shape[0], self._flat_k()
@@ -171,6 +208,11 @@ class _IntWeightMixin(TorchInit):
             q = torch.zeros(rows, (k + 1) // 2, dtype=torch.uint8, device=device)
         self.register_buffer("qweight", q)
         self._codes_cache = None
+
+    def _drop_packed(self) -> None:
+        super()._drop_packed()
+        self._buffers.pop(UNPACKED, None)
+        self._unpacked_of = None
 
     def _empty_float(self, device) -> None:
         self._drop_packed()
