@@ -6,9 +6,13 @@
 #   install         pip-install the distributions (and the nvidia-cutlass wheel carried in .whl/)
 #   build-cuda      build the CUDA extension
 #   build-cutlass   build the CUTLASS families (binary, integer, weight_only)
-#   build           both builds at once (each CUTLASS family in its own process)
+#   build           both builds at once (each CUTLASS family in its own process). On one H200's 16 cores the four
+#                   builds together take longer than one 10-minute command (the CUDA extension 9.5 minutes, the
+#                   weight-only family more): run `build-cuda` (then its tests) and `build-cutlass` in separate
+#                   commands on a warm machine, or `build` twice; a build cut off resumes (ninja keeps the objects
+#                   it finished, and the lock file of the interrupted build is removed: bie_core/native_build.py)
 #   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_cuda_quantize_int.py, test_wq_kernel_choice.py, test_dynamic_cuda.py,
-#                   test_cuda_mbwq.py and
+#                   test_cuda_mbwq.py, test_cuda_few_row_gemv.py and
 #                   the conformance kit under cuda
 #   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
@@ -100,7 +104,7 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       run test-cuda timeout 580 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs \
           tests/test_cuda_backend.py tests/test_cuda_bound_calls.py tests/test_cuda_quantize_int.py \
           tests/test_wq_kernel_choice.py tests/test_import_rules.py \
-          tests/test_dynamic_cuda.py tests/test_dynamic_gemv_layout.py tests/test_cuda_mbwq.py
+          tests/test_dynamic_cuda.py tests/test_dynamic_gemv_layout.py tests/test_cuda_mbwq.py tests/test_cuda_few_row_gemv.py
       run kit-cuda timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cuda bie_core/testing ;;
     test-cutlass)
       run test-cutlass timeout 480 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cutlass_build.py \
