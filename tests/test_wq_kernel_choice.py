@@ -188,7 +188,7 @@ def test_each_kernel_computes_beyond_where_it_is_fastest_and_refuses_with_its_re
 @pytest.mark.parametrize("op", ["binary_gemm", "binary_linear"])
 def test_binary_gemm_kernels_reproduce_the_measured_choice(op):
     """The Hopper 1-bit wgmma kernel from 384 rows where K % 128 == 0 and N % 8 == 0, else the mma.sync kernels
-    (the choice binary_gemm made inside one registration)."""
+    (the choice binary_gemm made inside one registration); binary_linear's one-launch GEMV for 1-8 rows."""
     from bie_backend_cuda import plugin as cuda_plugin
     reg = KernelRegistrar(get_registry(), "cuda")
     cuda_plugin.bie_register_kernels(registry=reg)
@@ -198,4 +198,6 @@ def test_binary_gemm_kernels_reproduce_the_measured_choice(op):
                 attrs={"epilogue": "scale"})
         object.__setattr__(p, "cc", cc)
         want = "wgmma" if cc == (9, 0) and m >= 384 and k % 128 == 0 and n % 8 == 0 else "tc"
+        if op == "binary_linear" and m <= 8:
+            want = "gemv"
         assert _chosen(kernels, p) == f"cuda:{op}_{want}", p.describe()
