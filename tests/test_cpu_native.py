@@ -653,6 +653,37 @@ def test_quantize_int_broadcast_scales(nk, levels, xshape, sshape, dtype):
     assert_same(at_levels(levels, lambda: nk.quantize_int(x, s, 4)), exp, f"quantize_int {xshape} / {sshape}")
 
 
+@pytest.mark.parametrize("xshape,shshape,sshape", [
+    ((6, 37), (37,), ()), ((6, 37), (1, 37), (6, 1)), ((1, 2100), (2100,), ()),            # a shift per feature
+    ((3, 5, 4, 7), (1, 5, 1, 1), ()), ((3, 5, 4, 7), (5, 1, 1), (3, 1, 1, 1)),              # per NCHW channel
+    ((2, 4, 33, 33), (1, 4, 1, 1), ()),                                                      # runs across blocks
+    ((3, 4, 5), (4, 1), ()), ((6, 10), (), ()), ((6, 10), (1,), ()), ((2, 3, 8), (3, 8), ()),
+    ((4, 6), (4, 1), ()), ((2, 3, 4), (2, 1, 4), ())])              # (the last: not one block of dims, a torch add)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_int_adds_the_shift_as_the_op_does(nk, levels, xshape, shshape, sshape, dtype):
+    """The shift added by the kernel as it reads x (per feature, per NCHW channel, one value), the sum rounded to
+    x's dtype first, is the reference's ``x + shift.to(x.dtype)``, bit for bit: x is drawn next to -shift, where
+    that rounding decides the codes, with ties of the division and non-finite values."""
+    from bie_backend_cpu.native.kernels import bind_quantize_int, shift_runs
+    g = gen("quant-shift", xshape, shshape, dtype)
+    sh = (torch.randn(shshape, generator=g) * 0.7).to(dtype)
+    s = torch.rand(sshape, generator=g) * 0.1 + 0.02
+    # half the elements next to -shift (the sum cancels), half of another size than the shift (the sum rounds)
+    near = torch.randn(xshape, generator=g) * 0.01 - sh.float()
+    x = torch.where(torch.rand(xshape, generator=g) < 0.5, near, torch.randn(xshape, generator=g) * 5).to(dtype)
+    flat = x.view(-1)
+    flat[: min(6, flat.numel())] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e4])[
+        : min(6, flat.numel())].to(dtype)
+    exp = ri.quantize_int(x, s, 8, sh)
+    assert_same(at_levels(levels, lambda: nk.quantize_int(x, s, 8, sh)), exp, f"shift {shshape} on {xshape}")
+    assert_same(at_levels(levels, lambda: nk.quantize_int(x, s, 4, sh)), ri.quantize_int(x, s, 4, sh), "4 bits")
+    if s.numel() == 1:
+        call = bind_quantize_int(x, s, 8, sh)
+        assert_same(at_levels(levels, lambda: call(x, s, 8, sh)), exp, "bound call")
+    fused = shift_runs(tuple(x.shape), sh) is not None
+    assert fused == (shshape != (2, 1, 4)), "which shifts the kernel adds"
+
+
 # -------------------------------------------------------------- dispatch & layers
 def test_dispatch_picks_native_and_falls_back_honestly(nk):
     from bie_core import explain, ops

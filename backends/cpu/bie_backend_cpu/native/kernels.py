@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import mmap
 import threading
 
@@ -73,7 +74,27 @@ class IGemmArgs(ctypes.Structure):
 
 class QuantArgs(ctypes.Structure):
     _fields_ = [("x", VP), ("dtype", I64), ("n", I64), ("scale", F64), ("lo", I64), ("hi", I64), ("out", VP),
-                ("svec", VP), ("inner", I64)]
+                ("svec", VP), ("inner", I64), ("shift", VP), ("sh_inner", I64), ("sh_period", I64)]
+
+
+def shift_runs(x_shape: tuple, shift: torch.Tensor):
+    """(period, inner) such that the shift of element e of a contiguous tensor of ``x_shape`` is
+    ``shift.reshape(-1)[(e // inner) % period]``, or None for a broadcast of another form. That is a shift whose
+    dims other than 1 are one block of x's dims, of x's sizes there: a shift per feature (inner 1), per channel of
+    an NCHW tensor (inner H * W), or one value."""
+    sh = tuple(shift.shape)
+    if len(sh) > len(x_shape):
+        if any(d != 1 for d in sh[:len(sh) - len(x_shape)]):
+            return None
+        sh = sh[len(sh) - len(x_shape):]
+    sh = (1,) * (len(x_shape) - len(sh)) + sh
+    dims = [i for i, d in enumerate(sh) if d != 1]
+    if not dims:
+        return 1, max(1, math.prod(x_shape))
+    a, b = dims[0], dims[-1] + 1
+    if any(sh[i] != x_shape[i] for i in range(a, b)):
+        return None
+    return math.prod(x_shape[a:b]), math.prod(x_shape[b:])
 
 
 class IBmmArgs(ctypes.Structure):
@@ -654,9 +675,12 @@ def _fuse_int_conv(w, geom, x_shape, out_dtype, prepared, quant_call, act_scale,
 # ---------------------------------------------------------------- quantize_int
 def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     _cpu("quantize_int", x, scale)
+    runs = None
     if shift is not None:
         _cpu("quantize_int", shift)
-        x = x + shift.to(x.dtype)   # in x's dtype, as the op defines; then the same kernel
+        runs = shift_runs(tuple(x.shape), shift) if x.dtype in FLOAT_DTYPES else None
+        if runs is None:
+            x = x + shift.to(x.dtype)   # in x's dtype, as the op defines; then the same kernel
     _require(x.dtype in FLOAT_DTYPES and bits in (4, 8), "quantize_int",
              "x must be floating, bits 4 or 8")
     # (torch.broadcast_shapes costs tens of µs per call: the rule written out)
@@ -676,6 +700,10 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
         sv, inner = scale_runs(tuple(x.shape), scale)
         _require(sv.numel() * inner == nel, "quantize_int", "scale layout")
         args = QuantArgs(xc.data_ptr(), DTYPE_CODE[xc.dtype], nel, 0.0, lo, hi, out.data_ptr(), sv.data_ptr(), inner)
+    sh = None
+    if runs is not None:   # x + shift added by the kernel as it reads x (in x's dtype, as the op defines)
+        sh = shift.detach().to(xc.dtype).reshape(-1).contiguous()
+        args.shift, args.sh_period, args.sh_inner = sh.data_ptr(), runs[0], runs[1]
     _check(_lib.bie_quant(ctypes.byref(args)), "quantize_int")
     return out if out_dtype is None else out.to(out_dtype)   # small integers: exact in any float dtype
 
@@ -696,12 +724,20 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
     run, copy, byref, i8 = _lib.bie_quant, QuantArgs.from_buffer_copy, ctypes.byref, torch.int8
 
     def call(x, scale, bits, shift=None, out_dtype=None):
+        runs = None
         if shift is not None:
-            x = x + (shift if shift.dtype == dt else shift.to(dt))   # in x's dtype, as the op defines
+            runs = shift_runs(shape, shift)
+            if runs is None:
+                x = x + (shift if shift.dtype == dt else shift.to(dt))   # in x's dtype, as the op defines
         xc = x if x.is_contiguous() else x.contiguous()
         out = torch.empty(shape, dtype=i8)
         args = copy(template)
         args.x, args.out = xc.data_ptr(), out.data_ptr()
+        if runs is not None:   # the kernel adds the shift as it reads x
+            sh = shift.detach()
+            if sh.dtype != dt or not sh.is_contiguous():
+                sh = sh.to(dt).contiguous()
+            args.shift, args.sh_period, args.sh_inner = sh.data_ptr(), runs[0], runs[1]
         s32 = scale if scale.dtype == torch.float32 else scale.detach().to(torch.float32)
         args.svec = s32.data_ptr()
         _check(run(byref(args)), "quantize_int")

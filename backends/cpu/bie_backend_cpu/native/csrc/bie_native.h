@@ -110,6 +110,10 @@ typedef struct {
   int8_t* out;
   const float* svec;  // or: scale of element e is svec[e / inner] (n / inner values)
   int64_t inner;
+  // or null: element e is first x[e] + shift[(e / sh_inner) % sh_period] (shift in x's dtype), the sum
+  // rounded to x's dtype, as the op adds in x's dtype
+  const void* shift;
+  int64_t sh_inner, sh_period;
 } bie_quant_args;
 
 // batched int GEMM (int_bmm): item b uses a + b*sa, the weight layout at

@@ -167,27 +167,75 @@ static int drv_bconv_pack(const void* args, int64_t t0, int64_t t1) {
 
 // ------------------------------------------------------------- quantize_int
 #define BIE_QCHUNK 8192
+// elements e0 .. e1 - 1, whose values start at src
 template <int DT>
-static void quant_range(const bie_quant_args* p, const char* x, int64_t e0, int64_t e1, float lo, float hi) {
+static void quant_span(const bie_quant_args* p, const char* src, int64_t e0, int64_t e1, float lo, float hi) {
   const int es = bie_esize(DT);
   if (!p->svec) {
-    quant_block<DT>(x + e0 * es, e1 - e0, (float)p->scale, lo, hi, p->out + e0, nullptr);
+    quant_block<DT>(src, e1 - e0, (float)p->scale, lo, hi, p->out + e0, nullptr);
   } else if (p->inner == 1) {                     // one scale per element
-    quant_block<DT>(x + e0 * es, e1 - e0, 0.0f, lo, hi, p->out + e0, p->svec + e0);
+    quant_block<DT>(src, e1 - e0, 0.0f, lo, hi, p->out + e0, p->svec + e0);
   } else {                                        // runs of `inner` elements share a scale
     for (int64_t e = e0; e < e1;) {
       const int64_t end = bie_min(e1, (e / p->inner + 1) * p->inner);
-      quant_block<DT>(x + e * es, end - e, p->svec[e / p->inner], lo, hi, p->out + e, nullptr);
+      quant_block<DT>(src + (e - e0) * es, end - e, p->svec[e / p->inner], lo, hi, p->out + e, nullptr);
       e = end;
     }
   }
+}
+
+template <int DT>
+static inline void bie_store_dt(unsigned char* p, int64_t i, float v) {
+  if (DT == BIE_F32) {
+    __builtin_memcpy(p + 4 * i, &v, 4);
+  } else {
+    const uint16_t h = DT == BIE_F16 ? bie_f32_to_f16(v) : bie_f32_to_bf16(v);
+    __builtin_memcpy(p + 2 * i, &h, 2);
+  }
+}
+
+// x + shift, rounded to x's dtype, staged a block at a time in a local buffer (no pass over memory of its own),
+// then quantized. Along a block the shift is either constant over runs of sh_inner elements (a channel's plane of an
+// NCHW tensor) or, with sh_inner 1, a contiguous slice of shift (the features of a row): each inner loop is a
+// straight run the compiler can vectorize.
+template <int DT>
+static void quant_range_shifted(const bie_quant_args* p, const char* x, int64_t e0, int64_t e1, float lo, float hi) {
+  constexpr int64_t T = 1024;
+  alignas(64) unsigned char buf[T * 4];
+  const int es = bie_esize(DT);
+  const int64_t inner = p->sh_inner, period = p->sh_period;
+  for (int64_t b0 = e0; b0 < e1; b0 += T) {
+    const int64_t b1 = bie_min(e1, b0 + T);
+    for (int64_t e = b0; e < b1;) {
+      const int64_t run = e / inner, idx = run % period;
+      int64_t end;
+      if (inner == 1) {
+        end = bie_min(b1, e + (period - idx));      // shift[idx ..] along the elements
+        const char* sh = (const char*)p->shift + idx * es;   // the shift of element e, then e + 1, ...
+        for (int64_t i = e; i < end; ++i)
+          bie_store_dt<DT>(buf, i - b0, bie_load_f32<DT>(x, i) + bie_load_f32<DT>(sh, i - e));
+      } else {
+        end = bie_min(b1, (run + 1) * inner);       // one shift value for the run
+        const float s = bie_load_f32<DT>(p->shift, idx);
+        for (int64_t i = e; i < end; ++i) bie_store_dt<DT>(buf, i - b0, bie_load_f32<DT>(x, i) + s);
+      }
+      e = end;
+    }
+    quant_span<DT>(p, (const char*)buf, b0, b1, lo, hi);
+  }
+}
+
+template <int DT>
+static void quant_range(const bie_quant_args* p, const char* x, int64_t e0, int64_t e1, float lo, float hi) {
+  if (p->shift) quant_range_shifted<DT>(p, x, e0, e1, lo, hi);
+  else quant_span<DT>(p, x + e0 * bie_esize(DT), e0, e1, lo, hi);
 }
 
 static int drv_quant(const void* args, int64_t t0, int64_t t1) {
   const bie_quant_args* p = (const bie_quant_args*)args;
   const int64_t e0 = t0 * BIE_QCHUNK, e1 = bie_min(p->n, t1 * BIE_QCHUNK);
   if (e0 >= e1) return BIE_OK;
-  if (p->svec && p->inner < 1) return BIE_EBADARG;
+  if ((p->svec && p->inner < 1) || (p->shift && (p->sh_inner < 1 || p->sh_period < 1))) return BIE_EBADARG;
   const float lo = (float)p->lo, hi = (float)p->hi;
   const char* x = (const char*)p->x;
   switch (p->dtype) {
