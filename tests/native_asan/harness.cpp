@@ -320,17 +320,24 @@ void test_quant(const Isa& isa) {
     const int64_t ns = mode == 0 ? 0 : n / inner;
     float* sv = mode == 0 ? nullptr : alloc<float>((size_t)ns);
     for (int64_t i = 0; i < ns; ++i) sv[i] = 0.01f + (float)ri(1, 100) / 50.f;
-    bie_quant_args q{x, BIE_F32, n, 0.25, -128, 127, out, sv, mode == 0 ? 0 : inner};
+    // a shift on half the iterations: shift[(e / sh_inner) % sh_period], sh_period values allocated exactly
+    const bool shifted = ri(0, 1) == 1;
+    int64_t sh_inner = ri(1, 40), sh_period = ri(1, 50);
+    float* sh = shifted ? alloc<float>((size_t)sh_period) : nullptr;
+    for (int64_t i = 0; shifted && i < sh_period; ++i) sh[i] = rf() * 3.f;
+    bie_quant_args q{x, BIE_F32, n, 0.25, -128, 127, out, sv, mode == 0 ? 0 : inner, sh, sh_inner, sh_period};
     CHECK(isa.quant(&q, 0, (n + 8191) / 8192) == 0, "%s quant rc", isa.name);
     for (int64_t i = 0; i < n; ++i) {
       const float s = mode == 0 ? 0.25f : sv[i / inner];
-      float r = std::nearbyint(x[i] / s);
+      const float v = shifted ? x[i] + sh[(i / sh_inner) % sh_period] : x[i];
+      float r = std::nearbyint(v / s);
       if (std::isnan(r)) r = 0.f;
       r = r < -128.f ? -128.f : r > 127.f ? 127.f : r;
       CHECK(out[i] == (int8_t)r, "%s quant %g -> %d (mode %d)", isa.name, (double)x[i], out[i], mode);
     }
     std::free(x);
     std::free(sv);
+    std::free(sh);
     std::free(out);
   }
 }
