@@ -12,6 +12,8 @@ Cases (``--cases``, comma-separated; default: all that apply to the device):
 * ``bie-w4-gptq``: the bie W4 model saved in the GPTQ layout
   (``save_quantized``) and loaded into a fresh float model
   (``load_quantized``): the round trip must give the same logits;
+* ``bie-w4-bf16act`` (CPU): ``bie-w4`` with its linear layers fed bf16 activations (rounded, as tinygemm's CPU
+  kernel takes them; the outputs back in float32): the like-for-like comparison with ``tinygemm-w4``;
 * ``tinygemm-w4``: the same W4 g128 codes through torch's own int4 kernel
   (``aten._weight_int4pack_mm`` on CUDA, ``_weight_int4pack_mm_for_cpu`` on the
   CPU; what torchao's int4 weight-only layout calls), in a small module here;
@@ -69,9 +71,9 @@ T0 = time.monotonic()
 
 #: (bits, group size) of the bie cases
 BIE_CASES = {"bie-w4": (4, 128), "bie-w8": (8, 128), "bie-w2": (2, 64)}
-ALL_CASES = ("bf16", "bie-w4", "bie-w8", "bie-w2", "bie-w4-gptq", "tinygemm-w4", "gemlite-w4", "bnb-nf4",
-             "no-linear")
-CPU_CASES = ("fp32", "bie-w4", "tinygemm-w4", "no-linear")
+ALL_CASES = ("bf16", "bie-w4", "bie-w8", "bie-w2", "bie-w4-gptq", "bie-w4-bf16act", "tinygemm-w4", "gemlite-w4",
+             "bnb-nf4", "no-linear")
+CPU_CASES = ("fp32", "bie-w4", "bie-w4-bf16act", "tinygemm-w4", "no-linear")
 
 
 # ----------------------------------------------------------------- the model
@@ -464,6 +466,15 @@ def _make_case(case, cfg, dtype, device, lm_head: bool, probe):
         a = agreement(lg, float_twin_logits(m, probe))
         a["roundtrip_max_abs_diff"] = float((lg - want).abs().max())
         return m, "W4 g128 saved as GPTQ (v2) and loaded with load_quantized", a
+    if case == "bie-w4-bf16act":
+        from bie_core import MPQLinear
+        m = quantize_bie(build_float(cfg, dtype, device), 4, 128, dtype, lm_head)
+        twin = float_twin_logits(m, probe)
+        m = _swap(m, MPQLinear, lambda layer: _Cast(layer.to(torch.bfloat16), torch.bfloat16))
+        with torch.inference_mode():
+            lg = m(probe).logits.float()
+        note = "the bie W4 g128 layers on bf16 activations (as tinygemm's CPU kernel takes them)"
+        return m, note, agreement(lg, twin)
     if case == "tinygemm-w4":
         m = quantize_bie(build_float(cfg, dtype, device), 4, 128, dtype, lm_head)
         twin = float_twin_logits(m, probe)
@@ -534,19 +545,20 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
                      f"{r['ms_per_token']:.2f} | **{sp}** | {r['ttft_ms']:.1f} | {tt} | {pk} | {note} |")
     peer = {(r["mode"], r["batch"]): r for r in runs.values() if r["case"] == "tinygemm-w4" and "error" not in r}
-    mine = [r for r in runs.values() if r["case"] == "bie-w4" and "error" not in r and (r["mode"], r["batch"]) in peer]
+    mine = [r for r in runs.values() if r["case"] in ("bie-w4", "bie-w4-bf16act") and "error" not in r
+            and (r["mode"], r["batch"]) in peer]
     if mine:
         lines += ["", "bie W4 g128 against torch's own int4 kernel (tinygemm) on the same codes"
                   + (" (medians of the per-round ratios)" if any(r.get("rounds_ms") for r in mine) else "") + ":", "",
-                  "| mode | batch | decode speed vs tinygemm | TTFT vs tinygemm |", "|---|---|---|---|"]
-        for r in sorted(mine, key=lambda r: (r["mode"], r["batch"])):
+                  "| case | mode | batch | decode speed vs tinygemm | TTFT vs tinygemm |", "|---|---|---|---|---|"]
+        for r in sorted(mine, key=lambda r: (r["case"], r["mode"], r["batch"])):
             t = peer[(r["mode"], r["batch"])]
             sp, tt = t["ms_per_token"] / r["ms_per_token"], t["ttft_ms"] / r["ttft_ms"]
             if r.get("rounds_ms") and len(t.get("rounds_ms", ())) == len(r["rounds_ms"]):
                 pairs = _round_pairs(t, r)
                 sp = statistics.median(x[1] / y[1] for x, y in pairs)
                 tt = statistics.median(x[0] / y[0] for x, y in pairs)
-            lines.append(f"| {r['mode']} | {r['batch']} | **{sp:.2f}x** | {tt:.2f}x |")
+            lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | **{sp:.2f}x** | {tt:.2f}x |")
     agr = data.get("agreement", {})
     if agr:
         lines += ["", "Logits of each quantized model against its dequantized float twin (a 128-token prompt, "
