@@ -192,11 +192,9 @@ def _bind_linear(wgmma: bool):
         if (prepared is None or x.dim() != 2 or not x.is_contiguous() or x.dtype not in _FLOATS
                 or (wgmma and (prepared.image is None or k != 8 * prepared.kb))):
             return None
-        sh = None
-        if shift is not None:
-            if shift.numel() not in (1, k):
-                return None
-            sh = shift.to(x.dtype).reshape(-1).expand(k).contiguous()
+        if shift is not None and shift.numel() not in (1, k):
+            return None
+        sh = _gemv_shift(shift, k, x.dtype)
         from bie_core.backend_api import linear_scale
         scale = linear_scale(act_scale, w_scale)
         n = prepared.bits.shape[0]

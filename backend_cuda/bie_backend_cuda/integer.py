@@ -74,27 +74,27 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
 GEMV_MAX_M = 8
 
 
+def _dynamic():
+    """The dynamic GEMV's module, whose kernel, weight layout (4-bit codes as int8 values) and shared-memory range
+    serve int_gemm unchanged (imported on use: it needs the dynamic ops' helpers of bie-core)."""
+    from . import dynamic
+    return dynamic
+
+
 def prepare_gemv(b):
-    """The weight codes (N, K) in the GEMV's fragment order (dynamic.py prepare_gemv; 4-bit codes as int8 values)."""
-    from .dynamic import prepare_gemv as fragments
-    return fragments(b)
+    return _dynamic().prepare_gemv(b)
 
 
 def check_gemv(p):
-    from .dynamic import check_gemv as fits
-    return fits(p)
-
-
-def _fragments(b, prepared):
-    return prepared if prepared is not None else prepare_gemv(b)
+    return _dynamic().check_gemv(p)
 
 
 def int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
     """int_gemm for 1-8 rows: one launch of the fused GEMV on the codes of a (csrc/dynamic_gemv.cu mode 2)."""
-    from .dynamic import GEMV_RING, _pdl
+    dyn = _dynamic()
     n, k = b.shape
-    wf = _fragments(b, prepared)
-    return _build.direct().int_gemv(a, None, None, 8, wf, scale, bias, n, k, out_dtype, _pdl(wf), GEMV_RING)
+    wf = prepared if prepared is not None else dyn.prepare_gemv(b)
+    return _build.direct().int_gemv(a, None, None, 8, wf, scale, bias, n, k, out_dtype, dyn._pdl(wf), dyn.GEMV_RING)
 
 
 def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
@@ -103,16 +103,16 @@ def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=No
     as quantize_int does, so the pair runs as one launch with no codes buffer between them."""
     if prepared is None:
         return None
-    from .dynamic import GEMV_RING, _pdl
-    fn = _build.direct().int_gemv
+    dyn = _dynamic()
+    fn, ring = _build.direct().int_gemv, dyn.GEMV_RING
     m, k = a.shape
     n = b.shape[0]
-    state = [_pdl(prepared)]
+    state = [dyn._pdl(prepared)]
 
     def launch(x, act_scale, shift, bits, scale, bias):
         pdl = state[0]
         state[0] = True
-        return fn(x, act_scale, shift, bits, prepared, scale, bias, n, k, out_dtype, pdl, GEMV_RING)
+        return fn(x, act_scale, shift, bits, prepared, scale, bias, n, k, out_dtype, pdl, ring)
 
     def call(a, b, a_bits, b_bits, scale, bias, out_dtype):
         return launch(a, None, None, 8, scale, bias)

@@ -365,6 +365,21 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   return out;
 }
 
+// The input of the binary linear entry points: x contiguous (M, k) of a float dtype on the GPU, and the shift k
+// contiguous values in x's dtype on x's device, or none (returned as its data pointer, or null).
+static const void* shifted_input(const Tensor& x, const std::optional<Tensor>& shift, int64_t k, const char* who) {
+  check_cuda(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k && k > 0,
+              "bie_cuda.", who, ": x must be contiguous (M, k), got ", x.sizes(), " for k=", k);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "bie_cuda.", who, ": x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  if (!shift.has_value() || !shift->defined()) return nullptr;
+  TORCH_CHECK(shift->scalar_type() == x.scalar_type() && shift->is_contiguous() && shift->numel() == k &&
+                  shift->device() == x.device(),
+              "bie_cuda.", who, ": shift must be ", k, " contiguous values in x's dtype on x's device");
+  return shift->data_ptr();
+}
+
 // The binary linear layers' bound inference call (binary.py bind_binary_linear): in one call from Python what the
 // registered kernel does in several, with the same result bit for bit. The sign bits of x + shift (shift: k values
 // in x's dtype) packed into rows padded with zero bytes to a multiple of 16, then the GEMM: the mma.sync kernels on
@@ -373,19 +388,8 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
 Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
                            int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
                            std::optional<at::ScalarType> out_dtype, int64_t tile) {
-  check_cuda(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k && k > 0,
-              "bie_cuda.binary_linear_bound: x must be contiguous (M, k), got ", x.sizes(), " for k=", k);
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
-              "bie_cuda.binary_linear_bound: x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  const void* sp = shifted_input(x, shift, k, "binary_linear_bound");
   TORCH_CHECK(x.size(0) < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
-  const void* sp = nullptr;
-  if (shift.has_value() && shift->defined()) {
-    TORCH_CHECK(shift->scalar_type() == x.scalar_type() && shift->is_contiguous() && shift->numel() == k &&
-                    shift->device() == x.device(),
-                "bie_cuda.binary_linear_bound: shift must be ", k, " contiguous values in x's dtype on x's device");
-    sp = shift->data_ptr();
-  }
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t M = x.size(0), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
   auto a = at::empty({M, KBp}, x.options().dtype(at::kByte));
@@ -404,15 +408,11 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
 Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
                           int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
                           std::optional<at::ScalarType> out_dtype) {
-  check_cuda(x, "x");
+  const void* sp = shifted_input(x, shift, k, "binary_linear_gemv");
   check_cuda(w, "w");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k && k > 0 && k <= bie::kBinGemvMaxK,
-              "bie_cuda.binary_linear_gemv: x must be contiguous (M, k) with 0 < k <= ", bie::kBinGemvMaxK, ", got ",
-              x.sizes(), " for k=", k);
+  TORCH_CHECK(k <= bie::kBinGemvMaxK, "bie_cuda.binary_linear_gemv: k must be at most ", bie::kBinGemvMaxK, ", got ", k);
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= bie::kBinGemvMaxM, "bie_cuda.binary_linear_gemv: 1 to ",
               bie::kBinGemvMaxM, " rows, got ", x.size(0));
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
-              "bie_cuda.binary_linear_gemv: x must be float32, float16 or bfloat16, got ", x.scalar_type());
   const int64_t KB = (k + 7) / 8, KB16 = (KB + 15) / 16 * 16;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(0) == n && n >= 1 && w.size(1) >= KB16 &&
                   (n == 1 || w.stride(0) % 16 == 0) && (w.size(1) <= 1 || w.stride(1) == 1) &&
@@ -422,13 +422,6 @@ Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, c
   TORCH_CHECK(pw.scalar_type() == at::kInt && pw.is_contiguous() && pw.numel() == n && pw.device() == x.device() &&
                   w.device() == x.device(),
               "bie_cuda.binary_linear_gemv: pw must be n contiguous int32 popcounts on x's device");
-  const void* sp = nullptr;
-  if (shift.has_value() && shift->defined()) {
-    TORCH_CHECK(shift->scalar_type() == x.scalar_type() && shift->is_contiguous() && shift->numel() == k &&
-                    shift->device() == x.device(),
-                "bie_cuda.binary_linear_gemv: shift must be ", k, " contiguous values in x's dtype on x's device");
-    sp = shift->data_ptr();
-  }
   c10::cuda::CUDAGuard guard(x.device());
   const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_linear_gemv");
   const int64_t M = x.size(0);

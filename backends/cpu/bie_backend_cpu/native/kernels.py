@@ -82,7 +82,12 @@ def shift_runs(x_shape: tuple, shift: torch.Tensor):
     ``shift.reshape(-1)[(e // inner) % period]``, or None for a broadcast of another form. That is a shift whose
     dims other than 1 are one block of x's dims, of x's sizes there: a shift per feature (inner 1), per channel of
     an NCHW tensor (inner H * W), or one value."""
-    sh = tuple(shift.shape)
+    return _shift_runs(tuple(x_shape), tuple(shift.shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shift_runs(x_shape: tuple, sh: tuple):
+    """shift_runs by shapes alone, memoised: a layer's every call asks for the same two shapes."""
     if len(sh) > len(x_shape):
         if any(d != 1 for d in sh[:len(sh) - len(x_shape)]):
             return None
