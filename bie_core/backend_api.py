@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from .dispatch import _tensor_state
+from .graph_pool import outside_graph_pool
 from .kernels import Capability, Problem
 from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_arch, gencode, have_nvcc,
                            included_files, link_flags)
@@ -51,8 +52,8 @@ __all__ = [
     "FLOAT_DTYPES", "HALF_DTYPES", "PACKABLE_DTYPES", "WQ_BITS",
     # geometry of the formats
     "mbwq_segments",
-    # prepared layouts
-    "LayoutMemo", "tensor_state",
+    # prepared layouts; state kept past a call (out of CUDA-graph warm-up pools)
+    "LayoutMemo", "tensor_state", "outside_graph_pool",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
     "scale_runs", "conv_memory_format",
@@ -94,7 +95,8 @@ class LayoutMemo:
             with self._lock:
                 lay = self.layouts.get(key)
                 if lay is None:
-                    lay = self.layouts[key] = build()
+                    # kept for later calls: never in a CUDA graph's warm-up pool
+                    lay = self.layouts[key] = outside_graph_pool(build)
         return lay
 
     def __len__(self) -> int:

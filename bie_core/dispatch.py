@@ -37,6 +37,7 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 
 from .errors import BackendUnavailableError, BieFallbackWarning, NoKernelError, UnknownBackendError
+from .graph_pool import outside_graph_pool
 from .kernels import ANY_DEVICE, Kernel, Problem
 from .optable import get_op
 from .plugins.registry import LOADED, get_registry
@@ -488,7 +489,9 @@ class _PreparedCache:
         # is always for these very bytes, viewed the same way.
         if e is not None and e[0] == state:
             return e[1]
-        prepared = kernel.prepare(*weights, **(static or {}))
+        dev = next((w.device for w in weights if isinstance(w, torch.Tensor)), None)
+        # kept past this call: never in a CUDA graph's warm-up pool (graph_pool.py)
+        prepared = outside_graph_pool(lambda: kernel.prepare(*weights, **(static or {})), dev)
         tensors = tuple(_anchor(w) for w in weights if isinstance(w, torch.Tensor))
         refs = tuple(weakref.ref(w, self._make_cb(key)) for w in tensors)
         with self._lock:

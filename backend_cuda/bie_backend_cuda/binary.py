@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from bie_core.backend_api import outside_graph_pool
+
 from . import _build
 
 
@@ -296,7 +298,8 @@ class PreparedConv:
         key = (c, kh, kw)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = conv_weight(self.w, c, kh, kw)
+            # kept for later calls: never in a CUDA graph's warm-up pool
+            hit = self._cache[key] = outside_graph_pool(lambda: conv_weight(self.w, c, kh, kw), self.w.device)
         return hit
 
 

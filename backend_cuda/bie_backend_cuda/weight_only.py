@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from bie_core.backend_api import LayoutMemo
+from bie_core.backend_api import LayoutMemo, outside_graph_pool
 
 from . import _build
 
@@ -272,9 +272,20 @@ def _counters_for(device, need: int) -> torch.Tensor:
         with _counters_lock:
             t = _counters.get(key)
             if t is None or t.numel() < need:
-                t = torch.zeros(max(need, 4096), dtype=torch.int32, device=device)
+                # kept for every later launch: never in a CUDA graph's warm-up pool
+                t = outside_graph_pool(lambda: torch.zeros(max(need, 4096), dtype=torch.int32, device=device),
+                                       device)
                 _counters[key] = t
     return t
+
+
+def _stw_build(lay: Layout) -> torch.Tensor:
+    sd = torch.bfloat16 if lay.stats_bf16 else torch.float16
+    z16 = (lay.stats16 >> 16).to(torch.int16).view(sd).to(torch.float32)
+    magic = 1024.0 if sd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
+    zq = z16 + magic if lay.gptq else -z16
+    hi = zq.to(sd).view(torch.int16).to(torch.int32) << 16
+    return ((lay.stats16 & 0xFFFF) | hi).contiguous()
 
 
 def _stw(lay: Layout) -> torch.Tensor:
@@ -282,12 +293,7 @@ def _stw(lay: Layout) -> torch.Tensor:
     zq = zero + MAGIC (gptq: integer zeros, exact) or -zero (gba, exact); from the skinny layout's statistics."""
     t = lay.stats16_wgmma
     if t is None:
-        sd = torch.bfloat16 if lay.stats_bf16 else torch.float16
-        z16 = (lay.stats16 >> 16).to(torch.int16).view(sd).to(torch.float32)
-        magic = 1024.0 if sd is torch.float16 else (0.0 if lay.bits == 8 else 128.0)
-        zq = z16 + magic if lay.gptq else -z16
-        hi = zq.to(sd).view(torch.int16).to(torch.int32) << 16
-        t = lay.stats16_wgmma = ((lay.stats16 & 0xFFFF) | hi).contiguous()
+        t = lay.stats16_wgmma = outside_graph_pool(lambda: _stw_build(lay), lay.stats16.device)
     return t
 
 

@@ -33,7 +33,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES
+from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES, outside_graph_pool
 
 from ._build import Extension
 
@@ -240,7 +240,8 @@ class PreparedSigns:
         """(bits, -2 popc(w) per row, ld bits) for binary_gemm / binary_linear."""
         hit = self._cache.get(("gemm", k))
         if hit is None:
-            bits, term, ld, _ = _rows(self.w.unsqueeze(0), k, 0, -2)
+            # kept for later calls: never in a CUDA graph's warm-up pool
+            bits, term, ld, _ = outside_graph_pool(lambda: _rows(self.w.unsqueeze(0), k, 0, -2), self.w.device)
             hit = self._cache[("gemm", k)] = (bits, term, ld)
         return hit
 
@@ -249,7 +250,8 @@ class PreparedSigns:
         key = ("conv", cg, kh, kw, copies)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = _conv_weight(self.w, cg, kh, kw, copies)
+            hit = self._cache[key] = outside_graph_pool(lambda: _conv_weight(self.w, cg, kh, kw, copies),
+                                                         self.w.device)
         return hit
 
 

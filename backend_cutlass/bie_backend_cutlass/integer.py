@@ -535,7 +535,7 @@ def register(registry, priority: int) -> None:
     registry.register(
         "int_gemm", int_gemm, priority=priority, name="int_gemm_sm90", prepare=prepare_gemm, bind=bind_int_gemm,
         capability=Capability(devices=cuda, dtypes=FLOATS, attrs=bits, compute_capability=SM90,
-                              max_dims={"K": MAX_K}),
+                              max_dims={"K": MAX_K}, defer=handoff("cutlass:int_gemm_sm90")),
         description="CUTLASS 3 int8 wgmma (TMA, warp-specialized), fused scale/bias/dtype epilogue; "
                     "4-bit codes on int8 tensor cores; K padded to 16")
     registry.register(
