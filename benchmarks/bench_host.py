@@ -167,6 +167,25 @@ def eval_vs_packed(device, dtype, rounds: int, calls: int, k: int, n: int, m: in
     return compare(pairs, device, rounds, calls)
 
 
+def compiled_vs_eager(device, dtype, rounds: int, calls: int, k: int, m: int) -> dict:
+    """Each QAT layer in eval() (not packed) and its float twin under ``torch.compile`` (inductor) against the same
+    module called eagerly: the compiled call's cost over the eager one's, per layer (the graph holds one op per
+    layer that derives the weight's codes per version at call time: bie_core/layers/_eval_ops.py)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    c = max(4, k // 16)
+    xc = torch.randn(m, c, 14, 14, generator=g).to(device=device, dtype=dtype)
+    fk = {"device": device, "dtype": dtype}
+    made = {"nn.Linear": (nn.Linear(k, k, bias=True, **fk).eval(), x),
+            "QLinear W8A8": (_ready(QLinear(k, k, 8, 8, bias=True, **fk), x), x),
+            "BinaryLinear": (_ready(BinaryLinear(k, k, bias=True, **fk), x), x),
+            "nn.Conv2d": (nn.Conv2d(c, c, 3, padding=1, bias=True, **fk).eval(), xc),
+            "QConv2d W8A8": (_ready(QConv2d(c, c, 3, padding=1, bias=True, **fk), xc), xc),
+            "BinaryConv2d": (_ready(BinaryConv2d(c, c, 3, padding=1, bias=True, **fk), xc), xc)}
+    return compare({name: (torch.compile(layer), layer, xi) for name, (layer, xi) in made.items()},
+                   device, rounds, calls)
+
+
 def _machine(device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
@@ -204,6 +223,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-k", type=int, default=1024, help="size of the eval-without-pack comparison")
     p.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time torch.compile'd QAT layers (eval, not packed; size --eval-k) against eager calls")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     a = p.parse_args(argv)
     device = torch.device(a.device)
@@ -217,6 +238,8 @@ def main(argv=None):
     kernels = _kernels(cases)
     res = compare({k: v for k, v in cases.items()}, device, rounds, calls)
     ev = eval_vs_packed(device, dtype, max(3, rounds // 3), max(10, calls // 20), a.eval_k, a.eval_k, a.m)
+    comp = (compiled_vs_eager(device, dtype, max(3, rounds // 3), max(10, calls // 20), a.eval_k, a.m)
+            if a.compiled else {})
 
     suffix = "" if device.type == "cpu" else f"_{device.type}"
     out_dir = Path(a.out_dir)
@@ -227,7 +250,8 @@ def main(argv=None):
             "command": "python benchmarks/bench_host.py " + " ".join(argv if argv is not None else
                                                                      __import__("sys").argv[1:])}
     (out_dir / f"host_path{suffix}.json").write_text(json.dumps({"meta": meta, "layers": res, "kernels": kernels,
-                                                                 "eval_vs_packed": ev}, indent=1))
+                                                                 "eval_vs_packed": ev, "compiled_vs_eager": comp},
+                                                                indent=1))
     what = "issue time per call (µs; synchronize outside the timed loop)" if device.type == "cuda" else "µs per call"
     lines = [f"# Host time of an inference forward: bie layers against nn.Linear / nn.Conv2d ({device.type})", "",
              f"- date: {meta['date']}, commit {meta['commit']}",
@@ -250,6 +274,12 @@ def main(argv=None):
               "| layer | eval, not packed (µs) | packed (µs) | ratio |", "|---|---|---|---|"]
     for name, r in ev.items():
         lines.append(f"| {name} | {r['layer_us']:.1f} | {r['base_us']:.1f} | **{r['ratio']:.2f}x** |")
+    if comp:
+        lines += ["", f"`torch.compile` (inductor) against eager calls of the same module, eval() without `pack()` "
+                  f"(linear {a.eval_k}x{a.eval_k}, convs {max(4, a.eval_k // 16)} channels 3x3 14x14; M={a.m}):", "",
+                  "| module | compiled (µs) | eager (µs) | compiled / eager |", "|---|---|---|---|"]
+        for name, r in comp.items():
+            lines.append(f"| {name} | {r['layer_us']:.1f} | {r['base_us']:.1f} | **{r['ratio']:.2f}x** |")
     text = "\n".join(lines) + "\n"
     (out_dir / f"host_path{suffix}.md").write_text(text)
     print(text)

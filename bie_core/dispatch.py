@@ -32,7 +32,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -253,6 +253,16 @@ def _strict() -> bool:
     return os.environ.get("BIE_STRICT", "").strip() not in ("", "0", "false", "False")
 
 
+def _reference_hint(device_type: str) -> str:
+    """What to do when only the reference serves an op on an accelerator: install a backend for the device, or,
+    where backends for it are loaded, know that none of them implements the op."""
+    loaded = [rec.name for rec in _REG.records()
+              if rec.status == LOADED and rec.devices and device_type in rec.devices]
+    if loaded:
+        return f"no kernel for it in the loaded {device_type} backends: {', '.join(sorted(loaded))}"
+    return _INSTALL_HINTS.get(device_type, "install a bie backend for this device")
+
+
 def _backend_rejections(problem: Problem, only: Optional[Iterable[str]] = None) -> list:
     """Backends that would serve this device but are not loaded."""
     out = []
@@ -345,9 +355,8 @@ def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
     for b in backend_rej:
         fallback.append(f"{b.who} {b.reasons[0]}")
     if chosen.reference and problem.device_type not in ("cpu", "meta"):
-        hint = _INSTALL_HINTS.get(problem.device_type, "install a bie backend for this device")
         fallback.append(f"only the plain-PyTorch reference serves {problem.device_type} tensors "
-                        f"for this op ({hint})")
+                        f"for this op ({_reference_hint(problem.device_type)})")
     d = Decision(op.name, problem, chosen, "automatic", rej, also_ok, fallback)
     if fallback:
         if _strict():
@@ -479,9 +488,16 @@ class _PreparedCache:
 
     def get(self, kernel: Kernel, weights: tuple, static: dict | None = None):
         # keyed by the prepare function: the kernels of one backend that prepare alike share one layout memo
-        key = (kernel.prepare,) + tuple(_weight_key(w) for w in weights)
+        tag = (kernel.prepare,)
         if static:
-            key += tuple(sorted((k, _hashable(v)) for k, v in static.items()))
+            tag += tuple(sorted((k, _hashable(v)) for k, v in static.items()))
+        return self.derive(tag, weights, lambda: kernel.prepare(*weights, **(static or {})))
+
+    def derive(self, tag: tuple, weights: tuple, build: Callable[[], Any]):
+        """``build()``, kept per ``tag`` (hashable: what the value depends on besides the tensors) and per
+        version of the tensors ``weights``; used for kernels' prepared layouts and for values a layer derives
+        from its weights (codes, sign bits)."""
+        key = tag + tuple(_weight_key(w) for w in weights)
         state = tuple(_tensor_state(w) for w in weights)
         e = self._d.get(key)
         # The key holds the ids of the weights' storages with each weight's place in its storage; an entry is
@@ -491,7 +507,7 @@ class _PreparedCache:
             return e[1]
         dev = next((w.device for w in weights if isinstance(w, torch.Tensor)), None)
         # kept past this call: never in a CUDA graph's warm-up pool (graph_pool.py)
-        prepared = outside_graph_pool(lambda: kernel.prepare(*weights, **(static or {})), dev)
+        prepared = outside_graph_pool(build, dev)
         tensors = tuple(_anchor(w) for w in weights if isinstance(w, torch.Tensor))
         refs = tuple(weakref.ref(w, self._make_cb(key)) for w in tensors)
         with self._lock:

@@ -47,9 +47,11 @@ def test_e2e_llm_smoke(tmp_path):
 def test_host_bench_quick(tmp_path):
     threads = torch.get_num_threads()
     try:
-        _load("bench_host").main(["--quick", "--k", "32", "--n", "32", "--eval-k", "64", "--out-dir", str(tmp_path)])
+        _load("bench_host").main(["--quick", "--k", "32", "--n", "32", "--eval-k", "64", "--compiled",
+                                  "--out-dir", str(tmp_path)])
     finally:
         torch.set_num_threads(threads)
     data = json.loads((tmp_path / "host_path.json").read_text())
     assert "MPQLinear W4 g32" in data["layers"] and "QLinear W8A8 64x64" in data["eval_vs_packed"]
     assert all(r["ratio"] > 0 for r in data["layers"].values())
+    assert set(data["compiled_vs_eager"]) >= {"QLinear W8A8", "BinaryConv2d", "nn.Linear"}

@@ -221,3 +221,112 @@ def test_compiled_int4_layers_follow_loaded_weights():
         torch.testing.assert_close(compiled(x), a(x))
         a.load_state_dict(b.state_dict())
         torch.testing.assert_close(compiled(x), b(x))
+
+
+def _latent_model(x):
+    """QLinear and BinaryLinear in eval() on their latent weights (not packed)."""
+    torch.manual_seed(6)
+    model = nn.Sequential(QLinear(64, 48, 8, 8, bias=True), nn.ReLU(), QLinear(48, 40, 4, 4, per_channel=True),
+                          BinaryLinear(40, 32, bias=True), BinaryLinear(32, 16, per_channel=True))
+    model(x)
+    return model.eval()
+
+
+def _count_derivations(monkeypatch) -> dict:
+    """How many times the codes / sign bits of a latent weight are derived (built, not found)."""
+    from bie_core import dispatch
+    seen = {"latent_codes": 0, "latent_signs": 0}
+    derive = dispatch.prepared_cache.derive
+
+    def counting(tag, tensors, build):
+        def counted():
+            if tag[0] in seen:
+                seen[tag[0]] += 1
+            return build()
+        return derive(tag, tensors, counted)
+    monkeypatch.setattr(dispatch.prepared_cache, "derive", counting)
+    return seen
+
+
+def test_compiled_eval_derives_latent_codes_once(monkeypatch):
+    """Compiled without grad, an unpacked QAT layer quantizes (or sign-packs) its latent weight once per weight
+    version, as its eager forward does, not on every call: the graph holds one op per layer whose implementation
+    sees the weight's version at call time (bie_core/layers/_eval_ops.py). It follows in-place weight updates."""
+    x = torch.randn(3, 64)
+    model = _latent_model(x)
+    seen = _count_derivations(monkeypatch)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)
+        ref = model(x)
+        assert torch.equal(compiled(x), ref)
+        first = dict(seen)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                assert torch.equal(compiled(x), ref)
+        weight_calls = {k: seen[k] - first[k] for k in seen}
+        assert weight_calls == {"latent_codes": 0, "latent_signs": 0}, weight_calls
+        names = [e.name for e in prof.events()]
+        # the graph runs one op per layer, and no quantization or sign packing of a whole weight
+        assert names.count("bie_layers::int_linear_eval") == 6 and names.count("bie_layers::binary_linear_eval") == 6
+        assert not [n for n in names if n in ("bie::quantize_int", "bie::pack_signs")]
+        for m in (model[0], model[3]):
+            m.weight.mul_(-1.5)                                   # in place: a new version of the latent weight
+        model[2].weight_scale.mul_(2.0)
+        assert torch.equal(compiled(x), model(x)) and not torch.equal(model(x), ref)
+        assert seen["latent_codes"] > first["latent_codes"] and seen["latent_signs"] > first["latent_signs"]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_eval_layers_one_graph_exact(packed):
+    x = torch.randn(5, 64)
+    model = _latent_model(x)
+    if packed:
+        for m in model:
+            if hasattr(m, "pack"):
+                m.pack()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ex = torch._dynamo.explain(model)(x)
+        assert ex.graph_break_count == 0 and ex.graph_count == 1, ex.break_reasons
+        compiled = torch.compile(model, fullgraph=True)
+        for shape in [(5, 64), (1, 64), (2, 3, 64)]:
+            xi = torch.randn(shape)
+            assert torch.equal(compiled(xi), model(xi)), shape
+    with torch.inference_mode():
+        assert torch.equal(compiled(x), model(x))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_compiled_eval_convs_derive_latent_weights_once(channels_last, monkeypatch):
+    """The same for the conv layers: compiled without grad, an unpacked QConv2d / BinaryConv2d quantizes or
+    sign-packs its latent weight once per version; its output (values and memory format) is the eager one's."""
+    from bie_core import BinaryConv2d, QConv2d
+    torch.manual_seed(7)
+    model = nn.Sequential(QConv2d(8, 16, 3, padding=1, w_bits=8, a_bits=8), nn.ReLU(),
+                          QConv2d(16, 16, 3, padding=1, stride=2, w_bits=4, a_bits=4, per_channel=True),
+                          BinaryConv2d(16, 8, 3, padding=1, bias=True),
+                          BinaryConv2d(8, 8, 1, per_channel=True, pad_value=0.0))
+    x = torch.randn(2, 8, 9, 7)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    model(x)
+    model.eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)
+        ref = model(x)
+        y = compiled(x)
+        assert torch.equal(y, ref) and y.stride() == ref.stride()
+        seen = _count_derivations(monkeypatch)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                assert torch.equal(compiled(x), ref)
+        names = [e.name for e in prof.events()]
+        assert names.count("bie_layers::int_conv2d_eval") == 4 and names.count("bie_layers::binary_conv2d_eval") == 4
+        assert not [n for n in names if n.startswith("bie::")]     # the graph calls no registered op around them
+        assert seen == {"latent_codes": 0, "latent_signs": 0}, seen
+        model[0].weight.mul_(-1.0)
+        assert torch.equal(compiled(x), model(x)) and not torch.equal(model(x), ref)
+        assert torch.equal(compiled(x[0]), model(x[0]))            # unbatched (C, H, W)
+        assert seen["latent_codes"] == 1

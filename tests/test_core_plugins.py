@@ -207,3 +207,22 @@ def test_register_backend_in_code(fresh_bie):
         rec = fresh_bie.record("bad")
         assert rec.status == "broken"
         raise rec.exception
+
+
+def test_reference_fallback_hint_names_the_loaded_backends(fresh_bie):
+    """Where only the reference serves an op on an accelerator, the warning says to install a backend for that
+    device; where backends for it are loaded but none implements the op, it names them instead."""
+    from bie_core import dispatch
+    from bie_core.plugins import BackendDescriptor, hookimpl
+    assert "pip install" in dispatch._reference_hint("cuda")
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            pass
+    bie_core.register_backend(BackendDescriptor("gpu_partial", "1.0", ("cuda",), load=P))
+    fresh_bie.ensure_discovered()
+    if {r.name: r.status for r in bie_core.backends()}.get("gpu_partial") != "loaded":
+        pytest.skip("a CUDA-only backend does not load here")
+    hint = dispatch._reference_hint("cuda")
+    assert "gpu_partial" in hint and "pip install" not in hint

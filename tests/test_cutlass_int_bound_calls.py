@@ -254,14 +254,15 @@ def on_cpu(stand_in, fresh_bie):
 
 
 class _CpuRegistrar:
-    """Registers with the capabilities moved to CPU (no device-capability check there)."""
+    """Registers with the capabilities moved to CPU (no device-capability check there, and no hand-off to the GPU
+    kernels bie_core/preferences.py names: on the CPU they would pass calls to the CPU backend's kernels)."""
 
     def __init__(self, registry):
         self.registry = registry
 
     def register(self, op, fn, *, capability, **kw):
         import dataclasses
-        cap = dataclasses.replace(capability, devices=("cpu",), compute_capability=(None, None))
+        cap = dataclasses.replace(capability, devices=("cpu",), compute_capability=(None, None), defer=None)
         return self.registry.register(op, fn, capability=cap, **kw)
 
 

@@ -27,7 +27,20 @@ from ..ops.binary import packed_len
 from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
                     conv2d_geometry)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, _scale, binary_conv2d
+from ._eval_ops import binary_conv2d_eval, binary_linear_eval, latent_signs
 from ._lean import bind_one
+
+
+def weight_scale_of(w: torch.Tensor, per_channel: bool) -> torch.Tensor:
+    """sw: the mean absolute latent weight, per output channel or over the tensor (float32)."""
+    a = w.detach().abs().to(torch.float32)
+    return a.flatten(1).mean(1) if per_channel else a.mean()
+
+
+def signs_of(w: torch.Tensor, per_channel: bool, backend: str) -> tuple:
+    """(packed sign bits of the latent weight's rows, sw)."""
+    with torch.no_grad():
+        return ops.pack_signs(w.detach().flatten(1), backend=backend), weight_scale_of(w, per_channel)
 
 
 class _BinaryWeightMixin(TorchInit):
@@ -41,22 +54,19 @@ class _BinaryWeightMixin(TorchInit):
         return s + (", packed" if self.packed else "")
 
     def _sw(self, w: torch.Tensor) -> torch.Tensor:
-        a = w.detach().abs().to(torch.float32)
-        return a.flatten(1).mean(1) if self.per_channel else a.mean()
+        return weight_scale_of(w, self.per_channel)
 
     def _weight_operands(self):
         if self.weight is None:
             return None, self.weight_bits, self.weight_scale
         w = self.weight
         if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            # no gradient wanted: sign bits and sw derived once per version of the latent weight
-            bits, sw = self._derived("_eval_signs", (w,), lambda: self._signs_of(w))
+            # no gradient wanted: sign bits and sw derived once per version of the latent weight (the same tensors
+            # as a compiled forward's, _eval_ops.py)
+            bits, sw = self._derived("_eval_signs", (w,),
+                                     lambda: latent_signs(w, self.per_channel, self.backend or ""))
             return w, bits, sw
-        return (w,) + self._signs_of(w)
-
-    def _signs_of(self, w):
-        with torch.no_grad():
-            return ops.pack_signs(w.detach().flatten(1), backend=self.backend), self._sw(w)
+        return (w,) + signs_of(w, self.per_channel, self.backend or "")
 
     def _do_pack(self):
         with torch.no_grad():
@@ -202,6 +212,13 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
                        f"last dimension; expected {self.in_features}")
         if not self._act_scale_ready:
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
+        if not torch.is_grad_enabled() and torch.compiler.is_compiling():
+            # traced inference: one op that derives the signs per weight version at call time (_eval_ops.py)
+            # (the buffers read as attributes: what code being compiled gets is their plain alias, _tracked.py)
+            w = self._parameters.get("weight")
+            bits, sw = (None, None) if w is not None else (self.weight_bits, self.weight_scale)
+            return binary_linear_eval(x, w, bits, sw, self.act_shift, self.act_scale, self.bias, self.per_channel,
+                                      self.backend or "")
         w, bits, sw = self._weight_operands()
         x2d = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if torch.is_grad_enabled():
@@ -299,6 +316,14 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         x, unbatched = self._batched_conv2d_input(x)
         if not self._act_scale_ready:
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
+        if not torch.is_grad_enabled() and torch.compiler.is_compiling():
+            # traced inference: one op that derives the signs per weight version at call time (_eval_ops.py)
+            w = self._parameters.get("weight")
+            bits, sw = (None, None) if w is not None else (self.weight_bits, self.weight_scale)
+            y = binary_conv2d_eval(x, w, bits, sw, self.act_shift, self.act_scale, self.bias, list(self.kernel_size),
+                                   list(self.stride), list(self.padding), list(self.dilation), self.groups,
+                                   self.pad_value, self.per_channel, self.backend or "")
+            return y.squeeze(0) if unbatched else y
         w, bits, sw = self._weight_operands()
         geom = (self.kernel_size, self.stride, self.padding, self.dilation, self.groups, self.pad_value,
                 self._weight_shape)

@@ -29,7 +29,8 @@ from torch import nn
 from .. import dispatch, ops
 from ..errors import BieError
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
-from ._int_fn import QConv2dFn, QLinearFn, _col, _f32_scales, channels_last_only, q_conv2d, q_linear
+from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
+from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference, tensor_state
 from ._tracked import TrackedTensor
 
@@ -123,12 +124,8 @@ class _IntWeightMixin(TorchInit):
         """``quantize_int(W, sw)``, the codes the forward uses, kept per version of
         the latent weight and its scale (eval-mode caching)."""
         w, sw = self.weight, self.weight_scale
-
-        def build():
-            with torch.no_grad():
-                swf = sw.detach().to(torch.float32)
-                return ops.quantize_int(w.detach(), _col(swf, w.dim()), self.w_bits, backend=self.backend)
-        return self._derived("_eval_codes", (w, sw), build)
+        # (the same tensor as a compiled forward's, _eval_ops.py: one copy of the codes)
+        return self._derived("_eval_codes", (w, sw), lambda: latent_codes(w, sw, self.w_bits, self.backend or ""))
 
     def _packed_codes(self) -> torch.Tensor:
         q = self.qweight
@@ -271,6 +268,14 @@ class QLinear(_IntWeightMixin, QATLayer):
             self._fail(f"input of shape {tuple(x.shape)} has {x.shape[-1] if x.dim() else 'no'} features in its "
                        f"last dimension; expected {self.in_features}")
         self._act_init(x)
+        if not torch.is_grad_enabled() and torch.compiler.is_compiling():
+            # traced inference: one op that derives the codes per weight version at call time (_eval_ops.py)
+            w = self.weight
+            if w is not None and not self._weight_scale_ready:
+                self._init_weight_scale()
+            return int_linear_eval(x, w, None if w is not None else self._packed_codes(), self.weight_scale,
+                                   self.act_shift, self.act_scale, self.bias, self.a_bits, self.w_bits,
+                                   self.backend or "")
         w, qw, sw = self._weight_operands()
         lead = x.shape[:-1]
         args = (x.reshape(-1, self.in_features), w, qw, sw, self.act_shift, self.act_scale, self.bias,
@@ -305,29 +310,38 @@ class QLinear(_IntWeightMixin, QATLayer):
 
     def _bind(self, x2, fixed, backend: str) -> LeanCall:
         _, codes, sw = self._weight_operands()
-        saf, swf = _f32_scales(self.act_scale, sw)
-        ba, bias, a_bits, w_bits, dt = self.act_shift.detach(), fixed[4], self.a_bits, self.w_bits, x2.dtype
-        scale = saf * swf
-        # the GEMM first (its choice depends on the codes' shape alone): under automatic selection, a GEMM that can
-        # quantize x itself takes the quantization from its own backend, so that the pair can run as one launch
-        qa = torch.zeros(x2.shape, dtype=torch.int8, device=x2.device)
-        r2 = dispatch.resolve(ops.int_gemm, qa, codes, a_bits, w_bits, scale, bias, dt, backend=backend)
-        r1 = None
-        if r2.decision.source == "automatic" and hasattr(r2.fn, "fuse_quantized_input"):
-            try:
-                r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=r2.decision.kernel.backend)
-            except BieError:
-                r1 = None
-        if r1 is None:
-            r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=backend)
-        quant, gemm = r1.fn, r2.fn
-        # a backend whose bound GEMM can run its own bound quantization with it offers one call for both
-        fuse = getattr(gemm, "fuse_quantized_input", None)
-        call = fuse(quant, saf, a_bits, ba, scale, bias) if fuse is not None else None
-        if call is None:
-            def call(x):
-                return gemm(quant(x, saf, a_bits, ba, None), codes, a_bits, w_bits, scale, bias, dt)
-        return LeanCall(call, (r1.decision, r2.decision), x2, r2._pref, fixed)
+        return bind_int_linear(x2, codes, sw, self.act_shift, self.act_scale, fixed[4], self.a_bits, self.w_bits,
+                               fixed, backend)
+
+
+def bind_int_linear(x2, codes, sw, act_shift, act_scale, bias, a_bits: int, w_bits: int, fixed: tuple,
+                    backend: str) -> LeanCall:
+    """The bound call of a QLinear inference forward on 2-D ``x2`` with the weight ``codes``, kept while ``fixed``
+    (the tensors it read) are unchanged: the integer GEMM and the activation quantization, as one launch where the
+    GEMM's backend fuses them."""
+    saf, swf = _f32_scales(act_scale, sw)
+    ba, dt = act_shift.detach(), x2.dtype
+    scale = saf * swf
+    # the GEMM first (its choice depends on the codes' shape alone): under automatic selection, a GEMM that can
+    # quantize x itself takes the quantization from its own backend, so that the pair can run as one launch
+    qa = torch.zeros(x2.shape, dtype=torch.int8, device=x2.device)
+    r2 = dispatch.resolve(ops.int_gemm, qa, codes, a_bits, w_bits, scale, bias, dt, backend=backend)
+    r1 = None
+    if r2.decision.source == "automatic" and hasattr(r2.fn, "fuse_quantized_input"):
+        try:
+            r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=r2.decision.kernel.backend)
+        except BieError:
+            r1 = None
+    if r1 is None:
+        r1 = dispatch.resolve(ops.quantize_int, x2, saf, a_bits, ba, None, backend=backend)
+    quant, gemm = r1.fn, r2.fn
+    # a backend whose bound GEMM can run its own bound quantization with it offers one call for both
+    fuse = getattr(gemm, "fuse_quantized_input", None)
+    call = fuse(quant, saf, a_bits, ba, scale, bias) if fuse is not None else None
+    if call is None:
+        def call(x):
+            return gemm(quant(x, saf, a_bits, ba, None), codes, a_bits, w_bits, scale, bias, dt)
+    return LeanCall(call, (r1.decision, r2.decision), x2, r2._pref, fixed)
 
 
 class QConv2d(_IntWeightMixin, QATLayer):
@@ -367,6 +381,15 @@ class QConv2d(_IntWeightMixin, QATLayer):
                 return y
         x, unbatched = self._batched_conv2d_input(x)
         self._act_init(x)
+        if not torch.is_grad_enabled() and torch.compiler.is_compiling():
+            # traced inference: one op that derives the codes per weight version at call time (_eval_ops.py)
+            w = self.weight
+            if w is not None and not self._weight_scale_ready:
+                self._init_weight_scale()
+            y = int_conv2d_eval(x, w, None if w is not None else self._packed_codes(), self.weight_scale,
+                                self.act_shift, self.act_scale, self.bias, list(self.stride), list(self.padding),
+                                list(self.dilation), self.groups, self.a_bits, self.w_bits, self.backend or "")
+            return y.squeeze(0) if unbatched else y
         w, qw, sw = self._weight_operands()
         geom = (self.a_bits, self.w_bits, self.stride, self.padding, self.dilation, self.groups)
         args = (x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
