@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import dispatch, ops
+from ..graph_pool import outside_graph_pool
 from ._lean import LeanCall, bind_one
 
 # Defined through torch.library.Library, as the dispatcher's ops are: a CompositeExplicitAutograd kernel costs less per
@@ -43,7 +44,9 @@ def _bound(calls: dict, x2: torch.Tensor, backend: str, fixed: tuple, bind: Call
     sig = (x2.shape, x2.dtype, x2.device, backend)
     lc = calls.get(sig)
     if lc is None or not lc.holds(x2, backend, *fixed):
-        lc = calls[sig] = bind()
+        # the call keeps tensors made at bind (float32 scales, the shift in x's dtype): never in a CUDA graph's
+        # warm-up pool
+        lc = calls[sig] = outside_graph_pool(bind, x2.device)
     return lc
 
 
@@ -127,9 +130,8 @@ binary_linear_eval = torch.ops.bie_layers.binary_linear_eval.default
 
 
 # --------------------------------------------------------------------------------------------------------- convs
-# The convs' ops run the layers' own op sequence (q_conv2d, binary_conv2d: one quantization or shift pass and the
-# conv) on the weight codes or signs derived per version; their fake kernels run the same sequence on fake tensors,
-# so the traced output has the strides the real one has.
+# The convs' ops run the layers' bound calls, as the linear ones do; their fake kernels run the layers' op
+# sequence (q_conv2d, binary_conv2d) on fake tensors, so the traced output has the strides the real one has.
 _lib.define("int_conv2d_eval(Tensor x, Tensor? weight, Tensor? codes, Tensor weight_scale, Tensor act_shift, "
             "Tensor act_scale, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, int a_bits, "
             "int w_bits, str backend) -> Tensor")
@@ -138,51 +140,70 @@ _lib.define("binary_conv2d_eval(Tensor x, Tensor? weight, Tensor? weight_bits, T
             "int[] dilation, int groups, float pad_value, bool per_channel, str backend) -> Tensor")
 
 
-def _int_conv2d(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, padding, dilation, groups,
-                a_bits, w_bits, backend, derive: bool):
-    from ._int_fn import q_conv2d
-    if weight is not None and derive:
-        codes = _kept(("int_conv2d_eval", w_bits, backend), (weight, weight_scale),
-                      lambda: latent_codes(weight, weight_scale, w_bits, backend))[0]
-        weight = None
-    geom = (a_bits, w_bits, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return q_conv2d(x, weight, codes, weight_scale, act_shift, act_scale, bias, geom, backend)[0]
-
-
-def _int_conv2d_eval(*args):
-    return _int_conv2d(*args, derive=True)
+def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, padding, dilation, groups,
+                     a_bits, w_bits, backend):
+    from ._int_fn import channels_last_only
+    from .integer import bind_int_conv2d
+    x4 = x.unsqueeze(0) if x.dim() == 3 else x
+    if weight is not None:
+        codes, calls = _kept(("int_conv2d_eval", w_bits, backend), (weight, weight_scale),
+                             lambda: latent_codes(weight, weight_scale, w_bits, backend))
+    else:
+        calls = _kept(("int_conv2d_eval",), (codes,), lambda: None)[1]
+    fixed = (codes, weight_scale, act_shift, act_scale, bias)
+    geom = (list(stride), list(padding), list(dilation), groups)
+    lc = _bound(calls, x4, backend, fixed,
+                lambda: bind_int_conv2d(x4, codes, weight_scale, act_shift, act_scale, bias, geom, a_bits, w_bits,
+                                        fixed, backend))
+    y = lc.call(x4)
+    if not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x4):
+        y = y.contiguous(memory_format=torch.channels_last)   # the layer's contract (QConv2d._infer)
+    return y.squeeze(0) if x.dim() == 3 else y
 
 
 @torch.library.register_fake(f"{_LIB}::int_conv2d_eval", lib=_lib)
-def _(*args):
-    return _int_conv2d(*args, derive=False)
+def _(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, padding, dilation, groups, a_bits, w_bits,
+      backend):
+    from ._int_fn import q_conv2d
+    x4 = x.unsqueeze(0) if x.dim() == 3 else x
+    geom = (a_bits, w_bits, tuple(stride), tuple(padding), tuple(dilation), groups)
+    y = q_conv2d(x4, weight, codes, weight_scale, act_shift, act_scale, bias, geom, backend)[0]
+    return y.squeeze(0) if x.dim() == 3 else y
 
 
 _lib.impl("int_conv2d_eval", _int_conv2d_eval, "CompositeExplicitAutograd")
 int_conv2d_eval = torch.ops.bie_layers.int_conv2d_eval.default
 
 
-def _binary_conv2d(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_size, stride, padding,
-                   dilation, groups, pad_value, per_channel, backend, derive: bool):
-    from ._binary_fn import binary_conv2d
-    from .binary import signs_of
+def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_size, stride,
+                        padding, dilation, groups, pad_value, per_channel, backend):
+    from .binary import bind_binary_conv2d
+    x4 = x.unsqueeze(0) if x.dim() == 3 else x
     if weight is not None:
-        if derive:
-            weight_bits, weight_scale = _kept(("binary_conv2d_eval", per_channel, backend), (weight,),
-                                              lambda: latent_signs(weight, per_channel, backend))[0]
-        else:
-            weight_bits, weight_scale = signs_of(weight, per_channel, backend)
-    geom = (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation), groups, pad_value, None)
-    return binary_conv2d(x, weight_bits, weight_scale, act_shift, act_scale, bias, geom, backend)[0]
-
-
-def _binary_conv2d_eval(*args):
-    return _binary_conv2d(*args, derive=True)
+        (bits, sw), calls = _kept(("binary_conv2d_eval", per_channel, backend), (weight,),
+                                  lambda: latent_signs(weight, per_channel, backend))
+    else:
+        bits, sw = weight_bits, weight_scale
+        calls = _kept(("binary_conv2d_eval",), (weight_bits,), lambda: None)[1]
+    fixed = (act_shift, weight, act_scale, bias, weight_bits, weight_scale)
+    geom = (list(kernel_size), list(stride), list(padding), list(dilation), groups, pad_value)
+    lc = _bound(calls, x4, backend, fixed,
+                lambda: bind_binary_conv2d(x4, bits, sw, act_shift, act_scale, bias, geom, fixed, backend))
+    y = lc.call(x4)
+    return y.squeeze(0) if x.dim() == 3 else y
 
 
 @torch.library.register_fake(f"{_LIB}::binary_conv2d_eval", lib=_lib)
-def _(*args):
-    return _binary_conv2d(*args, derive=False)
+def _(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_size, stride, padding, dilation,
+      groups, pad_value, per_channel, backend):
+    from ._binary_fn import binary_conv2d
+    from .binary import signs_of
+    x4 = x.unsqueeze(0) if x.dim() == 3 else x
+    if weight is not None:
+        weight_bits, weight_scale = signs_of(weight, per_channel, backend)
+    geom = (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation), groups, pad_value, None)
+    y = binary_conv2d(x4, weight_bits, weight_scale, act_shift, act_scale, bias, geom, backend)[0]
+    return y.squeeze(0) if x.dim() == 3 else y
 
 
 _lib.impl("binary_conv2d_eval", _binary_conv2d_eval, "CompositeExplicitAutograd")

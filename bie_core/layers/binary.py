@@ -43,6 +43,16 @@ def signs_of(w: torch.Tensor, per_channel: bool, backend: str) -> tuple:
         return ops.pack_signs(w.detach().flatten(1), backend=backend), weight_scale_of(w, per_channel)
 
 
+def bind_binary_conv2d(x, bits, sw, act_shift, act_scale, bias, geom: tuple, fixed: tuple, backend: str):
+    """The bound call of a BinaryConv2d inference forward on 4-D ``x`` with the weight's sign ``bits`` and ``sw``
+    and ``geom`` = (kernel size, stride, padding, dilation, groups, pad value), kept while ``fixed`` are unchanged:
+    the shift in x's dtype and the epilogue scale fixed at bind."""
+    shift = act_shift.detach().to(x.dtype).view(1, -1, 1, 1)
+    scale = _scale(act_scale.detach(), sw)
+    args = (x + shift, bits, *geom, scale, bias, x.dtype)
+    return bind_one(ops.binary_conv2d, args, backend, fixed, before=lambda t: t + shift, x=x)
+
+
 class _BinaryWeightMixin(TorchInit):
     """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
 
@@ -305,11 +315,10 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         self._lean = None
         self._batched_conv2d_input(x)
         _, bits, sw = self._weight_operands()
-        shift = self.act_shift.detach().to(x.dtype).view(1, -1, 1, 1)
-        scale = _scale(self.act_scale.detach(), sw)
-        args = (x + shift, bits, list(self.kernel_size), list(self.stride), list(self.padding), list(self.dilation),
-                self.groups, self.pad_value, scale, self.bias, x.dtype)
-        lc = self._lean = bind_one(ops.binary_conv2d, args, backend, fixed, before=lambda t: t + shift, x=x)
+        geom = (list(self.kernel_size), list(self.stride), list(self.padding), list(self.dilation), self.groups,
+                self.pad_value)
+        lc = self._lean = bind_binary_conv2d(x, bits, sw, self.act_shift, self.act_scale, self.bias, geom, fixed,
+                                             backend)
         return lc
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -426,19 +426,28 @@ class QConv2d(_IntWeightMixin, QATLayer):
 
     def _bind(self, x, fixed, backend: str) -> LeanCall:
         _, codes, sw = self._weight_operands()
-        saf, swf = _f32_scales(self.act_scale, sw)
-        ba, bias, a_bits, w_bits, dt = self.act_shift.detach(), fixed[4], self.a_bits, self.w_bits, x.dtype
-        scale = saf * swf
         geom = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
-        shift4 = ba.to(dt).view(1, -1, 1, 1)
-        xs = x + shift4
-        r1 = dispatch.resolve(ops.quantize_int, xs, saf, a_bits, backend=backend)
-        qa = r1(xs, saf, a_bits, None, None)
-        r2 = dispatch.resolve(ops.int_conv2d, qa, codes, a_bits, w_bits, *geom, scale, bias, dt, backend=backend)
-        quant, conv = r1.fn, r2.fn
-        fuse = getattr(conv, "fuse_quantized_input", None)
-        call = fuse(quant, saf, a_bits, ba, scale, bias) if fuse is not None else None
-        if call is None:
-            def call(x):
-                return conv(quant(x + shift4, saf, a_bits, None, None), codes, a_bits, w_bits, *geom, scale, bias, dt)
-        return LeanCall(call, (r1.decision, r2.decision), x, r1._pref, fixed)
+        return bind_int_conv2d(x, codes, sw, self.act_shift, self.act_scale, fixed[4], geom, self.a_bits,
+                               self.w_bits, fixed, backend)
+
+
+def bind_int_conv2d(x, codes, sw, act_shift, act_scale, bias, geom: tuple, a_bits: int, w_bits: int, fixed: tuple,
+                    backend: str) -> LeanCall:
+    """The bound call of a QConv2d inference forward on 4-D ``x`` with the weight ``codes`` and ``geom`` = (stride,
+    padding, dilation, groups), kept while ``fixed`` are unchanged: the activation quantization and the integer
+    conv, as one call where the conv's backend fuses them."""
+    saf, swf = _f32_scales(act_scale, sw)
+    ba, dt = act_shift.detach(), x.dtype
+    scale = saf * swf
+    shift4 = ba.to(dt).view(1, -1, 1, 1)
+    xs = x + shift4
+    r1 = dispatch.resolve(ops.quantize_int, xs, saf, a_bits, backend=backend)
+    qa = r1(xs, saf, a_bits, None, None)
+    r2 = dispatch.resolve(ops.int_conv2d, qa, codes, a_bits, w_bits, *geom, scale, bias, dt, backend=backend)
+    quant, conv = r1.fn, r2.fn
+    fuse = getattr(conv, "fuse_quantized_input", None)
+    call = fuse(quant, saf, a_bits, ba, scale, bias) if fuse is not None else None
+    if call is None:
+        def call(x):
+            return conv(quant(x + shift4, saf, a_bits, None, None), codes, a_bits, w_bits, *geom, scale, bias, dt)
+    return LeanCall(call, (r1.decision, r2.decision), x, r1._pref, fixed)
