@@ -506,6 +506,12 @@ class _PreparedCache:
         if e is not None and e[0] == state:
             return e[1]
         dev = next((w.device for w in weights if isinstance(w, torch.Tensor)), None)
+        if _capturing(dev):
+            # A miss while a CUDA graph is being captured: these tensors were made by the graph (a training step's
+            # weight codes) or changed since they were prepared. Prepared inline and not kept, the preparation is
+            # captured with the graph, so every replay prepares what they hold then; kept, every replay would read
+            # the layout of the values they held at capture.
+            return build()
         # kept past this call: never in a CUDA graph's warm-up pool (graph_pool.py)
         prepared = outside_graph_pool(build, dev)
         tensors = tuple(_anchor(w) for w in weights if isinstance(w, torch.Tensor))
@@ -527,6 +533,10 @@ class _PreparedCache:
 
     def __len__(self):
         return len(self._d)
+
+
+def _capturing(dev) -> bool:
+    return dev is not None and dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _anchor(w: torch.Tensor):

@@ -330,3 +330,48 @@ def test_compiled_eval_convs_derive_latent_weights_once(channels_last, monkeypat
         assert torch.equal(compiled(x), model(x)) and not torch.equal(model(x), ref)
         assert torch.equal(compiled(x[0]), model(x[0]))            # unbatched (C, H, W)
         assert seen["latent_codes"] == 1
+
+
+@cuda
+def test_cuda_graph_training_step_follows_the_weights():
+    """A QAT training step (forward and backward) captured in a CUDA graph and replayed after optimizer steps
+    computes what the eager step computes on the updated weights. The weight codes of a training step are made
+    by the step itself: the layouts kernels prepare from them are prepared inside the graph (dispatch.py,
+    _PreparedCache.derive), not kept from the values the codes held at capture."""
+    import copy
+    from bie_core import QConv2d
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(8)
+    model = nn.Sequential(QConv2d(16, 32, 3, padding=1, w_bits=8, a_bits=8, bias=True), nn.ReLU(),
+                          QConv2d(32, 16, 3, padding=1, w_bits=4, a_bits=4), nn.Flatten(),
+                          QLinear(16 * 8 * 8, 24, 8, 8, bias=True)).to(dev, dt)
+    x = torch.randn(4, 16, 8, 8, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
+    model(x)                                                       # first-batch scales
+    twin = copy.deepcopy(model)
+    params, twin_params = list(model.parameters()), list(twin.parameters())
+
+    def step(m):
+        m(x).float().pow(2).mean().backward()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):                                         # warm-up: decisions, kernels' state
+            step(model)
+            model.zero_grad(set_to_none=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step(model)                                                # the grads: the graph's static outputs
+    grads = [p.grad for p in params]
+    for it in range(3):
+        g.replay()
+        twin.zero_grad(set_to_none=True)
+        step(twin)
+        torch.cuda.synchronize()
+        for p, q, gr in zip(params, twin_params, grads):
+            torch.testing.assert_close(gr, q.grad, rtol=1e-2, atol=1e-3, msg=f"step {it}")
+        with torch.no_grad():
+            for p, q in zip(params, twin_params):
+                p.sub_(0.05 * p.grad.sign() * p.abs().mean())     # moves many weights across code boundaries
+                q.copy_(p)

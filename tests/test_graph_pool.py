@@ -84,3 +84,24 @@ def test_every_handoff_row_is_consulted_by_its_kernel():
     src = _sources()
     dead = sorted({h.kernel for h in HANDOFFS if f'handoff("{h.kernel}")' not in src})
     assert not dead, f"handoff rows no kernel consults: {dead}"
+
+
+def test_a_miss_during_capture_is_prepared_inline_and_not_kept(monkeypatch):
+    """While a CUDA graph is captured, a tensor not prepared before (a training step's own weight codes) is
+    prepared inline every time (the preparation is captured), and not kept; tensors prepared before capture are
+    found as usual."""
+    from bie_core import dispatch
+    cache = dispatch._PreparedCache()
+    w, fresh = torch.randn(4, 4), torch.randn(4, 4)
+    builds = []
+
+    def build_of(t):
+        return lambda: builds.append(t) or t * 2
+    kept = cache.derive(("t",), (w,), build_of(w))                     # before capture: kept
+    monkeypatch.setattr(dispatch, "_capturing", lambda dev: True)
+    assert cache.derive(("t",), (w,), build_of(w)) is kept              # prepared before: found
+    a = cache.derive(("t",), (fresh,), build_of(fresh))
+    b = cache.derive(("t",), (fresh,), build_of(fresh))
+    assert a is not b and torch.equal(a, fresh * 2) and len(builds) == 3 and len(cache) == 1
+    monkeypatch.setattr(dispatch, "_capturing", lambda dev: False)
+    assert cache.derive(("t",), (fresh,), build_of(fresh)) is cache.derive(("t",), (fresh,), build_of(fresh))
