@@ -21,8 +21,11 @@ import torch
 
 from .. import dispatch, ops
 from ..graph_pool import outside_graph_pool
+from ._binary_fn import binary_conv2d
+from ._int_fn import _col, channels_last_only, q_conv2d
 from ._lean import LeanCall, bind_one
 
+# (integer.py and binary.py import this module: what it needs of them is imported where it is called)
 # Defined through torch.library.Library, as the dispatcher's ops are: a CompositeExplicitAutograd kernel costs less per
 # call than torch.library.custom_op's wrapper. The ops are called without grad only (the layers' training path is
 # their autograd Functions), so they have no autograd formula.
@@ -32,6 +35,12 @@ _lib.define("int_linear_eval(Tensor x, Tensor? weight, Tensor? codes, Tensor wei
             "Tensor act_scale, Tensor? bias, int a_bits, int w_bits, str backend) -> Tensor")
 _lib.define("binary_linear_eval(Tensor x, Tensor? weight, Tensor? weight_bits, Tensor? weight_scale, "
             "Tensor act_shift, Tensor act_scale, Tensor? bias, bool per_channel, str backend) -> Tensor")
+_lib.define("int_conv2d_eval(Tensor x, Tensor? weight, Tensor? codes, Tensor weight_scale, Tensor act_shift, "
+            "Tensor act_scale, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, int a_bits, "
+            "int w_bits, str backend) -> Tensor")
+_lib.define("binary_conv2d_eval(Tensor x, Tensor? weight, Tensor? weight_bits, Tensor? weight_scale, "
+            "Tensor act_shift, Tensor act_scale, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, "
+            "int[] dilation, int groups, float pad_value, bool per_channel, str backend) -> Tensor")
 
 
 def _kept(tag: tuple, tensors: tuple, build: Callable[[], object]) -> list:
@@ -53,7 +62,6 @@ def _bound(calls: dict, x2: torch.Tensor, backend: str, fixed: tuple, bind: Call
 # ----------------------------------------------------------------------------------------------- integer linear
 def latent_codes(weight: torch.Tensor, weight_scale: torch.Tensor, w_bits: int, backend: str) -> torch.Tensor:
     """``quantize_int(W, sw)``, the codes the forward uses, kept per version of the weight and its scale."""
-    from ._int_fn import _col
 
     def build():
         with torch.no_grad():
@@ -132,17 +140,10 @@ binary_linear_eval = torch.ops.bie_layers.binary_linear_eval.default
 # --------------------------------------------------------------------------------------------------------- convs
 # The convs' ops run the layers' bound calls, as the linear ones do; their fake kernels run the layers' op
 # sequence (q_conv2d, binary_conv2d) on fake tensors, so the traced output has the strides the real one has.
-_lib.define("int_conv2d_eval(Tensor x, Tensor? weight, Tensor? codes, Tensor weight_scale, Tensor act_shift, "
-            "Tensor act_scale, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, int a_bits, "
-            "int w_bits, str backend) -> Tensor")
-_lib.define("binary_conv2d_eval(Tensor x, Tensor? weight, Tensor? weight_bits, Tensor? weight_scale, "
-            "Tensor act_shift, Tensor act_scale, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, "
-            "int[] dilation, int groups, float pad_value, bool per_channel, str backend) -> Tensor")
 
 
 def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, padding, dilation, groups,
                      a_bits, w_bits, backend):
-    from ._int_fn import channels_last_only
     from .integer import bind_int_conv2d
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
     if weight is not None:
@@ -164,7 +165,6 @@ def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias,
 @torch.library.register_fake(f"{_LIB}::int_conv2d_eval", lib=_lib)
 def _(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, padding, dilation, groups, a_bits, w_bits,
       backend):
-    from ._int_fn import q_conv2d
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
     geom = (a_bits, w_bits, tuple(stride), tuple(padding), tuple(dilation), groups)
     y = q_conv2d(x4, weight, codes, weight_scale, act_shift, act_scale, bias, geom, backend)[0]
@@ -196,7 +196,6 @@ def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_sca
 @torch.library.register_fake(f"{_LIB}::binary_conv2d_eval", lib=_lib)
 def _(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_size, stride, padding, dilation,
       groups, pad_value, per_channel, backend):
-    from ._binary_fn import binary_conv2d
     from .binary import signs_of
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
     if weight is not None:
