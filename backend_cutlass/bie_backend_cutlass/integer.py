@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, conv_memory_format, scaled_epilogue, tensor_state
+from bie_core.backend_api import FLOAT_DTYPES, conv_memory_format, outside_graph_pool, scaled_epilogue, tensor_state
 
 from . import _build, tuning
 from ._build import Extension
@@ -376,8 +376,11 @@ class _Epilogue:
         key = self.key
         state = (tensor_state(scale), tensor_state(bias))
         if key is None or scale is not key[0] or bias is not key[1] or state != key[2]:
-            self.vecs = _vec(scale, self.groups, self.n, self.n_pad) + _vec(bias, self.groups, self.n, self.n_pad,
-                                                                            scalar_ok=False)
+            # kept for later calls: never in a CUDA graph's warm-up pool
+            self.vecs = outside_graph_pool(
+                lambda: _vec(scale, self.groups, self.n, self.n_pad) + _vec(bias, self.groups, self.n, self.n_pad,
+                                                                            scalar_ok=False),
+                scale.device if isinstance(scale, torch.Tensor) else None)
             self.key = (scale, bias, state)
         return self.vecs
 

@@ -44,7 +44,7 @@ from typing import Optional
 
 import torch
 
-from bie_core.backend_api import HALF_DTYPES, LayoutMemo, get_op
+from bie_core.backend_api import HALF_DTYPES, LayoutMemo, get_op, outside_graph_pool
 
 from . import _build, tuning
 from ._build import Extension
@@ -293,7 +293,7 @@ def bind_wq_gemm_sm90(x, qweight, scales, zeros, g_idx, bias, bits, group_size, 
         elif x.data_ptr() & 15 or not x.is_contiguous():   # a view into a larger tensor (fresh tensors are aligned)
             x = _usable(x)
         if versioned and bias._version != state[0]:
-            state[1] = bias.detach().to(torch.float32).contiguous()
+            state[1] = outside_graph_pool(lambda: bias.detach().to(torch.float32).contiguous(), bias.device)
             state[0] = bias._version
         return gemm(qa, x, scale, zero, state[1], *tail)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
