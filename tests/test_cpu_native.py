@@ -684,6 +684,50 @@ def test_quantize_int_adds_the_shift_as_the_op_does(nk, levels, xshape, shshape,
     assert fused == (shshape != (2, 1, 4)), "which shifts the kernel adds"
 
 
+# ---------------------------------------------------------------- lsq_backward
+@pytest.mark.parametrize("vd, pd", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                    (torch.float16, torch.float32), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (129, 40), (4096, 24), (2, 40000)])
+@pytest.mark.parametrize("mode", ["shift+factor", "plain", "rowwise"])
+def test_lsq_backward_matches_the_definition(nk, levels, vd, pd, shape, mode):
+    """grad_v and the codes bit for bit as the op's definition (the shift's sum rounded to v's dtype, ties of the
+    division, values outside the clip range, NaN and infinities), the sums to float32 rounding, at every ISA level
+    and over many tasks (4096 rows, 40000 columns)."""
+    g = gen("lsq", vd, pd, shape, mode)
+    r, c = shape
+    rowwise = mode == "rowwise"
+    sh = (torch.randn(c, generator=g) * 0.3).to(vd) if mode == "shift+factor" else None
+    factor = torch.tensor(0.75) if mode == "shift+factor" else None
+    s = torch.rand(r, generator=g) * 0.1 + 0.02 if rowwise else torch.tensor(0.05)
+    v = special_floats(shape, g, torch.float32) * 3
+    flat = v.view(-1)
+    ties = torch.tensor([0.025, 0.075, -0.125, 6.375, -6.4, 7.5, 1e6])        # x / 0.05 near and on .5
+    flat[: min(7, flat.numel())] = ties[: min(7, flat.numel())]
+    v = v.to(vd)
+    prod = torch.randn(shape, generator=g).to(pd)
+    for bits, cd in ((8, vd), (4, torch.float32), (8, None)):
+        want = ri.lsq_backward(v, s, prod, bits, sh, factor, rowwise, cd)
+        outs = at_levels(levels, lambda: nk.lsq_backward(v, s, prod, bits, sh, factor, rowwise, cd))
+        what = f"lsq {vd}/{pd} {shape} {mode} int{bits}"
+        assert_same({k: o[0] for k, o in outs.items()}, want[0], what + " grad_v")
+        if cd is not None:
+            assert_same({k: o[3] for k, o in outs.items()}, want[3], what + " codes")
+        for lvl, o in outs.items():
+            for i, name in ((1, "grad_scale"), (2, "grad_shift")):
+                assert o[i].shape == want[i].shape and o[i].dtype == want[i].dtype, (what, name)
+                torch.testing.assert_close(o[i], want[i], rtol=1e-4, atol=1e-5, equal_nan=True,
+                                           msg=f"{what} {name} [{lvl}]")
+
+
+def test_lsq_backward_takes_the_qat_layers_backward(nk):
+    """The QAT layers' training step on the CPU runs the native kernel (one pass), not the definition's passes."""
+    from bie_core import QLinear, explain
+    layer = QLinear(32, 16, 8, 8)
+    x = torch.randn(5, 32, requires_grad=True)
+    chosen = explain(layer, x, backward=True).chosen()
+    assert chosen["lsq_backward"] == "cpu:native.lsq_backward", chosen
+
+
 # -------------------------------------------------------------- dispatch & layers
 def test_dispatch_picks_native_and_falls_back_honestly(nk):
     from bie_core import explain, ops

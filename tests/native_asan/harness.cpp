@@ -24,7 +24,8 @@ extern "C" {
   int bie_##ns##_bconv(const void*, int64_t, int64_t);         \
   int bie_##ns##_igemm(const void*, int64_t, int64_t);         \
   int bie_##ns##_iconv(const void*, int64_t, int64_t);         \
-  int bie_##ns##_semb(const void*, int64_t, int64_t);
+  int bie_##ns##_semb(const void*, int64_t, int64_t);          \
+  int bie_##ns##_lsq(const void*, int64_t, int64_t);
 DECL(portable)
 DECL(avx2)
 int bie_avx512_pack(const void*, int64_t, int64_t);
@@ -33,6 +34,7 @@ int bie_avx512_quant(const void*, int64_t, int64_t);
 int bie_avx512_igemm(const void*, int64_t, int64_t);
 int bie_avx512_iconv(const void*, int64_t, int64_t);
 int bie_avx512_semb(const void*, int64_t, int64_t);
+int bie_avx512_lsq(const void*, int64_t, int64_t);
 int bie_avx512icl_bgemm(const void*, int64_t, int64_t);
 int bie_avx512icl_bconv(const void*, int64_t, int64_t);
 int bie_avx512icl_igemm(const void*, int64_t, int64_t);
@@ -342,6 +344,45 @@ void test_quant(const Isa& isa) {
   }
 }
 
+// ---------------------------------------------------------------- lsq_backward
+void test_lsq(const char* name, int (*lsq)(const void*, int64_t, int64_t)) {
+  for (int it = 0; it < 60; ++it) {
+    const int64_t R = ri(1, 300), C = ri(1, 300), rpt = ri(1, R);
+    const int64_t tasks = (R + rpt - 1) / rpt;
+    const bool rowwise = ri(0, 1) == 1, shifted = ri(0, 1) == 1, with_codes = ri(0, 1) == 1;
+    float* v = alloc<float>((size_t)(R * C));
+    float* prod = alloc<float>((size_t)(R * C));
+    for (int64_t i = 0; i < R * C; ++i) { v[i] = rf() * 40.f; prod[i] = rf(); }
+    float* scale = alloc<float>((size_t)(rowwise ? R : 1));
+    for (int64_t i = 0; i < (rowwise ? R : 1); ++i) scale[i] = 0.05f + (float)ri(1, 100) / 50.f;
+    float* sh = shifted ? alloc<float>((size_t)C) : nullptr;
+    for (int64_t i = 0; shifted && i < C; ++i) sh[i] = rf() * 3.f;
+    float* gv = alloc<float>((size_t)(R * C));
+    float* codes = with_codes ? alloc<float>((size_t)(R * C)) : nullptr;
+    double* ps = alloc<double>((size_t)(rowwise ? R : tasks));
+    double* psh = shifted ? alloc<double>((size_t)(tasks * C)) : nullptr;
+    bie_lsq_args a{v, BIE_F32, prod, BIE_F32, scale, sh, 0.5, 1, R, C, -8, 7, rowwise ? 1 : 0, rpt, gv, codes,
+                   BIE_F32, ps, psh};
+    CHECK(lsq(&a, 0, tasks) == 0, "%s lsq rc", name);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const float s = rowwise ? scale[r] : scale[0];
+        const float x = shifted ? v[r * C + c] + sh[c] : v[r * C + c];
+        const float q = x / s, g = prod[r * C + c] * 0.5f;
+        const bool inside = q >= -8.f && q <= 7.f;
+        float code = std::nearbyint(q);
+        if (std::isnan(code)) code = 0.f;
+        code = code < -8.f ? -8.f : code > 7.f ? 7.f : code;
+        const float want = inside ? g : 0.f;   // (prod holds NaN too)
+        CHECK(gv[r * C + c] == want || (std::isnan(gv[r * C + c]) && std::isnan(want)), "%s lsq grad_v at %ld,%ld",
+              name, (long)r, (long)c);
+        CHECK(!codes || codes[r * C + c] == code, "%s lsq code at %ld,%ld", name, (long)r, (long)c);
+      }
+    std::free(v); std::free(prod); std::free(scale); std::free(sh); std::free(gv); std::free(codes);
+    std::free(ps); std::free(psh);
+  }
+}
+
 // ---------------------------------------------------------------- int conv
 void test_iconv(const Isa& isa) {
   const bool vnni = isa.int_layout == BIE_INT_VNNI16;
@@ -514,6 +555,10 @@ int main() {
     test_dquant(isa);
     std::printf("%s: done\n", isa.name);
   }
+  test_lsq("portable", bie_portable_lsq);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_lsq("avx2", bie_avx2_lsq);
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) test_lsq("avx512", bie_avx512_lsq);
+  std::printf("lsq: done\n");
   if (failures) {
     std::printf("%d failures\n", failures);
     return 1;

@@ -34,7 +34,7 @@ SOURCES = ("binding.cpp", "isa_portable.cpp", "isa_avx2.cpp", "isa_avx512.cpp", 
 #: module; kernels from the library above)
 FUSED_NAME = "bie_cpu_fused"
 FUSED_SOURCES = ("fused.cpp", "fused_plans.cpp")
-ABI_VERSION = 6  # BIE_NATIVE_ABI in bie_native.h
+ABI_VERSION = 7  # BIE_NATIVE_ABI in bie_native.h
 
 #: -ffp-contract=off: the epilogue must round float32(acc) * scale and + bias
 #: separately, exactly as the reference does (no fused multiply-add).
@@ -108,7 +108,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.bie_cpu_features.restype = c_uint
     lib.bie_cpu_features.argtypes = []
     for fn in ("bie_pack", "bie_quant", "bie_bgemm", "bie_igemm", "bie_ibmm", "bie_bbmm", "bie_iconv", "bie_semb",
-               "bie_wq_gemm", "bie_wq_dequant", "bie_dquant"):
+               "bie_wq_gemm", "bie_wq_dequant", "bie_dquant", "bie_lsq"):
         getattr(lib, fn).restype = c_int
         getattr(lib, fn).argtypes = [vp]
     lib.bie_bconv.restype = c_int

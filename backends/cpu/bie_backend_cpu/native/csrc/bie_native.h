@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_NATIVE_ABI 6
+#define BIE_NATIVE_ABI 7
 
 enum bie_dtype { BIE_F32 = 0, BIE_F16 = 1, BIE_BF16 = 2, BIE_I8 = 3, BIE_I32 = 4 };
 
@@ -116,6 +116,29 @@ typedef struct {
   int64_t sh_inner, sh_period;
 } bie_quant_args;
 
+// lsq_backward of a contiguous (R, C) tensor v with the gradient prod (same shape), task t = rows
+// [t * rows_per_task, (t + 1) * rows_per_task): with v' = v + shift (per column, in v's dtype) or v,
+// q = float32(v') / s (s: scale[0], or scale[r] when rowwise), inside = lo <= q <= hi,
+// Q = clamp(round_half_even(q), lo, hi) (NaN -> 0) and g = float32(prod) [* factor]:
+// grad_v = inside ? g : 0 in v's dtype; codes = Q in codes_dtype (when codes is not null);
+// part_scale[r] (rowwise) or part_scale[t] = sum of g * (Q - (inside ? q : 0)) over the row / the task,
+// in double; part_shift[t * C + c] (when not null) = sum over the task's rows of grad_v as stored.
+typedef struct {
+  const void* v;
+  int64_t v_dtype;
+  const void* prod;
+  int64_t prod_dtype;
+  const float* scale;
+  const void* shift;       // C values of v's dtype, or null
+  double factor;           // float32 value carried as double
+  int64_t has_factor, R, C, lo, hi, rowwise, rows_per_task;
+  void* grad_v;            // (R, C) of v's dtype
+  void* codes;             // (R, C) of codes_dtype, or null
+  int64_t codes_dtype;     // a float dtype
+  double* part_scale;      // R values (rowwise) or one per task
+  double* part_shift;      // (tasks, C), or null
+} bie_lsq_args;
+
 // batched int GEMM (int_bmm): item b uses a + b*sa, the weight layout at
 // bl + b*sbl bytes, colsum + b*scol, out + b*M*N; g describes item 0.
 typedef struct {
@@ -204,7 +227,8 @@ typedef int (*bie_range_fn)(const void* args, int64_t t0, int64_t t1);
   extern "C" int bie_##ns##_bconv(const void*, int64_t, int64_t);                  \
   extern "C" int bie_##ns##_igemm(const void*, int64_t, int64_t);                  \
   extern "C" int bie_##ns##_iconv(const void*, int64_t, int64_t);                  \
-  extern "C" int bie_##ns##_semb(const void*, int64_t, int64_t);
+  extern "C" int bie_##ns##_semb(const void*, int64_t, int64_t);                   \
+  extern "C" int bie_##ns##_lsq(const void*, int64_t, int64_t);
 
 // a variant's driver drv_<op> (internal linkage) exported as bie_<variant>_<op>
 #define BIE_EXPORT(ns, op) \

@@ -19,6 +19,7 @@ extern "C" {
 int bie_portable_pack(const void*, int64_t, int64_t);
 int bie_portable_bconv_pack(const void*, int64_t, int64_t);
 int bie_portable_quant(const void*, int64_t, int64_t);
+int bie_portable_lsq(const void*, int64_t, int64_t);
 int bie_portable_bgemm(const void*, int64_t, int64_t);
 int bie_portable_bconv(const void*, int64_t, int64_t);
 int bie_portable_igemm(const void*, int64_t, int64_t);
@@ -28,6 +29,7 @@ int bie_portable_semb(const void*, int64_t, int64_t);
 int bie_avx2_pack(const void*, int64_t, int64_t);
 int bie_avx2_bconv_pack(const void*, int64_t, int64_t);
 int bie_avx2_quant(const void*, int64_t, int64_t);
+int bie_avx2_lsq(const void*, int64_t, int64_t);
 int bie_avx2_bgemm(const void*, int64_t, int64_t);
 int bie_avx2_bconv(const void*, int64_t, int64_t);
 int bie_avx2_igemm(const void*, int64_t, int64_t);
@@ -37,6 +39,7 @@ int bie_avx2_semb(const void*, int64_t, int64_t);
 int bie_avx512_pack(const void*, int64_t, int64_t);
 int bie_avx512_bconv_pack(const void*, int64_t, int64_t);
 int bie_avx512_quant(const void*, int64_t, int64_t);
+int bie_avx512_lsq(const void*, int64_t, int64_t);
 int bie_avx512_igemm(const void*, int64_t, int64_t);
 int bie_avx512_dquant(const void*, int64_t, int64_t);
 int bie_avx512_iconv(const void*, int64_t, int64_t);
@@ -225,6 +228,14 @@ bie_range_fn pick_quant(int l) {
   (void)l;
   return bie_portable_quant;
 }
+bie_range_fn pick_lsq(int l) {
+#if BIE_X86
+  if (l >= L_AVX512) return bie_avx512_lsq;
+  if (l >= L_AVX2) return bie_avx2_lsq;
+#endif
+  (void)l;
+  return bie_portable_lsq;
+}
 bie_range_fn pick_bgemm(int l) {
 #if BIE_X86
   if (l >= L_AVX512ICL) return bie_avx512icl_bgemm;
@@ -366,6 +377,13 @@ int bie_pack(const bie_pack_args* a) {
 
 int bie_quant(const bie_quant_args* a) {
   return run(pick_quant(g_level.load()), a, cdiv(a->n, 8192), 128);   // 128 x 8192 elements per chunk
+}
+
+int bie_lsq(const bie_lsq_args* a) {
+  if (a->R < 0 || a->C < 1 || a->rows_per_task < 1 || !a->v || !a->prod || !a->scale || !a->grad_v ||
+      !a->part_scale || a->lo > a->hi)
+    return BIE_EBADARG;
+  return run(pick_lsq(g_level.load()), a, cdiv(a->R, a->rows_per_task), 1);
 }
 
 // Extent checks repeated here (Python validated them already): arguments

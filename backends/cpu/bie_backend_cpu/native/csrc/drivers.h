@@ -814,3 +814,82 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
   return BIE_OK;
 }
 #endif  // BIE_WITH_ICONV
+
+// ------------------------------------------------------------------ lsq_backward
+#if BIE_WITH_PACK   // (the variants with the element-wise quantization drivers)
+// Element-wise exactly as the op's definition (bie_core/ops/integer.py, lsq_backward_math): v + shift rounded to v's
+// dtype, float32 division, round half to even; the sums in double (the definition sums in float32; the op's
+// comparison allows the difference in rounding).
+template <int VT, int PT>
+static int lsq_tasks(const bie_lsq_args* p, int64_t t0, int64_t t1) {
+  const int64_t C = p->C, rpt = p->rows_per_task;
+  const float lo = (float)p->lo, hi = (float)p->hi, f = (float)p->factor;
+  const int ves = bie_esize(VT), pes = bie_esize(PT), ces = bie_esize((int)p->codes_dtype);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t r0 = t * rpt, r1 = bie_min(p->R, r0 + rpt);
+    double* psh = p->part_shift ? p->part_shift + t * C : nullptr;
+    if (psh)
+      for (int64_t c = 0; c < C; ++c) psh[c] = 0.0;
+    double task_sum = 0.0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float s = p->rowwise ? p->scale[r] : p->scale[0];
+      const char* v = (const char*)p->v + r * C * ves;
+      const char* g_row = (const char*)p->prod + r * C * pes;
+      unsigned char* gv = (unsigned char*)p->grad_v + r * C * ves;
+      unsigned char* cd = p->codes ? (unsigned char*)p->codes + r * C * ces : nullptr;
+      double row_sum = 0.0;
+      for (int64_t c = 0; c < C; ++c) {
+        float x = bie_load_f32<VT>(v, c);
+        if (p->shift) {   // the sum rounded to v's dtype, as the definition adds in it
+          unsigned char sum[4];
+          bie_store_dt<VT>(sum, 0, x + bie_load_f32<VT>(p->shift, c));
+          x = bie_load_f32<VT>(sum, 0);
+        }
+        const float q = x / s;
+        const bool inside = q >= lo && q <= hi;
+        float code = __builtin_nearbyintf(q);
+        if (code != code) code = 0.0f;
+        code = code < lo ? lo : (code > hi ? hi : code);
+        float g = bie_load_f32<PT>(g_row, c);
+        if (p->has_factor) g = g * f;
+        bie_store_dt<VT>(gv, c, inside ? g : 0.0f);
+        row_sum += (double)(g * (code - (inside ? q : 0.0f)));
+        if (psh) psh[c] += (double)bie_load_f32<VT>(gv, c);
+        if (cd) {
+          switch (p->codes_dtype) {
+            case BIE_F32: bie_store_dt<BIE_F32>(cd, c, code); break;
+            case BIE_F16: bie_store_dt<BIE_F16>(cd, c, code); break;
+            default: bie_store_dt<BIE_BF16>(cd, c, code); break;
+          }
+        }
+      }
+      if (p->rowwise) p->part_scale[r] = row_sum;
+      else task_sum += row_sum;
+    }
+    if (!p->rowwise) p->part_scale[t] = task_sum;
+  }
+  return BIE_OK;
+}
+
+template <int VT>
+static int lsq_for_prod(const bie_lsq_args* p, int64_t t0, int64_t t1) {
+  switch (p->prod_dtype) {
+    case BIE_F32: return lsq_tasks<VT, BIE_F32>(p, t0, t1);
+    case BIE_F16: return lsq_tasks<VT, BIE_F16>(p, t0, t1);
+    case BIE_BF16: return lsq_tasks<VT, BIE_BF16>(p, t0, t1);
+  }
+  return BIE_EBADARG;
+}
+
+static int drv_lsq(const void* args, int64_t t0, int64_t t1) {
+  const bie_lsq_args* p = (const bie_lsq_args*)args;
+  if (p->codes && p->codes_dtype != BIE_F32 && p->codes_dtype != BIE_F16 && p->codes_dtype != BIE_BF16)
+    return BIE_EBADARG;
+  switch (p->v_dtype) {
+    case BIE_F32: return lsq_for_prod<BIE_F32>(p, t0, t1);
+    case BIE_F16: return lsq_for_prod<BIE_F16>(p, t0, t1);
+    case BIE_BF16: return lsq_for_prod<BIE_BF16>(p, t0, t1);
+  }
+  return BIE_EBADARG;
+}
+#endif  // BIE_WITH_PACK (lsq_backward)

@@ -172,6 +172,7 @@ typedef int16_t iscalar_t;
 BIE_EXPORT(avx2, pack)
 BIE_EXPORT(avx2, bconv_pack)
 BIE_EXPORT(avx2, quant)
+BIE_EXPORT(avx2, lsq)
 BIE_EXPORT(avx2, bgemm)
 BIE_EXPORT(avx2, bconv)
 BIE_EXPORT(avx2, igemm)

@@ -40,6 +40,7 @@ typedef int16_t iscalar_t;
 BIE_EXPORT(avx512, pack)
 BIE_EXPORT(avx512, bconv_pack)
 BIE_EXPORT(avx512, quant)
+BIE_EXPORT(avx512, lsq)
 BIE_EXPORT(avx512, igemm)
 BIE_EXPORT(avx512, dquant)
 BIE_EXPORT(avx512, iconv)

@@ -123,6 +123,7 @@ static int drv_igemm(const void* args, int64_t t0, int64_t t1) {
 BIE_EXPORT(portable, pack)
 BIE_EXPORT(portable, bconv_pack)
 BIE_EXPORT(portable, quant)
+BIE_EXPORT(portable, lsq)
 BIE_EXPORT(portable, bgemm)
 BIE_EXPORT(portable, bconv)
 BIE_EXPORT(portable, igemm)
