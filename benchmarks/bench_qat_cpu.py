@@ -58,7 +58,8 @@ def fwd_bwd(layer, *inputs):
 
 
 def kernels_of(layer, *inputs) -> str:
-    ex = bie_core.explain(layer, *inputs)
+    """The kernels of the timed step: forward and backward."""
+    ex = bie_core.explain(layer, *inputs, backward=True)
     names = []
     for _, d in ex.entries:
         k = d.kernel.qualname.split(":", 1)
