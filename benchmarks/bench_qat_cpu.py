@@ -57,9 +57,9 @@ def fwd_bwd(layer, *inputs):
     return step
 
 
-def kernels_of(layer, *inputs) -> str:
-    """The kernels of the timed step: forward and backward."""
-    ex = bie_core.explain(layer, *inputs, backward=True)
+def kernels_of(layer, *inputs, backward: bool = True) -> str:
+    """The kernels of the timed call: forward and backward, or the forward alone."""
+    ex = bie_core.explain(layer, *inputs, backward=backward)
     names = []
     for _, d in ex.entries:
         k = d.kernel.qualname.split(":", 1)
@@ -160,7 +160,7 @@ def tiny_inference():
                 lambda: bl(x), 0.5)
             out["  op pack_signs, zero-work kernel (dispatch floor)"] = median_us(
                 lambda: bie_core.ops.pack_signs(xs), 0.5)
-    return out, kernels_of(bl, x)
+    return out, kernels_of(bl, x, backward=False)
 
 
 def _fused_module():
