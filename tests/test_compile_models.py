@@ -375,3 +375,32 @@ def test_cuda_graph_training_step_follows_the_weights():
             for p, q in zip(params, twin_params):
                 p.sub_(0.05 * p.grad.sign() * p.abs().mean())     # moves many weights across code boundaries
                 q.copy_(p)
+
+
+@cuda
+@pytest.mark.parametrize("packed", [False, True])
+def test_cuda_reduce_overhead_qat_eval_layers(packed):
+    """QAT layers in eval(), latent or packed, under mode="reduce-overhead": the layer ops' derived codes and bound
+    calls are built during the graph tree's warm-up outside its pool (no "not tracked as outputs" error), and the
+    replays give the eager results."""
+    from bie_core import BinaryConv2d, QConv2d
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(9)
+    convs = nn.Sequential(QConv2d(16, 32, 3, padding=1, w_bits=8, a_bits=8, bias=True), nn.ReLU(),
+                          BinaryConv2d(32, 16, 3, padding=1), nn.Flatten()).to(dev, dt)
+    lins = nn.Sequential(QLinear(16 * 8 * 8, 64, 4, 4, bias=True), BinaryLinear(64, 32, bias=True),
+                         QLinear(32, 16, 8, 8)).to(dev, dt)
+    model = nn.Sequential(convs, lins)
+    x = torch.randn(2, 16, 8, 8, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
+    model(x)
+    model.eval()
+    if packed:
+        for m in model.modules():
+            if hasattr(m, "pack") and m is not model:
+                m.pack()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.inference_mode():
+        for _ in range(4):
+            xi = torch.randn_like(x)
+            assert torch.equal(compiled(xi).clone(), model(xi))
