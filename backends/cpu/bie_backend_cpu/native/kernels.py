@@ -81,7 +81,7 @@ class LsqArgs(ctypes.Structure):
     _fields_ = [("v", VP), ("v_dtype", I64), ("prod", VP), ("prod_dtype", I64), ("scale", VP), ("shift", VP),
                 ("factor", F64), ("has_factor", I64), ("R", I64), ("C", I64), ("lo", I64), ("hi", I64),
                 ("rowwise", I64), ("rows_per_task", I64), ("grad_v", VP), ("codes", VP), ("codes_dtype", I64),
-                ("part_scale", VP), ("part_shift", VP)]
+                ("part_scale", VP), ("part_shift", VP), ("denom", F64), ("grad_scale", VP), ("grad_shift", VP)]
 
 
 def shift_runs(x_shape: tuple, shift: torch.Tensor):
@@ -727,44 +727,39 @@ LSQ_MAX_TASKS = 512
 
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """One pass over v and prod (csrc/drivers.h, ``lsq_tasks``): grad_v and the codes element-wise exactly as the
-    op's definition; the scale and shift sums per task in double, then summed in a fixed order."""
-    _cpu("lsq_backward", v, scale, prod)
-    if shift is not None:
-        _cpu("lsq_backward", shift)
-    if factor is not None:
-        _cpu("lsq_backward", factor)
+    op's definition; the scale and shift sums per task in double, then added in task order (csrc/binding.cpp)."""
+    _cpu("lsq_backward", v, scale, prod, shift, factor)
     _require(v.dim() == 2 and prod.shape == v.shape and v.dtype in FLOAT_DTYPES and prod.dtype in FLOAT_DTYPES
              and bits in (4, 8) and (codes_dtype is None or codes_dtype in FLOAT_DTYPES), "lsq_backward",
              "v and prod (R, C) floating, bits 4 or 8, codes_dtype a float dtype or None")
     r, c = v.shape
-    n_scale = r if rowwise else 1
-    _require(scale.numel() == n_scale, "lsq_backward", f"scale must hold {n_scale} value(s)")
+    _require(scale.numel() == (r if rowwise else 1), "lsq_backward", "scale: one value, or one per row (rowwise)")
     _require(shift is None or shift.numel() == c, "lsq_backward", f"shift must hold {c} values")
     hi = (1 << (bits - 1)) - 1
     grad_v = torch.empty((r, c), dtype=v.dtype)
     codes = torch.empty((r, c), dtype=codes_dtype) if codes_dtype is not None else torch.empty((0,), dtype=torch.int8)
+    grad_scale = torch.empty((r,) if rowwise else (), dtype=torch.float32)
+    grad_shift = torch.empty((c,) if shift is not None else (0,), dtype=torch.float32)
     if r == 0 or c == 0:
-        grad_scale = torch.zeros((r,) if rowwise else (), dtype=torch.float32)
-        grad_shift = torch.zeros((c,) if shift is not None else (0,), dtype=torch.float32)
-        return grad_v, grad_scale, grad_shift, codes
-    vc, pc = v.detach().contiguous(), prod.detach().contiguous()
-    s = scale.detach().to(torch.float32).reshape(-1).contiguous()
-    sh = None if shift is None else shift.detach().to(v.dtype).reshape(-1).contiguous()
-    f = 1.0 if factor is None else float(factor.detach().to(torch.float32).reshape(()).item())
+        return grad_v, grad_scale.zero_(), grad_shift.zero_(), codes
+    vc = v if v.is_contiguous() else v.contiguous()
+    pc = prod if prod.is_contiguous() else prod.contiguous()
+    s = scale if scale.dtype is torch.float32 and scale.is_contiguous() else scale.to(torch.float32).contiguous()
+    sh = None if shift is None else (shift if shift.dtype is v.dtype and shift.is_contiguous()
+                                     else shift.to(v.dtype).contiguous())
+    f = 1.0 if factor is None else float(factor.reshape(()).item())    # (a float32 value: exact as a double)
     rpt = max(1, LSQ_TASK_ELEMENTS // c, -(-r // LSQ_MAX_TASKS))
     tasks = -(-r // rpt)
-    part_scale = torch.empty((r if rowwise else tasks,), dtype=torch.float64)
-    part_shift = torch.empty((tasks, c), dtype=torch.float64) if sh is not None else None
+    # the tasks' partial sums: the scale's (R when rowwise), then the shift's (tasks x C)
+    parts = torch.empty(((r if rowwise else tasks) + (tasks * c if sh is not None else 0),), dtype=torch.float64)
+    base = parts.data_ptr()
     args = LsqArgs(vc.data_ptr(), DTYPE_CODE[vc.dtype], pc.data_ptr(), DTYPE_CODE[pc.dtype], s.data_ptr(),
                    None if sh is None else sh.data_ptr(), f, int(factor is not None), r, c, -hi - 1, hi,
                    int(bool(rowwise)), rpt, grad_v.data_ptr(), codes.data_ptr() if codes_dtype is not None else None,
-                   DTYPE_CODE[codes_dtype] if codes_dtype is not None else 0, part_scale.data_ptr(),
-                   None if part_shift is None else part_shift.data_ptr())
+                   DTYPE_CODE[codes_dtype] if codes_dtype is not None else 0, base,
+                   None if sh is None else base + 8 * (r if rowwise else tasks),
+                   math.sqrt(max(c if rowwise else r * c, 1) * hi), grad_scale.data_ptr(), grad_shift.data_ptr())
     _check(_lib.bie_lsq(ctypes.byref(args)), "lsq_backward")
-    denom = math.sqrt(max(c if rowwise else r * c, 1) * hi)
-    grad_scale = ((part_scale if rowwise else part_scale.sum()) / denom).to(torch.float32)
-    grad_shift = (part_shift.sum(0).to(torch.float32) if part_shift is not None
-                  else torch.empty((0,), dtype=torch.float32))
     return grad_v, grad_scale, grad_shift, codes
 
 

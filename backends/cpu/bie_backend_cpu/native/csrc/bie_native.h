@@ -123,6 +123,8 @@ typedef struct {
 // grad_v = inside ? g : 0 in v's dtype; codes = Q in codes_dtype (when codes is not null);
 // part_scale[r] (rowwise) or part_scale[t] = sum of g * (Q - (inside ? q : 0)) over the row / the task,
 // in double; part_shift[t * C + c] (when not null) = sum over the task's rows of grad_v as stored.
+// Then, in task order: grad_scale = (its sums) / denom as float32 (R values, or one), and grad_shift[c] (when
+// part_shift is not null) = the column's sum as float32.
 typedef struct {
   const void* v;
   int64_t v_dtype;
@@ -137,6 +139,9 @@ typedef struct {
   int64_t codes_dtype;     // a float dtype
   double* part_scale;      // R values (rowwise) or one per task
   double* part_shift;      // (tasks, C), or null
+  double denom;
+  float* grad_scale;       // R values (rowwise) or one
+  float* grad_shift;       // C values (when part_shift is not null)
 } bie_lsq_args;
 
 // batched int GEMM (int_bmm): item b uses a + b*sa, the weight layout at

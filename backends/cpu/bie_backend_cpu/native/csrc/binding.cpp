@@ -383,7 +383,26 @@ int bie_lsq(const bie_lsq_args* a) {
   if (a->R < 0 || a->C < 1 || a->rows_per_task < 1 || !a->v || !a->prod || !a->scale || !a->grad_v ||
       !a->part_scale || a->lo > a->hi)
     return BIE_EBADARG;
-  return run(pick_lsq(g_level.load()), a, cdiv(a->R, a->rows_per_task), 1);
+  const int64_t tasks = cdiv(a->R, a->rows_per_task);
+  if (!a->grad_scale || (a->part_shift && !a->grad_shift) || !(a->denom > 0.0)) return BIE_EBADARG;
+  const int rc = run(pick_lsq(g_level.load()), a, tasks, 1);
+  if (rc != BIE_OK) return rc;
+  // the tasks' sums added in task order (one result whatever the thread count)
+  if (a->rowwise) {
+    for (int64_t r = 0; r < a->R; ++r) a->grad_scale[r] = (float)(a->part_scale[r] / a->denom);
+  } else {
+    double sum = 0.0;
+    for (int64_t t = 0; t < tasks; ++t) sum += a->part_scale[t];
+    a->grad_scale[0] = (float)(sum / a->denom);
+  }
+  if (a->part_shift) {
+    for (int64_t c = 0; c < a->C; ++c) {
+      double sum = 0.0;
+      for (int64_t t = 0; t < tasks; ++t) sum += a->part_shift[t * a->C + c];
+      a->grad_shift[c] = (float)sum;
+    }
+  }
+  return BIE_OK;
 }
 
 // Extent checks repeated here (Python validated them already): arguments
