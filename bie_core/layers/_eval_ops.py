@@ -49,6 +49,22 @@ def _kept(tag: tuple, tensors: tuple, build: Callable[[], object]) -> list:
     return dispatch.prepared_cache.derive(tag, tensors, lambda: [build(), {}])
 
 
+def _codes_and_calls(op: str, weight, codes, weight_scale, w_bits: int, backend: str) -> tuple:
+    """(codes, bound calls) of an integer layer: the latent weight's codes derived per version, or its packed ones."""
+    if weight is not None:
+        return _kept((op, w_bits, backend), (weight, weight_scale),
+                     lambda: latent_codes(weight, weight_scale, w_bits, backend))
+    return codes, _kept((op,), (codes,), lambda: None)[1]
+
+
+def _signs_and_calls(op: str, weight, weight_bits, weight_scale, per_channel: bool, backend: str) -> tuple:
+    """((sign bits, sw), bound calls) of a binary layer: the latent weight's derived per version, or its packed
+    ones."""
+    if weight is not None:
+        return _kept((op, per_channel, backend), (weight,), lambda: latent_signs(weight, per_channel, backend))
+    return (weight_bits, weight_scale), _kept((op,), (weight_bits,), lambda: None)[1]
+
+
 def _bound(calls: dict, x2: torch.Tensor, backend: str, fixed: tuple, bind: Callable[[], LeanCall]) -> LeanCall:
     sig = (x2.shape, x2.dtype, x2.device, backend)
     lc = calls.get(sig)
@@ -77,11 +93,7 @@ def _int_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], codes: Opt
     from .integer import bind_int_linear
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    if weight is not None:
-        codes, calls = _kept(("int_linear_eval", w_bits, backend), (weight, weight_scale),
-                             lambda: latent_codes(weight, weight_scale, w_bits, backend))
-    else:
-        calls = _kept(("int_linear_eval",), (codes,), lambda: None)[1]
+    codes, calls = _codes_and_calls("int_linear_eval", weight, codes, weight_scale, w_bits, backend)
     fixed = (codes, weight_scale, act_shift, act_scale, bias)
     lc = _bound(calls, x2, backend, fixed,
                 lambda: bind_int_linear(x2, codes, weight_scale, act_shift, act_scale, bias, a_bits, w_bits, fixed,
@@ -114,14 +126,10 @@ def _binary_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], weight_
     packed ``weight_bits`` and ``weight_scale``."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    if weight is not None:
-        (bits, sw), calls = _kept(("binary_linear_eval", per_channel, backend), (weight,),
-                                  lambda: latent_signs(weight, per_channel, backend))
-        fixed = (act_shift, weight, act_scale, None, bias)
-    else:
-        bits, sw = weight_bits, weight_scale
-        calls = _kept(("binary_linear_eval",), (weight_bits,), lambda: None)[1]
-        fixed = (act_shift, weight_bits, act_scale, weight_scale, bias)
+    (bits, sw), calls = _signs_and_calls("binary_linear_eval", weight, weight_bits, weight_scale, per_channel,
+                                         backend)
+    fixed = ((act_shift, weight, act_scale, None, bias) if weight is not None
+             else (act_shift, weight_bits, act_scale, weight_scale, bias))
     args = (x2, act_shift, bits, k, act_scale, sw, bias, x2.dtype)
     lc = _bound(calls, x2, backend, fixed, lambda: bind_one(ops.binary_linear, args, backend, fixed))
     return lc.call(x2).reshape(x.shape[:-1] + (bits.shape[0],))
@@ -146,11 +154,7 @@ def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias,
                      a_bits, w_bits, backend):
     from .integer import bind_int_conv2d
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
-    if weight is not None:
-        codes, calls = _kept(("int_conv2d_eval", w_bits, backend), (weight, weight_scale),
-                             lambda: latent_codes(weight, weight_scale, w_bits, backend))
-    else:
-        calls = _kept(("int_conv2d_eval",), (codes,), lambda: None)[1]
+    codes, calls = _codes_and_calls("int_conv2d_eval", weight, codes, weight_scale, w_bits, backend)
     fixed = (codes, weight_scale, act_shift, act_scale, bias)
     geom = (list(stride), list(padding), list(dilation), groups)
     lc = _bound(calls, x4, backend, fixed,
@@ -179,12 +183,8 @@ def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_sca
                         padding, dilation, groups, pad_value, per_channel, backend):
     from .binary import bind_binary_conv2d
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
-    if weight is not None:
-        (bits, sw), calls = _kept(("binary_conv2d_eval", per_channel, backend), (weight,),
-                                  lambda: latent_signs(weight, per_channel, backend))
-    else:
-        bits, sw = weight_bits, weight_scale
-        calls = _kept(("binary_conv2d_eval",), (weight_bits,), lambda: None)[1]
+    (bits, sw), calls = _signs_and_calls("binary_conv2d_eval", weight, weight_bits, weight_scale, per_channel,
+                                         backend)
     fixed = (act_shift, weight, act_scale, bias, weight_bits, weight_scale)
     geom = (list(kernel_size), list(stride), list(padding), list(dilation), groups, pad_value)
     lc = _bound(calls, x4, backend, fixed,

@@ -31,16 +31,13 @@ from ._eval_ops import binary_conv2d_eval, binary_linear_eval, latent_signs
 from ._lean import bind_one
 
 
-def weight_scale_of(w: torch.Tensor, per_channel: bool) -> torch.Tensor:
-    """sw: the mean absolute latent weight, per output channel or over the tensor (float32)."""
-    a = w.detach().abs().to(torch.float32)
-    return a.flatten(1).mean(1) if per_channel else a.mean()
-
-
 def signs_of(w: torch.Tensor, per_channel: bool, backend: str) -> tuple:
-    """(packed sign bits of the latent weight's rows, sw)."""
+    """(packed sign bits of the latent weight's rows, sw: the mean absolute weight per output channel or over the
+    tensor, float32)."""
     with torch.no_grad():
-        return ops.pack_signs(w.detach().flatten(1), backend=backend), weight_scale_of(w, per_channel)
+        a = w.detach().abs().to(torch.float32)
+        return (ops.pack_signs(w.detach().flatten(1), backend=backend),
+                a.flatten(1).mean(1) if per_channel else a.mean())
 
 
 def bind_binary_conv2d(x, bits, sw, act_shift, act_scale, bias, geom: tuple, fixed: tuple, backend: str):
@@ -63,9 +60,6 @@ class _BinaryWeightMixin(TorchInit):
             s += f", backend={self.backend!r}"
         return s + (", packed" if self.packed else "")
 
-    def _sw(self, w: torch.Tensor) -> torch.Tensor:
-        return weight_scale_of(w, self.per_channel)
-
     def _weight_operands(self):
         if self.weight is None:
             return None, self.weight_bits, self.weight_scale
@@ -78,10 +72,15 @@ class _BinaryWeightMixin(TorchInit):
             return w, bits, sw
         return (w,) + signs_of(w, self.per_channel, self.backend or "")
 
+    def _eval_op_weights(self) -> tuple:
+        """(latent weight, None, None) or (None, sign bits, sw) of a packed layer: the weight arguments of the
+        compiled inference op (the buffers read as attributes: what code being compiled gets is their plain alias,
+        _tracked.py)."""
+        w = self._parameters.get("weight")
+        return (w, None, None) if w is not None else (None, self.weight_bits, self.weight_scale)
+
     def _do_pack(self):
-        with torch.no_grad():
-            bits = ops.pack_signs(self.weight.detach().flatten(1), backend=self.backend)
-            sw = self._sw(self.weight)
+        bits, sw = signs_of(self.weight, self.per_channel, self.backend or "")
         self._drop_weight()
         self.register_buffer("weight_bits", bits)
         self.register_buffer("weight_scale", sw)
@@ -224,10 +223,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
         if not torch.is_grad_enabled() and torch.compiler.is_compiling():
             # traced inference: one op that derives the signs per weight version at call time (_eval_ops.py)
-            # (the buffers read as attributes: what code being compiled gets is their plain alias, _tracked.py)
-            w = self._parameters.get("weight")
-            bits, sw = (None, None) if w is not None else (self.weight_bits, self.weight_scale)
-            return binary_linear_eval(x, w, bits, sw, self.act_shift, self.act_scale, self.bias, self.per_channel,
+            return binary_linear_eval(x, *self._eval_op_weights(), self.act_shift, self.act_scale, self.bias, self.per_channel,
                                       self.backend or "")
         w, bits, sw = self._weight_operands()
         x2d = x if x.dim() == 2 else x.reshape(-1, self.in_features)
@@ -327,9 +323,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
         if not torch.is_grad_enabled() and torch.compiler.is_compiling():
             # traced inference: one op that derives the signs per weight version at call time (_eval_ops.py)
-            w = self._parameters.get("weight")
-            bits, sw = (None, None) if w is not None else (self.weight_bits, self.weight_scale)
-            y = binary_conv2d_eval(x, w, bits, sw, self.act_shift, self.act_scale, self.bias, list(self.kernel_size),
+            y = binary_conv2d_eval(x, *self._eval_op_weights(), self.act_shift, self.act_scale, self.bias, list(self.kernel_size),
                                    list(self.stride), list(self.padding), list(self.dilation), self.groups,
                                    self.pad_value, self.per_channel, self.backend or "")
             return y.squeeze(0) if unbatched else y

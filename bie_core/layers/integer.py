@@ -127,6 +127,16 @@ class _IntWeightMixin(TorchInit):
         # (the same tensor as a compiled forward's, _eval_ops.py: one copy of the codes)
         return self._derived("_eval_codes", (w, sw), lambda: latent_codes(w, sw, self.w_bits, self.backend or ""))
 
+    def _eval_op_weights(self) -> tuple:
+        """(latent weight, None) or (None, codes) of a packed layer: the weight arguments of the compiled inference
+        op (its scale initialised first, as the forward would)."""
+        w = self.weight
+        if w is None:
+            return None, self._packed_codes()
+        if not self._weight_scale_ready:
+            self._init_weight_scale()
+        return w, None
+
     def _packed_codes(self) -> torch.Tensor:
         q = self.qweight
         if self.w_bits == 8 and tuple(q.shape) == tuple(self._weight_shape):
@@ -270,10 +280,7 @@ class QLinear(_IntWeightMixin, QATLayer):
         self._act_init(x)
         if not torch.is_grad_enabled() and torch.compiler.is_compiling():
             # traced inference: one op that derives the codes per weight version at call time (_eval_ops.py)
-            w = self.weight
-            if w is not None and not self._weight_scale_ready:
-                self._init_weight_scale()
-            return int_linear_eval(x, w, None if w is not None else self._packed_codes(), self.weight_scale,
+            return int_linear_eval(x, *self._eval_op_weights(), self.weight_scale,
                                    self.act_shift, self.act_scale, self.bias, self.a_bits, self.w_bits,
                                    self.backend or "")
         w, qw, sw = self._weight_operands()
@@ -383,10 +390,7 @@ class QConv2d(_IntWeightMixin, QATLayer):
         self._act_init(x)
         if not torch.is_grad_enabled() and torch.compiler.is_compiling():
             # traced inference: one op that derives the codes per weight version at call time (_eval_ops.py)
-            w = self.weight
-            if w is not None and not self._weight_scale_ready:
-                self._init_weight_scale()
-            y = int_conv2d_eval(x, w, None if w is not None else self._packed_codes(), self.weight_scale,
+            y = int_conv2d_eval(x, *self._eval_op_weights(), self.weight_scale,
                                 self.act_shift, self.act_scale, self.bias, list(self.stride), list(self.padding),
                                 list(self.dilation), self.groups, self.a_bits, self.w_bits, self.backend or "")
             return y.squeeze(0) if unbatched else y
