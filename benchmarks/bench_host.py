@@ -167,21 +167,37 @@ def eval_vs_packed(device, dtype, rounds: int, calls: int, k: int, n: int, m: in
     return compare(pairs, device, rounds, calls)
 
 
+#: the float module each compiled case is compared with (speed-up over float, eager and compiled)
+COMPILED_TWIN = {"QLinear W8A8": "nn.Linear", "BinaryLinear": "nn.Linear", "MPQLinear W4 g32": "nn.Linear",
+                 "QConv2d W8A8": "nn.Conv2d", "BinaryConv2d": "nn.Conv2d"}
+#: layers of the compiled model cases (each followed by a ReLU)
+DEPTH = 8
+
+
 def compiled_vs_eager(device, dtype, rounds: int, calls: int, k: int, m: int) -> dict:
-    """Each QAT layer in eval() (not packed) and its float twin under ``torch.compile`` (inductor) against the same
-    module called eagerly: the compiled call's cost over the eager one's, per layer (the graph holds one op per
-    layer that derives the weight's codes per version at call time: bie_core/layers/_eval_ops.py)."""
+    """Each QAT layer in eval() (not packed), ``MPQLinear`` and their float twins under ``torch.compile`` (inductor)
+    against the same module called eagerly: the compiled call's cost over the eager one's, per layer (the graph
+    holds one op per layer that derives the weight's codes per version at call time: bie_core/layers/_eval_ops.py);
+    then models of ``DEPTH`` such layers, where torch.compile's own cost per call is shared by the layers."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
     c = max(4, k // 16)
     xc = torch.randn(m, c, 14, 14, generator=g).to(device=device, dtype=dtype)
     fk = {"device": device, "dtype": dtype}
-    made = {"nn.Linear": (nn.Linear(k, k, bias=True, **fk).eval(), x),
-            "QLinear W8A8": (_ready(QLinear(k, k, 8, 8, bias=True, **fk), x), x),
-            "BinaryLinear": (_ready(BinaryLinear(k, k, bias=True, **fk), x), x),
-            "nn.Conv2d": (nn.Conv2d(c, c, 3, padding=1, bias=True, **fk).eval(), xc),
-            "QConv2d W8A8": (_ready(QConv2d(c, c, 3, padding=1, bias=True, **fk), xc), xc),
-            "BinaryConv2d": (_ready(BinaryConv2d(c, c, 3, padding=1, bias=True, **fk), xc), xc)}
+    linears = {"nn.Linear": lambda: nn.Linear(k, k, bias=True, **fk),
+               "QLinear W8A8": lambda: QLinear(k, k, 8, 8, bias=True, **fk),
+               "BinaryLinear": lambda: BinaryLinear(k, k, bias=True, **fk),
+               "MPQLinear W4 g32": lambda: MPQLinear.from_float(nn.Linear(k, k, bias=True, **fk), bits=4,
+                                                                group_size=32, dtype=dtype)}
+    made = {name: (_ready(make(), x), x) for name, make in linears.items()}
+    made.update({"nn.Conv2d": (nn.Conv2d(c, c, 3, padding=1, bias=True, **fk).eval(), xc),
+                 "QConv2d W8A8": (_ready(QConv2d(c, c, 3, padding=1, bias=True, **fk), xc), xc),
+                 "BinaryConv2d": (_ready(BinaryConv2d(c, c, 3, padding=1, bias=True, **fk), xc), xc)})
+    for name, make in linears.items():
+        model = nn.Sequential(*[mod for _ in range(DEPTH) for mod in (make(), nn.ReLU())])
+        made[f"{name} x{DEPTH}"] = (_ready(model, x), x)
+        if name in COMPILED_TWIN:
+            COMPILED_TWIN[f"{name} x{DEPTH}"] = f"nn.Linear x{DEPTH}"
     return compare({name: (torch.compile(layer), layer, xi) for name, (layer, xi) in made.items()},
                    device, rounds, calls)
 
@@ -224,7 +240,8 @@ def main(argv=None):
     p.add_argument("--eval-k", type=int, default=1024, help="size of the eval-without-pack comparison")
     p.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
     p.add_argument("--compiled", action="store_true",
-                   help="also time torch.compile'd QAT layers (eval, not packed; size --eval-k) against eager calls")
+                   help="also time torch.compile'd QAT layers (eval, not packed), MPQLinear and models of them "
+                        "(size --eval-k) against eager calls")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     a = p.parse_args(argv)
     device = torch.device(a.device)
@@ -276,10 +293,16 @@ def main(argv=None):
         lines.append(f"| {name} | {r['layer_us']:.1f} | {r['base_us']:.1f} | **{r['ratio']:.2f}x** |")
     if comp:
         lines += ["", f"`torch.compile` (inductor) against eager calls of the same module, eval() without `pack()` "
-                  f"(linear {a.eval_k}x{a.eval_k}, convs {max(4, a.eval_k // 16)} channels 3x3 14x14; M={a.m}):", "",
-                  "| module | compiled (µs) | eager (µs) | compiled / eager |", "|---|---|---|---|"]
+                  f"(linear {a.eval_k}x{a.eval_k}, convs {max(4, a.eval_k // 16)} channels 3x3 14x14, models of "
+                  f"{DEPTH} linear layers each followed by a ReLU; M={a.m}). Time over the float twin's "
+                  "(`nn.Linear`, `nn.Conv2d` or the float model), eager and compiled:", "",
+                  "| module | compiled (µs) | eager (µs) | compiled / eager | over float, eager "
+                  "| over float, compiled |", "|---|---|---|---|---|---|"]
         for name, r in comp.items():
-            lines.append(f"| {name} | {r['layer_us']:.1f} | {r['base_us']:.1f} | **{r['ratio']:.2f}x** |")
+            twin = comp.get(COMPILED_TWIN.get(name, ""))
+            vs = (f"{r['base_us'] / twin['base_us']:.2f}x | {r['layer_us'] / twin['layer_us']:.2f}x" if twin
+                  else "- | -")
+            lines.append(f"| {name} | {r['layer_us']:.1f} | {r['base_us']:.1f} | **{r['ratio']:.2f}x** | {vs} |")
     text = "\n".join(lines) + "\n"
     (out_dir / f"host_path{suffix}.md").write_text(text)
     print(text)

@@ -759,8 +759,9 @@ class Resolved:
     def __call__(self, *args):
         return self.fn(*args)
 
-    def valid(self, args: tuple, backend: str = "") -> bool:
-        """Whether the dispatcher would make the same call for ``args`` now."""
+    def valid(self, args: tuple, backend: str = "", weights: bool = True) -> bool:
+        """Whether the dispatcher would make the same call for ``args`` now (``weights=False``: the caller has
+        checked the weight arguments itself, as the registered ops' memo does: bie_core/ops/_memo.py)."""
         if self._gen != _REG.generation:
             return False
         if backend:
@@ -775,7 +776,7 @@ class Resolved:
             return False
         if self._key_fn(*args) != self._key:
             return False
-        widx = self._widx
+        widx = self._widx if weights else ()
         if widx:
             if len(widx) == 1:  # the common case, written out
                 a, w, st = args[widx[0]], self._weights[0], self._wstate[0]
@@ -852,12 +853,19 @@ def _mark_validated(args, idx) -> None:
                 _validated[key] = (st, weakref.ref(t, lambda _r, key=key: _validated.pop(key, None)))
 
 
+#: functions that forget what other modules keep from resolved calls (the bound calls of the registered ops and
+#: of the compiled QAT ops): they would be stale after a clear, and they hold prepared layouts
+clear_hooks: list = []
+
+
 def clear_caches() -> None:
-    """Forget cached decisions, prepared layouts and the BIE_BACKEND reading."""
+    """Forget cached decisions, prepared layouts, bound calls kept by the ops and the BIE_BACKEND reading."""
     global _env_read
     _tables.clear()
     _REG.generation += 1  # every router rebuilds its table on its next call
     prepared_cache.clear()
+    for forget in clear_hooks:
+        forget()
     _warned.clear()
     _env_read = False
 

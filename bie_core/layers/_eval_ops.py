@@ -8,7 +8,8 @@ prepared layout is built again each time (a 4096² ``QLinear`` at one row on the
 Traced without grad, the layers emit one of these ops instead. Its implementation runs at call time, where the
 weight's version is visible: it derives the codes per weight version (``dispatch.prepared_cache.derive``), and it
 calls the same bound call as the eager path, so a compiled forward computes exactly what the eager one does. The
-outputs are fresh tensors; the kept state stays inside.
+outputs are fresh tensors; the kept state stays inside. A call first looks for the memo of its weight argument
+(``_sites``): while it holds, the call is that lookup, the bound call's check and the bound call.
 
 A CUDA graph replays kernels without running this code: after an in-place edit of a latent weight, a graph captured
 before it (``mode="reduce-overhead"``) still reads the codes derived from the old values (docs/qat.md).
@@ -21,6 +22,7 @@ import torch
 
 from .. import dispatch, ops
 from ..graph_pool import outside_graph_pool
+from . import _sites
 from ._binary_fn import binary_conv2d
 from ._int_fn import _col, channels_last_only, q_conv2d
 from ._lean import LeanCall, bind_one
@@ -90,15 +92,22 @@ def _int_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], codes: Opt
                     weight_scale: torch.Tensor, act_shift: torch.Tensor, act_scale: torch.Tensor,
                     bias: Optional[torch.Tensor], a_bits: int, w_bits: int, backend: str) -> torch.Tensor:
     """``QLinear``'s inference forward on the latent ``weight`` (its codes derived per version) or on ``codes``."""
-    from .integer import bind_int_linear
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    codes, calls = _codes_and_calls("int_linear_eval", weight, codes, weight_scale, w_bits, backend)
-    fixed = (codes, weight_scale, act_shift, act_scale, bias)
-    lc = _bound(calls, x2, backend, fixed,
-                lambda: bind_int_linear(x2, codes, weight_scale, act_shift, act_scale, bias, a_bits, w_bits, fixed,
-                                        backend))
-    return lc.call(x2).reshape(x.shape[:-1] + (codes.shape[0],))
+    nd = x.dim()
+    x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
+    w = weight if weight is not None else codes
+    key = ("int_linear_eval", id(w), a_bits, w_bits, backend)
+    m = _sites.find(key, w)
+    lc = m.calls.get(x2.shape) if m is not None else None
+    if lc is None or not lc.holds(x2, backend, m.derived, weight_scale, act_shift, act_scale, bias):
+        from .integer import bind_int_linear
+        codes, calls = _codes_and_calls("int_linear_eval", weight, codes, weight_scale, w_bits, backend)
+        fixed = (codes, weight_scale, act_shift, act_scale, bias)
+        lc = _bound(calls, x2, backend, fixed,
+                    lambda: bind_int_linear(x2, codes, weight_scale, act_shift, act_scale, bias, a_bits, w_bits,
+                                            fixed, backend))
+        _sites.keep(key, w, codes, x2.shape, lc)
+    y = lc.call(x2)
+    return y if nd == 2 else y.reshape(x.shape[:-1] + (y.shape[-1],))
 
 
 @torch.library.register_fake(f"{_LIB}::int_linear_eval", lib=_lib)
@@ -124,15 +133,23 @@ def _binary_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], weight_
                        bias: Optional[torch.Tensor], per_channel: bool, backend: str) -> torch.Tensor:
     """``BinaryLinear``'s inference forward on the latent ``weight`` (its signs derived per version) or on the
     packed ``weight_bits`` and ``weight_scale``."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    (bits, sw), calls = _signs_and_calls("binary_linear_eval", weight, weight_bits, weight_scale, per_channel,
-                                         backend)
-    fixed = ((act_shift, weight, act_scale, None, bias) if weight is not None
-             else (act_shift, weight_bits, act_scale, weight_scale, bias))
-    args = (x2, act_shift, bits, k, act_scale, sw, bias, x2.dtype)
-    lc = _bound(calls, x2, backend, fixed, lambda: bind_one(ops.binary_linear, args, backend, fixed))
-    return lc.call(x2).reshape(x.shape[:-1] + (bits.shape[0],))
+    nd = x.dim()
+    x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
+    w = weight if weight is not None else weight_bits
+    key = ("binary_linear_eval", id(w), per_channel, backend)
+    m = _sites.find(key, w)
+    lc = m.calls.get(x2.shape) if m is not None else None
+    # the tensors the bound call reads: the latent weight or the packed sign bits in one place (weight_scale is None
+    # for a latent layer)
+    if lc is None or not lc.holds(x2, backend, act_shift, w, act_scale, weight_scale, bias):
+        (bits, sw), calls = _signs_and_calls("binary_linear_eval", weight, weight_bits, weight_scale, per_channel,
+                                             backend)
+        fixed = (act_shift, w, act_scale, weight_scale, bias)
+        args = (x2, act_shift, bits, x2.shape[1], act_scale, sw, bias, x2.dtype)
+        lc = _bound(calls, x2, backend, fixed, lambda: bind_one(ops.binary_linear, args, backend, fixed))
+        _sites.keep(key, w, bits, x2.shape, lc)
+    y = lc.call(x2)
+    return y if nd == 2 else y.reshape(x.shape[:-1] + (y.shape[-1],))
 
 
 @torch.library.register_fake(f"{_LIB}::binary_linear_eval", lib=_lib)
@@ -152,14 +169,21 @@ binary_linear_eval = torch.ops.bie_layers.binary_linear_eval.default
 
 def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, padding, dilation, groups,
                      a_bits, w_bits, backend):
-    from .integer import bind_int_conv2d
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
-    codes, calls = _codes_and_calls("int_conv2d_eval", weight, codes, weight_scale, w_bits, backend)
-    fixed = (codes, weight_scale, act_shift, act_scale, bias)
-    geom = (list(stride), list(padding), list(dilation), groups)
-    lc = _bound(calls, x4, backend, fixed,
-                lambda: bind_int_conv2d(x4, codes, weight_scale, act_shift, act_scale, bias, geom, a_bits, w_bits,
-                                        fixed, backend))
+    w = weight if weight is not None else codes
+    key = ("int_conv2d_eval", id(w), a_bits, w_bits, backend)
+    geom = (stride, padding, dilation, groups)
+    m = _sites.find(key, w, geom)
+    lc = m.calls.get(x4.shape) if m is not None else None
+    if lc is None or not lc.holds(x4, backend, m.derived, weight_scale, act_shift, act_scale, bias):
+        from .integer import bind_int_conv2d
+        codes, calls = _codes_and_calls("int_conv2d_eval", weight, codes, weight_scale, w_bits, backend)
+        fixed = (codes, weight_scale, act_shift, act_scale, bias)
+        bound_geom = (list(stride), list(padding), list(dilation), groups)
+        lc = _bound(calls, x4, backend, fixed,
+                    lambda: bind_int_conv2d(x4, codes, weight_scale, act_shift, act_scale, bias, bound_geom, a_bits,
+                                            w_bits, fixed, backend))
+        _sites.keep(key, w, codes, x4.shape, lc, geom)
     y = lc.call(x4)
     if not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x4):
         y = y.contiguous(memory_format=torch.channels_last)   # the layer's contract (QConv2d._infer)
@@ -181,14 +205,21 @@ int_conv2d_eval = torch.ops.bie_layers.int_conv2d_eval.default
 
 def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_size, stride,
                         padding, dilation, groups, pad_value, per_channel, backend):
-    from .binary import bind_binary_conv2d
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
-    (bits, sw), calls = _signs_and_calls("binary_conv2d_eval", weight, weight_bits, weight_scale, per_channel,
-                                         backend)
-    fixed = (act_shift, weight, act_scale, bias, weight_bits, weight_scale)
-    geom = (list(kernel_size), list(stride), list(padding), list(dilation), groups, pad_value)
-    lc = _bound(calls, x4, backend, fixed,
-                lambda: bind_binary_conv2d(x4, bits, sw, act_shift, act_scale, bias, geom, fixed, backend))
+    w = weight if weight is not None else weight_bits
+    key = ("binary_conv2d_eval", id(w), per_channel, backend)
+    geom = (kernel_size, stride, padding, dilation, groups, pad_value)
+    m = _sites.find(key, w, geom)
+    lc = m.calls.get(x4.shape) if m is not None else None
+    if lc is None or not lc.holds(x4, backend, act_shift, weight, act_scale, bias, weight_bits, weight_scale):
+        from .binary import bind_binary_conv2d
+        (bits, sw), calls = _signs_and_calls("binary_conv2d_eval", weight, weight_bits, weight_scale, per_channel,
+                                             backend)
+        fixed = (act_shift, weight, act_scale, bias, weight_bits, weight_scale)
+        bound_geom = tuple(list(v) for v in geom[:4]) + (groups, pad_value)
+        lc = _bound(calls, x4, backend, fixed,
+                    lambda: bind_binary_conv2d(x4, bits, sw, act_shift, act_scale, bias, bound_geom, fixed, backend))
+        _sites.keep(key, w, bits, x4.shape, lc, geom)
     y = lc.call(x4)
     return y.squeeze(0) if x.dim() == 3 else y
 

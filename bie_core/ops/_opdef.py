@@ -27,6 +27,7 @@ import torch
 from .. import dispatch
 from ..kernels import Problem
 from ..optable import LIB_NAME, add_op, all_ops, get_op, has_op  # noqa: F401 - the op table, re-exported
+from ._memo import memoized
 
 _lib = torch.library.Library(LIB_NAME, "DEF")
 
@@ -179,7 +180,8 @@ def define_op(op: OpDef) -> OpDef:
     op.value_args = tuple(i for i, n in enumerate(op.arg_names) if n in names)
     route = dispatch.make_router(op)
     op._route = route
-    _lib.impl(op.name, _naming_allocation_errors(route, op.name), "CompositeExplicitAutograd")
+    # (calls through torch.ops: a compiled graph's keep their bound calls per weight tensor, _memo.py)
+    _lib.impl(op.name, _naming_allocation_errors(memoized(op, route), op.name), "CompositeExplicitAutograd")
     torch.library.register_fake(op.qualname, _fake_impl(op), lib=_lib)
     add_op(op)
     return op

@@ -1,0 +1,115 @@
+"""The bound calls that calls through torch.ops keep per weight tensor (bie_core/ops/_memo.py) and those of the
+compiled QAT ops (bie_core/layers/_sites.py): the same results as the router, rebound after in-place edits, never
+bound for tensors made anew on every call, and never keeping a weight alive."""
+import gc
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import bie_core
+from bie_core import MPQLinear, QLinear, dispatch, ops
+from bie_core.layers import _sites
+
+
+def _wq(seed=0, k=64, n=48):
+    torch.manual_seed(seed)
+    return MPQLinear.from_float(nn.Linear(k, n), bits=4, group_size=32, dtype=torch.float32).eval()
+
+
+def _wq_args(m, x):
+    return (x, m.qweight, m.scales, m.zeros, None, m.bias, m.bits, m.group_size, m.format)
+
+
+def _count_resolves(monkeypatch) -> list:
+    calls = []
+    orig = dispatch.resolve
+
+    def counting(op, *args, **kw):
+        calls.append(getattr(op, "name", op))
+        return orig(op, *args, **kw)
+    monkeypatch.setattr(dispatch, "resolve", counting)
+    return calls
+
+
+def test_registered_op_binds_stable_weights_and_follows_edits(monkeypatch):
+    m = _wq()
+    x = torch.randn(2, 64)
+    args = _wq_args(m, x)
+    resolves = _count_resolves(monkeypatch)
+    with torch.no_grad():
+        ref = ops.wq_gemm(*args)                        # the router (eager fast path)
+        for _ in range(6):
+            assert torch.equal(ops.wq_gemm.overload(*args, ""), ref)
+        assert resolves == ["wq_gemm"]                  # bound once, on the third call
+        m.scales.mul_(2.0)                              # in place: a new version of a weight
+        ref2 = ops.wq_gemm(*args)
+        assert not torch.equal(ref2, ref)
+        for _ in range(4):
+            assert torch.equal(ops.wq_gemm.overload(*args, ""), ref2)
+        assert resolves == ["wq_gemm"] * 2
+
+
+def test_registered_op_does_not_bind_fresh_weights(monkeypatch):
+    m = _wq()
+    x = torch.randn(2, 64)
+    resolves = _count_resolves(monkeypatch)
+    with torch.no_grad():
+        ref = ops.wq_gemm(*_wq_args(m, x))
+        for _ in range(5):
+            args = (x, m.qweight.clone(), m.scales.clone(), m.zeros.clone(), None, m.bias, m.bits, m.group_size,
+                    m.format)
+            assert torch.equal(ops.wq_gemm.overload(*args, ""), ref)
+    assert resolves == []
+
+
+def test_registered_op_memo_keeps_no_weight_alive():
+    m = _wq()
+    x = torch.randn(2, 64)
+    refs = [weakref.ref(t.untyped_storage()) for t in (m.qweight, m.scales, m.zeros)]
+    with torch.no_grad():
+        for _ in range(4):
+            ops.wq_gemm.overload(*_wq_args(m, x), "")
+    del m
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_compiled_weight_only_layer_exact_and_follows_loaded_weights():
+    a, b = _wq(1), _wq(2)
+    x = torch.randn(3, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(a, fullgraph=True)
+        for _ in range(4):
+            assert torch.equal(compiled(x), a(x))
+        a.load_state_dict(b.state_dict())
+        assert torch.equal(compiled(x), b(x))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_qat_memo_released_and_cleared(packed):
+    torch.manual_seed(3)
+    x = torch.randn(2, 64)
+    layer = QLinear(64, 32, 8, 8, bias=True)
+    layer(x)
+    layer.eval()
+    if packed:
+        layer.pack()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(layer, fullgraph=True)
+        for _ in range(3):
+            assert torch.equal(compiled(x), layer(x))
+    assert _sites._memos
+    bie_core.invalidate(layer)                          # forgets the memos with every other cache
+    assert not _sites._memos
+    with torch.no_grad():
+        assert torch.equal(compiled(x), layer(x))
+    if not packed:   # the latent weight is referenced by nothing kept: its memo goes with it
+        w = weakref.ref(layer.weight)
+        del compiled, layer
+        torch._dynamo.reset()
+        gc.collect()
+        assert w() is None and not _sites._memos
