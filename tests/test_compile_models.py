@@ -297,6 +297,40 @@ def test_compiled_eval_layers_one_graph_exact(packed):
         assert torch.equal(compiled(x), model(x))
 
 
+def test_compiled_packed_layers_bind_once(monkeypatch):
+    """A compiled packed model binds each layer's call once: every call hands the layer ops the same weight tensors
+    (8-bit conv codes as one kept view of the flat ``qweight``, 4-bit codes unpacked outside the graph). A rebind per
+    call would be slow, and under CUDA graph capture it would make its state in the graph's memory pool. The
+    compiled model follows an in-place edit of the 8-bit codes (the view shares them)."""
+    from bie_core import BinaryConv2d, QConv2d
+    from bie_core.layers import _eval_ops
+    torch.manual_seed(9)
+    model = nn.Sequential(QConv2d(8, 16, 3, padding=1, w_bits=8, a_bits=8, bias=True), nn.ReLU(),
+                          QConv2d(16, 16, 3, padding=1, w_bits=4, a_bits=4), BinaryConv2d(16, 8, 3, padding=1),
+                          nn.Flatten(), QLinear(8 * 6 * 6, 32, 8, 8), BinaryLinear(32, 16), QLinear(16, 8, 4, 4))
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    model(x)
+    model.eval()
+    for m in model.modules():
+        if hasattr(m, "pack") and m is not model:
+            m.pack()
+    binds = []
+    real = _eval_ops.outside_graph_pool
+    monkeypatch.setattr(_eval_ops, "outside_graph_pool", lambda build, dev=None: binds.append(1) or real(build, dev))
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        compiled = torch.compile(model, fullgraph=True)
+        assert torch.equal(compiled(x), model(x))
+        assert len(binds) == 6
+        binds.clear()
+        for _ in range(3):
+            xi = torch.randn_like(x)
+            assert torch.equal(compiled(xi), model(xi))
+        assert not binds, f"{len(binds)} layer calls bound again"
+        model[0].qweight.neg_()
+        assert torch.equal(compiled(x), model(x))
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_compiled_eval_convs_derive_latent_weights_once(channels_last, monkeypatch):
     """The same for the conv layers: compiled without grad, an unpacked QConv2d / BinaryConv2d quantizes or

@@ -142,16 +142,19 @@ class _IntWeightMixin(TorchInit):
         if self.w_bits == 8 and tuple(q.shape) == tuple(self._weight_shape):
             return q
         if torch.compiler.is_compiling():
-            if self.w_bits == 8:
-                return q.reshape(self._weight_shape)
-            # The codes unpacked outside the graph (at pack(), load_state_dict, .to() and by eager calls) and held
-            # as a non-persistent buffer, which the graph takes as an input: the kernel gets the same tensor on
-            # every call, so its prepared layout is reused; unpacked inside the graph, every call would unpack and
-            # prepare the layout again. A compiled graph cannot see the version of `qweight`: after an in-place
-            # edit of it other than load_state_dict, an eager call or pack() unpacks again (docs/qat.md).
+            # The codes in the weight's shape made outside the graph (at pack(), load_state_dict, .to() and by eager
+            # calls) and held as a non-persistent buffer, which the graph takes as an input: the kernel and the
+            # layer op's memo get the same tensor on every call, so the prepared layout and the bound call are
+            # reused. Made inside the graph, every call would hand over a new tensor (8-bit: a new view of
+            # `qweight`; 4-bit: new unpacked codes) and bind and prepare again; under CUDA graph capture, that
+            # state would be made in the graph's memory pool. A compiled graph cannot see the version of
+            # `qweight`: after an in-place edit of it other than load_state_dict, an eager call or pack() unpacks
+            # again (docs/qat.md); an 8-bit view follows the edit by itself.
             codes = self._buffers.get(UNPACKED)
             if codes is not None:
                 return codes._alias if type(codes) is TrackedTensor else codes   # (what a buffer read gives)
+            if self.w_bits == 8:
+                return q.reshape(self._weight_shape)
             return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
         # Hand the kernel the *same* tensor object on every call while the buffer
         # is unchanged (8-bit: one reshaped view; 4-bit: codes unpacked once per
@@ -164,7 +167,7 @@ class _IntWeightMixin(TorchInit):
                     return q.reshape(self._weight_shape)
                 return ops.unpack_int4(q, self._flat_k(), backend=self.backend).reshape(self._weight_shape)
         codes = self._derived("_codes_cache", (q,), build)
-        if self.w_bits == 4 and self.__dict__.get("_unpacked_of") is not codes:
+        if self.__dict__.get("_unpacked_of") is not codes:
             self.register_buffer(UNPACKED, codes, persistent=False)
             self._unpacked_of = codes
         return codes
@@ -184,8 +187,8 @@ class _IntWeightMixin(TorchInit):
         self._unpack_for_compile()
 
     def _unpack_for_compile(self) -> None:
-        """Unpack 4-bit packed codes now, outside any graph, for compiled calls (see ``_packed_codes``)."""
-        if self.__dict__.get("_buffers", {}).get("qweight") is None or self.w_bits != 4:
+        """Make the codes in the weight's shape now, outside any graph, for compiled calls (see ``_packed_codes``)."""
+        if self.__dict__.get("_buffers", {}).get("qweight") is None:
             return
         try:
             self._packed_codes()
