@@ -89,7 +89,7 @@ def test_compiled_weight_only_layer_exact_and_follows_loaded_weights():
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_compiled_qat_memo_released_and_cleared(packed):
+def test_compiled_qat_memo_cleared(packed):
     torch.manual_seed(3)
     x = torch.randn(2, 64)
     layer = QLinear(64, 32, 8, 8, bias=True)
@@ -97,19 +97,79 @@ def test_compiled_qat_memo_released_and_cleared(packed):
     layer.eval()
     if packed:
         layer.pack()
+    w = layer.qweight if packed else layer.weight
+    w = w._alias if getattr(w, "_alias", None) is not None else w   # (a packed buffer: what the graph reads)
+    key = ("int_linear_eval", 8, 8, "")
     torch._dynamo.reset()
     with torch.no_grad():
         compiled = torch.compile(layer, fullgraph=True)
         for _ in range(3):
             assert torch.equal(compiled(x), layer(x))
-    assert _sites._memos
+    assert _sites.find(key, w) is not None
     bie_core.invalidate(layer)                          # forgets the memos with every other cache
-    assert not _sites._memos
+    assert _sites.find(key, w) is None
     with torch.no_grad():
         assert torch.equal(compiled(x), layer(x))
-    if not packed:   # the latent weight is referenced by nothing kept: its memo goes with it
-        w = weakref.ref(layer.weight)
-        del compiled, layer
-        torch._dynamo.reset()
-        gc.collect()
-        assert w() is None and not _sites._memos
+    assert _sites.find(key, w) is not None
+
+
+def _live_tensors_on(ptrs: set) -> int:
+    gc.collect()
+    n = 0
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and not o.is_meta:
+            try:
+                n += o.untyped_storage().data_ptr() in ptrs
+            except RuntimeError:   # (a tensor without storage)
+                pass
+    return n
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("kind", ["qlinear8", "qlinear4", "binary_linear", "qconv8", "binary_conv"])
+def test_compiled_qat_layers_free_their_weights(kind, packed):
+    """A deleted compiled model frees its weights: the bound calls the layer ops keep hold the packed codes (and
+    derived values), so they live on the weight tensor (a cycle the collector frees), not in a table keyed by it."""
+    from bie_core import BinaryConv2d, BinaryLinear, QConv2d
+    torch.manual_seed(5)
+    lin, img = torch.randn(3, 64), torch.randn(2, 8, 6, 6)
+    make, x = {"qlinear8": (lambda: QLinear(64, 32, 8, 8), lin), "qlinear4": (lambda: QLinear(64, 32, 4, 4), lin),
+               "binary_linear": (lambda: BinaryLinear(64, 32), lin),
+               "qconv8": (lambda: QConv2d(8, 8, 3, w_bits=8, a_bits=8), img),
+               "binary_conv": (lambda: BinaryConv2d(8, 8, 3), img)}[kind]
+    layer = make()
+    layer(x)
+    layer.eval()
+    if packed:
+        layer.pack()
+    ptrs = {t.untyped_storage().data_ptr() for t in [*layer.parameters(), *layer.buffers()] if t.numel() > 8}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(layer, fullgraph=True)
+        for _ in range(3):
+            compiled(x)
+    assert _live_tensors_on(ptrs) > 0
+    del compiled, layer
+    torch._dynamo.reset()
+    assert _live_tensors_on(ptrs) == 0
+
+
+def test_memos_are_not_copied_with_the_weight():
+    import copy
+    import io
+    torch.manual_seed(6)
+    x = torch.randn(2, 64)
+    layer = QLinear(64, 32, 8, 8)
+    layer(x)
+    layer.eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(layer, fullgraph=True)(x)
+    assert _sites.ATTR in layer.weight.__dict__
+    twin = copy.deepcopy(layer)
+    assert not twin.weight.__dict__.get(_sites.ATTR)
+    buf = io.BytesIO()
+    torch.save(layer.weight, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert torch.equal(loaded, layer.weight) and not loaded.__dict__.get(_sites.ATTR)

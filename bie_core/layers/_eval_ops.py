@@ -56,7 +56,7 @@ def _codes_and_calls(op: str, weight, codes, weight_scale, w_bits: int, backend:
     if weight is not None:
         return _kept((op, w_bits, backend), (weight, weight_scale),
                      lambda: latent_codes(weight, weight_scale, w_bits, backend))
-    return codes, _kept((op,), (codes,), lambda: None)[1]
+    return codes, _sites.calls_on(codes, op)
 
 
 def _signs_and_calls(op: str, weight, weight_bits, weight_scale, per_channel: bool, backend: str) -> tuple:
@@ -64,7 +64,7 @@ def _signs_and_calls(op: str, weight, weight_bits, weight_scale, per_channel: bo
     ones."""
     if weight is not None:
         return _kept((op, per_channel, backend), (weight,), lambda: latent_signs(weight, per_channel, backend))
-    return (weight_bits, weight_scale), _kept((op,), (weight_bits,), lambda: None)[1]
+    return (weight_bits, weight_scale), _sites.calls_on(weight_bits, op)
 
 
 def _bound(calls: dict, x2: torch.Tensor, backend: str, fixed: tuple, bind: Callable[[], LeanCall]) -> LeanCall:
@@ -95,7 +95,7 @@ def _int_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], codes: Opt
     nd = x.dim()
     x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
     w = weight if weight is not None else codes
-    key = ("int_linear_eval", id(w), a_bits, w_bits, backend)
+    key = ("int_linear_eval", a_bits, w_bits, backend)
     m = _sites.find(key, w)
     lc = m.calls.get(x2.shape) if m is not None else None
     if lc is None or not lc.holds(x2, backend, m.derived, weight_scale, act_shift, act_scale, bias):
@@ -136,18 +136,19 @@ def _binary_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], weight_
     nd = x.dim()
     x2 = x if nd == 2 else x.reshape(-1, x.shape[-1])
     w = weight if weight is not None else weight_bits
-    key = ("binary_linear_eval", id(w), per_channel, backend)
+    key = ("binary_linear_eval", per_channel, backend)
     m = _sites.find(key, w)
     lc = m.calls.get(x2.shape) if m is not None else None
-    # the tensors the bound call reads: the latent weight or the packed sign bits in one place (weight_scale is None
-    # for a latent layer)
-    if lc is None or not lc.holds(x2, backend, act_shift, w, act_scale, weight_scale, bias):
-        (bits, sw), calls = _signs_and_calls("binary_linear_eval", weight, weight_bits, weight_scale, per_channel,
-                                             backend)
-        fixed = (act_shift, w, act_scale, weight_scale, bias)
+    # the tensors the bound call reads: the sign bits and sw (derived from a latent weight per version, which the
+    # memo's check follows, or the packed ones). Never the latent weight itself: the bound call is kept in global
+    # memos that refer to that weight weakly, and a strong reference from the call would keep it alive for ever.
+    if lc is None or not lc.holds(x2, backend, act_shift, *m.derived, act_scale, bias):
+        signs, calls = _signs_and_calls("binary_linear_eval", weight, weight_bits, weight_scale, per_channel, backend)
+        bits, sw = signs
+        fixed = (act_shift, bits, sw, act_scale, bias)
         args = (x2, act_shift, bits, x2.shape[1], act_scale, sw, bias, x2.dtype)
         lc = _bound(calls, x2, backend, fixed, lambda: bind_one(ops.binary_linear, args, backend, fixed))
-        _sites.keep(key, w, bits, x2.shape, lc)
+        _sites.keep(key, w, signs, x2.shape, lc)
     y = lc.call(x2)
     return y if nd == 2 else y.reshape(x.shape[:-1] + (y.shape[-1],))
 
@@ -171,7 +172,7 @@ def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias,
                      a_bits, w_bits, backend):
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
     w = weight if weight is not None else codes
-    key = ("int_conv2d_eval", id(w), a_bits, w_bits, backend)
+    key = ("int_conv2d_eval", a_bits, w_bits, backend)
     geom = (stride, padding, dilation, groups)
     m = _sites.find(key, w, geom)
     lc = m.calls.get(x4.shape) if m is not None else None
@@ -207,19 +208,20 @@ def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_sca
                         padding, dilation, groups, pad_value, per_channel, backend):
     x4 = x.unsqueeze(0) if x.dim() == 3 else x
     w = weight if weight is not None else weight_bits
-    key = ("binary_conv2d_eval", id(w), per_channel, backend)
+    key = ("binary_conv2d_eval", per_channel, backend)
     geom = (kernel_size, stride, padding, dilation, groups, pad_value)
     m = _sites.find(key, w, geom)
     lc = m.calls.get(x4.shape) if m is not None else None
-    if lc is None or not lc.holds(x4, backend, act_shift, weight, act_scale, bias, weight_bits, weight_scale):
+    # (the sign bits and sw, never the latent weight: see _binary_linear_eval)
+    if lc is None or not lc.holds(x4, backend, act_shift, *m.derived, act_scale, bias):
         from .binary import bind_binary_conv2d
-        (bits, sw), calls = _signs_and_calls("binary_conv2d_eval", weight, weight_bits, weight_scale, per_channel,
-                                             backend)
-        fixed = (act_shift, weight, act_scale, bias, weight_bits, weight_scale)
+        signs, calls = _signs_and_calls("binary_conv2d_eval", weight, weight_bits, weight_scale, per_channel, backend)
+        bits, sw = signs
+        fixed = (act_shift, bits, sw, act_scale, bias)
         bound_geom = tuple(list(v) for v in geom[:4]) + (groups, pad_value)
         lc = _bound(calls, x4, backend, fixed,
                     lambda: bind_binary_conv2d(x4, bits, sw, act_shift, act_scale, bias, bound_geom, fixed, backend))
-        _sites.keep(key, w, bits, x4.shape, lc, geom)
+        _sites.keep(key, w, signs, x4.shape, lc, geom)
     y = lc.call(x4)
     return y.squeeze(0) if x.dim() == 3 else y
 
