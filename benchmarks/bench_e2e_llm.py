@@ -698,10 +698,13 @@ def main(argv=None):
 
     g = torch.Generator().manual_seed(0)
     probe = torch.randint(3, cfg.vocab_size, (1, min(128, prompt)), generator=g).to(device)
-    if interleave:
+    if interleave and "eager" in modes:
         run_interleaved(data, save, cases, cfg, dtype, device, a, probe, g, batches, prompt, new, reps)
-        write_report(path_json, out_dir, tag)
-        return
+        modes = [m for m in modes if m != "eager"]
+        if not modes:
+            write_report(path_json, out_dir, tag)
+            return
+    # compiled runs: one case after another (each compiles its own graphs)
     for case in cases:
         if time.monotonic() - T0 > a.budget_s:
             print(f"[budget] {a.budget_s:.0f} s passed: not starting {case}", flush=True)
