@@ -52,6 +52,44 @@ def test_linear_products_exact_on_code_grids(m, n, k, device):
     assert torch.equal(got, (g_cols.double().t() @ qa.double() * 0.5).float())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,k,dtype,per_channel", [(1, 9, 5, torch.float32, False), (33, 40, 24, torch.bfloat16, True),
+                                                     (130, 96, 72, torch.float16, False), (8, 1, 1, torch.float32, True)])
+def test_linear_products_one_op_equal_the_steps(m, n, k, dtype, per_channel, device):
+    """The products as one dynamic_int8_linear call give the bits of the step-by-step definition (codes, exact int32
+    product, scales) on random gradients, zero rows and columns included."""
+    gen = torch.Generator().manual_seed(m + n + k)
+    qw = _codes((n, k), 4, gen).to(device)
+    qa = _codes((m, k), 8, gen).to(device)
+    g = (torch.randn((m, n), generator=gen) * 3).to(dtype)
+    g[0] = 0
+    g[:, -1] = 0
+    g = g.to(device)
+    sw = (torch.rand((n,) if per_channel else (), generator=gen) + 0.01).to(device)
+    sa = torch.tensor(0.37, device=device)
+    gs = g.to(torch.float32) * (sw.reshape(1, -1) if sw.dim() else sw)
+    assert torch.equal(_int_qbwd.linear_grad_input(g, qw, sw), _int_qbwd._grad_input_steps(gs, qw))
+    assert torch.equal(_int_qbwd.linear_grad_weight(g, qa, sa), _int_qbwd._grad_weight_steps(g, qa, sa))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_conv_gradient_codes_are_quantize_grad(dtype, device):
+    """The convs' gradient codes come from dynamic_quantize_act (one pass where a backend has a kernel): per sample
+    and per output channel, the codes and scales of quantize_grad, bit for bit, channels_last gradients included."""
+    gen = torch.Generator().manual_seed(11)
+    g = (torch.randn((3, 5, 4, 6), generator=gen) * 2).to(dtype)
+    g[1] = 0
+    g[:, 2] = 0
+    g = g.to(device).contiguous(memory_format=torch.channels_last)
+    codes, scale = _int_qbwd._row_codes(g.reshape(3, -1))
+    want, wscale = _int_qbwd.quantize_grad(g, (1, 2, 3))
+    assert torch.equal(codes.view(g.shape), want) and torch.equal(scale, wscale.reshape(-1))
+    codes, scale = _int_qbwd._row_codes(g.transpose(0, 1).reshape(5, -1))
+    want, wscale = _int_qbwd.quantize_grad(g, (0, 2, 3))
+    assert torch.equal(codes.view(5, 3, 4, 6), want.transpose(0, 1)) and torch.equal(scale, wscale.reshape(-1))
+
+
 CONV_GEOMS = [  # (n, c, h, w, o, k, stride, padding, dilation)
     (2, 3, 7, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
     (1, 4, 9, 8, 5, (3, 3), (2, 2), (1, 1), (1, 1)),

@@ -203,7 +203,7 @@ def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
     shift = ba.detach()
     grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
     if need[0] or need[4] or need[5]:
-        prod = _int_qbwd.linear_grad_input(g, qw, swf)
+        prod = _int_qbwd.linear_grad_input(g, qw, swf, backend)
         gxs, gsa, gba, _ = ops.lsq_backward(x2d.detach(), saf, prod, a_bits, shift, None, False, None,
                                             backend=backend)
         grad_x = gxs if need[0] else None
@@ -211,7 +211,7 @@ def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
         grad_sa = gsa.reshape(sa.shape) if need[5] else None
     if want_w:
         qa = ops.quantize_int(x2d.detach(), saf, a_bits, shift, backend=backend)
-        prod = _int_qbwd.linear_grad_weight(g, qa, saf)
+        prod = _int_qbwd.linear_grad_weight(g, qa, saf, backend)
         grad_w, gsw = _lsq_grad(weight, swf, w_bits, prod, None, per_row=sw.dim() > 0, backend=backend)
         grad_sw = gsw.reshape(sw.shape) if need[3] else None
     if need[6]:
@@ -250,9 +250,9 @@ class QConv2dFn(torch.autograd.Function):
         prod_x = prod_w = f_x = f_w = None
         if ctx.quantized_backward:
             if want_x:
-                prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation)
+                prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation, ctx.backend)
             if want_w:
-                prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation)
+                prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation, ctx.backend)
         elif want_x or want_w:
             gm = g.to(gd).contiguous(memory_format=mf)
             w_hat, f_x = _operand(qw, swf, 4, gd)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..ops.dynamic import MAX_K
 
 _QMAX = 127.0
 
@@ -34,31 +35,65 @@ def quantize_grad(g: torch.Tensor, dims) -> tuple:
     return codes, scale
 
 
-def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor) -> torch.Tensor:
-    """float32 ``g @ (sw * Qw)`` for g (M, N), weight codes Qw (N, K): per-token int8 codes of ``g * sw``."""
+def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, backend: str = "") -> torch.Tensor:
+    """float32 ``g @ (sw * Qw)`` for g (M, N), weight codes Qw (N, K): per-token int8 codes of ``g * sw``.
+
+    One ``dynamic_int8_linear`` call: its per_token_symmetric scheme is this rounding (absmax / 127 per row, scale 1
+    for an all-zero row, round half to even) and its epilogue ``float32(acc) * scale`` with a weight scale of 1 is
+    this dequantization, so where a backend fuses the three (the GPU backends) the gradient makes one quantization
+    pass instead of several, with the same bits. A reduction longer than the op's K limit takes the steps."""
     gs = g.to(torch.float32) * (swf.reshape(1, -1) if swf.dim() else swf)
+    if gs.shape[1] > MAX_K:
+        return _grad_input_steps(gs, qw, backend)
+    one = torch.ones(1, dtype=torch.float32, device=g.device)
+    return ops.dynamic_int8_linear(gs, qw.t().contiguous(), one, None, "per_token_symmetric", backend=backend)
+
+
+def _grad_input_steps(gs: torch.Tensor, qw: torch.Tensor, backend: str = "") -> torch.Tensor:
+    """``linear_grad_input`` step by step: the codes, the exact int32 product, the per-token scale."""
     cg, s_tok = quantize_grad(gs, 1)                                  # (M, N), (M, 1)
-    acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None)   # (M, K) int32, exact
+    acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None, backend=backend)   # (M, K) int32, exact
     return acc.to(torch.float32) * s_tok
 
 
-def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor) -> torch.Tensor:
-    """float32 ``g.T @ (sa * Qa)`` for g (M, N), activation codes Qa (M, K): per-channel int8 codes of g."""
+def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, backend: str = "") -> torch.Tensor:
+    """float32 ``g.T @ (sa * Qa)`` for g (M, N), activation codes Qa (M, K): per-channel int8 codes of g.
+
+    The per-channel codes of g are the per-token codes of its transpose: one ``dynamic_int8_linear`` call on the
+    (N, M) rows of g.T with the activation codes as the weight and ``sa`` as its scale gives the (N, K) gradient,
+    ``float32(acc) * (s_ch[n] * sa)`` as the steps compute it. Past the op's K limit (M tokens), the steps."""
+    if g.shape[0] > MAX_K:
+        return _grad_weight_steps(g, qa, saf, backend)
+    gt = g.t().to(torch.float32).contiguous()                         # (N, M)
+    return ops.dynamic_int8_linear(gt, qa.t().contiguous(), saf.reshape(1), None, "per_token_symmetric",
+                                   backend=backend)
+
+
+def _grad_weight_steps(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, backend: str = "") -> torch.Tensor:
+    """``linear_grad_weight`` step by step."""
     cg, s_ch = quantize_grad(g, 0)                                    # (M, N), (1, N)
     # (K, N) = Qa.T @ Qg: the per-channel scale then sits on the output columns (the op's epilogue scale)
     out = ops.int_gemm(qa.t().contiguous(), cg.t().contiguous(), 8, 8, (s_ch.reshape(-1) * saf).contiguous(), None,
-                       torch.float32)
+                       torch.float32, backend=backend)
     return out.t()
 
 
+def _row_codes(rows: torch.Tensor, backend: str = "") -> tuple:
+    """``quantize_grad(rows, 1)`` of a 2-D tensor as one op: ``dynamic_quantize_act``'s per_token_symmetric scheme
+    is this rounding (one pass where a backend has a kernel for it). Returns (int8 codes, float32 scale (rows,))."""
+    codes, scale, _ = ops.dynamic_quantize_act(rows, "per_token_symmetric", backend=backend)
+    return codes, scale
+
+
 def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_shape, stride, padding,
-                    dilation) -> torch.Tensor:
+                    dilation, backend: str = "") -> torch.Tensor:
     """float32 gradient of a (groups=1) conv's zero-padded input: the transposed convolution of the per-sample int8
     codes of ``g * sw`` with the weight codes, as one ``int_conv2d`` (stride-1 conv of the zero-dilated gradient
     with the flipped, transposed kernel)."""
     n, o, ho, wo = g.shape
     gs = g.to(torch.float32) * (swf.reshape(1, -1, 1, 1) if swf.dim() else swf)
-    cg, s_n = quantize_grad(gs, (1, 2, 3))                            # per sample
+    cg, s_n = _row_codes(gs.reshape(n, -1), backend)                  # per sample
+    cg, s_n = cg.view(n, o, ho, wo), s_n.view(n, 1, 1, 1)
     sh, sw_ = stride
     if sh > 1 or sw_ > 1:     # zero insertion: code 0 is an exact zero
         z = cg.new_zeros((n, o, (ho - 1) * sh + 1, (wo - 1) * sw_ + 1))
@@ -74,19 +109,21 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
         pads += [before, after]
     cg = F.pad(cg, pads)      # negative amounts crop (padding wider than the kernel's reach)
     wt = qw.flip((2, 3)).transpose(0, 1).contiguous()                 # (C, O, kh, kw)
-    acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None)
+    acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None,
+                         backend=backend)
     return acc.to(torch.float32) * s_n
 
 
 def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_shape, stride, padding,
-                     dilation) -> torch.Tensor:
+                     dilation, backend: str = "") -> torch.Tensor:
     """float32 ``d conv / d W`` (groups=1) against the activation codes Qa scaled by sa, with per-output-channel
     int8 codes of g: one ``int_conv2d`` with batch and channels swapped (the gradient is the kernel, the forward's
     stride becomes the dilation and its dilation the stride)."""
-    cg, s_o = quantize_grad(g, (0, 2, 3))                             # (1, O, 1, 1)
+    n, o, ho, wo = g.shape
+    g_t, s_o = _row_codes(g.transpose(0, 1).reshape(o, -1), backend)  # per output channel: (O, N*Ho*Wo), (O,)
+    g_t = g_t.view(o, n, ho, wo)
     kh, kw = w_shape[2], w_shape[3]
     x_t = qa.transpose(0, 1).contiguous()                             # (C, N, H, W)
-    g_t = cg.transpose(0, 1).contiguous()                             # (O, N, Ho, Wo)
     out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
-                         (s_o.reshape(-1) * saf).contiguous(), None, torch.float32)    # (C, O, >=kh, >=kw)
+                         (s_o.reshape(-1) * saf).contiguous(), None, torch.float32, backend=backend)   # (C, O, >=kh, >=kw)
     return out[:, :, :kh, :kw].transpose(0, 1)
