@@ -132,3 +132,27 @@ def test_python_dash_m(argv):
     r = subprocess.run([sys.executable] + argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "cpu" in r.stdout and "LOADED" in r.stdout
+
+
+def test_kit_catches_a_layout_that_keeps_its_weight(pytester):
+    # a prepared layout holding the weight (here a view of it) would keep the dispatcher's cache entry for that
+    # weight alive for good: every training step's fresh codes would stay in memory
+    pytester.makeconftest(textwrap.dedent('''
+        import bie_core
+        from bie_core import Capability
+        from bie_backend_cpu.reference import integer
+        def hoarding_prepare(b):
+            return {"rows": b[:1]}
+        def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
+            return integer.int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype)
+        class P:
+            @bie_core.hookimpl
+            def bie_register_kernels(self, registry):
+                registry.register("int_gemm", int_gemm, name="hoarder", priority=10,
+                                  capability=Capability(devices=("cpu",)), prepare=hoarding_prepare)
+        bie_core.register_backend(bie_core.BackendDescriptor("hoard", "1.0", ("cpu",), load=P))
+    '''))
+    result = pytester.runpytest_subprocess("--bie-backend=hoard", "-q", "-p", "no:cacheprovider", "-k", "prepared")
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    assert "hoard:hoarder" in out and "keeps weight argument" in out, out[-3000:]

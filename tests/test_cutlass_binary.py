@@ -75,8 +75,8 @@ def test_counting_twin_serves_up_to_the_work_limit(monkeypatch):
         ran.clear()
         a = torch.zeros((m, k // 8), dtype=torch.uint8)
         w = torch.zeros((n, k // 8), dtype=torch.uint8)
-        p = b.PreparedSigns(w)
-        p._cache[("gemm", k)] = (w, torch.zeros(n, dtype=torch.int32), b.kpad(k))
+        p = b.PreparedSigns()
+        p._cache[("gemm", k)] = (None, torch.zeros(n, dtype=torch.int32), b.kpad(k))   # rows read in place
         b.binary_gemm(a, w, k, None, None, dt, prepared=p, tile=tile)
         return list(ran)
 

@@ -105,6 +105,8 @@ def prepare_weight(b: torch.Tensor, k: int | None = None) -> PreparedSigns:
     """The weight bits of k-bit rows (k None: the rows' padding bits are known to be clear) for the GEMMs."""
     kb = b.shape[1]
     bb = _align(b if k is None else without_padding(b, k), kb)
+    if bb is b:   # a copy: a layout holding the weight itself would keep the dispatcher's cache entry for it alive
+        bb = b.detach().clone()
     popc = _build.ops().row_popc(bb if bb.shape[1] == kb else bb[:, :kb])
     image = None
     if _wgmma_device(b) and kb % 16 == 0 and b.shape[0] % 8 == 0 and b.shape[0] > 0:
@@ -287,28 +289,24 @@ def conv_weight(w: torch.Tensor, c: int, kh: int, kw: int):
 
 
 class PreparedConv:
-    """One packed conv weight and its direct-conv layouts, built on first use per (C, kernel) (prepare only
-    sees the weight)."""
+    """A packed conv weight's direct-conv layouts, built on first use per (C, kernel) from the weight the call
+    passes (prepare only sees the weight). It keeps no reference to the weight: the dispatcher frees a layout with
+    its weight's storage, which a reference from the layout would keep alive for good."""
 
-    def __init__(self, w: torch.Tensor):
-        self.w = w
+    def __init__(self):
         self._cache: dict = {}
 
-    def layout(self, c: int, kh: int, kw: int):
+    def layout(self, w: torch.Tensor, c: int, kh: int, kw: int):
         key = (c, kh, kw)
         hit = self._cache.get(key)
         if hit is None:
             # kept for later calls: never in a CUDA graph's warm-up pool
-            hit = self._cache[key] = outside_graph_pool(lambda: conv_weight(self.w, c, kh, kw), self.w.device)
+            hit = self._cache[key] = outside_graph_pool(lambda: conv_weight(w, c, kh, kw), w.device)
         return hit
 
 
 def prepare_conv(w: torch.Tensor) -> PreparedConv:
-    return PreparedConv(w)
-
-
-def unprepare_conv(p: PreparedConv):
-    return (p.w,)
+    return PreparedConv()
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
@@ -320,7 +318,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
         raise ValueError(f"bie-backend-cuda's binary_conv2d serves groups=1, got groups={groups}")
     p = prepared if prepared is not None else prepare_conv(w)
     kh, kw = kernel_size
-    words, popc, taps = p.layout(x.shape[1], kh, kw)
+    words, popc, taps = p.layout(w, x.shape[1], kh, kw)
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     return _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype,
@@ -334,7 +332,7 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     if prepared is None or groups != 1:
         return None
     kh, kw = kernel_size
-    words, popc, taps = prepared.layout(x.shape[1], kh, kw)
+    words, popc, taps = prepared.layout(w, x.shape[1], kh, kw)
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     fn = _build.direct().binary_conv2d

@@ -64,7 +64,9 @@ def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, g
     ``group_rows`` are its static arguments)."""
     dev = qweight.device
     k, n = int(sum(group_rows)), qweight.shape[1]
-    perm_long = q_perm.detach().to(device=dev, dtype=torch.int64).contiguous()
+    # (copies, also where the dtype is already the one wanted: a layout holding the weight's own tensors would keep
+    # the dispatcher's cache entry for them alive)
+    perm_long = q_perm.detach().to(device=dev, dtype=torch.int64, copy=True).contiguous()
     # sorted, a permutation is 0..K-1; the sorting order is then its inverse (input row k is packed row inverse[k])
     ordered, inverse = perm_long.sort()
     if ordered.shape[0] != k or not bool((ordered == torch.arange(k, device=dev)).all()):
@@ -75,8 +77,8 @@ def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, g
         rscale = channel_scale.detach().to(dev).to(torch.float32).index_select(0, perm_long).contiguous()
     return MbwqLayout(chunks=chunk_table(group_bits, group_rows).to(dev), perm=perm_long.to(torch.int32),
                       perm_long=perm_long, inverse=inverse,
-                      scales=scales.detach().to(torch.float32).contiguous(),
-                      zeros=zeros.detach().to(torch.float32).contiguous(), rscale=rscale, k=k, n=n)
+                      scales=scales.detach().to(torch.float32, copy=True).contiguous(),
+                      zeros=zeros.detach().to(torch.float32, copy=True).contiguous(), rscale=rscale, k=k, n=n)
 
 
 def _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows) -> MbwqLayout:

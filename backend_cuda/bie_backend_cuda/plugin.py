@@ -99,7 +99,7 @@ def bie_register_kernels(registry):
     registry.register("binary_conv2d", binary.binary_conv2d, priority=PRIORITY, name="binary_conv2d_direct",
                       capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=SM80,
                                             check=_conv_check),
-                      prepare=binary.prepare_conv, unprepare=binary.unprepare_conv, bind=binary.bind_binary_conv2d,
+                      prepare=binary.prepare_conv, bind=binary.bind_binary_conv2d,
                       description="direct conv on 1-bit tensor cores (mma m16n8k256 AND+popc): one kernel packs "
                                   "the padded input's sign words, the conv reads each window straight from them "
                                   "(no im2col), popcount correction, scale/bias/dtype and the NCHW store fused; "

@@ -229,38 +229,36 @@ def _rows(t: torch.Tensor, k: int, c0: int, c1: int, copies: int = 1, defer: boo
 
 
 class PreparedSigns:
-    """Holder of one packed weight (rows of sign bits, canonical layout) and the layouts derived
-    from it, built on first use for each K / conv geometry (prepare only sees the weight)."""
+    """The layouts derived from one packed weight (rows of sign bits, canonical layout), built on first use for
+    each K / conv geometry from the weight the call passes (prepare only sees the weight). It keeps no reference
+    to the weight: the dispatcher frees a layout with its weight's storage, which a reference from the layout would
+    keep alive for good. Rows the GEMM reads in place are therefore not kept: the call's weight is used."""
 
-    def __init__(self, w: torch.Tensor):
-        self.w = w
+    def __init__(self):
         self._cache: dict = {}
 
-    def gemm(self, k: int):
+    def gemm(self, w: torch.Tensor, k: int):
         """(bits, -2 popc(w) per row, ld bits) for binary_gemm / binary_linear."""
         hit = self._cache.get(("gemm", k))
         if hit is None:
             # kept for later calls: never in a CUDA graph's warm-up pool
-            bits, term, ld, _ = outside_graph_pool(lambda: _rows(self.w.unsqueeze(0), k, 0, -2), self.w.device)
-            hit = self._cache[("gemm", k)] = (bits, term, ld)
-        return hit
+            bits, term, ld, _ = outside_graph_pool(lambda: _rows(w.unsqueeze(0), k, 0, -2), w.device)
+            in_place = bits.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+            hit = self._cache[("gemm", k)] = (None if in_place else bits, term, ld)
+        bits, term, ld = hit
+        return (w.unsqueeze(0) if bits is None else bits), term, ld
 
-    def conv(self, cg: int, kh: int, kw: int, copies: int):
+    def conv(self, w: torch.Tensor, cg: int, kh: int, kw: int, copies: int):
         """Weights reordered to (tap, channel word) K order, padded to kpad, `copies` times."""
         key = ("conv", cg, kh, kw, copies)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = outside_graph_pool(lambda: _conv_weight(self.w, cg, kh, kw, copies),
-                                                         self.w.device)
+            hit = self._cache[key] = outside_graph_pool(lambda: _conv_weight(w, cg, kh, kw, copies), w.device)
         return hit
 
 
 def prepare_weight(w: torch.Tensor) -> PreparedSigns:
-    return PreparedSigns(w)
-
-
-def unprepare_weight(p: PreparedSigns):
-    return (p.w,)
+    return PreparedSigns()
 
 
 def _conv_weight(w: torch.Tensor, cg: int, kh: int, kw: int, copies: int):
@@ -290,7 +288,7 @@ def _against_weight(x, w, k, out_dtype, prepared, tile):
     out = _empty_out((x.shape[0], w.shape[0]), out_dtype, x.device)
     if out.numel() == 0:
         return out, None
-    return out, (prepared if prepared is not None else prepare_weight(w)).gemm(k)
+    return out, (prepared if prepared is not None else prepare_weight(w)).gemm(w, k)
 
 
 def binary_gemm(a, b, k, scale, bias, out_dtype, prepared=None, *, tile=None):
@@ -335,7 +333,7 @@ def bind_binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prep
     m, n = x.shape[0], w.shape[0]
     out = binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared)   # tunes, builds layouts
     name = LAST_CONFIG[0]
-    wb, wterm, ldb = (prepared if prepared is not None else prepare_weight(w)).gemm(k)
+    wb, wterm, ldb = (prepared if prepared is not None else prepare_weight(w)).gemm(w, k)
     kp = kpad(k)
     sh = None if shift is None else shift.reshape(-1).to(x.dtype)
     s1, s2, vb = _vec(act_scale), _vec(w_scale), _vec(bias)
@@ -392,7 +390,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     k = cg * kh * kw
     cgw = -(-cg // 32)
-    wb, wterm, words = p.conv(cg, kh, kw, copies)
+    wb, wterm, words = p.conv(w, cg, kh, kw, copies)
     xb = torch.empty((nimg * h * wd, g * cgw), dtype=torch.int32, device=x.device)
     ppop = torch.empty((nimg * h * wd, g * cgw), dtype=torch.int32, device=x.device)
     _ops().pack_channels(x, xb, ppop, g, cgw)
@@ -447,7 +445,7 @@ def register(registry, priority: int) -> None:
     cuda = ("cuda",)
     registry.register("binary_gemm", binary_gemm, priority=priority, name="binary_gemm",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC, check=_gemm_check),
-                      prepare=prepare_weight, unprepare=unprepare_weight,
+                      prepare=prepare_weight,
                       description="CUTLASS GemmUniversal uint1b AND+popc (mma m16n8k256), popcount correction + "
                                   "scale + bias + dtype fused in an epilogue visitor; any M, N, K; tiles tuned per GPU; "
                                   "on sm_90a a b1 AND.POPC wgmma (BGMMA) kernel with TMA and an EVT epilogue")
@@ -455,7 +453,7 @@ def register(registry, priority: int) -> None:
         registry.register("binary_linear", binary_linear, priority=priority, name="binary_linear",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=CC,
                                                 check=_gemm_check, defer=handoff("cutlass:binary_linear")),
-                          prepare=prepare_weight, unprepare=unprepare_weight, bind=bind_binary_linear,
+                          prepare=prepare_weight, bind=bind_binary_linear,
                           description="one kernel packs sgn(x + shift) and popc(x) per row, then the CUTLASS "
                                       "1-bit GEMM with scale = sa*sw, bias and dtype in the epilogue")
     registry.register("binary_bmm", binary_bmm, priority=priority, name="binary_bmm",
@@ -464,7 +462,7 @@ def register(registry, priority: int) -> None:
     registry.register("binary_conv2d", binary_conv2d, priority=priority, name="binary_conv2d",
                       capability=Capability(devices=cuda, dtypes=PACKABLE, compute_capability=CC, check=_conv_check,
                                             defer=handoff("cutlass:binary_conv2d")),
-                      prepare=prepare_weight, unprepare=unprepare_weight,
+                      prepare=prepare_weight,
                       description="channel packing + im2col of sign bits (pad -1/+1 as 0/1 bits, pad 0 as the "
                                   "average via a doubled K), CUTLASS 1-bit GEMM writing NCHW from its epilogue; "
                                   "any kernel/stride/padding/dilation/groups, NCHW or channels_last input")

@@ -135,7 +135,7 @@ def prepare(qweight, scales, zeros, g_idx):
 def _statistics(scales, zeros, bits, n, fmt):
     """float32 (G, N) scale and zero with W = scale * (q - 2^(b-1)) + zero."""
     half = float(1 << (bits - 1))
-    s = scales.detach().to(torch.float32)
+    s = scales.detach().to(torch.float32, copy=True)   # (never the weight's own tensor: see prepare)
     if fmt == "gptq":
         z = _codes_along_n(zeros.detach(), bits, n).to(torch.float32)
         return s, s * (half - z)

@@ -12,8 +12,9 @@ inputs, every dtype and bit width):
   this backend explicitly never calls the kernel (another kernel of the
   backend serves it, or a NoKernelError explains why);
 * **prepared layouts** — ``prepare`` is deterministic, ``unprepare`` (when
-  declared) gives the canonical weights back, and an in-place change of a
-  weight is seen on the next call (no stale cache);
+  declared) gives the canonical weights back, the layout keeps no weight
+  alive, and an in-place change of a weight is seen on the next call (no
+  stale cache);
 * **opcheck** — ``torch.library.opcheck`` on each op through this backend.
 
 Results are tallied per (op, backend) into the coverage matrix printed at the
@@ -22,6 +23,8 @@ end of the run.
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -181,12 +184,30 @@ def check_prepared(kernel: Kernel, op: OpDef, case: Case) -> None:
     o2 = kernel.fn(*case.args, prepared=p2)
     compare(o2, _to_cpu(o1), "exact" if case.tol == "exact" else case.tol,
             f"{kernel.qualname}: prepare is not deterministic")
+    check_prepared_keeps_no_weight(kernel, op, case)
     if kernel.unprepare is not None:
         back = kernel.unprepare(p1)
         back = back if isinstance(back, (tuple, list)) else (back,)
         for w, b in zip(weights, back):
             if isinstance(w, torch.Tensor):
                 compare(b, w.detach().cpu(), "exact", f"{kernel.qualname}: unprepare(prepare(w)) != w")
+
+
+def check_prepared_keeps_no_weight(kernel: Kernel, op: OpDef, case: Case) -> None:
+    """A prepared layout must not hold its weights (the tensors or views of their memory). The dispatcher keeps a
+    layout until the weight's storage dies; a layout holding that storage would never die, and every weight version
+    prepared (a training step's fresh codes or sign bits) would stay in memory for good. Pass what the kernel needs
+    of the weight at call time through the call's own weight argument."""
+    weights, static = kernel.prepare_inputs(op, case.args)
+    fresh = tuple(w.detach().clone() if isinstance(w, torch.Tensor) else w for w in weights)
+    refs = [(i, weakref.ref(w.untyped_storage())) for i, w in enumerate(fresh) if isinstance(w, torch.Tensor)]
+    prepared = kernel.prepare(*fresh, **static)
+    del fresh
+    gc.collect()
+    kept = [i for i, r in refs if r() is not None]
+    assert not kept, (f"{kernel.qualname}: its prepared layout ({type(prepared).__name__}) keeps weight argument(s) "
+                      f"{kept} of the prepare alive: the dispatcher's cache entry for them would never be freed")
+    del prepared
 
 
 def check_cache_invalidation(kernel: Kernel, op: OpDef, case: Case, gen: torch.Generator) -> None:
