@@ -22,6 +22,7 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -53,7 +54,7 @@ __all__ = [
     # geometry of the formats
     "mbwq_segments",
     # prepared layouts; state kept past a call (out of CUDA-graph warm-up pools)
-    "LayoutMemo", "tensor_state", "outside_graph_pool",
+    "LayoutMemo", "tensor_state", "outside_graph_pool", "weak_view",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
     "scale_runs", "conv_memory_format",
@@ -107,6 +108,24 @@ class LayoutMemo:
 #: (storage pointer, version counter (-1 for inference tensors), device, dtype, shape); other values as they
 #: are. A backend keeping layouts of its own rebuilds them when this changes.
 tensor_state = _tensor_state
+
+
+def weak_view(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A function giving ``t``'s view of its memory again, without keeping that memory alive.
+
+    For layouts built lazily from a weight (a ``LayoutMemo`` entry made on first use): a prepared object must not
+    hold its weight, or the dispatcher's cache entry for the weight would never be freed (it is freed when the
+    weight's storage dies). The function raises once the storage is gone, which cannot happen while the entry,
+    and so the layout, is in use."""
+    ref = weakref.ref(t.untyped_storage())
+    offset, shape, stride, dtype, device = t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device
+
+    def view() -> torch.Tensor:
+        storage = ref()
+        if storage is None:
+            raise RuntimeError("bie: the weight this layout was prepared from no longer exists")
+        return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape, stride)
+    return view
 
 
 def call_key_fn(op):

@@ -198,15 +198,20 @@ def check_prepared_keeps_no_weight(kernel: Kernel, op: OpDef, case: Case) -> Non
     layout until the weight's storage dies; a layout holding that storage would never die, and every weight version
     prepared (a training step's fresh codes or sign bits) would stay in memory for good. Pass what the kernel needs
     of the weight at call time through the call's own weight argument."""
-    weights, static = kernel.prepare_inputs(op, case.args)
-    fresh = tuple(w.detach().clone() if isinstance(w, torch.Tensor) else w for w in weights)
-    refs = [(i, weakref.ref(w.untyped_storage())) for i, w in enumerate(fresh) if isinstance(w, torch.Tensor)]
-    prepared = kernel.prepare(*fresh, **static)
-    del fresh
+    args = list(case.args)
+    refs = []
+    for i in op.weight_args:
+        if isinstance(args[i], torch.Tensor):
+            args[i] = args[i].detach().clone()
+            refs.append((i, weakref.ref(args[i].untyped_storage())))
+    weights, static = kernel.prepare_inputs(op, tuple(args))
+    prepared = kernel.prepare(*weights, **static)
+    kernel.fn(*args, prepared=prepared)   # (layouts built on first use count too)
+    del args, weights
     gc.collect()
     kept = [i for i, r in refs if r() is not None]
     assert not kept, (f"{kernel.qualname}: its prepared layout ({type(prepared).__name__}) keeps weight argument(s) "
-                      f"{kept} of the prepare alive: the dispatcher's cache entry for them would never be freed")
+                      f"{kept} of the op alive: the dispatcher's cache entry for them would never be freed")
     del prepared
 
 

@@ -28,7 +28,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import FLOAT_DTYPES
+from bie_core.backend_api import FLOAT_DTYPES, weak_view
 
 from ..reference import weight_only as ref_wq
 
@@ -116,10 +116,13 @@ def _layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt) -> WqLayout
     p = (n + PW - 1) // PW
     np_ = p * PW
     canonical = g_idx is None and (group_size == -1 or group_size % 32 == 0)
-    qsrc = qweight.detach()
+    # the codes are read again when a panel kind is first built: through a weak view (the layout must not hold
+    # qweight, or the dispatcher's cache entry for it would never be freed)
+    codes_of = weak_view(qweight.detach())
 
     def words():
         """the codes packed canonically in the prepared row order, (kp*bits/32, np_) int32"""
+        qsrc = codes_of()
         if canonical:
             # groups end on 32-row blocks (but the last): the prepared order is
             # the canonical one and 32 rows are `bits` whole words: only move words
