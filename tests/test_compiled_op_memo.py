@@ -173,3 +173,9 @@ def test_memos_are_not_copied_with_the_weight():
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
     assert torch.equal(loaded, layer.weight) and not loaded.__dict__.get(_sites.ATTR)
+    buf = io.BytesIO()
+    torch.save(layer, buf)                     # a whole module (its bound calls are not picklable)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(back(x), layer(x))
