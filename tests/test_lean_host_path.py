@@ -462,3 +462,39 @@ def test_packed_codes_made_in_inference_mode_serve_a_later_autograd_forward(w_bi
     yg = layer(xg)
     yg.sum().backward()
     assert torch.equal(yg.detach(), y) and xg.grad is not None
+
+
+@pytest.mark.parametrize("kind", ["mpq-f32", "mpq-bf16", "qlinear", "binary"])
+def test_bound_calls_take_inputs_of_any_rank(kind):
+    """The bound call is made for the input's own shape (a model's (batch, tokens, features) activations): rows viewed
+    in and the output viewed out with shapes fixed at bind, or, where the kernel's bound call takes any rank (the
+    CPU weight-only plan), x as it is. Contiguous, strided and 4-D inputs give the full path's result, and a value
+    that is not finite takes the exact path."""
+    from bie_core import BinaryLinear
+    torch.manual_seed(3)
+    if kind.startswith("mpq"):
+        layer = _mpq(128, 24, 4, 128, torch.float32 if kind == "mpq-f32" else torch.bfloat16)
+    elif kind == "qlinear":
+        layer = QLinear(128, 24, 8, 8, bias=True)
+        layer(torch.randn(4, 128).requires_grad_())
+        layer.eval()
+    else:
+        layer = BinaryLinear(128, 24, bias=True)
+        layer(torch.randn(4, 128))
+        layer.eval()
+    dt = layer.scales.dtype if kind.startswith("mpq") else torch.float32
+    base = torch.randn(3, 2, 128).to(dt)
+    for x in (base, base.transpose(0, 1), base.reshape(1, 6, 1, 128), base[:, :1]):
+        full = _full(layer, x)
+        for _ in range(2):
+            y = _lean(layer, x)
+            assert y.shape == full.shape and torch.equal(y, full), (x.shape, x.stride())
+        lc = layer._lean
+        _lean(layer, x)
+        assert layer._lean is lc
+    if kind.startswith("mpq"):
+        x = base.clone()
+        x[1, 0, 5] = float("nan")
+        y, full = _lean(layer, x), _full(layer, x)
+        assert torch.equal(torch.isnan(y), torch.isnan(full))
+        assert torch.equal(torch.nan_to_num(y), torch.nan_to_num(full))

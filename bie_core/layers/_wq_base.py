@@ -13,6 +13,7 @@ from torch import nn
 
 from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string, check_positive_ints
 from ._tracked import TracksBufferWrites
+from ._lean import on_input
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 
 _Tensor = torch.Tensor
@@ -95,40 +96,38 @@ class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         # eager inference (eager_inference() written out: this runs on every call)
         if (type(x) is _Tensor and not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
                 and not _function_mode()):
-            k = self.in_features
-            nd = x.dim()
-            if nd >= 1 and x.shape[-1] == k:
-                x2 = x if nd == 2 else x.reshape(-1, k)
+            if x.dim() >= 1 and x.shape[-1] == self.in_features:
                 fixed = self._lean_fixed()
                 backend = self.backend or ""
                 lc = self._lean
-                if lc is None or not lc.holds(x2, backend, *fixed):
-                    lc = self._rebind(x, x2, fixed, backend)
-                y = lc.call(x2)
-                return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
+                if lc is None or not lc.holds(x, backend, *fixed):
+                    lc = self._rebind(x, fixed, backend)
+                return lc.call(x)
         return self._forward(x)
 
-    def _rebind(self, x, x2, fixed, backend):
+    def _rebind(self, x, fixed, backend):
         """Resolve the kernel for this input signature (the full input checks,
         which raise on bad input, then the dispatcher's whole contract) and keep
-        it bound to the prepared weights (see ``_lean``). The call it makes is
-        the op ``_forward`` calls without grad, with the same arguments."""
+        it bound to the prepared weights (see ``_lean``), as a call on inputs of
+        ``x``'s shape (``on_input``). The call it makes is the op ``_forward``
+        calls without grad, with the same arguments."""
         shapes = self.__dict__.get("_lean_shapes")
         if shapes:
-            lc = shapes.get(x2.shape)
-            if lc is not None and lc.holds(x2, backend, *fixed):
+            lc = shapes.get(x.shape)
+            if lc is not None and lc.holds(x, backend, *fixed):
                 self._lean = lc
                 return lc
         self._check_input(x)
         self._lean = None
-        lc = self._lean = self._lean_bind(x2, fixed, backend)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        lc = self._lean = on_input(self._lean_bind(x2, fixed, backend), x, self.out_features, backend, fixed)
         # generation alternates two signatures (the prompt's rows, then one row per sequence every step): the
         # last few bound calls are kept by input shape, so that switching back does not resolve again
         if shapes is None:
             shapes = self._lean_shapes = {}
         elif len(shapes) >= self.LEAN_SHAPES:
             shapes.pop(next(iter(shapes)))
-        shapes[x2.shape] = lc
+        shapes[x.shape] = lc
         return lc
 
     def _drop_lean(self) -> None:

@@ -28,7 +28,7 @@ from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype,
                     conv2d_geometry)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, _scale, binary_conv2d
 from ._eval_ops import binary_conv2d_eval, binary_linear_eval, latent_signs
-from ._lean import bind_one
+from ._lean import bind_one, on_input
 
 
 def signs_of(w: torch.Tensor, per_channel: bool, backend: str) -> tuple:
@@ -166,13 +166,8 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         of an unchanged latent weight. Returns None when the input needs the
         full path's checks (which then raise)."""
         k = self.in_features
-        nd = x.dim()
-        if nd == 2:
-            x2d = x
-        elif nd == 0 or x.shape[-1] != k:
+        if x.dim() == 0 or x.shape[-1] != k:
             return None
-        else:
-            x2d = x.reshape(-1, k)
         params = self._parameters
         w = params.get("weight")
         if w is None:
@@ -183,12 +178,10 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             fixed = (params["act_shift"], w, params["act_scale"], None, params.get("bias"))
         backend = self.backend or ""
         lc = self._lean
-        if lc is None or not lc.holds(x2d, backend, *fixed):
+        if lc is None or not lc.holds(x, backend, *fixed):
             # something changed (first call, backend choice, kernels, shapes,
             # dtypes, weights): the full input checks, fresh weight signs under
             # the current backend choice, and a new decision
-            if x2d.shape[-1] != k:
-                return None
             self._check_float_input(x)
             self._lean = None
             if w is None:
@@ -196,10 +189,11 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             else:
                 self._signs = None
                 bits, sw = self._latent_signs(w)
+            x2d = x if x.dim() == 2 else x.reshape(-1, k)
             args = (x2d, fixed[0], bits, k, fixed[2], sw, fixed[4], x2d.dtype)
-            lc = self._lean = bind_one(ops.binary_linear, args, backend, fixed)
-        y = lc.call(x2d)
-        return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
+            lc = self._lean = on_input(bind_one(ops.binary_linear, args, backend, fixed), x, self.out_features,
+                                       backend, fixed)
+        return lc.call(x)
 
     def _latent_signs(self, w):
         """(bits, sw) of the latent weight, derived once per weight version."""

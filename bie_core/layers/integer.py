@@ -31,7 +31,7 @@ from ..errors import BieError
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
 from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
-from ._lean import LeanCall, eager_inference, tensor_state
+from ._lean import LeanCall, eager_inference, on_input, tensor_state
 from ._tracked import TrackedTensor
 
 BITS = (4, 8)
@@ -300,23 +300,20 @@ class QLinear(_IntWeightMixin, QATLayer):
         the weight codes and the float32 scales of the current tensors; the same
         ops with the same arguments as ``q_linear``. None: the full path."""
         k = self.in_features
-        nd = x.dim()
-        if nd < 1 or x.shape[-1] != k:
+        if x.dim() < 1 or x.shape[-1] != k:
             return None
-        x2 = x if nd == 2 else x.reshape(-1, k)
         w, fixed = self._lean_fixed()
         backend = self.backend or ""
         lc = self._lean
-        if (lc is None or not lc.holds(x2, backend, *fixed)) and self._lean_kept(x2, backend, fixed) is None:
+        if (lc is None or not lc.holds(x, backend, *fixed)) and self._lean_kept(x, backend, fixed) is None:
             if w is not None and not self._weight_scale_ready:
                 return None
             self._check_float_input(x)
             self._lean = None
-            lc = self._lean = self._bind(x2, fixed, backend)
-            self._keep_lean(x2, fixed, lc)
-        lc = self._lean
-        y = lc.call(x2)
-        return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
+            x2 = x if x.dim() == 2 else x.reshape(-1, k)
+            lc = self._lean = on_input(self._bind(x2, fixed, backend), x, self.out_features, backend, fixed)
+            self._keep_lean(x, fixed, lc)
+        return self._lean.call(x)
 
     def _bind(self, x2, fixed, backend: str) -> LeanCall:
         _, codes, sw = self._weight_operands()

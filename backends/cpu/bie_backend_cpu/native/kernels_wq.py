@@ -328,10 +328,12 @@ def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, forma
         unbound = wq_gemm
 
         def call_plan(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
-            y = plan(x, bias)
+            y = plan(x, bias)   # (x of any rank: the output in its shape)
             if y is None:    # a value that is not finite: the unbound kernel's exact path
-                return unbound(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared)
+                y = unbound(x.reshape(-1, k), qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared)
+                return y.reshape(x.shape[:-1] + (n,))
             return y
+        call_plan.any_rank = True   # the layers pass their input as it is (bie_core/layers/_lean.py on_input)
         return call_plan
     template = _args(lay, torch.empty(0), None, m, None)
     direct = xdt == f32 and lay.identity and lay.kp == lay.k   # x is used as it is (contiguous)

@@ -605,7 +605,9 @@ class WqPlan {
   py::object call(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
     const char* nm = "weight-only plan";
     check_x(x, xcode_, nm);
-    if (x.dim() != 2 || x.size(1) != k_) bad(nm, "x must be (M, " + std::to_string(k_) + ")");
+    // any rank: the rows of the last dim, the output in x's shape with N there (what a layer returns: no reshape
+    // in Python on the way in or out)
+    if (x.dim() < 1 || x.size(-1) != k_) bad(nm, "x must be (..., " + std::to_string(k_) + ")");
     if (segs_.empty()) bad(nm, "no segments");
     std::vector<float> b32;
     const float* bp = nullptr;   // the bias as float32 values (the tensor's own when it is float32 and contiguous)
@@ -618,8 +620,10 @@ class WqPlan {
         bp = b32.data();
       }
     }
-    const int64_t m = x.size(0);
-    at::Tensor out = at::empty({m, n_}, at::TensorOptions().dtype(at::kFloat));
+    const int64_t m = x.numel() / k_;
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = n_;
+    at::Tensor out = at::empty(out_sizes, at::TensorOptions().dtype(at::kFloat));
     if (m == 0) return py::cast(xcode_ == BIE_F32 ? out : out.to(dtype_of(xcode_)));
     bool finite = true;
     {
