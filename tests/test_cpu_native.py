@@ -274,8 +274,15 @@ def test_fused_binary_linear_rejects_bad_arguments(nk):
             f.binary_linear(*args)
     bad(0, torch.randn(3, k + 1), "x must be")
     bad(0, torch.randn(3, k).to(torch.int32), "x must be float")
-    bad(0, torch.randn(k), "x must be")
+    bad(0, torch.tensor(1.0), "x must be")
     bad(4, 0, "x must be")
+    # any other rank: the rows of the last dim, the output in x's shape
+    for shape in ((k,), (2, 3, k), (1, 1, 3, k)):
+        xx = torch.randn(shape)
+        args = list(ok)
+        args[0] = xx
+        want = f.binary_linear(xx.reshape(-1, k), *ok[1:]).reshape(shape[:-1] + (n,))
+        assert torch.equal(f.binary_linear(*args), want)
     bad(2, torch.zeros(n, 10, dtype=torch.uint8), "w must be")
     bad(2, torch.zeros(n + 8, 9, dtype=torch.uint8), "panels")      # panels prepared for another weight
     bad(3, panels[:, :1], "panels")

@@ -59,6 +59,10 @@ def test_int_linear_plan_is_the_reference(m, k, n, dtype, a_bits, w_bits):
             want = ri.int_gemm(ri.quantize_int(xx, sa, a_bits, sh), b, a_bits, w_bits, scale, bias, dtype)
             got = plan(xx)
             assert got.dtype == dtype and got.shape == (m, n) and torch.equal(got, want)
+        # any rank: the rows of the last dim, the output in the input's shape
+        assert plan.any_rank and torch.equal(plan(x.reshape(1, m, k)), plan(x).reshape(1, m, n))
+        if m > 1:
+            assert torch.equal(plan(x[0]), plan(x)[0])
 
 
 def test_int_linear_plan_declines_and_refuses():

@@ -214,8 +214,9 @@ def bind_one(op, args: tuple, backend: str, fixed: tuple, before=None, x=None) -
     else:
         def call(x):
             return fn(x, *rest)
-        # a bound call taking inputs of any rank (the rows of the last dim; the output in the input's shape)
-        call.any_rank = getattr(fn, "any_rank", False)
+        # a bound call taking inputs of any rank (the rows of the last dim; the output in the input's shape), or
+        # the kernel itself with its prepared layout (functools.partial)
+        call.any_rank = getattr(fn, "any_rank", False) or getattr(getattr(fn, "func", None), "any_rank", False)
     if before is not None:
         inner = call
 

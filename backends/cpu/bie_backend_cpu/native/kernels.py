@@ -317,7 +317,16 @@ def binary_linear(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=
         if panels is None:
             panels = _layouts(prepared).get(k, lambda: _checked_panels(w, k))
         return fused.binary_linear(x, shift, w, panels, k, act_scale, w_scale, bias, OUT_CODE[out_dtype])
+    if x.dim() != 2 and x.dim() >= 1:   # the rows of the last dim (as the fused entry takes them)
+        y = _binary_linear_ctypes(x.reshape(-1, x.shape[-1]), shift, w, k, act_scale, w_scale, bias, out_dtype,
+                                  prepared)
+        return y.reshape(x.shape[:-1] + (y.shape[-1],))
     return _binary_linear_ctypes(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared)
+
+
+#: x of any rank: the rows of its last dim, the output in x's shape (the layers' bound calls pass their input as it
+#: is: bie_core/layers/_lean.py on_input)
+binary_linear.any_rank = True
 
 
 def _binary_linear_ctypes(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
@@ -644,7 +653,9 @@ def _fuse_int_linear(lay, kind, m, n, k, out_dtype, quant_call, act_scale, bits,
         return None
     plan = _fused.IntLinearPlan(lay.data, lay.colsum, kind, n, k, lay.kp, lay.p, lay.pw, DTYPE_CODE[out_dtype],
                                 float(act_scale.detach().to(torch.float32)), bits, shift, scale, bias)
-    return plan.__call__
+    call = functools.partial(plan.__call__)
+    call.any_rank = True   # x of any rank, the output in its shape (csrc/fused_plans.cpp)
+    return call
 
 
 # ------------------------------------------------------------- int_conv2d bind

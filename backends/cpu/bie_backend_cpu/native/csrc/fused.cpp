@@ -118,10 +118,10 @@ void blocking(int64_t m, int64_t p, int64_t kw, int64_t& mb, int64_t& pb) {
   shrink_blocks(m, p, mb, pb);
 }
 
-at::Tensor binary_linear(const at::Tensor& x, const std::optional<at::Tensor>& shift, const at::Tensor& w,
-                         const at::Tensor& panels, int64_t k, const std::optional<at::Tensor>& act_scale,
-                         const std::optional<at::Tensor>& w_scale, const std::optional<at::Tensor>& bias,
-                         int64_t out_code) {
+at::Tensor binary_linear_rows(const at::Tensor& x, const std::optional<at::Tensor>& shift, const at::Tensor& w,
+                              const at::Tensor& panels, int64_t k, const std::optional<at::Tensor>& act_scale,
+                              const std::optional<at::Tensor>& w_scale, const std::optional<at::Tensor>& bias,
+                              int64_t out_code) {
   if (!g_pack || !g_bgemm) bad("not initialised (bie_cpu_native is not loaded)");
   // ------------------------------------------------------------ checks
   check_float(x, "x");
@@ -256,6 +256,20 @@ at::Tensor noop(const at::Tensor& x) { return x; }
 }  // namespace
 
 void bie_register_plans(py::module_& m);  // fused_plans.cpp
+
+// x of any rank: its rows are the last dim, the output has x's shape with N there (a layer's bound call passes a
+// model's (batch, tokens, features) activations as they are: reshaping in C++ costs far less than in Python)
+at::Tensor binary_linear(const at::Tensor& x, const std::optional<at::Tensor>& shift, const at::Tensor& w,
+                         const at::Tensor& panels, int64_t k, const std::optional<at::Tensor>& act_scale,
+                         const std::optional<at::Tensor>& w_scale, const std::optional<at::Tensor>& bias,
+                         int64_t out_code) {
+  if (x.dim() == 2 || x.dim() < 1 || x.size(-1) != k)
+    return binary_linear_rows(x, shift, w, panels, k, act_scale, w_scale, bias, out_code);   // (it checks x)
+  at::Tensor out = binary_linear_rows(x.reshape({-1, k}), shift, w, panels, k, act_scale, w_scale, bias, out_code);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = out.size(1);
+  return out.view(sizes);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "bie-backend-cpu: fused inference binary_linear (pybind11; kernels from bie_cpu_native)";

@@ -195,7 +195,16 @@ class IntLinearPlan {
     epi_.set(scale, bias, n, nm);
   }
 
+  // x of any rank: its rows are the last dim, the output has x's shape with N there (see WqPlan::call)
   at::Tensor call(const at::Tensor& x) const {
+    if (x.dim() == 2 || x.dim() < 1 || x.size(-1) != k_) return call_rows(x);   // (it checks x)
+    at::Tensor out = call_rows(x.reshape({-1, k_}));
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = n_;
+    return out.view(sizes);
+  }
+
+  at::Tensor call_rows(const at::Tensor& x) const {
     const char* nm = "int_linear plan";
     check_x(x, quant_.xcode, nm);
     if (x.dim() != 2 || x.size(1) != k_) bad(nm, "x must be (M, " + std::to_string(k_) + ")");
