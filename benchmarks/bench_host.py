@@ -140,7 +140,7 @@ def build_cases(device, dtype, k: int, n: int, m: int, conv_hw: int):
         cases[f"{name} (packed)"] = (packed, base, x)
     # a model's activations are (batch, tokens, features): the same layers on a 3-D input (nn.Linear takes it in C++)
     x3 = x.reshape(1, m, k)
-    for name in ("MPQLinear W4 g32", "BinaryLinear (packed)", "QLinear W8A8 (packed)"):
+    for name in ("MPQLinear W4 g32", "MBWQLinear 4/2-bit", "BinaryLinear (packed)", "QLinear W8A8 (packed)"):
         cases[f"{name}, (1, M, K) input"] = (cases[name][0], base, x3)
     c = k // 4
     xc = torch.randn(1, c, conv_hw, conv_hw, generator=g).to(device=device, dtype=dtype)

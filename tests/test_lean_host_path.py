@@ -464,7 +464,7 @@ def test_packed_codes_made_in_inference_mode_serve_a_later_autograd_forward(w_bi
     assert torch.equal(yg.detach(), y) and xg.grad is not None
 
 
-@pytest.mark.parametrize("kind", ["mpq-f32", "mpq-bf16", "qlinear", "binary"])
+@pytest.mark.parametrize("kind", ["mpq-f32", "mpq-bf16", "mbwq", "qlinear", "binary"])
 def test_bound_calls_take_inputs_of_any_rank(kind):
     """The bound call is made for the input's own shape (a model's (batch, tokens, features) activations): rows viewed
     in and the output viewed out with shapes fixed at bind, or, where the kernel's bound call takes any rank (the
@@ -474,6 +474,8 @@ def test_bound_calls_take_inputs_of_any_rank(kind):
     torch.manual_seed(3)
     if kind.startswith("mpq"):
         layer = _mpq(128, 24, 4, 128, torch.float32 if kind == "mpq-f32" else torch.bfloat16)
+    elif kind == "mbwq":
+        layer = _mbwq(128, 24, torch.float32)
     elif kind == "qlinear":
         layer = QLinear(128, 24, 8, 8, bias=True)
         layer(torch.randn(4, 128).requires_grad_())
@@ -483,6 +485,7 @@ def test_bound_calls_take_inputs_of_any_rank(kind):
         layer(torch.randn(4, 128))
         layer.eval()
     dt = layer.scales.dtype if kind.startswith("mpq") else torch.float32
+    weight_only = kind.startswith("mpq") or kind == "mbwq"
     base = torch.randn(3, 2, 128).to(dt)
     for x in (base, base.transpose(0, 1), base.reshape(1, 6, 1, 128), base[:, :1]):
         full = _full(layer, x)
@@ -492,7 +495,7 @@ def test_bound_calls_take_inputs_of_any_rank(kind):
         lc = layer._lean
         _lean(layer, x)
         assert layer._lean is lc
-    if kind.startswith("mpq"):
+    if weight_only:
         x = base.clone()
         x[1, 0, 5] = float("nan")
         y, full = _lean(layer, x), _full(layer, x)

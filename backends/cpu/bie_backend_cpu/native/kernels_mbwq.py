@@ -211,10 +211,13 @@ def bind_mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
         y = None
         if channel_scale is cs_obj and (cs_obj is None or (channel_scale.data_ptr() == cs_ptr and (
                 cs_ver is None or channel_scale._version == cs_ver))):
-            y = plan(x, bias)
-        if y is None:   # another channel scale, or a value that is not finite: the kernel itself
-            return mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared)
+            y = plan(x, bias)   # (x of any rank: the output in its shape)
+        if y is None:   # another channel scale, or a value that is not finite: the kernel itself, on the rows
+            y = mbwq_gemm(x.reshape(-1, x.shape[-1]), qweight, scales, zeros, q_perm, channel_scale, bias, group_bits,
+                          group_rows, prepared)
+            return y.reshape(x.shape[:-1] + (y.shape[-1],))
         return y
+    call.any_rank = True   # the layers pass their input as it is (bie_core/layers/_lean.py on_input)
     return call
 
 
