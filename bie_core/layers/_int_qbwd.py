@@ -29,8 +29,10 @@ def quantize_grad(g: torch.Tensor, dims) -> tuple:
     """(int8 codes, float32 scale broadcasting to g): absmax over `dims` mapped to 127, round half to even."""
     gf = g.to(torch.float32)
     amax = gf.abs().amax(dim=dims, keepdim=True)
-    # an all-zero group gets scale 1 (its codes are 0 whatever the scale); a non-finite one stays non-finite
-    scale = torch.where(amax > 0, amax / _QMAX, torch.ones_like(amax))
+    # an all-zero group gets scale 1 (its codes are 0 whatever the scale); a non-finite one stays non-finite.
+    # Divided by a tensor: torch divides a CUDA tensor by a Python number as a multiplication by its reciprocal,
+    # which differs in the last bit of some scales from the IEEE division dynamic_quantize_act specifies
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, _QMAX), torch.ones_like(amax))
     codes = torch.round(gf / scale).clamp_(-_QMAX, _QMAX).to(torch.int8)
     return codes, scale
 
