@@ -66,10 +66,6 @@ def _gdtype(g):
     return g.dtype if g.dtype in (torch.float16, torch.bfloat16) else torch.float32
 
 
-def _scale(sa, sw):
-    return sa.detach().to(torch.float32) * sw.detach().to(torch.float32)
-
-
 def _weight_codes(weight, qw, sw, w_bits, backend):
     if weight is None:
         return qw
@@ -96,22 +92,25 @@ def _nhwc_rows(t):
     return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
 
 
-def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend):
+def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, scales=None):
     """(y, the quantizer's input, Qa, Qw). On channels_last input the activations are quantized as their
     (N, H, W, C) view, whose last dim is the channels: the per-channel shift is added inside the quantization (one
     pass, ``x + ba`` never materialised, as in the linear layers) and the codes stay channels_last, which the integer
-    conv reads as they are; the quantizer's input returned is then x itself. Otherwise x + ba is computed first."""
+    conv reads as they are; the quantizer's input returned is then x itself. Otherwise x + ba is computed first.
+    ``scales``: the float32 (sa, sw) when the caller has them (the quantizers and the epilogue then convert
+    nothing: each conversion of a half-precision scale is a kernel launch)."""
     a_bits, w_bits, stride, padding, dilation, groups = geom
+    saf, swf = scales if scales is not None else _f32_scales(sa, sw)
     if channels_last_only(x):
         xs = x
-        qa = ops.quantize_int(x.permute(0, 2, 3, 1), sa.detach(), a_bits, ba.detach(),
+        qa = ops.quantize_int(x.permute(0, 2, 3, 1), saf, a_bits, ba.detach(),
                               backend=backend).permute(0, 3, 1, 2)
     else:
         xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
-        qa = ops.quantize_int(xs, sa.detach(), a_bits, backend=backend)
-    qw = _weight_codes(weight, qw, sw, w_bits, backend)
+        qa = ops.quantize_int(xs, saf, a_bits, backend=backend)
+    qw = _weight_codes(weight, qw, swf, w_bits, backend)
     y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
-                       _scale(sa, sw), bias, x.dtype, backend=backend)
+                       saf * swf, bias, x.dtype, backend=backend)
     return y, xs, qa, qw
 
 
@@ -227,8 +226,9 @@ class QConv2dFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, quantized_backward: bool = False):
-        y, xs, qa, qw = q_conv2d(x, weight, qw, sw, ba, sa, bias, geom, backend)
-        ctx.save_for_backward(xs, qa, weight, qw, sw, sa, ba)
+        saf, swf = _f32_scales(sa, sw)
+        y, xs, qa, qw = q_conv2d(x, weight, qw, sw, ba, sa, bias, geom, backend, (saf, swf))
+        ctx.save_for_backward(xs, qa, weight, qw, sw, sa, ba, saf, swf)
         ctx.geom = geom
         ctx.backend = backend
         ctx.channels_last = xs is x
@@ -237,11 +237,10 @@ class QConv2dFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        xs, qa, weight, qw, sw, sa, ba = ctx.saved_tensors
+        xs, qa, weight, qw, sw, sa, ba, saf, swf = ctx.saved_tensors
         a_bits, w_bits, stride, padding, dilation, groups = ctx.geom
         need = ctx.needs_input_grad
         gd = _gdtype(g)
-        saf, swf = sa.detach().to(torch.float32), sw.detach().to(torch.float32)
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         want_x = need[0] or need[4] or need[5]
         want_w = (need[1] or need[3]) and weight is not None
@@ -285,21 +284,21 @@ class QMatMulFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, cx, cy, bits: int, backend):
-        qx = ops.quantize_int(x, cx.detach(), bits, backend=backend)
-        qyt = ops.quantize_int(y.transpose(1, 2), cy.detach(), bits, backend=backend)
-        out = ops.int_bmm(qx, qyt, bits, bits, _scale(cx, cy), x.dtype, backend=backend)
-        ctx.save_for_backward(x, y, qx, qyt, cx, cy)
+        cxf, cyf = _f32_scales(cx, cy)
+        qx = ops.quantize_int(x, cxf, bits, backend=backend)
+        qyt = ops.quantize_int(y.transpose(1, 2), cyf, bits, backend=backend)
+        out = ops.int_bmm(qx, qyt, bits, bits, cxf * cyf, x.dtype, backend=backend)
+        ctx.save_for_backward(x, y, qx, qyt, cx, cy, cxf, cyf)
         ctx.bits = bits
         ctx.backend = backend
         return out
 
     @staticmethod
     def backward(ctx, g):
-        x, y, qx, qyt, cx, cy = ctx.saved_tensors
+        x, y, qx, qyt, cx, cy, cxf, cyf = ctx.saved_tensors
         need = ctx.needs_input_grad
         gd = _gdtype(g)
         gm = g.to(gd)
-        cxf, cyf = cx.detach().to(torch.float32), cy.detach().to(torch.float32)
         grad_x = grad_y = grad_cx = grad_cy = None
         if need[0] or need[2]:
             y_hat, f = _operand(qyt, cyf, 3, gd)          # (B, N, K)
