@@ -229,6 +229,9 @@ class Decision:
     rejections: list = field(default_factory=list)
     also_ok: list = field(default_factory=list)   # lower-priority kernels that could serve
     fallback: list = field(default_factory=list)  # reasons automatic selection fell back
+    #: a kernel without weights: its call for this signature (its ``bind`` plan, or its general entry), made on
+    #: the first call routed here (``_weightless_call``)
+    call: Optional[Callable] = field(default=None, repr=False, compare=False)
 
     def __str__(self):
         lines = [f"{self.problem.describe()}",
@@ -471,6 +474,30 @@ _layer_name: contextvars.ContextVar = contextvars.ContextVar("bie_layer", defaul
 
 
 # ------------------------------------------------------------- prepared layouts
+_single_use: contextvars.ContextVar = contextvars.ContextVar("bie_single_use_weights", default=False)
+_single_use_get = _single_use.get
+
+
+class single_use_weights:
+    """Within this context, the weights of routed calls are made for that call alone (a training step's weight
+    codes, quantized from the latent weight on every forward): a kernel's layout of them is prepared inline and
+    kept nowhere. Caching it would cost the cache's bookkeeping on every call (keys, weak references, the
+    registered ops' bound-call memo) for an entry no later call can hit, and would hold the layout until the
+    codes die. The QAT layers' autograd Functions enter it around their products."""
+
+    __slots__ = ("_tok",)
+
+    def __enter__(self):
+        # traced by torch.compile: nothing to mark (the compiled graph calls the ops later, outside this context)
+        self._tok = None if torch.compiler.is_compiling() else _single_use.set(True)
+        return self
+
+    def __exit__(self, *exc):
+        if self._tok is not None:
+            _single_use.reset(self._tok)
+        return False
+
+
 class _PreparedCache:
     """Backend layouts derived from canonical weights, per (kernel, weight tensors).
 
@@ -497,6 +524,8 @@ class _PreparedCache:
         """``build()``, kept per ``tag`` (hashable: what the value depends on besides the tensors) and per
         version of the tensors ``weights``; used for kernels' prepared layouts and for values a layer derives
         from its weights (codes, sign bits)."""
+        if _single_use_get():
+            return build()
         key = tag + tuple(_weight_key(w) for w in weights)
         state = tuple(_tensor_state(w) for w in weights)
         e = self._d.get(key)
@@ -533,6 +562,37 @@ class _PreparedCache:
 
     def __len__(self):
         return len(self._d)
+
+
+def _first_device(args: tuple):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return None
+
+
+def _weightless_call(d: Decision, args: tuple) -> Callable:
+    """The call a decision of an op without weight arguments makes for every call of its signature: the kernel's
+    ``bind`` plan where it has one for these arguments (its checks and argument conversions made once; a plan of
+    such a kernel reads every tensor from each call's arguments, as ``Resolved`` relies on), else its general
+    entry. Kept on the decision, so the decision key (shapes, dtypes, devices, every other argument's value)
+    decides reuse. Not bound during CUDA graph capture (what a plan allocates would live in the graph's pool):
+    such a call takes the general entry and leaves the binding to a later call."""
+    k = d.kernel
+    if k.bind is None:
+        d.call = k.fn
+        return k.fn
+    dev = _first_device(args)
+    if _capturing(dev):
+        return k.fn
+    try:
+        fn = outside_graph_pool(lambda: k.bind(*args), dev)
+    except Exception:  # noqa: BLE001 - a plan is an optimisation: the general entry serves (and reports) the call
+        fn = None
+    if fn is None or getattr(fn, "input_only", False):   # (an input-only plan holds the other arguments: not general)
+        fn = k.fn
+    d.call = fn
+    return fn
 
 
 def _capturing(dev) -> bool:
@@ -690,9 +750,15 @@ def make_router(op):
                 pref = _global_pref
                 if pref is None:
                     pref = _env_pref if _env_read else _read_env()
-        k = lookup(args, pref).kernel
+        d = lookup(args, pref)
+        k = d.kernel
         if k.prepare is None:
-            return k.fn(*args)
+            if weight_idx:   # (a plan may hold the weights it was made with: only an op without any is bound)
+                return k.fn(*args)
+            fn = d.call
+            if fn is None:
+                fn = _weightless_call(d, args)
+            return fn(*args)
         if not k.prepare_static:
             return k.fn(*args, prepared=prepared_cache.get(k, tuple(args[i] for i in weight_idx)))
         w, static = k.prepare_inputs(op, args)

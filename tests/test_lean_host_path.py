@@ -501,3 +501,102 @@ def test_bound_calls_take_inputs_of_any_rank(kind):
         y, full = _lean(layer, x), _full(layer, x)
         assert torch.equal(torch.isnan(y), torch.isnan(full))
         assert torch.equal(torch.nan_to_num(y), torch.nan_to_num(full))
+
+
+# ------------------------------------------ routed calls of ops without weights; single-use weights
+def test_routed_weightless_op_binds_once_per_signature(fresh_bie):
+    """A dispatched call of an op without weight arguments goes through its kernel's bind plan, made once per call
+    signature and kept on the decision: a new shape or another argument value binds again, the plan reads each
+    call's tensors, and an input-only plan is never used for a general call."""
+    binds, calls = [], []
+
+    def fn(x, scale, bits, shift=None, out_dtype=None):
+        calls.append("fn")
+        return torch.zeros(x.shape, dtype=torch.int8)
+
+    def bind(x, scale, bits, shift=None, out_dtype=None):
+        binds.append((tuple(x.shape), bits))
+
+        def call(x, scale, bits, shift=None, out_dtype=None):
+            calls.append("bound")
+            return torch.full(x.shape, int(scale.item()), dtype=torch.int8)
+        if x.shape[0] == 5:
+            call.input_only = True
+        return call
+
+    class P:
+        @hookimpl
+        def bie_register_kernels(self, registry):
+            registry.register("quantize_int", fn, name="bound_q", priority=900,
+                              capability=Capability(devices=("cpu",)), bind=bind)
+    bie_core.register_backend(BackendDescriptor("qbinder", "1.0", ("cpu",), load=P))
+    x = torch.randn(3, 8)
+    assert torch.equal(ops.quantize_int(x, torch.tensor(2.0), 8), torch.full((3, 8), 2, dtype=torch.int8))
+    assert torch.equal(ops.quantize_int(x + 1, torch.tensor(3.0), 8), torch.full((3, 8), 3, dtype=torch.int8))
+    assert binds == [((3, 8), 8)] and calls == ["bound", "bound"]
+    ops.quantize_int(torch.randn(4, 8), torch.tensor(1.0), 8)
+    ops.quantize_int(x, torch.tensor(1.0), 4)
+    assert binds == [((3, 8), 8), ((4, 8), 8), ((3, 8), 4)]
+    calls.clear()
+    assert torch.equal(ops.quantize_int(torch.randn(5, 8), torch.tensor(1.0), 8), torch.zeros(5, 8, dtype=torch.int8))
+    assert calls == ["fn"]          # the input-only plan was not taken
+    assert dispatch.resolve(ops.quantize_int, x, torch.tensor(1.0), 8).kernel.name == "bound_q"
+
+
+def test_single_use_weights_keep_no_layout():
+    """Inside single_use_weights a routed call prepares its weight's layout inline and caches nothing (nor does the
+    registered ops' bound-call memo keep an entry); the results equal an ordinary call's. QAT training products
+    run so: a training step leaves no layout of its weight codes behind."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(-8, 8, (6, 40), generator=gen, dtype=torch.int8)
+    b = torch.randint(-8, 8, (24, 40), generator=gen, dtype=torch.int8)
+    s = torch.tensor(0.5)
+    want = ops.int_gemm(a, b.clone(), 4, 4, s, None, torch.float32)
+    n0 = len(dispatch.prepared_cache)
+    with dispatch.single_use_weights():
+        got = ops.int_gemm(a, b, 4, 4, s, None, torch.float32)
+        got_op = torch.ops.bie.int_gemm(a, b, 4, 4, s, None, torch.float32)
+    assert torch.equal(got, want) and torch.equal(got_op, want)
+    assert len(dispatch.prepared_cache) == n0
+    ops.int_gemm(a, b, 4, 4, s, None, torch.float32)      # outside: cached as before (by a kernel that prepares)
+    prepares = dispatch.resolve(ops.int_gemm, a, b, 4, 4, s, None, torch.float32).kernel.prepare is not None
+    assert len(dispatch.prepared_cache) == n0 + prepares
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_qat_training_steps_cache_no_weight_layouts(layer):
+    """Training steps of QLinear / QConv2d (whose forward quantizes the latent weight anew) add no prepared-layout
+    entries, and their outputs and gradients equal those of the same step without the single-use marking."""
+    torch.manual_seed(0)
+    if layer == "linear":
+        m, x = QLinear(40, 24, 8, 8), torch.randn(6, 40)
+    else:
+        m, x = QConv2d(8, 16, 3, padding=1, w_bits=4, a_bits=8), torch.randn(2, 8, 6, 6)
+    m(x)                                                  # scale initialisation
+    n0 = len(dispatch.prepared_cache)
+    xr = x.clone().requires_grad_()
+    y = m(xr)
+    assert len(dispatch.prepared_cache) == n0             # (the codes, saved for the backward, are alive here)
+    y.square().sum().backward()
+    grads = [xr.grad] + [p.grad.clone() for p in m.parameters() if p.grad is not None]
+    for p in m.parameters():
+        p.grad = None
+
+    class _Plain:      # the same step with the marking turned into a no-op
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    import bie_core.layers._int_fn as int_fn
+    old = int_fn.single_use_weights
+    int_fn.single_use_weights = _Plain
+    try:
+        xr2 = x.clone().requires_grad_()
+        y2 = m(xr2)
+        y2.square().sum().backward()
+    finally:
+        int_fn.single_use_weights = old
+    assert torch.equal(y, y2)
+    for g1, g2 in zip(grads, [xr2.grad] + [p.grad for p in m.parameters() if p.grad is not None]):
+        assert torch.equal(g1, g2)

@@ -26,7 +26,7 @@ import torch
 
 from .. import ops
 from ..ops._common import channels_last_only
-from ..dispatch import resolve
+from ..dispatch import resolve, single_use_weights
 from . import _int_qbwd
 
 
@@ -83,8 +83,11 @@ def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backen
     the quantization (one pass; ``x + ba`` is never materialised)."""
     saf, swf = scales if scales is not None else _f32_scales(sa, sw)
     qa = ops.quantize_int(x2d, saf, a_bits, ba.detach(), backend=backend)
+    if weight is None:
+        return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
     qw = _weight_codes(weight, qw, swf, w_bits, backend)
-    return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
+    with single_use_weights():   # codes made for this call: their GEMM layout is not worth keeping
+        return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
 
 
 def _nhwc_rows(t):
@@ -108,9 +111,14 @@ def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, scales=None)
     else:
         xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
         qa = ops.quantize_int(xs, saf, a_bits, backend=backend)
+    if weight is None:
+        y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
+                           saf * swf, bias, x.dtype, backend=backend)
+        return y, xs, qa, qw
     qw = _weight_codes(weight, qw, swf, w_bits, backend)
-    y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
-                       saf * swf, bias, x.dtype, backend=backend)
+    with single_use_weights():   # codes made for this call: their conv layout is not worth keeping
+        y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
+                           saf * swf, bias, x.dtype, backend=backend)
     return y, xs, qa, qw
 
 
@@ -287,7 +295,8 @@ class QMatMulFn(torch.autograd.Function):
         cxf, cyf = _f32_scales(cx, cy)
         qx = ops.quantize_int(x, cxf, bits, backend=backend)
         qyt = ops.quantize_int(y.transpose(1, 2), cyf, bits, backend=backend)
-        out = ops.int_bmm(qx, qyt, bits, bits, cxf * cyf, x.dtype, backend=backend)
+        with single_use_weights():   # both operands' codes are made for this call
+            out = ops.int_bmm(qx, qyt, bits, bits, cxf * cyf, x.dtype, backend=backend)
         ctx.save_for_backward(x, y, qx, qyt, cx, cy, cxf, cyf)
         ctx.bits = bits
         ctx.backend = backend

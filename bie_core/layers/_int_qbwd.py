@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..dispatch import single_use_weights
 from ..ops.dynamic import MAX_K
 
 _QMAX = 127.0
@@ -48,13 +49,15 @@ def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, back
     if gs.shape[1] > MAX_K:
         return _grad_input_steps(gs, qw, backend)
     one = torch.ones(1, dtype=torch.float32, device=g.device)
-    return ops.dynamic_int8_linear(gs, qw.t().contiguous(), one, None, "per_token_symmetric", backend=backend)
+    with single_use_weights():   # (every product here takes operands made for the call: no layout is kept)
+        return ops.dynamic_int8_linear(gs, qw.t().contiguous(), one, None, "per_token_symmetric", backend=backend)
 
 
 def _grad_input_steps(gs: torch.Tensor, qw: torch.Tensor, backend: str = "") -> torch.Tensor:
     """``linear_grad_input`` step by step: the codes, the exact int32 product, the per-token scale."""
     cg, s_tok = quantize_grad(gs, 1)                                  # (M, N), (M, 1)
-    acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None, backend=backend)   # (M, K) int32, exact
+    with single_use_weights():
+        acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None, backend=backend)   # (M, K) int32, exact
     return acc.to(torch.float32) * s_tok
 
 
@@ -67,16 +70,18 @@ def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, bac
     if g.shape[0] > MAX_K:
         return _grad_weight_steps(g, qa, saf, backend)
     gt = g.t().to(torch.float32).contiguous()                         # (N, M)
-    return ops.dynamic_int8_linear(gt, qa.t().contiguous(), saf.reshape(1), None, "per_token_symmetric",
-                                   backend=backend)
+    with single_use_weights():
+        return ops.dynamic_int8_linear(gt, qa.t().contiguous(), saf.reshape(1), None, "per_token_symmetric",
+                                       backend=backend)
 
 
 def _grad_weight_steps(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, backend: str = "") -> torch.Tensor:
     """``linear_grad_weight`` step by step."""
     cg, s_ch = quantize_grad(g, 0)                                    # (M, N), (1, N)
     # (K, N) = Qa.T @ Qg: the per-channel scale then sits on the output columns (the op's epilogue scale)
-    out = ops.int_gemm(qa.t().contiguous(), cg.t().contiguous(), 8, 8, (s_ch.reshape(-1) * saf).contiguous(), None,
-                       torch.float32, backend=backend)
+    with single_use_weights():
+        out = ops.int_gemm(qa.t().contiguous(), cg.t().contiguous(), 8, 8, (s_ch.reshape(-1) * saf).contiguous(),
+                           None, torch.float32, backend=backend)
     return out.t()
 
 
@@ -111,8 +116,9 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
         pads += [before, after]
     cg = F.pad(cg, pads)      # negative amounts crop (padding wider than the kernel's reach)
     wt = qw.flip((2, 3)).transpose(0, 1).contiguous()                 # (C, O, kh, kw)
-    acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None,
-                         backend=backend)
+    with single_use_weights():
+        acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None,
+                             backend=backend)
     return acc.to(torch.float32) * s_n
 
 
@@ -126,6 +132,7 @@ def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_sha
     g_t = g_t.view(o, n, ho, wo)
     kh, kw = w_shape[2], w_shape[3]
     x_t = qa.transpose(0, 1).contiguous()                             # (C, N, H, W)
-    out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
-                         (s_o.reshape(-1) * saf).contiguous(), None, torch.float32, backend=backend)   # (C, O, >=kh, >=kw)
+    with single_use_weights():
+        out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
+                             (s_o.reshape(-1) * saf).contiguous(), None, torch.float32, backend=backend)   # (C, O, >=kh, >=kw)
     return out[:, :, :kh, :kw].transpose(0, 1)

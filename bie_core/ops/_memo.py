@@ -31,6 +31,7 @@ from ..graph_pool import outside_graph_pool
 CALLS = 4
 
 _state = dispatch._weight_state
+_single_use = dispatch._single_use_get
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 
 
@@ -99,7 +100,7 @@ def memoized(op, route: Callable) -> Callable:
         else:
             backend, a = "", (args if n == nargs else args + defaults[n:])
         w0 = a[first]
-        if not isinstance(w0, torch.Tensor) or _dispatch_stack_len():
+        if not isinstance(w0, torch.Tensor) or _dispatch_stack_len() or _single_use():
             return route(*args)
         key = id(w0)
         e = entries.get(key)
