@@ -164,6 +164,14 @@ def _windows(step, clock: Clock, steps: int, budget_s: float, window: int):
     return per_call, done
 
 
+def _compiled(model: nn.Module, args) -> nn.Module:
+    """torch.compile with the chosen backend and mode ("reduce-overhead": the compiled forward and backward replay
+    from CUDA graphs, so a step costs no host time per kernel launch)."""
+    if args.compile_mode == "default" or args.compile_backend != "inductor":   # (a mode is inductor's)
+        return torch.compile(model, backend=args.compile_backend)
+    return torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)
+
+
 def run_case(variant: str, compiled: bool, args, device: torch.device) -> dict:
     row = dict(variant=variant, compile=compiled, batch=args.batch, image=args.image, width=args.width)
     clock = Clock(device)
@@ -171,12 +179,15 @@ def run_case(variant: str, compiled: bool, args, device: torch.device) -> dict:
     opt = make_optimizer(variant, model, args.lr)
     row["optimizer"] = type(opt).__name__
     data = synthetic_batches(args.data_batches, args.batch, args.image, args.classes, device)
-    fwd = torch.compile(model, backend=args.compile_backend) if compiled else model
+    fwd = _compiled(model, args) if compiled else model
+    graphed = compiled and args.compile_mode == "reduce-overhead" and args.compile_backend == "inductor"
     it = [0]
 
     def train_step():
         x, y = data[it[0] % len(data)]
         it[0] += 1
+        if graphed:   # a new iteration: the graphs' outputs of the last one (loss, activations) may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with _autocast(device):
             loss = F.cross_entropy(fwd(x), y)
         opt.zero_grad(set_to_none=True)
@@ -211,10 +222,12 @@ def run_case(variant: str, compiled: bool, args, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    infer_model = torch.compile(model, backend=args.compile_backend) if compiled else model
+    infer_model = _compiled(model, args) if compiled else model
     x = data[0][0]
 
     def infer_step():
+        if graphed:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.inference_mode(), _autocast(device):
             return infer_model(x)
 
@@ -306,6 +319,9 @@ def parse_args(argv=None):
     p.add_argument("--compile", choices=("off", "on", "both"), default=None,
                    help="eager, torch.compile or both (default: both; off with --smoke)")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                   default="default", help="torch.compile mode (reduce-overhead: training and inference steps "
+                   "replayed from CUDA graphs)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--image", type=int, default=224)
     p.add_argument("--width", type=int, default=64)
@@ -382,7 +398,8 @@ def write_results(args, rows: list) -> str:
     from bench_env import git_commit
     relative(rows)
     meta = dict(device=_device_name(args.device), torch=torch.__version__, commit=git_commit(), batch=args.batch,
-                image=args.image, width=args.width, compile_backend=args.compile_backend, autocast="bf16",
+                image=args.image, width=args.width, compile_backend=args.compile_backend,
+                compile_mode=args.compile_mode, autocast="bf16",
                 memory_format="channels_last", date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 backends=",".join(r.name for r in bie_core.backends() if r.status == "loaded"))
     os.makedirs(args.out, exist_ok=True)

@@ -412,6 +412,37 @@ def test_cuda_graph_training_step_follows_the_weights():
 
 
 @cuda
+def test_cuda_reduce_overhead_qat_training_steps():
+    """A QAT model trained under torch.compile(mode="reduce-overhead") (forward and backward replayed from CUDA
+    graphs, the optimizer eager) follows its eager twin step by step: the same gradients, so the same weights after
+    each optimizer step. The training steps' weight codes are made inside the graphs (single-use: nothing prepared
+    from them is kept), so a replay quantizes the weights the optimizer left."""
+    import copy
+    from bie_core import BinaryConv2d, QConv2d
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    torch.manual_seed(10)
+    model = nn.Sequential(QConv2d(16, 32, 3, padding=1, w_bits=8, a_bits=8, bias=True), nn.ReLU(),
+                          BinaryConv2d(32, 16, 3, padding=1), nn.Flatten(),
+                          QLinear(16 * 8 * 8, 24, 4, 4, bias=True)).to(dev, dt)
+    x = torch.randn(4, 16, 8, 8, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
+    model(x)                                                       # first-batch scales
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    params, twin_params = list(model.parameters()), list(twin.parameters())
+    for it in range(5):
+        torch.compiler.cudagraph_mark_step_begin()
+        compiled(x).float().pow(2).mean().backward()
+        twin(x).float().pow(2).mean().backward()
+        with torch.no_grad():
+            for p, q in zip(params, twin_params):
+                torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=1e-3, msg=f"step {it}")
+                p.sub_(0.05 * p.grad.sign() * p.abs().mean())     # moves many weights across code boundaries
+                q.copy_(p)
+                p.grad = q.grad = None
+
+
+@cuda
 @pytest.mark.parametrize("packed", [False, True])
 def test_cuda_reduce_overhead_qat_eval_layers(packed):
     """QAT layers in eval(), latent or packed, under mode="reduce-overhead": the layer ops' derived codes and bound
