@@ -216,6 +216,8 @@ def run_case(variant: str, compiled: bool, args, device: torch.device) -> dict:
     del opt
     model.eval()
     bie_core.pack(model)
+    if args.fold_bn:   # every variant alike (the float model's convs fold too)
+        row["bn_folded"] = len(bie_core.fold_batchnorm(model).folded)
     row["disk_bytes"] = _disk_bytes(model)
     if variant == "float":
         row["disk_bytes_bf16"] = _disk_bytes(copy.deepcopy(model).to(torch.bfloat16))
@@ -318,6 +320,9 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--compile", choices=("off", "on", "both"), default=None,
                    help="eager, torch.compile or both (default: both; off with --smoke)")
+    p.add_argument("--fold-bn", action="store_true",
+                   help="fold the BatchNorm layers into the convolutions before them for inference "
+                   "(bie_core.fold_batchnorm, every variant alike)")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
                    default="default", help="torch.compile mode (reduce-overhead: training and inference steps "
@@ -399,7 +404,7 @@ def write_results(args, rows: list) -> str:
     relative(rows)
     meta = dict(device=_device_name(args.device), torch=torch.__version__, commit=git_commit(), batch=args.batch,
                 image=args.image, width=args.width, compile_backend=args.compile_backend,
-                compile_mode=args.compile_mode, autocast="bf16",
+                compile_mode=args.compile_mode, fold_bn=args.fold_bn, autocast="bf16",
                 memory_format="channels_last", date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 backends=",".join(r.name for r in bie_core.backends() if r.status == "loaded"))
     os.makedirs(args.out, exist_ok=True)

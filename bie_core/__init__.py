@@ -70,5 +70,6 @@ __all__ += ["fuse_shared_input_linears", "unfuse_shared_input_linears"]
 # dynamically quantized int8 linear layers and interoperation with torch's dynamic quantization
 from . import interop  # noqa: E402
 from .layers.dynamic import DynamicQLinear  # noqa: E402
+from .fold import FoldReport, fold_batchnorm  # noqa: E402
 
-__all__ += ["DynamicQLinear", "interop"]
+__all__ += ["DynamicQLinear", "interop", "fold_batchnorm", "FoldReport"]

@@ -1,0 +1,184 @@
+"""Folding an inference model's BatchNorm2d layers into the convolutions that feed them.
+
+In eval mode a ``BatchNorm2d`` is a per-channel affine map of its input, ``z = a * y + b`` with
+``a = gamma / sqrt(running_var + eps)`` and ``b = beta - a * running_mean``. When ``y`` is a convolution's output
+and nothing else reads it, the map folds into that convolution and the BatchNorm becomes ``nn.Identity``: one pass
+over the activations fewer per block (a read and a write of every activation, the cost of a memory-bound
+element-wise kernel), and one rounding fewer.
+
+* ``nn.Conv2d``: each output channel's filter is scaled by ``a`` and its bias becomes ``a * bias + b``.
+* A packed ``QConv2d`` / ``BinaryConv2d``: the output is ``float32(acc) * (sa * sw) + bias`` with integer
+  ``acc`` (the op's epilogue), so ``a`` folds into the weight scale ``sw`` (which becomes per channel) and the bias
+  becomes ``a * bias + b``; the codes do not change. An unpacked layer is left alone: during training its ``sw``
+  also sets the weight's quantization grid, which folding would move.
+
+The folded model computes the same function up to the rounding of the folded scale and bias in the layer's dtype
+(float32: a few units in the last place; bf16: the dtype's own rounding, and the BatchNorm's own rounding of its
+input disappears). Pairs are found in the model's ``torch.fx`` graph (convolution, BatchNorm and bie layers kept as
+leaves); a model fx cannot trace is searched for consecutive children of its ``nn.Sequential`` containers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .layers._base import QATLayer
+from .layers.binary import BinaryConv2d
+from .layers.integer import QConv2d
+
+__all__ = ["fold_batchnorm", "FoldReport"]
+
+_BIE_CONVS = (QConv2d, BinaryConv2d)
+
+
+@dataclass
+class FoldReport:
+    """What :func:`fold_batchnorm` did: the (conv, BatchNorm) module names it folded, those it left with the reason,
+    and how the pairs were found ("fx graph" or "nn.Sequential order")."""
+
+    folded: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    found_by: str = ""
+
+    def __str__(self) -> str:
+        lines = [f"fold_batchnorm: {len(self.folded)} folded, {len(self.skipped)} left (pairs found by "
+                 f"{self.found_by})"]
+        lines += [f"  folded  {c} <- {b}" for c, b in self.folded]
+        lines += [f"  left    {c} <- {b}: {why}" for c, b, why in self.skipped]
+        return "\n".join(lines)
+
+
+def _is_conv(m: nn.Module) -> bool:
+    return isinstance(m, _BIE_CONVS) or (isinstance(m, nn.Conv2d) and not isinstance(m, QATLayer))
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return _is_conv(m) or isinstance(m, (nn.BatchNorm2d, QATLayer)) or super().is_leaf_module(m, qualname)
+
+
+def _pairs_from_graph(model: nn.Module) -> list:
+    graph = _Tracer().trace(model)
+    modules = dict(model.named_modules())
+    calls: dict = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    pairs = []
+    for node in graph.nodes:
+        if node.op != "call_module" or not isinstance(modules.get(node.target), nn.BatchNorm2d) or not node.args:
+            continue
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op != "call_module" or not _is_conv(modules.get(src.target)):
+            continue
+        # the conv's output must reach nothing but this BatchNorm, and neither module may be called elsewhere
+        if len(src.users) == 1 and calls[src.target] == 1 and calls[node.target] == 1 and len(node.args) == 1:
+            pairs.append((src.target, node.target))
+    return pairs
+
+
+def _pairs_from_sequentials(model: nn.Module) -> list:
+    pairs = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Sequential):
+            kids = list(m.named_children())
+            for (cn, c), (bn_, b) in zip(kids, kids[1:]):
+                if _is_conv(c) and isinstance(b, nn.BatchNorm2d):
+                    prefix = f"{name}." if name else ""
+                    pairs.append((prefix + cn, prefix + bn_))
+    return pairs
+
+
+def _why_not(conv: nn.Module, bn: nn.BatchNorm2d):
+    if bn.training:
+        return "the BatchNorm is in training mode (its batch statistics are not a fixed map): call .eval() first"
+    if bn.running_mean is None or bn.running_var is None:
+        return "the BatchNorm keeps no running statistics"
+    out = conv.out_channels
+    if bn.num_features != out:
+        return f"the BatchNorm has {bn.num_features} features, the convolution {out} output channels"
+    if isinstance(conv, _BIE_CONVS) and not conv.packed:
+        return ("the layer is not packed (while it trains, its weight scale also sets the weight's quantization "
+                "grid): pack() it first")
+    return None
+
+
+def _affine(bn: nn.BatchNorm2d) -> tuple:
+    """(a, b) of the BatchNorm's eval map z = a * y + b, in float64."""
+    var, mean = bn.running_var.detach().double(), bn.running_mean.detach().double()
+    a = torch.rsqrt(var + bn.eps)
+    b = -mean * a
+    if bn.weight is not None:
+        a = a * bn.weight.detach().double()
+        b = b * bn.weight.detach().double()
+    if bn.bias is not None:
+        b = b + bn.bias.detach().double()
+    return a, b
+
+
+def _set_tensor(m: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Replace parameter or buffer ``name`` by ``value`` (a parameter keeps its requires_grad)."""
+    old = getattr(m, name)
+    if name in m._parameters:
+        setattr(m, name, nn.Parameter(value, requires_grad=old is not None and old.requires_grad))
+    else:
+        m.register_buffer(name, value)
+
+
+def _fold(conv: nn.Module, a: torch.Tensor, b: torch.Tensor) -> None:
+    bias = conv.bias
+    dev = a.device if bias is None else bias.device
+    dtype = (bias.dtype if bias is not None else
+             conv.weight.dtype if isinstance(conv, nn.Conv2d) else conv.act_shift.dtype)
+    new_bias = b.to(dev) if bias is None else a.to(dev) * bias.detach().double() + b.to(dev)
+    with torch.no_grad():
+        if isinstance(conv, _BIE_CONVS):
+            sw = conv.weight_scale
+            s = sw.detach().double().reshape(-1).expand(a.numel()) * a.to(sw.device)
+            _set_tensor(conv, "weight_scale", s.to(sw.dtype).contiguous())
+            conv.per_channel = True          # (the packed form's weight_scale is now one value per channel)
+        else:
+            w = conv.weight
+            w.copy_((w.detach().double() * a.to(w.device).reshape(-1, 1, 1, 1)).to(w.dtype))
+        if bias is None:
+            conv.bias = nn.Parameter(new_bias.to(dtype))
+        else:
+            bias.copy_(new_bias.to(bias.dtype))
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, leaf, new)
+
+
+def fold_batchnorm(model: nn.Module) -> FoldReport:
+    """Fold every eval-mode ``BatchNorm2d`` that reads nothing but the output of an ``nn.Conv2d`` or a packed
+    ``QConv2d`` / ``BinaryConv2d`` into that convolution, in place; the BatchNorm becomes ``nn.Identity``.
+
+    For inference only: call ``model.eval()`` (and ``bie_core.pack(model)`` for the QAT layers) first. Returns a
+    :class:`FoldReport` naming the folded pairs and those left, with the reason. Pairs are found in the model's
+    ``torch.fx`` graph; a model fx cannot trace is searched for consecutive children of ``nn.Sequential``
+    containers."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"bie: fold_batchnorm takes an nn.Module, not {type(model).__name__}")
+    if model.training:
+        raise ValueError("bie: fold_batchnorm folds a BatchNorm's running statistics, which only an eval-mode model "
+                         "uses: call model.eval() first (fold for inference, keep the unfolded model to train)")
+    report = FoldReport()
+    try:
+        pairs, report.found_by = _pairs_from_graph(model), "fx graph"
+    except Exception:  # noqa: BLE001 - any model fx cannot trace: the containers' order instead
+        pairs, report.found_by = _pairs_from_sequentials(model), "nn.Sequential order"
+    for conv_name, bn_name in pairs:
+        conv, bn = model.get_submodule(conv_name), model.get_submodule(bn_name)
+        why = _why_not(conv, bn)
+        if why is not None:
+            report.skipped.append((conv_name, bn_name, why))
+            continue
+        a, b = _affine(bn)
+        _fold(conv, a, b)
+        _replace(model, bn_name, nn.Identity())
+        report.folded.append((conv_name, bn_name))
+    return report
