@@ -61,8 +61,8 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
             x = x.contiguous()
         # (the library reads the tensors' memory: a tensor that requires grad needs no detach for that)
         s = scale if scale.dtype is f32 else scale.detach().to(f32)
-        if shift is not None and shift.dtype is not dt:
-            shift = shift.detach().to(dt)
+        if shift is not None and (shift.dtype is not dt or not shift.is_contiguous()):
+            shift = shift.detach().to(dt).contiguous()   # (as _shift_in: the kernel reads contiguous values)
         return fn(x, s, 0, bits, shift, out_dtype)
     # what a fused quantize + GEMM plan may recognise: this kernel, for inputs of this shape and dtype
     call.bie_cuda_quantize = (tuple(x.shape), dt)
