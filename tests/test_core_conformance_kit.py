@@ -156,3 +156,29 @@ def test_kit_catches_a_layout_that_keeps_its_weight(pytester):
     out = result.stdout.str()
     assert result.ret == 1, out[-3000:]
     assert "hoard:hoarder" in out and "keeps weight argument" in out, out[-3000:]
+
+
+def test_kit_checks_bind_plans(pytester):
+    # a bind plan is what the layers' bound calls and dispatched calls of an op without weights run: the kit
+    # checks it against the reference like the kernel's fn, and for such an op on new values of the signature
+    # (a plan that kept the values it was made with is caught)
+    pytester.makeconftest(textwrap.dedent('''
+        import bie_core
+        from bie_core import Capability
+        from bie_backend_cpu.reference import integer
+        def quantize_int(x, scale, bits, shift=None, out_dtype=None):
+            return integer.quantize_int(x, scale, bits, shift, out_dtype)
+        def bind(x, scale, bits, shift=None, out_dtype=None):
+            first = integer.quantize_int(x, scale, bits, shift, out_dtype)
+            return lambda *args: first          # the first call's result, whatever the call
+        class P:
+            @bie_core.hookimpl
+            def bie_register_kernels(self, registry):
+                registry.register("quantize_int", quantize_int, name="stale", priority=10,
+                                  capability=Capability(devices=("cpu",)), bind=bind)
+        bie_core.register_backend(bie_core.BackendDescriptor("stale", "1.0", ("cpu",), load=P))
+    '''))
+    result = pytester.runpytest_subprocess("--bie-backend=stale", "-q", "-p", "no:cacheprovider", "-k", "test_kernel")
+    out = result.stdout.str()
+    assert result.ret == 1, out[-3000:]
+    assert "stale:stale" in out and "bind plan, new values of the signature" in out, out[-3000:]

@@ -119,6 +119,8 @@ def check_matches(kc: KernelCase) -> None:
                 f"{kc.id}: fake says {tuple(f.shape)}/{f.dtype}, kernel gave {tuple(o.shape)}/{o.dtype}"
         return
     compare(out, exp, kc.case.tol, kc.id)
+    if kc.kernel.bind is not None:
+        check_bind(kc, exp)
     if kc.op.memory_format_checked:
         check_memory_format(kc, out)
     # fresh inputs every run are not enough if a kernel is nondeterministic: run twice
@@ -126,6 +128,34 @@ def check_matches(kc: KernelCase) -> None:
         again = call_kernel(kc.kernel, kc.op, kc.case.args)
         compare(again, _to_cpu(out), "exact",
                 kc.id + " (second run)")
+
+
+def _scaled(a):
+    """A floating tensor argument's values times 0.75 (a new tensor of the same signature; still a valid argument:
+    scales stay positive, zero stays zero, non-finite stays non-finite); anything else as it is."""
+    if isinstance(a, torch.Tensor) and a.is_floating_point():
+        return (a * 0.75).to(a.dtype)
+    return a
+
+
+def check_bind(kc: KernelCase, exp) -> None:
+    """A kernel's ``bind`` plan computes what the op defines, as its ``fn`` must: for the arguments it was made
+    with, and, for an op without weight arguments, for new tensors of the same signature (a dispatched call of
+    such an op runs the plan made on an earlier call of that signature: bie_core/dispatch.py). An input-only plan
+    is called as the layers call it, with the input alone."""
+    k, op, args = kc.kernel, kc.op, kc.case.args
+    if k.prepare is None:
+        fn = k.bind(*args)
+    else:
+        weights, static = k.prepare_inputs(op, args)
+        fn = k.bind(*args, prepared=k.prepare(*weights, **static))
+    if fn is None:
+        return
+    input_only = getattr(fn, "input_only", False)
+    compare(fn(args[0]) if input_only else fn(*args), exp, kc.case.tol, kc.id + " (bind plan)")
+    if not op.weight_args and not input_only:
+        new = tuple(_scaled(a) for a in args)
+        compare(fn(*new), expected(k, op, new), kc.case.tol, kc.id + " (bind plan, new values of the signature)")
 
 
 def _with_fakes(kc: KernelCase, out) -> list:

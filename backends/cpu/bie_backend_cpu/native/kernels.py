@@ -612,8 +612,8 @@ def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
     run, copy, byref = _lib.bie_igemm, IGemmArgs.from_buffer_copy, ctypes.byref
 
     def call(a, b, a_bits, b_bits, scale, bias, out_dtype):
-        if a.stride(1) != 1:
-            a = a.contiguous()
+        if a.stride(1) != 1 or a.stride(0) < k:   # (rows that overlap or repeat: the dense copy int_gemm reads)
+            a = _row_operand(a, k)
         s32, b32 = _f32_flat(scale), _f32_flat(bias)
         out = torch.empty((m, n), dtype=odt)
         args = copy(template)     # one argument block per call: calls may run in several threads
@@ -624,6 +624,9 @@ def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
             args.bias = b32.data_ptr()
         _check(run(byref(args)), "int_gemm")
         return out
+    # the plan reads the layout by address: it holds the layout (the prepared memo it came from may be dropped
+    # first, by a cache eviction or an in-place weight update)
+    call.layout = lay
     if out_dtype is not None and out_dtype in FLOAT_DTYPES:
         call.fuse_quantized_input = functools.partial(_fuse_int_linear, lay, kind, m, n, k, out_dtype)
     return call
