@@ -12,6 +12,12 @@ element-wise kernel), and one rounding fewer.
   becomes ``a * bias + b``; the codes do not change. An unpacked layer is left alone: during training its ``sw``
   also sets the weight's quantization grid, which folding would move.
 
+A BatchNorm whose output only a packed ``BinaryConv2d`` reads folds forward instead: that layer binarizes
+``sgn(x + ba)`` of its input, and ``sgn(a * z + b + ba) = sgn(a) * sgn(z + (b + ba) / a)``, so its shift becomes
+``(b + ba) / a`` and, for a channel with ``a < 0``, the signs of that input channel's weights flip (not where the
+layer pads with a non-zero value: the padding would flip with them). A binary network's BatchNorm before each
+binarization then costs nothing.
+
 The folded model computes the same function up to the rounding of the folded scale and bias in the layer's dtype
 (float32: a few units in the last place; bf16: the dtype's own rounding, and the BatchNorm's own rounding of its
 input disappears). Pairs are found in the model's ``torch.fx`` graph (convolution, BatchNorm and bie layers kept as
@@ -35,18 +41,21 @@ _BIE_CONVS = (QConv2d, BinaryConv2d)
 
 @dataclass
 class FoldReport:
-    """What :func:`fold_batchnorm` did: the (conv, BatchNorm) module names it folded, those it left with the reason,
-    and how the pairs were found ("fx graph" or "nn.Sequential order")."""
+    """What :func:`fold_batchnorm` did: the (conv, BatchNorm) module names it folded into the conv before, the
+    (BatchNorm, binary conv) names it folded into the binary conv after, those it left with the reason, and how the
+    pairs were found ("fx graph" or "nn.Sequential order")."""
 
     folded: list = field(default_factory=list)
+    folded_forward: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
     found_by: str = ""
 
     def __str__(self) -> str:
-        lines = [f"fold_batchnorm: {len(self.folded)} folded, {len(self.skipped)} left (pairs found by "
-                 f"{self.found_by})"]
+        lines = [f"fold_batchnorm: {len(self.folded) + len(self.folded_forward)} folded, {len(self.skipped)} left "
+                 f"(pairs found by {self.found_by})"]
         lines += [f"  folded  {c} <- {b}" for c, b in self.folded]
-        lines += [f"  left    {c} <- {b}: {why}" for c, b, why in self.skipped]
+        lines += [f"  folded  {b} -> {c} (its input shift)" for b, c in self.folded_forward]
+        lines += [f"  left    {c} / {b}: {why}" for c, b, why in self.skipped]
         return "\n".join(lines)
 
 
@@ -59,36 +68,47 @@ class _Tracer(torch.fx.Tracer):
         return _is_conv(m) or isinstance(m, (nn.BatchNorm2d, QATLayer)) or super().is_leaf_module(m, qualname)
 
 
-def _pairs_from_graph(model: nn.Module) -> list:
+def _pairs_from_graph(model: nn.Module) -> tuple:
+    """(conv -> BatchNorm pairs, BatchNorm -> BinaryConv2d pairs) of the model's fx graph: the first module's
+    output read by the second alone, each module called once."""
     graph = _Tracer().trace(model)
     modules = dict(model.named_modules())
     calls: dict = {}
     for node in graph.nodes:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
-    pairs = []
+    back, forward = [], []
     for node in graph.nodes:
         if node.op != "call_module" or not isinstance(modules.get(node.target), nn.BatchNorm2d) or not node.args:
             continue
-        src = node.args[0]
-        if not isinstance(src, torch.fx.Node) or src.op != "call_module" or not _is_conv(modules.get(src.target)):
+        if len(node.args) != 1 or node.kwargs or calls[node.target] != 1:
             continue
+        src = node.args[0]
         # the conv's output must reach nothing but this BatchNorm, and neither module may be called elsewhere
-        if len(src.users) == 1 and calls[src.target] == 1 and calls[node.target] == 1 and len(node.args) == 1:
-            pairs.append((src.target, node.target))
-    return pairs
+        if isinstance(src, torch.fx.Node) and src.op == "call_module" and _is_conv(modules.get(src.target)) \
+                and len(src.users) == 1 and calls[src.target] == 1:
+            back.append((src.target, node.target))
+            continue
+        users = list(node.users)
+        if len(users) == 1 and users[0].op == "call_module" and isinstance(modules.get(users[0].target), BinaryConv2d) \
+                and users[0].args[:1] == (node,) and calls[users[0].target] == 1:
+            forward.append((node.target, users[0].target))
+    return back, forward
 
 
-def _pairs_from_sequentials(model: nn.Module) -> list:
-    pairs = []
+def _pairs_from_sequentials(model: nn.Module) -> tuple:
+    back, forward = [], []
     for name, m in model.named_modules():
         if isinstance(m, nn.Sequential):
             kids = list(m.named_children())
-            for (cn, c), (bn_, b) in zip(kids, kids[1:]):
-                if _is_conv(c) and isinstance(b, nn.BatchNorm2d):
-                    prefix = f"{name}." if name else ""
-                    pairs.append((prefix + cn, prefix + bn_))
-    return pairs
+            prefix = f"{name}." if name else ""
+            for (n1, m1), (n2, m2) in zip(kids, kids[1:]):
+                if _is_conv(m1) and isinstance(m2, nn.BatchNorm2d):
+                    back.append((prefix + n1, prefix + n2))
+                elif isinstance(m1, nn.BatchNorm2d) and isinstance(m2, BinaryConv2d):
+                    forward.append((prefix + n1, prefix + n2))
+    done = {b for _, b in back}
+    return back, [(b, c) for b, c in forward if b not in done]
 
 
 def _why_not(conv: nn.Module, bn: nn.BatchNorm2d):
@@ -103,6 +123,47 @@ def _why_not(conv: nn.Module, bn: nn.BatchNorm2d):
         return ("the layer is not packed (while it trains, its weight scale also sets the weight's quantization "
                 "grid): pack() it first")
     return None
+
+
+def _why_not_forward(bn: nn.BatchNorm2d, conv: BinaryConv2d, a: torch.Tensor):
+    if bn.training:
+        return "the BatchNorm is in training mode (its batch statistics are not a fixed map): call .eval() first"
+    if bn.running_mean is None or bn.running_var is None:
+        return "the BatchNorm keeps no running statistics"
+    if bn.num_features != conv.in_channels:
+        return f"the BatchNorm has {bn.num_features} features, the binary convolution {conv.in_channels} input channels"
+    if not conv.packed:
+        return "the binary layer is not packed: pack() it first"
+    if bool((a == 0).any()):
+        return "a BatchNorm channel has a zero scale (its output is constant: nothing to binarize)"
+    if bool((a < 0).any()) and any(conv.padding) and conv.pad_value != 0:
+        return ("a BatchNorm channel has a negative scale and the layer pads with a non-zero value: flipping that "
+                "channel's weight signs would flip its padding too")
+    return None
+
+
+def _fold_forward(conv: BinaryConv2d, a: torch.Tensor, b: torch.Tensor) -> None:
+    """sgn(a z + b + ba) = sgn(a) sgn(z + (b + ba) / a): the new shift, and the weight signs of the input channels
+    with a < 0 flipped (the packed bits of each output channel's K = (C / groups) * kh * kw, channel-major)."""
+    ba = conv.act_shift
+    dev = ba.device
+    a, b = a.to(dev), b.to(dev)
+    with torch.no_grad():
+        ba.copy_(((b + ba.detach().double()) / a).to(ba.dtype))
+        neg = a < 0
+        if bool(neg.any()):
+            o, cg = conv.out_channels, conv.in_channels // conv.groups
+            kk = conv.kernel_size[0] * conv.kernel_size[1]
+            k = cg * kk
+            # per output channel: its group's input channels, each repeated over the kernel's positions
+            group_of = torch.arange(o, device=dev) // (o // conv.groups)
+            chans = group_of.view(-1, 1) * cg + torch.arange(cg, device=dev).view(1, -1)       # (O, Cg)
+            flip = neg[chans].repeat_interleave(kk, dim=1)                                     # (O, K)
+            pad = (-k) % 8
+            flip = torch.nn.functional.pad(flip, (0, pad)).view(o, -1, 8).to(torch.uint8)
+            mask = (flip << torch.arange(8, device=dev, dtype=torch.uint8)).sum(-1).to(torch.uint8)   # LSB first
+            bits = conv.weight_bits
+            bits.copy_(bits ^ mask.to(bits.device))
 
 
 def _affine(bn: nn.BatchNorm2d) -> tuple:
@@ -155,7 +216,8 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 
 def fold_batchnorm(model: nn.Module) -> FoldReport:
     """Fold every eval-mode ``BatchNorm2d`` that reads nothing but the output of an ``nn.Conv2d`` or a packed
-    ``QConv2d`` / ``BinaryConv2d`` into that convolution, in place; the BatchNorm becomes ``nn.Identity``.
+    ``QConv2d`` / ``BinaryConv2d`` into that convolution, in place; the BatchNorm becomes ``nn.Identity``. A
+    BatchNorm read by a packed ``BinaryConv2d`` alone folds into that layer's input shift instead.
 
     For inference only: call ``model.eval()`` (and ``bie_core.pack(model)`` for the QAT layers) first. Returns a
     :class:`FoldReport` naming the folded pairs and those left, with the reason. Pairs are found in the model's
@@ -168,9 +230,19 @@ def fold_batchnorm(model: nn.Module) -> FoldReport:
                          "uses: call model.eval() first (fold for inference, keep the unfolded model to train)")
     report = FoldReport()
     try:
-        pairs, report.found_by = _pairs_from_graph(model), "fx graph"
+        (pairs, forward), report.found_by = _pairs_from_graph(model), "fx graph"
     except Exception:  # noqa: BLE001 - any model fx cannot trace: the containers' order instead
-        pairs, report.found_by = _pairs_from_sequentials(model), "nn.Sequential order"
+        (pairs, forward), report.found_by = _pairs_from_sequentials(model), "nn.Sequential order"
+    for bn_name, conv_name in forward:
+        bn, conv = model.get_submodule(bn_name), model.get_submodule(conv_name)
+        a, b = _affine(bn) if bn.running_var is not None else (None, None)
+        why = _why_not_forward(bn, conv, a) if a is not None else "the BatchNorm keeps no running statistics"
+        if why is not None:
+            report.skipped.append((conv_name, bn_name, why))
+            continue
+        _fold_forward(conv, a, b)
+        _replace(model, bn_name, nn.Identity())
+        report.folded_forward.append((bn_name, conv_name))
     for conv_name, bn_name in pairs:
         conv, bn = model.get_submodule(conv_name), model.get_submodule(bn_name)
         why = _why_not(conv, bn)

@@ -181,3 +181,46 @@ def test_bad_input_is_refused_or_left():
     assert not report.folded and "running statistics" in report.skipped[0][2]
     before = copy.deepcopy(m2.state_dict())
     assert all(torch.equal(before[k], v) for k, v in m2.state_dict().items())
+
+
+@pytest.mark.parametrize("groups, pad_value, padding", [(1, -1.0, 0), (2, 0.0, 1), (1, 0.0, 2), (2, 1.0, 0)])
+def test_batchnorm_folds_into_the_next_binary_conv(groups, pad_value, padding):
+    """BatchNorm -> packed BinaryConv2d: the BatchNorm goes into the layer's input shift (and, for channels with a
+    negative scale, the signs of that input channel's weights), the same function (binary outputs: equal unless an
+    input lands within rounding of its threshold)."""
+    gen = torch.Generator().manual_seed(groups * 10 + padding)
+    x = torch.randn(3, 8, 7, 7, generator=gen)
+    torch.manual_seed(4)
+    conv = _packed(BinaryConv2d(8, 6, 3, padding=padding, groups=groups, pad_value=pad_value, bias=True), x)
+    bn = _bn(8, gen)
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU(), bn, conv).eval()      # ReLU: the BatchNorm folds forward
+    with torch.no_grad():
+        want = model(x)
+        with torch.inference_mode():
+            model(x)                                                            # bound path made before the fold
+    assert bool((bn.weight < 0).any())                                          # negative scales exercised
+    report = fold_batchnorm(model)
+    assert report.folded_forward == [("2", "3")] and not report.folded and not report.skipped, str(report)
+    assert isinstance(model[2], nn.Identity) and "2 -> 3" in str(report)
+    with torch.no_grad():
+        got = model(x)
+    with torch.inference_mode():
+        got_lean = model(x)
+    assert torch.equal(got_lean, got)
+    assert (got != want).float().mean() < 1e-3, (got - want).abs().max()
+
+
+def test_forward_fold_left_where_padding_would_flip():
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(2, 4, 6, 6, generator=gen)
+    torch.manual_seed(5)
+    bn = _bn(4, gen)
+    with torch.no_grad():
+        bn.weight[1] = -1.0
+    model = nn.Sequential(nn.Identity(), bn, _packed(BinaryConv2d(4, 4, 3, padding=1, pad_value=-1.0), x)).eval()
+    with torch.no_grad():
+        want = model(x)
+        report = fold_batchnorm(model)
+        got = model(x)
+    assert not report.folded_forward and "padding" in report.skipped[0][2]
+    assert isinstance(model[1], nn.BatchNorm2d) and torch.equal(got, want)
