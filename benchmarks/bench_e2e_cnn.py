@@ -217,7 +217,8 @@ def run_case(variant: str, compiled: bool, args, device: torch.device) -> dict:
     model.eval()
     bie_core.pack(model)
     if args.fold_bn:   # every variant alike (the float model's convs fold too)
-        row["bn_folded"] = len(bie_core.fold_batchnorm(model).folded)
+        folds = bie_core.fold_batchnorm(model)
+        row["bn_folded"] = len(folds.folded) + len(folds.folded_forward)
     row["disk_bytes"] = _disk_bytes(model)
     if variant == "float":
         row["disk_bytes_bf16"] = _disk_bytes(copy.deepcopy(model).to(torch.bfloat16))
