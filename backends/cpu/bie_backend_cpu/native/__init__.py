@@ -341,7 +341,7 @@ def register_kernels(registry) -> NativeStatus:
     reg(kernels, "quantize_int", "true division, round half to even, clamp; any broadcast scale",
         bind=kernels.bind_quantize_int, capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}))
     reg(kernels, "lsq_backward", "one pass: the STE mask, the codes and the scale and shift partial sums",
-        capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}))
+        bind=kernels.bind_lsq_backward, capability=Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": (4, 8)}))
     wq_cap = Capability(devices=cpu, dtypes=FLOAT_DTYPES, attrs={"bits": kernels_wq.BITS, "format": ("gptq", "gba")})
     reg(kernels_wq, "wq_gemm", f"fused dequant-in-registers GEMM for M <= {kernels_wq.FUSED_MAX_M}, else native "
         "dequantization + torch matmul; float32 accumulation", prepare=kernels_wq.prepare, capability=wq_cap,

@@ -777,6 +777,58 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
     return grad_v, grad_scale, grad_shift, codes
 
 
+def bind_lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+    """``lsq_backward`` for one call signature (the dispatcher's ``bind``; a QAT training step makes two such calls
+    per layer): the checks, the task split and the native argument block made once; a call allocates the outputs
+    and sets the addresses and the factor's value. None where ``lsq_backward`` itself returns early or raises."""
+    if v.device.type != "cpu" or v.dim() != 2 or prod.shape != v.shape or v.dtype not in FLOAT_DTYPES \
+            or prod.dtype not in FLOAT_DTYPES or bits not in (4, 8) \
+            or (codes_dtype is not None and codes_dtype not in FLOAT_DTYPES):
+        return None
+    r, c = v.shape
+    if r == 0 or c == 0 or scale.numel() != (r if rowwise else 1) or (shift is not None and shift.numel() != c):
+        return None
+    hi = (1 << (bits - 1)) - 1
+    rpt = max(1, LSQ_TASK_ELEMENTS // c, -(-r // LSQ_MAX_TASKS))
+    tasks = -(-r // rpt)
+    n_parts = (r if rowwise else tasks) + (tasks * c if shift is not None else 0)
+    shift_off = 8 * (r if rowwise else tasks)
+    vdt = v.dtype
+    template = LsqArgs(None, DTYPE_CODE[vdt], None, DTYPE_CODE[prod.dtype], None, None, 1.0, int(factor is not None),
+                       r, c, -hi - 1, hi, int(bool(rowwise)), rpt, None, None,
+                       DTYPE_CODE[codes_dtype] if codes_dtype is not None else 0, None, None,
+                       math.sqrt(max(c if rowwise else r * c, 1) * hi), None, None)
+    gs_shape = (r,) if rowwise else ()
+    sh_shape = (c,) if shift is not None else (0,)
+    f32, f64, i8 = torch.float32, torch.float64, torch.int8
+    run, copy, byref = _lib.bie_lsq, LsqArgs.from_buffer_copy, ctypes.byref
+
+    def call(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
+        vc = v if v.is_contiguous() else v.contiguous()
+        pc = prod if prod.is_contiguous() else prod.contiguous()
+        s = scale if scale.dtype is f32 and scale.is_contiguous() else scale.to(f32).contiguous()
+        sh = None if shift is None else (shift if shift.dtype is vdt and shift.is_contiguous()
+                                         else shift.to(vdt).contiguous())
+        grad_v = torch.empty((r, c), dtype=vdt)
+        codes = torch.empty((r, c), dtype=codes_dtype) if codes_dtype is not None else torch.empty((0,), dtype=i8)
+        grad_scale = torch.empty(gs_shape, dtype=f32)
+        grad_shift = torch.empty(sh_shape, dtype=f32)
+        parts = torch.empty((n_parts,), dtype=f64)
+        base = parts.data_ptr()
+        args = copy(template)     # one argument block per call: calls may run in several threads
+        args.v, args.prod, args.scale, args.grad_v = vc.data_ptr(), pc.data_ptr(), s.data_ptr(), grad_v.data_ptr()
+        if sh is not None:
+            args.shift, args.part_shift = sh.data_ptr(), base + shift_off
+        if factor is not None:
+            args.factor = float(factor.reshape(()).item())    # (a float32 value: exact as a double)
+        if codes_dtype is not None:
+            args.codes = codes.data_ptr()
+        args.part_scale, args.grad_scale, args.grad_shift = base, grad_scale.data_ptr(), grad_shift.data_ptr()
+        _check(run(byref(args)), "lsq_backward")
+        return grad_v, grad_scale, grad_shift, codes
+    return call
+
+
 def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
     """``quantize_int`` for one call signature (the dispatcher's ``bind``) with
     a one-element scale (the activation quantization of the QAT layers): the
