@@ -534,7 +534,7 @@ class _PreparedCache:
         # is always for these very bytes, viewed the same way.
         if e is not None and e[0] == state:
             return e[1]
-        dev = next((w.device for w in weights if isinstance(w, torch.Tensor)), None)
+        dev = _first_device(weights)
         if _capturing(dev):
             # A miss while a CUDA graph is being captured: these tensors were made by the graph (a training step's
             # weight codes) or changed since they were prepared. Prepared inline and not kept, the preparation is

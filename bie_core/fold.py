@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from . import ops
 from .layers._base import QATLayer
 from .layers.binary import BinaryConv2d
 from .layers.integer import QConv2d
@@ -111,11 +112,18 @@ def _pairs_from_sequentials(model: nn.Module) -> tuple:
     return back, [(b, c) for b, c in forward if b not in done]
 
 
-def _why_not(conv: nn.Module, bn: nn.BatchNorm2d):
+def _bn_problem(bn: nn.BatchNorm2d):
     if bn.training:
         return "the BatchNorm is in training mode (its batch statistics are not a fixed map): call .eval() first"
     if bn.running_mean is None or bn.running_var is None:
         return "the BatchNorm keeps no running statistics"
+    return None
+
+
+def _why_not(conv: nn.Module, bn: nn.BatchNorm2d):
+    why = _bn_problem(bn)
+    if why is not None:
+        return why
     out = conv.out_channels
     if bn.num_features != out:
         return f"the BatchNorm has {bn.num_features} features, the convolution {out} output channels"
@@ -125,15 +133,15 @@ def _why_not(conv: nn.Module, bn: nn.BatchNorm2d):
     return None
 
 
-def _why_not_forward(bn: nn.BatchNorm2d, conv: BinaryConv2d, a: torch.Tensor):
-    if bn.training:
-        return "the BatchNorm is in training mode (its batch statistics are not a fixed map): call .eval() first"
-    if bn.running_mean is None or bn.running_var is None:
-        return "the BatchNorm keeps no running statistics"
+def _why_not_forward(bn: nn.BatchNorm2d, conv: BinaryConv2d):
+    why = _bn_problem(bn)
+    if why is not None:
+        return why
     if bn.num_features != conv.in_channels:
         return f"the BatchNorm has {bn.num_features} features, the binary convolution {conv.in_channels} input channels"
     if not conv.packed:
         return "the binary layer is not packed: pack() it first"
+    a = _affine(bn)[0]
     if bool((a == 0).any()):
         return "a BatchNorm channel has a zero scale (its output is constant: nothing to binarize)"
     if bool((a < 0).any()) and any(conv.padding) and conv.pad_value != 0:
@@ -154,14 +162,12 @@ def _fold_forward(conv: BinaryConv2d, a: torch.Tensor, b: torch.Tensor) -> None:
         if bool(neg.any()):
             o, cg = conv.out_channels, conv.in_channels // conv.groups
             kk = conv.kernel_size[0] * conv.kernel_size[1]
-            k = cg * kk
             # per output channel: its group's input channels, each repeated over the kernel's positions
             group_of = torch.arange(o, device=dev) // (o // conv.groups)
             chans = group_of.view(-1, 1) * cg + torch.arange(cg, device=dev).view(1, -1)       # (O, Cg)
             flip = neg[chans].repeat_interleave(kk, dim=1)                                     # (O, K)
-            pad = (-k) % 8
-            flip = torch.nn.functional.pad(flip, (0, pad)).view(o, -1, 8).to(torch.uint8)
-            mask = (flip << torch.arange(8, device=dev, dtype=torch.uint8)).sum(-1).to(torch.uint8)   # LSB first
+            # the flips in the weight bits' own packing (bit 1 where +1): XOR turns those signs over
+            mask = ops.pack_signs(torch.where(flip, 1.0, -1.0), backend=conv.backend or "")
             bits = conv.weight_bits
             bits.copy_(bits ^ mask.to(bits.device))
 
@@ -235,12 +241,11 @@ def fold_batchnorm(model: nn.Module) -> FoldReport:
         (pairs, forward), report.found_by = _pairs_from_sequentials(model), "nn.Sequential order"
     for bn_name, conv_name in forward:
         bn, conv = model.get_submodule(bn_name), model.get_submodule(conv_name)
-        a, b = _affine(bn) if bn.running_var is not None else (None, None)
-        why = _why_not_forward(bn, conv, a) if a is not None else "the BatchNorm keeps no running statistics"
+        why = _why_not_forward(bn, conv)
         if why is not None:
             report.skipped.append((conv_name, bn_name, why))
             continue
-        _fold_forward(conv, a, b)
+        _fold_forward(conv, *_affine(bn))
         _replace(model, bn_name, nn.Identity())
         report.folded_forward.append((bn_name, conv_name))
     for conv_name, bn_name in pairs:

@@ -152,10 +152,7 @@ def test_kit_catches_a_layout_that_keeps_its_weight(pytester):
                                   capability=Capability(devices=("cpu",)), prepare=hoarding_prepare)
         bie_core.register_backend(bie_core.BackendDescriptor("hoard", "1.0", ("cpu",), load=P))
     '''))
-    result = pytester.runpytest_subprocess("--bie-backend=hoard", "-q", "-p", "no:cacheprovider", "-k", "prepared")
-    out = result.stdout.str()
-    assert result.ret == 1, out[-3000:]
-    assert "hoard:hoarder" in out and "keeps weight argument" in out, out[-3000:]
+    _kit_fails_with(pytester, "hoard", "prepared", "hoard:hoarder", "keeps weight argument")
 
 
 def test_kit_checks_bind_plans(pytester):
@@ -178,7 +175,12 @@ def test_kit_checks_bind_plans(pytester):
                                   capability=Capability(devices=("cpu",)), bind=bind)
         bie_core.register_backend(bie_core.BackendDescriptor("stale", "1.0", ("cpu",), load=P))
     '''))
-    result = pytester.runpytest_subprocess("--bie-backend=stale", "-q", "-p", "no:cacheprovider", "-k", "test_kernel")
+    _kit_fails_with(pytester, "stale", "test_kernel", "stale:stale", "bind plan, new values of the signature")
+
+
+def _kit_fails_with(pytester, backend: str, select: str, *needles: str) -> None:
+    """The kit, run on the conftest's backend for the tests ``select`` picks, fails and says each of ``needles``."""
+    result = pytester.runpytest_subprocess(f"--bie-backend={backend}", "-q", "-p", "no:cacheprovider", "-k", select)
     out = result.stdout.str()
     assert result.ret == 1, out[-3000:]
-    assert "stale:stale" in out and "bind plan, new values of the signature" in out, out[-3000:]
+    assert all(n in out for n in needles), out[-3000:]

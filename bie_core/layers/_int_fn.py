@@ -20,6 +20,7 @@ scale (the whole activation batch, all of W, or one row of W per channel).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -72,6 +73,13 @@ def _weight_codes(weight, qw, sw, w_bits, backend):
     return ops.quantize_int(weight.detach(), _col(sw.detach(), weight.dim()), w_bits, backend=backend)
 
 
+def _codes_scope(weight):
+    """The scope of a product of the weight codes: codes quantized from the latent weight in this call are
+    single-use (their GEMM/conv layout is not worth keeping: dispatch.single_use_weights); a packed layer's codes
+    are not."""
+    return single_use_weights() if weight is not None else contextlib.nullcontext()
+
+
 def _f32_scales(sa, sw):
     """The scales as float32 once per call (each conversion of a half-precision parameter is a kernel launch,
     which dominates the host time of a step)."""
@@ -83,10 +91,8 @@ def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backen
     the quantization (one pass; ``x + ba`` is never materialised)."""
     saf, swf = scales if scales is not None else _f32_scales(sa, sw)
     qa = ops.quantize_int(x2d, saf, a_bits, ba.detach(), backend=backend)
-    if weight is None:
-        return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
     qw = _weight_codes(weight, qw, swf, w_bits, backend)
-    with single_use_weights():   # codes made for this call: their GEMM layout is not worth keeping
+    with _codes_scope(weight):
         return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
 
 
@@ -111,12 +117,8 @@ def q_conv2d(x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, scales=None)
     else:
         xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
         qa = ops.quantize_int(xs, saf, a_bits, backend=backend)
-    if weight is None:
-        y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
-                           saf * swf, bias, x.dtype, backend=backend)
-        return y, xs, qa, qw
     qw = _weight_codes(weight, qw, swf, w_bits, backend)
-    with single_use_weights():   # codes made for this call: their conv layout is not worth keeping
+    with _codes_scope(weight):
         y = ops.int_conv2d(qa, qw, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
                            saf * swf, bias, x.dtype, backend=backend)
     return y, xs, qa, qw

@@ -15,6 +15,8 @@ inputs, every dtype and bit width):
   declared) gives the canonical weights back, the layout keeps no weight
   alive, and an in-place change of a weight is seen on the next call (no
   stale cache);
+* **bind plans** — a kernel's ``bind`` plan matches the reference like its
+  ``fn``, and for an op without weights on new values of the signature too;
 * **opcheck** — ``torch.library.opcheck`` on each op through this backend.
 
 Results are tallied per (op, backend) into the coverage matrix printed at the
@@ -67,11 +69,16 @@ def _to_cpu(a):
     return a
 
 
+def _prepare(kernel: Kernel, op: OpDef, args: tuple):
+    """The kernel's prepared object for the weights of ``args``, made anew (not the dispatcher's cache)."""
+    weights, static = kernel.prepare_inputs(op, args)
+    return kernel.prepare(*weights, **static)
+
+
 def call_kernel(kernel: Kernel, op: OpDef, args: tuple):
     if kernel.prepare is None:
         return kernel.fn(*args)
-    weights, static = kernel.prepare_inputs(op, args)
-    return kernel.fn(*args, prepared=kernel.prepare(*weights, **static))
+    return kernel.fn(*args, prepared=_prepare(kernel, op, args))
 
 
 def expected(kernel: Kernel, op: OpDef, args: tuple):
@@ -144,11 +151,7 @@ def check_bind(kc: KernelCase, exp) -> None:
     such an op runs the plan made on an earlier call of that signature: bie_core/dispatch.py). An input-only plan
     is called as the layers call it, with the input alone."""
     k, op, args = kc.kernel, kc.op, kc.case.args
-    if k.prepare is None:
-        fn = k.bind(*args)
-    else:
-        weights, static = k.prepare_inputs(op, args)
-        fn = k.bind(*args, prepared=k.prepare(*weights, **static))
+    fn = k.bind(*args) if k.prepare is None else k.bind(*args, prepared=_prepare(k, op, args))
     if fn is None:
         return
     input_only = getattr(fn, "input_only", False)
@@ -234,10 +237,9 @@ def check_prepared_keeps_no_weight(kernel: Kernel, op: OpDef, case: Case) -> Non
         if isinstance(args[i], torch.Tensor):
             args[i] = args[i].detach().clone()
             refs.append((i, weakref.ref(args[i].untyped_storage())))
-    weights, static = kernel.prepare_inputs(op, tuple(args))
-    prepared = kernel.prepare(*weights, **static)
+    prepared = _prepare(kernel, op, tuple(args))
     kernel.fn(*args, prepared=prepared)   # (layouts built on first use count too)
-    del args, weights
+    del args
     gc.collect()
     kept = [i for i, r in refs if r() is not None]
     assert not kept, (f"{kernel.qualname}: its prepared layout ({type(prepared).__name__}) keeps weight argument(s) "

@@ -749,38 +749,18 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
     r, c = v.shape
     _require(scale.numel() == (r if rowwise else 1), "lsq_backward", "scale: one value, or one per row (rowwise)")
     _require(shift is None or shift.numel() == c, "lsq_backward", f"shift must hold {c} values")
-    hi = (1 << (bits - 1)) - 1
-    grad_v = torch.empty((r, c), dtype=v.dtype)
-    codes = torch.empty((r, c), dtype=codes_dtype) if codes_dtype is not None else torch.empty((0,), dtype=torch.int8)
-    grad_scale = torch.empty((r,) if rowwise else (), dtype=torch.float32)
-    grad_shift = torch.empty((c,) if shift is not None else (0,), dtype=torch.float32)
     if r == 0 or c == 0:
-        return grad_v, grad_scale.zero_(), grad_shift.zero_(), codes
-    vc = v if v.is_contiguous() else v.contiguous()
-    pc = prod if prod.is_contiguous() else prod.contiguous()
-    s = scale if scale.dtype is torch.float32 and scale.is_contiguous() else scale.to(torch.float32).contiguous()
-    sh = None if shift is None else (shift if shift.dtype is v.dtype and shift.is_contiguous()
-                                     else shift.to(v.dtype).contiguous())
-    f = 1.0 if factor is None else float(factor.reshape(()).item())    # (a float32 value: exact as a double)
-    rpt = max(1, LSQ_TASK_ELEMENTS // c, -(-r // LSQ_MAX_TASKS))
-    tasks = -(-r // rpt)
-    # the tasks' partial sums: the scale's (R when rowwise), then the shift's (tasks x C)
-    parts = torch.empty(((r if rowwise else tasks) + (tasks * c if sh is not None else 0),), dtype=torch.float64)
-    base = parts.data_ptr()
-    args = LsqArgs(vc.data_ptr(), DTYPE_CODE[vc.dtype], pc.data_ptr(), DTYPE_CODE[pc.dtype], s.data_ptr(),
-                   None if sh is None else sh.data_ptr(), f, int(factor is not None), r, c, -hi - 1, hi,
-                   int(bool(rowwise)), rpt, grad_v.data_ptr(), codes.data_ptr() if codes_dtype is not None else None,
-                   DTYPE_CODE[codes_dtype] if codes_dtype is not None else 0, base,
-                   None if sh is None else base + 8 * (r if rowwise else tasks),
-                   math.sqrt(max(c if rowwise else r * c, 1) * hi), grad_scale.data_ptr(), grad_shift.data_ptr())
-    _check(_lib.bie_lsq(ctypes.byref(args)), "lsq_backward")
-    return grad_v, grad_scale, grad_shift, codes
+        codes = torch.empty((r, c), dtype=codes_dtype) if codes_dtype is not None else torch.empty((0,), dtype=torch.int8)
+        return (torch.empty((r, c), dtype=v.dtype), torch.zeros((r,) if rowwise else (), dtype=torch.float32),
+                torch.zeros((c,) if shift is not None else (0,), dtype=torch.float32), codes)
+    return _lsq_plan(r, c, v.dtype, prod.dtype, bits, shift is not None, factor is not None, rowwise,
+                     codes_dtype)(v, scale, prod, bits, shift, factor, rowwise, codes_dtype)
 
 
 def bind_lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """``lsq_backward`` for one call signature (the dispatcher's ``bind``; a QAT training step makes two such calls
-    per layer): the checks, the task split and the native argument block made once; a call allocates the outputs
-    and sets the addresses and the factor's value. None where ``lsq_backward`` itself returns early or raises."""
+    per layer): the checks, the task split and the native argument block made once. None where ``lsq_backward``
+    itself returns early or raises."""
     if v.device.type != "cpu" or v.dim() != 2 or prod.shape != v.shape or v.dtype not in FLOAT_DTYPES \
             or prod.dtype not in FLOAT_DTYPES or bits not in (4, 8) \
             or (codes_dtype is not None and codes_dtype not in FLOAT_DTYPES):
@@ -788,18 +768,24 @@ def bind_lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=Fal
     r, c = v.shape
     if r == 0 or c == 0 or scale.numel() != (r if rowwise else 1) or (shift is not None and shift.numel() != c):
         return None
+    return _lsq_plan(r, c, v.dtype, prod.dtype, bits, shift is not None, factor is not None, rowwise, codes_dtype)
+
+
+def _lsq_plan(r: int, c: int, vdt, pdt, bits: int, has_shift: bool, has_factor: bool, rowwise: bool, codes_dtype):
+    """The native call of ``lsq_backward`` for a checked, non-empty signature: the task split (``rpt`` rows a task)
+    and the argument block fixed; a call allocates the outputs and the tasks' partial sums (the scale's, R when
+    rowwise, then the shift's, tasks x C) and sets the addresses and the factor's value."""
     hi = (1 << (bits - 1)) - 1
     rpt = max(1, LSQ_TASK_ELEMENTS // c, -(-r // LSQ_MAX_TASKS))
     tasks = -(-r // rpt)
-    n_parts = (r if rowwise else tasks) + (tasks * c if shift is not None else 0)
+    n_parts = (r if rowwise else tasks) + (tasks * c if has_shift else 0)
     shift_off = 8 * (r if rowwise else tasks)
-    vdt = v.dtype
-    template = LsqArgs(None, DTYPE_CODE[vdt], None, DTYPE_CODE[prod.dtype], None, None, 1.0, int(factor is not None),
-                       r, c, -hi - 1, hi, int(bool(rowwise)), rpt, None, None,
+    template = LsqArgs(None, DTYPE_CODE[vdt], None, DTYPE_CODE[pdt], None, None, 1.0, int(has_factor), r, c,
+                       -hi - 1, hi, int(bool(rowwise)), rpt, None, None,
                        DTYPE_CODE[codes_dtype] if codes_dtype is not None else 0, None, None,
                        math.sqrt(max(c if rowwise else r * c, 1) * hi), None, None)
     gs_shape = (r,) if rowwise else ()
-    sh_shape = (c,) if shift is not None else (0,)
+    sh_shape = (c,) if has_shift else (0,)
     f32, f64, i8 = torch.float32, torch.float64, torch.int8
     run, copy, byref = _lib.bie_lsq, LsqArgs.from_buffer_copy, ctypes.byref
 
