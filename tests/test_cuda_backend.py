@@ -499,17 +499,22 @@ THIN += [(8, 32, "gba", torch.bfloat16), (8, 128, "gptq", torch.float16), (8, 25
 
 
 def _thin_calls(monkeypatch, cw):
-    """Count the calls that reach the thin kernel (so a test fails if dispatch silently goes elsewhere)."""
-    ops = cw._build.ops()
+    """Count the calls that reach the thin kernel (so a test fails if dispatch silently goes elsewhere): through its
+    op, and through the library function that bound calls (bind_thin) launch."""
     calls = []
 
     class Spy:
+        def __init__(self, lib):
+            self.lib = lib
+
         def __getattr__(self, name):
-            f = getattr(ops, name)
+            f = getattr(self.lib, name)
             if name != "wq_thin_gemm":
                 return f
             return lambda *a: calls.append(a[-1]) or f(*a)
-    monkeypatch.setattr(cw._build, "ops", lambda: Spy())
+    ops, direct = Spy(cw._build.ops()), Spy(cw._build.direct())
+    monkeypatch.setattr(cw._build, "ops", lambda: ops)
+    monkeypatch.setattr(cw._build, "direct", lambda: direct)
     return calls
 
 
@@ -618,6 +623,31 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
         y = thin(x, qw, s, z, gi, None, 2, 64, "gba")
         _close(y, w64, x, torch.float16, k, f"K={k} M={m}")
     assert len(calls) >= 7
+
+
+@needs_cuda
+def test_wq_thin_one_row_planned_slices(monkeypatch):
+    """One row of 4-bit codes in groups of 128 on layers of more than 2^24 weights: the plan stages x in K slices
+    (the warps split the columns, a reduction kernel sums the slices); on narrow layers it splits K over 16 warps.
+    Planned launches against the float64 product and against x staged whole (slices=-1), with and without bias,
+    fp16 and bf16, deterministic."""
+    from bie_backend_cuda import weight_only as cw
+    gen = torch.Generator().manual_seed(44)
+    calls = _thin_calls(monkeypatch, cw)
+    thin = wq_kernel("wq_gemm_thin")
+    whole = launching(cw.launch_thin, cw, slices=-1)
+    # just over 2^24 weights (sliced, 8 stages of K), long K (sliced), wide N, and a narrow layer (not sliced)
+    for k, n, dtype in ((4096, 4104, torch.bfloat16), (1024, 16400, torch.float16), (14336, 1208, torch.bfloat16),
+                        (4096, 1032, torch.float16)):
+        qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, k + n, sdtype=dtype)
+        x = torch.randn((1, k), generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda() if n % 3 else None
+        y = thin(x, qw, s, z, gi, bias, 4, 128, "gptq")
+        _close(y, w64, x, dtype, k, f"{k}x{n} planned", bias)
+        assert torch.equal(y, thin(x, qw, s, z, gi, bias, 4, 128, "gptq")), f"{k}x{n}: not deterministic"
+        y_whole = whole(x, qw, s, z, gi, bias, 4, 128, "gptq")
+        torch.testing.assert_close(y.float(), y_whole.float(), rtol=4e-3, atol=4e-3 * float(y_whole.float().abs().max()))
+    assert len(calls) == 12
 
 
 @needs_cuda

@@ -26,7 +26,14 @@ int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slic
   // stage. (Measurements: benchmarks/results/cuda_h100.md.)
   const bool whole = thin_mx(p) == 1;
   const bool fits = thin_fits(p);
-  const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits);
+  // One row of 4-bit codes in groups of 128 on layers of more than 2^24 weights (decode's larger projections): K
+  // slices too, their count from the per-item cost below. On the H200 this read 4096x6144 .. 28672x8192 1-18% faster
+  // than x staged whole with the warps splitting K; 4096x4096 and smaller stayed faster whole
+  // (benchmarks/results/cuda_thin_h200.md).
+  const bool one_row_slices = slices_force == 0 && p.M == 1 && bits == 4 && fs == 8 && fits &&
+                              (int64_t)p.N * p.K > (1ll << 24);
+  const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits) ||
+                      one_row_slices;
   p.mx = sliced || whole ? 1 : 8;
   const bool one = p.mx == 1;
   // 4-bit codes, one row tile, x staged: the 8-stage ring instead of 4 on layers of more than 2^26 weights for one row
@@ -92,10 +99,16 @@ int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slic
   // not fit in the device's shared memory (8 rows of x per stage at 2 bits; smaller GPUs). K slices: 16 warps.
   // 8-bit codes, one row, small layers with N >= 4096 and K <= 4096: 4 warps and two blocks per multiprocessor (not
   // elsewhere: slower with a longer K or a smaller layer; 2- and 4-bit codes measured best with the default).
+  // One row of 4-bit codes with at most one 16-column item per two multiprocessors (4096x1024: the k and v
+  // projections of grouped-query attention): 16 warps, so that each block's K range is split finer (H200: 22% faster
+  // than 8 at 4096x1024).
   const bool w8_one_small = bits == 8 && p.M == 1 && !big && p.N >= 4096 && p.K <= 4096;
+  const bool w4_one_narrow = bits == 4 && p.M == 1 && 2 * ceil_div(p.N, 16) <= num_sms;
   int w = warps_force > 0 ? warps_force
           : sliced        ? 16
-                          : (one && big && (bits == 4 || p.K >= 16384 || p.M > 1) ? 16 : (w8_one_small ? 4 : 8));
+                          : (one && (big || w4_one_narrow) && (bits == 4 || p.K >= 16384 || p.M > 1)
+                                 ? 16
+                                 : (w8_one_small ? 4 : 8));
   if (w8_one_small && warps_force <= 0 && p.grid_force <= 0) p.grid_force = 2 * num_sms;
   w = std::min(w, thin_max_warps(bits, fs, mr));
   if (sliced) {
@@ -111,6 +124,23 @@ int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slic
     }
     if (slices_force > 0) {
       p.kslices = std::min(slices_force, p.nstages);
+    } else if (one_row_slices) {
+      // One row: the fewest items per warp, each item costing its slice's stages plus about 4 stages of its own
+      // (the partial sums written per item, the ring's turn into the next item). With one block per multiprocessor,
+      // a slice's warps are (SMs / slices) * w. On the H200 this picked the fastest slice count, or one within 2%
+      // of it, on nine of the ten layers of cuda_thin_h200.md (4096x6144: 5 slices, 10% slower than 4). The partial
+      // sums' traffic, 4 bytes per output and slice, is small beside the codes at one row.
+      const int64_t items = ceil_div(p.N, 16);
+      int64_t best = -1;
+      for (int64_t ks = 2; ks <= std::min<int64_t>(p.nstages, 32); ++ks) {
+        const int64_t ss = ceil_div(p.nstages, ks), kk = ceil_div(p.nstages, ss);
+        const int64_t wps = std::max<int64_t>(1, num_sms / kk) * w;
+        const int64_t cost = ceil_div(items, wps) * (ss + 4);
+        if (best < 0 || cost < best) {
+          best = cost;
+          p.kslices = (int)kk;
+        }
+      }
     } else {
       // the slice count with the least modelled time: the codes of the busiest block (one block per SM; each warp
       // takes the block's item w, w + the slice's warps, ...: blocks differ by one item per warp) plus the float32
