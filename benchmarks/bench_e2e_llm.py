@@ -376,9 +376,12 @@ def summarize(rounds: dict, batch: int) -> dict:
 
 
 def compile_stats() -> dict:
+    """Graph breaks and graphs of the compiled run, and the times the CUDA-graph trees ran a compiled graph without
+    a CUDA graph (inductor's ``cudagraph_skips``: the reasons are in the run's log, see ``--log-graph-skips``)."""
     from torch._dynamo.utils import counters
     return {"graph_breaks": int(sum(counters["graph_break"].values())),
-            "unique_graphs": int(counters["stats"].get("unique_graphs", 0))}
+            "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0))}
 
 
 class NoLinear(nn.Module):
@@ -541,7 +544,9 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
                 f"{len(used)} of {len(r['rounds_ms'])} rounds; fastest of them: {min(t[1] for t in used):.2f} "
                 f"ms/token, TTFT {min(t[0] for t in used):.1f} ms")
         if r.get("compile"):
-            note += f" (graph breaks {r['compile']['graph_breaks']}, graphs {r['compile']['unique_graphs']})"
+            c = r["compile"]
+            note += f" (graph breaks {c['graph_breaks']}, graphs {c['unique_graphs']}"
+            note += f", CUDA-graph skips {c['cudagraph_skips']})" if "cudagraph_skips" in c else ")"
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
                      f"{r['ms_per_token']:.2f} | **{sp}** | {r['ttft_ms']:.1f} | {tt} | {pk} | {note} |")
     peer = {(r["mode"], r["batch"]): r for r in runs.values() if r["case"] == "tinygemm-w4" and "error" not in r}
@@ -638,7 +643,11 @@ def main(argv=None):
     p.add_argument("--budget-s", type=float, default=540.0, help="start no new run after this many seconds")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--log-graph-skips", action="store_true",
+                   help="compiled runs: log why a compiled graph ran without a CUDA graph (inductor's perf hints)")
     a = p.parse_args(argv)
+    if a.log_graph_skips:
+        torch._logging.set_logs(perf_hints=True)
 
     device = torch.device("cpu" if a.smoke else a.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -22,7 +22,7 @@ export BIE_CUDA_CACHE=${BIE_CUDA_CACHE:-/tmp/bie_cuda_cache}
 for f in benchmarks/results/e2e_llm_cuda.json benchmarks/results/e2e_llm_cpu.json; do
   [ -f "$f" ] && [ ! -f "$OUT/$(basename "$f")" ] && cp "$f" "$OUT/"
 done
-E2E="python3 benchmarks/bench_e2e_llm.py --out-dir $OUT --budget-s ${BUDGET:-500}"
+E2E="python3 benchmarks/bench_e2e_llm.py --out-dir $OUT --budget-s ${BUDGET:-500} --log-graph-skips"
 case "$STEP" in
   host)
     timeout 280 python3 benchmarks/bench_host.py --device cuda --out-dir "$OUT" 2>&1 | tee "$OUT/host.log"
