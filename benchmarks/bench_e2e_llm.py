@@ -376,12 +376,16 @@ def summarize(rounds: dict, batch: int) -> dict:
 
 
 def compile_stats() -> dict:
-    """Graph breaks and graphs of the compiled run, and the times the CUDA-graph trees ran a compiled graph without
-    a CUDA graph (inductor's ``cudagraph_skips``: the reasons are in the run's log, see ``--log-graph-skips``)."""
+    """Graph breaks and graphs of the compiled run; the times the CUDA-graph trees ran a compiled graph without a
+    CUDA graph (inductor's ``cudagraph_skips``: the reasons are in the run's log, see ``--log-graph-skips``)."""
     from torch._dynamo.utils import counters
     return {"graph_breaks": int(sum(counters["graph_break"].values())),
             "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0))}
+            "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),
+            # graphs split around ops a CUDA graph cannot hold (each partition a graph of its own, the ops between
+            # them run eagerly), and inputs the CUDA-graph trees copy into their static buffers at every replay
+            "cudagraph_partitions": int(counters["inductor"].get("cudagraph_partitions", 0)),
+            "cudagraph_copied_inputs": int(counters["inductor"].get("cudagraph_recorded_non_static_inputs", 0))}
 
 
 class NoLinear(nn.Module):
@@ -546,7 +550,10 @@ def write_report(path_json: Path, out_dir: Path, device_type: str) -> None:
         if r.get("compile"):
             c = r["compile"]
             note += f" (graph breaks {c['graph_breaks']}, graphs {c['unique_graphs']}"
-            note += f", CUDA-graph skips {c['cudagraph_skips']})" if "cudagraph_skips" in c else ")"
+            if "cudagraph_skips" in c:
+                note += (f", CUDA-graph skips {c['cudagraph_skips']}, partitions {c.get('cudagraph_partitions', 0)}, "
+                         f"copied inputs {c.get('cudagraph_copied_inputs', 0)}")
+            note += ")"
         lines.append(f"| {r['case']} | {r['mode']} | {r['batch']} | {r['decode_tokens_per_s']:.1f} | "
                      f"{r['ms_per_token']:.2f} | **{sp}** | {r['ttft_ms']:.1f} | {tt} | {pk} | {note} |")
     peer = {(r["mode"], r["batch"]): r for r in runs.values() if r["case"] == "tinygemm-w4" and "error" not in r}
