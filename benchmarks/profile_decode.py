@@ -44,11 +44,22 @@ def _kernels(prof) -> list:
     return sorted(out)
 
 
-def _profiled(model, ids, new: int, compiled: bool, device) -> list:
+def _host_calls(prof) -> dict:
+    """Host-side calls of a profile that tell whether a compiled step ran from CUDA graphs: CUDA-graph launches, and
+    bie's op calls (a step replayed from one graph makes none)."""
+    from bie_core.optable import LIB_NAME
+    host = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    return dict(graph_launches=sum(1 for n in host if n == "cudaGraphLaunch"),
+                bie_op_calls=sum(1 for n in host if n.startswith(LIB_NAME + "::")))
+
+
+def _profiled(model, ids, new: int, compiled: bool, device, host: dict = None) -> list:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         E._generate(model, ids, new, compiled)
         E._sync(device)
+    if host is not None:
+        host.update(_host_calls(prof))
     return _kernels(prof)
 
 
@@ -71,8 +82,9 @@ def profile_case(case: str, cfg, args, device, dtype) -> dict:
         E._generate(model, ids, args.steps + 1, args.compiled)
     wall = (_wall(model, ids, args.new, args.compiled, device, args.reps)
             - _wall(model, ids, 1, args.compiled, device, args.reps)) / (args.new - 1)
-    both = _profiled(model, ids, args.steps + 1, args.compiled, device)
-    prefill = _profiled(model, ids, 1, args.compiled, device)
+    h_both, h_pre = {}, {}
+    both = _profiled(model, ids, args.steps + 1, args.compiled, device, h_both)
+    prefill = _profiled(model, ids, 1, args.compiled, device, h_pre)
     gpu = (sum(d for _, d, _ in both) - sum(d for _, d, _ in prefill)) / args.steps
     # the decode run's linear-layer kernels: those beyond the prefill run's count of the same name, in order
     pat = args.gemv or ("wq_thin" if case.startswith("bie") else "nvjet")
@@ -81,7 +93,10 @@ def profile_case(case: str, cfg, args, device, dtype) -> dict:
     per_token = len(gemv) / args.steps if args.steps else 0
     row = dict(case=case, note=note, compiled=args.compiled, layers=cfg.num_hidden_layers,
                wall_ms=wall * 1e3, gpu_ms=gpu / 1e3, uncovered_ms=wall * 1e3 - gpu / 1e3,
-               gemv_ms=sum(gemv) / 1e3 / args.steps, gemv_per_token=per_token)
+               gemv_ms=sum(gemv) / 1e3 / args.steps, gemv_per_token=per_token,
+               # per decode step: CUDA-graph launches, and bie op calls made from the host (0 when replayed)
+               graph_launches=(h_both["graph_launches"] - h_pre["graph_launches"]) / args.steps,
+               bie_op_calls=(h_both["bie_op_calls"] - h_pre["bie_op_calls"]) / args.steps)
     h, i = cfg.hidden_size, cfg.intermediate_size
     kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
     shapes = dict(q=(h, h), k=(h, kv), v=(h, kv), o=(h, h), gate=(h, i), up=(h, i), down=(i, h))
@@ -97,10 +112,12 @@ def profile_case(case: str, cfg, args, device, dtype) -> dict:
 
 def markdown(rows: list, meta: str) -> str:
     lines = [meta, "", "| case | mode | wall ms/token | GPU kernel ms/token | not covered by the GPU | linear-layer kernels "
-             "ms/token (launches) |", "|---|---|---|---|---|---|"]
+             "ms/token (launches) | CUDA-graph launches / bie op calls from the host, per step |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['case']} | {'compiled' if r['compiled'] else 'eager'} | {r['wall_ms']:.2f} | "
-                     f"{r['gpu_ms']:.2f} | {r['uncovered_ms']:.2f} | {r['gemv_ms']:.2f} ({r['gemv_per_token']:.0f}) |")
+                     f"{r['gpu_ms']:.2f} | {r['uncovered_ms']:.2f} | {r['gemv_ms']:.2f} ({r['gemv_per_token']:.0f}) | "
+                     f"{r['graph_launches']:.0f} / {r['bie_op_calls']:.0f} |")
     per = [r for r in rows if "q_us" in r]
     if per:
         lines += ["", "| case | " + " | ".join(f"{p} (K x N) µs" for p in PROJECTIONS) + " |",
