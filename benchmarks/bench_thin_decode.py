@@ -10,15 +10,14 @@ Two tables:
   in one CUDA graph): µs per layer with programmatic dependent launch (the default) and without it, against the
   same chain of bf16 ``F.linear`` and against the time to read the weight bytes at the copy rate.
 
-Timing: each case is a CUDA graph of calls over distinct layers (more bytes than the L2 holds), replayed and timed
-with CUDA events; the figure is the median replay over its calls.
+Timing (gpu_timing.py): each case is a CUDA graph of calls over distinct layers (more bytes than the L2 holds), replayed
+and timed with CUDA events; the figure is the median replay over its calls.
 
     python benchmarks/bench_thin_decode.py [--quick] [--md PATH] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_timing import time_graph  # noqa: E402
 
 #: (K, N) of the layers timed one by one
 SHAPES = [(4096, 1024), (4096, 4096), (4096, 6144), (4096, 11008), (11008, 4096), (4096, 14336), (14336, 4096),
@@ -41,36 +41,6 @@ COPY_TBS = 4.3   # the H200's measured copy rate (TB/s): the chain's reference
 def _weight_bytes(k: int, n: int) -> int:
     """4-bit codes + 16-bit scale and zero per group of 128."""
     return k * n // 2 + (k // 128) * n * 4
-
-
-def _graph_us(calls, reps: int) -> float:
-    """µs per call of a CUDA graph of ``calls`` (after an eager pass and one on a side stream)."""
-    for f in calls:
-        f()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in calls:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in calls:
-            f()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / len(calls))
-    return statistics.median(times)
 
 
 def _layouts(k: int, n: int, count: int, gen) -> list:
@@ -95,8 +65,8 @@ def per_shape(quick: bool, gen) -> list:
         for rnd in range(1 if quick else 2):   # two rounds, the faster kept: the clock settles between cases
             for w, sl in [(0, 0)] + FORCED:
                 name = "auto" if (w, sl) == (0, 0) else f"w{w or 'plan'} s{'whole' if sl == -1 else sl}"
-                t = _graph_us([lambda lay=lay: cw.launch_thin(x, lay, None, warps=w, slices=sl) for lay in lays],
-                              reps=9)
+                t = time_graph([lambda lay=lay: cw.launch_thin(x, lay, None, warps=w, slices=sl) for lay in lays],
+                               repeats=9)
                 res[name] = min(t, res.get(name, t))
         best = min(res, key=res.get)
         rows.append(dict(k=k, n=n, weight_MB=wb / 1e6, auto_us=res["auto"], auto_TBs=wb / res["auto"] / 1e6,
@@ -115,18 +85,18 @@ def decoder_chain(quick: bool, gen) -> dict:
     lays = {p: _layouts(*DECODER[p], layers, gen) for p in order}
     xs = {k: torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for k in (4096, 14336)}
     chain = [lambda p=p, i=i: cw.launch_thin(xs[DECODER[p][0]], lays[p][i], None) for i in range(layers) for p in order]
-    out = dict(layers=layers, pdl_us=_graph_us(chain, 20) * len(order))
+    out = dict(layers=layers, pdl_us=time_graph(chain, 20, len(chain)) * len(order))
     pdl = cw._pdl
     cw._pdl = lambda lay: False   # every launch without programmatic dependent launch
     try:
-        out["no_pdl_us"] = _graph_us(chain, 20) * len(order)
+        out["no_pdl_us"] = time_graph(chain, 20, len(chain)) * len(order)
     finally:
         cw._pdl = pdl
     del lays
     ws = {p: [torch.randn(DECODER[p][1], DECODER[p][0], device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
           for p in order}
     dense = [lambda p=p, i=i: F.linear(xs[DECODER[p][0]], ws[p][i]) for i in range(layers) for p in order]
-    out["bf16_us"] = _graph_us(dense, 20) * len(order)
+    out["bf16_us"] = time_graph(dense, 20, len(dense)) * len(order)
     out["copy_us"] = sum(_weight_bytes(*DECODER[p]) for p in order) / (COPY_TBS * 1e6)
     del ws
     torch.cuda.empty_cache()

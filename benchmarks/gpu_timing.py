@@ -36,13 +36,13 @@ def warm_gpu(seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
-def capture_graph(fns):
-    """A CUDA graph of CALLS calls cycling through fns (zero-arg callables, one per weight / input set), after one
+def capture_graph(fns, calls: int = CALLS):
+    """A CUDA graph of ``calls`` calls cycling through fns (zero-arg callables, one per weight / input set), after one
     eager call of each (builds, prepares, tunes, allocates) and one eager pass of the sequence on a side stream."""
     for f in fns:
         f()
     torch.cuda.synchronize()
-    seq = [fns[i % len(fns)] for i in range(CALLS)]
+    seq = [fns[i % len(fns)] for i in range(calls)]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -57,8 +57,8 @@ def capture_graph(fns):
     return g
 
 
-def replay_us(g, reps: int) -> list:
-    """µs per call of each of `reps` timed replays of a graph from capture_graph."""
+def replay_us(g, reps: int, calls: int = CALLS) -> list:
+    """µs per call of each of `reps` timed replays of a graph from capture_graph (of ``calls`` calls)."""
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -66,17 +66,18 @@ def replay_us(g, reps: int) -> list:
         g.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / CALLS)
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
     return times
 
 
-def time_graph(fns, repeats: int = 7) -> float:
-    """µs per call: fns is a list of zero-arg callables (one per weight / input set)."""
-    g = capture_graph(fns)
+def time_graph(fns, repeats: int = 7, calls: int = CALLS) -> float:
+    """µs per call: fns is a list of zero-arg callables (one per weight / input set), ``calls`` of them captured
+    (cycling through fns; len(fns) for a sequence captured once, such as a model's chain of layers)."""
+    g = capture_graph(fns, calls)
     for _ in range(WARM_REPLAYS):   # (the first replays of a new graph over new weights read slow)
         g.replay()
     torch.cuda.synchronize()
-    times = replay_us(g, repeats)
+    times = replay_us(g, repeats, calls)
     del g
     return statistics.median(times)
 

@@ -4,23 +4,27 @@ from one that runs the ops)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import sys
 
 import pytest
 
 pytest.importorskip("transformers")
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "profile_decode.py")
 
 
 @pytest.fixture(scope="module")
 def prof():
-    sys.path.insert(0, BENCH)
+    # (the script puts its own folder on sys.path to import bench_e2e_llm: taken off again once it is loaded)
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("profile_decode", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
     try:
-        import profile_decode
-        yield profile_decode
+        spec.loader.exec_module(mod)
     finally:
-        sys.path.remove(BENCH)
+        sys.path[:] = path
+    return mod
 
 
 def test_host_op_calls_per_decode_step(prof, tmp_path, capsys):
