@@ -30,7 +30,7 @@ int wq_thin_plan(WqThinArgs& p, int bits, int num_sms, int warps_force, int slic
   // slices too, their count from the per-item cost below. On the H200 this read 4096x6144 .. 28672x8192 1-18% faster
   // than x staged whole with the warps splitting K; 4096x4096 and smaller stayed faster whole
   // (benchmarks/results/cuda_thin_h200.md).
-  const bool one_row_slices = slices_force == 0 && p.M == 1 && bits == 4 && fs == 8 && fits &&
+  const bool one_row_slices = slices_force == 0 && p.M == 1 && bits == 4 && fs == 8 && fits && p.nstages >= 2 &&
                               (int64_t)p.N * p.K > (1ll << 24);
   const bool sliced = slices_force > 0 || (slices_force == 0 && (p.M > 4 || (!fits && big))) || (p.M > 8 && !fits) ||
                       one_row_slices;
