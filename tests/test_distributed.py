@@ -21,6 +21,7 @@ the combined batch:
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import tempfile
@@ -255,6 +256,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 set_model_state_dict(fresh, state, options=full)
                 facts["roundtrip"] = {"keys": sorted(state), "same": torch.equal(_probe(fresh), probes[name])}
         torch.save({"results": results, "facts": facts, "probes": probes}, os.path.join(out_dir, f"rank{rank}.pt"))
+        del wrapped, model    # (a DDP reducer freed while its process group is live: see the test below)
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
@@ -381,6 +384,10 @@ def test_stock_ddp_init_skips_handles_and_syncs_everything_else(tmp_path):
             assert m[0].qweight._version > before          # the packed codes went through the broadcast
             ddp(torch.randn(3, K)).sum().backward()
             assert (m[0].weight_handle.grad is not None) == trainable
+            # DDP's reducer holds the process group: freed here, while the group is live (freed after
+            # destroy_process_group, gloo's destructor can wait forever for its worker threads)
+            del ddp
+            gc.collect()
     finally:
         dist.destroy_process_group()
 
