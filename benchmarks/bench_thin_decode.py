@@ -62,7 +62,7 @@ def per_shape(quick: bool, gen) -> list:
         lays = _layouts(k, n, max(4, min(32, int(400e6 // wb))), gen)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         res = {}
-        for rnd in range(1 if quick else 2):   # two rounds, the faster kept: the clock settles between cases
+        for _ in range(1 if quick else 2):   # two rounds, the faster kept: the clock settles between cases
             for w, sl in [(0, 0)] + FORCED:
                 name = "auto" if (w, sl) == (0, 0) else f"w{w or 'plan'} s{'whole' if sl == -1 else sl}"
                 t = time_graph([lambda lay=lay: cw.launch_thin(x, lay, None, warps=w, slices=sl) for lay in lays],
