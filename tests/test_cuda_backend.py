@@ -1268,3 +1268,21 @@ def test_native_bad_input_raises_not_crashes():
     })
     assert len(lines) == 3 and all("-> RuntimeError:" in ln for ln in lines), lines
     assert "got [3]" in lines[0], lines[0]
+
+
+@needs_cuda
+def test_split_k_semaphores_per_stream():
+    """The split-K semaphores are kept per (device, stream): the same zeroed tensor on a stream's every call, another
+    on a side stream (two streams' launches must not share them)."""
+    from bie_backend_cuda.weight_only import _counters_for
+    dev = torch.device("cuda", torch.cuda.current_device())
+    a = _counters_for(dev, 8)
+    assert _counters_for(dev, 8) is a
+    assert _counters_for(torch.device("cuda"), 8) is a          # an index-less device: the current one
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        b = _counters_for(dev, 8)
+        assert _counters_for(dev, 8) is b
+    assert b is not a and _counters_for(dev, 8) is a
+    assert int(a.count_nonzero()) == 0 and int(b.count_nonzero()) == 0
+    assert _counters_for(dev, 8192).numel() >= 8192            # grown on demand

@@ -266,7 +266,10 @@ _counters_lock = threading.Lock()
 def _counters_for(device, need: int) -> torch.Tensor:
     """Zeroed int32 semaphores for the split-K reduction, one set per (device, stream);
     every launch leaves them zero again."""
-    key = (device, torch.cuda.current_stream(device).stream_id)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    # the stream's id from the C call behind torch.cuda.current_stream: building its Stream object costs a few µs,
+    # as much as the rest of a bound call's host time
+    key = (idx, torch._C._cuda_getCurrentStream(idx)[0])
     t = _counters.get(key)
     if t is None or t.numel() < need:
         with _counters_lock:
