@@ -640,8 +640,8 @@ def main(argv=None):
     p.add_argument("--small", action="store_true", help="the small Llama-shaped config (the CPU variant)")
     p.add_argument("--smoke", action="store_true", help="tiny model, CPU, eager, seconds: a check that it runs")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
-    p.add_argument("--reps", type=int, default=None, help="timed repetitions (GPU default 2; CPU: interleaved "
-                                                            "rounds, default 5)")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions (GPU default 2, interleaved "
+                                                            "rounds 6; CPU: interleaved rounds, default 5)")
     p.add_argument("--interleave", action="store_true",
                    help="eager only: build every case, then time them in interleaved rounds (always on CPU)")
     p.add_argument("--quantize-lm-head", action="store_true")
@@ -682,10 +682,11 @@ def main(argv=None):
     batches = [int(b) for b in (a.batch or ("1" if cpu else "1,8,32")).split(",")]
     prompt = a.prompt or (8 if a.smoke else 128 if cpu else 512)
     new = a.new or (4 if a.smoke else 32 if cpu else 128)
-    reps = a.reps or (5 if cpu and not a.smoke else 2)
     # CPU: always (cores shared with other processes); GPU: on request, for eager runs, where both models are
     # bound by host time and the host's speed drifts between runs made one after the other
     interleave = (cpu and not a.smoke) or a.interleave
+    # interleaved GPU rounds: 6 (with 2, one slow round of the float model moved a ratio by 0.3 on the H200)
+    reps = a.reps or (5 if cpu and not a.smoke else 6 if interleave else 2)
 
     data = json.loads(path_json.read_text()) if path_json.exists() else {}
     data.setdefault("runs", {})
