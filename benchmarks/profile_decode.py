@@ -11,8 +11,9 @@ Method, per case (one process, models built by `bench_e2e_llm.make_case`):
 * ``torch.profiler`` over one ``generate`` of a ``--prompt``-token prefill and ``--steps`` decode steps, then the
   same prefill alone (one new token); decode kernel time = (the first - the second) / steps;
 * the linear layers' kernels: those of the decode run whose names match ``--gemv`` (by default bie's thin GEMV for
-  the bie cases, cuBLAS's ``nvjet`` kernels otherwise, ``lm_head``'s included), in launch order, grouped by position
-  in each layer's seven projections where their count per token is a multiple of seven.
+  the bie cases, cuBLAS's ``nvjet`` kernels otherwise, ``lm_head``'s included), in launch order, a reduction kernel
+  counted with the call before it, grouped by position in each layer's seven projections where their count per
+  token is a multiple of seven.
 
     python benchmarks/profile_decode.py --cases bf16,bie-w4 [--compiled] [--layers 8] [--md OUT.md]
 
@@ -63,6 +64,21 @@ def _profiled(model, ids, new: int, compiled: bool, device, host: dict = None) -
     return _kernels(prof)
 
 
+def _linear_calls(kernels: list, pat: str) -> list:
+    """Durations (µs) of the linear layers' calls among ``kernels`` (names containing ``pat``), in launch order. A
+    reduction kernel (a name containing "reduce": the thin GEMV's K-slice partial sums) belongs to the call before
+    it: its span is added to that call's, so that a model's calls stay seven per decoder layer whatever the plan."""
+    out = []
+    for _, d, n in kernels:
+        if pat not in n:
+            continue
+        if "reduce" in n and out:
+            out[-1] += d
+        else:
+            out.append(d)
+    return out
+
+
 def _wall(model, ids, new: int, compiled: bool, device, reps: int) -> float:
     ts = []
     for _ in range(reps):
@@ -88,8 +104,8 @@ def profile_case(case: str, cfg, args, device, dtype) -> dict:
     gpu = (sum(d for _, d, _ in both) - sum(d for _, d, _ in prefill)) / args.steps
     # the decode run's linear-layer kernels: those beyond the prefill run's count of the same name, in order
     pat = args.gemv or ("wq_thin" if case.startswith("bie") else "nvjet")
-    n_pre = sum(1 for _, _, n in prefill if pat in n)
-    gemv = [d for _, d, n in both if pat in n][n_pre:]
+    n_pre = len(_linear_calls(prefill, pat))
+    gemv = _linear_calls(both, pat)[n_pre:]
     per_token = len(gemv) / args.steps if args.steps else 0
     row = dict(case=case, note=note, compiled=args.compiled, layers=cfg.num_hidden_layers,
                wall_ms=wall * 1e3, gpu_ms=gpu / 1e3, uncovered_ms=wall * 1e3 - gpu / 1e3,

@@ -42,3 +42,13 @@ def test_host_op_calls_per_decode_step(prof, tmp_path, capsys):
     assert eager["bie_op_calls"] == 0
     assert compiled["graph_launches"] == eager["graph_launches"] == 0
     assert compiled["wall_ms"] > 0 and eager["wall_ms"] > 0
+
+
+def test_reduction_kernels_count_with_their_call(prof):
+    """The thin GEMV's K-slice reductions are added to the call before them, so a layer's calls stay seven."""
+    ks = [(0, 5.0, "wq_thin_kernel"), (1, 2.0, "wq_thin_kernel"), (2, 0.5, "wq_thin_reduce_kernel"),
+          (3, 9.0, "triton_poi_fused_mul_silu"), (4, 3.0, "wq_thin_kernel"), (5, 0.25, "wq_thin_reduce4_kernel")]
+    assert prof._linear_calls(ks, "wq_thin") == [5.0, 2.5, 3.25]
+    assert prof._linear_calls(ks, "nvjet") == []
+    # a reduction with no call before it (the profile's window opened between the two) is a call of its own
+    assert prof._linear_calls([(0, 1.0, "wq_thin_reduce_kernel")], "wq_thin") == [1.0]
