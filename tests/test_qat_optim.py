@@ -151,6 +151,65 @@ def test_state_dict_round_trip_continues_identically(galore):
         assert torch.equal(va, vb), k
 
 
+def _adamw_reference(p0, grads, lr, betas, eps, wd):
+    """The documented AdamW rule on one parameter, step by step: float32 moments, the update cast to the
+    parameter's dtype (``grads[t]`` None: no step for it)."""
+    p, m, v, t = p0.clone(), torch.zeros_like(p0, dtype=torch.float32), torch.zeros_like(p0, dtype=torch.float32), 0
+    for g in grads:
+        if g is None:
+            continue
+        t += 1
+        g = g.to(torch.float32)
+        m = m + (1 - betas[0]) * (g - m)
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        upd = (m / (1 - betas[0] ** t)) / ((v / (1 - betas[1] ** t)).sqrt() + eps)
+        p = p * (1 - lr * wd) - lr * upd.to(p.dtype)
+    return p
+
+
+def test_rules_over_mixed_dtypes_formats_and_step_counts():
+    """One group of float32, bfloat16 and float16 parameters, channels_last ones among them, and parameters that skip
+    steps (their bias corrections then differ): the multi-tensor update gives each parameter its own rule's result."""
+    torch.manual_seed(7)
+    lr, betas, eps, wd = 1e-2, (0.8, 0.95), 1e-6, 0.05
+    shapes = [((6, 4), torch.float32), ((5,), torch.bfloat16), ((3, 4, 2, 2), torch.float32), ((7,), torch.float16)]
+    ps = [torch.nn.Parameter(torch.randn(s, dtype=dt)) for s, dt in shapes]
+    with torch.no_grad():
+        ps[2].data = ps[2].data.contiguous(memory_format=torch.channels_last)
+    binary = [torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(3, 5, dtype=torch.bfloat16))]
+    for b in binary:
+        b.bie_binary = True
+    with torch.no_grad():
+        binary[0][0, :3] = 0.0                      # zero weights: +1 until flipped, then -tiny
+    start = [p.detach().clone() for p in ps + binary]
+    steps = 6
+    grads = [[None if (i == 0 and t % 2) else torch.randn(p.shape, dtype=p.dtype) + 0.7 for t in range(steps)]
+             for i, p in enumerate(ps + binary)]
+    opt = DiodeMix(ps + binary, lr=lr, betas=betas, eps=eps, weight_decay=wd, binary_betas=(0.5, 0.9),
+                   flip_threshold=0.015)
+    for t in range(steps):
+        for p, gs in zip(ps + binary, grads):
+            p.grad = None if gs[t] is None else gs[t].clone()
+        opt.step()
+    for i, p in enumerate(ps):
+        expect = _adamw_reference(start[i], grads[i], lr, betas, eps, wd)
+        assert p.dtype == shapes[i][1]
+        torch.testing.assert_close(p.detach(), expect, rtol=2e-6, atol=2e-6, msg=f"parameter {i}")
+        assert opt.state[p]["exp_avg"].dtype == torch.float32
+    assert opt.state[ps[0]]["step"] == steps // 2
+    assert ps[2].is_contiguous(memory_format=torch.channels_last)
+    for j, b in enumerate(binary):
+        w0 = start[len(ps) + j]
+        expect = _flip_rule_reference(w0.float(), [g.float() for g in grads[len(ps) + j]], lr, 0.5, 0.9, 0.015)
+        got = b.detach().float()
+        zero = w0.float() == 0
+        # magnitudes kept; a zero that flipped holds -tiny (the reference keeps it at zero: -0.0)
+        assert torch.equal(got[~zero], expect[~zero])
+        flipped0 = zero & (got != 0)
+        assert torch.equal(got[flipped0], torch.full_like(got[flipped0], -torch.finfo(b.dtype).tiny))
+    assert (binary[0].detach()[0, :3] < 0).any()      # a zero weight was pushed across
+
+
 def test_float32_states_kept_for_bf16_params_on_load():
     p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
     o = DiodeMix([p])
