@@ -20,7 +20,8 @@ weight flips after about ``flip_threshold / lr`` steps, and never once
 decay does not apply to binary weights (it would not change a sign).
 
 Everything else gets AdamW (decoupled weight decay, bias-corrected moments,
-float32 states). With ``galore_rank`` set in a group, the moments of its
+float32 states; a bf16/fp16 parameter takes the decay and the step in float32,
+rounded once). With ``galore_rank`` set in a group, the moments of its
 parameters with 2 or more dims live in a rank-``galore_rank`` subspace
 (:class:`~bie_core.optim.galore.GaLoreProjector`).
 
@@ -188,11 +189,15 @@ class DiodeMix(Optimizer):
         torch._foreach_add_(den, group["eps"])
         torch._foreach_div_(update, den)
         lr, wd = group["lr"], group["weight_decay"]
+        # Low-precision parameters take the decay and the step in float32, rounded once: a multi-tensor op with a
+        # scalar would round the scalar to their dtype on the CPU (1 - lr * wd is 1.0 in bfloat16 for small decays)
+        # and not on a GPU.
+        target = params if params[0].dtype == torch.float32 else [p.float() for p in params]
         if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        if params[0].dtype != torch.float32:
-            update = [u.to(params[0].dtype) for u in update]
-        torch._foreach_add_(params, update, alpha=-lr)
+            torch._foreach_mul_(target, 1 - lr * wd)
+        torch._foreach_add_(target, update, alpha=-lr)
+        if target is not params:
+            torch._foreach_copy_(params, target)
 
     @staticmethod
     def _adamw_step(p, state, group, proj: GaLoreProjector):
