@@ -211,6 +211,20 @@ def test_rules_over_mixed_dtypes_formats_and_step_counts():
     assert (binary[0].detach()[0, :3] < 0).any()      # a zero weight was pushed across
 
 
+def test_binary_rule_one_step_and_a_nan_gradient():
+    """One step of the rule, entry by entry; a NaN gradient leaves its weight as it is (its momentum is NaN, whose
+    sign torch takes as 0) and touches no other entry."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -1.0, 0.5, 0.0, 2.0, -3.0]))
+    w.bie_binary = True
+    opt = DiodeMix([w], lr=0.1, binary_betas=(0.0, 0.5), flip_threshold=0.05)
+    w.grad = torch.tensor([float("nan"), 1.0, -1.0, 1.0, 1.0, -1.0])
+    opt.step()
+    # a gradient of the weight's sign pushes it across zero: 0 (as +1), 2 and -3 flip (0 to -tiny); -1 and 0.5 stay
+    tiny = torch.finfo(torch.float32).tiny
+    assert torch.equal(w.detach(), torch.tensor([1.0, -1.0, 0.5, -tiny, -2.0, 3.0]))
+    assert torch.equal(opt.state[w]["flip_acc"][1:], torch.tensor([0.1, -0.1, 0.0, 0.0, 0.0]))   # restarted where flipped
+
+
 def test_float32_states_kept_for_bf16_params_on_load():
     p = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
     o = DiodeMix([p])

@@ -51,6 +51,10 @@ def is_binary(p: torch.Tensor, group: dict) -> bool:
     return bool(group.get("binary")) or bool(getattr(p, "bie_binary", False))
 
 
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.to(torch.float32)
+
+
 def _by_device_and_dtype(params: list) -> list:
     """``params`` split into lists of one device and dtype (what a multi-tensor op takes at once), in order."""
     out: dict = {}
@@ -157,15 +161,31 @@ class DiodeMix(Optimizer):
         b1, b2 = group["binary_betas"]
         ms = [st["exp_avg"] for st in states]
         accs = [st["flip_acc"] for st in states]
-        torch._foreach_lerp_(ms, [p.grad.to(torch.float32) for p in params], 1 - b1)
+        torch._foreach_lerp_(ms, [_f32(p.grad) for p in params], 1 - b1)
         torch._foreach_mul_(accs, b2)
         torch._foreach_add_(accs, torch._foreach_sign(ms), alpha=group["lr"])
-        thr = group["flip_threshold"]
-        for p, acc in zip(params, accs):
-            flip = torch.where(p >= 0, acc, acc.neg()) > thr
-            # a zero weight counts as +1 (sgn(0) = +1); flipping it needs a negative value
-            p.copy_(torch.where(flip, torch.where(p == 0, -torch.finfo(p.dtype).tiny, p.neg()), p))
-            acc.masked_fill_(flip, 0.0)
+        # The flip in multi-tensor arithmetic, exact: f is 1.0 where sgn(p) * acc > flip_threshold, else 0.0
+        # (x - t > 0 exactly when x > t in IEEE arithmetic); p * (1 - 2f) is -p there and p elsewhere.
+        sgn = torch._foreach_sign(params)
+        zero = torch._foreach_abs(sgn)                     # 0 for a zero weight, else 1 (made 1 - that below)
+        torch._foreach_add_(sgn, 0.5)
+        torch._foreach_sign_(sgn)                          # sgn(p), with sgn(0) = +1
+        f = torch._foreach_mul(accs, sgn)
+        torch._foreach_sub_(f, group["flip_threshold"])
+        torch._foreach_sign_(f)
+        torch._foreach_clamp_min_(f, 0.0)
+        coef = torch._foreach_mul(f, -2.0)
+        torch._foreach_add_(coef, 1.0)
+        torch._foreach_mul_(params, coef)
+        # a zero weight counts as +1; flipped, it becomes the dtype's smallest negative normal value (-0.0 would
+        # still count as +1)
+        torch._foreach_mul_(zero, -1.0)
+        torch._foreach_add_(zero, 1.0)
+        torch._foreach_mul_(zero, f)
+        torch._foreach_add_(params, zero, alpha=-torch.finfo(params[0].dtype).tiny)
+        torch._foreach_mul_(f, -1.0)
+        torch._foreach_add_(f, 1.0)
+        torch._foreach_mul_(accs, f)                       # a flipped weight's accumulator restarts at 0
 
     @staticmethod
     def _adamw_steps(params: list, states: list, group: dict) -> None:
@@ -177,7 +197,7 @@ class DiodeMix(Optimizer):
                 st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
             st["step"] += 1
         b1, b2 = group["betas"]
-        grads = [p.grad.to(torch.float32) for p in params]
+        grads = [_f32(p.grad) for p in params]
         ms = [st["exp_avg"] for st in states]
         vs = [st["exp_avg_sq"] for st in states]
         torch._foreach_lerp_(ms, grads, 1 - b1)
