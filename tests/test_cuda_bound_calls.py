@@ -87,6 +87,57 @@ def test_mpq_linear_eager_inference_takes_the_bound_call(dtype, m):
     assert chosen["wq_gemm"].startswith("cuda:")
 
 
+
+def _any_rank_layer(kind: str, k: int, n: int):
+    from bie_core import BinaryLinear, MBWQLinear, MPQLinear, QLinear
+    torch.manual_seed(len(kind) + k)
+    if kind.startswith("mpq"):
+        act_order = kind == "mpq-act-order"   # (GPTQ with calibration inputs orders the rows)
+        layer = MPQLinear.from_float(nn.Linear(k, n), bits=4, group_size=32 if act_order else 128,
+                                     act_order=act_order, calibration=torch.randn(64, k) if act_order else None,
+                                     dtype=torch.bfloat16, backend="cuda").cuda().eval()
+        assert layer.act_order == act_order
+        return layer
+    if kind == "mbwq":
+        return MBWQLinear.from_float(nn.Linear(k, n), bits={4: 0.5, 2: 0.5}, group_size=32, dtype=torch.bfloat16,
+                                     backend="cuda").cuda().eval()
+    x = torch.randn(4, k, device="cuda", dtype=torch.bfloat16)
+    if kind == "qlinear":
+        layer = QLinear(k, n, 8, 8, bias=True, backend="cuda").to(device="cuda", dtype=torch.bfloat16)
+        layer(x.requires_grad_())
+    else:
+        layer = BinaryLinear(k, n, bias=True, backend="cuda").to(device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer.act_shift.normal_(0, 0.3)
+            layer(x)
+    return layer.eval()
+
+
+@pytest.mark.parametrize("kind", ["mpq", "mpq-act-order", "mbwq", "qlinear", "binary"])
+@pytest.mark.parametrize("lead", [(1, 1), (2, 3), (1, 8), (4, 8), (2, 1, 2)])
+def test_layers_hand_model_activations_to_the_kernel_as_they_are(kind, lead):
+    """A model's (batch, tokens, features) activations go to the kernel's bound call as they are (the library takes
+    the rows of the last dimension and returns the output in the input's shape, csrc/bie_cuda.cpp rows_of): the
+    bound call is the kernel's own, with no views made in Python, and its result is that of the same layer on the
+    2-D rows bit for bit; a strided input of that shape takes the rows' path and gives the same result."""
+    k, n = 256, 136
+    layer = _any_rank_layer(kind, k, n)
+    x = torch.randn(lead + (k,), device="cuda", dtype=torch.bfloat16)
+    if kind in ("qlinear", "binary") and x.numel() // k > 8:
+        pytest.skip("more than 8 rows: the one-launch GEMVs do not take them")
+    with torch.inference_mode():
+        rows = layer(x.reshape(-1, k)).reshape(lead + (n,))
+        for _ in range(3):
+            y = layer(x)
+            assert y.shape == lead + (n,) and torch.equal(y, rows), (kind, lead)
+    call = layer._lean.call
+    assert getattr(call, "any_rank", False) and not hasattr(call, "rows"), f"{kind}: the input was viewed in Python"
+    xt = x.transpose(0, -2).contiguous().transpose(0, -2)   # the same values, strided where both dims > 1
+    if not xt.is_contiguous():
+        with torch.inference_mode():
+            assert torch.equal(layer(xt), rows)
+            assert hasattr(layer._lean.call, "rows")
+
 def _binary_layer(k, n, dtype, shift, packed, seed):
     from bie_core import BinaryLinear
     torch.manual_seed(seed)

@@ -251,6 +251,7 @@ def bind_binary_linear_gemv(x, shift, w, k, act_scale, w_scale, bias, out_dtype,
     def call(x, *_):
         return fn(x, sh, weight, popc, k, n, scale, bias, out_dtype)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
     return call
 
 

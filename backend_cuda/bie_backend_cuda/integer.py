@@ -133,6 +133,7 @@ def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=No
 
         def fused(x):
             return launch(x, sa, sh, bits, scale, bias)
+        fused.any_rank = True   # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
         return fused
     call.fuse_quantized_input = fuse_quantized_input
     return call

@@ -121,6 +121,7 @@ def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
         b = rest[5] if rest else bias
         return fn(x, *head, b, _counters(dev, lay.n), 0)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
     return call
 
 

@@ -632,7 +632,7 @@ def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
 
     def call(x, *_):
         if perm is not None:
-            x = x.index_select(1, perm)
+            x = x.index_select(-1, perm)
         if convert:
             x = x.to(cd)
         elif x.data_ptr() & 15:   # a view into a larger tensor (fresh tensors are aligned)
@@ -641,6 +641,7 @@ def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
         state[0] = steady
         return fn(x, *args)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
     return call
 
 

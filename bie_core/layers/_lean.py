@@ -184,7 +184,7 @@ def on_input(lc: LeanCall, x: torch.Tensor, n: int, backend: str, fixed: tuple) 
     costs about 3 µs of host time (a CPU core here): half of ``nn.Linear``'s whole call, which does this in C++."""
     if x.dim() == 2:
         return lc
-    if getattr(lc.call, "any_rank", False):   # the kernel's bound call takes x as it is
+    if getattr(lc.call, "any_rank", False) and x.is_contiguous():   # the kernel's bound call takes x as it is
         return LeanCall(lc.call, lc.decisions, x, preference(backend), fixed)
     k = x.shape[-1]
     m = math.prod(x.shape[:-1])

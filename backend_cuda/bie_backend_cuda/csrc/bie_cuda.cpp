@@ -158,8 +158,31 @@ void check_fragment_codes(const Tensor& qwa, int64_t bits, int64_t N, int64_t K,
 }
 
 // x (M, K) fp16/bf16 contiguous and the (G, Np) int32 statistics, as the skinny-layout kernels (skinny, thin, wgmma) take them.
+// A linear kernel's x is the rows of its last dimension, as nn.Linear takes it: (M, K), or a model's (batch, tokens,
+// K) activations (contiguous), the output keeping the leading dimensions. The layers' bound calls hand x over as it
+// is: viewing it as 2-D and the output back in Python costs about 3 µs a call, a fifth of a decode layer's host time.
+int64_t rows_of(const Tensor& x) {
+  int64_t m = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) m *= x.size(d);
+  return m;
+}
+
+std::vector<int64_t> rows_out_shape(const Tensor& x, int64_t n) {
+  auto s = x.sizes().vec();
+  s.back() = n;
+  return s;
+}
+
+// x as rows_of describes: at least 1-D, K features last; other than 2-D only contiguous (the kernels take one row
+// stride).
+void check_rows(const Tensor& x, int64_t K, const char* who) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K && (x.dim() == 2 || x.is_contiguous()), "bie_cuda.", who,
+              ": x must be (..., ", K, ") with contiguous rows, got ", x.sizes());
+}
+
 void check_skinny_operands(const Tensor& x, const Tensor& st, int64_t K, const char* who) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.", who, ": x must be contiguous (M, K)");
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.size(-1) == K, "bie_cuda.", who,
+              ": x must be contiguous (..., K) with K=", K, ", got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.", who,
               ": x must be fp16/bf16");
   TORCH_CHECK(st.scalar_type() == at::kInt && st.dim() == 2 && st.is_contiguous() && st.size(0) >= 1, "bie_cuda.", who,
@@ -172,7 +195,7 @@ void set_skinny_shapes(Args& p, const Tensor& x, const Tensor& qwa, const Tensor
                        int64_t gs_shift, int64_t kblocks) {
   p.x = x.data_ptr();
   p.qw = reinterpret_cast<const uint4*>(qwa.data_ptr<int32_t>());
-  p.M = (int)x.size(0);
+  p.M = (int)rows_of(x);
   p.N = (int)N;
   p.Np = (int)st.size(1);
   p.K = (int)K;
@@ -365,12 +388,12 @@ Tensor binary_mm_wgmma(const Tensor& a, const Tensor& img, const Tensor& pw, int
   return out;
 }
 
-// The input of the binary linear entry points: x contiguous (M, k) of a float dtype on the GPU, and the shift k
-// contiguous values in x's dtype on x's device, or none (returned as its data pointer, or null).
+// The input of the binary linear entry points: x contiguous (..., k) (rows_of) of a float dtype on the GPU, and the
+// shift k contiguous values in x's dtype on x's device, or none (returned as its data pointer, or null).
 static const void* shifted_input(const Tensor& x, const std::optional<Tensor>& shift, int64_t k, const char* who) {
   check_cuda(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == k && k > 0,
-              "bie_cuda.", who, ": x must be contiguous (M, k), got ", x.sizes(), " for k=", k);
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.size(-1) == k && k > 0,
+              "bie_cuda.", who, ": x must be contiguous (..., k), got ", x.sizes(), " for k=", k);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
               "bie_cuda.", who, ": x must be float32, float16 or bfloat16, got ", x.scalar_type());
   if (!shift.has_value() || !shift->defined()) return nullptr;
@@ -389,6 +412,7 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
                            int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
                            std::optional<at::ScalarType> out_dtype, int64_t tile) {
   const void* sp = shifted_input(x, shift, k, "binary_linear_bound");
+  TORCH_CHECK(x.dim() == 2, "bie_cuda.binary_linear_bound: x must be 2-D (M, k), got ", x.sizes());
   TORCH_CHECK(x.size(0) < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t M = x.size(0), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
@@ -411,8 +435,9 @@ Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, c
   const void* sp = shifted_input(x, shift, k, "binary_linear_gemv");
   check_cuda(w, "w");
   TORCH_CHECK(k <= bie::kBinGemvMaxK, "bie_cuda.binary_linear_gemv: k must be at most ", bie::kBinGemvMaxK, ", got ", k);
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= bie::kBinGemvMaxM, "bie_cuda.binary_linear_gemv: 1 to ",
-              bie::kBinGemvMaxM, " rows, got ", x.size(0));
+  const int64_t M = rows_of(x);
+  TORCH_CHECK(M >= 1 && M <= bie::kBinGemvMaxM, "bie_cuda.binary_linear_gemv: 1 to ", bie::kBinGemvMaxM,
+              " rows, got ", M);
   const int64_t KB = (k + 7) / 8, KB16 = (KB + 15) / 16 * 16;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(0) == n && n >= 1 && w.size(1) >= KB16 &&
                   (n == 1 || w.stride(0) % 16 == 0) && (w.size(1) <= 1 || w.stride(1) == 1) &&
@@ -424,8 +449,7 @@ Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, c
               "bie_cuda.binary_linear_gemv: pw must be n contiguous int32 popcounts on x's device");
   c10::cuda::CUDAGuard guard(x.device());
   const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_linear_gemv");
-  const int64_t M = x.size(0);
-  auto out = at::empty({M, n}, x.options().dtype(odt));
+  auto out = at::empty(rows_out_shape(x, n), x.options().dtype(odt));
   bie::BinGemvArgs g{};
   bie::BinGemmArgs& p = g.gemm;
   p.b = w.data_ptr<uint8_t>();
@@ -493,7 +517,7 @@ Tensor wq_mma_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Ten
                int64_t bits, int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq,
                at::ScalarType out_dtype, const Tensor& counters, int64_t tune) {
   for (const Tensor* t : {&x, &qw, &s, &zp, &counters}) check_cuda(*t, "wq_mma_gemm operand");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == K, "bie_cuda.wq_mma_gemm: x must be contiguous (M, K)");
+  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.size(-1) == K, "bie_cuda.wq_mma_gemm: x must be contiguous (..., K)");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "bie_cuda.wq_mma_gemm: x must be fp16/bf16");
   TORCH_CHECK(s.scalar_type() == x.scalar_type() && zp.scalar_type() == x.scalar_type() && s.dim() == 2 &&
                   s.sizes() == zp.sizes() && s.is_contiguous() && zp.is_contiguous(),
@@ -503,7 +527,7 @@ Tensor wq_mma_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Ten
                   c32.sizes() == s.sizes() && s32.is_contiguous() && c32.is_contiguous() && s32.is_cuda() &&
                   c32.is_cuda(),
               "bie_cuda.wq_mma_gemm: float32 statistics must be contiguous (G, Np)");
-  const int64_t Np = s.size(1), G = s.size(0), M = x.size(0);
+  const int64_t Np = s.size(1), G = s.size(0), M = rows_of(x);
   const int64_t J = vector_steps(bits);
   TORCH_CHECK(Np % 16 == 0 && N <= Np && kblocks * 16 * J >= K, "bie_cuda.wq_mma_gemm: inconsistent prepared shapes");
   TORCH_CHECK(qw.scalar_type() == at::kInt && qw.is_contiguous() && qw.numel() == (Np / 16) * kblocks * 128,
@@ -512,7 +536,7 @@ Tensor wq_mma_gemm(const Tensor& x, const Tensor& qw, const Tensor& s, const Ten
               "bie_cuda.wq_mma_gemm: counters too small");
   TORCH_CHECK(M < (1ll << 31) && K < (1ll << 31) && N < (1ll << 31), "bie_cuda.wq_mma_gemm: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
-  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  auto out = at::empty(rows_out_shape(x, N), x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqArgs p{};
   p.x = x.data_ptr();
@@ -558,16 +582,16 @@ Tensor wq_skinny_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, cons
                 at::ScalarType out_dtype, const Tensor& counters, int64_t tune, bool pdl) {
   for (const Tensor* t : {&x, &qwa, &st, &counters}) check_cuda(*t, "wq_skinny_gemm operand");
   check_skinny_operands(x, st, K, "wq_skinny_gemm");
-  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wq_skinny_gemm: at most 16 rows");
+  TORCH_CHECK(rows_of(x) <= 16, "bie_cuda.wq_skinny_gemm: at most 16 rows");
   TORCH_CHECK(bits == 2 || bits == 4 || bits == 8, "bie_cuda.wq_skinny_gemm: bits must be 2, 4 or 8");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wq_skinny_gemm: group size shift");
-  const int64_t Np = st.size(1), M = x.size(0);
+  const int64_t Np = st.size(1), M = rows_of(x);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wq_skinny_gemm");
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= (Np + 127) / 128,
               "bie_cuda.wq_skinny_gemm: counters too small");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wq_skinny_gemm: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
-  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  auto out = at::empty(rows_out_shape(x, N), x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqSkinnyArgs p{};
   set_skinny_shapes(p, x, qwa, st, N, K, gs_shift, kblocks);
@@ -609,9 +633,9 @@ Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const 
                 int64_t xpre) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wq_thin_gemm operand");
   check_skinny_operands(x, st, K, "wq_thin_gemm");
-  TORCH_CHECK(x.size(0) <= 16, "bie_cuda.wq_thin_gemm: at most 16 rows");
+  TORCH_CHECK(rows_of(x) <= 16, "bie_cuda.wq_thin_gemm: at most 16 rows");
   TORCH_CHECK(slices >= -1 && slices < (1 << 20), "bie_cuda.wq_thin_gemm: slices must be -1..2^20");
-  TORCH_CHECK(x.size(0) <= 8 || slices >= 0,
+  TORCH_CHECK(rows_of(x) <= 8 || slices >= 0,
               "bie_cuda.wq_thin_gemm: more than 8 rows need x staged per block (slices >= 0, not -1)");
   TORCH_CHECK(K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
               "bie_cuda.wq_thin_gemm: K must be a multiple of 8 and x 16-byte aligned");
@@ -620,13 +644,13 @@ Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const 
   TORCH_CHECK(warps >= 0 && warps <= bie::wq_thin_max_warps(), "bie_cuda.wq_thin_gemm: warps must be 0..", bie::wq_thin_max_warps());
   TORCH_CHECK(grid >= 0 && grid < (1 << 20), "bie_cuda.wq_thin_gemm: grid must be 0..2^20");
   TORCH_CHECK(xpre >= -3 && xpre <= 7, "bie_cuda.wq_thin_gemm: xpre must be -3..7");
-  const int64_t Np = st.size(1), G = st.size(0), M = x.size(0);
+  const int64_t Np = st.size(1), G = st.size(0), M = rows_of(x);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, inter ? 128 : 16, "wq_thin_gemm");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && kblocks < (1 << 20), "bie_cuda.wq_thin_gemm: problem too large");
   TORCH_CHECK(gs_shift == -1 || ((K + (1ll << gs_shift) - 1) >> gs_shift) <= G,
               "bie_cuda.wq_thin_gemm: statistics have fewer groups than K needs");
   c10::cuda::CUDAGuard guard(x.device());
-  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  auto out = at::empty(rows_out_shape(x, N), x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqThinArgs p{};
   set_skinny_shapes(p, x, qwa, st, N, K, gs_shift, kblocks);
@@ -669,7 +693,7 @@ Tensor wq_wgmma_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, cons
   TORCH_CHECK(!many_rows || (bits == 4 && (gs_shift == -1 || gs_shift >= 5)),
               "bie_cuda.wq_wgmma_gemm: the pipelined kernel takes 4-bit codes in groups of 32 or more (or per channel)");
   TORCH_CHECK(gs_shift == -1 || (gs_shift >= 4 && gs_shift <= 30), "bie_cuda.wq_wgmma_gemm: group size shift");
-  const int64_t Np = stw.size(1), G = stw.size(0), M = x.size(0);
+  const int64_t Np = stw.size(1), G = stw.size(0), M = rows_of(x);
   check_fragment_codes(qwa, bits, N, K, Np, kblocks, 128, "wq_wgmma_gemm");
   TORCH_CHECK(gs_shift == -1 || ((K - 1) >> gs_shift) < G, "bie_cuda.wq_wgmma_gemm: too few statistics rows for K");
   TORCH_CHECK(K < (1ll << 30) && N < (1ll << 30) && M < (1ll << 30), "bie_cuda.wq_wgmma_gemm: problem too large");
@@ -677,7 +701,7 @@ Tensor wq_wgmma_gemm(const Tensor& x, const Tensor& qwa, const Tensor& stw, cons
   int major = 0;   // x's device (the guard made it current): wgmma exists on sm_90 only
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
   TORCH_CHECK(major == 9, "bie_cuda.wq_wgmma_gemm: needs a Hopper (sm_90) GPU");
-  auto out = at::empty({M, N}, x.options().dtype(out_dtype));
+  auto out = at::empty(rows_out_shape(x, N), x.options().dtype(out_dtype));
   if (M == 0 || N == 0) return out;
   bie::WqWgmmaArgs p{};
   set_skinny_shapes(p, x, qwa, stw, N, K, gs_shift, kblocks);
@@ -875,8 +899,9 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
                 int64_t N, int64_t K, std::optional<at::ScalarType> out_dtype, bool pdl, int64_t ring) {
   check_cuda(x, "x");
   check_cuda(wf, "wf");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && x.size(0) >= 1 && x.size(0) <= 8,
-              "bie_cuda.int_gemv: x must be (M, ", K, ") with 1 to 8 rows, got ", x.sizes());
+  check_rows(x, K, "int_gemv");
+  TORCH_CHECK(rows_of(x) >= 1 && rows_of(x) <= 8, "bie_cuda.int_gemv: x must have 1 to 8 rows of ", K,
+              " features, got ", x.sizes());
   TORCH_CHECK(K >= 1 && K <= 65535 && N >= 1 && N < (1ll << 30),
               "bie_cuda.int_gemv: K must be 1..65535 and N positive, got K=", K, " N=", N);
   const auto xt = x.scalar_type();
@@ -888,8 +913,8 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
                   wf.device() == x.device(),
               "bie_cuda.int_gemv: wf is not the fragment-ordered layout of a (", N, ", ", K, ") int8 weight");
   TORCH_CHECK(ring == 0 || ring == 1, "bie_cuda.int_gemv: ring must be 0 or 1, got ", ring);
-  const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
-  const int64_t M = xc.size(0);
+  const Tensor xc = (K <= 1 || x.stride(-1) == 1) ? x : x.contiguous();
+  const int64_t M = rows_of(xc);
   bie::DynGemvArgs p{};
   Tensor shift_c;
   if (codes) {
@@ -915,7 +940,7 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
   TORCH_CHECK(odt == at::kInt || odt == at::kFloat || odt == at::kHalf || odt == at::kBFloat16,
               "bie_cuda.int_gemv: out_dtype must be int32 (none), float32, float16 or bfloat16");
   c10::cuda::CUDAGuard guard(x.device());
-  auto out = at::empty({M, N}, x.options().dtype(odt));
+  auto out = at::empty(rows_out_shape(x, N), x.options().dtype(odt));
   bie::BinGemmArgs e{};   // (the scale and bias checks of the binary GEMMs' epilogue: the same contract)
   const auto keep = set_scale_bias(e, scale, bias, odt, N, x.device(), "int_gemv");
   p.wscale = e.scale;
@@ -926,7 +951,7 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
   p.out = out.data_ptr();
   p.out_dtype = dtype_code(odt);
   p.x = xc.data_ptr();
-  p.ldx = M > 1 ? xc.stride(0) : K;
+  p.ldx = M > 1 && xc.dim() == 2 ? xc.stride(0) : K;
   const int64_t esize = xc.element_size(), align = codes ? 8 : 16;
   p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % align == 0 && (M <= 1 || (p.ldx * esize) % align == 0)) ? 1 : 0;
   p.w = wf.data_ptr<int8_t>();
@@ -1177,11 +1202,12 @@ Tensor mbwq_gemv(const Tensor& x, const Tensor& qweight, const Tensor& chunks, c
   check_cuda(x, "x");
   check_cuda(perm, "perm");
   check_cuda(counters, "counters");
-  TORCH_CHECK(x.dim() == 2, "bie_cuda.mbwq_gemv: x must be 2-D (M, K), got ", x.sizes());
+  TORCH_CHECK(x.dim() >= 1 && (x.dim() == 2 || x.is_contiguous()), "bie_cuda.mbwq_gemv: x must be (M, K) or "
+              "contiguous (..., K), got ", x.sizes());
   const auto xt = x.scalar_type();
   TORCH_CHECK(xt == at::kFloat || xt == at::kHalf || xt == at::kBFloat16,
               "bie_cuda.mbwq_gemv: x must be float32, float16 or bfloat16, got ", xt);
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = rows_of(x), K = x.size(-1);
   TORCH_CHECK(M <= bie::MBWQ_GEMV_MAX_M, "bie_cuda.mbwq_gemv: at most ", bie::MBWQ_GEMV_MAX_M, " rows, got ", M);
   check_mbwq_operands(who, qweight, chunks, scales, zeros, rscale, K);
   const int64_t N = qweight.size(1);
@@ -1195,14 +1221,14 @@ Tensor mbwq_gemv(const Tensor& x, const Tensor& qweight, const Tensor& chunks, c
               "bie_cuda.mbwq_gemv: counters must be a contiguous int32 tensor of at least ", colblocks, " values");
   TORCH_CHECK(splits >= 0 && splits < 65536, "bie_cuda.mbwq_gemv: splits must be 0..65535, got ", splits);
   c10::cuda::CUDAGuard guard(x.device());
-  auto out = at::empty({M, N}, x.options());
+  auto out = at::empty(rows_out_shape(x, N), x.options());
   if (M == 0) return out;
-  const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
+  const Tensor xc = (K <= 1 || x.stride(-1) == 1) ? x : x.contiguous();
   bie::MbwqArgs p{};
   fill_mbwq_args(p, qweight, chunks, scales, zeros, rscale, K);
   p.perm = perm.data_ptr<int32_t>();
   p.x = xc.data_ptr();
-  p.ldx = M > 1 ? xc.stride(0) : K;
+  p.ldx = M > 1 && xc.dim() == 2 ? xc.stride(0) : K;
   p.M = (int)M;
   Tensor bias_c;
   set_bias_out(p, bias, bias_c, x, out, xt, N, who);
