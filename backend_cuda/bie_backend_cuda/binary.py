@@ -210,6 +210,7 @@ def _bind_linear(wgmma: bool):
         def call(x, *_):
             return fn(x, sh, weight, popc, k, n, scale, bias, out_dtype, tile)
         call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+        call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
         return call
     return bind
 

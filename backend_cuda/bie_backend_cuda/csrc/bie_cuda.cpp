@@ -404,26 +404,28 @@ static const void* shifted_input(const Tensor& x, const std::optional<Tensor>& s
 }
 
 // The binary linear layers' bound inference call (binary.py bind_binary_linear): in one call from Python what the
-// registered kernel does in several, with the same result bit for bit. The sign bits of x + shift (shift: k values
-// in x's dtype) packed into rows padded with zero bytes to a multiple of 16, then the GEMM: the mma.sync kernels on
-// the weight bits w (tile >= 0: 0 chooses the tile), or the Hopper wgmma kernel on the weight image w (tile < 0:
-// blocks per cluster -1 - tile, 0 automatic). pw: the weight rows' popcounts; scale: float32(act) * float32(weight).
+// registered kernel does in several, with the same result bit for bit. x of any rank (rows_of): the sign bits of
+// x + shift (shift: k values in x's dtype) packed into rows padded with zero bytes to a multiple of 16, then the GEMM:
+// the mma.sync kernels on the weight bits w (tile >= 0: 0 chooses the tile), or the Hopper wgmma kernel on the weight
+// image w (tile < 0: blocks per cluster -1 - tile, 0 automatic). pw: the weight rows' popcounts; scale:
+// float32(act) * float32(weight).
 Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
                            int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
                            std::optional<at::ScalarType> out_dtype, int64_t tile) {
   const void* sp = shifted_input(x, shift, k, "binary_linear_bound");
-  TORCH_CHECK(x.dim() == 2, "bie_cuda.binary_linear_bound: x must be 2-D (M, k), got ", x.sizes());
-  TORCH_CHECK(x.size(0) < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
+  const int64_t M = rows_of(x), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
+  TORCH_CHECK(M < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
-  const int64_t M = x.size(0), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
   auto a = at::empty({M, KBp}, x.options().dtype(at::kByte));
   check_launch(bie::launch_pack_signs_shifted(x.data_ptr(), sp, dtype_code(x.scalar_type()), a.data_ptr<uint8_t>(), M,
                                               k, KBp, stream()),
                "binary_linear_bound (packing)");
   const Tensor packed = a.narrow(1, 0, KB);
-  if (tile < 0) return binary_mm_wgmma(packed, w, pw, k, n, scale, bias, out_dtype, -1 - tile);
+  if (tile < 0)
+    return binary_mm_wgmma(packed, w, pw, k, n, scale, bias, out_dtype, -1 - tile).view(rows_out_shape(x, n));
   TORCH_CHECK(w.dim() == 2 && w.size(0) == n, "bie_cuda.binary_linear_bound: w must be the (n, bytes) weight bits");
-  return binary_mm(packed.unsqueeze(0), w.unsqueeze(0), k, pw, scale, bias, out_dtype, 0, tile).select(0, 0);
+  return binary_mm(packed.unsqueeze(0), w.unsqueeze(0), k, pw, scale, bias, out_dtype, 0, tile).select(0, 0)
+      .view(rows_out_shape(x, n));
 }
 
 // binary_linear for 1-8 rows in one launch (binary.cu binary_gemv_kernel): x (M, k) contiguous, shift k values in
