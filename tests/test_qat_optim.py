@@ -211,6 +211,42 @@ def test_rules_over_mixed_dtypes_formats_and_step_counts():
     assert (binary[0].detach()[0, :3] < 0).any()      # a zero weight was pushed across
 
 
+
+def test_multi_tensor_runs_bound_the_temporaries_and_change_no_bit(monkeypatch):
+    """A rule's parameters are updated in runs of at most FOREACH_MAX_ELEMENTS elements (about equal, a larger
+    parameter alone), so that the multi-tensor temporaries stay bounded on a large model; the result is the one-run
+    update's bit for bit."""
+    from bie_core.optim import diode
+
+    def run(limit):
+        monkeypatch.setattr(diode, "FOREACH_MAX_ELEMENTS", limit)
+        torch.manual_seed(11)
+        shapes = [(40,), (8, 9), (3, 3, 2, 2), (100,), (5,), (7, 7)]
+        ps = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+        for p in ps[::2]:
+            p.bie_binary = True
+        opt = DiodeMix(ps, lr=1e-2, weight_decay=0.05, flip_threshold=0.01)
+        for t in range(4):
+            g = torch.Generator().manual_seed(t)
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        return [p.detach().clone() for p in ps], [dict(opt.state[p]) for p in ps], ps
+
+    one, one_state, _ = run(1 << 40)
+    for limit in (64, 50, 1):
+        got, state, ps = run(limit)
+        assert all(torch.equal(a, b) for a, b in zip(one, got)), limit
+        for s1, s2 in zip(one_state, state):
+            assert all(torch.equal(s1[k], s2[k]) if torch.is_tensor(s1[k]) else s1[k] == s2[k] for k in s1)
+        runs = diode._by_device_and_dtype(ps)
+        assert [p for r in runs for p in r] == ps
+        assert all(len(r) == 1 or sum(p.numel() for p in r) <= limit for r in runs)
+    monkeypatch.setattr(diode, "FOREACH_MAX_ELEMENTS", 100)
+    sizes = [sum(p.numel() for p in r) for r in diode._by_device_and_dtype([torch.zeros(20) for _ in range(7)])]
+    assert sizes == [80, 60]                         # two runs near 70 each, not filled up to 100 and 40
+
+
 def test_binary_rule_one_step_and_a_nan_gradient():
     """One step of the rule, entry by entry; a NaN gradient leaves its weight as it is (its momentum is NaN, whose
     sign torch takes as 0) and touches no other entry."""

@@ -55,12 +55,37 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.to(torch.float32)
 
 
+#: elements a multi-tensor update takes at once. Its temporaries span all the parameters it takes (up to three
+#: float32 values per element, at the binary rule's peak): 2^23 elements bound them near 100 MB whatever the
+#: model's size, and a ResNet-18 still updates in two calls per rule and op.
+FOREACH_MAX_ELEMENTS = 1 << 23
+
+
 def _by_device_and_dtype(params: list) -> list:
-    """``params`` split into lists of one device and dtype (what a multi-tensor op takes at once), in order."""
+    """``params`` split into lists of one device and dtype (what a multi-tensor op takes at once), in order, and
+    those into as few runs of about equal size as keep each within FOREACH_MAX_ELEMENTS (a larger parameter
+    alone)."""
     out: dict = {}
     for p in params:
         out.setdefault((p.device, p.dtype), []).append(p)
-    return list(out.values())
+    chunks = []
+    for ps in out.values():
+        total = sum(p.numel() for p in ps)
+        runs = -(-total // FOREACH_MAX_ELEMENTS)
+        size = -(-total // max(runs, 1))   # (equal runs: the temporaries' peak is the largest run's)
+        chunk, n = [], 0
+        for p in ps:
+            if chunk and n + p.numel() > FOREACH_MAX_ELEMENTS:
+                chunks.append(chunk)
+                chunk, n = [], 0
+            chunk.append(p)
+            n += p.numel()
+            if n >= size:
+                chunks.append(chunk)
+                chunk, n = [], 0
+        if chunk:
+            chunks.append(chunk)
+    return chunks
 
 
 class DiodeMix(Optimizer):
@@ -166,17 +191,20 @@ class DiodeMix(Optimizer):
         torch._foreach_add_(accs, torch._foreach_sign(ms), alpha=group["lr"])
         # The flip in multi-tensor arithmetic, exact: f is 1.0 where sgn(p) * acc > flip_threshold, else 0.0
         # (x - t > 0 exactly when x > t in IEEE arithmetic); p * (1 - 2f) is -p there and p elsewhere.
+        # (each temporary spans every parameter of the call: freed as soon as it is used up)
         sgn = torch._foreach_sign(params)
         zero = torch._foreach_abs(sgn)                     # 0 for a zero weight, else 1 (made 1 - that below)
         torch._foreach_add_(sgn, 0.5)
         torch._foreach_sign_(sgn)                          # sgn(p), with sgn(0) = +1
         f = torch._foreach_mul(accs, sgn)
+        del sgn
         torch._foreach_sub_(f, group["flip_threshold"])
         torch._foreach_sign_(f)
         torch._foreach_clamp_min_(f, 0.0)
         coef = torch._foreach_mul(f, -2.0)
         torch._foreach_add_(coef, 1.0)
         torch._foreach_mul_(params, coef)
+        del coef
         # a zero weight counts as +1; flipped, it becomes the dtype's smallest negative normal value (-0.0 would
         # still count as +1)
         torch._foreach_mul_(zero, -1.0)
@@ -203,11 +231,13 @@ class DiodeMix(Optimizer):
         torch._foreach_lerp_(ms, grads, 1 - b1)
         torch._foreach_mul_(vs, b2)
         torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)
+        del grads
         update = torch._foreach_div(ms, [1 - b1 ** st["step"] for st in states])
         den = torch._foreach_div(vs, [1 - b2 ** st["step"] for st in states])
         torch._foreach_sqrt_(den)
         torch._foreach_add_(den, group["eps"])
         torch._foreach_div_(update, den)
+        del den
         lr, wd = group["lr"], group["weight_decay"]
         # Low-precision parameters take the decay and the step in float32, rounded once: a multi-tensor op with a
         # scalar would round the scalar to their dtype on the CPU (1 - lr * wd is 1.0 in bfloat16 for small decays)
