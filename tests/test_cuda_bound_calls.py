@@ -53,6 +53,9 @@ def test_wq_gemm_bind_computes_what_the_kernel_does(kernel, bits, gs, k, n, m, a
     call = bind(*args, prepared=prepared)
     assert call is not None, f"{kernel}: no bound call for a plain contiguous input"
     assert torch.equal(call(*args), expect)
+    if getattr(call, "any_rank", False):   # the rows of a (batch, tokens, K) input; the output in its shape
+        y3 = call(args[0].reshape(1, m, k), *args[1:])
+        assert y3.shape == (1, m, n) and torch.equal(y3.reshape(m, n), expect), f"{kernel}: 3-D input"
     base = torch.randn(m, k + 3, device="cuda").to(dtype)
     for xx in (args[0], torch.randn(m, k, device="cuda").to(dtype), base[:, 3:].contiguous(),
                torch.randn(m * k + 1, device="cuda").to(dtype)[1:].view(m, k)):   # the last one: not 16-byte aligned
