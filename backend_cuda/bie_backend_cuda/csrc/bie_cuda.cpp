@@ -157,7 +157,6 @@ void check_fragment_codes(const Tensor& qwa, int64_t bits, int64_t N, int64_t K,
               "bie_cuda.", who, ": prepared qweight has ", qwa.numel(), " words, expected ", (Np / 16) * kblocks * 128);
 }
 
-// x (M, K) fp16/bf16 contiguous and the (G, Np) int32 statistics, as the skinny-layout kernels (skinny, thin, wgmma) take them.
 // A linear kernel's x is the rows of its last dimension, as nn.Linear takes it: (M, K), or a model's (batch, tokens,
 // K) activations (contiguous), the output keeping the leading dimensions. The layers' bound calls hand x over as it
 // is: viewing it as 2-D and the output back in Python costs about 3 µs a call, a fifth of a decode layer's host time.
@@ -180,6 +179,8 @@ void check_rows(const Tensor& x, int64_t K, const char* who) {
               ": x must be (..., ", K, ") with contiguous rows, got ", x.sizes());
 }
 
+// x (..., K) fp16/bf16 contiguous (rows_of) and the (G, Np) int32 statistics, as the skinny-layout kernels (skinny,
+// thin, wgmma) take them.
 void check_skinny_operands(const Tensor& x, const Tensor& st, int64_t K, const char* who) {
   TORCH_CHECK(x.dim() >= 1 && x.is_contiguous() && x.size(-1) == K, "bie_cuda.", who,
               ": x must be contiguous (..., K) with K=", K, ", got ", x.sizes());
