@@ -23,7 +23,8 @@ Everything else gets AdamW (decoupled weight decay, bias-corrected moments,
 float32 states; a bf16/fp16 parameter takes the decay and the step in float32,
 rounded once). With ``galore_rank`` set in a group, the moments of its
 parameters with 2 or more dims live in a rank-``galore_rank`` subspace
-(:class:`~bie_core.optim.galore.GaLoreProjector`).
+(:class:`~bie_core.optim.galore.GaLoreProjector`), and those matrices take the
+decay and the projected-back step in their own dtype.
 
 **Protocol for layers with their own update rule** (e.g. weight-only layers
 that train packed codes): a parameter ``p`` with a callable attribute
