@@ -113,6 +113,13 @@ def _emulated_ops():
             return w.to(dtype)
 
         @staticmethod
+        def mbwq_gemm_dense(x, qweight, chunks, perm_long, scales, zeros, rscale, bias):
+            w = Ops.mbwq_dequant(qweight, chunks, scales, zeros, rscale, None, perm_long.numel(), x.dtype)
+            xs = x.reshape(-1, x.shape[-1]).index_select(1, perm_long)
+            y = xs @ w if bias is None else torch.addmm(bias.to(x.dtype), xs, w)
+            return y.reshape(x.shape[:-1] + (w.shape[1],))
+
+        @staticmethod
         def mbwq_gemv(x, qweight, chunks, perm, scales, zeros, rscale, bias, counters, splits):
             assert x.shape[0] <= 8
             xs = x.to(torch.float32).index_select(1, perm.long())
@@ -151,9 +158,11 @@ def test_wrappers_with_emulated_kernels(emulated, gi):
                 xs, expect = _expect(x, w64, c, b)
                 _close(fn(x, qw, s, z, perm, c, b, gb, gr, prepared=lay), expect, dtype, k, xs, w64,
                        f"{fn.__name__} M={m} {dtype}")
-                if fn is emulated.mbwq_gemv:
-                    call = emulated.bind_mbwq_gemv(x, qw, s, z, perm, c, b, gb, gr, prepared=lay)
-                    assert torch.equal(call(x), fn(x, qw, s, z, perm, c, b, gb, gr, prepared=lay))
+                bind = emulated.bind_mbwq_gemv if fn is emulated.mbwq_gemv else emulated.bind_mbwq_gemm_dense
+                call = bind(x, qw, s, z, perm, c, b, gb, gr, prepared=lay)
+                assert call.input_only and call.any_rank
+                assert torch.equal(call(x), fn(x, qw, s, z, perm, c, b, gb, gr, prepared=lay))
+                assert bind(x, qw, s, z, perm, c, b, gb, gr) is None   # (no layout: the op serves)
     grad = torch.randn(5, n, generator=g)
     lay = emulated.prepare(qw, s, z, perm, cs, group_bits=gb, group_rows=gr)
     gx = emulated.mbwq_gemm_grad_input(grad, qw, s, z, perm, cs, gb, gr, prepared=lay)
@@ -273,14 +282,19 @@ def test_dispatch_bound_call_and_layer(cuda_mbwq):
         for name, t in (("qweight", qw), ("scales", s), ("zeros", z), ("q_perm", perm), ("channel_scale", cs),
                         ("bias", bias)):
             getattr(layer, name).copy_(t)
-    x = torch.randn(2, 3, k, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        e = bie_core.explain(layer, x)
-        assert e.chosen()["mbwq_gemm"] == "cuda:mbwq_gemv", str(e)
-        y1, y2 = layer(x), layer(x)              # the second call goes through the bound call
-    xs, expect = _expect(x.reshape(6, k), w64, cs, bias)
-    _close(y1.reshape(6, 77), expect, torch.float16, k, xs, w64, "layer")
-    assert torch.equal(y1, y2)
+    for lead, kernel in (((2, 3), "cuda:mbwq_gemv"), ((3, 5), "cuda:mbwq_gemm_dense")):
+        x = torch.randn(lead + (k,), device="cuda", dtype=torch.float16)
+        m = x.numel() // k
+        with torch.no_grad():
+            e = bie_core.explain(layer, x)
+            assert e.chosen()["mbwq_gemm"] == kernel, str(e)
+            y1, y2 = layer(x), layer(x)              # the second call goes through the bound call
+        assert getattr(layer._lean.call, "any_rank", False), kernel
+        xs, expect = _expect(x.reshape(m, k), w64, cs, bias)
+        _close(y1.reshape(m, 77), expect, torch.float16, k, xs, w64, f"layer {kernel}")
+        assert torch.equal(y1, y2)
+        assert torch.equal(y1.reshape(m, 77), ops.mbwq_gemm(x.reshape(m, k), qw, s, z, perm, cs, bias, gb, gr,
+                                                             backend=kernel))
 
 
 @needs_cuda

@@ -10,7 +10,7 @@ dequantization rely on it.
 * ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
   registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
 * ``mbwq_gemm_dense`` (any rows): the weight dequantized in packed row order with channel_scale folded in, in x's
-  dtype, then cuBLAS on x's columns gathered to packed order (``addmm`` adds the bias).
+  dtype, then cuBLAS on x's columns gathered to packed order (``addmm`` adds the bias), in one library call.
 * ``mbwq_gemm_grad_input``: the same folded weight, ``grad @ W.T`` by cuBLAS, columns gathered back to input order.
 * ``mbwq_dequantize``: float32 ``q * s - z`` (the reference's arithmetic), rows scattered to ``q_perm``.
 """
@@ -126,13 +126,28 @@ def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
 
 
 def mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
-    """mbwq_gemm for any rows: the folded weight dequantized in x's dtype (one kernel), then cuBLAS."""
+    """mbwq_gemm for any rows: the folded weight dequantized in x's dtype (one kernel), x's columns gathered to
+    packed order, then cuBLAS, all in one library call."""
     lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
-    w = _folded(qweight, lay, x.dtype)
-    xs = x.index_select(1, lay.perm_long)
-    if bias is None:
-        return xs @ w
-    return torch.addmm(bias.to(x.dtype), xs, w)
+    return _build.ops().mbwq_gemm_dense(x, qweight.contiguous(), lay.chunks, lay.perm_long, lay.scales, lay.zeros,
+                                        lay.rscale, bias)
+
+
+def bind_mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows,
+                         prepared=None):
+    """The dense path's call for one signature (the dispatcher's ``bind``), as :func:`bind_mbwq_gemv`: a layer's
+    forward at 9+ rows is one library call through its Python module."""
+    if prepared is None:
+        return None
+    fn = _build.direct().mbwq_gemm_dense
+    lay = prepared
+    head = (qweight.contiguous(), lay.chunks, lay.perm_long, lay.scales, lay.zeros, lay.rscale)
+
+    def call(x, *rest):
+        return fn(x, *head, rest[5] if rest else bias)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # x of any rank, the output in its shape (csrc/bie_cuda.cpp mbwq_gemm_dense)
+    return call
 
 
 def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows,
@@ -151,4 +166,5 @@ def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtyp
 
 
 __all__ = ["chunk_table", "prepare", "MbwqLayout", "mbwq_gemv", "bind_mbwq_gemv", "mbwq_gemm_dense",
+           "bind_mbwq_gemm_dense",
            "mbwq_gemm_grad_input", "mbwq_dequantize", "GEMV_MAX_M"]

@@ -175,7 +175,9 @@ def _register_mbwq(registry, cuda) -> None:
                                   "accumulation, split-K with a deterministic last-block reduction, bias and cast "
                                   f"fused; 1-{mbwq.GEMV_MAX_M} rows", **common)
     registry.register("mbwq_gemm", mbwq.mbwq_gemm_dense, priority=PRIORITY, name="mbwq_gemm_dense", capability=cap,
-                      description="dequantize (one kernel, channel_scale folded, x's dtype) + cuBLAS; any rows",
+                      bind=mbwq.bind_mbwq_gemm_dense,
+                      description="dequantize (one kernel, channel_scale folded, x's dtype) + cuBLAS in one library "
+                                  "call; any rows",
                       **common)
     registry.register("mbwq_gemm_grad_input", mbwq.mbwq_gemm_grad_input, priority=PRIORITY,
                       name="mbwq_gemm_grad_input", capability=cap,
