@@ -113,9 +113,9 @@ def _emulated_ops():
             return w.to(dtype)
 
         @staticmethod
-        def mbwq_gemm_dense(x, qweight, chunks, perm_long, scales, zeros, rscale, bias):
-            w = Ops.mbwq_dequant(qweight, chunks, scales, zeros, rscale, None, perm_long.numel(), x.dtype)
-            xs = x.reshape(-1, x.shape[-1]).index_select(1, perm_long)
+        def mbwq_gemm_dense(x, qweight, chunks, perm, scales, zeros, rscale, bias):
+            w = Ops.mbwq_dequant(qweight, chunks, scales, zeros, rscale, perm, perm.numel(), x.dtype)
+            xs = x.reshape(-1, x.shape[-1])
             y = xs @ w if bias is None else torch.addmm(bias.to(x.dtype), xs, w)
             return y.reshape(x.shape[:-1] + (w.shape[1],))
 

@@ -2,16 +2,15 @@
 ``mbwq_dequantize`` (kernels in ``csrc/mbwq.cu``).
 
 ``prepare`` (once per weight version and group layout) builds what the kernels read besides qweight: the chunk
-table (runs of at most 32 packed rows of one group, :func:`chunk_table`), q_perm as int32 and its inverse, the
-statistics as float32 and channel_scale in packed row order as float32. It checks on the device that q_perm is a
-permutation (one host synchronisation per weight version): the inverse permutation and the row scatter of the
-dequantization rely on it.
+table (runs of at most 32 packed rows of one group, :func:`chunk_table`), q_perm as int32, the statistics as
+float32 and channel_scale in packed row order as float32. It checks on the device that q_perm is a permutation (one
+host synchronisation per weight version): the row scatter of the dequantization relies on it.
 
 * ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
   registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
-* ``mbwq_gemm_dense`` (any rows): the weight dequantized in packed row order with channel_scale folded in, in x's
-  dtype, then cuBLAS on x's columns gathered to packed order (``addmm`` adds the bias), in one library call.
-* ``mbwq_gemm_grad_input``: the same folded weight, ``grad @ W.T`` by cuBLAS, columns gathered back to input order.
+* ``mbwq_gemm_dense`` (any rows): the weight dequantized with channel_scale folded in, in x's dtype, its rows
+  scattered to input order, then cuBLAS (``addmm`` adds the bias), in one library call.
+* ``mbwq_gemm_grad_input``: the same folded weight, ``grad @ W.T`` by cuBLAS.
 * ``mbwq_dequantize``: float32 ``q * s - z`` (the reference's arithmetic), rows scattered to ``q_perm``.
 """
 from __future__ import annotations
@@ -50,8 +49,6 @@ class MbwqLayout:
     """What the kernels read besides qweight (built by :func:`prepare`, never in ``state_dict``)."""
     chunks: torch.Tensor                  # (chunks, 4) int32 chunk table
     perm: torch.Tensor                    # (K,) int32: packed row j is input row perm[j]
-    perm_long: torch.Tensor               # the same as int64 (x's columns in packed order)
-    inverse: torch.Tensor                 # (K,) int64: input row k is packed row inverse[k]
     scales: torch.Tensor                  # (G, N) float32
     zeros: torch.Tensor                   # (G, N) float32
     rscale: Optional[torch.Tensor]        # (K,) float32 channel_scale in packed row order, or None
@@ -67,8 +64,8 @@ def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, g
     # (copies, also where the dtype is already the one wanted: a layout holding the weight's own tensors would keep
     # the dispatcher's cache entry for them alive)
     perm_long = q_perm.detach().to(device=dev, dtype=torch.int64, copy=True).contiguous()
-    # sorted, a permutation is 0..K-1; the sorting order is then its inverse (input row k is packed row inverse[k])
-    ordered, inverse = perm_long.sort()
+    # sorted, a permutation is 0..K-1 (the dequantization scatters rows by it: each must be written once)
+    ordered = perm_long.sort().values
     if ordered.shape[0] != k or not bool((ordered == torch.arange(k, device=dev)).all()):
         raise IndexError(f"mbwq (bie-backend-cuda): q_perm must be a permutation of 0..{k - 1} "
                          f"(K = sum(group_rows) = {k})")
@@ -76,7 +73,6 @@ def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, g
     if channel_scale is not None:
         rscale = channel_scale.detach().to(dev).to(torch.float32).index_select(0, perm_long).contiguous()
     return MbwqLayout(chunks=chunk_table(group_bits, group_rows).to(dev), perm=perm_long.to(torch.int32),
-                      perm_long=perm_long, inverse=inverse,
                       scales=scales.detach().to(torch.float32, copy=True).contiguous(),
                       zeros=zeros.detach().to(torch.float32, copy=True).contiguous(), rscale=rscale, k=k, n=n)
 
@@ -94,9 +90,9 @@ def _counters(device, n: int) -> torch.Tensor:
 
 
 def _folded(qweight, lay: MbwqLayout, dtype) -> torch.Tensor:
-    """(K, N) weight in packed row order with channel_scale folded in, in ``dtype``."""
-    return _build.ops().mbwq_dequant(qweight.contiguous(), lay.chunks, lay.scales, lay.zeros, lay.rscale, None, lay.k,
-                                     dtype)
+    """(K, N) weight in input row order with channel_scale folded in, in ``dtype``."""
+    return _build.ops().mbwq_dequant(qweight.contiguous(), lay.chunks, lay.scales, lay.zeros, lay.rscale, lay.perm,
+                                     lay.k, dtype)
 
 
 # --------------------------------------------------------------------------- mbwq_gemm
@@ -126,10 +122,10 @@ def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
 
 
 def mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
-    """mbwq_gemm for any rows: the folded weight dequantized in x's dtype (one kernel), x's columns gathered to
-    packed order, then cuBLAS, all in one library call."""
+    """mbwq_gemm for any rows: the folded weight dequantized in x's dtype, rows in input order (one kernel), then
+    cuBLAS, in one library call."""
     lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
-    return _build.ops().mbwq_gemm_dense(x, qweight.contiguous(), lay.chunks, lay.perm_long, lay.scales, lay.zeros,
+    return _build.ops().mbwq_gemm_dense(x, qweight.contiguous(), lay.chunks, lay.perm, lay.scales, lay.zeros,
                                         lay.rscale, bias)
 
 
@@ -141,7 +137,7 @@ def bind_mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias,
         return None
     fn = _build.direct().mbwq_gemm_dense
     lay = prepared
-    head = (qweight.contiguous(), lay.chunks, lay.perm_long, lay.scales, lay.zeros, lay.rscale)
+    head = (qweight.contiguous(), lay.chunks, lay.perm, lay.scales, lay.zeros, lay.rscale)
 
     def call(x, *rest):
         return fn(x, *head, rest[5] if rest else bias)
@@ -152,10 +148,9 @@ def bind_mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias,
 
 def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows,
                          prepared=None):
-    """(grad @ W.T) * channel_scale: the folded weight in grad's dtype, cuBLAS, columns back to input order."""
+    """(grad @ W.T) * channel_scale: the folded weight in grad's dtype (rows in input order), then cuBLAS."""
     lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
-    w = _folded(qweight, lay, grad.dtype)
-    return (grad @ w.t()).index_select(1, lay.inverse)
+    return grad @ _folded(qweight, lay, grad.dtype).t()
 
 
 def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtype, prepared=None):
