@@ -1,6 +1,7 @@
 // bie-backend-cutlass: the one launch sequence every family's CUTLASS 3.x GEMM goes through
 // (can_implement, initialize, run), so each failure says which step failed and no family repeats it.
 #pragma once
+#include <atomic>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -18,6 +19,36 @@
 
 namespace bie_cutlass {
 
+// The adapters' initialize sets the kernel's dynamic shared-memory limit (cudaFuncSetAttribute) on every call: about
+// 3 µs of host time, a sixth of a layer's eager call. The limit belongs to the kernel function in each device's
+// context, so it is set once per device (the first initialize there) and later calls only refresh the workspace and
+// the params: what initialize does besides. One flag per adapter type (the function-local static) and device.
+constexpr int kMaxDevices = 64;
+
+template <class Adapter>
+std::atomic<bool>* limit_set_flag() {
+  static std::atomic<bool> set[kMaxDevices] = {};
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    cudaGetLastError();
+    return nullptr;   // (initialize on every call)
+  }
+  return &set[device];
+}
+
+// initialize on a device's first call, afterwards the workspace and params alone (Kernel: the adapter's kernel)
+template <class Kernel, class Adapter, class Arguments>
+cutlass::Status prepare_launch(Adapter& op, Arguments const& args, void* workspace, cudaStream_t st) {
+  std::atomic<bool>* done = limit_set_flag<Adapter>();
+  if (done == nullptr || !done->load(std::memory_order_acquire)) {
+    const cutlass::Status s = op.initialize(args, workspace, st);
+    if (s == cutlass::Status::kSuccess && done != nullptr) done->store(true, std::memory_order_release);
+    return s;
+  }
+  const cutlass::Status s = Kernel::initialize_workspace(args, workspace, st, nullptr);
+  return s != cutlass::Status::kSuccess ? s : op.update(args, workspace);
+}
+
 // ws != nullptr: only the workspace size of args goes there. Else launches on st (pdl: as a programmatic
 // dependent of the kernel before it; the kernel must be built to wait for it before its first load).
 // Returns "" on success, else what failed.
@@ -32,7 +63,7 @@ std::string launch_gemm(typename Gemm::Arguments const& args, void* workspace, s
   cutlass::Status s = gemm.can_implement(args);
   if (s != cutlass::Status::kSuccess)
     return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
-  s = gemm.initialize(args, workspace, st);
+  s = prepare_launch<typename Gemm::GemmKernel>(gemm, args, workspace, st);
   if (s != cutlass::Status::kSuccess) return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
   s = gemm.run(st, nullptr, pdl);
   if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
@@ -56,7 +87,7 @@ std::string launch_conv(typename Conv::Arguments const& args, void* workspace, i
   if (s != cutlass::Status::kSuccess)
     return std::string("CUTLASS cannot implement this problem: ") + cutlassGetStatusString(s);
   if (mode == 0) return "";
-  s = conv.initialize(args, workspace, st);
+  s = prepare_launch<typename Conv::ConvKernel>(conv, args, workspace, st);
   if (s != cutlass::Status::kSuccess) return std::string("CUTLASS initialize failed: ") + cutlassGetStatusString(s);
   s = conv.run(st);
   if (s != cutlass::Status::kSuccess) return std::string("CUTLASS launch failed: ") + cutlassGetStatusString(s);
