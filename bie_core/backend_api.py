@@ -13,7 +13,8 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
   :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`, :func:`conv_memory_format`,
   :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the dynamic activation quantization's parameters
   and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
-* the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`;
+* the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`; :func:`reference_kernel`, the registered
+  reference of an op (for a case a backend must compute in the reference's own order of arithmetic);
 * native code: :class:`NativeExtension` (one JIT build helper, cache keyed by every source and included
   header, flags, torch/CUDA versions and GPU architecture) and its helpers;
 * :func:`capabilities_changed`, for a backend whose capabilities change at run time (a kernel family
@@ -61,7 +62,7 @@ __all__ = [
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table
-    "get_op", "has_op", "all_ops", "call_key_fn", "arg_types",
+    "get_op", "has_op", "all_ops", "call_key_fn", "arg_types", "reference_kernel",
     # native code
     "NativeExtension", "NativeBuildError", "cache_root", "cuda_arch", "gencode", "have_nvcc", "included_files",
     "link_flags",
@@ -139,6 +140,17 @@ def arg_types(op) -> tuple:
     """The type of each argument of ``op`` as its schema writes it (``Tensor?``, ``int[2]``, ``ScalarType?``)."""
     from .ops._opdef import _arg_types
     return _arg_types(op.schema)
+
+
+def reference_kernel(op: str) -> Callable:
+    """The registered reference kernel of ``op`` (the plain-PyTorch executable spec), called with the op's arguments.
+    Near the float32 range whether a sum overflows depends on its order: a backend whose own order gives inf or NaN
+    computes such a call with this to give them where the reference does. LookupError when none is registered."""
+    from .plugins.registry import get_registry
+    k = get_registry().reference_kernel(op)
+    if k is None:
+        raise LookupError(f"bie: no reference kernel is registered for {op!r} (is bie-backend-cpu installed?)")
+    return k.fn
 
 
 def plugin_loader(module: str) -> Callable[[], object]:

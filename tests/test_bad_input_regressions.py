@@ -483,6 +483,66 @@ def test_wq_gemm_near_float32_range_matches_the_reference(fmt, value, m):
             assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-3 * float(want[fin].abs().max())), backend
 
 
+def _mbwq_case(seed):
+    from bie_core.layers.weight_only import MBWQLinear
+    torch.manual_seed(seed)
+    layer = MBWQLinear.from_float(torch.nn.Linear(32, 24), bits={3: 0.6, 5: 0.4}, group_size=4, dtype=torch.float32)
+    return layer.qweight, layer.scales, layer.zeros, layer.q_perm, [int(b) for b in layer.group_bits], \
+        [int(r) for r in layer.group_rows]
+
+
+@pytest.mark.parametrize("value", [3e38, -3e38])
+def test_mixed_width_gemm_and_gradients_near_float32_range_match_the_reference(value):
+    """Near the float32 range whether a sum overflows depends on its order: a backend whose own order gives inf or
+    NaN recomputes the call with the reference kernel itself, so inf and NaN land where the reference's do (an MLX
+    fallback through MLX's matmul once gave inf for a finite 3.29e38 and -inf for NaN)."""
+    from bie_backend_cpu.reference import weight_only as ref
+    qw, s, z, perm, gb, gr = _mbwq_case(2)
+    cs = (torch.rand(32) + 0.5).half()
+    x = torch.randn(7, 32)
+    x[:, :6] = value * torch.sign(torch.randn(7, 6))
+    g = torch.randn(5, 24)
+    g[:, :4] = value
+    g[1, 5] = float("inf")
+    mpq = bie_core.MPQLinear.from_float(torch.nn.Linear(64, 8), bits=1, group_size=-1, dtype=torch.float32,
+                                        format="gba")
+    calls = [("mbwq_gemm", (x, qw, s, z, perm, cs, None, gb, gr)),
+             ("mbwq_gemm_grad_input", (g, qw, s, z, perm, cs, gb, gr)),
+             ("wq_gemm_grad_input", (torch.cat([g[:, :8], g[:, :8]]), mpq.qweight, mpq.scales, mpq.zeros, None, 1,
+                                     -1, 64, "gba"))]
+    for name, args in calls:
+        want = getattr(ref, name)(*args)
+        for backend in [r.name for r in bie_core.backends() if r.status == "loaded"]:
+            with bie_core.use_backend(backend), torch.no_grad():
+                got = getattr(ops, name)(*args)
+            assert torch.equal(got.isnan(), want.isnan()), (name, backend)
+            assert torch.equal(torch.isinf(got), torch.isinf(want)), (name, backend)
+            assert torch.equal(got[torch.isinf(want)], want[torch.isinf(want)]), (name, backend)
+
+
+@mlx_only
+def test_mlx_weight_only_calls_with_inf_are_the_reference_bit_for_bit():
+    """An MLX weight-only call whose quantized product holds inf or NaN is computed again by the reference kernel:
+    its whole result is then the reference's, bit for bit (through MLX's own matmul of the dequantized weight its
+    finite values differed in rounding, and near the float32 range its inf and NaN in place)."""
+    from bie_backend_cpu.reference import weight_only as ref
+    qw, s, z, perm, gb, gr = _mbwq_case(4)
+    cs = (torch.rand(32) + 0.5).half()
+    torch.manual_seed(5)
+    mpq = bie_core.MPQLinear.from_float(torch.nn.Linear(64, 24), bits=4, group_size=32, dtype=torch.float32)
+    x32, x64, g = torch.randn(6, 32), torch.randn(6, 64), torch.randn(6, 24)
+    for t in (x32, x64, g):
+        t[2, 3] = float("inf")
+    calls = [("wq_gemm", (x64, mpq.qweight, mpq.scales, mpq.zeros, None, None, 4, 32, "gptq")),
+             ("wq_gemm_grad_input", (g, mpq.qweight, mpq.scales, mpq.zeros, None, 4, 32, 64, "gptq")),
+             ("mbwq_gemm", (x32, qw, s, z, perm, cs, None, gb, gr)),
+             ("mbwq_gemm_grad_input", (g, qw, s, z, perm, cs, gb, gr))]
+    for name, args in calls:
+        with bie_core.use_backend("mlx"), torch.no_grad():
+            got = getattr(ops, name)(*args)
+        torch.testing.assert_close(got, getattr(ref, name)(*args), rtol=0, atol=0, equal_nan=True, msg=name)
+
+
 # ------------------------------------------------------------ 2. writes through .data
 def _loaded_backends():
     return [None] + [r.name for r in bie_core.backends() if r.status == "loaded"]
@@ -685,16 +745,44 @@ def test_arguments_of_the_wrong_python_type_name_op_and_argument(call, exc, matc
             call()
 
 
+def test_a_bool_given_for_an_int_is_that_int_on_every_path():
+    """True is 1 to Python and to torch.ops (its schema matching converts it): the eager path hands kernels the int
+    too (a kernel handed the bool built a size from it, which torch refused with an error naming neither)."""
+    bits = torch.randint(0, 256, (10, 1), dtype=torch.uint8)
+    scale, idx = torch.rand(10), torch.tensor(3)
+    x, w = torch.randn(1, 2, 5, 5), torch.randint(0, 256, (3, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        for backend in [r.name for r in bie_core.backends() if r.status == "loaded"]:
+            with bie_core.use_backend(backend):
+                one = ops.sign_embedding(idx, bits, scale, 1, torch.float32)
+                assert torch.equal(ops.sign_embedding(idx, bits, scale, True, torch.float32), one), backend
+                assert torch.equal(torch.ops.bie.sign_embedding(idx, bits, scale, True, torch.float32), one), backend
+                conv = ops.binary_conv2d(x, w, [3, 3], [1, 1], [1, 1], [1, 1], 1, 0.0, None, None, None)
+                got = ops.binary_conv2d(x, w, [3, 3], [True, 1], [True, True], [1, True], True, 0.0, None, None, None)
+                assert torch.equal(got, conv), backend
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: bie_core.QLinear(1 << 40, 8), r"QLinear\(1099511627776, 8\): these sizes need more memory"),
     (lambda: bie_core.MPQLinear(1 << 40, 8), r"MPQLinear\(1099511627776, 8\): these sizes need more memory"),
     (lambda: bie_core.BinaryMultiheadAttention(1 << 40, 2),
      r"BinaryMultiheadAttention\(1099511627776, 2\): these sizes need more memory"),
     (lambda: bie_core.MBWQLinear(64, 8, bits=1.5), r"MBWQLinear: bits must be a width"),
+    (lambda: bie_core.BinaryEmbedding(10, 8, padding_idx=True), r"BinaryEmbedding: padding_idx must be an int"),
 ])
 def test_layer_constructors_name_themselves(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+@pytest.mark.parametrize("kw", [dict(embed_dim=True, num_heads=1), dict(embed_dim=8, num_heads=True),
+                                dict(embed_dim=8, num_heads=2, kdim=True), dict(embed_dim=8, num_heads=2, vdim=0)])
+def test_attention_sizes_are_checked_by_the_attention_layer(kw):
+    """A bool is no size: the attention layer refuses it itself, naming itself (its projections' own error named
+    only BinaryLinear)."""
+    bad = next(k for k, v in kw.items() if v is True or v == 0)
+    with pytest.raises(ValueError, match=rf"BinaryMultiheadAttention: {bad} must be a positive int"):
+        bie_core.BinaryMultiheadAttention(**kw)
 
 
 def test_attention_names_itself_for_a_projection_error():

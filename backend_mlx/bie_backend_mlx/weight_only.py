@@ -47,7 +47,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, mbwq_segments, tensor_state
+from bie_core.backend_api import FLOAT_DTYPES, LayoutMemo, mbwq_segments, reference_kernel, tensor_state
 
 from ._guard import checked_index
 from ._interop import LOCK, device_for, kernel, maybe_mlx, mx_dtype, owned_copies, to_mlx, to_torch
@@ -280,10 +280,17 @@ def _finite(y: "mx.array") -> bool:
     scale and bias out of its sum; with inf/NaN statistics or inputs near the
     float32 range that order makes NaN where the reference's direct product
     gives inf, or inf where it gives a finite value: such calls are computed
-    again with the dequantized weight (the reference's order)."""
+    again by the reference itself (:func:`_reference`)."""
     ok = mx.all(mx.isfinite(y))
     mx.eval(ok)
     return bool(ok.item())
+
+
+def _reference(name: str):
+    """The reference kernel of op ``name``. Near the float32 range whether a sum overflows depends on its order, and
+    MLX's matmul of the dequantized weight sums in another order than torch's: only the reference's own product gives
+    inf and NaN where the reference does."""
+    return reference_kernel(name)
 
 
 @kernel
@@ -557,8 +564,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         return _empty((0, lay.n), x.dtype, x.device)
     y = forward(lay, _as(to_mlx(x), cd))
     if not _finite(y):
-        w = _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, x.shape[1], format)
-        y = to_mlx(x).astype(mx.float32) @ w
+        return _reference("wq_gemm")(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format)
     if bias is not None:
         y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
@@ -573,8 +579,7 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
         return _empty((0, k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
     if not _finite(gx):
-        w = _dequantize_f32(qweight, scales, zeros, g_idx, bits, group_size, k, format)
-        gx = to_mlx(grad).astype(mx.float32) @ w.T
+        return _reference("wq_gemm_grad_input")(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format)
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 
@@ -594,11 +599,7 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
         xm = xm * _as(to_mlx(channel_scale), cd)
     y = forward(lay, xm)
     if not _finite(y):
-        w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_gemm")
-        xf = to_mlx(x).astype(mx.float32)
-        if channel_scale is not None:
-            xf = xf * to_mlx(channel_scale).astype(mx.float32)
-        y = xf @ w
+        return _reference("mbwq_gemm")(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows)
     if bias is not None:
         y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
@@ -614,8 +615,8 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
         return _empty((0, lay.k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
     if not _finite(gx):
-        w = _mbwq_dequantize_f32(qweight, scales, zeros, q_perm, group_bits, group_rows, "mbwq_gemm_grad_input")
-        gx = to_mlx(grad).astype(mx.float32) @ w.T
+        return _reference("mbwq_gemm_grad_input")(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits,
+                                                  group_rows)
     if channel_scale is not None:
         gx = gx * _as(to_mlx(channel_scale), gx.dtype)
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)

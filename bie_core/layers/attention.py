@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._base import NamedAllocationErrors, backend_string
+from ._base import NamedAllocationErrors, backend_string, check_positive_ints
 from .binary import BinaryLinear
 from .matmul import BinaryMatMul, QMatMul
 
@@ -36,8 +36,8 @@ class BinaryMultiheadAttention(NamedAllocationErrors, nn.Module):
                  backend=None, device=None, dtype=None):
         super().__init__()
         name = "BinaryMultiheadAttention"
-        if not isinstance(embed_dim, int) or not isinstance(num_heads, int) or embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"{name}: embed_dim and num_heads must be positive ints, got {embed_dim!r}, {num_heads!r}")
+        check_positive_ints(name, embed_dim=embed_dim, num_heads=num_heads)
+        check_positive_ints(name, **{nm: v for nm, v in (("kdim", kdim), ("vdim", vdim)) if v is not None})
         if embed_dim % num_heads:
             raise ValueError(f"{name}: embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
         if value_bits not in (None, 4, 8):

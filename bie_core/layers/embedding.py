@@ -95,7 +95,8 @@ class BinaryEmbedding(_EmbeddingBase):
                  device=None, dtype=None):
         super().__init__()
         if padding_idx is not None:
-            if not isinstance(padding_idx, int) or not -num_embeddings <= padding_idx < num_embeddings:
+            if not isinstance(padding_idx, int) or isinstance(padding_idx, bool) or \
+                    not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(f"BinaryEmbedding: padding_idx must be an int in [-{num_embeddings}, "
                                  f"{num_embeddings}), got {padding_idx!r}")
             padding_idx %= num_embeddings

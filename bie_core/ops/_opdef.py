@@ -93,6 +93,10 @@ class OpDef:
     #: Schema defaults of the arguments (``None`` where there is none), to complete calls that omit
     #: trailing optional arguments.
     defaults: tuple = field(default=(), init=False)
+    #: Positions of the ``int`` arguments and of the ``int[]`` ones (filled from the schema): the eager fast path
+    #: hands kernels a bool given there as the int it stands for, as a call through torch.ops does.
+    int_args: tuple = field(default=(), init=False)
+    int_list_args: tuple = field(default=(), init=False)
     _route: Optional[Callable] = field(default=None, init=False, repr=False)
     family: str = ""
 
@@ -116,6 +120,8 @@ class OpDef:
             args = tuple(args) + self.defaults[len(args):]
         if (not _grad_enabled() and not _compiling() and not _dispatch_stack_len()
                 and not _function_mode()):
+            if _has_bool_int(args, self.int_args, self.int_list_args):
+                args = _bools_as_ints(args, self.int_args, self.int_list_args)
             try:
                 return self._route(*args, backend) if backend else self._route(*args)
             except (AttributeError, TypeError):
@@ -130,6 +136,32 @@ class OpDef:
                     raise
                 raise named from e
         return self.overload(*args, backend or "")
+
+
+def _has_bool_int(args, int_args, int_list_args) -> bool:
+    """Whether a bool stands where the schema has an int (True is 1 to Python and to torch.ops, whose schema
+    matching converts it; a kernel handed the bool itself may build a size from it, which torch refuses)."""
+    for i in int_args:
+        if args[i].__class__ is bool:
+            return True
+    for i in int_list_args:
+        v = args[i]
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                if x.__class__ is bool:
+                    return True
+    return False
+
+
+def _bools_as_ints(args, int_args, int_list_args) -> tuple:
+    args = list(args)
+    for i in int_args:
+        if args[i].__class__ is bool:
+            args[i] = int(args[i])
+    for i in int_list_args:
+        if isinstance(args[i], (list, tuple)):
+            args[i] = [int(x) if x.__class__ is bool else x for x in args[i]]
+    return tuple(args)
 
 
 def _arg_types(schema: str) -> tuple:
@@ -174,6 +206,9 @@ def define_op(op: OpDef) -> OpDef:
     op.arg_names = _arg_names(args_part)
     op.defaults = tuple(a.default_value if a.has_default_value() else None
                         for a in op.overload._schema.arguments[:len(op.arg_names)])
+    types = _arg_types(args_part)
+    op.int_args = tuple(i for i, t in enumerate(types) if t.rstrip("?") in ("int", "SymInt"))
+    op.int_list_args = tuple(i for i, t in enumerate(types) if t.rstrip("?").startswith(("int[", "SymInt[")))
     if op.validate is not None:
         op.validate = _with_type_checks(op, op.validate)
     names = VALUE_ARG_NAMES if op.value_arg_names is None else op.value_arg_names
