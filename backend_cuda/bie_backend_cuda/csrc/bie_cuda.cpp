@@ -1280,8 +1280,8 @@ Tensor mbwq_dequant(const Tensor& qweight, const Tensor& chunks, const Tensor& s
 // mbwq_gemm for any rows in one library call (past the GEMV's rows): the weight dequantized with rscale folded in, in
 // x's dtype, its rows scattered to input order by perm (the dequantization kernel: packed row j is input row perm[j];
 // perm must be a permutation, as prepare checks), then cuBLAS, addmm with the bias cast to x's dtype. Scattering
-// the weight's rows costs nothing in the kernel and spares a gather of x's columns (an index_select: about 40% of
-// the call's host time). x of any rank (rows_of; a strided x is copied to rows), the output in its shape.
+// the weight's rows (one perm read per row written) spares a gather of x's columns: an index_select, an allocation
+// and a launch on every call. x of any rank (rows_of; a strided x is copied to rows), the output in its shape.
 Tensor mbwq_gemm_dense(const Tensor& x, const Tensor& qweight, const Tensor& chunks, const Tensor& perm,
                        const Tensor& scales, const Tensor& zeros, const std::optional<Tensor>& rscale,
                        const std::optional<Tensor>& bias) {
