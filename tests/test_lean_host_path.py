@@ -600,3 +600,105 @@ def test_qat_training_steps_cache_no_weight_layouts(layer):
     assert torch.equal(y, y2)
     for g1, g2 in zip(grads, [xr2.grad] + [p.grad for p in m.parameters() if p.grad is not None]):
         assert torch.equal(g1, g2)
+
+
+def test_layers_called_from_several_threads_give_each_call_its_own_result():
+    """The bound calls, the dispatcher's decision and layout caches and the per-thread backend choice
+    (``use_backend``) shared by threads: each call of mixed layers, shapes and backends equals the same call made
+    alone, bit for bit."""
+    import contextlib
+    import random
+    import threading
+    from bie_core import BinaryLinear
+    torch.manual_seed(0)
+    q8 = QLinear(64, 32, 8, 8)
+    q8(torch.randn(4, 64))
+    layers = {"binary": BinaryLinear(64, 32).eval(), "q8": q8.eval(), "mpq": _mpq(64, 32), "mbwq": _mbwq(64, 32)}
+    xs = [torch.randn(m, 64) for m in (1, 3, 8, 17)] + [torch.randn(2, 5, 64)]
+    loaded = {r.name for r in bie_core.backends() if r.status == "loaded"}
+    choices = [None] + [b for b in ("cpu", "mlx") if b in loaded]
+
+    def run(name, i, b):
+        with bie_core.use_backend(b) if b else contextlib.nullcontext():
+            return layers[name](xs[i])
+
+    with torch.inference_mode():
+        want = {(n, i, b): run(n, i, b).clone() for n in layers for i in range(len(xs)) for b in choices}
+    bad = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            with torch.inference_mode():
+                for _ in range(400):
+                    key = (rng.choice(list(layers)), rng.randrange(len(xs)), rng.choice(choices))
+                    if not torch.equal(run(*key), want[key]):
+                        bad.append(key)
+        except Exception as e:  # noqa: BLE001 - reported below, with the rest
+            bad.append(repr(e))
+
+    import sys
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # threads switch between almost any two bytecodes: races show at once
+    try:
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not bad, bad[:5]
+
+
+
+def _two_shape_layers():
+    from bie_core import BinaryLinear
+    torch.manual_seed(1)
+    q8 = QLinear(64, 32, 8, 8)
+    q8(torch.randn(4, 64))
+    qc = QConv2d(4, 8, 3, padding=1)
+    qc(torch.randn(2, 4, 6, 6))
+    bc = BinaryConv2d(4, 8, 3, padding=1)
+    bc(torch.randn(2, 4, 6, 6))
+    bl = BinaryLinear(64, 32)
+    bl(torch.randn(4, 64))
+    lin = (torch.randn(3, 64), torch.randn(5, 64))
+    conv = (torch.randn(2, 4, 6, 6), torch.randn(1, 4, 7, 5))
+    return {"QLinear": (q8.eval(), lin), "QConv2d": (qc.eval(), conv), "BinaryConv2d": (bc.eval(), conv),
+            "BinaryLinear": (bl.eval(), lin), "MPQLinear": (_mpq(64, 32), lin),
+            "MBWQLinear": (_mbwq(64, 32), lin)}
+
+
+class _NotThisCall:
+    """What another thread leaves in a layer's ``_lean`` between its check and its call (a call bound for another
+    input shape): the layer must not make it."""
+
+    def holds(self, *args):
+        return False
+
+    def call(self, x):
+        raise AssertionError("the layer made a bound call other than the one whose holds() it checked")
+
+
+@pytest.mark.parametrize("kind", ["QLinear", "QConv2d", "BinaryConv2d", "BinaryLinear", "MPQLinear", "MBWQLinear"])
+def test_the_bound_call_checked_is_the_call_made(kind):
+    """A layer makes the bound call whose ``holds`` it checked, not whatever ``_lean`` holds by then: another thread
+    calling the layer with another input shape may rebind ``_lean`` in between (here, deterministically, the check
+    itself does so). Such a call, bound for another shape, gave a reshape error or another shape's result."""
+    layer, (xa, _) = _two_shape_layers()[kind]
+    with torch.inference_mode():
+        ya = layer(xa).clone()
+        lc = layer._lean
+        assert lc is not None, f"{kind}: no bound call"
+        checked = lc.holds
+
+        def holds_then_rebound(*args):
+            ok = checked(*args)
+            layer._lean = _NotThisCall()
+            return ok
+        lc.holds = holds_then_rebound
+        try:
+            assert torch.equal(layer(xa), ya)
+        finally:
+            lc.holds = checked

@@ -28,6 +28,11 @@ the full contract (validation, strict explicit choices, fallback warnings).
 Inference tensors (made under ``torch.inference_mode``) have no version
 counter: they are followed by storage alone (they cannot be modified in
 place outside inference mode), as the dispatcher's prepared-layout cache does.
+
+A layer may be called from several threads at once: a forward reads its
+``LeanCall`` once and makes the call it checked (another thread may rebind the
+layer for another input shape meanwhile), and the per-shape caches of bound
+calls change by single dict operations.
 """
 from __future__ import annotations
 

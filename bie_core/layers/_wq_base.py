@@ -125,8 +125,9 @@ class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         # last few bound calls are kept by input shape, so that switching back does not resolve again
         if shapes is None:
             shapes = self._lean_shapes = {}
-        elif len(shapes) >= self.LEAN_SHAPES:
-            shapes.pop(next(iter(shapes)))
+        else:   # (list() copies the keys in one step: threads rebinding at once do not iterate a changing dict)
+            for old in list(shapes)[:max(0, len(shapes) - self.LEAN_SHAPES + 1)]:
+                shapes.pop(old, None)
         shapes[x.shape] = lc
         return lc
 

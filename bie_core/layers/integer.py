@@ -74,8 +74,10 @@ class _IntWeightMixin(TorchInit):
             kept = self._lean_shapes = (state, {})
         shapes = kept[1]
         shapes.pop(x.shape, None)
-        if len(shapes) >= self.LEAN_SHAPES:
-            shapes.pop(next(iter(shapes)))
+        # (list() copies the keys in one step: threads rebinding at once must not meet a dict changing under an
+        # iterator)
+        for old in list(shapes)[:max(0, len(shapes) - self.LEAN_SHAPES + 1)]:
+            shapes.pop(old, None)
         shapes[x.shape] = lc
 
     def _lean_fixed(self) -> tuple:
@@ -304,16 +306,19 @@ class QLinear(_IntWeightMixin, QATLayer):
             return None
         w, fixed = self._lean_fixed()
         backend = self.backend or ""
+        # (the call that was checked is the call made: another thread may rebind self._lean meanwhile)
         lc = self._lean
-        if (lc is None or not lc.holds(x, backend, *fixed)) and self._lean_kept(x, backend, fixed) is None:
-            if w is not None and not self._weight_scale_ready:
-                return None
-            self._check_float_input(x)
-            self._lean = None
-            x2 = x if x.dim() == 2 else x.reshape(-1, k)
-            lc = self._lean = on_input(self._bind(x2, fixed, backend), x, self.out_features, backend, fixed)
-            self._keep_lean(x, fixed, lc)
-        return self._lean.call(x)
+        if lc is None or not lc.holds(x, backend, *fixed):
+            lc = self._lean_kept(x, backend, fixed)
+            if lc is None:
+                if w is not None and not self._weight_scale_ready:
+                    return None
+                self._check_float_input(x)
+                self._lean = None
+                x2 = x if x.dim() == 2 else x.reshape(-1, k)
+                lc = self._lean = on_input(self._bind(x2, fixed, backend), x, self.out_features, backend, fixed)
+                self._keep_lean(x, fixed, lc)
+        return lc.call(x)
 
     def _bind(self, x2, fixed, backend: str) -> LeanCall:
         _, codes, sw = self._weight_operands()
@@ -412,15 +417,17 @@ class QConv2d(_IntWeightMixin, QATLayer):
             return None
         w, fixed = self._lean_fixed()
         backend = self.backend or ""
+        # (the call that was checked is the call made: another thread may rebind self._lean meanwhile)
         lc = self._lean
-        if (lc is None or not lc.holds(x, backend, *fixed)) and self._lean_kept(x, backend, fixed) is None:
-            if w is not None and not self._weight_scale_ready:
-                return None
-            self._batched_conv2d_input(given)  # the full input checks (raise on bad input)
-            self._lean = None
-            lc = self._lean = self._bind(x, fixed, backend)
-            self._keep_lean(x, fixed, lc)
-        lc = self._lean
+        if lc is None or not lc.holds(x, backend, *fixed):
+            lc = self._lean_kept(x, backend, fixed)
+            if lc is None:
+                if w is not None and not self._weight_scale_ready:
+                    return None
+                self._batched_conv2d_input(given)  # the full input checks (raise on bad input)
+                self._lean = None
+                lc = self._lean = self._bind(x, fixed, backend)
+                self._keep_lean(x, fixed, lc)
         y = lc.call(x)
         if nd == 4 and not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x):
             # the layer's contract: where no fused call serves, the separate quantization's codes (and so the
