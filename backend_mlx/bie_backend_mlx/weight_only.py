@@ -280,17 +280,12 @@ def _finite(y: "mx.array") -> bool:
     scale and bias out of its sum; with inf/NaN statistics or inputs near the
     float32 range that order makes NaN where the reference's direct product
     gives inf, or inf where it gives a finite value: such calls are computed
-    again by the reference itself (:func:`_reference`)."""
+    again by the registered reference kernel itself (MLX's matmul of the
+    dequantized weight sums in another order than torch's, so near the float32
+    range it would not give inf and NaN where the reference does either)."""
     ok = mx.all(mx.isfinite(y))
     mx.eval(ok)
     return bool(ok.item())
-
-
-def _reference(name: str):
-    """The reference kernel of op ``name``. Near the float32 range whether a sum overflows depends on its order, and
-    MLX's matmul of the dequantized weight sums in another order than torch's: only the reference's own product gives
-    inf and NaN where the reference does."""
-    return reference_kernel(name)
 
 
 @kernel
@@ -564,7 +559,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
         return _empty((0, lay.n), x.dtype, x.device)
     y = forward(lay, _as(to_mlx(x), cd))
     if not _finite(y):
-        return _reference("wq_gemm")(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format)
+        return reference_kernel("wq_gemm")(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format)
     if bias is not None:
         y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
@@ -579,7 +574,7 @@ def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k,
         return _empty((0, k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
     if not _finite(gx):
-        return _reference("wq_gemm_grad_input")(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format)
+        return reference_kernel("wq_gemm_grad_input")(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format)
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)
 
 
@@ -599,7 +594,8 @@ def mbwq_gemm(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits
         xm = xm * _as(to_mlx(channel_scale), cd)
     y = forward(lay, xm)
     if not _finite(y):
-        return _reference("mbwq_gemm")(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows)
+        return reference_kernel("mbwq_gemm")(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits,
+                                             group_rows)
     if bias is not None:
         y = y + _as(to_mlx(bias), y.dtype)
     return to_torch(_as(y, mx_dtype(x.dtype)), x.device)
@@ -615,8 +611,8 @@ def mbwq_gemm_grad_input(grad, qweight, scales, zeros, q_perm, channel_scale, gr
         return _empty((0, lay.k), grad.dtype, grad.device)
     gx = backward_input(lay, _as(to_mlx(grad), cd))
     if not _finite(gx):
-        return _reference("mbwq_gemm_grad_input")(grad, qweight, scales, zeros, q_perm, channel_scale, group_bits,
-                                                  group_rows)
+        return reference_kernel("mbwq_gemm_grad_input")(grad, qweight, scales, zeros, q_perm, channel_scale,
+                                                        group_bits, group_rows)
     if channel_scale is not None:
         gx = gx * _as(to_mlx(channel_scale), gx.dtype)
     return to_torch(_as(gx, mx_dtype(grad.dtype)), grad.device)

@@ -202,6 +202,15 @@ def on_input(lc: LeanCall, x: torch.Tensor, n: int, backend: str, fixed: tuple) 
     return LeanCall(call, lc.decisions, x, preference(backend), fixed)
 
 
+def keep_by_shape(shapes: dict, shape, lc: LeanCall, most: int) -> None:
+    """Keep ``lc`` as the bound call for inputs of ``shape``, dropping the oldest shapes past ``most``. (list()
+    copies the keys in one step: threads rebinding a layer at once never iterate a dict that changes under them.)"""
+    shapes.pop(shape, None)
+    for old in list(shapes)[:max(0, len(shapes) - most + 1)]:
+        shapes.pop(old, None)
+    shapes[shape] = lc
+
+
 def bind_one(op, args: tuple, backend: str, fixed: tuple, before=None, x=None) -> LeanCall:
     """A :class:`LeanCall` for one op whose first argument is the layer input
     and whose other arguments are layer constants (``fixed`` lists the layer

@@ -13,7 +13,7 @@ from torch import nn
 
 from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string, check_positive_ints
 from ._tracked import TracksBufferWrites
-from ._lean import on_input
+from ._lean import keep_by_shape, on_input
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 
 _Tensor = torch.Tensor
@@ -125,10 +125,7 @@ class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         # last few bound calls are kept by input shape, so that switching back does not resolve again
         if shapes is None:
             shapes = self._lean_shapes = {}
-        else:   # (list() copies the keys in one step: threads rebinding at once do not iterate a changing dict)
-            for old in list(shapes)[:max(0, len(shapes) - self.LEAN_SHAPES + 1)]:
-                shapes.pop(old, None)
-        shapes[x.shape] = lc
+        keep_by_shape(shapes, x.shape, lc, self.LEAN_SHAPES)
         return lc
 
     def _drop_lean(self) -> None:

@@ -31,7 +31,7 @@ from ..errors import BieError
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
 from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
-from ._lean import LeanCall, eager_inference, on_input, tensor_state
+from ._lean import LeanCall, eager_inference, keep_by_shape, on_input, tensor_state
 from ._tracked import TrackedTensor
 
 BITS = (4, 8)
@@ -72,13 +72,7 @@ class _IntWeightMixin(TorchInit):
         if not kept or len(kept[0]) != len(state) or any(
                 a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(kept[0], state)):
             kept = self._lean_shapes = (state, {})
-        shapes = kept[1]
-        shapes.pop(x.shape, None)
-        # (list() copies the keys in one step: threads rebinding at once must not meet a dict changing under an
-        # iterator)
-        for old in list(shapes)[:max(0, len(shapes) - self.LEAN_SHAPES + 1)]:
-            shapes.pop(old, None)
-        shapes[x.shape] = lc
+        keep_by_shape(kept[1], x.shape, lc, self.LEAN_SHAPES)
 
     def _lean_fixed(self) -> tuple:
         """(latent weight or None, the tensors a bound inference call reads: the latent weight or the packed
