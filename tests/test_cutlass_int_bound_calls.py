@@ -69,11 +69,12 @@ class _Extension:
         return F.pad(cols, (0, kgp - cols.shape[2])).to(torch.int8)
 
     def linear(self, a, act_scale, bits, shift, b3, s, bb, out_dtype, n, config):
-        self.calls.append("linear")
+        self.calls.append("linear")   # a (..., K): its rows, the output in its shape (csrc/integer_bindings.cpp)
         codes = a if act_scale is None else self.quantize(a.contiguous(), act_scale, 1, bits, shift, None)
         kp = b3.shape[2]
-        codes = F.pad(codes, (0, kp - codes.shape[1]))
-        return self.gemm(codes.unsqueeze(0), b3, s, 0, bb, 0, out_dtype, b3.shape[1], config)[0, :, :n].contiguous()
+        codes = F.pad(codes.reshape(-1, codes.shape[-1]), (0, kp - codes.shape[-1]))
+        y = self.gemm(codes.unsqueeze(0), b3, s, 0, bb, 0, out_dtype, b3.shape[1], config)[0, :, :n].contiguous()
+        return y.reshape(tuple(a.shape[:-1]) + (n,))
 
     def iconv(self, x, w, kh, kw, sh, sw, ph, pw, dh, dw, s, bb, out_dtype, config):
         """The implicit-GEMM conv: NHWC codes, one group, channels a multiple of 16 -> (N, Ho, Wo, Np)."""
@@ -180,6 +181,10 @@ def test_fused_linear_is_quantize_then_int_gemm(stand_in, dtype, bits):
     x2 = (torch.randn(m, k, generator=gen) * 3).to(dtype)
     assert torch.equal(fused(x2), ri.int_gemm(ri.quantize_int(x2, sa, bits, shift), b, bits, bits, sa * scale, bias,
                                               dtype))
+    # a model's (batch, tokens, K) activations are taken as they are, the output in their shape
+    assert fused.any_rank
+    x3 = x2.reshape(2, 3, k)
+    assert torch.equal(fused(x3), fused(x2).reshape(2, 3, n))
 
 
 def test_fused_linear_only_for_its_own_quantization(stand_in):

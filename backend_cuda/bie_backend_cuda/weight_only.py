@@ -645,10 +645,18 @@ def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
     return call
 
 
+#: Rows up to which a layer's bound (eager) call of the thin GEMV never stages x in K slices: one launch, where the
+#: planned slices add a second (their reduction) and a float32 partials buffer per call, host time an eager decode
+#: step spends on every projection. 0: the launcher's plan at every row count.
+BOUND_ONE_LAUNCH_M = 8
+
+
 def bind_thin(lay: Layout, x, bias):
     head = _thin_args(lay, bias, x.dtype)
     fn = _build.direct().wq_thin_gemm
-    return _bound(fn, head + (_pdl(lay), 0, -2), head + (True, 0, -2), lay, x)
+    rows = x.numel() // max(1, x.shape[-1])
+    slices = -1 if rows <= BOUND_ONE_LAUNCH_M else 0
+    return _bound(fn, head + (_pdl(lay), slices, -2), head + (True, slices, -2), lay, x)
 
 
 def bind_wgmma(lay: Layout, x, bias, ntok: int = 0):

@@ -460,6 +460,7 @@ def bind_int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
 
         def fused(x):
             return fn(x, sa, bits, sh, b3, s, bb, out_dtype, n, config)
+        fused.any_rank = True   # contiguous x of any rank, the output in its shape (csrc/integer_bindings.cpp linear)
         return fused
     call.fuse_quantized_input = fuse_quantized_input
     return call

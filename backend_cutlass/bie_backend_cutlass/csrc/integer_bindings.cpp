@@ -15,6 +15,7 @@
 #include <cmath>
 #include <mutex>
 #include <vector>
+#include <vector>
 
 #include "integer_launch.h"
 
@@ -310,29 +311,36 @@ static at::Tensor codes_of(const at::Tensor& x, const c10::optional<at::Tensor>&
   return x.is_contiguous() ? x : x.contiguous();
 }
 
-// The integer linear of one bound call: a (M, K) int8 codes (act_scale None), or float activations quantized
+// The integer linear of one bound call: a (..., K) int8 codes (act_scale None), or float activations quantized
 // first (quantize_int(a, act_scale, act_bits, shift), the same kernel as the quantize op); then the GEMM against
 // the prepared weight b (1, Np, Kp) (rows and K zero padded, Np % 8 == 0, Kp % 16 == 0) with the epilogue
-// vectors scale / bias as gemm takes them (padded to Np); returns (M, n) contiguous.
+// vectors scale / bias as gemm takes them (padded to Np); returns (..., n) contiguous. A model's activations
+// (batch, tokens, K) are taken as they are: their rows viewed here cost nothing, where a reshape in Python before
+// and after the call costs a few microseconds of host time on every call.
 at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
                   const c10::optional<at::Tensor>& shift, const at::Tensor& b, const c10::optional<at::Tensor>& scale,
                   const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, int64_t n,
                   int64_t config) {
   const char* who = "bie_cutlass_integer.linear: ";
-  TORCH_CHECK(a.is_cuda() && a.dim() == 2, who, "a must be a 2-D CUDA tensor, got ", a.sizes());
+  TORCH_CHECK(a.is_cuda() && a.dim() >= 1, who, "a must be a CUDA tensor of at least one dim, got ", a.sizes());
   TORCH_CHECK(b.dim() == 3 && b.size(0) == 1 && b.size(1) >= n && n > 0, who, "b must be the prepared (1, Np, Kp) weight "
               "with Np >= n=", n, ", got ", b.sizes());
-  const int64_t M = a.size(0), K = a.size(1), Kp = b.size(2);
+  const int64_t K = a.size(-1), Kp = b.size(2);
+  const int64_t M = K > 0 ? a.numel() / K : 0;
   TORCH_CHECK(M > 0 && K > 0 && K <= Kp && Kp - K < 16, who, "a ", a.sizes(), " does not fit the weight's K=", Kp);
   c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor codes = codes_of(a, act_scale, act_bits, shift, who);
+  at::Tensor codes = codes_of(a, act_scale, act_bits, shift, who).view({M, K});
   if (K != Kp || !aligned16(codes)) {   // K padded with zero codes (TMA moves 16-byte rows)
     at::Tensor padded = at::zeros({M, Kp}, codes.options());
     padded.narrow(1, 0, K).copy_(codes);
     codes = padded;
   }
   at::Tensor out = gemm(codes.view({1, M, Kp}), b, scale, 0, bias, 0, out_dtype, b.size(1), config).select(0, 0);
-  return out.size(1) == n ? out : out.narrow(1, 0, n).contiguous();
+  if (out.size(1) != n) out = out.narrow(1, 0, n).contiguous();
+  if (a.dim() == 2) return out;
+  std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
+  shape.push_back(n);
+  return out.view(shape);
 }
 
 // The epilogue's broadcast nodes may load their vectors 16 bytes at a time: a vector starting elsewhere is copied
