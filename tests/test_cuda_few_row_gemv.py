@@ -183,7 +183,11 @@ def _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype):
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 64, 64), (3, 24, 100), (8, 200, 1000), (2, 4096, 4096),
-                                     (5, 33, 4099), (8, 16, 40960)])
+                                     (5, 33, 4099), (8, 16, 40960),
+                                     # 9-16 and 17-32 rows: the 16- and 32-row accumulators, their shuffle
+                                     # reduction by halves, and past 48 KiB of signs the shared-memory opt-in
+                                     (9, 7, 257), (16, 130, 1000), (13, 4096, 4096), (17, 64, 999), (24, 33, 12288),
+                                     (32, 4099, 4096), (32, 40, 25216), (19, 8, 40960)])
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("epilogue", ["count", "scale"])
 def test_binary_linear_gemv_matches_the_reference(m, n, k, dtype, epilogue):
@@ -220,8 +224,12 @@ def test_binary_linear_gemv_rejects_bad_arguments():
     w = torch.zeros(16, 8, dtype=torch.uint8, device="cuda")
     p = cb.prepare_weight(w, 64)
     fn = b.direct().binary_linear_gemv
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        fn(torch.zeros(9, 64, device="cuda"), None, cb._gemv_weight(p), p.popc, 64, 16, None, None, None)
+    with pytest.raises(RuntimeError, match="1 to 32 rows"):
+        fn(torch.zeros(33, 64, device="cuda"), None, cb._gemv_weight(p), p.popc, 64, 16, None, None, None)
+    wl = torch.zeros(16, 25216 // 8 + 16, dtype=torch.uint8, device="cuda")   # 32 rows of K=25344: 101504 bytes
+    pl = cb.prepare_weight(wl, 25344)
+    with pytest.raises(RuntimeError, match="shared memory"):
+        fn(torch.zeros(32, 25344, device="cuda"), None, cb._gemv_weight(pl), pl.popc, 25344, 16, None, None, None)
     with pytest.raises(RuntimeError, match="uint8 rows"):
         fn(torch.zeros(2, 64, device="cuda"), None, w, p.popc, 64, 16, None, None, None)   # rows of 8 bytes
 
@@ -250,7 +258,7 @@ def test_qlinear_eager_inference_is_the_fused_gemv(bits, m):
     assert chosen["quantize_int"] == "cuda:quantize_int"
 
 
-@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("m", [1, 8, 12, 32])
 def test_binary_linear_eager_inference_is_the_fused_gemv(m):
     import bie_core
     from bie_core import BinaryLinear

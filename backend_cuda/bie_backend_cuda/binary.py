@@ -6,6 +6,7 @@ metadata) are inspected; every copy is a device operation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -216,9 +217,24 @@ def _bind_linear(wgmma: bool):
 
 
 # The fused GEMV (binary.cu binary_gemv_kernel): one launch for few rows, the signs of x + shift taken inside it;
-# rows and K bounded by its shared memory (launchers.h kBinGemvMaxM, kBinGemvMaxK).
-GEMV_MAX_M = 8
+# rows and K bounded by its shared memory (launchers.h kBinGemvMaxM, kBinGemvMaxK, kBinGemvMaxSmem).
+GEMV_MAX_M = 32
 GEMV_MAX_K = 40960
+GEMV_MAX_SMEM = 99 * 1024
+
+
+def gemv_smem(m: int, k: int) -> int:
+    """The GEMV's shared memory for m rows of k features: their sign words in 16-byte chunks + popcounts."""
+    return m * (-(-(-(-k // 32)) // 4)) * 16 + 4 * m
+
+
+def check_gemv(p) -> Optional[str]:
+    m, k = p.dims.get("M", 0), p.dims.get("K", 0)
+    smem = gemv_smem(m, k)
+    if smem > GEMV_MAX_SMEM:
+        return (f"M={m} rows of K={k} need {smem} bytes of shared memory for their signs, more than the GEMV's "
+                f"{GEMV_MAX_SMEM}")
+    return None
 
 
 def _gemv_weight(prepared: PreparedSigns) -> torch.Tensor:
@@ -233,7 +249,7 @@ def _gemv_shift(shift, k: int, dtype):
 
 
 def binary_linear_gemv(x, shift, w, k, act_scale, w_scale, bias, out_dtype, prepared=None):
-    """binary_linear for 1-8 rows in one launch: the signs of x + shift (rounded to x's dtype first, as the op
+    """binary_linear for 1-32 rows in one launch: the signs of x + shift (rounded to x's dtype first, as the op
     adds) taken by the kernel, the products against the prepared rows, scale = float32(sa) * float32(sw)."""
     from bie_core.backend_api import linear_scale
     return _build.direct().binary_linear_gemv(x.contiguous(), _gemv_shift(shift, k, x.dtype), _gemv_weight(prepared),

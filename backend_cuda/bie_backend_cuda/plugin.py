@@ -78,11 +78,12 @@ def bie_register_kernels(registry):
                           name="binary_linear_gemv",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                                                 min_dims={"M": 1, "N": 1},
-                                                max_dims={"M": binary.GEMV_MAX_M, "K": binary.GEMV_MAX_K}),
+                                                max_dims={"M": binary.GEMV_MAX_M, "K": binary.GEMV_MAX_K},
+                                                check=binary.check_gemv),
                           prepare=binary.prepare_weight, prepare_static=("k",), bind=binary.bind_binary_linear_gemv,
                           description="fused GEMV, one launch: the signs of x + shift taken by every block (a ballot "
                                       "per 32-bit word), AND+popc products against 16-byte loads of the weight "
-                                      "rows, popcount correction, the epilogue fused; 1-8 rows")
+                                      "rows, popcount correction, the epilogue fused; 1-32 rows")
         registry.register("binary_linear", binary.binary_linear_wgmma, priority=PRIORITY + 1,
                           name="binary_linear_wgmma", capability=wgmma, prepare=binary.prepare_weight,
                           prepare_static=("k",),

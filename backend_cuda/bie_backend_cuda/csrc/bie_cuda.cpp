@@ -429,7 +429,7 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
       .view(rows_out_shape(x, n));
 }
 
-// binary_linear for 1-8 rows in one launch (binary.cu binary_gemv_kernel): x (M, k) contiguous, shift k values in
+// binary_linear for 1-32 rows in one launch (binary.cu binary_gemv_kernel): x (M, k) contiguous, shift k values in
 // x's dtype or none, w the prepared weight rows (n, >= ceil16(ceil(k/8)) bytes, 16-byte aligned rows), pw their
 // popcounts; the epilogue as binary_mm's.
 Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
@@ -441,6 +441,9 @@ Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, c
   const int64_t M = rows_of(x);
   TORCH_CHECK(M >= 1 && M <= bie::kBinGemvMaxM, "bie_cuda.binary_linear_gemv: 1 to ", bie::kBinGemvMaxM,
               " rows, got ", M);
+  TORCH_CHECK(bie::binary_gemv_smem((int)M, (int)k) <= (size_t)bie::kBinGemvMaxSmem, "bie_cuda.binary_linear_gemv: ", M,
+              " rows of k=", k, " take ", bie::binary_gemv_smem((int)M, (int)k), " bytes of shared memory, more than ",
+              bie::kBinGemvMaxSmem, " (fewer rows or a shorter k)");
   const int64_t KB = (k + 7) / 8, KB16 = (KB + 15) / 16 * 16;
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(0) == n && n >= 1 && w.size(1) >= KB16 &&
                   (n == 1 || w.stride(0) % 16 == 0) && (w.size(1) <= 1 || w.stride(1) == 1) &&

@@ -557,7 +557,7 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
 }
 
 // ------------------------------------------- fused binary GEMV (few rows, sm_80+)
-// binary_linear for 1-8 rows in one launch: every block takes the signs of x + shift itself (a warp per 32-bit word:
+// binary_linear for 1-32 rows in one launch: every block takes the signs of x + shift itself (a warp per 32-bit word:
 // each lane loads one element, a ballot makes the word; the sum is rounded to x's dtype first, as the unfused
 // ops round it), keeps the rows' words and their popcounts in shared memory, then each warp streams whole weight rows
 // (16-byte loads, kGemvCh channels at a time so that their loads are in flight together) and forms
@@ -567,7 +567,35 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
 // them: one launch where the unfused call makes two.
 constexpr int kGemvWarps = 8, kGemvCh = 4;
 
-template <typename T>
+// The sum over a warp's lanes of v[r] for each of the R rows r (R a power of two, 16 or 32), left in lane
+// r * (32 / R): recursive halving. Each exchange hands the partner lane the half of the rows it keeps, so the
+// R sums cost R - 1 + log2(32 / R) shuffles (31 at 32 rows) where a reduction per row costs 5 R (160).
+template <int C, int R>
+__device__ __forceinline__ void halve_rows(int (&v)[R], int lane) {
+  if constexpr (C > 1) {
+    constexpr int o = 16 * C / R;   // (16 at the first exchange, then 8, ...)
+    const bool upper = lane & o;
+#pragma unroll
+    for (int i = 0; i < C / 2; ++i) {
+      const int send = upper ? v[i] : v[C / 2 + i];
+      const int keep = upper ? v[C / 2 + i] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    halve_rows<C / 2, R>(v, lane);
+  }
+}
+
+template <int R>
+__device__ __forceinline__ int warp_row_sums(int (&v)[R], int lane) {
+  halve_rows<R, R>(v, lane);
+  int t = v[0];
+#pragma unroll
+  for (int o = 16 / R; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;   // the sum of row lane / (32 / R), in the lanes that are a multiple of 32 / R
+}
+
+// MR: the rows a warp's accumulators hold (8, 16 or 32; M <= MR).
+template <typename T, int MR>
 __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinGemvArgs g) {
   const BinGemmArgs& p = g.gemm;
   extern __shared__ __align__(16) uint32_t xw[];   // [M][KW4 * 4] sign words, then [M] popcounts
@@ -606,11 +634,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinG
   const int64_t groups = (p.N + kGemvCh - 1) / kGemvCh;
   for (int64_t grp = (int64_t)blockIdx.x * kGemvWarps + warp; grp < groups; grp += (int64_t)gridDim.x * kGemvWarps) {
     const int n0 = (int)(grp * kGemvCh);
-    int acc[kGemvCh][8];
+    int acc[kGemvCh][MR];
 #pragma unroll
     for (int c = 0; c < kGemvCh; ++c)
 #pragma unroll
-      for (int m = 0; m < 8; ++m) acc[c][m] = 0;
+      for (int m = 0; m < MR; ++m) acc[c][m] = 0;
     for (int q = lane; q < KC; q += 32) {
       uint4 wv[kGemvCh];
 #pragma unroll
@@ -619,7 +647,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinG
         wv[c] = __ldg(reinterpret_cast<const uint4*>(p.b + (int64_t)n * p.ldb) + q);
       }
 #pragma unroll
-      for (int m = 0; m < 8; ++m) {
+      for (int m = 0; m < MR; ++m) {
         if (m < p.M) {
           const uint4 a = xs[(size_t)m * KC + q];
 #pragma unroll
@@ -631,14 +659,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinG
 #pragma unroll
     for (int c = 0; c < kGemvCh; ++c) {
       const int n = n0 + c;
+      if constexpr (MR == 8) {
 #pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        if (m < p.M) {
-          int v = acc[c][m];
+        for (int m = 0; m < 8; ++m) {
+          if (m < p.M) {
+            int v = acc[c][m];
 #pragma unroll
-          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (lane == m && n < p.N) store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == m && n < p.N) store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
+          }
         }
+      } else {
+        const int v = warp_row_sums<MR>(acc[c], lane);
+        const int m = lane / (32 / MR);
+        if (lane % (32 / MR) == 0 && m < p.M && n < p.N)
+          store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
       }
     }
   }
@@ -649,22 +684,41 @@ size_t binary_gemv_smem(int M, int K) {
   return (size_t)M * KC * 16 + (size_t)M * 4;
 }
 
+template <typename T, int MR>
+static cudaError_t launch_gemv_rows(const BinGemvArgs& g, unsigned grid, size_t smem, cudaStream_t st) {
+  auto kernel = binary_gemv_kernel<T, MR>;
+  if (smem > 48 * 1024) {   // past the default limit: the kernel's opt-in (once per kernel and size: set_smem_limit)
+    const cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(kernel), (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<grid, kGemvWarps * 32, smem, st>>>(g);
+  return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t launch_gemv_typed(const BinGemvArgs& g, unsigned grid, size_t smem, cudaStream_t st) {
+  const int M = g.gemm.M;
+  return M <= 8 ? launch_gemv_rows<T, 8>(g, grid, smem, st)
+       : M <= 16 ? launch_gemv_rows<T, 16>(g, grid, smem, st)
+                 : launch_gemv_rows<T, 32>(g, grid, smem, st);
+}
+
 cudaError_t launch_binary_gemv(const BinGemvArgs& g, int dtype, int num_sms, cudaStream_t st) {
   const BinGemmArgs& p = g.gemm;
-  if (p.M < 1 || p.M > kBinGemvMaxM || p.N < 1 || p.K < 1 || p.pw == nullptr) return cudaErrorInvalidValue;
+  if (p.M < 1 || p.M > kBinGemvMaxM || p.N < 1 || p.K < 1 || p.K > kBinGemvMaxK || p.pw == nullptr)
+    return cudaErrorInvalidValue;
   const size_t smem = binary_gemv_smem(p.M, p.K);
-  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  if (smem > (size_t)kBinGemvMaxSmem) return cudaErrorInvalidValue;
   const int64_t groups = ((int64_t)p.N + kGemvCh - 1) / kGemvCh;
   // a warp per group of kGemvCh channels, at most 4 blocks per SM: more channels a warp past that
   const int64_t want = (groups + kGemvWarps - 1) / kGemvWarps;
   const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(want, (int64_t)num_sms * 4));
   switch (dtype) {
-    case kF32: binary_gemv_kernel<float><<<grid, kGemvWarps * 32, smem, st>>>(g); break;
-    case kF16: binary_gemv_kernel<__half><<<grid, kGemvWarps * 32, smem, st>>>(g); break;
-    case kBF16: binary_gemv_kernel<__nv_bfloat16><<<grid, kGemvWarps * 32, smem, st>>>(g); break;
+    case kF32: return launch_gemv_typed<float>(g, grid, smem, st);
+    case kF16: return launch_gemv_typed<__half>(g, grid, smem, st);
+    case kBF16: return launch_gemv_typed<__nv_bfloat16>(g, grid, smem, st);
     default: return cudaErrorInvalidValue;
   }
-  BIE_LAUNCH_CHECK();
 }
 
 // ------------------------------------------------------------ sign embedding

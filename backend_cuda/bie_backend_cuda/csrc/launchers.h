@@ -35,14 +35,17 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
 // binary_linear for few rows in one launch (binary.cu): the signs of x + shift taken by every block, then the
 // popcount products against the prepared weight rows (ldb % 16 == 0, 16-byte aligned, readable up to the 16-byte
 // boundary past ceil(K/8) bytes) with gemm.pw their popcounts; gemm.a unused.
-constexpr int kBinGemvMaxM = 8;
+constexpr int kBinGemvMaxM = 32;
 struct BinGemvArgs {
   BinGemmArgs gemm;
   const void* x;        // (M, K) contiguous, float32 / float16 / bfloat16
   const void* shift;    // K values in x's dtype, or nullptr
 };
-size_t binary_gemv_smem(int M, int K);   // the launch's shared memory (at most 48 KiB: K <= kBinGemvMaxK at 8 rows)
+size_t binary_gemv_smem(int M, int K);   // the launch's shared memory: M rows of sign words + their popcounts
 constexpr int kBinGemvMaxK = 40960;
+// the most shared memory a GEMV launch takes: the smallest opt-in limit of sm_80+ GPUs (99 KiB on sm_86 / sm_89), so
+// that a call accepted on one GPU is accepted on every other (8 rows of kBinGemvMaxK: 40 KiB; 32 rows: K <= 25216)
+constexpr int kBinGemvMaxSmem = 99 * 1024;
 cudaError_t launch_binary_gemv(const BinGemvArgs& g, int dtype, int num_sms, cudaStream_t st);
 // sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
