@@ -576,9 +576,9 @@ def test_wq_thin_one_tile_rings(bits, gs, fmt, sdt, monkeypatch):
 @needs_cuda
 @pytest.mark.parametrize("n", [392, 203])
 def test_wq_thin_slices_reduction(n, monkeypatch):
-    """The K slices' reduction kernels (four outputs a thread where N % 4 == 0 and the output is large enough, else
-    one), with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows: against the float64 product,
-    deterministic."""
+    """The K slices' sums (in the thin kernel: the warp that writes an item's last partial sums the item's slices in
+    order), odd and even N, with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows: against the
+    float64 product, deterministic, and the arrival counters left zero for the next launch."""
     from bie_backend_cuda import weight_only as cw
     k = 2056
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 50 + n, sdtype=torch.bfloat16)
@@ -593,6 +593,8 @@ def test_wq_thin_slices_reduction(n, monkeypatch):
         y = run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
         _close(y, w64, x, dtype, k, f"M={m} slices={slices}", bias)
         assert torch.equal(y, run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)), f"M={m}: not deterministic"
+        torch.cuda.synchronize()
+        assert not cw._counters_for(x.device, 1).any(), f"M={m}: the slices' arrival counters are not zero again"
     assert len(calls) == 10
 
 
@@ -738,7 +740,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     where every x is the previous call's output (the kernel right before), eagerly and in a CUDA graph replayed with
     new inputs; the first call of each layout (built by the kernels just before it) is launched without PDL. Every
     chain starts from a new x, so a read of an earlier chain's stale outputs fails. thin-sliced: x staged in two K
-    slices, so every call is the thin kernel + the slices' reduction kernel (16 rows too)."""
+    slices, so every call sums its slices through the arrival counters the next call uses again (16 rows too)."""
     thin = kernel != "skinny"
     from bie_backend_cuda import weight_only as cw
     if torch.cuda.get_device_capability()[0] < 9:
@@ -756,7 +758,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
             f = getattr(ops, name)
             if name not in ("wq_thin_gemm", "wq_skinny_gemm"):
                 return f
-            return lambda *a: calls.append((name, a[-3] if name == "wq_thin_gemm" else a[-1])) or f(*a)   # pdl
+            return lambda *a: calls.append((name, a[-4] if name == "wq_thin_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
     run = {"thin": wq_kernel("wq_gemm_thin"), "skinny": wq_kernel("wq_gemm_skinny"),
            "thin-sliced": launching(cw.launch_thin, cw, slices=2)}[kernel]

@@ -606,27 +606,81 @@ __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinG
   __syncthreads();
   const T* x = static_cast<const T*>(g.x);
   const T* sh = static_cast<const T*>(g.shift);
-  // the sign words: word j of row m by one warp, 4 words per step with their loads issued together
-  const int words = p.M * KC * 4;
-  for (int w0 = warp * 4; w0 < words; w0 += kGemvWarps * 4) {
-    bool bit[4];
+  // the sign words. Every block repeats this phase, so it must cost a few memory latencies, not one per step: a
+  // thread takes word j (32 consecutive features) of RB rows at once, the shift's 32 values loaded once for them, and
+  // issues all its loads together (16-byte loads where x's rows and the shift are 16-byte aligned). One element a
+  // lane and a ballot per word (a latency per 4 words of a warp) took longer than the products, 50 us at 8 rows of
+  // 4096 features.
+  constexpr int E = 16 / sizeof(T);               // elements of a 16-byte load
+  constexpr int RB = sizeof(T) == 2 ? 4 : 2;      // rows a thread takes at once (its loads: (RB + 1) * 32 / E)
+  const int KW4 = KC * 4;                         // words of a row in shared memory (zero past K)
+  const int items = (p.M + RB - 1) / RB * KW4;
+  const bool vec = (p.K * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(sh) % 16 == 0;
+  for (int base = 0; base < items; base += kGemvWarps * 32) {
+    const int it = min(base + (int)threadIdx.x, items - 1);
+    const int rb = it / KW4, m0 = rb * RB;
+    const int64_t k0 = (int64_t)(it - rb * KW4) * 32;
+    uint32_t word[RB];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int w = w0 + i, m = w / (KC * 4), j = w - m * (KC * 4);
-      const int64_t k = (int64_t)j * 32 + lane;
-      bit[i] = w < words && k < p.K && shifted_nonneg<T>(x[(int64_t)m * p.K + k], sh, k);
-    }
-    int cnt = 0;
+    for (int r = 0; r < RB; ++r) word[r] = 0;
+    if (base + (int)threadIdx.x < items && k0 < p.K) {
+      if (vec && k0 + 32 <= p.K) {
+        uint4 v[32 / E], u[RB][32 / E];
+        if (sh != nullptr) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t word = __ballot_sync(0xffffffffu, bit[i]);
-      if (w0 + i < words) {
-        if (lane == 0) xw[w0 + i] = word;
-        cnt += __popc(word);
+          for (int i = 0; i < 32 / E; ++i) v[i] = __ldg(reinterpret_cast<const uint4*>(sh + k0) + i);
+        }
+#pragma unroll
+        for (int r = 0; r < RB; ++r)
+          if (m0 + r < p.M) {
+#pragma unroll
+            for (int i = 0; i < 32 / E; ++i)
+              u[r][i] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)(m0 + r) * p.K + k0) + i);
+          }
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          if (m0 + r >= p.M) continue;
+#pragma unroll
+          for (int i = 0; i < 32 / E; ++i) {
+            const T* e = reinterpret_cast<const T*>(&u[r][i]);
+            const T* f = reinterpret_cast<const T*>(&v[i]);
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+              const bool b = sh == nullptr ? nonneg<T>(e[j]) : nonneg<T>(from_f32<T>(to_f32(e[j]) + to_f32(f[j])));
+              word[r] |= (uint32_t)b << (i * E + j);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          if (m0 + r >= p.M) continue;
+          const T* row = x + (int64_t)(m0 + r) * p.K;
+#pragma unroll 8
+          for (int j = 0; j < 32; ++j)
+            if (k0 + j < p.K) word[r] |= (uint32_t)shifted_nonneg<T>(row[k0 + j], sh, k0 + j) << j;
+        }
       }
     }
-    // (a step's 4 words lie in one row: a row holds KC * 4 words)
-    if (lane == 0 && w0 < words) atomicAdd(&popx[w0 / (KC * 4)], cnt);
+    const bool mine = base + (int)threadIdx.x < items;
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+      if (mine && m0 + r < p.M) xw[(size_t)(m0 + r) * KW4 + (it - rb * KW4)] = word[r];
+    // the rows' popcounts: a warp's items mostly share their rows (a row holds KW4 words)
+    const int rb0 = __shfl_sync(0xffffffffu, rb, 0);
+    const bool one = __all_sync(0xffffffffu, rb == rb0 || !mine);
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      int cnt = mine ? __popc(word[r]) : 0;
+      if (one) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+        if (lane == 0 && cnt) atomicAdd(&popx[rb0 * RB + r], cnt);
+      } else if (cnt) {
+        atomicAdd(&popx[m0 + r], cnt);
+      }
+    }
   }
   __syncthreads();
 
