@@ -797,30 +797,34 @@ def test_wq_thin_rejects_bad_input():
     ops = _build.ops()
     i32 = lambda *sh: torch.zeros(sh, dtype=torch.int32, device="cuda")  # noqa: E731
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
+    sem = i32(8)   # the K slices' arrival counters (one per 16 columns)
     with pytest.raises(RuntimeError, match="at most 16 rows"):
         ops.wq_thin_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
     x9 = torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="more than 8 rows need x staged"):
         ops.wq_thin_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -1, -2)
+                     0, 0, False, -1, -2, sem)
     with pytest.raises(RuntimeError, match="slices must be"):
         ops.wq_thin_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -2, -2)
+                     0, 0, False, -2, -2, sem)
     with pytest.raises(RuntimeError, match="warps must be 0..16"):
         ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     17, 0, False, 0, -2)
+                     17, 0, False, 0, -2, sem)
     with pytest.raises(RuntimeError, match="xpre must be"):
         ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, 0, 8)
+                     0, 0, False, 0, 8, sem)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wq_thin_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
     with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
-        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
+    with pytest.raises(RuntimeError, match="sem must be at least 8"):   # K slices need a counter per 16 columns
+        ops.wq_thin_gemm(torch.zeros((5, 1024), dtype=torch.bfloat16, device="cuda"), i32(1024 * 8 * 2), i32(8, 128),
+                         None, 4, 128, 1024, 7, 16, True, False, True, torch.bfloat16, 0, 0, False, 2, -2, i32(7))
 
 
 @needs_cuda

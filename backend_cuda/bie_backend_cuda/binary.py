@@ -228,6 +228,22 @@ def gemv_smem(m: int, k: int) -> int:
     return m * (-(-(-(-k // 32)) // 4)) * 16 + 4 * m
 
 
+#: The GEMV's GPU time grows with M * N * K (every block takes the signs of all rows, every warp multiplies its
+#: channels' rows by all of them on the CUDA cores): up to this many it stays under the host time of the two-launch
+#: call (the pack kernel, then the tensor-core GEMM: about 20 us on the H200), past it the two launches are faster
+#: in GPU time and in an eager loop too (H200: 4096x4096 at 16 rows 13.9 us, at 32 rows 23.5 us, against the
+#: tensor-core path's 6.6 and 9.2 us GPU time; 4096x14336 at 8 rows 38.7 us against 8.2).
+GEMV_MAX_WORK = 1 << 28
+
+
+def gemv_faster_elsewhere(p) -> Optional[str]:
+    m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
+    if m * n * k <= GEMV_MAX_WORK:
+        return None
+    return (f"M*N*K={m * n * k} > {GEMV_MAX_WORK}: the GEMV's GPU time would pass the two-launch call's host time "
+            "(the tensor-core GEMM is faster there)")
+
+
 def check_gemv(p) -> Optional[str]:
     m, k = p.dims.get("M", 0), p.dims.get("K", 0)
     smem = gemv_smem(m, k)

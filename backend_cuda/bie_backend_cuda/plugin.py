@@ -79,7 +79,7 @@ def bie_register_kernels(registry):
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                                                 min_dims={"M": 1, "N": 1},
                                                 max_dims={"M": binary.GEMV_MAX_M, "K": binary.GEMV_MAX_K},
-                                                check=binary.check_gemv),
+                                                check=binary.check_gemv, defer=binary.gemv_faster_elsewhere),
                           prepare=binary.prepare_weight, prepare_static=("k",), bind=binary.bind_binary_linear_gemv,
                           description="fused GEMV, one launch: the signs of x + shift taken by every block (a ballot "
                                       "per 32-bit word), AND+popc products against 16-byte loads of the weight "

@@ -567,9 +567,9 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
 // them: one launch where the unfused call makes two.
 constexpr int kGemvWarps = 8, kGemvCh = 4;
 
-// The sum over a warp's lanes of v[r] for each of the R rows r (R a power of two, 16 or 32), left in lane
+// The sum over a warp's lanes of v[r] for each of the R rows r (R a power of two, 8 to 32), left in lane
 // r * (32 / R): recursive halving. Each exchange hands the partner lane the half of the rows it keeps, so the
-// R sums cost R - 1 + log2(32 / R) shuffles (31 at 32 rows) where a reduction per row costs 5 R (160).
+// R sums cost R - 1 + log2(32 / R) shuffles (9 at 8 rows, 31 at 32) where a reduction per row costs 5 R (40, 160).
 template <int C, int R>
 __device__ __forceinline__ void halve_rows(int (&v)[R], int lane) {
   if constexpr (C > 1) {
@@ -713,22 +713,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinG
 #pragma unroll
     for (int c = 0; c < kGemvCh; ++c) {
       const int n = n0 + c;
-      if constexpr (MR == 8) {
-#pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          if (m < p.M) {
-            int v = acc[c][m];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == m && n < p.N) store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
-          }
-        }
-      } else {
-        const int v = warp_row_sums<MR>(acc[c], lane);
-        const int m = lane / (32 / MR);
-        if (lane % (32 / MR) == 0 && m < p.M && n < p.N)
-          store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
-      }
+      const int v = warp_row_sums<MR>(acc[c], lane);
+      const int m = lane / (32 / MR);
+      if (lane % (32 / MR) == 0 && m < p.M && n < p.N)
+        store_out(p, (int64_t)m * p.N + n, n, 4 * v - 2 * popx[m] - 2 * p.pw[n] + p.K);
     }
   }
 }
