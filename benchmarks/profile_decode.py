@@ -66,7 +66,7 @@ def _profiled(model, ids, new: int, compiled: bool, device, host: dict = None) -
 
 def _linear_calls(kernels: list, pat: str) -> list:
     """Durations (µs) of the linear layers' calls among ``kernels`` (names containing ``pat``), in launch order. A
-    reduction kernel (a name containing "reduce": a split-K product's partial sums) belongs to the call before
+    reduction kernel (a name containing "reduce": the thin GEMV's K-slice partial sums) belongs to the call before
     it: its span is added to that call's, so that a model's calls stay seven per decoder layer whatever the plan."""
     out = []
     for _, d, n in kernels:

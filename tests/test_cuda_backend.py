@@ -576,9 +576,9 @@ def test_wq_thin_one_tile_rings(bits, gs, fmt, sdt, monkeypatch):
 @needs_cuda
 @pytest.mark.parametrize("n", [392, 203])
 def test_wq_thin_slices_reduction(n, monkeypatch):
-    """The K slices' sums (in the thin kernel: the warp that writes an item's last partial sums the item's slices in
-    order), odd and even N, with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows: against the
-    float64 product, deterministic, and the arrival counters left zero for the next launch."""
+    """The K slices' reduction kernels (four outputs a thread where N % 4 == 0 and the output is large enough, else
+    one), with and without bias, for fp16 / bf16 / fp32 outputs, 2-5 slices, 1-16 rows: against the float64 product,
+    deterministic."""
     from bie_backend_cuda import weight_only as cw
     k = 2056
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 50 + n, sdtype=torch.bfloat16)
@@ -593,8 +593,6 @@ def test_wq_thin_slices_reduction(n, monkeypatch):
         y = run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
         _close(y, w64, x, dtype, k, f"M={m} slices={slices}", bias)
         assert torch.equal(y, run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)), f"M={m}: not deterministic"
-        torch.cuda.synchronize()
-        assert not cw._counters_for(x.device, 1).any(), f"M={m}: the slices' arrival counters are not zero again"
     assert len(calls) == 10
 
 
@@ -740,7 +738,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     where every x is the previous call's output (the kernel right before), eagerly and in a CUDA graph replayed with
     new inputs; the first call of each layout (built by the kernels just before it) is launched without PDL. Every
     chain starts from a new x, so a read of an earlier chain's stale outputs fails. thin-sliced: x staged in two K
-    slices, so every call sums its slices through the arrival counters the next call uses again (16 rows too)."""
+    slices, so every call is the thin kernel + the slices' reduction kernel (16 rows too)."""
     thin = kernel != "skinny"
     from bie_backend_cuda import weight_only as cw
     if torch.cuda.get_device_capability()[0] < 9:
@@ -758,7 +756,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
             f = getattr(ops, name)
             if name not in ("wq_thin_gemm", "wq_skinny_gemm"):
                 return f
-            return lambda *a: calls.append((name, a[-4] if name == "wq_thin_gemm" else a[-1])) or f(*a)   # pdl
+            return lambda *a: calls.append((name, a[-3] if name == "wq_thin_gemm" else a[-1])) or f(*a)   # pdl
     monkeypatch.setattr(cw._build, "ops", lambda: Spy())
     run = {"thin": wq_kernel("wq_gemm_thin"), "skinny": wq_kernel("wq_gemm_skinny"),
            "thin-sliced": launching(cw.launch_thin, cw, slices=2)}[kernel]
@@ -797,34 +795,30 @@ def test_wq_thin_rejects_bad_input():
     ops = _build.ops()
     i32 = lambda *sh: torch.zeros(sh, dtype=torch.int32, device="cuda")  # noqa: E731
     x = torch.zeros((1, 128), dtype=torch.bfloat16, device="cuda")
-    sem = i32(8)   # the K slices' arrival counters (one per 16 columns)
     with pytest.raises(RuntimeError, match="at most 16 rows"):
         ops.wq_thin_gemm(torch.zeros((17, 128), dtype=torch.bfloat16, device="cuda"), i32(128 * 8 * 2), i32(1, 128),
-                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
+                     None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     x9 = torch.zeros((9, 128), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="more than 8 rows need x staged"):
         ops.wq_thin_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -1, -2, sem)
+                     0, 0, False, -1, -2)
     with pytest.raises(RuntimeError, match="slices must be"):
         ops.wq_thin_gemm(x9, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, -2, -2, sem)
+                     0, 0, False, -2, -2)
     with pytest.raises(RuntimeError, match="warps must be 0..16"):
         ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     17, 0, False, 0, -2, sem)
+                     17, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="xpre must be"):
         ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16,
-                     0, 0, False, 0, 8, sem)
+                     0, 0, False, 0, 8)
     with pytest.raises(RuntimeError, match="groups of at least 32"):
-        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(8, 128), None, 4, 128, 128, 4, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="prepared qweight"):
-        ops.wq_thin_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
+        ops.wq_thin_gemm(x, i32(5), i32(1, 128), None, 4, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="bits must be 2, 4 or 8"):
-        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(1, 128), None, 3, 128, 128, 7, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
     with pytest.raises(RuntimeError, match="fewer groups"):
-        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2, sem)
-    with pytest.raises(RuntimeError, match="sem must be at least 8"):   # K slices need a counter per 16 columns
-        ops.wq_thin_gemm(torch.zeros((5, 1024), dtype=torch.bfloat16, device="cuda"), i32(1024 * 8 * 2), i32(8, 128),
-                         None, 4, 128, 1024, 7, 16, True, False, True, torch.bfloat16, 0, 0, False, 2, -2, i32(7))
+        ops.wq_thin_gemm(x, i32(128 * 8 * 2), i32(0 + 1, 128), None, 4, 128, 128, 5, 2, True, False, True, torch.bfloat16, 0, 0, False, 0, -2)
 
 
 @needs_cuda

@@ -516,8 +516,7 @@ def _pdl(lay: Layout) -> bool:
 # Each kernel's argument list after x (csrc/bie_cuda.cpp) is spelled once, in its *_args function: the launch below
 # (an op call on any input) and the bound inference call further down (the Python module) both pass it.
 def _thin_args(lay: Layout, bias, dtype, warps: int = 0, grid: int = 0) -> tuple:
-    """wq_thin_gemm's arguments after x, up to the programmatic-launch flag (then slices, xpre, the K slices' arrival
-    counters)."""
+    """wq_thin_gemm's arguments after x, up to the programmatic-launch flag (then slices, xpre)."""
     return (lay.codes, lay.stats16, bias, lay.bits, lay.n, lay.k, lay.gs_shift, lay.kblocks, lay.gptq, lay.stats_bf16,
             lay.interleaved, dtype, warps, grid)
 
@@ -538,10 +537,6 @@ def _skinny_counters(lay: Layout) -> int:
     return -(-lay.n // 128) + 1
 
 
-def _thin_counters(lay: Layout) -> int:
-    return -(-lay.n // 16)
-
-
 def _mma_args(lay: Layout, bias, dtype) -> tuple:
     """wq_mma_gemm's arguments after x, up to the split-K semaphores (then counters, tune)."""
     return (lay.codes, lay.scales, lay.zero_points, lay.scales_f32, lay.offsets_f32, bias, lay.bits, lay.n, lay.k,
@@ -554,12 +549,11 @@ def _mma_counters(lay: Layout, m: int) -> int:
 
 def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: int = 0, xpre: int = -2):
     """The thin GEMV (csrc/wq_thin.cu) on a skinny layout. warps per block (its K split), persistent blocks, K slices
-    (x staged per block over one slice of K, the slices' partials summed by the warp that writes an item's last one; -1
-    never) and the
+    (x staged per block over one slice of K, the slices' partials summed by a second kernel; -1 never) and the
     staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
     copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
     return _build.ops().wq_thin_gemm(_x_aligned(x, lay), *_thin_args(lay, bias, x.dtype, warps, grid), _pdl(lay),
-                                     slices, xpre, _counters_for(x.device, _thin_counters(lay)))
+                                     slices, xpre)
 
 
 def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
@@ -653,11 +647,8 @@ def _bound(fn, first: tuple, steady: tuple, lay: Layout, x):
 
 def bind_thin(lay: Layout, x, bias):
     head = _thin_args(lay, bias, x.dtype)
-    need, dev, fn = _thin_counters(lay), x.device, _build.direct().wq_thin_gemm
-
-    def launch(x, pdl):   # the K slices' counters belong to the call's stream: looked up per call
-        return fn(x, *head, pdl, 0, -2, _counters_for(dev, need))
-    return _bound(launch, (_pdl(lay),), (True,), lay, x)
+    fn = _build.direct().wq_thin_gemm
+    return _bound(fn, head + (_pdl(lay), 0, -2), head + (True, 0, -2), lay, x)
 
 
 def bind_wgmma(lay: Layout, x, bias, ntok: int = 0):

@@ -632,12 +632,11 @@ Tensor wq_skinny_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, cons
 // registers; n >= 0: cp.async after the first n stages; -3: in chunks by bulk copies, with K slices of 4-bit codes in
 // groups of 128 on sm_90, else as -1; see the kernel's prologue). pdl: launch as a programmatic dependent of the
 // previous kernel in the stream (the kernel prefetches its codes and statistics before waiting for it), so the
-// caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use). sem: int32
-// zeros, at least ceil(N / 16), left zero (the K slices' arrival counters: the last slice of an item sums them).
+// caller must know that kernel did not write qwa or st (weight_only.py: not on a layout's first use).
 Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const std::optional<Tensor>& bias, int64_t bits,
                 int64_t N, int64_t K, int64_t gs_shift, int64_t kblocks, bool gptq, bool st_bf16, bool inter,
                 at::ScalarType out_dtype, int64_t warps, int64_t grid, bool pdl, int64_t slices,
-                int64_t xpre, const Tensor& sem) {
+                int64_t xpre) {
   for (const Tensor* t : {&x, &qwa, &st}) check_cuda(*t, "wq_thin_gemm operand");
   check_skinny_operands(x, st, K, "wq_thin_gemm");
   TORCH_CHECK(rows_of(x) <= 16, "bie_cuda.wq_thin_gemm: at most 16 rows");
@@ -679,12 +678,8 @@ Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const 
   TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wq_thin_gemm: internal error: more than 8 rows planned without staged x");
   Tensor ws;   // the K slices' float32 partials
   if (p.kslices > 1) {
-    TORCH_CHECK(sem.is_cuda() && sem.device() == x.device() && sem.scalar_type() == at::kInt && sem.is_contiguous() &&
-                    sem.numel() >= (N + 15) / 16,
-                "bie_cuda.wq_thin_gemm: sem must be at least ", (N + 15) / 16, " contiguous int32 zeros on x's device");
     ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
-    p.sem = reinterpret_cast<unsigned*>(sem.data_ptr<int32_t>());
   }
   check_launch(bie::launch_wq_thin_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wq_thin_gemm");
   return out;

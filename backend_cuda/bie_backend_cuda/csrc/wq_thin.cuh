@@ -49,7 +49,7 @@ template <int BITS, int MX, int FS, int MR = 1, bool DEEP = false> struct Slot {
 // of more than 2^26 weights; else per-stage copies (MX = 8). Staging several rows speeds up the big layers but slows
 // the small ones, where the block's wait for all of x before it starts is a larger part of the call.
 // From 5 rows, and for rows of a big layer that do not fit whole, x is staged per K slice instead (wq_thin_plan): each
-// block then covers one slice of K, and the warp that writes an item's last slice partial sums the item's slices.
+// block then covers one slice of K, and the slices' partials are summed by a second kernel.
 // (+ the block's table of sum(x) per group or stage and row pair: units * ceil(M / 2) * 8 bytes; one row: 16 bytes
 // per unit, {sum(x), sum(magic * x) of each column half} for the kernel's one-row variant)
 inline int thin_fs(int gs_shift);

@@ -31,7 +31,7 @@
 //     whole): block b covers slice b % kslices of K and stages only that part
 //     of x; its warps then split the columns (p.cols: each streams whole items
 //     over the slice, no barrier per item) and write float32 partials, summed
-//     in slice order by the warp that writes an item's last partial. A slice's
+//     in slice order by wq_thin_reduce_kernel (wq_thin.cu). A slice's
 //     items are dealt to its blocks in turn (p.rr: blocks differ by at most
 //     one item), and on big layers of 4-bit codes in groups of 128 x arrives in
 //     chunks by bulk copies that the warps wait for one by one (XC kernels,
@@ -651,9 +651,8 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
   };
 
   // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity), or (p.cols) the warp's
-  // own sums; with K slices, the slice's float32 partial goes to p.ws, and the warp that writes an item's last
-  // partial sums the item's slices in slice order (deterministic) with the bias into the output: one launch, where a
-  // reduction kernel after this one cost a second launch's host time on every call
+  // own sums; with K slices, the slice's float32 partial goes to p.ws (bias and output dtype in the reduction
+  // kernel, wq_thin.cu)
   int parity = 0;
   auto finish_item = [&](int nb) {
     if (!cols) {
@@ -691,25 +690,6 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
             }
           }
         }
-      }
-    }
-    if (ksl > 1) {   // (K slices: p.cols, this warp alone wrote the item's partial of its slice)
-      __threadfence();
-      __syncwarp();
-      unsigned last = 0;
-      if (lane == 0) last = atomicAdd(p.sem + nb, 1u) == (unsigned)(ksl - 1);
-      if (__shfl_sync(0xffffffffu, last, 0)) {
-        __threadfence();   // (every slice's partial of the item is visible: read them from L2)
-        for (int i = lane; i < M * 16; i += 32) {
-          const int m = i >> 4, col = nb * 16 + (i & 15);
-          if (col < p.N) {
-            float v = 0.f;
-            for (int s2 = 0; s2 < ksl; ++s2) v += __ldcg(p.ws + ((int64_t)s2 * M + m) * p.N + col);
-            if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
-            store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
-          }
-        }
-        if (lane == 0) p.sem[nb] = 0u;   // (zero again for the next launch)
       }
     }
     parity ^= 1;
