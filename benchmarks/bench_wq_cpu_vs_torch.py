@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -93,12 +94,12 @@ def _flags() -> str:
     return "?"
 
 
-def run(threads: list, reps: int, quick: bool) -> dict:
+def run(threads: list, reps: int, quick: bool, shapes=None, ms=None) -> dict:
     import bie_core
     from bie_backend_cpu import native
     gen = torch.Generator().manual_seed(0)
-    shapes = SHAPES[:1] if quick else SHAPES
-    ms = [1, 16] if quick else MS
+    shapes = shapes or (SHAPES[:1] if quick else SHAPES)
+    ms = ms or ([1, 16] if quick else MS)
     rows = []
     kernel = "?"
     for k, n in shapes:
@@ -137,6 +138,7 @@ def markdown(r: dict) -> str:
         "",
         f"- date: {r['date']}",
         f"- commit: {r['commit']}",
+        f"- command: `{r.get('command', 'python benchmarks/bench_wq_cpu_vs_torch.py')}`",
         f"- device: {r['cpu']} ({r['flags']}), {r['cores']} cores shared with other jobs, torch {r['torch']}, "
         f"Python {r['python']}; bie native ISA level {r['native_level']}, kernel `{r['kernel']}`",
         f"- load average at start: {', '.join(f'{v:.1f}' for v in r['load_average'])} on {r['cores']} cores",
@@ -182,9 +184,14 @@ def main():
     ap.add_argument("--threads", default="2,1", help="comma-separated thread counts, one table each")
     ap.add_argument("--reps", type=int, default=41)
     ap.add_argument("--quick", action="store_true", help="4096x4096, M 1 and 16 only")
+    ap.add_argument("--shapes", default="", help="KxN,... (default 4096x4096,4096x11008)")
+    ap.add_argument("--ms", default="", help="row counts, comma-separated (default 1,2,4,8,16)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "weight_only_cpu.md"))
     a = ap.parse_args()
-    r = run([int(t) for t in a.threads.split(",")], a.reps, a.quick)
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",")] if a.shapes else None
+    ms = [int(v) for v in a.ms.split(",")] if a.ms else None
+    r = run([int(t) for t in a.threads.split(",")], a.reps, a.quick, shapes, ms)
+    r["command"] = " ".join(["python benchmarks/bench_wq_cpu_vs_torch.py"] + sys.argv[1:])
     text = markdown(r)
     print(text)
     if a.out:

@@ -105,15 +105,15 @@ def test_empty_batch_and_llm_slice(nw):
 
 
 def test_dot_product_kernel_llm_shapes(nw, levels):
-    """K = 4096 (several K chunks at 16 rows), M up to the bf16 kernel's limit
-    and past it, every activation dtype (bf16 as is, fp16 and fp32 split into
-    bf16 terms), every width."""
+    """K = 4096 (several K chunks at 16 rows), M from one row to past the bf16
+    kernel's row block (two library calls), every activation dtype (bf16 as is,
+    fp16 and fp32 split into bf16 terms), every width."""
     g = gen("dq-llm")
     for bits in (2, 3, 4, 8):
         qw, s, z, gidx, w64 = make_wq_case(4096, 40, bits, 128, "gptq", False, g, "cpu")
         prepared = nw.prepare(qw, s, z, gidx)
-        for m, dtype in ((16, torch.bfloat16), (7, torch.float32), (nw.DQ_MAX_M, torch.float16),
-                         (nw.DQ_MAX_M + 1, torch.bfloat16)):
+        for m, dtype in ((16, torch.bfloat16), (7, torch.float32), (97, torch.float16),
+                         (nw.DQ_ROW_BLOCK + 3, torch.bfloat16)):
             x = torch.randn(m, 4096, generator=g).to(dtype)
             bias = torch.randn(40, generator=g).to(dtype)
             y = nw.wq_gemm(x, qw, s, z, gidx, bias, bits, 128, "gptq", prepared=prepared)
@@ -151,6 +151,28 @@ def test_huge_and_non_finite_activations_match_reference(nw, levels, dtype):
             assert bool((err <= 1e-2 * r[fin].double().abs() + 1e-3 * big).all()), f"{what}: max err {float(err.max())}"
             check_close(y[1:2], x[1:2].double() @ w64, dtype, k, x[1:2], w64, what + " (row 1)")
         native.set_level(None)
+
+
+def test_dot_product_kernel_row_blocks_keep_their_exact_rows(nw, levels):
+    """Past one row block the bf16 kernel runs once per block: a huge and a non-finite row in the second block
+    come out as the reference computes them, in their own places, and every other row as the one-block result."""
+    g = gen("dq-blocks")
+    k, n = 256, 40
+    qw, s, z, gidx, w64 = make_wq_case(k, n, 4, 128, "gptq", False, g, "cpu")
+    m = nw.DQ_ROW_BLOCK + 9
+    x = torch.randn(m, k, generator=g).bfloat16()
+    x[nw.DQ_ROW_BLOCK + 2, 3] = float("inf")
+    x[nw.DQ_ROW_BLOCK + 5, 7] = 3e38
+    r = rw.wq_gemm(x, qw, s, z, gidx, None, 4, 128, "gptq")
+    for lvl in levels:
+        native.set_level(lvl)
+        y = nw.wq_gemm(x, qw, s, z, gidx, None, 4, 128, "gptq")
+        for f in (torch.isfinite, torch.isnan, torch.isposinf, torch.isneginf):
+            assert torch.equal(f(y), f(r)), f"[{lvl}] {f.__name__} differs from the reference"
+        rest = torch.ones(m, dtype=torch.bool)
+        rest[[nw.DQ_ROW_BLOCK + 2, nw.DQ_ROW_BLOCK + 5]] = False
+        check_close(y[rest], x[rest].double() @ w64, torch.bfloat16, k, x[rest], w64, f"[{lvl}] the other rows")
+    native.set_level(None)
 
 
 def test_threads(nw):

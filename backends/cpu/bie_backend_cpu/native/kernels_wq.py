@@ -10,11 +10,12 @@ multiple of 32 rows), repacks the codes into panels of 16 columns
 A call gathers/pads x into that row order (nothing to do for the usual group
 sizes without act-order) and then
 
-* bf16/fp16 x, M <= ``DQ_MAX_M``, on a CPU with AVX512_BF16: the bf16
-  dot-product kernel (csrc/wq_avx512bf16.cpp; codes moved within their words
-  at prepare);
-* else M <= ``FUSED_MAX_M``: the fused GEMV (codes decoded in registers, float32
-  accumulation, threads over column panels);
+* bf16/fp16 x on a CPU with AVX512_BF16, any M: the bf16 dot-product kernel
+  (csrc/wq_avx512bf16.cpp; codes moved within their words at prepare), in
+  blocks of ``DQ_ROW_BLOCK`` rows;
+* else (float32 x, or no AVX512_BF16) M <= ``FUSED_MAX_M``: the fused GEMV
+  (codes decoded in registers, float32 accumulation, threads over column
+  panels);
 * rows with huge or non-finite activations or results: recomputed from the
   float32 dequantized weight (``_exact_rows``), as the reference computes them;
 * larger M, ``wq_gemm_grad_input`` and ``wq_dequantize``: native dequantization
@@ -47,9 +48,16 @@ FUSED_MAX_M = 96
 _lib = None
 
 
-#: activation rows up to which the bf16 dot-product kernel serves wq_gemm
-#: (where the CPU has AVX512_BF16; see benchmarks/results/weight_only_cpu.md)
-DQ_MAX_M = 64
+#: The bf16 dot-product kernel serves wq_gemm at every row count (where the CPU
+#: has AVX512_BF16): its exact products run at twice a float32 FMA's rate, so
+#: past the fused GEMV's rows it also beats dequantize + matmul, which the
+#: float32 path takes there (1.2-1.7x torch's int4 kernel at 128-512 rows, where
+#: dequantize + matmul ran 0.7-0.98x: benchmarks/results/weight_only_cpu.md).
+#: Rows go to it in blocks of DQ_ROW_BLOCK: its per-call activation buffers
+#: (kept per thread for the next call) then stay a few MB whatever the batch,
+#: and a block is long enough that streaming the codes once more per block is
+#: nothing against its dot products.
+DQ_ROW_BLOCK = 256
 _dq_ok = False
 
 
@@ -283,7 +291,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     # float32 activations stay on the float32 kernel: a row's result then does
     # not depend on the batch it comes in (the bf16 kernel's row blocks sum in
     # different orders, within rounding of its 128-offset sums)
-    if _dq_ok and m <= DQ_MAX_M and x.dtype is not torch.float32 and _lib.bie_wqb_supported():
+    if _dq_ok and x.dtype is not torch.float32 and _lib.bie_wqb_supported():
         return _gemm_dq(x, lay, b32)
     xp = _x_prepared(x, lay)
     if m <= FUSED_MAX_M:
@@ -306,15 +314,17 @@ def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, forma
     layout looked up and the native argument block filled once, so a call only
     sets the input, bias and output addresses (the bf16 dot-product kernel:
     the layout bound, its argument block packed once). The fused-GEMV sizes
-    only (larger M is dominated by its matmul); None elsewhere."""
+    only, and the bf16 dot-product kernel at any M (larger M on the float32 path
+    is dominated by its matmul); None elsewhere."""
     m, k = x.shape
-    if m == 0 or m > FUSED_MAX_M or x.device.type != "cpu" or x.dtype not in _XDT:
+    dq = _dq_ok and x.dtype in (torch.bfloat16, torch.float16)
+    if m == 0 or (m > FUSED_MAX_M and not dq) or x.device.type != "cpu" or x.dtype not in _XDT:
         return None
     lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
     if bias is not None and not (bias.dim() == 1 and bias.shape[0] == lay.n):
         return None   # the unbound kernel raises its error
     n, f32, xdt = lay.n, torch.float32, x.dtype
-    if _dq_ok and m <= DQ_MAX_M and xdt is not f32:
+    if dq:
         def call_dq(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format):
             if not _lib.bie_wqb_supported():   # the ISA level was lowered since the bind
                 return wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared)
@@ -371,8 +381,19 @@ def wq_plan(lay: WqLayout, x_dtype):
 
 
 def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:
-    """bf16 dot-product kernel, result written in x's dtype; rows it leaves
-    (huge or non-finite x or result: NaN there) are computed by _exact_rows"""
+    """bf16 dot-product kernel, result written in x's dtype, DQ_ROW_BLOCK rows
+    a call of the library"""
+    m = x.shape[0]
+    y = torch.empty((m, lay.n), dtype=x.dtype)
+    for r0 in range(0, m, DQ_ROW_BLOCK):
+        r1 = min(m, r0 + DQ_ROW_BLOCK)
+        _gemm_dq_rows(x[r0:r1], lay, b32, y[r0:r1])
+    return y
+
+
+def _gemm_dq_rows(x: torch.Tensor, lay: WqLayout, b32, y: torch.Tensor) -> None:
+    """y = the bf16 dot-product kernel's x @ W (+ bias); rows it leaves (huge
+    or non-finite x or result: NaN there) are computed by _exact_rows"""
     m = x.shape[0]
     if lay.identity and lay.kp == lay.k:
         xp = x.detach().contiguous()
@@ -384,7 +405,6 @@ def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:
         lay.wqb = bytes(WqbArgs(None, 0, 0, lay.n, lay.kp, lay.p, lay.g, lay.bits, _dq(lay).data_ptr(),
                                 lay.s.data_ptr(), lay.c.data_ptr(), lay.gb.data_ptr(), None, None, None, 0))
     args = WqbArgs.from_buffer_copy(lay.wqb)
-    y = torch.empty((m, lay.n), dtype=x.dtype)
     args.x, args.xdt, args.M = xp.data_ptr(), _XDT[x.dtype], m
     args.bias, args.outx = None if b32 is None else b32.data_ptr(), y.data_ptr()
     _check(_lib.bie_wqb_gemm(ctypes.byref(args)), "wq_gemm")
@@ -393,7 +413,6 @@ def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:
         part = torch.empty((rows.numel(), lay.n), dtype=torch.float32)
         _exact_rows(part, xp.index_select(0, rows), lay, b32, None)
         y[rows] = part.to(y.dtype)
-    return y
 
 
 def _exact_rows(out, xp, lay: WqLayout, b32, rows) -> None:
