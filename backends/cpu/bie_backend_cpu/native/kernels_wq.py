@@ -12,7 +12,7 @@ sizes without act-order) and then
 
 * bf16/fp16 x on a CPU with AVX512_BF16, any M: the bf16 dot-product kernel
   (csrc/wq_avx512bf16.cpp; codes moved within their words at prepare), in
-  blocks of ``DQ_ROW_BLOCK`` rows;
+  blocks of at most ``DQ_ROW_BLOCK`` rows;
 * else (float32 x, or no AVX512_BF16) M <= ``FUSED_MAX_M``: the fused GEMV
   (codes decoded in registers, float32 accumulation, threads over column
   panels);
@@ -53,11 +53,14 @@ _lib = None
 #: past the fused GEMV's rows it also beats dequantize + matmul, which the
 #: float32 path takes there (1.2-1.7x torch's int4 kernel at 128-512 rows, where
 #: dequantize + matmul ran 0.7-0.98x: benchmarks/results/weight_only_cpu.md).
-#: Rows go to it in blocks of DQ_ROW_BLOCK: its per-call activation buffers
-#: (kept per thread for the next call) then stay a few MB whatever the batch,
-#: and a block is long enough that streaming the codes once more per block is
-#: nothing against its dot products.
-DQ_ROW_BLOCK = 256
+#: Rows go to it in blocks of at most DQ_ROW_BLOCK, of nearly equal sizes. A
+#: call walks K in chunks whose activations stay in L1/L2 (csrc/wq_avx512bf16.cpp
+#: CHUNK_BYTES); with more rows a chunk holds fewer groups, and from 128 rows one
+#: group a chunk ran 30 % slower a row than 32-64 rows do (AMD EPYC, 2 threads:
+#: 4096x4096 at 512 rows 128 us a row in blocks of 256, 92 in blocks of 32; 94-97
+#: at 16-64 rows in one call). Streaming the codes once per block costs less
+#: than that. The per-call activation buffers (kept per thread) stay small.
+DQ_ROW_BLOCK = 32
 _dq_ok = False
 
 
@@ -385,9 +388,12 @@ def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:
     a call of the library"""
     m = x.shape[0]
     y = torch.empty((m, lay.n), dtype=x.dtype)
-    for r0 in range(0, m, DQ_ROW_BLOCK):
-        r1 = min(m, r0 + DQ_ROW_BLOCK)
+    blocks = -(-m // DQ_ROW_BLOCK)
+    r0 = 0
+    for b in range(blocks):   # (33 rows: 17 + 16, not 32 + 1)
+        r1 = r0 + m // blocks + (b < m % blocks)
         _gemm_dq_rows(x[r0:r1], lay, b32, y[r0:r1])
+        r0 = r1
     return y
 
 
