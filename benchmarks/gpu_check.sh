@@ -20,6 +20,8 @@
 #   bench-host      host time of the layers' eager inference against nn.Linear / nn.Conv2d (bench_host.py --quick)
 #   bench-dynamic   the dynamic int8 linear's table (bench_dynamic_cuda.py, M = 1 ... 8192 on both shapes)
 #   bench-mbwq      the mixed-width weight-only kernels (bench_cuda.py --only mbwq --quick)
+#   bench-bgemv     binary_linear at 1-32 rows: the one-launch GEMV against the two-launch paths (bench_binary_gemv.py)
+#   bench-prefill   the W4 kernels at 128-1024 rows on Llama-3-8B's projections (bench_wq_prefill.py)
 #   bench-qat       QAT convs against cuDNN and training steps (bench_qat_conv.py --quick)
 #   bench-cnn       ResNet-18 end to end, eager and compiled (bench_e2e_cnn.py, 30 timed steps)
 #   explain         which wq_gemm kernel runs for a few layer shapes and why (bie_core.explain)
@@ -124,6 +126,10 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
           --ms 1,2,4,8,16,64,256,1024,2048,4096,8192 ;;
     bench-mbwq)
       run bench-mbwq timeout 200 $PY benchmarks/bench_cuda.py --quick --only mbwq --json "$OUT/mbwq_cuda.json" ;;
+    bench-bgemv)
+      run bench-bgemv timeout 240 $PY benchmarks/bench_binary_gemv.py ;;
+    bench-prefill)
+      run bench-prefill timeout 300 $PY benchmarks/bench_wq_prefill.py ;;
     bench-qat)
       run bench-qat timeout 300 $PY benchmarks/bench_qat_conv.py --quick --json "$OUT/qat_conv.json" --md "$OUT/qat_conv.md" ;;
     bench-cnn)
@@ -146,7 +152,7 @@ for n, k in ((4096, 4096), (28672, 8192)):
 PY
       ;;
     *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host"\
-            "bench-dynamic bench-mbwq bench-qat bench-cnn explain all)"
+            "bench-dynamic bench-mbwq bench-bgemv bench-prefill bench-qat bench-cnn explain all)"
        status=1 ;;
   esac
 }
