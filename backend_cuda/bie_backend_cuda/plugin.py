@@ -81,9 +81,9 @@ def bie_register_kernels(registry):
                                                 max_dims={"M": binary.GEMV_MAX_M, "K": binary.GEMV_MAX_K},
                                                 check=binary.check_gemv, defer=binary.gemv_faster_elsewhere),
                           prepare=binary.prepare_weight, prepare_static=("k",), bind=binary.bind_binary_linear_gemv,
-                          description="fused GEMV, one launch: the signs of x + shift taken by every block (a ballot "
-                                      "per 32-bit word), AND+popc products against 16-byte loads of the weight "
-                                      "rows, popcount correction, the epilogue fused; 1-32 rows")
+                          description="fused GEMV, one launch: the signs of x + shift taken by every block (a "
+                                      "thread makes a 32-bit word of four rows), AND+popc products against 16-byte "
+                                      "loads of the weight rows, popcount correction, the epilogue fused; 1-32 rows")
         registry.register("binary_linear", binary.binary_linear_wgmma, priority=PRIORITY + 1,
                           name="binary_linear_wgmma", capability=wgmma, prepare=binary.prepare_weight,
                           prepare_static=("k",),

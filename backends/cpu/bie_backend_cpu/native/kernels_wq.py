@@ -51,8 +51,8 @@ _lib = None
 #: The bf16 dot-product kernel serves wq_gemm at every row count (where the CPU
 #: has AVX512_BF16): its exact products run at twice a float32 FMA's rate, so
 #: past the fused GEMV's rows it also beats dequantize + matmul, which the
-#: float32 path takes there (1.2-1.7x torch's int4 kernel at 128-512 rows, where
-#: dequantize + matmul ran 0.7-0.98x: benchmarks/results/weight_only_cpu.md).
+#: float32 path takes there (1.7-2.1x torch's int4 kernel at 64-512 rows, where
+#: the float32 paths ran 0.6-0.98x: benchmarks/results/weight_only_cpu_prefill.md).
 #: Rows go to it in blocks of at most DQ_ROW_BLOCK, of nearly equal sizes. A
 #: call walks K in chunks whose activations stay in L1/L2 (csrc/wq_avx512bf16.cpp
 #: CHUNK_BYTES); with more rows a chunk holds fewer groups, and from 128 rows one
