@@ -10,10 +10,11 @@ multiple of 32 rows), repacks the codes into panels of 16 columns
 A call gathers/pads x into that row order (nothing to do for the usual group
 sizes without act-order) and then
 
-* bf16/fp16 x on a CPU with AVX512_BF16, any M: the bf16 dot-product kernel
-  (csrc/wq_avx512bf16.cpp; codes moved within their words at prepare), in
-  blocks of at most ``DQ_ROW_BLOCK`` rows;
-* else (float32 x, or no AVX512_BF16) M <= ``FUSED_MAX_M``: the fused GEMV
+* bf16 x (any M) and fp16 x (M <= ``DQ_FP16_MAX_M``) on a CPU with
+  AVX512_BF16: the bf16 dot-product kernel (csrc/wq_avx512bf16.cpp; codes
+  moved within their words at prepare), in blocks of at most ``DQ_ROW_BLOCK``
+  rows;
+* else M <= ``FUSED_MAX_M``: the fused GEMV
   (codes decoded in registers, float32 accumulation, threads over column
   panels);
 * rows with huge or non-finite activations or results: recomputed from the
@@ -48,8 +49,8 @@ FUSED_MAX_M = 96
 _lib = None
 
 
-#: The bf16 dot-product kernel serves wq_gemm at every row count (where the CPU
-#: has AVX512_BF16): its exact products run at twice a float32 FMA's rate, so
+#: The bf16 dot-product kernel serves wq_gemm on bf16 x at every row count (where
+#: the CPU has AVX512_BF16): its exact products run at twice a float32 FMA's rate, so
 #: past the fused GEMV's rows it also beats dequantize + matmul, which the
 #: float32 path takes there (1.7-2.1x torch's int4 kernel at 64-512 rows, where
 #: the float32 paths ran 0.6-0.98x: benchmarks/results/weight_only_cpu_prefill.md).
@@ -61,6 +62,9 @@ _lib = None
 #: at 16-64 rows in one call). Streaming the codes once per block costs less
 #: than that. The per-call activation buffers (kept per thread) stay small.
 DQ_ROW_BLOCK = 32
+#: float16 activations are two bf16 terms each (twice the dot products): past
+#: this many rows the float32 paths are as fast, and they stay on them
+DQ_FP16_MAX_M = 64
 _dq_ok = False
 
 
@@ -294,7 +298,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     # float32 activations stay on the float32 kernel: a row's result then does
     # not depend on the batch it comes in (the bf16 kernel's row blocks sum in
     # different orders, within rounding of its 128-offset sums)
-    if _dq_ok and x.dtype is not torch.float32 and _lib.bie_wqb_supported():
+    if _dq_ok and _dq_rows(x.dtype, m) and _lib.bie_wqb_supported():
         return _gemm_dq(x, lay, b32)
     xp = _x_prepared(x, lay)
     if m <= FUSED_MAX_M:
@@ -320,7 +324,7 @@ def bind_wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, forma
     only, and the bf16 dot-product kernel at any M (larger M on the float32 path
     is dominated by its matmul); None elsewhere."""
     m, k = x.shape
-    dq = _dq_ok and x.dtype in (torch.bfloat16, torch.float16)
+    dq = _dq_ok and _dq_rows(x.dtype, m)
     if m == 0 or (m > FUSED_MAX_M and not dq) or x.device.type != "cpu" or x.dtype not in _XDT:
         return None
     lay = _get(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format)
@@ -381,6 +385,11 @@ def wq_plan(lay: WqLayout, x_dtype):
     plan.add_segment(_qw(lay), lay.s, lay.z, lay.c, lay.gb, None if direct else lay.src, lay.kp, lay.p, lay.g,
                      lay.bits, 0 if lay.fmt == "gptq" else 1)
     return plan
+
+
+def _dq_rows(dtype, m: int) -> bool:
+    """the bf16 dot-product kernel serves m rows of x in this dtype (where the CPU has it)"""
+    return dtype is torch.bfloat16 or (dtype is torch.float16 and m <= DQ_FP16_MAX_M)
 
 
 def _gemm_dq(x: torch.Tensor, lay: WqLayout, b32) -> torch.Tensor:
