@@ -112,7 +112,7 @@ def test_dot_product_kernel_llm_shapes(nw, levels):
     for bits in (2, 3, 4, 8):
         qw, s, z, gidx, w64 = make_wq_case(4096, 40, bits, 128, "gptq", False, g, "cpu")
         prepared = nw.prepare(qw, s, z, gidx)
-        for m, dtype in ((16, torch.bfloat16), (7, torch.float32), (64, torch.float16), (97, torch.float16),
+        for m, dtype in ((16, torch.bfloat16), (7, torch.float32), (97, torch.float16), (nw.DQ_FP16_MAX_M + 1, torch.float16),
                          (4 * nw.DQ_ROW_BLOCK + 3, torch.bfloat16)):
             x = torch.randn(m, 4096, generator=g).to(dtype)
             bias = torch.randn(40, generator=g).to(dtype)

@@ -62,9 +62,11 @@ _lib = None
 #: at 16-64 rows in one call). Streaming the codes once per block costs less
 #: than that. The per-call activation buffers (kept per thread) stay small.
 DQ_ROW_BLOCK = 32
-#: float16 activations are two bf16 terms each (twice the dot products): past
-#: this many rows the float32 paths are as fast, and they stay on them
-DQ_FP16_MAX_M = 64
+#: float16 activations are two bf16 terms each (twice the dot products): up to
+#: this many rows the kernel is still faster than the float32 paths, level near
+#: 256 and slower past it (AMD EPYC, 2 threads, 4-bit: 4096x4096 at 96 / 128 /
+#: 256 / 512 rows 21 / 28 / 54 / 111 ms against 29 / 33 / 53 / 97)
+DQ_FP16_MAX_M = 192
 _dq_ok = False
 
 
