@@ -153,6 +153,25 @@ def test_huge_and_non_finite_activations_match_reference(nw, levels, dtype):
         native.set_level(None)
 
 
+@pytest.mark.parametrize("bits, gs, fmt, act", [(4, 128, "gptq", True), (3, 32, "gba", False), (2, 64, "gptq", True),
+                                             (8, -1, "gba", False)])
+def test_dot_product_kernel_at_prompt_rows(nw, bits, gs, fmt, act):
+    """A prompt's row counts (past the fused GEMV's 96) on the bf16 kernel: act-order rows gathered per block, K off
+    the 32-row grid, bias, bf16 at any count and fp16 up to its limit; against the float64 product."""
+    g = gen("dq-prompt", str(bits))
+    k, n = 520, 72
+    qw, s, z, gidx, w64 = make_wq_case(k, n, bits, gs, fmt, act, g, "cpu")
+    prepared = nw.prepare(qw, s, z, gidx)
+    for m, dtype in ((97, torch.bfloat16), (250, torch.bfloat16), (nw.DQ_FP16_MAX_M, torch.float16)):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        bias = torch.randn(n, generator=g).to(dtype)
+        y = nw.wq_gemm(x, qw, s, z, gidx, bias, bits, gs, fmt, prepared=prepared)
+        check_close(y, x.double() @ w64 + bias.double(), dtype, k, x, w64, f"{bits}-bit M={m} {dtype}")
+    lay = nw._get(prepared, qw, s, z, gidx, bits, gs, k, fmt)
+    if nw._dq_ok and native.status().level in ("avx512", "avx512icl"):
+        assert lay.dq is not None, "the bf16 dot-product kernel was not used"
+
+
 def test_dot_product_kernel_row_blocks_keep_their_exact_rows(nw, levels):
     """Past one row block the bf16 kernel runs once per block: a huge and a non-finite row in the second block
     come out as the reference computes them, in their own places, and every other row as the one-block result."""
