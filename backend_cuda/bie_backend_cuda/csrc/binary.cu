@@ -557,9 +557,9 @@ cudaError_t launch_binary_gemm_simt(const BinGemmArgs& p, int batch, cudaStream_
 }
 
 // ------------------------------------------- fused binary GEMV (few rows, sm_80+)
-// binary_linear for 1-32 rows in one launch: every block takes the signs of x + shift itself (a warp per 32-bit word:
-// each lane loads one element, a ballot makes the word; the sum is rounded to x's dtype first, as the unfused
-// ops round it), keeps the rows' words and their popcounts in shared memory, then each warp streams whole weight rows
+// binary_linear for 1-32 rows in one launch: every block takes the signs of x + shift itself (a thread makes the
+// 32-bit word of 32 features of several rows; the sum is rounded to x's dtype first, as the unfused ops round it),
+// keeps the rows' words and their popcounts in shared memory, then each warp streams whole weight rows
 // (16-byte loads, kGemvCh channels at a time so that their loads are in flight together) and forms
 //   dot = 4 popc(x & w) - 2 popc(x) - 2 popc(w) + K
 // with popc(w) from the prepared layout. x's pad bits are zero, so the weight's bytes past ceil(K/8) (read up to the
