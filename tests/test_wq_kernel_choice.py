@@ -4,7 +4,8 @@ registered on its own, picks the kernel the measured ranges say (no GPU needed: 
 The oracle is the decision function that chose among the same kernels inside one registered ``wq_gemm`` before
 they were registered one by one, with the measured thresholds it used; the registrations (capabilities, ``defer``
 and priorities, bie_core/preferences.py for the cross-backend rows) must reproduce it for every
-(M, N, K, bits, group size, format, dtypes, architecture) below.
+(M, N, K, bits, group size, format, dtypes, architecture) below. The rows of bie-backend-cuda's one-launch binary
+GEMV are checked the same way, against their rule.
 """
 from __future__ import annotations
 
@@ -201,3 +202,36 @@ def test_binary_gemm_kernels_reproduce_the_measured_choice(op):
         if op == "binary_linear" and m <= 8:
             want = "gemv"
         assert _chosen(kernels, p) == f"cuda:{op}_{want}", p.describe()
+
+
+# ------------------------------------------------------------------ binary_linear: the one-launch GEMV's rows
+def _binary_linear_kernels():
+    from bie_backend_cuda import plugin as cuda_plugin
+    reg = KernelRegistrar(get_registry(), "cuda")
+    cuda_plugin.bie_register_kernels(registry=reg)
+    return sorted([k for k in reg.kernels if k.op == "binary_linear"], key=lambda k: -k.priority)
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_binary_linear_gemv_serves_the_rows_its_rule_says(cc):
+    """Automatic selection takes the GEMV exactly where its shared memory holds the rows' signs (99 KiB at most),
+    M <= 32, K <= 40960 and M*N*K <= 2^28 (past that its GPU time passes the two-launch call's host time); elsewhere
+    another kernel."""
+    from bie_backend_cuda import binary as cb
+    kernels = _binary_linear_kernels()
+    if not any(k.name == "binary_linear_gemv" for k in kernels):
+        pytest.skip("bie-core defines no binary_linear op here")
+    wrong, served = [], 0
+    for m, n, k in itertools.product((1, 2, 8, 9, 16, 17, 32, 33), (1, 64, 1024, 4096, 14336),
+                                     (1, 100, 1024, 4096, 14336, 25216, 25344, 40960, 40961)):
+        p = _On(op="binary_linear", device_type="cuda", device_index=0, dtype=BF16, dims={"M": m, "N": n, "K": k},
+                attrs={})
+        object.__setattr__(p, "cc", cc)
+        smem = m * (-(-(-(-k // 32)) // 4)) * 16 + 4 * m
+        want = m <= 32 and k <= 40960 and smem <= 99 * 1024 and m * n * k <= 1 << 28
+        got = _chosen(kernels, p) == "cuda:binary_linear_gemv"
+        served += want
+        if got != want:
+            wrong.append(f"M={m} N={n} K={k} sm_{cc[0]}{cc[1]}: gemv {'chosen' if got else 'not chosen'}")
+    assert not wrong, f"{len(wrong)} choices differ, e.g.\n" + "\n".join(wrong[:10])
+    assert served > 50 and cb.GEMV_MAX_WORK == 1 << 28
