@@ -167,6 +167,12 @@ def test_dot_product_kernel_at_prompt_rows(nw, bits, gs, fmt, act):
         bias = torch.randn(n, generator=g).to(dtype)
         y = nw.wq_gemm(x, qw, s, z, gidx, bias, bits, gs, fmt, prepared=prepared)
         check_close(y, x.double() @ w64 + bias.double(), dtype, k, x, w64, f"{bits}-bit M={m} {dtype}")
+        # the layers' bound call (bind) at these rows computes what the kernel's function computes, bit for bit
+        # (without AVX512_BF16 these rows take dequantize + matmul, which has no bound call)
+        call = nw.bind_wq_gemm(x, qw, s, z, gidx, bias, bits, gs, fmt, prepared=prepared)
+        assert (call is not None) == nw._dq_ok, f"M={m} {dtype}: bound call {call}"
+        if call is not None:
+            assert torch.equal(call(x, qw, s, z, gidx, bias, bits, gs, fmt), y), f"M={m} {dtype}: bound call differs"
     lay = nw._get(prepared, qw, s, z, gidx, bits, gs, k, fmt)
     if nw._dq_ok and native.status().level in ("avx512", "avx512icl"):
         assert lay.dq is not None, "the bf16 dot-product kernel was not used"
