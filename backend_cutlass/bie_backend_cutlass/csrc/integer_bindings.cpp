@@ -15,7 +15,6 @@
 #include <cmath>
 #include <mutex>
 #include <vector>
-#include <vector>
 
 #include "integer_launch.h"
 
