@@ -597,6 +597,34 @@ def test_wq_thin_slices_reduction(n, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.parametrize("n,k", [(392, 2056), (203, 4096), (66000, 512)])
+def test_wq_thin_slices_summed_alike_eager_and_in_graphs(n, k, monkeypatch):
+    """K slices are summed by the warp that writes an item's last partial when called eagerly, and by a reduction
+    kernel when recorded into a CUDA graph: the same additions in the same order, so the same bits. Forced and planned
+    slices, 1-16 rows, with and without bias; 66000 columns outgrow the stream's first arrival counters."""
+    from bie_backend_cuda import weight_only as cw
+    qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 70 + n, sdtype=torch.bfloat16)
+    prepared = cw.prepare(qw, s, z, gi)
+    gen = torch.Generator().manual_seed(n)
+    calls = _thin_calls(monkeypatch, cw)
+    for m, slices, dtype in ((1, 2, torch.bfloat16), (5, 0, torch.bfloat16), (8, 3, torch.float16), (6, 0, torch.float16),
+                             (12, 2, torch.bfloat16), (16, 0, torch.float32)):
+        run = launching(cw.launch_thin, cw, slices=slices)
+        x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+        bias = torch.randn(n, generator=gen).to(dtype).cuda() if m % 2 == 0 else None
+        eager = run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
+        _close(eager, w64, x, dtype, k, f"eager M={m} slices={slices}", bias)
+        for _ in range(2):   # the counters are left zero: later calls sum alike
+            assert torch.equal(eager, run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)), f"M={m}"
+        static_x = x.clone()
+        got = []
+        _graph_replays(lambda x_: run(x_, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared), static_x,
+                       lambda: x, lambda out: got.append(out.clone()), 1)
+        assert torch.equal(got[0], eager), f"M={m} slices={slices}: graph replay differs from the eager call"
+    assert len(calls) >= 6 * 5
+
+
+@needs_cuda
 def test_wq_thin_big_layer_and_graphs(monkeypatch):
     """A 28672-wide K (many stages per warp, every ring slot reused) and CUDA-graph replay with new inputs."""
     from bie_backend_cuda import weight_only as cw

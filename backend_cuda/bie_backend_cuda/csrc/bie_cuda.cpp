@@ -126,6 +126,36 @@ int smem_optin() {
   return n > 0 ? n : 48 * 1024;
 }
 
+// Arrival counters of the thin GEMV's K slices (one per 16-column item) for the launches of one stream of one device.
+// A launch leaves them zero (the warp that sums an item zeroes its counter again), so they are made once per stream,
+// zeroed synchronously before any launch reads them, and kept: never freed, as a launch in flight may still use a
+// buffer that a larger layer outgrew. Only eager launches use them (never under graph capture, where cudaMalloc
+// would be illegal), so the cost is one map lookup a call.
+unsigned* thin_counters(cudaStream_t s, int64_t need) {
+  static std::mutex mu;
+  static auto* pool = new std::unordered_map<cudaStream_t, std::pair<unsigned*, int64_t>>[64];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  TORCH_CHECK(dev >= 0 && dev < 64, "bie_cuda.wq_thin_gemm: device index ", dev, " beyond 63");
+  std::lock_guard<std::mutex> lock(mu);
+  auto& e = pool[dev][s];
+  if (e.second < need) {
+    const int64_t n = std::max<int64_t>(need, 4096);
+    void* ptr = nullptr;
+    TORCH_CHECK(cudaMalloc(&ptr, n * sizeof(unsigned)) == cudaSuccess, "bie_cuda.wq_thin_gemm: cannot allocate ", n,
+                " slice counters");
+    TORCH_CHECK(cudaMemset(ptr, 0, n * sizeof(unsigned)) == cudaSuccess, "bie_cuda.wq_thin_gemm: cannot zero counters");
+    e = {static_cast<unsigned*>(ptr), n};
+  }
+  return e.first;
+}
+
+// Whether work queued on s now would be recorded into a CUDA graph instead of run.
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
 // The bias and output fields shared by the weight-only launch structs: bias (N values, any floating dtype, on
 // x's device) kept alive in bias_c, output pointer and floating dtype code.
 template <class Args>
@@ -677,11 +707,18 @@ Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const 
               p.smem_limit, ")");
   TORCH_CHECK(M <= 8 || p.mx == 1, "bie_cuda.wq_thin_gemm: internal error: more than 8 rows planned without staged x");
   Tensor ws;   // the K slices' float32 partials
+  const cudaStream_t st_ = stream();
   if (p.kslices > 1) {
     ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
+    // Who sums the slices (the same additions in the same order either way, so the same bits): called eagerly, the
+    // warp that writes an item's last partial, in this launch; recorded into a CUDA graph, a second kernel. Eager
+    // calls of these few-row products are bound by the host, and the second launch cost about 10 us of host time a
+    // call (29-31 against 19-20 us at 5-8 rows on Llama-3-8B's projections); replayed from a graph only the GPU time
+    // counts, where the in-launch sums cost 1-3 us more (benchmarks/results/host_path_cuda.md).
+    if (!capturing(st_)) p.sem = thin_counters(st_, (N + 15) / 16);
   }
-  check_launch(bie::launch_wq_thin_gemm(p, (int)bits, dtype_code(x.scalar_type()), stream()), "wq_thin_gemm");
+  check_launch(bie::launch_wq_thin_gemm(p, (int)bits, dtype_code(x.scalar_type()), st_), "wq_thin_gemm");
   return out;
 }
 

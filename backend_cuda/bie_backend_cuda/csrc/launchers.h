@@ -175,10 +175,13 @@ struct WqThinArgs {
   int smem;              // dynamic shared memory per block (set by the plan)
   int pdl;               // programmatic dependent launch (sm_90): overlap the previous kernel's tail
   int mx;                // x staged once per block (1) or copied per stage (8) (set by the plan)
-  int kslices;           // K slices (x staged per block over its slice; > 1: float32 partials in ws, then a reduction)
+  int kslices;           // K slices (x staged per block over its slice; > 1: float32 partials in ws, summed after)
   int slice_stages;      // stages per K slice (nstages when not sliced)
   int cols;              // the warps of a block split the columns (each takes whole items over the slice), not K
   float* ws;             // (kslices, M, N) partials when kslices > 1
+  unsigned* sem;         // with kslices > 1: one arrival counter per 16-column item, zero before the launch and left
+                         // zero; the warp that writes an item's last partial sums its slices. nullptr: a reduction
+                         // kernel after this one sums them (the same additions in the same order)
   int xpre;              // x staged per block: copied with cp.async after this many first ring stages, (-1)
                          // loaded after all of them through registers, or (-3, K slices on sm_90) copied by bulk
                          // copies in chunks that the warps wait for one by one (set by the plan unless forced)

@@ -241,7 +241,7 @@ cudaError_t launch_wq_thin_gemm(const WqThinArgs& p, int bits, int cdtype, cudaS
     if (bits == 4) e = thin::launch<4, __nv_bfloat16>(p, st);
     if (bits == 2) e = thin::launch<2, __nv_bfloat16>(p, st);
   }
-  if (e != cudaSuccess || p.kslices <= 1) return e;
+  if (e != cudaSuccess || p.kslices <= 1 || p.sem != nullptr) return e;   // (p.sem: summed in the launch)
   const int64_t total = (int64_t)p.M * p.N;
   // 4 outputs a thread where rows are whole float4s, the output is aligned and there are at least 3 blocks of 256
   // outputs per SM (on smaller outputs the fewer, fatter blocks were slower)

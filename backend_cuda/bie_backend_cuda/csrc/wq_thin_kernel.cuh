@@ -651,8 +651,9 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
   };
 
   // the item's K partials, summed in warp order by warp 0 (double-buffered by item parity), or (p.cols) the warp's
-  // own sums; with K slices, the slice's float32 partial goes to p.ws (bias and output dtype in the reduction
-  // kernel, wq_thin.cu)
+  // own sums; with K slices, the slice's float32 partial goes to p.ws, and the slices are summed in slice order with
+  // the bias into the output either by the warp that writes an item's last partial (p.sem: arrival counters) or by
+  // the reduction kernel after this one (wq_thin.cu; the same additions in the same order)
   int parity = 0;
   auto finish_item = [&](int nb) {
     if (!cols) {
@@ -690,6 +691,26 @@ __global__ void BIE_WQT_BOUNDS wq_thin_kernel(const WqThinArgs p) {
             }
           }
         }
+      }
+    }
+    if (ksl > 1 && p.sem != nullptr) {   // (K slices split the columns over the warps: this warp alone wrote the item's
+                                         // partial of its slice)
+      __threadfence();
+      __syncwarp();
+      unsigned last = 0;
+      if (lane == 0) last = atomicAdd(p.sem + nb, 1u) == (unsigned)(ksl - 1);
+      if (__shfl_sync(0xffffffffu, last, 0)) {
+        __threadfence();   // (every slice's partial of the item is visible: read from L2)
+        for (int i = lane; i < M * 16; i += 32) {
+          const int m = i >> 4, col = nb * 16 + (i & 15);
+          if (col < p.N) {
+            float v = 0.f;
+            for (int s2 = 0; s2 < ksl; ++s2) v += __ldcg(p.ws + ((int64_t)s2 * M + m) * p.N + col);
+            if (p.bias) v += load_f32(p.bias, p.bias_dtype, col);
+            store_f32(p.out, p.out_dtype, (int64_t)m * p.N + col, v);
+          }
+        }
+        if (lane == 0) p.sem[nb] = 0u;   // (zero again for the stream's next launch)
       }
     }
     parity ^= 1;
