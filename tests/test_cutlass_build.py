@@ -273,3 +273,21 @@ def test_tuning_cli_says_why_without_a_gpu(capsys):
         assert rc == 0 and out.splitlines()[0].endswith(".json:")
     else:
         assert rc == 1 and "no CUDA device" in out
+
+
+def test_tuning_table_follows_the_cache_place(tuner, tmp_path, monkeypatch):
+    """The table's place is worked out once per cache setting (not on every lookup), and a new setting gets its own
+    table: tuned there afresh, written there."""
+    tuning, timings = tuner
+    timings.update(a=2.0, b=1.0)
+    calls = []
+    cands = [(n, (lambda n=n: calls.append(n) or n)) for n in "ab"]
+    assert tuning.choose("int_gemm", "M64", cands) == "b" and calls
+    first = tuning.table_path()
+    calls.clear()
+    assert tuning.choose("int_gemm", "M64", cands) == "b" and calls == []
+    other = tmp_path / "elsewhere"
+    monkeypatch.setenv("BIE_CUTLASS_CACHE", str(other))
+    assert tuning.choose("int_gemm", "M64", cands) == "b" and calls, "a new cache place is tuned afresh"
+    assert tuning.table_path() != first and tuning.table_path().is_file()
+    assert str(tuning.table_path()).startswith(str(other))

@@ -71,15 +71,28 @@ def table_path(device=None) -> Path:
     return _build.cache_root() / "tuning" / f"{gpu_key(device)}.json"
 
 
+#: (GPU key, the environment that places the cache) -> (table path, its text): an unbound CUTLASS call (a training
+#: step's GEMM on codes made that step) looks its table up on every call, and building the path anew each time cost
+#: more host time than the rest of the lookup
+_paths: dict = {}
+
+
 def _table(device) -> tuple[dict, Path]:
-    path = table_path(device)
-    key = str(path)
-    if key not in _tables:
+    gk, env = gpu_key(device), os.environ
+    where = (gk, env.get("BIE_CUTLASS_CACHE"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    known = _paths.get(where)
+    if known is None:
+        path = _build.cache_root() / "tuning" / f"{gk}.json"
+        known = _paths[where] = (path, str(path))
+    path, key = known
+    table = _tables.get(key)
+    if table is None:
         try:
-            _tables[key] = json.loads(path.read_text())
+            table = json.loads(path.read_text())
         except (OSError, ValueError):
-            _tables[key] = {}
-    return _tables[key], path
+            table = {}
+        _tables[key] = table
+    return table, path
 
 
 def _save(table: dict, path: Path) -> None:
