@@ -621,7 +621,12 @@ def test_wq_thin_slices_summed_alike_eager_and_in_graphs(n, k, monkeypatch):
         _graph_replays(lambda x_: run(x_, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared), static_x,
                        lambda: x, lambda out: got.append(out.clone()), 1)
         assert torch.equal(got[0], eager), f"M={m} slices={slices}: graph replay differs from the eager call"
-    assert len(calls) >= 6 * 5
+        fresh = torch.cuda.Stream()   # a stream's first eager call: its counters are made and zeroed first
+        with torch.cuda.stream(fresh):
+            other = run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)
+        torch.cuda.synchronize()
+        assert torch.equal(other, eager), f"M={m} slices={slices}: a new stream's first call differs"
+    assert len(calls) >= 6 * 6
 
 
 @needs_cuda

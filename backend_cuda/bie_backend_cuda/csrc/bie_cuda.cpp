@@ -128,9 +128,10 @@ int smem_optin() {
 
 // Arrival counters of the thin GEMV's K slices (one per 16-column item) for the launches of one stream of one device.
 // A launch leaves them zero (the warp that sums an item zeroes its counter again), so they are made once per stream,
-// zeroed synchronously before any launch reads them, and kept: never freed, as a launch in flight may still use a
-// buffer that a larger layer outgrew. Only eager launches use them (never under graph capture, where cudaMalloc
-// would be illegal), so the cost is one map lookup a call.
+// zeroed on that stream (stream order puts the zeros before the launch that reads them; cudaMemset would queue them
+// on the legacy stream, which a non-blocking stream does not wait for), and kept: never freed, as a launch in flight
+// may still use a buffer that a larger layer outgrew. Only eager launches use them (never under graph capture, where
+// cudaMalloc would be illegal), so the cost is one map lookup a call.
 unsigned* thin_counters(cudaStream_t s, int64_t need) {
   static std::mutex mu;
   static auto* pool = new std::unordered_map<cudaStream_t, std::pair<unsigned*, int64_t>>[64];
@@ -144,7 +145,8 @@ unsigned* thin_counters(cudaStream_t s, int64_t need) {
     void* ptr = nullptr;
     TORCH_CHECK(cudaMalloc(&ptr, n * sizeof(unsigned)) == cudaSuccess, "bie_cuda.wq_thin_gemm: cannot allocate ", n,
                 " slice counters");
-    TORCH_CHECK(cudaMemset(ptr, 0, n * sizeof(unsigned)) == cudaSuccess, "bie_cuda.wq_thin_gemm: cannot zero counters");
+    TORCH_CHECK(cudaMemsetAsync(ptr, 0, n * sizeof(unsigned), s) == cudaSuccess,
+                "bie_cuda.wq_thin_gemm: cannot zero counters");
     e = {static_cast<unsigned*>(ptr), n};
   }
   return e.first;
