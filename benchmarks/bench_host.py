@@ -25,6 +25,10 @@ How host time is measured:
 
 Writes ``host_path.md`` and ``host_path.json`` (CPU) or
 ``host_path_cuda.md``/``.json`` (GPU) in ``--out-dir``.
+
+``--decode``: instead, ``MPQLinear`` W4 g128 on a decoder's projections (default: Llama-3-8B's, ``--decode-shapes``)
+at the rows of a decode step (``--decode-rows``, default 1, 5, 8), each a (rows, 1, K) input as Hugging Face hands
+it, against ``nn.Linear`` of the same shape; writes ``host_decode[_cuda].md``/``.json``.
 """
 from __future__ import annotations
 
@@ -154,6 +158,54 @@ def build_cases(device, dtype, k: int, n: int, m: int, conv_hw: int):
     return cases
 
 
+#: (K, N) of Llama-3-8B's projections: q and o, k and v, gate and up, down
+DECODE_SHAPES = "4096x4096,4096x1024,4096x14336,14336x4096"
+
+
+def decode_cases(device, dtype, shapes: list, rows: list) -> dict:
+    """{name: (MPQLinear W4 g128, nn.Linear twin, (rows, 1, K) input)} for each (K, N) and row count: a decode
+    step's calls (the layer built once per shape)."""
+    g = torch.Generator().manual_seed(2)
+    cases = {}
+    for k, n in shapes:
+        lin = nn.Linear(k, n, bias=False).to(device=device, dtype=dtype).eval()
+        layer = MPQLinear.from_float(lin, bits=4, group_size=128, dtype=dtype).eval()
+        for m in rows:
+            x = torch.randn(m, 1, k, generator=g).to(device=device, dtype=dtype)
+            cases[f"{k}x{n} rows={m}"] = (layer, lin, x)
+    return cases
+
+
+def decode_report(a, device, dtype, rounds: int, calls: int, argv) -> None:
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.decode_shapes.split(",")]
+    rows = [int(v) for v in a.decode_rows.split(",")]
+    cases = decode_cases(device, dtype, shapes, rows)
+    kernels = _kernels(cases)
+    res = compare(cases, device, rounds, calls)
+    suffix = "" if device.type == "cpu" else f"_{device.type}"
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
+            "machine": _machine(device), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "rounds": rounds, "calls": calls, "backends": _backends(),
+            "command": "python benchmarks/bench_host.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"host_decode{suffix}.json").write_text(json.dumps({"meta": meta, "layers": res, "kernels": kernels},
+                                                                  indent=1))
+    what = "issue time per call (µs)" if device.type == "cuda" else "µs per call"
+    lines = [f"# Host time of MPQLinear W4 g128 at a decode step's rows against nn.Linear ({device.type})", "",
+             f"- date: {meta['date']}, commit {meta['commit']}",
+             f"- machine: {meta['machine']}; dtype {meta['dtype']}; inputs (rows, 1, K)",
+             f"- command: `{meta['command']}`", f"- backends loaded: {meta['backends']}",
+             f"- method: as `host_path{suffix}.md` ({rounds} rounds of 5 alternating blocks of {max(1, calls // 5)} "
+             "calls, each side's fastest block, medians over rounds). Target: ratio <= 1.2.", "",
+             f"| K x N, rows | kernel | layer {what} | nn.Linear | ratio |", "|---|---|---|---|---|"]
+    for name, r in res.items():
+        lines.append(f"| {name} | {kernels[name]} | {r['layer_us']:.2f} | {r['base_us']:.2f} | **{r['ratio']:.2f}x** |")
+    text = "\n".join(lines) + "\n"
+    (out_dir / f"host_decode{suffix}.md").write_text(text)
+    print(text)
+
+
 def eval_vs_packed(device, dtype, rounds: int, calls: int, k: int, n: int, m: int) -> dict:
     """A QAT layer in eval() without pack() against the same layer packed
     (item: eval-mode caching), at a size where re-quantizing would show."""
@@ -246,6 +298,10 @@ def main(argv=None):
     p.add_argument("--compiled", action="store_true",
                    help="also time torch.compile'd QAT layers (eval, not packed), MPQLinear and models of them "
                         "(size --eval-k) against eager calls")
+    p.add_argument("--decode", action="store_true",
+                   help="MPQLinear W4 g128 at a decode step's rows on a decoder's projections (only that)")
+    p.add_argument("--decode-shapes", default=DECODE_SHAPES, help="KxN,... (default: Llama-3-8B's projections)")
+    p.add_argument("--decode-rows", default="1,5,8")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     a = p.parse_args(argv)
     device = torch.device(a.device)
@@ -254,6 +310,9 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype) if a.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     rounds, calls = (3, 50) if a.quick else (a.rounds, a.calls)
+    if a.decode:
+        decode_report(a, device, dtype, rounds, calls, argv)
+        return
 
     cases = build_cases(device, dtype, a.k, a.n, a.m, 8)
     kernels = _kernels(cases)

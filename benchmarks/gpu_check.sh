@@ -17,7 +17,8 @@
 #   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
 #   bench-binary    the binary product tables (bench_cuda.py --only binary --quick, bench_cutlass_binary.py --quick)
-#   bench-host      host time of the layers' eager inference against nn.Linear / nn.Conv2d (bench_host.py --quick)
+#   bench-host      host time of the layers' eager inference against nn.Linear / nn.Conv2d (bench_host.py --quick;
+#                   then --decode: MPQLinear W4 g128 at 1, 5, 8 rows on Llama-3-8B's projections)
 #   bench-dynamic   the dynamic int8 linear's table (bench_dynamic_cuda.py, M = 1 ... 8192 on both shapes)
 #   bench-mbwq      the mixed-width weight-only kernels (bench_cuda.py --only mbwq --quick)
 #   bench-bgemv     binary_linear at 1-32 rows: the one-launch GEMV against the two-launch paths (bench_binary_gemv.py)
@@ -120,7 +121,8 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       run bench-binary timeout 240 $PY benchmarks/bench_cuda.py --quick --only binary --json "$OUT/bench_cuda_binary.json"
       run bench-binary timeout 300 $PY benchmarks/bench_cutlass_binary.py --quick --json "$OUT/bench_cutlass_binary.json" ;;
     bench-host)
-      run bench-host timeout 400 $PY benchmarks/bench_host.py --device cuda --quick --out-dir "$OUT" ;;
+      run bench-host timeout 400 $PY benchmarks/bench_host.py --device cuda --quick --out-dir "$OUT"
+      run bench-host timeout 300 $PY benchmarks/bench_host.py --device cuda --quick --decode --out-dir "$OUT" ;;
     bench-dynamic)
       run bench-dynamic timeout 400 $PY benchmarks/bench_dynamic_cuda.py "$OUT/dynamic_cuda.json" \
           --ms 1,2,4,8,16,64,256,1024,2048,4096,8192 ;;

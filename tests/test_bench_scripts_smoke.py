@@ -55,3 +55,16 @@ def test_host_bench_quick(tmp_path):
     assert "MPQLinear W4 g32" in data["layers"] and "QLinear W8A8 64x64" in data["eval_vs_packed"]
     assert all(r["ratio"] > 0 for r in data["layers"].values())
     assert set(data["compiled_vs_eager"]) >= {"QLinear W8A8", "BinaryConv2d", "nn.Linear"}
+
+
+def test_host_bench_decode_rows(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        _load("bench_host").main(["--quick", "--decode", "--decode-shapes", "256x64,128x256", "--decode-rows", "1,5",
+                                  "--out-dir", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads((tmp_path / "host_decode.json").read_text())
+    assert set(data["layers"]) == {"256x64 rows=1", "256x64 rows=5", "128x256 rows=1", "128x256 rows=5"}
+    assert all(r["ratio"] > 0 for r in data["layers"].values())
+    assert "wq_gemm" in data["kernels"]["256x64 rows=5"]
