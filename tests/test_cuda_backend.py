@@ -597,11 +597,12 @@ def test_wq_thin_slices_reduction(n, monkeypatch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("n,k", [(392, 2056), (203, 4096), (66000, 512)])
+@pytest.mark.parametrize("n,k", [(392, 2056), (203, 4096), (66000, 512), (16400, 8192)])
 def test_wq_thin_slices_summed_alike_eager_and_in_graphs(n, k, monkeypatch):
-    """K slices are summed by the warp that writes an item's last partial when called eagerly, and by a reduction
-    kernel when recorded into a CUDA graph: the same additions in the same order, so the same bits. Forced and planned
-    slices, 1-16 rows, with and without bias; 66000 columns outgrow the stream's first arrival counters."""
+    """K slices are summed by the warp that writes an item's last partial when called eagerly on a layer of at most
+    2^27 weights, and by a reduction kernel when recorded into a CUDA graph or on a larger layer (16400 x 8192): the
+    same additions in the same order, so the same bits. Forced and planned slices, 1-16 rows, with and without bias;
+    66000 columns outgrow the stream's first arrival counters."""
     from bie_backend_cuda import weight_only as cw
     qw, s, z, gi, w64 = _wq_case(k, n, 4, 128, "gptq", False, 70 + n, sdtype=torch.bfloat16)
     prepared = cw.prepare(qw, s, z, gi)

@@ -549,8 +549,8 @@ def _mma_counters(lay: Layout, m: int) -> int:
 
 def launch_thin(x, lay: Layout, bias, *, warps: int = 0, grid: int = 0, slices: int = 0, xpre: int = -2):
     """The thin GEMV (csrc/wq_thin.cu) on a skinny layout. warps per block (its K split), persistent blocks, K slices
-    (x staged per block over one slice of K, the slices' partials summed in the launch when called eagerly, by a
-    second kernel under CUDA-graph capture; -1 never) and the
+    (x staged per block over one slice of K, the slices' partials summed in the launch when called eagerly on a
+    layer of at most 2^27 weights, else by a second kernel; -1 never) and the
     staging of x (-2 planned, -1 after every first ring stage, n >= 0 cp.async after the first n stages, -3 bulk
     copies in chunks): 0 / -2 let the launcher plan them; tests pass others."""
     return _build.ops().wq_thin_gemm(_x_aligned(x, lay), *_thin_args(lay, bias, x.dtype, warps, grid), _pdl(lay),

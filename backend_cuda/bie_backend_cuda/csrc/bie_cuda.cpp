@@ -713,12 +713,14 @@ Tensor wq_thin_gemm(const Tensor& x, const Tensor& qwa, const Tensor& st, const 
   if (p.kslices > 1) {
     ws = at::empty({p.kslices, M, N}, x.options().dtype(at::kFloat));
     p.ws = ws.data_ptr<float>();
-    // Who sums the slices (the same additions in the same order either way, so the same bits): called eagerly, the
-    // warp that writes an item's last partial, in this launch; recorded into a CUDA graph, a second kernel. Eager
-    // calls of these few-row products are bound by the host, and the second launch cost about 10 us of host time a
-    // call (29-31 against 19-20 us at 5-8 rows on Llama-3-8B's projections); replayed from a graph only the GPU time
-    // counts, where the in-launch sums cost 1-3 us more (benchmarks/results/host_path_cuda.md).
-    if (!capturing(st_)) p.sem = thin_counters(st_, (N + 15) / 16);
+    // Who sums the slices (the same additions in the same order either way, so the same bits): called eagerly on a
+    // layer of at most 2^27 weights, the warp that writes an item's last partial, in this launch; else a second
+    // kernel. Eager calls of these few-row products are bound by the host (their GPU time, under about 20 us up to
+    // 2^27 weights, is less than a call's host time), and the second launch cost about 10 us of host time a call
+    // (29-31 against 19-20 us at 5-8 rows on Llama-3-8B's projections). Replayed from a graph only the GPU time
+    // counts, and so it does on larger layers: there the in-launch sums cost 1-3 us more
+    // (benchmarks/results/host_path_cuda.md).
+    if ((int64_t)N * K <= (1ll << 27) && !capturing(st_)) p.sem = thin_counters(st_, (N + 15) / 16);
   }
   check_launch(bie::launch_wq_thin_gemm(p, (int)bits, dtype_code(x.scalar_type()), st_), "wq_thin_gemm");
   return out;
