@@ -36,6 +36,16 @@ def test_listed_without_breaking_core():
         assert recs["cuda"].status == "unavailable" and recs["cuda"].cause == "no CUDA device"
 
 
+def test_every_source_is_built():
+    """The extension compiles every .cu file of csrc and nothing that is not there (a translation unit left out of
+    the list would leave its explicitly instantiated kernels undefined when the library loads)."""
+    from pathlib import Path
+
+    from bie_backend_cuda import _build
+    on_disk = {p.name for p in Path(_build.CSRC).glob("*.cu")} | {"bie_cuda.cpp"}
+    assert set(_build.SOURCES) == on_disk and len(_build.SOURCES) == len(on_disk)
+
+
 # ------------------------------------------------------------------ kernels
 def _ref():
     from bie_backend_cpu.reference import binary, weight_only

@@ -16,11 +16,11 @@ import torch
 from bie_core.backend_api import NativeExtension, cuda_arch, gencode, have_nvcc
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-# (the thin GEMV's kernels are split by width and type so that ninja compiles them in parallel)
+# (the thin GEMV's kernels are split by width, type and group so that ninja compiles them in parallel: csrc/wq_thin.cuh)
+THIN_SOURCES = tuple(f"wq_thin_w{bits}_{t}{group}.cu" for bits in (4, 8, 2) for t in ("f16", "bf16")
+                     for group in (("", "_wide", "_deep") if bits != 2 else ("", "_wide")))
 SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_wgmma.cu", "wq_thin.cu",
-           "wq_thin_w4_f16.cu", "wq_thin_w4_bf16.cu", "wq_thin_w2_f16.cu", "wq_thin_w2_bf16.cu", "wq_thin_w8_f16.cu",
-           "wq_thin_w8_bf16.cu", "quantize.cu", "dynamic_gemv.cu",
-           "dynamic_quantize.cu", "mbwq.cu")
+           *THIN_SOURCES, "quantize.cu", "dynamic_gemv.cu", "dynamic_quantize.cu", "mbwq.cu")
 _lock = threading.Lock()
 _loaded: str | None = None
 _module = None

@@ -1,6 +1,6 @@
 // The thin weight-only GEMV: what its host plan (wq_thin.cu) and its kernels (wq_thin_kernel.cuh) share.
-// The kernels are instantiated per code width and compute type in wq_thin_w{2,4,8}_{f16,bf16}.cu, so that the six
-// sets compile in parallel.
+// The kernels are instantiated per code width, compute type and group in wq_thin_w{2,4,8}_{f16,bf16}{,_wide,_deep}.cu,
+// so that the sixteen sets compile in parallel (one unit of a width's kernels took about 110 s, the build's longest).
 #pragma once
 #include <algorithm>
 #include <cuda_runtime.h>
@@ -122,9 +122,13 @@ int thin_warp_bytes(int fs) {
 }
 
 // One width and compute type (every statistics type, format, x staging and group size): wq_thin_kernel.cuh,
-// instantiated in wq_thin_w{2,4,8}_{f16,bf16}.cu.
+// instantiated in wq_thin_w{2,4,8}_{f16,bf16}.cu; its kernel groups (wide, deep) in the units of those names.
 template <int BITS, typename T>
 cudaError_t launch(const WqThinArgs& p, cudaStream_t st);
+template <int BITS, typename T>
+cudaError_t launch_wide(const WqThinArgs& p, cudaStream_t st);
+template <int BITS, typename T>
+cudaError_t launch_deep(const WqThinArgs& p, cudaStream_t st);
 
 }  // namespace thin
 }  // namespace bie

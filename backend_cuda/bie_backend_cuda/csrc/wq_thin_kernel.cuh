@@ -873,15 +873,33 @@ cudaError_t launch_m(const WqThinArgs& p, cudaStream_t st) {
 
 }  // namespace
 
+// The kernels of one width and compute type in three groups, each instantiated in its own translation unit
+// (wq_thin_w<bits>_<type>.cu, ..._wide.cu, ..._deep.cu: wq_thin.cuh), so that ninja compiles them in parallel.
+// wide: x copied per stage (MX = 8), and two 8-row tiles (9-16 rows)
+template <int BITS, typename T>
+cudaError_t launch_wide(const WqThinArgs& p, cudaStream_t st) {
+  if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
+  return launch_m<BITS, T, 1, false, 2>(p, st);
+}
+// one row tile, x staged, the default ring
+template <int BITS, typename T>
+cudaError_t launch_one(const WqThinArgs& p, cudaStream_t st) {
+  return p.M == 1 ? launch_m<BITS, T, 1, true, 1>(p, st) : launch_m<BITS, T, 1, false, 1>(p, st);
+}
+// one row tile, x staged, the deeper ring (4- and 8-bit codes, where the plan takes it: Thin)
+template <int BITS, typename T>
+cudaError_t launch_deep(const WqThinArgs& p, cudaStream_t st) {
+  static_assert(BITS == 4 || BITS == 8, "the deeper ring is for 4- and 8-bit codes");
+  return p.M == 1 ? launch_m<BITS, T, 1, true, 1, true>(p, st) : launch_m<BITS, T, 1, false, 1, true>(p, st);
+}
+
 template <int BITS, typename T>
 cudaError_t launch(const WqThinArgs& p, cudaStream_t st) {
   // (x staged or copied per stage, as planned: wq_thin_plan)
-  if (p.mx != 1) return launch_m<BITS, T, 8, false, 1>(p, st);
-  if (p.M > 8) return launch_m<BITS, T, 1, false, 2>(p, st);
-  // (4- and 8-bit codes: the deeper ring where the plan takes it, Thin)
+  if (p.mx != 1 || p.M > 8) return launch_wide<BITS, T>(p, st);
   if constexpr (BITS == 4 || BITS == 8)
-    if (p.deep) return p.M == 1 ? launch_m<BITS, T, 1, true, 1, true>(p, st) : launch_m<BITS, T, 1, false, 1, true>(p, st);
-  return p.M == 1 ? launch_m<BITS, T, 1, true, 1>(p, st) : launch_m<BITS, T, 1, false, 1>(p, st);
+    if (p.deep) return launch_deep<BITS, T>(p, st);
+  return launch_one<BITS, T>(p, st);
 }
 
 }  // namespace thin

@@ -1,4 +1,7 @@
-// The thin GEMV kernels for 2-bit codes and __nv_bfloat16 compute (wq_thin_kernel.cuh).
+// The thin GEMV kernels for 2-bit codes and __nv_bfloat16 compute: one row tile with the default ring, and the
+// launch that picks a group (wq_thin_kernel.cuh); the other groups are instantiated in
+// wq_thin_w2_bf16_wide.cu.
 #include "wq_thin_kernel.cuh"
 
+extern template cudaError_t bie::thin::launch_wide<2, __nv_bfloat16>(const bie::WqThinArgs&, cudaStream_t);
 template cudaError_t bie::thin::launch<2, __nv_bfloat16>(const bie::WqThinArgs&, cudaStream_t);

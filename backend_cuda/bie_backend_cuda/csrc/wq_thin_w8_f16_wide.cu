@@ -1,0 +1,5 @@
+// The thin GEMV kernels for 8-bit codes and __half compute that copy x per stage or take 9-16 rows
+// (wq_thin_kernel.cuh: launch_wide).
+#include "wq_thin_kernel.cuh"
+
+template cudaError_t bie::thin::launch_wide<8, __half>(const bie::WqThinArgs&, cudaStream_t);
