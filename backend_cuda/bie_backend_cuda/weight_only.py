@@ -130,7 +130,7 @@ def _repack(codes: torch.Tensor, kbits: int, kp: int, np_: int) -> torch.Tensor:
 
 
 def _repack_a(codes: torch.Tensor, kbits: int, kp: int, np_: int, inter: bool = False) -> torch.Tensor:
-    """(K, N) codes -> the A-fragment ordered int32 layout of the skinny kernel (csrc/weight_only.cu);
+    """(K, N) codes -> the A-fragment ordered int32 layout of the skinny kernel (csrc/wq_skinny.cu);
     inter: the 8 column blocks of each 128 columns interleaved per k block (np_ a multiple of 128)."""
     c, J, kb, nb = _code_blocks(codes, kbits, kp, np_)
     # row k = kblk*16J + j*16 + kh*8 + t*2 + h ; col n = nblk*16 + nh*8 + g ; A register r = 2*kh + nh:
@@ -565,7 +565,7 @@ def launch_wgmma(x, lay: Layout, bias, *, ntok: int = 0, splits: int = 0):
 
 
 def launch_skinny(x, lay: Layout, bias, *, tune: int = 0):
-    """The skinny kernel (csrc/weight_only.cu, up to 16 rows); tune: launch tuning (0: defaults)."""
+    """The skinny kernel (csrc/wq_skinny.cu, up to 16 rows); tune: launch tuning (0: defaults)."""
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     xc = xs.to(compute_dtype(x.dtype)).contiguous()
     return _build.ops().wq_skinny_gemm(xc, *_skinny_args(lay, bias, x.dtype),

@@ -124,7 +124,7 @@ struct WqArgs {
   int vec_stage;        // 16-byte x staging when K % 8 == 0
 };
 
-// Skinny weight-only kernel (M <= 16), see weight_only.cu.
+// Skinny weight-only kernel (M <= 16), see wq_skinny.cu.
 constexpr int WQ_SKINNY_WARPS = 8;   // warps per block (16 columns each)
 constexpr int WQ_SKINNY_SLOTS = 8;   // 16-byte cp.async ring slots per lane (power of two)
 struct WqSkinnyArgs {

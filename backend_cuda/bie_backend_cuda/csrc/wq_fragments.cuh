@@ -1,5 +1,5 @@
-// Pieces shared by the weight-only kernels (weight_only.cu: small-M and skinny
-// kernels; wq_wgmma.cu: the Hopper wgmma kernel): 16-bit pair types, the magic
+// Pieces shared by the weight-only kernels (weight_only.cu: small-M kernel; wq_skinny.cu: skinny
+// kernel; wq_wgmma.cu: the Hopper wgmma kernel): 16-bit pair types, the magic
 // exponents that turn codes into exact fp16/bf16 values with one LOP3, the
 // A-fragment code extraction of the interleaved skinny layout, statistics
 // decoding and the cp.async helpers.

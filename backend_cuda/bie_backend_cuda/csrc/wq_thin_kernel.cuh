@@ -3,7 +3,7 @@
 // per-channel.
 //
 // Why another skinny kernel: at M <= 8 the work is reading the weights once,
-// and the skinny kernel (weight_only.cu) is issue-bound at ~104
+// and the skinny kernel (wq_skinny.cu) is issue-bound at ~104
 // instructions per 512-byte warp vector. This one spends its
 // instructions on the codes only:
 //   - every warp owns one 16-column block and a K range and streams, through its
