@@ -29,7 +29,7 @@ namespace bie {
 // the main loop has no barrier), WQ_SKINNY_SLOTS - 1 vectors in flight per lane.
 // A block (8 warps, 128 columns) stages its K slice of x and the slice's
 // statistics once; K is split over blockIdx.y with the deterministic
-// last-block reduction of the kernel above.
+// last-block reduction of the small-M kernel (weight_only.cu).
 template <int BITS, typename T, int NT, int FL, bool GPTQ>
 __global__ void __launch_bounds__(WQ_SKINNY_WARPS * 32, 2) wq_skinny_kernel(const WqSkinnyArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
