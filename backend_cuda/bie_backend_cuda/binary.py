@@ -225,7 +225,8 @@ GEMV_MAX_SMEM = 99 * 1024
 
 def gemv_smem(m: int, k: int) -> int:
     """The GEMV's shared memory for m rows of k features: their sign words in 16-byte chunks + popcounts."""
-    return m * (-(-(-(-k // 32)) // 4)) * 16 + 4 * m
+    words = -(-k // 32)
+    return m * (-(-words // 4)) * 16 + 4 * m
 
 
 #: The GEMV's GPU time grows with M * N * K (every block takes the signs of all rows, every warp multiplies its

@@ -82,7 +82,7 @@ def _table(device) -> tuple[dict, Path]:
     where = (gk, env.get("BIE_CUTLASS_CACHE"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
     known = _paths.get(where)
     if known is None:
-        path = _build.cache_root() / "tuning" / f"{gk}.json"
+        path = table_path(device)
         known = _paths[where] = (path, str(path))
     path, key = known
     table = _tables.get(key)

@@ -131,7 +131,8 @@ int smem_optin() {
 // zeroed on that stream (stream order puts the zeros before the launch that reads them; cudaMemset would queue them
 // on the legacy stream, which a non-blocking stream does not wait for), and kept: never freed, as a launch in flight
 // may still use a buffer that a larger layer outgrew. Only eager launches use them (never under graph capture, where
-// cudaMalloc would be illegal), so the cost is one map lookup a call.
+// cudaMalloc would be illegal), so the cost is one map lookup a call: here, not handed in from Python as the other
+// kernels' split-K semaphores are (weight_only._counters_for), whose lookup would cost the bound call host time.
 unsigned* thin_counters(cudaStream_t s, int64_t need) {
   static std::mutex mu;
   static auto* pool = new std::unordered_map<cudaStream_t, std::pair<unsigned*, int64_t>>[64];
