@@ -5,6 +5,7 @@
   infinite and NaN values, and scales that are not normal floats;
 * ``binary_linear_gemv`` (csrc/binary.cu): the signs of x + shift taken inside the GEMV, with x at the shift, K not a
   multiple of 8 or 32 and views of x;
+* the fused form of ``binary_linear_tc``'s bound call (the tensor-core GEMM taking the signs itself, 1-32 rows);
 * the layers' eager inference (QLinear, BinaryLinear) choosing them at few rows and computing what the full path
   computes.
 """
@@ -232,6 +233,66 @@ def test_binary_linear_gemv_rejects_bad_arguments():
         fn(torch.zeros(32, 25344, device="cuda"), None, cb._gemv_weight(pl), pl.popc, 25344, 16, None, None, None)
     with pytest.raises(RuntimeError, match="uint8 rows"):
         fn(torch.zeros(2, 64, device="cuda"), None, w, p.popc, 64, 16, None, None, None)   # rows of 8 bytes
+
+
+# ------------------------------------------------------------------ binary_linear_tc's fused form
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 64, 64), (3, 24, 100), (5, 33, 4099), (9, 7, 257),
+                                     (16, 130, 1000), (12, 4096, 4096), (17, 64, 999), (24, 33, 12288),
+                                     (32, 4099, 4096), (32, 200, 14336),
+                                     # the most K whose signs fit: 41 chunks of 32 rows, 83 of 16 rows
+                                     (32, 40, 20992), (16, 8, 42496)])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("epilogue", ["count", "scale"])
+def test_binary_linear_tc_fused_form_matches_the_reference(m, n, k, dtype, epilogue):
+    """The bound call's one-launch form of the tensor-core GEMM (the block takes the signs of x + shift into shared
+    memory itself) against the reference and against the two-launch form (pack kernel, then the same GEMM) bit for
+    bit, with x at the shift (the rounding of the sum decides bits), NaN and signed zeros, and set weight pad bits."""
+    from bie_backend_cpu.reference.binary import pack_signs
+    from bie_backend_cuda import _build
+    from bie_backend_cuda import binary as cb
+    from bie_core.backend_api import linear_scale
+    g = torch.Generator().manual_seed(m + n * 5 + k)
+    shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
+    x = (torch.randn(m, k, generator=g) * 1e-3).to(dtype) - shift
+    x.view(-1)[:3] = torch.tensor([0.0, float("nan"), -0.0]).to(dtype)[:x.numel()]
+    w = pack_signs(torch.randn(n, k, generator=g))
+    if k % 8:
+        w[:, -1] |= (0xFF << (k % 8)) & 0xFF
+    sa = sw = bias = None
+    out_dtype = None
+    if epilogue == "scale":
+        sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.1
+        bias, out_dtype = torch.randn(n, generator=g), dtype
+    want = _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype)
+    c = lambda t: None if t is None else t.cuda()   # noqa: E731
+    prepared = cb.prepare_weight(w.cuda(), k)
+    scale = None if sa is None else linear_scale(c(sa), c(sw))
+    fn = _build.direct().binary_linear_bound
+    xc, sc = x.cuda(), shift.cuda()
+    for shape in ((m, k), (1, m, k)):   # x of any rank, the output in its shape
+        for tile in (6, 0, 2):          # the fused form forced, chosen, and the two launches
+            got = fn(xc.view(shape), sc, prepared.bits, prepared.popc, k, n, scale, c(bias), out_dtype, tile)
+            assert got.shape == shape[:-1] + (n,)
+            _same(got.view(m, n), want)
+    # no shift: the signs of x itself
+    _same(fn(xc, None, prepared.bits, prepared.popc, k, n, scale, c(bias), out_dtype, 6),
+          _ref_binary_linear(x, None, w, k, sa, sw, bias, out_dtype))
+
+
+def test_binary_linear_tc_fused_form_refuses_what_does_not_fit():
+    from bie_backend_cuda import _build
+    from bie_backend_cuda import binary as cb
+    fn = _build.direct().binary_linear_bound
+    p = cb.prepare_weight(torch.zeros(16, 2640, dtype=torch.uint8, device="cuda"), 21120)
+    with pytest.raises(RuntimeError, match="fused form takes 1 to 32 rows"):
+        fn(torch.zeros(33, 64, device="cuda"), None, p.bits, p.popc, 64, 16, None, None, None, 6)
+    with pytest.raises(RuntimeError, match="fused form takes 1 to 32 rows"):   # 42 chunks of signs: past 99 KiB
+        fn(torch.zeros(32, 21120, device="cuda"), None, p.bits, p.popc, 21120, 16, None, None, None, 6)
+    # chosen (tile 0), the same calls take the two launches instead
+    for m, k in ((33, 64), (32, 21120)):
+        x = torch.randn(m, k, device="cuda")
+        assert torch.equal(fn(x, None, p.bits, p.popc, k, 16, None, None, None, 0),
+                           fn(x, None, p.bits, p.popc, k, 16, None, None, None, 2))
 
 
 # ------------------------------------------------------------------ the layers

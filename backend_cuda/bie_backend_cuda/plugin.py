@@ -92,7 +92,9 @@ def bie_register_kernels(registry):
         registry.register("binary_linear", binary.binary_linear, priority=PRIORITY, name="binary_linear_tc",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80),
                           prepare=binary.prepare_weight, prepare_static=("k",), bind=binary.bind_binary_linear,
-                          description="pack_signs(x + shift) kernel, then the 1-bit tensor-core GEMM")
+                          description="the 1-bit tensor-core GEMM; its bound call at 1-32 rows one launch that "
+                                      "takes the signs of x + shift into shared memory itself (the fused form), "
+                                      "otherwise a pack_signs(x + shift) kernel first")
     registry.register("binary_bmm", binary.binary_bmm, priority=PRIORITY, name="binary_bmm_tc",
                       capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80))
     registry.register("binary_bmm", binary.binary_bmm_simt, priority=SIMT_PRIORITY, name="binary_bmm_simt",

@@ -437,12 +437,59 @@ static const void* shifted_input(const Tensor& x, const std::optional<Tensor>& s
   return shift->data_ptr();
 }
 
+// The arguments of the one-launch binary_linear kernels (the GEMV, the tensor-core GEMM's fused form) and their
+// output: x's rows (rows_of) with the shift's pointer sp, w the prepared weight rows (n, >= kb16 bytes, 16-byte aligned
+// rows) and pw their popcounts; the epilogue as binary_mm's. `keep` holds the epilogue's contiguous copies while the
+// kernel is queued.
+struct FewRowCall {
+  bie::BinGemvArgs g{};
+  Tensor out;
+  std::pair<Tensor, Tensor> keep;
+};
+
+static FewRowCall few_row_call(const Tensor& x, const void* sp, const Tensor& w, const Tensor& pw, int64_t k,
+                               int64_t n, int64_t kb16, const std::optional<Tensor>& scale,
+                               const std::optional<Tensor>& bias, std::optional<at::ScalarType> out_dtype,
+                               const char* who) {
+  check_cuda(w, "w");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(0) == n && n >= 1 && w.size(1) >= kb16 &&
+                  (n == 1 || w.stride(0) % 16 == 0) && (w.size(1) <= 1 || w.stride(1) == 1) &&
+                  reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
+              "bie_cuda.", who, ": w must be (n, >= ", kb16, ") uint8 rows, 16-byte aligned, got ", w.sizes(),
+              " strides ", w.strides());
+  TORCH_CHECK(pw.scalar_type() == at::kInt && pw.is_contiguous() && pw.numel() == n && pw.device() == x.device() &&
+                  w.device() == x.device(),
+              "bie_cuda.", who, ": pw must be n contiguous int32 popcounts on x's device");
+  FewRowCall c;
+  const at::ScalarType odt = binary_out_dtype(out_dtype, who);
+  c.out = at::empty(rows_out_shape(x, n), x.options().dtype(odt));
+  bie::BinGemmArgs& p = c.g.gemm;
+  p.b = w.data_ptr<uint8_t>();
+  p.ldb = n > 1 ? w.stride(0) : kb16;
+  p.pw = pw.data_ptr<int32_t>();
+  p.M = (int)rows_of(x);
+  p.N = (int)n;
+  p.K = (int)k;
+  p.KB = (int)((k + 7) / 8);
+  p.out = c.out.data_ptr();
+  p.out_dtype = dtype_code(odt);
+  c.keep = set_scale_bias(p, scale, bias, odt, n, x.device(), who);
+  c.g.x = x.data_ptr();
+  c.g.shift = sp;
+  return c;
+}
+
+// The bound call's tile code for the tensor-core GEMM's fused form (tests force it; 0 takes it where it applies)
+constexpr int64_t kFusedTile = 6;
+
 // The binary linear layers' bound inference call (binary.py bind_binary_linear): in one call from Python what the
-// registered kernel does in several, with the same result bit for bit. x of any rank (rows_of): the sign bits of
-// x + shift (shift: k values in x's dtype) packed into rows padded with zero bytes to a multiple of 16, then the GEMM:
-// the mma.sync kernels on the weight bits w (tile >= 0: 0 chooses the tile), or the Hopper wgmma kernel on the weight
-// image w (tile < 0: blocks per cluster -1 - tile, 0 automatic). pw: the weight rows' popcounts; scale:
-// float32(act) * float32(weight).
+// registered kernel does in several, with the same result bit for bit. x of any rank (rows_of), shift k values in
+// x's dtype or none, pw the weight rows' popcounts, scale float32(act) * float32(weight). The GEMM:
+//   tile < 0: the Hopper wgmma kernel on the weight image w (blocks per cluster -1 - tile, 0 automatic), after the
+//     sign bits of x + shift are packed by a launch of their own;
+//   tile 0: at 1-32 rows (kBinTcFusedMaxM) where the signs fit in shared memory, the mma.sync GEMM's fused form on
+//     the weight bits w, one launch that takes the signs itself; otherwise as tile 1-5;
+//   tile 1-5: the sign packing, then the mma.sync GEMM with that tile (binary_mm); tile 6: the fused form, forced.
 Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
                            int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
                            std::optional<at::ScalarType> out_dtype, int64_t tile) {
@@ -450,6 +497,18 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
   const int64_t M = rows_of(x), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
   TORCH_CHECK(M < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
+  if (tile == 0 || tile == kFusedTile) {
+    const bool fits = M >= 1 && M <= bie::kBinTcFusedMaxM && n >= 1 && (n + 63) / 64 <= 65535 &&
+                      bie::binary_linear_tc_smem((int)M, (int)k) <= (size_t)bie::kBinGemvMaxSmem;
+    TORCH_CHECK(fits || tile == 0, "bie_cuda.binary_linear_bound: the fused form takes 1 to ", bie::kBinTcFusedMaxM,
+                " rows whose signs fit in ", bie::kBinGemvMaxSmem, " bytes of shared memory; got ", M, " rows of k=", k);
+    if (fits) {
+      FewRowCall c = few_row_call(x, sp, w, pw, k, n, KB, scale, bias, out_dtype, "binary_linear_bound");
+      check_launch(bie::launch_binary_linear_tc(c.g, dtype_code(x.scalar_type()), stream()),
+                   "binary_linear_bound (fused)");
+      return c.out;
+    }
+  }
   auto a = at::empty({M, KBp}, x.options().dtype(at::kByte));
   check_launch(bie::launch_pack_signs_shifted(x.data_ptr(), sp, dtype_code(x.scalar_type()), a.data_ptr<uint8_t>(), M,
                                               k, KBp, stream()),
@@ -469,7 +528,6 @@ Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, c
                           int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
                           std::optional<at::ScalarType> out_dtype) {
   const void* sp = shifted_input(x, shift, k, "binary_linear_gemv");
-  check_cuda(w, "w");
   TORCH_CHECK(k <= bie::kBinGemvMaxK, "bie_cuda.binary_linear_gemv: k must be at most ", bie::kBinGemvMaxK, ", got ", k);
   const int64_t M = rows_of(x);
   TORCH_CHECK(M >= 1 && M <= bie::kBinGemvMaxM, "bie_cuda.binary_linear_gemv: 1 to ", bie::kBinGemvMaxM,
@@ -478,33 +536,10 @@ Tensor binary_linear_gemv(const Tensor& x, const std::optional<Tensor>& shift, c
               " rows of k=", k, " take ", bie::binary_gemv_smem((int)M, (int)k), " bytes of shared memory, more than ",
               bie::kBinGemvMaxSmem, " (fewer rows or a shorter k)");
   const int64_t KB = (k + 7) / 8, KB16 = (KB + 15) / 16 * 16;
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(0) == n && n >= 1 && w.size(1) >= KB16 &&
-                  (n == 1 || w.stride(0) % 16 == 0) && (w.size(1) <= 1 || w.stride(1) == 1) &&
-                  reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0,
-              "bie_cuda.binary_linear_gemv: w must be (n, >= ", KB16, ") uint8 rows, 16-byte aligned, got ",
-              w.sizes(), " strides ", w.strides());
-  TORCH_CHECK(pw.scalar_type() == at::kInt && pw.is_contiguous() && pw.numel() == n && pw.device() == x.device() &&
-                  w.device() == x.device(),
-              "bie_cuda.binary_linear_gemv: pw must be n contiguous int32 popcounts on x's device");
   c10::cuda::CUDAGuard guard(x.device());
-  const at::ScalarType odt = binary_out_dtype(out_dtype, "binary_linear_gemv");
-  auto out = at::empty(rows_out_shape(x, n), x.options().dtype(odt));
-  bie::BinGemvArgs g{};
-  bie::BinGemmArgs& p = g.gemm;
-  p.b = w.data_ptr<uint8_t>();
-  p.ldb = n > 1 ? w.stride(0) : KB16;
-  p.pw = pw.data_ptr<int32_t>();
-  p.M = (int)M;
-  p.N = (int)n;
-  p.K = (int)k;
-  p.KB = (int)KB;
-  p.out = out.data_ptr();
-  p.out_dtype = dtype_code(odt);
-  const auto keep = set_scale_bias(p, scale, bias, odt, n, x.device(), "binary_linear_gemv");
-  g.x = x.data_ptr();
-  g.shift = sp;
-  check_launch(bie::launch_binary_gemv(g, dtype_code(x.scalar_type()), num_sms(), stream()), "binary_linear_gemv");
-  return out;
+  FewRowCall c = few_row_call(x, sp, w, pw, k, n, KB16, scale, bias, out_dtype, "binary_linear_gemv");
+  check_launch(bie::launch_binary_gemv(c.g, dtype_code(x.scalar_type()), num_sms(), stream()), "binary_linear_gemv");
+  return c.out;
 }
 
 Tensor sign_embedding(const Tensor& idx, const Tensor& bits, const Tensor& scale, int64_t dim, at::ScalarType dtype) {

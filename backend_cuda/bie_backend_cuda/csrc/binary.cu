@@ -92,6 +92,67 @@ __device__ __forceinline__ bool shifted_nonneg(T v, const T* shift, int64_t k) {
   return nonneg<T>(from_f32<T>(to_f32(v) + to_f32(shift[k])));
 }
 
+// The sign words of x + shift that the fused kernels (the GEMV below, the tensor-core GEMM's fused form) make for
+// themselves: a thread takes word k0 / 32 (32 consecutive features) of RB rows at once, the shift's 32 values loaded
+// once for them, and issues all its loads together (16-byte loads where x's rows and the shift are 16-byte aligned,
+// `vec`). Every block repeats this, so it must cost a few memory latencies: one element a lane and a ballot per word
+// (a latency per 4 words of a warp) took longer than the products, 50 us at 8 rows of 4096 features. The sum is
+// rounded to x's dtype before its sign is taken, as the unfused ops round it. Rows from m0 past M, and features
+// past K, give zero bits; `live` false gives zero words.
+template <typename T> __host__ __device__ constexpr int sign_rows() { return sizeof(T) == 2 ? 4 : 2; }
+
+template <typename T>
+__device__ __forceinline__ bool sign_words_vec(const T* x, const T* sh, int K) {
+  return (K * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(sh) % 16 == 0;
+}
+
+template <typename T, int RB>
+__device__ __forceinline__ void sign_words(const T* x, const T* sh, int M, int K, int m0, int64_t k0, bool vec,
+                                           bool live, uint32_t (&word)[RB]) {
+  constexpr int E = 16 / sizeof(T);   // elements of a 16-byte load
+#pragma unroll
+  for (int r = 0; r < RB; ++r) word[r] = 0;
+  if (!live || k0 >= K) return;
+  if (vec && k0 + 32 <= K) {
+    uint4 v[32 / E], u[RB][32 / E];
+    if (sh != nullptr) {
+#pragma unroll
+      for (int i = 0; i < 32 / E; ++i) v[i] = __ldg(reinterpret_cast<const uint4*>(sh + k0) + i);
+    }
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+      if (m0 + r < M) {
+#pragma unroll
+        for (int i = 0; i < 32 / E; ++i)
+          u[r][i] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)(m0 + r) * K + k0) + i);
+      }
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      if (m0 + r >= M) continue;
+#pragma unroll
+      for (int i = 0; i < 32 / E; ++i) {
+        const T* e = reinterpret_cast<const T*>(&u[r][i]);
+        const T* f = reinterpret_cast<const T*>(&v[i]);
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          const bool b = sh == nullptr ? nonneg<T>(e[j]) : nonneg<T>(from_f32<T>(to_f32(e[j]) + to_f32(f[j])));
+          word[r] |= (uint32_t)b << (i * E + j);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      if (m0 + r >= M) continue;
+      const T* row = x + (int64_t)(m0 + r) * K;
+#pragma unroll 8
+      for (int j = 0; j < 32; ++j)
+        if (k0 + j < K) word[r] |= (uint32_t)shifted_nonneg<T>(row[k0 + j], sh, k0 + j) << j;
+    }
+  }
+}
+
 template <typename T, bool VEC>
 __global__ void pack_signs_shifted_kernel(const T* __restrict__ x, const T* __restrict__ shift,
                                           uint8_t* __restrict__ out, int64_t rows, int64_t K, int64_t KBp) {
@@ -282,9 +343,17 @@ __device__ __forceinline__ void popc_finish(int* dst, int tid, int (&acc)[(ROWS 
   }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool PW, typename OT>
-__global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs p) {
+// XT = uint8_t: A is packed sign rows in global memory, staged with B through the cp.async ring. XT = float, __half
+// or __nv_bfloat16 (the fused form, binary_linear's bound call at few rows): A is g.x (M, K) with g.shift, and the
+// block makes the sign words of its BM rows over all of K itself (sign_words) into shared memory, where they stay
+// for the whole loop while B streams through the ring: one launch and no buffer for the signs, where the unfused
+// call packs them in a launch of its own. Its first B stages are issued before the sign phase, so the weight's
+// loads overlap it. Batch 1 only.
+template <int BM, int BN, int WM, int WN, int STAGES, bool PW, typename OT, typename XT = uint8_t>
+__global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr bool FUSED = !std::is_same<XT, uint8_t>::value;
+  const BinGemmArgs& p = args.gemm;
   constexpr int THREADS = WM * WN * 32;
   constexpr int TM = BM / WM, TN = BN / WN;
   constexpr int MT = TM / 16, NT = TN / 8;
@@ -292,8 +361,9 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
   constexpr int A_ST = BM * CK, B_ST = BN * CK;
   constexpr int PA_N = (BM * 4 + THREADS - 1) / THREADS, PB_N = (BN * 4 + THREADS - 1) / THREADS;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sA = smem;
-  uint8_t* sB = smem + STAGES * A_ST;
+  const int nchunks = (p.KB + CK - 1) / CK;
+  uint8_t* sA = smem;   // the ring's A stages, or (FUSED) all of the block's A chunks (fused_a_chunks)
+  uint8_t* sB = smem + (FUSED ? max(nchunks, STAGES) : STAGES) * A_ST;
   __shared__ int s_pa[BM];
   __shared__ int s_pb[BN];
 
@@ -303,7 +373,6 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
   const int bz = blockIdx.z;
   const uint8_t* A = p.a + bz * p.a_bs;
   const uint8_t* B = p.b + bz * p.b_bs;
-  const int nchunks = (p.KB + CK - 1) / CK;
 
   int acc[MT][NT][4];
 #pragma unroll
@@ -321,10 +390,29 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < nchunks) {
-      load_tile<BM, THREADS>(sA + s * A_ST, A, p.lda, m0, p.M, p.KB, s * CK, tid);
+      if (!FUSED) load_tile<BM, THREADS>(sA + s * A_ST, A, p.lda, m0, p.M, p.KB, s * CK, tid);
       load_tile<BN, THREADS>(sB + s * B_ST, B, p.ldb, n0, p.N, p.KB, s * CK, tid);
     }
     cp_async_commit();
+  }
+  if constexpr (FUSED) {
+    // word j of row r goes where load_tile would have put its bytes: chunk j / 16, 16-byte piece (j % 16) / 4.
+    // Words past K (to the last chunk's end) are zero, as the AND identity needs; the loop's first barrier orders
+    // these stores before any read of them.
+    constexpr int RB = sign_rows<XT>();
+    static_assert(BM % RB == 0, "the sign phase takes RB rows at once");
+    const XT* x = static_cast<const XT*>(args.x);
+    const XT* sh = static_cast<const XT*>(args.shift);
+    const bool vec = sign_words_vec<XT>(x, sh, p.K);
+    const int KW16 = nchunks * 16;   // words of a row in shared memory
+    for (int it = tid; it < BM / RB * KW16; it += THREADS) {
+      const int rb = it / KW16, j = it - rb * KW16;
+      uint32_t word[RB];
+      sign_words<XT, RB>(x, sh, p.M, p.K, m0 + rb * RB, (int64_t)j * 32, vec, true, word);
+#pragma unroll
+      for (int r = 0; r < RB; ++r)
+        *reinterpret_cast<uint32_t*>(sA + (j >> 4) * A_ST + swz(rb * RB + r, (j & 15) >> 2) + (j & 3) * 4) = word[r];
+    }
   }
 
   for (int kc = 0; kc < nchunks; ++kc) {
@@ -334,12 +422,12 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
       const int nk = kc + STAGES - 1;
       if (nk < nchunks) {
         const int st = nk % STAGES;
-        load_tile<BM, THREADS>(sA + st * A_ST, A, p.lda, m0, p.M, p.KB, nk * CK, tid);
+        if (!FUSED) load_tile<BM, THREADS>(sA + st * A_ST, A, p.lda, m0, p.M, p.KB, nk * CK, tid);
         load_tile<BN, THREADS>(sB + st * B_ST, B, p.ldb, n0, p.N, p.KB, nk * CK, tid);
       }
       cp_async_commit();
     }
-    const uint8_t* cA = sA + (kc % STAGES) * A_ST;
+    const uint8_t* cA = sA + (FUSED ? kc : kc % STAGES) * A_ST;
     const uint8_t* cB = sB + (kc % STAGES) * B_ST;
     popc_tile<BM, THREADS>(cA, tid, pa);
     if (!PW) popc_tile<BN, THREADS>(cB, tid, pb);
@@ -449,11 +537,13 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemmArgs
 #endif
 }
 
-template <void (*KERNEL)(const BinGemmArgs), int THREADS, int SMEM>
+template <void (*KERNEL)(const BinGemvArgs), int THREADS, int SMEM>
 static cudaError_t launch_tc_k(const BinGemmArgs& p, dim3 grid, cudaStream_t st) {
   cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(KERNEL), SMEM);
   if (e != cudaSuccess) return e;
-  KERNEL<<<grid, THREADS, SMEM, st>>>(p);
+  BinGemvArgs g{};
+  g.gemm = p;
+  KERNEL<<<grid, THREADS, SMEM, st>>>(g);
   BIE_LAUNCH_CHECK();
 }
 
@@ -495,6 +585,58 @@ cudaError_t launch_binary_gemm_tc(const BinGemmArgs& p, int batch, int tile, int
     case kF32: return launch_tile<float>(p, batch, tile, st);
     case kF16: return launch_tile<__half>(p, batch, tile, st);
     case kBF16: return launch_tile<__nv_bfloat16>(p, batch, tile, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// The fused form (binary_linear at 1-32 rows, x taken as it is): 16 or 32 rows a block, 64 weight rows, a 4-stage
+// ring for B. Shared memory: all of A's chunks (at least STAGES of them, the space the epilogue stages its tile in)
+// and the ring.
+constexpr int kFusedBN = 64, kFusedStages = 4;
+
+size_t binary_linear_tc_smem(int M, int K) {
+  const int bm = M <= 16 ? 16 : 32;
+  const int nchunks = ceil_div(ceil_div(K, 8), CK);
+  return (size_t)(std::max(nchunks, kFusedStages) * bm + kFusedStages * kFusedBN) * CK;
+}
+
+template <int BM, int WM, int WN, typename OT, typename XT>
+static cudaError_t launch_fused(const BinGemvArgs& g, int smem, cudaStream_t st) {
+  auto kernel = bgemm_tc_kernel<BM, kFusedBN, WM, WN, kFusedStages, true, OT, XT>;
+  const cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(kernel), smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<dim3(1u, (unsigned)ceil_div(g.gemm.N, kFusedBN), 1u), WM * WN * 32, smem, st>>>(g);
+  return cudaGetLastError();
+}
+
+template <typename XT, typename OT>
+static cudaError_t launch_fused_rows(const BinGemvArgs& g, int smem, cudaStream_t st) {
+  // 32 rows: eight warps of 16 x 16 (the sign phase, every block's, has twice the threads of the 16-row form)
+  return g.gemm.M <= 16 ? launch_fused<16, 1, 4, OT, XT>(g, smem, st) : launch_fused<32, 2, 4, OT, XT>(g, smem, st);
+}
+
+template <typename XT>
+static cudaError_t launch_fused_x(const BinGemvArgs& g, int smem, cudaStream_t st) {
+  switch (g.gemm.out_dtype) {
+    case kI32: return launch_fused_rows<XT, int32_t>(g, smem, st);
+    case kF32: return launch_fused_rows<XT, float>(g, smem, st);
+    case kF16: return launch_fused_rows<XT, __half>(g, smem, st);
+    case kBF16: return launch_fused_rows<XT, __nv_bfloat16>(g, smem, st);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_binary_linear_tc(const BinGemvArgs& g, int dtype, cudaStream_t st) {
+  const BinGemmArgs& p = g.gemm;
+  if (p.M < 1 || p.M > kBinTcFusedMaxM || p.N < 1 || p.K < 1 || p.pw == nullptr ||
+      ceil_div(p.N, kFusedBN) > 65535)
+    return cudaErrorInvalidValue;
+  const size_t smem = binary_linear_tc_smem(p.M, p.K);
+  if (smem > (size_t)kBinGemvMaxSmem) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case kF32: return launch_fused_x<float>(g, (int)smem, st);
+    case kF16: return launch_fused_x<__half>(g, (int)smem, st);
+    case kBF16: return launch_fused_x<__nv_bfloat16>(g, (int)smem, st);
   }
   return cudaErrorInvalidValue;
 }
@@ -606,63 +748,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32) binary_gemv_kernel(const BinG
   __syncthreads();
   const T* x = static_cast<const T*>(g.x);
   const T* sh = static_cast<const T*>(g.shift);
-  // the sign words. Every block repeats this phase, so it must cost a few memory latencies, not one per step: a
-  // thread takes word j (32 consecutive features) of RB rows at once, the shift's 32 values loaded once for them, and
-  // issues all its loads together (16-byte loads where x's rows and the shift are 16-byte aligned). One element a
-  // lane and a ballot per word (a latency per 4 words of a warp) took longer than the products, 50 us at 8 rows of
-  // 4096 features.
-  constexpr int E = 16 / sizeof(T);               // elements of a 16-byte load
-  constexpr int RB = sizeof(T) == 2 ? 4 : 2;      // rows a thread takes at once (its loads: (RB + 1) * 32 / E)
+  // the sign words (sign_words: all of a thread's loads in flight together)
+  constexpr int RB = sign_rows<T>();
   const int KW4 = KC * 4;                         // words of a row in shared memory (zero past K)
   const int items = (p.M + RB - 1) / RB * KW4;
-  const bool vec = (p.K * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(sh) % 16 == 0;
+  const bool vec = sign_words_vec<T>(x, sh, p.K);
   for (int base = 0; base < items; base += kGemvWarps * 32) {
     const int it = min(base + (int)threadIdx.x, items - 1);
     const int rb = it / KW4, m0 = rb * RB;
     const int64_t k0 = (int64_t)(it - rb * KW4) * 32;
     uint32_t word[RB];
-#pragma unroll
-    for (int r = 0; r < RB; ++r) word[r] = 0;
-    if (base + (int)threadIdx.x < items && k0 < p.K) {
-      if (vec && k0 + 32 <= p.K) {
-        uint4 v[32 / E], u[RB][32 / E];
-        if (sh != nullptr) {
-#pragma unroll
-          for (int i = 0; i < 32 / E; ++i) v[i] = __ldg(reinterpret_cast<const uint4*>(sh + k0) + i);
-        }
-#pragma unroll
-        for (int r = 0; r < RB; ++r)
-          if (m0 + r < p.M) {
-#pragma unroll
-            for (int i = 0; i < 32 / E; ++i)
-              u[r][i] = __ldg(reinterpret_cast<const uint4*>(x + (int64_t)(m0 + r) * p.K + k0) + i);
-          }
-#pragma unroll
-        for (int r = 0; r < RB; ++r) {
-          if (m0 + r >= p.M) continue;
-#pragma unroll
-          for (int i = 0; i < 32 / E; ++i) {
-            const T* e = reinterpret_cast<const T*>(&u[r][i]);
-            const T* f = reinterpret_cast<const T*>(&v[i]);
-#pragma unroll
-            for (int j = 0; j < E; ++j) {
-              const bool b = sh == nullptr ? nonneg<T>(e[j]) : nonneg<T>(from_f32<T>(to_f32(e[j]) + to_f32(f[j])));
-              word[r] |= (uint32_t)b << (i * E + j);
-            }
-          }
-        }
-      } else {
-#pragma unroll
-        for (int r = 0; r < RB; ++r) {
-          if (m0 + r >= p.M) continue;
-          const T* row = x + (int64_t)(m0 + r) * p.K;
-#pragma unroll 8
-          for (int j = 0; j < 32; ++j)
-            if (k0 + j < p.K) word[r] |= (uint32_t)shifted_nonneg<T>(row[k0 + j], sh, k0 + j) << j;
-        }
-      }
-    }
+    sign_words<T, RB>(x, sh, p.M, p.K, m0, k0, vec, base + (int)threadIdx.x < items, word);
     const bool mine = base + (int)threadIdx.x < items;
 #pragma unroll
     for (int r = 0; r < RB; ++r)
