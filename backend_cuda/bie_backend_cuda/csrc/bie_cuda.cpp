@@ -498,13 +498,15 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
   TORCH_CHECK(M < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
   if (tile == 0 || tile == kFusedTile) {
-    const bool fits = M >= 1 && M <= bie::kBinTcFusedMaxM && n >= 1 && (n + 63) / 64 <= 65535 &&
+    const bool fits = M >= 1 && M <= bie::kBinTcFusedMaxM && n >= 1 &&
                       bie::binary_linear_tc_smem((int)M, (int)k) <= (size_t)bie::kBinGemvMaxSmem;
     TORCH_CHECK(fits || tile == 0, "bie_cuda.binary_linear_bound: the fused form takes 1 to ", bie::kBinTcFusedMaxM,
                 " rows whose signs fit in ", bie::kBinGemvMaxSmem, " bytes of shared memory; got ", M, " rows of k=", k);
     if (fits) {
       FewRowCall c = few_row_call(x, sp, w, pw, k, n, KB, scale, bias, out_dtype, "binary_linear_bound");
-      check_launch(bie::launch_binary_linear_tc(c.g, dtype_code(x.scalar_type()), stream()),
+      int major = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device());
+      check_launch(bie::launch_binary_linear_tc(c.g, dtype_code(x.scalar_type()), major, stream()),
                    "binary_linear_bound (fused)");
       return c.out;
     }

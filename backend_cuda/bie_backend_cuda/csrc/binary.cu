@@ -13,6 +13,7 @@
 
 #include "b1_common.cuh"
 #include "common.cuh"
+#include "hopper.cuh"
 
 namespace bie {
 
@@ -344,11 +345,14 @@ __device__ __forceinline__ void popc_finish(int* dst, int tid, int (&acc)[(ROWS 
 }
 
 // XT = uint8_t: A is packed sign rows in global memory, staged with B through the cp.async ring. XT = float, __half
-// or __nv_bfloat16 (the fused form, binary_linear's bound call at few rows): A is g.x (M, K) with g.shift, and the
-// block makes the sign words of its BM rows over all of K itself (sign_words) into shared memory, where they stay
-// for the whole loop while B streams through the ring: one launch and no buffer for the signs, where the unfused
-// call packs them in a launch of its own. Its first B stages are issued before the sign phase, so the weight's
-// loads overlap it. Batch 1 only.
+// or __nv_bfloat16 (the fused form, binary_linear's bound call at few rows): A is args.x (M <= BM rows, K) with
+// args.shift, and the block's sign words of all of K are made in the launch (sign_words) into shared memory, where
+// they stay for the whole loop while B streams through the ring: one launch and no buffer for the signs, where the
+// unfused call packs them in a launch of its own. The blocks lie along N (blockIdx.x), batch 1. On sm_90 they run in
+// clusters, and each block of a cluster makes every cluster-size-th chunk of the signs and stores it into the shared
+// memory of all of them: the sign phase is repeated once per cluster, not once per block (made by every block, it
+// took 15 us at 32 rows of 4096x4096 against the two launches' 9). The first B stages are issued before it, so the
+// weight's loads overlap it.
 template <int BM, int BN, int WM, int WN, int STAGES, bool PW, typename OT, typename XT = uint8_t>
 __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -369,7 +373,7 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const int m0 = FUSED ? 0 : blockIdx.x * BM, n0 = (FUSED ? blockIdx.x : blockIdx.y) * BN;
   const int bz = blockIdx.z;
   const uint8_t* A = p.a + bz * p.a_bs;
   const uint8_t* B = p.b + bz * p.b_bs;
@@ -400,19 +404,30 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs
     // Words past K (to the last chunk's end) are zero, as the AND identity needs; the loop's first barrier orders
     // these stores before any read of them.
     constexpr int RB = sign_rows<XT>();
+    constexpr int PER_CHUNK = BM / RB * 16;   // items of a chunk: RB rows of one of its 16 words
     static_assert(BM % RB == 0, "the sign phase takes RB rows at once");
     const XT* x = static_cast<const XT*>(args.x);
     const XT* sh = static_cast<const XT*>(args.shift);
     const bool vec = sign_words_vec<XT>(x, sh, p.K);
-    const int KW16 = nchunks * 16;   // words of a row in shared memory
-    for (int it = tid; it < BM / RB * KW16; it += THREADS) {
-      const int rb = it / KW16, j = it - rb * KW16;
+    const int cl = (int)hop::cluster_size(), rank = (int)hop::cluster_rank();
+    const int mine = (nchunks - rank + cl - 1) / cl;   // chunks rank, rank + cl, ...
+    for (int it = tid; it < mine * PER_CHUNK; it += THREADS) {
+      const int c = rank + it / PER_CHUNK * cl, rem = it % PER_CHUNK;
+      const int rb = rem / 16, j = c * 16 + rem % 16;
       uint32_t word[RB];
-      sign_words<XT, RB>(x, sh, p.M, p.K, m0 + rb * RB, (int64_t)j * 32, vec, true, word);
+      sign_words<XT, RB>(x, sh, p.M, p.K, rb * RB, (int64_t)j * 32, vec, true, word);
 #pragma unroll
-      for (int r = 0; r < RB; ++r)
-        *reinterpret_cast<uint32_t*>(sA + (j >> 4) * A_ST + swz(rb * RB + r, (j & 15) >> 2) + (j & 3) * 4) = word[r];
+      for (int r = 0; r < RB; ++r) {
+        uint8_t* dst = sA + c * A_ST + swz(rb * RB + r, (j & 15) >> 2) + (j & 3) * 4;
+        if (cl == 1) {
+          *reinterpret_cast<uint32_t*>(dst) = word[r];
+        } else {
+          for (int b = 0; b < cl; ++b) hop::st_shared_cluster(smem_u32(dst), b, word[r]);
+        }
+      }
     }
+    // every block's stores into every other's are done before any block reads its signs (or leaves)
+    if (cl > 1) hop::cluster_sync();
   }
 
   for (int kc = 0; kc < nchunks; ++kc) {
@@ -600,43 +615,67 @@ size_t binary_linear_tc_smem(int M, int K) {
   return (size_t)(std::max(nchunks, kFusedStages) * bm + kFusedStages * kFusedBN) * CK;
 }
 
+// cluster: blocks per cluster (1: a plain launch; sm_90: up to 8, the portable most), the grid rounded up to a whole
+// number of clusters (a block past N makes its share of the signs and stores nothing)
 template <int BM, int WM, int WN, typename OT, typename XT>
-static cudaError_t launch_fused(const BinGemvArgs& g, int smem, cudaStream_t st) {
+static cudaError_t launch_fused(const BinGemvArgs& g, int smem, int cluster, cudaStream_t st) {
   auto kernel = bgemm_tc_kernel<BM, kFusedBN, WM, WN, kFusedStages, true, OT, XT>;
-  const cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(kernel), smem);
+  cudaError_t e = bie::set_smem_limit(reinterpret_cast<const void*>(kernel), smem);
   if (e != cudaSuccess) return e;
-  kernel<<<dim3(1u, (unsigned)ceil_div(g.gemm.N, kFusedBN), 1u), WM * WN * 32, smem, st>>>(g);
-  return cudaGetLastError();
+  const unsigned blocks = (unsigned)(ceil_div(ceil_div(g.gemm.N, kFusedBN), cluster) * cluster);
+  if (cluster == 1) {
+    kernel<<<blocks, WM * WN * 32, smem, st>>>(g);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(blocks, 1, 1);
+  cfg.blockDim = dim3(WM * WN * 32, 1, 1);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, g);
 }
 
 template <typename XT, typename OT>
-static cudaError_t launch_fused_rows(const BinGemvArgs& g, int smem, cudaStream_t st) {
+static cudaError_t launch_fused_rows(const BinGemvArgs& g, int smem, int cluster, cudaStream_t st) {
   // 32 rows: eight warps of 16 x 16 (the sign phase, every block's, has twice the threads of the 16-row form)
-  return g.gemm.M <= 16 ? launch_fused<16, 1, 4, OT, XT>(g, smem, st) : launch_fused<32, 2, 4, OT, XT>(g, smem, st);
+  return g.gemm.M <= 16 ? launch_fused<16, 1, 4, OT, XT>(g, smem, cluster, st)
+                          : launch_fused<32, 2, 4, OT, XT>(g, smem, cluster, st);
 }
 
 template <typename XT>
-static cudaError_t launch_fused_x(const BinGemvArgs& g, int smem, cudaStream_t st) {
+static cudaError_t launch_fused_x(const BinGemvArgs& g, int smem, int cluster, cudaStream_t st) {
   switch (g.gemm.out_dtype) {
-    case kI32: return launch_fused_rows<XT, int32_t>(g, smem, st);
-    case kF32: return launch_fused_rows<XT, float>(g, smem, st);
-    case kF16: return launch_fused_rows<XT, __half>(g, smem, st);
-    case kBF16: return launch_fused_rows<XT, __nv_bfloat16>(g, smem, st);
+    case kI32: return launch_fused_rows<XT, int32_t>(g, smem, cluster, st);
+    case kF32: return launch_fused_rows<XT, float>(g, smem, cluster, st);
+    case kF16: return launch_fused_rows<XT, __half>(g, smem, cluster, st);
+    case kBF16: return launch_fused_rows<XT, __nv_bfloat16>(g, smem, cluster, st);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_binary_linear_tc(const BinGemvArgs& g, int dtype, cudaStream_t st) {
+cudaError_t launch_binary_linear_tc(const BinGemvArgs& g, int dtype, int cc_major, cudaStream_t st) {
   const BinGemmArgs& p = g.gemm;
   if (p.M < 1 || p.M > kBinTcFusedMaxM || p.N < 1 || p.K < 1 || p.pw == nullptr ||
-      ceil_div(p.N, kFusedBN) > 65535)
+      ceil_div(p.N, kFusedBN) > (1 << 30))
     return cudaErrorInvalidValue;
   const size_t smem = binary_linear_tc_smem(p.M, p.K);
   if (smem > (size_t)kBinGemvMaxSmem) return cudaErrorInvalidValue;
+  // clusters of up to 8 blocks on sm_90 (a power of two no larger than the blocks there are: the padding blocks of
+  // the last cluster only make signs)
+  int cluster = 1;
+  if (cc_major == 9)
+    while (cluster < 8 && 2 * cluster <= ceil_div(p.N, kFusedBN)) cluster *= 2;
   switch (dtype) {
-    case kF32: return launch_fused_x<float>(g, (int)smem, st);
-    case kF16: return launch_fused_x<__half>(g, (int)smem, st);
-    case kBF16: return launch_fused_x<__nv_bfloat16>(g, (int)smem, st);
+    case kF32: return launch_fused_x<float>(g, (int)smem, cluster, st);
+    case kF16: return launch_fused_x<__half>(g, (int)smem, cluster, st);
+    case kBF16: return launch_fused_x<__nv_bfloat16>(g, (int)smem, cluster, st);
   }
   return cudaErrorInvalidValue;
 }

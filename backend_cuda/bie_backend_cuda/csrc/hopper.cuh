@@ -129,6 +129,21 @@ __device__ __forceinline__ uint32_t cluster_count_x() {
   BIE_SM90_ASM("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
   return r;
 }
+// the blocks of this block's cluster (1 where clusters do not exist)
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t r = 1;
+  BIE_SM90_ASM("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
+// a 32-bit store to the same shared-memory offset in block `rank` of the cluster
+__device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t rank, uint32_t v) {
+  BIE_SM90_ASM(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "st.shared::cluster.u32 [remote], %2;\n}\n" ::"r"(addr),
+      "r"(rank), "r"(v)
+      : "memory");
+}
 // every thread of every block of the cluster arrives, then waits (memory ordered across the cluster)
 __device__ __forceinline__ void cluster_sync() {
   BIE_SM90_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");

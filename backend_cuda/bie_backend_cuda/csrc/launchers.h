@@ -48,12 +48,13 @@ constexpr int kBinGemvMaxK = 40960;
 constexpr int kBinGemvMaxSmem = 99 * 1024;
 cudaError_t launch_binary_gemv(const BinGemvArgs& g, int dtype, int num_sms, cudaStream_t st);
 // binary_linear for 1-32 rows on the 1-bit tensor cores in one launch (binary.cu, bgemm_tc_kernel's fused form):
-// each block makes the sign words of x + shift itself and keeps them in shared memory for the whole product, the
+// the blocks make the sign words of x + shift themselves (cc_major 9: shared by a cluster's blocks through
+// distributed shared memory) and keep them in shared memory for the whole product, the
 // weight as launch_binary_gemv's (gemm.pw its popcounts); shared memory as binary_linear_tc_smem, at most
 // kBinGemvMaxSmem (32 rows: K <= 20992, 16 rows: K <= 42496).
 constexpr int kBinTcFusedMaxM = 32;
 size_t binary_linear_tc_smem(int M, int K);
-cudaError_t launch_binary_linear_tc(const BinGemvArgs& g, int dtype, cudaStream_t st);
+cudaError_t launch_binary_linear_tc(const BinGemvArgs& g, int dtype, int cc_major, cudaStream_t st);
 // sm_90a: b = the prepared wgmma weight image (binary_wgmma.cu), pw required, batch 1; cluster 0 (auto), 1, 2, 4
 cudaError_t launch_binary_gemm_wgmma(const BinGemmArgs& p, int cluster, int num_sms, cudaStream_t st);
 cudaError_t launch_sign_embedding(const void* idx, bool idx64, const uint8_t* bits, int64_t ldb, const void* scale,
