@@ -230,19 +230,30 @@ def gemv_smem(m: int, k: int) -> int:
 
 
 #: The GEMV's GPU time grows with M * N * K (every block takes the signs of all rows, every warp multiplies its
-#: channels' rows by all of them on the CUDA cores): up to this many it stays under the host time of the two-launch
-#: call (the pack kernel, then the tensor-core GEMM: about 20 us on the H200), past it the two launches are faster
-#: in GPU time and in an eager loop too (H200: 4096x4096 at 16 rows 13.9 us, at 32 rows 23.5 us, against the
-#: tensor-core path's 6.6 and 9.2 us GPU time; 4096x14336 at 8 rows 38.7 us against 8.2).
+#: channels' rows by all of them on the CUDA cores). Up to GEMV_MAX_WORK it stays under the host time of the
+#: tensor-core GEMM's two-launch call (the pack kernel, then the GEMM: about 20 us on the H200); past it the two
+#: launches are faster in GPU time and in an eager loop too (H200: 4096x4096 at 16 rows 13.9 us, at 32 rows 23.5 us,
+#: against the tensor-core path's 6.6 and 9.2 us GPU time; 4096x14336 at 8 rows 38.7 us against 8.2).
 GEMV_MAX_WORK = 1 << 28
+#: On sm_90 the tensor-core GEMM's bound call at 1-32 rows is one launch as well (its fused form, the sign phase
+#: shared by a cluster's blocks): the host time is the GEMV's, so GPU time decides, and the GEMV keeps only the
+#: smallest products (H200, GPU µs GEMV / fused: 4096x4096 at 4 rows 7.1 / 6.8, at 8 rows 8.6 / 6.9, at 16 rows
+#: 14.0 / 7.6; 14336x4096 at 1 row 10.1 / 12.9; 1024x1024 at 8 rows 6.9 / 5.6; benchmarks/results/binary_gemv_cuda.md).
+GEMV_MAX_WORK_SM90 = 1 << 26
+
+
+def gemv_max_work(p) -> int:
+    cc = p.compute_capability
+    return GEMV_MAX_WORK_SM90 if cc is not None and cc[0] == 9 else GEMV_MAX_WORK
 
 
 def gemv_faster_elsewhere(p) -> Optional[str]:
     m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    if m * n * k <= GEMV_MAX_WORK:
+    limit = gemv_max_work(p)
+    if m * n * k <= limit:
         return None
-    return (f"M*N*K={m * n * k} > {GEMV_MAX_WORK}: the GEMV's GPU time would pass the two-launch call's host time "
-            "(the tensor-core GEMM is faster there)")
+    return (f"M*N*K={m * n * k} > {limit}: the tensor-core GEMM is faster in GPU time there, and its host time is "
+            "no worse than the GEMV's")
 
 
 def check_gemv(p) -> Optional[str]:
