@@ -319,8 +319,10 @@ def test_qlinear_eager_inference_is_the_fused_gemv(bits, m):
     assert chosen["quantize_int"] == "cuda:quantize_int"
 
 
-@pytest.mark.parametrize("m", [1, 8, 12, 32])
-def test_binary_linear_eager_inference_is_the_fused_gemv(m):
+@pytest.mark.parametrize("m", [1, 4, 8, 12, 32])
+def test_binary_linear_eager_inference_is_one_launch(m):
+    """BinaryLinear's eager inference at 1-32 rows: the GEMV, or on sm_90 past 4 rows the tensor-core GEMM's fused
+    form (both one launch that takes the signs itself), computing what the full path computes."""
     import bie_core
     from bie_core import BinaryLinear
     torch.manual_seed(m)
@@ -333,19 +335,21 @@ def test_binary_linear_eager_inference_is_the_fused_gemv(m):
     for _ in range(3):
         with torch.inference_mode():
             assert torch.equal(layer(x), full)
+    gemv = m <= 4 or torch.cuda.get_device_capability()[0] != 9
     with torch.inference_mode():
-        assert bie_core.explain(layer, x).chosen()["binary_linear"] == "cuda:binary_linear_gemv"
+        assert bie_core.explain(layer, x).chosen()["binary_linear"] == \
+            ("cuda:binary_linear_gemv" if gemv else "cuda:binary_linear_tc")
 
 
 def test_binary_linear_gemv_leaves_big_products_to_the_gemm():
-    """Past GEMV_MAX_WORK (M * N * K; GEMV_MAX_WORK_SM90 on sm_90) automatic selection takes the tensor-core GEMM
-    (faster in GPU time there); the GEMV still serves one row of the same layer, and runs where it is asked for by
-    name."""
+    """Past GEMV_MAX_WORK (M * N * K; on sm_90 past 4 rows, 4096 outputs or GEMV_MAX_WORK_SM90) automatic selection
+    takes the tensor-core GEMM (faster in GPU time there); the GEMV still serves one row of the same layer, and runs
+    where it is asked for by name."""
     import bie_core
     from bie_backend_cuda import binary as cb
     from bie_core import BinaryLinear
-    layer = BinaryLinear(4096, 14336).to(device="cuda", dtype=torch.float16).eval()
-    x8, x1 = (torch.randn(m, 4096, device="cuda", dtype=torch.float16) for m in (8, 1))
+    layer = BinaryLinear(14336, 4096).to(device="cuda", dtype=torch.float16).eval()
+    x8, x1 = (torch.randn(m, 14336, device="cuda", dtype=torch.float16) for m in (8, 1))
     limit = cb.GEMV_MAX_WORK_SM90 if torch.cuda.get_device_capability()[0] == 9 else cb.GEMV_MAX_WORK
     assert 8 * 14336 * 4096 > limit >= 14336 * 4096
     with torch.inference_mode():

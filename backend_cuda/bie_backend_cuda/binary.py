@@ -237,23 +237,24 @@ def gemv_smem(m: int, k: int) -> int:
 GEMV_MAX_WORK = 1 << 28
 #: On sm_90 the tensor-core GEMM's bound call at 1-32 rows is one launch as well (its fused form, the sign phase
 #: shared by a cluster's blocks): the host time is the GEMV's, so GPU time decides, and the GEMV keeps only the
-#: smallest products (H200, GPU µs GEMV / fused: 4096x4096 at 4 rows 7.1 / 6.8, at 8 rows 8.6 / 6.9, at 16 rows
-#: 14.0 / 7.6; 14336x4096 at 1 row 10.1 / 12.9; 1024x1024 at 8 rows 6.9 / 5.6; benchmarks/results/binary_gemv_cuda.md).
-GEMV_MAX_WORK_SM90 = 1 << 26
-
-
-def gemv_max_work(p) -> int:
-    cc = p.compute_capability
-    return GEMV_MAX_WORK_SM90 if cc is not None and cc[0] == 9 else GEMV_MAX_WORK
+#: fewest rows of layers of at most 4096 outputs (H200, GPU µs GEMV / fused: 4096x4096 at 4 rows 7.1 / 6.8, at 8
+#: rows 8.6 / 6.9, at 16 rows 14.0 / 7.6; 14336x4096 at one row 10.1 / 12.9; 4096x14336 at one row 10.9 / 7.7;
+#: 1024x1024 at 8 rows 6.9 / 5.6, at 32 rows 13.2 / 6.5; benchmarks/results/binary_gemv_cuda.md).
+GEMV_MAX_M_SM90, GEMV_MAX_N_SM90, GEMV_MAX_WORK_SM90 = 4, 4096, 1 << 26
 
 
 def gemv_faster_elsewhere(p) -> Optional[str]:
     m, n, k = p.dims.get("M", 0), p.dims.get("N", 0), p.dims.get("K", 0)
-    limit = gemv_max_work(p)
-    if m * n * k <= limit:
+    cc = p.compute_capability
+    if cc is not None and cc[0] == 9:
+        if m <= GEMV_MAX_M_SM90 and n <= GEMV_MAX_N_SM90 and m * n * k <= GEMV_MAX_WORK_SM90:
+            return None
+        return (f"M={m}, N={n}, M*N*K={m * n * k}: past {GEMV_MAX_M_SM90} rows, {GEMV_MAX_N_SM90} outputs or "
+                f"{GEMV_MAX_WORK_SM90} the tensor-core GEMM's one-launch form is faster in GPU time")
+    if m * n * k <= GEMV_MAX_WORK:
         return None
-    return (f"M*N*K={m * n * k} > {limit}: the tensor-core GEMM is faster in GPU time there, and its host time is "
-            "no worse than the GEMV's")
+    return (f"M*N*K={m * n * k} > {GEMV_MAX_WORK}: the GEMV's GPU time would pass the two-launch call's host time "
+            "(the tensor-core GEMM is faster there)")
 
 
 def check_gemv(p) -> Optional[str]:
