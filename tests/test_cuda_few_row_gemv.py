@@ -183,6 +183,24 @@ def _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype):
     return binary_linear(x.cpu(), c(shift), w.cpu(), k, c(sa), c(sw), c(bias), out_dtype)
 
 
+def _binary_case(m, n, k, dtype, epilogue, g):
+    """(x, shift, w, sa, sw, bias, out_dtype) of a binary_linear call: x near -shift, so that the rounding of
+    x + shift decides bits, with a zero, a NaN and a negative zero; the weight's bits past k in its last byte set (the
+    op's contract lets them be set, they must not count); epilogue "count" (the int32 dot) or "scale"."""
+    from bie_backend_cpu.reference.binary import pack_signs
+    shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
+    x = (torch.randn(m, k, generator=g) * 1e-3).to(dtype) - shift
+    x.view(-1)[:3] = torch.tensor([0.0, float("nan"), -0.0]).to(dtype)[:x.numel()]
+    w = pack_signs(torch.randn(n, k, generator=g))
+    if k % 8:
+        w[:, -1] |= (0xFF << (k % 8)) & 0xFF
+    sa = sw = bias = out_dtype = None
+    if epilogue == "scale":
+        sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.1
+        bias, out_dtype = torch.randn(n, generator=g), dtype
+    return x, shift, w, sa, sw, bias, out_dtype
+
+
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 64, 64), (3, 24, 100), (8, 200, 1000), (2, 4096, 4096),
                                      (5, 33, 4099), (8, 16, 40960),
                                      # 9-16 and 17-32 rows: the 16- and 32-row accumulators, their shuffle
@@ -192,21 +210,9 @@ def _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("epilogue", ["count", "scale"])
 def test_binary_linear_gemv_matches_the_reference(m, n, k, dtype, epilogue):
-    from bie_backend_cpu.reference.binary import pack_signs
     from bie_backend_cuda import binary as cb
     g = torch.Generator().manual_seed(m + n * 3 + k)
-    shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
-    # near the shift, so that the rounding of x + shift decides bits
-    x = (torch.randn(m, k, generator=g) * 1e-3).to(dtype) - shift
-    x.view(-1)[:3] = torch.tensor([0.0, float("nan"), -0.0]).to(dtype)[:x.numel()]
-    w = pack_signs(torch.randn(n, k, generator=g))
-    if k % 8:   # set bits past k in the last byte: the op's contract lets them be set, they must not count
-        w[:, -1] |= (0xFF << (k % 8)) & 0xFF
-    sa = sw = bias = None
-    out_dtype = None
-    if epilogue == "scale":
-        sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.1
-        bias, out_dtype = torch.randn(n, generator=g), dtype
+    x, shift, w, sa, sw, bias, out_dtype = _binary_case(m, n, k, dtype, epilogue, g)
     want = _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype)
     c = lambda t: None if t is None else t.cuda()   # noqa: E731
     prepared = cb.prepare_weight(w.cuda(), k)
@@ -247,22 +253,11 @@ def test_binary_linear_tc_fused_form_matches_the_reference(m, n, k, dtype, epilo
     """The bound call's one-launch form of the tensor-core GEMM (the block takes the signs of x + shift into shared
     memory itself) against the reference and against the two-launch form (pack kernel, then the same GEMM) bit for
     bit, with x at the shift (the rounding of the sum decides bits), NaN and signed zeros, and set weight pad bits."""
-    from bie_backend_cpu.reference.binary import pack_signs
     from bie_backend_cuda import _build
     from bie_backend_cuda import binary as cb
     from bie_core.backend_api import linear_scale
     g = torch.Generator().manual_seed(m + n * 5 + k)
-    shift = (torch.randn(k, generator=g) * 0.3).to(dtype)
-    x = (torch.randn(m, k, generator=g) * 1e-3).to(dtype) - shift
-    x.view(-1)[:3] = torch.tensor([0.0, float("nan"), -0.0]).to(dtype)[:x.numel()]
-    w = pack_signs(torch.randn(n, k, generator=g))
-    if k % 8:
-        w[:, -1] |= (0xFF << (k % 8)) & 0xFF
-    sa = sw = bias = None
-    out_dtype = None
-    if epilogue == "scale":
-        sa, sw = torch.rand((), generator=g) + 0.5, torch.rand(n, generator=g) + 0.1
-        bias, out_dtype = torch.randn(n, generator=g), dtype
+    x, shift, w, sa, sw, bias, out_dtype = _binary_case(m, n, k, dtype, epilogue, g)
     want = _ref_binary_linear(x, shift, w, k, sa, sw, bias, out_dtype)
     c = lambda t: None if t is None else t.cuda()   # noqa: E731
     prepared = cb.prepare_weight(w.cuda(), k)
