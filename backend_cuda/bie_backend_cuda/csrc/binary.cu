@@ -96,7 +96,7 @@ __device__ __forceinline__ bool shifted_nonneg(T v, const T* shift, int64_t k) {
 // The sign words of x + shift that the fused kernels (the GEMV below, the tensor-core GEMM's fused form) make for
 // themselves: a thread takes word k0 / 32 (32 consecutive features) of RB rows at once, the shift's 32 values loaded
 // once for them, and issues all its loads together (16-byte loads where x's rows and the shift are 16-byte aligned,
-// `vec`). Every block repeats this, so it must cost a few memory latencies: one element a lane and a ballot per word
+// `vec`). Every block (or cluster) repeats this, so it must cost a few memory latencies: one element a lane and a ballot per word
 // (a latency per 4 words of a warp) took longer than the products, 50 us at 8 rows of 4096 features. The sum is
 // rounded to x's dtype before its sign is taken, as the unfused ops round it. Rows from m0 past M, and features
 // past K, give zero bits; `live` false gives zero words.
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs
   constexpr int PA_N = (BM * 4 + THREADS - 1) / THREADS, PB_N = (BN * 4 + THREADS - 1) / THREADS;
   extern __shared__ __align__(128) uint8_t smem[];
   const int nchunks = (p.KB + CK - 1) / CK;
-  uint8_t* sA = smem;   // the ring's A stages, or (FUSED) all of the block's A chunks (fused_a_chunks)
+  uint8_t* sA = smem;   // the ring's A stages, or (FUSED) all of A's chunks (binary_linear_tc_smem)
   uint8_t* sB = smem + (FUSED ? max(nchunks, STAGES) : STAGES) * A_ST;
   __shared__ int s_pa[BM];
   __shared__ int s_pb[BN];
@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs
   }
   if constexpr (FUSED) {
     // word j of row r goes where load_tile would have put its bytes: chunk j / 16, 16-byte piece (j % 16) / 4.
-    // Words past K (to the last chunk's end) are zero, as the AND identity needs; the loop's first barrier orders
-    // these stores before any read of them.
+    // Words past K (to the last chunk's end) are zero, as the AND identity needs; the cluster barrier below (one
+    // block: the loop's first barrier) orders these stores before any read of them.
     constexpr int RB = sign_rows<XT>();
     constexpr int PER_CHUNK = BM / RB * 16;   // items of a chunk: RB rows of one of its 16 words
     static_assert(BM % RB == 0, "the sign phase takes RB rows at once");
