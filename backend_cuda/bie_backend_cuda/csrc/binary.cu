@@ -378,6 +378,10 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs
   const uint8_t* A = p.a + bz * p.a_bs;
   const uint8_t* B = p.b + bz * p.b_bs;
 
+  // (FUSED, in a cluster) this block has started: the others may write its shared memory once they all have
+  const int cl = FUSED ? (int)hop::cluster_size() : 1;
+  if (cl > 1) hop::cluster_arrive_relaxed();
+
   int acc[MT][NT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
@@ -409,8 +413,9 @@ __global__ void __launch_bounds__(WM* WN * 32) bgemm_tc_kernel(const BinGemvArgs
     const XT* x = static_cast<const XT*>(args.x);
     const XT* sh = static_cast<const XT*>(args.shift);
     const bool vec = sign_words_vec<XT>(x, sh, p.K);
-    const int cl = (int)hop::cluster_size(), rank = (int)hop::cluster_rank();
+    const int rank = (int)hop::cluster_rank();
     const int mine = (nchunks - rank + cl - 1) / cl;   // chunks rank, rank + cl, ...
+    if (cl > 1) hop::cluster_wait();   // every block of the cluster has started: its shared memory may be written
     for (int it = tid; it < mine * PER_CHUNK; it += THREADS) {
       const int c = rank + it / PER_CHUNK * cl, rem = it % PER_CHUNK;
       const int rb = rem / 16, j = c * 16 + rem % 16;

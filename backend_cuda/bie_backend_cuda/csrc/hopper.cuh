@@ -148,6 +148,15 @@ __device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t rank, 
 __device__ __forceinline__ void cluster_sync() {
   BIE_SM90_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// The two halves of a cluster barrier that orders no memory: a block arrives early and waits later, which only tells
+// it that every block of the cluster has started (the shared memory of a block that has not started may not be
+// written, CUDA C++ Programming Guide, distributed shared memory). Every thread calls both, in this order.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  BIE_SM90_ASM("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  BIE_SM90_ASM("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
 // arrive on the mbarrier at the same shared-memory offset in block `rank` of the cluster
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
   BIE_SM90_ASM(
