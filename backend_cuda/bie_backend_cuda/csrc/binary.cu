@@ -649,7 +649,7 @@ static cudaError_t launch_fused(const BinGemvArgs& g, int smem, int cluster, cud
 
 template <typename XT, typename OT>
 static cudaError_t launch_fused_rows(const BinGemvArgs& g, int smem, int cluster, cudaStream_t st) {
-  // 32 rows: eight warps of 16 x 16 (the sign phase, every block's, has twice the threads of the 16-row form)
+  // 32 rows: eight warps of 16 x 16 (twice the threads of the 16-row form for its sign phase's twice the rows)
   return g.gemm.M <= 16 ? launch_fused<16, 1, 4, OT, XT>(g, smem, cluster, st)
                           : launch_fused<32, 2, 4, OT, XT>(g, smem, cluster, st);
 }
@@ -667,9 +667,7 @@ static cudaError_t launch_fused_x(const BinGemvArgs& g, int smem, int cluster, c
 
 cudaError_t launch_binary_linear_tc(const BinGemvArgs& g, int dtype, int cc_major, cudaStream_t st) {
   const BinGemmArgs& p = g.gemm;
-  if (p.M < 1 || p.M > kBinTcFusedMaxM || p.N < 1 || p.K < 1 || p.pw == nullptr ||
-      ceil_div(p.N, kFusedBN) > (1 << 30))
-    return cudaErrorInvalidValue;
+  if (p.M < 1 || p.M > kBinTcFusedMaxM || p.N < 1 || p.K < 1 || p.pw == nullptr) return cudaErrorInvalidValue;
   const size_t smem = binary_linear_tc_smem(p.M, p.K);
   if (smem > (size_t)kBinGemvMaxSmem) return cudaErrorInvalidValue;
   // clusters of up to 8 blocks on sm_90 (a power of two no larger than the blocks there are: the padding blocks of
