@@ -144,9 +144,27 @@ __device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t rank, 
       "r"(rank), "r"(v)
       : "memory");
 }
+// a 16-byte store to the same (16-byte aligned) shared-memory offset in block `rank` of the cluster
+__device__ __forceinline__ void st_shared_cluster_v4(uint32_t addr, uint32_t rank, const uint4& v) {
+  BIE_SM90_ASM(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "st.shared::cluster.v4.u32 [remote], {%2, %3, %4, %5};\n}\n" ::"r"(addr),
+      "r"(rank), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      : "memory");
+}
 // every thread of every block of the cluster arrives, then waits (memory ordered across the cluster)
 __device__ __forceinline__ void cluster_sync() {
   BIE_SM90_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The two halves of a cluster barrier that orders no memory: a block arrives early and waits later, which only tells
+// it that every block of the cluster has started (the shared memory of a block that has not started may not be
+// written, CUDA C++ Programming Guide, distributed shared memory). Every thread calls both, in this order.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  BIE_SM90_ASM("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  BIE_SM90_ASM("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 // arrive on the mbarrier at the same shared-memory offset in block `rank` of the cluster
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
