@@ -1,8 +1,9 @@
 """bie-backend-cuda's one-launch kernels for few rows, against the plain-PyTorch reference bit for bit:
 
-* ``int_gemm_gemv`` (csrc/dynamic_gemv.cu modes 1 and 2): int_gemm on given codes, and the bound call's fused
-  activation quantization (``fuse_quantized_input``: quantize_int inside the GEMV) on values at rounding ties, huge,
-  infinite and NaN values, and scales that are not normal floats;
+* ``int_gemm_gemv`` (csrc/dynamic_gemv.cu modes 1 and 2, 1-32 rows): int_gemm on given codes, and the bound call's
+  fused activation quantization (``fuse_quantized_input``: quantize_int inside the GEMV) on values at rounding ties,
+  huge, infinite and NaN values, and scales that are not normal floats; from 9 rows with and without the clusters
+  that share the codes of x on sm_90 (each cluster size forced, and none);
 * ``binary_linear_gemv`` (csrc/binary.cu): the signs of x + shift taken inside the GEMV, with x at the shift, K not a
   multiple of 8 or 32 and views of x;
 * the fused form of ``binary_linear_tc``'s bound call (the tensor-core GEMM taking the signs itself, 1-32 rows);
@@ -39,6 +40,19 @@ def _ref_quant(x, scale, bits, shift):
     return quantize_int(x.cpu(), scale.cpu(), bits, None if shift is None else shift.cpu())
 
 
+def _fits(m, k):
+    """whether m rows of k features fit the GEMV's shared memory on this device (K near 7168 at 32 rows needs an
+    sm_90's 227 KiB)"""
+    from bie_backend_cuda import dynamic
+    need = dynamic.gemv_smem_bytes(m, k)
+    have = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+    return need <= have
+
+
+def _sm90():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
 def _same(got, want):
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape
@@ -50,10 +64,17 @@ def _same(got, want):
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (1, 64, 64), (3, 33, 130), (8, 200, 1000), (5, 17, 4097),
-                                     (2, 4096, 4096), (8, 96, 8191)])
+                                     (2, 4096, 4096), (8, 96, 8191),
+                                     # 9-32 rows: 2, 3 and 4 tiles of 8 rows (their padding rows), odd K and N, the
+                                     # clusters' padding blocks (N of one channel block), K near the shared memory's
+                                     # end at 32 rows
+                                     (9, 7, 33), (12, 40, 257), (16, 4096, 4096), (17, 33, 1000), (24, 100, 129),
+                                     (31, 16, 4097), (32, 4096, 4096), (32, 96, 7001)])
 @pytest.mark.parametrize("out_dtype", [None, torch.float32, torch.float16, torch.bfloat16])
 def test_int_gemm_gemv_on_codes(m, n, k, out_dtype):
     from bie_backend_cuda import integer as ci
+    if not _fits(m, k):
+        pytest.skip(f"{m} rows of K={k} do not fit this device's shared memory")
     g = torch.Generator().manual_seed(m * 7 + n + k)
     a_bits = 4 if k % 2 else 8
     a, b = _codes((m, k), a_bits, g), _codes((n, k), 8, g)
@@ -71,14 +92,55 @@ def test_int_gemm_gemv_on_codes(m, n, k, out_dtype):
         _same(call(a.cuda(), b.cuda(), a_bits, 8, dev(scale), dev(bias), out_dtype), want)
 
 
-def test_int_gemm_gemv_on_views_of_codes():
+@pytest.mark.parametrize("m", [4, 20])
+def test_int_gemm_gemv_on_views_of_codes(m):
     """rows of a with a stride, and a start that is not 8-byte aligned: the byte-wise loads"""
     from bie_backend_cuda import integer as ci
-    g = torch.Generator().manual_seed(3)
-    base, b = _codes((4, 301), 8, g), _codes((40, 256), 8, g)
-    for a in (base[:, 1:257], base[:, 3:259], base[:, :256]):
+    g = torch.Generator().manual_seed(3 + m)
+    base, b = _codes((m, 301), 8, g), _codes((40, 256), 8, g)
+    for a in (base[:, 1:257], base[:, 3:259], base[:, :256], base[:, 5:262]):
         want = _ref_gemm(a.contiguous(), b, None, None, None)
         _same(ci.int_gemm_gemv(a.cuda(), b.cuda(), 8, 8, None, None, None, prepared=ci.prepare_gemv(b.cuda())), want)
+
+
+def _clusters():
+    """the cluster sizes int_gemv takes on this device: 0 (the launcher's choice), 1 (none: every block makes all the
+    codes of x, the form other GPUs run) and on sm_90 each forced size"""
+    return (0, 1, 2, 4, 8) if _sm90() else (0, 1)
+
+
+@pytest.mark.parametrize("m, n, k", [(3, 40, 100), (9, 16, 33), (16, 33, 1000), (21, 257, 999), (32, 4100, 4096),
+                                     (32, 48, 64)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_int_gemv_cluster_forms_agree(m, n, k, dtype):
+    """every cluster size (each block makes 1/cluster of the codes of x and stores them into all of the cluster's
+    blocks) and none compute the reference's codes and sums, on given codes (mode 2) and on floats quantized with a
+    shift (mode 1), with N smaller than a cluster's blocks (the padding blocks only make codes) and larger than the
+    grid. Consecutive launches never see the same codes of x (a, x's codes, a again, x's, then a2): a block that
+    read codes a form failed to store would find the previous launch's in its shared memory, and match."""
+    import bie_backend_cuda._build as bb
+    from bie_backend_cuda import integer as ci
+    if not _fits(m, k):
+        pytest.skip(f"{m} rows of K={k} do not fit this device's shared memory")
+    g = torch.Generator().manual_seed(m * 131 + n + k)
+    fn = bb.direct().int_gemv
+    b = _codes((n, k), 8, g)
+    wf = ci.prepare_gemv(b.cuda())
+    a, a2 = _codes((m, k), 8, g), _codes((m, k), 8, g)
+    s = torch.tensor(0.0371, dtype=torch.float32)
+    x = _edge_x(m, k, dtype, float(s), g)
+    shift = (torch.randn(k, generator=g) * 0.3 * float(s)).to(dtype)
+    scale = torch.rand(n, generator=g) * 0.01 + 1e-4
+    bias = torch.randn(n, generator=g)
+    want_codes, want_codes2 = _ref_gemm(a, b, None, None, None), _ref_gemm(a2, b, None, None, None)
+    want_fused = _ref_gemm(_ref_quant(x, s, 8, shift), b, scale, bias, dtype)
+    for cluster in _clusters():
+        for pdl in (False, True):
+            _same(fn(a.cuda(), None, None, 8, wf, None, None, n, k, None, pdl, 1, cluster), want_codes)
+            _same(fn(x.cuda(), s.cuda(), shift.cuda(), 8, wf, scale.cuda(), bias.cuda(), n, k, dtype, pdl, 1, cluster),
+                  want_fused)
+        # the register ring (ring 0) as well
+        _same(fn(a2.cuda(), None, None, 8, wf, None, None, n, k, None, False, 0, cluster), want_codes2)
 
 
 def _fused(x, act_scale, bits, shift, b, scale, bias, out_dtype):
@@ -113,8 +175,12 @@ def _edge_x(m, k, dtype, s, g):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("shifted", [False, True])
-@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 40, 130), (8, 257, 1000), (1, 4096, 4096), (6, 24, 33)])
+@pytest.mark.parametrize("m, n, k", [(1, 64, 64), (3, 40, 130), (8, 257, 1000), (1, 4096, 4096), (6, 24, 33),
+                                     (9, 33, 257), (12, 100, 1000), (16, 4096, 4096), (17, 24, 33), (24, 257, 130),
+                                     (32, 1000, 4097), (32, 4096, 4096)])
 def test_fused_quantization_is_quantize_int_then_int_gemm(dtype, bits, shifted, m, n, k):
+    if not _fits(m, k):
+        pytest.skip(f"{m} rows of K={k} do not fit this device's shared memory")
     g = torch.Generator().manual_seed(bits * 1000 + m + n + k)
     s = torch.tensor(0.0371, dtype=torch.float32)
     x = _edge_x(m, k, dtype, float(s), g)
@@ -133,10 +199,11 @@ def test_fused_quantization_is_quantize_int_then_int_gemm(dtype, bits, shifted, 
 
 
 @pytest.mark.parametrize("s", [1e-42, 0.0, -0.25, float("inf"), float("nan"), 3e38, 1.1754944e-38])
-def test_fused_quantization_with_scales_that_are_not_normal(s):
+@pytest.mark.parametrize("m", [4, 20])
+def test_fused_quantization_with_scales_that_are_not_normal(s, m):
     """the reciprocal path serves normal finite scales only; every other scale takes the true division"""
     g = torch.Generator().manual_seed(11)
-    m, n, k = 4, 48, 96
+    n, k = 48, 96
     st = torch.tensor(s, dtype=torch.float32)
     x = torch.randn(m, k, generator=g) * 3
     x.view(-1)[:6] = torch.tensor([0.0, 1e-42, -1e-42, float("inf"), float("nan"), 1e38])
@@ -167,13 +234,24 @@ def test_int_gemv_rejects_bad_arguments():
     w = torch.zeros(16, 64, dtype=torch.int8, device="cuda")
     wf = ci.prepare_gemv(w)
     fn = b.direct().int_gemv
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        fn(torch.zeros(9, 64, dtype=torch.int8, device="cuda"), None, None, 8, wf, None, None, 16, 64, None, False, 1)
+    codes = torch.zeros(2, 64, dtype=torch.int8, device="cuda")
+    with pytest.raises(RuntimeError, match="1 to 32 rows"):
+        fn(torch.zeros(33, 64, dtype=torch.int8, device="cuda"), None, None, 8, wf, None, None, 16, 64, None, False, 1,
+           0)
     with pytest.raises(RuntimeError, match="act_scale"):
-        fn(torch.zeros(2, 64, device="cuda"), None, None, 8, wf, None, None, 16, 64, torch.float32, False, 1)
+        fn(torch.zeros(2, 64, device="cuda"), None, None, 8, wf, None, None, 16, 64, torch.float32, False, 1, 0)
     with pytest.raises(RuntimeError, match="fragment-ordered"):
-        fn(torch.zeros(2, 64, dtype=torch.int8, device="cuda"), None, None, 8, wf[:-1], None, None, 16, 64, None,
-           False, 1)
+        fn(codes, None, None, 8, wf[:-1], None, None, 16, 64, None, False, 1, 0)
+    with pytest.raises(RuntimeError, match="cluster must be"):
+        fn(codes, None, None, 8, wf, None, None, 16, 64, None, False, 1, 3)
+    if not _sm90():
+        with pytest.raises(RuntimeError, match="need an sm_90 GPU"):
+            fn(codes, None, None, 8, wf, None, None, 16, 64, None, False, 1, 2)
+    # 32 rows of a K whose codes cannot fit any device's shared memory: refused before the launch
+    with pytest.raises(RuntimeError, match="shared memory"):
+        fn(torch.zeros(32, 16384, dtype=torch.int8, device="cuda"), None, None, 8,
+           ci.prepare_gemv(torch.zeros(16, 16384, dtype=torch.int8, device="cuda")), None, None, 16, 16384, None,
+           False, 1, 0)
 
 
 # ------------------------------------------------------------------ binary_linear_gemv
@@ -292,7 +370,7 @@ def test_binary_linear_tc_fused_form_refuses_what_does_not_fit():
 
 # ------------------------------------------------------------------ the layers
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("m", [1, 5, 8])
+@pytest.mark.parametrize("m", [1, 5, 8, 12, 32])
 def test_qlinear_eager_inference_is_the_fused_gemv(bits, m):
     import bie_core
     from bie_core import QLinear

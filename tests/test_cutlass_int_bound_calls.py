@@ -413,13 +413,19 @@ def test_qlinear_eager_bound_path_on_gpu(w_bits, a_bits, packed, bias, dtype):
     if packed:
         layer.pack()
     layer.eval()
-    chosen = bie_core.explain(layer, torch.randn(16, 200, device="cuda", dtype=dtype)).chosen()
+    # past 32 rows: this backend's pair (its quantization launch and its GEMM)
+    chosen = bie_core.explain(layer, torch.randn(33, 200, device="cuda", dtype=dtype)).chosen()
     assert chosen["quantize_int"].endswith(":quantize_int_cuda") and chosen["int_gemm"].endswith(":int_gemm_sm90")
     if any(r.name == "cuda" and r.status == "loaded" for r in bie_core.backends()):
-        # 1-8 rows: bie-backend-cuda's one-launch GEMV, with the quantization of its own backend (that it fuses)
-        chosen = bie_core.explain(layer, torch.randn(3, 200, device="cuda", dtype=dtype)).chosen()
-        assert (chosen["quantize_int"], chosen["int_gemm"]) == ("cuda:quantize_int", "cuda:int_gemm_gemv"), chosen
-    for shape in [(1, 200), (5, 200), (2, 3, 200), (64, 200), (5, 200)]:
+        # 1-32 rows: bie-backend-cuda's one-launch GEMV, with the quantization of its own backend (that it fuses)
+        for m in (3, 16, 32):
+            chosen = bie_core.explain(layer, torch.randn(m, 200, device="cuda", dtype=dtype)).chosen()
+            assert (chosen["quantize_int"], chosen["int_gemm"]) == ("cuda:quantize_int", "cuda:int_gemm_gemv"), chosen
+    else:
+        chosen = bie_core.explain(layer, torch.randn(16, 200, device="cuda", dtype=dtype)).chosen()
+        assert chosen["int_gemm"].endswith(":int_gemm_sm90"), chosen
+    for shape in [(1, 200), (5, 200), (2, 3, 200), (16, 200), (2, 12, 200), (32, 200), (33, 200), (64, 200),
+                  (5, 200)]:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         with torch.inference_mode():
             y = layer(x)

@@ -178,8 +178,8 @@ def prepare_gemv(weight):
 
 def gemv_smem_bytes(m: int, k: int) -> int:
     """Shared memory the fused kernel needs at the least for m rows of k features (csrc/dynamic_gemv.cu: the codes
-    of x, one channel block's int32 sums, the row scales)."""
-    rows = 8 if m <= 8 else 16
+    of x in 8-row tiles, one channel block's int32 sums, the row scales; dynamic_gemv_min_smem)."""
+    rows = 8 * -(-m // 8)
     return -(-k // _TILE_K) * rows * _TILE_K + rows * _TILE_N * 4 + 128
 
 

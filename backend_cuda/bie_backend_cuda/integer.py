@@ -70,8 +70,13 @@ def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
 
 
 # ------------------------------------------------------------------ int_gemm, few rows
-#: rows the GEMV serves for int_gemm (csrc/dynamic_gemv.cu modes 1 and 2: one 8-row tile of x codes)
-GEMV_MAX_M = 8
+#: rows the GEMV serves for int_gemm (csrc/dynamic_gemv.cu modes 1 and 2: up to four 8-row tiles of x codes;
+#: csrc/launchers.h INT_GEMV_MAX_M). From 9 rows its launches on sm_90 run in clusters of up to 8 blocks that share
+#: the making of the codes of x; elsewhere each block makes all of them (slower, still one launch, and this backend
+#: has no other int_gemm kernel for CUDA tensors: the alternative is the float64 reference).
+GEMV_MAX_M = 32
+#: blocks per cluster of the GEMV's launches (csrc/bie_cuda.cpp int_gemv): 0 lets the launcher choose
+GEMV_CLUSTER = 0
 
 
 def _dynamic():
@@ -86,15 +91,17 @@ def prepare_gemv(b):
 
 
 def check_gemv(p):
+    """The GEMV's range beyond its Capability: the codes of x (all its rows) fit in one block's shared memory."""
     return _dynamic().check_gemv(p)
 
 
 def int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
-    """int_gemm for 1-8 rows: one launch of the fused GEMV on the codes of a (csrc/dynamic_gemv.cu mode 2)."""
+    """int_gemm for 1-32 rows: one launch of the fused GEMV on the codes of a (csrc/dynamic_gemv.cu mode 2)."""
     dyn = _dynamic()
     n, k = b.shape
     wf = prepared if prepared is not None else dyn.prepare_gemv(b)
-    return _build.direct().int_gemv(a, None, None, 8, wf, scale, bias, n, k, out_dtype, dyn._pdl(wf), dyn.GEMV_RING)
+    return _build.direct().int_gemv(a, None, None, 8, wf, scale, bias, n, k, out_dtype, dyn._pdl(wf), dyn.GEMV_RING,
+                                    GEMV_CLUSTER)
 
 
 def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=None):
@@ -104,7 +111,7 @@ def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=No
     if prepared is None:
         return None
     dyn = _dynamic()
-    fn, ring = _build.direct().int_gemv, dyn.GEMV_RING
+    fn, ring, cluster = _build.direct().int_gemv, dyn.GEMV_RING, GEMV_CLUSTER
     m, k = a.shape
     n = b.shape[0]
     state = [dyn._pdl(prepared)]
@@ -112,7 +119,7 @@ def bind_int_gemm_gemv(a, b, a_bits, b_bits, scale, bias, out_dtype, prepared=No
     def launch(x, act_scale, shift, bits, scale, bias):
         pdl = state[0]
         state[0] = True
-        return fn(x, act_scale, shift, bits, prepared, scale, bias, n, k, out_dtype, pdl, ring)
+        return fn(x, act_scale, shift, bits, prepared, scale, bias, n, k, out_dtype, pdl, ring, cluster)
 
     def call(a, b, a_bits, b_bits, scale, bias, out_dtype):
         return launch(a, None, None, 8, scale, bias)

@@ -127,7 +127,8 @@ def bie_register_kernels(registry):
                           description="GEMV, one launch: int8 mma.m16n8k32 on fragment-ordered weight codes "
                                       "streamed through a cp.async ring, split-K over warps with exact int32 sums, "
                                       "the epilogue fused; its bound call quantizes x inside the launch "
-                                      "(fuse_quantized_input); 1-8 rows")
+                                      "(fuse_quantized_input); 1-32 rows (from 9 on sm_90 in clusters of 8 blocks "
+                                      "that share the codes of x through distributed shared memory)")
     wq_cap = Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                         attrs={"bits": (1, 2, 3, 4, 8), "format": ("gptq", "gba")}, check=_wq_check)
     _register_wq_gemm(registry, wq_cap)

@@ -27,19 +27,21 @@ struct LaunchKey {
   const void* kernel;
   int threads;
   int smem;
+  int cluster = 0;
   bool operator==(const LaunchKey& o) const {
-    return device == o.device && kernel == o.kernel && threads == o.threads && smem == o.smem;
+    return device == o.device && kernel == o.kernel && threads == o.threads && smem == o.smem && cluster == o.cluster;
   }
 };
 struct LaunchKeyHash {
   size_t operator()(const LaunchKey& k) const {
     return std::hash<const void*>()(k.kernel) ^ ((size_t)k.device * 0x9E3779B97F4A7C15ull) ^
-           ((size_t)k.threads << 24) ^ (size_t)k.smem;
+           ((size_t)k.threads << 24) ^ (size_t)k.smem ^ ((size_t)k.cluster << 40);
   }
 };
 std::mutex launch_cache_mutex;
 std::unordered_map<LaunchKey, int, LaunchKeyHash> smem_limits;   // (device, kernel) -> the limit set
 std::unordered_map<LaunchKey, int, LaunchKeyHash> occupancies;   // (device, kernel, threads, smem) -> blocks per SM
+std::unordered_map<LaunchKey, int, LaunchKeyHash> cluster_counts;   // (..., cluster) -> clusters resident at once
 }  // namespace
 
 cudaError_t set_smem_limit(const void* kernel, int smem) {
@@ -74,6 +76,37 @@ cudaError_t blocks_per_sm(int* blocks, const void* kernel, int threads, int smem
   if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lock(launch_cache_mutex);
   occupancies[key] = *blocks;
+  return cudaSuccess;
+}
+
+cudaError_t active_clusters(int* clusters, const void* kernel, int threads, int smem, int cluster) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const LaunchKey key{dev, kernel, threads, smem, cluster};
+  {
+    std::lock_guard<std::mutex> lock(launch_cache_mutex);
+    auto it = cluster_counts.find(key);
+    if (it != cluster_counts.end()) {
+      *clusters = it->second;
+      return cudaSuccess;
+    }
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)cluster, 1, 1);
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(launch_cache_mutex);
+  cluster_counts[key] = *clusters;
   return cudaSuccess;
 }
 }  // namespace bie
@@ -970,23 +1003,27 @@ Tensor dynamic_gemv(const Tensor& x, const Tensor& wf, const Tensor& weight_scal
   const int optin = smem_optin();
   TORCH_CHECK(bie::dynamic_gemv_min_smem((int)M, (int)K) <= (size_t)optin, "bie_cuda.dynamic_gemv: ", M, " rows of K=", K,
               " need ", bie::dynamic_gemv_min_smem((int)M, (int)K), " bytes of shared memory, the device allows ", optin);
-  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), (int)grid, num_sms(), optin, stream(), (int)ring),
+  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), (int)grid, num_sms(), optin, stream(), (int)ring,
+                                        compute_major(), 1),
                "dynamic_gemv");
   return out;
 }
 
-// int_gemm for 1-8 rows in one launch (dynamic_gemv.cu, modes 1 and 2): x the int8 codes (M, K), or floats that the
+// int_gemm for 1-32 rows in one launch (dynamic_gemv.cu, modes 1 and 2): x the int8 codes (M, K), or floats that the
 // kernel quantizes as quantize_int(x, act_scale, bits, shift) does (act_scale one float32 value on x's device, shift
 // K values in x's dtype or none); wf the fragment-ordered weight codes (dynamic.py prepare_gemv). The epilogue:
-// the int32 sums (out_dtype none), or float32(acc) * float32(scale) + float32(bias) in out_dtype.
+// the int32 sums (out_dtype none), or float32(acc) * float32(scale) + float32(bias) in out_dtype. cluster: blocks
+// per cluster sharing the codes of x (0: the launcher's choice, sm_90 from 9 rows; 1: none; 2, 4, 8: that many, or
+// fewer where the device cannot hold them; sm_90 only).
 Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const std::optional<Tensor>& shift,
                 int64_t bits, const Tensor& wf, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
-                int64_t N, int64_t K, std::optional<at::ScalarType> out_dtype, bool pdl, int64_t ring) {
+                int64_t N, int64_t K, std::optional<at::ScalarType> out_dtype, bool pdl, int64_t ring,
+                int64_t cluster) {
   check_cuda(x, "x");
   check_cuda(wf, "wf");
   check_rows(x, K, "int_gemv");
-  TORCH_CHECK(rows_of(x) >= 1 && rows_of(x) <= 8, "bie_cuda.int_gemv: x must have 1 to 8 rows of ", K,
-              " features, got ", x.sizes());
+  TORCH_CHECK(rows_of(x) >= 1 && rows_of(x) <= bie::INT_GEMV_MAX_M, "bie_cuda.int_gemv: x must have 1 to ",
+              bie::INT_GEMV_MAX_M, " rows of ", K, " features, got ", x.sizes());
   TORCH_CHECK(K >= 1 && K <= 65535 && N >= 1 && N < (1ll << 30),
               "bie_cuda.int_gemv: K must be 1..65535 and N positive, got K=", K, " N=", N);
   const auto xt = x.scalar_type();
@@ -998,6 +1035,8 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
                   wf.device() == x.device(),
               "bie_cuda.int_gemv: wf is not the fragment-ordered layout of a (", N, ", ", K, ") int8 weight");
   TORCH_CHECK(ring == 0 || ring == 1, "bie_cuda.int_gemv: ring must be 0 or 1, got ", ring);
+  TORCH_CHECK(cluster == 0 || cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8,
+              "bie_cuda.int_gemv: cluster must be 0 (chosen), 1, 2, 4 or 8, got ", cluster);
   const Tensor xc = (K <= 1 || x.stride(-1) == 1) ? x : x.contiguous();
   const int64_t M = rows_of(xc);
   bie::DynGemvArgs p{};
@@ -1043,11 +1082,17 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
   p.M = (int)M;
   p.N = (int)N;
   p.K = (int)K;
-  p.pdl = pdl && compute_major() >= 9 ? 1 : 0;
+  // (the compute capability of x's device, as the guard above made it current)
+  const int major = compute_major();
+  TORCH_CHECK(cluster <= 1 || major == 9, "bie_cuda.int_gemv: clusters of ", cluster,
+              " blocks need an sm_90 GPU (compute capability 9.x), this one is ", major, ".x");
+  p.pdl = pdl && major >= 9 ? 1 : 0;
   const int optin = smem_optin();
   TORCH_CHECK(bie::dynamic_gemv_min_smem((int)M, (int)K) <= (size_t)optin, "bie_cuda.int_gemv: ", M, " rows of K=", K,
               " need more shared memory than the device allows (", optin, " bytes)");
-  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), 0, num_sms(), optin, stream(), (int)ring), "int_gemv");
+  check_launch(bie::launch_dynamic_gemv(p, dtype_code(xt), 0, num_sms(), optin, stream(), (int)ring, major,
+                                        (int)cluster),
+               "int_gemv");
   return out;
 }
 

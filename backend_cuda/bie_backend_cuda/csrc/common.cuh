@@ -75,19 +75,32 @@ inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
 // Launch kernel k(args); pdl: as a programmatic dependent of the previous kernel in the stream (sm_90), so that its
 // prologue overlaps that kernel's tail. Only for kernels that call griddep_wait() before touching anything the
-// previous kernel may write (wq_fragments.cuh).
+// previous kernel may write (wq_fragments.cuh). cluster: blocks per cluster along x (sm_90; 1: a plain launch), the
+// grid a multiple of it.
 template <typename Kernel, typename Args>
-inline cudaError_t launch_kernel(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t st, bool pdl, const Args& args) {
+inline cudaError_t launch_kernel(Kernel k, dim3 grid, dim3 block, int smem, cudaStream_t st, bool pdl, const Args& args,
+                                 int cluster = 1) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = (size_t)smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = (unsigned)cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();

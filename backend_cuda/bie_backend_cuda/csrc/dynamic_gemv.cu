@@ -17,11 +17,19 @@
 // epilogue is the reference's, operation by operation: float32(acc) * (scale_x * weight_scale) + bias, each step
 // rounded to float32 (no fused multiply-add), then cast to x's dtype.
 //
-// The same kernel serves int_gemm for up to 8 rows (p.mode, launchers.h): mode 1 quantizes x with one given scale
+// The same kernel serves int_gemm for up to 32 rows (p.mode, launchers.h): mode 1 quantizes x with one given scale
 // (quantize_int: x + shift rounded to x's dtype, clamp(round_half_even(v / scale)) by the true division, computed as
 // for the per-token codes: through the reciprocal, the division redone near ties and for scales that are not normal
 // finite floats), mode 2 takes int8 codes as they are; both end in int_gemm's epilogue, float32(acc) * scale + bias,
-// or the int32 sums.
+// or the int32 sums. Their codes of x are made in units of 16 elements of one row (the 16 bytes one row has in two
+// lanes of a B fragment), spread over all the block's threads whatever the rows. Every block needs all of them, and
+// made by every block they cost more than the products from about 9 rows (the per-token form at 16 rows of 4096 x
+// 4096: 27.8 us, against 15.6 for CUTLASS's quantization launch and int8 GEMM; most of it the quantization that
+// every one of the ~132 blocks repeats). So on sm_90 the blocks run in clusters of up to 8 (the launcher's choice
+// from 9 rows): each block makes 1/cluster of the units and stores each into the shared memory of every block of its
+// cluster (distributed shared memory), then one cluster barrier; a cluster makes the codes once where each of its
+// blocks did (binary.cu's fused GEMM does the same with signs). Without clusters (a cluster of 1: other GPUs, or 1-8
+// rows) each block makes all the units itself.
 //
 // Launched as a programmatic dependent (p.pdl, sm_90), a block prefetches its first weight tiles while the previous
 // kernel in the stream finishes, and reads x (perhaps that kernel's output) and writes its output only after waiting
@@ -29,6 +37,7 @@
 #include "common.cuh"
 #include "wq_fragments.cuh"
 #include "dynamic_codes.cuh"
+#include "hopper.cuh"
 
 namespace bie {
 namespace {
@@ -90,14 +99,59 @@ __device__ __forceinline__ uint32_t static_code_of(float v, float s, float inv, 
   return (uint32_t)min(max(__float2int_rn(q), lo), hi);
 }
 
-// chunk c of a row (k = 8c .. 8c + 7) into the B-fragment order of the codes: tile c / 4, the words of t = 2 (c & 1)
-// and + 1, fragment half (c >> 1) & 1
+// A unit of the codes of x (modes 1 and 2): row m, k tile kt, half h, the 16 elements k0 = 32 kt + 8 h .. + 7 and
+// k0 + 16 .. + 23. In the B-fragment order they are the 16 consecutive bytes of lanes (m & 7) * 4 + 2h and + 1 of
+// tile (kt, m / 8), {k0 .. + 3, k0 + 16 .. + 19} then {k0 + 4 .. + 7, k0 + 20 .. + 23}: one 16-byte store. The byte
+// offset of that store in the codes:
 template <int MT>
-__device__ __forceinline__ void store_chunk(uint32_t* codes, int c, int mt, int g, uint32_t w0, uint32_t w1) {
-  const int kt = c >> 2, t0 = (c & 1) * 2, h = (c >> 1) & 1;
-  uint32_t* dst = codes + (((size_t)kt * MT + mt) * 32 + g * 4 + t0) * 2 + h;
-  dst[0] = w0;
-  dst[2] = w1;
+__device__ __forceinline__ uint32_t unit_offset(int m, int kt, int h) {
+  return (uint32_t)((((kt * MT + (m >> 3)) * 32 + (m & 7) * 4 + h * 2)) * 8);
+}
+
+// The unit's 16 codes of quantize_int (mode 1): x + shift rounded to T (where there is a shift), then static_code_of;
+// 0 past K.
+template <typename T>
+__device__ __forceinline__ uint4 quantized_unit(const DynGemvArgs& p, const T* xrow, int k0, bool vec, float s,
+                                                float inv, bool fast) {
+  const T* sh = static_cast<const T*>(p.shift);
+  uint32_t w[4];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int k = k0 + half * 16;
+    float v[8];
+    dyn_load8<T>(xrow, k, p.K, vec, v);
+    if (sh != nullptr) {
+      float a[8];
+      dyn_load8<T>(sh, k, p.K, p.shift_vec != 0, a);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = to_f32(from_f32<T>(__fadd_rn(v[e], a[e])));   // the add rounds in T
+    }
+    uint32_t q[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[e] = k + e < p.K ? static_code_of(v[e], s, inv, fast, p.qlo, p.qhi) : 0u;
+    w[half] = pack4(q[0], q[1], q[2], q[3]);        // lane 2h's words: k .. + 3 of both halves
+    w[2 + half] = pack4(q[4], q[5], q[6], q[7]);    // lane 2h + 1's: k + 4 .. + 7
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The unit's 16 given codes (mode 2): 8-byte loads where the row allows them (vec: 8-byte aligned rows), else byte
+// by byte; 0 past K.
+__device__ __forceinline__ uint4 given_unit(const DynGemvArgs& p, const int8_t* row, int k0, bool vec) {
+  uint2 u[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int k = k0 + half * 16;
+    if (vec && k + 8 <= p.K) {
+      u[half] = *reinterpret_cast<const uint2*>(row + k);
+    } else {
+      uint32_t b[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) b[e] = k + e < p.K ? (uint32_t)(uint8_t)row[k + e] : 0u;
+      u[half] = make_uint2(pack4(b[0], b[1], b[2], b[3]), pack4(b[4], b[5], b[6], b[7]));
+    }
+  }
+  return make_uint4(u[0].x, u[1].x, u[0].y, u[1].y);
 }
 
 __device__ __forceinline__ void store_out_f32(void* out, int dtype, int64_t i, float y) {
@@ -135,6 +189,9 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   float* scales = reinterpret_cast<float*>(smem + codes_bytes<MT>(KT) + sums_bytes<MT>(b1 - b0));
   uint32_t* amax = reinterpret_cast<uint32_t*>(scales + 16);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // (modes 1 and 2) the block's cluster: 1 without a cluster launch, and on every target but sm_90a (hopper.cuh)
+  const int cl = MODE == 0 ? 1 : (int)hop::cluster_size();
+  if (cl > 1) hop::cluster_arrive_relaxed();   // waited on before the first store into another block
 
   // this warp's tiles (block-local flat index blk * KT + kt), their loads issued before the quantization
   const int64_t tiles = (int64_t)(b1 - b0) * KT;
@@ -169,14 +226,14 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   frag::griddep_wait();   // x and the output only now (a no-op without a programmatic launch)
   __syncthreads();
 
-  // ---- quantize x. Row m belongs to the warps w with w % M == m, so that every warp has a row and the loads of
-  // all rows are issued at once: row abs-max, scale, codes.
-  const int K8 = (p.K + 7) >> 3, KP8 = KT * 4;   // 8-element chunks of a row, of a padded row
   const bool vec = p.x_vec != 0;
-  const int qm = warp % p.M;
-  const int gsize = ((kWarps - 1 - qm) / p.M + 1) * 32, gj = (warp / p.M) * 32 + lane;
-  const T* xrow = static_cast<const T*>(p.x) + (int64_t)qm * p.ldx;
   if constexpr (MODE == 0) {
+    // ---- quantize x. Row m belongs to the warps w with w % M == m (M <= 16), so that every warp has a row and the
+    // loads of all rows are issued at once: row abs-max, scale, codes.
+    const int K8 = (p.K + 7) >> 3, KP8 = KT * 4;   // 8-element chunks of a row, of a padded row
+    const int qm = warp % p.M;
+    const int gsize = ((kWarps - 1 - qm) / p.M + 1) * 32, gj = (warp / p.M) * 32 + lane;
+    const T* xrow = static_cast<const T*>(p.x) + (int64_t)qm * p.ldx;
     // a thread with at most kKeep chunks of its row keeps them in registers for the codes (one read of x); the
     // others read them again (from L1 where they stayed)
     const bool keep = gj >= K8 || (K8 - 1 - gj) / gsize < kKeep;
@@ -257,9 +314,12 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       }
     }
   } else {
-    // modes 1 and 2: the codes of one given scale, or the codes themselves; the epilogue's row scales are 1
-    if (threadIdx.x < 16) scales[threadIdx.x] = 1.0f;
-    const int mt = qm >> 3, g = qm & 7;
+    // ---- modes 1 and 2: the codes of one given scale, or the codes themselves, by units (unit_offset): unit
+    // v = (m * KT + kt) * 2 + h, so that consecutive threads read consecutive 16-element pieces of a row. This
+    // block makes units [v0, v1), its share of the cluster's, and stores each into every block of the cluster.
+    const int units = p.M * KT * 2;
+    const int rank = cl > 1 ? (int)hop::cluster_rank() : 0;
+    const int v0 = (int)((int64_t)units * rank / cl), v1 = (int)((int64_t)units * (rank + 1) / cl);
     float s = 1.0f, inv = 1.0f;
     bool fast = false;
     if constexpr (MODE == 1) {
@@ -267,41 +327,26 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       inv = __frcp_rn(s);
       fast = dyn_fast_scale(s);
     }
-    const T* sh = static_cast<const T*>(p.shift);
-    for (int c = gj; c < KP8; c += gsize) {
-      uint32_t w0 = 0u, w1 = 0u;
-      if (c < K8) {
-        if constexpr (MODE == 1) {
-          float v[8];
-          dyn_load8<T>(xrow, c * 8, p.K, vec, v);
-          if (sh != nullptr) {
-            float a[8];
-            dyn_load8<T>(sh, c * 8, p.K, p.shift_vec != 0, a);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = to_f32(from_f32<T>(__fadd_rn(v[e], a[e])));   // the add rounds in T
-          }
-          uint32_t q[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) q[e] = static_code_of(v[e], s, inv, fast, p.qlo, p.qhi);
-          w0 = pack4(q[0], q[1], q[2], q[3]);
-          w1 = pack4(q[4], q[5], q[6], q[7]);
-        } else {
-          const int8_t* row = reinterpret_cast<const int8_t*>(xrow);
-          if (vec && c * 8 + 8 <= p.K) {
-            const uint2 u = *reinterpret_cast<const uint2*>(row + c * 8);
-            w0 = u.x;
-            w1 = u.y;
-          } else {
-            uint32_t b[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) b[e] = c * 8 + e < p.K ? (uint32_t)(uint8_t)row[c * 8 + e] : 0u;
-            w0 = pack4(b[0], b[1], b[2], b[3]);
-            w1 = pack4(b[4], b[5], b[6], b[7]);
-          }
-        }
+    if (cl > 1) hop::cluster_wait();   // every block of the cluster has started: its shared memory may be written
+    for (int v = v0 + (int)threadIdx.x; v < v1; v += kThreads) {
+      const int m = v / (2 * KT), r = v - m * 2 * KT, kt = r >> 1, h = r & 1;
+      const int k0 = kt * 32 + h * 8;
+      uint4 q;
+      if constexpr (MODE == 1) {
+        q = quantized_unit<T>(p, static_cast<const T*>(p.x) + (int64_t)m * p.ldx, k0, vec, s, inv, fast);
+      } else {
+        q = given_unit(p, reinterpret_cast<const int8_t*>(p.x) + (int64_t)m * p.ldx, k0, vec);
       }
-      store_chunk<MT>(codes, c, mt, g, w0, w1);
+      const uint32_t off = unit_offset<MT>(m, kt, h);
+      if (cl == 1) {
+        *reinterpret_cast<uint4*>(smem + off) = q;
+      } else {
+        const uint32_t a = frag::smem_u32(smem + off);
+        for (int b = 0; b < cl; ++b) hop::st_shared_cluster_v4(a, (uint32_t)b, q);
+      }
     }
+    // every block's stores into every other's are done (and visible) before any block reads its codes, or leaves
+    if (cl > 1) hop::cluster_sync();
   }
   __syncthreads();
 
@@ -407,59 +452,115 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
 }
 
 template <typename T, int MT, bool SMEM_RING, int MODE>
-cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st) {
+cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st, int cluster) {
   const int KT = (p.K + 31) >> 5, nblocks = (p.N + 15) >> 4;
   const size_t fixed = codes_bytes<MT>(KT) + kTailBytes + (SMEM_RING ? kSmemRingBytes : 0);
   if (fixed + sums_bytes<MT>(1) > (size_t)smem_optin) return cudaErrorInvalidValue;
   // one block per SM (the codes of x fill much of its shared memory): as many blocks as SMs, each a contiguous run of
-  // channel blocks (runs differ by at most one block), fewer runs where their sums would not fit
+  // channel blocks (runs differ by at most one block), more blocks where the runs' sums would not fit
   int grid = grid_force > 0 ? grid_force : num_sms;
   grid = std::max(1, std::min(grid, nblocks));
   const int cap = (int)(((size_t)smem_optin - fixed) / sums_bytes<MT>(1));
-  if ((nblocks + grid - 1) / grid > cap) grid = (nblocks + cap - 1) / cap;
-  const int most = (nblocks + grid - 1) / grid;
-  const int smem = (int)(fixed + sums_bytes<MT>(most));
+  const int least = (nblocks + cap - 1) / cap;
+  grid = std::max(grid, least);
+  const auto smem_of = [&](int g) { return (int)(fixed + sums_bytes<MT>((nblocks + g - 1) / g)); };
   const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>);
+  if (cluster > 1) {
+    // clusters: the grid a whole number of them (blocks past the channel blocks only make their share of the codes
+    // of x), and no more clusters than the device holds at once unless the runs' sums need more blocks (a second
+    // wave of a few clusters would take as long as the first). Smaller clusters where none of this size fits (a
+    // partitioned device).
+    const auto round_up = [](int a, int b) { return (a + b - 1) / b * b; };
+    int resident = 0;
+    for (; cluster > 1; cluster /= 2) {
+      const int smem = smem_of(round_up(grid, cluster));
+      cudaError_t e = set_smem_limit(k, smem);
+      if (e != cudaSuccess) return e;
+      // (a device that cannot answer is taken as one that holds no such clusters: the launch then has smaller ones,
+      // at worst none, and stays correct)
+      if (active_clusters(&resident, k, kThreads, smem, cluster) != cudaSuccess) {
+        (void)cudaGetLastError();
+        resident = 0;
+      }
+      if (resident > 0) break;
+    }
+    if (cluster > 1) {
+      int g = round_up(grid, cluster);
+      if (grid_force == 0 && g > resident * cluster) g = std::max(resident * cluster, round_up(least, cluster));
+      grid = g;
+    }
+  }
+  const int smem = smem_of(grid);
   if (smem > 48 * 1024) {
     const cudaError_t e = set_smem_limit(k, smem);
     if (e != cudaSuccess) return e;
   }
   p.nblocks = nblocks;
   p.grid = grid;
-  return launch_kernel(dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p);
+  return launch_kernel(dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p,
+                       std::max(cluster, 1));
+}
+
+// The 8-row tiles (of the mma's n = 8) that hold M rows, and the shared memory a launch needs at the least.
+int row_tiles(int M) { return (M + 7) >> 3; }
+size_t min_smem(int MT, int KT) { return (size_t)KT * MT * 256 + (size_t)MT * 8 * 16 * 4 + kTailBytes; }
+
+// One instantiation of the kernel per (dtype, row tiles, staging, mode): MODE 0 takes 1 or 2 row tiles, MODE 1 and 2
+// take 1-4.
+template <typename T, int MODE, int MT>
+cudaError_t launch_ring(const DynGemvArgs& p, bool sm, int grid, int num_sms, int smem_optin, cudaStream_t st,
+                        int cluster) {
+  return sm ? launch_typed<T, MT, true, MODE>(p, grid, num_sms, smem_optin, st, cluster)
+            : launch_typed<T, MT, false, MODE>(p, grid, num_sms, smem_optin, st, cluster);
+}
+template <typename T, int MODE>
+cudaError_t launch_mode(const DynGemvArgs& p, int MT, bool sm, int grid, int num_sms, int smem_optin, cudaStream_t st,
+                        int cluster) {
+  switch (MT) {
+    case 1: return launch_ring<T, MODE, 1>(p, sm, grid, num_sms, smem_optin, st, cluster);
+    case 2: return launch_ring<T, MODE, 2>(p, sm, grid, num_sms, smem_optin, st, cluster);
+  }
+  if constexpr (MODE != 0) {
+    switch (MT) {
+      case 3: return launch_ring<T, MODE, 3>(p, sm, grid, num_sms, smem_optin, st, cluster);
+      case 4: return launch_ring<T, MODE, 4>(p, sm, grid, num_sms, smem_optin, st, cluster);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+template <typename T>
+cudaError_t launch_float(const DynGemvArgs& p, int MT, bool sm, int grid, int num_sms, int smem_optin, cudaStream_t st,
+                         int cluster) {
+  return p.mode == 0 ? launch_mode<T, 0>(p, MT, sm, grid, num_sms, smem_optin, st, cluster)
+                     : launch_mode<T, 1>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
 }
 
 }  // namespace
 
-size_t dynamic_gemv_min_smem(int M, int K) {
-  const int KT = (K + 31) >> 5;
-  return M <= 8 ? codes_bytes<1>(KT) + sums_bytes<1>(1) + kTailBytes : codes_bytes<2>(KT) + sums_bytes<2>(1) + kTailBytes;
-}
+size_t dynamic_gemv_min_smem(int M, int K) { return min_smem(row_tiles(M), (K + 31) >> 5); }
 
 cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
-                                cudaStream_t st, int ring) {
-  if (p.M < 1 || p.M > DYN_GEMV_MAX_M || p.K < 1 || p.N < 1) return cudaErrorInvalidValue;
-  if (p.mode != 0 && (p.M > 8 || (p.mode == 1 && p.act_scale == nullptr) || p.mode > 2)) return cudaErrorInvalidValue;
-  const bool two = p.M > 8;
+                                cudaStream_t st, int ring, int cc_major, int cluster) {
+  if (p.M < 1 || p.K < 1 || p.N < 1 || p.mode < 0 || p.mode > 2) return cudaErrorInvalidValue;
+  if (p.M > (p.mode == 0 ? DYN_GEMV_MAX_M : INT_GEMV_MAX_M) || (p.mode == 1 && p.act_scale == nullptr))
+    return cudaErrorInvalidValue;
+  if (cluster != 0 && cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8) return cudaErrorInvalidValue;
+  // clusters (modes 1 and 2, sm_90 only: the distributed shared memory the codes are shared through): from 9 rows
+  // where not asked for, the portable most of 8 (the codes' work once per 8 blocks). At 1-8 rows the codes cost
+  // little next to the products and the launch keeps its grid of one block per SM.
+  if (cluster > 1 && (p.mode == 0 || cc_major != 9)) return cudaErrorInvalidValue;
+  if (cluster == 0) cluster = p.mode != 0 && cc_major == 9 && p.M > 8 ? 8 : 1;
+  const int MT = row_tiles(p.M);
   // the shared-memory staging where asked for and where it fits next to the codes of x, else the register ring
-  const int KT = (p.K + 31) >> 5;
-  const size_t base = two ? codes_bytes<2>(KT) + sums_bytes<2>(1) : codes_bytes<1>(KT) + sums_bytes<1>(1);
-  const bool sm = ring == 1 && base + kTailBytes + kSmemRingBytes <= (size_t)smem_optin;
-#define BIE_ONE_TILE(TYPE, MODE)                                                                   \
-  (sm ? launch_typed<TYPE, 1, true, MODE>(p, grid, num_sms, smem_optin, st)                       \
-      : launch_typed<TYPE, 1, false, MODE>(p, grid, num_sms, smem_optin, st))
-#define BIE_DYN_GEMV(TYPE)                                                                          \
-  (p.mode == 1 ? BIE_ONE_TILE(TYPE, 1)                                                              \
-   : two ? (sm ? launch_typed<TYPE, 2, true, 0>(p, grid, num_sms, smem_optin, st)                   \
-               : launch_typed<TYPE, 2, false, 0>(p, grid, num_sms, smem_optin, st))                 \
-         : BIE_ONE_TILE(TYPE, 0))
-  if (p.mode == 2) return dtype == kI8 ? BIE_ONE_TILE(int8_t, 2) : cudaErrorInvalidValue;
+  const bool sm = ring == 1 && min_smem(MT, (p.K + 31) >> 5) + kSmemRingBytes <= (size_t)smem_optin;
+  if (p.mode == 2) {
+    return dtype == kI8 ? launch_mode<int8_t, 2>(p, MT, sm, grid, num_sms, smem_optin, st, cluster)
+                        : cudaErrorInvalidValue;
+  }
   switch (dtype) {
-    case kF32: return BIE_DYN_GEMV(float);
-    case kF16: return BIE_DYN_GEMV(__half);
-    case kBF16: return BIE_DYN_GEMV(__nv_bfloat16);
-#undef BIE_DYN_GEMV
-#undef BIE_ONE_TILE
+    case kF32: return launch_float<float>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
+    case kF16: return launch_float<__half>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
+    case kBF16: return launch_float<__nv_bfloat16>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
     default: return cudaErrorInvalidValue;
   }
 }

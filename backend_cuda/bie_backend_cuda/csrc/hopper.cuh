@@ -144,6 +144,15 @@ __device__ __forceinline__ void st_shared_cluster(uint32_t addr, uint32_t rank, 
       "r"(rank), "r"(v)
       : "memory");
 }
+// a 16-byte store to the same (16-byte aligned) shared-memory offset in block `rank` of the cluster
+__device__ __forceinline__ void st_shared_cluster_v4(uint32_t addr, uint32_t rank, const uint4& v) {
+  BIE_SM90_ASM(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "st.shared::cluster.v4.u32 [remote], {%2, %3, %4, %5};\n}\n" ::"r"(addr),
+      "r"(rank), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+      : "memory");
+}
 // every thread of every block of the cluster arrives, then waits (memory ordered across the cluster)
 __device__ __forceinline__ void cluster_sync() {
   BIE_SM90_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");

@@ -212,6 +212,8 @@ int wq_thin_max_warps();
 // limit, so that a launch with a larger size elsewhere keeps its own.
 cudaError_t set_smem_limit(const void* kernel, int smem);
 cudaError_t blocks_per_sm(int* blocks, const void* kernel, int threads, int smem);
+// clusters of `cluster` blocks (along x) of a kernel that can be resident at once on the device (0: none fits)
+cudaError_t active_clusters(int* clusters, const void* kernel, int threads, int smem, int cluster);
 cudaError_t launch_wq_thin_gemm(const WqThinArgs& p, int bits, int cdtype, cudaStream_t st);
 
 void wq_plan(int M, int Np, int kblocks, int num_sms, int mult, int* splits, int* kb_per_split);
@@ -247,8 +249,10 @@ constexpr int WQ_ROWS_MIN_PART_STAGES = 8;
 cudaError_t launch_wq_wgmma_gemm(const WqWgmmaArgs& p, int bits, int cdtype, int num_sms, cudaStream_t st);
 
 // Fused per-token W8A8-dynamic GEMV (dynamic_gemv.cu): dynamic_int8_linear with scheme per_token_symmetric for
-// 1 .. DYN_GEMV_MAX_M rows, quantization of x, int8 mma and epilogue in one launch.
+// 1 .. DYN_GEMV_MAX_M rows, quantization of x, int8 mma and epilogue in one launch; int_gemm (modes 1 and 2 below)
+// for 1 .. INT_GEMV_MAX_M rows.
 constexpr int DYN_GEMV_MAX_M = 16;
+constexpr int INT_GEMV_MAX_M = 32;
 struct DynGemvArgs {
   const void* x;         // (M, K) float32 / float16 / bfloat16, unit column stride
   int64_t ldx;           // row stride of x (elements)
@@ -264,8 +268,9 @@ struct DynGemvArgs {
   int M, N, K;
   int pdl;               // programmatic dependent launch (sm_90): w must not be written by the previous kernel
   int nblocks, grid;     // channel blocks of 16, blocks of the launch (set by the launcher)
-  // what x holds, for int_gemm (up to 8 rows): 0 floats quantized per token (dynamic_int8_linear), 1 floats quantized
-  // with the one scale *act_scale (quantize_int, after adding shift), 2 int8 codes (x_vec then means 8-byte loads).
+  // what x holds: 0 floats quantized per token (dynamic_int8_linear, up to DYN_GEMV_MAX_M rows); for int_gemm (up to
+  // INT_GEMV_MAX_M rows) 1 floats quantized with the one scale *act_scale (quantize_int, after adding shift), 2 int8
+  // codes (x_vec then means 8-byte loads).
   // Modes 1 and 2 end in int_gemm's epilogue: out_dtype kI32 for the sums, else float32(acc) * wscale (none: 1)
   // + bias in out_dtype.
   int mode;
@@ -277,9 +282,12 @@ struct DynGemvArgs {
 // shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
 size_t dynamic_gemv_min_smem(int M, int K);
 // grid: blocks (0: one per SM); ring: how the weight tiles are staged, 0 in registers, 1 through shared memory
-// by cp.async (twice the bytes in flight; the register ring where that does not fit next to the codes of x)
+// by cp.async (twice the bytes in flight; the register ring where that does not fit next to the codes of x).
+// cc_major: the device's compute capability major. cluster (modes 1 and 2): blocks per cluster that share the
+// staging of the codes of x (dynamic_gemv.cu); 0 chooses (sm_90 from 9 rows: up to 8), 1 none, 2, 4 or 8 that many
+// (sm_90 only; fewer where the device cannot hold such clusters of the kernel). Mode 0 takes 0 or 1.
 cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int num_sms, int smem_optin,
-                                cudaStream_t st, int ring);
+                                cudaStream_t st, int ring, int cc_major, int cluster);
 
 // dynamic_quantize_act, per_token_symmetric, one pass (dynamic_quantize.cu): x (M, K) -> int8 codes (M, K) contiguous
 // and float32 scales (M).
