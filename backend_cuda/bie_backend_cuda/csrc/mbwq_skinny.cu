@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, NT >= 4 ? 1 : 2) mbwq_skinny_kernel(
     T* tx = reinterpret_cast<T*>(smem + p.ring_bytes);
     const uint32_t* tx32 = reinterpret_cast<const uint32_t*>(tx);
     uint32_t* xp32 = reinterpret_cast<uint32_t*>(xp);
-    const int nslots = p.nchunks * 32;
+    const int64_t nslots = (int64_t)p.nchunks * 32;
     const int ktiles = (p.K + kXT - 1) / kXT;
     for (int kt = blockIdx.x; kt < ktiles; kt += gridDim.x) {
       const int k0 = kt * kXT;
@@ -513,9 +513,10 @@ int mbwq_skinny_plan(MbwqSkinnyArgs& p, int x_dtype, int num_sms, int smem_limit
   const SkinnyKernel k = kernel_for(x_dtype, p.nt);
   if (k == nullptr || p.sr < 2 || p.sr > 8) return -1;
   // the deepest ring (up to 8 stages, at least 3) within a budget that leaves room for two blocks per multiprocessor
-  // where the device has it (H100 / H200: 228 KiB per SM); a forced depth as far as the device allows
+  // where their registers allow it (up to 16 rows; H100 / H200: 228 KiB per SM), else the device's whole limit (one
+  // block per multiprocessor: the ring's depth is all the bytes in flight); a forced depth as far as the device allows
   int stages = stages_force > 0 ? std::min(std::max(stages_force, 2), kMaxStages) : kMaxStages;
-  const int budget = stages_force > 0 ? smem_limit : std::min(smem_limit, 110 * 1024);
+  const int budget = stages_force > 0 || p.nt >= 4 ? smem_limit : std::min(smem_limit, 110 * 1024);
   int smem = geometry(p, stages);
   while (stages > (stages_force > 0 ? 2 : 3) && smem > budget) smem = geometry(p, --stages);
   if (smem > smem_limit) return -1;
@@ -527,9 +528,9 @@ int mbwq_skinny_plan(MbwqSkinnyArgs& p, int x_dtype, int num_sms, int smem_limit
   if (splits_force > 0) {
     s = splits_force;
   } else {
-    // about one block per multiprocessor, at least 8 chunks (4 ring steps) per split: shorter splits cost more in
-    // partials and prologues than they gain
-    s = std::max(1, num_sms / p.colblocks);
+    // about as many tiles as blocks are resident (at most two per multiprocessor: 16 warps), at least 8 chunks
+    // (4 ring steps) per split: shorter splits cost more in partials and prologues than they gain
+    s = std::max(1, num_sms * std::min(bps, 2) / p.colblocks);
     s = std::min(s, std::max(1, p.nchunks / 8));
   }
   // more than one split needs every tile resident at once (the splits of a column block wait for each other)
