@@ -512,6 +512,8 @@ int mbwq_skinny_plan(MbwqSkinnyArgs& p, int x_dtype, int num_sms, int smem_limit
   p.colblocks = ceil_div(p.N, kBN);
   const SkinnyKernel k = kernel_for(x_dtype, p.nt);
   if (k == nullptr || p.sr < 2 || p.sr > 8) return -1;
+  // the opt-in limit covers static + dynamic shared memory (the kernel's s_bits)
+  smem_limit -= (int)sizeof(int) * kMaxStages * kKG;
   // the deepest ring (up to 8 stages, at least 3) within a budget that leaves room for two blocks per multiprocessor
   // where their registers allow it (up to 16 rows; H100 / H200: 228 KiB per SM), else the device's whole limit (one
   // block per multiprocessor: the ring's depth is all the bytes in flight); a forced depth as far as the device allows
