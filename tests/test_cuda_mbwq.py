@@ -128,7 +128,7 @@ def _emulated_ops():
             return y.reshape(x.shape[:-1] + (w.shape[1],))
 
         @staticmethod
-        def mbwq_skinny(x, qweight, chunks, xslot, scales, zeros, cscale, bias, counters, max_bits, tune):
+        def mbwq_skinny(x, qweight, chunks, xslot, scales, zeros, cscale, bias, max_bits, tune):
             # x scattered to its rows of the kernel's scratch, the weight of every scratch row from the k slot
             # order of csrc/mbwq_skinny.cu (row_of_slot), zero past a chunk's rows
             assert x.dtype in (torch.float16, torch.bfloat16) and x.numel() // x.shape[-1] <= 64
@@ -173,7 +173,6 @@ def emulated(monkeypatch):
     monkeypatch.setattr(_build, "ops", _emulated_ops)
     monkeypatch.setattr(_build, "direct", _emulated_ops)
     monkeypatch.setattr(mbwq, "_counters", lambda device, n: None)
-    monkeypatch.setattr(mbwq, "_skinny_counters", lambda device, n: None)
     return mbwq
 
 
@@ -372,8 +371,7 @@ def test_skinny_split_and_ring_plans_agree(cuda_mbwq):
             for stages in (2, 3, 8, 0):
                 def run():
                     return _build.ops().mbwq_skinny(x, qw, lay.chunks, lay.xslot, lay.scales, lay.zeros, lay.cscale,
-                                                    None, cuda_mbwq._skinny_counters(x.device, n), lay.max_bits,
-                                                    splits | stages << 16)
+                                                    None, lay.max_bits, splits | stages << 16)
                 y = run()
                 _close(y, expect, dtype, k, xs, w64, f"skinny splits={splits} stages={stages} M={m} N={n}")
                 assert torch.equal(run(), y), f"splits={splits} stages={stages}: not deterministic"
@@ -386,9 +384,8 @@ def test_skinny_bad_input_raises(cuda_mbwq):
     k = sum(gr)
     x = torch.randn(12, k, device="cuda", dtype=torch.float16)
     lay = cuda_mbwq.prepare(qw, s, z, perm, None, group_bits=gb, group_rows=gr)
-    cnt = cuda_mbwq._skinny_counters(x.device, 9)
     fn = _build.ops().mbwq_skinny
-    good = (x, qw, lay.chunks, lay.xslot, lay.scales, lay.zeros, None, None, cnt, lay.max_bits, 0)
+    good = (x, qw, lay.chunks, lay.xslot, lay.scales, lay.zeros, None, None, lay.max_bits, 0)
 
     def bad(i, v, match):
         a = list(good)
@@ -402,23 +399,22 @@ def test_skinny_bad_input_raises(cuda_mbwq):
     bad(3, lay.xslot[:-1], "xslot must be")
     bad(4, lay.scales.half(), "scales and zeros")
     bad(6, torch.ones(k - 1, device="cuda"), "cscale must be")
-    bad(8, cnt[:1], "counters")
-    bad(9, 9, "max_bits")
-    bad(10, -1, "tune")
+    bad(8, 9, "max_bits")
+    bad(9, -1, "tune")
     # table entries that point outside the weight (or are wider than max_bits) are skipped: no out-of-bounds access
     t = lay.chunks.clone()
     t[0, 3] = 1 << 30          # first word past qweight
     t[1, 1] = 99               # a group that does not exist
     t[2, 0] = 8 | (32 << 8)    # wider than the layout's widest code (6 bits): past the slots' rows
     t[3, 2] = k                # rows past K
-    y = fn(x, qw, t, lay.xslot, lay.scales, lay.zeros, None, None, cnt, lay.max_bits, 0)
+    y = fn(x, qw, t, lay.xslot, lay.scales, lay.zeros, None, None, lay.max_bits, 0)
     torch.cuda.synchronize()
     assert y.shape == (12, 9) and math.isfinite(float(y.float().abs().sum()))
     # scratch rows that do not exist are not written (the rows they leave unwritten hold whatever the scratch held:
     # only the absence of a fault is checked)
     xslot = lay.xslot.clone()
     xslot[0], xslot[1] = -5, 1 << 30
-    y = fn(x, qw, lay.chunks, xslot, lay.scales, lay.zeros, None, None, cnt, lay.max_bits, 0)
+    y = fn(x, qw, lay.chunks, xslot, lay.scales, lay.zeros, None, None, lay.max_bits, 0)
     torch.cuda.synchronize()
     assert y.shape == (12, 9)
 

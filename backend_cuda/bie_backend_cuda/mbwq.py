@@ -37,8 +37,6 @@ _THREADS = 128
 CHUNK_ROWS = 32
 #: rows the skinny tensor-core kernel serves (csrc/launchers.h MBWQ_SKINNY_MAX_M)
 SKINNY_MAX_M = 64
-#: columns per block of the skinny kernel (csrc/launchers.h MBWQ_SKINNY_BN): two semaphores per column block
-_SKINNY_BN = 128
 
 
 def _slot_of_chunk_row() -> torch.Tensor:
@@ -122,11 +120,6 @@ def _counters(device, n: int) -> torch.Tensor:
     return _counters_for(device, -(-n // _THREADS))
 
 
-def _skinny_counters(device, n: int) -> torch.Tensor:
-    """The skinny kernel's semaphores (the same zeroed set of the current stream): two per column block."""
-    return _counters_for(device, 2 * -(-n // _SKINNY_BN))
-
-
 def _folded(qweight, lay: MbwqLayout, dtype) -> torch.Tensor:
     """(K, N) weight in input row order with channel_scale folded in, in ``dtype``."""
     return _build.ops().mbwq_dequant(qweight.contiguous(), lay.chunks, lay.scales, lay.zeros, lay.rscale, lay.perm,
@@ -176,7 +169,7 @@ def mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias, gro
     lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
     _check_skinny(x, lay)
     return _build.ops().mbwq_skinny(x, qweight.contiguous(), lay.chunks, lay.xslot, lay.scales, lay.zeros,
-                                    lay.cscale, bias, _skinny_counters(x.device, lay.n), lay.max_bits, tune)
+                                    lay.cscale, bias, lay.max_bits, tune)
 
 
 def bind_mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows,
@@ -186,12 +179,12 @@ def bind_mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias
         return None
     _check_skinny(x, prepared)
     fn = _build.direct().mbwq_skinny
-    lay, dev = prepared, x.device
+    lay = prepared
     head = (qweight.contiguous(), lay.chunks, lay.xslot, lay.scales, lay.zeros, lay.cscale)
 
     def call(x, *rest):
-        b = rest[5] if rest else bias
-        return fn(x, *head, b, _skinny_counters(dev, lay.n), lay.max_bits, 0)
+        # (the K splits' counters are in the call's own scratch: no per-stream state to look up)
+        return fn(x, *head, rest[5] if rest else bias, lay.max_bits, 0)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
     call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
     return call

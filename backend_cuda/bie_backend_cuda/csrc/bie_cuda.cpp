@@ -1391,17 +1391,16 @@ Tensor mbwq_gemm_dense(const Tensor& x, const Tensor& qweight, const Tensor& chu
 // mbwq_gemm for up to MBWQ_SKINNY_MAX_M rows of fp16 / bf16 x in one cooperative launch (mbwq_skinny.cu). The
 // operands are the prepared layout's (bie_backend_cuda/mbwq.py): chunks, scales, zeros as for mbwq_gemv; xslot (K)
 // int32, the row of the kernel's scratch that input row k feeds; cscale (K) float32 channel_scale in input order or
-// None; max_bits the widest code of the table (a chunk wider than that is skipped). counters: the zeroed semaphores
-// of the current stream (at least 2 * ceil(N / 128), left zero). tune (benchmarks): bits 0..15 the K splits to use
-// at most (0: planned), bits 16..19 the ring's stages (0: planned). x of any rank (rows_of; a column stride other
-// than 1 is copied), the output in its shape and dtype.
+// None; max_bits the widest code of the table (a chunk wider than that is skipped). The K splits' counters are part
+// of the call's scratch (zeroed by the kernel: nothing is shared between calls, streams or CUDA graphs). tune
+// (benchmarks): bits 0..15 the K splits to use at most (0: planned), bits 16..19 the ring's stages (0: planned). x of
+// any rank (rows_of; a column stride other than 1 is copied), the output in its shape and dtype.
 Tensor mbwq_skinny(const Tensor& x, const Tensor& qweight, const Tensor& chunks, const Tensor& xslot,
                    const Tensor& scales, const Tensor& zeros, const std::optional<Tensor>& cscale,
-                   const std::optional<Tensor>& bias, const Tensor& counters, int64_t max_bits, int64_t tune) {
+                   const std::optional<Tensor>& bias, int64_t max_bits, int64_t tune) {
   const char* who = "mbwq_skinny";
   check_cuda(x, "x");
   check_cuda(xslot, "xslot");
-  check_cuda(counters, "counters");
   TORCH_CHECK(x.dim() >= 1 && (x.dim() == 2 || x.is_contiguous()), "bie_cuda.mbwq_skinny: x must be (M, K) or "
               "contiguous (..., K), got ", x.sizes());
   const auto xt = x.scalar_type();
@@ -1421,12 +1420,8 @@ Tensor mbwq_skinny(const Tensor& x, const Tensor& qweight, const Tensor& chunks,
                     cscale->is_contiguous() && cscale->device() == x.device(),
                 "bie_cuda.mbwq_skinny: cscale must be a contiguous float32 (", K, ") tensor on x's device");
   }
-  TORCH_CHECK(x.device() == qweight.device() && xslot.device() == x.device() && counters.device() == x.device(),
+  TORCH_CHECK(x.device() == qweight.device() && xslot.device() == x.device(),
               "bie_cuda.mbwq_skinny: tensors on different devices");
-  const int64_t colblocks = (N + bie::MBWQ_SKINNY_BN - 1) / bie::MBWQ_SKINNY_BN;
-  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous() && counters.numel() >= 2 * colblocks,
-              "bie_cuda.mbwq_skinny: counters must be a contiguous int32 tensor of at least ", 2 * colblocks,
-              " values");
   TORCH_CHECK(max_bits >= 2 && max_bits <= 8, "bie_cuda.mbwq_skinny: max_bits must be 2..8, got ", max_bits);
   TORCH_CHECK(tune >= 0 && tune < (1 << 20), "bie_cuda.mbwq_skinny: tune must be 0..2^20-1, got ", tune);
   c10::cuda::CUDAGuard guard(x.device());
@@ -1451,7 +1446,6 @@ Tensor mbwq_skinny(const Tensor& x, const Tensor& qweight, const Tensor& chunks,
   p.M = (int)M;
   Tensor bias_c;
   set_bias_out(p, bias, bias_c, x, out, xt, N, who);
-  p.counters = counters.data_ptr<int32_t>();
   p.sr = (int)max_bits;
   const auto al16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   p.vec = N % 4 == 0 && al16(p.qweight) && al16(p.scales) && al16(p.zeros) ? 1 : 0;
@@ -1463,12 +1457,18 @@ Tensor mbwq_skinny(const Tensor& x, const Tensor& qweight, const Tensor& chunks,
                                          (int)((tune >> 16) & 0xF));
   TORCH_CHECK(smem > 0, "bie_cuda.mbwq_skinny: no plan fits this device (", M, " rows, codes up to ", max_bits,
               " bits)");
-  // one scratch allocation: xp (the rows of x in the kernel's order) and, with K splits, the float32 partials
+  // one scratch allocation: xp (the rows of x in the kernel's order) and, with K splits, the float32 partials and
+  // a counter per column block
   const int64_t xp_bytes = ((int64_t)p.nchunks * 32 * 8 * p.nt * 2 + 255) / 256 * 256;
   const int64_t ws_bytes = p.splits > 1 ? (int64_t)p.splits * M * N * 4 : 0;
-  Tensor scratch = at::empty({xp_bytes + ws_bytes}, x.options().dtype(at::kByte));
-  p.xp = scratch.data_ptr();
-  if (p.splits > 1) p.ws = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch.data_ptr()) + xp_bytes);
+  const int64_t sem_bytes = p.splits > 1 ? (int64_t)p.colblocks * 4 : 0;
+  Tensor scratch = at::empty({xp_bytes + ws_bytes + sem_bytes}, x.options().dtype(at::kByte));
+  uint8_t* base = static_cast<uint8_t*>(scratch.data_ptr());
+  p.xp = base;
+  if (p.splits > 1) {
+    p.ws = reinterpret_cast<float*>(base + xp_bytes);
+    p.counters = reinterpret_cast<int32_t*>(base + xp_bytes + ws_bytes);
+  }
   check_launch(bie::launch_mbwq_skinny(p, dtype_code(xt), smem, stream()), who);
   return out;
 }

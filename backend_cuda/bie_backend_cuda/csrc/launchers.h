@@ -370,7 +370,7 @@ struct MbwqSkinnyArgs {
   int out_dtype;
   void* xp;                // (nchunks * 32, 8 * nt) scratch in x's dtype
   float* ws;               // (splits, M, N) float32 partials when splits > 1
-  int32_t* counters;       // (2 * colblocks) zeroed, left zero
+  int32_t* counters;       // (colblocks) split counters in the call's scratch when splits > 1 (zeroed by the kernel)
   int sr;                  // weight rows per chunk slot: the widest code of the table (2..8)
   int vec;                 // 16-byte copies of qweight / scales / zeros rows (N % 4 == 0, 16-byte aligned)
   // set by mbwq_skinny_plan

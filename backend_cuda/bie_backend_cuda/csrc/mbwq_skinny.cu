@@ -40,7 +40,9 @@
 // column block every split of it is resident at once (the plan keeps tiles <= the resident blocks), each writes
 // float32 partials, arrives at the column block's counter, waits for the others and then sums its share of the
 // column block's outputs over the splits in split order (deterministic, and the sums spread over the splits'
-// blocks instead of one), adds the bias and casts; the last to leave zeroes the counters for the next launch.
+// blocks instead of one), adds the bias and casts. The counters live in the call's own scratch and are zeroed in
+// phase 1 (the grid barrier orders that before every arrival): no state is carried from one launch to the next, so
+// launches on other streams, or CUDA graphs replayed in any order or at once, cannot share or inherit a count.
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -291,6 +293,10 @@ __global__ void __launch_bounds__(kThreads, NT >= 4 ? 1 : 2) mbwq_skinny_kernel(
     }
   };
 
+  // the split counters of this launch (in its scratch): zeroed before the grid barrier, counted only after it
+  if (p.splits > 1 && blockIdx.x == 0)
+    for (int i = tid; i < p.colblocks; i += kThreads) p.counters[i] = 0;
+
   int tile = blockIdx.x;
   if (tile < p.tiles) {   // (always: the grid has at most one block per tile)
     set_tile(tile);
@@ -428,7 +434,6 @@ __global__ void __launch_bounds__(kThreads, NT >= 4 ? 1 : 2) mbwq_skinny_kernel(
       __syncthreads();
       const int cb = n0 / kBN;
       int* arrive = p.counters + cb;
-      int* depart = p.counters + p.colblocks + cb;
       if (tid == 0) {
         atomicAdd(arrive, 1);
         // every split of this column block is resident (plan: tiles <= blocks of the cooperative grid)
@@ -456,11 +461,7 @@ __global__ void __launch_bounds__(kThreads, NT >= 4 ? 1 : 2) mbwq_skinny_kernel(
         if (p.bias != nullptr) sum += load_f32(p.bias, p.bias_dtype, col);
         out[(int64_t)m * p.N + col] = from_f32<T>(sum);
       }
-      __syncthreads();
-      if (tid == 0 && atomicAdd(depart, 1) == p.splits - 1) {   // every split has read: ready for the next launch
-        atomicExch(arrive, 0);
-        atomicExch(depart, 0);
-      }
+      __syncthreads();   // (redundant with the next one; without it ptxas spills 8 bytes at 2 row tiles on sm_80)
     }
     __syncthreads();   // before the next tile's copies overwrite the ring
   }
