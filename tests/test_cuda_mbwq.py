@@ -378,6 +378,68 @@ def test_skinny_split_and_ring_plans_agree(cuda_mbwq):
 
 
 @needs_cuda
+def test_skinny_more_tiles_than_resident_blocks(cuda_mbwq):
+    """More column blocks than blocks can be resident (at most two per multiprocessor): one K split, each block of
+    the cooperative grid takes several tiles in turn (its ring refilled per tile, the weight prologue after the
+    barrier); odd N (word copies) and N % 4 == 0 (16-byte copies), 2 and 6 row tiles."""
+    from bie_core import ops
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    gb, gr = GROUPINGS[1]                         # K = 196: 3-, 5- and 6-bit codes, partial chunks
+    k = sum(gr)
+    for n, m, dtype in ((128 * (2 * sms + 3) + 44, 12, torch.float16), (128 * (2 * sms + 1) + 77, 40, torch.bfloat16)):
+        g = torch.Generator().manual_seed(n + m)
+        qw, s, z, perm, w64 = make_mbwq_case(gb, gr, n, g, "cuda")
+        cs = (torch.rand(k, generator=g) + 0.5).cuda()
+        bias = torch.randn(n, generator=g).to(dtype).cuda()
+        x = torch.randn(m, k, generator=g).to(dtype).cuda()
+        xs, expect = _expect(x, w64, cs, bias)
+        y = ops.mbwq_gemm(x, qw, s, z, perm, cs, bias, gb, gr, backend="cuda:mbwq_gemm_skinny")
+        _close(y, expect, dtype, k, xs, w64, f"skinny N={n} M={m} (tiles > resident blocks)")
+
+
+@needs_cuda
+def test_skinny_in_a_cuda_graph_and_on_two_streams(cuda_mbwq):
+    """K splits (their counters in each call's scratch) captured in a CUDA graph and replayed, and two calls at once
+    on two streams: the right result every time."""
+    gb, gr, qw, s, z, perm, w64, g = _case(3, 200, 91, device="cuda")   # 144 chunks, 2 column blocks: K splits
+    k = sum(gr)
+    cs = (torch.rand(k, generator=g) + 0.5).cuda()
+    bias = torch.randn(200, generator=g).bfloat16().cuda()
+    lay = cuda_mbwq.prepare(qw, s, z, perm, cs, group_bits=gb, group_rows=gr)
+    call = cuda_mbwq.bind_mbwq_gemm_skinny(torch.empty(20, k, dtype=torch.bfloat16, device="cuda"), qw, s, z, perm,
+                                           cs, bias, gb, gr, prepared=lay)
+    static_x = torch.randn(20, k, generator=g).bfloat16().cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(static_x)
+    for i in range(3):
+        static_x.copy_(torch.randn(20, k, generator=g).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        xs, expect = _expect(static_x, w64, cs, bias)
+        _close(out, expect, torch.bfloat16, k, xs, w64, f"graph replay {i}")
+    xa, xb = (torch.randn(m, k, generator=g).bfloat16().cuda() for m in (20, 64))
+    ya, yb = call(xa), call(xb)
+    sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+    sa.wait_stream(torch.cuda.current_stream())
+    sb.wait_stream(torch.cuda.current_stream())
+    got = []
+    for _ in range(10):
+        with torch.cuda.stream(sa):
+            got.append((call(xa), ya))
+        with torch.cuda.stream(sb):
+            got.append((call(xb), yb))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in got)
+
+
+@needs_cuda
 def test_skinny_bad_input_raises(cuda_mbwq):
     from bie_backend_cuda import _build
     gb, gr, qw, s, z, perm, w64, g = _case(1, 9, 12, device="cuda")
