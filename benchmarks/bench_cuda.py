@@ -226,7 +226,9 @@ def _rand_mbwq(k, n, gen):
 
 
 def bench_mbwq(rows, quick):
-    """mbwq_gemm (MBWQLinear's op, mixed widths, q_perm and channel_scale) through automatic selection on CUDA."""
+    """mbwq_gemm (MBWQLinear's op, mixed widths, q_perm and channel_scale) through automatic selection on CUDA, and
+    up to 64 rows the skinny tensor-core kernel and the dense path by name (skinny_us, dense_us)."""
+    import bie_core
     from bie_core import ops
     shapes = [(4096, 4096), (28672, 8192)] if quick else [(4096, 4096), (28672, 8192), (8192, 28672)]
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -234,21 +236,29 @@ def bench_mbwq(rows, quick):
         first, bits, grows = _rand_mbwq(k, n, gen)
         wbytes = first[0].numel() * 4 + first[1].numel() * 4 + k * 6
         sets = [first] + [_rand_mbwq(k, n, gen)[0] for _ in range(pool_size(wbytes) - 1)]
-        for m in (1, 4, 8, 16) if quick else (1, 2, 4, 8, 9, 16, 64):
+        for m in (1, 4, 8, 16, 32) if quick else (1, 2, 4, 8, 9, 16, 32, 64):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             fns = [lambda s_=s_: ops.mbwq_gemm(x, *s_, None, bits, grows, backend="cuda") for s_ in sets]
             time_graph(fns)          # untimed: the clock recovers from the previous case
             t = time_graph(fns)
+            # the kernels by name where they serve the rows: the skinny tensor-core GEMM (1-64 rows) and the dense
+            # path (dequantize + cuBLAS), whichever automatic selection did not take
+            forced = {}
+            for name in ("mbwq_gemm_skinny", "mbwq_gemm_dense") if m <= 64 else ():
+                ffns = [lambda s_=s_, b_=f"cuda:{name}": ops.mbwq_gemm(x, *s_, None, bits, grows, backend=b_)
+                        for s_ in sets]
+                forced[name.replace("mbwq_gemm_", "") + "_us"] = time_graph(ffns)
             qw, sc, z, perm, cs = sets[0]
             w = ops.mbwq_dequantize(qw, sc, z, perm, bits, grows, torch.float32, backend="cuda")
             ref = (x.float() * cs.float()) @ w
             rel = float((fns[0]().float() - ref).norm() / ref.norm())
             base = bf16_linear_us(m, n, k)
             byts = wbytes + m * k * 2 + m * n * 2
+            chosen = bie_core.explain(ops.mbwq_gemm, x, *sets[0], None, bits, grows).chosen()["mbwq_gemm"]
             rows.append(dict(family=f"MBWQ {sum(b * r for b, r in zip(bits, grows)) / k:.2f} bits/w",
-                             shape=f"M={m} N={n} K={k}", us=t, bf16_us=base, speedup=base / t,
+                             shape=f"M={m} N={n} K={k}", kernel=chosen, us=t, bf16_us=base, speedup=base / t,
                              TBps=byts / t / 1e6, floor_us=byts / BW * 1e6, frac_roof=byts / BW * 1e6 / t,
-                             rel_err=rel))
+                             rel_err=rel, **forced))
         del sets
         torch.cuda.empty_cache()
 

@@ -8,6 +8,10 @@ host synchronisation per weight version): the row scatter of the dequantization 
 
 * ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
   registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
+* ``mbwq_gemm_skinny`` (fp16 / bf16 x, 9..64 rows; any 1..64 when chosen by name): one cooperative launch
+  (``csrc/mbwq_skinny.cu``): x gathered once into the tensor cores' order (prepared ``xslot``), a grid-wide
+  barrier, then mma.m16n8k16 on the weight decoded in registers, K splits summed in split order, bias and cast
+  fused; no weight-sized allocation.
 * ``mbwq_gemm_dense`` (any rows): the weight dequantized with channel_scale folded in, in x's dtype, its rows
   scattered to input order, then cuBLAS (``addmm`` adds the bias), in one library call.
 * ``mbwq_gemm_grad_input``: the same folded weight, ``grad @ W.T`` by cuBLAS.
@@ -31,6 +35,18 @@ GEMV_MAX_M = 8
 _THREADS = 128
 #: packed rows per chunk: 32 codes of b bits fill exactly b words
 CHUNK_ROWS = 32
+#: rows the skinny tensor-core kernel serves (csrc/launchers.h MBWQ_SKINNY_MAX_M)
+SKINNY_MAX_M = 64
+
+
+def _slot_of_chunk_row() -> torch.Tensor:
+    """(32,) int64: the mma k slot that row r of a chunk feeds in the skinny kernel. Lane t of a warp holds the
+    codes of rows 8t..8t+7 (consecutive in the bit stream); its A register R = 2s + h (k16 step s, k half h) pairs
+    rows 8t + R and 8t + R + 4, which sit at k slots 16s + 8h + 2t and that + 1 (csrc/mbwq_skinny.cu
+    row_of_slot is the inverse)."""
+    r = torch.arange(CHUNK_ROWS)
+    t, reg, e = r >> 3, r & 3, (r >> 2) & 1
+    return 16 * (reg >> 1) + 8 * (reg & 1) + 2 * t + e
 
 
 def chunk_table(group_bits: Sequence[int], group_rows: Sequence[int]) -> torch.Tensor:
@@ -54,6 +70,11 @@ class MbwqLayout:
     rscale: Optional[torch.Tensor]        # (K,) float32 channel_scale in packed row order, or None
     k: int
     n: int
+    # the skinny kernel's: input row k feeds row xslot[k] = 32 * chunk + k slot of its scratch; channel_scale in
+    # input order (float32, or None); the widest code of the table
+    xslot: Optional[torch.Tensor] = None
+    cscale: Optional[torch.Tensor] = None
+    max_bits: int = 8
 
 
 def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, group_rows) -> MbwqLayout:
@@ -69,12 +90,22 @@ def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, g
     if ordered.shape[0] != k or not bool((ordered == torch.arange(k, device=dev)).all()):
         raise IndexError(f"mbwq (bie-backend-cuda): q_perm must be a permutation of 0..{k - 1} "
                          f"(K = sum(group_rows) = {k})")
-    rscale = None
+    rscale = cscale = None
     if channel_scale is not None:
-        rscale = channel_scale.detach().to(dev).to(torch.float32).index_select(0, perm_long).contiguous()
-    return MbwqLayout(chunks=chunk_table(group_bits, group_rows).to(dev), perm=perm_long.to(torch.int32),
+        cscale = channel_scale.detach().to(device=dev, dtype=torch.float32, copy=True).contiguous()
+        rscale = cscale.index_select(0, perm_long).contiguous()
+    table = chunk_table(group_bits, group_rows)
+    # the skinny kernel's scratch row of every packed row j (its chunk's 32 rows in k slot order), scattered to the
+    # input row q_perm[j] that fills it
+    rows = table[:, 0] >> 8
+    chunk_of = torch.repeat_interleave(torch.arange(table.shape[0]), rows)
+    slot = chunk_of * CHUNK_ROWS + _slot_of_chunk_row()[torch.arange(k) - table[chunk_of, 2].long()]
+    xslot = torch.empty(k, dtype=torch.int32, device=dev)
+    xslot[perm_long] = slot.to(device=dev, dtype=torch.int32)
+    return MbwqLayout(chunks=table.to(dev), perm=perm_long.to(torch.int32),
                       scales=scales.detach().to(torch.float32, copy=True).contiguous(),
-                      zeros=zeros.detach().to(torch.float32, copy=True).contiguous(), rscale=rscale, k=k, n=n)
+                      zeros=zeros.detach().to(torch.float32, copy=True).contiguous(), rscale=rscale, k=k, n=n,
+                      xslot=xslot, cscale=cscale, max_bits=max(int(b) for b in group_bits))
 
 
 def _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows) -> MbwqLayout:
@@ -121,6 +152,52 @@ def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
     return call
 
 
+def _check_skinny(x, lay: MbwqLayout) -> None:
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"mbwq_gemm_skinny (bie-backend-cuda): x must be float16 or bfloat16, got {x.dtype}")
+    m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    if m > SKINNY_MAX_M:
+        raise ValueError(f"mbwq_gemm_skinny (bie-backend-cuda): at most {SKINNY_MAX_M} rows, got {m}")
+    if lay.xslot is None:
+        raise ValueError("mbwq_gemm_skinny (bie-backend-cuda): the layout has no xslot (made by an older prepare)")
+
+
+def mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows,
+                     prepared=None, tune: int = 0):
+    """mbwq_gemm for 1..64 rows of float16 / bfloat16 x: one cooperative launch of the skinny tensor-core kernel.
+    ``tune`` (benchmarks): bits 0..15 the K splits to use at most, bits 16..19 the ring's stages (0: planned)."""
+    lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
+    _check_skinny(x, lay)
+    return _build.ops().mbwq_skinny(x, qweight.contiguous(), lay.chunks, lay.xslot, lay.scales, lay.zeros,
+                                    lay.cscale, bias, lay.max_bits, tune)
+
+
+def bind_mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows,
+                          prepared=None):
+    """The skinny kernel's call for one signature (the dispatcher's ``bind``), as :func:`bind_mbwq_gemv`."""
+    if prepared is None:
+        return None
+    _check_skinny(x, prepared)
+    fn = _build.direct().mbwq_skinny
+    lay = prepared
+    head = (qweight.contiguous(), lay.chunks, lay.xslot, lay.scales, lay.zeros, lay.cscale)
+
+    def call(x, *rest):
+        # (the K splits' counters are in the call's own scratch: no per-stream state to look up)
+        return fn(x, *head, rest[5] if rest else bias, lay.max_bits, 0)
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/bie_cuda.cpp rows_of)
+    return call
+
+
+def skinny_faster_elsewhere(p) -> Optional[str]:
+    """Automatic selection leaves 1..8 rows to the GEMV (the skinny kernel serves them when chosen by name)."""
+    m = p.dims.get("M")
+    if m is not None and m <= GEMV_MAX_M:
+        return f"M={m} <= {GEMV_MAX_M}: cuda:mbwq_gemv"
+    return None
+
+
 def mbwq_gemm_dense(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows, prepared=None):
     """mbwq_gemm for any rows: the folded weight dequantized in x's dtype, rows in input order (one kernel), then
     cuBLAS, in one library call."""
@@ -160,6 +237,6 @@ def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtyp
                                      dtype)
 
 
-__all__ = ["chunk_table", "prepare", "MbwqLayout", "mbwq_gemv", "bind_mbwq_gemv", "mbwq_gemm_dense",
-           "bind_mbwq_gemm_dense",
-           "mbwq_gemm_grad_input", "mbwq_dequantize", "GEMV_MAX_M"]
+__all__ = ["chunk_table", "prepare", "MbwqLayout", "mbwq_gemv", "bind_mbwq_gemv", "mbwq_gemm_skinny",
+           "bind_mbwq_gemm_skinny", "skinny_faster_elsewhere", "mbwq_gemm_dense", "bind_mbwq_gemm_dense",
+           "mbwq_gemm_grad_input", "mbwq_dequantize", "GEMV_MAX_M", "SKINNY_MAX_M"]

@@ -178,6 +178,19 @@ def _register_mbwq(registry, cuda) -> None:
                                   "codes of every width decoded in registers from coalesced int32 loads, float32 "
                                   "accumulation, split-K with a deterministic last-block reduction, bias and cast "
                                   f"fused; 1-{mbwq.GEMV_MAX_M} rows", **common)
+    registry.register("mbwq_gemm", mbwq.mbwq_gemm_skinny, priority=PRIORITY + 2, name="mbwq_gemm_skinny",
+                      capability=dataclasses.replace(cap, dtypes=(torch.float16, torch.bfloat16),
+                                                     max_dims={"M": mbwq.SKINNY_MAX_M},
+                                                     defer=mbwq.skinny_faster_elsewhere),
+                      bind=mbwq.bind_mbwq_gemm_skinny,
+                      description="skinny tensor-core GEMM in one cooperative launch: every block first writes its "
+                                  "share of x[:, k] * channel_scale[k] into a scratch in the mma's order (prepared "
+                                  "per input row), then after a grid-wide barrier streams the weight's chunks, their "
+                                  "scales and zeros and that scratch through a cp.async ring, decodes the codes of "
+                                  "every width to fp16 / bf16 q*s - z in registers and issues mma.m16n8k16 with "
+                                  "float32 accumulation; K splits summed in split order by the splits' own blocks, "
+                                  "bias and cast fused; no weight-sized allocation; fp16 / bf16, 1-"
+                                  f"{mbwq.SKINNY_MAX_M} rows (automatic from {mbwq.GEMV_MAX_M + 1})", **common)
     registry.register("mbwq_gemm", mbwq.mbwq_gemm_dense, priority=PRIORITY, name="mbwq_gemm_dense", capability=cap,
                       bind=mbwq.bind_mbwq_gemm_dense,
                       description="dequantize (one kernel, channel_scale folded, x's dtype) + cuBLAS in one library "

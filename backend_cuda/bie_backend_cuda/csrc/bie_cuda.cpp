@@ -1432,6 +1432,91 @@ Tensor mbwq_gemm_dense(const Tensor& x, const Tensor& qweight, const Tensor& chu
   }
   return out.view(rows_out_shape(x, w.size(1)));
 }
+
+// mbwq_gemm for up to MBWQ_SKINNY_MAX_M rows of fp16 / bf16 x in one cooperative launch (mbwq_skinny.cu). The
+// operands are the prepared layout's (bie_backend_cuda/mbwq.py): chunks, scales, zeros as for mbwq_gemv; xslot (K)
+// int32, the row of the kernel's scratch that input row k feeds; cscale (K) float32 channel_scale in input order or
+// None; max_bits the widest code of the table (a chunk wider than that is skipped). The K splits' counters are part
+// of the call's scratch (zeroed by the kernel: nothing is shared between calls, streams or CUDA graphs). tune
+// (benchmarks): bits 0..15 the K splits to use at most (0: planned), bits 16..19 the ring's stages (0: planned). x of
+// any rank (rows_of; a column stride other than 1 is copied), the output in its shape and dtype.
+Tensor mbwq_skinny(const Tensor& x, const Tensor& qweight, const Tensor& chunks, const Tensor& xslot,
+                   const Tensor& scales, const Tensor& zeros, const std::optional<Tensor>& cscale,
+                   const std::optional<Tensor>& bias, int64_t max_bits, int64_t tune) {
+  const char* who = "mbwq_skinny";
+  check_cuda(x, "x");
+  check_cuda(xslot, "xslot");
+  TORCH_CHECK(x.dim() >= 1 && (x.dim() == 2 || x.is_contiguous()), "bie_cuda.mbwq_skinny: x must be (M, K) or "
+              "contiguous (..., K), got ", x.sizes());
+  const auto xt = x.scalar_type();
+  TORCH_CHECK(xt == at::kHalf || xt == at::kBFloat16, "bie_cuda.mbwq_skinny: x must be float16 or bfloat16, got ",
+              xt);
+  const int64_t M = rows_of(x), K = x.size(-1);
+  TORCH_CHECK(M <= bie::MBWQ_SKINNY_MAX_M, "bie_cuda.mbwq_skinny: at most ", bie::MBWQ_SKINNY_MAX_M,
+              " rows, got ", M);
+  check_mbwq_operands(who, qweight, chunks, scales, zeros, std::nullopt, K);
+  const int64_t N = qweight.size(1);
+  TORCH_CHECK(xslot.scalar_type() == at::kInt && xslot.dim() == 1 && xslot.numel() == K && xslot.is_contiguous(),
+              "bie_cuda.mbwq_skinny: xslot must be a contiguous int32 (", K, ") tensor, got ", xslot.scalar_type(),
+              " ", xslot.sizes());
+  if (cscale.has_value() && cscale->defined()) {
+    check_cuda(*cscale, who);
+    TORCH_CHECK(cscale->scalar_type() == at::kFloat && cscale->dim() == 1 && cscale->numel() == K &&
+                    cscale->is_contiguous() && cscale->device() == x.device(),
+                "bie_cuda.mbwq_skinny: cscale must be a contiguous float32 (", K, ") tensor on x's device");
+  }
+  TORCH_CHECK(x.device() == qweight.device() && xslot.device() == x.device(),
+              "bie_cuda.mbwq_skinny: tensors on different devices");
+  TORCH_CHECK(max_bits >= 2 && max_bits <= 8, "bie_cuda.mbwq_skinny: max_bits must be 2..8, got ", max_bits);
+  TORCH_CHECK(tune >= 0 && tune < (1 << 20), "bie_cuda.mbwq_skinny: tune must be 0..2^20-1, got ", tune);
+  c10::cuda::CUDAGuard guard(x.device());
+  TORCH_CHECK(compute_major() >= 8, "bie_cuda.mbwq_skinny: needs sm_80 or newer (bf16 / fp16 mma)");
+  auto out = at::empty(rows_out_shape(x, N), x.options());
+  if (M == 0) return out;
+  const Tensor xc = (K <= 1 || x.stride(-1) == 1) ? x : x.contiguous();
+  bie::MbwqSkinnyArgs p{};
+  p.qweight = qweight.data_ptr<int32_t>();
+  p.KW = qweight.size(0);
+  p.N = (int)N;
+  p.K = (int)K;
+  p.G = (int)scales.size(0);
+  p.chunks = reinterpret_cast<const int4*>(chunks.data_ptr<int32_t>());
+  p.nchunks = (int)chunks.size(0);
+  p.scales = scales.data_ptr<float>();
+  p.zeros = zeros.data_ptr<float>();
+  p.xslot = xslot.data_ptr<int32_t>();
+  p.cscale = cscale.has_value() && cscale->defined() ? cscale->data_ptr<float>() : nullptr;
+  p.x = xc.data_ptr();
+  p.ldx = M > 1 && xc.dim() == 2 ? xc.stride(0) : K;
+  p.M = (int)M;
+  Tensor bias_c;
+  set_bias_out(p, bias, bias_c, x, out, xt, N, who);
+  p.sr = (int)max_bits;
+  const auto al16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  p.vec = N % 4 == 0 && al16(p.qweight) && al16(p.scales) && al16(p.zeros) ? 1 : 0;
+  int dev = 0, coop = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
+  TORCH_CHECK(coop != 0, "bie_cuda.mbwq_skinny: the device has no cooperative launches");
+  const int smem = bie::mbwq_skinny_plan(p, dtype_code(xt), num_sms(), smem_optin(), (int)(tune & 0xFFFF),
+                                         (int)((tune >> 16) & 0xF));
+  TORCH_CHECK(smem > 0, "bie_cuda.mbwq_skinny: no plan fits this device (", M, " rows, codes up to ", max_bits,
+              " bits)");
+  // one scratch allocation: xp (the rows of x in the kernel's order) and, with K splits, the float32 partials and
+  // a counter per column block
+  const int64_t xp_bytes = ((int64_t)p.nchunks * 32 * 8 * p.nt * 2 + 255) / 256 * 256;
+  const int64_t ws_bytes = p.splits > 1 ? (int64_t)p.splits * M * N * 4 : 0;
+  const int64_t sem_bytes = p.splits > 1 ? (int64_t)p.colblocks * 4 : 0;
+  Tensor scratch = at::empty({xp_bytes + ws_bytes + sem_bytes}, x.options().dtype(at::kByte));
+  uint8_t* base = static_cast<uint8_t*>(scratch.data_ptr());
+  p.xp = base;
+  if (p.splits > 1) {
+    p.ws = reinterpret_cast<float*>(base + xp_bytes);
+    p.counters = reinterpret_cast<int32_t*>(base + xp_bytes + ws_bytes);
+  }
+  check_launch(bie::launch_mbwq_skinny(p, dtype_code(xt), smem, stream()), who);
+  return out;
+}
 }  // namespace
 
 TORCH_LIBRARY(bie_cuda, m) {
@@ -1456,6 +1541,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("mbwq_gemv", &mbwq_gemv);
   m.def("mbwq_gemm_dense", &mbwq_gemm_dense);
   m.def("mbwq_dequant", &mbwq_dequant);
+  m.def("mbwq_skinny", &mbwq_skinny);
 }
 
 // The bound inference calls' entry points (see the top of this file): the same functions, the same checks.
@@ -1476,4 +1562,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mbwq_gemv", &mbwq_gemv);
   m.def("mbwq_gemm_dense", &mbwq_gemm_dense);
   m.def("mbwq_dequant", &mbwq_dequant);
+  m.def("mbwq_skinny", &mbwq_skinny);
 }

@@ -352,4 +352,44 @@ int mbwq_gemv_plan(MbwqArgs& p, int num_sms, int splits_force);
 cudaError_t launch_mbwq_gemv(const MbwqArgs& p, int x_dtype, cudaStream_t st);
 cudaError_t launch_mbwq_dequant(const MbwqArgs& p, cudaStream_t st);
 
+// mbwq_gemm for up to MBWQ_SKINNY_MAX_M rows of fp16 / bf16 x on the tensor cores (mbwq_skinny.cu): one cooperative
+// launch that first writes x[:, k] * cscale[k] into xp at row xslot[k] (MP = 8 * nt values each, zero past M), then,
+// after a grid-wide barrier, multiplies it with the weight decoded in registers; blocks of MBWQ_SKINNY_BN columns and
+// K splits of the chunk table.
+constexpr int MBWQ_SKINNY_MAX_M = 64;
+constexpr int MBWQ_SKINNY_WARPS = 8;    // four 32-column strips x two k-groups
+constexpr int MBWQ_SKINNY_BN = 128;     // columns per block
+struct MbwqSkinnyArgs {
+  const int32_t* qweight;  // (KW, N) int32 bit streams
+  int64_t KW;
+  int N, K, G;
+  const int4* chunks;      // (nchunks) chunk table (as MbwqArgs)
+  int nchunks;
+  const float* scales;     // (G, N) float32
+  const float* zeros;      // (G, N) float32
+  const int32_t* xslot;    // (K) input row k feeds xp row xslot[k] = 32 * chunk + mma k slot (bie_backend_cuda/mbwq.py)
+  const float* cscale;     // (K) channel_scale in input order, float32, or null
+  const void* x;           // (M, K) fp16 / bf16, unit column stride, rows ldx apart
+  int64_t ldx;
+  int M;
+  const void* bias;        // N values or null
+  int bias_dtype;
+  void* out;               // (M, N) in x's dtype
+  int out_dtype;
+  void* xp;                // (nchunks * 32, 8 * nt) scratch in x's dtype
+  float* ws;               // (splits, M, N) float32 partials when splits > 1
+  int32_t* counters;       // (colblocks) split counters in the call's scratch when splits > 1 (zeroed by the kernel)
+  int sr;                  // weight rows per chunk slot: the widest code of the table (2..8)
+  int vec;                 // 16-byte copies of qweight / scales / zeros rows (N % 4 == 0, 16-byte aligned)
+  // set by mbwq_skinny_plan
+  int nt;                  // row tiles of 8 (1, 2, 4, 6, 8)
+  int colblocks, splits, cps, tiles, grid;
+  int stages, chunk_bytes, stage_bytes, ring_bytes;
+};
+// Sets the plan fields of p (p.M, N, K, nchunks, sr set); splits_force / stages_force > 0 take that many K splits
+// (at most) / ring stages. Returns the dynamic shared memory per block, or -1 where the device cannot run it.
+int mbwq_skinny_plan(MbwqSkinnyArgs& p, int x_dtype, int num_sms, int smem_limit, int splits_force,
+                     int stages_force);
+cudaError_t launch_mbwq_skinny(const MbwqSkinnyArgs& p, int x_dtype, int smem, cudaStream_t st);
+
 }  // namespace bie
