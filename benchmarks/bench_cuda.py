@@ -236,7 +236,7 @@ def bench_mbwq(rows, quick):
         first, bits, grows = _rand_mbwq(k, n, gen)
         wbytes = first[0].numel() * 4 + first[1].numel() * 4 + k * 6
         sets = [first] + [_rand_mbwq(k, n, gen)[0] for _ in range(pool_size(wbytes) - 1)]
-        for m in (1, 4, 8, 16, 32) if quick else (1, 2, 4, 8, 9, 16, 32, 64):
+        for m in (1, 4, 8, 16, 24, 32) if quick else (1, 2, 4, 8, 9, 16, 24, 32, 64):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             fns = [lambda s_=s_: ops.mbwq_gemm(x, *s_, None, bits, grows, backend="cuda") for s_ in sets]
             time_graph(fns)          # untimed: the clock recovers from the previous case

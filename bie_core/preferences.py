@@ -79,13 +79,13 @@ HANDOFFS: tuple = (
             attrs={"scheme": "per_tensor_affine"}),
     # integer GEMM, few rows: bie-backend-cuda's GEMV runs the layers' activation quantization inside its one launch
     # (int_gemm_gemv with fuse_quantized_input), where this kernel's call is a quantization launch and the GEMM
-    # launch (host time 1.19-1.31x nn.Linear's at 9-32 rows); up to 8 rows the GEMV reads the weight codes once at the
-    # copy bandwidth (the dynamic GEMV's design, benchmarks/results/dynamic_cuda.md), and at 9-32 rows its blocks
-    # share the quantization in clusters of 8 (csrc/dynamic_gemv.cu), the design that took binary_linear_tc's fused
-    # form from 15 to ~1 us of sign phase at 32 rows of 4096. The 9-32 row half of this row is set from that design,
-    # not yet from a timing of this kernel (benchmarks/bench_host.py, bench_dynamic_cuda.py --int-gemv).
+    # launch. An eager QLinear call at 8-32 rows of 4096 costs 14-23 us of host time through the GEMV (0.68-0.82x
+    # nn.Linear's), 1.19-1.31x through this pair. On the GPU alone (graph replay, H200) the GEMV is 1.08x faster at
+    # 9 rows, 1.1x slower at 16 and 1.8-5x slower at 24-32 (its blocks share the quantization in clusters of 8, but
+    # each reads every weight code once per 8-row tile of x): up to 16 rows the host time it saves outweighs that
+    # (benchmarks/results/int_gemv_cuda.md).
     Handoff("cutlass:int_gemm_sm90", "bie-backend-cuda's fused GEMV (int_gemm_gemv)",
-            "benchmarks/results/host_path_cuda.md", dims={"M": (None, 32)}),
+            "benchmarks/results/int_gemv_cuda.md", dims={"M": (None, 16)}),
     # up to 256 rows an eager call is bound by host time, where bie-backend-cuda's bound call cost 29-32 us against
     # 169 us for this kernel's unbound call (bench_host.py, 64x64 layer); on the GPU alone this kernel is 1.5-4.6 us
     # faster there (4096^2, graph replay). This kernel's own bound call (bind_binary_linear) is not yet timed: the

@@ -98,7 +98,7 @@ def test_int_gemm_gemv_on_views_of_codes(m):
     from bie_backend_cuda import integer as ci
     g = torch.Generator().manual_seed(3 + m)
     base, b = _codes((m, 301), 8, g), _codes((40, 256), 8, g)
-    for a in (base[:, 1:257], base[:, 3:259], base[:, :256], base[:, 5:262]):
+    for a in (base[:, 1:257], base[:, 3:259], base[:, :256], base[:, 5:261]):
         want = _ref_gemm(a.contiguous(), b, None, None, None)
         _same(ci.int_gemm_gemv(a.cuda(), b.cuda(), 8, 8, None, None, None, prepared=ci.prepare_gemv(b.cuda())), want)
 
@@ -366,6 +366,38 @@ def test_binary_linear_tc_fused_form_refuses_what_does_not_fit():
         x = torch.randn(m, k, device="cuda")
         assert torch.equal(fn(x, None, p.bits, p.popc, k, 16, None, None, None, 0),
                            fn(x, None, p.bits, p.popc, k, 16, None, None, None, 2))
+
+
+def test_binary_linear_bound_in_a_cuda_graph_takes_the_two_launches(tmp_path):
+    """While a graph is captured, the chosen form (tile 0) is the two launches, which replay faster; the replay of a
+    new x equals the fused form's eager result bit for bit."""
+    from bie_backend_cuda import _build
+    from bie_backend_cuda import binary as cb
+    fn = _build.direct().binary_linear_bound
+    g = torch.Generator().manual_seed(11)
+    m, n, k = 8, 96, 777
+    x, shift, w, _, _, _, _ = _binary_case(m, n, k, torch.bfloat16, "count", g)
+    p = cb.prepare_weight(w.cuda(), k)
+    xc, sc = x.cuda(), shift.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm up off the default stream, as graph capture asks
+        fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    graph.enable_debug_mode()
+    with torch.cuda.graph(graph):
+        y = fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0)
+    dump = tmp_path / "graph.dot"
+    graph.debug_dump(str(dump))
+    assert "pack_signs_shifted_kernel" in dump.read_text(), "captured the fused form, not the two launches"
+    x2 = torch.randn(m, k, generator=g).bfloat16()
+    xc.copy_(x2.cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    _same(y, fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 6))
+    # eager, the chosen form is the fused one: same result
+    _same(fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0), y)
 
 
 # ------------------------------------------------------------------ the layers

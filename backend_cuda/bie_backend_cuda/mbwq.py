@@ -8,7 +8,7 @@ host synchronisation per weight version): the row scatter of the dequantization 
 
 * ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
   registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
-* ``mbwq_gemm_skinny`` (fp16 / bf16 x, 9..64 rows; any 1..64 when chosen by name): one cooperative launch
+* ``mbwq_gemm_skinny`` (fp16 / bf16 x, automatic at 9..24 rows; any 1..64 when chosen by name): one cooperative launch
   (``csrc/mbwq_skinny.cu``): x gathered once into the tensor cores' order (prepared ``xslot``), a grid-wide
   barrier, then mma.m16n8k16 on the weight decoded in registers, K splits summed in split order, bias and cast
   fused; no weight-sized allocation.
@@ -37,6 +37,10 @@ _THREADS = 128
 CHUNK_ROWS = 32
 #: rows the skinny tensor-core kernel serves (csrc/launchers.h MBWQ_SKINNY_MAX_M)
 SKINNY_MAX_M = 64
+#: rows automatic selection gives the skinny kernel: its time grows with the rows (one mma tile of 16 rows per pass
+#: over the weight), the dense path's hardly; on an H200 the skinny kernel is 1.5x faster at 16 rows and 1.1-1.25x
+#: slower at 32 (benchmarks/results/mbwq_cuda.md)
+SKINNY_AUTO_MAX_M = 24
 
 
 def _slot_of_chunk_row() -> torch.Tensor:
@@ -191,10 +195,13 @@ def bind_mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias
 
 
 def skinny_faster_elsewhere(p) -> Optional[str]:
-    """Automatic selection leaves 1..8 rows to the GEMV (the skinny kernel serves them when chosen by name)."""
+    """Automatic selection leaves 1..8 rows to the GEMV and more than :data:`SKINNY_AUTO_MAX_M` to the dense path
+    (the skinny kernel serves any 1..64 rows when chosen by name)."""
     m = p.dims.get("M")
     if m is not None and m <= GEMV_MAX_M:
         return f"M={m} <= {GEMV_MAX_M}: cuda:mbwq_gemv"
+    if m is not None and m > SKINNY_AUTO_MAX_M:
+        return f"M={m} > {SKINNY_AUTO_MAX_M}: cuda:mbwq_gemm_dense"
     return None
 
 
@@ -239,4 +246,5 @@ def mbwq_dequantize(qweight, scales, zeros, q_perm, group_bits, group_rows, dtyp
 
 __all__ = ["chunk_table", "prepare", "MbwqLayout", "mbwq_gemv", "bind_mbwq_gemv", "mbwq_gemm_skinny",
            "bind_mbwq_gemm_skinny", "skinny_faster_elsewhere", "mbwq_gemm_dense", "bind_mbwq_gemm_dense",
-           "mbwq_gemm_grad_input", "mbwq_dequantize", "GEMV_MAX_M", "SKINNY_MAX_M"]
+           "mbwq_gemm_grad_input", "mbwq_dequantize", "GEMV_MAX_M", "SKINNY_MAX_M",
+           "SKINNY_AUTO_MAX_M"]

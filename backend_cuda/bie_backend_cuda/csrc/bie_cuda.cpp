@@ -512,6 +512,17 @@ static FewRowCall few_row_call(const Tensor& x, const void* sp, const Tensor& w,
   return c;
 }
 
+// Whether the current stream is recording a CUDA graph. An error (the legacy stream queried while another thread
+// captures in global mode) counts as capturing, and is cleared so that the next launch check does not report it.
+static bool stream_capturing() {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream(), &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 // The bound call's tile code for the tensor-core GEMM's fused form (tests force it; 0 takes it where it applies)
 constexpr int64_t kFusedTile = 6;
 
@@ -521,7 +532,10 @@ constexpr int64_t kFusedTile = 6;
 //   tile < 0: the Hopper wgmma kernel on the weight image w (blocks per cluster -1 - tile, 0 automatic), after the
 //     sign bits of x + shift are packed by a launch of their own;
 //   tile 0: at 1-32 rows (kBinTcFusedMaxM) where the signs fit in shared memory, the mma.sync GEMM's fused form on
-//     the weight bits w, one launch that takes the signs itself; otherwise as tile 1-5;
+//     the weight bits w, one launch that takes the signs itself; otherwise, and while the stream is being captured
+//     into a CUDA graph, as tile 1-5. The fused form saves a launch's host time, which a graph's replay does not
+//     pay; on the GPU alone the two launches are as fast or faster (1-2 us at 4-32 rows on an H200:
+//     benchmarks/results/binary_gemv_cuda.md);
 //   tile 1-5: the sign packing, then the mma.sync GEMM with that tile (binary_mm); tile 6: the fused form, forced.
 Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, const Tensor& w, const Tensor& pw,
                            int64_t k, int64_t n, const std::optional<Tensor>& scale, const std::optional<Tensor>& bias,
@@ -530,7 +544,7 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
   const int64_t M = rows_of(x), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
   TORCH_CHECK(M < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
-  if (tile == 0 || tile == kFusedTile) {
+  if ((tile == 0 && !stream_capturing()) || tile == kFusedTile) {
     const bool fits = M >= 1 && M <= bie::kBinTcFusedMaxM && n >= 1 &&
                       bie::binary_linear_tc_smem((int)M, (int)k) <= (size_t)bie::kBinGemvMaxSmem;
     TORCH_CHECK(fits || tile == 0, "bie_cuda.binary_linear_bound: the fused form takes 1 to ", bie::kBinTcFusedMaxM,
