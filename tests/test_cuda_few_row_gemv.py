@@ -384,7 +384,7 @@ def test_binary_linear_bound_in_a_cuda_graph_takes_the_two_launches(tmp_path):
     with torch.cuda.stream(side):   # warm up off the default stream, as graph capture asks
         fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0)
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)   # kept after capture, so that it can be printed
     graph.enable_debug_mode()
     with torch.cuda.graph(graph):
         y = fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0)
@@ -395,15 +395,17 @@ def test_binary_linear_bound_in_a_cuda_graph_takes_the_two_launches(tmp_path):
     xc.copy_(x2.cuda())
     graph.replay()
     torch.cuda.synchronize()
-    _same(y, fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 6))
+    _same(y, fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 6).cpu())
     # eager, the chosen form is the fused one: same result
-    _same(fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0), y)
+    _same(fn(xc, sc, p.bits, p.popc, k, n, None, None, None, 0), y.cpu())
 
 
 # ------------------------------------------------------------------ the layers
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("m", [1, 5, 8, 12, 32])
+@pytest.mark.parametrize("m", [1, 5, 8, 12, 16, 32])
 def test_qlinear_eager_inference_is_the_fused_gemv(bits, m):
+    """QLinear's eager inference at 1-16 rows is the one-launch GEMV (1-32 without the CUTLASS GEMM, which takes
+    17+ rows where it is loaded), computing what the full path computes."""
     import bie_core
     from bie_core import QLinear
     torch.manual_seed(bits + m)
@@ -420,8 +422,12 @@ def test_qlinear_eager_inference_is_the_fused_gemv(bits, m):
             assert torch.equal(layer(x), full)
     with torch.inference_mode():
         chosen = bie_core.explain(layer, x).chosen()
-    assert chosen["int_gemm"] == "cuda:int_gemm_gemv"
-    assert chosen["quantize_int"] == "cuda:quantize_int"
+    cutlass = any(r.name == "cutlass" and r.status == "loaded" for r in bie_core.backends())
+    if m > 16 and cutlass:
+        assert chosen["int_gemm"] == "cutlass:int_gemm_sm90", chosen
+    else:
+        assert chosen["int_gemm"] == "cuda:int_gemm_gemv", chosen
+        assert chosen["quantize_int"] == "cuda:quantize_int"
 
 
 @pytest.mark.parametrize("m", [1, 4, 8, 12, 32])

@@ -8,7 +8,7 @@ host synchronisation per weight version): the row scatter of the dequantization 
 
 * ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
   registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
-* ``mbwq_gemm_skinny`` (fp16 / bf16 x, automatic at 9..24 rows; any 1..64 when chosen by name): one cooperative launch
+* ``mbwq_gemm_skinny`` (fp16 / bf16 x, automatic at 9..16 rows; any 1..64 when chosen by name): one cooperative launch
   (``csrc/mbwq_skinny.cu``): x gathered once into the tensor cores' order (prepared ``xslot``), a grid-wide
   barrier, then mma.m16n8k16 on the weight decoded in registers, K splits summed in split order, bias and cast
   fused; no weight-sized allocation.
@@ -39,8 +39,8 @@ CHUNK_ROWS = 32
 SKINNY_MAX_M = 64
 #: rows automatic selection gives the skinny kernel: its time grows with the rows (one mma tile of 16 rows per pass
 #: over the weight), the dense path's hardly; on an H200 the skinny kernel is 1.5x faster at 16 rows and 1.1-1.25x
-#: slower at 32 (benchmarks/results/mbwq_cuda.md)
-SKINNY_AUTO_MAX_M = 24
+#: slower at 24 and 32 (benchmarks/results/mbwq_cuda.md)
+SKINNY_AUTO_MAX_M = 16
 
 
 def _slot_of_chunk_row() -> torch.Tensor:
