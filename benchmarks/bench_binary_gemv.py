@@ -12,23 +12,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 
-from gpu_timing import pool_size, time_graph, warm_gpu
+from gpu_timing import issue_us, pool_size, time_graph, warm_gpu
 
 KERNELS = ("cuda:binary_linear_gemv", "cuda:binary_linear_wgmma", "cuda:binary_linear_tc")
-
-
-def _issue_us(fn, x, calls=300):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn(x)
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / calls * 1e6
 
 
 def main(argv=None):
@@ -88,8 +77,8 @@ def main(argv=None):
             layer(x)
             hs, hl = [], []
             for _ in range(9):   # alternating rounds: the host's speed drifts
-                hs.append(_issue_us(layer, x))
-                hl.append(_issue_us(lin, x))
+                hs.append(issue_us(layer, x))
+                hl.append(issue_us(lin, x))
             ratios = sorted(p / q for p, q in zip(hs, hl))
             print(f"host (1, {m}, {k}): BinaryLinear {min(hs):.1f} us, nn.Linear {min(hl):.1f} us, median ratio "
                   f"{statistics.median(ratios):.2f}x ({bie_core.explain(layer, x).chosen()['binary_linear']})",

@@ -12,22 +12,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import pool_size, time_graph, warm_gpu
-
-
-def _issue_us(fn, x, calls=300):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn(x)
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / calls * 1e6
+from gpu_timing import issue_us, pool_size, time_graph, warm_gpu
 
 
 def _cuda_fused(ci, x, b, s, bits, scale, bias, cluster):
@@ -112,8 +101,8 @@ def main(argv=None):
             layer(x)
             hs, hl = [], []
             for _ in range(9):   # alternating rounds: the host's speed drifts
-                hs.append(_issue_us(layer, x))
-                hl.append(_issue_us(lin, x))
+                hs.append(issue_us(layer, x))
+                hl.append(issue_us(lin, x))
             ratios = sorted(p / q for p, q in zip(hs, hl))
             chosen = bie_core.explain(layer, x).chosen()
             print(f"host ({m}, {k}): QLinear W{bits}A{bits} packed {min(hs):.1f} us, nn.Linear {min(hl):.1f} us, "

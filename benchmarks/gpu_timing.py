@@ -126,6 +126,19 @@ def time_eager(fn, iters: int = 10, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def issue_us(fn, x, calls: int = 300) -> float:
+    """Host time, µs per call, to issue ``calls`` eager calls ``fn(x)``: synchronized before and after, not inside,
+    so that the GPU's own time is left out while the host stays ahead of it."""
+    import time
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
 def run_meta(**extra) -> dict:
     """What a GPU results page records about the run: device, SM count, torch and CUDA versions, UTC date and the
     commit measured (bench_env.git_commit), plus any extra fields."""

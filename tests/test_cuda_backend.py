@@ -12,6 +12,8 @@ import math
 import pytest
 import torch
 
+from _cuda_graphs import graph_replays
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
                                 reason="bie-backend-cuda is not installed")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -301,23 +303,6 @@ def _close(got, w64, x, dtype, k, what, bias=None):
     torch.testing.assert_close(got.double().cpu(), exp, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
-def _graph_replays(call, static_x, fresh, check, replays):
-    """Capture call(static_x) in a CUDA graph (after a warm-up on a side stream: no host sync inside, counters
-    reset) and check the graph's output after each replay with new contents of static_x."""
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        call(static_x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call(static_x)
-    for _ in range(replays):
-        static_x.copy_(fresh())
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out)   # (checked before the next replay overwrites it)
-
-
 def wq_kernel(name: str = ""):
     """wq_gemm through the dispatcher: the automatic choice among bie-backend-cuda's kernels, or the kernel ``name``
     chosen explicitly (``backend="cuda:<name>"``, the public override; it must accept the call). ``prepared`` is
@@ -432,7 +417,7 @@ def test_wq_large_shapes_split_k_deterministic_and_graphs():
     _close(y1, w64, x, torch.float16, k, "K=4096")
     # CUDA graph capture and replay
     static_x = x.clone()
-    _graph_replays(lambda x_: wq_auto(x_, qw, s, z, gi, None, 4, 128, "gptq"), static_x,
+    graph_replays(lambda x_: wq_auto(x_, qw, s, z, gi, None, 4, 128, "gptq"), static_x,
                    lambda: torch.randn((1, k), generator=gen).half().cuda(),
                    lambda out: _close(out, w64, static_x, torch.float16, k, "graph replay"), 3)
 
@@ -496,7 +481,7 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
         y = run(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)
         _close(y, w64, x, torch.bfloat16, k, f"K=8192 M={m} tune={tune}")
         static_x = x.clone()
-        _graph_replays(lambda x_: run(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
+        graph_replays(lambda x_: run(x_, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared),
                        static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                        lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
 
@@ -629,7 +614,7 @@ def test_wq_thin_slices_summed_alike_eager_and_in_graphs(n, k, monkeypatch):
             assert torch.equal(eager, run(x, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared)), f"M={m}"
         static_x = x.clone()
         got = []
-        _graph_replays(lambda x_: run(x_, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared), static_x,
+        graph_replays(lambda x_: run(x_, qw, s, z, gi, bias, 4, 128, "gptq", prepared=prepared), static_x,
                        lambda: x, lambda out: got.append(out.clone()), 1)
         assert torch.equal(got[0], eager), f"M={m} slices={slices}: graph replay differs from the eager call"
         fresh = torch.cuda.Stream()   # a stream's first eager call: its counters are made and zeroed first
@@ -655,7 +640,7 @@ def test_wq_thin_big_layer_and_graphs(monkeypatch):
         y = thin(x, qw, s, z, gi, None, 4, 128, "gptq")
         _close(y, w64, x, torch.bfloat16, k, f"K=28672 M={m}")
         static_x = x.clone()
-        _graph_replays(lambda x_: thin(x_, qw, s, z, gi, None, 4, 128, "gptq"),
+        graph_replays(lambda x_: thin(x_, qw, s, z, gi, None, 4, 128, "gptq"),
                        static_x, lambda: torch.randn((m, k), generator=gen).bfloat16().cuda(),
                        lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
     assert len(calls) >= 5
@@ -694,7 +679,7 @@ def test_wq_thin_one_row_planned_slices(monkeypatch):
         if k == 4096 and n == 4104:   # the slices' partials and their reduction under CUDA-graph replay
             static_x = x.clone()
             run = lambda x_: thin(x_, qw, s, z, gi, bias, 4, 128, "gptq")  # noqa: E731
-            _graph_replays(run, static_x, lambda: torch.randn((1, k), generator=gen).to(dtype).cuda(),
+            graph_replays(run, static_x, lambda: torch.randn((1, k), generator=gen).to(dtype).cuda(),
                            lambda out: _close(out, w64, static_x, dtype, k, "graph replay", bias), 2)
     assert len(calls) >= 12
 
@@ -727,7 +712,7 @@ def test_wq_thin_chunked_x_on_a_big_layer(monkeypatch):
         torch.testing.assert_close(forced(-3)(x), y, rtol=0, atol=0)
         torch.testing.assert_close(forced(-1)(x).float(), y.float(), rtol=1e-2, atol=1e-2 * float(y.float().abs().max()))
         static_x = x.clone()
-        _graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).bfloat16(),
+        graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).bfloat16(),
                        lambda out: torch.testing.assert_close(out, run(static_x), rtol=0, atol=0), 2)
 
 
@@ -769,7 +754,7 @@ def test_wq_thin_x_ring(monkeypatch):
                                                          prepared=cw.prepare(qw, s, z, None))
         torch.testing.assert_close(sliced.float(), y.float(), rtol=1e-2, atol=1e-2 * float(y.float().abs().max()))
         static_x = x.clone()
-        _graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).to(dtype),
+        graph_replays(run, static_x, lambda: torch.randn((m, k), device="cuda", generator=gen).to(dtype),
                        lambda out: torch.testing.assert_close(out, run(static_x), rtol=0, atol=0), 2)
     assert len(calls) >= 3 * 6
 
@@ -829,7 +814,7 @@ def test_wq_programmatic_launch_chain(kernel, monkeypatch):
     assert [c[1] for c in calls[:5]] == [False] * 5 and all(c[1] for c in calls[5:]), calls
     mg = 16 if kernel == "thin-sliced" else 1
     static_x = torch.randn((mg, k), generator=gen).bfloat16().cuda()
-    _graph_replays(chain, static_x, lambda: torch.randn((mg, k), generator=gen).bfloat16().cuda(),
+    graph_replays(chain, static_x, lambda: torch.randn((mg, k), generator=gen).bfloat16().cuda(),
                    lambda out: check(*out, "graph replay"), 3)
 
 
@@ -1069,7 +1054,7 @@ def test_wq_wgmma_big_layer_and_graphs():
     y = wq_auto(x, qw, s, z, gi, None, 4, 128, "gptq")
     _close(y, w64, x, torch.bfloat16, k, "K=4096 M=300")
     static_x = x.clone()
-    _graph_replays(lambda x_: wq_auto(x_, qw, s, z, gi, None, 4, 128, "gptq"), static_x,
+    graph_replays(lambda x_: wq_auto(x_, qw, s, z, gi, None, 4, 128, "gptq"), static_x,
                    lambda: torch.randn((300, k), generator=gen).bfloat16().cuda(),
                    lambda out: _close(out, w64, static_x, torch.bfloat16, k, "graph replay"), 1)
 

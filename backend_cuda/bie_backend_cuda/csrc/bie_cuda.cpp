@@ -1321,8 +1321,10 @@ void check_mbwq_operands(const char* who, const Tensor& qweight, const Tensor& c
   }
 }
 
-void fill_mbwq_args(bie::MbwqArgs& p, const Tensor& qweight, const Tensor& chunks, const Tensor& scales,
-                    const Tensor& zeros, const std::optional<Tensor>& rscale, int64_t K) {
+// The mixed-width weight's fields that the GEMV's and the skinny kernel's arguments share (checked operands)
+template <class Args>
+void fill_mbwq_weight(Args& p, const Tensor& qweight, const Tensor& chunks, const Tensor& scales, const Tensor& zeros,
+                      int64_t K) {
   p.qweight = qweight.data_ptr<int32_t>();
   p.KW = qweight.size(0);
   p.N = (int)qweight.size(1);
@@ -1332,6 +1334,11 @@ void fill_mbwq_args(bie::MbwqArgs& p, const Tensor& qweight, const Tensor& chunk
   p.nchunks = (int)chunks.size(0);
   p.scales = scales.data_ptr<float>();
   p.zeros = zeros.data_ptr<float>();
+}
+
+void fill_mbwq_args(bie::MbwqArgs& p, const Tensor& qweight, const Tensor& chunks, const Tensor& scales,
+                    const Tensor& zeros, const std::optional<Tensor>& rscale, int64_t K) {
+  fill_mbwq_weight(p, qweight, chunks, scales, zeros, K);
   p.rscale = rscale.has_value() && rscale->defined() ? rscale->data_ptr<float>() : nullptr;
 }
 
@@ -1489,15 +1496,7 @@ Tensor mbwq_skinny(const Tensor& x, const Tensor& qweight, const Tensor& chunks,
   if (M == 0) return out;
   const Tensor xc = (K <= 1 || x.stride(-1) == 1) ? x : x.contiguous();
   bie::MbwqSkinnyArgs p{};
-  p.qweight = qweight.data_ptr<int32_t>();
-  p.KW = qweight.size(0);
-  p.N = (int)N;
-  p.K = (int)K;
-  p.G = (int)scales.size(0);
-  p.chunks = reinterpret_cast<const int4*>(chunks.data_ptr<int32_t>());
-  p.nchunks = (int)chunks.size(0);
-  p.scales = scales.data_ptr<float>();
-  p.zeros = zeros.data_ptr<float>();
+  fill_mbwq_weight(p, qweight, chunks, scales, zeros, K);
   p.xslot = xslot.data_ptr<int32_t>();
   p.cscale = cscale.has_value() && cscale->defined() ? cscale->data_ptr<float>() : nullptr;
   p.x = xc.data_ptr();
