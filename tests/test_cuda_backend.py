@@ -486,6 +486,40 @@ def test_wq_skinny_big_layer_split_k_and_graphs():
                        lambda out: _close(out, w64, static_x, torch.bfloat16, k, f"graph replay M={m}"), 2)
 
 
+def _captured(fn):
+    """A CUDA graph of fn() on torch.cuda.graph's shared capture stream, and fn's result."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@needs_cuda
+def test_graphs_captured_on_one_stream_replay_at_once_on_two():
+    """Two graphs of the skinny kernel with K splits, captured one after the other on the shared capture stream,
+    replayed at the same time on two streams: each gives what its eager call gave, every time."""
+    from bie_backend_cuda import weight_only as cw
+    k, n = 8192, 1032
+    qw, s, z, gi, _ = _wq_case(k, n, 4, 128, "gptq", False, 21, sdtype=torch.float16)
+    prepared = cw.prepare(qw, s, z, gi)
+    run = launching(cw.launch_skinny, cw, tune=(8 << 4) | (40 << 8))   # K splits (as in the test above)
+    gen = torch.Generator().manual_seed(6)
+    xs = [torch.randn((3, k), generator=gen).bfloat16().cuda() for _ in range(2)]
+    want = [run(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared) for x in xs]
+    graphs = [_captured(lambda x=x: run(x, qw, s, z, gi, None, 4, 128, "gptq", prepared=prepared)) for x in xs]
+    streams = [torch.cuda.Stream() for _ in graphs]
+    for _ in range(30):
+        for (graph, _), st in zip(graphs, streams):
+            st.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(st):
+                graph.replay()
+        for st in streams:
+            torch.cuda.current_stream().wait_stream(st)
+        torch.cuda.synchronize()
+        for (_, out), w in zip(graphs, want):
+            assert torch.equal(out, w)
+
+
 THIN = [(bits, gs, fmt, sdt) for bits in (1, 2, 3, 4) for gs, fmt, sdt in
         ((32, "gptq", torch.float16), (64, "gba", torch.bfloat16), (128, "gptq", torch.bfloat16),
          (256, "gba", torch.float16), (-1, "gptq", torch.bfloat16))]
@@ -1315,3 +1349,28 @@ def test_split_k_semaphores_per_stream():
     assert b is not a and _counters_for(dev, 8) is a
     assert int(a.count_nonzero()) == 0 and int(b.count_nonzero()) == 0
     assert _counters_for(dev, 8192).numel() >= 8192            # grown on demand
+
+
+@needs_cuda
+def test_split_k_semaphores_are_kept_per_graph_capture():
+    """Eager calls keep one set of split-K semaphores per stream; each CUDA-graph capture gets its own (a spare made
+    before it, or without one a set per launch in the graph's pool, zeroed at each replay), although
+    torch.cuda.graph captures every graph on one shared stream."""
+    from bie_backend_cuda import weight_only as cw
+    dev = torch.device("cuda")
+    eager = cw._counters_for(dev, 8)   # an eager call also makes the spares ready
+    assert cw._counters_for(dev, 8) is eager
+    sets = []
+    for _ in range(cw._SPARES):
+        _, (a, b) = _captured(lambda: (cw._counters_for(dev, 8), cw._counters_for(dev, 8)))
+        assert a is b, "two launches of one capture got different sets"
+        sets.append(a)
+    seen = {eager.data_ptr()} | {t.data_ptr() for t in sets}
+    assert len(seen) == 1 + cw._SPARES, "captures share a set of semaphores"
+    graph, (a, b) = _captured(lambda: (cw._counters_for(dev, 8), cw._counters_for(dev, 8)))   # no spare left
+    assert a.data_ptr() != b.data_ptr() and not {a.data_ptr(), b.data_ptr()} & seen
+    a.fill_(7)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(a.abs().sum()) == 0 and int(b.abs().sum()) == 0, "the graph does not zero its own sets"
+    assert cw._counters_for(dev, 8) is eager and len(cw._spare_counters[torch.cuda.current_device()]) == cw._SPARES

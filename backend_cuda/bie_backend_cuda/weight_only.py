@@ -261,25 +261,58 @@ def _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, fmt, d
 
 _counters: dict = {}
 _counters_lock = threading.Lock()
+#: ints in a set of split-K semaphores (one per column block: N up to 4096 * 128 outputs before a set grows)
+_COUNTER_SET = 4096
+#: zeroed sets made outside any CUDA-graph capture, per device index, waiting to be handed to a capture
+_spare_counters: dict = {}
+_SPARES = 2
+
+
+def _zeroed_counters(device, need: int) -> torch.Tensor:
+    # kept for every later launch: never in a CUDA graph tree's warm-up pool
+    return outside_graph_pool(lambda: torch.zeros(max(need, _COUNTER_SET), dtype=torch.int32, device=device), device)
 
 
 def _counters_for(device, need: int) -> torch.Tensor:
-    """Zeroed int32 semaphores for the split-K reduction, one set per (device, stream);
-    every launch leaves them zero again."""
+    """Zeroed int32 semaphores for the split-K reduction; every launch leaves them zero again.
+
+    One set per (device, stream) for eager calls, and one per CUDA-graph capture (the capture's id, csrc/bie_cuda.cpp
+    ``capture_id``) for the launches a graph records, so that graphs captured on one stream (``torch.cuda.graph``'s
+    shared capture stream) can be replayed at once on different streams. A capture takes a spare set made before it
+    (eager calls keep two ready), since memory allocated during a capture belongs to the graph's pool; without a
+    spare each launch it records gets a set of its own, zeroed by the graph at every replay."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     # the stream's id from the C call behind torch.cuda.current_stream: building its Stream object costs a few µs,
     # as much as the rest of a bound call's host time
     key = (idx, torch._C._cuda_getCurrentStream(idx)[0])
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return _capture_counters(device, key + (_build.direct().capture_id(),), need)
     t = _counters.get(key)
-    if t is None or t.numel() < need:
+    if t is None or t.numel() < need or len(_spare_counters.get(idx, ())) < _SPARES:
         with _counters_lock:
+            spares = _spare_counters.setdefault(idx, [])
+            while len(spares) < _SPARES:
+                spares.append(_zeroed_counters(device, need))
             t = _counters.get(key)
             if t is None or t.numel() < need:
-                # kept for every later launch: never in a CUDA graph's warm-up pool
-                t = outside_graph_pool(lambda: torch.zeros(max(need, 4096), dtype=torch.int32, device=device),
-                                       device)
+                t = _zeroed_counters(device, need)
                 _counters[key] = t
     return t
+
+
+def _capture_counters(device, key, need: int) -> torch.Tensor:
+    t = _counters.get(key)
+    if t is not None and t.numel() >= need:
+        return t
+    with _counters_lock:
+        spares = _spare_counters.get(key[0], [])
+        for i, s in enumerate(spares):
+            if s.numel() >= need:
+                t = spares.pop(i)
+                _counters[key] = t   # kept while the process lives: the graph's launches hold its address
+                return t
+    # none made beforehand: a set in the graph's pool for this launch alone, zeroed by a memset the graph records
+    return torch.zeros(max(need, 64), dtype=torch.int32, device=device)
 
 
 def _stw_build(lay: Layout) -> torch.Tensor:

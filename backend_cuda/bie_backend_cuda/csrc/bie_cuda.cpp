@@ -137,6 +137,30 @@ void check_launch(cudaError_t e, const char* what) {
 
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
+// Whether the current stream is recording a CUDA graph. An error (the legacy stream queried while another thread
+// captures in global mode) counts as capturing, and is cleared so that the next launch check does not report it.
+bool stream_capturing() {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream(), &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// The id of the CUDA graph capture the current stream records into (unique in the process), 0 where it records
+// none, -1 where the query fails (its error cleared, as above). The split-K semaphores are kept per capture by it
+// (weight_only.py _counters_for), so that graphs captured on one stream do not share them.
+int64_t capture_id() {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo(stream(), &st, &id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return st == cudaStreamCaptureStatusActive ? (int64_t)id : 0;
+}
+
 int num_sms() {
   int dev = 0, n = 0;
   cudaGetDevice(&dev);
@@ -510,17 +534,6 @@ static FewRowCall few_row_call(const Tensor& x, const void* sp, const Tensor& w,
   c.g.x = x.data_ptr();
   c.g.shift = sp;
   return c;
-}
-
-// Whether the current stream is recording a CUDA graph. An error (the legacy stream queried while another thread
-// captures in global mode) counts as capturing, and is cleared so that the next launch check does not report it.
-static bool stream_capturing() {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream(), &st) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return st != cudaStreamCaptureStatusNone;
 }
 
 // The bound call's tile code for the tensor-core GEMM's fused form (tests force it; 0 takes it where it applies)
@@ -1576,4 +1589,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mbwq_gemm_dense", &mbwq_gemm_dense);
   m.def("mbwq_dequant", &mbwq_dequant);
   m.def("mbwq_skinny", &mbwq_skinny);
+  m.def("capture_id", &capture_id);
 }
