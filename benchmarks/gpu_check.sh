@@ -22,6 +22,7 @@
 #   bench-dynamic   the dynamic int8 linear's table (bench_dynamic_cuda.py, M = 1 ... 8192 on both shapes)
 #   bench-mbwq      the mixed-width weight-only kernels (bench_cuda.py --only mbwq --quick)
 #   bench-bgemv     binary_linear at 1-32 rows: the one-launch GEMV against the two-launch paths (bench_binary_gemv.py)
+#   bench-igemv     QLinear's int_gemm at 8-32 rows: the one-launch GEMV against the CUTLASS pair (bench_int_gemv.py)
 #   bench-prefill   the W4 kernels at 128-1024 rows on Llama-3-8B's projections (bench_wq_prefill.py)
 #   bench-qat       QAT convs against cuDNN and training steps (bench_qat_conv.py --quick)
 #   bench-cnn       ResNet-18 end to end, eager and compiled (bench_e2e_cnn.py, 30 timed steps)
@@ -130,6 +131,8 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       run bench-mbwq timeout 200 $PY benchmarks/bench_cuda.py --quick --only mbwq --json "$OUT/mbwq_cuda.json" ;;
     bench-bgemv)
       run bench-bgemv timeout 240 $PY benchmarks/bench_binary_gemv.py ;;
+    bench-igemv)
+      run bench-igemv timeout 240 $PY benchmarks/bench_int_gemv.py ;;
     bench-prefill)
       run bench-prefill timeout 300 $PY benchmarks/bench_wq_prefill.py ;;
     bench-qat)
@@ -154,7 +157,7 @@ for n, k in ((4096, 4096), (28672, 8192)):
 PY
       ;;
     *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host"\
-            "bench-dynamic bench-mbwq bench-bgemv bench-prefill bench-qat bench-cnn explain all)"
+            "bench-dynamic bench-mbwq bench-bgemv bench-igemv bench-prefill bench-qat bench-cnn explain all)"
        status=1 ;;
   esac
 }
