@@ -41,12 +41,13 @@ def _cpu(t):
 
 
 def _check(out, exp, out_dtype):
+    """Bit for bit: the int32 sums are exact, and the float epilogue rounds float32(acc) * scale and then + bias
+    as the reference does (csrc/integer_epilogue.cuh), whatever out_dtype."""
     assert out.dtype == exp.dtype and tuple(out.shape) == tuple(exp.shape) and out.is_contiguous()
-    if out_dtype is None:
-        assert torch.equal(out.cpu(), exp), (out.cpu() - exp).abs().max()
-    else:
-        tol = (1e-6, 1e-6) if out_dtype is torch.float32 else (1e-2, 1e-2)
-        torch.testing.assert_close(out.cpu().double(), exp.double(), rtol=tol[0], atol=tol[1])
+    got = out.cpu()
+    same = got == exp if out_dtype is None else (got == exp) | (got.isnan() & exp.isnan())
+    assert bool(same.all()), f"{int((~same).sum())} of {exp.numel()} outputs differ, e.g. {got[~same][:4]} " \
+                             f"against {exp[~same][:4]}"
 
 
 # ------------------------------------------------------------- packaging (CPU)

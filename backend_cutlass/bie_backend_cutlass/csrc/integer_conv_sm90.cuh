@@ -6,7 +6,7 @@
 // int8 -> int32 wgmma, and the same epilogue visitor tree as the GEMM (integer_gemm_sm90.cuh) fused into the TMA
 // store of the NHWC output:
 //   int32 out:  D = acc
-//   float out:  D = cvt(fma(float(acc), scale[k], bias[k]))     (scale scalar or per output channel)
+//   float out:  D = cvt(float(acc) * scale[k] + bias[k])        (scale scalar or per output channel; two roundings)
 // so results are bit-identical to the im2col path. CUTLASS's conv mainloop has no persistent (cooperative /
 // ping-pong) schedule on sm_90: one CTA per output tile, one consumer warpgroup.
 #pragma once

@@ -13,7 +13,6 @@
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
-#include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
@@ -24,33 +23,6 @@
 
 namespace bie_int {
 using namespace cute;
-
-// Element-wise float32 multiply / add, each rounded once (the compute nodes' functors: a scalar form for
-// Sm90Compute's argument probe, an array form for its fragments).
-template <class T> struct MulRn {
-  CUTLASS_HOST_DEVICE T operator()(T a, T b) const { return a * b; }
-};
-template <int N> struct MulRn<cutlass::Array<float, N>> {
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
-                                                     cutlass::Array<float, N> const& b) const {
-    cutlass::Array<float, N> r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) r[i] = __fmul_rn(a[i], b[i]);
-    return r;
-  }
-};
-template <class T> struct AddRn {
-  CUTLASS_HOST_DEVICE T operator()(T a, T b) const { return a + b; }
-};
-template <int N> struct AddRn<cutlass::Array<float, N>> {
-  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a,
-                                                     cutlass::Array<float, N> const& b) const {
-    cutlass::Array<float, N> r;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) r[i] = __fadd_rn(a[i], b[i]);
-    return r;
-  }
-};
 
 // The epilogue visitor tree of IGemmSm90 (integer_gemm_sm90.cuh) for the dynamic linear, and its arguments.
 template <class TileShape, class ElementD>

@@ -4,7 +4,7 @@
 // (cooperative or ping-pong), int8 x int8 -> int32 wgmma (IGMMA in SASS), and an
 // epilogue visitor tree that fuses the whole op epilogue into the TMA store:
 //   int32 out:  D = acc
-//   float out:  D = cvt(fma(float(acc), scale[n], bias[n]))     (scale scalar or per column)
+//   float out:  D = cvt(float(acc) * scale[n] + bias[n])        (scale scalar or per column; two roundings)
 // 4-bit codes (held in int8) run on the same int8 tensor cores: Hopper has no int4 MMA.
 #pragma once
 #include <type_traits>
