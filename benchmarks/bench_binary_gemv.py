@@ -10,12 +10,11 @@ a CUDA GPU (sm_80+; the wgmma path sm_90).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 
-from gpu_timing import issue_us, pool_size, time_graph, warm_gpu
+from gpu_timing import host_against, pool_size, time_graph, warm_gpu
 
 KERNELS = ("cuda:binary_linear_gemv", "cuda:binary_linear_wgmma", "cuda:binary_linear_tc")
 
@@ -75,14 +74,9 @@ def main(argv=None):
         for m in rows:
             x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
             layer(x)
-            hs, hl = [], []
-            for _ in range(9):   # alternating rounds: the host's speed drifts
-                hs.append(issue_us(layer, x))
-                hl.append(issue_us(lin, x))
-            ratios = sorted(p / q for p, q in zip(hs, hl))
-            print(f"host (1, {m}, {k}): BinaryLinear {min(hs):.1f} us, nn.Linear {min(hl):.1f} us, median ratio "
-                  f"{statistics.median(ratios):.2f}x ({bie_core.explain(layer, x).chosen()['binary_linear']})",
-                  flush=True)
+            hs, hl, ratio = host_against(layer, lin, x)
+            print(f"host (1, {m}, {k}): BinaryLinear {hs:.1f} us, nn.Linear {hl:.1f} us, median ratio "
+                  f"{ratio:.2f}x ({bie_core.explain(layer, x).chosen()['binary_linear']})", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ then the host time of an eager call of a packed ``QLinear`` as dispatched agains
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import issue_us, pool_size, time_graph, warm_gpu
+from gpu_timing import host_against, pool_size, time_graph, warm_gpu
 
 
 def _cuda_fused(ci, x, b, s, bits, scale, bias, cluster):
@@ -99,15 +98,10 @@ def main(argv=None):
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             layer(x)
-            hs, hl = [], []
-            for _ in range(9):   # alternating rounds: the host's speed drifts
-                hs.append(issue_us(layer, x))
-                hl.append(issue_us(lin, x))
-            ratios = sorted(p / q for p, q in zip(hs, hl))
+            hs, hl, ratio = host_against(layer, lin, x)
             chosen = bie_core.explain(layer, x).chosen()
-            print(f"host ({m}, {k}): QLinear W{bits}A{bits} packed {min(hs):.1f} us, nn.Linear {min(hl):.1f} us, "
-                  f"median ratio {statistics.median(ratios):.2f}x ({chosen.get('quantize_int')} + "
-                  f"{chosen.get('int_gemm')})", flush=True)
+            print(f"host ({m}, {k}): QLinear W{bits}A{bits} packed {hs:.1f} us, nn.Linear {hl:.1f} us, "
+                  f"median ratio {ratio:.2f}x ({chosen.get('quantize_int')} + {chosen.get('int_gemm')})", flush=True)
 
 
 if __name__ == "__main__":

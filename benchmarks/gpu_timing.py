@@ -139,6 +139,16 @@ def issue_us(fn, x, calls: int = 300) -> float:
     return dt / calls * 1e6
 
 
+def host_against(layer, twin, x, rounds: int = 9) -> tuple:
+    """Host time to issue eager calls of ``layer`` and of its float ``twin`` on x, in alternating rounds (the host's
+    speed drifts): (fastest µs of the layer, fastest of the twin, median of the rounds' ratios)."""
+    hs, ht = [], []
+    for _ in range(rounds):
+        hs.append(issue_us(layer, x))
+        ht.append(issue_us(twin, x))
+    return min(hs), min(ht), statistics.median(p / q for p, q in zip(hs, ht))
+
+
 def run_meta(**extra) -> dict:
     """What a GPU results page records about the run: device, SM count, torch and CUDA versions, UTC date and the
     commit measured (bench_env.git_commit), plus any extra fields."""
