@@ -37,9 +37,10 @@ _THREADS = 128
 CHUNK_ROWS = 32
 #: rows the skinny tensor-core kernel serves (csrc/launchers.h MBWQ_SKINNY_MAX_M)
 SKINNY_MAX_M = 64
-#: rows automatic selection gives the skinny kernel: its time grows with the rows (one mma tile of 16 rows per pass
-#: over the weight), the dense path's hardly; on an H200 the skinny kernel is 1.5x faster at 16 rows and 1.1-1.25x
-#: slower at 24 and 32 (benchmarks/results/mbwq_cuda.md)
+#: rows automatic selection gives the skinny kernel: from 17 rows it runs its 32-row form with one block per
+#: multiprocessor (csrc/mbwq_skinny.cu mbwq_skinny_plan), while the dense path's time hardly moves with the rows; on
+#: an H200 the skinny kernel is 1.5x faster at 16 rows and 1.1-1.25x slower at 24 and 32
+#: (benchmarks/results/mbwq_cuda.md)
 SKINNY_AUTO_MAX_M = 16
 
 

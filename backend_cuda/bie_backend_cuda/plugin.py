@@ -190,7 +190,8 @@ def _register_mbwq(registry, cuda) -> None:
                                   "every width to fp16 / bf16 q*s - z in registers and issues mma.m16n8k16 with "
                                   "float32 accumulation; K splits summed in split order by the splits' own blocks, "
                                   "bias and cast fused; no weight-sized allocation; fp16 / bf16, 1-"
-                                  f"{mbwq.SKINNY_MAX_M} rows (automatic at {mbwq.GEMV_MAX_M + 1}-{mbwq.SKINNY_AUTO_MAX_M})", **common)
+                                  f"{mbwq.SKINNY_MAX_M} rows (automatic at "
+                                  f"{mbwq.GEMV_MAX_M + 1}-{mbwq.SKINNY_AUTO_MAX_M})", **common)
     registry.register("mbwq_gemm", mbwq.mbwq_gemm_dense, priority=PRIORITY, name="mbwq_gemm_dense", capability=cap,
                       bind=mbwq.bind_mbwq_gemm_dense,
                       description="dequantize (one kernel, channel_scale folded, x's dtype) + cuBLAS in one library "

@@ -137,19 +137,8 @@ void check_launch(cudaError_t e, const char* what) {
 
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
-// Whether the current stream is recording a CUDA graph. An error (the legacy stream queried while another thread
-// captures in global mode) counts as capturing, and is cleared so that the next launch check does not report it.
-bool stream_capturing() {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream(), &st) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return st != cudaStreamCaptureStatusNone;
-}
-
 // The id of the CUDA graph capture the current stream records into (unique in the process), 0 where it records
-// none, -1 where the query fails (its error cleared, as above). The split-K semaphores are kept per capture by it
+// none, -1 where the query fails (its error cleared, as in capturing below). The split-K semaphores are kept per capture by it
 // (weight_only.py _counters_for), so that graphs captured on one stream do not share them.
 int64_t capture_id() {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -210,10 +199,16 @@ unsigned* thin_counters(cudaStream_t s, int64_t need) {
   return e.first;
 }
 
-// Whether work queued on s now would be recorded into a CUDA graph instead of run.
+// Whether work queued on s now would be recorded into a CUDA graph instead of run. An error (the legacy stream
+// queried while another thread captures in global mode) counts as capturing, and is cleared so that the next launch
+// check does not report it.
 bool capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return st != cudaStreamCaptureStatusNone;
 }
 
 // The bias and output fields shared by the weight-only launch structs: bias (N values, any floating dtype, on
@@ -557,7 +552,7 @@ Tensor binary_linear_bound(const Tensor& x, const std::optional<Tensor>& shift, 
   const int64_t M = rows_of(x), KB = (k + 7) / 8, KBp = (KB + 15) / 16 * 16;
   TORCH_CHECK(M < (1ll << 31) && k < (1ll << 31), "bie_cuda.binary_linear_bound: problem too large");
   c10::cuda::CUDAGuard guard(x.device());
-  if ((tile == 0 && !stream_capturing()) || tile == kFusedTile) {
+  if ((tile == 0 && !capturing(stream())) || tile == kFusedTile) {
     const bool fits = M >= 1 && M <= bie::kBinTcFusedMaxM && n >= 1 &&
                       bie::binary_linear_tc_smem((int)M, (int)k) <= (size_t)bie::kBinGemvMaxSmem;
     TORCH_CHECK(fits || tile == 0, "bie_cuda.binary_linear_bound: the fused form takes 1 to ", bie::kBinTcFusedMaxM,
