@@ -322,7 +322,7 @@ SKINNY_GROUPINGS = [
 ]
 
 
-@pytest.mark.parametrize("m", [9, 12, 16, 17, 32, 33, 48, 64])
+@pytest.mark.parametrize("m", [9, 12, 16, 17, 24, 25, 32, 33, 48, 64])
 @pytest.mark.parametrize("gi", range(len(SKINNY_GROUPINGS)))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @needs_cuda
@@ -512,7 +512,9 @@ def test_dispatch_bound_call_and_layer(cuda_mbwq):
     bias = torch.randn(77, generator=g).half().cuda()
     for m, dtype, want in ((1, torch.float16, "cuda:mbwq_gemv"), (8, torch.bfloat16, "cuda:mbwq_gemv"),
                            (9, torch.float16, "cuda:mbwq_gemm_skinny"), (16, torch.bfloat16, "cuda:mbwq_gemm_skinny"),
-                           (17, torch.bfloat16, "cuda:mbwq_gemm_dense"), (64, torch.bfloat16, "cuda:mbwq_gemm_dense"),
+                           (17, torch.bfloat16, "cuda:mbwq_gemm_skinny"), (24, torch.float16, "cuda:mbwq_gemm_skinny"),
+                           (32, torch.bfloat16, "cuda:mbwq_gemm_skinny"), (33, torch.bfloat16, "cuda:mbwq_gemm_dense"),
+                           (64, torch.bfloat16, "cuda:mbwq_gemm_dense"),
                            (9, torch.float32, "cuda:mbwq_gemm_dense"), (65, torch.float16, "cuda:mbwq_gemm_dense"),
                            (300, torch.float16, "cuda:mbwq_gemm_dense")):
         x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -531,7 +533,8 @@ def test_dispatch_bound_call_and_layer(cuda_mbwq):
                         ("bias", bias)):
             getattr(layer, name).copy_(t)
     for lead, kernel in (((2, 3), "cuda:mbwq_gemv"), ((3, 5), "cuda:mbwq_gemm_skinny"),
-                         ((2, 8), "cuda:mbwq_gemm_skinny"), ((5, 13), "cuda:mbwq_gemm_dense")):
+                         ((2, 8), "cuda:mbwq_gemm_skinny"), ((4, 6), "cuda:mbwq_gemm_skinny"),
+                         ((5, 13), "cuda:mbwq_gemm_dense")):
         x = torch.randn(lead + (k,), device="cuda", dtype=torch.float16)
         m = x.numel() // k
         with torch.no_grad():

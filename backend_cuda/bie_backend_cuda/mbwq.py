@@ -8,7 +8,7 @@ host synchronisation per weight version): the row scatter of the dequantization 
 
 * ``mbwq_gemv`` (1..8 rows): one launch of the GEMV kernel (x gathered and scaled per block, codes decoded in
   registers, float32 accumulation, split-K with a deterministic reduction, bias and cast fused).
-* ``mbwq_gemm_skinny`` (fp16 / bf16 x, automatic at 9..16 rows; any 1..64 when chosen by name): one cooperative launch
+* ``mbwq_gemm_skinny`` (fp16 / bf16 x, automatic at 9..32 rows; any 1..64 when chosen by name): one cooperative launch
   (``csrc/mbwq_skinny.cu``): x gathered once into the tensor cores' order (prepared ``xslot``), a grid-wide
   barrier, then mma.m16n8k16 on the weight decoded in registers, K splits summed in split order, bias and cast
   fused; no weight-sized allocation.
@@ -37,11 +37,11 @@ _THREADS = 128
 CHUNK_ROWS = 32
 #: rows the skinny tensor-core kernel serves (csrc/launchers.h MBWQ_SKINNY_MAX_M)
 SKINNY_MAX_M = 64
-#: rows automatic selection gives the skinny kernel: from 17 rows it runs its 32-row form with one block per
-#: multiprocessor (csrc/mbwq_skinny.cu mbwq_skinny_plan), while the dense path's time hardly moves with the rows; on
-#: an H200 the skinny kernel is 1.5x faster at 16 rows and 1.1-1.25x slower at 24 and 32
-#: (benchmarks/results/mbwq_cuda.md)
-SKINNY_AUTO_MAX_M = 16
+#: rows automatic selection gives the skinny kernel: up to 32 rows two blocks share a multiprocessor (row tiles of 8,
+#: 16, 24 or 32: csrc/mbwq_skinny.cu), and on an H200 it takes 0.64-0.73x the dense path's time at 9-32 rows
+#: (4096x4096 to 8192x28672, benchmarks/results/mbwq_cuda.md); its 48- and 64-row forms run one block per
+#: multiprocessor and are not measured against the dense path
+SKINNY_AUTO_MAX_M = 32
 
 
 def _slot_of_chunk_row() -> torch.Tensor:

@@ -382,7 +382,7 @@ struct MbwqSkinnyArgs {
   int sr;                  // weight rows per chunk slot: the widest code of the table (2..8)
   int vec;                 // 16-byte copies of qweight / scales / zeros rows (N % 4 == 0, 16-byte aligned)
   // set by mbwq_skinny_plan
-  int nt;                  // row tiles of 8 (1, 2, 4, 6, 8)
+  int nt;                  // row tiles of 8 (1, 2, 3, 4, 6, 8)
   int colblocks, splits, cps, tiles, grid;
   int stages, chunk_bytes, stage_bytes, ring_bytes;
 };

@@ -203,10 +203,12 @@ __device__ __forceinline__ void chunk_mma(const uint32_t* w, const float* sz, ui
   }
 }
 
-// (registers without spills: about 126 at NT = 1-2, 158 at 4, 188 at 6, 220 at 8: two blocks per multiprocessor up
-// to 16 rows, one past that; the plan aims at about one block per multiprocessor either way)
+// (registers: 126-128 at NT = 1-2, 158 at 4, 188 at 6, 220 at 8 when unbounded. Up to 32 rows the bound of two
+// blocks per multiprocessor holds NT = 3-4 to 128 with a spill of a few bytes, outside the chunk loop: two blocks
+// hide each other's barrier and copy waits, and on an H200 that made the 24- and 32-row forms 1.4-1.8x faster than
+// one block with the whole shared memory. 48 and 64 rows keep one block)
 template <typename T, int NT>
-__global__ void __launch_bounds__(kThreads, NT >= 4 ? 1 : 2) mbwq_skinny_kernel(const MbwqSkinnyArgs p) {
+__global__ void __launch_bounds__(kThreads, NT >= 6 ? 1 : 2) mbwq_skinny_kernel(const MbwqSkinnyArgs p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace frag;
   constexpr int MP = 8 * NT;                        // rows of x per xp row (zero past M)
@@ -475,6 +477,7 @@ SkinnyKernel kernel_for(int x_dtype, int nt) {
     switch (nt) {
       case 1: return mbwq_skinny_kernel<__half, 1>;
       case 2: return mbwq_skinny_kernel<__half, 2>;
+      case 3: return mbwq_skinny_kernel<__half, 3>;
       case 4: return mbwq_skinny_kernel<__half, 4>;
       case 6: return mbwq_skinny_kernel<__half, 6>;
       case 8: return mbwq_skinny_kernel<__half, 8>;
@@ -483,6 +486,7 @@ SkinnyKernel kernel_for(int x_dtype, int nt) {
     switch (nt) {
       case 1: return mbwq_skinny_kernel<__nv_bfloat16, 1>;
       case 2: return mbwq_skinny_kernel<__nv_bfloat16, 2>;
+      case 3: return mbwq_skinny_kernel<__nv_bfloat16, 3>;
       case 4: return mbwq_skinny_kernel<__nv_bfloat16, 4>;
       case 6: return mbwq_skinny_kernel<__nv_bfloat16, 6>;
       case 8: return mbwq_skinny_kernel<__nv_bfloat16, 8>;
@@ -491,7 +495,7 @@ SkinnyKernel kernel_for(int x_dtype, int nt) {
   return nullptr;
 }
 
-int row_tiles(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : m <= 48 ? 6 : 8; }
+int row_tiles(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 24 ? 3 : m <= 32 ? 4 : m <= 48 ? 6 : 8; }
 
 // Sets the shared-memory geometry of p for `stages`; returns the dynamic shared memory.
 int geometry(MbwqSkinnyArgs& p, int stages) {
@@ -516,10 +520,10 @@ int mbwq_skinny_plan(MbwqSkinnyArgs& p, int x_dtype, int num_sms, int smem_limit
   // the opt-in limit covers static + dynamic shared memory (the kernel's s_bits)
   smem_limit -= (int)sizeof(int) * kMaxStages * kKG;
   // the deepest ring (up to 8 stages, at least 3) within a budget that leaves room for two blocks per multiprocessor
-  // where their registers allow it (up to 16 rows; H100 / H200: 228 KiB per SM), else the device's whole limit (one
+  // where their registers allow it (up to 32 rows; H100 / H200: 228 KiB per SM), else the device's whole limit (one
   // block per multiprocessor: the ring's depth is all the bytes in flight); a forced depth as far as the device allows
   int stages = stages_force > 0 ? std::min(std::max(stages_force, 2), kMaxStages) : kMaxStages;
-  const int budget = stages_force > 0 || p.nt >= 4 ? smem_limit : std::min(smem_limit, 110 * 1024);
+  const int budget = stages_force > 0 || p.nt >= 6 ? smem_limit : std::min(smem_limit, 110 * 1024);
   int smem = geometry(p, stages);
   while (stages > (stages_force > 0 ? 2 : 3) && smem > budget) smem = geometry(p, --stages);
   if (smem > smem_limit) return -1;
