@@ -38,7 +38,7 @@ CHUNK_ROWS = 32
 #: rows the skinny tensor-core kernel serves (csrc/launchers.h MBWQ_SKINNY_MAX_M)
 SKINNY_MAX_M = 64
 #: rows automatic selection gives the skinny kernel: up to 32 rows two blocks share a multiprocessor (row tiles of 8,
-#: 16, 24 or 32: csrc/mbwq_skinny.cu), and on an H200 it takes 0.64-0.73x the dense path's time at 9-32 rows
+#: 16, 24 or 32: csrc/mbwq_skinny.cu), and on an H200 it takes 0.63-0.75x the dense path's time at 9-32 rows
 #: (4096x4096 to 8192x28672, benchmarks/results/mbwq_cuda.md); its 48- and 64-row forms run one block per
 #: multiprocessor and are not measured against the dense path
 SKINNY_AUTO_MAX_M = 32

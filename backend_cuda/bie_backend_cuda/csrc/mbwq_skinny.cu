@@ -205,7 +205,7 @@ __device__ __forceinline__ void chunk_mma(const uint32_t* w, const float* sz, ui
 
 // (registers: 126-128 at NT = 1-2, 158 at 4, 188 at 6, 220 at 8 when unbounded. Up to 32 rows the bound of two
 // blocks per multiprocessor holds NT = 3-4 to 128 with a spill of a few bytes, outside the chunk loop: two blocks
-// hide each other's barrier and copy waits, and on an H200 that made the 24- and 32-row forms 1.4-1.8x faster than
+// hide each other's barrier and copy waits, and on an H200 that made the 24- and 32-row forms 1.5-1.7x faster than
 // one block with the whole shared memory. 48 and 64 rows keep one block)
 template <typename T, int NT>
 __global__ void __launch_bounds__(kThreads, NT >= 6 ? 1 : 2) mbwq_skinny_kernel(const MbwqSkinnyArgs p) {
