@@ -64,6 +64,20 @@ class _IntWeightMixin(TorchInit):
             return lc
         return None
 
+    def _relean(self, x, given, w, fixed: tuple, backend: str):
+        """The bound call for ``x`` when the current one does not hold: one kept for its shape, else the call
+        resolved and bound now (after the full checks of the layer's input ``given``, which raise on bad input);
+        None where the full path must run (the weight scale is not initialised yet)."""
+        lc = self._lean_kept(x, backend, fixed)
+        if lc is None:
+            if w is not None and not self._weight_scale_ready:
+                return None
+            self._check_lean_input(given)
+            self._lean = None
+            lc = self._lean = self._bind_lean(x, fixed, backend)
+            self._keep_lean(x, fixed, lc)
+        return lc
+
     def _keep_lean(self, x, fixed: tuple, lc) -> None:
         """Keep ``lc`` for ``x``'s shape; the calls kept for other shapes go when the layer's tensors they were
         bound to have changed (they would not hold again, and they keep the old weight codes alive)."""
@@ -303,21 +317,20 @@ class QLinear(_IntWeightMixin, QATLayer):
         # (the call that was checked is the call made: another thread may rebind self._lean meanwhile)
         lc = self._lean
         if lc is None or not lc.holds(x, backend, *fixed):
-            lc = self._lean_kept(x, backend, fixed)
+            lc = self._relean(x, x, w, fixed, backend)
             if lc is None:
-                if w is not None and not self._weight_scale_ready:
-                    return None
-                self._check_float_input(x)
-                self._lean = None
-                x2 = x if x.dim() == 2 else x.reshape(-1, k)
-                lc = self._lean = on_input(self._bind(x2, fixed, backend), x, self.out_features, backend, fixed)
-                self._keep_lean(x, fixed, lc)
+                return None
         return lc.call(x)
 
-    def _bind(self, x2, fixed, backend: str) -> LeanCall:
+    def _check_lean_input(self, x) -> None:
+        self._check_float_input(x)
+
+    def _bind_lean(self, x, fixed, backend: str) -> LeanCall:
         _, codes, sw = self._weight_operands()
-        return bind_int_linear(x2, codes, sw, self.act_shift, self.act_scale, fixed[4], self.a_bits, self.w_bits,
-                               fixed, backend)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        lc = bind_int_linear(x2, codes, sw, self.act_shift, self.act_scale, fixed[4], self.a_bits, self.w_bits,
+                             fixed, backend)
+        return on_input(lc, x, self.out_features, backend, fixed)
 
 
 def bind_int_linear(x2, codes, sw, act_shift, act_scale, bias, a_bits: int, w_bits: int, fixed: tuple,
@@ -414,14 +427,9 @@ class QConv2d(_IntWeightMixin, QATLayer):
         # (the call that was checked is the call made: another thread may rebind self._lean meanwhile)
         lc = self._lean
         if lc is None or not lc.holds(x, backend, *fixed):
-            lc = self._lean_kept(x, backend, fixed)
+            lc = self._relean(x, given, w, fixed, backend)
             if lc is None:
-                if w is not None and not self._weight_scale_ready:
-                    return None
-                self._batched_conv2d_input(given)  # the full input checks (raise on bad input)
-                self._lean = None
-                lc = self._lean = self._bind(x, fixed, backend)
-                self._keep_lean(x, fixed, lc)
+                return None
         y = lc.call(x)
         if nd == 4 and not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x):
             # the layer's contract: where no fused call serves, the separate quantization's codes (and so the
@@ -429,7 +437,10 @@ class QConv2d(_IntWeightMixin, QATLayer):
             y = y.contiguous(memory_format=torch.channels_last)
         return y.squeeze(0) if nd == 3 else y
 
-    def _bind(self, x, fixed, backend: str) -> LeanCall:
+    def _check_lean_input(self, given) -> None:
+        self._batched_conv2d_input(given)
+
+    def _bind_lean(self, x, fixed, backend: str) -> LeanCall:
         _, codes, sw = self._weight_operands()
         geom = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
         return bind_int_conv2d(x, codes, sw, self.act_shift, self.act_scale, fixed[4], geom, self.a_bits,
