@@ -27,6 +27,14 @@
 #   bench-qat       QAT convs against cuDNN and training steps (bench_qat_conv.py --quick)
 #   bench-cnn       ResNet-18 end to end, eager and compiled (bench_e2e_cnn.py, 30 timed steps)
 #   explain         which wq_gemm kernel runs for a few layer shapes and why (bie_core.explain)
+#   save-builds     the finished libraries of .bie_cuda_cache (each with its stamp) as xz tarballs in parts of at
+#                   most 15 MiB, $OUT/builds-<name>.tar.xz.NN, to carry to the next machine of a session: a machine
+#                   goes back soon after its command, and the next one would build again (2-9 minutes). Here, copy
+#                   the parts into .builds/ (ignored by git) and name .builds in the next command's carry (the
+#                   device tool returns at most 8 files a command, and carries 64 MiB: the CUDA extension is about
+#                   80 MiB before compression)
+#   restore-builds  unpack .builds/ into .bie_cuda_cache (a library whose sources changed since is not used: its
+#                   build directory's name is the hash of its sources); the install stage runs it first
 #   all             every stage above, in order
 #
 # Every stage installs first when the packages are not importable (a fresh machine). Logs go to $OUT (default
@@ -54,7 +62,29 @@ run() {   # run NAME CMD...: log to $OUT/NAME.log, remember a failure
   [ "$rc" -eq 0 ] || status=1
 }
 
+save_builds() {
+  local d name
+  for d in .bie_cuda_cache/cuda/* .bie_cuda_cache/cutlass/*; do
+    [ -f "$d/bie_build_ok" ] && ls "$d"/*.so >/dev/null 2>&1 || continue
+    name=$(basename "$(dirname "$d")")-$(basename "$d" | sed 's/-torch.*-\([0-9a-f]*\)$/-\1/')
+    tar -C .bie_cuda_cache -c "${d#.bie_cuda_cache/}/bie_build_ok" $(cd .bie_cuda_cache && ls "${d#.bie_cuda_cache/}"/*.so) \
+      | xz -T0 -3 | split -b 15M -d - "$OUT/builds-$name.tar.xz."
+    ls -l "$OUT"/builds-"$name".tar.xz.* | awk '{print $5, $9}'
+  done
+}
+
+restore_builds() {
+  local first
+  [ -d .builds ] || return 0
+  mkdir -p .bie_cuda_cache
+  for first in .builds/builds-*.tar.xz.00; do
+    [ -f "$first" ] || continue
+    cat "${first%.00}".* | xz -d | tar -C .bie_cuda_cache -x && echo "restored ${first%.00}"
+  done
+}
+
 install() {
+  restore_builds
   # the distributions' pyproject.toml need setuptools >= 77 (a machine without network installs it from .whl/)
   if ls .whl/setuptools-*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps .whl/setuptools-*.whl
@@ -141,6 +171,8 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       mkdir -p "$OUT/cnn_eager" "$OUT/cnn_compiled"
       run bench-cnn timeout 200 $PY benchmarks/bench_e2e_cnn.py --compile off --steps 30 --out "$OUT/cnn_eager"
       run bench-cnn timeout 400 $PY benchmarks/bench_e2e_cnn.py --compile on --steps 30 --out "$OUT/cnn_compiled" ;;
+    save-builds) run save-builds save_builds ;;
+    restore-builds) run restore-builds restore_builds ;;
     explain)
       run explain $PY - <<'PY'
 import torch
@@ -157,7 +189,8 @@ for n, k in ((4096, 4096), (28672, 8192)):
 PY
       ;;
     *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host"\
-            "bench-dynamic bench-mbwq bench-bgemv bench-igemv bench-prefill bench-qat bench-cnn explain all)"
+            "bench-dynamic bench-mbwq bench-bgemv bench-igemv bench-prefill bench-qat bench-cnn save-builds restore-builds"\
+            "explain all)"
        status=1 ;;
   esac
 }
