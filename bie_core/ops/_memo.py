@@ -45,6 +45,40 @@ class _Entry:
         self.refs, self.states, self.calls, self.missed = refs, states, [], []
 
 
+def _same_source(widx: tuple) -> str:
+    """Source of the check that a call's weights (positions ``widx`` of its arguments; the first one given as w0)
+    are the objects of an entry at the states it recorded, written out per position: it runs on every call of a
+    graph's bie op, where a loop and a state tuple built per weight cost as much as the checks themselves."""
+    lines = ["def same(e, a, w0):", "    r, s = e.refs, e.states"]
+    for j, i in enumerate(widx):
+        t = "w0" if j == 0 else f"t{j}"
+        if j > 0:
+            lines.append(f"    t{j} = a[{i}]")
+        # a weight that was None (an optional one) has no reference and must be None again
+        lines += [f"    ref = r[{j}]",
+                  "    if ref is None:",
+                  f"        if {t} is not None: return False",
+                  "    else:",
+                  f"        if ref() is not {t}: return False",
+                  f"        st = s[{j}]",
+                  # (the same object: whether it is an inference tensor, and so has no version, cannot change)
+                  f"        if {t}.data_ptr() != st[0] or (st[1] is not None and {t}._version != st[1]): return False"]
+    lines.append("    return True")
+    return "\n".join(lines) + "\n"
+
+
+_same_fns: dict = {}
+
+
+def _same_fn(widx: tuple) -> Callable:
+    f = _same_fns.get(widx)
+    if f is None:
+        ns: dict = {}
+        exec(compile(_same_source(widx), f"<bie memo check {widx}>", "exec"), ns)  # noqa: S102 - fixed template
+        f = _same_fns[widx] = ns["same"]
+    return f
+
+
 def memoized(op, route: Callable) -> Callable:
     """``route`` (the op's router, as torch.library calls it) with bound calls kept per weight tensor."""
     widx = tuple(op.weight_args)
@@ -62,15 +96,7 @@ def memoized(op, route: Callable) -> Callable:
         if e is not None and e.refs[0] is ref:
             del entries[key]
 
-    def same(e: _Entry, a: tuple) -> bool:
-        for i, ref, st in zip(widx, e.refs, e.states):
-            t = a[i]
-            if ref is None:
-                if t is not None:
-                    return False
-            elif ref() is not t or _state(t) != st:
-                return False
-        return True
+    same = _same_fn(widx)
 
     def bind(e: _Entry, a: tuple, backend: str) -> None:
         if dispatch._capturing(a[first].device):   # a layout prepared now would live in the graph's memory
@@ -104,7 +130,7 @@ def memoized(op, route: Callable) -> Callable:
             return route(*args)
         key = id(w0)
         e = entries.get(key)
-        if e is not None and e.refs[0]() is w0 and same(e, a):
+        if e is not None and same(e, a, w0):
             if e.calls is None:
                 return route(*args)
             for r in e.calls:
