@@ -283,7 +283,14 @@ class QLinear(_IntWeightMixin, QATLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if eager_inference(x) and self.__dict__.get("_act_scale_ready"):
-            y = self._infer(x)
+            # the bound call when it holds (its check covers x's shape), written out: this runs on every call
+            w, fixed = self._lean_fixed()
+            backend = self.backend or ""
+            # (the call that was checked is the call made: another thread may rebind self._lean meanwhile)
+            lc = self._lean
+            if lc is not None and lc.holds(x, backend, *fixed):
+                return lc.call(x)
+            y = self._infer(x, w, fixed, backend)
             if y is not None:
                 return y
         self._check_float_input(x)
@@ -304,23 +311,14 @@ class QLinear(_IntWeightMixin, QATLayer):
         y = QLinearFn.apply(*args, self.quantized_backward) if torch.is_grad_enabled() else q_linear(*args)[0]
         return y.reshape(lead + (self.out_features,))
 
-    def _infer(self, x: torch.Tensor):
-        """Eager inference: the activation quantization and the integer GEMM
-        resolved once for this input signature and bound (see ``_lean``), with
-        the weight codes and the float32 scales of the current tensors; the same
-        ops with the same arguments as ``q_linear``. None: the full path."""
-        k = self.in_features
-        if x.dim() < 1 or x.shape[-1] != k:
+    def _infer(self, x: torch.Tensor, w, fixed: tuple, backend: str):
+        """Eager inference where the current bound call does not hold: the activation quantization and the integer
+        GEMM resolved once for this input signature and bound (see ``_lean``), with the weight codes and the float32
+        scales of the current tensors; the same ops with the same arguments as ``q_linear``. None: the full path."""
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
             return None
-        w, fixed = self._lean_fixed()
-        backend = self.backend or ""
-        # (the call that was checked is the call made: another thread may rebind self._lean meanwhile)
-        lc = self._lean
-        if lc is None or not lc.holds(x, backend, *fixed):
-            lc = self._relean(x, x, w, fixed, backend)
-            if lc is None:
-                return None
-        return lc.call(x)
+        lc = self._relean(x, x, w, fixed, backend)
+        return None if lc is None else lc.call(x)
 
     def _check_lean_input(self, x) -> None:
         self._check_float_input(x)
