@@ -64,6 +64,23 @@ def test_registered_op_does_not_bind_fresh_weights(monkeypatch):
     assert resolves == []
 
 
+def test_registered_op_optional_weight_given_then_left_out():
+    """An optional weight (g_idx) given on the calls that made a memo, then gone, and left out of the next call: the
+    kept calls do not serve it (the dead reference reads as None, as the argument does)."""
+    m = _wq()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        g_idx = torch.arange(64, dtype=torch.int32) // m.group_size   # the trivial group index: same result
+        with_g = (x, m.qweight, m.scales, m.zeros, g_idx, m.bias, m.bits, m.group_size, m.format)
+        ref = ops.wq_gemm(*_wq_args(m, x))
+        for _ in range(4):
+            assert torch.equal(ops.wq_gemm.overload(*with_g, ""), ref)
+        del g_idx, with_g
+        gc.collect()
+        for _ in range(3):
+            assert torch.equal(ops.wq_gemm.overload(*_wq_args(m, x), ""), ref)
+
+
 def test_registered_op_memo_keeps_no_weight_alive():
     m = _wq()
     x = torch.randn(2, 64)

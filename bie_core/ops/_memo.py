@@ -59,7 +59,8 @@ def _same_source(widx: tuple) -> str:
                   "    if ref is None:",
                   f"        if {t} is not None: return False",
                   "    else:",
-                  f"        if ref() is not {t}: return False",
+                  # (a dead reference returns None: an argument None where the entry had a tensor differs too)
+                  f"        if {t} is None or ref() is not {t}: return False",
                   f"        st = s[{j}]",
                   # (the same object: whether it is an inference tensor, and so has no version, cannot change)
                   f"        if {t}.data_ptr() != st[0] or (st[1] is not None and {t}._version != st[1]): return False"]
