@@ -77,9 +77,9 @@ class MbwqLayout:
     n: int
     # the skinny kernel's: input row k feeds row xslot[k] = 32 * chunk + k slot of its scratch; channel_scale in
     # input order (float32, or None); the widest code of the table
-    xslot: Optional[torch.Tensor] = None
-    cscale: Optional[torch.Tensor] = None
-    max_bits: int = 8
+    xslot: torch.Tensor
+    cscale: Optional[torch.Tensor]
+    max_bits: int
 
 
 def prepare(qweight, scales, zeros, q_perm, channel_scale=None, *, group_bits, group_rows) -> MbwqLayout:
@@ -157,14 +157,12 @@ def bind_mbwq_gemv(x, qweight, scales, zeros, q_perm, channel_scale, bias, group
     return call
 
 
-def _check_skinny(x, lay: MbwqLayout) -> None:
+def _check_skinny(x) -> None:
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"mbwq_gemm_skinny (bie-backend-cuda): x must be float16 or bfloat16, got {x.dtype}")
     m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     if m > SKINNY_MAX_M:
         raise ValueError(f"mbwq_gemm_skinny (bie-backend-cuda): at most {SKINNY_MAX_M} rows, got {m}")
-    if lay.xslot is None:
-        raise ValueError("mbwq_gemm_skinny (bie-backend-cuda): the layout has no xslot (made by an older prepare)")
 
 
 def mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias, group_bits, group_rows,
@@ -172,7 +170,7 @@ def mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias, gro
     """mbwq_gemm for 1..64 rows of float16 / bfloat16 x: one cooperative launch of the skinny tensor-core kernel.
     ``tune`` (benchmarks): bits 0..15 the K splits to use at most, bits 16..19 the ring's stages (0: planned)."""
     lay = _layout(prepared, qweight, scales, zeros, q_perm, channel_scale, group_bits, group_rows)
-    _check_skinny(x, lay)
+    _check_skinny(x)
     return _build.ops().mbwq_skinny(x, qweight.contiguous(), lay.chunks, lay.xslot, lay.scales, lay.zeros,
                                     lay.cscale, bias, lay.max_bits, tune)
 
@@ -182,7 +180,7 @@ def bind_mbwq_gemm_skinny(x, qweight, scales, zeros, q_perm, channel_scale, bias
     """The skinny kernel's call for one signature (the dispatcher's ``bind``), as :func:`bind_mbwq_gemv`."""
     if prepared is None:
         return None
-    _check_skinny(x, prepared)
+    _check_skinny(x)
     fn = _build.direct().mbwq_skinny
     lay = prepared
     head = (qweight.contiguous(), lay.chunks, lay.xslot, lay.scales, lay.zeros, lay.cscale)
