@@ -551,8 +551,16 @@ cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int n
   if (cluster > 1 && (p.mode == 0 || cc_major != 9)) return cudaErrorInvalidValue;
   if (cluster == 0) cluster = p.mode != 0 && cc_major == 9 && p.M > 8 ? 8 : 1;
   const int MT = row_tiles(p.M);
-  // the shared-memory staging where asked for and where it fits next to the codes of x, else the register ring
-  const bool sm = ring == 1 && min_smem(MT, (p.K + 31) >> 5) + kSmemRingBytes <= (size_t)smem_optin;
+  // the shared-memory staging where asked for and where it fits next to the codes of x and the sums of a block's run
+  // of channel blocks at one block per SM, else the register ring. The ring's room is taken from the sums: where
+  // only a shorter run's sums fit, the launch takes more blocks than SMs, each making the codes of x again (24 rows
+  // of K = 4096: 96 KiB of codes and the 128 KiB ring left room for one channel block's sums, and 4096 channels
+  // took 256 blocks where 132 serve, 1.7x the time of 32 rows on the register ring).
+  const int nblocks = (p.N + 15) >> 4;
+  const int blocks = std::max(1, std::min(grid > 0 ? grid : num_sms, nblocks));
+  const int run = (nblocks + blocks - 1) / blocks;
+  const bool sm = ring == 1 && min_smem(MT, (p.K + 31) >> 5) + (size_t)(run - 1) * MT * 8 * 16 * 4 + kSmemRingBytes <=
+                                   (size_t)smem_optin;
   if (p.mode == 2) {
     return dtype == kI8 ? launch_mode<int8_t, 2>(p, MT, sm, grid, num_sms, smem_optin, st, cluster)
                         : cudaErrorInvalidValue;
