@@ -10,12 +10,12 @@ Method, per case (one process, models built by `bench_e2e_llm.make_case`):
 * wall per decode token: ``generate`` of ``--new`` tokens against one token, medians of ``--reps``, no profiler;
 * ``torch.profiler`` over one ``generate`` of a ``--prompt``-token prefill and ``--steps`` decode steps, then the
   same prefill alone (one new token); decode kernel time = (the first - the second) / steps;
-* the linear layers' kernels: those of the decode run whose names match ``--gemv`` (by default bie's thin GEMV for
-  the bie cases, cuBLAS's ``nvjet`` kernels otherwise, ``lm_head``'s included), in launch order, a reduction kernel
-  counted with the call before it, grouped by position in each layer's seven projections where their count per
-  token is a multiple of seven.
+* the linear layers' kernels: those of the decode run whose names match ``--gemv`` (by default bie-backend-cuda's
+  weight-only kernels, ``wq_``, for the bie cases, cuBLAS's ``nvjet`` kernels otherwise, ``lm_head``'s included),
+  in launch order, a reduction kernel counted with the call before it, grouped by position in each layer's seven
+  projections where their count per token is a multiple of seven.
 
-    python benchmarks/profile_decode.py --cases bf16,bie-w4 [--compiled] [--layers 8] [--md OUT.md]
+    python benchmarks/profile_decode.py --cases bf16,bie-w4 [--compiled] [--layers 8] [--batch 1] [--md OUT.md]
 
 On a CPU (``--smoke``: a tiny model) only the wall times are meaningful.
 """
@@ -93,7 +93,7 @@ def _wall(model, ids, new: int, compiled: bool, device, reps: int) -> float:
 def profile_case(case: str, cfg, args, device, dtype) -> dict:
     probe = torch.randint(0, cfg.vocab_size, (1, 16), device=device)
     model, note, _ = E.make_case(case, cfg, dtype, device, False, probe)
-    ids = torch.randint(0, cfg.vocab_size, (1, args.prompt), device=device)
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt), device=device)
     for _ in range(2):                                    # compile, capture, warm the caches
         E._generate(model, ids, args.steps + 1, args.compiled)
     wall = (_wall(model, ids, args.new, args.compiled, device, args.reps)
@@ -103,11 +103,11 @@ def profile_case(case: str, cfg, args, device, dtype) -> dict:
     prefill = _profiled(model, ids, 1, args.compiled, device, h_pre)
     gpu = (sum(d for _, d, _ in both) - sum(d for _, d, _ in prefill)) / args.steps
     # the decode run's linear-layer kernels: those beyond the prefill run's count of the same name, in order
-    pat = args.gemv or ("wq_thin" if case.startswith("bie") else "nvjet")
+    pat = args.gemv or ("wq_" if case.startswith("bie") else "nvjet")
     n_pre = len(_linear_calls(prefill, pat))
     gemv = _linear_calls(both, pat)[n_pre:]
     per_token = len(gemv) / args.steps if args.steps else 0
-    row = dict(case=case, note=note, compiled=args.compiled, layers=cfg.num_hidden_layers,
+    row = dict(case=case, note=note, compiled=args.compiled, layers=cfg.num_hidden_layers, batch=args.batch,
                wall_ms=wall * 1e3, gpu_ms=gpu / 1e3, uncovered_ms=wall * 1e3 - gpu / 1e3,
                gemv_ms=sum(gemv) / 1e3 / args.steps, gemv_per_token=per_token,
                # per decode step: CUDA-graph launches, and bie op calls made from the host (0 when replayed)
@@ -151,11 +151,12 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="8b", choices=("8b", "small", "tiny"))
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded at once")
     p.add_argument("--steps", type=int, default=8, help="decode steps profiled")
     p.add_argument("--new", type=int, default=33, help="tokens of the timed generate (wall per token)")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--gemv", default=None, help="substring of the linear layers' kernel names (default: wq_thin for "
-                   "the bie cases, nvjet otherwise)")
+    p.add_argument("--gemv", default=None, help="substring of the linear layers' kernel names (default: wq_ for "
+                   "the bie cases, bie-backend-cuda's weight-only kernels, nvjet otherwise)")
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     p.add_argument("--md", default=None, help="write the tables here (markdown)")
     a = p.parse_args(argv)
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
     for case in [c.strip() for c in a.cases.split(",") if c.strip()]:
         rows.append(profile_case(case if device.type == "cuda" or case != "bf16" else "fp32", cfg, a, device, dtype))
         print(rows[-1], flush=True)
-    meta = (f"- {E._machine(device)}; {a.model} model, {cfg.num_hidden_layers} layers; prompt {a.prompt}, "
+    meta = (f"- {E._machine(device)}; {a.model} model, {cfg.num_hidden_layers} layers; batch {a.batch}, prompt {a.prompt}, "
             f"{a.steps} decode steps profiled; command: `python benchmarks/profile_decode.py "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`")
     md = markdown(rows, meta)
