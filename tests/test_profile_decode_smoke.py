@@ -30,12 +30,13 @@ def prof():
 def test_host_op_calls_per_decode_step(prof, tmp_path, capsys):
     md = tmp_path / "pd.md"
     assert prof.main(["--smoke", "--cases", "bie-w4", "--compiled", "--md", str(md)]) == 0
-    assert prof.main(["--smoke", "--cases", "bie-w4"]) == 0
+    assert prof.main(["--smoke", "--cases", "bie-w4", "--batch", "2"]) == 0
     text = md.read_text()
     assert "CUDA-graph launches / bie op calls" in text
     rows = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{'case'")]
     compiled, eager = rows
     assert compiled["compiled"] and not eager["compiled"]
+    assert compiled["batch"] == 1 and eager["batch"] == 2
     # the tiny model's two layers of seven projections: the compiled graph calls bie's op for each one every step
     # (no CUDA graph on the CPU); an eager step goes through the layers' bound calls, which bypass the op
     assert compiled["bie_op_calls"] == 2 * 7
