@@ -81,7 +81,7 @@ HANDOFFS: tuple = (
     # (int_gemm_gemv with fuse_quantized_input), where this kernel's call is a quantization launch and the GEMM
     # launch. An eager QLinear call at 8-32 rows of 4096 costs 14-23 us of host time through the GEMV (0.68-0.82x
     # nn.Linear's), 1.19-1.31x through this pair. On the GPU alone (graph replay, H200) the GEMV is 1.08x faster at
-    # 9 rows, 1.1x slower at 16 and 1.8-5x slower at 24-32, where the int8 wgmma GEMM's larger tiles pay: up to 16
+    # 9 rows, 1.1x slower at 16 and 1.7-2.1x slower at 17-32, where the int8 wgmma GEMM's larger tiles pay: up to 16
     # rows the host time it saves outweighs that (benchmarks/results/int_gemv_cuda.md).
     Handoff("cutlass:int_gemm_sm90", "bie-backend-cuda's fused GEMV (int_gemm_gemv)",
             "benchmarks/results/int_gemv_cuda.md", dims={"M": (None, 16)}),
