@@ -49,6 +49,7 @@ _WQ = "cutlass:wq_gemm_sm90"
 _DYN = "cutlass:dynamic_int8_linear_sm90"
 _DYN_PAGE = "benchmarks/results/dynamic_cuda.md"
 _WQ_PAGE = "benchmarks/results/cutlass_h100_wq.md"
+_PREFILL_PAGE = "benchmarks/results/wq_prefill_cuda.md"
 
 HANDOFFS: tuple = (
     # few rows are memory-bound: bie-backend-cuda's GEMV and small-M kernels are faster
@@ -62,9 +63,15 @@ HANDOFFS: tuple = (
             dims={"M": (None, 8), "weights": (SMALL_LAYER + 1, None), "K": (None, 16384)}, attrs={"bits": 4}),
     Handoff(_WQ, "bie-backend-cuda's thin GEMV", _WQ_PAGE,
             dims={"M": (None, 16), "weights": (SMALL_LAYER + 1, None), "K": (16385, None)}, attrs={"bits": 4}),
-    # 4-bit codes with K above 16384 at 129-256 rows: bie-backend-cuda's many-row wgmma kernel
-    Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _WQ_PAGE,
-            dims={"M": (129, 256), "K": (16385, None)}, attrs={"bits": 4}),
+    # 4-bit codes with K of 14336 or more at 129-256 rows: bie-backend-cuda's many-row wgmma kernel (H200, 14336 x
+    # 4096 at 192-256 rows: 50.8-53.4 us against 61.5-64.5)
+    Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _PREFILL_PAGE,
+            dims={"M": (129, 256), "K": (14336, None)}, attrs={"bits": 4}),
+    # 4-bit codes on narrow layers (N <= 1024, K <= 8192: a GQA model's k/v projections) at 65-767 rows: a 128 x 128
+    # tile grid has too few column tiles there; bie-backend-cuda's wgmma kernel (65-256 rows: 10.5-12.0 us against
+    # 14.2-19.1 on 4096 x 1024, H200) and dequantize + cuBLAS (384-512 rows: 13.9-14.2 against 19.0-19.2) are faster
+    Handoff(_WQ, "bie-backend-cuda's wgmma kernel, or dequantize + cuBLAS from 257 rows", _PREFILL_PAGE,
+            dims={"M": (65, 767), "N": (None, 1024), "K": (None, 8192)}, attrs={"bits": 4}),
     # dynamic int8 linear, per token: up to 8 rows the fused GEMV (one launch: quantization, products, epilogue) is
     # the fastest kernel on small and big layers (H200, 4096^2: 7.9-13.0 us against 19.8-20.1 us for the _int_mm
     # path; 8192 x 28672: 56.7-80.3 us against 88.5-91.1 us); from 9 rows the int8 GEMMs are (16 rows: the GEMV

@@ -47,7 +47,9 @@ def oracle_cuda(m, n, k, bits, gs, fmt, sdt, zdt, cc):
     thin_ok = kbits in (2, 4, 8) and k % 8 == 0 and (gs == -1 or gs >= 32) and skinny_ok and cc[0] >= 8
     if thin_rows() and thin_ok:
         return "cuda:wq_gemm_thin"
-    wqm = kbits == 4 and (gs_shift == -1 or gs_shift >= 5) and 129 <= m <= 4096
+    # the many-row kernel from 129 rows, but not on narrow layers (N <= 1024, K <= 8192) below 768 rows
+    wqm = kbits == 4 and (gs_shift == -1 or gs_shift >= 5) and 129 <= m <= 4096 and not (
+        n <= 1024 and k <= 8192 and m <= 767)
     wqw = m <= 256 and not (bits == 8 and m < 17) and (m >= 9 or (m >= 5 and n * k <= 1 << 26))
     if (wqm or wqw) and k % 8 == 0 and skinny_ok and cc[0] == 9:
         return "cuda:wq_gemm_wgmma_rows" if wqm else "cuda:wq_gemm_wgmma"
@@ -72,7 +74,9 @@ def oracle_cutlass_takes(m, n, k, bits, gs, dtype, cc):
     lo = 65 if n * k <= 1 << 26 else min(65, big)
     if m < lo:
         return False
-    return not (bits == 4 and k > 16384 and 129 <= m <= 256)
+    if bits == 4 and n <= 1024 and k <= 8192 and 65 <= m <= 767:   # narrow layers: cuda's wgmma kernel or dense
+        return False
+    return not (bits == 4 and k >= 14336 and 129 <= m <= 256)
 
 
 # ------------------------------------------------------------------ the registrations
@@ -111,8 +115,10 @@ def _chosen(kernels, p) -> str:
     return dispatch._decide_auto(get_op(p.op), p, kernels).kernel.qualname
 
 
-M_VALUES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 1024, 4096, 4097)
-LAYERS = ((4096, 4096), (28672, 8192), (8192, 28672), (1024, 65536), (8192, 65536), (256, 520), (48, 100))
+M_VALUES = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 64, 65, 100, 128, 129, 200, 256, 257, 512, 767, 768,
+            1024, 4096, 4097)
+LAYERS = ((4096, 4096), (28672, 8192), (8192, 28672), (1024, 65536), (8192, 65536), (256, 520), (48, 100),
+          (1024, 4096), (1024, 8192), (1024, 8256), (1088, 4096), (4096, 14336), (4096, 14272))
 STATS = (("gptq", F16, torch.int32), ("gptq", BF16, torch.int32), ("gptq", F32, torch.int32),
          ("gba", F16, F16), ("gba", BF16, F32))
 

@@ -391,6 +391,14 @@ WGMMA_MAX_M = 256
 WGMMA_ROWS_M = (129, 4096)
 #: the many-row kernel's tile code (csrc/launchers.h WQ_ROWS_NTOK: 256 rows x 128 columns a tile)
 WGMMA_ROWS_NTOK = 256
+#: Narrow layers (N up to NARROW_N, K up to NARROW_MAX_K: a GQA model's k/v projections) below NARROW_MAX_M rows: the
+#: many-row kernel's 128-column tiles leave most SMs idle there (8 column tiles at N = 1024), so it leaves them to
+#: the register-A wgmma kernel (up to WGMMA_MAX_M rows) and above that to dequantize + cuBLAS. H200, 4096 x 1024,
+#: 4-bit g128 (benchmarks/results/wq_prefill_cuda.md): 192-256 rows 11.2-12.0 us (wgmma) against 15.0-15.1 (many-row),
+#: 384-512 rows 13.9-14.2 (dense) against 18.5-19.1; at 768 rows the many-row kernel and CUTLASS are ahead again.
+NARROW_N = 1024
+NARROW_MAX_K = 8192
+NARROW_MAX_M = 767
 #: the skinny kernel stages 5-8 rows of x faster with cp.async than with the plain loads a programmatic launch
 #: needs after its wait, so it is launched that way only up to this many rows
 SKINNY_PDL_M = 4
@@ -474,10 +482,20 @@ def wgmma_faster_elsewhere(p) -> Optional[str]:
     return f"the register-A wgmma kernel is not the fastest kernel for M={m} on a {n}x{k} layer of {bits}-bit codes"
 
 
+def narrow_layer(m: int, n: int, k: int) -> bool:
+    """A narrow layer at fewer rows than the many-row tiles fill the GPU with (see NARROW_*)."""
+    return n <= NARROW_N and k <= NARROW_MAX_K and m <= NARROW_MAX_M
+
+
 def wgmma_rows_faster_elsewhere(p) -> Optional[str]:
-    m = p.dims.get("M", 0)
+    m, n, k, _ = _rows(p)
     lo, hi = WGMMA_ROWS_M
-    return None if lo <= m <= hi else f"the many-row wgmma kernel is fastest at {lo}-{hi} rows, not M={m}"
+    if not lo <= m <= hi:
+        return f"the many-row wgmma kernel is fastest at {lo}-{hi} rows, not M={m}"
+    if narrow_layer(m, n, k):
+        return (f"N={n} gives the many-row wgmma kernel too few column tiles at M={m}: the wgmma kernel (up to "
+                f"{WGMMA_MAX_M} rows) or dequantize + cuBLAS is faster")
+    return None
 
 
 def skinny_faster_elsewhere(p) -> Optional[str]:
