@@ -59,11 +59,17 @@ def test_capability_says_why():
     assert defer(_problem(9, 28672, 8192)) is None
     assert "thin GEMV" in defer(_problem(16, 8192, 28672))
     assert defer(_problem(17, 8192, 28672)) is None
-    # 4-bit codes with a long K: bie-backend-cuda's many-row kernel at 129-256 rows
+    # 4-bit codes with a long K (from 14336): bie-backend-cuda's many-row kernel at 129-256 rows
     assert [m for m in range(100, 600) if defer(_problem(m, 8192, 28672))] == list(range(129, 257))
+    assert [m for m in range(100, 600) if defer(_problem(m, 4096, 14336))] == list(range(129, 257))
     assert "many-row" in defer(_problem(200, 8192, 28672, act=True, fmt="gba", dtype=torch.float16))
-    assert not any(defer(_problem(m, n, k)) for m in (129, 256) for n, k in ((28672, 8192), (4096, 16384)))
+    assert not any(defer(_problem(m, n, k)) for m in (129, 256) for n, k in ((28672, 8192), (4096, 14272)))
     assert defer(_problem(200, 8192, 28672, bits=8)) is None
+    # 4-bit codes on narrow layers (N <= 1024, K <= 8192) at 65-767 rows: bie-backend-cuda's wgmma kernel or dense
+    assert [m for m in range(1, 2000) if defer(_problem(m, 1024, 4096))] == list(range(1, 768))
+    assert "wq_prefill_cuda.md" in defer(_problem(512, 1024, 4096))
+    assert not any(defer(_problem(512, n, k)) for n, k in ((1088, 4096), (1024, 8256)))
+    assert defer(_problem(512, 1024, 4096, bits=8)) is None
     assert "cutlass_h100_wq.md" in defer(_problem(1, 4096, 4096))
     from bie_backend_cutlass import weight_only as wo
     assert wo._check(_problem(1, 4096, 4096)) is None
