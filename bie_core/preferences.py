@@ -63,9 +63,10 @@ HANDOFFS: tuple = (
             dims={"M": (None, 8), "weights": (SMALL_LAYER + 1, None), "K": (None, 16384)}, attrs={"bits": 4}),
     Handoff(_WQ, "bie-backend-cuda's thin GEMV", _WQ_PAGE,
             dims={"M": (None, 16), "weights": (SMALL_LAYER + 1, None), "K": (16385, None)}, attrs={"bits": 4}),
-    # 4-bit codes with K of 14336 or more at 129-256 rows: bie-backend-cuda's many-row wgmma kernel (H200, 14336 x
-    # 4096 at 192-256 rows: 50.8-53.4 us against 61.5-64.5)
-    Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", _PREFILL_PAGE,
+    # 4-bit codes with K of 14336 or more at 129-256 rows: bie-backend-cuda's many-row wgmma kernel (H100, 8192 x
+    # 28672 at 129 / 256 rows: 187.0 / 195.5 us against 202.6 / 237.7; H200, 14336 x 4096 at 192-256 rows: 50.8-53.4
+    # against 61.5-64.5)
+    Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", f"{_WQ_PAGE}, {_PREFILL_PAGE}",
             dims={"M": (129, 256), "K": (14336, None)}, attrs={"bits": 4}),
     # 4-bit codes on narrow layers (N <= 1024, K <= 8192: a GQA model's k/v projections) at 65-767 rows: a 128 x 128
     # tile grid has too few column tiles there; bie-backend-cuda's wgmma kernel (65-256 rows: 10.5-12.0 us against
