@@ -169,8 +169,8 @@ def main(argv=None) -> int:
     for case in [c.strip() for c in a.cases.split(",") if c.strip()]:
         rows.append(profile_case(case if device.type == "cuda" or case != "bf16" else "fp32", cfg, a, device, dtype))
         print(rows[-1], flush=True)
-    meta = (f"- {E._machine(device)}; {a.model} model, {cfg.num_hidden_layers} layers; batch {a.batch}, prompt {a.prompt}, "
-            f"{a.steps} decode steps profiled; command: `python benchmarks/profile_decode.py "
+    meta = (f"- {E._machine(device)}; {a.model} model, {cfg.num_hidden_layers} layers; batch {a.batch}, "
+            f"prompt {a.prompt}, {a.steps} decode steps profiled; command: `python benchmarks/profile_decode.py "
             f"{' '.join(argv if argv is not None else sys.argv[1:])}`")
     md = markdown(rows, meta)
     print(md)
