@@ -123,6 +123,21 @@ def test_tuning_picks_fastest_and_caches(tuner):
     assert tuning.choose("int_gemm", "M1", cands) == "a"
 
 
+def test_tuning_buckets_are_quarter_octaves():
+    """Sizes share a tuned configuration only within a quarter octave (powers of two up to 16): 384 and 512 rows (3
+    and 4 rows of 128-row tiles) are tuned apart; every size maps to the smallest bucket at or above it."""
+    from bie_backend_cutlass import tuning
+    assert [tuning.bucket(v) for v in (1, 3, 16, 17, 33, 100, 384, 385, 512, 513, 14336, 16384)] == \
+        [1, 4, 16, 20, 40, 112, 384, 448, 512, 640, 14336, 16384]
+    prev = 0
+    for v in range(1, 5000):
+        b = tuning.bucket(v)
+        assert b >= v and b >= prev, v                               # monotone, at or above
+        assert b - v < (v if v <= 16 else v / 4), v                  # powers of two up to 16, then quarters
+        assert tuning.bucket(b) == b                                 # a bucket is its own bucket
+        prev = b
+
+
 def test_tuning_keeps_the_default_within_the_noise(tuner):
     """The first (default) candidate stays unless another is faster by more than KEEP_DEFAULT."""
     tuning, timings = tuner

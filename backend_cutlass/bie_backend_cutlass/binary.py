@@ -93,10 +93,6 @@ def _vec(t):
 
 
 # ------------------------------------------------------------------ tile choice
-def _p2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 def _default_order(m: int, n: int, batch: int, device) -> list[int]:
     from . import tuning
     sms = tuning.sm_count(device)
@@ -187,7 +183,8 @@ def _run_gemm(op: str, a, b, row_term, col_term, s1, s2, bias, out, geo, fill_ro
         return
     from . import tuning
     m, n, k, batch = geo[0], geo[1], geo[2], geo[3]
-    bucket = f"{str(out.dtype)[6:]}/M{_p2(m)}/N{_p2(n)}/K{_p2(k)}/B{_p2(batch)}" + ("/wg" if wg else "")
+    q = tuning.bucket
+    bucket = f"{str(out.dtype)[6:]}/M{q(m)}/N{q(n)}/K{q(k)}/B{q(batch)}" + ("/wg" if wg else "")
     names = [CONFIGS[c] for c in _default_order(m, n, batch, out.device)]
     if wg:
         # every wgmma tile is a candidate, then the mma.sync tiles; the order only sets the

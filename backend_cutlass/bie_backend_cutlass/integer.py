@@ -113,8 +113,7 @@ def _pad_rows_k(t: torch.Tensor, rows: int, kp: int) -> torch.Tensor:
     return out
 
 
-def _bucket(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
+_bucket = tuning.bucket
 
 
 def _vec(t, groups: int, n: int, n_pad: int, scalar_ok: bool = True):

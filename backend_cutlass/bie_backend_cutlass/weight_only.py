@@ -166,8 +166,7 @@ def _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype
 
 
 # ------------------------------------------------------------------ wq_gemm
-def _bucket(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
+_bucket = tuning.bucket
 
 
 def _usable(x: torch.Tensor) -> torch.Tensor:
