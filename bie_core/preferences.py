@@ -68,11 +68,14 @@ HANDOFFS: tuple = (
     # against 61.5-64.5)
     Handoff(_WQ, "bie-backend-cuda's many-row wgmma kernel (wq_gemm_wgmma_rows)", f"{_WQ_PAGE}, {_PREFILL_PAGE}",
             dims={"M": (129, 256), "K": (14336, None)}, attrs={"bits": 4}),
-    # 4-bit codes on narrow layers (N <= 1024, K <= 8192: a GQA model's k/v projections) at 65-767 rows: a 128 x 128
-    # tile grid has too few column tiles there; bie-backend-cuda's wgmma kernel (65-256 rows: 10.5-12.0 us against
-    # 14.2-19.1 on 4096 x 1024, H200) and dequantize + cuBLAS (384-512 rows: 13.9-14.2 against 19.0-19.2) are faster
-    Handoff(_WQ, "bie-backend-cuda's wgmma kernel, or dequantize + cuBLAS from 257 rows", _PREFILL_PAGE,
-            dims={"M": (65, 767), "N": (None, 1024), "K": (None, 8192)}, attrs={"bits": 4}),
+    # 4-bit codes on narrow layers (N <= 1024, K <= 8192: a GQA model's k/v projections) at 65-256 rows: a 128 x 128
+    # tile grid has too few column tiles there; bie-backend-cuda's wgmma kernel is faster (10.5-12.0 us against
+    # 14.2-19.1 on 4096 x 1024, H200) and its bound call is one launch too. Dequantize + cuBLAS is faster still on
+    # the GPU at 384-512 rows (13.9-14.2 us against 19.0-19.2) but is not handed these: it is two launches and a
+    # weight-sized temporary through an unbound call, and a prefill at those rows is bound by the host (an 8-layer
+    # model's 512-token prefill took 1.7 ms more host time with it on k/v, 108 us a call, for 5 us of GPU time saved)
+    Handoff(_WQ, "bie-backend-cuda's wgmma kernel", _PREFILL_PAGE,
+            dims={"M": (65, 256), "N": (None, 1024), "K": (None, 8192)}, attrs={"bits": 4}),
     # dynamic int8 linear, per token: up to 8 rows the fused GEMV (one launch: quantization, products, epilogue) is
     # the fastest kernel on small and big layers (H200, 4096^2: 7.9-13.0 us against 19.8-20.1 us for the _int_mm
     # path; 8192 x 28672: 56.7-80.3 us against 88.5-91.1 us); from 9 rows the int8 GEMMs are (16 rows: the GEMV

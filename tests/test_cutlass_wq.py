@@ -65,11 +65,11 @@ def test_capability_says_why():
     assert "many-row" in defer(_problem(200, 8192, 28672, act=True, fmt="gba", dtype=torch.float16))
     assert not any(defer(_problem(m, n, k)) for m in (129, 256) for n, k in ((28672, 8192), (4096, 14272)))
     assert defer(_problem(200, 8192, 28672, bits=8)) is None
-    # 4-bit codes on narrow layers (N <= 1024, K <= 8192) at 65-767 rows: bie-backend-cuda's wgmma kernel or dense
-    assert [m for m in range(1, 2000) if defer(_problem(m, 1024, 4096))] == list(range(1, 768))
-    assert "wq_prefill_cuda.md" in defer(_problem(512, 1024, 4096))
-    assert not any(defer(_problem(512, n, k)) for n, k in ((1088, 4096), (1024, 8256)))
-    assert defer(_problem(512, 1024, 4096, bits=8)) is None
+    # 4-bit codes on narrow layers (N <= 1024, K <= 8192) at 65-256 rows: bie-backend-cuda's wgmma kernel
+    assert [m for m in range(1, 2000) if defer(_problem(m, 1024, 4096))] == list(range(1, 257))
+    assert "wq_prefill_cuda.md" in defer(_problem(200, 1024, 4096))
+    assert not any(defer(_problem(200, n, k)) for n, k in ((1088, 4096), (1024, 8256)))
+    assert defer(_problem(200, 1024, 4096, bits=8)) is None
     assert "cutlass_h100_wq.md" in defer(_problem(1, 4096, 4096))
     from bie_backend_cutlass import weight_only as wo
     assert wo._check(_problem(1, 4096, 4096)) is None
@@ -209,8 +209,8 @@ def test_strided_x_scales_in_bf16_and_the_dispatcher_choice():
     from bie_core.ops.weight_only import wq_gemm
     from bie_backend_cutlass import weight_only as wo
     (qw, s, z, gi, w64), gen = _case(512, 256, 4, 128, "gptq", False, seed=11, sdtype=torch.bfloat16)
-    # (768 rows and more: a layer this narrow is CUTLASS's again, preferences.py hands 65-767 rows over)
-    big = torch.randn(768 + 3, 520, generator=gen).to(torch.bfloat16).cuda()
+    # (from 257 rows: a layer this narrow is CUTLASS's again, preferences.py hands 65-256 rows over)
+    big = torch.randn(256 + 3, 520, generator=gen).to(torch.bfloat16).cuda()
     x = big[:, 8:]                                             # row stride 520, offset 16 bytes
     y = wq_gemm(x, qw, s, z, gi, None, 4, 128, "gptq")
     _assert_close(y, x, w64, None, 512)

@@ -47,9 +47,9 @@ def oracle_cuda(m, n, k, bits, gs, fmt, sdt, zdt, cc):
     thin_ok = kbits in (2, 4, 8) and k % 8 == 0 and (gs == -1 or gs >= 32) and skinny_ok and cc[0] >= 8
     if thin_rows() and thin_ok:
         return "cuda:wq_gemm_thin"
-    # the many-row kernel from 129 rows, but not on narrow layers (N <= 1024, K <= 8192) below 768 rows
+    # the many-row kernel from 129 rows, but not on narrow layers (N <= 1024, K <= 8192) up to 256 rows
     wqm = kbits == 4 and (gs_shift == -1 or gs_shift >= 5) and 129 <= m <= 4096 and not (
-        n <= 1024 and k <= 8192 and m <= 767)
+        n <= 1024 and k <= 8192 and m <= 256)
     wqw = m <= 256 and not (bits == 8 and m < 17) and (m >= 9 or (m >= 5 and n * k <= 1 << 26))
     if (wqm or wqw) and k % 8 == 0 and skinny_ok and cc[0] == 9:
         return "cuda:wq_gemm_wgmma_rows" if wqm else "cuda:wq_gemm_wgmma"
@@ -74,7 +74,7 @@ def oracle_cutlass_takes(m, n, k, bits, gs, dtype, cc):
     lo = 65 if n * k <= 1 << 26 else min(65, big)
     if m < lo:
         return False
-    if bits == 4 and n <= 1024 and k <= 8192 and 65 <= m <= 767:   # narrow layers: cuda's wgmma kernel or dense
+    if bits == 4 and n <= 1024 and k <= 8192 and 65 <= m <= 256:   # narrow layers: cuda's wgmma kernel
         return False
     return not (bits == 4 and k >= 14336 and 129 <= m <= 256)
 

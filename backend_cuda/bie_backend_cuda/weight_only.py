@@ -391,14 +391,15 @@ WGMMA_MAX_M = 256
 WGMMA_ROWS_M = (129, 4096)
 #: the many-row kernel's tile code (csrc/launchers.h WQ_ROWS_NTOK: 256 rows x 128 columns a tile)
 WGMMA_ROWS_NTOK = 256
-#: Narrow layers (N up to NARROW_N, K up to NARROW_MAX_K: a GQA model's k/v projections) below NARROW_MAX_M rows: the
+#: Narrow layers (N up to NARROW_N, K up to NARROW_MAX_K: a GQA model's k/v projections) up to NARROW_MAX_M rows: the
 #: many-row kernel's 128-column tiles leave most SMs idle there (8 column tiles at N = 1024), so it leaves them to
-#: the register-A wgmma kernel (up to WGMMA_MAX_M rows) and above that to dequantize + cuBLAS. H200, 4096 x 1024,
-#: 4-bit g128 (benchmarks/results/wq_prefill_cuda.md): 192-256 rows 11.2-12.0 us (wgmma) against 15.0-15.1 (many-row),
-#: 384-512 rows 13.9-14.2 (dense) against 18.5-19.1; at 768 rows the many-row kernel and CUTLASS are ahead again.
+#: the register-A wgmma kernel. H200, 4096 x 1024, 4-bit g128 (benchmarks/results/wq_prefill_cuda.md): 192-256 rows
+#: 11.2-12.0 us (wgmma) against 15.0-15.1 (many-row). At 384-512 rows dequantize + cuBLAS is faster on the GPU
+#: (13.9-14.2 against 18.5-19.1) but costs about 100 us more host time a call (two launches and a weight-sized
+#: temporary, unbound), and prefills at those rows are host-bound: the many-row kernel keeps them.
 NARROW_N = 1024
 NARROW_MAX_K = 8192
-NARROW_MAX_M = 767
+NARROW_MAX_M = WGMMA_MAX_M
 #: the skinny kernel stages 5-8 rows of x faster with cp.async than with the plain loads a programmatic launch
 #: needs after its wait, so it is launched that way only up to this many rows
 SKINNY_PDL_M = 4
@@ -493,8 +494,7 @@ def wgmma_rows_faster_elsewhere(p) -> Optional[str]:
     if not lo <= m <= hi:
         return f"the many-row wgmma kernel is fastest at {lo}-{hi} rows, not M={m}"
     if narrow_layer(m, n, k):
-        return (f"N={n} gives the many-row wgmma kernel too few column tiles at M={m}: the wgmma kernel (up to "
-                f"{WGMMA_MAX_M} rows) or dequantize + cuBLAS is faster")
+        return (f"N={n} gives the many-row wgmma kernel too few column tiles at M={m}: the wgmma kernel is faster")
     return None
 
 

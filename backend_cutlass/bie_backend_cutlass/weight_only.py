@@ -70,7 +70,7 @@ SM90 = ((9, 0), (9, 0))
 ACT_DTYPES = HALF_DTYPES
 #: the smallest K tile of the configurations: K must be a multiple of it, group sizes K or a multiple of it
 TILE_K = 64
-#: Automatic selection hands few rows (and 4-bit codes with a long K at 129-256 rows, or on narrow layers at 65-767
+#: Automatic selection hands few rows (and 4-bit codes with a long K at 129-256 rows, or on narrow layers at 65-256
 #: rows) to bie-backend-cuda's kernels, which were measured faster there: the rows are in bie_core/preferences.py,
 #: consulted through ``handoff``. Any row count is computed correctly: an explicit choice (backend="cutlass") runs
 #: this kernel for every M, and so does automatic selection when no faster kernel (only the plain-PyTorch reference)
