@@ -1,0 +1,105 @@
+"""Host time and wall time of one eager prefill forward: a Llama-shaped model (random weights, nothing downloaded)
+in bf16 against bie W4 g128, and bie W4 with chosen projections forced to one backend.
+
+An eager prefill of a few hundred tokens is bound by the host on an H200: the GPU finishes each kernel before the
+Python of the next op has issued it. A kernel that is faster on the GPU but slower to issue makes the prefill
+slower, which CUDA-graph replay (bench_wq_prefill.py) cannot show. Here each forward is timed twice:
+
+* host: the time to issue the whole forward while the GPU is held busy beforehand (``torch.cuda._sleep``), so the
+  host never waits for the GPU; on the CPU there is no separate host time;
+* wall: the forward from an idle GPU to its end (synchronised).
+
+    python benchmarks/bench_prefill_host.py [--layers 8] [--prompt 512] [--force k_proj,v_proj=cutlass] ...
+
+``--force NAMES=BACKEND`` (repeatable) runs a further bie case with the layers whose names end in one of NAMES set
+to ``backend=BACKEND``; ``--force all=BACKEND`` sets every bie layer.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from bench_e2e_llm import build_float, llama_config, quantize_bie
+
+
+def _forward(model, ids):
+    with torch.inference_mode():
+        return model(ids)
+
+
+def measure(model, ids, reps: int) -> dict:
+    """Median host and wall milliseconds of a forward of ``ids`` (after three warm-up forwards)."""
+    cuda = ids.device.type == "cuda"
+    for _ in range(3):
+        _forward(model, ids)
+    hosts, walls = [], []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize(ids.device)
+            torch.cuda._sleep(20_000_000)     # about 10 ms of queued GPU work: the forward below only issues
+            t = time.perf_counter()
+            _forward(model, ids)
+            hosts.append(time.perf_counter() - t)
+            torch.cuda.synchronize(ids.device)
+        t = time.perf_counter()
+        _forward(model, ids)
+        if cuda:
+            torch.cuda.synchronize(ids.device)
+        walls.append(time.perf_counter() - t)
+    wall = 1e3 * statistics.median(walls)
+    return {"host_ms": 1e3 * statistics.median(hosts) if hosts else wall, "wall_ms": wall}
+
+
+def force(model, names: str, backend: str) -> int:
+    """Set ``backend`` on the bie layers whose module names end in one of the comma-separated ``names`` (``all``:
+    every bie layer); the count set."""
+    ends = tuple(n.strip() for n in names.split(",") if n.strip())
+    count = 0
+    for name, mod in model.named_modules():
+        if hasattr(mod, "qweight") and hasattr(mod, "backend") and ("all" in ends or name.endswith(ends)):
+            mod.backend = backend
+            count += 1
+    return count
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--config", default="8b", choices=("8b", "small", "tiny"))
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--force", action="append", default=[], metavar="NAMES=BACKEND")
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cfg = llama_config(a.config, a.layers)
+    ids = torch.randint(3, min(1000, cfg.vocab_size), (1, a.prompt), device=dev,
+                        generator=torch.Generator(device=dev).manual_seed(0))
+    print(f"eager prefill forward, {a.config} config, {a.layers} layers, {a.prompt} tokens, {dev.type}, "
+          f"medians of {a.reps} (ms)")
+    print("| case | host ms | wall ms | wall vs float |\n|---|---|---|---|")
+    model = build_float(cfg, dtype, dev)
+    base = measure(model, ids, a.reps)
+    print(f"| float ({str(dtype)[6:]}) | {base['host_ms']:.2f} | {base['wall_ms']:.2f} | 1.00x |", flush=True)
+    quantize_bie(model, 4, 128, dtype, False)
+    cases = [("bie W4 g128, automatic", None)] + [(f"bie W4 g128, {spec}", spec) for spec in a.force]
+    for label, spec in cases:
+        if spec is not None:
+            names, _, backend = spec.partition("=")
+            if not backend or not force(model, names, backend):
+                sys.exit(f"--force {spec!r}: expected NAMES=BACKEND naming at least one bie layer")
+        r = measure(model, ids, a.reps)
+        print(f"| {label} | {r['host_ms']:.2f} | {r['wall_ms']:.2f} | {base['wall_ms'] / r['wall_ms']:.2f}x |",
+              flush=True)
+        if spec is not None:
+            force(model, "all", "")        # back to automatic selection for the next case
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/bench_prefill_host.py on the CPU: a tiny Llama-shaped model's eager prefill timed for the float model,
+bie W4 and bie W4 with named projections forced to a backend; the forcing reaches exactly the named layers."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_prefill_host.py")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = list(sys.path)
+    sys.path.insert(0, os.path.dirname(SCRIPT))   # (it imports bench_e2e_llm from its own folder)
+    spec = importlib.util.spec_from_file_location("bench_prefill_host", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = path
+    return mod
+
+
+def test_prefill_cases_are_timed(bench, capsys):
+    args = ["--device", "cpu", "--config", "tiny", "--layers", "1", "--prompt", "16", "--reps", "2"]
+    assert bench.main(args + ["--force", "k_proj,v_proj=cpu"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| float (float32)", "| bie W4 g128, automatic",
+                                                     "| bie W4 g128, k_proj,v_proj=cpu"]
+    for r in rows[1:]:
+        host, wall = (float(v) for v in r.split(" | ")[1:3])
+        assert 0 < host and 0 < wall and host == wall      # on the CPU the host time is the wall time
+    with pytest.raises(SystemExit, match="NAMES=BACKEND"):
+        bench.main(args + ["--force", "no_such_proj=cpu"])
+
+
+def test_force_sets_the_named_layers_only(bench):
+    import torch
+    from bench_e2e_llm import build_float, llama_config, quantize_bie
+    model = quantize_bie(build_float(llama_config("tiny", 2), torch.float32, torch.device("cpu")), 4, 128,
+                         torch.float32, False)
+    assert bench.force(model, "k_proj,v_proj", "cpu") == 4
+    chosen = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if getattr(m, "backend", None) == "cpu"}
+    assert chosen == {"k_proj", "v_proj"}
+    assert bench.force(model, "all", "") == 14            # 7 projections a layer; lm_head stays float
+    assert not any(getattr(m, "backend", None) for m in model.modules() if hasattr(m, "qweight"))
