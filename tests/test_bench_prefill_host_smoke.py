@@ -9,7 +9,8 @@ import sys
 import pytest
 
 pytest.importorskip("transformers")
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_prefill_host.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "bench_prefill_host.py")
 
 
 @pytest.fixture(scope="module")
