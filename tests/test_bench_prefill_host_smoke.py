@@ -2,28 +2,16 @@
 bie W4 and bie W4 with named projections forced to a backend; the forcing reaches exactly the named layers."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
+from _bench_script import load_bench_script
+
 pytest.importorskip("transformers")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "bench_prefill_host.py")
 
 
 @pytest.fixture(scope="module")
 def bench():
-    path = list(sys.path)
-    sys.path.insert(0, os.path.dirname(SCRIPT))   # (it imports bench_e2e_llm from its own folder)
-    spec = importlib.util.spec_from_file_location("bench_prefill_host", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = path
-    return mod
+    return load_bench_script("bench_prefill_host")
 
 
 def test_prefill_cases_are_timed(bench, capsys):

@@ -3,21 +3,14 @@ write what their pages are made of; the figures themselves live in
 benchmarks/results, not in tests."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from _bench_script import load_bench_script
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+_load = load_bench_script
 
 
 def test_e2e_llm_smoke(tmp_path):

@@ -4,27 +4,17 @@ from one that runs the ops)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-import os
-import sys
 
 import pytest
 
+from _bench_script import load_bench_script
+
 pytest.importorskip("transformers")
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "profile_decode.py")
 
 
 @pytest.fixture(scope="module")
 def prof():
-    # (the script puts its own folder on sys.path to import bench_e2e_llm: taken off again once it is loaded)
-    path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("profile_decode", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = path
-    return mod
+    return load_bench_script("profile_decode")
 
 
 def test_host_op_calls_per_decode_step(prof, tmp_path, capsys):
