@@ -12,7 +12,9 @@ slower, which CUDA-graph replay (bench_wq_prefill.py) cannot show. Here each for
     python benchmarks/bench_prefill_host.py [--layers 8] [--prompt 512] [--force k_proj,v_proj=cutlass] ...
 
 ``--force NAMES=BACKEND`` (repeatable) runs a further bie case with the layers whose names end in one of NAMES set
-to ``backend=BACKEND``; ``--force all=BACKEND`` sets every bie layer.
+to ``backend=BACKEND``; ``--force all=BACKEND`` sets every bie layer. ``--per-module`` adds, per case, the host time
+spent inside each kind of module (the projections by name, the rest by class) over one forward issued behind a busy
+GPU, summed over the layers: where the host time of one case goes against another's.
 """
 from __future__ import annotations
 
@@ -54,6 +56,41 @@ def measure(model, ids, reps: int) -> dict:
     return {"host_ms": 1e3 * statistics.median(hosts) if hosts else wall, "wall_ms": wall}
 
 
+def host_per_module(model, ids) -> dict:
+    """Host microseconds spent inside each kind of module during one forward (leaf modules: the projections by their
+    attribute name, the rest by class name; summed over layers), the forward issued behind a busy GPU on CUDA. The
+    hooks' own cost falls on every module alike."""
+    spent, start, hooks = {}, {}, []
+
+    def kind(name, mod):
+        leaf = name.rsplit(".", 1)[-1]
+        return leaf if leaf.endswith("_proj") or leaf == "lm_head" else type(mod).__name__
+
+    for name, mod in model.named_modules():
+        if next(mod.children(), None) is not None:
+            continue                                   # leaves only: no time counted twice
+        key = kind(name, mod)
+        hooks.append(mod.register_forward_pre_hook(lambda m, a, key=key: start.__setitem__(key, time.perf_counter())))
+        hooks.append(mod.register_forward_hook(
+            lambda m, a, o, key=key: spent.__setitem__(key, spent.get(key, 0.0) + time.perf_counter() - start[key])))
+    try:
+        if ids.device.type == "cuda":
+            torch.cuda.synchronize(ids.device)
+            torch.cuda._sleep(20_000_000)
+        _forward(model, ids)
+        if ids.device.type == "cuda":
+            torch.cuda.synchronize(ids.device)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: 1e6 * v for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+
+
+def _print_per_module(label: str, per: dict) -> None:
+    print(f"  host per module, {label} (us, summed over layers): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in per.items()), flush=True)
+
+
 def force(model, names: str, backend: str) -> int:
     """Set ``backend`` on the bie layers whose module names end in one of the comma-separated ``names`` (``all``:
     every bie layer); the count set."""
@@ -74,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--force", action="append", default=[], metavar="NAMES=BACKEND")
+    ap.add_argument("--per-module", action="store_true", help="the host time inside each kind of module, per case")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -86,6 +124,7 @@ def main(argv=None) -> int:
     model = build_float(cfg, dtype, dev)
     base = measure(model, ids, a.reps)
     print(f"| float ({str(dtype)[6:]}) | {base['host_ms']:.2f} | {base['wall_ms']:.2f} | 1.00x |", flush=True)
+    per = {"float": host_per_module(model, ids)} if a.per_module else {}
     quantize_bie(model, 4, 128, dtype, False)
     cases = [("bie W4 g128, automatic", None)] + [(f"bie W4 g128, {spec}", spec) for spec in a.force]
     for label, spec in cases:
@@ -96,8 +135,12 @@ def main(argv=None) -> int:
         r = measure(model, ids, a.reps)
         print(f"| {label} | {r['host_ms']:.2f} | {r['wall_ms']:.2f} | {base['wall_ms'] / r['wall_ms']:.2f}x |",
               flush=True)
+        if a.per_module:
+            per[label] = host_per_module(model, ids)
         if spec is not None:
             force(model, "all", "")        # back to automatic selection for the next case
+    for label, p in per.items():         # (after the table: the hooks' cost stays out of its figures)
+        _print_per_module(label, p)
     return 0
 
 

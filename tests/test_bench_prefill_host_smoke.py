@@ -23,6 +23,13 @@ def test_prefill_cases_are_timed(bench, capsys):
     for r in rows[1:]:
         host, wall = (float(v) for v in r.split(" | ")[1:3])
         assert 0 < host and 0 < wall and host == wall      # on the CPU the host time is the wall time
+    assert bench.main(args + ["--per-module"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  host per module")]
+    assert len(lines) == 2 and "float" in lines[0] and "automatic" in lines[1]
+    for line in lines:                                  # every projection kind is timed, once per kind
+        names = [part.strip().split(" ")[0] for part in line.split(":", 1)[1].split(",")]
+        assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} <= set(names)
+        assert len(names) == len(set(names))
     with pytest.raises(SystemExit, match="NAMES=BACKEND"):
         bench.main(args + ["--force", "no_such_proj=cpu"])
 
