@@ -33,6 +33,21 @@ def _forward(model, ids):
         return model(ids)
 
 
+def _issue(model, ids) -> float:
+    """Seconds to issue one forward; on CUDA behind about 10 ms of queued GPU work, so the host never waits for the
+    GPU (the forward's own work then runs; synchronised before returning)."""
+    cuda = ids.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(ids.device)
+        torch.cuda._sleep(20_000_000)
+    t = time.perf_counter()
+    _forward(model, ids)
+    host = time.perf_counter() - t
+    if cuda:
+        torch.cuda.synchronize(ids.device)
+    return host
+
+
 def measure(model, ids, reps: int) -> dict:
     """Median host and wall milliseconds of a forward of ``ids`` (after three warm-up forwards)."""
     cuda = ids.device.type == "cuda"
@@ -41,12 +56,7 @@ def measure(model, ids, reps: int) -> dict:
     hosts, walls = [], []
     for _ in range(reps):
         if cuda:
-            torch.cuda.synchronize(ids.device)
-            torch.cuda._sleep(20_000_000)     # about 10 ms of queued GPU work: the forward below only issues
-            t = time.perf_counter()
-            _forward(model, ids)
-            hosts.append(time.perf_counter() - t)
-            torch.cuda.synchronize(ids.device)
+            hosts.append(_issue(model, ids))
         t = time.perf_counter()
         _forward(model, ids)
         if cuda:
@@ -74,12 +84,7 @@ def host_per_module(model, ids) -> dict:
         hooks.append(mod.register_forward_hook(
             lambda m, a, o, key=key: spent.__setitem__(key, spent.get(key, 0.0) + time.perf_counter() - start[key])))
     try:
-        if ids.device.type == "cuda":
-            torch.cuda.synchronize(ids.device)
-            torch.cuda._sleep(20_000_000)
-        _forward(model, ids)
-        if ids.device.type == "cuda":
-            torch.cuda.synchronize(ids.device)
+        _issue(model, ids)
     finally:
         for h in hooks:
             h.remove()

@@ -66,8 +66,8 @@ def _config(codes, row_scale, b3, s, bb, out_dtype, n) -> int:
     names = integer.config_order(m)
     cands = [(nm, (lambda c=integer.CONFIGS.index(nm): ops.dyn_linear(codes, row_scale, b3, s, bb, out_dtype, n, c)))
              for nm in names]
-    bucket = (f"{str(out_dtype).replace('torch.', '')}/M{integer._bucket(m)}/N{integer._bucket(n_pad)}"
-              f"/K{integer._bucket(kp)}/s{int(s.numel() > 1)}")
+    bucket = (f"{str(out_dtype).replace('torch.', '')}/M{tuning.bucket(m)}/N{tuning.bucket(n_pad)}"
+              f"/K{tuning.bucket(kp)}/s{int(s.numel() > 1)}")
     return integer.CONFIGS.index(tuning.choose("dynamic_int8_linear_sm90", bucket, cands, device=codes.device))
 
 

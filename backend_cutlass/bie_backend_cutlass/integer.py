@@ -113,8 +113,6 @@ def _pad_rows_k(t: torch.Tensor, rows: int, kp: int) -> torch.Tensor:
     return out
 
 
-_bucket = tuning.bucket
-
 
 def _vec(t, groups: int, n: int, n_pad: int, scalar_ok: bool = True):
     """Epilogue vector as float32 (groups, n_pad) (zero padded) and its batch stride; a scalar scale
@@ -145,7 +143,8 @@ def _config(a3, b3, s, sb, bb, bbs, out_dtype) -> int:
     names = config_order(M)
     cands = [(nm, (lambda c=CONFIGS.index(nm): ops.gemm(a3, b3, s, sb, bb, bbs, out_dtype, n_pad, c)))
              for nm in names]
-    bucket = (f"{str(out_dtype).replace('torch.', '')}/L{_bucket(L)}/M{_bucket(M)}/N{_bucket(n_pad)}/K{_bucket(Kp)}"
+    q = tuning.bucket
+    bucket = (f"{str(out_dtype).replace('torch.', '')}/L{q(L)}/M{q(M)}/N{q(n_pad)}/K{q(Kp)}"
               f"/s{int(s is not None and s.numel() > 1)}")
     return CONFIGS.index(tuning.choose("int_gemm_sm90", bucket, cands, device=a3.device))
 
@@ -267,7 +266,8 @@ def _conv_config(x_nhwc, wp, geom, s, bb, out_dtype) -> int:
     ops = _ops()
     cands = [(nm, (lambda c=CONV_CONFIGS.index(nm): ops.iconv(x_nhwc, wp, *geom, s, bb, out_dtype, c)))
              for nm in names]
-    bucket = (f"{str(out_dtype).replace('torch.', '')}/M{_bucket(m)}/N{_bucket(np_)}/C{_bucket(c)}/k{kh}x{kw}"
+    q = tuning.bucket
+    bucket = (f"{str(out_dtype).replace('torch.', '')}/M{q(m)}/N{q(np_)}/C{q(c)}/k{kh}x{kw}"
               f"/s{sh}x{sw}/v{int(s is not None and s.numel() > 1)}")
     return CONV_CONFIGS.index(tuning.choose("int_conv2d_sm90", bucket, cands, device=x_nhwc.device))
 

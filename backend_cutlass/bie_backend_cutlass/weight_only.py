@@ -166,8 +166,6 @@ def _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype
 
 
 # ------------------------------------------------------------------ wq_gemm
-_bucket = tuning.bucket
-
 
 def _usable(x: torch.Tensor) -> torch.Tensor:
     """x with unit column stride, a row stride that is a multiple of 8 and 16-byte alignment (TMA)."""
@@ -230,8 +228,8 @@ def _tile_plan(xs, lay: Layout, b, bits: int, n: int, gs: int, dtype, dense):
     first = "s256x16" if m <= 16 else "s256x32" if m <= 32 else "s256x64" if m <= 64 else \
         "c128x128" if m <= 128 else "c128x256"
     order = [first] + [nm for nm in cands if nm != first]
-    bucket = f"{str(dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{_bucket(m)}" \
-             f"/N{_bucket(n)}/K{_bucket(k)}"
+    bucket = f"{str(dtype).replace('torch.', '')}/w{bits}/g{gs % 128 == 0 or gs == k:d}/M{tuning.bucket(m)}" \
+             f"/N{tuning.bucket(n)}/K{tuning.bucket(k)}"
     cfg = tuning.choose("wq_gemm_sm90", bucket, [(nm, cands[nm]) for nm in order if nm in cands], device=xs.device)
     return plans[cfg]
 
