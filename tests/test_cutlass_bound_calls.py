@@ -45,7 +45,7 @@ class _Extension:
     def gemm(self, qa, x, scale, zero, bias, bits, n, gs, config=0, splits=1):
         self.calls.append((qa, x.clone(), x.data_ptr() % 16, x.is_contiguous(), scale, zero,
                            None if bias is None else bias.clone(), bits, n, gs, config, splits))
-        return x.new_zeros((x.shape[0], n))
+        return x.new_zeros(tuple(x.shape[:-1]) + (n,))
 
 
 @pytest.fixture
@@ -100,6 +100,27 @@ def test_bound_call_passes_what_the_kernel_passes(stand_in, bits, gs, k, n, m, f
         wo.wq_gemm(x, *args, prepared=prepared)
         call(x)
         _same_call(*stand_in.calls)
+
+
+@pytest.mark.parametrize("act", [False, True], ids=["plain", "act-order"])
+def test_bound_call_hands_over_activations_of_any_rank(stand_in, act):
+    """A model's (batch, tokens, K) activations go to the extension as they are (its gemm takes the rows of the last
+    dimension and returns the output in x's shape): the call says so (``any_rank``), and passes what it passes for
+    the same values as 2-D rows, permuted along the last dimension for act-order codes."""
+    from bie_backend_cutlass import weight_only as wo
+    w, gen = _case(256, 48, 4, 64, "gptq", act, None, torch.float16, seed=11, device="cpu")
+    args = (*w, 4, 64, "gptq")
+    x = torch.randn(2, 3, 256, generator=gen).half()
+    prepared = wo.prepare(*w[:4])
+    call = wo.bind_wq_gemm_sm90(x.reshape(6, 256), *args, prepared=prepared)
+    assert call.input_only and call.any_rank
+    stand_in.calls.clear()
+    y = call(x)
+    call(x.reshape(6, 256))
+    assert y.shape == (2, 3, 48)
+    a, b = stand_in.calls
+    assert a[1].shape == (2, 3, 256) and a[3] and a[2] == 0, "x was not handed over whole, contiguous and aligned"
+    assert torch.equal(a[1].reshape(6, 256), b[1]) and a[7:] == b[7:]
 
 
 def test_bound_call_with_an_inference_tensor_bias(stand_in):
@@ -181,6 +202,36 @@ def test_bound_call_computes_what_the_kernel_does(dtype, bits, gs, k, n, m, fmt,
         with torch.no_grad():
             w[4].mul_(-2)
         assert torch.equal(call(x), wo.wq_gemm(x, *args, prepared=prepared))
+
+
+@needs_sm90
+@pytest.mark.parametrize("act", [False, True], ids=["plain", "act-order"])
+@pytest.mark.parametrize("lead", [(1, 300), (2, 3), (4, 100), (2, 1, 70)])
+def test_mpq_linear_hands_model_activations_to_the_gemm_as_they_are(lead, act):
+    """On this backend a (batch, tokens, K) input reaches the GEMM as it is (csrc/wq_bindings.cpp gemm takes the rows
+    of the last dimension): the layer's bound call is the kernel's own, with no views made in Python, and its result
+    is the layer's on the 2-D rows bit for bit; a strided input of that shape takes the rows' path, with the same
+    result."""
+    from bie_core import MPQLinear
+    k, n = 512, 272
+    torch.manual_seed(len(lead) * 100 + lead[-1])
+    layer = MPQLinear.from_float(nn.Linear(k, n), bits=4, group_size=128, dtype=torch.bfloat16, act_order=act,
+                                 calibration=torch.randn(64, k) if act else None,   # (GPTQ orders the rows)
+                                 backend="cutlass").cuda().eval()
+    assert layer.act_order == act
+    x = torch.randn(lead + (k,), device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        rows = layer(x.reshape(-1, k)).reshape(lead + (n,))
+        for _ in range(3):
+            y = layer(x)
+            assert y.shape == lead + (n,) and torch.equal(y, rows), lead
+    call = layer._lean.call
+    assert getattr(call, "any_rank", False) and not hasattr(call, "rows"), "the input was viewed in Python"
+    xt = x.transpose(0, -2).contiguous().transpose(0, -2)   # the same values, strided where both dims > 1
+    if not xt.is_contiguous():
+        with torch.inference_mode():
+            assert torch.equal(layer(xt), rows)
+            assert hasattr(layer._lean.call, "rows")
 
 
 @needs_sm90

@@ -168,8 +168,10 @@ def _build_layout(qweight, scales, zeros, g_idx, bits, group_size, k, fmt, dtype
 # ------------------------------------------------------------------ wq_gemm
 
 def _usable(x: torch.Tensor) -> torch.Tensor:
-    """x with unit column stride, a row stride that is a multiple of 8 and 16-byte alignment (TMA)."""
-    if x.stride(1) != 1 or x.stride(0) % 8 != 0 or x.stride(0) < x.shape[1]:
+    """x with unit column stride, a row stride that is a multiple of 8 and 16-byte alignment (TMA); of more than two
+    dimensions, contiguous (the extension's gemm takes their rows as one row stride)."""
+    if x.stride(-1) != 1 or x.stride(-2) % 8 != 0 or x.stride(-2) < x.shape[-1] or (
+            x.dim() > 2 and not x.is_contiguous()):
         x = x.contiguous()
     if x.data_ptr() % 16 != 0:
         x = x.clone()
@@ -287,7 +289,7 @@ def bind_wq_gemm_sm90(x, qweight, scales, zeros, g_idx, bias, bits, group_size, 
 
     def call(x, *_):
         if perm is not None:
-            x = x.index_select(1, perm)
+            x = x.index_select(-1, perm)
         elif x.data_ptr() & 15 or not x.is_contiguous():   # a view into a larger tensor (fresh tensors are aligned)
             x = _usable(x)
         if versioned and bias._version != state[0]:
@@ -295,6 +297,7 @@ def bind_wq_gemm_sm90(x, qweight, scales, zeros, g_idx, bias, bits, group_size, 
             state[0] = bias._version
         return gemm(qa, x, scale, zero, state[1], *tail)
     call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # contiguous x of any rank, the output in its shape (csrc/wq_bindings.cpp gemm)
     return call
 
 

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <mutex>
 #include <vector>
@@ -52,23 +53,28 @@ static void check_sm90(int device) {
 static bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // qa: the reordered codes (uint8, n_out * k * bits / 8 bytes); x (tokens, k) float16/bfloat16 with unit
-// column stride; scale, zero (G, n_out) contiguous in x's dtype; bias float32 (n_out) or None.
-// Returns y (tokens, n_out), contiguous, in x's dtype.
+// column stride, or contiguous (..., k) of any rank (a model's (batch, tokens, k) activations: their rows are
+// viewed here, where a view and a reshape back in Python cost about 3 µs of a bound call's host time);
+// scale, zero (G, n_out) contiguous in x's dtype; bias float32 (n_out) or None.
+// Returns y (..., n_out), contiguous, in x's dtype and leading shape.
 at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero,
                 const c10::optional<at::Tensor>& bias, int64_t bits, int64_t n_out, int64_t group_size,
                 int64_t config, int64_t splits) {
   const char* op = "bie_cutlass_weight_only.gemm: ";
   TORCH_CHECK(x.is_cuda() && qa.device() == x.device() && scale.device() == x.device() &&
                   zero.device() == x.device(), op, "every tensor must be on x's CUDA device");
-  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16), op,
-              "x must be a 2-D float16 or bfloat16 tensor");
+  TORCH_CHECK(x.dim() >= 2 && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16), op,
+              "x must be a float16 or bfloat16 tensor of at least 2 dimensions");
+  TORCH_CHECK(x.dim() == 2 || x.is_contiguous(), op, "x of more than 2 dimensions must be contiguous, got strides ",
+              x.strides());
   TORCH_CHECK(bits == 4 || bits == 8, op, "bits must be 4 or 8, got ", bits);
-  const int64_t tokens = x.size(0), k = x.size(1);
+  const int64_t k = x.size(-1), tokens = x.numel() / std::max<int64_t>(k, 1);
   TORCH_CHECK(tokens > 0 && tokens < INT_MAX, op, "x must have between 1 and 2^31-1 rows, got ", tokens);
   TORCH_CHECK(k > 0 && k % kTileK == 0, op, "K=", k, " must be a positive multiple of ", kTileK);
   TORCH_CHECK(n_out > 0 && n_out % 16 == 0, op, "N=", n_out, " must be a positive multiple of 16");
   TORCH_CHECK(n_out * k < INT_MAX, op, "N*K=", n_out * k, " is too large for one weight (max 2^31-1 codes)");
-  TORCH_CHECK(x.stride(1) == 1 && x.stride(0) >= k && x.stride(0) % 8 == 0 && aligned16(x), op,
+  const int64_t ldx = x.dim() == 2 ? x.stride(0) : k;
+  TORCH_CHECK(x.stride(-1) == 1 && ldx >= k && ldx % 8 == 0 && aligned16(x), op,
               "x needs unit column stride, a row stride that is a multiple of 8 and 16-byte alignment");
   TORCH_CHECK(qa.scalar_type() == at::kByte && qa.is_contiguous() && aligned16(qa) &&
                   qa.numel() == n_out * k * bits / 8,
@@ -93,7 +99,9 @@ at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& sca
   check_sm90(device);
   c10::cuda::CUDAGuard guard(x.device());
 
-  at::Tensor out = at::empty({tokens, n_out}, x.options());
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = n_out;
+  at::Tensor out = at::empty(out_shape, x.options());
   WqArgs p;
   p.a = qa.data_ptr();
   p.x = x.data_ptr();
@@ -105,7 +113,7 @@ at::Tensor gemm(const at::Tensor& qa, const at::Tensor& x, const at::Tensor& sca
   p.tokens = static_cast<int>(tokens);
   p.k = static_cast<int>(k);
   p.group_size = static_cast<int>(group_size);
-  p.ldx = x.stride(0);
+  p.ldx = ldx;
   p.device = device;
   p.sm_count = sm_count(device);
   p.stream = c10::cuda::getCurrentCUDAStream(device).stream();
