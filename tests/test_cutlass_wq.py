@@ -7,6 +7,8 @@ capability checks run; the kernel checks skip.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -34,10 +36,14 @@ def every_m():
 
 # ------------------------------------------------------------- packaging (CPU)
 def test_sources_exist_and_import_compiles_nothing():
-    from bie_backend_cutlass import _build, weight_only
-    for name in weight_only.EXTENSION.sources:
-        assert (_build.CSRC / name).exists(), name
-    assert weight_only.EXTENSION.family not in _build._loaded
+    # a fresh interpreter: earlier tests in this process may have loaded the extension on purpose
+    code = ("from bie_backend_cutlass import _build, weight_only\n"
+            "missing = [n for n in weight_only.EXTENSION.sources if not (_build.CSRC / n).exists()]\n"
+            "assert not missing, missing\n"
+            "assert weight_only.EXTENSION.family not in _build._loaded, _build._loaded\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    from bie_backend_cutlass import weight_only
     assert len(weight_only.CONFIGS) == len(weight_only.CONFIG_TILE_K) == 8
 
 
