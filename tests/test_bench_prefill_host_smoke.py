@@ -21,8 +21,11 @@ def test_prefill_cases_are_timed(bench, capsys):
     assert [r.split(" | ")[0] for r in rows[1:]] == ["| float (float32)", "| bie W4 g128, automatic",
                                                      "| bie W4 g128, k_proj,v_proj=cpu"]
     for r in rows[1:]:
-        host, wall = (float(v) for v in r.split(" | ")[1:3])
+        cells = r.split(" | ")
+        host, gpu, wall, ratio = float(cells[1]), cells[2], float(cells[3]), float(cells[4].rstrip(" |x"))
         assert 0 < host and 0 < wall and host == wall      # on the CPU the host time is the wall time
+        assert gpu == "—" and ratio > 0                    # no GPU time on the CPU
+    assert rows[1].split(" | ")[4] == "1.00x |"           # the float case against itself
     assert bench.main(args + ["--per-module"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  host per module")]
     assert len(lines) == 2 and "float" in lines[0] and "automatic" in lines[1]
