@@ -118,6 +118,20 @@ def _ready(layer, x):
     return layer.eval()
 
 
+class InTurn(nn.Module):
+    """``inner`` called on two inputs in turn, whatever the call is given: generation's signatures (the prompt's
+    rows, then one row per step), which a layer switches between at the first step and at every prompt."""
+
+    def __init__(self, inner, a, b):
+        super().__init__()
+        self.inner, self.inputs, self.turn = inner, (a, b), [0]
+
+    def forward(self, _x):
+        t = self.turn
+        t[0] ^= 1
+        return self.inner(self.inputs[t[0]])
+
+
 def build_cases(device, dtype, k: int, n: int, m: int, conv_hw: int):
     """{name: (layer, float twin, input)}."""
     g = torch.Generator().manual_seed(0)
@@ -146,6 +160,10 @@ def build_cases(device, dtype, k: int, n: int, m: int, conv_hw: int):
     x3 = x.reshape(1, m, k)
     for name in ("MPQLinear W4 g32", "MBWQLinear 4/2-bit", "BinaryLinear (packed)", "QLinear W8A8 (packed)"):
         cases[f"{name}, (1, M, K) input"] = (cases[name][0], base, x3)
+    # the prompt's signature and one row's in turn, every call a switch
+    xp, x1 = torch.randn(1, 8, k, generator=g).to(device=device, dtype=dtype), x3[:, :1].contiguous()
+    for name in ("MPQLinear W4 g32", "QLinear W8A8 (packed)"):
+        cases[f"{name}, (1, 8, K) and (1, 1, K) in turn"] = (InTurn(cases[name][0], xp, x1), InTurn(base, xp, x1), x1)
     c = k // 4
     xc = torch.randn(1, c, conv_hw, conv_hw, generator=g).to(device=device, dtype=dtype)
     conv = nn.Conv2d(c, c, 3, padding=1, bias=True).to(device=device, dtype=dtype).eval()

@@ -90,6 +90,9 @@ def _holds_source(kinds: tuple) -> str:
     ts = [f"t{i}" for i in range(n)]
     outer = ["gen0", "pref0", "shape0", "dtype0", "dev0", "contig0", "rg0", "decisions"]
     body = [
+        # the input's shape first: a layer that alternates two signatures (a prompt, then one row per step) learns
+        # at the first comparison that it must switch
+        "    if x.shape != shape0 or x.dtype != dtype0 or x.device != dev0: return False",
         "    if _REG.generation != gen0: return False",
         "    if backend: p = _layer_pref(backend)",
         "    else:",
@@ -98,7 +101,6 @@ def _holds_source(kinds: tuple) -> str:
         "            p = _D._global_pref",
         "            if p is None: p = _pref_global()",
         "    if p is not pref0 and p != pref0: return False",
-        "    if x.shape != shape0 or x.dtype != dtype0 or x.device != dev0: return False",
         "    if x.is_contiguous() != contig0 or x.requires_grad != rg0: return False",
     ]
     for i, kind in enumerate(kinds):

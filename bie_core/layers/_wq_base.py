@@ -115,7 +115,9 @@ class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         if shapes:
             lc = shapes.get(x.shape)
             if lc is not None and lc.holds(x, backend, *fixed):
-                self._lean = lc
+                # (straight into the instance dict: nn.Module.__setattr__ costs about a microsecond of a switch
+                # that generation makes twice per layer and prompt)
+                self.__dict__["_lean"] = lc
                 return lc
         self._check_input(x)
         self._lean = None

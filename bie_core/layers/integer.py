@@ -60,7 +60,7 @@ class _IntWeightMixin(TorchInit):
         kept = self.__dict__.get("_lean_shapes")
         lc = kept[1].get(x.shape) if kept else None
         if lc is not None and lc.holds(x, backend, *fixed):
-            self._lean = lc
+            self.__dict__["_lean"] = lc   # (not through nn.Module.__setattr__: most of a switch's cost)
             return lc
         return None
 
