@@ -162,7 +162,7 @@ def build_cases(device, dtype, k: int, n: int, m: int, conv_hw: int):
         cases[f"{name}, (1, M, K) input"] = (cases[name][0], base, x3)
     # the prompt's signature and one row's in turn, every call a switch
     xp, x1 = torch.randn(1, 8, k, generator=g).to(device=device, dtype=dtype), x3[:, :1].contiguous()
-    for name in ("MPQLinear W4 g32", "QLinear W8A8 (packed)"):
+    for name in ("MPQLinear W4 g32", "BinaryLinear (packed)", "QLinear W8A8 (packed)"):
         cases[f"{name}, (1, 8, K) and (1, 1, K) in turn"] = (InTurn(cases[name][0], xp, x1), InTurn(base, xp, x1), x1)
     c = k // 4
     xc = torch.randn(1, c, conv_hw, conv_hw, generator=g).to(device=device, dtype=dtype)

@@ -447,6 +447,57 @@ def _full_forward(layer, x):
         return layer(x.requires_grad_(True)).detach()
 
 
+def _binary_linear():
+    from bie_core import BinaryLinear
+    layer = BinaryLinear(48, 24, bias=True)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.2)
+        layer(torch.randn(5, 48))     # the activation scale (full path)
+    return layer.eval(), "weight"
+
+
+def _binary_conv():
+    layer = BinaryConv2d(6, 10, 3, padding=1, bias=True)
+    with torch.no_grad():
+        layer(torch.randn(2, 6, 7, 7))
+    return layer.eval(), "weight"
+
+
+def _dynamic():
+    from bie_core import DynamicQLinear
+    return DynamicQLinear.from_float(nn.Linear(48, 24)).eval(), "bias"
+
+
+@pytest.mark.parametrize("make, shapes, rows", [
+    (_binary_linear, [(1, 48), (7, 48), (1, 48), (2, 3, 48), (7, 48), (2, 3, 48)], False),
+    (_binary_conv, [(1, 6, 7, 7), (3, 6, 7, 7), (1, 6, 7, 7), (3, 6, 7, 7)], False),
+    (_dynamic, [(1, 48), (1, 7, 48), (1, 48), (1, 7, 48), (2, 3, 48)], True)], ids=["binary-linear", "binary-conv",
+                                                                                  "dynamic"])
+def test_binary_and_dynamic_layers_keep_bound_calls_per_input_shape(make, shapes, rows):
+    """As the integer layers: alternating input shapes reuse the call bound for each shape (no resolution per switch:
+    it cost 30-60 µs a call on a CPU core, several times the call), every result is the full path's, and an
+    in-place update of a tensor the calls read drops them all."""
+    torch.manual_seed(5)
+    layer, changed = make()
+    bound = {}
+    for shape in shapes:
+        x = torch.randn(shape)
+        assert torch.equal(_lean(layer, x), _full(layer, x)), shape
+        key = x.reshape(-1, shape[-1]).shape if rows else shape   # (DynamicQLinear binds its 2-D rows)
+        if key in bound:
+            assert layer._lean is bound[key], f"{shape}: bound again although a call for it was kept"
+        bound[key] = layer._lean
+    with torch.no_grad():
+        getattr(layer, changed).mul_(-1)
+    for shape in shapes[:2]:
+        x = torch.randn(shape)
+        assert torch.equal(_lean(layer, x), _full(layer, x))
+        assert all(layer._lean is not b for b in bound.values())
+    assert len(layer._lean_shapes[1]) == 2
+    for moved in (copy.deepcopy(layer), layer.to(torch.float64)):   # no calls bound to the old tensors
+        assert moved.__dict__.get("_lean_shapes") is None
+
+
 @pytest.mark.parametrize("w_bits", [4, 8])
 def test_packed_codes_made_in_inference_mode_serve_a_later_autograd_forward(w_bits):
     """The unpacked codes kept per buffer version are made outside inference mode: a forward with autograd (a

@@ -204,6 +204,11 @@ def on_input(lc: LeanCall, x: torch.Tensor, n: int, backend: str, fixed: tuple) 
     return LeanCall(call, lc.decisions, x, preference(backend), fixed)
 
 
+#: input shapes whose bound calls a layer keeps: generation alternates two (the prompt's rows, then one row per
+#: sequence every step), and a data loader's last batch adds one
+LEAN_SHAPES = 4
+
+
 def keep_by_shape(shapes: dict, shape, lc: LeanCall, most: int) -> None:
     """Keep ``lc`` as the bound call for inputs of ``shape``, dropping the oldest shapes past ``most``. (list()
     copies the keys in one step: threads rebinding a layer at once never iterate a dict that changes under them.)"""
@@ -211,6 +216,36 @@ def keep_by_shape(shapes: dict, shape, lc: LeanCall, most: int) -> None:
     for old in list(shapes)[:max(0, len(shapes) - most + 1)]:
         shapes.pop(old, None)
     shapes[shape] = lc
+
+
+def kept(layer, x: torch.Tensor, backend: str, fixed: tuple):
+    """A bound call ``layer`` keeps for ``x``'s shape that still holds, made the layer's current call; else None.
+    (Written straight into the instance dict: nn.Module.__setattr__ costs about a microsecond of a switch between
+    signatures.)"""
+    k = layer.__dict__.get("_lean_shapes")
+    lc = k[1].get(x.shape) if k else None
+    if lc is not None and lc.holds(x, backend, *fixed):
+        layer.__dict__["_lean"] = lc
+        return lc
+    return None
+
+
+def forget(layer) -> None:
+    """Drop ``layer``'s bound calls, the current one and those kept by shape: for a change their checks cannot see
+    (a layer constant that is not a tensor, such as an activation scheme)."""
+    layer.__dict__["_lean"] = None
+    layer.__dict__.pop("_lean_shapes", None)
+
+
+def keep(layer, x: torch.Tensor, fixed: tuple, lc: LeanCall, most: int = LEAN_SHAPES) -> None:
+    """Keep ``lc`` as ``layer``'s bound call for ``x``'s shape (``layer._lean_shapes``: the state of ``fixed`` the
+    calls were bound under, and the calls by input shape). The calls kept for other shapes go when the layer's
+    tensors have changed since: they would not hold again, and they keep the old weights' derived forms alive."""
+    state = tuple((t, tensor_state(t)) for t in fixed)
+    k = layer.__dict__.get("_lean_shapes")
+    if not k or len(k[0]) != len(state) or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(k[0], state)):
+        k = layer.__dict__["_lean_shapes"] = (state, {})
+    keep_by_shape(k[1], x.shape, lc, most)
 
 
 def bind_one(op, args: tuple, backend: str, fixed: tuple, before=None, x=None) -> LeanCall:

@@ -13,7 +13,7 @@ from torch import nn
 
 from ._base import FLOAT_DTYPES, NamedAllocationErrors, _dt, backend_string, check_positive_ints
 from ._tracked import TracksBufferWrites
-from ._lean import keep_by_shape, on_input
+from ._lean import forget, keep, kept, on_input
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 
 _Tensor = torch.Tensor
@@ -89,8 +89,6 @@ class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
 
     # ------------------------------------------------------- inference path
     _lean = None
-    #: input signatures whose bound calls a layer keeps (see _rebind)
-    LEAN_SHAPES = 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # eager inference (eager_inference() written out: this runs on every call)
@@ -111,29 +109,19 @@ class WeightOnlyLinear(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         it bound to the prepared weights (see ``_lean``), as a call on inputs of
         ``x``'s shape (``on_input``). The call it makes is the op ``_forward``
         calls without grad, with the same arguments."""
-        shapes = self.__dict__.get("_lean_shapes")
-        if shapes:
-            lc = shapes.get(x.shape)
-            if lc is not None and lc.holds(x, backend, *fixed):
-                # (straight into the instance dict: nn.Module.__setattr__ costs about a microsecond of a switch
-                # that generation makes twice per layer and prompt)
-                self.__dict__["_lean"] = lc
-                return lc
+        lc = kept(self, x, backend, fixed)
+        if lc is not None:
+            return lc
         self._check_input(x)
         self._lean = None
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         lc = self._lean = on_input(self._lean_bind(x2, fixed, backend), x, self.out_features, backend, fixed)
-        # generation alternates two signatures (the prompt's rows, then one row per sequence every step): the
-        # last few bound calls are kept by input shape, so that switching back does not resolve again
-        if shapes is None:
-            shapes = self._lean_shapes = {}
-        keep_by_shape(shapes, x.shape, lc, self.LEAN_SHAPES)
+        keep(self, x, fixed, lc)   # generation switches back and forth: neither signature resolves again
         return lc
 
     def _drop_lean(self) -> None:
         """Forget the bound calls (they hold the layer's tensors and their prepared layouts)."""
-        self._lean = None
-        self.__dict__.pop("_lean_shapes", None)
+        forget(self)
 
     def __getstate__(self):
         state = super().__getstate__()

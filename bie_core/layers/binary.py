@@ -28,7 +28,7 @@ from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype,
                     conv2d_geometry)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, _scale, binary_conv2d
 from ._eval_ops import binary_conv2d_eval, binary_linear_eval, latent_signs
-from ._lean import bind_one, on_input
+from ._lean import bind_one, keep, kept, on_input
 
 
 def signs_of(w: torch.Tensor, per_channel: bool, backend: str) -> tuple:
@@ -113,7 +113,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
     _packed_keys = (("weight_bits", (torch.uint8,)), ("weight_scale", FLOAT_DTYPES))
-    _transient = ("_lean", "_signs", "_eval_signs")
+    _transient = ("_lean", "_lean_shapes", "_signs", "_eval_signs")
     _lean = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, *, per_channel: bool = False,
@@ -179,6 +179,8 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         backend = self.backend or ""
         lc = self._lean
         if lc is None or not lc.holds(x, backend, *fixed):
+            lc = kept(self, x, backend, fixed)   # a signature seen before (generation switches back and forth)
+        if lc is None:
             # something changed (first call, backend choice, kernels, shapes,
             # dtypes, weights): the full input checks, fresh weight signs under
             # the current backend choice, and a new decision
@@ -193,6 +195,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
             args = (x2d, fixed[0], bits, k, fixed[2], sw, fixed[4], x2d.dtype)
             lc = self._lean = on_input(bind_one(ops.binary_linear, args, backend, fixed), x, self.out_features,
                                        backend, fixed)
+            keep(self, x, fixed, lc)
         return lc.call(x)
 
     def _latent_signs(self, w):
@@ -245,7 +248,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
     _binary_params = ("weight",)
     _lazy_scales = ("act_scale",)
     _packed_keys = BinaryLinear._packed_keys
-    _transient = ("_eval_signs", "_lean")
+    _transient = ("_eval_signs", "_lean", "_lean_shapes")
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = False, pad_value: float = -1.0, *, per_channel: bool = False,
@@ -295,7 +298,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
             backend = self.backend or ""
             lc = self._lean
             if lc is None or not lc.holds(x, backend, *fixed):
-                lc = self._bind_inference(x, backend, fixed)
+                lc = kept(self, x, backend, fixed) or self._bind_inference(x, backend, fixed)
             return lc.call(x)
         return self._forward(x)
 
@@ -309,6 +312,7 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
                 self.pad_value)
         lc = self._lean = bind_binary_conv2d(x, bits, sw, self.act_shift, self.act_scale, self.bias, geom, fixed,
                                              backend)
+        keep(self, x, fixed, lc)
         return lc
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from ..ops._common import FLOAT_DTYPES
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.dynamic import MAX_K, SCHEMES
 from ._base import backend_string, check_dtype, check_positive_ints
-from ._lean import LeanCall
+from ._lean import LeanCall, forget, keep, kept
 from ._tracked import TracksBufferWrites
 
 _Tensor = torch.Tensor
@@ -127,8 +127,8 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
             self.register_parameter("bias", None)
 
     # ------------------------------------------------------------------ info
-    # The activation scheme and reduce_range are arguments of the bound inference call: setting either
-    # drops it.
+    # The activation scheme and reduce_range are arguments of the bound inference calls: setting either
+    # drops them (their checks follow tensors only).
     @property
     def act_scheme(self) -> str:
         return self.__dict__["_act_scheme"]
@@ -136,7 +136,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
     @act_scheme.setter
     def act_scheme(self, value: str) -> None:
         self.__dict__["_act_scheme"] = value
-        self.__dict__["_lean"] = None
+        forget(self)
 
     @property
     def reduce_range(self) -> bool:
@@ -145,7 +145,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
     @reduce_range.setter
     def reduce_range(self, value: bool) -> None:
         self.__dict__["_reduce_range"] = value
-        self.__dict__["_lean"] = None
+        forget(self)
 
     def _name(self) -> str:
         return f"DynamicQLinear({self.in_features}, {self.out_features})"
@@ -171,7 +171,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
     #: the bound inference call of the last input signature (see ``_lean``); never pickled or copied, and
     #: dropped by ``bie_core.invalidate``
     _lean = None
-    _transient = ("_lean",)
+    _transient = ("_lean", "_lean_shapes")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Inference (nothing needs a gradient; eager, no dispatch or function mode; a plain tensor): the op
@@ -189,7 +189,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
                 backend = self.backend or ""
                 lc = self._lean
                 if lc is None or not lc.holds(x2, backend, *fixed):
-                    lc = self._bind(x, x2, fixed, backend)
+                    lc = kept(self, x2, backend, fixed) or self._bind(x, x2, fixed, backend)
                 y = lc.call(x2, self._checks(x2))
                 if y is not None:   # None: x holds a non-finite value (the full path raises its error)
                     return y if nd == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
@@ -207,6 +207,7 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
         if call is None:
             call = _checked_call(r.fn, args[1:], self._name())
         lc = self._lean = LeanCall(call, (r.decision,), x2, r._pref, fixed)
+        keep(self, x2, fixed, lc)
         return lc
 
     def _check_input(self, x) -> None:
@@ -236,12 +237,13 @@ class DynamicQLinear(TracksBufferWrites, nn.Module):
         return y.reshape(lead + (self.out_features,))
 
     def _apply(self, fn, recurse=True):
-        self._lean = None    # it holds the old tensors and their prepared layouts
+        forget(self)    # the bound calls hold the old tensors and their prepared layouts
         return super()._apply(fn, recurse)
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_lean", None)
+        state.pop("_lean_shapes", None)
         return state
 
     def __setstate__(self, state):

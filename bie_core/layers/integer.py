@@ -31,7 +31,7 @@ from ..errors import BieError
 from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
 from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
 from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
-from ._lean import LeanCall, eager_inference, keep_by_shape, on_input, tensor_state
+from ._lean import LeanCall, eager_inference, keep, kept, on_input, tensor_state
 from ._tracked import TrackedTensor
 
 BITS = (4, 8)
@@ -52,41 +52,20 @@ class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
     _transient = ("_lean", "_lean_shapes", "_eval_codes", "_codes_cache", "_unpacked_of")
     _lean = None
-    #: input shapes whose bound inference calls a layer keeps (batch sizes and generation alternate a few)
-    LEAN_SHAPES = 4
-
-    def _lean_kept(self, x, backend: str, fixed: tuple):
-        """A bound call kept for ``x``'s shape that still holds (made current), or None."""
-        kept = self.__dict__.get("_lean_shapes")
-        lc = kept[1].get(x.shape) if kept else None
-        if lc is not None and lc.holds(x, backend, *fixed):
-            self.__dict__["_lean"] = lc   # (not through nn.Module.__setattr__: most of a switch's cost)
-            return lc
-        return None
 
     def _relean(self, x, given, w, fixed: tuple, backend: str):
         """The bound call for ``x`` when the current one does not hold: one kept for its shape, else the call
         resolved and bound now (after the full checks of the layer's input ``given``, which raise on bad input);
         None where the full path must run (the weight scale is not initialised yet)."""
-        lc = self._lean_kept(x, backend, fixed)
+        lc = kept(self, x, backend, fixed)
         if lc is None:
             if w is not None and not self._weight_scale_ready:
                 return None
             self._check_lean_input(given)
             self._lean = None
             lc = self._lean = self._bind_lean(x, fixed, backend)
-            self._keep_lean(x, fixed, lc)
+            keep(self, x, fixed, lc)
         return lc
-
-    def _keep_lean(self, x, fixed: tuple, lc) -> None:
-        """Keep ``lc`` for ``x``'s shape; the calls kept for other shapes go when the layer's tensors they were
-        bound to have changed (they would not hold again, and they keep the old weight codes alive)."""
-        state = tuple((t, tensor_state(t)) for t in fixed)
-        kept = self.__dict__.get("_lean_shapes")
-        if not kept or len(kept[0]) != len(state) or any(
-                a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(kept[0], state)):
-            kept = self._lean_shapes = (state, {})
-        keep_by_shape(kept[1], x.shape, lc, self.LEAN_SHAPES)
 
     def _lean_fixed(self) -> tuple:
         """(latent weight or None, the tensors a bound inference call reads: the latent weight or the packed
