@@ -268,6 +268,25 @@ def test_matmul_layers_match_reference(bits):
     _grads_match([xl, yl, layer.x_scale, layer.y_scale], [rx, ry, cx, cy])
 
 
+@pytest.mark.parametrize("bits", [None, 4, 8])
+@pytest.mark.parametrize("xs, ys", [((3, 5, 8), (3, 8, 4)), ((2, 3, 5, 8), (3, 8, 4)), ((5, 8), (8, 4)),
+                                    ((1, 5, 8), (4, 8, 6)), ((2, 1, 5, 8), (2, 3, 8, 4))])
+def test_matmul_layers_without_grad_compute_what_the_recorded_product_does(bits, xs, ys):
+    """Without autograd the product runs as a plain function (no Function, nothing saved; equal batch dims skip
+    the broadcast and the expand): the same result, bit for bit, as the recorded forward, for equal, broadcast and
+    matrix-only batch dims."""
+    torch.manual_seed(len(xs) * 10 + len(ys))
+    layer = BinaryMatMul() if bits is None else QMatMul(bits)
+    x, y = torch.randn(xs), torch.randn(ys)
+    recorded = layer(x.clone().requires_grad_(), y).detach()
+    with torch.no_grad():
+        plain = layer(x, y)
+    with torch.inference_mode():
+        inference = layer(x, y)
+    assert plain.shape == recorded.shape == torch.broadcast_shapes(xs[:-2], ys[:-2]) + (xs[-2], ys[-1])
+    assert torch.equal(plain, recorded) and torch.equal(inference, recorded)
+
+
 def test_binary_matmul_scales_initialised_from_each_operand():
     layer = BinaryMatMul()
     layer(torch.full((1, 2, 3), 1.0), torch.full((1, 3, 2), 5.0))

@@ -171,15 +171,20 @@ BinaryConv2dFn = _binary_layer_fn("BinaryConv2dFn", binary_conv2d, _conv_grads,
                                   "groups, pad_value, weight shape).")
 
 
+def binary_matmul(x, y, cx, cy, backend):
+    """cx * cy * (sgn(x) @ sgn(y)) for x (B, M, K), y (B, K, N): the forward alone (used directly when no gradient
+    is recorded)."""
+    a = ops.pack_signs(x, backend=backend)
+    b = ops.pack_signs(y.transpose(1, 2), backend=backend)
+    return ops.binary_bmm(a, b, x.shape[-1], _scale(cx, cy), x.dtype, backend=backend)
+
+
 class BinaryMatMulFn(torch.autograd.Function):
     """out = cx * cy * (sgn(x) @ sgn(y)) for x (B, M, K), y (B, K, N)."""
 
     @staticmethod
     def forward(ctx, x, y, cx, cy, backend):
-        k = x.shape[-1]
-        a = ops.pack_signs(x, backend=backend)
-        b = ops.pack_signs(y.transpose(1, 2), backend=backend)
-        out = ops.binary_bmm(a, b, k, _scale(cx, cy), x.dtype, backend=backend)
+        out = binary_matmul(x, y, cx, cy, backend)
         ctx.save_for_backward(x, y, cx, cy)
         return out
 

@@ -289,16 +289,22 @@ class QConv2dFn(torch.autograd.Function):
         return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None
 
 
+def q_matmul(x, y, cxf, cyf, bits: int, backend):
+    """(cx * cy * (Qx @ Qy), Qx, Qy^T) for x (B, M, K), y (B, K, N) and the float32 scales: the forward alone
+    (used directly when no gradient is recorded)."""
+    qx = ops.quantize_int(x, cxf, bits, backend=backend)
+    qyt = ops.quantize_int(y.transpose(1, 2), cyf, bits, backend=backend)
+    with single_use_weights():   # both operands' codes are made for this call
+        return ops.int_bmm(qx, qyt, bits, bits, cxf * cyf, x.dtype, backend=backend), qx, qyt
+
+
 class QMatMulFn(torch.autograd.Function):
     """out = cx * cy * (Qx @ Qy) for x (B, M, K), y (B, K, N), both quantized to ``bits``."""
 
     @staticmethod
     def forward(ctx, x, y, cx, cy, bits: int, backend):
         cxf, cyf = _f32_scales(cx, cy)
-        qx = ops.quantize_int(x, cxf, bits, backend=backend)
-        qyt = ops.quantize_int(y.transpose(1, 2), cyf, bits, backend=backend)
-        with single_use_weights():   # both operands' codes are made for this call
-            out = ops.int_bmm(qx, qyt, bits, bits, cxf * cyf, x.dtype, backend=backend)
+        out, qx, qyt = q_matmul(x, y, cxf, cyf, bits, backend)
         ctx.save_for_backward(x, y, qx, qyt, cx, cy, cxf, cyf)
         ctx.bits = bits
         ctx.backend = backend
