@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 import bie_core
-from bie_core import BinaryConv2d, BinaryLinear, MPQLinear, QConv2d, QLinear
+from bie_core import BinaryConv2d, BinaryEmbedding, BinaryEmbeddingBag, BinaryLinear, MPQLinear, QConv2d, QLinear
 from bie_core.layers.weight_only import MBWQLinear
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,6 +238,15 @@ def eval_vs_packed(device, dtype, rounds: int, calls: int, k: int, n: int, m: in
         packed.load_state_dict(layer.state_dict())
         packed.pack()
         pairs[f"{name} {k}x{n}"] = (layer, packed, x)
+    # a binary table of 32 x k rows (the size of a vocabulary at k = 1024), looked up m x 8 indices at a time
+    idx = torch.randint(0, 32 * k, (m, 8), generator=g).to(device)
+    for name, make in (("BinaryEmbedding", lambda: BinaryEmbedding(32 * k, 256, device=device, dtype=dtype)),
+                       ("BinaryEmbeddingBag", lambda: BinaryEmbeddingBag(32 * k, 256, device=device, dtype=dtype))):
+        layer = make().eval()
+        packed = make()
+        packed.load_state_dict(layer.state_dict())
+        packed.pack()
+        pairs[f"{name} {32 * k}x256"] = (layer, packed.eval(), idx)
     return compare(pairs, device, rounds, calls)
 
 

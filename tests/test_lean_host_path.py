@@ -309,6 +309,67 @@ def test_conv_eval_caches_follow_the_weight(make):
     assert c.__dict__.get(slot) is None
 
 
+@pytest.mark.parametrize("bag", [False, True], ids=["BinaryEmbedding", "BinaryEmbeddingBag"])
+def test_embedding_eval_caches_follow_the_weight(bag):
+    """An unpacked binary table in eval() derives its signs (and row scales) once per weight version, not on every
+    call, and follows in-place updates, load_state_dict and moves; the result is the packed layer's."""
+    from bie_core.layers.embedding import BinaryEmbedding, BinaryEmbeddingBag
+    torch.manual_seed(9)
+    make = (lambda: BinaryEmbeddingBag(50, 40)) if bag else (lambda: BinaryEmbedding(50, 40, padding_idx=3))
+    layer = make().eval()
+    idx = torch.randint(0, 50, (4, 3))
+
+    def packed_result():
+        p = copy.deepcopy(layer)
+        p.pack()
+        return p(idx)
+
+    with torch.inference_mode():
+        y = layer(idx)
+        cached = layer.__dict__["_eval_signs"][2]
+        assert torch.equal(layer(idx), y) and layer.__dict__["_eval_signs"][2] is cached
+    assert torch.equal(y, packed_result())
+    with torch.no_grad():
+        layer.weight.mul_(-1)                                 # an in-place update: derived again
+        assert torch.equal(layer(idx), packed_result()) and layer.__dict__["_eval_signs"][2] is not cached
+    other = make()
+    layer.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert torch.equal(layer(idx), other.eval()(idx))
+    layer.half()                                              # a move: the cache goes at once
+    assert layer.__dict__["_eval_signs"] is None
+    with torch.no_grad():
+        assert torch.equal(layer(idx), packed_result())
+    assert copy.deepcopy(layer).__dict__.get("_eval_signs") is None
+
+
+@pytest.mark.parametrize("make, x", [
+    (lambda: QLinear(32, 8, 8, 8), torch.randn(2, 32)),
+    (lambda: QConv2d(4, 6, 3, padding=1), torch.randn(2, 4, 6, 6)),
+    (lambda: BinaryConv2d(4, 6, 3, padding=1), torch.randn(2, 4, 6, 6)),
+    (lambda: __import__("bie_core").BinaryLinear(32, 8), torch.randn(2, 32)),
+    (lambda: __import__("bie_core.layers.embedding", fromlist=["x"]).BinaryEmbedding(20, 8),
+     torch.randint(0, 20, (2, 3)))], ids=["QLinear", "QConv2d", "BinaryConv2d", "BinaryLinear", "BinaryEmbedding"])
+def test_pack_releases_the_float_weight(make, x):
+    """pack() frees the float weight: no bound call or derived sign/code cache keeps it alive afterwards."""
+    import gc
+    import weakref
+    layer = make()
+    if x.is_floating_point():
+        layer(x)                               # scales initialised
+    layer.eval()
+    with torch.inference_mode():
+        before = layer(x)
+    with torch.no_grad():
+        layer(x)
+    ref = weakref.ref(layer.weight)
+    layer.pack()
+    gc.collect()
+    assert ref() is None, "the float weight outlived pack()"
+    with torch.inference_mode():
+        assert torch.equal(layer(x), before)
+
+
 @pytest.mark.parametrize("m, k, n, scale, bias, out_dtype", [
     (1, 64, 16, "scalar", True, torch.float32), (5, 100, 33, "vector", False, torch.bfloat16),
     (3, 7, 9, None, False, None), (2, 64, 64, "scalar", True, torch.float16)])

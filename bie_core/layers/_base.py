@@ -352,10 +352,19 @@ class QATLayer(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         # that reads layer.weight sees "no float weight" instead of AttributeError.
         del self._parameters["weight"]
         self.register_parameter("weight", None)
+        self._forget_derived()
 
     def _drop_packed(self) -> None:
         for key, _ in self._packed_keys:
             self._buffers.pop(key, None)
+        self._forget_derived()
+
+    def _forget_derived(self) -> None:
+        """Drop the per-call caches (bound calls, signs or codes derived from the weight): they hold the tensors
+        they were made from, so after a ``pack()``, a switch of form on load or a move they would keep the replaced
+        weight alive (the float weight a ``pack()`` is meant to free)."""
+        for name in self._transient:
+            self.__dict__[name] = None
 
     # --------------------------------------------------------------- loading
     def adopt_format(self, state_dict, prefix: str = "") -> list:
@@ -436,8 +445,7 @@ class QATLayer(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         # .to()/.half()/.cuda() replace the tensors: drop what was bound to or derived from the
         # old ones now, rather than keep them alive until the next forward notices
         super()._apply(fn, recurse)
-        for name in self._transient:
-            self.__dict__[name] = None
+        self._forget_derived()
         return self
 
     def __getstate__(self):
