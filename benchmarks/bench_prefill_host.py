@@ -78,8 +78,8 @@ def measure(models: dict, ids, reps: int) -> dict:
     (after three warm-up forwards each), and the medians of the per-round ratios of the first case's wall time to
     each case's. The GPU is held busy for twice the slowest case's forward after its warm-up (the first forward of a
     bie model binds and tunes its kernels), longer than any forward's issue. A forward of more launches than the
-    driver queues (about a thousand: a 32-layer Llama-3-8B prefill) waits for the GPU while it issues: its host time
-    is then not the host's alone (the GPU time still is the GPU's)."""
+    driver queues (a 32-layer Llama-3-8B prefill: its host time exceeded its wall time) waits for the GPU while it
+    issues: its host time is then not the host's alone (the GPU time still is the GPU's)."""
     cuda = ids.device.type == "cuda"
     for m in models.values():
         for _ in range(3):
