@@ -370,6 +370,72 @@ def test_pack_releases_the_float_weight(make, x):
         assert torch.equal(layer(x), before)
 
 
+@pytest.mark.parametrize("make, x, attr, value", [
+    (lambda: QConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "padding", 0),
+    (lambda: QConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "stride", (2, 1)),
+    (lambda: QConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "dilation", 2),
+    (lambda: QConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "a_bits", 4),
+    (lambda: QConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "w_bits", 4),
+    (lambda: BinaryConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "padding", (0, 2)),
+    (lambda: BinaryConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "stride", 2),
+    (lambda: BinaryConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "pad_value", 1),
+    (lambda: BinaryConv2d(4, 6, 3, padding=1), (2, 4, 9, 9), "per_channel", True),
+    (lambda: QLinear(32, 8, 8, 8), (3, 32), "w_bits", 4),
+    (lambda: QLinear(32, 8, 8, 8), (3, 32), "a_bits", 4),
+    (lambda: __import__("bie_core").BinaryLinear(32, 8), (3, 32), "per_channel", True)])
+def test_a_changed_layer_constant_takes_effect_on_the_next_call(make, x, attr, value):
+    """A layer constant set after inference calls (a conv's geometry, a bit width: nn.Conv2d reads its stride on every
+    call) drops the calls bound and the weights derived with the old value: the next call computes what the training
+    path computes with the new one."""
+    torch.manual_seed(4)
+    layer = make()
+    x = torch.randn(x)
+    layer(x)
+    layer.eval()
+    with torch.inference_mode():
+        before = layer(x)
+    with torch.no_grad():
+        layer(x)                                              # the derived weight cached too
+    setattr(layer, attr, value)
+    with torch.inference_mode():
+        y = layer(x)
+    assert y.shape == _full_forward(layer, x).shape and torch.equal(y, _full_forward(layer, x))
+    assert not (y.shape == before.shape and torch.equal(y, before)), "the change made no difference to this case"
+
+
+def test_layer_constants_check_values_and_what_packing_fixed():
+    from bie_core import BinaryLinear
+    conv = QConv2d(4, 6, 3)
+    with pytest.raises(ValueError, match=r"QConv2d\(.*\): stride must be > 0"):
+        conv.stride = 0
+    with pytest.raises(TypeError, match=r"QConv2d\(.*\): padding must be an int or a pair of ints, got 'same'"):
+        conv.padding = "same"
+    with pytest.raises(ValueError, match=r"QConv2d\(.*\): a_bits must be 4 or 8, got 3"):
+        conv.a_bits = 3
+    with pytest.raises(ValueError, match=r"per_channel=True needs a weight_scale of shape \(6,\), and it has shape \(\)"):
+        conv.per_channel = True
+    with pytest.raises(ValueError, match="pad_value must be -1, 0 or \\+1"):
+        BinaryConv2d(4, 6, 3).pad_value = 0.5
+    q = QLinear(32, 8, 8, 8)
+    q(torch.randn(3, 32))
+    q.w_bits = 4                                              # unpacked: allowed, and packs at the new width
+    q.pack()
+    assert q.qweight.dtype == torch.uint8
+    with pytest.raises(ValueError, match="w_bits cannot change once packed"):
+        q.w_bits = 8
+    b = BinaryLinear(32, 8)
+    b(torch.randn(3, 32))
+    b.pack()
+    with pytest.raises(ValueError, match="per_channel=True needs a weight_scale of shape"):
+        b.per_channel = True
+    state = conv.__getstate__()                               # a pickle made when these were plain attributes
+    for name in ("stride", "padding", "a_bits"):
+        state[name] = state.pop("_" + name)
+    old = QConv2d.__new__(QConv2d)
+    old.__setstate__(state)
+    assert old.stride == (1, 1) and old.padding == (0, 0) and old.a_bits == 8
+
+
 @pytest.mark.parametrize("m, k, n, scale, bias, out_dtype", [
     (1, 64, 16, "scalar", True, torch.float32), (5, 100, 33, "vector", False, torch.bfloat16),
     (3, 7, 9, None, False, None), (2, 64, 64, "scalar", True, torch.float16)])

@@ -72,3 +72,28 @@ def test_compile_qconv2d_forward_backward_keeps_the_memory_format(channels_last)
     torch.testing.assert_close(layer.act_scale.grad, eager.act_scale.grad)
     torch.testing.assert_close(layer.act_shift.grad, eager.act_shift.grad)
     assert xe.grad.is_contiguous(memory_format=mf)
+
+
+@pytest.mark.parametrize("make, attr, value", [
+    (lambda: __import__("bie_core").QConv2d(4, 6, 3, padding=1), "padding", 0),
+    (lambda: __import__("bie_core").QConv2d(4, 6, 3, padding=1), "a_bits", 4),
+    (lambda: __import__("bie_core").BinaryConv2d(4, 6, 3, padding=1), "pad_value", 1.0),
+    (lambda: QLinear(32, 8, 8, 8), "w_bits", 4)], ids=["QConv2d-padding", "QConv2d-a_bits", "BinaryConv2d-pad_value",
+                                                      "QLinear-w_bits"])
+def test_compiled_inference_follows_a_changed_layer_constant(make, attr, value):
+    """A compiled eval layer whose constant changes computes with the new value, as the eager layer does (the graph
+    is traced again on the changed attribute; the op's kept bound calls are kept per constant arguments)."""
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    layer = make()
+    x = torch.randn(2, 4, 9, 9) if attr in ("padding", "a_bits", "pad_value") else torch.randn(3, 32)
+    layer(x)
+    layer.eval()
+    compiled = torch.compile(layer, backend="aot_eager")
+    with torch.no_grad():
+        compiled(x)
+        setattr(layer, attr, value)
+        y = compiled(x)
+    with torch.enable_grad():
+        ref = layer(x.clone().requires_grad_()).detach()   # the training path: nothing kept
+    assert y.shape == ref.shape and torch.equal(y, ref)

@@ -147,6 +147,70 @@ def conv2d_geometry(layer: str, in_channels, out_channels, kernel_size, stride, 
     return kernel_size, stride, padding, dilation
 
 
+def layer_constant(name: str, check) -> property:
+    """A layer constant that the layer's bound inference calls and derived weights are made from (a conv's stride, a
+    bit width): kept in the instance dict as ``_<name>``. Setting it checks the value (``check(layer, value)``
+    returns it normalised, or raises naming the layer) and drops those calls and derived forms, so that the next
+    call binds with the new value: ``nn.Conv2d`` reads its stride on every call, and a call bound before the change
+    would go on computing with the old one. A class lists its constants in ``_constants``."""
+    slot = "_" + name
+
+    def get(layer):
+        return layer.__dict__[slot]
+
+    def set_(layer, value):
+        value = check(layer, value)
+        d = layer.__dict__
+        changed = slot in d and d[slot] != value
+        d[slot] = value
+        if changed:
+            layer._forget_derived()
+
+    return property(get, set_, doc=f"``{name}``; setting it drops the calls and derived weights made with the old value")
+
+
+def conv_pair(name: str, least: int):
+    """The check of a conv geometry constant: an int or a pair of ints, each at least ``least``."""
+    def check(layer, value):
+        try:
+            v = pair(value, name, "")
+        except TypeError:
+            layer._fail(f"{name} must be an int or a pair of ints, got {value!r}", TypeError)
+        if min(v) < least:
+            layer._fail(f"{name} must be {'>= 0' if least == 0 else '> 0'}, got {v}")
+        return v
+    return check
+
+
+def _per_channel(layer, value):
+    """``per_channel`` may change only with a weight scale of the new shape (``fold_batchnorm`` makes a packed conv's
+    scale per channel, then sets it); a layer that derives its scale from the latent weight has none stored."""
+    v = bool(value)
+    if "_per_channel" in layer.__dict__ and v != layer.per_channel:
+        ws = layer._parameters.get("weight_scale")
+        if ws is None:
+            ws = layer._buffers.get("weight_scale")
+        want = (layer._weight_shape[0],) if v else ()
+        if ws is not None and tuple(ws.shape) != want:
+            layer._fail(f"per_channel={value!r} needs a weight_scale of shape {want}, and it has shape "
+                        f"{tuple(ws.shape)}")
+    return v
+
+
+#: per-tensor or per-channel weight scale, a layer constant (a binary layer derives it from the latent weight with the
+#: new choice on the next call)
+per_channel_constant = layer_constant("per_channel", _per_channel)
+
+
+class ConvGeometry:
+    """A conv QAT layer's stride, padding and dilation as layer constants (``layer_constant``): set after
+    construction, they take effect on the next call, as ``nn.Conv2d``'s do."""
+
+    stride = layer_constant("stride", conv_pair("stride", 1))
+    padding = layer_constant("padding", conv_pair("padding", 0))
+    dilation = layer_constant("dilation", conv_pair("dilation", 1))
+
+
 @dataclass
 class PackReport:
     """What ``pack()`` did: bytes of the layer's tensors before and after."""
@@ -204,6 +268,8 @@ class QATLayer(NamedAllocationErrors, TracksBufferWrites, nn.Module):
     _lazy_scales: tuple = ()
     #: (packed key, allowed dtypes) of the packed form; empty if the layer has none.
     _packed_keys: tuple = ()
+    #: the layer constants (``layer_constant``) of the class
+    _constants: tuple = ()
 
     def _setup(self, backend) -> None:
         self.backend = backend_string(backend, f"{type(self).__name__}(backend={backend!r})")
@@ -468,6 +534,9 @@ class QATLayer(NamedAllocationErrors, TracksBufferWrites, nn.Module):
         super().__setstate__(state)
         for name in self._transient:  # (pickles from before these caches existed)
             self.__dict__.setdefault(name, None)
+        for name in self._constants:  # (pickles from before these were layer constants: the plain attribute)
+            if name in self.__dict__:
+                self.__dict__["_" + name] = self.__dict__.pop(name)
         self._tag_params()
 
 

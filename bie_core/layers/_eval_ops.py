@@ -67,8 +67,12 @@ def _signs_and_calls(op: str, weight, weight_bits, weight_scale, per_channel: bo
     return (weight_bits, weight_scale), _sites.calls_on(weight_bits, op)
 
 
-def _bound(calls: dict, x2: torch.Tensor, backend: str, fixed: tuple, bind: Callable[[], LeanCall]) -> LeanCall:
-    sig = (x2.shape, x2.dtype, x2.device, backend)
+def _bound(calls: dict, x2: torch.Tensor, backend: str, fixed: tuple, bind: Callable[[], LeanCall],
+           consts: tuple = ()) -> LeanCall:
+    """The call bound for ``x2``'s signature and the op's constant arguments ``consts`` (bit widths, a conv's
+    geometry: a layer whose constant changed binds again, where the call bound with the old value would still hold
+    for its tensors), bound now if none is kept or the kept one no longer holds."""
+    sig = (x2.shape, x2.dtype, x2.device, backend) + consts
     lc = calls.get(sig)
     if lc is None or not lc.holds(x2, backend, *fixed):
         # the call keeps tensors made at bind (float32 scales, the shift in x's dtype): never in a CUDA graph's
@@ -104,7 +108,7 @@ def _int_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], codes: Opt
         fixed = (codes, weight_scale, act_shift, act_scale, bias)
         lc = _bound(calls, x2, backend, fixed,
                     lambda: bind_int_linear(x2, codes, weight_scale, act_shift, act_scale, bias, a_bits, w_bits,
-                                            fixed, backend))
+                                            fixed, backend), (a_bits, w_bits))
         _sites.keep(key, w, codes, x2.shape, lc)
     y = lc.call(x2)
     return y if nd == 2 else y.reshape(x.shape[:-1] + (y.shape[-1],))
@@ -147,7 +151,8 @@ def _binary_linear_eval(x: torch.Tensor, weight: Optional[torch.Tensor], weight_
         bits, sw = signs
         fixed = (act_shift, bits, sw, act_scale, bias)
         args = (x2, act_shift, bits, x2.shape[1], act_scale, sw, bias, x2.dtype)
-        lc = _bound(calls, x2, backend, fixed, lambda: bind_one(ops.binary_linear, args, backend, fixed))
+        lc = _bound(calls, x2, backend, fixed, lambda: bind_one(ops.binary_linear, args, backend, fixed),
+                    (per_channel,))
         _sites.keep(key, w, signs, x2.shape, lc)
     y = lc.call(x2)
     return y if nd == 2 else y.reshape(x.shape[:-1] + (y.shape[-1],))
@@ -183,7 +188,8 @@ def _int_conv2d_eval(x, weight, codes, weight_scale, act_shift, act_scale, bias,
         bound_geom = (list(stride), list(padding), list(dilation), groups)
         lc = _bound(calls, x4, backend, fixed,
                     lambda: bind_int_conv2d(x4, codes, weight_scale, act_shift, act_scale, bias, bound_geom, a_bits,
-                                            w_bits, fixed, backend))
+                                            w_bits, fixed, backend),
+                    (a_bits, w_bits) + tuple(tuple(v) for v in geom[:3]) + (groups,))
         _sites.keep(key, w, codes, x4.shape, lc, geom)
     y = lc.call(x4)
     if not y.is_contiguous(memory_format=torch.channels_last) and channels_last_only(x4):
@@ -220,7 +226,8 @@ def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_sca
         fixed = (act_shift, bits, sw, act_scale, bias)
         bound_geom = tuple(list(v) for v in geom[:4]) + (groups, pad_value)
         lc = _bound(calls, x4, backend, fixed,
-                    lambda: bind_binary_conv2d(x4, bits, sw, act_shift, act_scale, bias, bound_geom, fixed, backend))
+                    lambda: bind_binary_conv2d(x4, bits, sw, act_shift, act_scale, bias, bound_geom, fixed, backend),
+                    (per_channel,) + tuple(tuple(v) for v in geom[:4]) + (groups, pad_value))
         _sites.keep(key, w, signs, x4.shape, lc, geom)
     y = lc.call(x4)
     return y.squeeze(0) if x.dim() == 3 else y

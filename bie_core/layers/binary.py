@@ -24,8 +24,8 @@ from torch import nn
 from .. import ops
 from ..ops._opdef import _compiling, _dispatch_stack_len, _function_mode, _grad_enabled
 from ..ops.binary import packed_len
-from ._base import (FLOAT_DTYPES, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
-                    conv2d_geometry)
+from ._base import (FLOAT_DTYPES, ConvGeometry, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
+                    conv2d_geometry, layer_constant, per_channel_constant)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, _scale, binary_conv2d
 from ._eval_ops import binary_conv2d_eval, binary_linear_eval, latent_signs
 from ._lean import bind_one, keep, kept, on_input
@@ -50,7 +50,17 @@ def bind_binary_conv2d(x, bits, sw, act_shift, act_scale, bias, geom: tuple, fix
     return bind_one(ops.binary_conv2d, args, backend, fixed, before=lambda t: t + shift, x=x)
 
 
+def _pad_value(layer, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) not in (-1.0, 0.0, 1.0):
+        raise ValueError(f"{type(layer).__name__}: pad_value must be -1, 0 or +1 (the value the binarized input is "
+                         f"padded with), got {value!r}")
+    return float(value)
+
+
 class _BinaryWeightMixin(TorchInit):
+    _constants = ("per_channel",)
+    per_channel = per_channel_constant
+
     """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
 
     def _options_repr(self) -> str:
@@ -235,7 +245,7 @@ class BinaryLinear(_BinaryWeightMixin, QATLayer):
         return y if x.dim() == 2 else y.reshape(x.shape[:-1] + (self.out_features,))
 
 
-class BinaryConv2d(_BinaryWeightMixin, QATLayer):
+class BinaryConv2d(ConvGeometry, _BinaryWeightMixin, QATLayer):
     """Binary conv2d: exactly ``conv2d(pad(sgn(x + ba), padding, value=pad_value), sgn(W), stride,
     dilation, groups) * sa * sw (+ bias)``.
 
@@ -249,6 +259,8 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
     _lazy_scales = ("act_scale",)
     _packed_keys = BinaryLinear._packed_keys
     _transient = ("_eval_signs", "_lean", "_lean_shapes")
+    _constants = ("stride", "padding", "dilation", "pad_value", "per_channel")
+    pad_value = layer_constant("pad_value", _pad_value)
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = False, pad_value: float = -1.0, *, per_channel: bool = False,
@@ -259,11 +271,8 @@ class BinaryConv2d(_BinaryWeightMixin, QATLayer):
         check_dtype(name, dtype)
         self.kernel_size, self.stride, self.padding, self.dilation = conv2d_geometry(
             name, in_channels, out_channels, kernel_size, stride, padding, dilation, groups)
-        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)) or float(pad_value) not in (-1.0, 0.0, 1.0):
-            raise ValueError(f"{name}: pad_value must be -1, 0 or +1 (the value the binarized input is "
-                             f"padded with), got {pad_value!r}")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.pad_value, self.per_channel = float(pad_value), bool(per_channel)
+        self.pad_value, self.per_channel = pad_value, per_channel   # (checked and normalised as they are set)
         fk = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self._weight_shape, **fk))
         self.bias = nn.Parameter(torch.empty(out_channels, **fk)) if bias else None

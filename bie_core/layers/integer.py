@@ -28,7 +28,8 @@ from torch import nn
 
 from .. import dispatch, ops
 from ..errors import BieError
-from ._base import QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry, lsq_init
+from ._base import (ConvGeometry, QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry,
+                    layer_constant, lsq_init, per_channel_constant)
 from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
 from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
 from ._lean import LeanCall, eager_inference, keep, kept, on_input, tensor_state
@@ -48,8 +49,26 @@ def _check_bits(name: str, w_bits, a_bits) -> None:
 UNPACKED = "qweight_unpacked"
 
 
+def _bits_constant(name: str):
+    def check(layer, value):
+        if value not in BITS or isinstance(value, bool):
+            layer._fail(f"{name} must be 4 or 8, got {value!r}")
+        if name == "w_bits" and "_w_bits" in layer.__dict__ and value != layer.w_bits:
+            if layer.packed:
+                layer._fail(f"w_bits cannot change once packed: the codes are stored at w_bits={layer.w_bits}")
+            layer._packed_keys = (("qweight", (torch.int8,) if value == 8 else (torch.uint8,)),)
+        return value
+    return layer_constant(name, check)
+
+
 class _IntWeightMixin(TorchInit):
     _lazy_scales = ("act_scale", "weight_scale")
+    _constants = ("a_bits", "w_bits", "per_channel")
+    #: bit widths are layer constants: a new width takes effect on the next call (progressive quantization), where a
+    #: call bound before would keep the old one
+    a_bits = _bits_constant("a_bits")
+    w_bits = _bits_constant("w_bits")
+    per_channel = per_channel_constant
     _transient = ("_lean", "_lean_shapes", "_eval_codes", "_codes_cache", "_unpacked_of")
     _lean = None
 
@@ -340,10 +359,12 @@ def bind_int_linear(x2, codes, sw, act_shift, act_scale, bias, a_bits: int, w_bi
     return LeanCall(call, (r1.decision, r2.decision), x2, r2._pref, fixed)
 
 
-class QConv2d(_IntWeightMixin, QATLayer):
+class QConv2d(ConvGeometry, _IntWeightMixin, QATLayer):
     """Conv2d with ``w_bits``-bit weights and ``a_bits``-bit activations (4 or 8), zero padding
     (a padded zero is the exact code 0). Arguments as ``nn.Conv2d``; NCHW in and out,
     channels_last input accepted."""
+
+    _constants = ("stride", "padding", "dilation") + _IntWeightMixin._constants
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = False, w_bits: int = 8, a_bits: int = 8, *, per_channel: bool = False,
