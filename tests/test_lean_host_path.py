@@ -412,7 +412,8 @@ def test_layer_constants_check_values_and_what_packing_fixed():
         conv.padding = "same"
     with pytest.raises(ValueError, match=r"QConv2d\(.*\): a_bits must be 4 or 8, got 3"):
         conv.a_bits = 3
-    with pytest.raises(ValueError, match=r"per_channel=True needs a weight_scale of shape \(6,\), and it has shape \(\)"):
+    with pytest.raises(ValueError, match=r"per_channel=True needs a weight_scale of shape \(6,\), and it has "
+                                         r"shape \(\)"):
         conv.per_channel = True
     with pytest.raises(ValueError, match="pad_value must be -1, 0 or \\+1"):
         BinaryConv2d(4, 6, 3).pad_value = 0.5

@@ -166,7 +166,7 @@ def layer_constant(name: str, check) -> property:
         if changed:
             layer._forget_derived()
 
-    return property(get, set_, doc=f"``{name}``; setting it drops the calls and derived weights made with the old value")
+    return property(get, set_, doc=f"``{name}`` (setting it drops what was bound or derived with the old value)")
 
 
 def conv_pair(name: str, least: int):

@@ -58,10 +58,10 @@ def _pad_value(layer, value):
 
 
 class _BinaryWeightMixin(TorchInit):
+    """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
+
     _constants = ("per_channel",)
     per_channel = per_channel_constant
-
-    """Latent weight -> (bits, sw), in the training form or from the packed buffers."""
 
     def _options_repr(self) -> str:
         """The repr tail naming what differs from the defaults: per-channel scales, a backend, packed."""
