@@ -412,6 +412,29 @@ def test_binary_tag_survives_deepcopy():
     assert getattr(QLinear(4, 4).weight, "bie_binary", False) is False
 
 
+def test_binary_attention_value_bits_is_the_product_s():
+    """value_bits reads and sets the bits of the p @ v product (a change is never an attribute the forward ignores);
+    a float product and a quantized one are chosen at construction."""
+    torch.manual_seed(12)
+    mha = BinaryMultiheadAttention(16, 4, value_bits=8)
+    x = torch.randn(2, 5, 16)
+    mha(x)
+    mha.value_bits = 4
+    assert mha.value_bits == 4 and mha.mix.bits == 4
+    with torch.no_grad():
+        y = mha(x)
+        q, k, v = (mha._heads(p(x)) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+        p = torch.softmax((mha.scores(q, k.transpose(-2, -1)) / 2.0).float(), dim=-1)
+        want = mha.out_proj(QMatMul.forward(mha.mix, p, v).transpose(1, 2).reshape(2, 5, 16))
+    assert torch.equal(y, want)
+    for bad in (None, 2, True):
+        with pytest.raises(ValueError, match="value_bits can change between 4 and 8"):
+            mha.value_bits = bad
+    with pytest.raises(ValueError, match="chosen at construction"):
+        BinaryMultiheadAttention(16, 4, value_bits=None).value_bits = 8
+    assert BinaryMultiheadAttention(16, 4, value_bits=None).value_bits is None
+
+
 def test_binary_attention_block():
     torch.manual_seed(11)
     for value_bits in (8, None):

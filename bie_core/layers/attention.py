@@ -47,13 +47,29 @@ class BinaryMultiheadAttention(NamedAllocationErrors, nn.Module):
         backend = backend_string(backend, f"{name}(backend={backend!r})")
         fk = {"backend": backend, "device": device, "dtype": dtype}
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
-        self.dropout, self.value_bits = dropout, value_bits
+        self.dropout = dropout
         self.q_proj = BinaryLinear(embed_dim, embed_dim, bias, **fk)
         self.k_proj = BinaryLinear(kdim or embed_dim, embed_dim, bias, **fk)
         self.v_proj = BinaryLinear(vdim or embed_dim, embed_dim, bias, **fk)
         self.out_proj = BinaryLinear(embed_dim, embed_dim, bias, **fk)
         self.scores = BinaryMatMul(**fk)
         self.mix = QMatMul(value_bits, **fk) if value_bits else None
+
+    @property
+    def value_bits(self) -> Optional[int]:
+        """The bits of the ``p @ v`` product's codes (its ``QMatMul``), or None for a float product."""
+        return self.mix.bits if self.mix is not None else None
+
+    @value_bits.setter
+    def value_bits(self, value) -> None:
+        # read from the product itself, so that a change is never an attribute the forward ignores
+        if value == self.value_bits and not isinstance(value, bool):
+            return
+        if self.mix is None or value not in (4, 8) or isinstance(value, bool):
+            raise ValueError(f"BinaryMultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}): "
+                             f"value_bits can change between 4 and 8 (got {value!r}); a float p @ v "
+                             f"(value_bits=None) or a quantized one is chosen at construction")
+        self.mix.bits = value
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         b, length, _ = t.shape
