@@ -22,6 +22,14 @@ from ._binary_fn import BinaryMatMulFn, binary_matmul
 from ._int_fn import QMatMulFn, _f32_scales, q_matmul
 
 
+def _batched(t, tb, batch, b: int, rows: int, cols: int):
+    """``t`` (its batch dims ``tb``) broadcast to ``batch`` and viewed as (b, rows, cols); as it is when it is that
+    already."""
+    if tb != batch:
+        t = t.expand(batch + (rows, cols))
+    return t if t.dim() == 3 else t.reshape(b, rows, cols)
+
+
 class _MatMulBase(QATLayer):
     _lazy_scales = ("x_scale", "y_scale")
 
@@ -53,9 +61,7 @@ class _MatMulBase(QATLayer):
                 self._fail(f"batch dims of x {tuple(x.shape)} and y {tuple(y.shape)} do not broadcast")
         m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
         b = math.prod(batch)   # (not -1: ambiguous when a matrix is empty)
-        x3 = x if x.dim() == 3 and bx == batch else (x if bx == batch else x.expand(batch + (m, k))).reshape(b, m, k)
-        y3 = y if y.dim() == 3 and by == batch else (y if by == batch else y.expand(batch + (k, n))).reshape(b, k, n)
-        return x3, y3, batch + (m, n)
+        return _batched(x, bx, batch, b, m, k), _batched(y, by, batch, b, k, n), batch + (m, n)
 
     def _tracks_grad(self, x, y) -> bool:
         """Whether the product must record autograd (else the plain forward runs: no Function, nothing saved)."""
