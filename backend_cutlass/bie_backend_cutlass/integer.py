@@ -113,7 +113,6 @@ def _pad_rows_k(t: torch.Tensor, rows: int, kp: int) -> torch.Tensor:
     return out
 
 
-
 def _vec(t, groups: int, n: int, n_pad: int, scalar_ok: bool = True):
     """Epilogue vector as float32 (groups, n_pad) (zero padded) and its batch stride; a scalar scale
     stays one value (the kernel broadcasts it)."""

@@ -237,7 +237,7 @@ def forget(layer) -> None:
     layer.__dict__.pop("_lean_shapes", None)
 
 
-def keep(layer, x: torch.Tensor, fixed: tuple, lc: LeanCall, most: int = LEAN_SHAPES) -> None:
+def keep(layer, x: torch.Tensor, fixed: tuple, lc: LeanCall) -> None:
     """Keep ``lc`` as ``layer``'s bound call for ``x``'s shape (``layer._lean_shapes``: the state of ``fixed`` the
     calls were bound under, and the calls by input shape). The calls kept for other shapes go when the layer's
     tensors have changed since: they would not hold again, and they keep the old weights' derived forms alive."""
@@ -245,7 +245,7 @@ def keep(layer, x: torch.Tensor, fixed: tuple, lc: LeanCall, most: int = LEAN_SH
     k = layer.__dict__.get("_lean_shapes")
     if not k or len(k[0]) != len(state) or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(k[0], state)):
         k = layer.__dict__["_lean_shapes"] = (state, {})
-    keep_by_shape(k[1], x.shape, lc, most)
+    keep_by_shape(k[1], x.shape, lc, LEAN_SHAPES)
 
 
 def bind_one(op, args: tuple, backend: str, fixed: tuple, before=None, x=None) -> LeanCall:

@@ -32,7 +32,7 @@ from ._base import (ConvGeometry, QATLayer, TorchInit, check_dtype, check_positi
                     layer_constant, lsq_init, per_channel_constant)
 from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
 from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
-from ._lean import LeanCall, eager_inference, keep, kept, on_input, tensor_state
+from ._lean import LeanCall, eager_inference, keep, kept, on_input
 from ._tracked import TrackedTensor
 
 BITS = (4, 8)
