@@ -198,10 +198,11 @@ IMPLICIT_CONV = [  # n, c, h, w, o, k, stride, padding, dilation: one group, c %
 @needs_sm90
 @pytest.mark.parametrize("geom", IMPLICIT_CONV)
 def test_implicit_gemm_conv_equals_the_im2col_path(geom, monkeypatch):
-    """One group with channels a multiple of 16 runs the implicit-GEMM conv (no patch matrix): bit-identical to
-    the im2col path (the same integer sums and the same epilogue) and exact against the reference for int32
-    counts, for every output dtype, per-channel and scalar scales, with and without bias, NCHW and channels_last
-    input; the bound call (with and without the fused activation quantization) takes the same path."""
+    """One group with channels a multiple of 16 runs the implicit-GEMM conv (no patch matrix; a pointwise conv
+    the GEMM of its NHWC rows, no patch matrix either): bit-identical to the im2col path (the same integer sums and
+    the same epilogue) and exact against the reference for int32 counts, for every output dtype, per-channel and
+    scalar scales, with and without bias, NCHW and channels_last input; the bound call (with and without the fused
+    activation quantization) takes the same path."""
     from bie_backend_cutlass import integer
     ref = _ref()
     n, c, h, w_, o, ks, st, pd, dl = geom
@@ -231,7 +232,8 @@ def test_implicit_gemm_conv_equals_the_im2col_path(geom, monkeypatch):
         sc, bc = _cuda(scale), _cuda(bias)
         calls.clear()
         got = integer.int_conv2d(x, w, *args, sc, bc, dt, prepared=prepared)
-        assert calls, "the implicit GEMM did not run"
+        pointwise = integer._pointwise(*ks, st, pd, 1)   # (the GEMM of the NHWC rows: no implicit conv)
+        assert bool(calls) != pointwise, "the implicit GEMM ran for a pointwise conv" if pointwise else "it did not run"
         got_cl = integer.int_conv2d(x.to(memory_format=torch.channels_last), w, *args, sc, bc, dt, prepared=prepared)
         with monkeypatch.context() as m:
             m.setattr(integer, "_implicit_fits", lambda *a: False)
@@ -257,6 +259,37 @@ def test_implicit_gemm_conv_equals_the_im2col_path(geom, monkeypatch):
     fused = call.fuse_quantized_input(integer.bind_quantize_int(xs, sa, 8), sa, 8, shift, None, None)
     assert fused is not None
     assert torch.equal(fused(xf), integer.int_conv2d(q, w, *args, None, None, torch.bfloat16, prepared=prepared))
+
+
+@needs_sm90
+@pytest.mark.parametrize("geom", IMPLICIT_CONV)
+def test_every_conv_configuration_is_exact(geom):
+    """Each tile configuration of the implicit-GEMM conv (the tuner may pick any of them) gives the reference's
+    int32 sums, and with a scale and bias the same values as the first configuration."""
+    from bie_backend_cutlass import integer
+    ref = _ref()
+    n, c, h, w_, o, ks, st, pd, dl = geom
+    gen = torch.Generator().manual_seed(n + c * o)
+    x, w = _codes((n, c, h, w_), 8, gen), _codes((o, c) + ks, 8, gen)
+    exp = ref.int_conv2d(x, w, 8, 8, list(st), list(pd), list(dl), 1, None, None, None)
+    x_nhwc = x.cuda().permute(0, 2, 3, 1).contiguous()
+    wp = integer.prepare_conv(w.cuda())
+    geo = (ks[0], ks[1], st[0], st[1], pd[0], pd[1], dl[0], dl[1])
+    s, _ = integer._vec(torch.rand(o, generator=gen).cuda() + 0.1, 1, o, wp.shape[1])
+    bb, _ = integer._vec(torch.randn(o, generator=gen).cuda(), 1, o, wp.shape[1], scalar_ok=False)
+    first, ran = None, []
+    for cfg, name in enumerate(integer.CONV_CONFIGS):
+        try:
+            d = integer._ops().iconv(x_nhwc, wp, *geo, None, None, None, cfg)
+        except RuntimeError as exc:   # a geometry CUTLASS turns down for this tile: the caller's next candidate
+            assert "cannot implement" in str(exc), (name, str(exc))
+            continue
+        ran.append(name)
+        assert torch.equal(d[..., :o].permute(0, 3, 1, 2).cpu(), exp), name
+        scaled = integer._ops().iconv(x_nhwc, wp, *geo, s, bb, torch.bfloat16, cfg)
+        first = scaled if first is None else first
+        assert torch.equal(scaled, first), name
+    assert len(ran) == len(integer.CONV_CONFIGS), ran   # (every geometry here is one they all take)
 
 
 @needs_sm90
@@ -383,7 +416,10 @@ def _lsq_inputs(r, c, vd, pd, gen, scale_rows=False):
 @needs_sm90
 @pytest.mark.parametrize("vd,pd", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                    (torch.float16, torch.bfloat16), (torch.float32, torch.float16)])
-@pytest.mark.parametrize("shape", [(1, 8), (37, 72), (1000, 4096), (257, 1032)])
+# (the column-mode block spans 8 to 1024 columns by the matrix's width: 64, 136 and 520 columns take 8, 32 and 128
+# threads across and 64, 16 and 4 lanes of rows)
+@pytest.mark.parametrize("shape", [(1, 8), (37, 72), (1000, 4096), (257, 1032), (4000, 64), (3001, 136),
+                                   (129, 520), (9, 8)])
 def test_lsq_backward_kernel(vd, pd, shape):
     """The one-pass LSQ backward against the op's definition computed on the GPU: element-wise outputs
     bit-exact, the sums to float32 summation order."""

@@ -249,6 +249,30 @@ def test_qconv2d_matches_lsq_reference(w_bits, a_bits, g, per_channel, channels_
         assert xl.grad.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_qconv2d_half_channels_last_weight_gradient_takes_the_lsq_codes(bits):
+    """bf16 channels_last: the LSQ pass over the activations writes their codes for the weight-gradient product
+    (no conversion of the forward's int8 codes). The weight gradient is the one the product of the converted codes
+    gives (a step without the activation's gradient takes that route), bit for bit; the activation's gradient
+    keeps the channels_last order."""
+    torch.manual_seed(3)
+    layer = QConv2d(16, 8, 3, padding=1, w_bits=bits, a_bits=bits, dtype=torch.bfloat16)
+    x = torch.randn(2, 16, 5, 6).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        layer(x)                                   # initialise the scales
+        layer.act_shift.normal_(0, 0.2)
+    gy = torch.randn(2, 8, 5, 6).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    xl = x.clone().requires_grad_()
+    layer(xl).backward(gy)
+    full = (layer.weight.grad.clone(), layer.weight_scale.grad.clone())
+    assert xl.grad.is_contiguous(memory_format=torch.channels_last)
+    layer.zero_grad()
+    layer.act_shift.requires_grad_(False)
+    layer.act_scale.requires_grad_(False)
+    layer(x).backward(gy)
+    assert torch.equal(layer.weight.grad, full[0]) and torch.equal(layer.weight_scale.grad, full[1])
+
+
 # ---------------------------------------------------------------- matmul layers
 @pytest.mark.parametrize("bits", [None, 4, 8])
 def test_matmul_layers_match_reference(bits):

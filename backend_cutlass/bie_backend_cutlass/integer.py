@@ -52,7 +52,7 @@ _GEMM_SOURCES = tuple(f"integer_gemm_{cfg}_{out}.cu" for cfg in ("c128x256", "p6
 _DYN_SOURCES = tuple(f"integer_dyn_{cfg}_{out}.cu" for cfg in ("c128x256", "p64x128", "c128x128")
                      for out in ("f32", "bf16", "f16"))
 #: the implicit-GEMM convolution (one group, channels a multiple of 16: csrc/integer_conv_sm90.cuh)
-_CONV_SOURCES = tuple(f"integer_conv_{cfg}_{out}.cu" for cfg in ("t128x128", "t64x128", "t128x128k64")
+_CONV_SOURCES = tuple(f"integer_conv_{cfg}_{out}.cu" for cfg in ("t128x128", "t64x128", "t128x128k64", "t128x64k64")
                       for out in ("i32", "f32", "bf16", "f16"))
 EXTENSION = Extension(family="integer",
                       sources=("integer_bindings.cpp", "integer_kernels.cu", "integer_lsq.cu") + _GEMM_SOURCES
@@ -67,7 +67,7 @@ CONFIGS = ("c128x256", "p64x128", "c128x128")
 #: Configurations of the implicit-GEMM convolution, in the order of ``kNumConvConfigs`` (csrc/integer_kernels.cu):
 #: output pixels x output channels per CTA, 128 input channels a step unless named (k64), one consumer warpgroup,
 #: no cluster.
-CONV_CONFIGS = ("t128x128", "t64x128", "t128x128k64")
+CONV_CONFIGS = ("t128x128", "t64x128", "t128x128k64", "t128x64k64")
 SM90 = ((9, 0), (9, 0))
 #: exact int32 accumulation for every int8 input: K * 128 * 128 <= 2**31 - 1
 MAX_K = (2 ** 31 - 1) // (128 * 128)
@@ -248,6 +248,13 @@ def _implicit_conv(x_nhwc, wp, kh, kw, stride, padding, dilation, s, bb, out_dty
         return None
 
 
+def _pointwise(kh, kw, stride, padding, groups) -> bool:
+    """A 1x1 conv of stride 1 without padding, one group: on NHWC codes a GEMM of the (N*H*W, C) rows (the
+    im2col step returns them as a view), which the GEMM's persistent tiles run faster than the implicit conv's one
+    tile per CTA (ResNet-50's 1x1 layers: benchmarks/results/qat_conv.md)."""
+    return kh == 1 and kw == 1 and tuple(stride) == (1, 1) and tuple(padding) == (0, 0) and groups == 1
+
+
 def _conv_config(x_nhwc, wp, geom, s, bb, out_dtype) -> int:
     """The implicit-GEMM conv's configuration (index into CONV_CONFIGS): chosen per problem bucket by the tuner
     (timed once, cached on disk); the untimed default fills the GPU with 128-pixel tiles where there are enough."""
@@ -262,6 +269,8 @@ def _conv_config(x_nhwc, wp, geom, s, bb, out_dtype) -> int:
         names = ["t128x128k64", "t128x128", "t64x128"]
     else:
         names = ["t128x128", "t128x128k64", "t64x128"]
+    if np_ <= 64:   # a 128-channel tile would spend half its products on padding
+        names.insert(0, "t128x64k64")
     ops = _ops()
     cands = [(nm, (lambda c=CONV_CONFIGS.index(nm): ops.iconv(x_nhwc, wp, *geom, s, bb, out_dtype, c)))
              for nm in names]
@@ -286,7 +295,7 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
         raise ValueError(f"bie-backend-cutlass int_conv2d: prepared weight {tuple(wp.shape)} does not fit w {tuple(w.shape)}")
     mf = conv_memory_format(x)
     x_nhwc = x.detach().permute(0, 2, 3, 1).contiguous()       # free for channels_last input
-    if _implicit_fits(c, kh, kw, g, wp):
+    if _implicit_fits(c, kh, kw, g, wp) and not _pointwise(kh, kw, stride, padding, g):
         s, _ = _vec(scale, 1, og, wp.shape[1])
         bb, _ = _vec(bias, 1, og, wp.shape[1], scalar_ok=False)
         d = _implicit_conv(x_nhwc, wp, kh, kw, stride, padding, dilation, s, bb, out_dtype)
@@ -487,7 +496,7 @@ def bind_int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, sca
     vecs = epi(scale, bias)
     x_nhwc = x.detach().permute(0, 2, 3, 1).contiguous()
     conv_config = -1   # the implicit GEMM's configuration where it serves, else the im2col path
-    if _implicit_fits(c, kh, kw, g, prepared):
+    if _implicit_fits(c, kh, kw, g, prepared) and not _pointwise(kh, kw, stride, padding, g):
         igeom = geom[1:]
         key = (tuple(x_nhwc.shape), tuple(prepared.shape)) + igeom
         if key not in _IMPLICIT_REFUSED:

@@ -256,25 +256,41 @@ class QConv2dFn(torch.autograd.Function):
         want_w = (need[1] or need[3]) and weight is not None
         cl = ctx.channels_last
         mf = torch.channels_last if cl else torch.contiguous_format
-        prod_x = prod_w = f_x = f_w = None
+        prod_x = prod_w = f_x = f_w = codes = None
+        conv_args = (None, list(stride), list(padding), list(dilation), False, [0, 0], groups)
+        # channels_last with half-precision gradients: the input-gradient product first, then the LSQ pass, which
+        # also writes the activation codes in the gradient's dtype for the weight-gradient product (the forward's
+        # int8 codes converted would be one more pass over the activations)
+        codes_from_lsq = cl and want_x and want_w and gd != torch.float32 and saf.dim() == 0 and xs.dtype == gd
         if ctx.quantized_backward:
             if want_x:
                 prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation, ctx.backend)
             if want_w:
                 prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation, ctx.backend)
+        elif codes_from_lsq:
+            gm = g.to(gd).contiguous(memory_format=mf)
+            w_hat, f_x = _operand(qw, swf, 4, gd)
+            w_hat = w_hat.contiguous(memory_format=mf)
+            # (the input-gradient product reads only the input's shape: xs stands in for the codes)
+            prod_x = torch.ops.aten.convolution_backward(gm, xs.detach(), w_hat, *conv_args, [True, False, False])[0]
         elif want_x or want_w:
             gm = g.to(gd).contiguous(memory_format=mf)
             w_hat, f_x = _operand(qw, swf, 4, gd)
             x_hat, f_w = _operand(qa, saf, 4, gd)
             prod_x, prod_w, _ = torch.ops.aten.convolution_backward(
-                gm, x_hat.contiguous(memory_format=mf), w_hat.contiguous(memory_format=mf), None, list(stride),
-                list(padding), list(dilation), False, [0, 0], groups, [want_x, want_w, False])
+                gm, x_hat.contiguous(memory_format=mf), w_hat.contiguous(memory_format=mf), *conv_args,
+                [want_x, want_w, False])
         if want_x:
             if cl:
                 n, c, h, w_ = xs.shape
-                gx, gsa, gba, _ = ops.lsq_backward(_nhwc_rows(xs.detach()), saf, _nhwc_rows(prod_x), a_bits,
-                                                   ba.detach(), f_x, False, None, backend=ctx.backend)
+                gx, gsa, gba, codes = ops.lsq_backward(_nhwc_rows(xs.detach()), saf, _nhwc_rows(prod_x), a_bits,
+                                                       ba.detach(), f_x, False, gd if codes_from_lsq else None,
+                                                       backend=ctx.backend)
                 gxs = gx.view(n, h, w_, c).permute(0, 3, 1, 2)
+                if codes_from_lsq:
+                    x_hat, f_w = codes.view(n, h, w_, c).permute(0, 3, 1, 2), saf
+                    prod_w = torch.ops.aten.convolution_backward(gm, x_hat, w_hat, *conv_args,
+                                                                 [False, True, False])[1]
             else:
                 gxs, gsa = _lsq_grad(xs, saf, a_bits, prod_x, f_x, backend=ctx.backend)
                 gba = gxs.sum((0, 2, 3), dtype=torch.float32)

@@ -93,6 +93,9 @@ struct IConvSm90 {
 #define BIE_INT_CONV_CFG_t64x128 Shape<_64, _128, Shape<_128>>, Shape<_1, _1, _1>
 // 64 channels a step: no zero-filled half step where C is an odd multiple of 64 (ResNet's 64-channel stages)
 #define BIE_INT_CONV_CFG_t128x128k64 Shape<_128, _128, Shape<_64>>, Shape<_1, _1, _1>
+// 64 output channels a tile: a 128-channel tile left half its tensor-core work on zero-padded weight rows for
+// ResNet's 64-channel stages
+#define BIE_INT_CONV_CFG_t128x64k64 Shape<_128, _64, Shape<_64>>, Shape<_1, _1, _1>
 
 #define BIE_INT_CONV_DEFINE(cfg, out, T)                                           \
   std::string iconv_##cfg##_##out(const ConvArgs& p, int mode, size_t* ws) {        \

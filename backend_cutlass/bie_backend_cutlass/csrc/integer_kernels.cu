@@ -56,12 +56,14 @@ GemmFn dyn_gemm_fn(int config, int out_code) {
 BIE_INT_CONV_DECLARE(t128x128)
 BIE_INT_CONV_DECLARE(t64x128)
 BIE_INT_CONV_DECLARE(t128x128k64)
+BIE_INT_CONV_DECLARE(t128x64k64)
 
 ConvFn conv_fn(int config, int out_code) {
   static const ConvFn table[kNumConvConfigs][kNumOutCodes] = {
       {iconv_t128x128_i32, iconv_t128x128_f32, iconv_t128x128_bf16, iconv_t128x128_f16},
       {iconv_t64x128_i32, iconv_t64x128_f32, iconv_t64x128_bf16, iconv_t64x128_f16},
       {iconv_t128x128k64_i32, iconv_t128x128k64_f32, iconv_t128x128k64_bf16, iconv_t128x128k64_f16},
+      {iconv_t128x64k64_i32, iconv_t128x64k64_f32, iconv_t128x64k64_bf16, iconv_t128x64k64_f16},
   };
   if (config < 0 || config >= kNumConvConfigs || out_code < 0 || out_code >= kNumOutCodes) return nullptr;
   return table[config][out_code];

@@ -68,7 +68,7 @@ struct ConvArgs {
 // corners and filter offsets, its alignment), else why not; 1: the workspace size into *ws; 2: launch. Returns ""
 // on success, else what failed (never launches on a case it cannot implement).
 using ConvFn = std::string (*)(const ConvArgs&, int mode, size_t* ws);
-constexpr int kNumConvConfigs = 3;
+constexpr int kNumConvConfigs = 4;
 ConvFn conv_fn(int config, int out_code);
 
 // x: contiguous float tensor data of `n` elements (dtype code 1 f32, 2 bf16, 3 f16);

@@ -24,11 +24,22 @@ namespace bie_int {
 namespace {
 
 constexpr int kVec = 8;          // elements per thread and step (16 bytes of bf16 / fp16)
-constexpr int kColThreads = 128; // column mode: one block covers 1024 columns of a chunk of rows,
-constexpr int kRowLanes = 4;     // ... with 4 lanes of 128 threads taking every 4th row of the chunk
+// Column mode: a block of kColBlock threads covers up to 1024 columns (128 threads of 8) of a chunk of rows, in
+// lanes that take every lanes-th row of the chunk. Narrower matrices (a conv's activation rows: 64-512
+// channels) take fewer threads across and more lanes, so that every thread has columns: with a fixed 128 x 4
+// block, 256 columns left three threads in four idle and the pass ran at a quarter of the copy rate.
 // (Nsight Compute on the H100: with one lane the kernel held 15 warps per SM and stalled on its loads 62% of
 // the time; 2 blocks of 16 warps per SM need at most 64 registers.)
+constexpr int kColBlock = 512;
+constexpr int kMaxColThreads = 128;
 constexpr int kRowThreads = 256;
+
+// threads across the columns of a column-mode block: the power of two covering cols / 8, at most 128
+__host__ __device__ constexpr int col_threads(int64_t cols) {
+  int t = 1;
+  while (t < kMaxColThreads && static_cast<int64_t>(t) * kVec < cols) t *= 2;
+  return t;
+}
 
 __device__ __forceinline__ float f32(float v) { return v; }
 __device__ __forceinline__ float f32(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -103,18 +114,19 @@ __device__ __forceinline__ float block_sum(float x, float* smem) {
   return t;  // valid in thread 0
 }
 
-// Column mode: thread (x, y) owns columns [8 * col8, 8 * col8 + 8) over the rows r0 + y, r0 + y + 4, ...
-// of its block's chunk; the 4 lanes' column sums are added in shared memory (in lane order) at the end.
+// Column mode: thread (x, y) owns columns [8 * col8, 8 * col8 + 8) over the rows r0 + y, r0 + y + lanes, ... of
+// its block's chunk (blockDim = (col_threads(C), kColBlock / col_threads(C))); the lanes' column sums are added
+// in shared memory by a fixed tree at the end (deterministic).
 template <typename VT, typename PT>
-__global__ void __launch_bounds__(kColThreads * kRowLanes, 2) lsq_cols_kernel(LsqArgs a, float lo, float hi) {
-  __shared__ float smem[kColThreads * kRowLanes / 32];
-  __shared__ float lane_sums[kRowLanes - 1][kColThreads * kVec];
+__global__ void __launch_bounds__(kColBlock, 2) lsq_cols_kernel(LsqArgs a, float lo, float hi) {
+  __shared__ float smem[kColBlock / 32];
+  __shared__ float lane_sums[kColBlock * kVec];   // [lane][x * 8 + j]
   const VT* __restrict__ vp = static_cast<const VT*>(a.v);
   const PT* __restrict__ pp = static_cast<const PT*>(a.prod);
   VT* __restrict__ gp = static_cast<VT*>(a.grad_v);
   const int64_t C = a.cols, R = a.rows;
-  const int lane = threadIdx.y;
-  const int64_t col8 = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
+  const int lane = threadIdx.y, lanes = blockDim.y, width = blockDim.x * kVec;
+  const int64_t col8 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = col8 * kVec < C;
   const int64_t chunk = (R + gridDim.y - 1) / gridDim.y;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * chunk, r1 = min(R, r0 + chunk);
@@ -126,7 +138,7 @@ __global__ void __launch_bounds__(kColThreads * kRowLanes, 2) lsq_cols_kernel(Ls
   for (int j = 0; j < kVec; ++j) sh[j] = 0.0f, colsum[j] = 0.0f;
   if (active) {
     if (has_shift) load8(static_cast<const VT*>(a.shift) + col8 * kVec, sh);
-    for (int64_t r = r0 + lane; r < r1; r += kRowLanes) {
+    for (int64_t r = r0 + lane; r < r1; r += lanes) {
       const int64_t off = r * C + col8 * kVec;
       float v[kVec], p[kVec], gv[kVec], cd[kVec];
       load8(vp + off, v);
@@ -143,20 +155,22 @@ __global__ void __launch_bounds__(kColThreads * kRowLanes, 2) lsq_cols_kernel(Ls
     }
   }
   if (a.part_shift != nullptr) {
-    if (lane > 0) {
+    float* mine = lane_sums + lane * width + threadIdx.x * kVec;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) lane_sums[lane - 1][threadIdx.x * kVec + j] = colsum[j];
+    for (int j = 0; j < kVec; ++j) mine[j] = colsum[j];
+    // lanes is a power of two: halve it, each lower lane adding the one `half` above it
+    for (int half = lanes / 2; half > 0; half /= 2) {
+      __syncthreads();
+      if (lane < half) {
+        const float* other = mine + half * width;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) mine[j] += other[j];
+      }
     }
-    __syncthreads();
     if (lane == 0 && active) {
       float* out = a.part_shift + static_cast<int64_t>(blockIdx.y) * C + col8 * kVec;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        float t = colsum[j];
-#pragma unroll
-        for (int l = 0; l < kRowLanes - 1; ++l) t += lane_sums[l][threadIdx.x * kVec + j];
-        out[j] = t;
-      }
+      for (int j = 0; j < kVec; ++j) out[j] = mine[j];
     }
   }
   const float t = block_sum(ds, smem);
@@ -189,24 +203,30 @@ __global__ void __launch_bounds__(kRowThreads) lsq_rows_kernel(LsqArgs a, float 
   if (threadIdx.x == 0) a.grad_scale[r] = t / a.denom;
 }
 
-// Column mode's finish: grad_shift[c] = sum over chunks of part_shift[:, c] (one thread per column, the
-// chunks in order), and in block 0 grad_scale = sum(part_ds) / denom. Deterministic, one launch.
-__global__ void __launch_bounds__(kRowThreads) lsq_finish_kernel(const float* __restrict__ part_ds, int64_t nparts,
-                                                                const float* __restrict__ part_shift, int64_t chunks,
-                                                                int64_t cols, float denom, float* grad_scale,
-                                                                float* grad_shift) {
-  __shared__ float smem[kRowThreads / 32];
+// Column mode's finish, one launch: grad_shift[c] = the sum over chunks of part_shift[:, c], one warp per column
+// (lane l adds the chunks l, l + 32, ...; the lanes' totals are then added by a fixed shuffle tree), and in block 0
+// grad_scale = sum(part_ds) / denom. Deterministic. (One thread per column summing its 264 chunks in turn took
+// ~14 µs for a 64-column matrix: one block, a chain of dependent additions.)
+constexpr int kFinishThreads = 256;
+__global__ void __launch_bounds__(kFinishThreads) lsq_finish_kernel(const float* __restrict__ part_ds, int64_t nparts,
+                                                                   const float* __restrict__ part_shift,
+                                                                   int64_t chunks, int64_t cols, float denom,
+                                                                   float* grad_scale, float* grad_shift) {
+  __shared__ float smem[kFinishThreads / 32];
   if (part_shift != nullptr) {
-    const int64_t c = static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x;
+    const int lane = threadIdx.x % 32;
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * (kFinishThreads / 32) + threadIdx.x / 32;
     if (c < cols) {
       float t = 0.0f;
-      for (int64_t k = 0; k < chunks; ++k) t += part_shift[k * cols + c];
-      grad_shift[c] = t;
+      for (int64_t k = lane; k < chunks; k += 32) t += part_shift[k * cols + c];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+      if (lane == 0) grad_shift[c] = t;
     }
   }
   if (blockIdx.x == 0) {
     float t = 0.0f;
-    for (int64_t i = threadIdx.x; i < nparts; i += kRowThreads) t += part_ds[i];
+    for (int64_t i = threadIdx.x; i < nparts; i += kFinishThreads) t += part_ds[i];
     t = block_sum(t, smem);
     if (threadIdx.x == 0) *grad_scale = t / denom;
   }
@@ -217,9 +237,10 @@ void launch_typed(const LsqArgs& a, float lo, float hi, cudaStream_t stream) {
   if (a.rowwise) {
     lsq_rows_kernel<VT, PT><<<static_cast<unsigned>(a.rows), kRowThreads, 0, stream>>>(a, lo, hi);
   } else {
-    const dim3 grid(static_cast<unsigned>((a.cols + kColThreads * kVec - 1) / (kColThreads * kVec)),
+    const int across = col_threads(a.cols);
+    const dim3 grid(static_cast<unsigned>((a.cols + across * kVec - 1) / (across * kVec)),
                     static_cast<unsigned>(a.row_chunks));
-    lsq_cols_kernel<VT, PT><<<grid, dim3(kColThreads, kRowLanes), 0, stream>>>(a, lo, hi);
+    lsq_cols_kernel<VT, PT><<<grid, dim3(across, kColBlock / across), 0, stream>>>(a, lo, hi);
   }
 }
 
@@ -250,10 +271,12 @@ std::string launch_lsq_backward(const LsqArgs& a, cudaStream_t stream) {
     default: launch_v<__half>(a, lo, hi, stream); break;
   }
   if (!a.rowwise) {
-    const int64_t col_blocks = (a.cols + kColThreads * kVec - 1) / (kColThreads * kVec);
-    const unsigned fin_blocks =
-        a.part_shift != nullptr ? static_cast<unsigned>((a.cols + kRowThreads - 1) / kRowThreads) : 1u;
-    lsq_finish_kernel<<<fin_blocks, kRowThreads, 0, stream>>>(a.part_ds, col_blocks * a.row_chunks, a.part_shift,
+    // (the bindings size part_ds for (cols + 1023) / 1024 column blocks: the same count, since a block covers
+    // all the columns up to 1024 and 1024 of them past that)
+    const int64_t col_blocks = (a.cols + kMaxColThreads * kVec - 1) / (kMaxColThreads * kVec);
+    constexpr int64_t warps = kFinishThreads / 32;
+    const unsigned fin_blocks = a.part_shift != nullptr ? static_cast<unsigned>((a.cols + warps - 1) / warps) : 1u;
+    lsq_finish_kernel<<<fin_blocks, kFinishThreads, 0, stream>>>(a.part_ds, col_blocks * a.row_chunks, a.part_shift,
                                                              a.row_chunks, a.cols, a.denom, a.grad_scale,
                                                              a.grad_shift);
   }
