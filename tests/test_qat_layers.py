@@ -271,6 +271,12 @@ def test_qconv2d_half_channels_last_weight_gradient_takes_the_lsq_codes(bits):
     layer.act_scale.requires_grad_(False)
     layer(x).backward(gy)
     assert torch.equal(layer.weight.grad, full[0]) and torch.equal(layer.weight_scale.grad, full[1])
+    # the opt-in int8 backward on the same input: its own products, the same memory order
+    layer.quantized_backward = True
+    layer.act_shift.requires_grad_(True)
+    xl = x.clone().requires_grad_()
+    layer(xl).backward(gy)
+    assert xl.grad.is_contiguous(memory_format=torch.channels_last) and torch.isfinite(xl.grad.float()).all()
 
 
 # ---------------------------------------------------------------- matmul layers

@@ -261,7 +261,8 @@ class QConv2dFn(torch.autograd.Function):
         # channels_last with half-precision gradients: the input-gradient product first, then the LSQ pass, which
         # also writes the activation codes in the gradient's dtype for the weight-gradient product (the forward's
         # int8 codes converted would be one more pass over the activations)
-        codes_from_lsq = cl and want_x and want_w and gd != torch.float32 and saf.dim() == 0 and xs.dtype == gd
+        codes_from_lsq = (not ctx.quantized_backward and cl and want_x and want_w and gd != torch.float32
+                          and saf.dim() == 0 and xs.dtype == gd)
         if ctx.quantized_backward:
             if want_x:
                 prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation, ctx.backend)
