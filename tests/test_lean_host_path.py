@@ -280,6 +280,35 @@ def ref_fn(layer, x):
         return layer(x).detach()
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "separate"])
+def test_qconv2d_eval_channels_last_matches_the_training_forward(fused, monkeypatch):
+    """The bound inference call on channels_last input, with the quantization fused into the conv's call where the
+    conv's kernel offers it and as a separate call on the (N, H, W, C) view (the shift inside) where not: the
+    training forward's values, bit for bit, in channels_last order."""
+    from bie_core.layers import integer as layers_integer
+    torch.manual_seed(8)
+    layer = QConv2d(16, 8, 3, padding=1, bias=True, w_bits=8, a_bits=8, dtype=torch.bfloat16)
+    x = torch.randn(2, 16, 5, 7).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    layer(x)
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.3)
+    ref = layer(x.clone().requires_grad_()).detach()
+    if not fused:
+        real = layers_integer.dispatch.resolve
+
+        def resolve(op, *args, **kw):   # the conv's kernel without the offer to fuse
+            r = real(op, *args, **kw)
+            if hasattr(r.fn, "fuse_quantized_input"):
+                fn = r.fn
+                monkeypatch.setattr(r, "fn", lambda *a, **k: fn(*a, **k))
+            return r
+        monkeypatch.setattr(layers_integer.dispatch, "resolve", resolve)
+    layer.eval()
+    with torch.no_grad():
+        y = layer(x)
+    assert torch.equal(y, ref) and y.is_contiguous(memory_format=torch.channels_last)
+
+
 @pytest.mark.parametrize("make", [lambda: QConv2d(4, 6, 3, padding=1, bias=True),
                                   lambda: BinaryConv2d(4, 6, 3, padding=1, bias=True)], ids=["QConv2d", "BinaryConv2d"])
 def test_conv_eval_caches_follow_the_weight(make):
