@@ -4,7 +4,8 @@
   ``F.conv2d`` bf16 channels_last (cuDNN, benchmark mode): ResNet-50's 3x3 and 1x1 layers at batch 64 and 128,
   ResNet-18's 3x3 layers with C >= 128 at batch 64 (binary);
 * training steps (forward + backward of the layer, bf16, exact STE and ``quantized_backward=True``) of ``QLinear``
-  (M=8192, 4096->4096) and ``QConv2d`` (3x3, 256 channels, 14x14, batch 128) against ``nn.Linear`` / ``nn.Conv2d``.
+  (M=8192, 4096->4096) and ``QConv2d`` (3x3 at batch 128: 256 channels 14x14; without --quick also 64 channels
+  56x56 and 128 channels 28x28) against ``nn.Linear`` / ``nn.Conv2d``.
 
 Timing: CUDA events around `iters` eager calls after warm-up, median of repeats (wall clock of the calls: launch
 and Python time count where they exceed the GPU time). The forward is also timed inside a CUDA graph where the
@@ -115,6 +116,14 @@ def bench_training_steps(rows: list, quick: bool) -> None:
                    lambda: nn.Conv2d(256, 256, 3, padding=1, bias=False, **bf).to(memory_format=torch.channels_last),
                    lambda bits, qb: QConv2d(256, 256, 3, padding=1, w_bits=bits, a_bits=bits, quantized_backward=qb,
                                             **bf)))
+    if not quick:   # ResNet's 64- and 128-channel stages (narrow activation rows for the LSQ pass)
+        for c, hw in ((64, 56), (128, 28)):
+            xn = torch.randn(128, c, hw, hw, **bf).contiguous(memory_format=torch.channels_last)
+            setups.append((f"QConv2d 3x3 N=128 C=O={c} HW={hw}", xn,
+                           lambda c=c: nn.Conv2d(c, c, 3, padding=1, bias=False, **bf).to(
+                               memory_format=torch.channels_last),
+                           lambda bits, qb, c=c: QConv2d(c, c, 3, padding=1, w_bits=bits, a_bits=bits,
+                                                         quantized_backward=qb, **bf)))
     for name, x, make_ref, make_q in setups:
         ref = make_ref()
         g = torch.randn_like(ref(x))
