@@ -229,10 +229,11 @@ def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
 
 
 class QConv2dFn(torch.autograd.Function):
-    """On channels_last input (``q_conv2d``) the backward keeps that memory order throughout: both float products
-    come from one ``convolution_backward`` on channels_last operands (cuDNN's fast layout for half precision; the
-    forward's codes are the weight-gradient operand), and the activation's LSQ gradient runs on the (N*H*W, C) rows
-    with the shift, as in the linear layers. Other inputs keep NCHW and save x + ba."""
+    """On channels_last input (``q_conv2d``) the backward keeps that memory order throughout: the float products are
+    ``convolution_backward`` calls on channels_last operands (cuDNN's fast layout for half precision), and the
+    activation's LSQ gradient runs on the (N*H*W, C) rows with the shift, as in the linear layers; with half-precision
+    gradients that LSQ pass also writes the activation codes the weight-gradient product takes. Other inputs keep
+    NCHW and save x + ba."""
 
     @staticmethod
     def forward(ctx, x, weight, qw, sw, ba, sa, bias, geom: tuple, backend, quantized_backward: bool = False):
