@@ -269,19 +269,18 @@ class QConv2dFn(torch.autograd.Function):
                 prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation, ctx.backend)
             if want_w:
                 prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation, ctx.backend)
-        elif codes_from_lsq:
-            gm = g.to(gd).contiguous(memory_format=mf)
-            w_hat, f_x = _operand(qw, swf, 4, gd)
-            w_hat = w_hat.contiguous(memory_format=mf)
-            # (the input-gradient product reads only the input's shape: xs stands in for the codes)
-            prod_x = torch.ops.aten.convolution_backward(gm, xs.detach(), w_hat, *conv_args, [True, False, False])[0]
         elif want_x or want_w:
             gm = g.to(gd).contiguous(memory_format=mf)
             w_hat, f_x = _operand(qw, swf, 4, gd)
-            x_hat, f_w = _operand(qa, saf, 4, gd)
-            prod_x, prod_w, _ = torch.ops.aten.convolution_backward(
-                gm, x_hat.contiguous(memory_format=mf), w_hat.contiguous(memory_format=mf), *conv_args,
-                [want_x, want_w, False])
+            w_hat = w_hat.contiguous(memory_format=mf)
+            if codes_from_lsq:
+                # (the input-gradient product reads only the input's shape: xs stands in for the codes)
+                prod_x = torch.ops.aten.convolution_backward(gm, xs.detach(), w_hat, *conv_args,
+                                                             [True, False, False])[0]
+            else:
+                x_hat, f_w = _operand(qa, saf, 4, gd)
+                prod_x, prod_w, _ = torch.ops.aten.convolution_backward(
+                    gm, x_hat.contiguous(memory_format=mf), w_hat, *conv_args, [want_x, want_w, False])
         if want_x:
             if cl:
                 n, c, h, w_ = xs.shape
