@@ -353,6 +353,30 @@ def test_wq_gemm(bits, gs, act, fmt):
     torch.testing.assert_close(w.double().cpu(), w64, rtol=2 ** -10, atol=2 ** -10 * float(w64.pow(2).mean().sqrt()))
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("bits,fmt,act", [(4, "gptq", False), (3, "gba", True)])
+def test_wq_gemm_dense_rounds_product_and_bias_once(bits, fmt, act, dtype):
+    """Dequantize + cuBLAS adds the bias to the float32 product and rounds once. A bias that cancels most of
+    the product exposes a second rounding: the product's own (at its size) would be kept in the small output."""
+    from bie_backend_cuda import weight_only as cw
+    k, n, m = 160, 72, 64
+    qw, s, z, gi, _ = _wq_case(k, n, bits, 128 if not act else 32, fmt, act, 977 + bits)
+    gs = 128 if not act else 32
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn((m, k), generator=gen).to(dtype).cuda()
+    # the weight as this route multiplies it: the product of the identity (one exact term an output)
+    w = cw.wq_gemm_dense(torch.eye(k, dtype=dtype, device="cuda"), qw, s, z, gi, None, bits, gs, fmt).double()
+    prod = x.double() @ w
+    bias = (-prod[0] + 0.01 * torch.randn(n, generator=gen, dtype=torch.float64).cuda()).to(dtype)
+    exact = (prod + bias.double())[0]
+    got = cw.wq_gemm_dense(x, qw, s, z, gi, bias, bits, gs, fmt)[0].double()
+    # one rounding of the exact sum, plus float32 accumulation of K products and of the bias
+    bound = exact.abs() * 2.0 ** (-8 if dtype is torch.bfloat16 else -11) + \
+        (k + 2) * 2.0 ** -24 * ((x[0].double().abs() @ w.abs()) + bias.double().abs())
+    assert bool(((got - exact).abs() <= bound).all()), f"max err {float((got - exact).abs().max()):.3g}"
+
+
 DEQ = [(bits, gs, act, fmt) for bits in (1, 2, 4, 8) for gs, act, fmt in
        ((32, False, "gptq"), (128, True, "gba"), (-1, False, "gba"), (64, True, "gptq"))] + [(1, 16, False, "gptq")]
 

@@ -227,6 +227,27 @@ def test_strided_x_scales_in_bf16_and_the_dispatcher_choice():
 
 
 @needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_the_dense_route_rounds_product_and_bias_once(dtype):
+    """Dequantize + cuBLAS (a tuning candidate) adds the bias to the float32 product and rounds once, as the GEMM's
+    epilogue does: a bias that cancels most of the product would expose a second rounding."""
+    from bie_backend_cutlass import weight_only as cwo
+    from bie_core.ops.weight_only import make_wq_case
+    gen = torch.Generator().manual_seed(9)
+    k, n = 256, 64
+    qw, s, z, gi, _ = make_wq_case(k, n, 4, 128, "gptq", False, gen, "cuda")
+    x = torch.randn((8, k), generator=gen).to(dtype).cuda()
+    w = cwo._dense(torch.eye(k, dtype=dtype, device="cuda"), qw, s, z, gi, None, 4, 128, k, "gptq").double()
+    prod = x[0].double() @ w
+    bias = (-prod + 0.01 * torch.randn(n, generator=gen, dtype=torch.float64).cuda()).to(dtype)
+    exact = prod + bias.double()
+    got = cwo._dense(x, qw, s, z, gi, bias, 4, 128, k, "gptq")[0].double()
+    bound = exact.abs() * 2.0 ** (-8 if dtype is torch.bfloat16 else -11) + \
+        (k + 2) * 2.0 ** -24 * ((x[0].double().abs() @ w.abs()) + bias.double().abs())
+    assert bool(((got - exact).abs() <= bound).all()), f"max err {float((got - exact).abs().max()):.3g}"
+
+
+@needs_sm90
 def test_irregular_act_order_groups_fall_back_to_a_dense_weight(every_m):
     """A g_idx whose groups are not group_size rows each once sorted is still computed exactly."""
     from bie_core.ops.weight_only import wq_gemm, wq_pack

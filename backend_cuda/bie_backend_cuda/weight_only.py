@@ -638,6 +638,17 @@ def _add_bias(y, bias, dtype):
     return y.to(dtype)
 
 
+def _mm_bias(a, w, bias, dtype):
+    """``a @ w (+ bias)`` in ``dtype`` with one rounding: a half-precision product is kept in float32 until the
+    bias is added (rounding it to half first and again after the bias costs up to one more unit in the last
+    place, more than the op's tolerance allows next to the reference's own rounding)."""
+    if bias is None:
+        return (a @ w).to(dtype)
+    if a.dtype is torch.float32:
+        return _add_bias(a @ w, bias, dtype)
+    return _add_bias(torch.mm(a, w, out_dtype=torch.float32), bias, dtype)
+
+
 def _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt, lay: Layout):
     """Act-order groups that are not uniform once sorted (found when the layout is built): no fragment layout
     exists, so every kernel computes such a layer the same way: dequantize + cuBLAS for many rows, else the
@@ -756,14 +767,15 @@ def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, form
     if bits in (1, 2, 4, 8):
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype
         w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
-        return _add_bias(x.to(cd) @ w, bias, x.dtype)
+        return _mm_bias(x.to(cd), w, bias, x.dtype)
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     if lay.generic:
         return _add_bias(x.to(torch.float32) @ lay.weight_f32, bias, x.dtype)
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
-    y = xs @ w.to(torch.float32) if x.dtype is torch.float32 else xs.to(lay.cdtype) @ w
-    return _add_bias(y, bias, x.dtype)
+    if x.dtype is torch.float32:
+        return _add_bias(xs @ w.to(torch.float32), bias, x.dtype)
+    return _mm_bias(xs.to(lay.cdtype), w, bias, x.dtype)
 
 
 def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):
