@@ -67,8 +67,8 @@ def test_linear_products_one_op_equal_the_steps(m, n, k, dtype, per_channel, dev
     g = g.to(device)
     sw = (torch.rand((n,) if per_channel else (), generator=gen) + 0.01).to(device)
     sa = torch.tensor(0.37, device=device)
-    gs = g.to(torch.float32) * (sw.reshape(1, -1) if sw.dim() else sw)
-    assert torch.equal(_int_qbwd.linear_grad_input(g, qw, sw), _int_qbwd._grad_input_steps(gs, qw))
+    gs, ws = _int_qbwd._folded(g, sw)
+    assert torch.equal(_int_qbwd.linear_grad_input(g, qw, sw), _int_qbwd._grad_input_steps(gs, qw, ws))
     assert torch.equal(_int_qbwd.linear_grad_weight(g, qa, sa), _int_qbwd._grad_weight_steps(g, qa, sa))
 
 

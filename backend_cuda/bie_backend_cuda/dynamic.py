@@ -33,9 +33,10 @@ MIN_ROWS = 17
 _state: dict = {}
 
 
-def prepare(weight):
-    """The weight's row sums (int32), for the zero-point correction of the affine scheme."""
-    return weight.detach().sum(1, dtype=torch.int32)
+def prepare(weight, scheme="per_tensor_affine"):
+    """The weight's row sums (int32), for the zero-point correction of the affine scheme; None for the symmetric
+    one, which needs none (the dispatcher keys the prepared form by the scheme)."""
+    return weight.detach().sum(1, dtype=torch.int32) if scheme != "per_token_symmetric" else None
 
 
 def _quantize_token(x):

@@ -161,7 +161,7 @@ def bie_register_kernels(registry):
                                       "mma.m16n8k32 on fragment-ordered weights streamed by 16-byte loads, split-K "
                                       "over warps with exact int32 sums, the reference's epilogue; 1-16 rows")
         registry.register("dynamic_int8_linear", dynamic.dynamic_int8_linear, priority=PRIORITY,
-                          name="dynamic_int8_linear_int_mm", prepare=dynamic.prepare,
+                          name="dynamic_int8_linear_int_mm", prepare=dynamic.prepare, prepare_static=("scheme",),
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
                                                 divisibility={"K": 8, "N": 8}),
                           description="activation quantization + torch._int_mm (cuBLASLt int8) + one fused "

@@ -36,9 +36,12 @@ class Prepared:
         self.padded, self.rowsum = padded, rowsum
 
 
-def prepare(weight):
-    """The weight's :class:`Prepared` layout (built once per weight version by the dispatcher)."""
-    return Prepared(integer.prepare_gemm(weight), weight.detach().sum(1, dtype=torch.int32))
+def prepare(weight, scheme=SCHEME):
+    """The weight's :class:`Prepared` layout (built once per weight version and scheme by the dispatcher): its row
+    sums only for the affine scheme (a pass over the weight that the symmetric one does not need, and that is paid
+    on every call where the weight is single-use, as the quantized backward's operands are)."""
+    rowsum = None if scheme == SCHEME else weight.detach().sum(1, dtype=torch.int32)
+    return Prepared(integer.prepare_gemm(weight), rowsum)
 
 
 def _padded(prepared):
@@ -75,7 +78,8 @@ def _affine(x, weight, weight_scale, bias, reduce_range, prepared):
     codes, sx, zp = get_op("dynamic_quantize_act")(x, "per_tensor_affine", reduce_range)
     a = (codes.to(torch.int16) - 128).to(torch.int8)
     acc = integer.int_gemm(a, weight, 8, 8, None, None, None, prepared=_padded(prepared))
-    rowsum = prepared.rowsum if prepared is not None else weight.detach().sum(1, dtype=torch.int32)
+    rowsum = prepared.rowsum if prepared is not None and prepared.rowsum is not None else \
+        weight.detach().sum(1, dtype=torch.int32)
     acc = acc + (128 - zp) * rowsum.view(1, -1)                        # exact in int32 (K <= 65535)
     return dynamic_epilogue(acc, sx, weight_scale, bias, False, x.dtype)
 

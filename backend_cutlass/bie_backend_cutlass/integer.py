@@ -575,7 +575,7 @@ def register(registry, priority: int) -> None:
         from . import dynamic
         registry.register(
             "dynamic_int8_linear", dynamic.dynamic_int8_linear, priority=priority, name="dynamic_int8_linear_sm90",
-            prepare=dynamic.prepare, bind=dynamic.bind_dynamic_int8_linear,
+            prepare=dynamic.prepare, prepare_static=("scheme",), bind=dynamic.bind_dynamic_int8_linear,
             capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM90,
                                   min_dims={"M": 1, "N": 1, "K": 1}, max_dims={"K": DYNAMIC_MAX_K},
                                   defer=handoff("cutlass:dynamic_int8_linear_sm90")),

@@ -6,13 +6,15 @@ of a group becomes 127) with one scale per group of values that share the reduct
 scale factors out of the integer sum:
 
 * input gradient ``g @ W_hat`` (linear): one scale per token (row of ``g``); the reduction runs over the output
-  features, so a per-channel weight scale is folded into ``g`` before rounding. Conv: one scale per sample (an
-  input pixel's gradient mixes several output pixels of the same sample);
+  features, so a per-channel weight scale is folded into ``g`` before rounding (a per-tensor one scales the
+  product). Conv: one scale per sample (an input pixel's gradient mixes several output pixels of the same sample);
 * weight gradient ``g.T @ x_hat``: one scale per output channel (column of ``g``), since this product reduces
   over the tokens. The activation side is already integer: the forward's codes ``Qa`` with the scalar ``sa``.
 
 Everything after the products (clip masks, LSQ scale gradients) is unchanged; only the rounding of ``g`` differs
-from the exact STE gradients. Grouped convolutions keep the float products.
+from the exact STE gradients. The products come out in the gradient's dtype (one rounding of the scaled int32 sum),
+as the float products do; ``g`` is read in its own dtype (a float32 copy of it would be two more passes over the
+largest tensor of the step). Grouped convolutions keep the float products.
 """
 from __future__ import annotations
 
@@ -39,37 +41,46 @@ def quantize_grad(g: torch.Tensor, dims) -> tuple:
 
 
 def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, backend: str = "") -> torch.Tensor:
-    """float32 ``g @ (sw * Qw)`` for g (M, N), weight codes Qw (N, K): per-token int8 codes of ``g * sw``.
+    """``g @ (sw * Qw)`` for g (M, N), weight codes Qw (N, K): per-token int8 codes of g and the per-tensor sw in
+    the epilogue, in g's dtype; for a per-channel sw the codes of ``float32(g) * sw``, in float32.
 
     One ``dynamic_int8_linear`` call: its per_token_symmetric scheme is this rounding (absmax / 127 per row, scale 1
-    for an all-zero row, round half to even) and its epilogue ``float32(acc) * scale`` with a weight scale of 1 is
-    this dequantization, so where a backend fuses the three (the GPU backends) the gradient makes one quantization
-    pass instead of several, with the same bits. A reduction longer than the op's K limit takes the steps."""
-    gs = g.to(torch.float32) * (swf.reshape(1, -1) if swf.dim() else swf)
+    for an all-zero row, round half to even) and its epilogue ``float32(acc) * (row_scale * weight_scale)`` this
+    dequantization, so where a backend fuses them (the GPU backends) the gradient makes one quantization pass, with
+    the same bits as the steps. A reduction longer than the op's K limit takes the steps."""
+    gs, ws = _folded(g, swf)
     if gs.shape[1] > MAX_K:
-        return _grad_input_steps(gs, qw, backend)
-    one = torch.ones(1, dtype=torch.float32, device=g.device)
+        return _grad_input_steps(gs, qw, ws)
     with single_use_weights():   # (every product here takes operands made for the call: no layout is kept)
-        return ops.dynamic_int8_linear(gs, qw.t().contiguous(), one, None, "per_token_symmetric", backend=backend)
+        return ops.dynamic_int8_linear(gs, qw.t().contiguous(), ws, None, "per_token_symmetric", backend=backend)
 
 
-def _grad_input_steps(gs: torch.Tensor, qw: torch.Tensor, backend: str = "") -> torch.Tensor:
-    """``linear_grad_input`` step by step: the codes, the exact int32 product, the per-token scale."""
+def _folded(g: torch.Tensor, swf: torch.Tensor) -> tuple:
+    """(the rows whose codes the input-gradient product takes, the float32 scale of its epilogue (1,)): g itself and
+    sw for a per-tensor weight scale; ``float32(g) * sw`` and 1 for a per-channel one (folded before rounding)."""
+    if swf.dim() == 0 or swf.numel() == 1:
+        return g, swf.reshape(1).to(torch.float32)
+    return g.to(torch.float32) * swf.reshape(1, -1), torch.ones(1, dtype=torch.float32, device=g.device)
+
+
+def _grad_input_steps(gs: torch.Tensor, qw: torch.Tensor, ws: torch.Tensor, backend: str = "") -> torch.Tensor:
+    """``linear_grad_input`` step by step (``gs``, ``ws`` as ``_folded`` gives them): the codes, the exact int32
+    product, the dynamic epilogue."""
     cg, s_tok = quantize_grad(gs, 1)                                  # (M, N), (M, 1)
     with single_use_weights():
         acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None, backend=backend)   # (M, K) int32, exact
-    return acc.to(torch.float32) * s_tok
+    return (acc.to(torch.float32) * (s_tok * ws)).to(gs.dtype)
 
 
 def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, backend: str = "") -> torch.Tensor:
-    """float32 ``g.T @ (sa * Qa)`` for g (M, N), activation codes Qa (M, K): per-channel int8 codes of g.
+    """``g.T @ (sa * Qa)`` in g's dtype for g (M, N), activation codes Qa (M, K): per-channel int8 codes of g.
 
     The per-channel codes of g are the per-token codes of its transpose: one ``dynamic_int8_linear`` call on the
     (N, M) rows of g.T with the activation codes as the weight and ``sa`` as its scale gives the (N, K) gradient,
     ``float32(acc) * (s_ch[n] * sa)`` as the steps compute it. Past the op's K limit (M tokens), the steps."""
     if g.shape[0] > MAX_K:
         return _grad_weight_steps(g, qa, saf, backend)
-    gt = g.t().to(torch.float32).contiguous()                         # (N, M)
+    gt = g.t().contiguous()                                           # (N, M)
     with single_use_weights():
         return ops.dynamic_int8_linear(gt, qa.t().contiguous(), saf.reshape(1), None, "per_token_symmetric",
                                        backend=backend)
@@ -81,7 +92,7 @@ def _grad_weight_steps(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, bac
     # (K, N) = Qa.T @ Qg: the per-channel scale then sits on the output columns (the op's epilogue scale)
     with single_use_weights():
         out = ops.int_gemm(qa.t().contiguous(), cg.t().contiguous(), 8, 8, (s_ch.reshape(-1) * saf).contiguous(),
-                           None, torch.float32, backend=backend)
+                           None, g.dtype, backend=backend)
     return out.t()
 
 
@@ -94,11 +105,14 @@ def _row_codes(rows: torch.Tensor, backend: str = "") -> tuple:
 
 def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_shape, stride, padding,
                     dilation, backend: str = "") -> torch.Tensor:
-    """float32 gradient of a (groups=1) conv's zero-padded input: the transposed convolution of the per-sample int8
-    codes of ``g * sw`` with the weight codes, as one ``int_conv2d`` (stride-1 conv of the zero-dilated gradient
-    with the flipped, transposed kernel)."""
+    """The gradient of a (groups=1) conv's zero-padded input, in g's dtype: the transposed convolution of the
+    per-sample int8 codes of g (of ``g * sw`` for a per-channel sw) with the weight codes, as one ``int_conv2d``
+    (stride-1 conv of the zero-dilated gradient with the flipped, transposed kernel)."""
     n, o, ho, wo = g.shape
-    gs = g.to(torch.float32) * (swf.reshape(1, -1, 1, 1) if swf.dim() else swf)
+    if swf.dim() == 0 or swf.numel() == 1:
+        gs, ws = g, swf.reshape(()).to(torch.float32)
+    else:
+        gs, ws = g.to(torch.float32) * swf.reshape(1, -1, 1, 1), None
     cg, s_n = _row_codes(gs.reshape(n, -1), backend)                  # per sample
     cg, s_n = cg.view(n, o, ho, wo), s_n.view(n, 1, 1, 1)
     sh, sw_ = stride
@@ -119,12 +133,12 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
     with single_use_weights():
         acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None,
                              backend=backend)
-    return acc.to(torch.float32) * s_n
+    return (acc.to(torch.float32) * (s_n if ws is None else s_n * ws)).to(g.dtype)
 
 
 def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_shape, stride, padding,
                      dilation, backend: str = "") -> torch.Tensor:
-    """float32 ``d conv / d W`` (groups=1) against the activation codes Qa scaled by sa, with per-output-channel
+    """``d conv / d W`` in g's dtype (groups=1) against the activation codes Qa scaled by sa, with per-output-channel
     int8 codes of g: one ``int_conv2d`` with batch and channels swapped (the gradient is the kernel, the forward's
     stride becomes the dilation and its dilation the stride)."""
     n, o, ho, wo = g.shape
@@ -134,5 +148,5 @@ def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_sha
     x_t = qa.transpose(0, 1).contiguous()                             # (C, N, H, W)
     with single_use_weights():
         out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
-                             (s_o.reshape(-1) * saf).contiguous(), None, torch.float32, backend=backend)   # (C, O, >=kh, >=kw)
+                             (s_o.reshape(-1) * saf).contiguous(), None, g.dtype, backend=backend)   # (C, O, ...)
     return out[:, :, :kh, :kw].transpose(0, 1)
