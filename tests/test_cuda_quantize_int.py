@@ -171,3 +171,19 @@ def test_registered_and_chosen_through_the_dispatcher():
     assert torch.equal(got.cpu(), _ref(x, s, 8))
     chosen = bie_core.explain(ops.quantize_int, x, s, 8, backend="cuda:quantize_int").chosen()
     assert chosen["quantize_int"] == "cuda:quantize_int"
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
+def test_transpose_2d_is_exact_on_odd_and_large_shapes(dtype):
+    """The tiled transpose against x.t() on shapes that leave partial tiles in both dims, rows of a larger stride,
+    and more rows of tiles than one grid dimension holds (65535 rows of 64)."""
+    from bie_backend_cuda import integer as ci
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for m, k in [(1, 1), (1, 65), (65, 1), (63, 130), (4097, 64), (64 * 65536 + 3, 2)]:
+        x = torch.randint(-100, 100, (m, k), device="cuda", generator=gen).to(dtype)
+        y = ci.transpose_2d(x)
+        assert y.is_contiguous() and torch.equal(y, x.t()), (m, k)
+    x = torch.randint(-100, 100, (50, 90), device="cuda", generator=gen).to(dtype)[3:40, 5:70]
+    assert torch.equal(ci.transpose_2d(x), x.t())                  # row stride 90
+    assert torch.equal(ci.transpose_2d(x.t()), x)                  # column-major input: copied first

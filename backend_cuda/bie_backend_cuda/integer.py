@@ -45,6 +45,11 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
     return _build.ops().quantize_int(xc, values, inner, bits, _shift_in(x, shift), out_dtype)
 
 
+def transpose_2d(x):
+    """x.t() contiguous through 64 x 64 tiles in shared memory (csrc/transpose.cu)."""
+    return _build.ops().transpose_2d(x.detach())
+
+
 def bind_quantize_int(x, scale, bits, shift=None, out_dtype=None):
     """``quantize_int`` for one call signature (the dispatcher's ``bind``) with a one-value scale (the activation
     quantization of the QAT layers): one call into the library's Python module (``_build.direct``) a call, which

@@ -51,6 +51,11 @@ def _conv_check(p):
     return None
 
 
+#: the dtypes transpose_2d's kernel moves (elements of 1, 2, 4 or 8 bytes)
+_REAL_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.bfloat16, torch.float32, torch.float64)
+
+
 @hookimpl
 def bie_register_kernels(registry):
     cuda = ("cuda",)
@@ -116,6 +121,11 @@ def bie_register_kernels(registry):
                       bind=integer.bind_quantize_int,
                       description="one pass: shift, IEEE division, round half to even, clamp; any broadcast scale "
                                   "(runs along the trailing dims), codes as int8 or floats")
+    if has_op("transpose_2d"):
+        registry.register("transpose_2d", integer.transpose_2d, priority=PRIORITY, name="transpose_2d_tiled",
+                          capability=Capability(devices=cuda, dtypes=_REAL_DTYPES),
+                          description="64 x 64 tiles through shared memory: x's rows read and y's rows written along "
+                                      "contiguous addresses; elements of 1, 2, 4 or 8 bytes")
     if has_op("int_gemm"):
         registry.register("int_gemm", integer.int_gemm_gemv, priority=PRIORITY, name="int_gemm_gemv",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,

@@ -128,6 +128,11 @@ def unpack_int4(packed, k):
     return to_torch(unpack_nibbles(to_mlx(packed), k), packed.device)
 
 
+@kernel
+def transpose_2d(x):
+    return to_torch(mx.contiguous(to_mlx(x).T), x.device)
+
+
 # ----------------------------------------------------------------- GEMM / BMM
 @preparer
 def prepare_codes_t(b):
@@ -191,5 +196,5 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
                     channels_last=conv_memory_format(x) == torch.channels_last)
 
 
-__all__ = ["quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d",
-           "prepare_codes_t", "prepare_conv_weight", "chunk_len", "int_matmul"]
+__all__ = ["quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "transpose_2d", "int_gemm", "int_bmm",
+           "int_conv2d", "prepare_codes_t", "prepare_conv_weight", "chunk_len", "int_matmul"]

@@ -87,13 +87,13 @@ def _f32_scales(sa, sw):
 
 
 def q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend, scales=None):
-    """The forward alone (used directly when no gradient is needed): (y, Qw). The shift is added inside
+    """The forward alone (used directly when no gradient is needed): (y, Qw, Qa). The shift is added inside
     the quantization (one pass; ``x + ba`` is never materialised)."""
     saf, swf = scales if scales is not None else _f32_scales(sa, sw)
     qa = ops.quantize_int(x2d, saf, a_bits, ba.detach(), backend=backend)
     qw = _weight_codes(weight, qw, swf, w_bits, backend)
     with _codes_scope(weight):
-        return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw
+        return ops.int_gemm(qa, qw, a_bits, w_bits, saf * swf, bias, x2d.dtype, backend=backend), qw, qa
 
 
 def _nhwc_rows(t):
@@ -151,15 +151,17 @@ def _codes_in(weight, swf, w_bits, gd, backend):
 
 
 class QLinearFn(torch.autograd.Function):
-    """Saves x itself (not x + ba, nor the activation codes): the backward's ``lsq_backward`` recomputes
-    both in the pass it makes anyway, and hands the codes to the weight-gradient product."""
+    """Saves x itself (not x + ba): the backward's ``lsq_backward`` recomputes it in the pass it makes anyway,
+    and with float gradients hands the activation codes in their dtype to the weight-gradient product. The
+    quantized backward's integer product takes the forward's int8 codes, saved too (half of x's bytes, against a
+    quantization pass over x again)."""
 
     @staticmethod
     def forward(ctx, x2d, weight, qw, sw, ba, sa, bias, a_bits: int, w_bits: int, backend,
                 quantized_backward: bool = False):
         saf, swf = _f32_scales(sa, sw)
-        y, qw = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend, (saf, swf))
-        ctx.save_for_backward(x2d, weight, qw, sw, ba, sa, saf, swf)
+        y, qw, qa = q_linear(x2d, weight, qw, sw, ba, sa, bias, a_bits, w_bits, backend, (saf, swf))
+        ctx.save_for_backward(x2d, weight, qw, sw, ba, sa, saf, swf, qa if quantized_backward else None)
         ctx.bits = (a_bits, w_bits)
         ctx.backend = backend
         ctx.quantized_backward = quantized_backward
@@ -167,7 +169,7 @@ class QLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        x2d, weight, qw, sw, ba, sa, saf, swf = ctx.saved_tensors
+        x2d, weight, qw, sw, ba, sa, saf, swf, qa = ctx.saved_tensors
         a_bits, w_bits = ctx.bits
         backend = ctx.backend
         need = ctx.needs_input_grad
@@ -178,7 +180,7 @@ class QLinearFn(torch.autograd.Function):
         grad_x = grad_w = grad_sw = grad_ba = grad_sa = grad_bias = None
         codes = None   # the activation codes in the gradient's precision, for the weight-gradient product
         if ctx.quantized_backward:
-            return _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
+            return _linear_backward_int8(ctx, g, x2d, weight, qw, qa, sw, ba, sa, saf, swf, want_w)
         if need[0] or need[4] or need[5]:
             w_hat = _codes_in(weight, swf, w_bits, gd, backend)
             if w_hat is not None:
@@ -204,8 +206,9 @@ class QLinearFn(torch.autograd.Function):
         return grad_x, grad_w, None, grad_sw, grad_ba, grad_sa, grad_bias, None, None, None, None
 
 
-def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w):
-    """QLinearFn's backward with both products on int8 gradient codes (``_int_qbwd``)."""
+def _linear_backward_int8(ctx, g, x2d, weight, qw, qa, sw, ba, sa, saf, swf, want_w):
+    """QLinearFn's backward with both products on int8 gradient codes (``_int_qbwd``); ``qa``: the forward's
+    activation codes."""
     a_bits, w_bits = ctx.bits
     backend = ctx.backend
     need = ctx.needs_input_grad
@@ -219,7 +222,6 @@ def _linear_backward_int8(ctx, g, x2d, weight, qw, sw, ba, sa, saf, swf, want_w)
         grad_ba = gba if need[4] else None
         grad_sa = gsa.reshape(sa.shape) if need[5] else None
     if want_w:
-        qa = ops.quantize_int(x2d.detach(), saf, a_bits, shift, backend=backend)
         prod = _int_qbwd.linear_grad_weight(g, qa, saf, backend)
         grad_w, gsw = _lsq_grad(weight, swf, w_bits, prod, None, per_row=sw.dim() > 0, backend=backend)
         grad_sw = gsw.reshape(sw.shape) if need[3] else None

@@ -14,7 +14,9 @@ scale factors out of the integer sum:
 Everything after the products (clip masks, LSQ scale gradients) is unchanged; only the rounding of ``g`` differs
 from the exact STE gradients. The products come out in the gradient's dtype (one rounding of the scaled int32 sum),
 as the float products do; ``g`` is read in its own dtype (a float32 copy of it would be two more passes over the
-largest tensor of the step). Grouped convolutions keep the float products.
+largest tensor of the step). The integer GEMMs read both operands along the reduction, so the weight-gradient
+product takes ``g`` and the activation codes transposed (``transpose_2d``, a tiled kernel on the GPU). Grouped
+convolutions keep the float products.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, back
     if gs.shape[1] > MAX_K:
         return _grad_input_steps(gs, qw, ws)
     with single_use_weights():   # (every product here takes operands made for the call: no layout is kept)
-        return ops.dynamic_int8_linear(gs, qw.t().contiguous(), ws, None, "per_token_symmetric", backend=backend)
+        return ops.dynamic_int8_linear(gs, ops.transpose_2d(qw, backend=backend), ws, None, "per_token_symmetric",
+                                       backend=backend)
 
 
 def _folded(g: torch.Tensor, swf: torch.Tensor) -> tuple:
@@ -68,7 +71,8 @@ def _grad_input_steps(gs: torch.Tensor, qw: torch.Tensor, ws: torch.Tensor, back
     product, the dynamic epilogue."""
     cg, s_tok = quantize_grad(gs, 1)                                  # (M, N), (M, 1)
     with single_use_weights():
-        acc = ops.int_gemm(cg, qw.t().contiguous(), 8, 8, None, None, None, backend=backend)   # (M, K) int32, exact
+        acc = ops.int_gemm(cg, ops.transpose_2d(qw, backend=backend), 8, 8, None, None, None,
+                           backend=backend)                            # (M, K) int32, exact
     return (acc.to(torch.float32) * (s_tok * ws)).to(gs.dtype)
 
 
@@ -80,10 +84,10 @@ def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, bac
     ``float32(acc) * (s_ch[n] * sa)`` as the steps compute it. Past the op's K limit (M tokens), the steps."""
     if g.shape[0] > MAX_K:
         return _grad_weight_steps(g, qa, saf, backend)
-    gt = g.t().contiguous()                                           # (N, M)
+    gt = ops.transpose_2d(g, backend=backend)                         # (N, M)
     with single_use_weights():
-        return ops.dynamic_int8_linear(gt, qa.t().contiguous(), saf.reshape(1), None, "per_token_symmetric",
-                                       backend=backend)
+        return ops.dynamic_int8_linear(gt, ops.transpose_2d(qa, backend=backend), saf.reshape(1), None,
+                                       "per_token_symmetric", backend=backend)
 
 
 def _grad_weight_steps(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, backend: str = "") -> torch.Tensor:
@@ -91,8 +95,8 @@ def _grad_weight_steps(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, bac
     cg, s_ch = quantize_grad(g, 0)                                    # (M, N), (1, N)
     # (K, N) = Qa.T @ Qg: the per-channel scale then sits on the output columns (the op's epilogue scale)
     with single_use_weights():
-        out = ops.int_gemm(qa.t().contiguous(), cg.t().contiguous(), 8, 8, (s_ch.reshape(-1) * saf).contiguous(),
-                           None, g.dtype, backend=backend)
+        out = ops.int_gemm(ops.transpose_2d(qa, backend=backend), ops.transpose_2d(cg, backend=backend), 8, 8,
+                           (s_ch.reshape(-1) * saf).contiguous(), None, g.dtype, backend=backend)
     return out.t()
 
 

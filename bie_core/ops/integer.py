@@ -281,6 +281,40 @@ unpack_int4 = define_op(OpDef(
     fake=_u4_fake, problem=_u4_problem, validate=_u4_validate, cases=_u4_cases))
 
 
+# ---------------------------------------------------------------- transpose_2d
+def _t2_fake(x):
+    return x.new_empty((x.shape[1], x.shape[0]))
+
+
+def _t2_validate(x):
+    check_tensor(x, "transpose_2d", "x", dim=2)
+
+
+def _t2_problem(x):
+    return problem("transpose_2d", x.device, x.dtype, contiguous=x.is_contiguous(), M=x.shape[0], K=x.shape[1])
+
+
+def _t2_cases(device, gen):
+    dtypes = (torch.int8, torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.int32)
+    for i, (m, k) in enumerate([(1, 1), (1, 33), (37, 1), (32, 32), (65, 130), (300, 7), (8, 4096)]):
+        dt = dtypes[i % len(dtypes)]
+        x = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int32).to(dt)
+        if dt.is_floating_point:
+            x = x + torch.rand((m, k), generator=gen).to(dt)
+        yield Case((x.to(device),), f"{m}x{k} {str(dt).replace('torch.', '')}")
+    x = torch.randint(-128, 128, (40, 24), generator=gen, dtype=torch.int32).to(torch.int8)
+    yield Case((x.to(device)[::2, 3:19],), "strided 20x16 int8")
+
+
+transpose_2d = define_op(OpDef(
+    name="transpose_2d", family="integer",
+    schema="(Tensor x) -> Tensor",
+    doc=("x.t() as a new contiguous tensor, for a 2-D x of any dtype: the operands of the quantized backward's "
+         "integer products, whose tensor-core GEMMs read both operands along the reduction (a transposed copy "
+         "by an elementwise kernel reads one side with a stride: several times slower than a tiled transpose)."),
+    fake=_t2_fake, problem=_t2_problem, validate=_t2_validate, cases=_t2_cases))
+
+
 # -------------------------------------------------------------------- int_gemm
 def _ig_fake(a, b, a_bits, b_bits, scale, bias, out_dtype):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=epilogue_dtype(out_dtype))

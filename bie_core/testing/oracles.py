@@ -187,6 +187,11 @@ def unpack_int4(packed, k):
     return torch.stack(cols, dim=-1).to(torch.int8)
 
 
+def transpose_2d(x):
+    x = x.cpu()
+    return torch.stack([x[:, j] for j in range(x.shape[1])]) if x.shape[1] else x.new_empty((0, x.shape[0]))
+
+
 def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype):
     acc = (a.cpu().to(torch.int64).unsqueeze(1) * b.cpu().to(torch.int64).unsqueeze(0)).sum(-1)
     return _finish(acc, scale, bias, out_dtype)

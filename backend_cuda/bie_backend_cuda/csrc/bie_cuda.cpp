@@ -1295,6 +1295,25 @@ Tensor quantize_int(const Tensor& x, const Tensor& scale, int64_t inner, int64_t
                "quantize_int");
   return out;
 }
+// ------------------------------------------------------------ transpose_2d
+// x.t() as a new contiguous tensor: rows of unit stride read as they are (any row stride), other layouts copied to
+// contiguous first.
+Tensor transpose_2d(const Tensor& x) {
+  check_cuda(x, "x");
+  TORCH_CHECK(x.dim() == 2, "bie_cuda.transpose_2d: x must be 2-D, got ", x.sizes());
+  const int64_t es = x.element_size();
+  TORCH_CHECK(es == 1 || es == 2 || es == 4 || es == 8, "bie_cuda.transpose_2d: elements of ", es,
+              " bytes are not supported (1, 2, 4 or 8)");
+  auto out = at::empty({x.size(1), x.size(0)}, x.options());
+  if (x.numel() == 0) return out;
+  const Tensor xs = (x.stride(1) == 1 && x.stride(0) >= x.size(1)) ? x : x.contiguous();
+  c10::cuda::CUDAGuard guard(x.device());
+  check_launch(bie::launch_transpose_2d(xs.data_ptr(), xs.stride(0), out.data_ptr(), xs.size(0), xs.size(1), (int)es,
+                                        stream()),
+               "transpose_2d");
+  return out;
+}
+
 // Mixed-width weight-only kernels (mbwq.cu). The operands come from bie_backend_cuda/mbwq.py's prepared layout:
 // chunks (nchunks, 4) int32 (the chunk table), scales / zeros (G, N) float32, perm (K) int32, rscale (K) float32
 // or None; qweight (KW, N) int32 as the op received it. The table's entries are checked by the kernels against K,
@@ -1556,6 +1575,7 @@ TORCH_LIBRARY(bie_cuda, m) {
   m.def("wq_dequant", &wq_dequant);
   m.def("wq_dequant_canonical", &wq_dequant_canonical);
   m.def("quantize_int", &quantize_int);
+  m.def("transpose_2d", &transpose_2d);
   m.def("dynamic_gemv", &dynamic_gemv);
   m.def("int_gemv", &int_gemv);
   m.def("dynamic_quantize_token", &dynamic_quantize_token);
@@ -1577,6 +1597,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("binary_linear_gemv", &binary_linear_gemv);
   m.def("binary_conv2d", &binary_conv2d);
   m.def("quantize_int", &quantize_int);
+  m.def("transpose_2d", &transpose_2d);
   m.def("dynamic_gemv", &dynamic_gemv);
   m.def("int_gemv", &int_gemv);
   m.def("dynamic_quantize_token", &dynamic_quantize_token);

@@ -315,6 +315,11 @@ cudaError_t launch_quantize_int(const void* x, int dtype, int64_t n, const float
                                 int64_t inner, const void* shift, int64_t cols, int bits, void* out, int out_dtype,
                                 cudaStream_t st);
 
+// transpose_2d (transpose.cu): y (cols, rows) = x.t() for x (rows, cols) of row stride ldx (>= cols) and elements of
+// elem_bytes (1, 2, 4 or 8) bytes; y contiguous.
+cudaError_t launch_transpose_2d(const void* x, int64_t ldx, void* y, int64_t rows, int64_t cols, int elem_bytes,
+                                cudaStream_t st);
+
 // Mixed-width (exl2-style) weight-only kernels (mbwq.cu). The weight is walked in chunks of at most 32 packed rows
 // of one group: chunk c is the int4 {bits | rows << 8, group, first packed row, first qweight word} of the chunk
 // table (bie_backend_cuda/mbwq.py chunk_table); its codes are ceil(rows * bits / 32) words of the group's bit stream.

@@ -41,6 +41,10 @@ def unpack_int4(packed, k):
     return nib[..., :k].to(torch.int8).contiguous()
 
 
+def transpose_2d(x):
+    return x.t().clone(memory_format=torch.contiguous_format)   # (a new tensor also where x.t() is contiguous)
+
+
 def int_gemm(a, b, a_bits, b_bits, scale, bias, out_dtype):
     acc = a.to(torch.float64) @ b.to(torch.float64).t()   # exact: |acc| < 2**53
     return scaled_epilogue(acc, scale, bias, out_dtype)
