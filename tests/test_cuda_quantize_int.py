@@ -177,13 +177,18 @@ def test_registered_and_chosen_through_the_dispatcher():
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
 def test_transpose_2d_is_exact_on_odd_and_large_shapes(dtype):
     """The tiled transpose against x.t() on shapes that leave partial tiles in both dims, rows of a larger stride,
-    and more rows of tiles than one grid dimension holds (65535 rows of 64)."""
+    and more rows of tiles than one grid dimension holds (65535); for int8 also whole tiles, more columns than rows,
+    and views at even and odd offsets."""
     from bie_backend_cuda import integer as ci
     gen = torch.Generator(device="cuda").manual_seed(3)
-    for m, k in [(1, 1), (1, 65), (65, 1), (63, 130), (4097, 64), (64 * 65536 + 3, 2)]:
+    shapes = [(1, 1), (1, 65), (65, 1), (63, 130), (4097, 64), (64 * 65536 + 3, 2)]
+    if dtype == torch.int8:
+        shapes += [(128, 256), (4100, 132), (132, 4100), (64 * 65536 + 4, 4)]
+    for m, k in shapes:
         x = torch.randint(-100, 100, (m, k), device="cuda", generator=gen).to(dtype)
         y = ci.transpose_2d(x)
         assert y.is_contiguous() and torch.equal(y, x.t()), (m, k)
-    x = torch.randint(-100, 100, (50, 90), device="cuda", generator=gen).to(dtype)[3:40, 5:70]
-    assert torch.equal(ci.transpose_2d(x), x.t())                  # row stride 90
+    x = torch.randint(-100, 100, (50, 92), device="cuda", generator=gen).to(dtype)
+    for v in (x[3:39, 4:68], x[3:39, 5:69]):                     # row stride 92; an odd offset
+        assert torch.equal(ci.transpose_2d(v), v.t())
     assert torch.equal(ci.transpose_2d(x.t()), x)                  # column-major input: copied first
