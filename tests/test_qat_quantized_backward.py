@@ -102,21 +102,25 @@ CONV_GEOMS = [  # (n, c, h, w, o, k, stride, padding, dilation)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("geom", CONV_GEOMS, ids=lambda g: "x".join(map(str, g[:5])) + f"-s{g[6]}p{g[7]}d{g[8]}")
-def test_conv_products_exact_on_code_grids(geom, device):
+def test_conv_products_exact_on_code_grids(geom, layout, device):
     n, c, h, w, o, k, st, pd, dl = geom
     gen = torch.Generator().manual_seed(sum(geom[:5]))
+    mf = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     qw = _codes((o, c) + k, 8, gen)
     qa = _codes((n, c, h, w), 4, gen)
     ho = (h + 2 * pd[0] - dl[0] * (k[0] - 1) - 1) // st[0] + 1
     wo = (w + 2 * pd[1] - dl[1] * (k[1] - 1) - 1) // st[1] + 1
     g = _grid((n, o, ho, wo), (1, 2, 3), gen)
     d = device
-    got = _int_qbwd.conv_grad_input(g.to(d), qw.to(d), torch.tensor(1.0, device=d), (n, c, h, w), st, pd, dl).cpu()
+    got = _int_qbwd.conv_grad_input(g.to(d).contiguous(memory_format=mf), qw.to(d), torch.tensor(1.0, device=d),
+                                    (n, c, h, w), st, pd, dl).cpu()
     want = torch.nn.grad.conv2d_input((n, c, h, w), qw.double(), g.double(), st, pd, dl)
     assert torch.equal(got, want.float())
     g = _grid((n, o, ho, wo), (0, 2, 3), gen)
-    got = _int_qbwd.conv_grad_weight(g.to(d), qa.to(d), torch.tensor(0.25, device=d), qw.shape, st, pd, dl).cpu()
+    got = _int_qbwd.conv_grad_weight(g.to(d).contiguous(memory_format=mf), qa.to(d).contiguous(memory_format=mf),
+                                     torch.tensor(0.25, device=d), qw.shape, st, pd, dl).cpu()
     want = torch.nn.grad.conv2d_weight(qa.double(), qw.shape, g.double(), st, pd, dl) * 0.25
     assert got.shape == qw.shape and torch.equal(got, want.float())
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..dispatch import single_use_weights
+from ..ops._common import channels_last_only
 from ..ops.dynamic import MAX_K
 
 _QMAX = 127.0
@@ -52,7 +53,7 @@ def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, back
     the same bits as the steps. A reduction longer than the op's K limit takes the steps."""
     gs, ws = _folded(g, swf)
     if gs.shape[1] > MAX_K:
-        return _grad_input_steps(gs, qw, ws)
+        return _grad_input_steps(gs, qw, ws, backend)
     with single_use_weights():   # (every product here takes operands made for the call: no layout is kept)
         return ops.dynamic_int8_linear(gs, ops.transpose_2d(qw, backend=backend), ws, None, "per_token_symmetric",
                                        backend=backend)
@@ -117,11 +118,19 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
         gs, ws = g, swf.reshape(()).to(torch.float32)
     else:
         gs, ws = g.to(torch.float32) * swf.reshape(1, -1, 1, 1), None
-    cg, s_n = _row_codes(gs.reshape(n, -1), backend)                  # per sample
-    cg, s_n = cg.view(n, o, ho, wo), s_n.view(n, 1, 1, 1)
+    if channels_last_only(gs):
+        # a sample's codes in its (H, W, C) order: the same codes (the absmax is order-free), no copy either way;
+        # the zero insertion, the padding and the product keep channels_last
+        cg, s_n = _row_codes(gs.permute(0, 2, 3, 1).reshape(n, -1), backend)
+        cg = cg.view(n, ho, wo, o).permute(0, 3, 1, 2)
+    else:
+        cg, s_n = _row_codes(gs.reshape(n, -1), backend)              # per sample
+        cg = cg.view(n, o, ho, wo)
+    s_n = s_n.view(n, 1, 1, 1)
     sh, sw_ = stride
     if sh > 1 or sw_ > 1:     # zero insertion: code 0 is an exact zero
-        z = cg.new_zeros((n, o, (ho - 1) * sh + 1, (wo - 1) * sw_ + 1))
+        z = torch.empty((n, o, (ho - 1) * sh + 1, (wo - 1) * sw_ + 1), dtype=cg.dtype, device=cg.device,
+                        memory_format=_format_of(cg)).zero_()
         z[:, :, ::sh, ::sw_] = cg
         cg = z
     kh, kw = qw.shape[2], qw.shape[3]
@@ -135,9 +144,9 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
     cg = F.pad(cg, pads)      # negative amounts crop (padding wider than the kernel's reach)
     wt = qw.flip((2, 3)).transpose(0, 1).contiguous()                 # (C, O, kh, kw)
     with single_use_weights():
-        acc = ops.int_conv2d(cg.contiguous(), wt, 8, 8, [1, 1], [0, 0], list(dilation), 1, None, None, None,
-                             backend=backend)
-    return (acc.to(torch.float32) * (s_n if ws is None else s_n * ws)).to(g.dtype)
+        acc = ops.int_conv2d(cg.contiguous(memory_format=_format_of(cg)), wt, 8, 8, [1, 1], [0, 0], list(dilation),
+                             1, None, None, None, backend=backend)
+    return torch.mul(acc, s_n if ws is None else s_n * ws).to(g.dtype)   # (float32(acc) * s: one pass)
 
 
 def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_shape, stride, padding,
@@ -146,11 +155,25 @@ def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_sha
     int8 codes of g: one ``int_conv2d`` with batch and channels swapped (the gradient is the kernel, the forward's
     stride becomes the dilation and its dilation the stride)."""
     n, o, ho, wo = g.shape
-    g_t, s_o = _row_codes(g.transpose(0, 1).reshape(o, -1), backend)  # per output channel: (O, N*Ho*Wo), (O,)
+    # per output channel: the rows of g's (C, N, H, W) transpose; of channels_last tensors, the tiled transpose of
+    # their (N*H*W, C) rows
+    g_t, s_o = _row_codes(_channels_first(g, backend).reshape(o, -1), backend)   # (O, N*Ho*Wo), (O,)
     g_t = g_t.view(o, n, ho, wo)
     kh, kw = w_shape[2], w_shape[3]
-    x_t = qa.transpose(0, 1).contiguous()                             # (C, N, H, W)
+    x_t = _channels_first(qa, backend)                                # (C, N, H, W)
     with single_use_weights():
         out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
                              (s_o.reshape(-1) * saf).contiguous(), None, g.dtype, backend=backend)   # (C, O, ...)
     return out[:, :, :kh, :kw].transpose(0, 1)
+
+
+def _format_of(t: torch.Tensor):
+    return torch.channels_last if channels_last_only(t) else torch.contiguous_format
+
+
+def _channels_first(t: torch.Tensor, backend: str = "") -> torch.Tensor:
+    """A (N, C, H, W) tensor as its contiguous (C, N, H, W) transpose."""
+    n, c, h, w = t.shape
+    if channels_last_only(t):
+        return ops.transpose_2d(t.permute(0, 2, 3, 1).reshape(-1, c), backend=backend).view(c, n, h, w)
+    return t.transpose(0, 1).contiguous()
