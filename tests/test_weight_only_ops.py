@@ -360,3 +360,22 @@ def test_tolerance_scales_with_sqrt_k():
     assert r4[1] == pytest.approx(2 * r1[1]) and r1[0] == 2 ** -10
     assert wo.wq_tolerance(torch.bfloat16, 100, 1.0, 1.0)[1] == pytest.approx(8 * r1[1])
     assert math.isclose(wo.wq_tolerance(torch.float32, 100, 1.0, 1.0)[1], r1[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_mm_bias_once_rounds_product_and_bias_once(dtype):
+    """The dense routes' product plus bias (``backend_api.mm_bias_once``) rounds once: a bias that cancels most of
+    the product would expose a rounding of the product at its own size. (On the CPU here; the CUDA path's
+    float32-output cuBLAS call is checked by the GPU backends' dense-route tests.)"""
+    from bie_core.backend_api import mm_bias_once
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(4, 96, generator=gen).to(dtype)
+    w = torch.randn(96, 40, generator=gen).to(dtype)
+    prod = a.double() @ w.double()
+    bias = (-prod[0] + 0.01 * torch.randn(40, generator=gen, dtype=torch.float64)).to(dtype)
+    exact = prod[0] + bias.double()
+    got = mm_bias_once(a, w, bias, dtype)[0].double()
+    unit = 2.0 ** {torch.float16: -11, torch.bfloat16: -8, torch.float32: -24}[dtype]
+    bound = exact.abs() * unit + 98 * 2.0 ** -24 * (a[0].double().abs() @ w.double().abs() + bias.double().abs())
+    assert bool(((got - exact).abs() <= bound).all()), f"max err {float((got - exact).abs().max()):.3g}"
+    assert torch.equal(mm_bias_once(a, w, None, dtype), (a @ w).to(dtype))

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from bie_core.backend_api import LayoutMemo, outside_graph_pool
+from bie_core.backend_api import LayoutMemo, mm_bias_once, outside_graph_pool
 
 from . import _build
 
@@ -632,30 +632,13 @@ def launch_mma(x, lay: Layout, bias, *, tune: int = 0):
                                     _counters_for(x.device, _mma_counters(lay, x.shape[0])), tune)
 
 
-def _add_bias(y, bias, dtype):
-    if bias is not None:
-        y = y.to(torch.float32) + bias.to(torch.float32)
-    return y.to(dtype)
-
-
-def _mm_bias(a, w, bias, dtype):
-    """``a @ w (+ bias)`` in ``dtype`` with one rounding: a half-precision product is kept in float32 until the
-    bias is added (rounding it to half first and again after the bias costs up to one more unit in the last
-    place, more than the op's tolerance allows next to the reference's own rounding)."""
-    if bias is None:
-        return (a @ w).to(dtype)
-    if a.dtype is torch.float32:
-        return _add_bias(a @ w, bias, dtype)
-    return _add_bias(torch.mm(a, w, out_dtype=torch.float32), bias, dtype)
-
-
 def _irregular(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt, lay: Layout):
     """Act-order groups that are not uniform once sorted (found when the layout is built): no fragment layout
     exists, so every kernel computes such a layer the same way: dequantize + cuBLAS for many rows, else the
     float32 weight the layout holds."""
     if x.shape[0] >= DENSE_MIN_M and bits in (1, 2, 4, 8):
         return wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, fmt)
-    return _add_bias(x.to(torch.float32) @ lay.weight_f32, bias, x.dtype)
+    return mm_bias_once(x.to(torch.float32), lay.weight_f32, bias, x.dtype)
 
 
 # ------------------------------------------------------------------ the registered wq_gemm kernels
@@ -767,15 +750,15 @@ def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, form
     if bits in (1, 2, 4, 8):
         cd = torch.float32 if x.dtype is torch.float32 else x.dtype
         w = _dense(qweight, scales, zeros, g_idx, bits, group_size, k, format, cd)
-        return _mm_bias(x.to(cd), w, bias, x.dtype)
+        return mm_bias_once(x.to(cd), w, bias, x.dtype)
     lay = _layout(prepared, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     if lay.generic:
-        return _add_bias(x.to(torch.float32) @ lay.weight_f32, bias, x.dtype)
+        return mm_bias_once(x.to(torch.float32), lay.weight_f32, bias, x.dtype)
     xs = x if lay.perm is None else x.index_select(1, lay.perm)
     w = _dequant(lay, original_order=False)        # rows in the prepared (sorted) order, like xs
     if x.dtype is torch.float32:
-        return _add_bias(xs @ w.to(torch.float32), bias, x.dtype)
-    return _mm_bias(xs.to(lay.cdtype), w, bias, x.dtype)
+        return mm_bias_once(xs, w.to(torch.float32), bias, x.dtype)
+    return mm_bias_once(xs.to(lay.cdtype), w, bias, x.dtype)
 
 
 def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):

@@ -44,7 +44,7 @@ from typing import Optional
 
 import torch
 
-from bie_core.backend_api import HALF_DTYPES, LayoutMemo, get_op, outside_graph_pool
+from bie_core.backend_api import HALF_DTYPES, LayoutMemo, get_op, mm_bias_once, outside_graph_pool
 
 from . import _build, tuning
 from ._build import Extension
@@ -189,7 +189,7 @@ def wq_gemm(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, pr
     lay = _layout(holder, qweight, scales, zeros, g_idx, bits, group_size, k, format, x.dtype)
     xd = x.detach()
     if lay.dense is not None:
-        return _mm_bias(xd, lay.dense, bias)
+        return mm_bias_once(xd, lay.dense, bias, x.dtype)
     xs = _usable(xd if lay.perm is None else xd.index_select(1, lay.perm))
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     gs = k if group_size == -1 else group_size
@@ -250,18 +250,9 @@ def _even_splits(name: str, m: int, n: int, device) -> int:
 def _dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, k, fmt):
     """Dequantize (the wq_dequantize op, whichever backend serves it: bie-backend-cuda's one-pass kernel
     when installed) + cuBLAS; float32 bias add as the other paths."""
-    return _mm_bias(x, get_op("wq_dequantize")(qweight.detach(), scales.detach(), zeros.detach(),
-                                               None if g_idx is None else g_idx.detach(), bits, group_size, k, fmt,
-                                               x.dtype), bias)
-
-
-def _mm_bias(x, w, bias):
-    """``x @ w (+ bias)`` in x's dtype with one rounding, as the GEMM's epilogue: with a bias, the half-precision
-    product stays in float32 until the bias is added (two roundings cost up to one more unit in the last place)."""
-    if bias is None:
-        return torch.mm(x, w)
-    y = torch.mm(x, w, out_dtype=torch.float32) if x.dtype is not torch.float32 else torch.mm(x, w)
-    return (y + bias.detach().to(torch.float32)).to(x.dtype)
+    w = get_op("wq_dequantize")(qweight.detach(), scales.detach(), zeros.detach(),
+                                None if g_idx is None else g_idx.detach(), bits, group_size, k, fmt, x.dtype)
+    return mm_bias_once(x, w, bias, x.dtype)
 
 
 # ------------------------------------------------------------------ bound inference calls

@@ -60,11 +60,13 @@ def linear_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, back
 
 
 def _folded(g: torch.Tensor, swf: torch.Tensor) -> tuple:
-    """(the rows whose codes the input-gradient product takes, the float32 scale of its epilogue (1,)): g itself and
-    sw for a per-tensor weight scale; ``float32(g) * sw`` and 1 for a per-channel one (folded before rounding)."""
+    """(the gradient whose codes the input-gradient product takes, the float32 scale of its epilogue (1,)), for a
+    linear (M, N) or conv (N, O, H, W) gradient: g itself and sw for a per-tensor weight scale; ``float32(g) * sw``
+    (along dim 1) and 1 for a per-channel one (folded before rounding)."""
     if swf.dim() == 0 or swf.numel() == 1:
         return g, swf.reshape(1).to(torch.float32)
-    return g.to(torch.float32) * swf.reshape(1, -1), torch.ones(1, dtype=torch.float32, device=g.device)
+    return (g.to(torch.float32) * swf.reshape((1, -1) + (1,) * (g.dim() - 2)),
+            torch.ones(1, dtype=torch.float32, device=g.device))
 
 
 def _grad_input_steps(gs: torch.Tensor, qw: torch.Tensor, ws: torch.Tensor, backend: str = "") -> torch.Tensor:
@@ -114,10 +116,7 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
     per-sample int8 codes of g (of ``g * sw`` for a per-channel sw) with the weight codes, as one ``int_conv2d``
     (stride-1 conv of the zero-dilated gradient with the flipped, transposed kernel)."""
     n, o, ho, wo = g.shape
-    if swf.dim() == 0 or swf.numel() == 1:
-        gs, ws = g, swf.reshape(()).to(torch.float32)
-    else:
-        gs, ws = g.to(torch.float32) * swf.reshape(1, -1, 1, 1), None
+    gs, ws = _folded(g, swf)
     if channels_last_only(gs):
         # a sample's codes in its (H, W, C) order: the same codes (the absmax is order-free), no copy either way;
         # the zero insertion, the padding and the product keep channels_last
@@ -146,7 +145,7 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
     with single_use_weights():
         acc = ops.int_conv2d(cg.contiguous(memory_format=_format_of(cg)), wt, 8, 8, [1, 1], [0, 0], list(dilation),
                              1, None, None, None, backend=backend)
-    return torch.mul(acc, s_n if ws is None else s_n * ws).to(g.dtype)   # (float32(acc) * s: one pass)
+    return torch.mul(acc, s_n * ws).to(g.dtype)   # (float32(acc) * s: one pass)
 
 
 def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_shape, stride, padding,

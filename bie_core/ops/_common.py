@@ -102,6 +102,22 @@ def scaled_epilogue(acc: torch.Tensor, scale, bias, out_dtype, channel_dim: int 
     return y.to(out_dtype).contiguous()
 
 
+def mm_bias_once(a: torch.Tensor, w: torch.Tensor, bias, out_dtype) -> torch.Tensor:
+    """``a @ w (+ bias)`` for 2-D a, w in ``out_dtype`` with one rounding, as the weight-only ops define it: a
+    half-precision product stays in float32 until the float32 bias is added (rounded to half first and again after
+    the bias, it may be one more unit in the last place off, more than the ops' tolerance leaves beside the
+    reference's own rounding)."""
+    if bias is None:
+        return (a @ w).to(out_dtype)
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        y = a @ w
+    elif a.is_cuda:
+        y = torch.mm(a, w, out_dtype=torch.float32)   # half operands, float32 accumulation and output (cuBLAS)
+    else:
+        y = a.to(torch.float32) @ w.to(torch.float32)   # (no half -> float32 product on the CPU: the same sums)
+    return (y.to(torch.float32) + bias.detach().to(torch.float32)).to(out_dtype)
+
+
 def channels_last_only(t: torch.Tensor) -> bool:
     """A 4-D tensor in channels_last memory order and not also contiguous NCHW (as tensors with one channel or one
     pixel are): its (N, H, W, C) permutation is a contiguous view."""
