@@ -176,19 +176,22 @@ def test_registered_and_chosen_through_the_dispatcher():
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
 def test_transpose_2d_is_exact_on_odd_and_large_shapes(dtype):
-    """The tiled transpose against x.t() on shapes that leave partial tiles in both dims, rows of a larger stride,
-    and more rows of tiles than one grid dimension holds (65535); for int8 also whole tiles, more columns than rows,
-    and views at even and odd offsets."""
+    """The tiled transpose against x.t(). Its tiles are 128 rows by 128 bytes (n = 128 / element size columns);
+    whole tiles with 16-byte aligned rows take 16-byte accesses, the rest one element a thread. Shapes: whole tiles
+    only, whole tiles with partial ones in either dim, rows too short or misaligned for 16-byte accesses, more
+    rows of tiles than one grid dimension holds (65535), and views at aligned, even and odd offsets."""
     from bie_backend_cuda import integer as ci
     gen = torch.Generator(device="cuda").manual_seed(3)
-    shapes = [(1, 1), (1, 65), (65, 1), (63, 130), (4097, 64), (64 * 65536 + 3, 2)]
-    if dtype == torch.int8:
-        shapes += [(128, 256), (4100, 132), (132, 4100), (64 * 65536 + 4, 4)]
+    n = 128 // torch.empty((), dtype=dtype).element_size()
+    shapes = [(1, 1), (1, 65), (65, 1), (63, 130), (4097, 64), (128, n), (256, 3 * n), (3 * 128 + 5, 2 * n + 1),
+              (2 * 128 + 1, 3 * n), (4 * 128, 2 * n - 1), (n, 128), (128 * 65536 + 3, 2), (128 * 65536 + 16, n)]
     for m, k in shapes:
-        x = torch.randint(-100, 100, (m, k), device="cuda", generator=gen).to(dtype)
+        x = torch.randint(-100, 100, (m, k), device="cuda", generator=gen, dtype=dtype)
         y = ci.transpose_2d(x)
         assert y.is_contiguous() and torch.equal(y, x.t()), (m, k)
-    x = torch.randint(-100, 100, (50, 92), device="cuda", generator=gen).to(dtype)
-    for v in (x[3:39, 4:68], x[3:39, 5:69]):                     # row stride 92; an odd offset
+    x = torch.randint(-100, 100, (3 * 128, 4 * n), device="cuda", generator=gen, dtype=dtype)
+    for v in (x[128:, n:3 * n],                 # aligned rows and offset: the 16-byte path
+              x[16:16 + 256, 1:1 + 2 * n],        # an offset one element off alignment
+              x[3:39, 4:68], x[3:39, 5:69]):      # partial tiles at even and odd offsets
         assert torch.equal(ci.transpose_2d(v), v.t())
     assert torch.equal(ci.transpose_2d(x.t()), x)                  # column-major input: copied first

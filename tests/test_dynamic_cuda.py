@@ -332,6 +332,41 @@ def test_quantize_token_strided_and_misaligned_x(cuda_dynamic, dtype):
     _quantize_exact(cuda_dynamic, torch.randn(5, 0, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_token_of_a_transposed_x_is_bit_exact(cuda_dynamic, dtype):
+    """x = y.t() (unit row stride) takes the two-pass kernel that writes the codes transposed
+    (csrc/dynamic_quantize_cols.cu): whole 64-row x 128-token tiles with 16-byte stores, partial tiles in either
+    dim, token counts that are no multiple of 16 (byte stores), y's rows longer than x's rows (a column slice) and
+    misaligned, more than one amax block per row (K > 256), the quantized backward's shape."""
+    g = torch.Generator().manual_seed(24)
+    for m, k in ((2, 2), (64, 128), (65, 129), (100, 1000), (63, 4096), (128, 8192), (4096, 8192), (300, 37)):
+        y = (torch.randn(k, m, generator=g) * 3 + 0.2).to(dtype).cuda()
+        _quantize_exact(cuda_dynamic, y.t())
+        wide = (torch.randn(k, m + 19, generator=g) * 2).to(dtype).cuda()
+        for view in (wide[:, 8:8 + m], wide[:, 1:1 + m]):
+            _quantize_exact(cuda_dynamic, view.t())
+    x = torch.randn(70, 500, dtype=dtype, device="cuda").t()
+    got = cuda_dynamic.dynamic_quantize_token(x, "per_token_symmetric")
+    exp = cuda_dynamic.dynamic_quantize_token(x.contiguous(), "per_token_symmetric")
+    assert all(torch.equal(a, b) for a, b in zip(got, exp))
+
+
+def test_quantize_token_of_a_transposed_x_edge_values_and_non_finite_rows(cuda_dynamic):
+    """The edge rows of test_quantize_token_edge_values_and_non_finite_rows, stored as columns."""
+    g = torch.Generator().manual_seed(25)
+    k = 300
+    rows = [torch.zeros(k), torch.randn(k, generator=g) * 3e37, torch.randn(k, generator=g) * 1e-39,
+            torch.randint(-190, 191, (k,), generator=g).float() * 1.4e-45,
+            (torch.arange(k) - 150).float() * 0.5 / 127 * 48.0, torch.full((k,), -2.5),
+            torch.randn(k, generator=g) * 1e4, torch.randn(k, generator=g), torch.randn(k, generator=g),
+            torch.randn(k, generator=g)]
+    rows[4][0] = 48.0
+    rows[7][3], rows[8][0], rows[9][k - 1], rows[9][5] = float("nan"), float("inf"), -float("inf"), float("nan")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        y = torch.stack(rows).to(dtype).t().contiguous()                     # (k, rows)
+        _quantize_exact(cuda_dynamic, y.t())
+
+
 def test_dispatch_picks_the_one_pass_quantization():
     import bie_core
     from bie_core import dispatch, ops

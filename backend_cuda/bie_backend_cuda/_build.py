@@ -19,9 +19,9 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 # (the thin GEMV's kernels are split by width, type and group so that ninja compiles them in parallel: csrc/wq_thin.cuh)
 THIN_SOURCES = tuple(f"wq_thin_w{bits}_{t}{group}.cu" for bits in (4, 8, 2) for t in ("f16", "bf16")
                      for group in (("", "_wide", "_deep") if bits != 2 else ("", "_wide")))
-SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_skinny.cu", "wq_wgmma.cu",
-           "wq_thin.cu",
-           *THIN_SOURCES, "quantize.cu", "transpose.cu", "dynamic_gemv.cu", "dynamic_quantize.cu", "mbwq.cu", "mbwq_skinny.cu")
+SOURCES = ("bie_cuda.cpp", "binary.cu", "binary_conv.cu", "binary_wgmma.cu", "weight_only.cu", "wq_skinny.cu",
+           "wq_wgmma.cu", "wq_thin.cu", *THIN_SOURCES, "quantize.cu", "transpose.cu", "dynamic_gemv.cu",
+           "dynamic_quantize.cu", "dynamic_quantize_cols.cu", "mbwq.cu", "mbwq_skinny.cu")
 _lock = threading.Lock()
 _loaded: str | None = None
 _module = None

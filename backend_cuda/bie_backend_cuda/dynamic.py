@@ -144,7 +144,8 @@ def dynamic_int8_linear(x, weight, weight_scale, bias, scheme, reduce_range=Fals
         a, sx = _quantize_token(x)
     if m < MIN_ROWS:
         a = torch.cat([a, a.new_zeros((MIN_ROWS - m, a.shape[1]))])
-    acc = torch._int_mm(a, weight.t())[:m]
+    # the affine codes keep x's layout (element-wise passes): cuBLASLt's int8 GEMM takes row-major rows of codes
+    acc = torch._int_mm(a.contiguous(), weight.t())[:m]
     if affine:
         rowsum = prepared if prepared is not None else prepare(weight)
         acc = acc + (128 - zp) * rowsum.view(1, -1)                    # exact in int32 (K <= 65535)

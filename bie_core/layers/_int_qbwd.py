@@ -15,8 +15,10 @@ Everything after the products (clip masks, LSQ scale gradients) is unchanged; on
 from the exact STE gradients. The products come out in the gradient's dtype (one rounding of the scaled int32 sum),
 as the float products do; ``g`` is read in its own dtype (a float32 copy of it would be two more passes over the
 largest tensor of the step). The integer GEMMs read both operands along the reduction, so the weight-gradient
-product takes ``g`` and the activation codes transposed (``transpose_2d``, a tiled kernel on the GPU). Grouped
-convolutions keep the float products.
+product takes the activation codes transposed (``transpose_2d``, a tiled kernel on the GPU) and quantizes ``g.t()``,
+a view: a backend may read it where it lies (bie-backend-cuda's per-token quantization writes the codes of a
+transposed input transposed, in two passes over ``g``) instead of a copy of it. Grouped convolutions keep the float
+products.
 """
 from __future__ import annotations
 
@@ -83,13 +85,13 @@ def linear_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, bac
     """``g.T @ (sa * Qa)`` in g's dtype for g (M, N), activation codes Qa (M, K): per-channel int8 codes of g.
 
     The per-channel codes of g are the per-token codes of its transpose: one ``dynamic_int8_linear`` call on the
-    (N, M) rows of g.T with the activation codes as the weight and ``sa`` as its scale gives the (N, K) gradient,
-    ``float32(acc) * (s_ch[n] * sa)`` as the steps compute it. Past the op's K limit (M tokens), the steps."""
+    (N, M) rows of g.T (the view; see the module's docstring) with the activation codes as the weight and ``sa`` as
+    its scale gives the (N, K) gradient, ``float32(acc) * (s_ch[n] * sa)`` as the steps compute it. Past the op's K
+    limit (M tokens), the steps."""
     if g.shape[0] > MAX_K:
         return _grad_weight_steps(g, qa, saf, backend)
-    gt = ops.transpose_2d(g, backend=backend)                         # (N, M)
     with single_use_weights():
-        return ops.dynamic_int8_linear(gt, ops.transpose_2d(qa, backend=backend), saf.reshape(1), None,
+        return ops.dynamic_int8_linear(g.t(), ops.transpose_2d(qa, backend=backend), saf.reshape(1), None,
                                        "per_token_symmetric", backend=backend)
 
 

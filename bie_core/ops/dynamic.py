@@ -173,6 +173,11 @@ def _act_inputs(device, gen, dtype):
     for shape in [(1, 1), (1, 7), (3, 7), (16, 64), (33, 130), (5, 1000)]:
         yield f"{shape}", randn(shape, device=device, dtype=dtype, gen=gen) * 3 + 0.4
     yield "noncontiguous (6, 40)", randn((6, 40), device=device, dtype=dtype, gen=gen, noncontig=True)
+    # transposed views (unit row stride), as the quantized backward hands over g.t(): partial and whole tiles of a
+    # kernel that reads them in place, one at a column offset of a wider tensor
+    yield "transposed (33, 130)", randn((130, 33), device=device, dtype=dtype, gen=gen).t()
+    yield "transposed (128, 256)", randn((256, 128), device=device, dtype=dtype, gen=gen).t()
+    yield "transposed (70, 48) of (48, 80)", randn((48, 80), device=device, dtype=dtype, gen=gen)[:, 8:78].t()
     yield "zeros", torch.zeros(3, 9, dtype=dtype, device=device)
     yield "positive", (torch.rand(4, 17, generator=gen) + 0.5).to(dtype).to(device)
     yield "negative", (-torch.rand(4, 17, generator=gen) - 0.5).to(dtype).to(device)
@@ -251,6 +256,14 @@ def _dl_cases(device, gen):
             yield Case((x, w, ws, bias, scheme, rr),
                        f"{scheme}{' reduce_range' if rr else ''} {str(dtype)[6:]} M={m} N={n} K={k}"
                        f"{' per-channel' if per_ch else ''}{' bias' if bias is not None else ''}", tol=tol)
+        for (m, n, k) in ((64, 24, 256), (37, 16, 200)):   # x transposed (unit row stride): the backward's g.t()
+            dtype = FLOAT_DTYPES[(m + k) % 3]
+            x = (randn((k, m), device=device, dtype=dtype, gen=gen) * 2 + 0.3).t()
+            w = randint_codes((n, k), 8, device=device, gen=gen)
+            ws = (torch.rand((1,), generator=gen) * 0.02 + 1e-3).to(device)
+            yield Case((x, w, ws, None, scheme, rr),
+                       f"{scheme}{' reduce_range' if rr else ''} {str(dtype)[6:]} M={m} N={n} K={k} x transposed",
+                       tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
         for label, xe in (("zeros", torch.zeros(3, 40)), ("positive", torch.rand(3, 40, generator=gen) + 1),
                           ("negative", -torch.rand(3, 40, generator=gen) - 1)):
             w = randint_codes((9, 40), 8, device=device, gen=gen)

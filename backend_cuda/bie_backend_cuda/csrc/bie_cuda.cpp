@@ -1119,8 +1119,9 @@ Tensor int_gemv(const Tensor& x, const std::optional<Tensor>& act_scale, const s
 }
 
 // dynamic_quantize_act, scheme per_token_symmetric, in one pass (dynamic_quantize.cu). x (M, K) float32/float16/
-// bfloat16 (rows of any stride; a column stride other than 1 is copied). Returns (int8 codes (M, K) contiguous,
-// float32 scales (M)).
+// bfloat16: rows of any stride, or a transposed x (unit row stride: y.t() of a y with rows of unit stride), whose codes
+// come out transposed from two passes over y (dynamic_quantize_cols.cu); other layouts are copied. Returns (int8
+// codes (M, K) contiguous, float32 scales (M)).
 std::tuple<Tensor, Tensor> dynamic_quantize_token(const Tensor& x) {
   check_cuda(x, "x");
   TORCH_CHECK(x.dim() == 2, "bie_cuda.dynamic_quantize_token: x must be 2-D (M, K), got ", x.sizes());
@@ -1135,6 +1136,21 @@ std::tuple<Tensor, Tensor> dynamic_quantize_token(const Tensor& x) {
   if (K == 0) return {codes, at::ones({M}, x.options().dtype(at::kFloat))};   // an empty row's abs-max is 0: scale 1
   auto scale = at::empty({M}, x.options().dtype(at::kFloat));
   if (M == 0) return {codes, scale};
+  if (M > 1 && K > 1 && x.stride(0) == 1 && x.stride(1) >= M && K <= 65535ll * 128) {
+    auto amax = at::empty({M}, x.options().dtype(at::kInt));
+    bie::DynQuantArgs p{};
+    p.x = x.data_ptr();
+    p.ldx = x.stride(1);
+    p.x_vec = (reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && (p.ldx * x.element_size()) % 16 == 0) ? 1 : 0;
+    p.codes = codes.data_ptr<int8_t>();
+    p.out_vec = (reinterpret_cast<uintptr_t>(p.codes) % 16 == 0 && K % 16 == 0) ? 1 : 0;
+    p.scale = scale.data_ptr<float>();
+    p.M = M;
+    p.K = (int)K;
+    p.amax = reinterpret_cast<uint32_t*>(amax.data_ptr<int32_t>());
+    check_launch(bie::launch_dynamic_quantize_token_cols(p, dtype_code(xt), stream()), "dynamic_quantize_token");
+    return {codes, scale};
+  }
   const Tensor xc = (K <= 1 || x.stride(1) == 1) ? x : x.contiguous();
   bie::DynQuantArgs p{};
   p.x = xc.data_ptr();

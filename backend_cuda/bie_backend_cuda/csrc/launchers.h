@@ -300,8 +300,13 @@ struct DynQuantArgs {
   float* scale;          // (M)
   int64_t M;
   int K;
+  uint32_t* amax;        // the transposed form's (M) workspace: the rows' abs-max as ordered bits
 };
 cudaError_t launch_dynamic_quantize_token(const DynQuantArgs& p, int dtype, cudaStream_t st);
+// The same codes and scales for x (M, K) stored transposed: element (m, k) at x[k * ldx + m] (ldx >= M, x_vec: 16-byte
+// loads along m), codes (M, K) contiguous (out_vec: 16-byte stores, codes 16-byte aligned and K % 16 == 0),
+// K <= 65535 * 128 (dynamic_quantize_cols.cu).
+cudaError_t launch_dynamic_quantize_token_cols(const DynQuantArgs& p, int dtype, cudaStream_t st);
 
 // columns [n0, n0 + nc) of the (K, N) dequantized weight into out (K rows of stride ldo)
 cudaError_t launch_wq_dequant_canonical(const int32_t* qw, const void* scales, int sdt, const void* zeros, int zdt,
