@@ -46,7 +46,7 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
 
 
 def transpose_2d(x):
-    """x.t() contiguous through 64 x 64 tiles in shared memory (csrc/transpose.cu)."""
+    """x.t() contiguous through 128-row x 128-byte tiles in shared memory (csrc/transpose.cu)."""
     return _build.ops().transpose_2d(x.detach())
 
 

@@ -124,8 +124,8 @@ def bie_register_kernels(registry):
     if has_op("transpose_2d"):
         registry.register("transpose_2d", integer.transpose_2d, priority=PRIORITY, name="transpose_2d_tiled",
                           capability=Capability(devices=cuda, dtypes=_REAL_DTYPES),
-                          description="64 x 64 tiles through shared memory: x's rows read and y's rows written along "
-                                      "contiguous addresses; elements of 1, 2, 4 or 8 bytes")
+                          description="128-row x 128-byte tiles through swizzled shared memory, 16 bytes a thread on "
+                                      "both sides (whole tiles of aligned rows); elements of 1, 2, 4 or 8 bytes")
     if has_op("int_gemm"):
         registry.register("int_gemm", integer.int_gemm_gemv, priority=PRIORITY, name="int_gemm_gemv",
                           capability=Capability(devices=cuda, dtypes=FLOATS, compute_capability=SM80,
@@ -156,7 +156,8 @@ def bie_register_kernels(registry):
                                                 attrs={"scheme": ("per_token_symmetric",)}),
                           description="one pass per token: a row's 8-element chunks in registers (16-byte loads), "
                                       "abs-max in shared memory, IEEE scale, codes by reciprocal with the exact "
-                                      "division near ties, 8-byte stores")
+                                      "division near ties, 8-byte stores; a transposed x in two passes, its codes "
+                                      "written transposed")
         registry.register("dynamic_quantize_act", dynamic.dynamic_quantize_act, priority=PRIORITY,
                           name="dynamic_quantize_act", capability=Capability(devices=cuda, dtypes=FLOATS),
                           description="eager element-wise passes (row abs-max + codes in place)")
