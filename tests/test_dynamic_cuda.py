@@ -307,9 +307,10 @@ def test_quantize_token_bit_exact(cuda_dynamic, dtype):
         _quantize_exact(cuda_dynamic, (torch.randn(m, k, generator=g) * 3 + 0.2).to(dtype))
 
 
-def test_quantize_token_edge_values_and_non_finite_rows(cuda_dynamic):
-    g = torch.Generator().manual_seed(22)
-    k = 300
+def _edge_rows(seed: int, k: int = 300) -> torch.Tensor:
+    """(10, k) float32 rows at the edges of the per-token rule: zeros, near the largest and the subnormal scales,
+    ties of x / scale, a constant row, and rows holding a NaN or an infinity."""
+    g = torch.Generator().manual_seed(seed)
     rows = [torch.zeros(k), torch.randn(k, generator=g) * 3e37, torch.randn(k, generator=g) * 1e-39,
             torch.randint(-190, 191, (k,), generator=g).float() * 1.4e-45,
             (torch.arange(k) - 150).float() * 0.5 / 127 * 48.0, torch.full((k,), -2.5),
@@ -317,8 +318,12 @@ def test_quantize_token_edge_values_and_non_finite_rows(cuda_dynamic):
             torch.randn(k, generator=g)]
     rows[4][0] = 48.0                                                           # amax = 48: ties of x / scale
     rows[7][3], rows[8][0], rows[9][k - 1], rows[9][5] = float("nan"), float("inf"), -float("inf"), float("nan")
+    return torch.stack(rows)
+
+
+def test_quantize_token_edge_values_and_non_finite_rows(cuda_dynamic):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        _quantize_exact(cuda_dynamic, torch.stack(rows).to(dtype))
+        _quantize_exact(cuda_dynamic, _edge_rows(22).to(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -353,17 +358,8 @@ def test_quantize_token_of_a_transposed_x_is_bit_exact(cuda_dynamic, dtype):
 
 def test_quantize_token_of_a_transposed_x_edge_values_and_non_finite_rows(cuda_dynamic):
     """The edge rows of test_quantize_token_edge_values_and_non_finite_rows, stored as columns."""
-    g = torch.Generator().manual_seed(25)
-    k = 300
-    rows = [torch.zeros(k), torch.randn(k, generator=g) * 3e37, torch.randn(k, generator=g) * 1e-39,
-            torch.randint(-190, 191, (k,), generator=g).float() * 1.4e-45,
-            (torch.arange(k) - 150).float() * 0.5 / 127 * 48.0, torch.full((k,), -2.5),
-            torch.randn(k, generator=g) * 1e4, torch.randn(k, generator=g), torch.randn(k, generator=g),
-            torch.randn(k, generator=g)]
-    rows[4][0] = 48.0
-    rows[7][3], rows[8][0], rows[9][k - 1], rows[9][5] = float("nan"), float("inf"), -float("inf"), float("nan")
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        y = torch.stack(rows).to(dtype).t().contiguous()                     # (k, rows)
+        y = _edge_rows(25).to(dtype).t().contiguous()                        # (k, rows)
         _quantize_exact(cuda_dynamic, y.t())
 
 
