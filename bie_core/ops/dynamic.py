@@ -256,7 +256,7 @@ def _dl_cases(device, gen):
             yield Case((x, w, ws, bias, scheme, rr),
                        f"{scheme}{' reduce_range' if rr else ''} {str(dtype)[6:]} M={m} N={n} K={k}"
                        f"{' per-channel' if per_ch else ''}{' bias' if bias is not None else ''}", tol=tol)
-        for (m, n, k) in ((64, 24, 256), (37, 16, 200)):   # x transposed (unit row stride): the backward's g.t()
+        for (m, n, k) in ((64, 24, 256), (37, 16, 200), (8, 16, 96)):   # x transposed (unit row stride), as g.t()
             dtype = FLOAT_DTYPES[(m + k) % 3]
             x = (randn((k, m), device=device, dtype=dtype, gen=gen) * 2 + 0.3).t()
             w = randint_codes((n, k), 8, device=device, gen=gen)
