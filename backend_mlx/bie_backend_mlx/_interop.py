@@ -102,10 +102,17 @@ def mx_dtype(dtype: torch.dtype):
         raise TypeError(f"bie-backend-mlx: no MLX dtype for {dtype}") from None
 
 
+#: torch dtypes MLX arrays cannot hold, and what an import makes of them
+_NARROWED = {torch.float64: "float32", torch.complex128: "complex64"}
+
+
 def to_mlx(t: torch.Tensor) -> "mx.array":
     """An MLX array with the values of ``t`` (any strides), safe to read
     until the calling kernel has evaluated its result."""
     t = t.detach()
+    if t.dtype in _NARROWED:
+        # mx.from_dlpack would narrow them (float64 -> float32) without a word: a silently different result
+        raise TypeError(f"bie-backend-mlx: MLX holds no {t.dtype} (it would narrow it to {_NARROWED[t.dtype]})")
     if t.device.type == "cpu":
         a = mx.from_dlpack(t, copy=True)
     elif t.device.type == "mps":  # pragma: no cover - Apple silicon only

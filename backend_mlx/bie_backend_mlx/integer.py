@@ -128,6 +128,11 @@ def unpack_int4(packed, k):
     return to_torch(unpack_nibbles(to_mlx(packed), k), packed.device)
 
 
+#: the dtypes an MLX array holds as they are (float64 and complex128 would be narrowed: the reference serves them)
+TRANSPOSE_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                    torch.bfloat16, torch.float32, torch.complex64)
+
+
 @kernel
 def transpose_2d(x):
     return to_torch(mx.contiguous(to_mlx(x).T), x.device)

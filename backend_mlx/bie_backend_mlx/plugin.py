@@ -74,7 +74,7 @@ def _table():
         "lsq_backward": (integer.lsq_backward, None, {"attrs": {"bits": (4, 8)}}),
         "pack_int4": (integer.pack_int4, None, {}),
         "unpack_int4": (integer.unpack_int4, None, {}),
-        "transpose_2d": (integer.transpose_2d, None, {}),
+        "transpose_2d": (integer.transpose_2d, None, {"dtypes": integer.TRANSPOSE_DTYPES}),
         "int_gemm": (integer.int_gemm, integer.prepare_codes_t, {"attrs": {"bits": (4, 8)}}),
         "int_bmm": (integer.int_bmm, None, {"attrs": {"bits": (4, 8)}}),
         "int_conv2d": (integer.int_conv2d, integer.prepare_conv_weight, {"attrs": {"bits": (4, 8)},

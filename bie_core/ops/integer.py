@@ -304,6 +304,11 @@ def _t2_cases(device, gen):
         yield Case((x.to(device),), f"{m}x{k} {str(dt).replace('torch.', '')}")
     x = torch.randint(-128, 128, (40, 24), generator=gen, dtype=torch.int32).to(torch.int8)
     yield Case((x.to(device)[::2, 3:19],), "strided 20x16 int8")
+    # 8-byte elements, values no narrower type holds exactly (a backend without them must decline, not round)
+    for dt in (torch.float64, torch.int64):
+        x = torch.randn((33, 70), generator=gen, dtype=torch.float64) * 1e3
+        x = (x + 1e-9) if dt is torch.float64 else (x * 2**40).to(torch.int64)
+        yield Case((x.to(device),), f"33x70 {str(dt).replace('torch.', '')}")
 
 
 transpose_2d = define_op(OpDef(
