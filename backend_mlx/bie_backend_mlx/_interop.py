@@ -102,17 +102,12 @@ def mx_dtype(dtype: torch.dtype):
         raise TypeError(f"bie-backend-mlx: no MLX dtype for {dtype}") from None
 
 
-#: torch dtypes MLX arrays cannot hold, and what an import makes of them
-_NARROWED = {torch.float64: "float32", torch.complex128: "complex64"}
-
-
 def to_mlx(t: torch.Tensor) -> "mx.array":
     """An MLX array with the values of ``t`` (any strides), safe to read
-    until the calling kernel has evaluated its result."""
+    until the calling kernel has evaluated its result. MLX holds no float64 or complex128: those arrive
+    narrowed to float32 / complex64 (what the kernels that take float64 scales compute in anyway); a kernel
+    whose output keeps its input's dtype declares the dtypes it serves instead (transpose_2d)."""
     t = t.detach()
-    if t.dtype in _NARROWED:
-        # mx.from_dlpack would narrow them (float64 -> float32) without a word: a silently different result
-        raise TypeError(f"bie-backend-mlx: MLX holds no {t.dtype} (it would narrow it to {_NARROWED[t.dtype]})")
     if t.device.type == "cpu":
         a = mx.from_dlpack(t, copy=True)
     elif t.device.type == "mps":  # pragma: no cover - Apple silicon only
