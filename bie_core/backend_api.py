@@ -11,7 +11,8 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 * the prepared-layout memo :class:`LayoutMemo` and :data:`tensor_state`;
 * the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`,
   :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`,
-  :func:`mm_bias_once`, :func:`conv_memory_format`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`), the
+  :func:`mm_bias_once`, :func:`conv_memory_format`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`,
+  :func:`lsq_sums`), the
   dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
 * the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`; :func:`reference_kernel`, the registered
   reference of an op (for a case a backend must compute in the reference's own order of arithmetic);
@@ -37,7 +38,7 @@ from .ops._common import FLOAT_DTYPES, conv_memory_format, mm_bias_once, scaled_
 from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
 from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
 from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
-from .ops.integer import lsq_backward_math, scale_runs
+from .ops.integer import lsq_backward_math, lsq_sums, scale_runs
 from .ops.weight_only import WQ_BITS, mbwq_segments
 from .optable import all_ops, get_op, has_op
 from .plugins.descriptor import BackendDescriptor
@@ -58,7 +59,7 @@ __all__ = [
     "LayoutMemo", "tensor_state", "outside_graph_pool", "weak_view",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
-    "scale_runs", "conv_memory_format", "mm_bias_once",
+    "lsq_sums", "scale_runs", "conv_memory_format", "mm_bias_once",
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table

@@ -421,6 +421,27 @@ def test_nan_in_packed_fine_tuning_raises_before_any_update(opt):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_lsq_sums_that_pass_the_float32_range_agree_on_every_backend():
+    """lsq_backward's sums near the float32 range: the native kernel accumulated in double, the reference in
+    float32, so a partial sum that overflowed gave NaN in one and inf in the other (fuzz seed 1140). The definition
+    now accumulates in float64 and rounds once: order-free, and every backend's result."""
+    big = 3e38
+    # columns of g (= prod * factor): a float32 sum in row order overflows on the first; the second holds an inf
+    # whose float32 sum is NaN or inf depending on the order; the third is ordinary
+    prod = torch.tensor([[1.0, 1.0, 0.5], [1.0, -1.0, 0.25], [-1.0, -1.0, -0.5], [-1.0, float("inf"), 2.0]])
+    v, scale, shift = torch.zeros(4, 3), torch.tensor(1.0), torch.zeros(3)
+    factor = torch.tensor(big)
+    want_shift = torch.tensor([0.0, float("inf"), (0.5 + 0.25 - 0.5 + 2.0) * big], dtype=torch.float64).float()
+    reg = bie_core.get_registry()
+    kernels = [reg.reference_kernel("lsq_backward")] + [k for k in reg.kernels("lsq_backward")
+                                                        if k.backend in ("cpu", "mlx") and not k.reference
+                                                        and k.capability.serves_device("cpu")]
+    for k in kernels:
+        out = k.fn(v, scale, prod, 8, shift, factor)
+        torch.testing.assert_close(out[2], want_shift, rtol=0, atol=0, msg=k.name)
+        assert out[1].isnan().item(), k.name     # term holds inf * 0 (code 0, q 0): NaN, as the definition
+
+
 def test_pack_refuses_a_nan_latent_weight_and_checkpoints_round_trip(tmp_path):
     layer = bie_core.BinaryLinear(8, 4)
     with torch.no_grad():

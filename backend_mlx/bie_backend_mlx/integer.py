@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import torch
-from bie_core.backend_api import conv_memory_format
+from bie_core.backend_api import conv_memory_format, lsq_sums
 
 from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
 from .binary import conv_out, finish, nhwc, pad_hw
@@ -66,10 +66,6 @@ def quantize_int(x, scale, bits, shift=None, out_dtype=None):
 @kernel
 def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
     """The op's definition with MLX arrays (float32 math; the shift add rounds in v's dtype in torch)."""
-    import math
-
-    import torch
-
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if shift is not None:
         v = v + shift.to(v.dtype)
@@ -84,18 +80,11 @@ def lsq_backward(v, scale, prod, bits, shift=None, factor=None, rowwise=False, c
     zero = mx.array(0.0, mx.float32)
     grad_v = mx.where(inside, g, zero).astype(mx_dtype(v.dtype))
     term = g * (codes - mx.where(inside, q, zero))
-    n = v.shape[1] if rowwise else v.numel()
-    denom = math.sqrt(max(n, 1) * hi)
     dev = v.device
     out_v = to_torch(grad_v, dev)
-    # the sums in torch, in the reference's order, so that a layer's gradients equal the reference's bit
-    # for bit whichever backend ran its element-wise part
-    t = to_torch(term, dev)
-    out_s = (t.sum(1) if rowwise else t.sum()) / denom
-    if shift is not None:
-        out_sh = out_v.sum(0, dtype=torch.float32)
-    else:
-        out_sh = torch.empty((0,), dtype=torch.float32, device=dev)
+    # the sums in torch, as the reference computes them (lsq_sums), so that a layer's gradients equal the
+    # reference's bit for bit whichever backend ran its element-wise part
+    out_s, out_sh = lsq_sums(to_torch(term, dev), out_v, bits, rowwise, shift is not None)
     if codes_dtype is not None:
         out_c = to_torch(codes.astype(mx_dtype(codes_dtype)), dev)
     else:

@@ -122,12 +122,24 @@ def lsq_backward_math(v, scale, prod, bits, shift=None, factor=None, rowwise=Fal
         g = g * factor.to(torch.float32).reshape(())
     grad_v = torch.where(inside, g, 0.0).to(v.dtype)
     term = g * (codes - torch.where(inside, q, 0.0))
-    n = v.shape[1] if rowwise else v.numel()
-    denom = math.sqrt(max(n, 1) * hi)
-    grad_scale = (term.sum(1) if rowwise else term.sum()) / denom
-    grad_shift = grad_v.sum(0, dtype=torch.float32) if shift is not None else v.new_empty((0,), dtype=torch.float32)
+    grad_scale, grad_shift = lsq_sums(term, grad_v, bits, rowwise, shift is not None)
     codes_out = codes.to(codes_dtype) if codes_dtype is not None else v.new_empty((0,), dtype=torch.int8)
     return grad_v, grad_scale, grad_shift, codes_out
+
+
+def lsq_sums(term: torch.Tensor, grad_v: torch.Tensor, bits: int, rowwise: bool, with_shift: bool) -> tuple:
+    """``lsq_backward``'s reductions from its element-wise terms (float32 ``term``, ``grad_v`` in v's dtype):
+    (grad_scale, grad_shift), each accumulated in float64 and rounded once to float32 (grad_scale after the
+    division by sqrt(n * Qp)). A float32 accumulation would make the result depend on the order of the sum where a
+    partial sum passes the float32 range (NaN in one order, inf in another, a finite value in a third)."""
+    hi = code_range(bits)[1]
+    n = term.shape[1] if rowwise else term.numel()
+    denom = math.sqrt(max(n, 1) * hi)
+    total = term.sum(1, dtype=torch.float64) if rowwise else term.sum(dtype=torch.float64)
+    grad_scale = (total / denom).to(torch.float32)
+    grad_shift = (grad_v.sum(0, dtype=torch.float64).to(torch.float32) if with_shift
+                  else grad_v.new_empty((0,), dtype=torch.float32))
+    return grad_scale, grad_shift
 
 
 def _lsq_fake(v, scale, prod, bits, shift=None, factor=None, rowwise=False, codes_dtype=None):
@@ -197,8 +209,8 @@ lsq_backward = define_op(OpDef(
          "v (R, C), v' = v + shift.to(v.dtype) or v, s one value or (rowwise) one per row. With "
          "q = float32(v') / s, inside = lo <= q <= hi, Q = clamp(round_half_even(q)) and g = float32(prod) * "
          "factor: returns (grad_v = where(inside, g, 0) in v's dtype; grad_scale = sum(g * (Q - where(inside, "
-         "q, 0))) / sqrt(n * Qp) over all of v or per row, float32; grad_shift = column sums of grad_v in "
-         "float32 (empty without shift); Q as codes_dtype (empty if None))."),
+         "q, 0))) / sqrt(n * Qp) over all of v or per row; grad_shift = column sums of grad_v (empty without "
+         "shift); both sums accumulated in float64 and rounded once to float32; Q as codes_dtype (empty if None))."),
     fake=_lsq_fake, problem=_lsq_problem, validate=_lsq_validate, cases=_lsq_cases,
     decompose=lambda *args, backend="": _lsq_decompose(*args)))
 

@@ -818,8 +818,8 @@ static int drv_iconv(const void* args, int64_t t0, int64_t t1) {
 // ------------------------------------------------------------------ lsq_backward
 #if BIE_WITH_PACK   // (the variants with the element-wise quantization drivers)
 // Element-wise exactly as the op's definition (bie_core/ops/integer.py, lsq_backward_math): v + shift rounded to v's
-// dtype, float32 division, round half to even; the sums in double (the definition sums in float32; the op's
-// comparison allows the difference in rounding).
+// dtype, float32 division, round half to even; the sums in double, as the definition accumulates them (lsq_sums),
+// per task here and added in task order by bie_lsq (the order of the additions is the only difference).
 template <int VT, int PT>
 static int lsq_tasks(const bie_lsq_args* p, int64_t t0, int64_t t1) {
   const int64_t C = p->C, rpt = p->rows_per_task;
