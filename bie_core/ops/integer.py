@@ -532,5 +532,5 @@ int_conv2d = define_op(OpDef(
     fake=_ic_fake, problem=_ic_problem, validate=_ic_validate, cases=_ic_cases, weight_args=(1,),
     memory_format_checked=True))
 
-__all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "pack_int4", "unpack_int4", "int_gemm", "int_bmm", "int_conv2d", "code_range",
-           "scale_runs"]
+__all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "lsq_sums", "pack_int4", "unpack_int4", "int_gemm",
+           "int_bmm", "int_conv2d", "code_range", "scale_runs"]
