@@ -209,6 +209,31 @@ def test_conv_bias_with_integer_output_is_refused_everywhere(op):
                 getattr(ops, op)(*args)
 
 
+def test_no_output_channels_with_a_per_channel_scale_is_an_empty_result_everywhere():
+    """A conv or GEMM with no output channels takes a per-channel scale of no values (the check allows 1 or N):
+    the reference's epilogue reshaped it to one value and raised, where the native and MLX kernels returned the
+    empty result (fuzz seed 1141). Every backend now returns it."""
+    x = torch.randint(-8, 8, (2, 3, 7, 5), dtype=torch.int8)
+    w = torch.zeros(0, 3, 3, 3, dtype=torch.int8)
+    a = torch.randint(-8, 8, (4, 6), dtype=torch.int8)
+    calls = {
+        "int_conv2d": (ops.int_conv2d, (x, w, 4, 4, [1, 1], [1, 1], [1, 1], 1, torch.ones(0), None, torch.float32),
+                       (2, 0, 7, 5)),
+        "int_gemm": (ops.int_gemm, (a, torch.zeros(0, 6, dtype=torch.int8), 8, 8, torch.ones(0), torch.ones(0),
+                                    torch.float32), (4, 0)),
+    }
+    ref = bie_core.get_registry().reference_kernel
+    for name, (op, args, shape) in calls.items():
+        assert ref(name).fn(*args).shape == shape
+        for backend in [None] + [r.name for r in bie_core.backends() if r.status == "loaded"]:
+            with bie_core.use_backend(backend):
+                try:
+                    y = op(*args)
+                except bie_core.NoKernelError:
+                    continue
+            assert y.shape == shape and y.dtype == torch.float32, (name, backend)
+
+
 # ------------------------------------------------------------------ 8. clear errors
 @pytest.mark.parametrize("spec,exc,match", [
     (5, TypeError, r"set_backend: a backend choice is a name .*got 5 of type int"),

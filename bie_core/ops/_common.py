@@ -96,7 +96,8 @@ def scaled_epilogue(acc: torch.Tensor, scale, bias, out_dtype, channel_dim: int 
     shape[channel_dim] = -1
     if scale is not None:
         s = scale.to(torch.float32)
-        y = y * (s.reshape(shape) if s.numel() > 1 else s.reshape(()))
+        # one value for all channels, else one per channel (none for no output channels)
+        y = y * (s.reshape(()) if s.numel() == 1 else s.reshape(shape))
     if bias is not None:
         y = y + bias.to(torch.float32).reshape(shape)
     return y.to(out_dtype).contiguous()
