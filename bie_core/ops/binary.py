@@ -382,6 +382,7 @@ CONV_CASES = [
     (2, 8, 6, 6, 4, (3, 3), (1, 1), (1, 1), (1, 1), 2),
     (1, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
     (2, 1, 6, 5, 3, (3, 3), (1, 1), (1, 1), (1, 1), 1),   # one input channel (a grayscale first layer)
+    (1, 5, 0, 6, 3, (3, 1), (2, 1), (2, 0), (1, 1), 1),   # an empty image: every output is the padding's
 ]
 
 

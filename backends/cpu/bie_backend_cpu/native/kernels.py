@@ -423,6 +423,10 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     out = _epilogue_out("binary_conv2d", (n, o, ho, wo), scale, bias, out_dtype)
     if n == 0 or o == 0:
         return out
+    if h == 0 or wd == 0:   # an empty image: every output is the padding's (the packing kernel has no rows to read)
+        from ..reference import binary as _rb
+        return _rb.binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias,
+                                 out_dtype)
     wbits, taps = _layouts(prepared).get(("conv", cg, kh, kw), lambda: _conv_weights(w, cg, kh, kw))
     x = x.detach()
     if not (x.stride(3) == 1 or x.stride(1) == 1):
@@ -465,7 +469,7 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     kh, kw = int(kernel_size[0]), int(kernel_size[1])
     g = int(groups)
     if min(kh, kw, g, *[int(v) for v in stride], *[int(v) for v in dilation]) < 1 or min(int(v) for v in padding) < 0 \
-            or c % g or o % g:
+            or c % g or o % g or h == 0 or wd == 0:   # (an empty image: the kernel's own padding-only path)
         return None
     cg = c // g
     k = cg * kh * kw
@@ -938,14 +942,16 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
     _require(min(kh, kw, sh, sw, dh, dw, g, cg) >= 1 and min(ph, pw) >= 0 and c == cg * g and o % g == 0,
              "int_conv2d", f"w {tuple(w.shape)} does not match x {tuple(x.shape)} with groups={g}")
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
-    _require(ho > 0 and wo > 0 and h > 0 and wd > 0, "int_conv2d", f"empty output {ho}x{wo}")
+    _require(ho > 0 and wo > 0, "int_conv2d", f"empty output {ho}x{wo}")
     # channels_last: the kernel writes each pixel's channels contiguously (out_nhwc)
     mf = conv_memory_format(x)
     out = _epilogue_out("int_conv2d", (n, o, ho, wo), scale, bias, out_dtype, mf)
     if n == 0 or o == 0:
         return out
     kind, kstep = _lib.bie_int_layout(), _lib.bie_iconv_kstep()
-    if kind == INT_ROWS:           # portable level: no native conv (slower than the reference there)
+    # portable level: no native conv (slower than the reference there); an empty image (outputs of the padding
+    # alone): nothing for the kernel to read
+    if kind == INT_ROWS or h == 0 or wd == 0:
         from ..reference import integer as _ri
         return _ri.int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype)
     wl, kp = _layouts(prepared).get(("iconv", kind, kstep), lambda: _iconv_weights(w, kind, kstep))

@@ -61,7 +61,10 @@ def int_conv2d(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, b
         wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (w.shape[3] - 1) - 1) // stride[1] + 1
         return scaled_epilogue(torch.zeros((x.shape[0], 0, ho, wo), dtype=torch.float64), scale, bias, out_dtype,
                                channel_dim=1).contiguous(memory_format=conv_memory_format(x))
-    acc = F.conv2d(x.to(torch.float64), w.to(torch.float64), stride=tuple(stride), padding=tuple(padding),
-                   dilation=tuple(dilation), groups=int(groups))
+    xf, pad = x.to(torch.float64), tuple(padding)
+    if 0 in x.shape[2:]:   # an empty image whose padding alone gives outputs: F.conv2d refuses it unpadded
+        xf, pad = F.pad(xf, (pad[1], pad[1], pad[0], pad[0])), (0, 0)
+    acc = F.conv2d(xf, w.to(torch.float64), stride=tuple(stride), padding=pad, dilation=tuple(dilation),
+                   groups=int(groups))
     y = scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
     return y.contiguous(memory_format=conv_memory_format(x))
