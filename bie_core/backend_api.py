@@ -12,8 +12,8 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 * the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`,
   :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`,
   :func:`mm_bias_once`, :func:`conv_memory_format`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`,
-  :func:`lsq_sums`), the
-  dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`, :func:`dynamic_epilogue`...);
+  :func:`lsq_sums`), the dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`,
+  :func:`dynamic_epilogue`...);
 * the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`; :func:`reference_kernel`, the registered
   reference of an op (for a case a backend must compute in the reference's own order of arithmetic);
 * native code: :class:`NativeExtension` (one JIT build helper, cache keyed by every source and included

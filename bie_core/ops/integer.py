@@ -328,7 +328,7 @@ transpose_2d = define_op(OpDef(
     schema="(Tensor x) -> Tensor",
     doc=("x.t() as a new contiguous tensor, for a 2-D x of any dtype: the operands of the quantized backward's "
          "integer products, whose tensor-core GEMMs read both operands along the reduction (a transposed copy "
-         "by an elementwise kernel reads one side down its columns: about half a tiled transpose's speed)."),
+         "by an elementwise kernel reads one side down its columns, several times slower than a tiled one)."),
     fake=_t2_fake, problem=_t2_problem, validate=_t2_validate, cases=_t2_cases))
 
 
