@@ -122,10 +122,10 @@ RESNET = [(64, 56), (128, 28), (256, 14), (512, 7)]
 
 
 def bench_conv(rows, quick):
-    from bie_backend_cutlass import binary as cb
+    from bie_backend_cutlass import binary as cb, binary_conv as bc
     torch.backends.cudnn.benchmark = True
     batch = 64
-    for (c, hw) in RESNET:
+    for (c, hw) in (RESNET[2:3] if quick else RESNET):
         k = c * 9
         wb = _bits((c, (k + 7) // 8), k)
         p = cb.prepare_weight(wb)
@@ -141,6 +141,9 @@ def bench_conv(rows, quick):
         t_nchw = time_graph([lambda x=x: cb.binary_conv2d(x, wb, *args, prepared=p) for x in xs_nchw])
         tz = time_graph([lambda x=x: cb.binary_conv2d(x, wb, [3, 3], [1, 1], [1, 1], [1, 1], 1, 0.0, scale, None,
                                                       torch.bfloat16, prepared=p) for x in xs])
+        # the implicit-GEMM conv on the b1 wgmma (binary_conv family; channels_last out), where it serves (C >= 128)
+        pi = bc.prepare_weight(wb, [3, 3])
+        ti = time_graph([lambda x=x: bc.binary_conv2d(x, wb, *args, prepared=pi) for x in xs]) if c >= 128 else None
         wf = torch.randn(c, c, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(
             memory_format=torch.channels_last)
         base = time_graph([lambda x=x: F.conv2d(x, wf, padding=1) for x in xs])
@@ -156,8 +159,10 @@ def bench_conv(rows, quick):
         t_gather = time_graph([lambda: cb._ops().gather(xb, pp, cols, ct, geo)] * 2)
         ops = 2.0 * batch * hw * hw * c * k
         floor = max(ops / B1_WGMMA, 2 * xbytes / BW) * 1e6
-        rows.append(dict(family="binary_conv2d 3x3 (bf16 channels_last in, bf16 NCHW out)",
+        rows.append(dict(family="binary_conv2d 3x3 (bf16 channels_last in and out)",
                          shape=f"N={batch} C=O={c} H=W={hw}", us=t, again_us=t2, nchw_in_us=t_nchw,
+                         implicit_us=ti, implicit_speedup=None if ti is None else base / ti,
+                         implicit_pct_floor=None if ti is None else 100 * floor / ti,
                          pad0_us=tz, cudnn_bf16_us=base, speedup=base / t, pack_us=t_pack, im2col_us=t_gather,
                          tops=ops / t / 1e6, floor_us=floor, pct_floor=100 * floor / t,
                          floor_note="reads x (bf16) once and writes y (bf16) once at 3.0 TB/s"))

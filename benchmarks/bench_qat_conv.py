@@ -99,6 +99,12 @@ def bench_forward(rows: list, quick: bool) -> None:
                     row.update({f"{kind}_us": t, f"{kind}_vs_cudnn": t_ref / t})
                     if tg is not None:
                         row.update({f"{kind}_graphed_us": tg, f"{kind}_graphed_vs_cudnn": t_ref / tg})
+                    if kind == "binary":   # the op alone: the layer adds its activation shift (x + shift) as a pass
+                        wb, sc = bie_core.ops.pack_signs(w.flatten(1)), torch.rand(o, device="cuda") + 0.1
+                        to = time_graphed(lambda: bie_core.ops.binary_conv2d(x, wb, [k, k], [s, s], [pad, pad], [1, 1],
+                                                                             1, -1.0, sc, None, torch.bfloat16))
+                        if to is not None:
+                            row.update({"binary_op_graphed_us": to, "binary_op_graphed_vs_cudnn": t_ref / to})
                     del layer
                 rows.append(row)
                 print(json.dumps({k_: (round(v, 3) if isinstance(v, float) else v) for k_, v in row.items()}),
@@ -162,11 +168,12 @@ def markdown(meta: dict, rows: list) -> str:
     fwd = [r for r in rows if r["net"] != "step"]
     if fwd:
         lines += ["| net | shape | cuDNN bf16 µs | w8a8 µs (x) | w8a8 graphed (x) | w4a4 µs (x) | w4a4 graphed (x) | "
-                  "binary µs (x) | binary graphed (x) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "binary µs (x) | binary graphed (x) | binary op graphed (x) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in fwd:
             cells = []
             for kind in ("w8a8", "w4a4", "binary"):
-                for sfx in ("", "_graphed"):
+                for sfx in (("", "_graphed", "_op_graphed") if kind == "binary" else ("", "_graphed")):
                     t = r.get(f"{kind}{sfx}_us")
                     cells.append("-" if t is None else f"{t:.1f} ({r[f'{kind}{sfx}_vs_cudnn']:.2f}x)")
             lines.append(f"| {r['net']} | {r['shape']} | {r['cudnn_bf16_us']:.1f} | " + " | ".join(cells) + " |")

@@ -14,6 +14,8 @@ import torch
 
 from _cuda_graphs import graph_replays
 
+from bie_core.backend_api import conv_memory_format
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cuda") is None,
                                 reason="bie-backend-cuda is not installed")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -1270,7 +1272,9 @@ def test_binary_conv2d_direct(case):
             ref = rb.binary_conv2d(x.cpu(), wb.cpu(), *geo, pad_value, None, None, None)
             for tile in (1, 2, 3, 4, 5 + (i + j) % 4):   # 5-8: windows read from global memory
                 got = cb.binary_conv2d(x, wb, *geo, pad_value, None, None, None, prepared=p, tile=tile)
-                assert got.is_contiguous() and torch.equal(got.cpu(), ref), f"count pad={pad_value} {dt} tile={tile}"
+                # (the op's format: channels_last for a channels_last x, as the reference's)
+                assert got.is_contiguous(memory_format=conv_memory_format(x)) and torch.equal(got.cpu(), ref), \
+                    f"count pad={pad_value} {dt} tile={tile}"
         for odt in (torch.float32, torch.float16, torch.bfloat16):
             x = torch.randn((n, c, h, w_), generator=gen).to("cuda", odt)
             scale = (torch.rand((o,) if i != 1 else (), generator=gen) + 0.05).cuda()
@@ -1282,9 +1286,9 @@ def test_binary_conv2d_direct(case):
 
 @needs_cuda
 def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
-    """ResNet-18 shapes through the dispatcher (bie-backend-cuda's direct conv chosen, also when
-    bie-backend-cutlass is installed), replayed from a CUDA graph; grouped convs are refused by capability;
-    bad native arguments raise."""
+    """ResNet-18 shapes through the dispatcher on bie-backend-cuda (its direct conv chosen; with bie-backend-cutlass
+    installed the 1-bit wgmma conv takes the 256-channel layer automatically), replayed from a CUDA graph; grouped
+    convs are refused by capability; bad native arguments raise."""
     import bie_core
     from bie_core import ops
     from bie_backend_cuda import _build
@@ -1296,18 +1300,19 @@ def test_binary_conv2d_direct_dispatch_graphs_and_refusals():
         wb = _bits((2 * c, c * 9 // 8), c * 9, gen)
         scale = torch.rand(2 * c, generator=gen).cuda()
         args = (x, wb, [3, 3], [st, st], [1, 1], [1, 1], 1, -1.0, scale, None, torch.bfloat16)
-        assert bie_core.explain(ops.binary_conv2d, *args).chosen()["binary_conv2d"] == "cuda:binary_conv2d_direct"
+        with bie_core.use_backend("cuda"):
+            assert bie_core.explain(ops.binary_conv2d, *args).chosen()["binary_conv2d"] == "cuda:binary_conv2d_direct"
         ref = rb.binary_conv2d(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
-        y = ops.binary_conv2d(*args)
+        y = ops.binary_conv2d(*args, backend="cuda")
         assert torch.equal(y.cpu(), ref)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            ops.binary_conv2d(*args)
+            ops.binary_conv2d(*args, backend="cuda")
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            yg = ops.binary_conv2d(*args)
+            yg = ops.binary_conv2d(*args, backend="cuda")
         x.copy_(torch.randn(x.shape, generator=gen).to("cuda", torch.bfloat16))
         graph.replay()
         torch.cuda.synchronize()

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import outside_graph_pool
+from bie_core.backend_api import conv_memory_format, outside_graph_pool
 
 from . import _build
 
@@ -368,8 +368,9 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     words, popc, taps = p.layout(w, x.shape[1], kh, kw)
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
-    return _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype,
-                                      tile)
+    out = _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype, tile)
+    # the kernel writes NCHW planes; the op returns channels_last for a channels_last x (one conversion pass)
+    return out.contiguous(memory_format=conv_memory_format(x))
 
 
 def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
@@ -383,6 +384,12 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     fn = _build.direct().binary_conv2d
+    if conv_memory_format(x) == torch.channels_last:
+        def call(x, *_):
+            return fn(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype, 0).contiguous(
+                memory_format=torch.channels_last)
+        call.input_only = True
+        return call
 
     def call(x, *_):
         return fn(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype, 0)

@@ -33,7 +33,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES, outside_graph_pool
+from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES, conv_memory_format, outside_graph_pool
 
 from ._build import Extension
 
@@ -402,7 +402,8 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     geo = [og, np_, kbits, g, kbits, kbits, og * row_bytes, np_ * row_bytes, og, np_, 1, og, int(copies == 2),
            og * P, P, P, o * P]
     _run_gemm("binary_conv2d", wb, cols, wterm, cterm, _vec(scale), None, _vec(bias), out, geo)
-    return out
+    # the epilogue writes NCHW planes; the op returns channels_last for a channels_last x (one conversion pass)
+    return out.contiguous(memory_format=conv_memory_format(x))
 
 
 # ------------------------------------------------------------------ capabilities

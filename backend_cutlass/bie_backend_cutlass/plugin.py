@@ -13,7 +13,7 @@ import torch
 
 from bie_core.backend_api import hookimpl
 
-from . import _build, binary, integer, tuning, weight_only
+from . import _build, binary, binary_conv, integer, tuning, weight_only
 from .plugin_extensions import EXTENSIONS
 
 PRIORITY = 200
@@ -47,6 +47,9 @@ def bie_register_kernels(registry):
     binary.register(_FamilyRegistrar(registry, binary.EXTENSION), PRIORITY)
     integer.register(_FamilyRegistrar(registry, integer.EXTENSION), PRIORITY)
     weight_only.register(_FamilyRegistrar(registry, weight_only.EXTENSION), PRIORITY)
+    # above the family's im2col conv and bie-backend-cuda's direct conv wherever it serves (measured faster on every
+    # shape it takes: benchmarks/results/qat_conv.md)
+    binary_conv.register(_FamilyRegistrar(registry, binary_conv.EXTENSION), PRIORITY + 10)
 
 
 @hookimpl

@@ -13,6 +13,9 @@ with ``sum_pad(w_j)`` per output row precomputed for every padding width.
 from __future__ import annotations
 
 import mlx.core as mx
+import torch
+
+from bie_core.backend_api import conv_memory_format
 
 from ._guard import checked_index
 from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
@@ -213,7 +216,8 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     # pad AFTER taking signs: padded positions hold pad_value itself
     sx = pad_hw(sx, padding, float(pad_value))
     acc = mx.conv2d(sx, wm, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=groups)
-    return conv_out(acc, scale, bias, out_dtype, x.device)
+    return conv_out(acc, scale, bias, out_dtype, x.device,
+                    channels_last=conv_memory_format(x) == torch.channels_last)
 
 
 # ------------------------------------------------------------------ embeddings

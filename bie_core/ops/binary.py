@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from ._common import (FLOAT_DTYPES, FP32_TOL, all_contiguous, any_requires_grad, channels_last_only, check,
-                      check_conv_size, check_epilogue, check_out_dtype, check_same_device, check_scale_bias, check_tensor, dirty_bits,
-                      epilogue_dtype, has_values, problem, randbits, randn)
+                      check_conv_size, check_epilogue, check_out_dtype, check_same_device, check_scale_bias, check_tensor,
+                      conv_memory_format, dirty_bits, epilogue_dtype, has_values, problem, randbits, randn)
 from ._opdef import Case, OpDef, define_op
 
 PACKABLE = FLOAT_DTYPES + (torch.int8,)
@@ -332,7 +332,8 @@ def conv_weight_tap_bits(w: torch.Tensor, c: int, kh: int, kw: int) -> torch.Ten
 def _conv_fake(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
     ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
-    return x.new_empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype))
+    return torch.empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype), device=x.device,
+                       memory_format=conv_memory_format(x))
 
 
 def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
@@ -417,10 +418,11 @@ binary_conv2d = define_op(OpDef(
             "int groups, float pad_value, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor"),
     doc=("Binary conv2d: exactly conv2d(pad(sgn(x), padding, value=pad_value), sgn(W), stride, dilation, "
          "groups) with W from w, the packed sign bits of the OIHW weight flattened per output channel "
-         "(K = C/groups*kh*kw). x is NCHW (channels_last accepted); output is contiguous NCHW int32 counts "
-         "or float32(count)*scale + bias cast to out_dtype."),
+         "(K = C/groups*kh*kw). x is NCHW (channels_last accepted); output (N, O, Ho, Wo) int32 counts or "
+         "float32(count)*scale + bias cast to out_dtype; channels_last when x is channels_last (and not also "
+         "contiguous), else contiguous."),
     fake=_conv_fake, problem=_conv_problem, validate=_conv_validate, cases=_conv_cases,
-    weight_args=(1,)))
+    weight_args=(1,), memory_format_checked=True))
 
 
 # -------------------------------------------------------------- sign_embedding

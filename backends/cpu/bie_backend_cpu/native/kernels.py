@@ -445,7 +445,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
                    sh, sw, ph, pw, dh, dw, ho, wo, k, int(pad_value) + 1, pix, _ptr(s32), _ptr(b32),
                    flags & ~EPI_BIAS_VEC, OUT_CODE[out_dtype], out.data_ptr())
     _check(_lib.bie_bconv(ctypes.byref(pa), ctypes.byref(ca)), "binary_conv2d")
-    return out
+    return out.contiguous(memory_format=conv_memory_format(x))   # (the op's format: channels_last for such an x)
 
 
 def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
@@ -483,6 +483,9 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
                                 [int(v) for v in dilation], int(pad_value), DTYPE_CODE[x.dtype], OUT_CODE[out_dtype],
                                 scale, bias)
     run = plan.__call__
+    if conv_memory_format(x) == torch.channels_last:   # (the plan writes NCHW planes; the op's format for such an x)
+        def run(t, plan_call=plan.__call__):
+            return plan_call(t).contiguous(memory_format=torch.channels_last)
     s0, b0 = scale, bias
     # (an inference tensor has no version counter and cannot change in place outside inference mode: its
     # storage alone; reading _version of one raises, which costs more than the whole call)

@@ -62,7 +62,8 @@ def binary_bmm(a, b, k, scale, out_dtype):
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
-    from bie_core.backend_api import scaled_epilogue
+    from bie_core.backend_api import conv_memory_format, scaled_epilogue
+    mf = conv_memory_format(x)   # (the op's output format: channels_last for a channels_last x)
     c = x.shape[1]
     k = (c // groups) * kernel_size[0] * kernel_size[1]
     sx = torch.where(x >= 0, 1.0, -1.0).to(torch.float64)
@@ -72,9 +73,10 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     if w.shape[0] == 0:   # no output channels (F.conv2d refuses an empty weight)
         ho = (sx.shape[2] - dilation[0] * (kernel_size[0] - 1) - 1) // stride[0] + 1
         wo = (sx.shape[3] - dilation[1] * (kernel_size[1] - 1) - 1) // stride[1] + 1
-        return scaled_epilogue(sx.new_zeros((x.shape[0], 0, ho, wo)), scale, bias, out_dtype, channel_dim=1)
+        return scaled_epilogue(sx.new_zeros((x.shape[0], 0, ho, wo)), scale, bias, out_dtype,
+                               channel_dim=1).contiguous(memory_format=mf)
     acc = F.conv2d(sx, sw, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=int(groups))
-    return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1)
+    return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1).contiguous(memory_format=mf)
 
 
 def sign_embedding(indices, bits, scale, dim, dtype):

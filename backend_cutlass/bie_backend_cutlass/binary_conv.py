@@ -1,0 +1,142 @@
+"""The implicit-GEMM 1-bit convolution of bie-backend-cutlass on Hopper: ``binary_conv2d`` on the b1 AND.POPC
+wgmma for channels_last input with C a multiple of 64 (``csrc/binary_conv_sm90.cuh``).
+
+Two kernels a call, no patch matrix:
+
+1. ``csrc/binary_conv_pack.cu`` writes the padded operand: per pixel the sign bits of its channels and their
+   complements (C/4 bytes), a ring of pad pixels holding the pad value's bits (-1: 0 bits, +1: 1 bits);
+2. CUTLASS's implicit-GEMM conv collective (TMA im2col, one CTA per output tile) with our 1-bit wgmma atom
+   counts the equal signs of every window against the weight's [w | ~w] taps, and the epilogue fused into the
+   TMA store writes ``2 * count - K`` (scaled, biased, cast) as NHWC rows: the channels_last output the op
+   returns for a channels_last input.
+
+Where it does not serve (NCHW input, C not a multiple of 64, groups, pad value 0, other GPUs), the family's
+im2col conv (``binary.py``) or bie-backend-cuda's direct conv do.
+"""
+from __future__ import annotations
+
+import torch
+
+from bie_core.backend_api import PACKABLE_DTYPES, conv_out_size, conv_weight_tap_bits
+from bie_core.ops._common import channels_last_only
+
+from . import tuning
+from ._build import Extension
+
+CONFIGS = ("t128x128", "t128x128k32")   # pixels x channels (x 32 bytes of K a step): csrc/binary_conv_sm90.cuh
+EXTENSION = Extension(family="binary_conv",
+                      sources=("binary_conv_bindings.cpp", "binary_conv_pack.cu")
+                      + tuple(f"binary_conv_{c}_{t}.cu" for c in CONFIGS for t in ("i32", "f32", "bf16", "f16")),
+                      python_module=True)
+#: the widest window the TMA im2col box reaches here ((k - 1) * dilation per spatial dim); wider goes elsewhere
+MAX_REACH = 64
+
+
+def _ops():
+    from . import _build
+    return _build.direct(EXTENSION)
+
+
+def prepare_weight(w: torch.Tensor, kernel_size) -> torch.Tensor:
+    """The packed OIHW sign bits ``w`` (O, ceil(C*kh*kw/8)) as (O, kh, kw, C/4) int8: per tap the bytes of its C
+    sign bits (channel i at byte i // 8, bit i % 8) and then their complements; C from w's row length (a multiple
+    of 64 here, so the rows hold no padding bits)."""
+    kh, kw = kernel_size
+    o = w.shape[0]
+    c = w.shape[1] * 8 // (kh * kw)
+    bits = conv_weight_tap_bits(w.detach(), c, kh, kw)                       # (O, taps, C) 0/1, C % 32 == 0
+    weights = (1 << torch.arange(8, device=w.device, dtype=torch.int32))
+    signs = (bits.view(o, kh * kw, c // 8, 8).to(torch.int32) * weights).sum(-1)   # (O, taps, C/8) byte values
+    both = torch.cat([signs, 255 - signs], dim=-1).to(torch.uint8)
+    return both.view(torch.int8).reshape(o, kh, kw, c // 4).contiguous()
+
+
+def _config(x, wp, args, out_dtype) -> int:
+    """The configuration (index into CONFIGS): timed once per problem bucket by the tuner; the untimed default
+    (tuning off, or a graph capture before the bucket was timed) takes 32-byte K steps where a tap holds 32 bytes
+    (C = 128), else 64."""
+    n, c, h, w = x.shape
+    o, kh, kw = wp.shape[0], wp.shape[1], wp.shape[2]
+    sh, sw, ph, pw, dh, dw = args[:6]
+    m = n * conv_out_size(h, kh, sh, ph, dh) * conv_out_size(w, kw, sw, pw, dw)
+    names = list(CONFIGS)
+    if wp.shape[3] <= 32:
+        names.reverse()
+    ops = _ops()
+    cands = [(nm, (lambda i=CONFIGS.index(nm): ops.conv(x, wp, *args, i))) for nm in names]
+    q = tuning.bucket
+    bucket = f"{str(out_dtype).replace('torch.', '')}/M{q(m)}/O{q(o)}/C{q(c)}/k{kh}x{kw}/s{sh}x{sw}"
+    return CONFIGS.index(tuning.choose("binary_conv2d_sm90", bucket, cands, device=x.device))
+
+
+def _epilogue_vectors(scale, bias):
+    f = (lambda t: None if t is None else t.detach().reshape(-1).to(torch.float32).contiguous())
+    return f(scale), f(bias)
+
+
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  prepared=None):
+    wp = prepared if prepared is not None else prepare_weight(w, kernel_size)
+    s, b = _epilogue_vectors(scale, bias)
+    args = (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], pad_value > 0, s, b, out_dtype)
+    out = _ops().conv(x.detach(), wp, *args, _config(x, wp, args, out_dtype))
+    # (the capability takes channels_last inputs; another strided x of a cached decision's signature gets the
+    # contiguous output the op defines for it)
+    return out if channels_last_only(x) else out.contiguous()
+
+
+def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                       prepared=None):
+    """One call signature's plan: the tile and the epilogue vectors fixed once, one call into the extension's
+    Python module a call (the layers' bound inference calls hand over x alone)."""
+    s, b = _epilogue_vectors(scale, bias)
+    args = (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], pad_value > 0, s, b, out_dtype)
+    cfg = _config(x, prepared, args, out_dtype)
+    fn, wp = _ops().conv, prepared
+
+    def call(x, *_):
+        return fn(x, wp, *args, cfg)
+    call.input_only = True
+    return call
+
+
+def _check(p):
+    d, a = p.dims, p.attrs
+    if not a.get("channels_last"):
+        return "x is not channels_last (this kernel writes the channels_last output the op returns for one)"
+    if a.get("groups", 1) != 1:
+        return "groups > 1"
+    if a.get("pad_value") == 0.0:
+        return "pad_value 0 (a padded tap counts as nothing: the window's popcount would be needed)"
+    c, o = d["C"], d["O"]
+    if c % 64 or c < 128:
+        # (16-byte rows of signs and complements; at C = 64 a tap's 16 bytes fill a quarter of the 64-byte K step
+        # and bie-backend-cuda's direct conv is faster: benchmarks/results/qat_conv.md)
+        return f"C={c} is not a multiple of 64 of at least 128"
+    if o % 8 or o == 0:
+        return f"O={o} is not a multiple of 8 (16-byte output rows)"
+    st, dl = a["stride"], a["dilation"]
+    if max(st) > 8:
+        return f"stride {st}: TMA's im2col traverses 1..8 elements a step"
+    if (d["KH"] - 1) * dl[0] > MAX_REACH or (d["KW"] - 1) * dl[1] > MAX_REACH:
+        return f"a window reaching more than {MAX_REACH} pixels (TMA im2col's box corners)"
+    pd = a["padding"]
+    hp, wp = d["H"] + 2 * pd[0], d["W"] + 2 * pd[1]
+    if d["N"] * hp * wp * c // 4 >= 2 ** 31 or d["KH"] * d["KW"] * c >= 2 ** 30:
+        return "outside the 32-bit index range served"
+    ho = conv_out_size(d["H"], d["KH"], st[0], pd[0], dl[0])
+    wo = conv_out_size(d["W"], d["KW"], st[1], pd[1], dl[1])
+    if d["N"] == 0 or ho <= 0 or wo <= 0:
+        return "empty problem"
+    return None
+
+
+def register(registry, priority: int) -> None:
+    from bie_core.backend_api import Capability
+    registry.register("binary_conv2d", binary_conv2d, priority=priority, name="binary_conv2d_sm90",
+                      capability=Capability(devices=("cuda",), dtypes=PACKABLE_DTYPES, compute_capability=((9, 0), (9, 0)),
+                                            check=_check),
+                      prepare=prepare_weight, prepare_static=("kernel_size",), bind=bind_binary_conv2d,
+                      description="implicit-GEMM conv on the b1 AND.POPC wgmma (CUTLASS conv collective, TMA "
+                                  "im2col) over a padded operand of signs and complements: 2*count - K, scale, "
+                                  "bias and dtype fused into the TMA store; channels_last in and out, C % 64 == 0")

@@ -1,0 +1,158 @@
+// bie-backend-cutlass, binary_conv family: torch.ops.bie_cutlass_binary_conv.conv, and the same function as a
+// Python module for the layers' bound inference calls (binary_conv.py bind). Every argument is checked here
+// (TORCH_CHECK raises a Python error); the kernels never see a case they cannot serve.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "binary_conv_launch.h"
+
+namespace bie_bconv {
+
+static bool sm90(int dev) {
+  static std::mutex mu;
+  static std::vector<int> cc;   // per device: 0 unknown, else major * 10 + minor
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev >= static_cast<int>(cc.size())) cc.resize(dev + 1, 0);
+  if (cc[dev] == 0) {
+    int major = 0, minor = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    cc[dev] = major * 10 + minor;
+  }
+  return cc[dev] == 90;
+}
+
+static int dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kChar: return 0;
+    case at::kFloat: return 1;
+    case at::kBFloat16: return 2;
+    case at::kHalf: return 3;
+    default: return -1;
+  }
+}
+
+static int out_code(const c10::optional<at::ScalarType>& dt) {
+  if (!dt.has_value()) return 0;
+  switch (*dt) {
+    case at::kFloat: return 1;
+    case at::kBFloat16: return 2;
+    case at::kHalf: return 3;
+    default: TORCH_CHECK(false, "bie_cutlass_binary_conv.conv: out_dtype must be float32, bfloat16, float16 or None");
+  }
+  return -1;
+}
+
+static at::Tensor epilogue_vector(const c10::optional<at::Tensor>& v, const char* name, const at::Tensor& x,
+                                  int64_t o, bool allow_scalar) {
+  const at::Tensor& t = *v;
+  TORCH_CHECK(t.device() == x.device() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.is_contiguous(),
+              "bie_cutlass_binary_conv.conv: ", name, " must be a contiguous 1-D float32 tensor on x's device");
+  TORCH_CHECK(t.numel() == o || (allow_scalar && t.numel() == 1), "bie_cutlass_binary_conv.conv: ", name, " has ",
+              t.numel(), " values for ", o, " output channels");
+  // the epilogue's vector loads want 16-byte aligned vectors
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
+}
+
+// x (N, C, H, W) of int8 / float32 / bfloat16 / float16 with any strides, C % 64 == 0; wp the prepared (O, kh, kw,
+// C / 4) int8 weight (binary_conv.py prepare: [w | ~w] bytes per tap), O % 8 == 0; the conv of
+// pad(sgn(x), padding, value = +1 if pad_plus else -1) with sgn(W): returns (N, O, Ho, Wo) as a channels_last
+// tensor (the NHWC result), int32 counts (out_dtype None) or float32(count) * scale + bias in out_dtype.
+at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                int64_t dh, int64_t dw, bool pad_plus, const c10::optional<at::Tensor>& scale_in,
+                const c10::optional<at::Tensor>& bias_in, c10::optional<at::ScalarType> out_dtype, int64_t config) {
+  const char* who = "bie_cutlass_binary_conv.conv: ";
+  TORCH_CHECK(x.is_cuda() && x.dim() == 4, who, "x must be a 4-D CUDA tensor, got ", x.sizes());
+  TORCH_CHECK(wp.device() == x.device() && wp.dim() == 4 && wp.scalar_type() == at::kChar && wp.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(wp.data_ptr()) % 16 == 0,
+              who, "wp must be the prepared contiguous (O, kh, kw, C/4) int8 weight on x's device");
+  const int dcode = dtype_code(x.scalar_type());
+  TORCH_CHECK(dcode >= 0, who, "x must be int8, float32, bfloat16 or float16, got ", x.scalar_type());
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t O = wp.size(0), kh = wp.size(1), kw = wp.size(2);
+  TORCH_CHECK(C > 0 && C % 64 == 0 && wp.size(3) == C / 4, who, "C must be a positive multiple of 64 and wp's rows C/4 ",
+              "bytes: C = ", C, ", wp ", wp.sizes());
+  TORCH_CHECK(O > 0 && O % 8 == 0 && O < INT_MAX, who, "O must be a positive multiple of 8, got ", O);
+  TORCH_CHECK(sh >= 1 && sw >= 1 && sh <= 8 && sw <= 8 && dh >= 1 && dw >= 1 && ph >= 0 && pw >= 0 && ph < 65536 &&
+                  pw < 65536 && dh < 65536 && dw < 65536,
+              who, "stride 1..8, dilation >= 1 and padding >= 0 required");
+  const int64_t hp = H + 2 * ph, wpx = W + 2 * pw;
+  const int64_t ho = (hp - dh * (kh - 1) - 1) / sh + 1, wo = (wpx - dw * (kw - 1) - 1) / sw + 1;
+  TORCH_CHECK(N > 0 && ho > 0 && wo > 0, who, "empty problem: ", x.sizes(), " output ", ho, "x", wo);
+  TORCH_CHECK(N * hp * wpx * (C / 4) < INT_MAX && N * ho * wo < INT_MAX && kh * kw * C < (int64_t(1) << 30), who,
+              "problem outside the 32-bit index range served");
+  TORCH_CHECK(config >= 0 && config < kNumConfigs, who, "unknown config ", config);
+  TORCH_CHECK(sm90(x.get_device()), who, "needs a compute capability 9.0 GPU");
+  const int code = out_code(out_dtype);
+  if (code == 0) TORCH_CHECK(!scale_in.has_value() && !bias_in.has_value(), who, "int32 output takes no scale/bias");
+  c10::optional<at::Tensor> scale, bias;
+  if (scale_in.has_value()) scale = epilogue_vector(scale_in, "scale", x, O, true);
+  if (bias_in.has_value()) bias = epilogue_vector(bias_in, "bias", x, O, false);
+  c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+
+  BConvArgs p;
+  p.n = int(N);
+  p.h = int(hp);
+  p.w = int(wpx);
+  p.c_bytes = int(C / 4);
+  p.o = int(O);
+  p.r = int(kh);
+  p.s = int(kw);
+  p.stride_h = int(sh);
+  p.stride_w = int(sw);
+  p.dil_h = int(dh);
+  p.dil_w = int(dw);
+  p.k_bits = int32_t(kh * kw * C);
+  if (scale.has_value()) {
+    p.scale = scale->data_ptr<float>();
+    p.scale_vec = scale->numel() > 1;
+  }
+  if (bias.has_value()) p.bias = bias->data_ptr<float>();
+  p.stream = stream;
+  BConvFn fn = conv_fn(int(config), code);
+  TORCH_CHECK(fn != nullptr, who, "no instantiation for config ", config, " out ", code);
+  at::Tensor xp = at::empty({N, hp, wpx, C / 4}, x.options().dtype(at::kChar));
+  const at::ScalarType odt = code == 0 ? at::kInt : *out_dtype;
+  at::Tensor out = at::empty({N, ho, wo, O}, x.options().dtype(odt));
+  p.x = static_cast<const int8_t*>(xp.data_ptr());
+  p.wt = static_cast<const int8_t*>(wp.data_ptr());
+  p.d = out.data_ptr();
+  // can_implement before anything runs (TMA im2col limits on the filter's extent): the caller falls back on it
+  std::string err = fn(p, 0, nullptr);
+  TORCH_CHECK(err.empty(), who, err);
+  err = launch_pack(x.data_ptr(), dcode, x.stride(0), x.stride(1), x.stride(2), x.stride(3), int(N), int(C), int(H),
+                    int(W), int(ph), int(pw), pad_plus, reinterpret_cast<uint32_t*>(xp.data_ptr()), stream);
+  TORCH_CHECK(err.empty(), who, err);
+  size_t ws = 0;
+  err = fn(p, 1, &ws);
+  TORCH_CHECK(err.empty(), who, err);
+  at::Tensor workspace;
+  if (ws > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws)}, x.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  err = fn(p, 2, nullptr);
+  TORCH_CHECK(err.empty(), who, err);
+  return out.permute({0, 3, 1, 2});
+}
+
+}  // namespace bie_bconv
+
+TORCH_LIBRARY(bie_cutlass_binary_conv, m) {
+  m.def("conv(Tensor x, Tensor wp, int sh, int sw, int ph, int pw, int dh, int dw, bool pad_plus, Tensor? scale, "
+        "Tensor? bias, ScalarType? out_dtype, int config) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(bie_cutlass_binary_conv, CUDA, m) { m.impl("conv", &bie_bconv::conv); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("conv", &bie_bconv::conv); }

@@ -1,0 +1,41 @@
+// bie-backend-cutlass, binary_conv family: what the bindings and the kernels share.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace bie_bconv {
+
+// One implicit-GEMM 1-bit conv: x the padded (n, h, w, c_bytes) operand of binary_conv_pack.cu, wt the prepared
+// (o, r, s, c_bytes) weight, d the (n, ho, wo, o) output; k_bits = r * s * (c_bytes * 4), the +-1 values a window
+// holds (each c_bytes row holds c_bytes * 4 signs and their complements).
+struct BConvArgs {
+  const int8_t* x = nullptr;
+  const int8_t* wt = nullptr;
+  void* d = nullptr;
+  int n = 0, h = 0, w = 0, c_bytes = 0, o = 0, r = 0, s = 0;
+  int stride_h = 1, stride_w = 1, dil_h = 1, dil_w = 1;
+  int32_t k_bits = 0;
+  const float* scale = nullptr;
+  bool scale_vec = false;
+  const float* bias = nullptr;
+  void* workspace = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// mode 0: "" when CUTLASS can implement the problem (its TMA im2col limits), else why not; 1: the workspace size
+// into *ws; 2: launch. Returns "" on success, else what failed (never launches on a case it cannot implement).
+using BConvFn = std::string (*)(const BConvArgs&, int mode, size_t* ws);
+constexpr int kNumConfigs = 2;
+constexpr int kNumOutCodes = 4;   // int32, float32, bfloat16, float16
+BConvFn conv_fn(int config, int out_code);
+
+// The padded operand: out (n, h + 2 ph, w + 2 pw, c / 4) bytes: per pixel the sign bits of the c channels
+// (bit 1 = v >= 0; NaN packs as -1), channel i at byte i / 8 bit i % 8, then their complements; pixels of the
+// ring hold the pad value's bits (pad_plus: +1, else -1). x: (n, c, h, w) of dtype code 0 int8, 1 float32,
+// 2 bfloat16, 3 float16 with element strides sn, sc, sh, sw; c % 32 == 0.
+std::string launch_pack(const void* x, int dtype_code, int64_t sn, int64_t sc, int64_t sh, int64_t sw, int n, int c,
+                        int h, int w, int ph, int pw, bool pad_plus, uint32_t* out, cudaStream_t stream);
+
+}  // namespace bie_bconv

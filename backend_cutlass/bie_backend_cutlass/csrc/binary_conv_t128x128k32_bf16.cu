@@ -1,0 +1,6 @@
+// One instantiation per file: CUTLASS sm_90 templates compile slowly, ninja builds the files in parallel.
+#include "binary_conv_sm90.cuh"
+
+namespace bie_bconv {
+BIE_BCONV_DEFINE(t128x128k32, bf16, cutlass::bfloat16_t)
+}  // namespace bie_bconv
