@@ -22,6 +22,7 @@ import torch
 
 from .. import dispatch, ops
 from ..graph_pool import outside_graph_pool
+from ..ops._common import conv_memory_format
 from . import _sites
 from ._binary_fn import binary_conv2d
 from ._int_fn import _col, channels_last_only, q_conv2d
@@ -230,6 +231,8 @@ def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_sca
                     (per_channel,) + tuple(tuple(v) for v in geom[:4]) + (groups, pad_value))
         _sites.keep(key, w, signs, x4.shape, lc, geom)
     y = lc.call(x4)
+    if not y.is_contiguous(memory_format=conv_memory_format(x4)):
+        y = y.contiguous(memory_format=conv_memory_format(x4))   # the op's format for this x (its fake's)
     return y.squeeze(0) if x.dim() == 3 else y
 
 
