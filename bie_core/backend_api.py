@@ -11,7 +11,8 @@ public top-level names); ``tests/test_import_rules.py`` checks it. What is here:
 * the prepared-layout memo :class:`LayoutMemo` and :data:`tensor_state`;
 * the math a backend shares with the reference: geometry (:func:`conv_out_size`, :func:`packed_len`,
   :func:`mbwq_segments`), epilogue and layout steps (:func:`linear_scale`, :func:`scaled_epilogue`,
-  :func:`mm_bias_once`, :func:`conv_memory_format`, :func:`conv_weight_tap_bits`, :func:`lsq_backward_math`,
+  :func:`mm_bias_once`, :func:`conv_memory_format`, :func:`conv_weight_tap_bits`, :func:`shifted_input`,
+  :func:`lsq_backward_math`,
   :func:`lsq_sums`), the dynamic activation quantization's parameters and epilogue (:func:`affine_qparams`,
   :func:`dynamic_epilogue`...);
 * the op table: :func:`get_op`, :func:`has_op`, :func:`all_ops`; :func:`reference_kernel`, the registered
@@ -35,7 +36,7 @@ from .kernels import Capability, Problem
 from .native_build import (NativeBuildError, NativeExtension, cache_root, cuda_arch, gencode, have_nvcc,
                            included_files, link_flags)
 from .ops._common import FLOAT_DTYPES, conv_memory_format, mm_bias_once, scaled_epilogue
-from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len
+from .ops.binary import conv_out_size, conv_weight_tap_bits, linear_scale, packed_len, shifted_input
 from .ops.dynamic import MAX_K as DYNAMIC_MAX_K
 from .ops.dynamic import act_qmax, affine_codes, affine_qparams, affine_qparams_host, dynamic_epilogue, token_scales
 from .ops.integer import lsq_backward_math, lsq_sums, scale_runs
@@ -59,7 +60,7 @@ __all__ = [
     "LayoutMemo", "tensor_state", "outside_graph_pool", "weak_view",
     # math shared with the reference
     "conv_out_size", "packed_len", "linear_scale", "scaled_epilogue", "conv_weight_tap_bits", "lsq_backward_math",
-    "lsq_sums", "scale_runs", "conv_memory_format", "mm_bias_once",
+    "lsq_sums", "scale_runs", "conv_memory_format", "mm_bias_once", "shifted_input",
     "DYNAMIC_MAX_K", "act_qmax", "affine_codes", "affine_qparams", "affine_qparams_host", "dynamic_epilogue",
     "token_scales",
     # the op table

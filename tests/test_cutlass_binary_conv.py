@@ -120,8 +120,15 @@ def test_counts_and_epilogues_exact(shape):
             ref = _ref(x, wb, list(ks), list(st), list(pd), list(dl), 1, pad_value, None, None, None)
             for cfg in range(len(bc.CONFIGS)):
                 out = bc._ops().conv(x, wp, st[0], st[1], pd[0], pd[1], dl[0], dl[1], pad_value > 0, None, None,
-                                     None, cfg)
+                                     None, None, cfg)
                 _exact(out, ref, f"counts {dtype} pad {pad_value} {bc.CONFIGS[cfg]}")
+        if dtype.is_floating_point:   # the channel shift, added in x's dtype before the signs are taken
+            shift = (torch.randn(c, generator=gen) * 0.5).cuda()
+            shift[:4] = -x[0, :4, 0, 0].float()   # x + shift exactly 0 there: +1
+            ref = _ref(x, wb, list(ks), list(st), list(pd), list(dl), 1, -1.0, None, None, None, shift)
+            with bie_core.use_backend("cutlass"):
+                _exact(ops.binary_conv2d(x, wb, list(ks), list(st), list(pd), list(dl), 1, -1.0, None, None, None,
+                                         shift), ref, f"shift {dtype}")
         out_dtype = (torch.bfloat16, torch.float16, torch.float32, torch.bfloat16)[i]
         scale = (torch.rand(o, generator=gen) + 0.05).cuda() if i % 2 == 0 else torch.tensor([0.37]).cuda()
         bias = torch.randn(o, generator=gen).cuda() if i != 1 else None
@@ -199,13 +206,15 @@ def test_bad_arguments_raise():
     wp = bc.prepare_weight(_w(8, 64 * 9, torch.Generator().manual_seed(1)), [3, 3])
     conv = bc._ops().conv
     with pytest.raises(RuntimeError, match="multiple of 64"):
-        conv(torch.randn(1, 32, 4, 4, device="cuda"), wp, 1, 1, 1, 1, 1, 1, False, None, None, None, 0)
+        conv(torch.randn(1, 32, 4, 4, device="cuda"), wp, 1, 1, 1, 1, 1, 1, False, None, None, None, None, 0)
+    with pytest.raises(RuntimeError, match="shift"):
+        conv(x, wp, 1, 1, 1, 1, 1, 1, False, torch.ones(63, device="cuda"), None, None, None, 0)
     with pytest.raises(RuntimeError, match="stride"):
-        conv(x, wp, 9, 1, 1, 1, 1, 1, False, None, None, None, 0)
+        conv(x, wp, 9, 1, 1, 1, 1, 1, False, None, None, None, None, 0)
     with pytest.raises(RuntimeError, match="unknown config"):
-        conv(x, wp, 1, 1, 1, 1, 1, 1, False, None, None, None, 7)
+        conv(x, wp, 1, 1, 1, 1, 1, 1, False, None, None, None, None, 7)
     with pytest.raises(RuntimeError, match="scale"):
-        conv(x, wp, 1, 1, 1, 1, 1, 1, False, torch.ones(3, device="cuda"), None, torch.float32, 0)
+        conv(x, wp, 1, 1, 1, 1, 1, 1, False, None, torch.ones(3, device="cuda"), None, torch.float32, 0)
     with pytest.raises(RuntimeError, match="empty"):
         conv(torch.randn(1, 64, 1, 1, device="cuda").contiguous(memory_format=torch.channels_last), wp, 1, 1, 0, 0,
-             1, 1, False, None, None, None, 0)
+             1, 1, False, None, None, None, None, 0)

@@ -132,7 +132,7 @@ def test_binary_conv2d_channels_last_and_unbatched():
     y = layer(x)
     ycl = layer(x.contiguous(memory_format=torch.channels_last))
     torch.testing.assert_close(ycl, y)
-    assert ycl.is_contiguous()  # NCHW out
+    assert ycl.is_contiguous(memory_format=torch.channels_last)  # the input's format, as nn.Conv2d's
     torch.testing.assert_close(layer(x[0]), y[0])
     xcl = x.contiguous(memory_format=torch.channels_last).requires_grad_()
     layer(xcl).sum().backward()

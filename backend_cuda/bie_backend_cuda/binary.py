@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import conv_memory_format, outside_graph_pool
+from bie_core.backend_api import conv_memory_format, outside_graph_pool, shifted_input
 
 from . import _build
 
@@ -357,12 +357,14 @@ def prepare_conv(w: torch.Tensor) -> PreparedConv:
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                  prepared=None, tile=0):
+                  shift=None, prepared=None, tile=0):
     """groups == 1 (the capability check routes grouped convs elsewhere). tile: 0 chosen by shape, 1-4 forced
     (1 = 128 pixels x 64 channels per block, 2 = 128 x 32, 3 = 64 x 64, 4 = 64 x 32; 5-8: the same reading
     the windows from global memory instead of staging them in shared memory; tests, benchmarks)."""
     if groups != 1:
         raise ValueError(f"bie-backend-cuda's binary_conv2d serves groups=1, got groups={groups}")
+    mf = conv_memory_format(x)
+    x = shifted_input(x, shift)   # (an add before the packing kernel)
     p = prepared if prepared is not None else prepare_conv(w)
     kh, kw = kernel_size
     words, popc, taps = p.layout(w, x.shape[1], kh, kw)
@@ -370,13 +372,13 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     out = _build.ops().binary_conv2d(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype, tile)
     # the kernel writes NCHW planes; the op returns channels_last for a channels_last x (one conversion pass)
-    return out.contiguous(memory_format=conv_memory_format(x))
+    return out.contiguous(memory_format=mf)
 
 
 def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                       prepared=None):
+                       shift=None, prepared=None):
     """The layers' eager inference call for one input signature (see _bind_linear): the weight layout, geometry
-    and padding mode fixed once, one call into the library's Python module a forward."""
+    and padding mode fixed once, one call into the library's Python module a forward (after the shift's add)."""
     if prepared is None or groups != 1:
         return None
     kh, kw = kernel_size
@@ -384,10 +386,12 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     pad_mode = 2 if pad_value == 0 else (1 if pad_value > 0 else 0)
     geom = [kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]]
     fn = _build.direct().binary_conv2d
-    if conv_memory_format(x) == torch.channels_last:
+    mf = conv_memory_format(x)
+    sh = None if shift is None else shift.to(x.dtype).view(1, -1, 1, 1)
+    if mf == torch.channels_last or sh is not None:
         def call(x, *_):
-            return fn(x, words, popc, taps, geom, pad_mode, scale, bias, out_dtype, 0).contiguous(
-                memory_format=torch.channels_last)
+            return fn(x if sh is None else x + sh, words, popc, taps, geom, pad_mode, scale, bias, out_dtype,
+                      0).contiguous(memory_format=mf)
         call.input_only = True
         return call
 

@@ -33,7 +33,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES, conv_memory_format, outside_graph_pool
+from bie_core.backend_api import FLOAT_DTYPES, PACKABLE_DTYPES, conv_memory_format, outside_graph_pool, shifted_input
 
 from ._build import Extension
 
@@ -370,8 +370,10 @@ def binary_bmm(a, b, k, scale, out_dtype, *, tile=None):
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                  prepared=None):
+                  shift=None, prepared=None):
     from bie_core.backend_api import conv_out_size
+    mf = conv_memory_format(x)
+    x = shifted_input(x, shift)   # (an add before the packing kernel)
     p = prepared if prepared is not None else prepare_weight(w)
     nimg, c, h, wd = x.shape
     o = w.shape[0]
@@ -403,7 +405,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
            og * P, P, P, o * P]
     _run_gemm("binary_conv2d", wb, cols, wterm, cterm, _vec(scale), None, _vec(bias), out, geo)
     # the epilogue writes NCHW planes; the op returns channels_last for a channels_last x (one conversion pass)
-    return out.contiguous(memory_format=conv_memory_format(x))
+    return out.contiguous(memory_format=mf)
 
 
 # ------------------------------------------------------------------ capabilities

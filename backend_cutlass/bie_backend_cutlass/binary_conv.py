@@ -1,24 +1,24 @@
 """The implicit-GEMM 1-bit convolution of bie-backend-cutlass on Hopper: ``binary_conv2d`` on the b1 AND.POPC
-wgmma for channels_last input with C a multiple of 64 (``csrc/binary_conv_sm90.cuh``).
+wgmma for channels_last input with C a multiple of 64 from 128 (``csrc/binary_conv_sm90.cuh``).
 
 Two kernels a call, no patch matrix:
 
 1. ``csrc/binary_conv_pack.cu`` writes the padded operand: per pixel the sign bits of its channels and their
-   complements (C/4 bytes), a ring of pad pixels holding the pad value's bits (-1: 0 bits, +1: 1 bits);
+   complements (C/4 bytes), a ring of pad pixels holding the pad value's bits (-1: 0 bits, +1: 1 bits)
+   (with the op's channel shift added to x first: the layers' activation shift costs no pass of its own);
 2. CUTLASS's implicit-GEMM conv collective (TMA im2col, one CTA per output tile) with our 1-bit wgmma atom
    counts the equal signs of every window against the weight's [w | ~w] taps, and the epilogue fused into the
    TMA store writes ``2 * count - K`` (scaled, biased, cast) as NHWC rows: the channels_last output the op
    returns for a channels_last input.
 
-Where it does not serve (NCHW input, C not a multiple of 64, groups, pad value 0, other GPUs), the family's
+Where it does not serve (NCHW input, other C, groups, pad value 0, other GPUs), the family's
 im2col conv (``binary.py``) or bie-backend-cuda's direct conv do.
 """
 from __future__ import annotations
 
 import torch
 
-from bie_core.backend_api import PACKABLE_DTYPES, conv_out_size, conv_weight_tap_bits
-from bie_core.ops._common import channels_last_only
+from bie_core.backend_api import PACKABLE_DTYPES, conv_memory_format, conv_out_size, conv_weight_tap_bits
 
 from . import tuning
 from ._build import Extension
@@ -57,7 +57,7 @@ def _config(x, wp, args, out_dtype) -> int:
     (C = 128), else 64."""
     n, c, h, w = x.shape
     o, kh, kw = wp.shape[0], wp.shape[1], wp.shape[2]
-    sh, sw, ph, pw, dh, dw = args[:6]
+    sh, sw, ph, pw, dh, dw = args[:6]   # (strides, paddings, dilations)
     m = n * conv_out_size(h, kh, sh, ph, dh) * conv_out_size(w, kw, sw, pw, dw)
     names = list(CONFIGS)
     if wp.shape[3] <= 32:
@@ -69,28 +69,31 @@ def _config(x, wp, args, out_dtype) -> int:
     return CONFIGS.index(tuning.choose("binary_conv2d_sm90", bucket, cands, device=x.device))
 
 
-def _epilogue_vectors(scale, bias):
+def _vectors(x, shift, scale, bias):
+    """The kernel's float32 vectors: the shift in x's dtype first (the op adds it in that dtype), scale, bias."""
     f = (lambda t: None if t is None else t.detach().reshape(-1).to(torch.float32).contiguous())
-    return f(scale), f(bias)
+    return f(None if shift is None else shift.detach().to(x.dtype)), f(scale), f(bias)
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                  prepared=None):
+                  shift=None, prepared=None):
     wp = prepared if prepared is not None else prepare_weight(w, kernel_size)
-    s, b = _epilogue_vectors(scale, bias)
-    args = (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], pad_value > 0, s, b, out_dtype)
+    sh, s, b = _vectors(x, shift, scale, bias)
+    args = (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], pad_value > 0, sh, s, b,
+            out_dtype)
     out = _ops().conv(x.detach(), wp, *args, _config(x, wp, args, out_dtype))
     # (the capability takes channels_last inputs; another strided x of a cached decision's signature gets the
     # contiguous output the op defines for it)
-    return out if channels_last_only(x) else out.contiguous()
+    return out if conv_memory_format(x) == torch.channels_last else out.contiguous()
 
 
 def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                       prepared=None):
-    """One call signature's plan: the tile and the epilogue vectors fixed once, one call into the extension's
-    Python module a call (the layers' bound inference calls hand over x alone)."""
-    s, b = _epilogue_vectors(scale, bias)
-    args = (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], pad_value > 0, s, b, out_dtype)
+                       shift=None, prepared=None):
+    """One call signature's plan: the tile, the shift and the epilogue vectors fixed once, one call into the
+    extension's Python module a call (the layers' bound inference calls hand over x alone)."""
+    sh, s, b = _vectors(x, shift, scale, bias)
+    args = (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], pad_value > 0, sh, s, b,
+            out_dtype)
     cfg = _config(x, prepared, args, out_dtype)
     fn, wp = _ops().conv, prepared
 

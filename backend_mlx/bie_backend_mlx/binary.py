@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import torch
 
-from bie_core.backend_api import conv_memory_format
+from bie_core.backend_api import conv_memory_format, shifted_input
 
 from ._guard import checked_index
 from ._interop import kernel, mx_dtype, preparer, to_mlx, to_torch
@@ -204,9 +204,11 @@ def _conv_weight(prepared: PreparedSigns, o: int, cg: int, kh: int, kw: int) -> 
 
 @kernel
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                  prepared=None):
+                  shift=None, prepared=None):
     if prepared is None:
         prepared = prepare_signs(w)
+    mf = conv_memory_format(x)
+    x = shifted_input(x, shift)   # (the add in torch, in x's dtype, as the op defines it)
     n, c, h, wd = x.shape
     o = w.shape[0]
     kh, kw = kernel_size
@@ -216,8 +218,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     # pad AFTER taking signs: padded positions hold pad_value itself
     sx = pad_hw(sx, padding, float(pad_value))
     acc = mx.conv2d(sx, wm, stride=tuple(stride), padding=0, dilation=tuple(dilation), groups=groups)
-    return conv_out(acc, scale, bias, out_dtype, x.device,
-                    channels_last=conv_memory_format(x) == torch.channels_last)
+    return conv_out(acc, scale, bias, out_dtype, x.device, channels_last=mf == torch.channels_last)
 
 
 # ------------------------------------------------------------------ embeddings

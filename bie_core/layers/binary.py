@@ -43,11 +43,12 @@ def signs_of(w: torch.Tensor, per_channel: bool, backend: str) -> tuple:
 def bind_binary_conv2d(x, bits, sw, act_shift, act_scale, bias, geom: tuple, fixed: tuple, backend: str):
     """The bound call of a BinaryConv2d inference forward on 4-D ``x`` with the weight's sign ``bits`` and ``sw``
     and ``geom`` = (kernel size, stride, padding, dilation, groups, pad value), kept while ``fixed`` are unchanged:
-    the shift in x's dtype and the epilogue scale fixed at bind."""
-    shift = act_shift.detach().to(x.dtype).view(1, -1, 1, 1)
+    the shift in x's dtype and the epilogue scale fixed at bind. The op adds the shift (a kernel may add it while
+    it packs the signs: no pass of its own)."""
+    shift = act_shift.detach().to(x.dtype).reshape(-1)
     scale = _scale(act_scale.detach(), sw)
-    args = (x + shift, bits, *geom, scale, bias, x.dtype)
-    return bind_one(ops.binary_conv2d, args, backend, fixed, before=lambda t: t + shift, x=x)
+    args = (x, bits, *geom, scale, bias, x.dtype, shift)
+    return bind_one(ops.binary_conv2d, args, backend, fixed)
 
 
 def _pad_value(layer, value):

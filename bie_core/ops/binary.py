@@ -318,6 +318,12 @@ def conv_out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def shifted_input(x: torch.Tensor, shift) -> torch.Tensor:
+    """What ``binary_conv2d`` takes the signs of: x, or ``x + shift`` per input channel (the shift cast to x's dtype,
+    the add rounded in it), for kernels that do not apply the shift themselves."""
+    return x if shift is None else x + shift.to(x.dtype).view(1, -1, 1, 1)
+
+
 def conv_weight_tap_bits(w: torch.Tensor, c: int, kh: int, kw: int) -> torch.Tensor:
     """The sign bits of a packed OIHW conv weight w (O, ceil(c*kh*kw/8)), reordered tap-major for kernels that read
     each tap's channels as whole 32-bit words: (O, kh*kw, ceil(c/32)*32) uint8 0/1, zero past c. Device ops only
@@ -329,14 +335,15 @@ def conv_weight_tap_bits(w: torch.Tensor, c: int, kh: int, kw: int) -> torch.Ten
     return torch.nn.functional.pad(t, (0, -(-c // 32) * 32 - c)).reshape(o, kh * kw, -(-c // 32) * 32)
 
 
-def _conv_fake(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+def _conv_fake(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype, shift=None):
     ho = conv_out_size(x.shape[2], kernel_size[0], stride[0], padding[0], dilation[0])
     wo = conv_out_size(x.shape[3], kernel_size[1], stride[1], padding[1], dilation[1])
     return torch.empty((x.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype), device=x.device,
                        memory_format=conv_memory_format(x))
 
 
-def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                   shift=None):
     op = "binary_conv2d"
     check_tensor(x, op, "x", dtypes=PACKABLE, dim=4)
     check_tensor(w, op, "w", dtypes=(torch.uint8,), dim=2)
@@ -358,10 +365,16 @@ def _conv_validate(x, w, kernel_size, stride, padding, dilation, groups, pad_val
     check(ho > 0 and wo > 0, op, f"input {tuple(x.shape[2:])} is too small for the kernel (output {ho}x{wo})")
     check_conv_size(op, x.shape, w.shape[0], padding, ho, wo)
     check_epilogue(op, scale, bias, w.shape[0], out_dtype)
-    check_same_device(op, x=x, w=w, scale=scale, bias=bias)
+    if shift is not None:
+        check(x.dtype in FLOAT_DTYPES, op, f"a shift needs a floating x (x + shift in x's dtype), got x {x.dtype}")
+        check_tensor(shift, op, "shift", dtypes=FLOAT_DTYPES)
+        check(tuple(shift.shape) == (x.shape[1],), op,
+              f"shift must have one value per input channel, shape ({x.shape[1]},), got {tuple(shift.shape)}")
+    check_same_device(op, x=x, w=w, scale=scale, bias=bias, shift=shift)
 
 
-def _conv_problem(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+def _conv_problem(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  shift=None):
     cl = channels_last_only(x)
     return problem("binary_conv2d", x.device, x.dtype, training=any_requires_grad(x),
                    contiguous=x.is_contiguous() or cl,
@@ -369,7 +382,7 @@ def _conv_problem(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
                    KH=kernel_size[0], KW=kernel_size[1],
                    K=(x.shape[1] // groups) * kernel_size[0] * kernel_size[1],
                    stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
-                   pad_value=float(pad_value), out_dtype=out_dtype, channels_last=cl)
+                   pad_value=float(pad_value), out_dtype=out_dtype, channels_last=cl, shift=shift is not None)
 
 
 CONV_CASES = [
@@ -405,6 +418,14 @@ def _conv_cases(device, gen):
         yield Case((x, wb, list(ks), list(st), list(pd), list(dl), g, -1.0, scale, bias, dtype),
                    f"{str(dtype)[6:]} {'channels_last ' if i % 2 else ''}{n}x{c}x{h}x{w_} O={o} k={ks}",
                    tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+        # a channel shift (the layers' activation shift), of another float dtype than x on every third case; where
+        # x + shift is exactly 0 the sign is +1
+        sdt = FLOAT_DTYPES[(i + 1) % 3] if i % 3 == 0 else dtype
+        shift = (torch.randn(c, generator=gen) * 0.5).to(device=device, dtype=sdt)
+        if h * w_ > 0:
+            shift[0] = -x[0, 0, 0, 0].to(sdt)
+        yield Case((x, wb, list(ks), list(st), list(pd), list(dl), g, 1.0 if i % 2 else -1.0, None, None, None,
+                    shift), f"count shift {str(sdt)[6:]} {str(dtype)[6:]} {n}x{c}x{h}x{w_} O={o} k={ks}")
     # weight padding bits set (K = 3*3*3 = 27: five padding bits per row)
     x = _randn((2, 3, 6, 6), device=device, gen=gen)
     wb = dirty_bits((4, packed_len(27)), device=device, gen=gen)
@@ -415,10 +436,12 @@ def _conv_cases(device, gen):
 binary_conv2d = define_op(OpDef(
     name="binary_conv2d", family="binary",
     schema=("(Tensor x, Tensor w, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, "
-            "int groups, float pad_value, Tensor? scale, Tensor? bias, ScalarType? out_dtype) -> Tensor"),
-    doc=("Binary conv2d: exactly conv2d(pad(sgn(x), padding, value=pad_value), sgn(W), stride, dilation, "
-         "groups) with W from w, the packed sign bits of the OIHW weight flattened per output channel "
-         "(K = C/groups*kh*kw). x is NCHW (channels_last accepted); output (N, O, Ho, Wo) int32 counts or "
+            "int groups, float pad_value, Tensor? scale, Tensor? bias, ScalarType? out_dtype, "
+            "Tensor? shift=None) -> Tensor"),
+    doc=("Binary conv2d: exactly conv2d(pad(sgn(xs), padding, value=pad_value), sgn(W), stride, dilation, "
+         "groups) with xs = x, or x + shift (one value per input channel, of a float x: shift cast to x's dtype, "
+         "the add rounded in it; the layers' activation shift) and W from w, the packed sign bits of the OIHW "
+         "weight flattened per output channel (K = C/groups*kh*kw). x is NCHW (channels_last accepted); output (N, O, Ho, Wo) int32 counts or "
          "float32(count)*scale + bias cast to out_dtype; channels_last when x is channels_last (and not also "
          "contiguous), else contiguous."),
     fake=_conv_fake, problem=_conv_problem, validate=_conv_validate, cases=_conv_cases,

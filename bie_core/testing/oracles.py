@@ -104,8 +104,11 @@ def _padded_conv2d_int64(xp, w, stride, dilation, groups):
     return acc
 
 
-def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  shift=None):
     x = x.cpu()
+    if shift is not None:   # per channel, in x's dtype
+        x = torch.stack([x[:, i] + shift.cpu()[i].to(x.dtype) for i in range(x.shape[1])], dim=1)
     kh, kw = kernel_size
     o, cg = w.shape[0], x.shape[1] // groups
     k = cg * kh * kw

@@ -64,11 +64,13 @@ static at::Tensor epilogue_vector(const c10::optional<at::Tensor>& v, const char
 }
 
 // x (N, C, H, W) of int8 / float32 / bfloat16 / float16 with any strides, C % 64 == 0; wp the prepared (O, kh, kw,
-// C / 4) int8 weight (binary_conv.py prepare: [w | ~w] bytes per tap), O % 8 == 0; the conv of
-// pad(sgn(x), padding, value = +1 if pad_plus else -1) with sgn(W): returns (N, O, Ho, Wo) as a channels_last
-// tensor (the NHWC result), int32 counts (out_dtype None) or float32(count) * scale + bias in out_dtype.
+// C / 4) int8 weight (binary_conv.py prepare: [w | ~w] bytes per tap), O % 8 == 0; shift None or C float32 values
+// (the op's shift cast to x's dtype, then to float32; a float x only); the conv of pad(sgn(x [+ shift]), padding,
+// value = +1 if pad_plus else -1) with sgn(W): returns (N, O, Ho, Wo) as a channels_last tensor (the NHWC result),
+// int32 counts (out_dtype None) or float32(count) * scale + bias in out_dtype.
 at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                int64_t dh, int64_t dw, bool pad_plus, const c10::optional<at::Tensor>& scale_in,
+                int64_t dh, int64_t dw, bool pad_plus, const c10::optional<at::Tensor>& shift,
+                const c10::optional<at::Tensor>& scale_in,
                 const c10::optional<at::Tensor>& bias_in, c10::optional<at::ScalarType> out_dtype, int64_t config) {
   const char* who = "bie_cutlass_binary_conv.conv: ";
   TORCH_CHECK(x.is_cuda() && x.dim() == 4, who, "x must be a 4-D CUDA tensor, got ", x.sizes());
@@ -92,6 +94,12 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t s
               "problem outside the 32-bit index range served");
   TORCH_CHECK(config >= 0 && config < kNumConfigs, who, "unknown config ", config);
   TORCH_CHECK(sm90(x.get_device()), who, "needs a compute capability 9.0 GPU");
+  if (shift.has_value()) {
+    const at::Tensor& s = *shift;
+    TORCH_CHECK(dcode > 0 && s.device() == x.device() && s.scalar_type() == at::kFloat && s.dim() == 1 &&
+                    s.numel() == C && s.is_contiguous(),
+                who, "shift must be C contiguous float32 values on x's device, of a float x");
+  }
   const int code = out_code(out_dtype);
   if (code == 0) TORCH_CHECK(!scale_in.has_value() && !bias_in.has_value(), who, "int32 output takes no scale/bias");
   c10::optional<at::Tensor> scale, bias;
@@ -131,7 +139,8 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t s
   std::string err = fn(p, 0, nullptr);
   TORCH_CHECK(err.empty(), who, err);
   err = launch_pack(x.data_ptr(), dcode, x.stride(0), x.stride(1), x.stride(2), x.stride(3), int(N), int(C), int(H),
-                    int(W), int(ph), int(pw), pad_plus, reinterpret_cast<uint32_t*>(xp.data_ptr()), stream);
+                    int(W), int(ph), int(pw), pad_plus, shift.has_value() ? shift->data_ptr<float>() : nullptr,
+                    reinterpret_cast<uint32_t*>(xp.data_ptr()), stream);
   TORCH_CHECK(err.empty(), who, err);
   size_t ws = 0;
   err = fn(p, 1, &ws);
@@ -149,8 +158,8 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t s
 }  // namespace bie_bconv
 
 TORCH_LIBRARY(bie_cutlass_binary_conv, m) {
-  m.def("conv(Tensor x, Tensor wp, int sh, int sw, int ph, int pw, int dh, int dw, bool pad_plus, Tensor? scale, "
-        "Tensor? bias, ScalarType? out_dtype, int config) -> Tensor");
+  m.def("conv(Tensor x, Tensor wp, int sh, int sw, int ph, int pw, int dh, int dw, bool pad_plus, Tensor? shift, "
+        "Tensor? scale, Tensor? bias, ScalarType? out_dtype, int config) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bie_cutlass_binary_conv, CUDA, m) { m.impl("conv", &bie_bconv::conv); }

@@ -34,8 +34,11 @@ BConvFn conv_fn(int config, int out_code);
 // The padded operand: out (n, h + 2 ph, w + 2 pw, c / 4) bytes: per pixel the sign bits of the c channels
 // (bit 1 = v >= 0; NaN packs as -1), channel i at byte i / 8 bit i % 8, then their complements; pixels of the
 // ring hold the pad value's bits (pad_plus: +1, else -1). x: (n, c, h, w) of dtype code 0 int8, 1 float32,
-// 2 bfloat16, 3 float16 with element strides sn, sc, sh, sw; c % 32 == 0.
+// 2 bfloat16, 3 float16 with element strides sn, sc, sh, sw; c % 32 == 0. shift: nullptr, or c float32 values (of
+// x's dtype) whose signs are those of x + shift: the float32 sum of two values of a float x's dtype is nonzero
+// exactly when the sum rounded to that dtype is, with its sign, so the sign needs no rounding step.
 std::string launch_pack(const void* x, int dtype_code, int64_t sn, int64_t sc, int64_t sh, int64_t sw, int n, int c,
-                        int h, int w, int ph, int pw, bool pad_plus, uint32_t* out, cudaStream_t stream);
+                        int h, int w, int ph, int pw, bool pad_plus, const float* shift, uint32_t* out,
+                        cudaStream_t stream);
 
 }  // namespace bie_bconv

@@ -28,10 +28,10 @@ BConvFn conv_fn(int config, int out_code) {
 
 namespace {
 
-__device__ __forceinline__ bool nonneg(int8_t v) { return v >= 0; }
-__device__ __forceinline__ bool nonneg(float v) { return v >= 0.0f; }   // false for NaN: it packs as -1
-__device__ __forceinline__ bool nonneg(__nv_bfloat16 v) { return __bfloat162float(v) >= 0.0f; }
-__device__ __forceinline__ bool nonneg(__half v) { return __half2float(v) >= 0.0f; }
+__device__ __forceinline__ float value(int8_t v) { return float(v); }
+__device__ __forceinline__ float value(float v) { return v; }
+__device__ __forceinline__ float value(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float value(__half v) { return __half2float(v); }
 
 // One thread per (pixel of the padded image, 32 channels): the word of their signs and its complement. Threads of
 // one pixel are adjacent, so a channels_last x is read in contiguous runs: with kVec (channels of unit stride, every
@@ -39,8 +39,8 @@ __device__ __forceinline__ bool nonneg(__half v) { return __half2float(v) >= 0.0
 // before its compares.
 template <class T, bool kVec>
 __global__ void pack_padded(const T* __restrict__ x, int64_t sn, int64_t sc, int64_t sh, int64_t sw, int c, int h,
-                            int w, int ph, int pw, int hp, int wp, uint32_t pad_word, int64_t total,
-                            uint32_t* __restrict__ out) {
+                            int w, int ph, int pw, int hp, int wp, uint32_t pad_word,
+                            const float* __restrict__ shift, int64_t total, uint32_t* __restrict__ out) {
   constexpr int kChunks = 32 * int(sizeof(T)) / 16;   // 16-byte loads a word takes
   const int words = c / 32;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -65,8 +65,15 @@ __global__ void pack_padded(const T* __restrict__ x, int64_t sn, int64_t sc, int
         for (int j = 0; j < 32; ++j) u.v[j] = p[j * sc];
       }
       bits = 0;
+      // v >= 0 is false for NaN: it packs as -1
+      if (shift != nullptr) {
+        const float* s = shift + word * 32;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) bits |= uint32_t(nonneg(u.v[j])) << j;
+        for (int j = 0; j < 32; ++j) bits |= uint32_t(value(u.v[j]) + __ldg(s + j) >= 0.0f) << j;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) bits |= uint32_t(value(u.v[j]) >= 0.0f) << j;
+      }
     }
     uint32_t* o = out + pix * 2 * words;
     o[word] = bits;
@@ -76,7 +83,7 @@ __global__ void pack_padded(const T* __restrict__ x, int64_t sn, int64_t sc, int
 
 template <class T>
 std::string launch_typed(const void* x, int64_t sn, int64_t sc, int64_t sh, int64_t sw, int n, int c, int h, int w,
-                         int ph, int pw, bool pad_plus, uint32_t* out, cudaStream_t stream) {
+                         int ph, int pw, bool pad_plus, const float* shift, uint32_t* out, cudaStream_t stream) {
   const int hp = h + 2 * ph, wp = w + 2 * pw;
   const int64_t total = int64_t(n) * hp * wp * (c / 32);
   if (total == 0) return "";
@@ -89,10 +96,10 @@ std::string launch_typed(const void* x, int64_t sn, int64_t sc, int64_t sh, int6
                    sw % align == 0;   // (c % 32 == 0: every word's 32 channels start 16-byte aligned then)
   if (vec)
     pack_padded<T, true><<<grid, threads, 0, stream>>>(static_cast<const T*>(x), sn, sc, sh, sw, c, h, w, ph, pw, hp,
-                                                       wp, pad_word, total, out);
+                                                       wp, pad_word, shift, total, out);
   else
     pack_padded<T, false><<<grid, threads, 0, stream>>>(static_cast<const T*>(x), sn, sc, sh, sw, c, h, w, ph, pw, hp,
-                                                        wp, pad_word, total, out);
+                                                        wp, pad_word, shift, total, out);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("binary_conv pack launch: ") + cudaGetErrorString(e);
 }
@@ -100,13 +107,14 @@ std::string launch_typed(const void* x, int64_t sn, int64_t sc, int64_t sh, int6
 }  // namespace
 
 std::string launch_pack(const void* x, int dtype_code, int64_t sn, int64_t sc, int64_t sh, int64_t sw, int n, int c,
-                        int h, int w, int ph, int pw, bool pad_plus, uint32_t* out, cudaStream_t stream) {
+                        int h, int w, int ph, int pw, bool pad_plus, const float* shift, uint32_t* out,
+                        cudaStream_t stream) {
   if (c % 32 != 0) return "binary_conv pack: channels must be a multiple of 32";
   switch (dtype_code) {
-    case 0: return launch_typed<int8_t>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, out, stream);
-    case 1: return launch_typed<float>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, out, stream);
-    case 2: return launch_typed<__nv_bfloat16>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, out, stream);
-    case 3: return launch_typed<__half>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, out, stream);
+    case 0: return launch_typed<int8_t>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, shift, out, stream);
+    case 1: return launch_typed<float>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, shift, out, stream);
+    case 2: return launch_typed<__nv_bfloat16>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, shift, out, stream);
+    case 3: return launch_typed<__half>(x, sn, sc, sh, sw, n, c, h, w, ph, pw, pad_plus, shift, out, stream);
     default: return "binary_conv pack: x must be int8, float32, bfloat16 or float16";
   }
 }

@@ -17,7 +17,7 @@ import threading
 import torch
 
 from bie_core.backend_api import (FLOAT_DTYPES, LayoutMemo, conv_memory_format, conv_out_size, linear_scale, packed_len,
-                                  scale_runs)
+                                  scale_runs, shifted_input)
 
 I64, VP, F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
@@ -402,8 +402,9 @@ def _conv_weights(w: torch.Tensor, cg: int, kh: int, kw: int):
 
 
 def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                  prepared=None):
+                  shift=None, prepared=None):
     _cpu("binary_conv2d", x, w, scale, bias)
+    x = shifted_input(x, shift)   # (an add before the packing kernel)
     _require(x.dim() == 4 and x.dtype in DTYPE_CODE and w.dim() == 2 and w.dtype == torch.uint8
              and out_dtype in OUT_CODE and pad_value in (-1.0, 0.0, 1.0), "binary_conv2d", "bad x, w or pad_value")
     n, c, h, wd = x.shape
@@ -426,7 +427,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     if h == 0 or wd == 0:   # an empty image: every output is the padding's (the packing kernel has no rows to read)
         from ..reference import binary as _rb
         return _rb.binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias,
-                                 out_dtype)
+                                 out_dtype)   # (x already shifted)
     wbits, taps = _layouts(prepared).get(("conv", cg, kh, kw), lambda: _conv_weights(w, cg, kh, kw))
     x = x.detach()
     if not (x.stride(3) == 1 or x.stride(1) == 1):
@@ -449,7 +450,7 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
 
 
 def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                       prepared=None):
+                       shift=None, prepared=None):
     """``binary_conv2d`` for one call signature (the dispatcher's ``bind``): a
     ``BinaryConvPlan`` of the fused module (csrc/fused_plans.cpp) with the
     weight words, geometry and epilogue fixed, one C++ call per forward. The
@@ -486,21 +487,27 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     if conv_memory_format(x) == torch.channels_last:   # (the plan writes NCHW planes; the op's format for such an x)
         def run(t, plan_call=plan.__call__):
             return plan_call(t).contiguous(memory_format=torch.channels_last)
+    if shift is not None:   # the shift the plan was bound with, added before it
+        sh0, unshifted = shift.to(x.dtype).view(1, -1, 1, 1), run
+
+        def run(t):
+            return unshifted(t + sh0)
     s0, b0 = scale, bias
     # (an inference tensor has no version counter and cannot change in place outside inference mode: its
     # storage alone; reading _version of one raises, which costs more than the whole call)
     sv = None if s0 is None or s0.is_inference() else s0._version
     bv = None if b0 is None or b0.is_inference() else b0._version
+    shv = None if shift is None or shift.is_inference() else shift._version
     sp = None if s0 is None else s0.data_ptr()
     bp = None if b0 is None else b0.data_ptr()
 
-    def call(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
-        if scale is s0 and bias is b0 and (scale is None or (scale.data_ptr() == sp and (
+    def call(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype, shift_=None):
+        if scale is s0 and bias is b0 and shift_ is shift and (scale is None or (scale.data_ptr() == sp and (
                 sv is None or scale._version == sv))) and (bias is None or (bias.data_ptr() == bp and (
-                    bv is None or bias._version == bv))):
+                    bv is None or bias._version == bv))) and (shv is None or shift._version == shv):
             return run(x)
         return binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
-                             prepared)
+                             shift_, prepared)
     return call
 
 

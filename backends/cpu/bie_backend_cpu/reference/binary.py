@@ -61,9 +61,11 @@ def binary_bmm(a, b, k, scale, out_dtype):
     return scaled_epilogue(binary_dot(a, b, k), scale, None, out_dtype)
 
 
-def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype):
-    from bie_core.backend_api import conv_memory_format, scaled_epilogue
+def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
+                  shift=None):
+    from bie_core.backend_api import conv_memory_format, scaled_epilogue, shifted_input
     mf = conv_memory_format(x)   # (the op's output format: channels_last for a channels_last x)
+    x = shifted_input(x, shift)
     c = x.shape[1]
     k = (c // groups) * kernel_size[0] * kernel_size[1]
     sx = torch.where(x >= 0, 1.0, -1.0).to(torch.float64)
