@@ -62,7 +62,7 @@ class BConvArgs(ctypes.Structure):
                 ("CW", I64), ("w", VP), ("taps", VP), ("O", I64), ("Og", I64), ("KH", I64), ("KWk", I64),
                 ("sh", I64), ("sw", I64), ("ph", I64), ("pw", I64), ("dh", I64), ("dw", I64), ("Ho", I64),
                 ("Wo", I64), ("K", I64), ("padmul", I64), ("pix", I64), ("scale", VP), ("bias", VP),
-                ("flags", I64), ("out_type", I64), ("out", VP)]
+                ("flags", I64), ("out_type", I64), ("out", VP), ("out_nhwc", I64)]
 
 
 class IGemmArgs(ctypes.Structure):
@@ -421,7 +421,8 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     ho, wo = conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw)
     _require(k > 0 and w.shape[1] == packed_len(k) and ho > 0 and wo > 0, "binary_conv2d",
              f"w {tuple(w.shape)} does not fit K={k}, or empty output {ho}x{wo}")
-    out = _epilogue_out("binary_conv2d", (n, o, ho, wo), scale, bias, out_dtype)
+    mf = conv_memory_format(x)   # (the op's format: channels_last for such an x, written as such)
+    out = _epilogue_out("binary_conv2d", (n, o, ho, wo), scale, bias, out_dtype, memory_format=mf)
     if n == 0 or o == 0:
         return out
     if h == 0 or wd == 0:   # an empty image: every output is the padding's (the packing kernel has no rows to read)
@@ -444,9 +445,9 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     flags, s32, b32 = _epilogue(scale, bias, o)
     ca = BConvArgs(xs.data_ptr(), n, h, wd, hp, wp, g, cw, wbits.data_ptr(), taps.data_ptr(), o, og, kh, kw,
                    sh, sw, ph, pw, dh, dw, ho, wo, k, int(pad_value) + 1, pix, _ptr(s32), _ptr(b32),
-                   flags & ~EPI_BIAS_VEC, OUT_CODE[out_dtype], out.data_ptr())
+                   flags & ~EPI_BIAS_VEC, OUT_CODE[out_dtype], out.data_ptr(), int(mf == torch.channels_last))
     _check(_lib.bie_bconv(ctypes.byref(pa), ctypes.byref(ca)), "binary_conv2d")
-    return out.contiguous(memory_format=conv_memory_format(x))   # (the op's format: channels_last for such an x)
+    return out
 
 
 def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_value, scale, bias, out_dtype,
@@ -483,10 +484,7 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     plan = fused.BinaryConvPlan(words, taps, o, c, g, kh, kw, [int(v) for v in stride], [int(v) for v in padding],
                                 [int(v) for v in dilation], int(pad_value), DTYPE_CODE[x.dtype], OUT_CODE[out_dtype],
                                 scale, bias)
-    run = plan.__call__
-    if conv_memory_format(x) == torch.channels_last:   # (the plan writes NCHW planes; the op's format for such an x)
-        def run(t, plan_call=plan.__call__):
-            return plan_call(t).contiguous(memory_format=torch.channels_last)
+    run = plan.__call__   # (its output in the op's format for the x it gets)
     if shift is not None:   # the shift the plan was bound with, added before it
         sh0, unshifted = shift.to(x.dtype).view(1, -1, 1, 1), run
 

@@ -67,7 +67,8 @@ typedef struct {
   int64_t pix;        // output pixels per task (multiple of 8)
   const float* scale; const float* bias;  // per output channel (or one value)
   int64_t flags, out_type;
-  void* out;          // (N, O, Ho, Wo) contiguous
+  void* out;          // (N, O, Ho, Wo): contiguous, or with out_nhwc the (N, Ho, Wo, O) rows of a channels_last tensor
+  int64_t out_nhwc;
 } bie_bconv_args;
 
 typedef struct {

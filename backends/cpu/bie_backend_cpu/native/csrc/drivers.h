@@ -474,8 +474,16 @@ static int drv_bconv(const void* args, int64_t t0, int64_t t1) {
             }
             const float so = (fl & BIE_EPI_SCALE) ? p->scale[(fl & BIE_EPI_SCALE_VEC) ? oo : 0] : 1.0f;
             const float bo = (fl & BIE_EPI_BIAS) ? p->bias[oo] : 0.0f;
-            finish_row(dots, nc, (int)p->out_type, fl & (BIE_EPI_SCALE | BIE_EPI_BIAS), nullptr, so, nullptr, bo,
-                       (char*)p->out + ((n * p->O + oo) * HoWo + p0 + j0) * osz);
+            if (!p->out_nhwc) {
+              finish_row(dots, nc, (int)p->out_type, fl & (BIE_EPI_SCALE | BIE_EPI_BIAS), nullptr, so, nullptr, bo,
+                         (char*)p->out + ((n * p->O + oo) * HoWo + p0 + j0) * osz);
+            } else {   // a channels_last output: the channel's values land O elements apart
+              alignas(64) char row[BNR * 8 * 4];
+              finish_row(dots, nc, (int)p->out_type, fl & (BIE_EPI_SCALE | BIE_EPI_BIAS), nullptr, so, nullptr, bo,
+                         row);
+              char* dst = (char*)p->out + ((n * HoWo + p0 + j0) * p->O + oo) * osz;
+              for (int64_t c = 0; c < nc; ++c) __builtin_memcpy(dst + c * p->O * osz, row + c * osz, (size_t)osz);
+            }
           }
         }
       }

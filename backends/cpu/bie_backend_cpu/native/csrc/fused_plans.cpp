@@ -377,7 +377,10 @@ class BinaryConvPlan {
     if (h < 1 || w < 1 || h + 2 * ph_ < dh_ * (kh_ - 1) + 1 || w + 2 * pw_ < dw_ * (kw_ - 1) + 1)
       bad(nm, "input too small for the kernel");
     const int64_t ho = (h + 2 * ph_ - dh_ * (kh_ - 1) - 1) / sh_ + 1, wo = (w + 2 * pw_ - dw_ * (kw_ - 1) - 1) / sw_ + 1;
-    at::Tensor out = at::empty({n, o_, ho, wo}, at::TensorOptions().dtype(dtype_of(out_code_)));
+    // the op's format: channels_last for a channels_last x (and not also contiguous), written as such
+    const bool nhwc = x.is_contiguous(at::MemoryFormat::ChannelsLast) && !x.is_contiguous();
+    at::Tensor out = at::empty({n, o_, ho, wo}, at::TensorOptions().dtype(dtype_of(out_code_)),
+                               nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
     if (n == 0) return out;
     at::Tensor xc = (x.stride(3) == 1 || x.stride(1) == 1) ? x : x.contiguous();
     std::unique_ptr<py::gil_scoped_release> nogil;
@@ -395,7 +398,7 @@ class BinaryConvPlan {
     bie_bconv_args ca{xs.data(), n, h, w, hp, wp, g_, cw_, reinterpret_cast<const uint64_t*>(words_.const_data_ptr()),
                       taps_.const_data_ptr<int32_t>(), o_, o_ / g_, kh_, kw_, sh_, sw_, ph_, pw_, dh_, dw_, ho, wo,
                       cg_ * kh_ * kw_, padmul_, pix, epi_.sp(), epi_.bp(), epi_.flags & ~BIE_EPI_BIAS_VEC, out_code_,
-                      out.data_ptr()};
+                      out.data_ptr(), nhwc ? 1 : 0};
     check_rc(g_bconv(&pa, &ca), nm);
     return out;
   }
