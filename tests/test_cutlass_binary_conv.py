@@ -106,6 +106,28 @@ def test_prepared_weight_holds_signs_and_complements():
     assert torch.equal(bits[..., 1, :], 1 - bits[..., 0, :])
 
 
+def test_capability_names_what_it_declines():
+    """The capability's reasons (CPU: problems only): channels_last input with C a multiple of 64 from 128, one
+    group, pad -1 / +1, O % 8 == 0, stride up to 8, windows reaching at most 64 pixels."""
+    from bie_backend_cutlass.binary_conv import MAX_REACH, _check
+    from bie_core.ops.binary import _conv_problem
+
+    def reason(c=128, o=64, k=(3, 3), st=(1, 1), pd=(1, 1), dl=(1, 1), g=1, pad_value=-1.0, cl=True, hw=9):
+        x = torch.empty(2, c, hw, hw)
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        w = torch.empty(o, packed_len(c // g * k[0] * k[1]), dtype=torch.uint8)
+        return _check(_conv_problem(x, w, list(k), list(st), list(pd), list(dl), g, pad_value, None, None, None))
+
+    assert reason() is None and reason(c=512, pad_value=1.0, st=(2, 2)) is None
+    assert reason(k=(1, 5), dl=(1, MAX_REACH // 4), hw=300) is None
+    for kw, words in ((dict(cl=False), "channels_last"), (dict(c=96), "C=96"), (dict(c=64), "C=64"),
+                      (dict(g=2), "groups"), (dict(pad_value=0.0), "pad_value 0"), (dict(o=12), "O=12"),
+                      (dict(st=(9, 1), hw=40), "stride"), (dict(k=(3, 3), dl=(1, MAX_REACH), hw=200), "reaching")):
+        r = reason(**kw)
+        assert r is not None and words in r, (kw, r)
+
+
 @needs_kernels
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])) + f"k{s[5][0]}{s[5][1]}")
 def test_counts_and_epilogues_exact(shape):
