@@ -137,8 +137,8 @@ def _check(p):
 def register(registry, priority: int) -> None:
     from bie_core.backend_api import Capability
     registry.register("binary_conv2d", binary_conv2d, priority=priority, name="binary_conv2d_sm90",
-                      capability=Capability(devices=("cuda",), dtypes=PACKABLE_DTYPES, compute_capability=((9, 0), (9, 0)),
-                                            check=_check),
+                      capability=Capability(devices=("cuda",), dtypes=PACKABLE_DTYPES,
+                                            compute_capability=((9, 0), (9, 0)), check=_check),
                       prepare=prepare_weight, prepare_static=("kernel_size",), bind=bind_binary_conv2d,
                       description="implicit-GEMM conv on the b1 AND.POPC wgmma (CUTLASS conv collective, TMA "
                                   "im2col) over a padded operand of signs and complements: 2*count - K, scale, "
