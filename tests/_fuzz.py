@@ -37,6 +37,7 @@ import math
 import os
 import random
 import sys
+import time
 import traceback
 import warnings
 
@@ -483,7 +484,10 @@ def drive(mode: str, seed: int, start: int, count: int, timeout: float = 600.0) 
     """Run cases [start, start + count) of ``mode`` in worker processes;
     returns one record per case. A worker that dies is a ``crash`` of the case
     it was running (its progress file says which); a new worker continues
-    after it."""
+    after it. A worker past ``timeout`` (it runs every remaining case: on a
+    slow, shared machine that can take longer than the timeout) is restarted at
+    the case it was running; that case is a ``crash`` (a hang) only when it
+    runs past the timeout again."""
     import subprocess
     import tempfile
     env = dict(os.environ)
@@ -491,6 +495,7 @@ def drive(mode: str, seed: int, start: int, count: int, timeout: float = 600.0) 
     env.pop("BIE_BACKEND", None)
     records: dict = {}
     nxt, end = start, start + count
+    timed_out_at = None   # the case a worker was running when it ran past the timeout
     while nxt < end:
         with tempfile.NamedTemporaryFile("r", suffix=".progress") as prog:
             cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--seed", str(seed), "--start",
@@ -509,6 +514,9 @@ def drive(mode: str, seed: int, start: int, count: int, timeout: float = 600.0) 
         if rc == 0 and all(i in records for i in range(nxt, end)):
             break
         last = max(started) if started else nxt
+        if rc == "timeout" and last not in records and last != timed_out_at:
+            timed_out_at, nxt = last, last   # a fresh worker from that case on
+            continue
         if last not in records:
             label = "?"
             try:
@@ -543,13 +551,21 @@ def main(argv=None):
     torch.set_num_threads(1)
     import bie_core  # noqa: F401
     prog = open(a.progress, "a", buffering=1) if a.progress else None
-    crash_at = int(os.environ.get("BIE_FUZZ_SELFTEST_CRASH", "-1"))   # the harness's own test: die here
+    # the harness's own tests: die at a case; stall at a case (every time, or only while a marker file is absent)
+    crash_at = int(os.environ.get("BIE_FUZZ_SELFTEST_CRASH", "-1"))
+    stall = os.environ.get("BIE_FUZZ_SELFTEST_STALL", "-1:").split(":", 1)
     for i in range(a.start, a.start + a.count):
         if prog:
             prog.write(f"{i}\n")
             prog.flush()
         if i == crash_at:
             os.abort()
+        if i == int(stall[0]):
+            if not stall[1]:
+                time.sleep(3600)
+            elif not os.path.exists(stall[1]):
+                open(stall[1], "w").close()
+                time.sleep(3600)
         try:
             status, label, detail = run_case(a.seed, i, a.mode)
         except BaseException as e:  # a bug in the harness itself, reported as such

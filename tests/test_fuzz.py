@@ -49,6 +49,19 @@ def test_fuzz_reports_a_crash_and_continues(monkeypatch):
     assert all(r["status"] in ("ok", "clear") for i, r in enumerate(records) if i != 3)
 
 
+def test_fuzz_restarts_a_slow_worker_and_reports_a_hang(monkeypatch, tmp_path):
+    """A worker past the timeout is restarted at the case it was running: a case that then finishes is a case
+    like any other (a slow, shared machine); one that runs past the timeout again is a crash (a hang)."""
+    monkeypatch.setenv("BIE_FUZZ_SELFTEST_STALL", f"2:{tmp_path / 'stalled-once'}")
+    records = _fuzz.drive("reference", SEED, 0, 4, timeout=15)
+    assert [r["status"] in ("ok", "clear") for r in records] == [True] * 4, records
+    monkeypatch.setenv("BIE_FUZZ_SELFTEST_STALL", "2:")
+    records = _fuzz.drive("reference", SEED, 0, 4, timeout=15)
+    assert [r["i"] for r in records] == list(range(4))
+    assert records[2]["status"] == "crash" and "timeout" in records[2]["detail"]
+    assert all(r["status"] in ("ok", "clear") for i, r in enumerate(records) if i != 2)
+
+
 def test_clear_means_naming_op_and_argument():
     ok = ValueError("bie::binary_gemm: k must be positive, got 0")
     assert _fuzz.classify_error(ok, "binary_gemm", [("k", "int")])[0] == "clear"
