@@ -28,7 +28,9 @@ EXTENSION = Extension(family="binary_conv",
                       sources=("binary_conv_bindings.cpp", "binary_conv_pack.cu")
                       + tuple(f"binary_conv_{c}_{t}.cu" for c in CONFIGS for t in ("i32", "f32", "bf16", "f16")),
                       python_module=True)
-#: the widest window the TMA im2col box reaches here ((k - 1) * dilation per spatial dim); wider goes elsewhere
+#: the widest window served ((k - 1) * dilation per spatial dim; the operand is already padded): within what
+#: CUTLASS's implicit-GEMM collective implements for two spatial dims (TMA im2col corners down to -128, filter
+#: offsets below 255); wider goes to the other kernels
 MAX_REACH = 64
 
 
@@ -142,4 +144,5 @@ def register(registry, priority: int) -> None:
                       prepare=prepare_weight, prepare_static=("kernel_size",), bind=bind_binary_conv2d,
                       description="implicit-GEMM conv on the b1 AND.POPC wgmma (CUTLASS conv collective, TMA "
                                   "im2col) over a padded operand of signs and complements: 2*count - K, scale, "
-                                  "bias and dtype fused into the TMA store; channels_last in and out, C % 64 == 0")
+                                  "bias and dtype fused into the TMA store; channels_last in and out, C a "
+                                  "multiple of 64 from 128")

@@ -441,9 +441,9 @@ binary_conv2d = define_op(OpDef(
     doc=("Binary conv2d: exactly conv2d(pad(sgn(xs), padding, value=pad_value), sgn(W), stride, dilation, "
          "groups) with xs = x, or x + shift (one value per input channel, of a float x: shift cast to x's dtype, "
          "the add rounded in it; the layers' activation shift) and W from w, the packed sign bits of the OIHW "
-         "weight flattened per output channel (K = C/groups*kh*kw). x is NCHW (channels_last accepted); output (N, O, Ho, Wo) int32 counts or "
-         "float32(count)*scale + bias cast to out_dtype; channels_last when x is channels_last (and not also "
-         "contiguous), else contiguous."),
+         "weight flattened per output channel (K = C/groups*kh*kw). x is NCHW (channels_last accepted); output "
+         "(N, O, Ho, Wo) int32 counts or float32(count)*scale + bias cast to out_dtype; channels_last when x is "
+         "channels_last (and not also contiguous), else contiguous."),
     fake=_conv_fake, problem=_conv_problem, validate=_conv_validate, cases=_conv_cases,
     weight_args=(1,), memory_format_checked=True))
 
