@@ -344,8 +344,12 @@ def parse_args(argv=None):
                    help="write which kernel served each layer (bie_core.explain, packed model) per variant")
     p.add_argument("--data-batches", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "e2e_cnn"))
+    p.add_argument("--out", default=None,
+                   help="results folder (default: benchmarks/results/e2e_cnn; with --smoke a temporary folder, so a "
+                        "smoke run never replaces the committed figures)")
     a = p.parse_args(argv)
+    if a.out is None:
+        a.out = tempfile.mkdtemp(prefix="bie_e2e_cnn_") if a.smoke else os.path.join(HERE, "results", "e2e_cnn")
     if a.smoke:
         a.device = a.device or "cpu"
         a.batch, a.image, a.width, a.classes = 4, 32, 8, 10
