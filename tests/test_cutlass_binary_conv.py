@@ -107,8 +107,8 @@ def test_prepared_weight_holds_signs_and_complements():
 
 
 def test_capability_names_what_it_declines():
-    """The capability's reasons (CPU: problems only): channels_last input with C a multiple of 64 from 128, one
-    group, pad -1 / +1, O % 8 == 0, stride up to 8, windows reaching at most 64 pixels."""
+    """The capability's reasons (CPU: problems only): channels_last input with C a multiple of 64, one group,
+    pad -1 / +1, O % 8 == 0, stride up to 8, windows reaching at most 64 pixels."""
     from bie_backend_cutlass.binary_conv import MAX_REACH, _check
     from bie_core.ops.binary import _conv_problem
 
@@ -119,9 +119,9 @@ def test_capability_names_what_it_declines():
         w = torch.empty(o, packed_len(c // g * k[0] * k[1]), dtype=torch.uint8)
         return _check(_conv_problem(x, w, list(k), list(st), list(pd), list(dl), g, pad_value, None, None, None))
 
-    assert reason() is None and reason(c=512, pad_value=1.0, st=(2, 2)) is None
+    assert reason() is None and reason(c=512, pad_value=1.0, st=(2, 2)) is None and reason(c=64) is None
     assert reason(k=(1, 5), dl=(1, MAX_REACH // 4), hw=300) is None
-    for kw, words in ((dict(cl=False), "channels_last"), (dict(c=96), "C=96"), (dict(c=64), "C=64"),
+    for kw, words in ((dict(cl=False), "channels_last"), (dict(c=96), "C=96"), (dict(c=32), "C=32"),
                       (dict(g=2), "groups"), (dict(pad_value=0.0), "pad_value 0"), (dict(o=12), "O=12"),
                       (dict(st=(9, 1), hw=40), "stride"), (dict(k=(3, 3), dl=(1, MAX_REACH), hw=200), "reaching")):
         r = reason(**kw)
@@ -158,15 +158,14 @@ def test_counts_and_epilogues_exact(shape):
         ref = _ref(*args)
         with bie_core.use_backend("cutlass"):
             e = bie_core.explain(ops.binary_conv2d, *args)
-            assert (e.chosen()["binary_conv2d"] == "cutlass:binary_conv2d_sm90") == (c >= 128), str(e)
+            assert e.chosen()["binary_conv2d"] == "cutlass:binary_conv2d_sm90", str(e)
             _exact(ops.binary_conv2d(*args), ref, f"{dtype} -> {out_dtype}")
 
 
 @needs_kernels
 def test_chosen_automatically_and_declined_elsewhere():
-    """Chosen over the other binary convs for a channels_last input with C a multiple of 64 from 128, pad -1 / +1,
-    one group; NCHW input, pad value 0, C = 96 or 64 and two groups go to the other kernels, which return the op's
-    format too."""
+    """Chosen over the other binary convs for a channels_last input with C a multiple of 64, pad -1 / +1, one group;
+    NCHW input, pad value 0, C = 96 and two groups go to the other kernels, which return the op's format too."""
     gen = torch.Generator().manual_seed(5)
     wb = _w(64, 128 * 9, gen)
     x = _x(2, 128, 8, 8, torch.bfloat16, gen)
@@ -187,7 +186,7 @@ def test_chosen_automatically_and_declined_elsewhere():
     x64 = _x(1, 64, 6, 6, torch.float32, gen)
     e = bie_core.explain(ops.binary_conv2d, x64, _w(16, 64 * 9, gen), [3, 3], [1, 1], [1, 1], [1, 1], 1, -1.0, None,
                          None, None)
-    assert e.chosen()["binary_conv2d"] != "cutlass:binary_conv2d_sm90", str(e)
+    assert e.chosen()["binary_conv2d"] == "cutlass:binary_conv2d_sm90", str(e)
     wg = _w(64, 64 * 9, gen)
     e = bie_core.explain(ops.binary_conv2d, x, wg, [3, 3], [1, 1], [1, 1], [1, 1], 2, -1.0, None, None, None)
     assert e.chosen()["binary_conv2d"] != "cutlass:binary_conv2d_sm90", str(e)

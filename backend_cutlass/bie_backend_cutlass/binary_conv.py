@@ -1,15 +1,18 @@
 """The implicit-GEMM 1-bit convolution of bie-backend-cutlass on Hopper: ``binary_conv2d`` on the b1 AND.POPC
-wgmma for channels_last input with C a multiple of 64 from 128 (``csrc/binary_conv_sm90.cuh``).
+wgmma for channels_last input with C a multiple of 64 (``csrc/binary_conv_sm90.cuh``,
+``csrc/binary_conv_windows_sm90.cuh``).
 
-Two kernels a call, no patch matrix:
+``csrc/binary_conv_pack.cu`` first writes the padded operand: per pixel the sign bits of its channels and their
+complements (C/4 bytes), a ring of pad pixels holding the pad value's bits (-1: 0 bits, +1: 1 bits) (with the op's
+channel shift added to x first: the layers' activation shift costs no pass of its own). AND.POPC over a window of
+these rows against the weight's [w | ~w] taps counts the equal signs, and the epilogue fused into the TMA store
+writes ``2 * count - K`` (scaled, biased, cast) as NHWC rows: the channels_last output the op returns for a
+channels_last input. Two ways to the counts, the tuner picks per shape:
 
-1. ``csrc/binary_conv_pack.cu`` writes the padded operand: per pixel the sign bits of its channels and their
-   complements (C/4 bytes), a ring of pad pixels holding the pad value's bits (-1: 0 bits, +1: 1 bits)
-   (with the op's channel shift added to x first: the layers' activation shift costs no pass of its own);
-2. CUTLASS's implicit-GEMM conv collective (TMA im2col, one CTA per output tile) with our 1-bit wgmma atom
-   counts the equal signs of every window against the weight's [w | ~w] taps, and the epilogue fused into the
-   TMA store writes ``2 * count - K`` (scaled, biased, cast) as NHWC rows: the channels_last output the op
-   returns for a channels_last input.
+* ``t*`` configurations: CUTLASS's implicit-GEMM conv collective (TMA im2col, one CTA per output tile);
+* ``w*`` configurations (window GEMMs): each output pixel's window copied into a row of its own, then a persistent
+  GEMM of those rows. TMA's im2col fetches about one pixel row per ten cycles per SM whatever its width, so where
+  a tap holds 16 bytes (C = 64) the conv waits on those fetches and the windows' copy pays.
 
 Where it does not serve (NCHW input, other C, groups, pad value 0, other GPUs), the family's
 im2col conv (``binary.py``) or bie-backend-cuda's direct conv do.
@@ -23,7 +26,7 @@ from bie_core.backend_api import PACKABLE_DTYPES, conv_memory_format, conv_out_s
 from . import tuning
 from ._build import Extension
 
-CONFIGS = ("t128x128", "t128x128k32")   # pixels x channels (x 32 bytes of K a step): csrc/binary_conv_sm90.cuh
+CONFIGS = ("t128x128", "t128x128k32", "w128x128k128")   # csrc/binary_conv_sm90.cuh, binary_conv_windows_sm90.cuh
 EXTENSION = Extension(family="binary_conv",
                       sources=("binary_conv_bindings.cpp", "binary_conv_pack.cu")
                       + tuple(f"binary_conv_{c}_{t}.cu" for c in CONFIGS for t in ("i32", "f32", "bf16", "f16")),
@@ -55,15 +58,14 @@ def prepare_weight(w: torch.Tensor, kernel_size) -> torch.Tensor:
 
 def _config(x, wp, args, out_dtype) -> int:
     """The configuration (index into CONFIGS): timed once per problem bucket by the tuner; the untimed default
-    (tuning off, or a graph capture before the bucket was timed) takes 32-byte K steps where a tap holds 32 bytes
-    (C = 128), else 64."""
+    (tuning off, or a graph capture before the bucket was timed): the window GEMM where a tap holds 16 bytes
+    (C = 64), the conv with 32-byte K steps where it holds 32 (C = 128), else with 64."""
     n, c, h, w = x.shape
     o, kh, kw = wp.shape[0], wp.shape[1], wp.shape[2]
     sh, sw, ph, pw, dh, dw = args[:6]   # (strides, paddings, dilations)
     m = n * conv_out_size(h, kh, sh, ph, dh) * conv_out_size(w, kw, sw, pw, dw)
-    names = list(CONFIGS)
-    if wp.shape[3] <= 32:
-        names.reverse()
+    first = ("t128x128" if wp.shape[3] > 32 else "w128x128k128" if wp.shape[3] < 32 else "t128x128k32")
+    names = [first] + [nm for nm in CONFIGS if nm != first]
     ops = _ops()
     cands = [(nm, (lambda i=CONFIGS.index(nm): ops.conv(x, wp, *args, i))) for nm in names]
     q = tuning.bucket
@@ -114,10 +116,9 @@ def _check(p):
     if a.get("pad_value") == 0.0:
         return "pad_value 0 (a padded tap counts as nothing: the window's popcount would be needed)"
     c, o = d["C"], d["O"]
-    if c % 64 or c < 128:
-        # (16-byte rows of signs and complements; at C = 64 a tap's 16 bytes fill a quarter of the 64-byte K step
-        # and bie-backend-cuda's direct conv is faster: benchmarks/results/qat_conv.md)
-        return f"C={c} is not a multiple of 64 of at least 128"
+    if c % 64 or c == 0:
+        # (a pixel's signs and complements are C/4 bytes: the TMA boxes and window rows want 16-byte multiples)
+        return f"C={c} is not a multiple of 64"
     if o % 8 or o == 0:
         return f"O={o} is not a multiple of 8 (16-byte output rows)"
     st, dl = a["stride"], a["dilation"]
@@ -144,5 +145,5 @@ def register(registry, priority: int) -> None:
                       prepare=prepare_weight, prepare_static=("kernel_size",), bind=bind_binary_conv2d,
                       description="implicit-GEMM conv on the b1 AND.POPC wgmma (CUTLASS conv collective, TMA "
                                   "im2col) over a padded operand of signs and complements: 2*count - K, scale, "
-                                  "bias and dtype fused into the TMA store; channels_last in and out, C a "
-                                  "multiple of 64 from 128")
+                                  "bias and dtype fused into the TMA store (or a persistent GEMM of copied "
+                                  "windows where taps are narrow); channels_last in and out, C a multiple of 64")

@@ -2,6 +2,7 @@
 // Python module for the layers' bound inference calls (binary_conv.py bind). Every argument is checked here
 // (TORCH_CHECK raises a Python error); the kernels never see a case they cannot serve.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -90,15 +91,19 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t s
   const int64_t hp = H + 2 * ph, wpx = W + 2 * pw;
   const int64_t ho = (hp - dh * (kh - 1) - 1) / sh + 1, wo = (wpx - dw * (kw - 1) - 1) / sw + 1;
   TORCH_CHECK(N > 0 && ho > 0 && wo > 0, who, "empty problem: ", x.sizes(), " output ", ho, "x", wo);
-  TORCH_CHECK(N * hp * wpx * (C / 4) < INT_MAX && N * ho * wo < INT_MAX && kh * kw * C < (int64_t(1) << 30), who,
-              "problem outside the 32-bit index range served");
+  TORCH_CHECK(N * hp * wpx * (C / 4) < INT_MAX && N * ho * wo < INT_MAX && kh * kw * C < (int64_t(1) << 30) &&
+                  (config < kFirstWindowConfig || N * ho * wo * kh * kw * (C / 4) < INT_MAX),
+              who, "problem outside the 32-bit index range served");
   TORCH_CHECK(config >= 0 && config < kNumConfigs, who, "unknown config ", config);
   TORCH_CHECK(sm90(x.get_device()), who, "needs a compute capability 9.0 GPU");
+  c10::optional<at::Tensor> shift_al;
   if (shift.has_value()) {
     const at::Tensor& s = *shift;
     TORCH_CHECK(dcode > 0 && s.device() == x.device() && s.scalar_type() == at::kFloat && s.dim() == 1 &&
                     s.numel() == C && s.is_contiguous(),
                 who, "shift must be C contiguous float32 values on x's device, of a float x");
+    // the packing kernel reads the shift in 16-byte loads
+    shift_al = reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0 ? s : s.clone();
   }
   const int code = out_code(out_dtype);
   if (code == 0) TORCH_CHECK(!scale_in.has_value() && !bias_in.has_value(), who, "int32 output takes no scale/bias");
@@ -127,21 +132,35 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& wp, int64_t sh, int64_t s
   }
   if (bias.has_value()) p.bias = bias->data_ptr<float>();
   p.stream = stream;
+  p.device = x.get_device();
+  p.sm_count = at::cuda::getDeviceProperties(p.device)->multiProcessorCount;
+  p.m = int(N * ho * wo);
+  const bool windows = config >= kFirstWindowConfig;
   BConvFn fn = conv_fn(int(config), code);
   TORCH_CHECK(fn != nullptr, who, "no instantiation for config ", config, " out ", code);
   at::Tensor xp = at::empty({N, hp, wpx, C / 4}, x.options().dtype(at::kChar));
   const at::ScalarType odt = code == 0 ? at::kInt : *out_dtype;
   at::Tensor out = at::empty({N, ho, wo, O}, x.options().dtype(odt));
   p.x = static_cast<const int8_t*>(xp.data_ptr());
+  at::Tensor rows;
+  if (windows) {
+    rows = at::empty({N * ho * wo, kh * kw * (C / 4)}, x.options().dtype(at::kChar));
+    p.windows = static_cast<const int8_t*>(rows.data_ptr());
+  }
   p.wt = static_cast<const int8_t*>(wp.data_ptr());
   p.d = out.data_ptr();
   // can_implement before anything runs (TMA im2col limits on the filter's extent): the caller falls back on it
   std::string err = fn(p, 0, nullptr);
   TORCH_CHECK(err.empty(), who, err);
   err = launch_pack(x.data_ptr(), dcode, x.stride(0), x.stride(1), x.stride(2), x.stride(3), int(N), int(C), int(H),
-                    int(W), int(ph), int(pw), pad_plus, shift.has_value() ? shift->data_ptr<float>() : nullptr,
+                    int(W), int(ph), int(pw), pad_plus, shift_al.has_value() ? shift_al->data_ptr<float>() : nullptr,
                     reinterpret_cast<uint32_t*>(xp.data_ptr()), stream);
   TORCH_CHECK(err.empty(), who, err);
+  if (windows) {
+    err = launch_windows(p.x, p.n, p.h, p.w, p.c_bytes, p.r, p.s, p.stride_h, p.stride_w, p.dil_h, p.dil_w, int(ho),
+                         int(wo), static_cast<int8_t*>(rows.data_ptr()), stream);
+    TORCH_CHECK(err.empty(), who, err);
+  }
   size_t ws = 0;
   err = fn(p, 1, &ws);
   TORCH_CHECK(err.empty(), who, err);

@@ -16,11 +16,13 @@ namespace bie_bconv {
   std::string bconv_##cfg##_f16(const BConvArgs&, int, size_t*);
 BIE_BCONV_DECLARE(t128x128)
 BIE_BCONV_DECLARE(t128x128k32)
+BIE_BCONV_DECLARE(w128x128k128)
 
 BConvFn conv_fn(int config, int out_code) {
   static const BConvFn table[kNumConfigs][kNumOutCodes] = {
       {bconv_t128x128_i32, bconv_t128x128_f32, bconv_t128x128_bf16, bconv_t128x128_f16},
       {bconv_t128x128k32_i32, bconv_t128x128k32_f32, bconv_t128x128k32_bf16, bconv_t128x128k32_f16},
+      {bconv_w128x128k128_i32, bconv_w128x128k128_f32, bconv_w128x128k128_bf16, bconv_w128x128k128_f16},
   };
   if (config < 0 || config >= kNumConfigs || out_code < 0 || out_code >= kNumOutCodes) return nullptr;
   return table[config][out_code];
@@ -67,9 +69,16 @@ __global__ void pack_padded(const T* __restrict__ x, int64_t sn, int64_t sc, int
       bits = 0;
       // v >= 0 is false for NaN: it packs as -1
       if (shift != nullptr) {
-        const float* s = shift + word * 32;
+        // the word's 32 shifts as eight 16-byte loads (the bindings hand over a 16-byte aligned shift)
+        union {
+          float4 q[8];
+          float f[32];
+        } s;
+        const float4* s4 = reinterpret_cast<const float4*>(shift) + word * 8;
 #pragma unroll
-        for (int j = 0; j < 32; ++j) bits |= uint32_t(value(u.v[j]) + __ldg(s + j) >= 0.0f) << j;
+        for (int j = 0; j < 8; ++j) s.q[j] = __ldg(s4 + j);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) bits |= uint32_t(value(u.v[j]) + s.f[j] >= 0.0f) << j;
       } else {
 #pragma unroll
         for (int j = 0; j < 32; ++j) bits |= uint32_t(value(u.v[j]) >= 0.0f) << j;
@@ -104,7 +113,39 @@ std::string launch_typed(const void* x, int64_t sn, int64_t sc, int64_t sh, int6
   return e == cudaSuccess ? "" : std::string("binary_conv pack launch: ") + cudaGetErrorString(e);
 }
 
+// One thread per 16 bytes of a window row: consecutive threads write consecutive bytes of the rows.
+__global__ void gather_windows(const uint4* __restrict__ xp, int hp, int wp, int chunks, int r, int s, int sh,
+                               int sw, int dh, int dw, int ho, int wo, int64_t total, uint4* __restrict__ windows) {
+  const int per_row = r * s * chunks;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row;
+    const int in_row = int(i - row * per_row);
+    const int tap = in_row / chunks, chunk = in_row - tap * chunks;
+    const int ox = int(row % wo);
+    const int64_t rest = row / wo;
+    const int oy = int(rest % ho);
+    const int64_t img = rest / ho;
+    const int y = oy * sh + (tap / s) * dh, x = ox * sw + (tap % s) * dw;
+    windows[i] = __ldg(xp + ((img * hp + y) * wp + x) * chunks + chunk);
+  }
+}
+
 }  // namespace
+
+std::string launch_windows(const int8_t* xp, int n, int hp, int wp, int c_bytes, int r, int s, int sh, int sw,
+                           int dh, int dw, int ho, int wo, int8_t* windows, cudaStream_t stream) {
+  if (c_bytes % 16 != 0) return "binary_conv windows: a pixel's bytes must be a multiple of 16";
+  const int chunks = c_bytes / 16;
+  const int64_t total = int64_t(n) * ho * wo * r * s * chunks;
+  if (total == 0) return "";
+  const int threads = 256;
+  const int64_t blocks = (total + threads - 1) / threads;
+  const int grid = int(blocks < 65535 * 16 ? blocks : 65535 * 16);
+  gather_windows<<<grid, threads, 0, stream>>>(reinterpret_cast<const uint4*>(xp), hp, wp, chunks, r, s, sh, sw, dh,
+                                               dw, ho, wo, total, reinterpret_cast<uint4*>(windows));
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("binary_conv windows launch: ") + cudaGetErrorString(e);
+}
 
 std::string launch_pack(const void* x, int dtype_code, int64_t sn, int64_t sc, int64_t sh, int64_t sw, int n, int c,
                         int h, int w, int ph, int pw, bool pad_plus, const float* shift, uint32_t* out,
