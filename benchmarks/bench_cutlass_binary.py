@@ -141,9 +141,9 @@ def bench_conv(rows, quick):
         t_nchw = time_graph([lambda x=x: cb.binary_conv2d(x, wb, *args, prepared=p) for x in xs_nchw])
         tz = time_graph([lambda x=x: cb.binary_conv2d(x, wb, [3, 3], [1, 1], [1, 1], [1, 1], 1, 0.0, scale, None,
                                                       torch.bfloat16, prepared=p) for x in xs])
-        # the implicit-GEMM conv on the b1 wgmma (binary_conv family; channels_last out), where it serves (C >= 128)
+        # the implicit-GEMM conv or window GEMM on the b1 wgmma (binary_conv family; channels_last out)
         pi = bc.prepare_weight(wb, [3, 3])
-        ti = time_graph([lambda x=x: bc.binary_conv2d(x, wb, *args, prepared=pi) for x in xs]) if c >= 128 else None
+        ti = time_graph([lambda x=x: bc.binary_conv2d(x, wb, *args, prepared=pi) for x in xs])
         wf = torch.randn(c, c, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(
             memory_format=torch.channels_last)
         base = time_graph([lambda x=x: F.conv2d(x, wf, padding=1) for x in xs])
