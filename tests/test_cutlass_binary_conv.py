@@ -1,9 +1,9 @@
 """bie-backend-cutlass, binary_conv family: the implicit-GEMM 1-bit conv on Hopper against the reference.
 
 Fresh random inputs each run; every input dtype (with zeros, -0.0 and NaN, which packs as -1), pad values -1 and
-+1, both tiles, every output dtype with scalar and per-channel scales and a bias; shapes with output channels that
-fill no tile, one-pixel images whose windows are mostly padding, strides, dilations, non-square kernels and
-more channels than one K step. Counts and float outputs must be bit-exact (the epilogue rounds as the op
++1, every configuration (conv tiles and the window GEMM), every output dtype with scalar and per-channel scales
+and a bias; shapes with output channels that fill no tile, one-pixel images whose windows are mostly padding,
+strides, dilations, non-square kernels and more channels than one K step. Counts and float outputs must be bit-exact (the epilogue rounds as the op
 defines). The dispatcher's choice and the channels_last output are checked, and so are the shapes it declines.
 
 Without an sm_90 GPU and the CUTLASS headers, only the light checks run.
@@ -126,6 +126,26 @@ def test_capability_names_what_it_declines():
                       (dict(st=(9, 1), hw=40), "stride"), (dict(k=(3, 3), dl=(1, MAX_REACH), hw=200), "reaching")):
         r = reason(**kw)
         assert r is not None and words in r, (kw, r)
+
+
+def test_config_candidates_and_defaults(monkeypatch):
+    """The tuner's candidates and untimed default (CPU: shapes only): the window GEMM first at C = 64, the 32-byte
+    conv at C = 128, the 64-byte conv above; no window GEMM where a call's window rows would pass 2^31 bytes."""
+    from bie_backend_cutlass import binary_conv as bc, tuning
+    seen = []
+
+    def choose(op, bucket, cands, device=None):
+        seen.append([n for n, _ in cands])
+        return cands[0][0]
+    monkeypatch.setattr(tuning, "choose", choose)
+    monkeypatch.setattr(bc, "_ops", lambda: None)
+    args = (1, 1, 1, 1, 1, 1, False, None, None, None, torch.bfloat16)
+    for n, c, hw, first in ((64, 64, 56, "w128x128k128"), (64, 128, 28, "t128x128k32"), (64, 256, 14, "t128x128"),
+                            (40000, 64, 56, "t128x128k32")):
+        x = torch.empty(n, c, hw, hw, device="meta")
+        wp = torch.empty(64, 3, 3, c // 4, dtype=torch.int8, device="meta")
+        assert bc.CONFIGS[bc._config(x, wp, args, torch.bfloat16)] == first, (n, c)
+        assert sorted(seen[-1]) == sorted(bc.CONFIGS if n < 40000 else ("t128x128", "t128x128k32")), seen[-1]
 
 
 @needs_kernels
