@@ -91,6 +91,27 @@ def test_import_is_light():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_config_table_matches_the_kernels():
+    """CONFIGS (Python) and the kernels' table (csrc) name the same configurations in the same order: the conv
+    tiles first, then the window GEMMs from kFirstWindowConfig, each with one instantiation per output type (CPU:
+    reads the sources)."""
+    import re
+    from pathlib import Path
+    from bie_backend_cutlass import binary_conv as bc
+    csrc = Path(bc.__file__).with_name("csrc")
+    launch = (csrc / "binary_conv_launch.h").read_text()
+    assert int(re.search(r"kNumConfigs = (\d+);", launch).group(1)) == len(bc.CONFIGS)
+    first_window = int(re.search(r"kFirstWindowConfig = (\d+);", launch).group(1))
+    assert [c.startswith("w") for c in bc.CONFIGS] == [i >= first_window for i in range(len(bc.CONFIGS))]
+    table = re.findall(r"\{bconv_(\w+?)_i32, bconv_\1_f32, bconv_\1_bf16, bconv_\1_f16\}",
+                       (csrc / "binary_conv_pack.cu").read_text())
+    assert tuple(table) == bc.CONFIGS
+    for c in bc.CONFIGS:
+        macro = "BIE_BWIN_DEFINE" if c.startswith("w") else "BIE_BCONV_DEFINE"
+        for t in ("i32", "f32", "bf16", "f16"):
+            assert f"{macro}({c}, {t}," in (csrc / f"binary_conv_{c}_{t}.cu").read_text()
+
+
 def test_prepared_weight_holds_signs_and_complements():
     """(O, kh, kw, C/4) bytes: per tap the C sign bits in channel order (bit i % 8 of byte i // 8), then their
     complements; checked against the unpacked OIHW signs (CPU)."""
