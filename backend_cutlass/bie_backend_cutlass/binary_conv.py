@@ -64,8 +64,8 @@ def _config(x, wp, args, out_dtype) -> int:
     o, kh, kw = wp.shape[0], wp.shape[1], wp.shape[2]
     sh, sw, ph, pw, dh, dw = args[:6]   # (strides, paddings, dilations)
     m = n * conv_out_size(h, kh, sh, ph, dh) * conv_out_size(w, kw, sw, pw, dw)
-    # (the window rows of a call must stay in the 32-bit range the bindings serve)
-    windows = m * kh * kw * wp.shape[3] < 2 ** 31
+    # (the window rows of a call must stay below INT_MAX bytes, the bindings' check)
+    windows = m * kh * kw * wp.shape[3] < 2 ** 31 - 1
     served = [nm for nm in CONFIGS if windows or not nm.startswith("w")]
     first = ("t128x128" if wp.shape[3] > 32 else "w128x128k128" if wp.shape[3] < 32 and windows
              else "t128x128k32")
