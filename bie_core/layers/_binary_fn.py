@@ -82,6 +82,16 @@ def _scale_grad(gx, sx, numel: int, s):
     return ((gx * sx).sum() / math.sqrt(numel)).reshape(s.shape)
 
 
+def _shift_and_scale_grads(gxs, sx, dims: tuple, sa, need_ba: bool, need_sa: bool):
+    """d ba (a sum per channel over `dims`) and d sa (``_scale_grad``) from d xs. The scale's sum is taken as the
+    sum of per-channel sums over the same `dims`: a compiled graph then makes both one reduction over the
+    activation. A whole-tensor sum beside the per-channel one took a slow reduction kernel of its own (H200, bf16,
+    batch 128: a 64-channel 56x56 layer's compiled training step 942 µs with it, 784 µs without)."""
+    gba = gxs.sum(dims) if need_ba else None
+    gsa = ((gxs * sx).sum(dims).sum() / math.sqrt(gxs.numel())).reshape(sa.shape) if need_sa else None
+    return gba, gsa
+
+
 def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
     """d xs before the clip mask and d W (float32) of y = scale * (sgn(xs) @ sgn(W).T), given d y = g in the
     dtype the products run in (module docstring)."""
@@ -151,10 +161,7 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
             gxs = gin * _clip_mask(xf, sa)
             if need[0]:
                 grad_x = gxs.to(xs.dtype)
-            if need[4]:
-                grad_ba = gxs.sum(not_channels)
-            if need[5]:
-                grad_sa = _scale_grad(gxs, sx, xs.numel(), sa)
+            grad_ba, grad_sa = _shift_and_scale_grads(gxs, sx, not_channels, sa, need[4], need[5])
         if need[6]:
             grad_bias = gf.sum(not_channels)
         # autograd casts each gradient to its input's dtype
