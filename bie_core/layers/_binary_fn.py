@@ -146,7 +146,6 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
     def backward(ctx, g):
         xs, weight, wbits, sw, sa = ctx.saved_tensors
         need = ctx.needs_input_grad
-        gf = g.to(torch.float32)
         scale = _scale(sa, sw)
         xf = xs.to(torch.float32)
         sx = sgn(xf)
@@ -156,14 +155,14 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
         if gin is not None:
             gin = gin.to(torch.float32)
         grad_x = grad_ba = grad_sa = grad_bias = None
-        not_channels = (0,) + tuple(range(2, gf.dim()))
+        not_channels = (0,) + tuple(range(2, g.dim()))
         if need_in:
             gxs = gin * _clip_mask(xf, sa)
             if need[0]:
                 grad_x = gxs.to(xs.dtype)
             grad_ba, grad_sa = _shift_and_scale_grads(gxs, sx, not_channels, sa, need[4], need[5])
-        if need[6]:
-            grad_bias = gf.sum(not_channels)
+        if need[6]:   # (a float32 copy of g only then: eager, nothing else reads one)
+            grad_bias = g.to(torch.float32).sum(not_channels)
         # autograd casts each gradient to its input's dtype
         return grad_x, grad_w, None, None, grad_ba, grad_sa, grad_bias, None, None
 
