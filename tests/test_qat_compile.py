@@ -97,3 +97,40 @@ def test_compiled_inference_follows_a_changed_layer_constant(make, attr, value):
     with torch.enable_grad():
         ref = layer(x.clone().requires_grad_()).detach()   # the training path: nothing kept
     assert y.shape == ref.shape and torch.equal(y, ref)
+
+
+def _qconv_int8_backward():
+    from bie_core import QConv2d
+    layer = QConv2d(32, 32, 3, 1, 1, a_bits=8, w_bits=8)
+    layer.quantized_backward = True
+    return layer
+
+
+@pytest.mark.parametrize("make", [lambda: __import__("bie_core").BinaryConv2d(32, 32, 3, 1, 1),
+                                  lambda: __import__("bie_core").QConv2d(32, 32, 3, 1, 1, a_bits=8, w_bits=8),
+                                  _qconv_int8_backward],
+                         ids=["BinaryConv2d", "QConv2d", "QConv2d-int8-backward"])
+def test_compiled_backward_keeps_a_channels_last_gradient(make):
+    """A backward that reads a tensor's strides is traced again by torch.compile with the incoming gradient made
+    contiguous NCHW (then copied back to channels_last for the products): the conv layers take the memory order
+    from their forward, so the compiled backward of a channels_last layer copies no activation-sized tensor to
+    NCHW (weight-sized copies are cheap and allowed)."""
+    from torch._dynamo.backends.common import aot_autograd
+    backward_graphs = []
+
+    def bw(gm, _):
+        backward_graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(32), make()).to(memory_format=torch.channels_last)
+    x = torch.randn(8, 32, 16, 16).contiguous(memory_format=torch.channels_last).requires_grad_()   # (> the weight)
+    y = torch.compile(model, backend=aot_autograd(fw_compiler=lambda gm, _: gm.forward, bw_compiler=bw))(x)
+    y.backward(torch.randn_like(y))
+    assert backward_graphs and x.grad is not None
+    nchw_copies = [n for g in backward_graphs for n in g.graph.nodes
+                   if n.op == "call_function" and n.target == torch.ops.aten.clone.default
+                   and n.kwargs.get("memory_format") == torch.contiguous_format
+                   and n.args[0].meta["val"].numel() >= x.numel()]
+    assert not nchw_copies, [n.meta.get("stack_trace", "").strip().splitlines()[-1:] for n in nchw_copies]

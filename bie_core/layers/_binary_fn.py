@@ -92,7 +92,8 @@ def _shift_and_scale_grads(gxs, sx, dims: tuple, sa, need_ba: bool, need_sa: boo
     return gba, gsa
 
 
-def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool):
+def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool,
+                  channels_last: bool = False):
     """d xs before the clip mask and d W (float32) of y = scale * (sgn(xs) @ sgn(W).T), given d y = g in the
     dtype the products run in (module docstring)."""
     gin = gw = None
@@ -106,13 +107,15 @@ def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, n
     return gin, gw
 
 
-def _conv_grads(g, scale, sx, weight, wbits, geom: tuple, backend, need_in: bool, need_w: bool):
+def _conv_grads(g, scale, sx, weight, wbits, geom: tuple, backend, need_in: bool, need_w: bool,
+                channels_last: bool = False):
     """The same for y = scale * conv2d(pad(sgn(xs), pad_value), sgn(W)) with the binary conv's geometry: both
-    products from one convolution_backward, on operands in the input's memory order."""
+    products from one convolution_backward, on operands in the input's memory order (`channels_last`: the
+    forward's input was channels_last)."""
     ks, stride, padding, dilation, groups, pad_value, wshape = geom
     if not (need_in or need_w):
         return None, None
-    mf = torch.channels_last if channels_last_only(sx) else torch.contiguous_format
+    mf = torch.channels_last if channels_last else torch.contiguous_format
     ph, pw = padding
     inp, pads = sx.to(g.dtype), list(padding)
     if (ph or pw) and pad_value != 0:
@@ -141,6 +144,10 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
         y, xs = forward_op(x, wbits, sw, ba, sa, bias, shape, backend)
         ctx.save_for_backward(xs, weight, wbits, sw, sa)
         ctx.shape, ctx.backend = shape, backend
+        # The memory order is read here, not in backward: where a backward reads a tensor's strides, torch.compile
+        # traces it again with every incoming gradient made contiguous NCHW (a copy of a channels_last gradient,
+        # then one more back to channels_last for the products)
+        ctx.channels_last = channels_last_only(xs)
         return y
 
     def backward(ctx, g):
@@ -151,7 +158,8 @@ def _binary_layer_fn(name: str, forward_op, product_grads, doc: str):
         sx = sgn(xf)
         need_in = need[0] or need[4] or need[5]
         gp = g.to(_gdtype(g))     # the products' dtype
-        gin, grad_w = product_grads(gp, scale, sx, weight, wbits, ctx.shape, ctx.backend, need_in, need[1])
+        gin, grad_w = product_grads(gp, scale, sx, weight, wbits, ctx.shape, ctx.backend, need_in, need[1],
+                                    ctx.channels_last)
         if gin is not None:
             gin = gin.to(torch.float32)
         grad_x = grad_ba = grad_sa = grad_bias = None

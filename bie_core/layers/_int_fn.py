@@ -268,9 +268,11 @@ class QConv2dFn(torch.autograd.Function):
                           and saf.dim() == 0 and xs.dtype == gd)
         if ctx.quantized_backward:
             if want_x:
-                prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation, ctx.backend)
+                prod_x = _int_qbwd.conv_grad_input(g, qw, swf, xs.shape, stride, padding, dilation, ctx.backend,
+                                                   channels_last=cl)
             if want_w:
-                prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation, ctx.backend)
+                prod_w = _int_qbwd.conv_grad_weight(g, qa, saf, qw.shape, stride, padding, dilation, ctx.backend,
+                                                    channels_last=cl)
         elif want_x or want_w:
             gm = g.to(gd).contiguous(memory_format=mf)
             w_hat, f_x = _operand(qw, swf, 4, gd)

@@ -113,13 +113,15 @@ def _row_codes(rows: torch.Tensor, backend: str = "") -> tuple:
 
 
 def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_shape, stride, padding,
-                    dilation, backend: str = "") -> torch.Tensor:
+                    dilation, backend: str = "", channels_last=None) -> torch.Tensor:
     """The gradient of a (groups=1) conv's zero-padded input, in g's dtype: the transposed convolution of the
     per-sample int8 codes of g (of ``g * sw`` for a per-channel sw) with the weight codes, as one ``int_conv2d``
-    (stride-1 conv of the zero-dilated gradient with the flipped, transposed kernel)."""
+    (stride-1 conv of the zero-dilated gradient with the flipped, transposed kernel). `channels_last`: the memory
+    order to work in (None: g's; an autograd backward passes its forward's, see ``_order``)."""
     n, o, ho, wo = g.shape
     gs, ws = _folded(g, swf)
-    if channels_last_only(gs):
+    cl, gs = _order(gs, channels_last)
+    if cl:
         # a sample's codes in its (H, W, C) order: the same codes (the absmax is order-free), no copy either way;
         # the zero insertion, the padding and the product keep channels_last
         cg, s_n = _row_codes(gs.permute(0, 2, 3, 1).reshape(n, -1), backend)
@@ -131,7 +133,7 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
     sh, sw_ = stride
     if sh > 1 or sw_ > 1:     # zero insertion: code 0 is an exact zero
         z = torch.empty((n, o, (ho - 1) * sh + 1, (wo - 1) * sw_ + 1), dtype=cg.dtype, device=cg.device,
-                        memory_format=_format_of(cg)).zero_()
+                        memory_format=_memory_format(cl)).zero_()
         z[:, :, ::sh, ::sw_] = cg
         cg = z
     kh, kw = qw.shape[2], qw.shape[3]
@@ -145,36 +147,47 @@ def conv_grad_input(g: torch.Tensor, qw: torch.Tensor, swf: torch.Tensor, in_sha
     cg = F.pad(cg, pads)      # negative amounts crop (padding wider than the kernel's reach)
     wt = qw.flip((2, 3)).transpose(0, 1).contiguous()                 # (C, O, kh, kw)
     with single_use_weights():
-        acc = ops.int_conv2d(cg.contiguous(memory_format=_format_of(cg)), wt, 8, 8, [1, 1], [0, 0], list(dilation),
+        acc = ops.int_conv2d(cg.contiguous(memory_format=_memory_format(cl)), wt, 8, 8, [1, 1], [0, 0], list(dilation),
                              1, None, None, None, backend=backend)
     return torch.mul(acc, s_n * ws).to(g.dtype)   # (float32(acc) * s: one pass)
 
 
 def conv_grad_weight(g: torch.Tensor, qa: torch.Tensor, saf: torch.Tensor, w_shape, stride, padding,
-                     dilation, backend: str = "") -> torch.Tensor:
+                     dilation, backend: str = "", channels_last=None) -> torch.Tensor:
     """``d conv / d W`` in g's dtype (groups=1) against the activation codes Qa scaled by sa, with per-output-channel
     int8 codes of g: one ``int_conv2d`` with batch and channels swapped (the gradient is the kernel, the forward's
-    stride becomes the dilation and its dilation the stride)."""
+    stride becomes the dilation and its dilation the stride). `channels_last` as ``conv_grad_input``."""
     n, o, ho, wo = g.shape
     # per output channel: the rows of g's (C, N, H, W) transpose; of channels_last tensors, the tiled transpose of
     # their (N*H*W, C) rows
-    g_t, s_o = _row_codes(_channels_first(g, backend).reshape(o, -1), backend)   # (O, N*Ho*Wo), (O,)
+    g_t, s_o = _row_codes(_channels_first(g, backend, channels_last).reshape(o, -1), backend)   # (O, N*Ho*Wo)
     g_t = g_t.view(o, n, ho, wo)
     kh, kw = w_shape[2], w_shape[3]
-    x_t = _channels_first(qa, backend)                                # (C, N, H, W)
+    x_t = _channels_first(qa, backend, channels_last)                 # (C, N, H, W)
     with single_use_weights():
         out = ops.int_conv2d(x_t, g_t, 8, 8, list(dilation), list(padding), list(stride), 1,
                              (s_o.reshape(-1) * saf).contiguous(), None, g.dtype, backend=backend)   # (C, O, ...)
     return out[:, :, :kh, :kw].transpose(0, 1)
 
 
-def _format_of(t: torch.Tensor):
-    return torch.channels_last if channels_last_only(t) else torch.contiguous_format
+def _order(t: torch.Tensor, channels_last) -> tuple:
+    """(work in channels_last?, t in that order). None: t's own order. An autograd backward passes its forward
+    input's order instead of reading strides: where a backward reads a tensor's strides, torch.compile traces it
+    again with every incoming gradient made contiguous NCHW (a copy of a channels_last gradient, and more copies
+    back)."""
+    if channels_last is None:
+        return channels_last_only(t), t
+    return channels_last, t.contiguous(memory_format=_memory_format(channels_last))
 
 
-def _channels_first(t: torch.Tensor, backend: str = "") -> torch.Tensor:
-    """A (N, C, H, W) tensor as its contiguous (C, N, H, W) transpose."""
+def _memory_format(channels_last: bool):
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _channels_first(t: torch.Tensor, backend: str = "", channels_last=None) -> torch.Tensor:
+    """A (N, C, H, W) tensor as its contiguous (C, N, H, W) transpose (`channels_last` as ``_order``)."""
     n, c, h, w = t.shape
-    if channels_last_only(t):
+    cl, t = _order(t, channels_last)
+    if cl:
         return ops.transpose_2d(t.permute(0, 2, 3, 1).reshape(-1, c), backend=backend).view(c, n, h, w)
     return t.transpose(0, 1).contiguous()
