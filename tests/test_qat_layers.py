@@ -512,3 +512,26 @@ def test_first_batch_scale_is_averaged_across_ranks(tmp_path):
         assert layer.act_scale.item() == pytest.approx(2 * x.abs().mean().item() / 127 ** 0.5, rel=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("pv", [-1.0, 0.0, 1.0])
+def test_binary_conv2d_one_gradient_alone_equals_it_among_all(pv):
+    """The input gradient alone (weight frozen) and the weight gradient alone (input, shift and scale frozen) are
+    those of the full backward: with a non-zero pad value they come from two products (the input gradient with the
+    layer's padding, the weight gradient on the padded signs), and each must run without the other."""
+    torch.manual_seed(int(pv) + 5)
+    layer = BinaryConv2d(8, 12, 3, 2, 1, pad_value=pv)
+    x0, g = torch.randn(2, 8, 9, 7), torch.randn(2, 12, 5, 4)
+    x = x0.clone().requires_grad_()
+    layer(x).backward(g)
+    gx, gw = x.grad.clone(), layer.weight.grad.clone()
+    layer.weight.grad = None
+    layer.weight.requires_grad_(False)
+    x = x0.clone().requires_grad_()
+    layer(x).backward(g)
+    torch.testing.assert_close(x.grad, gx, rtol=0, atol=0)
+    layer.weight.requires_grad_(True)
+    for p in (layer.act_shift, layer.act_scale):
+        p.requires_grad_(False)
+    layer(x0).backward(g)
+    torch.testing.assert_close(layer.weight.grad, gw, rtol=0, atol=0)

@@ -109,26 +109,34 @@ def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, n
 
 def _conv_grads(g, scale, sx, weight, wbits, geom: tuple, backend, need_in: bool, need_w: bool,
                 channels_last: bool = False):
-    """The same for y = scale * conv2d(pad(sgn(xs), pad_value), sgn(W)) with the binary conv's geometry: both
-    products from one convolution_backward, on operands in the input's memory order (`channels_last`: the
-    forward's input was channels_last)."""
+    """The same for y = scale * conv2d(pad(sgn(xs), pad_value), sgn(W)) with the binary conv's geometry, by
+    convolution_backward on operands in the input's memory order (`channels_last`: the forward's input was
+    channels_last)."""
     ks, stride, padding, dilation, groups, pad_value, wshape = geom
     if not (need_in or need_w):
         return None, None
     mf = torch.channels_last if channels_last else torch.contiguous_format
     ph, pw = padding
-    inp, pads = sx.to(g.dtype), list(padding)
-    if (ph or pw) and pad_value != 0:
-        # the padded border holds pad_value itself (not zeros), and it multiplies W in the forward, so the weight
-        # gradient must see it: the products run on the padded signs, and the input gradient is its interior
-        inp, pads = F.pad(inp, (pw, pw, ph, ph), value=float(pad_value)), [0, 0]
     w_op, f = _operand(_weight_signs(weight, wbits, wshape[1] * wshape[2] * wshape[3], backend, shape=wshape),
                        scale, 4, g.dtype)
-    gin, prod, _ = torch.ops.aten.convolution_backward(
-        g.contiguous(memory_format=mf), inp.contiguous(memory_format=mf), w_op.contiguous(memory_format=mf), None,
-        list(stride), pads, list(dilation), False, [0, 0], groups, [need_in, need_w, False])
-    if need_in and pads[0] == 0 and pads[1] == 0 and (ph or pw):
-        gin = gin[:, :, ph:ph + sx.shape[2], pw:pw + sx.shape[3]]
+    g, w_op = g.contiguous(memory_format=mf), w_op.contiguous(memory_format=mf)
+    conv_args = (list(stride), list(padding), list(dilation), False, [0, 0], groups)
+    gin = prod = None
+    if (ph or pw) and pad_value != 0:
+        # The padded border holds pad_value itself (not zeros) and multiplies W in the forward, so the weight
+        # gradient runs on the padded signs. The input gradient does not depend on the input's values: it is the
+        # product with the layer's own padding, which reads only the input's shape (an unwritten tensor stands in
+        # for it); on the padded input it would compute the border too (7% more outputs at 56x56, 65% at 7x7).
+        if need_in:
+            shape_only = torch.empty(sx.shape, dtype=g.dtype, device=g.device, memory_format=mf)
+            gin = torch.ops.aten.convolution_backward(g, shape_only, w_op, None, *conv_args, [True, False, False])[0]
+        if need_w:
+            padded = F.pad(sx.to(g.dtype), (pw, pw, ph, ph), value=float(pad_value)).contiguous(memory_format=mf)
+            prod = torch.ops.aten.convolution_backward(g, padded, w_op, None, list(stride), [0, 0], *conv_args[2:],
+                                                       [False, True, False])[1]
+    else:
+        inp = sx.to(g.dtype).contiguous(memory_format=mf)
+        gin, prod, _ = torch.ops.aten.convolution_backward(g, inp, w_op, None, *conv_args, [need_in, need_w, False])
     if need_in and f is not None:
         gin = gin.to(torch.float32) * f
     gw = prod.to(torch.float32) * _col(scale, 4) if need_w else None
