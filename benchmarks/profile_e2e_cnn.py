@@ -21,7 +21,8 @@ The bound: the variant's speed-up over float if its bie kernels took no time at 
 total - variant bie)``. A target above it is out of reach of any kernel bie could write; what remains is the float
 part of the model (stem, classifier, element-wise work) and, in training, the backward products.
 
-    python benchmarks/profile_e2e_cnn.py [--variants float,binary,w4a4,w8a8] [--batch 128] [--md OUT.md]
+    python benchmarks/profile_e2e_cnn.py [--variants float,binary,w4a4,w8a8] [--batch 128] [--kernels 20]
+        [--md OUT.md]
     python benchmarks/profile_e2e_cnn.py --smoke    # tiny sizes on the CPU, eager (CI): no kernels, runs through
 """
 from __future__ import annotations
@@ -63,14 +64,19 @@ def kind(name: str) -> str:
     return "other"
 
 
-def kernel_times(prof, per: int) -> dict:
-    """µs per step (or batch) of each kind of kernel in a profile of `per` steps, and their total."""
-    out = collections.Counter()
+def kernel_times(prof, per: int, top: int = 0) -> dict:
+    """µs per step (or batch) of each kind of kernel in a profile of `per` steps, and their total; with `top`, also
+    the `top` largest kernels by name as [µs, launches per step, kind, name]."""
+    out, by_name, launches = collections.Counter(), collections.Counter(), collections.Counter()
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CPU:
             out[kind(e.name)] += e.device_time_total / per
+            by_name[e.name] += e.device_time_total / per
+            launches[e.name] += 1
     row = {k: out.get(k, 0.0) for k in KINDS}
     row["total"] = sum(row.values())
+    if top:
+        row["kernels"] = [[t, launches[n] / per, kind(n), n] for n, t in by_name.most_common(top)]
     return row
 
 
@@ -102,7 +108,7 @@ def profile_variant(variant: str, args, device) -> dict:
     model.train()
     for i in range(args.warmup):
         train_step(i)
-    train = kernel_times(_profiled(train_step, args.steps, device), args.steps)
+    train = kernel_times(_profiled(train_step, args.steps, device), args.steps, args.kernels)
     del opt
     model.eval()
     bie_core.pack(model)
@@ -116,7 +122,7 @@ def profile_variant(variant: str, args, device) -> dict:
 
     for i in range(args.warmup):
         infer_batch(i)
-    infer = kernel_times(_profiled(infer_batch, args.batches, device), args.batches)
+    infer = kernel_times(_profiled(infer_batch, args.batches, device), args.batches, args.kernels)
     torch._dynamo.reset()
     return dict(variant=variant, train=train, infer=infer)
 
@@ -144,6 +150,12 @@ def markdown(meta: dict, rows: list) -> str:
             cells = " | ".join(f"{t[k]:.0f}" for k in KINDS)
             extra = " | ".join(f"{t[k]:.2f}x" if k in t else "-" for k in ("vs_float", "bound"))
             lines.append(f"| {r['variant']} | {label} | {cells} | {t['total']:.0f} | {extra} |")
+    for r in rows:
+        for phase, label in (("infer", "inference batch"), ("train", "training step")):
+            if r[phase].get("kernels"):
+                lines += ["", f"{r['variant']}, {label}: the largest kernels", "",
+                          "| µs | launches | kind | kernel |", "|---|---|---|---|"]
+                lines += [f"| {t:.1f} | {n:g} | {k} | `{name[:100]}` |" for t, n, k, name in r[phase]["kernels"]]
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +170,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--steps", type=int, default=5, help="profiled training steps")
     p.add_argument("--batches", type=int, default=10, help="profiled inference batches")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also list each variant's N largest kernels by name, per phase")
     p.add_argument("--md", default=None, help="also write the table to this markdown file")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     a = p.parse_args(argv)

@@ -3,6 +3,7 @@ bound it derives, and a --smoke run on the CPU (tiny ResNet-18, eager: no device
 from __future__ import annotations
 
 import pytest
+import torch
 
 from _bench_script import load_bench_script
 
@@ -48,9 +49,27 @@ def test_bound_is_float_over_the_time_without_bie(prof):
 
 def test_smoke_run(prof, tmp_path):
     md = tmp_path / "p.md"
-    rows = prof.main(["--smoke", "--variants", "float,binary", "--md", str(md)])
+    rows = prof.main(["--smoke", "--variants", "float,binary", "--kernels", "5", "--md", str(md)])
     assert [r["variant"] for r in rows] == ["float", "binary"]
     text = md.read_text()
     assert "| binary | inference batch |" in text and "| float | training step |" in text
     for r in rows:
         assert set(prof.KINDS) | {"total"} <= set(r["infer"]) and r["train"]["total"] >= 0
+
+
+def test_largest_kernels_listed(prof):
+    """--kernels N: the N largest kernels by name with their launches per step and kind, largest first."""
+    class Event:
+        def __init__(self, name, us):
+            self.name, self.device_time_total = name, us
+            self.device_type = torch.autograd.DeviceType.CUDA
+
+    class Prof:
+        def events(self):
+            return [Event("triton_poi_fused_relu_1", 30.0), Event("bie_bconv::pack_padded", 10.0),
+                    Event("triton_poi_fused_relu_1", 30.0), Event("Memset (Device)", 2.0)]
+
+    t = prof.kernel_times(Prof(), per=2, top=2)
+    assert t["total"] == pytest.approx(36.0) and t["inductor"] == pytest.approx(30.0)
+    assert t["kernels"] == [[30.0, 1.0, "inductor", "triton_poi_fused_relu_1"],
+                            [5.0, 0.5, "bie", "bie_bconv::pack_padded"]]
