@@ -26,6 +26,7 @@
 #   bench-prefill   the W4 kernels at 128-1024 rows on Llama-3-8B's projections (bench_wq_prefill.py)
 #   bench-qat       QAT convs against cuDNN and training steps (bench_qat_conv.py --quick)
 #   bench-cnn       ResNet-18 end to end, eager and compiled (bench_e2e_cnn.py, 30 timed steps)
+#   profile-cnn     where ResNet-18's GPU time goes per variant, and the bounds (profile_e2e_cnn.py --kernels 20)
 #   explain         which wq_gemm kernel runs for a few layer shapes and why (bie_core.explain)
 #   save-builds     the finished libraries of .bie_cuda_cache (each with its stamp) as xz tarballs in parts of at
 #                   most 15 MiB, $OUT/builds-<name>.tar.xz.NN, to carry to the next machine of a session: a machine
@@ -171,6 +172,9 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
       mkdir -p "$OUT/cnn_eager" "$OUT/cnn_compiled"
       run bench-cnn timeout 200 $PY benchmarks/bench_e2e_cnn.py --compile off --steps 30 --out "$OUT/cnn_eager"
       run bench-cnn timeout 400 $PY benchmarks/bench_e2e_cnn.py --compile on --steps 30 --out "$OUT/cnn_compiled" ;;
+    profile-cnn)
+      run profile-cnn timeout 420 $PY benchmarks/profile_e2e_cnn.py --kernels 20 --md "$OUT/e2e_cnn_profile.md" \
+        --json "$OUT/e2e_cnn_profile.json" ;;
     save-builds) run save-builds save_builds ;;
     restore-builds) run restore-builds restore_builds ;;
     explain)
@@ -189,8 +193,8 @@ for n, k in ((4096, 4096), (28672, 8192)):
 PY
       ;;
     *) echo "unknown stage $1 (install build build-cuda build-cutlass test-cuda test-cutlass bench-wq bench-binary bench-host"\
-            "bench-dynamic bench-mbwq bench-bgemv bench-igemv bench-prefill bench-qat bench-cnn save-builds restore-builds"\
-            "explain all)"
+            "bench-dynamic bench-mbwq bench-bgemv bench-igemv bench-prefill bench-qat bench-cnn profile-cnn save-builds"\
+            "restore-builds explain all)"
        status=1 ;;
   esac
 }
