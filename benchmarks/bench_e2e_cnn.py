@@ -24,6 +24,7 @@ first (compilation and warm-up excluded from the rate, included in the budget ch
 upper bound. A case that fails (e.g. a compile error) is recorded with its error and the others still run.
 
     python benchmarks/bench_e2e_cnn.py [--device cuda] [--batch 128] [--steps 200] [--compile both]
+        [--compile-mode reduce-overhead] [--compile-optimizer] [--fold-bn]
         [--variants float,binary,w4a4,w8a8] [--train-budget 30] [--infer-budget 10] [--out DIR]
     python benchmarks/bench_e2e_cnn.py --smoke      # tiny sizes on the CPU, eager only (CI; seconds)
 
