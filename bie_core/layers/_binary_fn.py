@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops._common import channels_last_only
+from ..ops.binary import shifted_input
 from ._base import sgn
 from ._int_fn import _col, _gdtype, _operand
 
@@ -67,7 +68,7 @@ def binary_linear(x2d, wbits, sw, ba, sa, bias, k: int, backend):
 
 def binary_conv2d(x, wbits, sw, ba, sa, bias, geom: tuple, backend):
     ks, stride, padding, dilation, groups, pad_value, wshape = geom
-    xs = x + ba.to(x.dtype).view(1, -1, 1, 1)
+    xs = shifted_input(x, ba)   # (what the op takes the signs of; kept for the backward)
     return ops.binary_conv2d(xs, wbits, list(ks), list(stride), list(padding), list(dilation), groups,
                              pad_value, _scale(sa, sw), bias, x.dtype, backend=backend), xs
 
@@ -95,7 +96,8 @@ def _shift_and_scale_grads(gxs, sx, dims: tuple, sa, need_ba: bool, need_sa: boo
 def _linear_grads(g, scale, sx, weight, wbits, k: int, backend, need_in: bool, need_w: bool,
                   channels_last: bool = False):
     """d xs before the clip mask and d W (float32) of y = scale * (sgn(xs) @ sgn(W).T), given d y = g in the
-    dtype the products run in (module docstring)."""
+    dtype the products run in (module docstring). `channels_last` is the conv's argument (``_conv_grads``): a
+    linear layer's operands have no memory order to keep."""
     gin = gw = None
     if need_in:
         w_op, f = _operand(_weight_signs(weight, wbits, k, backend), scale, 2, g.dtype)
