@@ -33,7 +33,7 @@
 #                   goes back soon after its command, and the next one would build again (2-9 minutes). Here, copy
 #                   the parts into .builds/ (ignored by git) and name .builds in the next command's carry (the
 #                   device tool returns at most 8 files a command, and carries 64 MiB: the CUDA extension is about
-#                   80 MiB before compression)
+#                   80 MiB before compression); a library already in .builds/ is left out
 #   restore-builds  unpack .builds/ into .bie_cuda_cache (a library whose sources changed since is not used: its
 #                   build directory's name is the hash of its sources); the install stage runs it first
 #   all             every stage above, in order
@@ -68,6 +68,9 @@ save_builds() {
   for d in .bie_cuda_cache/cuda/* .bie_cuda_cache/cutlass/*; do
     [ -f "$d/bie_build_ok" ] && ls "$d"/*.so >/dev/null 2>&1 || continue
     name=$(basename "$(dirname "$d")")-$(basename "$d" | sed 's/-torch.*-\([0-9a-f]*\)$/-\1/')
+    # a library carried in .builds/ came back from an earlier machine already (the name is the sources' hash);
+    # returning it again would spend the device tool's eight files a command on parts this side holds
+    if [ -f ".builds/builds-$name.tar.xz.00" ]; then echo "already in .builds: $name"; continue; fi
     tar -C .bie_cuda_cache -c "${d#.bie_cuda_cache/}/bie_build_ok" $(cd .bie_cuda_cache && ls "${d#.bie_cuda_cache/}"/*.so) \
       | xz -T0 -3 | split -b 15M -d - "$OUT/builds-$name.tar.xz."
     ls -l "$OUT"/builds-"$name".tar.xz.* | awk '{print $5, $9}'
