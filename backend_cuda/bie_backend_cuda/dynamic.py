@@ -158,8 +158,9 @@ GEMV_MAX_M = 16
 #: how the fused kernel stages its weight tiles (csrc/dynamic_gemv.cu): 0 a ring of registers, 1 a ring in shared
 #: memory filled by cp.async. The shared ring keeps twice the bytes in flight and is the faster one everywhere it was
 #: measured (H200, one row: 4096^2 7.9 against 9.6 us, 8192 x 28672 56.7 against 107.3 us, 96% of the copy
-#: bandwidth; ``bench_dynamic_cuda.py --gemv-ring 0|1``); where it does not fit next to the codes of x and the int32
-#: sums of a block's run of channel blocks (large K, 24-32 rows) the launch keeps the register ring.
+#: bandwidth; ``bench_dynamic_cuda.py --gemv-ring 0|1``); where its 16 tiles a warp do not fit next to the codes of
+#: x and the int32 sums of a block's run of channel blocks, int_gemm's 17-32 rows take 8 (1.3-1.5x faster than the
+#: register ring at 17-24 rows, ``benchmarks/results/int_gemv_cuda.md``), and larger K the register ring.
 GEMV_RING = 1
 #: a channel block of the fragment layout (mma.m16n8k32: 16 weight rows by 32 k per 512-byte tile)
 _TILE_N, _TILE_K = 16, 32

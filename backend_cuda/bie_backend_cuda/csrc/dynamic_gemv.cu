@@ -28,8 +28,10 @@
 // every one of the ~132 blocks repeats). So on sm_90 the blocks run in clusters of up to 8 (the launcher's choice
 // from 9 rows): each block makes 1/cluster of the units and stores each into the shared memory of every block of its
 // cluster (distributed shared memory), then one cluster barrier; a cluster makes the codes once where each of its
-// blocks did (binary.cu's fused GEMM does the same with signs). Without clusters (a cluster of 1: other GPUs, or 1-8
-// rows) each block makes all the units itself.
+// blocks did (binary.cu's fused GEMM does the same with signs). Bulk copies of each block's share instead (the copy
+// engine moving a contiguous range of k tiles into the other blocks, an mbarrier counting them) measured slower at
+// 9-24 rows (4096 x 4096: 14.3 against 12.5 us at 9 rows, 17.1 against 16.0 at 17) and faster only at 32 (19.7
+// against 21.5). Without clusters (a cluster of 1: other GPUs, or 1-8 rows) each block makes all the units itself.
 //
 // Launched as a programmatic dependent (p.pdl, sm_90), a block prefetches its first weight tiles while the previous
 // kernel in the stream finishes, and reads x (perhaps that kernel's output) and writes its output only after waiting
@@ -45,12 +47,11 @@ namespace {
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRing = 8;             // 512-byte tiles in flight per warp, held in registers
-// The alternative staging (launch option ring = 1): kSmemRing tiles in flight per warp through cp.async into the
-// warp's own slots of shared memory (no registers held: twice the bytes in flight of the register ring). Each lane
-// copies its own 16-byte fragment of a tile and later reads back only that fragment, so a lane's waits on its own
-// copy groups order everything; no barrier is needed.
-constexpr int kSmemRing = 16;
-constexpr size_t kSmemRingBytes = (size_t)kWarps * kSmemRing * 512;
+// The alternative staging (launch option ring = 1): 16 tiles in flight per warp through cp.async into the warp's
+// own slots of shared memory (no registers held: twice the bytes in flight of the register ring), 8 where 16 do not
+// fit beside 17-32 rows of codes of x. Each lane copies its own 16-byte fragment of a tile and later reads back only
+// that fragment, so a lane's waits on its own copy groups order everything; no barrier is needed.
+__host__ __device__ constexpr size_t ring_bytes(int slots) { return (size_t)kWarps * slots * 512; }
 constexpr int kKeep = 2;             // 8-element chunks of x a thread keeps in registers between its two passes
 
 // The largest |x| bits over 8 elements of a row starting at k0 (0 past K).
@@ -170,17 +171,18 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, const uint2&
 
 // Shared memory: the codes of x in B-fragment order ([KT][MT][32 lanes][2 words]: lane g * 4 + t holds k = t * 4 ..
 // + 3 and 16 + t * 4 .. + 3 of row mt * 8 + g), then the int32 sums of the block's channel blocks ([blocks][16 * MT
-// rows][16 channels]), the row scales and their abs-max bits.
+// rows][16 channels]), the row scales and their abs-max bits, then the staging slots.
 template <int MT>
 __host__ __device__ constexpr size_t codes_bytes(int KT) { return (size_t)KT * MT * 256; }
 template <int MT>
 __host__ __device__ constexpr size_t sums_bytes(int blocks) { return (size_t)blocks * MT * 8 * 16 * 4; }
 constexpr size_t kTailBytes = 16 * 4 * 2;
 
-// SMEM_RING: the weight tiles staged through shared memory (kSmemRing a warp, after the sums and scales) instead of
-// the register ring.
-template <typename T, int MT, bool SMEM_RING, int MODE>
+// SLOTS: the weight tiles staged through shared memory (SLOTS a warp, after the sums and scales) instead of the
+// register ring (0).
+template <typename T, int MT, int SLOTS, int MODE>
 __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemvArgs p) {
+  constexpr bool SMEM_RING = SLOTS > 0;
   extern __shared__ __align__(16) uint8_t smem[];
   const int KT = (p.K + 31) >> 5;
   uint32_t* codes = reinterpret_cast<uint32_t*>(smem);
@@ -199,12 +201,13 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   const uint4* wp = reinterpret_cast<const uint4*>(p.w) + (int64_t)b0 * KT * 32 + lane;
   frag::griddep_launch_dependents();   // the next kernel's blocks take the SMs ours leave
   uint4 ring[SMEM_RING ? 1 : kRing];
+  constexpr int kSlots = SMEM_RING ? SLOTS : 1;
   // (the staging slots: 16-byte aligned, after the sums and the 128 bytes of scales and abs-maxes)
   uint4* sring = reinterpret_cast<uint4*>(smem + codes_bytes<MT>(KT) + sums_bytes<MT>(b1 - b0) + kTailBytes) +
-                 (size_t)warp * kSmemRing * 32 + lane;
+                 (size_t)warp * kSlots * 32 + lane;
   if constexpr (SMEM_RING) {
 #pragma unroll
-    for (int i = 0; i < kSmemRing; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       if (u0 + i < u1) frag::cp_async16(frag::smem_u32(sring + i * 32), wp + (u0 + i) * 32, 16);
       frag::cp_commit();   // (one group per slot, empty past the warp's tiles: the waits count groups)
     }
@@ -316,7 +319,8 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   } else {
     // ---- modes 1 and 2: the codes of one given scale, or the codes themselves, by units (unit_offset): unit
     // v = (m * KT + kt) * 2 + h, so that consecutive threads read consecutive 16-element pieces of a row. This
-    // block makes units [v0, v1), its share of the cluster's, and stores each into every block of the cluster.
+    // block makes units [v0, v1), its share of the cluster's, two a thread in flight (their loads issued before
+    // either's codes are made), and stores each into every block of the cluster.
     const int units = p.M * KT * 2;
     const int rank = cl > 1 ? (int)hop::cluster_rank() : 0;
     const int v0 = (int)((int64_t)units * rank / cl), v1 = (int)((int64_t)units * (rank + 1) / cl);
@@ -328,21 +332,32 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
       fast = dyn_fast_scale(s);
     }
     if (cl > 1) hop::cluster_wait();   // every block of the cluster has started: its shared memory may be written
-    for (int v = v0 + (int)threadIdx.x; v < v1; v += kThreads) {
-      const int m = v / (2 * KT), r = v - m * 2 * KT, kt = r >> 1, h = r & 1;
-      const int k0 = kt * 32 + h * 8;
-      uint4 q;
-      if constexpr (MODE == 1) {
-        q = quantized_unit<T>(p, static_cast<const T*>(p.x) + (int64_t)m * p.ldx, k0, vec, s, inv, fast);
-      } else {
-        q = given_unit(p, reinterpret_cast<const int8_t*>(p.x) + (int64_t)m * p.ldx, k0, vec);
+    for (int v = v0 + (int)threadIdx.x; v < v1; v += 2 * kThreads) {
+      uint4 q[2];
+      uint32_t off[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int u = v + j * kThreads;
+        if (u < v1) {
+          const int m = u / (2 * KT), r = u - m * 2 * KT, kt = r >> 1, h = r & 1;
+          const int k0 = kt * 32 + h * 8;
+          if constexpr (MODE == 1) {
+            q[j] = quantized_unit<T>(p, static_cast<const T*>(p.x) + (int64_t)m * p.ldx, k0, vec, s, inv, fast);
+          } else {
+            q[j] = given_unit(p, reinterpret_cast<const int8_t*>(p.x) + (int64_t)m * p.ldx, k0, vec);
+          }
+          off[j] = unit_offset<MT>(m, kt, h);
+        }
       }
-      const uint32_t off = unit_offset<MT>(m, kt, h);
-      if (cl == 1) {
-        *reinterpret_cast<uint4*>(smem + off) = q;
-      } else {
-        const uint32_t a = frag::smem_u32(smem + off);
-        for (int b = 0; b < cl; ++b) hop::st_shared_cluster_v4(a, (uint32_t)b, q);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (v + j * kThreads >= v1) continue;
+        if (cl == 1) {
+          *reinterpret_cast<uint4*>(smem + off[j]) = q[j];
+        } else {
+          const uint32_t a = frag::smem_u32(smem + off[j]);
+          for (int b = 0; b < cl; ++b) hop::st_shared_cluster_v4(a, (uint32_t)b, q[j]);
+        }
       }
     }
     // every block's stores into every other's are done (and visible) before any block reads its codes, or leaves
@@ -396,15 +411,15 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
     }
   };
   if constexpr (SMEM_RING) {
-    for (int64_t u = u0; u < u1; u += kSmemRing) {
+    for (int64_t u = u0; u < u1; u += kSlots) {
 #pragma unroll
-      for (int i = 0; i < kSmemRing; ++i) {
+      for (int i = 0; i < kSlots; ++i) {
         if (u + i < u1) {
-          frag::cp_wait<kSmemRing - 1>();   // this lane's copy of tile u + i (the oldest of its groups) landed
+          frag::cp_wait<kSlots - 1>();   // this lane's copy of tile u + i (the oldest of its groups) landed
           product(sring[i * 32]);
           // the slot's refill is issued after the product that read it (the read has completed by then)
-          if (u + i + kSmemRing < u1)
-            frag::cp_async16(frag::smem_u32(sring + i * 32), wp + (u + i + kSmemRing) * 32, 16);
+          if (u + i + kSlots < u1)
+            frag::cp_async16(frag::smem_u32(sring + i * 32), wp + (u + i + kSlots) * 32, 16);
           frag::cp_commit();
         }
       }
@@ -451,10 +466,10 @@ __global__ void __launch_bounds__(kThreads, 1) dynamic_gemv_kernel(const DynGemv
   }
 }
 
-template <typename T, int MT, bool SMEM_RING, int MODE>
+template <typename T, int MT, int SLOTS, int MODE>
 cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_optin, cudaStream_t st, int cluster) {
   const int KT = (p.K + 31) >> 5, nblocks = (p.N + 15) >> 4;
-  const size_t fixed = codes_bytes<MT>(KT) + kTailBytes + (SMEM_RING ? kSmemRingBytes : 0);
+  const size_t fixed = codes_bytes<MT>(KT) + kTailBytes + ring_bytes(SLOTS);
   if (fixed + sums_bytes<MT>(1) > (size_t)smem_optin) return cudaErrorInvalidValue;
   // one block per SM (the codes of x fill much of its shared memory): as many blocks as SMs, each a contiguous run of
   // channel blocks (runs differ by at most one block), more blocks where the runs' sums would not fit
@@ -464,7 +479,7 @@ cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_op
   const int least = (nblocks + cap - 1) / cap;
   grid = std::max(grid, least);
   const auto smem_of = [&](int g) { return (int)(fixed + sums_bytes<MT>((nblocks + g - 1) / g)); };
-  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>);
+  const void* k = reinterpret_cast<const void*>(&dynamic_gemv_kernel<T, MT, SLOTS, MODE>);
   if (cluster > 1) {
     // clusters: the grid a whole number of them (blocks past the channel blocks only make their share of the codes
     // of x), and no more clusters than the device holds at once unless the runs' sums need more blocks (a second
@@ -497,7 +512,7 @@ cudaError_t launch_typed(DynGemvArgs p, int grid_force, int num_sms, int smem_op
   }
   p.nblocks = nblocks;
   p.grid = grid;
-  return launch_kernel(dynamic_gemv_kernel<T, MT, SMEM_RING, MODE>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p,
+  return launch_kernel(dynamic_gemv_kernel<T, MT, SLOTS, MODE>, dim3(grid), dim3(kThreads), smem, st, p.pdl != 0, p,
                        std::max(cluster, 1));
 }
 
@@ -506,33 +521,36 @@ int row_tiles(int M) { return (M + 7) >> 3; }
 size_t min_smem(int MT, int KT) { return (size_t)KT * MT * 256 + (size_t)MT * 8 * 16 * 4 + kTailBytes; }
 
 // One instantiation of the kernel per (dtype, row tiles, staging, mode): MODE 0 takes 1 or 2 row tiles, MODE 1 and 2
-// take 1-4.
+// take 1-4; the 8-slot staging only with 3 or 4 (the only row tiles whose codes leave no room for 16 at K = 4096).
 template <typename T, int MODE, int MT>
-cudaError_t launch_ring(const DynGemvArgs& p, bool sm, int grid, int num_sms, int smem_optin, cudaStream_t st,
+cudaError_t launch_ring(const DynGemvArgs& p, int slots, int grid, int num_sms, int smem_optin, cudaStream_t st,
                         int cluster) {
-  return sm ? launch_typed<T, MT, true, MODE>(p, grid, num_sms, smem_optin, st, cluster)
-            : launch_typed<T, MT, false, MODE>(p, grid, num_sms, smem_optin, st, cluster);
+  if (slots == 16) return launch_typed<T, MT, 16, MODE>(p, grid, num_sms, smem_optin, st, cluster);
+  if constexpr (MODE != 0 && MT >= 3) {
+    if (slots == 8) return launch_typed<T, MT, 8, MODE>(p, grid, num_sms, smem_optin, st, cluster);
+  }
+  return launch_typed<T, MT, 0, MODE>(p, grid, num_sms, smem_optin, st, cluster);
 }
 template <typename T, int MODE>
-cudaError_t launch_mode(const DynGemvArgs& p, int MT, bool sm, int grid, int num_sms, int smem_optin, cudaStream_t st,
+cudaError_t launch_mode(const DynGemvArgs& p, int MT, int slots, int grid, int num_sms, int smem_optin, cudaStream_t st,
                         int cluster) {
   switch (MT) {
-    case 1: return launch_ring<T, MODE, 1>(p, sm, grid, num_sms, smem_optin, st, cluster);
-    case 2: return launch_ring<T, MODE, 2>(p, sm, grid, num_sms, smem_optin, st, cluster);
+    case 1: return launch_ring<T, MODE, 1>(p, slots, grid, num_sms, smem_optin, st, cluster);
+    case 2: return launch_ring<T, MODE, 2>(p, slots, grid, num_sms, smem_optin, st, cluster);
   }
   if constexpr (MODE != 0) {
     switch (MT) {
-      case 3: return launch_ring<T, MODE, 3>(p, sm, grid, num_sms, smem_optin, st, cluster);
-      case 4: return launch_ring<T, MODE, 4>(p, sm, grid, num_sms, smem_optin, st, cluster);
+      case 3: return launch_ring<T, MODE, 3>(p, slots, grid, num_sms, smem_optin, st, cluster);
+      case 4: return launch_ring<T, MODE, 4>(p, slots, grid, num_sms, smem_optin, st, cluster);
     }
   }
   return cudaErrorInvalidValue;
 }
 template <typename T>
-cudaError_t launch_float(const DynGemvArgs& p, int MT, bool sm, int grid, int num_sms, int smem_optin, cudaStream_t st,
+cudaError_t launch_float(const DynGemvArgs& p, int MT, int slots, int grid, int num_sms, int smem_optin, cudaStream_t st,
                          int cluster) {
-  return p.mode == 0 ? launch_mode<T, 0>(p, MT, sm, grid, num_sms, smem_optin, st, cluster)
-                     : launch_mode<T, 1>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
+  return p.mode == 0 ? launch_mode<T, 0>(p, MT, slots, grid, num_sms, smem_optin, st, cluster)
+                     : launch_mode<T, 1>(p, MT, slots, grid, num_sms, smem_optin, st, cluster);
 }
 
 }  // namespace
@@ -559,16 +577,18 @@ cudaError_t launch_dynamic_gemv(const DynGemvArgs& p, int dtype, int grid, int n
   const int nblocks = (p.N + 15) >> 4;
   const int blocks = std::max(1, std::min(grid > 0 ? grid : num_sms, nblocks));
   const int run = (nblocks + blocks - 1) / blocks;
-  const bool sm = ring == 1 && min_smem(MT, (p.K + 31) >> 5) + (size_t)(run - 1) * MT * 8 * 16 * 4 + kSmemRingBytes <=
-                                   (size_t)smem_optin;
+  const size_t need = min_smem(MT, (p.K + 31) >> 5) + (size_t)(run - 1) * MT * 8 * 16 * 4;
+  int slots = 0;
+  if (ring == 1 && need + ring_bytes(16) <= (size_t)smem_optin) slots = 16;
+  else if (ring == 1 && p.mode != 0 && MT >= 3 && need + ring_bytes(8) <= (size_t)smem_optin) slots = 8;
   if (p.mode == 2) {
-    return dtype == kI8 ? launch_mode<int8_t, 2>(p, MT, sm, grid, num_sms, smem_optin, st, cluster)
+    return dtype == kI8 ? launch_mode<int8_t, 2>(p, MT, slots, grid, num_sms, smem_optin, st, cluster)
                         : cudaErrorInvalidValue;
   }
   switch (dtype) {
-    case kF32: return launch_float<float>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
-    case kF16: return launch_float<__half>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
-    case kBF16: return launch_float<__nv_bfloat16>(p, MT, sm, grid, num_sms, smem_optin, st, cluster);
+    case kF32: return launch_float<float>(p, MT, slots, grid, num_sms, smem_optin, st, cluster);
+    case kF16: return launch_float<__half>(p, MT, slots, grid, num_sms, smem_optin, st, cluster);
+    case kBF16: return launch_float<__nv_bfloat16>(p, MT, slots, grid, num_sms, smem_optin, st, cluster);
     default: return cudaErrorInvalidValue;
   }
 }

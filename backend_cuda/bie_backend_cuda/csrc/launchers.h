@@ -282,7 +282,8 @@ struct DynGemvArgs {
 // shared memory a launch needs at the least (the codes of x and one channel block's sums): the device must allow it
 size_t dynamic_gemv_min_smem(int M, int K);
 // grid: blocks (0: one per SM); ring: how the weight tiles are staged, 0 in registers, 1 through shared memory
-// by cp.async (twice the bytes in flight; the register ring where that does not fit next to the codes of x).
+// by cp.async (16 tiles a warp, twice the bytes in flight of the register ring; 8 beside the codes of 17-32 rows
+// where 16 do not fit; the register ring where neither fits next to the codes of x).
 // cc_major: the device's compute capability major. cluster (modes 1 and 2): blocks per cluster that share the
 // staging of the codes of x (dynamic_gemv.cu); 0 chooses (sm_90 from 9 rows: up to 8), 1 none, 2, 4 or 8 that many
 // (sm_90 only; fewer where the device cannot hold such clusters of the kernel). Mode 0 takes 0 or 1.
