@@ -13,9 +13,12 @@ Method, per case (one process, models built by `bench_e2e_llm.make_case`):
 * the linear layers' kernels: those of the decode run whose names match ``--gemv`` (by default bie-backend-cuda's
   weight-only kernels, ``wq_``, for the bie cases, cuBLAS's ``nvjet`` kernels otherwise, ``lm_head``'s included),
   in launch order, a reduction kernel counted with the call before it, grouped by position in each layer's seven
-  projections where their count per token is a multiple of seven.
+  projections where their count per token is a multiple of seven;
+* with ``--prefill-kernels N``: the prefill's GPU kernel time, and its N kernels of the most time, grouped by name
+  (where a time to first token goes).
 
     python benchmarks/profile_decode.py --cases bf16,bie-w4 [--compiled] [--layers 8] [--batch 1] [--md OUT.md]
+        [--prompt 512 --prefill-kernels 8]
 
 On a CPU (``--smoke``: a tiny model) only the wall times are meaningful.
 """
@@ -79,6 +82,17 @@ def _linear_calls(kernels: list, pat: str) -> list:
     return out
 
 
+def _by_name(kernels: list, top: int) -> list:
+    """(name, launches, total µs) of the ``top`` kernel names with the most time among ``kernels``, most first
+    (names cut to 80 characters, so that a templated kernel's variants group by their common prefix)."""
+    acc = {}
+    for _, d, n in kernels:
+        c = acc.setdefault(n[:80], [0, 0.0])
+        c[0] += 1
+        c[1] += d
+    return sorted(((n, c, t) for n, (c, t) in acc.items()), key=lambda r: -r[2])[:top]
+
+
 def _wall(model, ids, new: int, compiled: bool, device, reps: int) -> float:
     ts = []
     for _ in range(reps):
@@ -113,6 +127,9 @@ def profile_case(case: str, cfg, args, device, dtype) -> dict:
                # per decode step: CUDA-graph launches, and bie op calls made from the host (0 when replayed)
                graph_launches=(h_both["graph_launches"] - h_pre["graph_launches"]) / args.steps,
                bie_op_calls=(h_both["bie_op_calls"] - h_pre["bie_op_calls"]) / args.steps)
+    if args.prefill_kernels:
+        row.update(prompt=args.prompt, prefill_gpu_ms=sum(d for _, d, _ in prefill) / 1e3,
+                   prefill_kernels=_by_name(prefill, args.prefill_kernels))
     h, i = cfg.hidden_size, cfg.intermediate_size
     kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
     shapes = dict(q=(h, h), k=(h, kv), v=(h, kv), o=(h, h), gate=(h, i), up=(h, i), down=(i, h))
@@ -141,6 +158,12 @@ def markdown(rows: list, meta: str) -> str:
         for r in per:
             cells = [f"{r[p + '_shape'][0]}x{r[p + '_shape'][1]}: {r[p + '_us']:.1f}" for p in PROJECTIONS]
             lines.append(f"| {r['case']} | " + " | ".join(cells) + " |")
+    for r in rows:
+        if "prefill_kernels" in r:
+            lines += ["", f"{r['case']}: GPU kernel time of the {r['prompt']}-token prefill "
+                      f"{r['prefill_gpu_ms']:.2f} ms; its kernels of the most time:", "",
+                      "| kernel (name cut to 80 characters) | launches | ms |", "|---|---|---|"]
+            lines += [f"| `{n}` | {c} | {t / 1e3:.3f} |" for n, c, t in r["prefill_kernels"]]
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--gemv", default=None, help="substring of the linear layers' kernel names (default: wq_ for "
                    "the bie cases, bie-backend-cuda's weight-only kernels, nvjet otherwise)")
+    p.add_argument("--prefill-kernels", type=int, default=0, metavar="N",
+                   help="also the prefill's N kernels of the most GPU time, grouped by name")
     p.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     p.add_argument("--md", default=None, help="write the tables here (markdown)")
     a = p.parse_args(argv)

@@ -43,3 +43,19 @@ def test_reduction_kernels_count_with_their_call(prof):
     assert prof._linear_calls(ks, "nvjet") == []
     # a reduction with no call before it (the profile's window opened between the two) is a call of its own
     assert prof._linear_calls([(0, 1.0, "wq_thin_reduce_kernel")], "wq_thin") == [1.0]
+
+
+def test_prefill_kernels_grouped_by_name(prof):
+    ks = [(0, 5.0, "gemm_a"), (1, 2.0, "silu"), (2, 7.0, "gemm_a"), (3, 1.0, "norm"), (4, 4.0, "silu")]
+    assert prof._by_name(ks, 2) == [("gemm_a", 2, 12.0), ("silu", 2, 6.0)]
+    # names alike in their first 80 characters are one kernel
+    long = "k" * 80
+    assert prof._by_name([(0, 1.0, long + "_v1"), (1, 2.0, long + "_v2")], 5) == [(long, 2, 3.0)]
+
+
+def test_prefill_kernels_option(prof, tmp_path, capsys):
+    md = tmp_path / "pk.md"
+    assert prof.main(["--smoke", "--cases", "bf16", "--prefill-kernels", "3", "--md", str(md)]) == 0
+    row = [ast.literal_eval(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{'case'")][0]
+    assert row["prompt"] == 8 and len(row["prefill_kernels"]) <= 3
+    assert "-token prefill" in md.read_text()

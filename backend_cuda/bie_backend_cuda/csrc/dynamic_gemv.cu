@@ -532,8 +532,8 @@ cudaError_t launch_ring(const DynGemvArgs& p, int slots, int grid, int num_sms, 
   return launch_typed<T, MT, 0, MODE>(p, grid, num_sms, smem_optin, st, cluster);
 }
 template <typename T, int MODE>
-cudaError_t launch_mode(const DynGemvArgs& p, int MT, int slots, int grid, int num_sms, int smem_optin, cudaStream_t st,
-                        int cluster) {
+cudaError_t launch_mode(const DynGemvArgs& p, int MT, int slots, int grid, int num_sms, int smem_optin,
+                        cudaStream_t st, int cluster) {
   switch (MT) {
     case 1: return launch_ring<T, MODE, 1>(p, slots, grid, num_sms, smem_optin, st, cluster);
     case 2: return launch_ring<T, MODE, 2>(p, slots, grid, num_sms, smem_optin, st, cluster);
@@ -547,8 +547,8 @@ cudaError_t launch_mode(const DynGemvArgs& p, int MT, int slots, int grid, int n
   return cudaErrorInvalidValue;
 }
 template <typename T>
-cudaError_t launch_float(const DynGemvArgs& p, int MT, int slots, int grid, int num_sms, int smem_optin, cudaStream_t st,
-                         int cluster) {
+cudaError_t launch_float(const DynGemvArgs& p, int MT, int slots, int grid, int num_sms, int smem_optin,
+                         cudaStream_t st, int cluster) {
   return p.mode == 0 ? launch_mode<T, 0>(p, MT, slots, grid, num_sms, smem_optin, st, cluster)
                      : launch_mode<T, 1>(p, MT, slots, grid, num_sms, smem_optin, st, cluster);
 }
