@@ -395,8 +395,8 @@ WGMMA_ROWS_NTOK = 256
 #: many-row kernel's 128-column tiles leave most SMs idle there (8 column tiles at N = 1024), so it leaves them to
 #: the register-A wgmma kernel. H200, 4096 x 1024, 4-bit g128 (benchmarks/results/wq_prefill_cuda.md): 192-256 rows
 #: 11.2-12.0 us (wgmma) against 15.0-15.1 (many-row). At 384-512 rows dequantize + cuBLAS is faster on the GPU
-#: (13.9-14.2 against 18.5-19.1) but costs about 100 us more host time a call (two launches and a weight-sized
-#: temporary, unbound), and prefills at those rows are host-bound: the many-row kernel keeps them.
+#: (13.9-14.2 against 18.5-19.1) but not in an eager prefill, which the host bounds: even through its bound call
+#: (bind_wq_gemm_dense) it issues more slowly than the many-row kernel, which keeps them (wq_prefill_cuda.md).
 NARROW_N = 1024
 NARROW_MAX_K = 8192
 NARROW_MAX_M = WGMMA_MAX_M
@@ -759,6 +759,26 @@ def wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, form
     if x.dtype is torch.float32:
         return mm_bias_once(xs, w.to(torch.float32), bias, x.dtype)
     return mm_bias_once(xs.to(lay.cdtype), w, bias, x.dtype)
+
+
+def bind_wq_gemm_dense(x, qweight, scales, zeros, g_idx, bias, bits, group_size, format, prepared=None):
+    """``wq_gemm_dense`` for one call signature of 1/2/4/8-bit codes: the dequantization (the op library's call, its
+    arguments fixed) and cuBLAS from one Python call, x of any rank (its rows), where the registered function goes
+    through the dispatcher on every call. None for other widths (their layouts: the registered function serves)."""
+    if bits not in (1, 2, 4, 8):
+        return None
+    k = x.shape[-1]
+    cd = torch.float32 if x.dtype is torch.float32 else x.dtype
+    deq, gptq = _build.ops().wq_dequant_canonical, format == "gptq"
+
+    def call(x, *_):
+        w = deq(qweight, scales, zeros, g_idx, bits, group_size, k, gptq, cd, 0, None)
+        rows = x.reshape(-1, k)
+        y = mm_bias_once(rows if rows.dtype is cd else rows.to(cd), w, bias, x.dtype)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+    call.input_only = True   # the layers call it with the input alone (bie_core/layers/_lean.py)
+    call.any_rank = True     # x of any rank, the output in its shape
+    return call
 
 
 def wq_gemm_grad_input(grad, qweight, scales, zeros, g_idx, bits, group_size, k, format, prepared=None):
