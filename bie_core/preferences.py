@@ -73,8 +73,8 @@ HANDOFFS: tuple = (
     # 14.2-19.1 on 4096 x 1024, H200) and its bound call is one launch too. Dequantize + cuBLAS is faster still on
     # the GPU at 384-512 rows (13.9-14.2 us against 19.0-19.2) but is not handed these: it is two launches and a
     # weight-sized temporary, and a prefill at those rows waits on the host (unbound it cost 108 us of host time a
-    # call; bound, 31.9-34.7 against the CUTLASS call's 11.4-11.6, and a 32-layer model's time to first token went
-    # from 0.93x to 0.85x bf16 with it on k/v)
+    # call; bound, 31.9-34.7 against the CUTLASS call's 11.4-11.6, and a 32-layer model's time to first token was
+    # 0.85x bf16 with it on k/v, 0.93x without)
     Handoff(_WQ, "bie-backend-cuda's wgmma kernel", _PREFILL_PAGE,
             dims={"M": (65, 256), "N": (None, 1024), "K": (None, 8192)}, attrs={"bits": 4}),
     # dynamic int8 linear, per token: up to 8 rows the fused GEMV (one launch: quantization, products, epilogue) is
