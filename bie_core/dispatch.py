@@ -884,6 +884,34 @@ def resolve(op, *args, backend: str = "") -> Resolved:
     return op._route.resolve(args, backend or "")
 
 
+def native_kernel_serves(problem: Problem, backend: str = "") -> bool:
+    """Whether the kernel a call of ``problem`` would run is not the reference: the first kernel of the chosen
+    backends that accepts it (the preference in force, or the layer's ``backend``), or automatic selection's
+    choice. A quiet question (no warning, no error, nothing cached) for a layer choosing between two ops before it
+    calls one."""
+    pref = current_preference(backend)
+    kernels = _REG.kernels(problem.op)   # (highest priority first)
+    if pref is not None and not isinstance(pref, _Auto):
+        for qualname in pref[0]:
+            name, _, kernel = qualname.partition(":")
+            for k in kernels:
+                if k.backend == name and (not kernel or k.name == kernel) and not k.reasons(problem):
+                    return not k.reference
+        return False
+    chosen, deferred = None, None
+    for k in kernels:
+        if k.reasons(problem):
+            continue
+        if k.deferral(problem):
+            deferred = deferred or k
+            continue
+        chosen = k
+        break
+    if deferred is not None and (chosen is None or (chosen.reference and problem.device_type not in ("cpu", "meta"))):
+        chosen = deferred
+    return chosen is not None and not chosen.reference
+
+
 #: CPU index/code tensors whose values passed validation: id -> (storage,
 #: version, weak ref). An entry is dropped by the weak reference's callback the
 #: moment its tensor dies, so a new tensor that reuses the id and address is

@@ -14,6 +14,9 @@ channels_last input. Two ways to the counts, the tuner picks per shape:
   GEMM of those rows. TMA's im2col fetches about one pixel row per ten cycles per SM whatever its width, so where
   a tap holds 16 bytes (C = 64) the conv waits on those fetches and the windows' copy pays.
 
+``binary_conv2d_signs`` runs the same kernels on a padded operand made elsewhere (a compiled ``BinaryConv2d`` makes
+it in the kernel that computes its input): no packing launch.
+
 Where it does not serve (NCHW input, other C, groups, pad value 0, other GPUs), the family's
 im2col conv (``binary.py``) or bie-backend-cuda's direct conv do.
 """
@@ -56,25 +59,43 @@ def prepare_weight(w: torch.Tensor, kernel_size) -> torch.Tensor:
     return both.view(torch.int8).reshape(o, kh, kw, c // 4).contiguous()
 
 
+def _choose(op: str, device, m: int, c: int, o: int, kh: int, kw: int, sh: int, sw: int, out_dtype, run) -> int:
+    """The configuration (index into CONFIGS): timed once per problem bucket by the tuner (``run(i)`` runs
+    configuration i); the untimed default (tuning off, or a graph capture before the bucket was timed): the window
+    GEMM where a tap holds 16 bytes (C = 64), the conv with 32-byte K steps where it holds 32 (C = 128), else with
+    64."""
+    # (the window rows of a call must stay below INT_MAX bytes, the bindings' check)
+    windows = m * kh * kw * (c // 4) < 2 ** 31 - 1
+    served = [nm for nm in CONFIGS if windows or not nm.startswith("w")]
+    first = ("t128x128" if c // 4 > 32 else "w128x128k128" if c // 4 < 32 and windows
+             else "t128x128k32")
+    names = [first] + [nm for nm in served if nm != first]
+    cands = [(nm, (lambda i=CONFIGS.index(nm): run(i))) for nm in names]
+    q = tuning.bucket
+    bucket = f"{str(out_dtype).replace('torch.', '')}/M{q(m)}/O{q(o)}/C{q(c)}/k{kh}x{kw}/s{sh}x{sw}"
+    return CONFIGS.index(tuning.choose(op, bucket, cands, device=device))
+
+
 def _config(x, wp, args, out_dtype) -> int:
-    """The configuration (index into CONFIGS): timed once per problem bucket by the tuner; the untimed default
-    (tuning off, or a graph capture before the bucket was timed): the window GEMM where a tap holds 16 bytes
-    (C = 64), the conv with 32-byte K steps where it holds 32 (C = 128), else with 64."""
+    """``binary_conv2d``'s configuration (``_choose``; the timed runs include the packing)."""
     n, c, h, w = x.shape
     o, kh, kw = wp.shape[0], wp.shape[1], wp.shape[2]
     sh, sw, ph, pw, dh, dw = args[:6]   # (strides, paddings, dilations)
     m = n * conv_out_size(h, kh, sh, ph, dh) * conv_out_size(w, kw, sw, pw, dw)
-    # (the window rows of a call must stay below INT_MAX bytes, the bindings' check)
-    windows = m * kh * kw * wp.shape[3] < 2 ** 31 - 1
-    served = [nm for nm in CONFIGS if windows or not nm.startswith("w")]
-    first = ("t128x128" if wp.shape[3] > 32 else "w128x128k128" if wp.shape[3] < 32 and windows
-             else "t128x128k32")
-    names = [first] + [nm for nm in served if nm != first]
     ops = _ops()
-    cands = [(nm, (lambda i=CONFIGS.index(nm): ops.conv(x, wp, *args, i))) for nm in names]
-    q = tuning.bucket
-    bucket = f"{str(out_dtype).replace('torch.', '')}/M{q(m)}/O{q(o)}/C{q(c)}/k{kh}x{kw}/s{sh}x{sw}"
-    return CONFIGS.index(tuning.choose("binary_conv2d_sm90", bucket, cands, device=x.device))
+    return _choose("binary_conv2d_sm90", x.device, m, c, o, kh, kw, sh, sw, out_dtype,
+                   lambda i: ops.conv(x, wp, *args, i))
+
+
+def _signs_config(xs, wp, args, out_dtype) -> int:
+    """``binary_conv2d_signs``' configuration (``_choose``): the same kernels on a given operand."""
+    n, hp, wpx, cb = xs.shape
+    o, kh, kw = wp.shape[0], wp.shape[1], wp.shape[2]
+    sh, sw, dh, dw = args[:4]
+    m = n * conv_out_size(hp, kh, sh, 0, dh) * conv_out_size(wpx, kw, sw, 0, dw)
+    ops = _ops()
+    return _choose("binary_conv2d_signs_sm90", xs.device, m, cb * 4, o, kh, kw, sh, sw, out_dtype,
+                   lambda i: ops.conv_signs(xs, wp, *args, i))
 
 
 def _vectors(x, shift, scale, bias):
@@ -111,6 +132,60 @@ def bind_binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad
     return call
 
 
+def _aligned(xs):
+    """xs where its first byte is 16-byte aligned (TMA's global addresses), else a copy (a view at an odd offset)."""
+    return xs if xs.data_ptr() % 16 == 0 else xs.clone()
+
+
+def binary_conv2d_signs(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype, prepared=None):
+    wp = prepared if prepared is not None else prepare_weight(w, kernel_size)
+    xs = _aligned(xs)
+    _, s, b = _vectors(xs, None, scale, bias)
+    args = (stride[0], stride[1], dilation[0], dilation[1], s, b, out_dtype)
+    return _ops().conv_signs(xs, wp, *args, _signs_config(xs, wp, args, out_dtype))
+
+
+def bind_binary_conv2d_signs(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype, prepared=None):
+    """One call signature's plan, as ``bind_binary_conv2d``'s: the operand alone is handed over a call."""
+    _, s, b = _vectors(xs, None, scale, bias)
+    args = (stride[0], stride[1], dilation[0], dilation[1], s, b, out_dtype)
+    cfg = _signs_config(_aligned(xs), prepared, args, out_dtype)
+    fn, wp = _ops().conv_signs, prepared
+
+    def call(xs, *_):
+        return fn(xs if xs.data_ptr() % 16 == 0 else xs.clone(), wp, *args, cfg)
+    call.input_only = True
+    return call
+
+
+def _geometry_check(d: dict, st, dl, hp: int, wp: int, n: int, ho: int, wo: int):
+    """Why the implicit conv does not serve these dims (C, O, kernel), strides, dilations and padded sizes; None
+    where it does."""
+    c, o = d["C"], d["O"]
+    if c % 64 or c == 0:
+        # (a pixel's signs and complements are C/4 bytes: the TMA boxes and window rows want 16-byte multiples)
+        return f"C={c} is not a multiple of 64"
+    if o % 8 or o == 0:
+        return f"O={o} is not a multiple of 8 (16-byte output rows)"
+    if max(st) > 8:
+        return f"stride {st}: TMA's im2col traverses 1..8 elements a step"
+    if (d["KH"] - 1) * dl[0] > MAX_REACH or (d["KW"] - 1) * dl[1] > MAX_REACH:
+        return f"a window reaching more than {MAX_REACH} pixels (TMA im2col's box corners)"
+    if n * hp * wp * c // 4 >= 2 ** 31 or d["KH"] * d["KW"] * c >= 2 ** 30:
+        return "outside the 32-bit index range served"
+    if n == 0 or ho <= 0 or wo <= 0:
+        return "empty problem"
+    return None
+
+
+def _signs_check(p):
+    d, a = p.dims, p.attrs
+    st, dl = a["stride"], a["dilation"]
+    ho = conv_out_size(d["H"], d["KH"], st[0], 0, dl[0])
+    wo = conv_out_size(d["W"], d["KW"], st[1], 0, dl[1])
+    return _geometry_check(d, st, dl, d["H"], d["W"], d["N"], ho, wo)
+
+
 def _check(p):
     d, a = p.dims, p.attrs
     if not a.get("channels_last"):
@@ -119,26 +194,10 @@ def _check(p):
         return "groups > 1"
     if a.get("pad_value") == 0.0:
         return "pad_value 0 (a padded tap counts as nothing: the window's popcount would be needed)"
-    c, o = d["C"], d["O"]
-    if c % 64 or c == 0:
-        # (a pixel's signs and complements are C/4 bytes: the TMA boxes and window rows want 16-byte multiples)
-        return f"C={c} is not a multiple of 64"
-    if o % 8 or o == 0:
-        return f"O={o} is not a multiple of 8 (16-byte output rows)"
-    st, dl = a["stride"], a["dilation"]
-    if max(st) > 8:
-        return f"stride {st}: TMA's im2col traverses 1..8 elements a step"
-    if (d["KH"] - 1) * dl[0] > MAX_REACH or (d["KW"] - 1) * dl[1] > MAX_REACH:
-        return f"a window reaching more than {MAX_REACH} pixels (TMA im2col's box corners)"
-    pd = a["padding"]
-    hp, wp = d["H"] + 2 * pd[0], d["W"] + 2 * pd[1]
-    if d["N"] * hp * wp * c // 4 >= 2 ** 31 or d["KH"] * d["KW"] * c >= 2 ** 30:
-        return "outside the 32-bit index range served"
+    st, dl, pd = a["stride"], a["dilation"], a["padding"]
     ho = conv_out_size(d["H"], d["KH"], st[0], pd[0], dl[0])
     wo = conv_out_size(d["W"], d["KW"], st[1], pd[1], dl[1])
-    if d["N"] == 0 or ho <= 0 or wo <= 0:
-        return "empty problem"
-    return None
+    return _geometry_check(d, st, dl, d["H"] + 2 * pd[0], d["W"] + 2 * pd[1], d["N"], ho, wo)
 
 
 def register(registry, priority: int) -> None:
@@ -151,3 +210,9 @@ def register(registry, priority: int) -> None:
                                   "im2col) over a padded operand of signs and complements: 2*count - K, scale, "
                                   "bias and dtype fused into the TMA store (or a persistent GEMM of copied "
                                   "windows where taps are narrow); channels_last in and out, C a multiple of 64")
+    registry.register("binary_conv2d_signs", binary_conv2d_signs, priority=priority, name="binary_conv2d_signs_sm90",
+                      capability=Capability(devices=("cuda",), dtypes=(torch.uint8,),
+                                            compute_capability=((9, 0), (9, 0)), check=_signs_check),
+                      prepare=prepare_weight, prepare_static=("kernel_size",), bind=bind_binary_conv2d_signs,
+                      description="the same kernels as binary_conv2d_sm90 on a padded sign operand made elsewhere "
+                                  "(a compiled model's activation kernel): no packing pass; C a multiple of 64")

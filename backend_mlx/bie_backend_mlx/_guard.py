@@ -99,7 +99,8 @@ def _empty_result(op, args):
     outs = meta if isinstance(meta, (tuple, list)) else (meta,)
     if any(o.numel() for o in outs):
         return None
-    real = tuple(torch.empty(o.shape, dtype=o.dtype, device=device) for o in outs)
+    # (in the fake's memory format: an op whose contract fixes it, channels_last, keeps it when empty too)
+    real = tuple(torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=device) for o in outs)
     return real if isinstance(meta, (tuple, list)) else real[0]
 
 

@@ -221,6 +221,25 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     return conv_out(acc, scale, bias, out_dtype, x.device, channels_last=mf == torch.channels_last)
 
 
+@kernel
+def binary_conv2d_signs(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype, prepared=None):
+    if prepared is None:
+        prepared = prepare_signs(w)
+    cb = xs.shape[3]
+    c, (kh, kw) = cb * 4, kernel_size
+    wm = _conv_weight(prepared, w.shape[0], c, kh, kw)                  # +/-1
+    xm = to_mlx(xs)
+    s = unpack_bits(xm[..., :cb // 2]).astype(mx.float32)              # the signs' bits S, 0/1, NHWC
+    t = unpack_bits(xm[..., cb // 2:]).astype(mx.float32)              # the complement half T
+    w01 = (wm + 1.0) * 0.5
+
+    def conv(a, b):
+        return mx.conv2d(a, b, stride=tuple(stride), padding=0, dilation=tuple(dilation))
+    # 2 * (popcount(S & W) + popcount(T & ~W)) - K, every term an integer below 2K: exact in float32
+    acc = 2.0 * (conv(s, w01) + conv(t, 1.0 - w01)) - float(c * kh * kw)
+    return conv_out(acc, scale, bias, out_dtype, xs.device, channels_last=True)
+
+
 # ------------------------------------------------------------------ embeddings
 class PreparedEmbedding:
     def __init__(self, bits: "mx.array", scale: "mx.array"):
@@ -261,6 +280,6 @@ def sign_embedding_bag(indices, bits, dim, dtype, prepared=None):
     return to_torch(out, bits.device)
 
 
-__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_bmm", "binary_conv2d",
+__all__ = ["pack_signs", "unpack_signs", "binary_gemm", "binary_bmm", "binary_conv2d", "binary_conv2d_signs",
            "sign_embedding", "sign_embedding_bag", "prepare_signs", "prepare_embedding", "prepare_bits",
            "MAX_EXACT_K"]

@@ -68,6 +68,7 @@ def _table():
         "binary_linear": (binary.binary_linear, binary.prepare_signs, {"check": _k_bound}),
         "binary_bmm": (binary.binary_bmm, None, {"check": _k_bound}),
         "binary_conv2d": (binary.binary_conv2d, binary.prepare_signs, {"check": _conv_check}),
+        "binary_conv2d_signs": (binary.binary_conv2d_signs, binary.prepare_signs, {"check": _conv_check}),
         "sign_embedding": (binary.sign_embedding, binary.prepare_embedding, {}),
         "sign_embedding_bag": (binary.sign_embedding_bag, binary.prepare_bits, {}),
         "quantize_int": (integer.quantize_int, None, {"attrs": {"bits": (4, 8)}}),

@@ -44,6 +44,9 @@ _lib.define("int_conv2d_eval(Tensor x, Tensor? weight, Tensor? codes, Tensor wei
 _lib.define("binary_conv2d_eval(Tensor x, Tensor? weight, Tensor? weight_bits, Tensor? weight_scale, "
             "Tensor act_shift, Tensor act_scale, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, "
             "int[] dilation, int groups, float pad_value, bool per_channel, str backend) -> Tensor")
+_lib.define("binary_conv2d_signs_eval(Tensor xs, Tensor? weight, Tensor? weight_bits, Tensor? weight_scale, "
+            "Tensor act_scale, Tensor? bias, int[] kernel_size, int[] stride, int[] dilation, bool per_channel, "
+            "ScalarType out_dtype, str backend) -> Tensor")
 
 
 def _kept(tag: tuple, tensors: tuple, build: Callable[[], object]) -> list:
@@ -250,3 +253,39 @@ def _(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_s
 
 _lib.impl("binary_conv2d_eval", _binary_conv2d_eval, "CompositeExplicitAutograd")
 binary_conv2d_eval = torch.ops.bie_layers.binary_conv2d_eval.default
+
+
+def _binary_conv2d_signs_eval(xs, weight, weight_bits, weight_scale, act_scale, bias, kernel_size, stride, dilation,
+                              per_channel, out_dtype, backend):
+    """``BinaryConv2d``'s inference forward on its padded sign operand (``ops.sign_operand``, made in the compiled
+    graph): ``binary_conv2d_signs`` with the weight's sign bits, derived and bound as ``_binary_conv2d_eval``'s."""
+    w = weight if weight is not None else weight_bits
+    key = ("binary_conv2d_signs_eval", per_channel, backend)
+    geom = (kernel_size, stride, dilation, out_dtype)
+    m = _sites.find(key, w, geom)
+    lc = m.calls.get(xs.shape) if m is not None else None
+    if lc is None or not lc.holds(xs, backend, *m.derived, act_scale, bias):
+        from .binary import bind_binary_conv2d_signs
+        # (the latent weight's signs are those binary_conv2d_eval derives: one derivation per weight version)
+        signs, calls = _signs_and_calls("binary_conv2d_eval", weight, weight_bits, weight_scale, per_channel, backend)
+        bits, sw = signs
+        fixed = (bits, sw, act_scale, bias)
+        lc = _bound(calls, xs, backend, fixed,
+                    lambda: bind_binary_conv2d_signs(xs, bits, sw, act_scale, bias, geom, fixed, backend),
+                    ("signs", per_channel) + tuple(tuple(v) for v in geom[:3]) + (out_dtype,))
+        _sites.keep(key, w, signs, xs.shape, lc, geom)
+    return lc.call(xs)
+
+
+@torch.library.register_fake(f"{_LIB}::binary_conv2d_signs_eval", lib=_lib)
+def _(xs, weight, weight_bits, weight_scale, act_scale, bias, kernel_size, stride, dilation, per_channel, out_dtype,
+      backend):
+    from .binary import signs_of
+    if weight is not None:
+        weight_bits, weight_scale = signs_of(weight, per_channel, backend)
+    return ops.binary_conv2d_signs(xs, weight_bits, list(kernel_size), list(stride), list(dilation), None, None,
+                                   out_dtype)
+
+
+_lib.impl("binary_conv2d_signs_eval", _binary_conv2d_signs_eval, "CompositeExplicitAutograd")
+binary_conv2d_signs_eval = torch.ops.bie_layers.binary_conv2d_signs_eval.default

@@ -27,7 +27,7 @@ from ..ops.binary import packed_len
 from ._base import (FLOAT_DTYPES, ConvGeometry, QATLayer, TorchInit, binary_init, check_dtype, check_positive_ints,
                     conv2d_geometry, layer_constant, per_channel_constant)
 from ._binary_fn import BinaryConv2dFn, BinaryLinearFn, _scale, binary_conv2d
-from ._eval_ops import binary_conv2d_eval, binary_linear_eval, latent_signs
+from ._eval_ops import binary_conv2d_eval, binary_conv2d_signs_eval, binary_linear_eval, latent_signs
 from ._lean import bind_one, keep, kept, on_input
 
 
@@ -49,6 +49,32 @@ def bind_binary_conv2d(x, bits, sw, act_shift, act_scale, bias, geom: tuple, fix
     scale = _scale(act_scale.detach(), sw)
     args = (x, bits, *geom, scale, bias, x.dtype, shift)
     return bind_one(ops.binary_conv2d, args, backend, fixed)
+
+
+def bind_binary_conv2d_signs(xs, bits, sw, act_scale, bias, geom: tuple, fixed: tuple, backend: str):
+    """The bound call of a compiled BinaryConv2d inference forward on its padded sign operand ``xs`` with the weight's
+    sign ``bits`` and ``sw`` and ``geom`` = (kernel size, stride, dilation, out dtype), kept while ``fixed`` are
+    unchanged."""
+    ks, stride, dilation, out_dtype = geom
+    args = (xs, bits, list(ks), list(stride), list(dilation), _scale(act_scale.detach(), sw), bias, out_dtype)
+    return bind_one(ops.binary_conv2d_signs, args, backend, fixed)
+
+
+@torch.compiler.assume_constant_result
+def _sign_operand_served(device_type: str, device_index, c: int, o: int, kernel_size: tuple, stride: tuple,
+                         dilation: tuple, out_dtype, backend: str) -> bool:
+    """Whether a kernel other than the reference serves ``binary_conv2d_signs`` for a layer of this geometry (the
+    preference in force allowing it): a compiled BinaryConv2d then writes its sign operand in the graph, where the
+    kernel computing its input makes it. Asked while tracing, from the layer's constants and C alone (a constant
+    of the graph, not of its inputs): the problem's batch and size are the smallest the kernel takes; a call
+    outside the served index range goes to what serves it then."""
+    from .. import dispatch
+    from ..ops.binary import signs_problem
+    hp = (kernel_size[0] - 1) * dilation[0] + 1
+    wp = (kernel_size[1] - 1) * dilation[1] + 1
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    problem = signs_problem(device, 1, c, hp, wp, o, kernel_size, stride, dilation, out_dtype)
+    return dispatch.native_kernel_serves(problem, backend)
 
 
 def _pad_value(layer, value):
@@ -325,11 +351,29 @@ class BinaryConv2d(ConvGeometry, _BinaryWeightMixin, QATLayer):
         keep(self, x, fixed, lc)
         return lc
 
+    def _sign_operand_route(self, x: torch.Tensor) -> bool:
+        """Whether a compiled inference forward takes ``binary_conv2d_signs`` (``_sign_operand_served``): one group,
+        pad value +1 or -1, a static channel count that is a multiple of 8."""
+        c = x.shape[1]
+        if self.groups != 1 or self.pad_value == 0.0 or type(c) is not int or c % 8:
+            return False
+        return _sign_operand_served(x.device.type, x.device.index, c, self.out_channels, tuple(self.kernel_size),
+                                    tuple(self.stride), tuple(self.dilation), x.dtype, self.backend or "")
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x, unbatched = self._batched_conv2d_input(x)
         if not self._act_scale_ready:
             self._init_scale("act_scale", binary_init(x.detach().abs().to(torch.float32).mean()), "the first batch")
         if not torch.is_grad_enabled() and torch.compiler.is_compiling():
+            if self._sign_operand_route(x):
+                # traced inference on a kernel that takes the padded sign operand: the operand made by PyTorch ops
+                # in the graph (fused into the kernel that computes x: a BatchNorm, activation or residual add
+                # before this layer writes C/4 bytes a pixel where it wrote 2C), then the conv
+                xs = ops.sign_operand(x, self.act_shift, self.padding, self.pad_value)
+                y = binary_conv2d_signs_eval(xs, *self._eval_op_weights(), self.act_scale, self.bias,
+                                             list(self.kernel_size), list(self.stride), list(self.dilation),
+                                             self.per_channel, x.dtype, self.backend or "")
+                return y.squeeze(0) if unbatched else y
             # traced inference: one op that derives the signs per weight version at call time (_eval_ops.py)
             y = binary_conv2d_eval(x, *self._eval_op_weights(), self.act_shift, self.act_scale, self.bias, list(self.kernel_size),
                                    list(self.stride), list(self.padding), list(self.dilation), self.groups,

@@ -7,8 +7,8 @@ implementation that asks the bie dispatcher for a kernel. Call them as
 with an optional ``backend=`` keyword) or as ``torch.ops.bie.binary_gemm``.
 """
 from ._opdef import Case, OpDef, all_ops, define_op, get_op
-from .binary import (binary_bmm, binary_conv2d, binary_gemm, binary_linear, conv_out_size, pack_signs, packed_len,
-                     sign_embedding, sign_embedding_bag, unpack_signs)
+from .binary import (binary_bmm, binary_conv2d, binary_conv2d_signs, binary_gemm, binary_linear, conv_out_size,
+                     pack_signs, packed_len, sign_embedding, sign_embedding_bag, sign_operand, unpack_signs)
 from .integer import (code_range, int_bmm, int_conv2d, int_gemm, lsq_backward, pack_int4, quantize_int,
                       transpose_2d, unpack_int4)
 from .dynamic import dynamic_int8_linear, dynamic_quantize_act
@@ -21,7 +21,7 @@ except ImportError as _e:  # pragma: no cover - only while the module is being w
 
 __all__ = ["Case", "OpDef", "all_ops", "define_op", "get_op",
            "pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "binary_bmm", "binary_conv2d",
-           "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size",
+           "binary_conv2d_signs", "sign_operand", "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size",
            "quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "transpose_2d", "int_gemm", "int_bmm", "int_conv2d",
            "code_range",
            "dynamic_quantize_act", "dynamic_int8_linear"]

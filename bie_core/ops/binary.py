@@ -1,4 +1,5 @@
-"""Binary (1-bit) ops: sign packing, binary GEMM / batched GEMM / conv2d, packed embeddings.
+"""Binary (1-bit) ops: sign packing, binary GEMM / batched GEMM / conv2d (also on a padded sign operand), packed
+embeddings.
 
 Canonical sign bits (docs/spec.md §2): ``sgn(v) = +1 if v >= 0 else -1``; bit 1 means
 +1; packed along the reduction dimension K, least significant bit first, 8
@@ -445,6 +446,130 @@ binary_conv2d = define_op(OpDef(
          "(N, O, Ho, Wo) int32 counts or float32(count)*scale + bias cast to out_dtype; channels_last when x is "
          "channels_last (and not also contiguous), else contiguous."),
     fake=_conv_fake, problem=_conv_problem, validate=_conv_validate, cases=_conv_cases,
+    weight_args=(1,), memory_format_checked=True))
+
+
+# --------------------------------------------------------- binary_conv2d_signs
+def sign_operand(x: torch.Tensor, shift, padding, pad_value: float) -> torch.Tensor:
+    """The padded sign operand ``binary_conv2d_signs`` takes, of x (N, C, H, W), C a multiple of 8: a contiguous
+    (N, H + 2 ph, W + 2 pw, C/4) uint8 tensor holding per pixel the C signs of x, or of x + shift (one value per
+    channel, cast to x's dtype: ``binary_conv2d``'s shift), as bits (channel i at byte i // 8, bit i % 8; 1 means
+    +1), then the same C/8 bytes complemented; the ring of padding pixels holds the signs of ``pad_value`` (+1 or
+    -1). Written with PyTorch ops only: under ``torch.compile`` the operand is made in the kernel that computes x
+    (the BatchNorm, activation and residual add before a binary conv), whose float output need not be written."""
+    n, c, h, w = x.shape
+    if shift is not None:
+        x = x + shift.to(x.dtype).view(1, -1, 1, 1)
+    bits = (x >= 0).permute(0, 2, 3, 1).reshape(n, h, w, c // 8, 8).to(torch.uint8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=x.device)
+    packed = (bits * weights).sum(-1, dtype=torch.uint8)
+    ring = 255 if pad_value > 0 else 0
+    packed = torch.nn.functional.pad(packed, (0, 0, padding[1], padding[1], padding[0], padding[0]), value=ring)
+    return torch.cat([packed, 255 - packed], dim=-1)
+
+
+def _signs_geometry(xs, w, kernel_size, stride, dilation) -> tuple:
+    """(C, K, Ho, Wo) of a ``binary_conv2d_signs`` call."""
+    c = xs.shape[3] * 4
+    ho = conv_out_size(xs.shape[1], kernel_size[0], stride[0], 0, dilation[0])
+    wo = conv_out_size(xs.shape[2], kernel_size[1], stride[1], 0, dilation[1])
+    return c, c * kernel_size[0] * kernel_size[1], ho, wo
+
+
+def _signs_fake(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype):
+    _, _, ho, wo = _signs_geometry(xs, w, kernel_size, stride, dilation)
+    return torch.empty((xs.shape[0], w.shape[0], ho, wo), dtype=epilogue_dtype(out_dtype), device=xs.device,
+                       memory_format=torch.channels_last)
+
+
+def _signs_validate(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype):
+    op = "binary_conv2d_signs"
+    check_tensor(xs, op, "xs", dtypes=(torch.uint8,), dim=4)
+    check(xs.is_contiguous(), op, "xs must be contiguous: (N, Hp, Wp, C/4) bytes a pixel after another")
+    check(xs.shape[3] > 0 and xs.shape[3] % 2 == 0, op,
+          f"xs must hold C/4 bytes a pixel (C/8 of signs, then their complements), an even count; got "
+          f"{xs.shape[3]}")
+    check_tensor(w, op, "w", dtypes=(torch.uint8,), dim=2)
+    for nm, v in (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)):
+        check(len(v) == 2, op, f"{nm} must have 2 values, got {list(v)}")
+    check(all(v > 0 for v in kernel_size) and all(v > 0 for v in stride) and all(v > 0 for v in dilation), op,
+          f"kernel_size, stride and dilation must be > 0; got {list(kernel_size)}, {list(stride)}, "
+          f"{list(dilation)}")
+    c, k, ho, wo = _signs_geometry(xs, w, kernel_size, stride, dilation)
+    check(w.shape[1] == packed_len(k), op,
+          f"w must be (out_channels, ceil(C*kh*kw/8)) = (.., {packed_len(k)}) for C={c}, kernel "
+          f"{list(kernel_size)}; got {tuple(w.shape)}")
+    check(ho > 0 and wo > 0, op, f"the padded input {tuple(xs.shape[1:3])} is too small for the kernel (output "
+          f"{ho}x{wo})")
+    check_conv_size(op, (xs.shape[0], c, xs.shape[1], xs.shape[2]), w.shape[0], (0, 0), ho, wo)
+    check_epilogue(op, scale, bias, w.shape[0], out_dtype)
+    check_same_device(op, xs=xs, w=w, scale=scale, bias=bias)
+
+
+def signs_problem(device, n: int, c: int, hp: int, wp: int, o: int, kernel_size, stride, dilation, out_dtype,
+                  contiguous: bool = True):
+    """The dispatcher's :class:`Problem` of a ``binary_conv2d_signs`` call on n padded images of hp x wp pixels
+    and C channels (a layer asks it before it has an operand: ``dispatch.native_kernel_serves``)."""
+    return problem("binary_conv2d_signs", device, torch.uint8, contiguous=contiguous, N=n, C=c, H=hp, W=wp, O=o,
+                   KH=kernel_size[0], KW=kernel_size[1], K=c * kernel_size[0] * kernel_size[1],
+                   stride=tuple(stride), dilation=tuple(dilation), out_dtype=out_dtype)
+
+
+def _signs_problem(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype):
+    return signs_problem(xs.device, xs.shape[0], xs.shape[3] * 4, xs.shape[1], xs.shape[2], w.shape[0],
+                         kernel_size, stride, dilation, out_dtype, xs.is_contiguous())
+
+
+SIGNS_CASES = [
+    # (N, C, H, W, O, kernel, stride, padding, dilation)
+    (1, 8, 1, 1, 1, (1, 1), (1, 1), (0, 0), (1, 1)),
+    (2, 8, 7, 5, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (1, 16, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 24, 11, 6, 3, (3, 2), (2, 1), (2, 0), (1, 1)),
+    (1, 8, 12, 12, 6, (3, 3), (1, 1), (2, 2), (2, 2)),
+    (1, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 128, 9, 9, 16, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (2, 64, 8, 8, 8, (1, 1), (1, 1), (0, 0), (1, 1)),
+    (1, 192, 7, 7, 24, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (0, 64, 5, 5, 8, (3, 3), (1, 1), (1, 1), (1, 1)),   # no images
+]
+
+
+def _signs_cases(device, gen):
+    from ._common import randn as _randn
+    for i, (n, c, h, w_, o, ks, st, pd, dl) in enumerate(SIGNS_CASES):
+        k = c * ks[0] * ks[1]
+        wb = randbits((o, packed_len(k)), device=device, gen=gen, k=k)
+        dtype = FLOAT_DTYPES[i % 3]
+        x = _randn((n, c, h, w_), device=device, gen=gen, dtype=dtype, zeros_frac=0.05)
+        shift = (torch.randn(c, generator=gen) * 0.5).to(device=device, dtype=dtype) if i % 2 else None
+        for pad_value in (-1.0, 1.0):
+            xs = sign_operand(x, shift, pd, pad_value)
+            yield Case((xs, wb, list(ks), list(st), list(dl), None, None, None),
+                       f"count {n}x{c}x{h}x{w_} O={o} k={ks} s={st} p={pd} d={dl} pad={pad_value}")
+        scale = (torch.rand((o,), generator=gen) + 0.05).to(device)
+        bias = torch.randn(o, generator=gen).to(device)
+        yield Case((sign_operand(x, shift, pd, -1.0), wb, list(ks), list(st), list(dl), scale, bias, dtype),
+                   f"{str(dtype)[6:]} {n}x{c}x{h}x{w_} O={o} k={ks}",
+                   tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
+    # bytes that are not the complements of their signs (a buffer made by other means): the op counts
+    # popcount(signs & w) + popcount(complements & ~w), whatever they hold
+    xs = torch.randint(0, 256, (2, 6, 6, 16), generator=gen, dtype=torch.uint8).to(device)
+    wb = randbits((8, packed_len(64 * 9)), device=device, gen=gen, k=64 * 9)
+    yield Case((xs, wb, [3, 3], [1, 1], [1, 1], None, None, None), "count free complement bytes 2x64x6x6 O=8")
+
+
+binary_conv2d_signs = define_op(OpDef(
+    name="binary_conv2d_signs", family="binary",
+    schema=("(Tensor xs, Tensor w, int[2] kernel_size, int[2] stride, int[2] dilation, Tensor? scale, "
+            "Tensor? bias, ScalarType? out_dtype) -> Tensor"),
+    doc=("``binary_conv2d`` (groups 1) on a padded sign operand (``sign_operand(x, shift, padding, pad_value)``): "
+         "xs (N, Hp, Wp, C/4) uint8, per pixel C/8 bytes of sign bits S and C/8 more, T (the complements of S "
+         "where made by sign_operand). Exactly 2 * (conv2d(S, W01) + conv2d(T, 1 - W01)) - K with W01 the 0/1 "
+         "sign bits of the packed OIHW weight w (K = C*kh*kw) and no further padding: "
+         "conv2d(pad(sgn(x + shift)), sgn(W)) where T = ~S. Output (N, O, Ho, Wo) channels_last, int32 counts or "
+         "float32(count)*scale + bias cast to out_dtype."),
+    fake=_signs_fake, problem=_signs_problem, validate=_signs_validate, cases=_signs_cases,
     weight_args=(1,), memory_format_checked=True))
 
 

@@ -118,6 +118,21 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     return _finish(_padded_conv2d_int64(sx, sw, stride, dilation, groups), scale, bias, out_dtype, channel_dim=1)
 
 
+def binary_conv2d_signs(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype):
+    """Per window: popcount(S & W) + popcount(T & ~W) over the bytes of the operand's two halves, in int64."""
+    xs = xs.cpu().to(torch.int64)
+    n, hp, wp, cb = xs.shape
+    kh, kw = kernel_size
+    c, o = cb * 4, w.shape[0]
+    k = c * kh * kw
+    wbits = unpack_signs(w, k, torch.int64).reshape(o, c, kh, kw).add(1).div(2, rounding_mode="floor")
+    s = torch.stack([_bit(xs[..., e // 8], e % 8) for e in range(c)], dim=1)            # (N, C, Hp, Wp) 0/1
+    t = torch.stack([_bit(xs[..., cb // 2 + e // 8], e % 8) for e in range(c)], dim=1)
+    count = _padded_conv2d_int64(s, wbits, stride, dilation, 1) + _padded_conv2d_int64(t, 1 - wbits, stride,
+                                                                                        dilation, 1)
+    return _finish(2 * count - k, scale, bias, out_dtype, channel_dim=1)
+
+
 def sign_embedding(indices, bits, scale, dim, dtype):
     rows = unpack_signs(bits.cpu()[indices.cpu().long()], dim, torch.float64)
     s = scale.cpu().reshape(-1)[indices.cpu().long()].to(torch.float64).unsqueeze(-1)

@@ -81,6 +81,26 @@ def binary_conv2d(x, w, kernel_size, stride, padding, dilation, groups, pad_valu
     return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype, channel_dim=1).contiguous(memory_format=mf)
 
 
+def binary_conv2d_signs(xs, w, kernel_size, stride, dilation, scale, bias, out_dtype):
+    from bie_core.backend_api import scaled_epilogue
+    n, hp, wp, cb = xs.shape
+    c, kh, kw = cb * 4, kernel_size[0], kernel_size[1]
+    k = c * kh * kw
+    # S (the signs' bits) and T (their complements where the operand was made by sign_operand) as 0/1, NCHW
+    s = unpack_bits(xs[..., :cb // 2].contiguous(), c).permute(0, 3, 1, 2).to(torch.float64)
+    t = unpack_bits(xs[..., cb // 2:].contiguous(), c).permute(0, 3, 1, 2).to(torch.float64)
+    w01 = unpack_bits(w, k).to(torch.float64).reshape(w.shape[0], c, kh, kw)
+    ho = (hp - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wp - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if w.shape[0] == 0 or n == 0:
+        acc = s.new_zeros((n, w.shape[0], ho, wo))
+    else:
+        conv = (lambda a, b: F.conv2d(a, b, stride=tuple(stride), dilation=tuple(dilation)))
+        acc = 2 * (conv(s, w01) + conv(t, 1 - w01)) - k   # exact: integers below 2**53
+    return scaled_epilogue(acc.contiguous(), scale, bias, out_dtype,
+                           channel_dim=1).contiguous(memory_format=torch.channels_last)
+
+
 def sign_embedding(indices, bits, scale, dim, dtype):
     rows = unpack_signs(bits[indices.long()], dim, torch.float32)
     return (rows * scale.reshape(-1)[indices.long()].to(torch.float32).unsqueeze(-1)).to(dtype).contiguous()
