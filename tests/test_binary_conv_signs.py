@@ -2,15 +2,21 @@
 makes the operand in its graph: the operand's format, the op against ``binary_conv2d``, its bad input, the quiet
 question the layer asks the dispatcher, and a compiled model's route (CPU: the reference stands in for a native
 kernel by declaring itself one in a test backend)."""
+import os
+import sys
+
 import pytest
 import torch
 from torch import nn
 
-import bie_core
-import bie_core.layers.binary as layer_binary
-from bie_core import dispatch, ops
-from bie_core.backend_api import Capability
-from bie_core.ops.binary import packed_len, sign_operand, signs_problem
+sys.path.insert(0, os.path.dirname(__file__))
+from _compiled_graph import graph_code  # noqa: E402
+
+import bie_core  # noqa: E402
+import bie_core.layers.binary as layer_binary  # noqa: E402
+from bie_core import dispatch, ops  # noqa: E402
+from bie_core.backend_api import Capability  # noqa: E402
+from bie_core.ops.binary import packed_len, sign_operand, signs_problem  # noqa: E402
 
 # (N, C, H, W, O, kernel, stride, padding, dilation)
 SHAPES = [
@@ -143,25 +149,14 @@ def signs_backend(monkeypatch):
     """A loaded backend "signs_test" whose binary_conv2d_signs kernel is the reference declared as a native kernel
     (the CPU has none): the layer's question then says yes on the CPU."""
     reg = dispatch._REG
-    k = reg.reference_kernel("binary_conv2d_signs").replace(backend="signs_test", name="signs_test_kernel", reference=False, priority=500,
-                    capability=Capability(devices=("cpu",)))
+    k = reg.reference_kernel("binary_conv2d_signs").replace(backend="signs_test", name="signs_test_kernel",
+                                                            reference=False, priority=500,
+                                                            capability=Capability(devices=("cpu",)))
     before = list(reg.kernels("binary_conv2d_signs"))
     monkeypatch.setitem(reg._kernels, "binary_conv2d_signs", sorted(before + [k], key=lambda q: -q.priority))
     dispatch.clear_caches()
     yield k
     dispatch.clear_caches()
-
-
-def _graph_ops(model, x) -> str:
-    code = []
-
-    def backend(gm, inputs):
-        code.append(gm.code)
-        return gm.forward
-    torch._dynamo.reset()
-    with torch.no_grad():
-        y = torch.compile(model, backend=backend, fullgraph=True)(x)
-    return "\n".join(code), y
 
 
 def test_compiled_route_takes_the_operand_where_a_kernel_serves_it(signs_backend):
@@ -174,7 +169,7 @@ def test_compiled_route_takes_the_operand_where_a_kernel_serves_it(signs_backend
         for c in (m.c1, m.c2):
             c.act_shift.normal_(0, 0.2)
         ref = m(x)
-    code, y = _graph_ops(m, x)
+    code, y = graph_code(m, x)
     assert code.count("binary_conv2d_signs_eval") == 2 and "binary_conv2d_eval" not in code, code
     assert torch.equal(y, ref)
     with torch.no_grad():
@@ -204,7 +199,7 @@ def test_compiled_route_keeps_binary_conv2d_elsewhere(signs_backend):
         layer.eval()
         with torch.no_grad():
             ref = layer(x)
-        code, y = _graph_ops(layer, x)
+        code, y = graph_code(layer, x)
         assert "binary_conv2d_signs_eval" not in code and "binary_conv2d_eval" in code, (layer, code)
         assert torch.equal(y, ref)
 
@@ -216,6 +211,6 @@ def test_compiled_route_not_taken_on_the_reference_alone():
     x = torch.randn(1, 64, 6, 6)
     layer(x)
     layer.eval()
-    code, _ = _graph_ops(layer, x)
+    code, _ = graph_code(layer, x)
     assert "binary_conv2d_signs_eval" not in code and "binary_conv2d_eval" in code
     assert layer_binary._sign_operand_served("cpu", None, 64, 16, (3, 3), (1, 1), (1, 1), torch.float32, "") is False

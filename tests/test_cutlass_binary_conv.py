@@ -6,18 +6,24 @@ and a bias; shapes with output channels that fill no tile, one-pixel images whos
 strides, dilations, non-square kernels and more channels than one K step. Counts and float outputs must be bit-exact (the epilogue rounds as the op
 defines). The dispatcher's choice and the channels_last output are checked, and so are the shapes it declines.
 
-Without an sm_90 GPU and the CUTLASS headers, only the light checks run.
+The same kernels on a padded sign operand made elsewhere (``binary_conv2d_signs``), and the compiled BinaryConv2d
+that makes the operand in its graph. Without an sm_90 GPU and the CUTLASS headers, only the light checks run.
 """
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 
 import pytest
 import torch
 
 import bie_core
 from bie_core import ops
-from bie_core.ops.binary import packed_len
+from bie_core.ops.binary import packed_len, sign_operand
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _compiled_graph import graph_code  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bie_backend_cutlass") is None,
                                 reason="bie-backend-cutlass is not installed")
@@ -280,3 +286,118 @@ def test_bad_arguments_raise():
     with pytest.raises(RuntimeError, match="empty"):
         conv(torch.randn(1, 64, 1, 1, device="cuda").contiguous(memory_format=torch.channels_last), wp, 1, 1, 0, 0,
              1, 1, False, None, None, None, None, 0)
+
+
+# ------------------------------------------------------------------ binary_conv2d_signs
+#: the operand form's shapes: one of each geometry above (the 5x5 kernel, four K steps and the 1x2 image left out:
+#: the conv kernels are binary_conv2d's, checked on them above)
+SIGNS_SHAPES = [s for s in SHAPES if s[0:5] not in ((1, 64, 16, 16, 256), (2, 512, 4, 4, 512), (1, 64, 1, 2, 8))]
+
+
+def _ref_signs(*args):
+    from bie_core.backend_api import reference_kernel
+    return reference_kernel("binary_conv2d_signs")(*args)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", SIGNS_SHAPES, ids=lambda s: "x".join(map(str, s[:5])) + f"k{s[5][0]}{s[5][1]}")
+def test_signs_counts_and_epilogues_exact(shape):
+    """Every configuration's counts on operands of each float dtype and both pad values, the complement bytes
+    free, then the float epilogues through the dispatcher; equal to the reference and to binary_conv2d
+    (``binary_conv2d_signs``: the conv of an operand made elsewhere)."""
+    from bie_backend_cutlass import binary_conv as bc
+    n, c, h, w_, o, ks, st, pd, dl = shape
+    gen = torch.Generator().manual_seed(hash(shape) % 2 ** 31)
+    wb = torch.randint(0, 256, (o, packed_len(c * ks[0] * ks[1])), generator=gen, dtype=torch.uint8).cuda()
+    wp = bc.prepare_weight(wb, list(ks))
+    geo = (list(ks), list(st), list(dl))
+    for i, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
+        x = _x(n, c, h, w_, dtype, gen)
+        shift = (torch.randn(c, generator=gen) * 0.5).to(dtype).cuda() if i != 1 else None
+        for pad_value in (-1.0, 1.0):
+            xs = sign_operand(x, shift, pd, pad_value)
+            ref = _ref_signs(xs, wb, *geo, None, None, None)
+            assert torch.equal(ref, ops.binary_conv2d(x, wb, list(ks), list(st), list(pd), list(dl), 1, pad_value,
+                                                      None, None, None, shift))
+            for cfg in range(len(bc.CONFIGS)):
+                out = bc._ops().conv_signs(xs, wp, st[0], st[1], dl[0], dl[1], None, None, None, cfg)
+                _exact(out, ref, f"counts {dtype} pad {pad_value} {bc.CONFIGS[cfg]}")
+        free = torch.randint(0, 256, xs.shape, generator=gen, dtype=torch.uint8).cuda()
+        _exact(bc._ops().conv_signs(free, wp, st[0], st[1], dl[0], dl[1], None, None, None, 0),
+               _ref_signs(free, wb, *geo, None, None, None), "free complement bytes")
+        out_dtype = (torch.bfloat16, torch.float16, torch.float32)[i]
+        scale = (torch.rand(o, generator=gen) + 0.05).cuda() if i != 1 else torch.tensor([0.37]).cuda()
+        bias = torch.randn(o, generator=gen).cuda() if i != 1 else None
+        args = (sign_operand(x, shift, pd, -1.0), wb, *geo, scale, bias, out_dtype)
+        e = bie_core.explain(ops.binary_conv2d_signs, *args)
+        assert e.chosen()["binary_conv2d_signs"] == "cutlass:binary_conv2d_signs_sm90", str(e)
+        _exact(ops.binary_conv2d_signs(*args), _ref_signs(*args), f"{dtype} -> {out_dtype}")
+        # an operand view at an odd offset: copied to an aligned one
+        buf = torch.empty(args[0].numel() + 1, dtype=torch.uint8, device="cuda")
+        odd = buf[1:].view(args[0].shape)
+        odd.copy_(args[0])
+        _exact(ops.binary_conv2d_signs(odd, *args[1:]), _ref_signs(*args), "odd offset")
+
+
+@needs_kernels
+def test_signs_declined_shapes_and_the_layers_question():
+    """C not a multiple of 64, O not a multiple of 8: the capability says why; the layer's question says no."""
+    from bie_core import dispatch
+    from bie_core.ops.binary import signs_problem
+    dev = torch.device("cuda")
+    assert dispatch.native_kernel_serves(signs_problem(dev, 1, 128, 3, 3, 64, (3, 3), (1, 1), (1, 1),
+                                                       torch.bfloat16))
+    for c, o in ((96, 64), (128, 12)):
+        assert not dispatch.native_kernel_serves(signs_problem(dev, 1, c, 3, 3, o, (3, 3), (1, 1), (1, 1),
+                                                               torch.bfloat16))
+
+
+@needs_kernels
+@pytest.mark.parametrize("c,o,stride", [(128, 128, 1), (64, 64, 1), (256, 512, 2)])
+def test_compiled_layer_makes_the_operand_in_its_graph(c, o, stride):
+    """A BinaryConv2d (latent and packed) compiled without grad emits sign_operand's ops and
+    binary_conv2d_signs_eval; inductor's kernel of the operand and the conv give the eager layer's output bit for
+    bit, compiled as is and replayed from CUDA graphs."""
+    torch.manual_seed(c + o)
+    layer = bie_core.BinaryConv2d(c, o, 3, stride, 1, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8, c, 14, 14, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    layer(x)
+    layer.eval()
+    with torch.no_grad():
+        layer.act_shift.normal_(0, 0.3)
+        ref = layer(x)
+    code, _ = graph_code(layer, x)
+    assert "binary_conv2d_signs_eval" in code and "binary_conv2d_eval" not in code, code
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        f = torch.compile(layer, fullgraph=True, mode=mode)
+        with torch.no_grad():
+            for _ in range(3):
+                y = f(x)
+        assert torch.equal(y, ref), mode
+    layer.pack()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(layer, fullgraph=True)(x), ref)
+
+
+@needs_kernels
+def test_graphs_of_two_batch_sizes_replay_in_turn():
+    """A compiled two-layer binary block replayed from CUDA graphs at two batch sizes in turn (a recompile, then
+    graphs of both): each call equals the eager block; the operands and bound calls of both sizes live outside
+    the graphs' memory pool."""
+    torch.manual_seed(3)
+    block = torch.nn.Sequential(bie_core.BinaryConv2d(128, 128, 3, 1, 1), torch.nn.ReLU(),
+                                bie_core.BinaryConv2d(128, 64, 3, 2, 1)).cuda().to(torch.bfloat16)
+    xs = {n: torch.randn(n, 128, 14, 14, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=torch.channels_last) for n in (8, 4)}
+    block(xs[8])
+    block.eval()
+    with torch.no_grad():
+        refs = {n: block(x) for n, x in xs.items()}
+    torch._dynamo.reset()
+    f = torch.compile(block, fullgraph=True, mode="reduce-overhead")
+    with torch.inference_mode():
+        for n in (8, 4, 8, 4, 8, 4):
+            torch.compiler.cudagraph_mark_step_begin()
+            assert torch.equal(f(xs[n]).clone(), refs[n]), n

@@ -660,6 +660,7 @@ sign_embedding_bag = define_op(OpDef(
     fake=_bag_fake, problem=_bag_problem, validate=_bag_validate, cases=_bag_cases, weight_args=(1,)))
 
 
-__all__ = ["conv_weight_tap_bits", "pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "linear_scale", "binary_bmm", "binary_conv2d",
-           "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size"]
+__all__ = ["conv_weight_tap_bits", "pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "linear_scale",
+           "binary_bmm", "binary_conv2d", "binary_conv2d_signs", "sign_operand", "signs_problem", "sign_embedding",
+           "sign_embedding_bag", "packed_len", "conv_out_size"]
 
