@@ -147,13 +147,14 @@ class _Block(nn.Module):
 @pytest.fixture
 def signs_backend(monkeypatch):
     """A loaded backend "signs_test" whose binary_conv2d_signs kernel is the reference declared as a native kernel
-    (the CPU has none): the layer's question then says yes on the CPU."""
+    (the CPU has none), and the CPU among the route's devices: the layer's question then says yes on the CPU."""
     reg = dispatch._REG
     k = reg.reference_kernel("binary_conv2d_signs").replace(backend="signs_test", name="signs_test_kernel",
                                                             reference=False, priority=500,
                                                             capability=Capability(devices=("cpu",)))
     before = list(reg.kernels("binary_conv2d_signs"))
     monkeypatch.setitem(reg._kernels, "binary_conv2d_signs", sorted(before + [k], key=lambda q: -q.priority))
+    monkeypatch.setattr(layer_binary, "SIGN_OPERAND_DEVICES", ("cuda", "cpu"))
     dispatch.clear_caches()
     yield k
     dispatch.clear_caches()
@@ -214,3 +215,16 @@ def test_compiled_route_not_taken_on_the_reference_alone():
     code, _ = graph_code(layer, x)
     assert "binary_conv2d_signs_eval" not in code and "binary_conv2d_eval" in code
     assert layer_binary._sign_operand_served("cpu", None, 64, 16, (3, 3), (1, 1), (1, 1), torch.float32, "") is False
+
+
+def test_compiled_route_only_on_its_devices(signs_backend, monkeypatch):
+    """A device outside SIGN_OPERAND_DEVICES keeps binary_conv2d even where a kernel takes the operand (the CPU:
+    inductor's code for the operand is slower there than the native packing)."""
+    monkeypatch.setattr(layer_binary, "SIGN_OPERAND_DEVICES", ("cuda",))
+    torch.manual_seed(4)
+    layer = bie_core.BinaryConv2d(64, 16, 3, padding=1)
+    x = torch.randn(1, 64, 6, 6)
+    layer(x)
+    layer.eval()
+    code, _ = graph_code(layer, x)
+    assert "binary_conv2d_signs_eval" not in code and "binary_conv2d_eval" in code

@@ -60,6 +60,13 @@ def bind_binary_conv2d_signs(xs, bits, sw, act_scale, bias, geom: tuple, fixed: 
     return bind_one(ops.binary_conv2d_signs, args, backend, fixed)
 
 
+#: The devices on which a compiled BinaryConv2d writes its sign operand in the graph, where a kernel serves it: the
+#: route is measured faster on the H200 (ResNet-18 inference 1.01-1.02x bf16 with it, 0.95x without). On the CPU,
+#: inductor's code for the operand's ops took 12-45 ms where a ReLU, the shift's add and the native sign packing
+#: took 0.18-0.39 ms (docs/qat.md), so the layer keeps binary_conv2d there (and where it was not measured).
+SIGN_OPERAND_DEVICES = ("cuda",)
+
+
 @torch.compiler.assume_constant_result
 def _sign_operand_served(device_type: str, device_index, c: int, o: int, kernel_size: tuple, stride: tuple,
                          dilation: tuple, out_dtype, backend: str) -> bool:
@@ -70,6 +77,8 @@ def _sign_operand_served(device_type: str, device_index, c: int, o: int, kernel_
     outside the served index range goes to what serves it then."""
     from .. import dispatch
     from ..ops.binary import signs_problem
+    if device_type not in SIGN_OPERAND_DEVICES:
+        return False
     hp = (kernel_size[0] - 1) * dilation[0] + 1
     wp = (kernel_size[1] - 1) * dilation[1] + 1
     device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
