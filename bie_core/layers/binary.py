@@ -377,7 +377,7 @@ class BinaryConv2d(ConvGeometry, _BinaryWeightMixin, QATLayer):
             if self._sign_operand_route(x):
                 # traced inference on a kernel that takes the padded sign operand: the operand made by PyTorch ops
                 # in the graph (fused into the kernel that computes x: a BatchNorm, activation or residual add
-                # before this layer writes C/4 bytes a pixel where it wrote 2C), then the conv
+                # before this layer writes C/4 bytes a pixel instead of x's 2C or more), then the conv
                 xs = ops.sign_operand(x, self.act_shift, self.padding, self.pad_value)
                 y = binary_conv2d_signs_eval(xs, *self._eval_op_weights(), self.act_scale, self.bias,
                                              list(self.kernel_size), list(self.stride), list(self.dilation),
