@@ -316,7 +316,9 @@ def decide(op, args: tuple, pref: Optional[tuple]) -> Decision:
     return d
 
 
-def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
+def _auto_choice(problem: Problem, kernels: list) -> tuple:
+    """Automatic selection's kernel for ``problem`` among ``kernels`` (highest priority first), or None:
+    (chosen, rejections, deferred, also_ok), the last three lists of (kernel, reasons) / kernels."""
     chosen = None
     rejections, deferred, also_ok = [], [], []
     for k in kernels:
@@ -338,6 +340,11 @@ def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
         if chosen is not None:
             also_ok.insert(0, chosen)
         chosen = deferred.pop(0)[0]
+    return chosen, rejections, deferred, also_ok
+
+
+def _decide_auto(op, problem: Problem, kernels: list) -> Decision:
+    chosen, rejections, deferred, also_ok = _auto_choice(problem, kernels)
     backend_rej = _backend_rejections(problem)
     rej = ([Rejection(k.qualname, k.priority, r) for k, r in rejections + deferred]
            + backend_rej)
@@ -898,17 +905,7 @@ def native_kernel_serves(problem: Problem, backend: str = "") -> bool:
                 if k.backend == name and (not kernel or k.name == kernel) and not k.reasons(problem):
                     return not k.reference
         return False
-    chosen, deferred = None, None
-    for k in kernels:
-        if k.reasons(problem):
-            continue
-        if k.deferral(problem):
-            deferred = deferred or k
-            continue
-        chosen = k
-        break
-    if deferred is not None and (chosen is None or (chosen.reference and problem.device_type not in ("cpu", "meta"))):
-        chosen = deferred
+    chosen = _auto_choice(problem, kernels)[0]
     return chosen is not None and not chosen.reference
 
 

@@ -205,14 +205,19 @@ def test_compiled_route_keeps_binary_conv2d_elsewhere(signs_backend):
         assert torch.equal(y, ref)
 
 
-def test_compiled_route_not_taken_on_the_reference_alone():
-    """Without a native kernel for the operand (the CPU backends), the compiled layer keeps binary_conv2d."""
-    torch.manual_seed(2)
+def _compiled_eval_code(seed: int) -> str:
+    """The graph code of a 64-channel BinaryConv2d compiled for inference (its scales set by one training call)."""
+    torch.manual_seed(seed)
     layer = bie_core.BinaryConv2d(64, 16, 3, padding=1)
     x = torch.randn(1, 64, 6, 6)
     layer(x)
     layer.eval()
-    code, _ = graph_code(layer, x)
+    return graph_code(layer, x)[0]
+
+
+def test_compiled_route_not_taken_on_the_reference_alone():
+    """Without a native kernel for the operand (the CPU backends), the compiled layer keeps binary_conv2d."""
+    code = _compiled_eval_code(2)
     assert "binary_conv2d_signs_eval" not in code and "binary_conv2d_eval" in code
     assert layer_binary._sign_operand_served("cpu", None, 64, 16, (3, 3), (1, 1), (1, 1), torch.float32, "") is False
 
@@ -221,10 +226,5 @@ def test_compiled_route_only_on_its_devices(signs_backend, monkeypatch):
     """A device outside SIGN_OPERAND_DEVICES keeps binary_conv2d even where a kernel takes the operand (the CPU:
     inductor's code for the operand is slower there than the native packing)."""
     monkeypatch.setattr(layer_binary, "SIGN_OPERAND_DEVICES", ("cuda",))
-    torch.manual_seed(4)
-    layer = bie_core.BinaryConv2d(64, 16, 3, padding=1)
-    x = torch.randn(1, 64, 6, 6)
-    layer(x)
-    layer.eval()
-    code, _ = graph_code(layer, x)
+    code = _compiled_eval_code(4)
     assert "binary_conv2d_signs_eval" not in code and "binary_conv2d_eval" in code

@@ -153,7 +153,7 @@ def bind_binary_conv2d_signs(xs, w, kernel_size, stride, dilation, scale, bias, 
     fn, wp = _ops().conv_signs, prepared
 
     def call(xs, *_):
-        return fn(xs if xs.data_ptr() % 16 == 0 else xs.clone(), wp, *args, cfg)
+        return fn(_aligned(xs), wp, *args, cfg)
     call.input_only = True
     return call
 

@@ -461,7 +461,7 @@ def sign_operand(x: torch.Tensor, shift, padding, pad_value: float) -> torch.Ten
     if shift is not None:
         x = x + shift.to(x.dtype).view(1, -1, 1, 1)
     bits = (x >= 0).permute(0, 2, 3, 1).reshape(n, h, w, c // 8, 8).to(torch.uint8)
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=x.device)
+    weights = 1 << torch.arange(8, dtype=torch.uint8, device=x.device)
     packed = (bits * weights).sum(-1, dtype=torch.uint8)
     ring = 255 if pad_value > 0 else 0
     packed = torch.nn.functional.pad(packed, (0, 0, padding[1], padding[1], padding[0], padding[0]), value=ring)
