@@ -41,6 +41,9 @@ _lib.define("binary_linear_eval(Tensor x, Tensor? weight, Tensor? weight_bits, T
 _lib.define("int_conv2d_eval(Tensor x, Tensor? weight, Tensor? codes, Tensor weight_scale, Tensor act_shift, "
             "Tensor act_scale, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, int a_bits, "
             "int w_bits, str backend) -> Tensor")
+_lib.define("int_conv2d_codes_eval(Tensor codes, Tensor? weight, Tensor? weight_codes, Tensor weight_scale, "
+            "Tensor act_scale, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, int a_bits, "
+            "int w_bits, ScalarType out_dtype, str backend) -> Tensor")
 _lib.define("binary_conv2d_eval(Tensor x, Tensor? weight, Tensor? weight_bits, Tensor? weight_scale, "
             "Tensor act_shift, Tensor act_scale, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, "
             "int[] dilation, int groups, float pad_value, bool per_channel, str backend) -> Tensor")
@@ -212,6 +215,42 @@ def _(x, weight, codes, weight_scale, act_shift, act_scale, bias, stride, paddin
 
 _lib.impl("int_conv2d_eval", _int_conv2d_eval, "CompositeExplicitAutograd")
 int_conv2d_eval = torch.ops.bie_layers.int_conv2d_eval.default
+
+
+def _int_conv2d_codes_eval(codes, weight, weight_codes, weight_scale, act_scale, bias, stride, padding, dilation,
+                           groups, a_bits, w_bits, out_dtype, backend):
+    """``QConv2d``'s inference forward on the codes of its input (``ops.quantize_operand``, made in the compiled
+    graph): ``int_conv2d`` with the weight's codes, derived and bound as ``_int_conv2d_eval``'s."""
+    w = weight if weight is not None else weight_codes
+    key = ("int_conv2d_codes_eval", a_bits, w_bits, backend)
+    geom = (stride, padding, dilation, groups, out_dtype)
+    m = _sites.find(key, w, geom)
+    lc = m.calls.get(codes.shape) if m is not None else None
+    if lc is None or not lc.holds(codes, backend, m.derived, weight_scale, act_scale, bias):
+        from .integer import bind_int_conv2d_codes
+        # (the latent weight's codes are those int_conv2d_eval derives: one derivation per weight version)
+        wc, calls = _codes_and_calls("int_conv2d_eval", weight, weight_codes, weight_scale, w_bits, backend)
+        fixed = (wc, weight_scale, act_scale, bias)
+        lc = _bound(calls, codes, backend, fixed,
+                    lambda: bind_int_conv2d_codes(codes, wc, weight_scale, act_scale, bias, geom, a_bits, w_bits,
+                                                  fixed, backend),
+                    ("codes", a_bits, w_bits) + tuple(tuple(v) for v in geom[:3]) + (groups, out_dtype))
+        _sites.keep(key, w, wc, codes.shape, lc, geom)
+    return lc.call(codes)
+
+
+@torch.library.register_fake(f"{_LIB}::int_conv2d_codes_eval", lib=_lib)
+def _(codes, weight, weight_codes, weight_scale, act_scale, bias, stride, padding, dilation, groups, a_bits, w_bits,
+      out_dtype, backend):
+    if weight is not None:
+        weight_codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scale = torch.empty((), dtype=torch.float32, device=codes.device)
+    return ops.int_conv2d(codes, weight_codes, a_bits, w_bits, list(stride), list(padding), list(dilation), groups,
+                          scale, None, out_dtype)
+
+
+_lib.impl("int_conv2d_codes_eval", _int_conv2d_codes_eval, "CompositeExplicitAutograd")
+int_conv2d_codes_eval = torch.ops.bie_layers.int_conv2d_codes_eval.default
 
 
 def _binary_conv2d_eval(x, weight, weight_bits, weight_scale, act_shift, act_scale, bias, kernel_size, stride,

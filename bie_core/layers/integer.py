@@ -30,9 +30,9 @@ from .. import dispatch, ops
 from ..errors import BieError
 from ._base import (ConvGeometry, QATLayer, TorchInit, check_dtype, check_positive_ints, conv2d_geometry,
                     layer_constant, lsq_init, per_channel_constant)
-from ._eval_ops import int_conv2d_eval, int_linear_eval, latent_codes
+from ._eval_ops import int_conv2d_codes_eval, int_conv2d_eval, int_linear_eval, latent_codes
 from ._int_fn import QConv2dFn, QLinearFn, _f32_scales, channels_last_only, q_conv2d, q_linear
-from ._lean import LeanCall, eager_inference, keep, kept, on_input
+from ._lean import LeanCall, bind_one, eager_inference, keep, kept, on_input
 from ._tracked import TrackedTensor
 
 BITS = (4, 8)
@@ -359,6 +359,44 @@ def bind_int_linear(x2, codes, sw, act_shift, act_scale, bias, a_bits: int, w_bi
     return LeanCall(call, (r1.decision, r2.decision), x2, r2._pref, fixed)
 
 
+#: The devices on which a compiled QConv2d quantizes its input in the graph (``ops.quantize_operand``, fused by the
+#: compiler into the kernel that computes the input), where a kernel other than the reference serves int_conv2d:
+#: none until the route is measured on a GPU (what the quantization costs inside the kernel before the conv, its
+#: float64 division included). The codes are quantize_int's bit for bit wherever it is taken (tests/
+#: test_int_conv_operand.py); a device type named here takes it.
+INT_OPERAND_DEVICES: tuple = ()
+
+
+@torch.compiler.assume_constant_result
+def _int_operand_served(device_type: str, device_index, c: int, o: int, kernel_size: tuple, stride: tuple,
+                        padding: tuple, dilation: tuple, groups: int, a_bits: int, w_bits: int, out_dtype,
+                        backend: str) -> bool:
+    """Whether a kernel other than the reference serves ``int_conv2d`` on the codes of a layer of this geometry (the
+    preference in force allowing it), on a device of ``INT_OPERAND_DEVICES``: a compiled QConv2d then quantizes
+    its input in the graph. Asked while tracing, from the layer's constants and C alone (the problem's batch and
+    size are the smallest the geometry takes; a call a kernel declines goes to what serves it then)."""
+    if device_type not in INT_OPERAND_DEVICES:
+        return False
+    h = (kernel_size[0] - 1) * dilation[0] + 1
+    w = (kernel_size[1] - 1) * dilation[1] + 1
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    problem = ops.integer.int_conv_problem(device, 1, c, h, w, o, kernel_size, stride, padding, dilation, groups,
+                                           a_bits, w_bits, out_dtype)
+    return dispatch.native_kernel_serves(problem, backend)
+
+
+def bind_int_conv2d_codes(codes, wc, sw, act_scale, bias, geom: tuple, a_bits: int, w_bits: int, fixed: tuple,
+                          backend: str) -> LeanCall:
+    """The bound call of a compiled QConv2d inference forward on the ``codes`` of its input with the weight codes
+    ``wc`` and ``geom`` = (stride, padding, dilation, groups, out dtype), kept while ``fixed`` are unchanged: the
+    integer conv with the epilogue scale float32(act_scale) * float32(sw), as ``bind_int_conv2d``'s."""
+    stride, padding, dilation, groups, out_dtype = geom
+    saf, swf = _f32_scales(act_scale, sw)
+    args = (codes, wc, a_bits, w_bits, list(stride), list(padding), list(dilation), groups, saf * swf, bias,
+            out_dtype)
+    return bind_one(ops.int_conv2d, args, backend, fixed)
+
+
 class QConv2d(ConvGeometry, _IntWeightMixin, QATLayer):
     """Conv2d with ``w_bits``-bit weights and ``a_bits``-bit activations (4 or 8), zero padding
     (a padded zero is the exact code 0). Arguments as ``nn.Conv2d``; NCHW in and out,
@@ -399,6 +437,15 @@ class QConv2d(ConvGeometry, _IntWeightMixin, QATLayer):
         x, unbatched = self._batched_conv2d_input(x)
         self._act_init(x)
         if not torch.is_grad_enabled() and torch.compiler.is_compiling():
+            if self._int_operand_route(x):
+                # traced inference on a kernel that takes the codes: the quantization written with PyTorch ops in
+                # the graph (fused into the kernel that computes x, which writes one byte an element instead of
+                # x's two and launches no quantization of its own), then the conv on the codes
+                codes = ops.quantize_operand(x, self.act_shift, self.act_scale, self.a_bits)
+                y = int_conv2d_codes_eval(codes, *self._eval_op_weights(), self.weight_scale, self.act_scale,
+                                          self.bias, list(self.stride), list(self.padding), list(self.dilation),
+                                          self.groups, self.a_bits, self.w_bits, x.dtype, self.backend or "")
+                return y.squeeze(0) if unbatched else y
             # traced inference: one op that derives the codes per weight version at call time (_eval_ops.py)
             y = int_conv2d_eval(x, *self._eval_op_weights(), self.weight_scale,
                                 self.act_shift, self.act_scale, self.bias, list(self.stride), list(self.padding),
@@ -409,6 +456,17 @@ class QConv2d(ConvGeometry, _IntWeightMixin, QATLayer):
         args = (x, w, qw, sw, self.act_shift, self.act_scale, self.bias, geom, self.backend)
         y = QConv2dFn.apply(*args, self.quantized_backward) if torch.is_grad_enabled() else q_conv2d(*args)[0]
         return y.squeeze(0) if unbatched else y
+
+    def _int_operand_route(self, x: torch.Tensor) -> bool:
+        """Whether a compiled inference forward quantizes x in the graph (``_int_operand_served``): x float32 or
+        bfloat16 (the dtypes ``quantize_operand`` rounds as the op does), a static channel count."""
+        c = x.shape[1]
+        if (x.device.type not in INT_OPERAND_DEVICES or x.dtype not in ops.integer.OPERAND_DTYPES
+                or type(c) is not int):
+            return False
+        return _int_operand_served(x.device.type, x.device.index, c, self.out_channels, tuple(self.kernel_size),
+                                   tuple(self.stride), tuple(self.padding), tuple(self.dilation), self.groups,
+                                   self.a_bits, self.w_bits, x.dtype, self.backend or "")
 
     def _infer(self, x: torch.Tensor):
         """Eager inference: the activation quantization and the integer conv

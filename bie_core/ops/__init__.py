@@ -10,7 +10,7 @@ from ._opdef import Case, OpDef, all_ops, define_op, get_op
 from .binary import (binary_bmm, binary_conv2d, binary_conv2d_signs, binary_gemm, binary_linear, conv_out_size,
                      pack_signs, packed_len, sign_embedding, sign_embedding_bag, sign_operand, unpack_signs)
 from .integer import (code_range, int_bmm, int_conv2d, int_gemm, lsq_backward, pack_int4, quantize_int,
-                      transpose_2d, unpack_int4)
+                      quantize_operand, transpose_2d, unpack_int4)
 from .dynamic import dynamic_int8_linear, dynamic_quantize_act
 
 try:  # the weight-only family (GPTQ / GBA / mixed widths)
@@ -23,5 +23,5 @@ __all__ = ["Case", "OpDef", "all_ops", "define_op", "get_op",
            "pack_signs", "unpack_signs", "binary_gemm", "binary_linear", "binary_bmm", "binary_conv2d",
            "binary_conv2d_signs", "sign_operand", "sign_embedding", "sign_embedding_bag", "packed_len", "conv_out_size",
            "quantize_int", "lsq_backward", "pack_int4", "unpack_int4", "transpose_2d", "int_gemm", "int_bmm", "int_conv2d",
-           "code_range",
+           "quantize_operand", "code_range",
            "dynamic_quantize_act", "dynamic_int8_linear"]

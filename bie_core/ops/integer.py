@@ -479,14 +479,6 @@ def _ic_validate(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale,
     check_same_device(op, x=x, w=w, scale=scale, bias=bias)
 
 
-def _ic_problem(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
-    return problem("int_conv2d", x.device, out_dtype, contiguous=x.is_contiguous(),
-                   N=x.shape[0], C=x.shape[1], H=x.shape[2], W=x.shape[3], O=w.shape[0],
-                   KH=w.shape[2], KW=w.shape[3], K=w.shape[1] * w.shape[2] * w.shape[3],
-                   bits=max(a_bits, w_bits), stride=tuple(stride), padding=tuple(padding),
-                   dilation=tuple(dilation), groups=groups)
-
-
 #: one-group convs with channels a multiple of 16 beyond the shared conv cases (strides, dilation, an output count
 #: that is not a multiple of 8, odd sizes): the shapes implicit-GEMM kernels take
 _IC_EXTRA_CASES = [
@@ -522,6 +514,60 @@ def _ic_cases(device, gen):
                            tol=FP32_TOL if dtype is torch.float32 else (1e-2, 1e-2))
 
 
+def int_conv_problem(device, n: int, c: int, h: int, w: int, o: int, kernel_size, stride, padding, dilation,
+                     groups: int, a_bits: int, w_bits: int, out_dtype, contiguous: bool = True):
+    """The dispatcher's :class:`Problem` of an ``int_conv2d`` call on n images of h x w pixels and C channels (a
+    layer asks it before it has the codes: ``dispatch.native_kernel_serves``)."""
+    return problem("int_conv2d", device, out_dtype, contiguous=contiguous, N=n, C=c, H=h, W=w, O=o,
+                   KH=kernel_size[0], KW=kernel_size[1], K=c // groups * kernel_size[0] * kernel_size[1],
+                   bits=max(a_bits, w_bits), stride=tuple(stride), padding=tuple(padding),
+                   dilation=tuple(dilation), groups=groups)
+
+
+def _ic_problem(x, w, a_bits, w_bits, stride, padding, dilation, groups, scale, bias, out_dtype):
+    return int_conv_problem(x.device, x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0], w.shape[2:],
+                            stride, padding, dilation, groups, a_bits, w_bits, out_dtype, x.is_contiguous())
+
+
+def _round_bf16_bits(v: torch.Tensor) -> torch.Tensor:
+    """float32 ``v`` rounded to bfloat16 (to nearest, ties to even) and back, computed on the bits: a compiler keeps
+    this rounding, where Inductor drops the float32 -> bfloat16 -> float32 round trip of a value it computes in
+    float32. NaN stays NaN (its bits are capped at infinity's first, so that no integer add overflows)."""
+    b = v.view(torch.int32).clamp(max=0x7F800000)
+    r = ((b + (0x7FFF + ((b >> 16) & 1))) & -65536).view(torch.float32)
+    return torch.where(v != v, v, r)
+
+
+#: the activation dtypes ``quantize_operand`` reproduces ``quantize_int`` for
+OPERAND_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def quantize_operand(x: torch.Tensor, shift, scale: torch.Tensor, bits: int) -> torch.Tensor:
+    """``quantize_int``'s codes of x (N, C, H, W) float32 or bfloat16 plus ``shift`` (one value per channel, cast to
+    x's dtype: the QAT convs' activation shift) with the one value ``scale``, written with PyTorch ops that a
+    compiler fuses into the kernel computing x (the BatchNorm, activation or residual add before a ``QConv2d``):
+    int8 codes in x's memory format, bit for bit the op's. Under ``torch.compile`` that kernel's float32 value of x
+    is rounded to bfloat16 here as its store would round it (``_round_bf16_bits``), and so is x + shift, as the op
+    rounds the add in x's dtype. The op's float32 division is computed in float64 and rounded to float32: the same
+    value, as rounding a float64 quotient of two float32 values to float32 equals the float32 quotient (53 >= 2 *
+    24 + 2 bits), where a compiled float32 division may be an approximate one (Triton's ``/``). Then the rounding
+    half to even, NaN to 0 and the code range."""
+    lo, hi = code_range(bits)
+    bf16 = x.dtype == torch.bfloat16
+    v = x.float()
+    if bf16:
+        v = _round_bf16_bits(v)
+    if shift is not None:
+        sh = shift.to(x.dtype).float()
+        if bf16:
+            sh = _round_bf16_bits(sh)
+        v = v + sh.view(1, -1, 1, 1)
+        if bf16:
+            v = _round_bf16_bits(v)
+    q = torch.round((v.double() / scale.double()).float())
+    return torch.nan_to_num(q, nan=0.0).clamp(lo, hi).to(torch.int8)
+
+
 int_conv2d = define_op(OpDef(
     name="int_conv2d", family="integer",
     schema=("(Tensor x, Tensor w, int a_bits, int w_bits, int[2] stride, int[2] padding, int[2] dilation, "
@@ -533,4 +579,4 @@ int_conv2d = define_op(OpDef(
     memory_format_checked=True))
 
 __all__ = ["quantize_int", "lsq_backward", "lsq_backward_math", "lsq_sums", "pack_int4", "unpack_int4", "int_gemm",
-           "int_bmm", "int_conv2d", "code_range", "scale_runs"]
+           "int_bmm", "int_conv2d", "code_range", "scale_runs", "quantize_operand", "int_conv_problem"]
