@@ -80,6 +80,39 @@ static void check_vec(const c10::optional<at::Tensor>& v, const char* name, cons
               " elements, the problem reads ", (l - 1) * batch + n);
 }
 
+// The float epilogue's vectors of p (scale: one value, or per column with a batch stride; bias per column).
+static void set_epilogue(GemmArgs& p, const c10::optional<at::Tensor>& scale, int64_t scale_batch,
+                         const c10::optional<at::Tensor>& bias, int64_t bias_batch) {
+  if (scale.has_value()) {
+    p.scale = scale->data_ptr<float>();
+    p.scale_vec = scale->numel() > 1;
+    p.scale_batch = p.scale_vec ? scale_batch : 0;
+  }
+  if (bias.has_value()) {
+    p.bias = bias->data_ptr<float>();
+    p.bias_batch = bias_batch;
+  }
+}
+
+// Launches the GEMM of p (operands, output and epilogue set, checked by the caller) on p's device and stream, in
+// configuration `config` with output code `code`; the workspace CUTLASS asks for is allocated with `opts`.
+static void run_gemm(GemmArgs& p, int64_t config, int code, const at::TensorOptions& opts, const char* who) {
+  p.sm_count = sm_count(p.device);
+  p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
+  GemmFn fn = gemm_fn(static_cast<int>(config), code);
+  TORCH_CHECK(fn != nullptr, who, "no instantiation for config ", config, " out ", code);
+  size_t ws = 0;
+  std::string err = fn(p, &ws);
+  TORCH_CHECK(err.empty(), who, err);
+  at::Tensor workspace;
+  if (ws > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws)}, opts.dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  err = fn(p, nullptr);
+  TORCH_CHECK(err.empty(), who, err);
+}
+
 // a (L, M, K), b (L, N, K) int8, K % 16 == 0 -> (L, M, n_pad) with columns [0, N) written.
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& scale,
                 int64_t scale_batch, const c10::optional<at::Tensor>& bias, int64_t bias_batch,
@@ -125,30 +158,9 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at
   p.batch_a = M * K;
   p.batch_b = N * K;
   p.batch_d = M * n_pad;
-  if (scale.has_value()) {
-    p.scale = scale->data_ptr<float>();
-    p.scale_vec = scale->numel() > 1;
-    p.scale_batch = p.scale_vec ? scale_batch : 0;
-  }
-  if (bias.has_value()) {
-    p.bias = bias->data_ptr<float>();
-    p.bias_batch = bias_batch;
-  }
+  set_epilogue(p, scale, scale_batch, bias, bias_batch);
   p.device = a.get_device();
-  p.sm_count = sm_count(p.device);
-  p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
-  GemmFn fn = gemm_fn(static_cast<int>(config), code);
-  TORCH_CHECK(fn != nullptr, "bie_cutlass_integer.gemm: no instantiation for config ", config, " out ", code);
-  size_t ws = 0;
-  std::string err = fn(p, &ws);
-  TORCH_CHECK(err.empty(), "bie_cutlass_integer.gemm: ", err);
-  at::Tensor workspace;
-  if (ws > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws)}, a.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
-  err = fn(p, nullptr);
-  TORCH_CHECK(err.empty(), "bie_cutlass_integer.gemm: ", err);
+  run_gemm(p, config, code, a.options(), "bie_cutlass_integer.gemm: ");
   return out;
 }
 
@@ -318,8 +330,9 @@ static at::Tensor codes_of(const at::Tensor& x, const c10::optional<at::Tensor>&
 // first (quantize_int(a, act_scale, act_bits, shift), the same kernel as the quantize op); then the GEMM against
 // the prepared weight b (1, Np, Kp) (rows and K zero padded, Np % 8 == 0, Kp % 16 == 0) with the epilogue
 // vectors scale / bias as gemm takes them (padded to Np); returns (..., n) contiguous. A model's activations
-// (batch, tokens, K) are taken as they are: their rows viewed here cost nothing, where a reshape in Python before
-// and after the call costs a few microseconds of host time on every call.
+// (batch, tokens, K) are taken as they are, and the output is made in its final shape: every view of a tensor is
+// an ATen call of its own (a reshape in Python before and after the call cost a few microseconds of host time on
+// every call, and the views around gemm's (1, M, Np) output a microsecond or two more).
 at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scale, int64_t act_bits,
                   const c10::optional<at::Tensor>& shift, const at::Tensor& b, const c10::optional<at::Tensor>& scale,
                   const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> out_dtype, int64_t n,
@@ -328,22 +341,50 @@ at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scal
   TORCH_CHECK(a.is_cuda() && a.dim() >= 1, who, "a must be a CUDA tensor of at least one dim, got ", a.sizes());
   TORCH_CHECK(b.dim() == 3 && b.size(0) == 1 && b.size(1) >= n && n > 0, who, "b must be the prepared (1, Np, Kp) weight "
               "with Np >= n=", n, ", got ", b.sizes());
-  const int64_t K = a.size(-1), Kp = b.size(2);
+  TORCH_CHECK(b.device() == a.device() && b.scalar_type() == at::kChar && b.is_contiguous() && aligned16(b), who,
+              "b must be a contiguous 16-byte aligned int8 tensor on a's device");
+  const int64_t K = a.size(-1), Np = b.size(1), Kp = b.size(2);
   const int64_t M = K > 0 ? a.numel() / K : 0;
-  TORCH_CHECK(M > 0 && K > 0 && K <= Kp && Kp - K < 16, who, "a ", a.sizes(), " does not fit the weight's K=", Kp);
+  TORCH_CHECK(M > 0 && K > 0 && K <= Kp && Kp - K < 16 && Kp % 16 == 0, who, "a ", a.sizes(),
+              " does not fit the weight's K=", Kp);
+  TORCH_CHECK(M < INT_MAX && Np < INT_MAX && Kp < INT_MAX, who, "dimension too large");
+  TORCH_CHECK(config >= 0 && config < kNumConfigs, who, "unknown config ", config);
+  const int code = out_code_of(out_dtype);
+  const int64_t align = (code <= 1) ? 4 : 8;
+  TORCH_CHECK(Np % align == 0, who, "the weight's padded rows Np=", Np, " must be a multiple of ", align);
+  if (code == 0) {
+    TORCH_CHECK(!scale.has_value() && !bias.has_value(), who, "int32 output takes no scale/bias");
+  }
+  check_vec(scale, "scale", a, Np, 1, 0, true);
+  check_vec(bias, "bias", a, Np, 1, 0, false);
+  check_sm90(a);
   c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor codes = codes_of(a, act_scale, act_bits, shift, who).view({M, K});
+  at::Tensor codes = codes_of(a, act_scale, act_bits, shift, who);   // contiguous, a's shape
   if (K != Kp || !aligned16(codes)) {   // K padded with zero codes (TMA moves 16-byte rows)
     at::Tensor padded = at::zeros({M, Kp}, codes.options());
-    padded.narrow(1, 0, K).copy_(codes);
+    padded.narrow(1, 0, K).copy_(codes.view({M, K}));
     codes = padded;
   }
-  at::Tensor out = gemm(codes.view({1, M, Kp}), b, scale, 0, bias, 0, out_dtype, b.size(1), config).select(0, 0);
-  if (out.size(1) != n) out = out.narrow(1, 0, n).contiguous();
-  if (a.dim() == 2) return out;
   std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
-  shape.push_back(n);
-  return out.view(shape);
+  shape.push_back(Np);
+  at::Tensor out = at::empty(shape, a.options().dtype(code == 0 ? at::kInt : *out_dtype));
+  GemmArgs p;
+  p.a = static_cast<const int8_t*>(codes.data_ptr());
+  p.b = static_cast<const int8_t*>(b.data_ptr());
+  p.d = out.data_ptr();
+  p.m = static_cast<int>(M);
+  p.n = static_cast<int>(Np);
+  p.k = static_cast<int>(Kp);
+  p.lda = Kp;
+  p.ldb = Kp;
+  p.ldd = Np;
+  p.batch_a = M * Kp;
+  p.batch_b = Np * Kp;
+  p.batch_d = M * Np;
+  set_epilogue(p, scale, 0, bias, 0);
+  p.device = a.get_device();
+  run_gemm(p, config, code, a.options(), who);
+  return Np == n ? out : out.narrow(-1, 0, n).contiguous();
 }
 
 // The epilogue's broadcast nodes may load their vectors 16 bytes at a time: a vector starting elsewhere is copied
