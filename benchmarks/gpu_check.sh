@@ -14,7 +14,8 @@
 #   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_cuda_quantize_int.py, test_wq_kernel_choice.py, test_dynamic_cuda.py,
 #                   test_cuda_mbwq.py, test_cuda_few_row_gemv.py and
 #                   the conformance kit under cuda
-#   test-cutlass    tests/test_cutlass_*.py and the conformance kit under cutlass
+#   test-cutlass    tests/test_cutlass_*.py, the compiled QConv2d's route on codes (test_int_conv_operand.py) and the
+#                   conformance kit under cutlass
 #   bench-wq        the weight-only product tables (bench_cuda.py --only wq --quick, bench_cutlass_wq.py --quick)
 #   bench-binary    the binary product tables (bench_cuda.py --only binary --quick, bench_cutlass_binary.py --quick)
 #   bench-host      host time of the layers' eager inference against nn.Linear / nn.Conv2d (bench_host.py --quick;
@@ -147,7 +148,7 @@ print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > 
     test-cutlass)
       run test-cutlass timeout 480 $PY -m pytest -q -p no:cacheprovider --tb=short -rfs tests/test_cutlass_build.py \
           tests/test_cutlass_binary.py tests/test_cutlass_integer.py tests/test_cutlass_int_bound_calls.py \
-          tests/test_cutlass_wq.py tests/test_cutlass_dynamic.py
+          tests/test_cutlass_wq.py tests/test_cutlass_dynamic.py tests/test_int_conv_operand.py
       run kit-cutlass timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rf --bie-backend=cutlass bie_core/testing ;;
     bench-wq)
       run bench-wq timeout 330 $PY benchmarks/bench_cuda.py --quick --only wq --json "$OUT/bench_cuda_wq.json"
