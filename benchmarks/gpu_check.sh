@@ -5,10 +5,12 @@
 #
 #   install         pip-install the distributions (and the nvidia-cutlass wheel carried in .whl/)
 #   build-cuda      build the CUDA extension
-#   build-cutlass   build the CUTLASS families (binary, integer, weight_only)
-#   build           both builds at once (each CUTLASS family in its own process). On one H200's 16 cores the four
-#                   builds together take about 9 minutes of one 10-minute command (the CUDA extension 3.4 minutes,
-#                   the CUTLASS families 7.0, 8.4 and 8.8; alone the CUDA extension takes 2 minutes): leave the
+#   build-cutlass   build the CUTLASS families (binary, integer, weight_only, binary_conv)
+#   build           both builds at once (each CUTLASS family in its own process; BIE_FAMILIES="integer" or the like
+#                   builds only the families it names). On one H200's 16 cores the CUDA extension and the binary,
+#                   integer and weight_only families together take about 9 minutes of one 10-minute command (the
+#                   CUDA extension 3.4 minutes, the families 7.0, 8.4 and 8.8; alone the CUDA extension takes 2
+#                   minutes; with the integer family alone about 4, with binary_conv alone about 2.5): leave the
 #                   tests to the next command on the warm machine. A build cut off resumes (ninja keeps the objects
 #                   it finished, and the lock file of the interrupted build is removed: bie_core/native_build.py)
 #   test-cuda       tests/test_cuda_backend.py, test_cuda_bound_calls.py, test_cuda_quantize_int.py, test_wq_kernel_choice.py, test_dynamic_cuda.py,
@@ -123,18 +125,20 @@ for ext in EXTENSIONS:
     print(ext.family, _build.load(ext), f"{time.time() - t0:.0f} s", flush=True)
 PY
       ;;
-    build)   # the CUDA extension and the three CUTLASS families at once (their builds barely overlap in time
+    build)   # the CUDA extension and the CUTLASS families at once (their builds barely overlap in time
              # otherwise: a family is a few large translation units that leave most cores idle)
-      local pids=()
+      local pids=() fam
       $PY -c "from bie_backend_cuda import _build; print(_build.load(verbose=False))" > "$OUT/build-cuda.log" 2>&1 &
       pids+=($!)
-      for i in 0 1 2; do
+      for fam in $($PY -c "from bie_backend_cutlass.plugin_extensions import EXTENSIONS
+print(' '.join(e.family for e in EXTENSIONS))"); do
+        if [ -n "${BIE_FAMILIES:-}" ] && [[ " $BIE_FAMILIES " != *" $fam "* ]]; then continue; fi
         $PY -c "
 import time
 from bie_backend_cutlass import _build
 from bie_backend_cutlass.plugin_extensions import EXTENSIONS
-t0 = time.time(); ext = EXTENSIONS[$i]
-print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > "$OUT/build-cutlass-$i.log" 2>&1 &
+t0 = time.time(); ext = next(e for e in EXTENSIONS if e.family == '$fam')
+print(ext.family, _build.load(ext), f'{time.time() - t0:.0f} s', flush=True)" > "$OUT/build-cutlass-$fam.log" 2>&1 &
         pids+=($!)
       done
       for p in "${pids[@]}"; do wait "$p" || status=1; done
