@@ -25,7 +25,7 @@ upper bound. A case that fails (e.g. a compile error) is recorded with its error
 
     python benchmarks/bench_e2e_cnn.py [--device cuda] [--batch 128] [--steps 200] [--compile both]
         [--compile-mode reduce-overhead] [--compile-optimizer] [--fold-bn]
-        [--variants float,binary,w4a4,w8a8] [--train-budget 30] [--infer-budget 10] [--int-operand cuda] [--out DIR]
+        [--variants float,binary,w4a4,w8a8] [--train-budget 30] [--infer-budget 10] [--int-operand on] [--out DIR]
     python benchmarks/bench_e2e_cnn.py --smoke      # tiny sizes on the CPU, eager only (CI; seconds)
 
 Writes ``DIR/e2e_cnn.json``, ``DIR/e2e_cnn.md`` and ``DIR/e2e_cnn.png``.
@@ -330,9 +330,10 @@ def parse_args(argv=None):
     p.add_argument("--compile-optimizer", action="store_true",
                    help="with --compile: torch.compile the optimizer's step too (every variant alike)")
     p.add_argument("--compile-backend", default="inductor")
-    p.add_argument("--int-operand", default=None, metavar="DEVICES",
-                   help="device types on which a compiled QConv2d quantizes its input in the graph (comma-separated, "
-                        "e.g. cuda; sets bie_core.layers.integer.INT_OPERAND_DEVICES, empty by default)")
+    p.add_argument("--int-operand", choices=("on", "off"), default=None,
+                   help="on: a compiled QConv2d quantizes its float32 / bfloat16 input in the graph on this device; "
+                        "off: it never does (bie_core.layers.integer.INT_OPERAND_DTYPES; default: as the library "
+                        "sets it)")
     p.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
                    default="default", help="torch.compile mode (reduce-overhead: training and inference steps "
                    "replayed from CUDA graphs)")
@@ -367,10 +368,11 @@ def parse_args(argv=None):
         if a.compile_backend == "inductor":
             a.compile_backend = "aot_eager"   # inductor's C++ compile of the whole net takes minutes on a CPU
     a.compile = a.compile or "both"
+    a.device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.int_operand is not None:
         import bie_core.layers.integer as layer_integer
-        layer_integer.INT_OPERAND_DEVICES = tuple(d.strip() for d in a.int_operand.split(",") if d.strip())
-    a.device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtypes = (torch.float32, torch.bfloat16) if a.int_operand == "on" else ()
+        layer_integer.INT_OPERAND_DTYPES = {**layer_integer.INT_OPERAND_DTYPES, a.device.type: dtypes}
     a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     bad = [v for v in a.variants if v not in VARIANTS + QBWD_VARIANTS]
     if bad:

@@ -1,8 +1,9 @@
 """The codes of a QConv2d's input written with PyTorch ops (``ops.quantize_operand``) and the compiled QConv2d
-forward that makes them in its graph (``INT_OPERAND_DEVICES``): the codes equal ``quantize_int``'s bit for bit (ties,
+forward that makes them in its graph (``INT_OPERAND_DTYPES``): the codes equal ``quantize_int``'s bit for bit (ties,
 near-ties, the code range, NaN, infinities, signed zeros, subnormals; float32 and bfloat16), also as Inductor
 compiles them fused behind the float32 value of the kernel before; the compiled layer's route where a native kernel
-serves int_conv2d (CPU: bie-backend-cpu's), equal to the eager layer, and not taken elsewhere."""
+serves int_conv2d (CPU: bie-backend-cpu's), equal to the eager layer, and not taken elsewhere (float16, or a dtype
+``INT_OPERAND_DTYPES`` leaves out: by default the CPU takes it for bfloat16 inputs only)."""
 import os
 import sys
 
@@ -118,8 +119,9 @@ class _Block(nn.Module):
 
 @pytest.fixture
 def cpu_route(monkeypatch):
-    """The CPU among the route's devices (bie-backend-cpu's native int_conv2d serves the codes there)."""
-    monkeypatch.setattr(layer_integer, "INT_OPERAND_DEVICES", ("cpu",))
+    """The route on the CPU for float32 and bfloat16 inputs (bie-backend-cpu's native int_conv2d serves the codes
+    there)."""
+    monkeypatch.setattr(layer_integer, "INT_OPERAND_DTYPES", {"cpu": (torch.float32, torch.bfloat16)})
     dispatch.clear_caches()
     yield
     dispatch.clear_caches()
@@ -160,7 +162,7 @@ def test_compiled_route_takes_the_codes_where_a_kernel_serves_them(cpu_route, bi
         outs = [compiled(xb) for xb in (x, torch.cat([x, x[:1]]), x[:1])]
         torch._dynamo.reset()
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(layer_integer, "INT_OPERAND_DEVICES", ())
+            mp.setattr(layer_integer, "INT_OPERAND_DTYPES", {})
             plain = torch.compile(m, fullgraph=True)
             for xb, y in zip((x, torch.cat([x, x[:1]]), x[:1]), outs):
                 assert torch.equal(y, plain(xb))
@@ -178,13 +180,24 @@ def test_compiled_route_takes_the_codes_where_a_kernel_serves_them(cpu_route, bi
         assert torch.equal(graph_code(m, x)[1], ref2)
 
 
+def test_default_route_on_the_cpu_takes_bfloat16_only():
+    """By default (INT_OPERAND_DTYPES, by measured speed) the CPU quantizes a bfloat16 input in the graph and
+    keeps int_conv2d_eval for float32."""
+    for dtype, routed in ((torch.bfloat16, True), (torch.float32, False)):
+        m, x = _block(8, dtype, 7)
+        code, y = graph_code(m.c1, x)
+        assert ("int_conv2d_codes_eval" in code) is routed and ("int_conv2d_eval" in code) is not routed, code
+        with torch.no_grad():
+            assert torch.equal(y, m.c1(x))
+
+
 def test_compiled_route_keeps_int_conv2d_eval_elsewhere(cpu_route, monkeypatch):
-    """float16 input (not rounded by the operand's ops), or the route's devices without the CPU: the compiled layer
+    """float16 input (not rounded by the operand's ops), or a dtype the route's table leaves out: the compiled layer
     calls int_conv2d_eval as before."""
     m, x = _block(8, torch.float16, 5)
     code, _ = graph_code(m.c1, x)
     assert "int_conv2d_codes_eval" not in code and "int_conv2d_eval" in code
-    monkeypatch.setattr(layer_integer, "INT_OPERAND_DEVICES", ())
+    monkeypatch.setattr(layer_integer, "INT_OPERAND_DTYPES", {"cpu": (torch.bfloat16,)})
     m, x = _block(8, torch.float32, 6)
     code, y = graph_code(m, x)
     assert "int_conv2d_codes_eval" not in code and code.count("int_conv2d_eval") == 2
@@ -212,11 +225,11 @@ def test_cuda_compiled_route_equals_the_model_compiled_without_it(monkeypatch, b
             q.act_shift.normal_(0, 0.05)
     block = block.to(torch.bfloat16)
     xb = x.to(torch.bfloat16)
-    monkeypatch.setattr(layer_integer, "INT_OPERAND_DEVICES", ())
+    monkeypatch.setattr(layer_integer, "INT_OPERAND_DTYPES", {})
     torch._dynamo.reset()
     with torch.no_grad():
         want = torch.compile(block, fullgraph=True)(xb)
-    monkeypatch.setattr(layer_integer, "INT_OPERAND_DEVICES", ("cuda",))
+    monkeypatch.setattr(layer_integer, "INT_OPERAND_DTYPES", {"cuda": (torch.bfloat16,)})
     if not layer_integer._int_operand_served("cuda", torch.cuda.current_device(), 64, 64, (3, 3), (1, 1), (1, 1),
                                              (1, 1), 1, bits, bits, torch.bfloat16, ""):
         pytest.skip("no native int_conv2d kernel for CUDA tensors here")

@@ -359,12 +359,13 @@ def bind_int_linear(x2, codes, sw, act_shift, act_scale, bias, a_bits: int, w_bi
     return LeanCall(call, (r1.decision, r2.decision), x2, r2._pref, fixed)
 
 
-#: The devices on which a compiled QConv2d quantizes its input in the graph (``ops.quantize_operand``, fused by the
-#: compiler into the kernel that computes the input), where a kernel other than the reference serves int_conv2d:
-#: none until the route is measured on a GPU (what the quantization costs inside the kernel before the conv, its
-#: float64 division included). The codes are quantize_int's bit for bit wherever it is taken (tests/
-#: test_int_conv_operand.py); a device type named here takes it.
-INT_OPERAND_DEVICES: tuple = ()
+#: Per device type, the input dtypes for which a compiled QConv2d quantizes its input in the graph
+#: (``ops.quantize_operand``, fused by the compiler into the kernel that computes the input) where a kernel other
+#: than the reference serves int_conv2d. The codes are quantize_int's bit for bit wherever it is taken
+#: (tests/test_int_conv_operand.py); the choice is by speed. On the CPU (2 threads, benchmarks/results/
+#: conv_operand.md) a block of two QConv2d with a BatchNorm and ReLU between took 0.79-0.93x its time without the
+#: route in bfloat16 and 1.05-1.10x in float32 (the float64 division); GPUs are not measured yet.
+INT_OPERAND_DTYPES: dict = {"cpu": (torch.bfloat16,)}
 
 
 @torch.compiler.assume_constant_result
@@ -372,10 +373,10 @@ def _int_operand_served(device_type: str, device_index, c: int, o: int, kernel_s
                         padding: tuple, dilation: tuple, groups: int, a_bits: int, w_bits: int, out_dtype,
                         backend: str) -> bool:
     """Whether a kernel other than the reference serves ``int_conv2d`` on the codes of a layer of this geometry (the
-    preference in force allowing it), on a device of ``INT_OPERAND_DEVICES``: a compiled QConv2d then quantizes
-    its input in the graph. Asked while tracing, from the layer's constants and C alone (the problem's batch and
+    preference in force allowing it), for an input dtype ``INT_OPERAND_DTYPES`` names on the device: a compiled
+    QConv2d then quantizes its input in the graph. Asked while tracing, from the layer's constants and C alone (the problem's batch and
     size are the smallest the geometry takes; a call a kernel declines goes to what serves it then)."""
-    if device_type not in INT_OPERAND_DEVICES:
+    if out_dtype not in INT_OPERAND_DTYPES.get(device_type, ()):
         return False
     h = (kernel_size[0] - 1) * dilation[0] + 1
     w = (kernel_size[1] - 1) * dilation[1] + 1
@@ -459,9 +460,10 @@ class QConv2d(ConvGeometry, _IntWeightMixin, QATLayer):
 
     def _int_operand_route(self, x: torch.Tensor) -> bool:
         """Whether a compiled inference forward quantizes x in the graph (``_int_operand_served``): x float32 or
-        bfloat16 (the dtypes ``quantize_operand`` rounds as the op does), a static channel count."""
+        bfloat16 (the dtypes ``quantize_operand`` rounds as the op does) where ``INT_OPERAND_DTYPES`` names its
+        dtype on its device, a static channel count."""
         c = x.shape[1]
-        if (x.device.type not in INT_OPERAND_DEVICES or x.dtype not in ops.integer.OPERAND_DTYPES
+        if (x.dtype not in INT_OPERAND_DTYPES.get(x.device.type, ()) or x.dtype not in ops.integer.OPERAND_DTYPES
                 or type(c) is not int):
             return False
         return _int_operand_served(x.device.type, x.device.index, c, self.out_channels, tuple(self.kernel_size),
