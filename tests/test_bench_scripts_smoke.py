@@ -61,3 +61,16 @@ def test_host_bench_decode_rows(tmp_path):
     assert set(data["layers"]) == {"256x64 rows=1", "256x64 rows=5", "128x256 rows=1", "128x256 rows=5"}
     assert all(r["ratio"] > 0 for r in data["layers"].values())
     assert "wq_gemm" in data["kernels"]["256x64 rows=5"]
+
+
+def test_conv_operand_bench_smoke(tmp_path):
+    """The compiled QConv2d block with and without the integer route: both outputs equal, a table written."""
+    threads = torch.get_num_threads()
+    md = tmp_path / "conv_operand.md"
+    try:
+        rows = _load("bench_conv_operand").main(["--shapes", "16x6", "--dtypes", "bfloat16", "--batch", "2",
+                                                 "--rounds", "2", "--md", str(md)])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(rows) == 1 and rows[0]["equal"] and rows[0]["off_ms"] > 0 and rows[0]["on_ms"] > 0
+    assert "| bfloat16 | 16x6x6 |" in md.read_text()
