@@ -81,7 +81,7 @@ def _sign_operand_served(device_type: str, device_index, c: int, o: int, kernel_
         return False
     hp = (kernel_size[0] - 1) * dilation[0] + 1
     wp = (kernel_size[1] - 1) * dilation[1] + 1
-    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    device = torch.device(device_type, device_index)
     problem = signs_problem(device, 1, c, hp, wp, o, kernel_size, stride, dilation, out_dtype)
     return dispatch.native_kernel_serves(problem, backend)
 

@@ -380,7 +380,7 @@ def _int_operand_served(device_type: str, device_index, c: int, o: int, kernel_s
         return False
     h = (kernel_size[0] - 1) * dilation[0] + 1
     w = (kernel_size[1] - 1) * dilation[1] + 1
-    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    device = torch.device(device_type, device_index)
     problem = ops.integer.int_conv_problem(device, 1, c, h, w, o, kernel_size, stride, padding, dilation, groups,
                                            a_bits, w_bits, out_dtype)
     return dispatch.native_kernel_serves(problem, backend)

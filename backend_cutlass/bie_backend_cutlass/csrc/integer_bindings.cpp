@@ -94,12 +94,35 @@ static void set_epilogue(GemmArgs& p, const c10::optional<at::Tensor>& scale, in
   }
 }
 
-// Launches the GEMM of p (operands, output and epilogue set, checked by the caller) on p's device and stream, in
-// configuration `config` with output code `code`; the workspace CUTLASS asks for is allocated with `opts`.
-static void run_gemm(GemmArgs& p, int64_t config, int code, const at::TensorOptions& opts, const char* who) {
+// The operands of L products of K-contiguous int8 matrices, A (M, K) and B (N, K) each batch after the other, into D
+// of row stride ldd (batches M * ldd apart), on device `device` (checked by the caller).
+static GemmArgs gemm_operands(const void* a, const void* b, void* d, int64_t M, int64_t N, int64_t K, int64_t L,
+                              int64_t ldd, int device) {
+  GemmArgs p;
+  p.a = static_cast<const int8_t*>(a);
+  p.b = static_cast<const int8_t*>(b);
+  p.d = d;
+  p.m = static_cast<int>(M);
+  p.n = static_cast<int>(N);
+  p.k = static_cast<int>(K);
+  p.l = static_cast<int>(L);
+  p.lda = K;
+  p.ldb = K;
+  p.ldd = ldd;
+  p.batch_a = M * K;
+  p.batch_b = N * K;
+  p.batch_d = M * ldd;
+  p.device = device;
+  return p;
+}
+
+// Launches the GEMM instantiation fn (gemm_fn / dyn_gemm_fn of `config` and output code `code`, for the message) on
+// p (operands, output and epilogue set, checked by the caller) on p's device and current stream; the workspace
+// CUTLASS asks for is allocated with `opts`.
+static void run_gemm(GemmArgs& p, GemmFn fn, int64_t config, int code, const at::TensorOptions& opts,
+                     const char* who) {
   p.sm_count = sm_count(p.device);
   p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
-  GemmFn fn = gemm_fn(static_cast<int>(config), code);
   TORCH_CHECK(fn != nullptr, who, "no instantiation for config ", config, " out ", code);
   size_t ws = 0;
   std::string err = fn(p, &ws);
@@ -144,23 +167,9 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const c10::optional<at
 
   const at::ScalarType odt = code == 0 ? at::kInt : *out_dtype;
   at::Tensor out = at::empty({L, M, n_pad}, a.options().dtype(odt));
-  GemmArgs p;
-  p.a = static_cast<const int8_t*>(a.data_ptr());
-  p.b = static_cast<const int8_t*>(b.data_ptr());
-  p.d = out.data_ptr();
-  p.m = static_cast<int>(M);
-  p.n = static_cast<int>(N);
-  p.k = static_cast<int>(K);
-  p.l = static_cast<int>(L);
-  p.lda = K;
-  p.ldb = K;
-  p.ldd = n_pad;
-  p.batch_a = M * K;
-  p.batch_b = N * K;
-  p.batch_d = M * n_pad;
+  GemmArgs p = gemm_operands(a.data_ptr(), b.data_ptr(), out.data_ptr(), M, N, K, L, n_pad, a.get_device());
   set_epilogue(p, scale, scale_batch, bias, bias_batch);
-  p.device = a.get_device();
-  run_gemm(p, config, code, a.options(), "bie_cutlass_integer.gemm: ");
+  run_gemm(p, gemm_fn(static_cast<int>(config), code), config, code, a.options(), "bie_cutlass_integer.gemm: ");
   return out;
 }
 
@@ -368,22 +377,9 @@ at::Tensor linear(const at::Tensor& a, const c10::optional<at::Tensor>& act_scal
   std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
   shape.push_back(Np);
   at::Tensor out = at::empty(shape, a.options().dtype(code == 0 ? at::kInt : *out_dtype));
-  GemmArgs p;
-  p.a = static_cast<const int8_t*>(codes.data_ptr());
-  p.b = static_cast<const int8_t*>(b.data_ptr());
-  p.d = out.data_ptr();
-  p.m = static_cast<int>(M);
-  p.n = static_cast<int>(Np);
-  p.k = static_cast<int>(Kp);
-  p.lda = Kp;
-  p.ldb = Kp;
-  p.ldd = Np;
-  p.batch_a = M * Kp;
-  p.batch_b = Np * Kp;
-  p.batch_d = M * Np;
+  GemmArgs p = gemm_operands(codes.data_ptr(), b.data_ptr(), out.data_ptr(), M, Np, Kp, 1, Np, a.get_device());
   set_epilogue(p, scale, 0, bias, 0);
-  p.device = a.get_device();
-  run_gemm(p, config, code, a.options(), who);
+  run_gemm(p, gemm_fn(static_cast<int>(config), code), config, code, a.options(), who);
   return Np == n ? out : out.narrow(-1, 0, n).contiguous();
 }
 
@@ -435,35 +431,10 @@ at::Tensor dyn_linear(const at::Tensor& codes, const at::Tensor& row_scale_in, c
     a.narrow(1, 0, K).copy_(codes);
   }
   at::Tensor out = at::empty({M, Np}, codes.options().dtype(out_dtype));
-  GemmArgs p;
-  p.a = static_cast<const int8_t*>(a.data_ptr());
-  p.b = static_cast<const int8_t*>(b.data_ptr());
-  p.d = out.data_ptr();
-  p.m = static_cast<int>(M);
-  p.n = static_cast<int>(Np);
-  p.k = static_cast<int>(Kp);
-  p.lda = Kp;
-  p.ldb = Kp;
-  p.ldd = Np;
+  GemmArgs p = gemm_operands(a.data_ptr(), b.data_ptr(), out.data_ptr(), M, Np, Kp, 1, Np, codes.get_device());
   p.row_scale = row_scale.data_ptr<float>();
-  p.scale = scale.data_ptr<float>();
-  p.scale_vec = scale.numel() > 1;
-  if (bias.has_value()) p.bias = bias->data_ptr<float>();
-  p.device = codes.get_device();
-  p.sm_count = sm_count(p.device);
-  p.stream = c10::cuda::getCurrentCUDAStream(p.device).stream();
-  GemmFn fn = dyn_gemm_fn(static_cast<int>(config), code);
-  TORCH_CHECK(fn != nullptr, who, "no instantiation for config ", config, " out ", code);
-  size_t ws = 0;
-  std::string err = fn(p, &ws);
-  TORCH_CHECK(err.empty(), who, err);
-  at::Tensor workspace;
-  if (ws > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws)}, codes.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
-  err = fn(p, nullptr);
-  TORCH_CHECK(err.empty(), who, err);
+  set_epilogue(p, scale, 0, bias, 0);
+  run_gemm(p, dyn_gemm_fn(static_cast<int>(config), code), config, code, codes.options(), who);
   return Np == n ? out : out.narrow(1, 0, n).contiguous();
 }
 
