@@ -348,6 +348,34 @@ def test_bound_int_gemm_on_gpu(m, n, k, bits, out_dtype):
 
 
 @needs_sm90
+def test_gemm_launched_again_reads_the_tensors_of_each_call():
+    """The GEMM's params are kept by the arguments they were made from (csrc/cutlass_params_cache.cuh): calls on the
+    same addresses reuse them, so each call must still compute from the values there now, and a call on another
+    tensor (scale, bias, output type) from that tensor."""
+    from bie_backend_cutlass import _build
+    from bie_backend_cutlass import integer as ci
+    lin = _build.direct(ci.EXTENSION).linear
+    gen = torch.Generator().manual_seed(7)
+    m, n, k = 24, 256, 512
+    a, b = _codes((m, k), 8, gen).cuda(), _codes((n, k), 8, gen).cuda()
+    b3 = ci.prepare_gemm(b)
+    b3 = (b if b3 is None else b3).unsqueeze(0)
+    scale, bias = torch.rand(n, generator=gen).cuda() + 0.5, torch.randn(n, generator=gen).cuda()
+    for step in range(4):
+        got = lin(a, None, 0, None, b3, None, None, None, n, 0)
+        acc = _ref().int_gemm(a.cpu(), b.cpu(), 8, 8, None, None, None)
+        assert torch.equal(got.cpu(), acc), step
+        y = lin(a, None, 0, None, b3, scale, bias, torch.float32, n, 0)
+        torch.testing.assert_close(y.cpu(), acc.float() * scale.cpu() + bias.cpu(), rtol=1e-6, atol=1e-5)
+        y = lin(a, None, 0, None, b3, scale, None, torch.float32, n, 0)   # another key: no bias
+        torch.testing.assert_close(y.cpu(), acc.float() * scale.cpu(), rtol=1e-6, atol=1e-5)
+        # new values at the same addresses
+        a.copy_(_codes((m, k), 8, gen).cuda())
+        scale.mul_(1.5)
+        bias.add_(1.0)
+
+
+@needs_sm90
 @pytest.mark.parametrize("m, n, k", [(1, 64, 64), (7, 33, 130), (256, 512, 1024)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bits", [4, 8])

@@ -11,6 +11,7 @@
 
 #include "integer_launch.h"
 #include "cutlass_launch.cuh"
+#include "cutlass_params_cache.cuh"
 #include "integer_epilogue.cuh"
 
 #include <cute/tensor.hpp>
@@ -78,8 +79,15 @@ struct IGemmSm90 {
     return args;
   }
 
+  // every field of p that arguments(p) reads, a word each (the key of the params made from them)
+  static std::array<int64_t, 21> key_of(const GemmArgs& p) {
+    auto w = [](const void* q) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(q)); };
+    return {w(p.a), w(p.b), w(p.d), p.m, p.n, p.k, p.l, p.lda, p.ldb, p.ldd, p.batch_a, p.batch_b, p.batch_d,
+            w(p.scale), p.scale_vec, p.scale_batch, w(p.bias), p.bias_batch, w(p.row_scale), p.device, p.sm_count};
+  }
+
   static std::string run(const GemmArgs& p, size_t* ws) {
-    return bie_cutlass::launch_gemm<Gemm>(arguments(p), p.workspace, ws, p.stream);
+    return bie_cutlass::launch_gemm_kept<Gemm>(key_of(p), arguments(p), p.workspace, ws, p.stream);
   }
 };
 
